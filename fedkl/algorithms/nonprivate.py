@@ -1,0 +1,28 @@
+"""The non-private reference: the exact minimizer of the user-level objective (no noise, no clip).
+
+Used only to report how far a private model is from what the same model class reaches without
+privacy. It reads all training data directly and is NOT private.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from scipy.optimize import minimize
+
+from fedkl.data.base import UserData
+from fedkl.problems.base import Problem
+
+
+def nonprivate_minimizer(problem: Problem, data: UserData, w0: torch.Tensor | None = None,
+                         max_iter: int = 500, tol: float = 1e-9) -> torch.Tensor:
+    """Minimize ``F(w) = mean_u f_u(w)`` with L-BFGS (full batch, float64 arithmetic in SciPy)."""
+    data = data.to(problem.dtype)
+    start = problem.init_params() if w0 is None else w0
+
+    def fun(v: np.ndarray) -> tuple[float, np.ndarray]:
+        w = torch.from_numpy(v).to(problem.dtype)
+        return problem.loss(w, data), problem.gradient(w, data).double().numpy()
+
+    res = minimize(fun, start.double().numpy(), jac=True, method="L-BFGS-B",
+                   options={"maxiter": max_iter, "gtol": tol})
+    return torch.from_numpy(res.x).to(problem.dtype)

@@ -1,0 +1,184 @@
+"""The ``fedkl`` command line: ``fedkl run`` (train) and ``fedkl account`` (privacy arithmetic).
+
+Bad arguments exit with code 2 and one line that says what is wrong and how to fix it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but an error is ONE line: 'fedkl run: error: ... (see fedkl run --help)'."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def _positive(kind=float):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}")
+        if not (value > 0 and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"must be > 0 and finite, got {text}")
+        return value
+    parse.__name__ = f"positive {kind.__name__}"
+    return parse
+
+
+def _probability(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be strictly between 0 and 1, got {text}")
+    return value
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from fedkl.data import DATASETS
+    from fedkl.problems import PROBLEMS
+    from fedkl.runner import ALGORITHMS, RunConfig
+
+    d = RunConfig()
+    parser = _Parser(prog="fedkl", description="Federated learning with user-level differential privacy.")
+    sub = parser.add_subparsers(dest="command", metavar="{run,account}", parser_class=_Parser)
+    sub.required = True
+
+    run = sub.add_parser("run", help="train a model with user-level DP and write result.json + ledger",
+                         description="Train a model with user-level differential privacy (one user = one "
+                                     "unit of privacy) and write result.json and the privacy ledger.")
+    run.add_argument("--dataset", choices=DATASETS, default=d.dataset, help="user-partitioned dataset (default %(default)s)")
+    run.add_argument("--problem", choices=PROBLEMS, default=d.problem, help="model / loss (default %(default)s)")
+    run.add_argument("--algorithm", choices=ALGORITHMS, default=d.algorithm, help="private algorithm (default %(default)s)")
+    run.add_argument("--epsilon", type=_positive(), default=d.epsilon, help="user-level epsilon budget (default %(default)s)")
+    run.add_argument("--delta", type=_probability, default=None, help="user-level delta (default 1/n^1.1 for n users)")
+    run.add_argument("--rounds", type=_positive(int), default=d.rounds, help="federated rounds (default %(default)s)")
+    run.add_argument("--lr", type=_positive(), default=d.lr, help="step size (default %(default)s)")
+    run.add_argument("--clip", type=_positive(), default=d.clip, help="per-user gradient clip norm C (default %(default)s)")
+    run.add_argument("--reg", type=float, default=d.reg, help="L2 regularization (reg/2)||w||^2 (default %(default)s)")
+    run.add_argument("--neighbouring", choices=("replace-one", "add-remove"), default=d.neighbouring,
+                     help="user-level neighbouring relation (default %(default)s: all of one user's records change)")
+    run.add_argument("--conversion", choices=("cks", "bun_steinke"), default=d.conversion,
+                     help="zCDP -> (eps, delta) conversion (default %(default)s: Canonne-Kamath-Steinke 2020)")
+    run.add_argument("--seed", type=int, default=d.seed, help="seed of the data split and initialisation (default %(default)s)")
+    run.add_argument("--noise-seed", type=int, default=None,
+                     help="seed the privacy noise (reproducible, NOT secure; default: os.urandom)")
+    run.add_argument("--out", default=None, help="output folder (default runs/<run id>-<algorithm>-<dataset>)")
+    run.add_argument("--ledger", default=None,
+                     help="ledger file (default OUT/ledger.sqlite); an existing ledger's spent budget is honoured")
+    run.add_argument("--no-reference", action="store_true", help="skip the non-private reference model")
+
+    acc = sub.add_parser(
+        "account", help="(eps, delta) of a noise schedule, or the noise for a target eps",
+        description="Privacy arithmetic with dp-accounting (PLD and RDP) and zCDP. Give --noise-multiplier to get "
+                    "epsilon, or --epsilon to get the noise multiplier; add --rho / --zcdp for zCDP conversions.")
+    acc.add_argument("--noise-multiplier", type=_positive(), help="sigma / sensitivity of each Gaussian step")
+    acc.add_argument("--epsilon", type=_positive(), help="target epsilon (solve for the noise multiplier, or rho with --zcdp)")
+    acc.add_argument("--sampling-rate", type=_rate, default=1.0, help="Poisson user sampling rate q (default 1: everyone)")
+    acc.add_argument("--steps", type=_positive(int), default=1, help="number of Gaussian steps (default %(default)s)")
+    acc.add_argument("--delta", type=_probability, required=True, help="target delta")
+    acc.add_argument("--accountant", choices=("pld", "rdp", "all"), default="all", help="dp-accounting accountant (default all)")
+    acc.add_argument("--neighbouring", choices=("add-remove", "replace-one"), default="add-remove",
+                     help="neighbouring relation (default %(default)s, dp-accounting's)")
+    acc.add_argument("--rho", type=_positive(), help="convert rho-zCDP to (eps, delta) instead")
+    acc.add_argument("--zcdp", action="store_true", help="with --epsilon: the rho-zCDP budget that converts to it")
+    acc.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.subcommands = {"run": run, "account": acc}  # type: ignore[attr-defined]
+    return parser
+
+
+def _account(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
+    from fedkl.privacy import accounting, zcdp
+
+    names = ("pld", "rdp") if args.accountant == "all" else (args.accountant,)
+    if args.rho is not None:
+        return {"question": "epsilon of rho-zCDP", "rho": args.rho, "delta": args.delta,
+                "epsilon": {c: zcdp.zcdp_to_eps(args.rho, args.delta, c) for c in zcdp.CONVERSIONS},
+                "accountant": "zCDP conversions: cks = Canonne-Kamath-Steinke 2020, bun_steinke = Bun-Steinke 2016"}
+    if args.zcdp:
+        if args.epsilon is None:
+            parser.error("--zcdp needs --epsilon (the target to convert)")
+        return {"question": "rho-zCDP budget for (eps, delta)", "epsilon": args.epsilon, "delta": args.delta,
+                "rho": {c: zcdp.rho_for_eps_delta(args.epsilon, args.delta, c) for c in zcdp.CONVERSIONS},
+                "accountant": "zCDP conversions: cks = Canonne-Kamath-Steinke 2020, bun_steinke = Bun-Steinke 2016"}
+    if (args.noise_multiplier is None) == (args.epsilon is None):
+        parser.error("give exactly one of --noise-multiplier (to get epsilon) or --epsilon (to get the noise multiplier)")
+    common = {"sampling_rate": args.sampling_rate, "steps": args.steps, "delta": args.delta,
+              "neighbouring": args.neighbouring,
+              "accountants": {n: accounting.describe_accountant(n) for n in names}}
+    try:
+        if args.noise_multiplier is not None:
+            schedule = accounting.GaussianSchedule(args.noise_multiplier, args.sampling_rate, args.steps, args.neighbouring)
+            return {"question": "epsilon of a Gaussian schedule", "noise_multiplier": args.noise_multiplier, **common,
+                    "epsilon": {n: accounting.schedule_epsilon(schedule, args.delta, n) for n in names}}
+        return {"question": "noise multiplier for a target epsilon", "epsilon": args.epsilon, **common,
+                "noise_multiplier": {n: accounting.noise_multiplier_for(args.epsilon, args.delta, args.sampling_rate,
+                                                                        args.steps, n, args.neighbouring) for n in names}}
+    except ValueError as e:
+        parser.error(str(e))
+    raise AssertionError("unreachable")
+
+
+def _print_account(res: dict) -> None:
+    print(res["question"])
+    for key in ("noise_multiplier", "epsilon", "rho"):
+        value = res.get(key)
+        if isinstance(value, dict):
+            for name, v in value.items():
+                label = res.get("accountants", {}).get(name, name)
+                print(f"  {key} = {v:.6g}   [{label}]")
+    given = {k: res[k] for k in ("noise_multiplier", "epsilon", "rho", "sampling_rate", "steps", "delta", "neighbouring")
+             if k in res and not isinstance(res[k], dict)}
+    print("  given: " + ", ".join(f"{k}={v}" for k, v in given.items()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "account":
+        res = _account(args, parser.subcommands["account"])  # type: ignore[attr-defined]
+        if args.json:
+            print(json.dumps(res, indent=2))
+        else:
+            _print_account(res)
+        return 0
+
+    from fedkl.privacy import BudgetExhausted, LedgerError
+    from fedkl.runner import RunConfig, run_training
+
+    cfg = RunConfig(dataset=args.dataset, problem=args.problem, algorithm=args.algorithm, epsilon=args.epsilon,
+                    delta=args.delta, rounds=args.rounds, lr=args.lr, clip=args.clip, reg=args.reg,
+                    neighbouring=args.neighbouring, conversion=args.conversion, seed=args.seed,
+                    noise_seed=args.noise_seed, out=args.out, ledger=args.ledger, reference=not args.no_reference)
+    try:
+        run_training(cfg, log=lambda s: print(s, flush=True))
+    except (BudgetExhausted, LedgerError) as e:
+        print(f"fedkl run: error: {e}", file=sys.stderr)
+        return 3
+    except ValueError as e:
+        print(f"fedkl run: error: {e} (see 'fedkl run --help')", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""The federation interface that every server algorithm is written against.
+
+An algorithm asks a federation for per-user quantities of some users ("the clipped gradients of
+these users at w") and gets back either the per-user values or their sum, together with which
+users answered. It never sees records, never imports a transport, and never adds noise: noise is
+added by :class:`fedkl.privacy.release.Releaser` on the server.
+
+Backends: :class:`fedkl.federation.inprocess.InProcessFederation` (all users as stacked tensors,
+one batched op per request) now; a Flower backend (ServerApp <-> ClientApps over Messages) later,
+implementing the same two methods with the same query types, which are plain data so that they
+serialise into Flower ConfigRecords/ArrayRecords.
+
+Clipping is part of the query and is done where the data lives (the client, or the vectorized
+backend): that is what bounds each user's contribution. A user whose answer is missing or invalid
+(dropout, timeout, NaN, wrong shape) contributes the zero vector and is reported in ``failed``:
+the norm bound of every contribution, hence the sensitivity of the sum, is unchanged.
+"""
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Sequence, Union
+
+import torch
+
+
+def _check_clip(clip: float) -> None:
+    if not (clip > 0 and math.isfinite(clip)):
+        raise ValueError(f"clip norm must be finite and > 0, got {clip}")
+
+
+@dataclass(frozen=True)
+class ClippedGradient:
+    """``clip_C(grad f_u(w))``, ``clip_C(v) = v * min(1, C/||v||)`` (norm <= C, zero stays zero)."""
+
+    w: torch.Tensor
+    clip: float
+
+    def __post_init__(self) -> None:
+        _check_clip(self.clip)
+
+
+@dataclass(frozen=True)
+class GradientDifference:
+    """``clip_C(grad f_u(w_new) - grad f_u(w_old))`` (variance-reduced methods)."""
+
+    w_new: torch.Tensor
+    w_old: torch.Tensor
+    clip: float
+
+    def __post_init__(self) -> None:
+        _check_clip(self.clip)
+
+
+@dataclass(frozen=True)
+class LocalRegularizedMinimizer:
+    """``argmin_v f_u(v) + (strength/2)||v - center||^2``, solved locally to gradient norm ``tol``."""
+
+    center: torch.Tensor
+    strength: float
+    tol: float = 1e-10
+    max_iter: int = 500
+
+
+@dataclass(frozen=True)
+class LocalLoss:
+    """``f_u(w)`` (a scalar per user); also used for evaluation on held-out records."""
+
+    w: torch.Tensor
+    split: str = "train"
+
+
+Query = Union[ClippedGradient, GradientDifference, LocalRegularizedMinimizer, LocalLoss]
+
+
+@dataclass
+class Answers:
+    """What a federation returns for one query.
+
+    Attributes:
+        users: positions (0..num_users-1) of the users asked, in order.
+        values: ``(len(users), ...)``; rows of users in ``failed`` are zero.
+        failed: positions of users whose answer was missing or invalid (subset of ``users``).
+    """
+
+    users: list[int]
+    values: torch.Tensor
+    failed: list[int] = field(default_factory=list)
+
+    def total(self) -> torch.Tensor:
+        return self.values.sum(0)
+
+
+class Federation(ABC):
+    """Per-user computation over a fixed population of users."""
+
+    @property
+    @abstractmethod
+    def user_ids(self) -> tuple[str, ...]:
+        """Stable external ids of all users (what the ledger charges)."""
+
+    @property
+    def num_users(self) -> int:
+        return len(self.user_ids)
+
+    @property
+    @abstractmethod
+    def num_params(self) -> int:
+        """Length of the flat parameter vector the problem uses."""
+
+    @abstractmethod
+    def compute(self, query: Query, users: Sequence[int] | None = None) -> Answers:
+        """Per-user answers of ``users`` (all users if None)."""
+
+    def sum(self, query: Query, users: Sequence[int] | None = None) -> Answers:
+        """Same as :meth:`compute`; a backend with secure aggregation may return only the total
+        (then ``values`` has one row). Algorithms that need only the sum call this."""
+        return self.compute(query, users)
+
+    def ids_of(self, users: Sequence[int]) -> list[str]:
+        ids = self.user_ids
+        return [ids[u] for u in users]

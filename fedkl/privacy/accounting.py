@@ -1,0 +1,108 @@
+"""(Subsampled) Gaussian schedules accounted with Google's ``dp-accounting`` (RDP and PLD).
+
+We do not re-implement RDP or PLD: these functions only build the ``DpEvent`` of a schedule and ask
+dp-accounting. A schedule is ``steps`` compositions of a Gaussian mechanism with noise multiplier
+``z = sigma / sensitivity``, each applied to a Poisson sample of users with rate ``q`` (``q = 1``
+means every user takes part in every step: no amplification).
+
+Neighbouring relation: ``add-remove`` (one user's data added or removed; dp-accounting's default and
+the one under which Poisson amplification is analysed) or ``replace-one`` (supported by dp-accounting's
+PLD for Poisson sampling and by both accountants for q = 1).
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import math
+from dataclasses import dataclass
+
+import dp_accounting
+from dp_accounting import pld, rdp
+
+ACCOUNTANTS = ("pld", "rdp")
+RELATIONS = {
+    "add-remove": dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
+    "replace-one": dp_accounting.NeighboringRelation.REPLACE_ONE,
+}
+PLD_DISCRETIZATION = 1e-4  # dp-accounting's default value_discretization_interval
+
+
+@dataclass(frozen=True)
+class GaussianSchedule:
+    noise_multiplier: float
+    sampling_rate: float
+    steps: int
+    neighbouring: str = "add-remove"
+
+    def __post_init__(self) -> None:
+        if not (self.noise_multiplier > 0 and math.isfinite(self.noise_multiplier)):
+            raise ValueError(f"noise multiplier must be finite and > 0, got {self.noise_multiplier}")
+        if not 0 < self.sampling_rate <= 1:
+            raise ValueError(f"sampling rate must be in (0, 1], got {self.sampling_rate}")
+        if int(self.steps) != self.steps or self.steps < 1:
+            raise ValueError(f"steps must be a positive integer, got {self.steps}")
+        if self.neighbouring not in RELATIONS:
+            raise ValueError(f"neighbouring must be one of {sorted(RELATIONS)}, got {self.neighbouring!r}")
+
+    def event(self) -> dp_accounting.DpEvent:
+        step = dp_accounting.GaussianDpEvent(self.noise_multiplier)
+        if self.sampling_rate < 1:
+            step = dp_accounting.PoissonSampledDpEvent(self.sampling_rate, step)
+        return dp_accounting.SelfComposedDpEvent(step, int(self.steps))
+
+
+def make_accountant(name: str, neighbouring: str = "add-remove") -> dp_accounting.PrivacyAccountant:
+    if name not in ACCOUNTANTS:
+        raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {name!r}")
+    relation = RELATIONS[neighbouring]
+    if name == "pld":
+        return pld.PLDAccountant(relation, value_discretization_interval=PLD_DISCRETIZATION)
+    return rdp.RdpAccountant(neighboring_relation=relation)
+
+
+def describe_accountant(name: str) -> str:
+    version = importlib.metadata.version("dp-accounting")
+    if name == "pld":
+        return f"PLD (dp-accounting {version}, value_discretization_interval={PLD_DISCRETIZATION})"
+    return f"RDP (dp-accounting {version}, default orders)"
+
+
+def schedule_epsilon(schedule: GaussianSchedule, delta: float, accountant: str = "pld") -> float:
+    """eps of the whole schedule at ``delta`` by the named dp-accounting accountant."""
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must be in (0, 1), got {delta}")
+    acc = make_accountant(accountant, schedule.neighbouring)
+    if not acc.supports(schedule.event()):
+        raise ValueError(f"dp-accounting's {accountant} accountant does not support this schedule "
+                         f"under {schedule.neighbouring} (try --accountant pld or --neighbouring add-remove)")
+    acc.compose(schedule.event())
+    return float(acc.get_epsilon(delta))
+
+
+def noise_multiplier_for(eps: float, delta: float, sampling_rate: float, steps: int,
+                         accountant: str = "pld", neighbouring: str = "add-remove") -> float:
+    """Smallest noise multiplier whose schedule meets (eps, delta), via dp-accounting's
+    ``calibrate_dp_mechanism`` (bisection; the answer is on the private side of the bracket)."""
+    if not (eps > 0 and math.isfinite(eps)):
+        raise ValueError(f"eps must be finite and > 0, got {eps}")
+    GaussianSchedule(1.0, sampling_rate, steps, neighbouring)  # validates the arguments
+
+    def eps_at(z: float, name: str) -> float:
+        return schedule_epsilon(GaussianSchedule(z, sampling_rate, steps, neighbouring), delta, name)
+
+    # Bracket first with RDP (cheap, and never below PLD, so its answer upper-bounds PLD's);
+    # a tiny lower endpoint would make PLD allocate gigabytes, so we walk down from there.
+    hi = 1.0
+    while eps_at(hi, "rdp") > eps:
+        hi *= 2.0
+    lo = hi / 2.0
+    while lo > 1e-2 and eps_at(lo, accountant) <= eps:
+        lo /= 2.0
+    if eps_at(lo, accountant) <= eps:
+        return lo
+    return float(dp_accounting.calibrate_dp_mechanism(
+        lambda: make_accountant(accountant, neighbouring),
+        lambda z: GaussianSchedule(z, sampling_rate, steps, neighbouring).event(),
+        eps, delta,
+        dp_accounting.ExplicitBracketInterval(lo, hi),
+        tol=1e-6,
+    ))

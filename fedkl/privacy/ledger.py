@@ -1,0 +1,311 @@
+"""The per-user privacy ledger: every release is charged to every participating user BEFORE it is made.
+
+Storage is one SQLite file in WAL mode with ``synchronous=FULL``: a charge returns only after its
+transaction is durable, so a crash (SIGKILL, power loss) at any point either happened before the
+charge committed (then nothing was released either: releases happen after the charge returns) or
+after (then the charge is on disk). A restarted run that opens the same file sees what was spent.
+
+What a user spends has three parts, composed as follows:
+
+* ``rho``: zCDP charges (Gaussian mechanisms ...), added up (zCDP composition, fully adaptive);
+* ``eps``, ``delta``: approximate-DP charges of mechanisms that are not zCDP (e.g. a PTR test),
+  added up by basic composition.
+
+A user's guarantee at the budget's delta is ``eps(u) = zcdp_to_eps(rho_u, delta - delta_u) + eps_u``
+(valid because composing a (eps1, delta1) and a (eps2, delta2) guarantee gives
+(eps1 + eps2, delta1 + delta2)). A charge is refused, atomically and with nothing written, if it would
+take any participating user's ``eps(u)`` above the budget's epsilon. The refusal is computed from
+the ledger alone (public bookkeeping), never from the users' data.
+
+Cohorts (the list of users a release charged) are stored once per distinct cohort, so full
+participation over many rounds costs one row per round, and :meth:`PrivacyLedger.verify` can
+recompute every user's total from the release log.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+import os
+import sqlite3
+import time
+from dataclasses import asdict, dataclass
+from typing import Iterable, Sequence
+
+from fedkl.privacy.filter import BudgetExhausted
+from fedkl.privacy.zcdp import CONVERSIONS, rho_for_eps_delta, zcdp_to_eps
+
+SCHEMA_VERSION = 1
+_REL_TOL = 1e-12
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY, started REAL NOT NULL, config TEXT NOT NULL, status TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS cohorts (
+    id INTEGER PRIMARY KEY, digest TEXT UNIQUE NOT NULL, size INTEGER NOT NULL, members TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS releases (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT, label TEXT NOT NULL, mechanism TEXT NOT NULL,
+    sensitivity REAL, noise_scale REAL, rho REAL NOT NULL, eps REAL NOT NULL, delta REAL NOT NULL,
+    cohort_id INTEGER NOT NULL REFERENCES cohorts(id), created REAL NOT NULL, details TEXT);
+CREATE TABLE IF NOT EXISTS users (
+    user_id TEXT PRIMARY KEY, rho REAL NOT NULL, eps REAL NOT NULL, delta REAL NOT NULL,
+    releases INTEGER NOT NULL);
+"""
+
+
+class LedgerError(RuntimeError):
+    """The ledger file is unusable as asked (wrong budget, wrong schema ...)."""
+
+
+class BudgetExceeded(BudgetExhausted):
+    """A charge would take a user over the budget; nothing was charged and nothing may be released."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Each user's (epsilon, delta)-DP budget for everything charged to this ledger."""
+
+    epsilon: float
+    delta: float
+    conversion: str = "cks"
+
+    def __post_init__(self) -> None:
+        if not (self.epsilon > 0 and math.isfinite(self.epsilon)):
+            raise ValueError(f"budget epsilon must be finite and > 0, got {self.epsilon}")
+        if not 0 < self.delta < 1:
+            raise ValueError(f"budget delta must be in (0, 1), got {self.delta}")
+        if self.conversion not in CONVERSIONS:
+            raise ValueError(f"conversion must be one of {CONVERSIONS}, got {self.conversion!r}")
+
+    @property
+    def rho(self) -> float:
+        """The zCDP budget when nothing but zCDP charges are made."""
+        return _rho_cap(self.epsilon, self.delta, self.conversion)
+
+
+@dataclass(frozen=True)
+class UserSpend:
+    user_id: str
+    rho: float = 0.0
+    eps: float = 0.0
+    delta: float = 0.0
+    releases: int = 0
+
+    def epsilon(self, delta: float, conversion: str = "cks") -> float:
+        """This user's (eps, delta)-DP guarantee for everything charged so far."""
+        if self.delta >= delta:
+            return math.inf
+        if self.rho == 0:
+            return self.eps
+        return zcdp_to_eps(self.rho, delta - self.delta, conversion) + self.eps
+
+
+@functools.lru_cache(maxsize=4096)
+def _rho_cap(eps_left: float, delta_left: float, conversion: str) -> float:
+    """Largest total rho that still fits in (eps_left, delta_left) (conservative)."""
+    if eps_left <= 0 or delta_left <= 0:
+        return 0.0
+    return rho_for_eps_delta(eps_left, min(delta_left, 1 - 1e-15), conversion)
+
+
+def _digest(members: Sequence[str]) -> str:
+    return hashlib.sha256("\x1f".join(members).encode()).hexdigest()
+
+
+class PrivacyLedger:
+    """Durable per-user accounting (see the module docstring for the guarantee).
+
+    Args:
+        path: the SQLite file (created if missing).
+        budget: required when the file is new; when the file exists it must equal the stored one
+            (``None`` reads the stored budget).
+        run_id: tag written on every release made through this handle.
+    """
+
+    def __init__(self, path: str | os.PathLike, budget: Budget | None = None,
+                 run_id: str | None = None, run_config: dict | None = None) -> None:
+        self.path = os.fspath(path)
+        self.run_id = run_id
+        self._db = sqlite3.connect(self.path, isolation_level=None, timeout=60.0)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._db.executescript(_SCHEMA)
+        self._db.execute("CREATE TEMP TABLE IF NOT EXISTS cohort (user_id TEXT PRIMARY KEY)")
+        self.budget = self._init_budget(budget)
+        if run_id is not None:
+            self._db.execute("INSERT OR IGNORE INTO runs VALUES (?, ?, ?, 'running')",
+                             (run_id, time.time(), json.dumps(run_config or {}, default=str)))
+
+    # --- set-up ------------------------------------------------------------------------------
+    def _init_budget(self, budget: Budget | None) -> Budget:
+        rows = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
+        if "budget" not in rows:
+            if budget is None:
+                raise LedgerError(f"{self.path} is a new ledger: give it a budget (epsilon, delta)")
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+            self._db.execute("INSERT OR IGNORE INTO meta VALUES ('budget', ?)", (json.dumps(asdict(budget)),))
+            self._db.execute("COMMIT")
+            rows = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
+        if int(rows["schema"]) != SCHEMA_VERSION:
+            raise LedgerError(f"{self.path}: ledger schema {rows['schema']} is not {SCHEMA_VERSION}")
+        stored = Budget(**json.loads(rows["budget"]))
+        if budget is not None and budget != stored:
+            raise LedgerError(
+                f"{self.path} was created with budget eps={stored.epsilon}, delta={stored.delta} "
+                f"({stored.conversion}); this run asks for eps={budget.epsilon}, delta={budget.delta} "
+                f"({budget.conversion}). Use the stored budget or a new ledger file.")
+        return stored
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> "PrivacyLedger":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def finish_run(self, status: str = "finished") -> None:
+        if self.run_id is not None:
+            self._db.execute("UPDATE runs SET status = ? WHERE run_id = ?", (status, self.run_id))
+
+    # --- charging ----------------------------------------------------------------------------
+    def _fill_cohort(self, members: Sequence[str]) -> None:
+        self._db.execute("DELETE FROM temp.cohort")
+        self._db.executemany("INSERT INTO temp.cohort VALUES (?)", ((m,) for m in members))
+
+    def _check_fits(self, rho: float, eps: float, delta: float) -> None:
+        """Raise BudgetExceeded if any cohort user would go over budget after this charge."""
+        groups = self._db.execute(
+            "SELECT COALESCE(u.rho, 0), COALESCE(u.eps, 0), COALESCE(u.delta, 0), MIN(c.user_id), COUNT(*) "
+            "FROM temp.cohort c LEFT JOIN users u ON u.user_id = c.user_id "
+            "GROUP BY 1, 2, 3").fetchall()
+        b = self.budget
+        for rho_u, eps_u, delta_u, example, count in groups:
+            rho_after, eps_after, delta_after = rho_u + rho, eps_u + eps, delta_u + delta
+            cap = _rho_cap(b.epsilon - eps_after, b.delta - delta_after, b.conversion)
+            fits = (eps_after <= b.epsilon * (1 + _REL_TOL) and delta_after < b.delta
+                    and rho_after <= cap * (1 + _REL_TOL))
+            if not fits:
+                now = UserSpend(example, rho_u, eps_u, delta_u).epsilon(b.delta, b.conversion)
+                after = UserSpend(example, rho_after, eps_after, delta_after).epsilon(b.delta, b.conversion)
+                raise BudgetExceeded(
+                    f"privacy budget exhausted: this release would take {count} user(s) (e.g. {example!r}) "
+                    f"from eps={now:.4g} to eps={after:.4g} > budget eps={b.epsilon:g} at delta={b.delta:g}. "
+                    "Nothing was charged or released; lower the number of rounds, raise the noise, "
+                    "or use a new ledger for new data.")
+
+    def charge(self, user_ids: Sequence[str], *, label: str, mechanism: str,
+               rho: float = 0.0, eps: float = 0.0, delta: float = 0.0,
+               sensitivity: float | None = None, noise_scale: float | None = None,
+               details: dict | None = None) -> int:
+        """Charge every user in ``user_ids`` and return the release id. Atomic and durable.
+
+        Raises :class:`BudgetExceeded` (nothing written) if any user would exceed the budget.
+        """
+        for name, v in (("rho", rho), ("eps", eps), ("delta", delta)):
+            if not (v >= 0 and math.isfinite(v)):
+                raise ValueError(f"{name} must be finite and >= 0, got {v}")
+        members = sorted(set(map(str, user_ids)))
+        if len(members) != len(user_ids):
+            raise ValueError("a release charges each user once: user_ids has duplicates")
+        if not members:
+            raise ValueError("a release must charge at least one user")
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            self._fill_cohort(members)
+            self._check_fits(rho, eps, delta)
+            digest = _digest(members)
+            db.execute("INSERT OR IGNORE INTO cohorts (digest, size, members) VALUES (?, ?, ?)",
+                       (digest, len(members), json.dumps(members)))
+            cohort_id = db.execute("SELECT id FROM cohorts WHERE digest = ?", (digest,)).fetchone()[0]
+            cur = db.execute(
+                "INSERT INTO releases (run_id, label, mechanism, sensitivity, noise_scale, rho, eps, delta, "
+                "cohort_id, created, details) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (self.run_id, label, mechanism, sensitivity, noise_scale, rho, eps, delta, cohort_id,
+                 time.time(), json.dumps(details or {}, default=str)))
+            db.execute(
+                "INSERT INTO users (user_id, rho, eps, delta, releases) "
+                "SELECT user_id, ?, ?, ?, 1 FROM temp.cohort WHERE true "
+                "ON CONFLICT(user_id) DO UPDATE SET rho = rho + excluded.rho, eps = eps + excluded.eps, "
+                "delta = delta + excluded.delta, releases = releases + 1",
+                (rho, eps, delta))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return int(cur.lastrowid)
+
+    # --- reading -----------------------------------------------------------------------------
+    def spend(self, user_id: str) -> UserSpend:
+        row = self._db.execute("SELECT rho, eps, delta, releases FROM users WHERE user_id = ?",
+                               (str(user_id),)).fetchone()
+        return UserSpend(str(user_id), *row) if row else UserSpend(str(user_id))
+
+    def epsilon(self, user_id: str) -> float:
+        return self.spend(user_id).epsilon(self.budget.delta, self.budget.conversion)
+
+    def rho_left(self, user_ids: Iterable[str]) -> float:
+        """The largest zCDP charge every listed user can still afford."""
+        members = sorted(set(map(str, user_ids)))
+        self._db.execute("BEGIN")
+        try:
+            self._fill_cohort(members)
+            groups = self._db.execute(
+                "SELECT DISTINCT COALESCE(u.rho, 0), COALESCE(u.eps, 0), COALESCE(u.delta, 0) "
+                "FROM temp.cohort c LEFT JOIN users u ON u.user_id = c.user_id").fetchall()
+        finally:
+            self._db.execute("COMMIT")
+        b = self.budget
+        return min((max(_rho_cap(b.epsilon - e, b.delta - d, b.conversion) - r, 0.0) for r, e, d in groups),
+                   default=0.0)
+
+    def num_releases(self, run_id: str | None = None) -> int:
+        if run_id is None:
+            return self._db.execute("SELECT COUNT(*) FROM releases").fetchone()[0]
+        return self._db.execute("SELECT COUNT(*) FROM releases WHERE run_id = ?", (run_id,)).fetchone()[0]
+
+    def releases(self, run_id: str | None = None) -> list[dict]:
+        q = ("SELECT r.id, r.run_id, r.label, r.mechanism, r.sensitivity, r.noise_scale, r.rho, r.eps, "
+             "r.delta, c.size FROM releases r JOIN cohorts c ON c.id = r.cohort_id")
+        rows = self._db.execute(q + (" WHERE r.run_id = ?" if run_id else "") + " ORDER BY r.id",
+                                (run_id,) if run_id else ()).fetchall()
+        keys = ("id", "run_id", "label", "mechanism", "sensitivity", "noise_scale", "rho", "eps", "delta", "users")
+        return [dict(zip(keys, r)) for r in rows]
+
+    def summary(self) -> dict:
+        """Worst user, counts and the budget: what result files report."""
+        b = self.budget
+        groups = self._db.execute(
+            "SELECT rho, eps, delta, COUNT(*), MAX(releases) FROM users GROUP BY rho, eps, delta").fetchall()
+        worst = max((UserSpend("", r, e, d).epsilon(b.delta, b.conversion) for r, e, d, _, _ in groups), default=0.0)
+        return {
+            "path": self.path,
+            "budget": asdict(b),
+            "users_charged": sum(g[3] for g in groups),
+            "releases": self.num_releases(),
+            "max_user_rho": max((g[0] for g in groups), default=0.0),
+            "max_user_epsilon": worst,
+            "delta": b.delta,
+        }
+
+    def verify(self) -> None:
+        """Recompute every user's totals from the release log; raise LedgerError on any mismatch."""
+        totals: dict[str, list[float]] = {}
+        for rho, eps, delta, members in self._db.execute(
+                "SELECT r.rho, r.eps, r.delta, c.members FROM releases r JOIN cohorts c ON c.id = r.cohort_id"):
+            for m in json.loads(members):
+                t = totals.setdefault(m, [0.0, 0.0, 0.0, 0])
+                t[0] += rho; t[1] += eps; t[2] += delta; t[3] += 1
+        stored = {u: (r, e, d, n) for u, r, e, d, n in self._db.execute("SELECT * FROM users")}
+        if set(stored) != set(totals):
+            raise LedgerError("ledger users table and release log list different users")
+        for u, (r, e, d, n) in stored.items():
+            t = totals[u]
+            if n != t[3] or any(not math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15) for a, b in zip((r, e, d), t)):
+                raise LedgerError(f"ledger totals of user {u!r} do not match its release log")

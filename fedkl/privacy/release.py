@@ -1,0 +1,48 @@
+"""The one door through which private values leave the server.
+
+:class:`Releaser` ties a mechanism, the run's zCDP filter and the per-user ledger together in the
+only safe order:
+
+1. validate the exact query value (finite, the expected shape) — a bad value is refused before any
+   charge, and since validity is enforced upstream (clients' answers are sanitised and clipped by
+   the federation) this never depends on one user's data;
+2. ask the run's filter whether the cost fits (no side effect);
+3. charge the ledger for every participating user (durable; raises if any user is over budget);
+4. record the cost in the filter;
+5. draw the noise and return the noisy value.
+
+If step 3 raises, nothing is released; if the process dies after step 3, the charge is already on
+disk. Algorithms never add noise themselves: they call this class.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from fedkl.privacy.filter import ZCDPFilter
+from fedkl.privacy.ledger import PrivacyLedger
+from fedkl.privacy.mechanisms import GaussianMechanism
+from fedkl.privacy.rng import NoiseSource
+
+
+class Releaser:
+    def __init__(self, ledger: PrivacyLedger, noise: NoiseSource, zcdp_filter: ZCDPFilter | None = None) -> None:
+        self.ledger = ledger
+        self.noise = noise
+        self.filter = zcdp_filter
+
+    def gaussian(self, value: torch.Tensor, *, sensitivity: float, rho: float, user_ids: Sequence[str],
+                 label: str, details: dict | None = None) -> torch.Tensor:
+        """Release ``value + N(0, sigma^2 I)``, ``sigma = sensitivity / sqrt(2 rho)``: rho-zCDP for
+        the users in ``user_ids`` w.r.t. the relation under which ``sensitivity`` was computed."""
+        mech = GaussianMechanism.from_zcdp(sensitivity, rho)
+        if not torch.is_tensor(value) or not torch.isfinite(value).all():
+            raise ValueError(f"{label}: refusing to release a non-finite value (nothing was charged)")
+        if self.filter is not None and not self.filter.admits(rho):
+            self.filter.spend(rho)  # raises BudgetExhausted with the explanation
+        self.ledger.charge(user_ids, label=label, mechanism="gaussian", rho=rho,
+                           sensitivity=sensitivity, noise_scale=mech.sigma, details=details)
+        if self.filter is not None:
+            self.filter.spend(rho)
+        return mech.privatize(value, self.noise)

@@ -1,0 +1,50 @@
+"""Binary logistic regression: ``l(w; x, y) = log(1 + exp(-y <w, x>))`` with ``y in {-1, +1}``.
+
+Constants under ``||x|| <= R`` (any w): the derivative of ``t -> log(1+e^{-t})`` lies in (-1, 0), so
+``||grad l|| <= R`` (L0 = R); its second derivative is at most 1/4, so L1 = R^2/4. Convex; with the
+regularizer ``(reg/2)||w||^2`` each per-user objective is reg-strongly convex and L0 grows to
+``R + reg*B`` on ``||w|| <= B``.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from fedkl.data.base import UserData
+from fedkl.problems.base import Constants, Problem, user_means
+
+
+class BinaryLogistic(Problem):
+    name = "logistic"
+
+    def _margins(self, w: torch.Tensor, data: UserData) -> torch.Tensor:
+        self.check_params(w)
+        return data.y.to(w.dtype) * (data.X.to(w.dtype) @ w)
+
+    def record_losses(self, w: torch.Tensor, data: UserData) -> torch.Tensor:
+        return F.softplus(-self._margins(w, data))
+
+    def per_user_gradients(self, w: torch.Tensor, data: UserData) -> torch.Tensor:
+        margins = self._margins(w, data)
+        # d/dz log(1+exp(-y z)) = -y * sigmoid(-y z)
+        coef = -data.y.to(w.dtype) * torch.sigmoid(-margins)
+        grads = user_means(coef.unsqueeze(1) * data.X.to(w.dtype), data)
+        return grads + self.reg * w
+
+    def constants(self, feature_bound: float, param_bound: float | None = None) -> Constants:
+        R = float(feature_bound)
+        if self.reg > 0:
+            if param_bound is None:
+                raise ValueError("a regularized logistic loss is Lipschitz only on a bounded domain: give param_bound")
+            return Constants(R + self.reg * param_bound, R * R / 4 + self.reg, self.reg,
+                             f"||x|| <= {R}, ||w|| <= {param_bound}")
+        return Constants(R, R * R / 4, 0.0, f"||x|| <= {R}, any w")
+
+    def metrics(self, w: torch.Tensor, data: UserData) -> dict[str, float]:
+        margins = self._margins(w, data)
+        # accuracy over records (ties z = 0 count as wrong)
+        return {"loss": self.loss(w, data), "accuracy": float((margins > 0).double().mean())}
+
+    def trivial_metrics(self, train: UserData, test: UserData) -> dict[str, float]:
+        majority = 1.0 if float((train.y > 0).double().mean()) >= 0.5 else -1.0
+        return {"accuracy": float((test.y == majority).double().mean()), "loss": float(torch.log(torch.tensor(2.0)))}
