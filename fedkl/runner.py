@@ -34,7 +34,7 @@ class RunConfig:
     algorithm: str = "noisy-gd"
     epsilon: float = 2.0
     delta: float | None = None  # None: 1 / n^1.1 for n users
-    rounds: int = 20
+    rounds: int = 10
     lr: float = 4.0
     clip: float = 1.0
     reg: float = 0.0

@@ -1,0 +1,49 @@
+"""Per-user objectives: the problem classes and :func:`make_problem`.
+
+Names: ``logistic`` and ``smoothed-hinge`` (binary ±1 labels), ``softmax`` and ``mlp`` (multiclass,
+or binary read as classes 0/1), ``least-squares`` (regression; its label bound comes from
+``dataset.extra["label_bound"]`` unless ``label_bound=`` is given).
+"""
+from __future__ import annotations
+
+from fedkl.data.base import FederatedDataset
+from fedkl.problems.base import Constants, Problem, user_means
+from fedkl.problems.hinge import SmoothedHinge
+from fedkl.problems.least_squares import LeastSquares
+from fedkl.problems.logistic import BinaryLogistic
+from fedkl.problems.mlp import MLP
+from fedkl.problems.multiclass import SoftmaxRegression
+
+PROBLEMS = ("logistic", "softmax", "least-squares", "smoothed-hinge", "mlp")
+_TASKS = {
+    "logistic": ("binary",),
+    "smoothed-hinge": ("binary",),
+    "softmax": ("binary", "multiclass"),
+    "mlp": ("binary", "multiclass"),
+    "least-squares": ("regression",),
+}
+
+
+def make_problem(name: str, dataset: FederatedDataset, reg: float = 0.0, **kw) -> Problem:
+    """The problem ``name`` sized for ``dataset`` (extra keyword arguments go to its constructor)."""
+    if name not in _TASKS:
+        raise ValueError(f"unknown problem {name!r}; valid names: {', '.join(PROBLEMS)}")
+    if dataset.task not in _TASKS[name]:
+        raise ValueError(f"problem {name!r} needs a {' or '.join(_TASKS[name])} task, but dataset "
+                         f"{dataset.name!r} is {dataset.task}")
+    dim = dataset.train.dim
+    if name == "logistic":
+        return BinaryLogistic(dim, reg, **kw)
+    if name == "smoothed-hinge":
+        return SmoothedHinge(dim, reg, **kw)
+    if name == "least-squares":
+        kw.setdefault("label_bound", dataset.extra.get("label_bound"))
+        return LeastSquares(dim, reg, **kw)
+    num_classes = 2 if dataset.task == "binary" else dataset.num_classes
+    if name == "softmax":
+        return SoftmaxRegression(dim, num_classes, reg, **kw)
+    return MLP(dim, num_classes=num_classes, reg=reg, **kw)
+
+
+__all__ = ["BinaryLogistic", "Constants", "LeastSquares", "MLP", "PROBLEMS", "Problem", "SmoothedHinge",
+           "SoftmaxRegression", "make_problem", "user_means"]

@@ -1,0 +1,63 @@
+"""Smoothed (Huberized) hinge loss for binary ``y in {-1, +1}``, with ``t = y <w, x>`` and
+smoothing ``h > 0``::
+
+    l = 0                    if t >= 1
+        1 - t - h/2          if t <= 1 - h
+        (1 - t)^2 / (2 h)    otherwise
+
+``dl/dt`` is ``-1``, ``-(1-t)/h`` or ``0``: it lies in [-1, 0] and is (1/h)-Lipschitz in t. With
+``grad l = (dl/dt) y x`` and ``||x|| <= R`` (any w): **L0 = R**, **L1 = R^2 / h**. Convex, mu = 0;
+with ``(reg/2)||w||^2`` on ``||w|| <= B``: L0 = R + reg B, L1 = R^2/h + reg, mu = reg.
+"""
+from __future__ import annotations
+
+import torch
+
+from fedkl.data.base import UserData
+from fedkl.problems.base import Constants, Problem, user_means
+
+
+class SmoothedHinge(Problem):
+    name = "smoothed-hinge"
+
+    def __init__(self, dim: int, reg: float = 0.0, smoothing: float = 0.5, dtype: torch.dtype = torch.float64) -> None:
+        super().__init__(dim, reg, dtype)
+        if not smoothing > 0:
+            raise ValueError(f"smoothing must be positive, got {smoothing}")
+        self.smoothing = float(smoothing)
+
+    def _margins(self, w: torch.Tensor, data: UserData) -> torch.Tensor:
+        self.check_params(w)
+        return data.y.to(w.dtype) * (data.X.to(w.dtype) @ w)
+
+    def _loss_of_margin(self, t: torch.Tensor) -> torch.Tensor:
+        h = self.smoothing
+        quad = (1 - t).clamp_min(0) ** 2 / (2 * h)
+        return torch.where(t <= 1 - h, 1 - t - h / 2, quad)
+
+    def record_losses(self, w: torch.Tensor, data: UserData) -> torch.Tensor:
+        return self._loss_of_margin(self._margins(w, data))
+
+    def per_user_gradients(self, w: torch.Tensor, data: UserData) -> torch.Tensor:
+        t = self._margins(w, data)
+        dldt = -((1 - t) / self.smoothing).clamp(0.0, 1.0)
+        coef = dldt * data.y.to(w.dtype)
+        return user_means(coef.unsqueeze(1) * data.X.to(w.dtype), data) + self.reg * w
+
+    def constants(self, feature_bound: float, param_bound: float | None = None) -> Constants:
+        R, h = float(feature_bound), self.smoothing
+        if self.reg > 0:
+            if param_bound is None:
+                raise ValueError("a regularized hinge loss is Lipschitz only on a bounded domain: give param_bound")
+            return Constants(R + self.reg * param_bound, R * R / h + self.reg, self.reg,
+                             f"||x|| <= {R}, ||w|| <= {param_bound}")
+        return Constants(R, R * R / h, 0.0, f"||x|| <= {R}, any w")
+
+    def metrics(self, w: torch.Tensor, data: UserData) -> dict[str, float]:
+        t = self._margins(w, data)
+        return {"loss": self.loss(w, data), "accuracy": float((t > 0).double().mean())}
+
+    def trivial_metrics(self, train: UserData, test: UserData) -> dict[str, float]:
+        majority = 1.0 if float((train.y > 0).double().mean()) >= 0.5 else -1.0
+        loss_at_zero = float(self._loss_of_margin(torch.zeros(1, dtype=torch.float64)))
+        return {"accuracy": float((test.y == majority).double().mean()), "loss": loss_at_zero}

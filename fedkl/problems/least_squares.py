@@ -1,0 +1,55 @@
+"""Least squares: ``l(w; x, y) = 0.5 (<w, x> - y)^2``.
+
+The gradient ``(<w, x> - y) x`` is unbounded over all w, so the constants are stated on
+``||x|| <= R``, ``||w|| <= B`` and ``|y| <= Y`` (Y is the constructor's ``label_bound``, e.g. the
+``extra["label_bound"]`` of a synthetic dataset): ``|<w, x> - y| <= R B + Y``, hence
+**L0 = R (R B + Y)**; the Hessian ``x x^T`` has norm at most ``R^2``: **L1 = R^2**. Convex; strongly
+convex only through the regularizer: **mu = reg** (then L0 += reg B, L1 += reg).
+"""
+from __future__ import annotations
+
+import torch
+
+from fedkl.data.base import UserData
+from fedkl.problems.base import Constants, Problem, user_means
+
+
+class LeastSquares(Problem):
+    name = "least-squares"
+
+    def __init__(self, dim: int, reg: float = 0.0, label_bound: float | None = None,
+                 dtype: torch.dtype = torch.float64) -> None:
+        super().__init__(dim, reg, dtype)
+        if label_bound is not None and not label_bound >= 0:
+            raise ValueError(f"label_bound must be non-negative, got {label_bound}")
+        self.label_bound = None if label_bound is None else float(label_bound)
+
+    def _residuals(self, w: torch.Tensor, data: UserData) -> torch.Tensor:
+        self.check_params(w)
+        return data.X.to(w.dtype) @ w - data.y.to(w.dtype)
+
+    def record_losses(self, w: torch.Tensor, data: UserData) -> torch.Tensor:
+        return 0.5 * self._residuals(w, data) ** 2
+
+    def per_user_gradients(self, w: torch.Tensor, data: UserData) -> torch.Tensor:
+        r = self._residuals(w, data)
+        return user_means(r.unsqueeze(1) * data.X.to(w.dtype), data) + self.reg * w
+
+    def constants(self, feature_bound: float, param_bound: float | None = None) -> Constants:
+        if param_bound is None:
+            raise ValueError("least squares is Lipschitz only on a bounded domain: give param_bound")
+        if self.label_bound is None:
+            raise ValueError("least-squares constants need the label bound: construct with label_bound=Y")
+        R, B, Y = float(feature_bound), float(param_bound), self.label_bound
+        return Constants(R * (R * B + Y) + self.reg * B, R * R + self.reg, self.reg,
+                         f"||x|| <= {R}, ||w|| <= {B}, |y| <= {Y}")
+
+    def metrics(self, w: torch.Tensor, data: UserData) -> dict[str, float]:
+        mse = float((self._residuals(w, data) ** 2).mean())
+        return {"loss": self.loss(w, data), "mse": mse}
+
+    def trivial_metrics(self, train: UserData, test: UserData) -> dict[str, float]:
+        """Predict the mean training label for every record."""
+        err = test.y.double() - float(train.y.double().mean())
+        loss = float(user_means(0.5 * err.unsqueeze(1) ** 2, test).mean())
+        return {"mse": float((err ** 2).mean()), "loss": loss}

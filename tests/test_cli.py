@@ -1,0 +1,141 @@
+"""The `fedkl` console script: account agrees with dp-accounting, run writes its results, errors are one line."""
+import json
+import os
+import subprocess
+import sys
+
+import dp_accounting
+import pytest
+from dp_accounting import pld, rdp
+
+from fedkl.cli import main
+
+FEDKL = [sys.executable, "-m", "fedkl.cli"]
+
+
+def _dp_accounting_eps(z, q, steps, delta):
+    step = dp_accounting.GaussianDpEvent(z)
+    if q < 1:
+        step = dp_accounting.PoissonSampledDpEvent(q, step)
+    event = dp_accounting.SelfComposedDpEvent(step, steps)
+    out = {}
+    for name, acc in (("pld", pld.PLDAccountant()), ("rdp", rdp.RdpAccountant())):
+        acc.compose(event)
+        out[name] = acc.get_epsilon(delta)
+    return out
+
+
+SETTINGS = [
+    (1.2, 0.03547, 100, 1e-5),   # the TFF-tutorial setting of the issue: PLD ~1.71, RDP ~1.99
+    (1.0, 0.01, 1000, 1e-5),     # deps.md: RDP 2.10, PLD 1.83
+    (4.0, 1.0, 30, 1e-6),        # full participation (no amplification)
+    (0.8, 0.1, 50, 1e-4),
+]
+
+
+@pytest.mark.parametrize("z,q,steps,delta", SETTINGS)
+def test_account_matches_dp_accounting(capsys, z, q, steps, delta):
+    assert main(["account", "--noise-multiplier", str(z), "--sampling-rate", str(q), "--steps", str(steps),
+                 "--delta", str(delta), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    ref = _dp_accounting_eps(z, q, steps, delta)
+    for name in ("pld", "rdp"):
+        assert res["epsilon"][name] == pytest.approx(ref[name], rel=0.01)
+        assert "dp-accounting" in res["accountants"][name]
+
+
+def test_account_reference_numbers_of_the_issue(capsys):
+    main(["account", "--noise-multiplier", "1.2", "--sampling-rate", "0.03547", "--steps", "100",
+          "--delta", "1e-5", "--json"])
+    res = json.loads(capsys.readouterr().out)
+    assert res["epsilon"]["pld"] == pytest.approx(1.71, rel=0.01)
+    assert res["epsilon"]["rdp"] == pytest.approx(1.99, rel=0.01)
+
+
+def test_account_inverse_round_trips(capsys):
+    main(["account", "--epsilon", "1.99", "--sampling-rate", "0.03547", "--steps", "100", "--delta", "1e-5",
+          "--accountant", "rdp", "--json"])
+    z = json.loads(capsys.readouterr().out)["noise_multiplier"]["rdp"]
+    assert z == pytest.approx(1.2, rel=0.01)
+    assert _dp_accounting_eps(z, 0.03547, 100, 1e-5)["rdp"] <= 1.99 * (1 + 1e-6)
+
+
+def test_account_zcdp_conversions(capsys):
+    main(["account", "--rho", "0.1", "--delta", "1e-5", "--json"])
+    res = json.loads(capsys.readouterr().out)
+    acc = rdp.RdpAccountant()
+    acc.compose(dp_accounting.ZCDpEvent(0.1))
+    assert res["epsilon"]["cks"] == pytest.approx(acc.get_epsilon(1e-5), rel=0.01)
+    assert res["epsilon"]["bun_steinke"] > res["epsilon"]["cks"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["account", "--delta", "2"], "--delta"),
+    (["account", "--delta", "1e-5"], "exactly one of"),
+    (["account", "--noise-multiplier", "-1", "--delta", "1e-5"], "--noise-multiplier"),
+    (["account", "--noise-multiplier", "1", "--sampling-rate", "0", "--delta", "1e-5"], "--sampling-rate"),
+    (["run", "--epsilon", "0"], "--epsilon"),
+    (["run", "--dataset", "nope"], "--dataset"),
+    (["run", "--rounds", "1.5"], "--rounds"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_bad_arguments_exit_2_with_one_line(args, needle):
+    proc = subprocess.run(FEDKL + args, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert needle in lines[0] and "--help" in lines[0]
+
+
+def test_help_on_every_command():
+    for args in (["--help"], ["run", "--help"], ["account", "--help"]):
+        proc = subprocess.run(FEDKL + args, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0 and "usage" in proc.stdout
+
+
+def test_run_writes_result_and_ledger_then_refuses_when_budget_is_spent(tmp_path):
+    out = tmp_path / "run"
+    args = ["run", "--dataset", "synthetic-logistic", "--rounds", "5", "--noise-seed", "1", "--out", str(out),
+            "--epsilon", "3"]
+    proc = subprocess.run(FEDKL + args, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "epsilon = " in proc.stdout and "test accuracy" in proc.stdout
+    res = json.loads((out / "result.json").read_text())
+    for key in ("algorithm", "dataset", "users", "epsilon", "delta", "rho", "accountant", "test_metric",
+                "nonprivate_reference", "seed", "wall_time_s", "noise_rng"):
+        assert key in res
+    assert res["noise_rng"] == "seeded"
+    assert res["epsilon"] == pytest.approx(3.0, rel=1e-6) and res["epsilon"] <= 3.0 * (1 + 1e-9)
+    assert res["ledger"]["releases"] == 5
+    # a second run on the same ledger has nothing left: clear error, exit code 3, nothing charged
+    again = subprocess.run(FEDKL + args[:-4] + ["--ledger", str(out / "ledger.sqlite"), "--out", str(tmp_path / "b"),
+                                                "--epsilon", "3"], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 3
+    assert "budget" in again.stderr and "spent" in again.stderr
+    from fedkl.privacy import PrivacyLedger
+    with PrivacyLedger(out / "ledger.sqlite") as ledger:
+        assert ledger.num_releases() == 5
+        ledger.verify()
+
+
+def test_run_resumes_a_partly_spent_ledger(tmp_path):
+    """A restarted run sees what an earlier run spent and trains on the rest only."""
+    from fedkl.runner import RunConfig, run_training
+
+    ledger = str(tmp_path / "shared.sqlite")
+    common = dict(dataset="synthetic-logistic", epsilon=2.0, delta=1e-5, rounds=4, noise_seed=0,
+                  ledger=ledger, reference=False)
+    first = run_training(RunConfig(**common, out=str(tmp_path / "a")), log=lambda s: None)
+    from fedkl.privacy import Budget, PrivacyLedger, rho_for_eps_delta
+    full = rho_for_eps_delta(2.0, 1e-5)
+    assert first["rho"] == pytest.approx(full, rel=1e-9)
+    # simulate an interrupted earlier run: a fresh ledger with half the budget already charged
+    ledger2 = str(tmp_path / "half.sqlite")
+    with PrivacyLedger(ledger2, Budget(2.0, 1e-5)) as led:
+        from fedkl.data import load_dataset
+        ids = load_dataset("synthetic-logistic", seed=0).train.user_ids
+        led.charge(list(ids), label="earlier", mechanism="gaussian", rho=full / 2)
+    second = run_training(RunConfig(**{**common, "ledger": ledger2}, out=str(tmp_path / "b")), log=lambda s: None)
+    assert second["rho"] == pytest.approx(full, rel=1e-9)           # total per user = the budget
+    assert second["sigma_sum"] == pytest.approx(first["sigma_sum"] * 2 ** 0.5, rel=1e-6)  # half the rho left
+    assert second["epsilon"] <= 2.0 * (1 + 1e-9)

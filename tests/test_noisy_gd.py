@@ -1,0 +1,99 @@
+"""Noisy GD over users: noise calibrated to the user-level sensitivity, every round charged, converges."""
+import math
+
+import pytest
+import torch
+
+from fedkl.algorithms.noisy_gd import NoisyGDConfig, NoisyGradientDescent
+from fedkl.algorithms.nonprivate import nonprivate_minimizer
+from fedkl.data import load_dataset
+from fedkl.federation.inprocess import InProcessFederation
+from fedkl.privacy import Budget, BudgetExhausted, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter
+from fedkl.problems import make_problem
+
+
+def _setup(tmp_path, n_users=60, d=8, seed=0, eps=2.0, delta=1e-5):
+    ds = load_dataset("synthetic-logistic", n_users=n_users, m=20, d=d, seed=seed)
+    fed = InProcessFederation(make_problem("logistic", ds), ds)
+    ledger = PrivacyLedger(tmp_path / f"ledger-{n_users}-{seed}-{eps}.sqlite", Budget(eps, delta))
+    return ds, fed, ledger
+
+
+class _Recorder(Releaser):
+    """A Releaser that also keeps (exact value, released value) pairs for the calibration test."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.pairs = []
+
+    def gaussian(self, value, **kw):
+        out = super().gaussian(value, **kw)
+        self.pairs.append((value.clone(), out.clone()))
+        return out
+
+
+@pytest.mark.parametrize("relation,factor", [("replace-one", 2.0), ("add-remove", 1.0)])
+def test_noise_std_matches_user_level_sensitivity(tmp_path, relation, factor):
+    ds, fed, ledger = _setup(tmp_path, d=150)
+    rho, rounds, clip = ledger.budget.rho, 40, 0.7
+    alg = NoisyGradientDescent(NoisyGDConfig(rounds=rounds, lr=0.5, clip=clip, neighbouring=relation), rho)
+    expected = factor * clip / math.sqrt(2 * rho / rounds)
+    assert alg.sigma == pytest.approx(expected, rel=1e-12)
+    rel = _Recorder(ledger, NoiseSource(11), ZCDPFilter(rho))
+    alg.run(fed, rel, fed.problem.init_params())
+    noise = torch.cat([(out - exact) for exact, out in rel.pairs])
+    N = noise.numel()  # 40 rounds x 150 coordinates = 6,000 draws
+    # std of the sample std of N normals ~ sigma / sqrt(2N) = 0.9% of sigma; allow 5 standard errors.
+    tol = 5 / math.sqrt(2 * N)
+    assert abs(float(noise.std()) / expected - 1) < tol
+    # the wrong relation's scale (x2 or x0.5) is far outside the tolerance
+    assert tol < 0.1
+    assert abs(float(noise.mean())) < 5 * expected / math.sqrt(N)
+
+
+def test_every_round_charged_to_every_user_and_budget_enforced(tmp_path):
+    ds, fed, ledger = _setup(tmp_path)
+    rho, rounds = ledger.budget.rho, 12
+    alg = NoisyGradientDescent(NoisyGDConfig(rounds=rounds, lr=1.0), rho)
+    alg.run(fed, Releaser(ledger, NoiseSource(0), ZCDPFilter(rho)), fed.problem.init_params())
+    assert ledger.num_releases() == rounds
+    for uid in fed.user_ids:
+        spend = ledger.spend(uid)
+        assert spend.releases == rounds
+        assert spend.rho == pytest.approx(rho, rel=1e-12)
+    assert ledger.epsilon(fed.user_ids[0]) <= 2.0 * (1 + 1e-9)
+    ledger.verify()
+    # the budget is spent: one more run (a fresh filter, the same users) is refused by the ledger
+    with pytest.raises(BudgetExhausted):
+        NoisyGradientDescent(NoisyGDConfig(rounds=1), rho).run(
+            fed, Releaser(ledger, NoiseSource(0), ZCDPFilter(rho)), fed.problem.init_params())
+    assert ledger.num_releases() == rounds
+
+
+def test_filter_stops_an_algorithm_that_overspends(tmp_path):
+    ds, fed, ledger = _setup(tmp_path, eps=50.0)
+    alg = NoisyGradientDescent(NoisyGDConfig(rounds=10), rho_total=0.1)
+    with pytest.raises(BudgetExhausted):
+        alg.run(fed, Releaser(ledger, NoiseSource(0), ZCDPFilter(0.05)), fed.problem.init_params())
+    assert ledger.num_releases() == 5  # the sixth release was refused before any charge
+
+
+def _excess_risk(tmp_path, n_users, eps, seeds=4):
+    out = []
+    for s in range(seeds):
+        ds, fed, ledger = _setup(tmp_path, n_users=n_users, seed=100 + s, eps=eps)
+        w_opt = nonprivate_minimizer(fed.problem, ds.train)
+        rho = ledger.budget.rho
+        res = NoisyGradientDescent(NoisyGDConfig(rounds=15, lr=4.0), rho).run(
+            fed, Releaser(ledger, NoiseSource(s), ZCDPFilter(rho)), fed.problem.init_params())
+        out.append(fed.problem.loss(res.w, ds.train) - fed.problem.loss(w_opt, ds.train))
+    return sum(out) / len(out)
+
+
+def test_converges_and_error_falls_with_users_and_epsilon(tmp_path):
+    tight = _excess_risk(tmp_path, n_users=400, eps=8.0)
+    fewer_users = _excess_risk(tmp_path, n_users=40, eps=8.0)
+    less_eps = _excess_risk(tmp_path, n_users=400, eps=0.5)
+    assert tight < 0.05
+    assert fewer_users > 2 * tight
+    assert less_eps > 2 * tight
