@@ -128,13 +128,19 @@ class PrivacyLedger:
                  run_id: str | None = None, run_config: dict | None = None) -> None:
         self.path = os.fspath(path)
         self.run_id = run_id
+        if budget is None and not os.path.exists(self.path):
+            raise LedgerError(f"{self.path} does not exist: a new ledger needs a budget (epsilon, delta)")
         self._db = sqlite3.connect(self.path, isolation_level=None, timeout=60.0)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.executescript(_SCHEMA)
-        self._db.execute("CREATE TEMP TABLE IF NOT EXISTS cohort (user_id TEXT PRIMARY KEY)")
-        self.budget = self._init_budget(budget)
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._db.executescript(_SCHEMA)
+            self._db.execute("CREATE TEMP TABLE IF NOT EXISTS cohort (user_id TEXT PRIMARY KEY)")
+            self.budget = self._init_budget(budget)
+        except BaseException:
+            self._db.close()
+            raise
         if run_id is not None:
             self._db.execute("INSERT OR IGNORE INTO runs VALUES (?, ?, ?, 'running')",
                              (run_id, time.time(), json.dumps(run_config or {}, default=str)))

@@ -102,6 +102,8 @@ def rho_for_eps_delta(eps: float, delta: float, conversion: str = "cks") -> floa
     log_inv = math.log(1.0 / delta)
     rho_bs = (math.sqrt(log_inv + eps) - math.sqrt(log_inv)) ** 2
     if conversion == "bun_steinke":
+        while eps_bun_steinke(rho_bs, delta) > eps:  # the closed form can round up by an ulp
+            rho_bs *= 1 - 1e-12
         return rho_bs
     if conversion != "cks":
         raise ValueError(f"unknown conversion {conversion!r}; choose one of {CONVERSIONS}")

@@ -1,0 +1,253 @@
+"""zCDP conversions and the dp-accounting schedule wrappers, checked against dp-accounting itself and
+against independent evaluations of the published formulas."""
+from __future__ import annotations
+
+import importlib.metadata
+import math
+
+import dp_accounting
+import numpy as np
+import pytest
+from dp_accounting import pld, rdp
+
+from fedkl.privacy.accounting import (GaussianSchedule, describe_accountant, make_accountant,
+                                      noise_multiplier_for, schedule_epsilon)
+from fedkl.privacy.zcdp import (ZCDPAccountant, delta_cks, eps_bun_steinke, eps_cks, rho_for_eps_delta,
+                                zcdp_to_eps)
+
+RHOS = [1e-5, 1e-3, 0.01, 0.1, 0.5, 1.0, 5.0, 30.0]
+DELTAS = [1e-12, 1e-8, 1e-5, 1e-3, 0.1]
+
+
+# dp-accounting's default orders jump from 63 to 128 to 256 ..., which alone can cost ~5% (e.g.
+# rho = 1e-3, delta = 1e-5 wants alpha ~ 107); a dense grid of orders isolates the formula.
+DENSE_ORDERS = list(1.0 + np.geomspace(0.02, 1e6, 4000))
+
+
+def rdp_eps_of_zcdp(rho: float, delta: float, orders=None) -> float:
+    acc = rdp.RdpAccountant(orders) if orders is not None else rdp.RdpAccountant()
+    acc.compose(dp_accounting.ZCDpEvent(rho))
+    return float(acc.get_epsilon(delta))
+
+
+def cks_log_delta(alpha: np.ndarray, rho: float, eps: float) -> np.ndarray:
+    """log of CKS (2020) Prop. 12: delta = e^{(a-1)(a rho - eps)} / (a-1) * (1 - 1/a)^a, written
+    independently of fedkl.privacy.zcdp."""
+    return (alpha - 1) * (alpha * rho - eps) - np.log(alpha - 1) + alpha * np.log1p(-1 / alpha)
+
+
+# --------------------------------------------------------------------------------------------------
+# zCDP -> (eps, delta)
+# --------------------------------------------------------------------------------------------------
+class TestConversions:
+    @pytest.mark.parametrize("delta", DELTAS)
+    def test_cks_below_bun_steinke(self, delta):
+        for rho in RHOS:
+            assert eps_cks(rho, delta) <= eps_bun_steinke(rho, delta) * (1 + 1e-12)
+
+    @pytest.mark.parametrize("delta", DELTAS)
+    def test_bun_steinke_closed_form(self, delta):
+        for rho in RHOS:
+            assert math.isclose(eps_bun_steinke(rho, delta), rho + 2 * math.sqrt(rho * math.log(1 / delta)),
+                                rel_tol=1e-14)
+            assert zcdp_to_eps(rho, delta, "bun_steinke") == eps_bun_steinke(rho, delta)
+            assert zcdp_to_eps(rho, delta) == zcdp_to_eps(rho, delta, "cks") == eps_cks(rho, delta)
+
+    @pytest.mark.parametrize("rho,delta", [(1e-3, 1e-5), (0.01, 1e-6), (0.1, 1e-5), (0.5, 1e-8),
+                                           (1.0, 1e-5), (2.0, 1e-3), (10.0, 1e-10)])
+    def test_cks_vs_dp_accounting_rdp(self, rho, delta):
+        """dp-accounting's RDP accountant evaluates the same CKS conversion on a grid of orders:
+        with a dense grid it is within 1% of ours, and with any grid (default included) it is
+        never below our continuous minimum."""
+        ours = eps_cks(rho, delta)
+        dense, default = rdp_eps_of_zcdp(rho, delta, DENSE_ORDERS), rdp_eps_of_zcdp(rho, delta)
+        assert math.isclose(ours, dense, rel_tol=1e-2)
+        assert ours <= dense * (1 + 1e-9)
+        assert ours <= default * (1 + 1e-9)
+        assert default <= 1.06 * ours  # the default grid's gaps cost at most a few percent here
+
+    @pytest.mark.parametrize("rho,delta", [(1e-4, 1e-5), (0.01, 1e-6), (0.1, 1e-5), (1.0, 1e-5),
+                                           (3.0, 1e-3), (20.0, 1e-9)])
+    def test_cks_is_achieved_by_some_order(self, rho, delta):
+        """Safety: eps_cks must not be BELOW the minimum over alpha of the CKS bound. We exhibit an
+        order alpha at which the CKS delta for eps = eps_cks(rho, delta) is <= delta (up to 1e-6
+        relative), by a dense search of our own (10^5 points in log(alpha - 1))."""
+        eps = eps_cks(rho, delta)
+        alpha = 1.0 + np.exp(np.linspace(-14.0, 18.0, 100_001))
+        best = float(np.min(cks_log_delta(alpha, rho, eps)))
+        assert best <= math.log(delta) + 1e-6
+        # and it is not looser than needed: 0.1% less eps does not reach delta at any order
+        assert float(np.min(cks_log_delta(alpha, rho, eps * 0.999))) > math.log(delta)
+
+    @pytest.mark.parametrize("rho,delta", [(1e-3, 1e-5), (0.1, 1e-5), (1.0, 1e-8), (5.0, 1e-3)])
+    def test_delta_cks_inverts_eps_cks(self, rho, delta):
+        assert math.isclose(delta_cks(rho, eps_cks(rho, delta)), delta, rel_tol=1e-5)
+        # delta is decreasing in eps
+        e = eps_cks(rho, delta)
+        assert delta_cks(rho, 1.1 * e) < delta < delta_cks(rho, 0.9 * e)
+
+    @pytest.mark.parametrize("conversion", ["cks", "bun_steinke"])
+    @pytest.mark.parametrize("eps,delta", [(0.1, 1e-5), (1.0, 1e-5), (2.0, 1e-6), (8.0, 1e-9), (0.5, 0.01)])
+    def test_rho_for_eps_delta_inverse(self, conversion, eps, delta):
+        rho = rho_for_eps_delta(eps, delta, conversion)
+        back = zcdp_to_eps(rho, delta, conversion)
+        assert back <= eps  # conservative, no tolerance
+        assert back >= eps * (1 - 1e-9)
+        # a rho 0.1% larger does not fit
+        assert zcdp_to_eps(rho * 1.001, delta, conversion) > eps
+
+    @pytest.mark.parametrize("eps,delta", [(0.1, 1e-5), (1.0, 1e-5), (8.0, 1e-9)])
+    def test_rho_cks_at_least_bun_steinke(self, eps, delta):
+        bs = rho_for_eps_delta(eps, delta, "bun_steinke")
+        log_inv = math.log(1 / delta)
+        closed = (math.sqrt(log_inv + eps) - math.sqrt(log_inv)) ** 2
+        assert bs <= closed and math.isclose(bs, closed, rel_tol=1e-10)  # closed form, rounded down
+        assert rho_for_eps_delta(eps, delta, "cks") >= bs
+
+    @pytest.mark.parametrize("rho,T,delta", [(0.01, 100, 1e-5), (0.002, 1000, 1e-6), (0.5, 8, 1e-5)])
+    def test_composed_gaussian_vs_dp_accounting(self, rho, T, delta):
+        """A Gaussian with sigma = 1/sqrt(2 rho) (sensitivity 1) composed T times is (T rho)-zCDP.
+        Its RDP curve is exactly alpha * T * rho, so dp-accounting's RDP accountant gives our CKS
+        value up to its order grid (within 1%, never below ours); PLD is tighter still."""
+        z = 1 / math.sqrt(2 * rho)
+        event = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(z), T)
+        ours = eps_cks(T * rho, delta)
+        r = rdp.RdpAccountant()
+        r.compose(event)
+        eps_rdp = r.get_epsilon(delta)
+        assert math.isclose(ours, eps_rdp, rel_tol=1e-2)
+        assert ours <= eps_rdp * (1 + 1e-9)
+        p = pld.PLDAccountant()
+        p.compose(event)
+        assert p.get_epsilon(delta) < ours
+        # and the exact value (T compositions of a Gaussian = one Gaussian with z / sqrt(T))
+        assert dp_accounting.get_epsilon_gaussian(z / math.sqrt(T), delta) < ours
+
+    def test_rho_zero_and_invalid(self):
+        assert eps_cks(0.0, 1e-5) == 0.0 and delta_cks(0.0, 1.0) == 0.0
+        assert eps_bun_steinke(0.0, 1e-5) == 0.0
+        for rho, delta in ((-1e-3, 1e-5), (float("nan"), 1e-5), (float("inf"), 1e-5), (0.1, 0.0), (0.1, 1.0)):
+            with pytest.raises(ValueError):
+                eps_cks(rho, delta)
+            with pytest.raises(ValueError):
+                eps_bun_steinke(rho, delta)
+        with pytest.raises(ValueError):
+            zcdp_to_eps(0.1, 1e-5, "rdp")
+        for eps, delta in ((0.0, 1e-5), (-1.0, 1e-5), (float("inf"), 1e-5), (1.0, 0.0), (1.0, 1.0)):
+            with pytest.raises(ValueError):
+                rho_for_eps_delta(eps, delta)
+        with pytest.raises(ValueError):
+            rho_for_eps_delta(1.0, 1e-5, "nope")
+        with pytest.raises(ValueError):
+            delta_cks(-0.1, 1.0)
+
+    def test_zcdp_accountant_adds(self):
+        acc = ZCDPAccountant()
+        for r in (0.01, 0.02, 0.03):
+            acc.compose(r, "step")
+        assert math.isclose(acc.rho, 0.06, rel_tol=1e-15)
+        assert len(acc.events) == 3
+        assert acc.epsilon(1e-5) == eps_cks(acc.rho, 1e-5)
+        with pytest.raises(ValueError):
+            acc.compose(-0.1)
+
+
+# --------------------------------------------------------------------------------------------------
+# Subsampled Gaussian schedules (dp-accounting wrappers)
+# --------------------------------------------------------------------------------------------------
+def direct_eps(z: float, q: float, T: int, delta: float, name: str) -> float:
+    """The same schedule built here, directly on dp-accounting (independent of fedkl.accounting)."""
+    step = dp_accounting.GaussianDpEvent(z)
+    if q < 1:
+        step = dp_accounting.PoissonSampledDpEvent(q, step)
+    event = dp_accounting.SelfComposedDpEvent(step, T)
+    acc = pld.PLDAccountant(value_discretization_interval=1e-4) if name == "pld" else rdp.RdpAccountant()
+    acc.compose(event)
+    return float(acc.get_epsilon(delta))
+
+
+class TestSchedules:
+    # (z, q, T, delta, expected PLD, expected RDP): the issue's reference setting and the notes'
+    REFERENCE = [
+        (1.2, 0.03547, 100, 1e-5, 1.71, 1.99),
+        (1.0, 0.01, 1000, 1e-5, 1.83, 2.10),
+    ]
+
+    @pytest.mark.parametrize("z,q,T,delta,eps_pld,eps_rdp", REFERENCE)
+    def test_reference_settings(self, z, q, T, delta, eps_pld, eps_rdp):
+        s = GaussianSchedule(z, q, T)
+        ours_pld = schedule_epsilon(s, delta, "pld")
+        ours_rdp = schedule_epsilon(s, delta, "rdp")
+        assert math.isclose(ours_pld, direct_eps(z, q, T, delta, "pld"), rel_tol=1e-2)
+        assert math.isclose(ours_rdp, direct_eps(z, q, T, delta, "rdp"), rel_tol=1e-2)
+        assert math.isclose(ours_pld, eps_pld, rel_tol=1e-2)
+        assert math.isclose(ours_rdp, eps_rdp, rel_tol=1e-2)
+        assert ours_pld < ours_rdp
+
+    def test_full_batch(self):
+        """q = 1: no amplification, T Gaussians with multiplier z = one Gaussian with z / sqrt(T),
+        whose exact eps is known (Balle & Wang). PLD is within 1% of it, RDP above it."""
+        z, T, delta = 5.0, 50, 1e-5
+        s = GaussianSchedule(z, 1.0, T)
+        exact = dp_accounting.get_epsilon_gaussian(z / math.sqrt(T), delta)
+        ours_pld, ours_rdp = schedule_epsilon(s, delta, "pld"), schedule_epsilon(s, delta, "rdp")
+        assert math.isclose(ours_pld, direct_eps(z, 1.0, T, delta, "pld"), rel_tol=1e-2)
+        assert math.isclose(ours_rdp, direct_eps(z, 1.0, T, delta, "rdp"), rel_tol=1e-2)
+        assert math.isclose(ours_pld, exact, rel_tol=1e-2) and ours_pld >= exact * (1 - 1e-6)
+        assert ours_rdp > exact
+        # the full-batch schedule is exactly (T / (2 z^2))-zCDP: RDP equals our CKS conversion
+        assert math.isclose(ours_rdp, eps_cks(T / (2 * z**2), delta), rel_tol=1e-2)
+        # no Poisson event is built for q = 1
+        assert isinstance(s.event().event, dp_accounting.GaussianDpEvent)
+
+    def test_replace_one_is_not_below_add_remove(self):
+        s_ar = GaussianSchedule(1.2, 0.03547, 100, "add-remove")
+        s_ro = GaussianSchedule(1.2, 0.03547, 100, "replace-one")
+        assert schedule_epsilon(s_ro, 1e-5, "pld") > schedule_epsilon(s_ar, 1e-5, "pld")
+
+    def test_noise_multiplier_for_round_trip_rdp(self):
+        for eps, q, T in ((2.0, 0.03547, 100), (1.0, 1.0, 10), (4.0, 0.01, 500)):
+            z = noise_multiplier_for(eps, 1e-5, q, T, accountant="rdp")
+            got = schedule_epsilon(GaussianSchedule(z, q, T), 1e-5, "rdp")
+            assert got <= eps * (1 + 1e-6)
+            assert got >= eps * (1 - 1e-3)
+            # minimal: 0.1% less noise exceeds the target
+            assert schedule_epsilon(GaussianSchedule(z * 0.999, q, T), 1e-5, "rdp") > eps
+
+    def test_noise_multiplier_for_round_trip_pld(self):
+        eps, q, T = 2.0, 0.03547, 100
+        z = noise_multiplier_for(eps, 1e-5, q, T, accountant="pld")
+        got = schedule_epsilon(GaussianSchedule(z, q, T), 1e-5, "pld")
+        assert got <= eps * (1 + 1e-6)
+        assert got >= eps * (1 - 1e-2)
+        # PLD is tighter than RDP, so it needs less noise for the same target
+        assert z < noise_multiplier_for(eps, 1e-5, q, T, accountant="rdp")
+
+    def test_invalid_inputs(self):
+        for z, q, T in ((1.0, 0.0, 10), (1.0, 1.5, 10), (1.0, -0.1, 10), (1.0, 0.1, 0), (1.0, 0.1, -3),
+                        (1.0, 0.1, 2.5), (-1.0, 0.1, 10), (0.0, 0.1, 10), (float("nan"), 0.1, 10),
+                        (float("inf"), 0.1, 10)):
+            with pytest.raises(ValueError):
+                GaussianSchedule(z, q, T)
+            if z > 0 and math.isfinite(z):  # noise_multiplier_for validates the same schedule arguments
+                with pytest.raises(ValueError):
+                    noise_multiplier_for(1.0, 1e-5, q, T)
+        with pytest.raises(ValueError):
+            GaussianSchedule(1.0, 0.1, 10, "swap-two")
+        s = GaussianSchedule(1.0, 0.1, 10)
+        for delta in (0.0, 1.0, -1e-5, 2.0):
+            with pytest.raises(ValueError):
+                schedule_epsilon(s, delta)
+        with pytest.raises(ValueError):
+            schedule_epsilon(s, 1e-5, "moments")
+        for eps in (0.0, -1.0, float("inf"), float("nan")):
+            with pytest.raises(ValueError):
+                noise_multiplier_for(eps, 1e-5, 0.1, 10)
+        with pytest.raises(ValueError):
+            make_accountant("nope")
+
+    def test_describe_accountant(self):
+        version = importlib.metadata.version("dp-accounting")
+        assert describe_accountant("pld").startswith(f"PLD (dp-accounting {version}")
+        assert "value_discretization_interval=0.0001" in describe_accountant("pld")
+        assert describe_accountant("rdp").startswith(f"RDP (dp-accounting {version}")

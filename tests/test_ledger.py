@@ -1,0 +1,420 @@
+"""The per-user privacy ledger: budget checks, atomic refusals, durability across SIGKILL, tamper
+detection and concurrent handles."""
+from __future__ import annotations
+
+import math
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from fedkl.privacy.ledger import Budget, BudgetExceeded, LedgerError, PrivacyLedger, UserSpend
+from fedkl.privacy.filter import BudgetExhausted
+from fedkl.privacy.zcdp import rho_for_eps_delta, zcdp_to_eps
+
+BUDGET = Budget(epsilon=2.0, delta=1e-5)
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def table_counts(path) -> dict:
+    """Row counts of every persistent table, read through an independent connection."""
+    con = sqlite3.connect(path)
+    try:
+        return {t: con.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]
+                for t in ("meta", "runs", "cohorts", "releases", "users")}
+    finally:
+        con.close()
+
+
+def users_snapshot(path) -> list:
+    con = sqlite3.connect(path)
+    try:
+        return con.execute("SELECT * FROM users ORDER BY user_id").fetchall()
+    finally:
+        con.close()
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    led = PrivacyLedger(tmp_path / "ledger.db", BUDGET, run_id="run-1")
+    yield led
+    led.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# budget and charging
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("eps,delta,conv", [(2.0, 1e-5, "cks"), (0.5, 1e-8, "cks"), (8.0, 1e-6, "bun_steinke")])
+def test_budget_rho(eps, delta, conv):
+    b = Budget(eps, delta, conv)
+    assert b.rho == rho_for_eps_delta(eps, delta, conv)
+    assert zcdp_to_eps(b.rho, delta, conv) <= eps
+
+
+def test_budget_invalid():
+    for args in ((0.0, 1e-5), (-1.0, 1e-5), (float("inf"), 1e-5), (1.0, 0.0), (1.0, 1.0)):
+        with pytest.raises(ValueError):
+            Budget(*args)
+    with pytest.raises(ValueError):
+        Budget(1.0, 1e-5, "rdp")
+
+
+def test_charge_accumulates_per_user(ledger):
+    r1 = ledger.charge(["a", "b", "c"], label="round 1", mechanism="gaussian", rho=0.01,
+                       sensitivity=1.0, noise_scale=7.0)
+    r2 = ledger.charge(["a", "c"], label="round 2", mechanism="gaussian", rho=0.02)
+    r3 = ledger.charge(["a"], label="round 3", mechanism="gaussian", rho=0.005)
+    assert r1 < r2 < r3
+    a, b, c = ledger.spend("a"), ledger.spend("b"), ledger.spend("c")
+    assert math.isclose(a.rho, 0.035, rel_tol=1e-12) and a.releases == 3
+    assert math.isclose(b.rho, 0.01, rel_tol=1e-12) and b.releases == 1
+    assert math.isclose(c.rho, 0.03, rel_tol=1e-12) and c.releases == 2
+    # a user outside every cohort is not charged
+    assert ledger.spend("d") == UserSpend("d")
+    assert ledger.epsilon("d") == 0.0
+    assert ledger.num_releases() == 3 and ledger.num_releases("run-1") == 3
+    rel = ledger.releases()
+    assert [r["users"] for r in rel] == [3, 2, 1]
+    assert rel[0]["sensitivity"] == 1.0 and rel[0]["noise_scale"] == 7.0 and rel[0]["run_id"] == "run-1"
+    assert math.isclose(ledger.epsilon("a"), zcdp_to_eps(0.035, BUDGET.delta), rel_tol=1e-12)
+    s = ledger.summary()
+    assert s["users_charged"] == 3 and s["releases"] == 3
+    assert math.isclose(s["max_user_rho"], 0.035, rel_tol=1e-12)
+    assert math.isclose(s["max_user_epsilon"], ledger.epsilon("a"), rel_tol=1e-12)
+    ledger.verify()
+
+
+def test_user_ids_normalised_and_duplicates_refused(ledger, tmp_path):
+    ledger.charge([1, 2], label="ints", mechanism="gaussian", rho=0.01)
+    assert math.isclose(ledger.spend("1").rho, 0.01, rel_tol=1e-12)
+    before = table_counts(ledger.path)
+    for bad in (["a", "a"], ["x", "y", "x"], [1, "1"]):
+        with pytest.raises(ValueError):
+            ledger.charge(bad, label="dup", mechanism="gaussian", rho=0.01)
+    with pytest.raises(ValueError):
+        ledger.charge([], label="empty", mechanism="gaussian", rho=0.01)
+    for name in ("rho", "eps", "delta"):
+        for v in (-1e-3, float("nan"), float("inf")):
+            with pytest.raises(ValueError):
+                ledger.charge(["a"], label="bad", mechanism="gaussian", **{name: v})
+    assert table_counts(ledger.path) == before
+    ledger.verify()
+
+
+def test_verify_detects_tampering(ledger):
+    ledger.charge(["a", "b"], label="r1", mechanism="gaussian", rho=0.01)
+    ledger.charge(["a"], label="r2", mechanism="gaussian", rho=0.02)
+    ledger.verify()
+    con = sqlite3.connect(ledger.path)
+    con.execute("UPDATE users SET rho = rho / 2 WHERE user_id = 'a'")
+    con.commit()
+    with pytest.raises(LedgerError):
+        ledger.verify()
+    con.execute("UPDATE users SET rho = 0.03 WHERE user_id = 'a'")  # restore (0.01 + 0.02)
+    con.commit()
+    ledger.verify()
+    con.execute("UPDATE users SET releases = 1 WHERE user_id = 'a'")
+    con.commit()
+    with pytest.raises(LedgerError):
+        ledger.verify()
+    con.execute("UPDATE users SET releases = 2 WHERE user_id = 'a'")
+    con.commit()
+    ledger.verify()
+    con.execute("DELETE FROM users WHERE user_id = 'b'")  # a user vanishes
+    con.commit()
+    with pytest.raises(LedgerError):
+        ledger.verify()
+    con.execute("INSERT INTO users VALUES ('b', 0.01, 0, 0, 1)")
+    con.commit()
+    ledger.verify()
+    con.execute("DELETE FROM releases WHERE label = 'r2'")  # a release vanishes from the log
+    con.commit()
+    with pytest.raises(LedgerError):
+        ledger.verify()
+    con.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# refusals write nothing
+# --------------------------------------------------------------------------------------------------
+def test_over_budget_refused_atomically(ledger):
+    rho = BUDGET.rho
+    with pytest.raises(BudgetExceeded):
+        ledger.charge(["a"], label="too much", mechanism="gaussian", rho=rho * 1.001)
+    assert ledger.num_releases() == 0 and ledger.spend("a") == UserSpend("a")
+
+    ledger.charge(["a"], label="most", mechanism="gaussian", rho=0.9 * rho)
+    before, users_before = table_counts(ledger.path), users_snapshot(ledger.path)
+    # only 'a' is over; 'b', 'c' (fresh) would fit: the whole release is refused, nobody is charged
+    with pytest.raises(BudgetExceeded) as err:
+        ledger.charge(["b", "a", "c"], label="new cohort", mechanism="gaussian", rho=0.2 * rho)
+    assert isinstance(err.value, BudgetExhausted)
+    assert "'a'" in str(err.value)
+    assert table_counts(ledger.path) == before  # no cohort row, no release row, no user row
+    assert users_snapshot(ledger.path) == users_before
+    assert ledger.spend("b") == UserSpend("b") and ledger.spend("c") == UserSpend("c")
+    assert ledger.num_releases() == 1
+    # b and c alone can still be charged, a can take what is left and no more
+    ledger.charge(["b", "c"], label="fits", mechanism="gaussian", rho=0.2 * rho)
+    assert math.isclose(ledger.rho_left(["a"]), 0.1 * rho, rel_tol=1e-9)
+    assert math.isclose(ledger.rho_left(["a", "b"]), 0.1 * rho, rel_tol=1e-9)
+    ledger.verify()
+
+
+@pytest.mark.parametrize("T", [1, 3, 7, 10, 64])
+def test_exact_split_fills_budget(tmp_path, T):
+    users = ["a", "b"]
+    with PrivacyLedger(tmp_path / "l.db", BUDGET) as led:
+        part = BUDGET.rho / T
+        for t in range(T):
+            led.charge(users, label=f"part {t}", mechanism="gaussian", rho=part)
+        assert led.num_releases() == T
+        assert led.rho_left(users) <= BUDGET.rho * 1e-12
+        before = table_counts(led.path)
+        with pytest.raises(BudgetExceeded):
+            led.charge(users, label="one too many", mechanism="gaussian", rho=part)
+        with pytest.raises(BudgetExceeded):  # even a tiny further charge
+            led.charge(["a"], label="crumb", mechanism="gaussian", rho=BUDGET.rho * 1e-9)
+        assert table_counts(led.path) == before
+        assert led.epsilon("a") <= BUDGET.epsilon * (1 + 1e-9)
+        led.verify()
+
+
+def test_mixed_charges(ledger):
+    eps_u, delta_u = 0.5, 1e-6
+    ledger.charge(["a"], label="ptr", mechanism="ptr", eps=eps_u, delta=delta_u)
+    sp = ledger.spend("a")
+    assert sp.eps == eps_u and sp.delta == delta_u and sp.rho == 0.0
+    assert ledger.epsilon("a") == eps_u
+    left = ledger.rho_left(["a"])
+    expected_left = rho_for_eps_delta(BUDGET.epsilon - eps_u, BUDGET.delta - delta_u)
+    assert math.isclose(left, expected_left, rel_tol=1e-12)
+    assert left < BUDGET.rho and ledger.rho_left(["fresh"]) == pytest.approx(BUDGET.rho, rel=1e-12)
+    # UserSpend.epsilon composes: zcdp_to_eps(rho, delta - delta_u) + eps_u
+    ledger.charge(["a"], label="g", mechanism="gaussian", rho=0.5 * left)
+    sp = ledger.spend("a")
+    assert math.isclose(sp.epsilon(BUDGET.delta), zcdp_to_eps(0.5 * left, BUDGET.delta - delta_u) + eps_u,
+                        rel_tol=1e-12)
+    assert ledger.epsilon("a") == sp.epsilon(BUDGET.delta, BUDGET.conversion)
+    assert sp.epsilon(delta_u) == math.inf  # the delta part alone uses up a delta this small
+    # the rest of the rho fits exactly; beyond it is refused
+    ledger.charge(["a"], label="g2", mechanism="gaussian", rho=ledger.rho_left(["a"]))
+    assert ledger.epsilon("a") <= BUDGET.epsilon * (1 + 1e-9)
+    with pytest.raises(BudgetExceeded):
+        ledger.charge(["a"], label="g3", mechanism="gaussian", rho=1e-6)
+    # pure eps / delta charges are checked too
+    with pytest.raises(BudgetExceeded):
+        ledger.charge(["b"], label="eps", mechanism="laplace", eps=BUDGET.epsilon * 1.01)
+    with pytest.raises(BudgetExceeded):
+        ledger.charge(["b"], label="delta", mechanism="ptr", eps=0.1, delta=BUDGET.delta)
+    # an eps charge uses budget that rho can no longer have
+    ledger.charge(["b"], label="eps", mechanism="laplace", eps=BUDGET.epsilon)
+    assert ledger.rho_left(["b"]) == 0.0
+    with pytest.raises(BudgetExceeded):
+        ledger.charge(["b"], label="g", mechanism="gaussian", rho=1e-9)
+    ledger.verify()
+
+
+# --------------------------------------------------------------------------------------------------
+# persistence
+# --------------------------------------------------------------------------------------------------
+def test_reopen_keeps_totals(tmp_path):
+    path = tmp_path / "l.db"
+    with PrivacyLedger(path, BUDGET, run_id="first") as led:
+        led.charge(["a", "b"], label="r1", mechanism="gaussian", rho=0.01)
+        led.charge(["a"], label="r2", mechanism="gaussian", rho=0.005)
+    with PrivacyLedger(path, BUDGET, run_id="second") as led:
+        assert math.isclose(led.spend("a").rho, 0.015, rel_tol=1e-12) and led.spend("a").releases == 2
+        assert led.num_releases() == 2 and led.num_releases("first") == 2 and led.num_releases("second") == 0
+        led.charge(["a"], label="r3", mechanism="gaussian", rho=0.005)
+        # the resumed run is still bound by what the first one spent
+        with pytest.raises(BudgetExceeded):
+            led.charge(["a"], label="too much", mechanism="gaussian", rho=BUDGET.rho - 0.015)
+        led.verify()
+    with PrivacyLedger(path) as led:  # budget read from the file
+        assert led.budget == BUDGET
+        assert math.isclose(led.spend("a").rho, 0.02, rel_tol=1e-12)
+
+
+def test_reopen_with_other_budget_refused(tmp_path):
+    path = tmp_path / "l.db"
+    with PrivacyLedger(path, BUDGET) as led:
+        led.charge(["a"], label="r1", mechanism="gaussian", rho=0.1)
+    for other in (Budget(3.0, 1e-5), Budget(2.0, 1e-6), Budget(2.0, 1e-5, "bun_steinke")):
+        with pytest.raises(LedgerError):
+            PrivacyLedger(path, other)
+    with PrivacyLedger(path, BUDGET) as led:  # the refusal changed nothing
+        assert led.num_releases() == 1
+
+
+def test_new_file_needs_budget(tmp_path):
+    with pytest.raises(LedgerError):
+        PrivacyLedger(tmp_path / "new.db")
+
+
+def test_wal_and_synchronous_full(ledger):
+    assert ledger._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert ledger._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    # WAL mode is a property of the file: any other connection sees it
+    con = sqlite3.connect(ledger.path)
+    assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    con.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# crash: SIGKILL at random moments
+# --------------------------------------------------------------------------------------------------
+# Children import the real fedkl/privacy/ledger.py (and its imports zcdp.py, filter.py) but skip the
+# package __init__ files, which pull in torch and dp-accounting (~1.5 s per process) for nothing the
+# ledger uses.
+LEDGER_ONLY_IMPORT = textwrap.dedent("""
+    import os, sys, types
+    for _name in ("fedkl", "fedkl.privacy"):
+        _m = types.ModuleType(_name)
+        _m.__path__ = [os.path.join(%r, *_name.split("."))]
+        sys.modules[_name] = _m
+""" % REPO)
+
+RHO_PER_RELEASE = 1e-6
+N_USERS = 50
+CRASH_CHILD = LEDGER_ONLY_IMPORT + textwrap.dedent("""
+    import os, sys
+    from fedkl.privacy.ledger import Budget, PrivacyLedger
+    path, log = sys.argv[1], sys.argv[2]
+    users = [f"u{i}" for i in range(%d)]
+    led = PrivacyLedger(path, Budget(2.0, 1e-5), run_id="crash")
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    print("ready", flush=True)
+    k = 0
+    while True:
+        led.charge(users, label=f"release {k}", mechanism="gaussian", rho=%r)
+        # the "release" happens only after charge() returned
+        k += 1
+        os.write(fd, f"released {k}\\n".encode())
+        os.fsync(fd)
+""" % (N_USERS, RHO_PER_RELEASE))
+
+
+def test_sigkill_never_loses_a_charge(tmp_path):
+    rng = random.Random(20240601)
+    delays = [0.05, 0.6] + [rng.uniform(0.05, 0.6) for _ in range(4)]
+    trials = []
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # start all children at once (the import of fedkl dominates their start-up), kill each after
+    # its own delay counted from the moment it reported ready
+    for i, _ in enumerate(delays):
+        path, log = tmp_path / f"crash{i}.db", tmp_path / f"crash{i}.log"
+        proc = subprocess.Popen([sys.executable, "-c", CRASH_CHILD, str(path), str(log)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=REPO)
+        trials.append((proc, path, log))
+    for (proc, _, _), delay in zip(trials, delays):
+        line = proc.stdout.readline()
+        assert line.strip() == b"ready", proc.stderr.read().decode()
+        ready = time.monotonic()
+        proc._kill_at = ready + delay
+    for proc, _, _ in sorted(trials, key=lambda t: t[0]._kill_at):
+        time.sleep(max(0.0, proc._kill_at - time.monotonic()))
+        assert proc.poll() is None, proc.stderr.read().decode()  # still charging when killed
+        os.kill(proc.pid, signal.SIGKILL)
+    total = 0
+    for proc, path, log in trials:
+        proc.wait(timeout=30)
+        proc.stdout.close(); proc.stderr.close()
+        assert proc.returncode == -signal.SIGKILL
+        lines = log.read_text().splitlines() if log.exists() else []
+        assert all(l == f"released {k + 1}" for k, l in enumerate(lines))
+        with PrivacyLedger(path, Budget(2.0, 1e-5)) as led:
+            n = led.num_releases()
+            # every released value was charged; at most one charge was in flight and not released
+            assert len(lines) <= n <= len(lines) + 1
+            led.verify()
+            for i in range(N_USERS):
+                sp = led.spend(f"u{i}")
+                assert sp.releases == n
+                assert math.isclose(sp.rho, n * RHO_PER_RELEASE, rel_tol=1e-9)
+            assert led.spend("u50").releases == 0
+            # the ledger is usable after the crash
+            led.charge([f"u{i}" for i in range(N_USERS)], label="after crash", mechanism="gaussian",
+                       rho=RHO_PER_RELEASE)
+            assert led.num_releases() == n + 1
+            led.verify()
+        total += len(lines)
+    assert total > 0  # the children did get to release before they were killed
+
+
+# --------------------------------------------------------------------------------------------------
+# several handles / processes on one file
+# --------------------------------------------------------------------------------------------------
+def test_two_handles_share_the_budget(tmp_path):
+    path = tmp_path / "shared.db"
+    h1, h2 = PrivacyLedger(path, BUDGET, run_id="server-1"), PrivacyLedger(path, BUDGET, run_id="server-2")
+    try:
+        part = BUDGET.rho / 4
+        h1.charge(["a", "b"], label="1", mechanism="gaussian", rho=part)
+        h2.charge(["a"], label="2", mechanism="gaussian", rho=part)
+        h1.charge(["a", "c"], label="3", mechanism="gaussian", rho=part)
+        h2.charge(["a", "b"], label="4", mechanism="gaussian", rho=part)
+        for h in (h1, h2):
+            assert h.num_releases() == 4
+            assert math.isclose(h.spend("a").rho, BUDGET.rho, rel_tol=1e-12) and h.spend("a").releases == 4
+        # a is full: both handles see it and refuse
+        with pytest.raises(BudgetExceeded):
+            h1.charge(["a"], label="5", mechanism="gaussian", rho=part)
+        with pytest.raises(BudgetExceeded):
+            h2.charge(["c", "a"], label="5", mechanism="gaussian", rho=part)
+        assert h1.num_releases("server-1") == 2 and h2.num_releases("server-2") == 2
+        h1.verify(); h2.verify()
+    finally:
+        h1.close(); h2.close()
+
+
+RACE_CHILD = LEDGER_ONLY_IMPORT + textwrap.dedent("""
+    import sys
+    from fedkl.privacy.ledger import Budget, BudgetExceeded, PrivacyLedger
+    path = sys.argv[1]
+    b = Budget(2.0, 1e-5)
+    led = PrivacyLedger(path, b)
+    print("ready", flush=True)
+    sys.stdin.readline()  # the parent releases both processes at once
+    ok = refused = 0
+    for i in range(8):
+        try:
+            led.charge(["shared", f"own-{sys.argv[2]}-{i}"], label="x", mechanism="gaussian", rho=b.rho / 10)
+            ok += 1
+        except BudgetExceeded:
+            refused += 1
+    print(ok, refused)
+""")
+
+
+def test_two_processes_race_for_the_last_budget(tmp_path):
+    """Two processes charge the same user concurrently, 8 tries each, each try a tenth of the
+    budget: exactly 10 of the 16 must be accepted, whatever the interleaving."""
+    path = tmp_path / "race.db"
+    PrivacyLedger(path, BUDGET).close()
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    procs = [subprocess.Popen([sys.executable, "-c", RACE_CHILD, str(path), str(k)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=REPO)
+             for k in range(2)]
+    for p in procs:  # wait until both have imported and opened the ledger ...
+        assert p.stdout.readline().strip() == b"ready", p.stderr.read().decode()
+    for p in procs:  # ... then let them charge at the same moment
+        p.stdin.write(b"go\n"); p.stdin.flush()
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err.decode()
+        results.append(tuple(map(int, out.split())))
+    assert sum(r[0] for r in results) == 10 and sum(r[1] for r in results) == 6
+    with PrivacyLedger(path, BUDGET) as led:
+        assert led.num_releases() == 10
+        assert led.spend("shared").releases == 10
+        assert math.isclose(led.spend("shared").rho, BUDGET.rho, rel_tol=1e-9)
+        assert led.epsilon("shared") <= BUDGET.epsilon * (1 + 1e-9)
+        led.verify()
