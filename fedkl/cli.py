@@ -33,24 +33,22 @@ def _positive(kind=float):
     return parse
 
 
-def _probability(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"must be strictly between 0 and 1, got {text}")
-    return value
+def _interval(low: float, high: float, high_closed: bool):
+    """A float strictly above ``low`` and below ``high`` (or equal to it when ``high_closed``)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
+        if not (low < value < high or (high_closed and value == high)):
+            where = f"in ({low:g}, {high:g}]" if high_closed else f"strictly between {low:g} and {high:g}"
+            raise argparse.ArgumentTypeError(f"must be {where}, got {text}")
+        return value
+    return parse
 
 
-def _rate(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
-    return value
+_probability = _interval(0.0, 1.0, high_closed=False)
+_rate = _interval(0.0, 1.0, high_closed=True)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -154,14 +154,8 @@ class TruncatedDiscreteLaplace:
 
 
 @dataclass(frozen=True)
-class ExponentialMechanism:
-    """Select index i with probability ∝ ``exp(eps * u_i / (2 * sensitivity))`` (McSherry & Talwar 2007).
-
-    ``sensitivity`` bounds ``|u_i(x) - u_i(x')|`` for every candidate i and neighbours x, x'.
-    Guarantee: eps-DP; it is eps-bounded-range (Durfee & Rogers 2019), hence (eps^2/8)-zCDP
-    (Cesar & Rogers 2021, "Bounding, concentrating, and truncating"). With ``monotone=True`` (all utilities move in the same direction between
-    neighbours) the factor 2 is dropped and the guarantee is eps-DP, (eps^2/2)-zCDP.
-    """
+class _Selection:
+    """Common fields of the mechanisms that privately select one index from a utility vector."""
 
     eps: float
     sensitivity: float
@@ -171,14 +165,31 @@ class ExponentialMechanism:
         _check_positive("eps", self.eps)
         _check_positive("sensitivity", self.sensitivity)
 
+    @staticmethod
+    def _utilities(utilities: np.ndarray) -> np.ndarray:
+        u = np.asarray(utilities, dtype=np.float64)
+        if u.ndim != 1 or u.size == 0 or not np.isfinite(u).all():
+            raise ValueError("utilities must be a non-empty 1-D array of finite numbers")
+        return u
+
+
+@dataclass(frozen=True)
+class ExponentialMechanism(_Selection):
+    """Select index i with probability ∝ ``exp(eps * u_i / (2 * sensitivity))`` (McSherry & Talwar 2007).
+
+    ``sensitivity`` bounds ``|u_i(x) - u_i(x')|`` for every candidate i and neighbours x, x'.
+    Guarantee: eps-DP; it is eps-bounded-range (Durfee & Rogers 2019), hence (eps^2/8)-zCDP
+    (Cesar & Rogers 2021, "Bounding, concentrating, and truncating"). With ``monotone=True``
+    (all utilities move in the same direction between neighbours) the factor 2 is dropped and the
+    guarantee is eps-DP, (eps^2/2)-zCDP.
+    """
+
     @property
     def rho(self) -> float:
         return self.eps**2 / 2.0 if self.monotone else self.eps**2 / 8.0
 
     def log_weights(self, utilities: np.ndarray) -> np.ndarray:
-        u = np.asarray(utilities, dtype=np.float64)
-        if u.ndim != 1 or u.size == 0 or not np.isfinite(u).all():
-            raise ValueError("utilities must be a non-empty 1-D array of finite numbers")
+        u = self._utilities(utilities)
         factor = 1.0 if self.monotone else 2.0
         return self.eps * u / (factor * self.sensitivity)
 
@@ -192,21 +203,13 @@ class ExponentialMechanism:
 
 
 @dataclass(frozen=True)
-class ReportNoisyMax:
+class ReportNoisyMax(_Selection):
     """Return ``argmax_i (u_i + Lap(b))`` with b = 2*sensitivity/eps (b = sensitivity/eps if monotone).
 
     Guarantee: eps-DP (Dwork & Roth 2014, Sec. 3.3: Lap(1/eps) for monotone
     sensitivity-1 counts; twice the scale for general sensitivity), hence
     (eps^2/2)-zCDP. Only the index is released, never the noisy values.
     """
-
-    eps: float
-    sensitivity: float
-    monotone: bool = False
-
-    def __post_init__(self) -> None:
-        _check_positive("eps", self.eps)
-        _check_positive("sensitivity", self.sensitivity)
 
     @property
     def scale(self) -> float:
@@ -217,7 +220,5 @@ class ReportNoisyMax:
         return self.eps**2 / 2.0
 
     def select(self, utilities: np.ndarray, noise: NoiseSource) -> int:
-        u = np.asarray(utilities, dtype=np.float64)
-        if u.ndim != 1 or u.size == 0 or not np.isfinite(u).all():
-            raise ValueError("utilities must be a non-empty 1-D array of finite numbers")
+        u = self._utilities(utilities)
         return int(np.argmax(u + noise.laplace(u.size, self.scale).numpy()))
