@@ -54,7 +54,7 @@ _rate = _interval(0.0, 1.0, high_closed=True)
 def build_parser() -> argparse.ArgumentParser:
     from fedkl.data import DATASETS
     from fedkl.problems import PROBLEMS
-    from fedkl.runner import ALGORITHMS, RunConfig
+    from fedkl.runner import ALGORITHMS, BACKENDS, RunConfig
 
     d = RunConfig()
     parser = _Parser(prog="fedkl", description="Federated learning with user-level differential privacy.")
@@ -67,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dataset", choices=DATASETS, default=d.dataset, help="user-partitioned dataset (default %(default)s)")
     run.add_argument("--problem", choices=PROBLEMS, default=d.problem, help="model / loss (default %(default)s)")
     run.add_argument("--algorithm", choices=ALGORITHMS, default=d.algorithm, help="private algorithm (default %(default)s)")
+    run.add_argument("--backend", choices=BACKENDS, default=d.backend,
+                     help="where users compute (default %(default)s: the vectorized in-process simulator)")
     run.add_argument("--epsilon", type=_positive(), default=d.epsilon, help="user-level epsilon budget (default %(default)s)")
     run.add_argument("--delta", type=_probability, default=None, help="user-level delta (default 1/n^1.1 for n users)")
     run.add_argument("--rounds", type=_positive(int), default=d.rounds, help="federated rounds (default %(default)s)")
@@ -163,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     from fedkl.privacy import BudgetExhausted, LedgerError
     from fedkl.runner import RunConfig, run_training
 
-    cfg = RunConfig(dataset=args.dataset, problem=args.problem, algorithm=args.algorithm, epsilon=args.epsilon,
+    cfg = RunConfig(dataset=args.dataset, problem=args.problem, algorithm=args.algorithm, backend=args.backend,
+                    epsilon=args.epsilon,
                     delta=args.delta, rounds=args.rounds, lr=args.lr, clip=args.clip, reg=args.reg,
                     neighbouring=args.neighbouring, conversion=args.conversion, seed=args.seed,
                     noise_seed=args.noise_seed, out=args.out, ledger=args.ledger, reference=not args.no_reference)

@@ -20,11 +20,27 @@ from typing import Callable
 from fedkl.algorithms.noisy_gd import NoisyGDConfig, NoisyGradientDescent
 from fedkl.algorithms.nonprivate import nonprivate_minimizer
 from fedkl.data import load_dataset
+from fedkl.federation.base import Federation
 from fedkl.federation.inprocess import InProcessFederation
 from fedkl.privacy import Budget, BudgetExceeded, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter
 from fedkl.problems import make_problem
 
-ALGORITHMS = ("noisy-gd",)
+def _noisy_gd(cfg: "RunConfig", rho_total: float) -> NoisyGradientDescent:
+    return NoisyGradientDescent(
+        NoisyGDConfig(rounds=cfg.rounds, lr=cfg.lr, clip=cfg.clip, neighbouring=cfg.neighbouring), rho_total)
+
+
+# name -> builder(cfg, rho_total) of an object with .run(federation, releaser, w0, progress)
+ALGORITHM_BUILDERS = {"noisy-gd": _noisy_gd}
+ALGORITHMS = tuple(ALGORITHM_BUILDERS)
+BACKENDS = ("inprocess",)
+
+
+def build_federation(cfg: "RunConfig", problem, dataset) -> Federation:
+    """The federation the algorithm trains through (the evaluation always uses the in-process view)."""
+    if cfg.backend == "inprocess":
+        return InProcessFederation(problem, dataset)
+    raise ValueError(f"unknown backend {cfg.backend!r}; available: {', '.join(BACKENDS)}")
 
 
 @dataclass(frozen=True)
@@ -32,6 +48,7 @@ class RunConfig:
     dataset: str = "movielens"
     problem: str = "logistic"
     algorithm: str = "noisy-gd"
+    backend: str = "inprocess"
     epsilon: float = 2.0
     delta: float | None = None  # None: 1 / n^1.1 for n users
     rounds: int = 10
@@ -74,7 +91,8 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print) -> dict:
     dataset = load_dataset(cfg.dataset, split_seed=cfg.seed) if cfg.dataset in ("movielens", "tv16") \
         else load_dataset(cfg.dataset, seed=cfg.seed)
     problem = make_problem(cfg.problem, dataset, reg=cfg.reg)
-    federation = InProcessFederation(problem, dataset)
+    evaluator = InProcessFederation(problem, dataset)  # non-private evaluation (research use)
+    federation = build_federation(cfg, problem, dataset)
     n = federation.num_users
     delta = cfg.delta if cfg.delta is not None else default_delta(n)
     run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
@@ -93,11 +111,10 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print) -> dict:
                                  "is already spent; nothing to train with")
         if rho_total < ledger.budget.rho * (1 - 1e-9):
             log(f"resuming ledger {ledger_path}: rho {rho_total:.4g} of {ledger.budget.rho:.4g} left")
-        alg = NoisyGradientDescent(
-            NoisyGDConfig(rounds=cfg.rounds, lr=cfg.lr, clip=cfg.clip, neighbouring=cfg.neighbouring), rho_total)
+        alg = ALGORITHM_BUILDERS[cfg.algorithm](cfg, rho_total)
         log(f"budget: user-level ({cfg.neighbouring}) eps={cfg.epsilon}, delta={delta:.3g} -> "
-            f"zCDP rho={rho_total:.5g} ({cfg.conversion}); {cfg.rounds} rounds, clip {cfg.clip}, "
-            f"noise std on the sum {alg.sigma:.4g}")
+            f"zCDP rho={rho_total:.5g} ({cfg.conversion}); {cfg.rounds} rounds, clip {cfg.clip}, backend {cfg.backend}"
+            + (f", noise std on the sum {alg.sigma:.4g}" if hasattr(alg, "sigma") else ""))
         every = max(1, cfg.rounds // 10)
 
         def progress(rec: dict) -> None:
@@ -115,13 +132,17 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print) -> dict:
         ledger.verify()
         summary = ledger.summary()
 
-    test = federation.evaluate(result.w, "test")
-    key = quality_metric(test)
     trivial = problem.trivial_metrics(dataset.train, dataset.test)
     reference = None
     if cfg.reference:
         w_ref = nonprivate_minimizer(problem, dataset.train)
-        reference = federation.evaluate(w_ref, "test")
+        reference = evaluator.evaluate(w_ref, "test")
+    if result.w is None:  # an algorithm may release "no output" (e.g. a failed stability test)
+        test = {}
+        key = quality_metric(reference or trivial)
+    else:
+        test = evaluator.evaluate(result.w, "test")
+        key = quality_metric(test)
     eps = summary["max_user_epsilon"]
     payload = {
         "run_id": run_id,
@@ -136,14 +157,16 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print) -> dict:
         "neighbouring": cfg.neighbouring,
         "accountant": f"zCDP, additive composition; (eps, delta) by {cfg.conversion} conversion",
         "budget": {"epsilon": cfg.epsilon, "delta": delta},
-        "test_metric": {"name": key, "value": test[key]},
+        "backend": cfg.backend,
+        "test_metric": {"name": key, "value": test.get(key)},
         "test_metrics": test,
         "nonprivate_reference": reference,
         "trivial_baseline": trivial,
         "seed": cfg.seed,
         **noise.describe(),
-        "rounds": result.rounds,
-        "sigma_sum": result.sigma,
+        "rounds": getattr(result, "rounds", None),
+        "sigma_sum": getattr(result, "sigma", None),
+        "algorithm_details": getattr(result, "details", {}),
         "ledger": summary,
         "config": asdict(cfg),
         "wall_time_s": time.time() - started,
@@ -153,7 +176,8 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print) -> dict:
     ref_txt = f"{reference[key]:.4f}" if reference else "n/a"
     log(f"privacy: user-level ({cfg.neighbouring}) epsilon = {eps:.4f}, delta = {delta:.3g} "
         f"(zCDP rho = {summary['max_user_rho']:.5g}, {cfg.conversion})")
-    log(f"test {key} = {test[key]:.4f}   (non-private reference {ref_txt}; trivial baseline "
+    got = f"{test[key]:.4f}" if key in test else "n/a (the algorithm released no model)"
+    log(f"test {key} = {got}   (non-private reference {ref_txt}; trivial baseline "
         f"{trivial.get(key, math.nan):.4f})")
     log(f"wrote {os.path.join(out, 'result.json')} and ledger {ledger_path} ({payload['wall_time_s']:.1f} s)")
     return payload
