@@ -65,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Train a model with user-level differential privacy (one user = one "
                                      "unit of privacy) and write result.json and the privacy ledger.")
     run.add_argument("--dataset", choices=DATASETS, default=d.dataset, help="user-partitioned dataset (default %(default)s)")
-    run.add_argument("--problem", choices=PROBLEMS, default=d.problem, help="model / loss (default %(default)s)")
+    run.add_argument("--problem", choices=PROBLEMS, default=d.problem,
+                     help="model / loss (default: logistic for binary, softmax for multiclass, least-squares for regression)")
     run.add_argument("--algorithm", choices=ALGORITHMS, default=d.algorithm, help="private algorithm (default %(default)s)")
     run.add_argument("--backend", choices=BACKENDS, default=d.backend,
                      help="where users compute (default %(default)s: the vectorized in-process simulator)")

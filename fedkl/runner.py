@@ -46,7 +46,7 @@ def build_federation(cfg: "RunConfig", problem, dataset) -> Federation:
 @dataclass(frozen=True)
 class RunConfig:
     dataset: str = "movielens"
-    problem: str = "logistic"
+    problem: str | None = None  # None: the task's default (DEFAULT_PROBLEM)
     algorithm: str = "noisy-gd"
     backend: str = "inprocess"
     epsilon: float = 2.0
@@ -62,6 +62,9 @@ class RunConfig:
     out: str | None = None
     ledger: str | None = None
     reference: bool = True
+
+
+DEFAULT_PROBLEM = {"binary": "logistic", "multiclass": "softmax", "regression": "least-squares"}
 
 
 def default_delta(num_users: int) -> float:
@@ -90,7 +93,8 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print) -> dict:
     started = time.time()
     dataset = load_dataset(cfg.dataset, split_seed=cfg.seed) if cfg.dataset in ("movielens", "tv16") \
         else load_dataset(cfg.dataset, seed=cfg.seed)
-    problem = make_problem(cfg.problem, dataset, reg=cfg.reg)
+    problem_name = cfg.problem or DEFAULT_PROBLEM[dataset.task]
+    problem = make_problem(problem_name, dataset, reg=cfg.reg)
     evaluator = InProcessFederation(problem, dataset)  # non-private evaluation (research use)
     federation = build_federation(cfg, problem, dataset)
     n = federation.num_users
@@ -149,7 +153,7 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print) -> dict:
         "algorithm": cfg.algorithm,
         "dataset": cfg.dataset,
         "dataset_description": dataset.description,
-        "problem": cfg.problem,
+        "problem": problem_name,
         "users": n,
         "epsilon": eps,
         "delta": delta,

@@ -282,3 +282,15 @@ def test_make_problem():
         make_problem("least-squares", binary)
     with pytest.raises(ValueError):
         make_problem("mlp", regression)
+
+
+def test_nonprivate_reference_is_stationary_with_regularizer():
+    """The reference solver differentiates F through autograd: the regularizer must be included."""
+    from fedkl.algorithms.nonprivate import nonprivate_minimizer
+    from fedkl.data import load_dataset
+    from fedkl.problems import make_problem
+
+    ds = load_dataset("synthetic-logistic", n_users=30, m=10, d=5, seed=2)
+    problem = make_problem("logistic", ds, reg=0.5)
+    w = nonprivate_minimizer(problem, ds.train)
+    assert float(problem.gradient(w, ds.train).norm()) < 1e-6

@@ -81,7 +81,7 @@ class Problem(ABC):
         """``f_u(w)`` for every user: mean record loss + (reg/2)||w||^2, ``(num_users,)``."""
         losses = self.record_losses(w, data)
         out = user_means(losses.unsqueeze(1), data).squeeze(1)
-        return out + 0.5 * self.reg * float(w.dot(w))
+        return out + 0.5 * self.reg * w.dot(w)
 
     def loss(self, w: torch.Tensor, data: UserData) -> float:
         """The user-level objective ``F(w) = mean_u f_u(w)``."""
