@@ -97,3 +97,29 @@ def test_converges_and_error_falls_with_users_and_epsilon(tmp_path):
     assert tight < 0.05
     assert fewer_users > 2 * tight
     assert less_eps > 2 * tight
+
+
+def test_round_sum_sensitivity_holds_on_adversarial_neighbours():
+    """||S(x) - S(x')|| <= 2C when one user's records are replaced (even by records far outside the
+    feature bound), and <= C when one user is removed: the clip, not the data, bounds it."""
+    from fedkl.data.base import FederatedDataset, UserData
+    from fedkl.federation.base import ClippedGradient
+
+    ds = load_dataset("synthetic-logistic", n_users=25, m=8, d=4, seed=5)
+    problem = make_problem("logistic", ds)
+    g = torch.Generator().manual_seed(0)
+    clip = 0.3
+    for trial in range(20):
+        tr = ds.train
+        mine = tr.user_index == 0
+        X = tr.X.clone()
+        X[mine] = torch.randn(int(mine.sum()), tr.dim, generator=g, dtype=torch.float64) * 1e3
+        y = tr.y.clone()
+        y[mine] = -y[mine]
+        replaced = FederatedDataset("adv", UserData(X, y, tr.user_index, tr.user_ids), ds.test, "binary", 1.0, "adv")
+        w = torch.randn(problem.num_params, generator=g, dtype=torch.float64) * 2
+        s = InProcessFederation(problem, ds).sum(ClippedGradient(w, clip)).total()
+        s_rep = InProcessFederation(problem, replaced).sum(ClippedGradient(w, clip)).total()
+        s_del = InProcessFederation(problem, ds).sum(ClippedGradient(w, clip), list(range(1, 25))).total()
+        assert float((s - s_rep).norm()) <= 2 * clip * (1 + 1e-12)
+        assert float((s - s_del).norm()) <= clip * (1 + 1e-12)
