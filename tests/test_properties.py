@@ -20,8 +20,8 @@ def test_clipping_bounds_every_contribution(rows, clip):
     clipped, bad = clip_rows(values, clip)
     assert not bad.any()
     assert (clipped.norm(dim=1) <= clip * (1 + 1e-12)).all()
-    # a row already inside the ball is untouched
-    inside = values.norm(dim=1) <= clip
+    # a row inside the ball is untouched (margin: two norm computations may differ by an ulp)
+    inside = values.norm(dim=1) <= clip * (1 - 1e-9)
     assert torch.equal(clipped[inside], values[inside])
 
 

@@ -71,7 +71,46 @@ class LocalLoss:
     split: str = "train"
 
 
-Query = Union[ClippedGradient, GradientDifference, LocalRegularizedMinimizer, LocalLoss]
+@dataclass(frozen=True)
+class GradientsAtPoints:
+    """``grad f_u(p_k)`` for every user and every point ``p_k`` (rows of ``points``, shape ``(k, d)``):
+    the UNCLIPPED per-user mean gradients, regularizer included; answer shape ``(users, k, d)``.
+
+    Used by the output-perturbation algorithms (paper 002) whose minimizer is computed by the
+    server from exact per-user gradients (no clipping: clipped gradients are not the gradient of
+    any loss, and the minimizer-stability argument needs the true loss). Privacy there comes from
+    the deletion-stability test, not from a norm bound on the answer. A user whose answer is
+    non-finite is reported in ``failed`` and its rows are zero.
+    """
+
+    points: torch.Tensor
+
+    def __post_init__(self) -> None:
+        if self.points.dim() != 2:
+            raise ValueError(f"points must be (k, d), got shape {tuple(self.points.shape)}")
+
+
+@dataclass(frozen=True)
+class CertificateGradientNorm:
+    """``|| grad f_u(w) + strength * (w - center) ||`` for every user (one scalar each).
+
+    The per-user certificate of paper 002, Lemma C.1 (user u's mean gradient of its regularized
+    objective at the server's minimizer). ``center=None`` means no extra regularizer.
+    """
+
+    w: torch.Tensor
+    center: torch.Tensor | None = None
+    strength: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (self.strength >= 0 and math.isfinite(self.strength)):
+            raise ValueError(f"strength must be finite and >= 0, got {self.strength}")
+        if self.strength > 0 and self.center is None:
+            raise ValueError("a positive strength needs a center")
+
+
+Query = Union[ClippedGradient, GradientDifference, LocalRegularizedMinimizer, LocalLoss, GradientsAtPoints,
+              CertificateGradientNorm]
 
 
 @dataclass

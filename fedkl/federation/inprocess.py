@@ -15,14 +15,18 @@ from scipy.optimize import minimize
 from fedkl.data.base import FederatedDataset, UserData
 from fedkl.federation.base import (
     Answers,
+    CertificateGradientNorm,
     ClippedGradient,
     Federation,
     GradientDifference,
+    GradientsAtPoints,
     LocalLoss,
     LocalRegularizedMinimizer,
     Query,
 )
 from fedkl.problems.base import Problem
+from fedkl.problems.least_squares import LeastSquares
+from fedkl.problems.logistic import BinaryLogistic
 
 
 def clip_rows(values: torch.Tensor, clip: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -34,8 +38,18 @@ def clip_rows(values: torch.Tensor, clip: float) -> tuple[torch.Tensor, torch.Te
     bad = ~torch.isfinite(values).all(dim=1)
     values = torch.where(bad.unsqueeze(1), torch.zeros_like(values), values)
     norms = values.norm(dim=1, keepdim=True)
-    scale = torch.clamp(clip / torch.clamp(norms, min=torch.finfo(values.dtype).tiny), max=1.0)
-    return values * scale, bad
+    # rows already inside the ball are returned bit-for-bit; the others are scaled onto it
+    scaled = values * (clip / torch.clamp(norms, min=torch.finfo(values.dtype).tiny))
+    return torch.where(norms > clip, scaled, values), bad
+
+
+def _user_mean_matrix(data: UserData, dtype: torch.dtype) -> torch.Tensor:
+    """Sparse ``(num_users, N)`` matrix of the per-user mean (same as :func:`user_means`; a user with no
+    records gets a zero row)."""
+    counts = data.counts().clamp_min(1).to(dtype)
+    idx = torch.stack([data.user_index, torch.arange(data.num_records)])
+    return torch.sparse_coo_tensor(idx, 1.0 / counts[data.user_index], (data.num_users, data.num_records),
+                                   check_invariants=True).coalesce()
 
 
 class InProcessFederation(Federation):
@@ -96,6 +110,18 @@ class InProcessFederation(Federation):
         elif isinstance(query, LocalRegularizedMinimizer):
             values = self._local_minimizers(query, users)
             bad = ~torch.isfinite(values).all(dim=1)
+        elif isinstance(query, GradientsAtPoints):
+            values = self._gradients_at_points(query.points, users)
+            bad = ~torch.isfinite(values).flatten(1).all(dim=1)
+            values = torch.where(bad.view(-1, 1, 1), torch.zeros_like(values), values)
+        elif isinstance(query, CertificateGradientNorm):
+            w = self._params(query.w)
+            grads = self.problem.per_user_gradients(w, self._data(users))
+            if query.strength > 0:
+                grads = grads + query.strength * (w - self._params(query.center))
+            values = grads.norm(dim=1)
+            bad = ~torch.isfinite(values)
+            values = torch.where(bad, torch.zeros_like(values), values)
         else:
             raise TypeError(f"unsupported query type {type(query).__name__}")
         failed = [users[i] for i in torch.nonzero(bad).flatten().tolist()]
@@ -121,6 +147,47 @@ class InProcessFederation(Federation):
             res = minimize(fun, center.double().numpy(), jac=True, method="L-BFGS-B",
                            options={"maxiter": query.max_iter, "gtol": query.tol, "ftol": 0.0})
             out[row] = torch.from_numpy(res.x).to(self.problem.dtype)
+        return out
+
+    def _gradients_at_points(self, points: torch.Tensor, users: list[int]) -> torch.Tensor:
+        """Per-user mean gradients at k points, ``(len(users), k, d)``.
+
+        Binary logistic and least squares (generalized linear models) are vectorized over users
+        AND points: the record gradient is ``coef(<w, x>, y) * x``, so one ``(N, k)`` matmul gives
+        every coefficient, reduced per user by a ``(k x m_u) @ (m_u x d)`` product (few users, many
+        points) or one sparse user-mean product (many users, few points). Other problems loop over
+        the points.
+        """
+        points = torch.as_tensor(points).to(self.problem.dtype)
+        if points.shape[1] != self.num_params or not torch.isfinite(points).all():
+            raise ValueError(f"points must be finite with {self.num_params} columns")
+        data = self._data(users)
+        k, d = points.shape
+        if type(self.problem) in (BinaryLogistic, LeastSquares):
+            X = data.X.to(points.dtype)
+            y = data.y.to(points.dtype)
+            z = X @ points.T  # (N, k)
+            if isinstance(self.problem, BinaryLogistic):
+                coef = -y.unsqueeze(1) * torch.sigmoid(-y.unsqueeze(1) * z)
+            else:
+                coef = z - y.unsqueeze(1)
+            if k > 8 and len(users) <= 256:  # many points, few users: one (k x m_u) @ (m_u x d) per user
+                order = torch.argsort(data.user_index, stable=True)
+                counts = data.counts().tolist()
+                grads = torch.zeros(len(users), k, d, dtype=points.dtype)
+                start = 0
+                for u, cnt in enumerate(counts):
+                    rows = order[start:start + cnt]
+                    start += cnt
+                    if cnt:
+                        grads[u] = coef[rows].T @ X[rows] / cnt
+            else:  # many users, few points: one sparse (users x records) product
+                rec = (coef.unsqueeze(2) * X.unsqueeze(1)).reshape(X.shape[0], k * d)
+                grads = _user_mean_matrix(data, points.dtype).mm(rec).reshape(len(users), k, d)
+            return grads + self.problem.reg * points.unsqueeze(0)
+        out = torch.empty(len(users), k, d, dtype=points.dtype)
+        for j in range(k):
+            out[:, j] = self.problem.per_user_gradients(points[j], data)
         return out
 
     # --- non-private evaluation (research use: see README, "What is private") -------------------

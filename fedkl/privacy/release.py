@@ -16,13 +16,14 @@ disk. Algorithms never add noise themselves: they call this class.
 """
 from __future__ import annotations
 
-from typing import Sequence
+import math
+from typing import Callable, Sequence
 
 import torch
 
 from fedkl.privacy.filter import ZCDPFilter
 from fedkl.privacy.ledger import PrivacyLedger
-from fedkl.privacy.mechanisms import GaussianMechanism
+from fedkl.privacy.mechanisms import GaussianMechanism, TruncatedDiscreteLaplace
 from fedkl.privacy.rng import NoiseSource
 
 
@@ -46,3 +47,34 @@ class Releaser:
         if self.filter is not None:
             self.filter.spend(rho)
         return mech.privatize(value, self.noise)
+
+    def stability_gaussian(self, choose: Callable[[int], torch.Tensor | None], *, eps: float, delta: float,
+                           deletion_budget: TruncatedDiscreteLaplace, sensitivity: float, sigma: float,
+                           user_ids: Sequence[str], label: str, details: dict | None = None) -> torch.Tensor | None:
+        """Release of a deletion-stability test with Gaussian output (paper 002, Algorithm 1).
+
+        An (eps, delta)-DP (approximate DP, NOT zCDP) release, charged to the ledger as
+        ``eps``/``delta`` in this order: validate -> charge -> draw ``R1 ~ deletion_budget`` ->
+        ``value = choose(R1)`` -> return ``None`` (the output ⊥, also a release: it was charged)
+        or ``value + N(0, sigma^2 I)``. ``choose`` maps the noisy deletion budget to the exact value
+        of the chosen stable dataset (or None); the (eps, delta) claim is the caller's theorem
+        (:mod:`fedkl.algorithms.del_output_pert`), this method guarantees the order and the charge.
+
+        A zCDP filter cannot account an approximate-DP release, so a Releaser that has one refuses
+        (use a Releaser without filter: the ledger enforces the (eps, delta) budget).
+        """
+        for name, v in (("eps", eps), ("sensitivity", sensitivity), ("sigma", sigma)):
+            if not (v > 0 and math.isfinite(v)):
+                raise ValueError(f"{label}: {name} must be finite and > 0, got {v} (nothing was charged)")
+        if not 0 < delta < 1:
+            raise ValueError(f"{label}: delta must be in (0, 1), got {delta} (nothing was charged)")
+        if self.filter is not None:
+            raise ValueError(f"{label}: an (eps, delta) release cannot be accounted by a zCDP filter; "
+                             "use a Releaser without filter (nothing was charged)")
+        self.ledger.charge(user_ids, label=label, mechanism="stability-gaussian", eps=eps, delta=delta,
+                           sensitivity=sensitivity, noise_scale=sigma, details=details)
+        r1 = deletion_budget.sample(self.noise)
+        value = choose(r1)
+        if value is None:
+            return None
+        return GaussianMechanism(sensitivity, sigma).privatize(value, self.noise)
