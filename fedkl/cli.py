@@ -87,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--ledger", default=None,
                      help="ledger file (default OUT/ledger.sqlite); an existing ledger's spent budget is honoured")
     run.add_argument("--no-reference", action="store_true", help="skip the non-private reference model")
+    run.add_argument("--users", type=_positive(int), default=None, help="number of users (synthetic datasets only)")
+    run.add_argument("--stability-delta", type=_positive(), default=d.stability_delta,
+                     help="sc-output-pert / phased-erm: deletion-stability threshold Delta (default %(default)s)")
+    run.add_argument("--phased-lam", type=_positive(), default=d.phased_lam,
+                     help="phased-erm: base regularization lambda (default %(default)s)")
 
     acc = sub.add_parser(
         "account", help="(eps, delta) of a noise schedule, or the noise for a target eps",
@@ -170,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
                     epsilon=args.epsilon,
                     delta=args.delta, rounds=args.rounds, lr=args.lr, clip=args.clip, reg=args.reg,
                     neighbouring=args.neighbouring, conversion=args.conversion, seed=args.seed,
-                    noise_seed=args.noise_seed, out=args.out, ledger=args.ledger, reference=not args.no_reference)
+                    noise_seed=args.noise_seed, out=args.out, ledger=args.ledger, reference=not args.no_reference,
+                    users=args.users, stability_delta=args.stability_delta, phased_lam=args.phased_lam)
     try:
         run_training(cfg, log=lambda s: print(s, flush=True))
     except (BudgetExhausted, LedgerError) as e:

@@ -19,20 +19,44 @@ from typing import Callable
 
 from fedkl.algorithms.noisy_gd import NoisyGDConfig, NoisyGradientDescent
 from fedkl.algorithms.nonprivate import nonprivate_minimizer
+from fedkl.algorithms.phased_erm import PhasedERM, PhasedERMConfig
+from fedkl.algorithms.sc_output_pert import SCOutputPert, SCOutputPertConfig
 from fedkl.data import load_dataset
 from fedkl.federation.base import Federation
 from fedkl.federation.inprocess import InProcessFederation
 from fedkl.privacy import Budget, BudgetExceeded, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter
 from fedkl.problems import make_problem
 
-def _noisy_gd(cfg: "RunConfig", rho_total: float) -> NoisyGradientDescent:
+def _noisy_gd(cfg: "RunConfig", rho_total: float, **_) -> NoisyGradientDescent:
     return NoisyGradientDescent(
         NoisyGDConfig(rounds=cfg.rounds, lr=cfg.lr, clip=cfg.clip, neighbouring=cfg.neighbouring), rho_total)
 
 
-# name -> builder(cfg, rho_total) of an object with .run(federation, releaser, w0, progress)
-ALGORITHM_BUILDERS = {"noisy-gd": _noisy_gd}
+def _approx_delta(delta: float) -> float:
+    # the ledger admits an (eps, delta) charge only while a user's total delta stays BELOW the budget's
+    return delta * (1 - 1e-9)
+
+
+def _sc_output_pert(cfg: "RunConfig", rho_total: float, *, problem, dataset, delta: float, **_) -> SCOutputPert:
+    if cfg.reg <= 0:
+        raise ValueError("sc-output-pert needs a strongly convex objective: give --reg > 0")
+    return SCOutputPert(SCOutputPertConfig.for_problem(
+        problem, dataset.feature_bound, problem.init_params(),
+        eps=cfg.epsilon, delta=_approx_delta(delta), Delta=cfg.stability_delta))
+
+
+def _phased_erm(cfg: "RunConfig", rho_total: float, *, problem, dataset, delta: float, **_) -> PhasedERM:
+    return PhasedERM(PhasedERMConfig(eps=cfg.epsilon, delta=_approx_delta(delta), lam=cfg.phased_lam,
+                                     Delta_1=cfg.stability_delta, phases=cfg.rounds),
+                     problem, dataset.feature_bound)
+
+
+# name -> builder(cfg, rho_total, problem=, dataset=, delta=) of an object with
+# .run(federation, releaser, w0, progress) whose result has .w (None: the algorithm released "no output")
+ALGORITHM_BUILDERS = {"noisy-gd": _noisy_gd, "sc-output-pert": _sc_output_pert, "phased-erm": _phased_erm}
 ALGORITHMS = tuple(ALGORITHM_BUILDERS)
+# (eps, delta)-DP releases (paper 002): accounted by basic composition in the ledger, no zCDP filter
+APPROX_DP_ALGORITHMS = ("sc-output-pert", "phased-erm")
 BACKENDS = ("inprocess",)
 
 
@@ -62,6 +86,9 @@ class RunConfig:
     out: str | None = None
     ledger: str | None = None
     reference: bool = True
+    users: int | None = None  # synthetic datasets: number of users
+    stability_delta: float = 0.5  # paper 002: the deletion-stability threshold Delta
+    phased_lam: float = 0.01  # paper 002, Phased-ERM: base regularization
 
 
 DEFAULT_PROBLEM = {"binary": "logistic", "multiclass": "softmax", "regression": "least-squares"}
@@ -91,8 +118,12 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print) -> dict:
     if cfg.algorithm not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {cfg.algorithm!r}; available: {', '.join(ALGORITHMS)}")
     started = time.time()
-    dataset = load_dataset(cfg.dataset, split_seed=cfg.seed) if cfg.dataset in ("movielens", "tv16") \
-        else load_dataset(cfg.dataset, seed=cfg.seed)
+    if cfg.dataset in ("movielens", "tv16"):
+        if cfg.users is not None:
+            raise ValueError(f"--users applies to synthetic datasets; {cfg.dataset} has a fixed set of users")
+        dataset = load_dataset(cfg.dataset, split_seed=cfg.seed)
+    else:
+        dataset = load_dataset(cfg.dataset, seed=cfg.seed, **({"n_users": cfg.users} if cfg.users else {}))
     problem_name = cfg.problem or DEFAULT_PROBLEM[dataset.task]
     problem = make_problem(problem_name, dataset, reg=cfg.reg)
     evaluator = InProcessFederation(problem, dataset)  # non-private evaluation (research use)
@@ -115,7 +146,8 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print) -> dict:
                                  "is already spent; nothing to train with")
         if rho_total < ledger.budget.rho * (1 - 1e-9):
             log(f"resuming ledger {ledger_path}: rho {rho_total:.4g} of {ledger.budget.rho:.4g} left")
-        alg = ALGORITHM_BUILDERS[cfg.algorithm](cfg, rho_total)
+        alg = ALGORITHM_BUILDERS[cfg.algorithm](cfg, rho_total, problem=problem, dataset=dataset, delta=delta)
+        approx = cfg.algorithm in APPROX_DP_ALGORITHMS
         log(f"budget: user-level ({cfg.neighbouring}) eps={cfg.epsilon}, delta={delta:.3g} -> "
             f"zCDP rho={rho_total:.5g} ({cfg.conversion}); {cfg.rounds} rounds, clip {cfg.clip}, backend {cfg.backend}"
             + (f", noise std on the sum {alg.sigma:.4g}" if hasattr(alg, "sigma") else ""))
@@ -123,12 +155,13 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print) -> dict:
 
         def progress(rec: dict) -> None:
             if rec["round"] % every == 0 or rec["round"] == rec["rounds"]:
-                log(f"  round {rec['round']:>4}/{rec['rounds']}  noisy |grad| {rec['noisy_grad_norm']:.4f}  "
-                    f"rho spent {rec['rho_spent']:.4g}")
+                extra = "".join(f"  {k.replace('_', ' ')} {rec[k]:.4g}" for k in ("noisy_grad_norm", "rho_spent")
+                                if isinstance(rec.get(k), (int, float)))
+                log(f"  round {rec['round']:>4}/{rec['rounds']}{extra}")
 
         try:
-            result = alg.run(federation, Releaser(ledger, noise, ZCDPFilter(rho_total)),
-                             problem.init_params(), progress)
+            releaser = Releaser(ledger, noise, None if approx else ZCDPFilter(rho_total))
+            result = alg.run(federation, releaser, problem.init_params(), progress)
         except BaseException:
             ledger.finish_run("failed")
             raise
@@ -159,7 +192,8 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print) -> dict:
         "delta": delta,
         "rho": summary["max_user_rho"],
         "neighbouring": cfg.neighbouring,
-        "accountant": f"zCDP, additive composition; (eps, delta) by {cfg.conversion} conversion",
+        "accountant": ("(eps, delta)-DP releases, basic composition in the per-user ledger" if approx else
+                       f"zCDP, additive composition; (eps, delta) by {cfg.conversion} conversion"),
         "budget": {"epsilon": cfg.epsilon, "delta": delta},
         "backend": cfg.backend,
         "test_metric": {"name": key, "value": test.get(key)},
@@ -178,8 +212,9 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print) -> dict:
     }
     _write_json(os.path.join(out, "result.json"), payload)
     ref_txt = f"{reference[key]:.4f}" if reference else "n/a"
-    log(f"privacy: user-level ({cfg.neighbouring}) epsilon = {eps:.4f}, delta = {delta:.3g} "
-        f"(zCDP rho = {summary['max_user_rho']:.5g}, {cfg.conversion})")
+    how = ("(eps, delta) releases, basic composition" if approx
+           else f"zCDP rho = {summary['max_user_rho']:.5g}, {cfg.conversion}")
+    log(f"privacy: user-level ({cfg.neighbouring}) epsilon = {eps:.4f}, delta = {delta:.3g} ({how})")
     got = f"{test[key]:.4f}" if key in test else "n/a (the algorithm released no model)"
     log(f"test {key} = {got}   (non-private reference {ref_txt}; trivial baseline "
         f"{trivial.get(key, math.nan):.4f})")

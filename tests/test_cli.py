@@ -139,3 +139,18 @@ def test_run_resumes_a_partly_spent_ledger(tmp_path):
     assert second["rho"] == pytest.approx(full, rel=1e-9)           # total per user = the budget
     assert second["sigma_sum"] == pytest.approx(first["sigma_sum"] * 2 ** 0.5, rel=1e-6)  # half the rho left
     assert second["epsilon"] <= 2.0 * (1 + 1e-9)
+
+
+def test_run_output_perturbation_on_a_small_synthetic_population(tmp_path):
+    """sc-output-pert runs end to end from `fedkl run` and is charged as an (eps, delta) release."""
+    from fedkl.runner import RunConfig, run_training
+
+    res = run_training(RunConfig(dataset="synthetic-logistic", users=12, algorithm="sc-output-pert", reg=0.5,
+                                 epsilon=1.0, delta=1e-3, noise_seed=0, out=str(tmp_path / "o"),
+                                 reference=False), log=lambda s: None)
+    assert "basic composition" in res["accountant"]
+    assert res["ledger"]["releases"] == 1
+    assert res["epsilon"] <= 1.0 * (1 + 1e-9) and res["ledger"]["max_user_epsilon"] <= 1.0 + 1e-9
+    with pytest.raises(ValueError, match="--reg"):
+        run_training(RunConfig(dataset="synthetic-logistic", users=12, algorithm="sc-output-pert",
+                               out=str(tmp_path / "p"), reference=False), log=lambda s: None)

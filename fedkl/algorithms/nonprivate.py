@@ -24,7 +24,7 @@ def nonprivate_minimizer(problem: Problem, data: UserData, w0: torch.Tensor | No
         w = torch.from_numpy(v).to(problem.dtype).requires_grad_(True)
         loss = problem.per_user_losses(w, data).mean()
         (grad,) = torch.autograd.grad(loss, w)
-        return float(loss), grad.double().numpy()
+        return float(loss.detach()), grad.double().numpy()
 
     res = minimize(fun, start.double().numpy(), jac=True, method="L-BFGS-B",
                    options={"maxiter": max_iter, "gtol": tol})

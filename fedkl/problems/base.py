@@ -119,3 +119,10 @@ def user_means(values: torch.Tensor, data: UserData) -> torch.Tensor:
     sums.index_add_(0, data.user_index, values)
     counts = data.counts().clamp_min(1).to(values.dtype)
     return sums / counts.unsqueeze(1)
+
+
+def binary_accuracy(scores: torch.Tensor, labels: torch.Tensor) -> float:
+    """Accuracy of predicting ``sign(score)`` for labels in {-1, +1}; a zero score predicts +1 (so the
+    all-zero model is the constant +1 predictor, not a predictor that is always wrong)."""
+    predicted = torch.where(scores >= 0, 1.0, -1.0).to(labels.dtype)
+    return float((predicted == labels).double().mean())

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from fedkl.data.base import UserData
-from fedkl.problems.base import Constants, Problem, user_means
+from fedkl.problems.base import Constants, Problem, binary_accuracy, user_means
 
 
 class SmoothedHinge(Problem):
@@ -54,8 +54,8 @@ class SmoothedHinge(Problem):
         return Constants(R, R * R / h, 0.0, f"||x|| <= {R}, any w")
 
     def metrics(self, w: torch.Tensor, data: UserData) -> dict[str, float]:
-        t = self._margins(w, data)
-        return {"loss": self.loss(w, data), "accuracy": float((t > 0).double().mean())}
+        self.check_params(w)
+        return {"loss": self.loss(w, data), "accuracy": binary_accuracy(data.X.to(w.dtype) @ w, data.y)}
 
     def trivial_metrics(self, train: UserData, test: UserData) -> dict[str, float]:
         majority = 1.0 if float((train.y > 0).double().mean()) >= 0.5 else -1.0

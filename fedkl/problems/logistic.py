@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from fedkl.data.base import UserData
-from fedkl.problems.base import Constants, Problem, user_means
+from fedkl.problems.base import Constants, Problem, binary_accuracy, user_means
 
 
 class BinaryLogistic(Problem):
@@ -41,9 +41,9 @@ class BinaryLogistic(Problem):
         return Constants(R, R * R / 4, 0.0, f"||x|| <= {R}, any w")
 
     def metrics(self, w: torch.Tensor, data: UserData) -> dict[str, float]:
-        margins = self._margins(w, data)
-        # accuracy over records (ties z = 0 count as wrong)
-        return {"loss": self.loss(w, data), "accuracy": float((margins > 0).double().mean())}
+        self.check_params(w)
+        scores = data.X.to(w.dtype) @ w
+        return {"loss": self.loss(w, data), "accuracy": binary_accuracy(scores, data.y)}
 
     def trivial_metrics(self, train: UserData, test: UserData) -> dict[str, float]:
         majority = 1.0 if float((train.y > 0).double().mean()) >= 0.5 else -1.0
