@@ -90,6 +90,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--users", type=_positive(int), default=None, help="number of users (synthetic datasets only)")
     run.add_argument("--stability-delta", type=_positive(), default=d.stability_delta,
                      help="sc-output-pert / phased-erm: deletion-stability threshold Delta (default %(default)s)")
+    run.add_argument("--sampling-rate", type=_rate, default=d.sampling_rate,
+                     help="dp-sgd/rmsprop/adam: Poisson user sampling rate q (default %(default)s: everyone)")
+    run.add_argument("--beta1", type=float, default=d.beta1, help="dp-adam: first-moment decay (default %(default)s)")
+    run.add_argument("--beta2", type=float, default=d.beta2,
+                     help="dp-rmsprop/adam: second-moment decay (default %(default)s)")
+    run.add_argument("--nu", type=_positive(), default=d.nu, help="dp-rmsprop/adam: denominator offset (default %(default)s)")
+    run.add_argument("--cap", type=_positive(), default=d.cap,
+                     help="dp-rmsprop/adam: cap on the second moment v (paper 004's lambda; default none)")
+    run.add_argument("--bias-correction", action="store_true", help="dp-adam/rmsprop: Adam's bias correction (paper 004: off)")
+    run.add_argument("--accountant", choices=("pld", "rdp"), default=d.accountant,
+                     help="dp-sgd/rmsprop/adam: dp-accounting accountant (default %(default)s)")
     run.add_argument("--phased-lam", type=_positive(), default=d.phased_lam,
                      help="phased-erm: base regularization lambda (default %(default)s)")
 
@@ -176,7 +187,9 @@ def main(argv: list[str] | None = None) -> int:
                     delta=args.delta, rounds=args.rounds, lr=args.lr, clip=args.clip, reg=args.reg,
                     neighbouring=args.neighbouring, conversion=args.conversion, seed=args.seed,
                     noise_seed=args.noise_seed, out=args.out, ledger=args.ledger, reference=not args.no_reference,
-                    users=args.users, stability_delta=args.stability_delta, phased_lam=args.phased_lam)
+                    users=args.users, stability_delta=args.stability_delta, phased_lam=args.phased_lam,
+                    sampling_rate=args.sampling_rate, beta1=args.beta1, beta2=args.beta2, nu=args.nu, cap=args.cap,
+                    bias_correction=args.bias_correction, accountant=args.accountant)
     try:
         run_training(cfg, log=lambda s: print(s, flush=True))
     except (BudgetExhausted, LedgerError) as e:

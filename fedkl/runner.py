@@ -17,6 +17,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import Callable
 
+from fedkl.algorithms.dp_adaptive import AdaptiveDPConfig, AdaptiveDPOptimizer
 from fedkl.algorithms.noisy_gd import NoisyGDConfig, NoisyGradientDescent
 from fedkl.algorithms.nonprivate import nonprivate_minimizer
 from fedkl.algorithms.phased_erm import PhasedERM, PhasedERMConfig
@@ -51,12 +52,26 @@ def _phased_erm(cfg: "RunConfig", rho_total: float, *, problem, dataset, delta: 
                      problem, dataset.feature_bound)
 
 
-# name -> builder(cfg, rho_total, problem=, dataset=, delta=) of an object with
+def _adaptive(optimizer: str):
+    def build(cfg: "RunConfig", rho_total: float, *, ledger, user_ids, **_) -> AdaptiveDPOptimizer:
+        eps, delta = ledger.approx_left(user_ids)
+        if eps <= 0:
+            raise BudgetExceeded(f"ledger {ledger.path}: the users' budget is spent; nothing to train with")
+        config = AdaptiveDPConfig(optimizer=optimizer, rounds=cfg.rounds, lr=cfg.lr, clip=cfg.clip,
+                                  sampling_rate=cfg.sampling_rate, beta1=cfg.beta1, beta2=cfg.beta2, nu=cfg.nu,
+                                  cap=cfg.cap, bias_correction=cfg.bias_correction, neighbouring=cfg.neighbouring,
+                                  accountant=cfg.accountant)
+        return AdaptiveDPOptimizer(config, eps, delta)
+    return build
+
+
+# name -> builder(cfg, rho_total, problem=, dataset=, delta=, ledger=, user_ids=) of an object with
 # .run(federation, releaser, w0, progress) whose result has .w (None: the algorithm released "no output")
-ALGORITHM_BUILDERS = {"noisy-gd": _noisy_gd, "sc-output-pert": _sc_output_pert, "phased-erm": _phased_erm}
+ALGORITHM_BUILDERS = {"noisy-gd": _noisy_gd, "sc-output-pert": _sc_output_pert, "phased-erm": _phased_erm,
+                      "dp-sgd": _adaptive("sgd"), "dp-rmsprop": _adaptive("rmsprop"), "dp-adam": _adaptive("adam")}
 ALGORITHMS = tuple(ALGORITHM_BUILDERS)
 # (eps, delta)-DP releases (paper 002): accounted by basic composition in the ledger, no zCDP filter
-APPROX_DP_ALGORITHMS = ("sc-output-pert", "phased-erm")
+APPROX_DP_ALGORITHMS = ("sc-output-pert", "phased-erm", "dp-sgd", "dp-rmsprop", "dp-adam")
 BACKENDS = ("inprocess",)
 
 
@@ -89,6 +104,13 @@ class RunConfig:
     users: int | None = None  # synthetic datasets: number of users
     stability_delta: float = 0.5  # paper 002: the deletion-stability threshold Delta
     phased_lam: float = 0.01  # paper 002, Phased-ERM: base regularization
+    sampling_rate: float = 1.0  # dp-sgd/rmsprop/adam: Poisson user sampling rate
+    beta1: float = 0.9
+    beta2: float = 0.999
+    nu: float = 1e-3
+    cap: float = float("inf")
+    bias_correction: bool = False
+    accountant: str = "pld"
 
 
 DEFAULT_PROBLEM = {"binary": "logistic", "multiclass": "softmax", "regression": "least-squares"}
@@ -146,7 +168,8 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print) -> dict:
                                  "is already spent; nothing to train with")
         if rho_total < ledger.budget.rho * (1 - 1e-9):
             log(f"resuming ledger {ledger_path}: rho {rho_total:.4g} of {ledger.budget.rho:.4g} left")
-        alg = ALGORITHM_BUILDERS[cfg.algorithm](cfg, rho_total, problem=problem, dataset=dataset, delta=delta)
+        alg = ALGORITHM_BUILDERS[cfg.algorithm](cfg, rho_total, problem=problem, dataset=dataset, delta=delta,
+                                                ledger=ledger, user_ids=federation.user_ids)
         approx = cfg.algorithm in APPROX_DP_ALGORITHMS
         log(f"budget: user-level ({cfg.neighbouring}) eps={cfg.epsilon}, delta={delta:.3g} -> "
             f"zCDP rho={rho_total:.5g} ({cfg.conversion}); {cfg.rounds} rounds, clip {cfg.clip}, backend {cfg.backend}"
@@ -192,7 +215,9 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print) -> dict:
         "delta": delta,
         "rho": summary["max_user_rho"],
         "neighbouring": cfg.neighbouring,
-        "accountant": ("(eps, delta)-DP releases, basic composition in the per-user ledger" if approx else
+        "accountant": (f"{cfg.accountant.upper()} (dp-accounting) for the Poisson-subsampled Gaussian schedule, "
+                       "charged up front as one (eps, delta) release" if cfg.algorithm.startswith("dp-") else
+                       "(eps, delta)-DP releases, basic composition in the per-user ledger" if approx else
                        f"zCDP, additive composition; (eps, delta) by {cfg.conversion} conversion"),
         "budget": {"epsilon": cfg.epsilon, "delta": delta},
         "backend": cfg.backend,

@@ -105,7 +105,7 @@ class UserSpend:
 @functools.lru_cache(maxsize=4096)
 def _rho_cap(eps_left: float, delta_left: float, conversion: str) -> float:
     """Largest total rho that still fits in (eps_left, delta_left) (conservative)."""
-    if eps_left <= 0 or delta_left <= 0:
+    if eps_left <= 1e-9 or delta_left <= 0:  # nothing (or only float dust) left for zCDP charges
         return 0.0
     return rho_for_eps_delta(eps_left, min(delta_left, 1 - 1e-15), conversion)
 
@@ -270,6 +270,39 @@ class PrivacyLedger:
         b = self.budget
         return min((max(_rho_cap(b.epsilon - e, b.delta - d, b.conversion) - r, 0.0) for r, e, d in groups),
                    default=0.0)
+
+    def approx_left(self, user_ids: Iterable[str]) -> tuple[float, float]:
+        """An (eps, delta) charge that every listed user can still afford (conservative).
+
+        A user with zCDP spend rho_u keeps half of its remaining delta for the zCDP conversion; the
+        other half (or, without zCDP spend, all but a 1e-9 fraction: the ledger needs delta strictly
+        below the budget) is offered. Returns (0, 0) when nothing is left.
+        """
+        members = sorted(set(map(str, user_ids)))
+        self._db.execute("BEGIN")
+        try:
+            self._fill_cohort(members)
+            groups = self._db.execute(
+                "SELECT DISTINCT COALESCE(u.rho, 0), COALESCE(u.eps, 0), COALESCE(u.delta, 0) "
+                "FROM temp.cohort c LEFT JOIN users u ON u.user_id = c.user_id").fetchall()
+        finally:
+            self._db.execute("COMMIT")
+        b = self.budget
+        eps_left, delta_left = math.inf, math.inf
+        for rho_u, eps_u, delta_u in groups:
+            free = b.delta - delta_u
+            if free <= 0:
+                return 0.0, 0.0
+            if rho_u > 0:
+                offered = free / 2
+                eps_avail = b.epsilon - eps_u - zcdp_to_eps(rho_u, free - offered, b.conversion)
+            else:
+                offered = free * (1 - 1e-9)
+                eps_avail = b.epsilon - eps_u
+            eps_left, delta_left = min(eps_left, eps_avail), min(delta_left, offered)
+        if not groups or eps_left <= 0:
+            return 0.0, 0.0
+        return eps_left * (1 - 1e-12), delta_left
 
     def num_releases(self, run_id: str | None = None) -> int:
         if run_id is None:

@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from fedkl.privacy.filter import ZCDPFilter
+from fedkl.privacy.filter import BudgetExhausted, ZCDPFilter
 from fedkl.privacy.ledger import PrivacyLedger
 from fedkl.privacy.mechanisms import GaussianMechanism, TruncatedDiscreteLaplace
 from fedkl.privacy.rng import NoiseSource
@@ -47,6 +47,26 @@ class Releaser:
         if self.filter is not None:
             self.filter.spend(rho)
         return mech.privatize(value, self.noise)
+
+    def schedule_gaussian(self, *, eps: float, delta: float, sigma: float, sensitivity: float, releases: int,
+                          user_ids: Sequence[str], label: str, details: dict | None = None) -> "ScheduledGaussian":
+        """Charge a whole schedule of ``releases`` Gaussian releases (noise ``sigma`` for a query of
+        L2 sensitivity ``sensitivity``) whose accountant says (eps, delta), and return the handle that
+        makes them. The (eps, delta) claim is the caller's (e.g. dp-accounting's PLD of the schedule);
+        this method guarantees the charge precedes every release and bounds their number.
+        """
+        for name, v in (("eps", eps), ("sigma", sigma), ("sensitivity", sensitivity)):
+            if not (v > 0 and math.isfinite(v)):
+                raise ValueError(f"{label}: {name} must be finite and > 0, got {v} (nothing was charged)")
+        if not 0 < delta < 1 or int(releases) != releases or releases < 1:
+            raise ValueError(f"{label}: need 0 < delta < 1 and a positive number of releases (nothing was charged)")
+        if self.filter is not None:
+            raise ValueError(f"{label}: an (eps, delta) schedule cannot be accounted by a zCDP filter; "
+                             "use a Releaser without filter (nothing was charged)")
+        self.ledger.charge(user_ids, label=label, mechanism="gaussian-schedule", eps=eps, delta=delta,
+                           sensitivity=sensitivity, noise_scale=sigma,
+                           details={**(details or {}), "releases": int(releases)})
+        return ScheduledGaussian(sigma, int(releases), self.noise, label)
 
     def stability_gaussian(self, choose: Callable[[int], torch.Tensor | None], *, eps: float, delta: float,
                            deletion_budget: TruncatedDiscreteLaplace, sensitivity: float, sigma: float,
@@ -78,3 +98,28 @@ class Releaser:
         if value is None:
             return None
         return GaussianMechanism(sensitivity, sigma).privatize(value, self.noise)
+
+
+class ScheduledGaussian:
+    """The Gaussian releases of a schedule whose whole (eps, delta) was charged up front.
+
+    Used where per-release costs do not add up in any currency the ledger keeps (e.g. Poisson-
+    subsampled Gaussians accounted by PLD): :meth:`Releaser.schedule_gaussian` charges the
+    schedule's total, then this handle allows at most ``releases`` releases at the fixed ``sigma``
+    and refuses any more. A run that stops early was over-charged, never under-charged.
+    """
+
+    def __init__(self, sigma: float, releases: int, noise: NoiseSource, label: str) -> None:
+        self.sigma = sigma
+        self.releases = releases
+        self.used = 0
+        self._noise = noise
+        self._label = label
+
+    def release(self, value: torch.Tensor) -> torch.Tensor:
+        if self.used >= self.releases:
+            raise BudgetExhausted(f"{self._label}: all {self.releases} charged releases are used; refused")
+        if not torch.is_tensor(value) or not torch.isfinite(value).all():
+            raise ValueError(f"{self._label}: refusing to release a non-finite value")
+        self.used += 1
+        return value + self._noise.gaussian(tuple(value.shape), self.sigma).to(value.dtype)

@@ -51,7 +51,7 @@ def eps_cks(rho: float, delta: float) -> float:
     if rho == 0:
         return 0.0
     # search x = log(alpha - 1) on a dense grid, then refine around the best grid point
-    xs = np.linspace(-12.0, 16.0, 2801)
+    xs = np.linspace(-12.0, 32.0, 4401)  # alpha - 1 from 6e-6 to 8e13 (tiny rho needs huge alpha)
     vals = _cks_eps_at(1.0 + np.exp(xs), rho, delta)
     i = int(np.nanargmin(vals))
     lo, hi = xs[max(i - 1, 0)], xs[min(i + 1, len(xs) - 1)]
@@ -108,12 +108,17 @@ def rho_for_eps_delta(eps: float, delta: float, conversion: str = "cks") -> floa
     if conversion != "cks":
         raise ValueError(f"unknown conversion {conversion!r}; choose one of {CONVERSIONS}")
     lo, hi = rho_bs, rho_bs
+    if rho_bs == 0 or eps_cks(lo, delta) >= eps:
+        # at the limit of float precision: the Bun-Steinke rho is valid (CKS <= Bun-Steinke exactly)
+        return rho_bs
     while eps_cks(hi, delta) <= eps:
         hi *= 2.0
     rho = brentq(lambda r: eps_cks(r, delta) - eps, lo, hi, xtol=1e-14, rtol=1e-12)
-    while eps_cks(rho, delta) > eps:  # make the answer conservative
-        rho *= 1 - 1e-12
-    return rho
+    for _ in range(50):  # make the answer conservative (a few ulps of the numerical minimum)
+        if eps_cks(rho, delta) <= eps:
+            return max(rho, rho_bs)
+        rho *= 1 - 1e-10
+    return rho_bs  # always valid: CKS <= Bun-Steinke for every rho
 
 
 class ZCDPAccountant:
