@@ -72,13 +72,24 @@ ALGORITHM_BUILDERS = {"noisy-gd": _noisy_gd, "sc-output-pert": _sc_output_pert, 
 ALGORITHMS = tuple(ALGORITHM_BUILDERS)
 # (eps, delta)-DP releases (paper 002): accounted by basic composition in the ledger, no zCDP filter
 APPROX_DP_ALGORITHMS = ("sc-output-pert", "phased-erm", "dp-sgd", "dp-rmsprop", "dp-adam")
-BACKENDS = ("inprocess",)
+BACKENDS = ("inprocess", "flower-local", "flower-sim", "grpc")
 
 
 def build_federation(cfg: "RunConfig", problem, dataset) -> Federation:
-    """The federation the algorithm trains through (the evaluation always uses the in-process view)."""
-    if cfg.backend == "inprocess":
+    """The federation the algorithm trains through (the evaluation always uses the in-process view).
+
+    ``flower-local``: the Flower ServerApp/ClientApp pair over a deterministic in-process Grid;
+    ``flower-sim``: Flower's Ray simulation engine, one virtual SuperNode per user; ``grpc``: a real
+    SuperLink + SuperNodes deployment on loopback (trained by :func:`server.deploy.train_over_grpc`;
+    the federation returned here only names the users).
+    """
+    if cfg.backend in ("inprocess", "grpc"):
         return InProcessFederation(problem, dataset)
+    if cfg.backend in ("flower-local", "flower-sim"):
+        from fedkl.federation.codec import ClientSpec
+        from server.app import start_federation
+        return start_federation(cfg.backend, ClientSpec.from_run_config(cfg, task=dataset.task),
+                                user_ids=dataset.train.user_ids)
     raise ValueError(f"unknown backend {cfg.backend!r}; available: {', '.join(BACKENDS)}")
 
 
@@ -135,6 +146,43 @@ def quality_metric(metrics: dict) -> str:
     return "accuracy" if "accuracy" in metrics else "mse" if "mse" in metrics else "loss"
 
 
+def _train(cfg: RunConfig, federation: Federation, problem, dataset, delta: float, ledger_path: str,
+           run_id: str, noise: NoiseSource, log: Callable[[str], None]):
+    """Train through ``federation`` with the ledger, filter and noise in this process."""
+    approx = cfg.algorithm in APPROX_DP_ALGORITHMS
+    with PrivacyLedger(ledger_path, Budget(cfg.epsilon, delta, cfg.conversion), run_id, asdict(cfg)) as ledger:
+        rho_total = ledger.rho_left(federation.user_ids)
+        if rho_total <= 0:
+            raise BudgetExceeded(f"ledger {ledger_path}: the users' budget (eps={cfg.epsilon}, delta={delta:g}) "
+                                 "is already spent; nothing to train with")
+        if rho_total < ledger.budget.rho * (1 - 1e-9):
+            log(f"resuming ledger {ledger_path}: rho {rho_total:.4g} of {ledger.budget.rho:.4g} left")
+        alg = ALGORITHM_BUILDERS[cfg.algorithm](cfg, rho_total, problem=problem, dataset=dataset, delta=delta,
+                                                ledger=ledger, user_ids=federation.user_ids)
+        log(f"budget: user-level ({cfg.neighbouring}) eps={cfg.epsilon}, delta={delta:.3g} -> "
+            f"zCDP rho={rho_total:.5g} ({cfg.conversion}); {cfg.rounds} rounds, clip {cfg.clip}, backend {cfg.backend}"
+            + (f", noise std on the sum {alg.sigma:.4g}" if hasattr(alg, "sigma") else ""))
+        every = max(1, cfg.rounds // 10)
+
+        def progress(rec: dict) -> None:
+            if rec["round"] % every == 0 or rec["round"] == rec["rounds"]:
+                extra = "".join(f"  {k.replace('_', ' ')} {rec[k]:.4g}" for k in ("noisy_grad_norm", "rho_spent")
+                                if isinstance(rec.get(k), (int, float)))
+                log(f"  round {rec['round']:>4}/{rec['rounds']}{extra}")
+
+        try:
+            releaser = Releaser(ledger, noise, None if approx else ZCDPFilter(rho_total))
+            result = alg.run(federation, releaser, problem.init_params(), progress)
+        except BaseException:
+            ledger.finish_run("failed")
+            raise
+        ledger.finish_run("finished")
+        ledger.verify()
+        summary = ledger.summary()
+
+    return result, summary
+
+
 def run_training(cfg: RunConfig, log: Callable[[str], None] = print) -> dict:
     """Train, write ``result.json`` and the ledger under ``cfg.out``; return the result dict."""
     if cfg.algorithm not in ALGORITHMS:
@@ -161,36 +209,17 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print) -> dict:
         f"{dataset.train.num_records} train records, {problem.num_params} parameters); "
         f"noise: {noise.mode}")
 
-    with PrivacyLedger(ledger_path, Budget(cfg.epsilon, delta, cfg.conversion), run_id, asdict(cfg)) as ledger:
-        rho_total = ledger.rho_left(federation.user_ids)
-        if rho_total <= 0:
-            raise BudgetExceeded(f"ledger {ledger_path}: the users' budget (eps={cfg.epsilon}, delta={delta:g}) "
-                                 "is already spent; nothing to train with")
-        if rho_total < ledger.budget.rho * (1 - 1e-9):
-            log(f"resuming ledger {ledger_path}: rho {rho_total:.4g} of {ledger.budget.rho:.4g} left")
-        alg = ALGORITHM_BUILDERS[cfg.algorithm](cfg, rho_total, problem=problem, dataset=dataset, delta=delta,
-                                                ledger=ledger, user_ids=federation.user_ids)
-        approx = cfg.algorithm in APPROX_DP_ALGORITHMS
-        log(f"budget: user-level ({cfg.neighbouring}) eps={cfg.epsilon}, delta={delta:.3g} -> "
-            f"zCDP rho={rho_total:.5g} ({cfg.conversion}); {cfg.rounds} rounds, clip {cfg.clip}, backend {cfg.backend}"
-            + (f", noise std on the sum {alg.sigma:.4g}" if hasattr(alg, "sigma") else ""))
-        every = max(1, cfg.rounds // 10)
-
-        def progress(rec: dict) -> None:
-            if rec["round"] % every == 0 or rec["round"] == rec["rounds"]:
-                extra = "".join(f"  {k.replace('_', ' ')} {rec[k]:.4g}" for k in ("noisy_grad_norm", "rho_spent")
-                                if isinstance(rec.get(k), (int, float)))
-                log(f"  round {rec['round']:>4}/{rec['rounds']}{extra}")
-
+    approx = cfg.algorithm in APPROX_DP_ALGORITHMS
+    if cfg.backend == "grpc":  # a real local deployment: ledger + noise live in its ServerApp (same ledger path)
+        from server.deploy import train_over_grpc
+        result, summary = train_over_grpc(cfg, dataset, out, log=log)
+    else:
         try:
-            releaser = Releaser(ledger, noise, None if approx else ZCDPFilter(rho_total))
-            result = alg.run(federation, releaser, problem.init_params(), progress)
-        except BaseException:
-            ledger.finish_run("failed")
-            raise
-        ledger.finish_run("finished")
-        ledger.verify()
-        summary = ledger.summary()
+            result, summary = _train(cfg, federation, problem, dataset, delta, ledger_path, run_id, noise, log)
+        finally:
+            close = getattr(federation, "close", None)
+            if close is not None:
+                close()  # stops Ray for flower-sim
 
     trivial = problem.trivial_metrics(dataset.train, dataset.test)
     reference = None

@@ -256,17 +256,20 @@ class PrivacyLedger:
     def epsilon(self, user_id: str) -> float:
         return self.spend(user_id).epsilon(self.budget.delta, self.budget.conversion)
 
-    def rho_left(self, user_ids: Iterable[str]) -> float:
-        """The largest zCDP charge every listed user can still afford."""
-        members = sorted(set(map(str, user_ids)))
+    def _distinct_spends(self, user_ids: Iterable[str]) -> list[tuple[float, float, float]]:
+        """The distinct (rho, eps, delta) totals among the listed users (unknown users: zeros)."""
         self._db.execute("BEGIN")
         try:
-            self._fill_cohort(members)
-            groups = self._db.execute(
+            self._fill_cohort(sorted(set(map(str, user_ids))))
+            return self._db.execute(
                 "SELECT DISTINCT COALESCE(u.rho, 0), COALESCE(u.eps, 0), COALESCE(u.delta, 0) "
                 "FROM temp.cohort c LEFT JOIN users u ON u.user_id = c.user_id").fetchall()
         finally:
             self._db.execute("COMMIT")
+
+    def rho_left(self, user_ids: Iterable[str]) -> float:
+        """The largest zCDP charge every listed user can still afford."""
+        groups = self._distinct_spends(user_ids)
         b = self.budget
         return min((max(_rho_cap(b.epsilon - e, b.delta - d, b.conversion) - r, 0.0) for r, e, d in groups),
                    default=0.0)
@@ -278,15 +281,7 @@ class PrivacyLedger:
         other half (or, without zCDP spend, all but a 1e-9 fraction: the ledger needs delta strictly
         below the budget) is offered. Returns (0, 0) when nothing is left.
         """
-        members = sorted(set(map(str, user_ids)))
-        self._db.execute("BEGIN")
-        try:
-            self._fill_cohort(members)
-            groups = self._db.execute(
-                "SELECT DISTINCT COALESCE(u.rho, 0), COALESCE(u.eps, 0), COALESCE(u.delta, 0) "
-                "FROM temp.cohort c LEFT JOIN users u ON u.user_id = c.user_id").fetchall()
-        finally:
-            self._db.execute("COMMIT")
+        groups = self._distinct_spends(user_ids)
         b = self.budget
         eps_left, delta_left = math.inf, math.inf
         for rho_u, eps_u, delta_u in groups:

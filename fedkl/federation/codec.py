@@ -1,0 +1,410 @@
+"""Wire format of the Flower transport: typed fedkl queries <-> Flower ``RecordDict`` messages.
+
+Shared by the ClientApp (``client/app.py``) and :class:`fedkl.federation.flower.FlowerFederation`,
+so that both ends agree on one small, strictly validated format:
+
+* every request is a Flower message of type ``query.fedkl`` (:data:`MESSAGE_TYPE`);
+* its ``"fedkl"`` ConfigRecord holds the protocol version, the query kind and the scalars;
+* its ``"tensors"`` ArrayRecord holds the float64 parameter vectors (numpy serialisation);
+* a good reply has a ``"fedkl"`` ConfigRecord with ``status == "ok"`` and an ``"answer"``
+  ArrayRecord with one float64 array ``"value"``; an error reply has an ``"error"`` ConfigRecord
+  (``code``, ``reason``) and nothing else.
+
+Decoding never trusts the other side: unknown kinds or keys, wrong dtypes/shapes/serialisation,
+non-finite values and arrays larger than the expected shape needs are :class:`CodecError`. Array
+sizes are checked on the *serialised* bytes before anything is deserialised.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from fedkl.federation import base as _base
+from fedkl.federation.base import (
+    ClippedGradient,
+    GradientDifference,
+    LocalLoss,
+    LocalRegularizedMinimizer,
+    Query,
+)
+
+# Newer query types (output perturbation); optional so that the codec works with either base.py.
+GradientsAtPoints = getattr(_base, "GradientsAtPoints", None)
+CertificateGradientNorm = getattr(_base, "CertificateGradientNorm", None)
+MAX_POINTS = 4096  # most points one GradientsAtPoints request may carry
+
+PROTOCOL = 1
+MESSAGE_TYPE = "query.fedkl"
+INFO = "info"  # the handshake kind: which user does this node hold?
+
+# Query kinds on the wire and the tensors each one carries (in this order).
+KINDS: dict[str, tuple[type | None, tuple[str, ...]]] = {
+    "clipped_gradient": (ClippedGradient, ("w",)),
+    "gradient_difference": (GradientDifference, ("w_new", "w_old")),
+    "local_minimizer": (LocalRegularizedMinimizer, ("center",)),
+    "local_loss": (LocalLoss, ("w",)),
+    INFO: (None, ()),
+}
+if GradientsAtPoints is not None:
+    KINDS["gradients_at_points"] = (GradientsAtPoints, ("points",))
+if CertificateGradientNorm is not None:
+    KINDS["certificate_gradient_norm"] = (CertificateGradientNorm, ("w", "center"))  # center optional
+SCALAR_KINDS = ("local_loss", "certificate_gradient_norm")  # one number per user
+_KIND_OF = {cls: kind for kind, (cls, _) in KINDS.items() if cls is not None}
+
+# Error codes carried in an "error" ConfigRecord.
+ERR_BAD_REQUEST = 1      # unknown kind, wrong shape/dtype, NaN, oversize, bad scalar
+ERR_NOT_FINITE = 2       # the user's own answer was not finite (in-process: "failed")
+ERR_INTERNAL = 3         # anything else on the client
+ERR_NOT_CONFIGURED = 4   # the node holds no valid user (partition-id out of range, no dataset)
+
+# Slack for the .npy header on top of the raw float64 bytes of an expected array.
+NPY_HEADER_SLACK = 1024
+
+
+class CodecError(ValueError):
+    """A message that does not follow the protocol (or carries invalid values)."""
+
+    def __init__(self, reason: str, code: int = ERR_BAD_REQUEST) -> None:
+        super().__init__(reason)
+        self.code = code
+
+
+def max_array_bytes(shape: tuple[int, ...]) -> int:
+    """Largest serialised size accepted for a float64 array of ``shape``."""
+    return 8 * int(np.prod(shape, dtype=np.int64)) + NPY_HEADER_SLACK
+
+
+# --- arrays --------------------------------------------------------------------------------------
+def _array(x: torch.Tensor | np.ndarray) -> Any:
+    from flwr.app import Array
+
+    a = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+    return Array(np.ascontiguousarray(a, dtype=np.float64))
+
+
+def _read_array(arr: Any, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Validate a Flower ``Array`` (before deserialising) and return it as float64 numpy."""
+    from flwr.app import Array
+
+    if not isinstance(arr, Array):
+        raise CodecError(f"{name}: not an Array")
+    if arr.stype != "numpy.ndarray":
+        raise CodecError(f"{name}: serialisation {arr.stype!r}, expected 'numpy.ndarray'")
+    if arr.dtype != "float64":
+        raise CodecError(f"{name}: dtype {arr.dtype}, expected float64")
+    if tuple(arr.shape) != tuple(shape):
+        raise CodecError(f"{name}: shape {tuple(arr.shape)}, expected {tuple(shape)}")
+    if len(arr.data) > max_array_bytes(shape):
+        raise CodecError(f"{name}: payload of {len(arr.data)} bytes exceeds {max_array_bytes(shape)}")
+    try:
+        a = arr.numpy()
+    except Exception as exc:  # malformed bytes
+        raise CodecError(f"{name}: cannot deserialise ({type(exc).__name__}: {exc})") from None
+    if a.dtype != np.float64 or a.shape != tuple(shape):
+        raise CodecError(f"{name}: payload does not match its declared dtype/shape")
+    if not np.isfinite(a).all():
+        raise CodecError(f"{name}: contains NaN or inf")
+    return a
+
+
+def _exact_keys(record: Mapping, expected: tuple[str, ...], what: str) -> None:
+    keys = set(record.keys())
+    if keys != set(expected):
+        raise CodecError(f"{what}: keys {sorted(keys)}, expected {sorted(expected)}")
+
+
+def _number(cfg: Mapping, key: str) -> float:
+    v = cfg.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise CodecError(f"scalar {key!r} missing or not a number")
+    v = float(v)
+    if not math.isfinite(v):
+        raise CodecError(f"scalar {key!r} is not finite")
+    return v
+
+
+# --- requests ------------------------------------------------------------------------------------
+def kind_of(query: Query | str) -> str:
+    if isinstance(query, str):
+        if query not in KINDS:
+            raise CodecError(f"unknown request kind {query!r}")
+        return query
+    try:
+        return _KIND_OF[type(query)]
+    except KeyError:
+        raise TypeError(f"unsupported query type {type(query).__name__}") from None
+
+
+def encode_request(query: Query | str) -> Any:
+    """A ``RecordDict`` for ``query`` (a query object, or :data:`INFO` for the handshake)."""
+    from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+
+    kind = kind_of(query)
+    cfg: dict[str, Any] = {"protocol": PROTOCOL, "kind": kind}
+    tensors: dict[str, Any] = {}
+    if isinstance(query, (ClippedGradient, GradientDifference)):
+        cfg["clip"] = float(query.clip)
+    if isinstance(query, LocalRegularizedMinimizer):
+        cfg.update(strength=float(query.strength), tol=float(query.tol), max_iter=int(query.max_iter))
+    if isinstance(query, LocalLoss):
+        cfg["split"] = str(query.split)
+    if kind == "certificate_gradient_norm":
+        cfg["strength"] = float(query.strength)
+    for name in KINDS[kind][1]:
+        if getattr(query, name) is not None:
+            tensors[name] = _array(getattr(query, name))
+    return RecordDict({"fedkl": ConfigRecord(cfg), "tensors": ArrayRecord(tensors)})
+
+
+def decode_request(content: Any, num_params: int) -> Query | str:
+    """The query in a request ``RecordDict`` (or :data:`INFO`); :class:`CodecError` if invalid."""
+    from flwr.app import ArrayRecord, ConfigRecord
+
+    try:
+        _exact_keys(content, ("fedkl", "tensors"), "request")
+        cfg, tensors = content["fedkl"], content["tensors"]
+    except CodecError:
+        raise
+    except Exception as exc:
+        raise CodecError(f"malformed request ({type(exc).__name__})") from None
+    if not isinstance(cfg, ConfigRecord) or not isinstance(tensors, ArrayRecord):
+        raise CodecError("request: 'fedkl' must be a ConfigRecord and 'tensors' an ArrayRecord")
+    if cfg.get("protocol") != PROTOCOL:
+        raise CodecError(f"protocol {cfg.get('protocol')!r}, expected {PROTOCOL}")
+    kind = cfg.get("kind")
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise CodecError(f"unknown request kind {kind!r}")
+    cls, names = KINDS[kind]
+    if kind == "certificate_gradient_norm" and "center" not in tensors:
+        names = ("w",)
+    _exact_keys(tensors, names, f"{kind} tensors")
+    shapes = {n: (num_params,) for n in names}
+    if kind == "gradients_at_points":
+        declared = tuple(getattr(tensors["points"], "shape", ()))
+        if len(declared) != 2 or not 1 <= declared[0] <= MAX_POINTS:
+            raise CodecError(f"points: shape {declared}, expected (k, {num_params}) with 1 <= k <= {MAX_POINTS}")
+        shapes["points"] = (declared[0], num_params)
+    arrays = {n: torch.from_numpy(_read_array(tensors[n], n, shapes[n]).copy()) for n in names}
+    try:
+        if kind == INFO:
+            _exact_keys(cfg, ("protocol", "kind"), "info request")
+            return INFO
+        if cls in (ClippedGradient, GradientDifference):
+            _exact_keys(cfg, ("protocol", "kind", "clip"), f"{kind} scalars")
+            return cls(**arrays, clip=_number(cfg, "clip"))
+        if cls is LocalRegularizedMinimizer:
+            _exact_keys(cfg, ("protocol", "kind", "strength", "tol", "max_iter"), f"{kind} scalars")
+            strength, tol = _number(cfg, "strength"), _number(cfg, "tol")
+            max_iter = cfg.get("max_iter")
+            if not (strength > 0) or not (tol > 0):
+                raise CodecError("strength and tol must be > 0")
+            if isinstance(max_iter, bool) or not isinstance(max_iter, int) or not 1 <= max_iter <= 100_000:
+                raise CodecError("max_iter must be an integer in [1, 100000]")
+            return LocalRegularizedMinimizer(arrays["center"], strength, tol, max_iter)
+        if kind == "gradients_at_points":
+            _exact_keys(cfg, ("protocol", "kind"), f"{kind} scalars")
+            return cls(arrays["points"])
+        if kind == "certificate_gradient_norm":
+            _exact_keys(cfg, ("protocol", "kind", "strength"), f"{kind} scalars")
+            strength = _number(cfg, "strength")
+            if strength > 0 and "center" not in arrays:
+                raise CodecError("a positive strength needs a center")
+            return cls(arrays["w"], arrays.get("center"), strength)
+        _exact_keys(cfg, ("protocol", "kind", "split"), f"{kind} scalars")
+        split = cfg.get("split")
+        if split not in ("train", "test"):
+            raise CodecError(f"split must be 'train' or 'test', got {split!r}")
+        return LocalLoss(arrays["w"], split)
+    except CodecError:
+        raise
+    except ValueError as exc:  # e.g. the query's own clip check
+        raise CodecError(str(exc)) from None
+
+
+# --- replies -------------------------------------------------------------------------------------
+def answer_shape(kind: str, num_params: int, num_points: int | None = None) -> tuple[int, ...]:
+    if kind in SCALAR_KINDS:
+        return (1,)
+    if kind == "gradients_at_points":
+        return (int(num_points or 0), num_params)
+    return (num_params,)
+
+
+def encode_answer(kind: str, value: torch.Tensor | np.ndarray) -> Any:
+    from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+
+    v = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+    v = np.ascontiguousarray(v, dtype=np.float64)
+    if kind in SCALAR_KINDS:
+        v = v.reshape(1)
+    return RecordDict({"fedkl": ConfigRecord({"protocol": PROTOCOL, "kind": kind, "status": "ok"}),
+                       "answer": ArrayRecord({"value": _array(v)})})
+
+
+def encode_info(partition_id: int, num_partitions: int, user_id: str, num_params: int) -> Any:
+    from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+
+    return RecordDict({"fedkl": ConfigRecord({
+        "protocol": PROTOCOL, "kind": INFO, "status": "ok", "partition_id": int(partition_id),
+        "num_partitions": int(num_partitions), "user_id": str(user_id), "num_params": int(num_params)}),
+        "answer": ArrayRecord()})
+
+
+def encode_error(code: int, reason: str) -> Any:
+    from flwr.app import ConfigRecord, RecordDict
+
+    return RecordDict({"error": ConfigRecord({"protocol": PROTOCOL, "code": int(code), "reason": str(reason)[:1000]})})
+
+
+class ReplyError(RuntimeError):
+    """The client answered with an error (or a Flower-level error)."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(f"client error {code}: {reason}")
+        self.code = code
+        self.reason = reason
+
+
+def _content(reply: Any) -> Any:
+    if reply.has_error():
+        err = reply.error
+        raise ReplyError(int(err.code), str(err.reason))
+    content = reply.content
+    if "error" in content:
+        err = content["error"]
+        code = err.get("code", ERR_INTERNAL)
+        raise ReplyError(int(code) if isinstance(code, int) else ERR_INTERNAL, str(err.get("reason", "")))
+    return content
+
+
+def _ok_header(content: Any, kind: str, keys: tuple[str, ...]) -> Mapping:
+    from flwr.app import ArrayRecord, ConfigRecord
+
+    _exact_keys(content, ("fedkl", "answer"), "reply")
+    cfg = content["fedkl"]
+    if not isinstance(cfg, ConfigRecord) or not isinstance(content["answer"], ArrayRecord):
+        raise CodecError("reply: 'fedkl' must be a ConfigRecord and 'answer' an ArrayRecord")
+    _exact_keys(cfg, ("protocol", "kind", "status") + keys, "reply header")
+    if cfg["protocol"] != PROTOCOL or cfg["kind"] != kind or cfg["status"] != "ok":
+        raise CodecError(f"reply header {dict(cfg)} does not answer a {kind!r} request")
+    return cfg
+
+
+def decode_answer(reply: Any, kind: str, num_params: int, num_points: int | None = None) -> torch.Tensor:
+    """The float64 answer in ``reply`` to a ``kind`` request: ``(num_params,)``, ``(num_points,
+    num_params)`` for gradients at points, or a 0-d scalar (loss, certificate norm).
+
+    Raises :class:`ReplyError` for an error reply and :class:`CodecError` for anything invalid.
+    """
+    content = _content(reply)
+    _ok_header(content, kind, ())
+    answer = content["answer"]
+    _exact_keys(answer, ("value",), "answer")
+    v = torch.from_numpy(_read_array(answer["value"], "value", answer_shape(kind, num_params, num_points)).copy())
+    return v[0] if kind in SCALAR_KINDS else v
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    partition_id: int
+    num_partitions: int
+    user_id: str
+    num_params: int
+
+
+def decode_info(reply: Any) -> NodeInfo:
+    content = _content(reply)
+    cfg = _ok_header(content, INFO, ("partition_id", "num_partitions", "user_id", "num_params"))
+    if len(content["answer"]) != 0:
+        raise CodecError("info reply carries arrays")
+    pid, npart, uid, nparams = (cfg["partition_id"], cfg["num_partitions"], cfg["user_id"], cfg["num_params"])
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in (pid, npart, nparams)) \
+            or not isinstance(uid, str) or not (0 <= pid < npart) or nparams < 1 or len(uid) > 1000:
+        raise CodecError(f"invalid info reply {dict(cfg)}")
+    return NodeInfo(pid, npart, uid, nparams)
+
+
+# --- what a client loads -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ClientSpec:
+    """Which dataset/problem a ClientApp builds its one user from (names and JSON kwargs).
+
+    In a deployment (``flwr run`` / gRPC) it comes from the run config keys
+    ``fedkl-dataset``, ``fedkl-dataset-kwargs`` (JSON), ``fedkl-problem``, ``fedkl-problem-kwargs``
+    (JSON); in-process and in simulations it is passed to :func:`client.app.make_client_app`.
+    """
+
+    dataset: str = "movielens"
+    problem: str = "logistic"
+    dataset_kwargs: str = "{}"
+    problem_kwargs: str = "{}"
+
+    def __post_init__(self) -> None:
+        for name in ("dataset_kwargs", "problem_kwargs"):
+            v = getattr(self, name)
+            if isinstance(v, Mapping):  # accept dicts, store canonical JSON (hashable, cacheable)
+                object.__setattr__(self, name, json.dumps(dict(v), sort_keys=True))
+            elif not isinstance(json.loads(v), dict):
+                raise ValueError(f"{name} must be a JSON object")
+
+    @classmethod
+    def build(cls, dataset: str, problem: str, dataset_kwargs: Mapping | None = None,
+              problem_kwargs: Mapping | None = None) -> "ClientSpec":
+        return cls(dataset, problem, json.dumps(dict(dataset_kwargs or {}), sort_keys=True),
+                   json.dumps(dict(problem_kwargs or {}), sort_keys=True))
+
+    @staticmethod
+    def dataset_kwargs(cfg: Any) -> dict:
+        """The loader kwargs ``fedkl run`` uses for a :class:`fedkl.runner.RunConfig`."""
+        if cfg.dataset in ("movielens", "tv16"):
+            return {"split_seed": cfg.seed}
+        users = getattr(cfg, "users", None)
+        return {"seed": cfg.seed, **({"n_users": users} if users else {})}
+
+    @classmethod
+    def from_run_config(cls, cfg: Any, task: str | None = None) -> "ClientSpec":
+        """The spec ``fedkl run`` uses for a :class:`fedkl.runner.RunConfig` (same loader kwargs,
+        ``reg``); a ``problem`` of None is the default for the dataset's ``task``."""
+        problem = cfg.problem
+        if problem is None:
+            from fedkl.runner import DEFAULT_PROBLEM
+
+            if task is None:
+                from fedkl.data import load_dataset
+
+                task = load_dataset(cfg.dataset, **cls.dataset_kwargs(cfg)).task
+            problem = DEFAULT_PROBLEM[task]
+        return cls.build(cfg.dataset, problem, cls.dataset_kwargs(cfg), {"reg": cfg.reg})
+
+    @classmethod
+    def from_user_config(cls, user_config: Mapping) -> "ClientSpec | None":
+        """From run-config keys: ``fedkl-dataset``, ``fedkl-problem`` and either the explicit JSON
+        ``fedkl-dataset-kwargs`` / ``fedkl-problem-kwargs`` or, like ``fedkl run``, ``fedkl-seed``,
+        ``fedkl-users`` and ``fedkl-reg``. None if no dataset is configured."""
+        if "fedkl-dataset" not in user_config:
+            return None
+        dataset = str(user_config["fedkl-dataset"])
+        if "fedkl-dataset-kwargs" in user_config or "fedkl-problem-kwargs" in user_config:
+            problem = str(user_config.get("fedkl-problem", "logistic"))
+            return cls(dataset, problem, str(user_config.get("fedkl-dataset-kwargs", "{}")),
+                       str(user_config.get("fedkl-problem-kwargs", "{}")))
+        ns = SimpleNamespace(dataset=dataset, problem=user_config.get("fedkl-problem"),
+                             seed=int(user_config.get("fedkl-seed", 0)),
+                             reg=float(user_config.get("fedkl-reg", 0.0)),
+                             users=user_config.get("fedkl-users") or None)
+        return cls.from_run_config(ns)
+
+    def to_user_config(self) -> dict[str, str]:
+        return {"fedkl-dataset": self.dataset, "fedkl-problem": self.problem,
+                "fedkl-dataset-kwargs": self.dataset_kwargs, "fedkl-problem-kwargs": self.problem_kwargs}
+
+    @property
+    def kwargs(self) -> tuple[dict, dict]:
+        return json.loads(self.dataset_kwargs), json.loads(self.problem_kwargs)

@@ -1,0 +1,242 @@
+"""The Flower backend: :class:`FlowerFederation`, the federation interface over a Flower ``Grid``.
+
+Each user is one Flower node running ``client/app.py``'s ClientApp, which holds that user's records.
+A request is one ``query.fedkl`` message per asked user, sent with ``Grid.send_and_receive``; the
+replies are decoded by :mod:`fedkl.federation.codec` and stacked in the order of the asked users,
+so ``Answers.total()`` sums them in user order exactly as the in-process backend does.
+
+Failure policy (the in-process one, :mod:`fedkl.federation.base`): a user whose reply is missing
+(dropout, timeout, node never connected), is an error reply, cannot be decoded, has the wrong
+shape/dtype, is not finite, or (for clipped queries) has a norm above the clip bound contributes
+the zero vector and is listed in ``failed``. Every contribution still has norm <= C, so the
+sensitivity of the sum, hence the noise, is unchanged; the algorithm charges every asked user.
+
+Node ids are mapped to user positions by a handshake (``info`` request) at construction: each node
+reports its ``partition-id``, the number of partitions, its user id and the parameter count.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from fedkl.federation import codec
+from fedkl.federation.base import (
+    Answers,
+    ClippedGradient,
+    Federation,
+    GradientDifference,
+    LocalLoss,
+    LocalRegularizedMinimizer,
+    Query,
+)
+
+log = logging.getLogger(__name__)
+
+# Relative slack on the clip bound accepted from a client: clip_rows' result can exceed C by a few
+# ulps (the in-process backend has the same excess); anything larger is an invalid answer.
+CLIP_SLACK = 1e-12
+
+
+class FlowerFederation(Federation):
+    """Per-user queries over a Flower ``Grid`` (see the module docstring).
+
+    Args:
+        grid: a Flower ``Grid`` (the ServerApp's, or :class:`fedkl.federation.localgrid.LocalGrid`).
+        user_ids: the enrolled users in position order, if the server knows them (e.g. from the
+            enrolment list). Then nodes that are missing at the handshake just always fail; without
+            it every partition must answer the handshake.
+        num_users: the expected number of users (if ``user_ids`` is not given).
+        timeout: seconds to wait for the replies of one request (None: wait for all).
+        handshake_timeout: the same for the handshake.
+        wait_for_nodes: seconds to wait for the expected number of nodes to connect.
+        dtype: dtype of the returned values (float64 on the wire).
+    """
+
+    def __init__(self, grid: Any, *, user_ids: Sequence[str] | None = None, num_users: int | None = None,
+                 timeout: float | None = None, handshake_timeout: float | None = 120.0,
+                 wait_for_nodes: float = 120.0, dtype: torch.dtype = torch.float64) -> None:
+        self.grid = grid
+        self.timeout = timeout
+        self.dtype = dtype
+        self._group = itertools.count()
+        self.last_errors: dict[int, str] = {}  # user position -> why its answer was rejected (last request)
+        self._closers: list = []
+        expected = len(user_ids) if user_ids is not None else num_users
+        self._handshake(user_ids, expected, handshake_timeout, wait_for_nodes)
+
+    # --- handshake -----------------------------------------------------------------------------
+    def _handshake(self, user_ids: Sequence[str] | None, expected: int | None, timeout: float | None,
+                   wait: float) -> None:
+        deadline = time.monotonic() + wait
+        nodes = sorted(self.grid.get_node_ids())
+        while expected is not None and len(nodes) < expected and time.monotonic() < deadline:
+            time.sleep(0.2)
+            nodes = sorted(self.grid.get_node_ids())
+        if not nodes:
+            raise RuntimeError("no Flower node is connected")
+        msgs = [self._message(codec.INFO, nid) for nid in nodes]
+        replies = self.grid.send_and_receive(msgs, timeout=timeout)
+        infos: dict[int, codec.NodeInfo] = {}
+        for nid, reply in self._match(msgs, replies).items():
+            try:
+                infos[nid] = codec.decode_info(reply)
+            except (codec.CodecError, codec.ReplyError) as exc:
+                log.warning("node %s: invalid handshake reply (%s); it will not be asked", nid, exc)
+        if not infos:
+            raise RuntimeError(f"none of the {len(nodes)} Flower nodes answered the fedkl handshake")
+        params = {i.num_params for i in infos.values()}
+        parts = {i.num_partitions for i in infos.values()}
+        if len(params) != 1 or len(parts) != 1:
+            raise RuntimeError(f"nodes disagree on the problem: num_params {sorted(params)}, "
+                               f"num_partitions {sorted(parts)}")
+        n = expected if expected is not None else parts.pop()
+        node_of: dict[int, int] = {}
+        ids: list[str | None] = list(user_ids) if user_ids is not None else [None] * n
+        for nid, info in sorted(infos.items()):
+            if info.num_partitions != n:
+                raise RuntimeError(f"node {nid} holds a dataset of {info.num_partitions} users, expected {n}")
+            if info.partition_id in node_of:
+                raise RuntimeError(f"two nodes claim user position {info.partition_id}")
+            if user_ids is not None and info.user_id != user_ids[info.partition_id]:
+                raise RuntimeError(f"node {nid} holds user {info.user_id!r} at position {info.partition_id}, "
+                                   f"expected {user_ids[info.partition_id]!r}")
+            node_of[info.partition_id] = nid
+            ids[info.partition_id] = info.user_id
+        missing = [u for u in range(n) if u not in node_of]
+        if user_ids is None and missing:
+            raise RuntimeError(f"{len(missing)} user positions have no node (e.g. {missing[:5]}); "
+                               "pass user_ids to run with them absent (they then always fail)")
+        if missing:
+            log.warning("%d enrolled users have no node; they contribute zero and are reported failed", len(missing))
+        self._user_ids = tuple(str(i) for i in ids)
+        self._num_params = params.pop()
+        self.node_of = node_of
+        self.missing = missing
+
+    # --- Federation interface ------------------------------------------------------------------
+    @property
+    def user_ids(self) -> tuple[str, ...]:
+        return self._user_ids
+
+    @property
+    def num_params(self) -> int:
+        return self._num_params
+
+    def _users(self, users: Sequence[int] | None) -> list[int]:
+        if users is None:
+            return list(range(self.num_users))
+        out = [int(u) for u in users]
+        if len(set(out)) != len(out):
+            raise ValueError("each user may be asked once per request")
+        if out and (min(out) < 0 or max(out) >= self.num_users):
+            raise ValueError(f"user positions must be in [0, {self.num_users}), got {min(out)}..{max(out)}")
+        return out
+
+    def _check_query(self, query: Query) -> int | None:
+        """Refuse a bad request on the server, as the in-process backend does (ValueError).
+        Returns the number of points of a GradientsAtPoints query (else None)."""
+        kind = codec.kind_of(query)  # TypeError for an unsupported query type
+        if kind == "gradients_at_points":
+            points = torch.as_tensor(query.points)
+            if points.dim() != 2 or points.shape[1] != self.num_params or not torch.isfinite(points).all():
+                raise ValueError(f"points must be finite with {self.num_params} columns")
+            if not 1 <= points.shape[0] <= codec.MAX_POINTS:
+                raise ValueError(f"between 1 and {codec.MAX_POINTS} points per request, got {points.shape[0]}")
+            return int(points.shape[0])
+        for name in codec.KINDS[kind][1]:
+            w = getattr(query, name)
+            if w is None:  # the optional center of a certificate query
+                continue
+            w = torch.as_tensor(w)
+            if w.shape != (self.num_params,):
+                raise ValueError(f"expected parameters of shape ({self.num_params},), got {tuple(w.shape)}")
+            if not torch.isfinite(w).all():
+                raise ValueError("parameters contain NaN or inf")
+        if isinstance(query, LocalRegularizedMinimizer) and not (query.strength > 0 and math.isfinite(query.strength)):
+            raise ValueError("the local regularization strength must be > 0")
+        if isinstance(query, LocalLoss) and query.split not in ("train", "test"):
+            raise ValueError(f"split must be 'train' or 'test', got {query.split!r}")
+        return None
+
+    def compute(self, query: Query, users: Sequence[int] | None = None) -> Answers:
+        users = self._users(users)
+        num_points = self._check_query(query)
+        kind = codec.kind_of(query)
+        shape = (len(users),) + codec.answer_shape(kind, self.num_params, num_points)
+        if kind in codec.SCALAR_KINDS:
+            shape = (len(users),)
+        values = torch.zeros(shape, dtype=self.dtype)
+        errors: dict[int, str] = {}
+        asked = [(row, u) for row, u in enumerate(users) if u in self.node_of]
+        for row, u in enumerate(users):
+            if u not in self.node_of:
+                errors[u] = "no node for this user"
+        if asked:
+            group = f"fedkl-{next(self._group)}"
+            msgs = [self._message(query, self.node_of[u], group) for _, u in asked]
+            replies = self._match(msgs, self.grid.send_and_receive(msgs, timeout=self.timeout))
+            for row, u in asked:
+                reply = replies.get(self.node_of[u])
+                if reply is None:
+                    errors[u] = "no reply (dropout or timeout)"
+                    continue
+                try:
+                    v = codec.decode_answer(reply, kind, self.num_params, num_points)
+                    if isinstance(query, (ClippedGradient, GradientDifference)):
+                        norm = float(v.norm())
+                        if not norm <= query.clip * (1 + CLIP_SLACK):
+                            raise codec.CodecError(f"answer norm {norm:.6g} exceeds the clip bound {query.clip:g}")
+                    values[row] = v.to(self.dtype)
+                except (codec.CodecError, codec.ReplyError) as exc:
+                    errors[u] = str(exc)
+        self.last_errors = errors
+        failed = [u for u in users if u in errors]
+        if failed:
+            log.info("%s: %d of %d users failed", kind, len(failed), len(users))
+        return Answers(users=users, values=values, failed=failed)
+
+    # --- lifetime ------------------------------------------------------------------------------
+    def on_close(self, fn) -> None:
+        """Register a cleanup (e.g. stopping the Flower runtime) for :meth:`close`."""
+        self._closers.append(fn)
+
+    def close(self) -> None:
+        """Release the transport (idempotent); the federation can no longer be asked."""
+        while self._closers:
+            self._closers.pop()()
+
+    def __enter__(self) -> "FlowerFederation":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # --- messages ------------------------------------------------------------------------------
+    def _message(self, query: Query | str, node_id: int, group: str = "fedkl-info") -> Any:
+        from flwr.app import Message
+
+        return Message(codec.encode_request(query), node_id, codec.MESSAGE_TYPE, group_id=group)
+
+    @staticmethod
+    def _match(msgs: list[Any], replies: Any) -> dict[int, Any]:
+        """Replies keyed by the node id of the request they answer (by reply-to message id; a node
+        that answers twice or a reply to nothing we sent is ignored)."""
+        by_id = {m.metadata.message_id: m.metadata.dst_node_id for m in msgs}
+        out: dict[int, Any] = {}
+        dup: set[int] = set()
+        for r in replies:
+            nid = by_id.get(r.metadata.reply_to_message_id)
+            if nid is None:
+                continue
+            if nid in out:
+                dup.add(nid)
+            out[nid] = r
+        for nid in dup:  # ambiguous: treat as no answer
+            del out[nid]
+        return out

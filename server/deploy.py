@@ -1,0 +1,346 @@
+"""The ``grpc`` backend: a real Flower deployment on 127.0.0.1, started and torn down per run.
+
+:func:`run_grpc` starts, each in its own process group:
+
+* one ``flower-superlink`` with TLS (a CA and a server certificate for 127.0.0.1 generated for
+  this run) and SuperNode authentication (``--enable-supernode-auth``);
+* one ``flower-supernode`` per user (``partition-id`` = user position), each with its own EC key
+  pair registered with ``flwr supernode register`` before it connects;
+* ``flwr run`` of a generated Flower app whose components are ``server.app:app`` and
+  ``client.app:app``, configured by ``fedkl-*`` run-config keys.
+
+The ServerApp (noisy GD, ledger, noise) runs in Flower's ``flwr-serverapp`` process and writes
+``flower_result.json`` and ``ledger.sqlite`` under ``out``; every process is killed (SIGTERM, then
+SIGKILL, by process group) when the run ends, fails or is interrupted. Offline: it sets
+``FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1`` and a private ``FLWR_HOME``.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _bin(name: str) -> str:
+    cand = Path(sys.executable).with_name(name)
+    return str(cand) if cand.exists() else name
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_port(port: int, timeout: float, procs: list) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for p, log in procs:
+            if p.poll() is not None:
+                raise RuntimeError(f"process {p.args[0]} exited with {p.returncode}; see {log}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout} s")
+
+
+def make_certificates(folder: Path) -> dict[str, Path]:
+    """A throw-away CA and a server certificate for 127.0.0.1 / localhost (valid 1 day)."""
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key = ec.generate_private_key(ec.SECP384R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fedkl run CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+          .not_valid_after(now + datetime.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP384R1())
+    cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                                                        x509.DNSName("localhost")]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {"ca": folder / "ca.crt", "cert": folder / "server.pem", "key": folder / "server.key"}
+    paths["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths["cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths["key"].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                               serialization.NoEncryption()))
+    os.chmod(paths["key"], 0o600)
+    return paths
+
+
+def make_node_keys(folder: Path, name: str) -> tuple[Path, Path]:
+    """An EC (SECP384R1) key pair in OpenSSH format, as SuperNode authentication expects."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP384R1())
+    priv, pub = folder / f"{name}.key", folder / f"{name}.pub"
+    priv.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                       serialization.NoEncryption()))
+    os.chmod(priv, 0o600)
+    pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH))
+    return priv, pub
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    return json.dumps(str(v))
+
+
+def _write_app(folder: Path, run_config: Mapping[str, Any]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = ['[build-system]', 'requires = ["hatchling"]', 'build-backend = "hatchling.build"', '',
+             '[project]', 'name = "fedklrun"', 'version = "1.0.0"', 'description = "fedkl over Flower"',
+             'license = "Apache-2.0"', 'dependencies = []', '', '[tool.hatch.build.targets.wheel]',
+             'packages = ["."]', '', '[tool.flwr.app]', 'publisher = "fedkl"', '',
+             '[tool.flwr.app.components]', 'serverapp = "server.app:app"', 'clientapp = "client.app:app"', '',
+             '[tool.flwr.app.config]']
+    lines += [f"{k} = {_toml_value(v)}" for k, v in run_config.items() if v is not None]
+    (folder / "pyproject.toml").write_text("\n".join(lines) + "\n")
+
+
+def run_config_for(cfg: Any, spec: Any | None = None, out: str | None = None) -> dict[str, Any]:
+    """``fedkl-*`` run-config keys for a :class:`fedkl.runner.RunConfig` (and optionally an explicit
+    :class:`fedkl.federation.codec.ClientSpec`)."""
+    import dataclasses
+
+    rc = {"fedkl-" + k.replace("_", "-"): v for k, v in dataclasses.asdict(cfg).items() if v is not None}
+    if out is not None:
+        rc["fedkl-out"] = out
+    if spec is not None:
+        rc.update(spec.to_user_config())
+    return rc
+
+
+def _proc_table() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, state) of every process (Linux /proc)."""
+    out = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stat = Path(f"/proc/{d}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()
+            out[int(d)] = (int(fields[1]), fields[0])
+    return out
+
+
+def _tree(roots: list[int]) -> set[int]:
+    """``roots`` and all their live descendants (Flower's SuperLink/SuperNode start their SuperExec
+    detached, in a new session, so killing process groups is not enough)."""
+    table = _proc_table()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    seen, todo = set(), list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        todo.extend(children.get(pid, []))
+    return {p for p in seen if p in table and table[p][1] != "Z"}
+
+
+def _watchers(pids: set[int]) -> set[int]:
+    """Live processes started with ``--parent-pid P`` for P in ``pids`` (Flower's SuperExec): one
+    spawned while its parent was being stopped is reparented to init before we can see it as a
+    descendant."""
+    out = set()
+    for pid, (_, state) in _proc_table().items():
+        if state == "Z":
+            continue
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for i, a in enumerate(args[:-1]):
+            if a == b"--parent-pid" and args[i + 1].isdigit() and int(args[i + 1]) in pids:
+                out.add(pid)
+    return out
+
+
+def stop_processes(procs: list[subprocess.Popen], grace: float = 5.0, settle: float = 1.5) -> None:
+    """SIGTERM the processes we started and everything they started (descendants, and SuperExecs
+    watching one of them), SIGKILL what is left after ``grace``, and keep sweeping until nothing
+    new has appeared for ``settle`` seconds."""
+    seen: set[int] = set()
+
+    def flower(pid: int) -> bool:  # never signal a recycled pid that is not a Flower process
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return False
+        return b"flower-" in cmd or b"flwr-" in cmd or b"flwr" in cmd.split(b"\0")[0]
+
+    def targets() -> set[int]:
+        live = {pid for pid in _tree([p.pid for p in procs] + sorted(seen)) if flower(pid)}
+        live |= _watchers(seen | live | {p.pid for p in procs})
+        seen.update(live)
+        return live
+
+    start = time.monotonic()
+    quiet_since = None
+    while True:
+        for p in procs:
+            p.poll()  # reap our direct children
+        live = targets()
+        if not live:
+            quiet_since = quiet_since or time.monotonic()
+            if time.monotonic() - quiet_since >= settle:
+                break
+        else:
+            quiet_since = None
+            sig = signal.SIGTERM if time.monotonic() - start < grace else signal.SIGKILL
+            for pid in live:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+        if time.monotonic() - start > grace + 30:  # pragma: no cover - unkillable (D state)
+            raise RuntimeError(f"processes {sorted(live)} survived SIGKILL")
+        time.sleep(0.1)
+    for p in procs:
+        try:
+            p.wait(timeout=2)
+        except subprocess.TimeoutExpired:  # pragma: no cover
+            pass
+
+
+def run_grpc(run_config: Mapping[str, Any], num_users: int, *, workdir: str | None = None, tls: bool = True,
+             node_auth: bool = True, timeout: float = 600.0, unregistered: tuple[int, ...] = (),
+             connect_timeout: float = 120.0, log=print) -> dict:
+    """Run the fedkl app on a fresh local SuperLink + ``num_users`` SuperNodes; return the parsed
+    ``flower_result.json`` (plus ``"workdir"``, ``"wall_s"``). ``run_config`` holds the ``fedkl-*``
+    keys (see :func:`run_config_for`); ``fedkl-out`` defaults to ``<workdir>/out``.
+
+    ``unregistered``: user positions whose SuperNode starts with a key that was NOT registered (a
+    test of SuperNode authentication: the SuperLink must refuse them, so those users fail).
+    The run is submitted once every registered SuperNode is online (``connect_timeout``)."""
+    if num_users < 1:
+        raise ValueError("num_users must be >= 1")
+    work = Path(workdir or tempfile.mkdtemp(prefix="fedkl-grpc-"))
+    work.mkdir(parents=True, exist_ok=True)
+    rc = dict(run_config)
+    rc.setdefault("fedkl-out", str(work / "out"))
+    home = work / "flwr-home"
+    home.mkdir(exist_ok=True)
+    port = _free_port()
+    env = {**os.environ, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
+           "RAY_USAGE_STATS_ENABLED": "0", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+           "PYTHONPATH": os.pathsep.join([str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+    conn = [f"[superlink]", 'default = "fedkl"', "", "[superlink.fedkl]", f'address = "127.0.0.1:{port}"']
+    link_tls: list[str] = ["--insecure"]
+    node_tls: list[str] = ["--insecure"]
+    if tls:
+        certs = make_certificates(work / "certs")
+        link_tls = ["--ssl-ca-certfile", str(certs["ca"]), "--ssl-certfile", str(certs["cert"]),
+                    "--ssl-keyfile", str(certs["key"])]
+        node_tls = ["--root-certificates", str(certs["ca"])]
+        conn.append(f'root-certificates = "{certs["ca"]}"')
+    else:
+        conn.append("insecure = true")
+    (home / "config.toml").write_text("\n".join(conn) + "\n")
+    _write_app(work / "app", rc)
+    procs: list[tuple[subprocess.Popen, Path]] = []
+
+    def start(args: list[str], name: str) -> subprocess.Popen:
+        logf = work / f"{name}.log"
+        with open(logf, "wb") as f:
+            p = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=work)
+        procs.append((p, logf))
+        return p
+
+    def cli(args: list[str], limit: float) -> str:
+        r = subprocess.run([_bin("flwr"), *args], env=env, cwd=work, capture_output=True, text=True,
+                           timeout=limit, start_new_session=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"flwr {' '.join(args[:2])} failed ({r.returncode}): {r.stdout[-2000:]}{r.stderr[-2000:]}")
+        return r.stdout
+
+    try:
+        start([_bin("flower-superlink"), *link_tls, *(["--enable-supernode-auth"] if node_auth else []),
+               "--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", str(port)], "superlink")
+        _wait_port(port, 60, procs)
+        for u in range(num_users):
+            auth: list[str] = []
+            if node_auth:
+                priv, pub = make_node_keys(work / "certs", f"node-{u}")
+                if u not in unregistered:
+                    cli(["supernode", "register", str(pub), "fedkl"], 120)
+                auth = ["--auth-supernode-private-key", str(priv)]
+            start([_bin("flower-supernode"), *node_tls, *auth, "--superlink", f"127.0.0.1:{port}",
+                   "--node-config", f"partition-id={u} num-partitions={num_users}",
+                   "--host", "127.0.0.1", "--port", str(_free_port())], f"supernode-{u}")
+        log(f"fedkl grpc: SuperLink on 127.0.0.1:{port} ({'TLS' if tls else 'insecure'}, "
+            f"{'SuperNode auth' if node_auth else 'no node auth'}), {num_users} SuperNodes; logs in {work}")
+        expected = num_users - (len(set(unregistered)) if node_auth else 0)
+        deadline = time.monotonic() + connect_timeout
+        while True:
+            nodes = json.loads(cli(["supernode", "list", "fedkl", "--format", "json"], 60)).get("nodes", [])
+            online = sum(1 for nd in nodes if nd.get("status") == "online")
+            if online >= expected:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {online} of {expected} SuperNodes online after {connect_timeout} s; see {work}")
+            for p, logf in procs:
+                if p.poll() is not None and p is procs[0][0]:
+                    raise RuntimeError(f"the SuperLink exited with {p.returncode}; see {logf}")
+            time.sleep(0.5)
+        start_t = time.monotonic()
+        out = cli(["run", str(work / "app"), "fedkl", "--stream"], timeout)
+        (work / "flwr-run.log").write_text(out)
+        result_path = Path(rc["fedkl-out"]) / "flower_result.json"
+        if not result_path.exists():
+            raise RuntimeError(f"the run ended without {result_path}; see {work}/flwr-run.log")
+        res = json.loads(result_path.read_text())
+        res["workdir"] = str(work)
+        res["wall_s"] = time.monotonic() - start_t
+        return res
+    finally:
+        stop_processes([p for p, _ in procs])
+
+
+def train_over_grpc(cfg: Any, dataset: Any, out: str, log=print, **kw: Any) -> tuple[Any, dict]:
+    """``fedkl run --backend grpc``: train ``cfg`` on a fresh local deployment (:func:`run_grpc`, one
+    SuperNode per user of ``dataset``); the ServerApp writes the ledger at ``cfg.ledger`` or
+    ``<out>/ledger.sqlite``. Returns ``(result, ledger_summary)`` where ``result`` has ``.w`` (a
+    float64 tensor, or None for "no output"), ``.history`` and ``.failed_users``."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from fedkl.federation.codec import ClientSpec
+
+    spec = ClientSpec.from_run_config(cfg, task=dataset.task)
+    res = run_grpc(run_config_for(cfg, spec, out=out), dataset.train.num_users, log=log, **kw)
+    w = None if res.get("w") is None else torch.tensor(res["w"], dtype=torch.float64)
+    result = SimpleNamespace(w=w, history=res.get("history", []), failed_users=res.get("failed_users"),
+                             rho_spent=res.get("rho_spent"), sigma=res.get("sigma"), workdir=res.get("workdir"))
+    return result, res["ledger"]
