@@ -154,3 +154,16 @@ def test_run_output_perturbation_on_a_small_synthetic_population(tmp_path):
     with pytest.raises(ValueError, match="--reg"):
         run_training(RunConfig(dataset="synthetic-logistic", users=12, algorithm="sc-output-pert",
                                out=str(tmp_path / "p"), reference=False), log=lambda s: None)
+
+
+def test_run_over_flower_backend_matches_inprocess(tmp_path):
+    """`fedkl run --backend flower-local` trains the same model and charges the same ledger."""
+    from fedkl.runner import RunConfig, run_training
+
+    common = dict(dataset="synthetic-logistic", users=12, rounds=3, noise_seed=4, reference=False)
+    here = run_training(RunConfig(**common, out=str(tmp_path / "i")), log=lambda s: None)
+    there = run_training(RunConfig(**common, backend="flower-local", out=str(tmp_path / "f")), log=lambda s: None)
+    assert there["backend"] == "flower-local"
+    assert there["test_metric"]["value"] == pytest.approx(here["test_metric"]["value"], abs=1e-12)
+    assert there["rho"] == pytest.approx(here["rho"], rel=1e-12)
+    assert there["ledger"]["releases"] == here["ledger"]["releases"] == 3
