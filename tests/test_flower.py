@@ -468,20 +468,21 @@ def test_deployed_server_app_main_reads_the_run_config(tmp_path):
 
 
 def test_grpc_deployment_with_tls_and_node_auth(tmp_path):
-    """A real local deployment: SuperLink (TLS, SuperNode auth) + 3 SuperNodes as subprocesses, the
-    fedkl app submitted with `flwr run`. User 2's SuperNode has a key that was never registered: the
-    SuperLink refuses it, so user 2 fails (zero, charged), exactly like an absent node over the
-    LocalGrid with the same seeds. Every process is gone afterwards."""
+    """A real local deployment: SuperLink (TLS, SuperNode auth) + 8 SuperNodes as subprocesses, the
+    fedkl app submitted with `flwr run`. User 5's SuperNode has a key that was never registered: the
+    SuperLink refuses it, so user 5 fails (zero, charged), exactly like an absent node over the
+    LocalGrid with the same seeds; the 7 others give the in-process answers. Every process is gone
+    afterwards."""
     from server.deploy import _proc_table, run_config_for, run_grpc
 
-    spec = codec.ClientSpec.build("synthetic-least-squares", "least-squares", {"n_users": 3, "m": M, "d": D, "seed": 4})
+    spec = codec.ClientSpec.build("synthetic-least-squares", "least-squares", {"n_users": 8, "m": M, "d": D, "seed": 4})
     cfg = _cfg(tmp_path, "grpc-out", rounds=1)
     before = set(_proc_table())
     rc = {**run_config_for(cfg, spec), "fedkl-wait-for-nodes": 1.0}
-    res = run_grpc(rc, 3, workdir=str(tmp_path / "grpc"), timeout=240, unregistered=(2,), log=lambda s: None)
+    res = run_grpc(rc, 8, workdir=str(tmp_path / "grpc"), timeout=400, unregistered=(5,), log=lambda s: None)
     ref = run_flower_simulation(_cfg(tmp_path, "ref", rounds=1), "flower-local", log=lambda s: None, spec=spec,
-                                absent=[2])
-    assert res["users"] == 3 and res["failed_users"] == [1] == ref["failed_users"]
+                                absent=[5])
+    assert res["users"] == 8 and res["failed_users"] == [1] == ref["failed_users"]
     assert np.allclose(res["w"], ref["w"].numpy(), rtol=1e-12, atol=1e-14)
     _same_ledgers(res, ref, ref["user_ids"])  # the refused user is charged too
     logs = (tmp_path / "grpc" / "superlink.log").read_text()
