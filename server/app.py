@@ -220,7 +220,7 @@ def _train(cfg: Any, label: str, federation_for: Callable[[ClientSpec, tuple[str
     import uuid
 
     from fedkl.data import load_dataset
-    from fedkl.privacy import Budget, BudgetExceeded, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter
+    from fedkl.privacy import NoiseSource
     from fedkl.problems import make_problem
     from fedkl import runner
     from fedkl.runner import ALGORITHM_BUILDERS, default_delta
@@ -243,25 +243,9 @@ def _train(cfg: Any, label: str, federation_for: Callable[[ClientSpec, tuple[str
     os.makedirs(out, exist_ok=True)
     ledger_path = cfg.ledger or os.path.join(out, "ledger.sqlite")
     noise = NoiseSource(cfg.noise_seed)
-    with PrivacyLedger(ledger_path, Budget(cfg.epsilon, delta, cfg.conversion), run_id,
-                       {**dataclasses.asdict(cfg), "backend": label}) as ledger:
-        rho_total = ledger.rho_left(user_ids)
-        if rho_total <= 0:
-            raise BudgetExceeded(f"ledger {ledger_path}: the users' budget is already spent")
-        alg = ALGORITHM_BUILDERS[cfg.algorithm](cfg, rho_total, problem=problem, dataset=dataset, delta=delta,
-                                                ledger=ledger, user_ids=user_ids)
-        approx = cfg.algorithm in getattr(runner, "APPROX_DP_ALGORITHMS", ())
-        log(f"fedkl {label} {run_id}: {cfg.algorithm} on {spec.dataset} ({n} users, {problem.num_params} parameters)")
-        with federation_for(spec, user_ids) as federation:
-            try:
-                releaser = Releaser(ledger, noise, None if approx else ZCDPFilter(rho_total))
-                result = alg.run(federation, releaser, problem.init_params())
-            except BaseException:
-                ledger.finish_run("failed")
-                raise
-        ledger.finish_run("finished")
-        ledger.verify()
-        summary = ledger.summary()
+    log(f"fedkl {label} {run_id}: {cfg.algorithm} on {spec.dataset} ({n} users, {problem.num_params} parameters)")
+    with federation_for(spec, user_ids) as federation:  # ledger, filter and noise exactly as `fedkl run`
+        result, summary = runner._train(cfg, federation, problem, dataset, delta, ledger_path, run_id, noise, log)
     history = getattr(result, "history", [])
     return {"w": result.w, "rho_spent": getattr(result, "rho_spent", None), "sigma": getattr(result, "sigma", None),
             "history": history, "ledger": summary, "ledger_path": ledger_path, "user_ids": user_ids,

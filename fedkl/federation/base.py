@@ -157,6 +157,17 @@ class Federation(ABC):
         (then ``values`` has one row). Algorithms that need only the sum call this."""
         return self.compute(query, users)
 
+    def _users(self, users: Sequence[int] | None) -> list[int]:
+        """Validated user positions of a request (all users if None); each user at most once."""
+        if users is None:
+            return list(range(self.num_users))
+        out = [int(u) for u in users]
+        if len(set(out)) != len(out):
+            raise ValueError("each user may be asked once per request")
+        if out and (min(out) < 0 or max(out) >= self.num_users):
+            raise ValueError(f"user positions must be in [0, {self.num_users}), got {min(out)}..{max(out)}")
+        return out
+
     def ids_of(self, users: Sequence[int]) -> list[str]:
         ids = self.user_ids
         return [ids[u] for u in users]

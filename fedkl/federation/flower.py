@@ -128,16 +128,6 @@ class FlowerFederation(Federation):
     def num_params(self) -> int:
         return self._num_params
 
-    def _users(self, users: Sequence[int] | None) -> list[int]:
-        if users is None:
-            return list(range(self.num_users))
-        out = [int(u) for u in users]
-        if len(set(out)) != len(out):
-            raise ValueError("each user may be asked once per request")
-        if out and (min(out) < 0 or max(out) >= self.num_users):
-            raise ValueError(f"user positions must be in [0, {self.num_users}), got {min(out)}..{max(out)}")
-        return out
-
     def _check_query(self, query: Query) -> int | None:
         """Refuse a bad request on the server, as the in-process backend does (ValueError).
         Returns the number of points of a GradientsAtPoints query (else None)."""

@@ -77,16 +77,6 @@ class InProcessFederation(Federation):
             return data
         return data.subset(users)
 
-    def _users(self, users: Sequence[int] | None) -> list[int]:
-        if users is None:
-            return list(range(self.num_users))
-        out = [int(u) for u in users]
-        if len(set(out)) != len(out):
-            raise ValueError("each user may be asked once per request")
-        if out and (min(out) < 0 or max(out) >= self.num_users):
-            raise ValueError(f"user positions must be in [0, {self.num_users}), got {min(out)}..{max(out)}")
-        return out
-
     def _params(self, w: torch.Tensor) -> torch.Tensor:
         w = torch.as_tensor(w).to(self.problem.dtype)
         self.problem.check_params(w)
