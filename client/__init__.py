@@ -1,7 +1,7 @@
 """Flower ClientApp wiring for fedkl.
 
-A ``ClientApp`` holds ONE user's records and answers the typed queries of
+:mod:`client.app` holds a ``ClientApp`` with ONE user's records that answers the typed queries of
 :mod:`fedkl.federation.base` (clipped gradient, gradient difference, local regularized minimizer,
-local loss). Until it lands, :class:`fedkl.federation.inprocess.InProcessFederation` computes the
-same per-user answers for all users at once.
+local loss, certificate values) exactly as the in-process backend computes them for that user, and
+answers anything malformed with an error reply.
 """

@@ -1,6 +1,7 @@
 """Flower ServerApp wiring for fedkl.
 
-The server side of the Flower transport (a ``ServerApp`` whose ``main`` runs any fedkl algorithm
-through a Flower-backed :class:`fedkl.federation.base.Federation`) is built on the federation
-interface; until it lands, algorithms run on :class:`fedkl.federation.inprocess.InProcessFederation`.
+:mod:`server.app` holds a ``ServerApp`` whose ``main`` runs any fedkl algorithm through a
+Flower-backed :class:`fedkl.federation.base.Federation` (ledger, accountant and noise stay here);
+:mod:`server.deploy` starts a loopback SuperLink + SuperNodes deployment with TLS and SuperNode
+authentication (``fedkl run --backend grpc``).
 """
