@@ -183,6 +183,17 @@ def _train(cfg: RunConfig, federation: Federation, problem, dataset, delta: floa
     return result, summary
 
 
+def prepare_run(cfg: RunConfig, num_users: int, suffix: str = "") -> tuple[float, str, str, str, NoiseSource]:
+    """What every run derives from its configuration: delta (default 1/n^1.1), a fresh run id, the
+    output folder (created), the ledger path and the noise source."""
+    delta = cfg.delta if cfg.delta is not None else default_delta(num_users)
+    run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
+    out = cfg.out or os.path.join("runs", f"{run_id}-{cfg.algorithm}-{cfg.dataset}{suffix}")
+    os.makedirs(out, exist_ok=True)
+    ledger_path = cfg.ledger or os.path.join(out, "ledger.sqlite")
+    return delta, run_id, out, ledger_path, NoiseSource(cfg.noise_seed)
+
+
 def run_training(cfg: RunConfig, log: Callable[[str], None] = print) -> dict:
     """Train, write ``result.json`` and the ledger under ``cfg.out``; return the result dict."""
     if cfg.algorithm not in ALGORITHMS:
@@ -199,12 +210,7 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print) -> dict:
     evaluator = InProcessFederation(problem, dataset)  # non-private evaluation (research use)
     federation = build_federation(cfg, problem, dataset)
     n = federation.num_users
-    delta = cfg.delta if cfg.delta is not None else default_delta(n)
-    run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
-    out = cfg.out or os.path.join("runs", f"{run_id}-{cfg.algorithm}-{cfg.dataset}")
-    os.makedirs(out, exist_ok=True)
-    ledger_path = cfg.ledger or os.path.join(out, "ledger.sqlite")
-    noise = NoiseSource(cfg.noise_seed)
+    delta, run_id, out, ledger_path, noise = prepare_run(cfg, n)
     log(f"fedkl run {run_id}: {cfg.algorithm} on {cfg.dataset} ({n} users, "
         f"{dataset.train.num_records} train records, {problem.num_params} parameters); "
         f"noise: {noise.mode}")

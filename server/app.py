@@ -217,13 +217,10 @@ def run_flower_simulation(cfg: Any, backend: str = "flower-local", log: Callable
 
 def _train(cfg: Any, label: str, federation_for: Callable[[ClientSpec, tuple[str, ...]], Any],
            log: Callable[[str], None], spec: ClientSpec | None = None) -> dict:
-    import uuid
-
-    from fedkl.data import load_dataset
-    from fedkl.privacy import NoiseSource
-    from fedkl.problems import make_problem
     from fedkl import runner
-    from fedkl.runner import ALGORITHM_BUILDERS, default_delta
+    from fedkl.data import load_dataset
+    from fedkl.problems import make_problem
+    from fedkl.runner import ALGORITHM_BUILDERS
 
     if cfg.algorithm not in ALGORITHM_BUILDERS:
         raise ValueError(f"unknown algorithm {cfg.algorithm!r}; available: {', '.join(ALGORITHM_BUILDERS)}")
@@ -237,12 +234,7 @@ def _train(cfg: Any, label: str, federation_for: Callable[[ClientSpec, tuple[str
     problem = make_problem(spec.problem, dataset, **spec.kwargs[1])
     user_ids = dataset.train.user_ids
     n = len(user_ids)
-    delta = cfg.delta if cfg.delta is not None else default_delta(n)
-    run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
-    out = cfg.out or os.path.join("runs", f"{run_id}-{cfg.algorithm}-{cfg.dataset}-{label}")
-    os.makedirs(out, exist_ok=True)
-    ledger_path = cfg.ledger or os.path.join(out, "ledger.sqlite")
-    noise = NoiseSource(cfg.noise_seed)
+    delta, run_id, out, ledger_path, noise = runner.prepare_run(cfg, n, suffix=f"-{label}")
     log(f"fedkl {label} {run_id}: {cfg.algorithm} on {spec.dataset} ({n} users, {problem.num_params} parameters)")
     with federation_for(spec, user_ids) as federation:  # ledger, filter and noise exactly as `fedkl run`
         result, summary = runner._train(cfg, federation, problem, dataset, delta, ledger_path, run_id, noise, log)
