@@ -32,7 +32,6 @@ import dataclasses  # noqa: E402
 import json  # noqa: E402
 import queue  # noqa: E402
 import threading  # noqa: E402
-import time  # noqa: E402
 from collections.abc import Callable, Iterator, Sequence  # noqa: E402
 from typing import Any  # noqa: E402
 
