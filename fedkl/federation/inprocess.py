@@ -2,7 +2,9 @@
 
 Each request is one batched computation over all asked users (per-record terms reduced into users
 with ``index_add_``), so a 10,000-user simulation costs a few tensor ops per round, not 10,000
-Python calls. It computes exactly what a Flower client computes for its one user.
+Python calls. It computes exactly what a Flower client computes for its one user, bit for bit: the
+problems' record kernels are batch-invariant (:mod:`fedkl.problems.rowwise`) and ``index_add_`` adds a
+user's records in record order, so a user's row does not depend on which other users share the call.
 """
 from __future__ import annotations
 
@@ -24,9 +26,10 @@ from fedkl.federation.base import (
     LocalRegularizedMinimizer,
     Query,
 )
-from fedkl.problems.base import Problem
+from fedkl.problems.base import Problem, user_means
 from fedkl.problems.least_squares import LeastSquares
 from fedkl.problems.logistic import BinaryLogistic
+from fedkl.problems.rowwise import row_matmul, row_norms, sigmoid
 
 
 def clip_rows(values: torch.Tensor, clip: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,19 +40,10 @@ def clip_rows(values: torch.Tensor, clip: float) -> tuple[torch.Tensor, torch.Te
     """
     bad = ~torch.isfinite(values).all(dim=1)
     values = torch.where(bad.unsqueeze(1), torch.zeros_like(values), values)
-    norms = values.norm(dim=1, keepdim=True)
+    norms = row_norms(values).unsqueeze(1)
     # rows already inside the ball are returned bit-for-bit; the others are scaled onto it
     scaled = values * (clip / torch.clamp(norms, min=torch.finfo(values.dtype).tiny))
     return torch.where(norms > clip, scaled, values), bad
-
-
-def _user_mean_matrix(data: UserData, dtype: torch.dtype) -> torch.Tensor:
-    """Sparse ``(num_users, N)`` matrix of the per-user mean (same as :func:`user_means`; a user with no
-    records gets a zero row)."""
-    counts = data.counts().clamp_min(1).to(dtype)
-    idx = torch.stack([data.user_index, torch.arange(data.num_records)])
-    return torch.sparse_coo_tensor(idx, 1.0 / counts[data.user_index], (data.num_users, data.num_records),
-                                   check_invariants=True).coalesce()
 
 
 class InProcessFederation(Federation):
@@ -109,7 +103,7 @@ class InProcessFederation(Federation):
             grads = self.problem.per_user_gradients(w, self._data(users))
             if query.strength > 0:
                 grads = grads + query.strength * (w - self._params(query.center))
-            values = grads.norm(dim=1)
+            values = row_norms(grads)
             bad = ~torch.isfinite(values)
             values = torch.where(bad, torch.zeros_like(values), values)
         else:
@@ -143,10 +137,11 @@ class InProcessFederation(Federation):
         """Per-user mean gradients at k points, ``(len(users), k, d)``.
 
         Binary logistic and least squares (generalized linear models) are vectorized over users
-        AND points: the record gradient is ``coef(<w, x>, y) * x``, so one ``(N, k)`` matmul gives
-        every coefficient, reduced per user by a ``(k x m_u) @ (m_u x d)`` product (few users, many
-        points) or one sparse user-mean product (many users, few points). Other problems loop over
-        the points.
+        AND points: the record gradient is ``coef(<w, x>, y) * x``, so one batch-invariant
+        ``(N, k)`` product gives every coefficient; the per-record terms are reduced into users
+        with ``index_add_`` (record order, like a client), a chunk of points at a time so memory
+        stays O(N d * chunk). Other problems loop over the points. Every user's rows are bit-for-bit
+        what that user computes alone (see :mod:`fedkl.problems.rowwise`).
         """
         points = torch.as_tensor(points).to(self.problem.dtype)
         if points.shape[1] != self.num_params or not torch.isfinite(points).all():
@@ -155,25 +150,15 @@ class InProcessFederation(Federation):
         k, d = points.shape
         if type(self.problem) in (BinaryLogistic, LeastSquares):
             X = data.X.to(points.dtype)
-            y = data.y.to(points.dtype)
-            z = X @ points.T  # (N, k)
-            if isinstance(self.problem, BinaryLogistic):
-                coef = -y.unsqueeze(1) * torch.sigmoid(-y.unsqueeze(1) * z)
-            else:
-                coef = z - y.unsqueeze(1)
-            if k > 8 and len(users) <= 256:  # many points, few users: one (k x m_u) @ (m_u x d) per user
-                order = torch.argsort(data.user_index, stable=True)
-                counts = data.counts().tolist()
-                grads = torch.zeros(len(users), k, d, dtype=points.dtype)
-                start = 0
-                for u, cnt in enumerate(counts):
-                    rows = order[start:start + cnt]
-                    start += cnt
-                    if cnt:
-                        grads[u] = coef[rows].T @ X[rows] / cnt
-            else:  # many users, few points: one sparse (users x records) product
-                rec = (coef.unsqueeze(2) * X.unsqueeze(1)).reshape(X.shape[0], k * d)
-                grads = _user_mean_matrix(data, points.dtype).mm(rec).reshape(len(users), k, d)
+            y = data.y.to(points.dtype).unsqueeze(1)
+            z = row_matmul(X, points.T)  # (N, k)
+            coef = -y * sigmoid(-y * z) if isinstance(self.problem, BinaryLogistic) else z - y
+            grads = torch.empty(len(users), k, d, dtype=points.dtype)
+            chunk = max(1, (1 << 24) // max(1, X.shape[0] * d))  # <= 16M entries (128 MB) per chunk
+            for j in range(0, k, chunk):
+                c = coef[:, j:j + chunk]
+                rec = (c.unsqueeze(2) * X.unsqueeze(1)).reshape(X.shape[0], -1)
+                grads[:, j:j + chunk] = user_means(rec, data).reshape(len(users), c.shape[1], d)
             return grads + self.problem.reg * points.unsqueeze(0)
         out = torch.empty(len(users), k, d, dtype=points.dtype)
         for j in range(k):

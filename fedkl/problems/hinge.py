@@ -15,6 +15,7 @@ import torch
 
 from fedkl.data.base import UserData
 from fedkl.problems.base import Constants, Problem, binary_accuracy, user_means
+from fedkl.problems.rowwise import row_matmul
 
 
 class SmoothedHinge(Problem):
@@ -28,7 +29,7 @@ class SmoothedHinge(Problem):
 
     def _margins(self, w: torch.Tensor, data: UserData) -> torch.Tensor:
         self.check_params(w)
-        return data.y.to(w.dtype) * (data.X.to(w.dtype) @ w)
+        return data.y.to(w.dtype) * row_matmul(data.X.to(w.dtype), w)
 
     def _loss_of_margin(self, t: torch.Tensor) -> torch.Tensor:
         h = self.smoothing
@@ -55,7 +56,7 @@ class SmoothedHinge(Problem):
 
     def metrics(self, w: torch.Tensor, data: UserData) -> dict[str, float]:
         self.check_params(w)
-        return {"loss": self.loss(w, data), "accuracy": binary_accuracy(data.X.to(w.dtype) @ w, data.y)}
+        return {"loss": self.loss(w, data), "accuracy": binary_accuracy(row_matmul(data.X.to(w.dtype), w), data.y)}
 
     def trivial_metrics(self, train: UserData, test: UserData) -> dict[str, float]:
         majority = 1.0 if float((train.y > 0).double().mean()) >= 0.5 else -1.0

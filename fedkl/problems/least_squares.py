@@ -12,6 +12,7 @@ import torch
 
 from fedkl.data.base import UserData
 from fedkl.problems.base import Constants, Problem, user_means
+from fedkl.problems.rowwise import row_matmul
 
 
 class LeastSquares(Problem):
@@ -26,7 +27,7 @@ class LeastSquares(Problem):
 
     def _residuals(self, w: torch.Tensor, data: UserData) -> torch.Tensor:
         self.check_params(w)
-        return data.X.to(w.dtype) @ w - data.y.to(w.dtype)
+        return row_matmul(data.X.to(w.dtype), w) - data.y.to(w.dtype)
 
     def record_losses(self, w: torch.Tensor, data: UserData) -> torch.Tensor:
         return 0.5 * self._residuals(w, data) ** 2

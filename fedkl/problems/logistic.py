@@ -8,10 +8,10 @@ regularizer ``(reg/2)||w||^2`` each per-user objective is reg-strongly convex an
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from fedkl.data.base import UserData
 from fedkl.problems.base import Constants, Problem, binary_accuracy, user_means
+from fedkl.problems.rowwise import row_matmul, sigmoid, softplus
 
 
 class BinaryLogistic(Problem):
@@ -19,15 +19,15 @@ class BinaryLogistic(Problem):
 
     def _margins(self, w: torch.Tensor, data: UserData) -> torch.Tensor:
         self.check_params(w)
-        return data.y.to(w.dtype) * (data.X.to(w.dtype) @ w)
+        return data.y.to(w.dtype) * row_matmul(data.X.to(w.dtype), w)
 
     def record_losses(self, w: torch.Tensor, data: UserData) -> torch.Tensor:
-        return F.softplus(-self._margins(w, data))
+        return softplus(-self._margins(w, data))
 
     def per_user_gradients(self, w: torch.Tensor, data: UserData) -> torch.Tensor:
         margins = self._margins(w, data)
         # d/dz log(1+exp(-y z)) = -y * sigmoid(-y z)
-        coef = -data.y.to(w.dtype) * torch.sigmoid(-margins)
+        coef = -data.y.to(w.dtype) * sigmoid(-margins)
         grads = user_means(coef.unsqueeze(1) * data.X.to(w.dtype), data)
         return grads + self.reg * w
 
@@ -42,7 +42,7 @@ class BinaryLogistic(Problem):
 
     def metrics(self, w: torch.Tensor, data: UserData) -> dict[str, float]:
         self.check_params(w)
-        scores = data.X.to(w.dtype) @ w
+        scores = row_matmul(data.X.to(w.dtype), w)
         return {"loss": self.loss(w, data), "accuracy": binary_accuracy(scores, data.y)}
 
     def trivial_metrics(self, train: UserData, test: UserData) -> dict[str, float]:

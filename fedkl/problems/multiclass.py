@@ -18,10 +18,10 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
 from fedkl.data.base import UserData
 from fedkl.problems.base import Constants, Problem, user_means
+from fedkl.problems.rowwise import cross_entropy_rows, row_matmul, softmax_rows
 
 
 def class_labels(y: torch.Tensor) -> torch.Tensor:
@@ -44,14 +44,14 @@ class SoftmaxRegression(Problem):
 
     def _logits(self, w: torch.Tensor, data: UserData) -> torch.Tensor:
         self.check_params(w)
-        return data.X.to(w.dtype) @ w.view(self.num_classes, self.dim).T  # (N, K)
+        return row_matmul(data.X.to(w.dtype), w.view(self.num_classes, self.dim).T)  # (N, K)
 
     def record_losses(self, w: torch.Tensor, data: UserData) -> torch.Tensor:
-        return F.cross_entropy(self._logits(w, data), class_labels(data.y), reduction="none")
+        return cross_entropy_rows(self._logits(w, data), class_labels(data.y))
 
     def per_user_gradients(self, w: torch.Tensor, data: UserData) -> torch.Tensor:
         logits = self._logits(w, data)
-        coef = torch.softmax(logits, dim=1)
+        coef = softmax_rows(logits)
         coef[torch.arange(len(coef)), class_labels(data.y)] -= 1.0  # p - e_y, (N, K)
         X = data.X.to(w.dtype)
         # one (num_users, d) block per class (a loop over classes, not users): memory O(N d)
