@@ -172,3 +172,39 @@ class Federation(ABC):
     def ids_of(self, users: Sequence[int]) -> list[str]:
         ids = self.user_ids
         return [ids[u] for u in users]
+
+
+@dataclass(frozen=True)
+class ClippedLocalUpdate:
+    """``clip_C(w_K - w)``: the user's clipped model delta after ``local_steps`` local SGD steps.
+
+    ``w_0 = w``, ``w_{k+1} = w_k - local_lr * grad f_u^{(k)}(w_k)`` for ``k < local_steps``, where
+    ``f_u^{(k)}`` is the user's objective (mean record loss + regularizer) over the records of step
+    ``k``: all of the user's records when ``batch_size`` is None or at least the user's record count,
+    else the ``batch_size`` records at positions ``k*batch_size, ..., k*batch_size + batch_size - 1``
+    (mod the user's record count) in the user's record order — cyclic mini-batches, deterministic,
+    so every backend computes the same answer. The answer has norm <= ``clip`` (``clip_rows``),
+    which is what bounds the user's contribution (DP-FedAvg, McMahan et al. 2018). A user with no
+    records only decays its weights by the regularizer.
+    """
+
+    w: torch.Tensor
+    clip: float
+    local_steps: int = 1
+    local_lr: float = 0.1
+    batch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_clip(self.clip)
+        if isinstance(self.local_steps, bool) or int(self.local_steps) != self.local_steps \
+                or not 1 <= self.local_steps <= MAX_LOCAL_STEPS:
+            raise ValueError(f"local_steps must be an integer in [1, {MAX_LOCAL_STEPS}], got {self.local_steps}")
+        if not (self.local_lr > 0 and math.isfinite(self.local_lr)):
+            raise ValueError(f"local_lr must be finite and > 0, got {self.local_lr}")
+        if self.batch_size is not None and (isinstance(self.batch_size, bool) or int(self.batch_size) != self.batch_size
+                                            or self.batch_size < 1):
+            raise ValueError(f"batch_size must be None (all records) or a positive integer, got {self.batch_size}")
+
+
+MAX_LOCAL_STEPS = 100_000  # bounds the work one request can ask of a client
+Query = Union[Query, ClippedLocalUpdate]

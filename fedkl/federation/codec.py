@@ -28,6 +28,7 @@ import torch
 from fedkl.federation import base as _base
 from fedkl.federation.base import (
     ClippedGradient,
+    ClippedLocalUpdate,
     GradientDifference,
     LocalLoss,
     LocalRegularizedMinimizer,
@@ -55,6 +56,8 @@ if GradientsAtPoints is not None:
     KINDS["gradients_at_points"] = (GradientsAtPoints, ("points",))
 if CertificateGradientNorm is not None:
     KINDS["certificate_gradient_norm"] = (CertificateGradientNorm, ("w", "center"))  # center optional
+# DP-FedAvg: scalars clip, local_steps, local_lr, batch_size (0 on the wire = all records)
+KINDS["clipped_local_update"] = (ClippedLocalUpdate, ("w",))
 SCALAR_KINDS = ("local_loss", "certificate_gradient_norm")  # one number per user
 _KIND_OF = {cls: kind for kind, (cls, _) in KINDS.items() if cls is not None}
 
@@ -157,6 +160,9 @@ def encode_request(query: Query | str) -> Any:
         cfg["split"] = str(query.split)
     if kind == "certificate_gradient_norm":
         cfg["strength"] = float(query.strength)
+    if isinstance(query, ClippedLocalUpdate):
+        cfg.update(clip=float(query.clip), local_steps=int(query.local_steps), local_lr=float(query.local_lr),
+                   batch_size=int(query.batch_size or 0))
     for name in KINDS[kind][1]:
         if getattr(query, name) is not None:
             tensors[name] = _array(getattr(query, name))
@@ -217,6 +223,15 @@ def decode_request(content: Any, num_params: int) -> Query | str:
             if strength > 0 and "center" not in arrays:
                 raise CodecError("a positive strength needs a center")
             return cls(arrays["w"], arrays.get("center"), strength)
+        if kind == "clipped_local_update":
+            _exact_keys(cfg, ("protocol", "kind", "clip", "local_steps", "local_lr", "batch_size"), f"{kind} scalars")
+            steps, batch = cfg.get("local_steps"), cfg.get("batch_size")
+            for name, v in (("local_steps", steps), ("batch_size", batch)):
+                if isinstance(v, bool) or not isinstance(v, int):
+                    raise CodecError(f"{name} must be an integer")
+            if batch < 0:
+                raise CodecError("batch_size must be >= 0 (0: all records)")
+            return cls(arrays["w"], _number(cfg, "clip"), steps, _number(cfg, "local_lr"), batch or None)
         _exact_keys(cfg, ("protocol", "kind", "split"), f"{kind} scalars")
         split = cfg.get("split")
         if split not in ("train", "test"):

@@ -19,6 +19,7 @@ from fedkl.federation.base import (
     Answers,
     CertificateGradientNorm,
     ClippedGradient,
+    ClippedLocalUpdate,
     Federation,
     GradientDifference,
     GradientsAtPoints,
@@ -106,6 +107,8 @@ class InProcessFederation(Federation):
             values = row_norms(grads)
             bad = ~torch.isfinite(values)
             values = torch.where(bad, torch.zeros_like(values), values)
+        elif isinstance(query, ClippedLocalUpdate):
+            values, bad = clip_rows(self._local_updates(query, users), query.clip)
         else:
             raise TypeError(f"unsupported query type {type(query).__name__}")
         failed = [users[i] for i in torch.nonzero(bad).flatten().tolist()]
@@ -163,6 +166,74 @@ class InProcessFederation(Federation):
         out = torch.empty(len(users), k, d, dtype=points.dtype)
         for j in range(k):
             out[:, j] = self.problem.per_user_gradients(points[j], data)
+        return out
+
+    def _local_updates(self, query: ClippedLocalUpdate, users: list[int]) -> torch.Tensor:
+        """``w_K - w`` (not yet clipped) of every asked user after the query's local SGD steps.
+
+        Binary logistic and least squares are vectorized over users: every record's gradient term
+        ``coef(<w_u, x>, y) x`` uses its own user's current iterate (per-record dot products in
+        batch-invariant naive-bmm blocks, like :func:`fedkl.problems.rowwise.row_matmul`), reduced
+        into users with ``index_add_`` in record order. Other problems loop over the users with the
+        problem's own ``per_user_gradients``. Either way a user's row is computed from that user's
+        records only, by the same code a Flower client runs for its one user. A user whose iterate
+        stops being finite gets a NaN row (reported as failed by the caller's ``clip_rows``).
+        """
+        w = self._params(query.w)
+        data = self._data(users)
+        U, d = len(users), self.num_params
+        if U == 0:
+            return torch.zeros(0, d, dtype=w.dtype)
+        idx = data.user_index
+        counts = data.counts()
+        # position of every record within its user (record order), for the cyclic mini-batches
+        order = torch.sort(idx, stable=True).indices
+        starts = torch.cumsum(counts, 0) - counts
+        pos = torch.empty_like(idx)
+        pos[order] = torch.arange(len(idx), dtype=idx.dtype) - starts[idx[order]]
+        B = query.batch_size
+        cyclic = B is not None and bool((counts > B).any())
+        denom = (counts.clamp(max=B) if cyclic else counts).clamp_min(1).to(w.dtype)
+
+        def in_batch(k: int, pos: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+            mm = m.clamp_min(1)
+            return torch.remainder(pos - k * B, mm) < m.clamp(max=B)
+
+        if type(self.problem) in (BinaryLogistic, LeastSquares):
+            X, y = data.X.to(w.dtype), data.y.to(w.dtype)
+            W = w.unsqueeze(0).expand(U, d).clone()
+            for k in range(query.local_steps):
+                z = self._row_dots(X, W[idx])
+                coef = -y * sigmoid(-y * z) if isinstance(self.problem, BinaryLogistic) else z - y
+                if cyclic:
+                    coef = torch.where(in_batch(k, pos, counts[idx]), coef, torch.zeros_like(coef))
+                sums = torch.zeros(U, d, dtype=w.dtype).index_add_(0, idx, coef.unsqueeze(1) * X)
+                W = W - query.local_lr * (sums / denom.unsqueeze(1) + self.problem.reg * W)
+            return W - w
+        out = torch.empty(U, d, dtype=w.dtype)
+        for r in range(U):
+            one = data.subset([r])
+            m = torch.tensor(one.num_records)
+            wu = w.clone()
+            for k in range(query.local_steps):
+                if not torch.isfinite(wu).all():
+                    break
+                batch = one
+                if cyclic:
+                    keep = in_batch(k, torch.arange(one.num_records), m)
+                    batch = UserData(one.X[keep], one.y[keep], one.user_index[keep], one.user_ids)
+                wu = wu - query.local_lr * self.problem.per_user_gradients(wu, batch)[0]
+            out[r] = wu - w if torch.isfinite(wu).all() else torch.full_like(wu, float("nan"))
+        return out
+
+    @staticmethod
+    def _row_dots(X: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+        """``<X_i, V_i>`` for every row ``i`` of two ``(N, d)`` tensors, in blocks of fewer than 400
+        multiply-adds (ATen's naive batched kernel): a row's result depends only on that row."""
+        out = X.new_zeros(X.shape[0])
+        for c0 in range(0, X.shape[1], 399):
+            blk = slice(c0, c0 + 399)
+            out = out + torch.bmm(X[:, None, blk], V[:, blk, None]).reshape(-1)
         return out
 
     # --- non-private evaluation (research use: see README, "What is private") -------------------

@@ -19,11 +19,12 @@ from __future__ import annotations
 import math
 from typing import Callable, Sequence
 
+import numpy as np
 import torch
 
 from fedkl.privacy.filter import BudgetExhausted, ZCDPFilter
 from fedkl.privacy.ledger import PrivacyLedger
-from fedkl.privacy.mechanisms import GaussianMechanism, TruncatedDiscreteLaplace
+from fedkl.privacy.mechanisms import ExponentialMechanism, GaussianMechanism, TruncatedDiscreteLaplace
 from fedkl.privacy.rng import NoiseSource
 
 
@@ -47,6 +48,39 @@ class Releaser:
         if self.filter is not None:
             self.filter.spend(rho)
         return mech.privatize(value, self.noise)
+
+    def exponential(self, utilities: Sequence[float] | np.ndarray | torch.Tensor, *, eps: float, sensitivity: float,
+                    user_ids: Sequence[str], label: str, monotone: bool = False,
+                    details: dict | None = None) -> int:
+        """Select an index with probability ∝ ``exp(eps * u_i / (2 * sensitivity))`` (exponential
+        mechanism, :class:`~fedkl.privacy.mechanisms.ExponentialMechanism`) and return it.
+
+        ``sensitivity`` must bound ``|u_i(x) - u_i(x')|`` for every candidate ``i`` and every pair of
+        neighbouring datasets (under the relation the caller states); the candidates themselves must
+        be data-independent or earlier private outputs. Guarantee: eps-DP and ``eps^2/8``-zCDP
+        (bounded range, Cesar & Rogers 2021); with ``monotone=True`` the factor 2 is dropped and the
+        charge is ``eps^2/2``. Same order as :meth:`gaussian`: validate -> filter check -> ledger
+        charge -> filter spend -> sample; a refusal at any step draws nothing. The ledger's
+        ``noise_scale`` is ``2 sensitivity / eps`` (``sensitivity / eps`` if monotone): the scale of
+        the Gumbel noise whose report-noisy-max is this mechanism.
+        """
+        mech = ExponentialMechanism(eps, sensitivity, monotone)  # validates eps, sensitivity
+        if torch.is_tensor(utilities):
+            utilities = utilities.detach().cpu().numpy()
+        u = np.asarray(utilities, dtype=np.float64)
+        if u.ndim != 1 or u.size == 0 or not np.isfinite(u).all():
+            raise ValueError(f"{label}: utilities must be a non-empty 1-D array of finite numbers "
+                             "(nothing was charged)")
+        rho = mech.rho
+        if self.filter is not None and not self.filter.admits(rho):
+            self.filter.spend(rho)  # raises BudgetExhausted with the explanation
+        self.ledger.charge(user_ids, label=label, mechanism="exponential", rho=rho, sensitivity=sensitivity,
+                           noise_scale=(1.0 if monotone else 2.0) * sensitivity / eps,
+                           details={**(details or {}), "eps": eps, "candidates": int(u.size),
+                                    "monotone": bool(monotone)})
+        if self.filter is not None:
+            self.filter.spend(rho)
+        return mech.select(u, self.noise)
 
     def schedule_gaussian(self, *, eps: float, delta: float, sigma: float, sensitivity: float, releases: int,
                           user_ids: Sequence[str], label: str, details: dict | None = None) -> "ScheduledGaussian":

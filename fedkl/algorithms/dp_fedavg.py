@@ -1,0 +1,219 @@
+"""User-level DP-FedAvg (McMahan, Ramage, Talwar, Zhang 2018; the TensorFlow Federated DP tutorial).
+
+Round t = 1..T:
+
+    sample users: Poisson with rate q (secure randomness; q = 1 means everyone)
+    each sampled user u: h_u = clip_C(w_u^K - w_t)   after K local SGD steps from w_t on its own records
+                                                      (query :class:`~fedkl.federation.base.ClippedLocalUpdate`)
+    S_t     = sum_{sampled u} h_u                      (re-clipped on the server: see below)
+    Delta_t = (S_t + N(0, sigma^2 I)) / (q n)          (fixed public denominator, never the realised count)
+    v_t     = beta v_{t-1} + Delta_t                   (server momentum beta; 0 = plain FedAvg)
+    w_{t+1} = w_t + server_lr * v_t
+
+This is the unweighted DP-FedAvg recipe of TFF (``build_unweighted_fed_avg`` with a fixed-clip
+Gaussian aggregator: every user weighs the same, which is what keeps the sensitivity at C).
+**DP-FedSGD is the case K = 1**: with ``local_lr = 1`` the answer is ``-clip_C(grad f_u(w_t))``
+and the step is exactly fedkl's ``dp-sgd`` (:mod:`fedkl.algorithms.dp_adaptive`, optimizer "sgd",
+``lr = server_lr``; the noise is symmetric, so the two have the same distribution); with
+``local_lr = eta`` it is ``dp-sgd`` with clip ``C / eta`` and ``lr = eta * server_lr``.
+
+Guarantee: user-level (eps, delta)-DP of the whole schedule of T releases, each a Gaussian of noise
+multiplier ``z = sigma / Delta`` on the sum of per-user answers of norm <= C. Same accounting as
+:mod:`fedkl.algorithms.dp_adaptive`:
+
+* add-remove (one user's data added or removed): Delta = C, with Poisson amplification, accounted
+  by dp-accounting (PLD by default, or RDP) for ``PoissonSampled(q, Gaussian(z))`` composed T times;
+* replace-one: only with q = 1 (full participation): Delta = 2C, accounted as T Gaussians.
+
+z is the smallest multiplier whose accountant gives the (eps, delta) the ledger still allows; the
+schedule's (eps, delta) is charged to every enrolled user BEFORE the first release (any of them may
+be sampled), so an aborted run is over-charged, never under-charged; the handle refuses a release
+beyond T. What is private: the released noisy sums, hence every iterate, the momentum and the
+final model (post-processing). What a sampled client sees: the current model w_t (a private
+output) and the local-training hyperparameters. The server sees each sampled user's clipped
+delta in the clear (central DP: the server is trusted; no secure aggregation here).
+
+Server-side re-clip: each per-user answer is clipped to C again on the server before summing. For
+an honest client this changes nothing (a row already inside the ball is returned bit for bit by
+``clip_rows``); it keeps the sensitivity bound even if a transport does not check the norm of this
+query type (Flower's :class:`~fedkl.federation.flower.FlowerFederation` checks it only for clipped
+gradients).
+"""
+from __future__ import annotations
+
+import functools
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from fedkl.federation.base import ClippedLocalUpdate, Federation
+from fedkl.federation.inprocess import clip_rows
+from fedkl.privacy.accounting import ACCOUNTANTS, GaussianSchedule, noise_multiplier_for, schedule_epsilon
+from fedkl.privacy.release import Releaser
+
+
+@functools.lru_cache(maxsize=512)
+def calibrate(eps: float, delta: float, sampling_rate: float, rounds: int, accountant: str) -> tuple[float, float]:
+    """``(z, eps_z)``: the smallest noise multiplier whose schedule meets (eps, delta) (dp-accounting's
+    bisection, :func:`~fedkl.privacy.accounting.noise_multiplier_for`) and the accountant's eps of
+    that schedule (<= eps), the value charged. Pure and deterministic, so memoized: calibrating a
+    PLD schedule takes seconds and repeated runs (seeds) ask for the same one."""
+    z = noise_multiplier_for(eps, delta, sampling_rate, rounds, accountant)
+    return z, schedule_epsilon(GaussianSchedule(z, sampling_rate, rounds), delta, accountant)
+
+
+@dataclass(frozen=True)
+class DPFedAvgConfig:
+    """Hyperparameters. ``batch_size=None``: each local step uses all of the user's records."""
+
+    rounds: int = 30
+    clip: float = 1.0
+    sampling_rate: float = 1.0
+    local_steps: int = 5
+    local_lr: float = 0.5
+    batch_size: int | None = None
+    server_lr: float = 1.0
+    server_momentum: float = 0.0
+    neighbouring: str = "add-remove"
+    accountant: str = "pld"
+
+    def __post_init__(self) -> None:
+        if int(self.rounds) != self.rounds or self.rounds < 1:
+            raise ValueError(f"rounds must be a positive integer, got {self.rounds}")
+        for name in ("clip", "local_lr", "server_lr"):
+            v = getattr(self, name)
+            if not (v > 0 and math.isfinite(v)):
+                raise ValueError(f"{name} must be finite and > 0, got {v}")
+        if not 0 < self.sampling_rate <= 1:
+            raise ValueError(f"sampling rate must be in (0, 1], got {self.sampling_rate}")
+        if not 0 <= self.server_momentum < 1:
+            raise ValueError(f"server_momentum must be in [0, 1), got {self.server_momentum}")
+        # the query validates local_steps and batch_size with the same rules the clients apply
+        ClippedLocalUpdate(torch.zeros(1), self.clip, self.local_steps, self.local_lr, self.batch_size)
+        if self.neighbouring not in ("add-remove", "replace-one"):
+            raise ValueError(f"neighbouring must be 'add-remove' or 'replace-one', got {self.neighbouring!r}")
+        if self.neighbouring == "replace-one" and self.sampling_rate < 1:
+            raise ValueError("Poisson user sampling is accounted under add-remove only: use "
+                             "neighbouring='add-remove', or sampling_rate=1 for replace-one")
+        if self.accountant not in ACCOUNTANTS:
+            raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {self.accountant!r}")
+
+    @property
+    def sensitivity(self) -> float:
+        """L2 sensitivity of the released sum under the configured relation."""
+        return 2.0 * self.clip if self.neighbouring == "replace-one" else self.clip
+
+
+@dataclass
+class DPFedAvgResult:
+    w: torch.Tensor
+    rounds: int
+    sigma: float
+    noise_multiplier: float
+    epsilon: float
+    delta: float
+    history: list[dict] = field(default_factory=list)
+    details: dict = field(default_factory=dict)
+
+
+class DPFedAvg:
+    """See the module docstring. ``eps``/``delta``: the user-level budget this run may charge."""
+
+    name = "dp-fedavg"
+
+    def __init__(self, config: DPFedAvgConfig, eps: float, delta: float) -> None:
+        if not (eps > 0 and math.isfinite(eps)) or not 0 < delta < 1:
+            raise ValueError(f"need a finite eps > 0 and 0 < delta < 1, got eps={eps}, delta={delta}")
+        self.config = config
+        self.eps = eps
+        self.delta = delta
+
+    def schedule(self) -> GaussianSchedule:
+        """The T-fold (subsampled) Gaussian schedule calibrated to (eps, delta) by dp-accounting."""
+        cfg = self.config
+        z, _ = calibrate(self.eps, self.delta, cfg.sampling_rate, cfg.rounds, cfg.accountant)
+        return GaussianSchedule(z, cfg.sampling_rate, cfg.rounds)
+
+    def run(self, federation: Federation, releaser: Releaser, w0: torch.Tensor,
+            progress: Callable[[dict], None] | None = None) -> DPFedAvgResult:
+        cfg = self.config
+        n = federation.num_users
+        user_ids = federation.ids_of(list(range(n)))
+        schedule = self.schedule()
+        _, eps = calibrate(self.eps, self.delta, cfg.sampling_rate, cfg.rounds, cfg.accountant)
+        sigma = schedule.noise_multiplier * cfg.sensitivity
+        handle = releaser.schedule_gaussian(
+            eps=eps, delta=self.delta, sigma=sigma, sensitivity=cfg.sensitivity, releases=cfg.rounds,
+            user_ids=user_ids, label=f"{self.name}/schedule",
+            details={"noise_multiplier": schedule.noise_multiplier, "sampling_rate": cfg.sampling_rate,
+                     "accountant": cfg.accountant, "neighbouring": cfg.neighbouring,
+                     "local_steps": cfg.local_steps, "local_lr": cfg.local_lr})
+        w = w0.clone()
+        velocity = torch.zeros_like(w)
+        denominator = cfg.sampling_rate * n
+        history: list[dict] = []
+        for t in range(1, cfg.rounds + 1):
+            start = time.perf_counter()
+            if cfg.sampling_rate < 1:
+                draws = releaser.noise.uniform(n)  # secure: amplification needs a secret sample
+                users = [u for u in range(n) if draws[u] < cfg.sampling_rate]
+            else:
+                users = list(range(n))
+            total = torch.zeros_like(w)
+            failed = 0
+            if users:
+                answers = federation.compute(
+                    ClippedLocalUpdate(w, cfg.clip, cfg.local_steps, cfg.local_lr, cfg.batch_size), users)
+                rows, _ = clip_rows(answers.values.to(w.dtype), cfg.clip)  # server-side re-clip (docstring)
+                total = rows.sum(0)
+                failed = len(answers.failed)
+            delta_t = handle.release(total) / denominator
+            velocity = cfg.server_momentum * velocity + delta_t
+            w = w + cfg.server_lr * velocity
+            record = {"round": t, "rounds": cfg.rounds, "noisy_update_norm": float(delta_t.norm()),
+                      "sampled": len(users), "failed_users": failed, "seconds": time.perf_counter() - start}
+            history.append(record)
+            if progress is not None:
+                progress(record)
+        return DPFedAvgResult(
+            w=w, rounds=cfg.rounds, sigma=sigma, noise_multiplier=schedule.noise_multiplier, epsilon=eps,
+            delta=self.delta, history=history,
+            details={"sampling_rate": cfg.sampling_rate, "noise_multiplier": schedule.noise_multiplier,
+                     "accountant": cfg.accountant, "neighbouring": cfg.neighbouring,
+                     "local_steps": cfg.local_steps, "local_lr": cfg.local_lr, "batch_size": cfg.batch_size,
+                     "server_lr": cfg.server_lr, "server_momentum": cfg.server_momentum,
+                     "fixed_denominator": denominator})
+
+
+# RunConfig fields this builder reads beyond fedkl.runner.RunConfig's (name -> default).
+EXTRA_FIELDS = {"local_steps": 5, "local_lr": None, "batch_size": None, "server_lr": 1.0, "server_momentum": 0.0}
+
+
+def build_dp_fedavg(cfg, rho_total: float, *, problem=None, dataset=None, delta: float | None = None,
+                    ledger, user_ids, **_) -> DPFedAvg:
+    """Builder for ``fedkl.runner.ALGORITHM_BUILDERS["dp-fedavg"]`` (same contract as ``_adaptive``).
+
+    Reads ``rounds``, ``clip``, ``sampling_rate``, ``neighbouring``, ``accountant`` from the run
+    config, and the DP-FedAvg fields via ``getattr`` with the defaults of :data:`EXTRA_FIELDS`:
+    ``local_steps`` (5), ``local_lr`` (None: the run's ``lr``), ``batch_size`` (None: all records),
+    ``server_lr`` (1.0), ``server_momentum`` (0.0). The budget is what the ledger still allows
+    every user (``ledger.approx_left``), charged up front as one (eps, delta) schedule.
+    """
+    from fedkl.privacy.ledger import BudgetExceeded
+
+    eps, delta_left = ledger.approx_left(user_ids)
+    if eps <= 0:
+        raise BudgetExceeded(f"ledger {ledger.path}: the users' budget is spent; nothing to train with")
+    local_lr = getattr(cfg, "local_lr", None)
+    config = DPFedAvgConfig(
+        rounds=cfg.rounds, clip=cfg.clip, sampling_rate=cfg.sampling_rate,
+        local_steps=getattr(cfg, "local_steps", EXTRA_FIELDS["local_steps"]),
+        local_lr=cfg.lr if local_lr is None else local_lr,
+        batch_size=getattr(cfg, "batch_size", None),
+        server_lr=getattr(cfg, "server_lr", EXTRA_FIELDS["server_lr"]),
+        server_momentum=getattr(cfg, "server_momentum", EXTRA_FIELDS["server_momentum"]),
+        neighbouring=cfg.neighbouring, accountant=cfg.accountant)
+    return DPFedAvg(config, eps, delta_left)
