@@ -51,6 +51,53 @@ _probability = _interval(0.0, 1.0, high_closed=False)
 _rate = _interval(0.0, 1.0, high_closed=True)
 
 
+# string hyperparameters with a fixed set of values (the rest take numbers)
+_CHOICES = {"fkt_schedule": ("jnn", "constant"), "fkt_solver": ("psgd", "gd", "subgradient", "one-shot"),
+            "fkt_inner": ("phased-sgd", "phased-erm"), "kl_select": ("last", "exponential")}
+
+
+def algorithm_hyperparameters() -> dict[str, tuple]:
+    """Every algorithm-specific RunConfig field: name -> (default, help, "theorem"/"heuristic"), from
+    the modules that read them (dp-fedavg, paper 003, paper 000)."""
+    from fedkl.algorithms import dp_fedavg, fkt, kl_methods
+
+    return {**dp_fedavg.HYPERPARAMETERS, **fkt.HYPERPARAMETERS, **kl_methods.HYPERPARAMETERS}
+
+
+def _number_or_none(kind):
+    def parse(text: str):
+        if text.lower() == "none":
+            return None
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {kind.__name__} or 'none', got {text!r}")
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be finite, got {text}")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _add_hyperparameters(run: argparse.ArgumentParser, d) -> None:
+    """One flag per algorithm-specific RunConfig field (``--kl-gamma`` for ``kl_gamma``); the type
+    comes from the field's annotation, the help from the module that reads it; the algorithm
+    validates the value (a bad one exits 2 with its message)."""
+    import dataclasses
+
+    group = run.add_argument_group("algorithm hyperparameters ('theorem': the paper's value by default; "
+                                   "'heuristic': a tunable choice)")
+    annotations = {f.name: str(f.type) for f in dataclasses.fields(d)}
+    for name, (default, text, origin) in algorithm_hyperparameters().items():
+        note = f"{text} [{origin}; default {getattr(d, name)}]".replace("%", "%%")
+        flag = "--" + name.replace("_", "-")
+        if name in _CHOICES:
+            group.add_argument(flag, choices=_CHOICES[name], default=getattr(d, name), help=note)
+        else:
+            kind = int if annotations[name].startswith("int") else float
+            group.add_argument(flag, type=_number_or_none(kind), default=getattr(d, name), help=note)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from fedkl.data import DATASETS
     from fedkl.problems import PROBLEMS
@@ -103,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="dp-sgd/rmsprop/adam: dp-accounting accountant (default %(default)s)")
     run.add_argument("--phased-lam", type=_positive(), default=d.phased_lam,
                      help="phased-erm: base regularization lambda (default %(default)s)")
+    _add_hyperparameters(run, d)
 
     acc = sub.add_parser(
         "account", help="(eps, delta) of a noise schedule, or the noise for a target eps",
@@ -189,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
                     noise_seed=args.noise_seed, out=args.out, ledger=args.ledger, reference=not args.no_reference,
                     users=args.users, stability_delta=args.stability_delta, phased_lam=args.phased_lam,
                     sampling_rate=args.sampling_rate, beta1=args.beta1, beta2=args.beta2, nu=args.nu, cap=args.cap,
-                    bias_correction=args.bias_correction, accountant=args.accountant)
+                    bias_correction=args.bias_correction, accountant=args.accountant,
+                    **{name: getattr(args, name) for name in algorithm_hyperparameters()})
     try:
         run_training(cfg, log=lambda s: print(s, flush=True))
     except (BudgetExhausted, LedgerError) as e:

@@ -18,6 +18,9 @@ from dataclasses import asdict, dataclass
 from typing import Callable
 
 from fedkl.algorithms.dp_adaptive import AdaptiveDPConfig, AdaptiveDPOptimizer
+from fedkl.algorithms.dp_fedavg import build_dp_fedavg
+from fedkl.algorithms.fkt import FKT_BUILDERS
+from fedkl.algorithms.kl_methods import KL_BUILDERS
 from fedkl.algorithms.noisy_gd import NoisyGDConfig, NoisyGradientDescent
 from fedkl.algorithms.nonprivate import nonprivate_minimizer
 from fedkl.algorithms.phased_erm import PhasedERM, PhasedERMConfig
@@ -68,10 +71,15 @@ def _adaptive(optimizer: str):
 # name -> builder(cfg, rho_total, problem=, dataset=, delta=, ledger=, user_ids=) of an object with
 # .run(federation, releaser, w0, progress) whose result has .w (None: the algorithm released "no output")
 ALGORITHM_BUILDERS = {"noisy-gd": _noisy_gd, "sc-output-pert": _sc_output_pert, "phased-erm": _phased_erm,
-                      "dp-sgd": _adaptive("sgd"), "dp-rmsprop": _adaptive("rmsprop"), "dp-adam": _adaptive("adam")}
+                      "dp-sgd": _adaptive("sgd"), "dp-rmsprop": _adaptive("rmsprop"), "dp-adam": _adaptive("adam"),
+                      "dp-fedavg": build_dp_fedavg, **FKT_BUILDERS, **KL_BUILDERS}
 ALGORITHMS = tuple(ALGORITHM_BUILDERS)
-# (eps, delta)-DP releases (paper 002): accounted by basic composition in the ledger, no zCDP filter
-APPROX_DP_ALGORITHMS = ("sc-output-pert", "phased-erm", "dp-sgd", "dp-rmsprop", "dp-adam")
+# (eps, delta)-DP releases: accounted by basic composition in the ledger, no run-wide zCDP filter
+# (paper 002's releases; dp-accounting schedules charged up front; Snowball's per-batch charges)
+APPROX_DP_ALGORITHMS = ("sc-output-pert", "phased-erm", "dp-sgd", "dp-rmsprop", "dp-adam", "dp-fedavg",
+                        "fkt-snowball", "fkt-snowball-sc")
+# dp-accounting schedules (Poisson-subsampled Gaussian) charged up front as one (eps, delta) release
+SCHEDULED_ALGORITHMS = ("dp-sgd", "dp-rmsprop", "dp-adam", "dp-fedavg")
 BACKENDS = ("inprocess", "flower-local", "flower-sim", "grpc")
 
 
@@ -122,6 +130,41 @@ class RunConfig:
     cap: float = float("inf")
     bias_correction: bool = False
     accountant: str = "pld"
+    # dp-fedavg (fedkl.algorithms.dp_fedavg): local work of each sampled user and the server step
+    local_steps: int = 5
+    local_lr: float | None = None  # None: --lr
+    batch_size: int | None = None  # None: every local step uses all of the user's records
+    server_lr: float = 1.0
+    server_momentum: float = 0.0
+    # paper 003 (fedkl.algorithms.fkt.HYPERPARAMETERS has each one's meaning)
+    radius: float | None = None
+    distance: float | None = None
+    strong_convexity: float | None = None
+    fkt_schedule: str = "jnn"
+    fkt_solver: str | None = None
+    fkt_batch: int = 1
+    fkt_min_cohort: int = 1
+    fkt_erm_tol: float = 1.0
+    fkt_max_solver_rounds: int = 100_000
+    fkt_sc_c: float = 2.0
+    fkt_inner: str = "phased-sgd"
+    fkt_reduction_c: float = 20.0
+    # paper 000 (fedkl.algorithms.kl_methods.HYPERPARAMETERS); None: the theorem's value
+    kl_gamma: float | None = None
+    kl_kappa: float = 2.0
+    kl_f0: float | None = None
+    kl_beta: float = 0.1
+    kl_smoothness: float | None = None
+    kl_weak_convexity: float | None = None
+    kl_contraction_constant: float | None = None
+    kl_floor_constant: float | None = None
+    kl_phases: int | None = None
+    kl_prox_steps: int | None = None
+    kl_inner_rounds: int | None = None
+    kl_select: str = "last"
+    kl_select_fraction: float = 1.0 / 9.0
+    kl_norm_rho: float | None = None
+    kl_max_rounds: int | None = None
 
 
 DEFAULT_PROBLEM = {"binary": "logistic", "multiclass": "softmax", "regression": "least-squares"}
@@ -162,16 +205,19 @@ def _train(cfg: RunConfig, federation: Federation, problem, dataset, delta: floa
         log(f"budget: user-level ({cfg.neighbouring}) eps={cfg.epsilon}, delta={delta:.3g} -> "
             f"zCDP rho={rho_total:.5g} ({cfg.conversion}); {cfg.rounds} rounds, clip {cfg.clip}, backend {cfg.backend}"
             + (f", noise std on the sum {alg.sigma:.4g}" if hasattr(alg, "sigma") else ""))
-        every = max(1, cfg.rounds // 10)
-
         def progress(rec: dict) -> None:
+            # about ten lines a run, whatever its length (some algorithms set their own round count)
+            every = max(1, int(rec["rounds"]) // 10)
             if rec["round"] % every == 0 or rec["round"] == rec["rounds"]:
                 extra = "".join(f"  {k.replace('_', ' ')} {rec[k]:.4g}" for k in ("noisy_grad_norm", "rho_spent")
                                 if isinstance(rec.get(k), (int, float)))
                 log(f"  round {rec['round']:>4}/{rec['rounds']}{extra}")
 
         try:
-            releaser = Releaser(ledger, noise, None if approx else ZCDPFilter(rho_total))
+            # no run-wide filter for (eps, delta) releases, nor for algorithms whose users each take part in
+            # one disjoint cohort (parallel composition: the per-user ledger enforces every user's budget)
+            run_wide = not (approx or getattr(alg, "parallel_composition", False))
+            releaser = Releaser(ledger, noise, ZCDPFilter(rho_total) if run_wide else None)
             result = alg.run(federation, releaser, problem.init_params(), progress)
         except BaseException:
             ledger.finish_run("failed")
@@ -251,7 +297,7 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print) -> dict:
         "rho": summary["max_user_rho"],
         "neighbouring": cfg.neighbouring,
         "accountant": (f"{cfg.accountant.upper()} (dp-accounting) for the Poisson-subsampled Gaussian schedule, "
-                       "charged up front as one (eps, delta) release" if cfg.algorithm.startswith("dp-") else
+                       "charged up front as one (eps, delta) release" if cfg.algorithm in SCHEDULED_ALGORITHMS else
                        "(eps, delta)-DP releases, basic composition in the per-user ledger" if approx else
                        f"zCDP, additive composition; (eps, delta) by {cfg.conversion} conversion"),
         "budget": {"epsilon": cfg.epsilon, "delta": delta},

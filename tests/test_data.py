@@ -107,13 +107,14 @@ def test_logistic_mle_near_optimum():
 
 
 def test_load_dataset():
-    assert DATASETS == ("movielens", "tv16", "synthetic-logistic", "synthetic-least-squares")
+    assert DATASETS[:4] == ("movielens", "tv16", "synthetic-logistic", "synthetic-least-squares")
+    assert set(DATASETS[4:]) == {"adult", "shakespeare", "mnist", "fashion-mnist"}
     ds = load_dataset("synthetic-logistic")
     assert ds.train.num_users == 200 and ds.train.dim == 10 and ds.train.num_records + ds.test.num_records == 4000
     assert load_dataset("synthetic-least-squares", d=3, seed=5).train.dim == 3
     assert load_dataset("tv16") is load_tv16()  # cached
     with pytest.raises(ValueError, match="valid names: movielens, tv16, synthetic-logistic, synthetic-least-squares"):
-        load_dataset("mnist")
+        load_dataset("emnist")
 
 
 # --- MovieLens -----------------------------------------------------------------------------------

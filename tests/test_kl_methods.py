@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -535,16 +534,6 @@ def test_bad_configurations_are_refused():
                                                     problem.init_params())
 
 
-@dataclass(frozen=True)
-class _KLRunConfig(RunConfig):
-    kl_gamma: float | None = None
-    kl_kappa: float | None = None
-    kl_contraction_constant: float | None = None
-    kl_floor_constant: float | None = None
-    kl_prox_steps: int | None = None
-    kl_select: str | None = None
-
-
 def test_builders_read_the_run_config():
     ds, problem, *_ = _least_squares(100, 0)
     common = dict(problem=problem, dataset=ds, delta=1e-5, ledger=None, user_ids=())
@@ -563,7 +552,7 @@ def test_builders_read_the_run_config():
     pp = build_kl_prox_point(reg, 0.3, **common)
     assert pp.config.weak_convexity == pytest.approx(1.0) and pp.config.max_inner_rounds == reg.rounds
     assert pp.config.contraction_constant == 32.0
-    extra = _KLRunConfig(dataset="synthetic-least-squares", kl_gamma=2.0, kl_kappa=1.5, kl_contraction_constant=2.0,
+    extra = RunConfig(dataset="synthetic-least-squares", kl_gamma=2.0, kl_kappa=1.5, kl_contraction_constant=2.0,
                          kl_prox_steps=4, kl_select="exponential")
     assert build_kl_spider(extra, 0.3, **common).config.kl.kappa == 1.5
     assert build_kl_adaptive_gd(extra, 0.3, **common).config.select == "exponential"
@@ -572,15 +561,14 @@ def test_builders_read_the_run_config():
 
 
 @pytest.mark.parametrize("name", sorted(KL_BUILDERS))
-def test_fedkl_run_end_to_end(tmp_path, monkeypatch, name):
-    """The builders plug into ``fedkl run`` (registered here by monkeypatching the runner's table)."""
+def test_fedkl_run_end_to_end(tmp_path, name):
+    """The builders are registered in ``fedkl run``'s table and run through it."""
     import json
 
     import fedkl.runner as runner
 
-    monkeypatch.setitem(runner.ALGORITHM_BUILDERS, name, KL_BUILDERS[name])
-    monkeypatch.setattr(runner, "ALGORITHMS", tuple(runner.ALGORITHM_BUILDERS))
-    cfg = _KLRunConfig(dataset="synthetic-least-squares", algorithm=name, users=60, reg=0.1, lr=1.0, rounds=4,
+    assert runner.ALGORITHM_BUILDERS[name] is KL_BUILDERS[name]
+    cfg = RunConfig(dataset="synthetic-least-squares", algorithm=name, users=60, reg=0.1, lr=1.0, rounds=4,
                        epsilon=3.0, noise_seed=1, out=str(tmp_path / "out"), reference=False,
                        kl_contraction_constant=1.0, kl_floor_constant=1.0, kl_prox_steps=3)
     payload = runner.run_training(cfg, log=lambda _: None)

@@ -190,6 +190,15 @@ class DPFedAvg:
 
 # RunConfig fields this builder reads beyond fedkl.runner.RunConfig's (name -> default).
 EXTRA_FIELDS = {"local_steps": 5, "local_lr": None, "batch_size": None, "server_lr": 1.0, "server_momentum": 0.0}
+# name: (default, --help sentence, "theorem" or "heuristic") for the CLI
+HYPERPARAMETERS = {
+    "local_steps": (5, "dp-fedavg: local SGD steps K per sampled user (K = 1 with local lr 1 is DP-FedSGD)",
+                    "heuristic"),
+    "local_lr": (None, "dp-fedavg: local step size (default --lr)", "heuristic"),
+    "batch_size": (None, "dp-fedavg: records per local step, cyclic mini-batches (default all records)", "heuristic"),
+    "server_lr": (1.0, "dp-fedavg: server step size on the noisy mean delta", "heuristic"),
+    "server_momentum": (0.0, "dp-fedavg: server momentum (0 = plain FedAvg)", "heuristic"),
+}
 
 
 def build_dp_fedavg(cfg, rho_total: float, *, problem=None, dataset=None, delta: float | None = None,

@@ -55,6 +55,32 @@ HELP = (
     "privacy guarantee, which is exact for every value.")
 
 
+# name: (default, --help sentence, "theorem" or "heuristic"): the table of the module docstring, for the CLI
+HYPERPARAMETERS = {
+    "kl_gamma": (None, "gamma of the (gamma, kappa)-KL* condition (default 1/sqrt(2 reg) for a convex problem "
+                       "with --reg > 0, which makes F PL)", "theorem"),
+    "kl_kappa": (2.0, "kappa of the KL* condition (2 = PL)", "theorem"),
+    "kl_f0": (None, "F0 >= F(w0) - F* (default (clip gamma)^kappa)", "theorem"),
+    "kl_beta": (0.1, "failure probability beta of the rates", "theorem"),
+    "kl_smoothness": (None, "kl-spider: L1 (default 1/(2 lr))", "theorem"),
+    "kl_weak_convexity": (None, "kl-prox-point: L~1 (default 1/(2 lr), i.e. the prox step is lr)", "theorem"),
+    "kl_contraction_constant": (None, "the 64 (spider) / 32 (prox point) in c, K, T; smaller values are heuristic",
+                                "theorem"),
+    "kl_floor_constant": (None, "kl-spider: the 32 in the Phi floor; smaller values are heuristic", "theorem"),
+    "kl_phases": (None, "kl-spider: number of phases K (default the theorem's)", "heuristic"),
+    "kl_prox_steps": (None, "kl-prox-point: outer steps T (default the theorem's)", "heuristic"),
+    "kl_inner_rounds": (None, "kl-prox-point: inner rounds T_in (default the theorem's, capped at --rounds)",
+                        "heuristic"),
+    "kl_select": ("last", "kl-adaptive-gd output: last (Thm 4) or exponential (Thm 5, exponential-mechanism "
+                          "selection of an iterate)", "theorem"),
+    "kl_select_fraction": (1.0 / 9.0, "kl-adaptive-gd: budget share of the exponential selection (1/9: the "
+                                      "paper's eps = sqrt(rho))", "theorem"),
+    "kl_norm_rho": (None, "kl-adaptive-gd: zCDP cost of each gradient-norm release (default sqrt(rho)/n)", "theorem"),
+    "kl_max_rounds": (None, "kl-adaptive-gd / kl-spider: cap on federated rounds", "heuristic"),
+}
+CHOICES = {"kl_select": ("last", "exponential")}
+
+
 def _opt(cfg, name: str, default=None):
     value = getattr(cfg, name, default)
     return default if value is None else value
@@ -119,6 +145,6 @@ def build_kl_prox_point(cfg, rho_total: float, *, problem=None, dataset=None, de
 KL_BUILDERS = {"kl-adaptive-gd": build_kl_adaptive_gd, "kl-spider": build_kl_spider,
                "kl-prox-point": build_kl_prox_point}
 
-__all__ = ["AdaptiveKLGD", "AdaptiveKLGDConfig", "HELP", "KLConstants", "KLResult", "KLSpider", "KLSpiderConfig",
+__all__ = ["CHOICES", "HYPERPARAMETERS", "AdaptiveKLGD", "AdaptiveKLGDConfig", "HELP", "KLConstants", "KLResult", "KLSpider", "KLSpiderConfig",
            "KL_BUILDERS", "PrivateProxPoint", "ProxPointConfig", "build_kl_adaptive_gd", "build_kl_prox_point",
            "build_kl_spider"]
