@@ -53,15 +53,17 @@ _rate = _interval(0.0, 1.0, high_closed=True)
 
 # string hyperparameters with a fixed set of values (the rest take numbers)
 _CHOICES = {"fkt_schedule": ("jnn", "constant"), "fkt_solver": ("psgd", "gd", "subgradient", "one-shot"),
-            "fkt_inner": ("phased-sgd", "phased-erm"), "kl_select": ("last", "exponential")}
+            "fkt_inner": ("phased-sgd", "phased-erm"), "kl_select": ("last", "exponential"),
+            "mean_calibration": ("tight", "paper")}
 
 
 def algorithm_hyperparameters() -> dict[str, tuple]:
     """Every algorithm-specific RunConfig field: name -> (default, help, "theorem"/"heuristic"), from
     the modules that read them (dp-fedavg, paper 003, paper 000)."""
-    from fedkl.algorithms import dp_fedavg, fkt, kl_methods
+    from fedkl.algorithms import dp_fedavg, fkt, kl_methods, mean_output_pert
 
-    return {**dp_fedavg.HYPERPARAMETERS, **fkt.HYPERPARAMETERS, **kl_methods.HYPERPARAMETERS}
+    return {**dp_fedavg.HYPERPARAMETERS, **mean_output_pert.HYPERPARAMETERS, **fkt.HYPERPARAMETERS,
+            **kl_methods.HYPERPARAMETERS}
 
 
 def _number_or_none(kind):
@@ -105,12 +107,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = RunConfig()
     parser = _Parser(prog="fedkl", description="Federated learning with user-level differential privacy.")
-    sub = parser.add_subparsers(dest="command", metavar="{run,account}", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="{run,account,sweep,plot}", parser_class=_Parser)
     sub.required = True
 
     run = sub.add_parser("run", help="train a model with user-level DP and write result.json + ledger",
                          description="Train a model with user-level differential privacy (one user = one "
                                      "unit of privacy) and write result.json and the privacy ledger.")
+    run.add_argument("--config", metavar="FILE.toml", default=None,
+                     help="read settings from a TOML file (keys: the options below, dashes or underscores); "
+                          "options given on the command line override the file")
     run.add_argument("--dataset", choices=DATASETS, default=d.dataset, help="user-partitioned dataset (default %(default)s)")
     run.add_argument("--problem", choices=PROBLEMS, default=d.problem,
                      help="model / loss (default: logistic for binary, softmax for multiclass, least-squares for regression)")
@@ -167,7 +172,39 @@ def build_parser() -> argparse.ArgumentParser:
     acc.add_argument("--rho", type=_positive(), help="convert rho-zCDP to (eps, delta) instead")
     acc.add_argument("--zcdp", action="store_true", help="with --epsilon: the rho-zCDP budget that converts to it")
     acc.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.subcommands = {"run": run, "account": acc}  # type: ignore[attr-defined]
+    sweep = sub.add_parser(
+        "sweep", help="run the cartesian product of a TOML sweep file into a CSV/JSON-lines table (resumable)",
+        description="Run every point of a sweep file: top-level keys = the base `fedkl run` settings, [sweep] = lists "
+                    "of values (any setting) plus `table = \"results.csv\"`; rows already in the table are skipped. "
+                    "See fedkl/experiments.py for the file format.")
+    sweep.add_argument("file", metavar="FILE.toml", help="the sweep file")
+    sweep.add_argument("--table", default=None, help="write to this CSV instead of the file's [sweep] table")
+    sweep.add_argument("--set", action="append", default=[], metavar="FIELD=V1[,V2...]",
+                       help="replace an axis (or a base value) of the file, e.g. --set seed=0,1 (repeatable)")
+    sweep.add_argument("--restart", action="store_true", help="delete the table and run every point again")
+    sweep.add_argument("--dry-run", action="store_true", help="list the points and whether each is done; run nothing")
+    sweep.add_argument("--max-runs", type=_positive(int), default=None, help="stop after this many new runs")
+    sweep.add_argument("--verbose", action="store_true", help="print every run's own log")
+
+    plot = sub.add_parser(
+        "plot", help="PNG figure (and markdown table) of a sweep table: privacy-utility or log-log slope",
+        description="privacy-utility: the test metric vs epsilon, mean +- std over seeds, per algorithm and dataset. "
+                    "slope: an error column vs users (log-log) with the fitted and the theory slope.")
+    plot.add_argument("table", metavar="TABLE.csv", help="a table written by fedkl sweep")
+    plot.add_argument("--kind", choices=("privacy-utility", "slope"), required=True)
+    plot.add_argument("--out", default=None, help="PNG path (default: TABLE with the kind and .png)")
+    plot.add_argument("--x", default=None, help="x column (default epsilon_target / users)")
+    plot.add_argument("--y", default=None, help="y column (default test_metric / excess_loss)")
+    plot.add_argument("--group", default="algorithm", help="one line per value of this column (default %(default)s)")
+    plot.add_argument("--panel", default="dataset",
+                      help="privacy-utility: one panel per value of this column (default %(default)s; 'none': one panel)")
+    plot.add_argument("--where", action="append", default=[], metavar="COLUMN=VALUE",
+                      help="keep only rows with this value (repeatable)")
+    plot.add_argument("--theory-slope", type=float, default=None, help="slope: the theory's slope to draw")
+    plot.add_argument("--theory-label", default="theory", help="slope: legend label of the theory line")
+    plot.add_argument("--title", default=None)
+    plot.add_argument("--markdown", default=None, metavar="FILE.md", help="also write the plotted numbers as markdown")
+    parser.subcommands = {"run": run, "account": acc, "sweep": sweep, "plot": plot}  # type: ignore[attr-defined]
     return parser
 
 
@@ -216,9 +253,46 @@ def _print_account(res: dict) -> None:
     print("  given: " + ", ".join(f"{k}={v}" for k, v in given.items()))
 
 
+def _experiments(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """``fedkl sweep`` and ``fedkl plot`` (fedkl/experiments.py)."""
+    from fedkl import experiments
+
+    sub = parser.subcommands[args.command]  # type: ignore[attr-defined]
+    try:
+        if args.command == "sweep":
+            spec = experiments.load_sweep(args.file, table=args.table, sets=args.set)
+            res = experiments.run_sweep(spec, log=lambda s: print(s, flush=True), restart=args.restart,
+                                        dry_run=args.dry_run, verbose=args.verbose, max_runs=args.max_runs)
+            return 1 if res["errors"] else 0
+        out = args.out or f"{os.path.splitext(args.table)[0]}_{args.kind}.png"
+        res = experiments.plot_table(args.table, args.kind, out, x=args.x, y=args.y, group=args.group,
+                                     panel=None if args.panel.lower() == "none" else args.panel, where=args.where,
+                                     theory_slope=args.theory_slope, theory_label=args.theory_label,
+                                     title=args.title, markdown=args.markdown)
+        if args.kind == "slope":
+            for group, fit in res.items():
+                print(f"{group}: fitted slope {fit['slope']:.4f}"
+                      + (f" (theory {args.theory_slope:g})" if args.theory_slope is not None else "")
+                      + (f"; {fit['dropped']} non-positive point(s) dropped" if fit["dropped"] else ""))
+        print(f"wrote {out}" + (f" and {args.markdown}" if args.markdown else ""))
+        return 0
+    except experiments.ConfigError as e:
+        sub.error(str(e))
+    raise AssertionError("unreachable")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command in ("sweep", "plot"):
+        return _experiments(args, parser)
+    if args.command == "run" and args.config:
+        from fedkl.experiments import ConfigError, apply_config_file
+
+        try:
+            apply_config_file(args, sys.argv[1:] if argv is None else argv)
+        except ConfigError as e:
+            parser.subcommands["run"].error(f"--config: {e}")  # type: ignore[attr-defined]
     if args.command == "account":
         res = _account(args, parser.subcommands["account"])  # type: ignore[attr-defined]
         if args.json:

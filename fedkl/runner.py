@@ -21,6 +21,7 @@ from fedkl.algorithms.dp_adaptive import AdaptiveDPConfig, AdaptiveDPOptimizer
 from fedkl.algorithms.dp_fedavg import build_dp_fedavg
 from fedkl.algorithms.fkt import FKT_BUILDERS
 from fedkl.algorithms.kl_methods import KL_BUILDERS
+from fedkl.algorithms.mean_output_pert import DEFAULT_MAX_VC_CALLS, MEAN_OUTPUT_PERT_BUILDERS
 from fedkl.algorithms.noisy_gd import NoisyGDConfig, NoisyGradientDescent
 from fedkl.algorithms.nonprivate import nonprivate_minimizer
 from fedkl.algorithms.phased_erm import PhasedERM, PhasedERMConfig
@@ -72,12 +73,12 @@ def _adaptive(optimizer: str):
 # .run(federation, releaser, w0, progress) whose result has .w (None: the algorithm released "no output")
 ALGORITHM_BUILDERS = {"noisy-gd": _noisy_gd, "sc-output-pert": _sc_output_pert, "phased-erm": _phased_erm,
                       "dp-sgd": _adaptive("sgd"), "dp-rmsprop": _adaptive("rmsprop"), "dp-adam": _adaptive("adam"),
-                      "dp-fedavg": build_dp_fedavg, **FKT_BUILDERS, **KL_BUILDERS}
+                      "dp-fedavg": build_dp_fedavg, **MEAN_OUTPUT_PERT_BUILDERS, **FKT_BUILDERS, **KL_BUILDERS}
 ALGORITHMS = tuple(ALGORITHM_BUILDERS)
 # (eps, delta)-DP releases: accounted by basic composition in the ledger, no run-wide zCDP filter
 # (paper 002's releases; dp-accounting schedules charged up front; Snowball's per-batch charges)
-APPROX_DP_ALGORITHMS = ("sc-output-pert", "phased-erm", "dp-sgd", "dp-rmsprop", "dp-adam", "dp-fedavg",
-                        "fkt-snowball", "fkt-snowball-sc")
+APPROX_DP_ALGORITHMS = ("sc-output-pert", "phased-erm", "mean-output-pert", "phased-mean-output-pert",
+                        "dp-sgd", "dp-rmsprop", "dp-adam", "dp-fedavg", "fkt-snowball", "fkt-snowball-sc")
 # dp-accounting schedules (Poisson-subsampled Gaussian) charged up front as one (eps, delta) release
 SCHEDULED_ALGORITHMS = ("dp-sgd", "dp-rmsprop", "dp-adam", "dp-fedavg")
 BACKENDS = ("inprocess", "flower-local", "flower-sim", "grpc")
@@ -136,6 +137,12 @@ class RunConfig:
     batch_size: int | None = None  # None: every local step uses all of the user's records
     server_lr: float = 1.0
     server_momentum: float = 0.0
+    # paper 002, polynomial-time output perturbation (fedkl.algorithms.mean_output_pert.HYPERPARAMETERS)
+    mean_lam: float = 1.0
+    mean_rho_fraction: float = 0.25
+    mean_phases: int = 2
+    mean_calibration: str = "tight"
+    mean_max_vc_calls: int = DEFAULT_MAX_VC_CALLS
     # paper 003 (fedkl.algorithms.fkt.HYPERPARAMETERS has each one's meaning)
     radius: float | None = None
     distance: float | None = None

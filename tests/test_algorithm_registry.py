@@ -67,6 +67,8 @@ SMALL = {
     "dp-fedavg": {**SCHEDULED, "local_steps": 2, "batch_size": 3},
     "sc-output-pert": {"reg": 0.5},
     "phased-erm": {"reg": 0.1, "rounds": 2},
+    "mean-output-pert": {"users": 40, "mean_rho_fraction": 0.5},
+    "phased-mean-output-pert": {"users": 60, "mean_rho_fraction": 0.5},
     "kl-adaptive-gd": {"reg": 0.1, "kl_max_rounds": 3},
     "kl-spider": {"reg": 0.1, "kl_max_rounds": 4, "kl_contraction_constant": 1.0, "kl_floor_constant": 1.0},
     "kl-prox-point": {"reg": 0.1, "kl_prox_steps": 2, "rounds": 2},

@@ -58,6 +58,7 @@ n <= 4 kappa + 1), and finite (a non-finite value is refused before anything is 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import time
 from dataclasses import dataclass, field
@@ -285,6 +286,49 @@ def exact_stability(f: SubsetFunction, n: int, config: DelOutputPertConfig) -> S
             value = f(masks_tensor(np.array([mask]), n))[0].to(torch.float64)
             return StabilityPlan(n, s, deleted, value, "exact", dbar_full)
     return StabilityPlan(n, None, None, None, "exact", dbar_full)
+
+
+StablePredicate = Callable[[torch.Tensor], torch.Tensor]
+
+
+def exact_stability_predicate(f: SubsetFunction, stable: StablePredicate, n: int,
+                              config: DelOutputPertConfig) -> StabilityPlan:
+    """Algorithm 1 with a user-supplied stability predicate, by enumeration (reference; n <= max_exact_users).
+
+    The proof of Thm 3.3 uses the test ``Dbar_{4 kappa - |S|} f(x_{-S}) <= Delta`` only through two
+    properties of a predicate ``P(y, b)`` (note §2A, "what the proof uses"):
+
+    * (H) heredity: ``P(y, b) => P(y - i, b - 1)`` for every user i of y (gives Obs 3.5,
+      ``dist(x) <= dist(x') + 1``: delete the replaced user too);
+    * (S) soundness: ``P(y, b) => Dbar_b f(y) <= Delta`` (gives the chain bound of the output step,
+      hence the same sensitivity and sigma as :class:`DelOutputPertConfig`).
+
+    Here ``stable(masks)`` must return, for every row y = x_{-S} of the ``(k, n)`` bool ``masks``,
+    ``P(y, 4 kappa - |S|)`` (a ``(k,)`` bool tensor); it is the CALLER's job that this P has (H)
+    and (S) (e.g. :mod:`fedkl.algorithms.mean_output_pert`). The choice rule is the one of
+    :func:`exact_stability`: the smallest |S| <= 2 kappa with P, lexicographically smallest sorted
+    list of positions among those. Time ~ sum_{s <= 2 kappa} C(n, s) predicate evaluations.
+    """
+    if not 1 <= n <= config.max_exact_users:
+        raise ValueError(f"the exact stability test enumerates user sets: n={n} is above the documented "
+                         f"limit max_exact_users={config.max_exact_users} (public n; no data was read)")
+    full = (1 << n) - 1
+    for s in range(0, min(2 * config.kappa, n) + 1):
+        sets = list(itertools.combinations(range(n), s))           # lexicographic order
+        for start in range(0, len(sets), _CHUNK):
+            chunk = sets[start:start + _CHUNK]
+            codes = np.array([full ^ sum(1 << u for u in S) for S in chunk], dtype=np.int64)
+            ok = torch.as_tensor(stable(masks_tensor(codes, n))).to(torch.bool)
+            if ok.shape != (len(chunk),):
+                raise ValueError(f"stable must return one bool per row, got shape {tuple(ok.shape)}")
+            hits = torch.nonzero(ok).flatten()
+            if hits.numel():
+                j = int(hits[0])
+                value = f(masks_tensor(codes[j:j + 1], n))[0].to(torch.float64)
+                if not torch.isfinite(value).all():
+                    raise ValueError("f returned NaN or inf: refusing (nothing was charged)")
+                return StabilityPlan(n, s, tuple(chunk[j]), value, "exact-predicate")
+    return StabilityPlan(n, None, None, None, "exact-predicate")
 
 
 class DelOutputPert:

@@ -1,0 +1,591 @@
+"""MeanOutputPert: DelOutputPert (paper 002, Alg 1) for the MEAN of per-user vectors, in polynomial time.
+
+The note's §5(c) mechanism (/work/shared/notes/seed-002.md). It runs on real datasets (hundreds of
+users), where the exact reference search of :mod:`fedkl.algorithms.del_output_pert` (~2^n sets) and
+hence ``sc-output-pert`` / ``phased-erm`` cannot.
+
+Guarantee
+---------
+**(eps, delta)-DP (approximate DP, not zCDP), user level, relation replace-one, n public**: exactly
+the guarantee of DelOutputPert (Thm 3.3), because the mechanism below IS Algorithm 1 run with a
+stability predicate that has the two properties its proof uses. Add/remove-one-user is NOT covered
+(n enters the thresholds; note §1). eps, delta, rho (the diameter threshold), the local
+regularization and the centre must be public (data-independent or earlier private outputs).
+
+The function
+------------
+Every user u computes, from its own records and public inputs only, one vector ``v_u`` (here: its
+local minimizer ``argmin_v f_u(v) + (lam/2)||v - c||^2`` around the public centre c, the federation
+query :class:`~fedkl.federation.base.LocalRegularizedMinimizer`: L-BFGS from c, gradient tolerance
+``tol`` and ``max_iter`` fixed in the query, so v_u is a deterministic function of user u's data and
+the public query). The released function of a user set y is
+
+    f(y) = mean_{u in y} v_u          (summed in the fixed user order; y is never empty below)
+
+so f is a deterministic function of the SET of remaining users (pitfall 12): deleting users never
+changes another user's v_u. A user whose answer is missing or non-finite gets ``v_u = c`` (a function
+of that user's data, or of its independent dropout: the proof below holds conditionally on every
+dropout pattern, hence for the mixture).
+
+The test
+--------
+Algorithm 1 asks whether some x_{-S}, |S| <= R1, passes ``Dbar_{4 kappa - |S|} f(x_{-S}) <= Delta``.
+Here it uses instead the predicate (note §2A "what the proof uses", §5(c))
+
+    P(y, b)  :=  diam{v_u : u in y} <= Delta (|y| - b - 1)
+
+(P false when |y| - b - 1 < 1), with the two properties the proof of Thm 3.3 needs:
+
+* (H) heredity, ``P(y, b) => P(y - i, b - 1)``: removing a point cannot increase the diameter, and
+  the threshold Delta(|y - i| - (b - 1) - 1) = Delta(|y| - b - 1) is unchanged.
+* (S) soundness, ``P(y, b) => Dbar_b f(y) <= Delta``: Dbar_b f(y) is the largest single-deletion
+  jump ||f(z) - f(z - i)|| over z = y minus at most b users, i in z. For a mean,
+  f(z) - f(z - i) = (v_i - f(z)) / (|z| - 1); f(z) lies in the convex hull of z, so
+  ||v_i - f(z)|| <= diam(z) <= diam(y), and |z| - 1 >= |y| - b - 1 >= 1. Hence the jump is
+  <= diam(y) / (|y| - b - 1) <= Delta.
+
+The proof of Thm 3.3 uses the test only through (H) (Obs 3.5: dist(x) <= dist(x') + 1, deleting the
+replaced user as well) and (S) (every single-deletion step on the chains x_{-S} -> x_{-U} <- x'_{-S'},
+U = S ∪ S' ∪ {i}, moves f by <= Delta; the steps stay within the depth the test covers, see
+:mod:`fedkl.algorithms.del_output_pert`). So with P in place of "Dbar <= Delta" the output law and
+its privacy proof are unchanged: same R1 ~ TDLap(eps/2, delta/(e^{eps/2} + 2)), same sensitivity, same
+sigma. (P is stronger than the Dbar test: every P-stable set is Dbar-stable, so this mechanism
+outputs ⊥ or deletes at least as often as the Dbar version would; it is NOT the same distribution as
+the Dbar test, it is Algorithm 1 with a different, sound and hereditary, test. The tests check both
+facts against the enumeration references.)
+
+Inside the algorithm y = x_{-S} and b = 4 kappa - |S|, so |y| - b - 1 = n - 4 kappa - 1 for EVERY S:
+the threshold is one public number ``rho = Delta (n - 4 kappa - 1)``, and
+
+    P(x_{-S}, 4 kappa - |S|)  <=>  no two kept users are farther apart than rho
+                              <=>  S is a vertex cover of the CONFLICT GRAPH
+                                   C = ({users}, {uw : ||v_u - v_w|| > rho}).
+
+Hence dist(x) = min{|S| : P} = the minimum vertex cover size tau(C), X_stable^{R1} is non-empty iff
+tau(C) <= R1, and the chosen set ("smallest |S|", ties broken by the lexicographically smallest
+sorted list of user positions, the rule of :func:`~fedkl.algorithms.del_output_pert.exact_stability`)
+is the lexicographically smallest minimum vertex cover. It does not depend on R1 (so the mechanism
+is: R1 ~ TDLap; ⊥ if tau > R1, else f(x_{-S*}) + N(0, sigma^2 I) with the canonical S*). Any other
+choice among the stable sets would be private too (the proof bounds every pair of stable sets), but
+this one makes the output identical to the enumeration reference on small n.
+
+We parameterize by rho (the diameter the kept users may have) and use Delta = rho / (n - 4 kappa - 1);
+this needs ``n >= 4 kappa + 2`` (public; refused otherwise before any data is read).
+
+Sensitivity and noise (the released value is f(x_{-S*}) + N(0, sigma^2 I_d))
+----------------------------------------------------------------------------
+With eps_bar = eps/2, delta_bar = delta/(e^{eps_bar} + 2), kappa = 1 + ceil(ln(1/delta_bar)/eps_bar),
+Delta = rho/(n - 4 kappa - 1):
+
+* ``calibration="tight"`` (default here): sensitivity (4 kappa + 1) Delta (the chains have at most
+  2 r1 + 3 <= 4 kappa + 1 steps, re-counted in del_output_pert.py), sigma = the analytic Gaussian
+  (Balle & Wang 2018) at (eps_bar, delta_bar) for that sensitivity;
+* ``calibration="paper"``: sensitivity 8 kappa Delta, sigma = 2 sqrt(ln(2/delta_bar)) 8 kappa Delta / eps_bar.
+
+(For a mean one can also bound ||f(x_{-S}) - f(x'_{-S'})|| directly by
+((r1+2)/(n-r1) + (r1+1)/(n-r1-1)) rho <= (4 kappa + 1) rho / (n - 2 kappa): 3-7% smaller at the sizes
+we run. Not used: the mechanism stays literally Algorithm 1.)
+
+Exactness and cost
+------------------
+The vertex cover is solved EXACTLY by :func:`fedkl.algorithms.vertex_cover.min_vertex_cover` (Buss
+kernel + folding + branching), fixed-parameter in k = 2 kappa: at most
+``vertex_cover.worst_case_calls(2 kappa)`` recursive calls (~1.38^{2 kappa}; each O(k^2) on the
+kernel), a data-independent number. A configuration whose bound exceeds ``max_vc_calls`` is refused
+before any data is read (no time-out, no "certificate or ⊥": an inexact existence decision is not
+the analysed mechanism, note §6.2). The pairwise distances cost O(n^2 d). Floating point: an edge is
+``||v_u - v_w|| > rho (1 - 1e-9)`` with the distance computed from the coordinate differences, so a
+missing edge certifies the real distance is <= rho; the mean is a fixed-order float sum (rounding
+not modelled, as elsewhere). The wall-clock time depends on the data (how hard the instance is): the
+guarantee covers the released output, not the server's timing.
+
+Utility is NOT covered by the paper's theorems (note §5(c)): the test passes (few deletions, no ⊥)
+when all but a few users' v_u lie within rho of each other, i.e. for IID-ish users.
+
+Algorithms here
+---------------
+* :class:`MeanOutputPert`: the mechanism on given per-user vectors (tests, audits).
+* :class:`LocalMeanOutputPert` (``mean-output-pert``): one release of the mean local minimizer.
+* :class:`PhasedMeanOutputPert` (``phased-mean-output-pert``): Phased-ERM's localization (paper 002,
+  Alg 3) with this mechanism in place of SCOutputPert: T phases at (eps/T, delta/T) (basic
+  composition), lam_i = lam 4^i, centre = previous release, ⊥ keeps the centre.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from fedkl.algorithms.del_output_pert import (
+    CALIBRATIONS,
+    DelOutputPert,
+    DelOutputPertConfig,
+    DelOutputPertResult,
+    StabilityPlan,
+    mean_of_user_vectors,
+)
+from fedkl.algorithms.vertex_cover import CallCounter, graph_from_edges, min_vertex_cover, worst_case_calls
+from fedkl.federation.base import Federation, LocalRegularizedMinimizer
+from fedkl.privacy.ledger import BudgetExceeded
+from fedkl.privacy.mechanisms import TruncatedDiscreteLaplace
+from fedkl.privacy.release import Releaser
+from fedkl.problems.base import Problem
+
+# admits 2 kappa <= 40 (bound 3.75e6 calls). Measured cost per call: ~0.03 ms on small kernels, ~0.8 ms on
+# the largest (k^2 = 1600 edges), so the proven worst case is minutes to ~1 h of Python; observed on
+# MovieLens: < 10 calls, milliseconds.
+DEFAULT_MAX_VC_CALLS = 4_000_000
+_FP_PAD = 1e-9
+_DIST_CHUNK = 256
+
+
+@functools.lru_cache(maxsize=256)
+def _dop(eps: float, delta: float, Delta: float, calibration: str) -> DelOutputPertConfig:
+    # cached: the analytic-Gaussian calibration is a root search (an immutable result)
+    return DelOutputPertConfig(eps, delta, Delta, calibration)
+
+
+def _positive(name: str, v: float) -> None:
+    if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
+        raise ValueError(f"{name} must be finite and > 0, got {v!r}")
+
+
+@dataclass(frozen=True)
+class MeanOutputPertConfig:
+    """Public parameters of one release (none may depend on the data).
+
+    Args:
+        eps, delta: the release is (eps, delta)-DP (any eps > 0, 0 < delta < 1).
+        rho: the diameter threshold: users whose v_u are pairwise within rho pass the test.
+        calibration: "tight" ((4 kappa + 1) Delta, analytic Gaussian) or "paper" (8 kappa Delta).
+        max_vc_calls: the work budget; configurations whose worst case exceeds it are refused.
+    """
+
+    eps: float
+    delta: float
+    rho: float
+    calibration: str = "tight"
+    max_vc_calls: int = DEFAULT_MAX_VC_CALLS
+
+    def __post_init__(self) -> None:
+        _positive("eps", self.eps)
+        _positive("rho", self.rho)
+        if not (isinstance(self.delta, (int, float)) and 0 < self.delta < 1):
+            raise ValueError(f"delta must be in (0, 1), got {self.delta!r}")
+        if self.calibration not in CALIBRATIONS:
+            raise ValueError(f"calibration must be one of {CALIBRATIONS}, got {self.calibration!r}")
+        if isinstance(self.max_vc_calls, bool) or int(self.max_vc_calls) != self.max_vc_calls or self.max_vc_calls < 1:
+            raise ValueError(f"max_vc_calls must be a positive integer, got {self.max_vc_calls!r}")
+
+    @property
+    def eps_bar(self) -> float:
+        return self.eps / 2.0
+
+    @property
+    def delta_bar(self) -> float:
+        return self.delta / (math.exp(self.eps_bar) + 2.0)
+
+    @property
+    def deletion_budget(self) -> TruncatedDiscreteLaplace:
+        return TruncatedDiscreteLaplace(self.eps_bar, self.delta_bar)
+
+    @property
+    def kappa(self) -> int:
+        return self.deletion_budget.kappa
+
+    @property
+    def max_deletions(self) -> int:
+        """2 kappa: the largest R1, hence the vertex-cover parameter k."""
+        return 2 * self.kappa
+
+    @property
+    def min_users(self) -> int:
+        """4 kappa + 2: the smallest n with n - 4 kappa - 1 >= 1 (soundness of P)."""
+        return 4 * self.kappa + 2
+
+    @property
+    def worst_case_calls(self) -> int:
+        return worst_case_calls(self.max_deletions)
+
+    def check(self, n: int) -> None:
+        """Refuse, from public values only, a configuration this mechanism cannot run exactly."""
+        if n < self.min_users:
+            raise ValueError(f"mean output perturbation needs n >= 4 kappa + 2 = {self.min_users} users at "
+                             f"(eps={self.eps:g}, delta={self.delta:g}) (kappa={self.kappa}); got n={n}. "
+                             "Refused before reading any data (raise eps or delta, or use more users).")
+        if self.worst_case_calls > self.max_vc_calls:
+            raise ValueError(f"the exact vertex-cover test with k = 2 kappa = {self.max_deletions} may need up to "
+                             f"{self.worst_case_calls:.3g} recursive calls > the work budget max_vc_calls="
+                             f"{self.max_vc_calls:.3g}. Refused before reading any data (raise eps per release, "
+                             "use fewer phases, or raise the budget).")
+
+    def Delta(self, n: int) -> float:
+        """The deletion-sensitivity threshold this rho stands for: rho / (n - 4 kappa - 1)."""
+        self.check(n)
+        return self.rho / (n - 4 * self.kappa - 1)
+
+    def dop(self, n: int) -> DelOutputPertConfig:
+        """The Algorithm-1 parameters (noise, sensitivity, R1 law) of a release over n users."""
+        return _dop(self.eps, self.delta, self.Delta(n), self.calibration)
+
+    def sensitivity(self, n: int) -> float:
+        return self.dop(n).sensitivity
+
+    def sigma(self, n: int) -> float:
+        return self.dop(n).sigma
+
+
+def pairwise_distances(V: torch.Tensor) -> np.ndarray:
+    """||v_u - v_w|| from the coordinate differences (no Gram-matrix cancellation), float64 (n, n)."""
+    V = torch.as_tensor(V).to(torch.float64)
+    n = V.shape[0]
+    out = torch.empty(n, n, dtype=torch.float64)
+    for a in range(0, n, _DIST_CHUNK):
+        out[a:a + _DIST_CHUNK] = (V[a:a + _DIST_CHUNK, None, :] - V[None, :, :]).norm(dim=2)
+    return out.numpy()
+
+
+def conflict_edges(V: torch.Tensor, rho: float) -> list[tuple[int, int]]:
+    """Pairs u < w with ||v_u - v_w|| > rho (1 - 1e-9): a missing edge certifies distance <= rho."""
+    D = pairwise_distances(V)
+    a, b = np.nonzero(np.triu(D > rho * (1 - _FP_PAD), k=1))
+    return list(zip(a.tolist(), b.tolist()))
+
+
+def diameter_predicate(V: torch.Tensor, rho: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``stable(masks)``: P(x_{-S}, 4 kappa - |S|) for every row (kept users), the same float rule
+    as :func:`conflict_edges`; for :func:`~fedkl.algorithms.del_output_pert.exact_stability_predicate`."""
+    far = torch.from_numpy(pairwise_distances(V) > rho * (1 - _FP_PAD))
+
+    def stable(masks: torch.Tensor) -> torch.Tensor:
+        m = masks.to(torch.bool)
+        bad = (m.unsqueeze(2) & m.unsqueeze(1) & far.unsqueeze(0)).flatten(1).any(1)
+        return ~bad
+
+    return stable
+
+
+def mean_stability_plan(V: torch.Tensor, config: MeanOutputPertConfig) -> tuple[StabilityPlan, dict]:
+    """The exact test's outcome (NOT private) and non-private diagnostics, in polynomial time for fixed kappa.
+
+    ``V``: (n, d) finite float64 user vectors in the federation's user order.
+    """
+    V = torch.as_tensor(V).to(torch.float64)
+    if V.dim() != 2:
+        raise ValueError(f"V must be (n, d), got shape {tuple(V.shape)}")
+    n = V.shape[0]
+    config.check(n)
+    if not torch.isfinite(V).all():
+        raise ValueError("user vectors must be finite (substitute the public centre for failed users)")
+    edges = conflict_edges(V, config.rho)
+    counter = CallCounter()
+    found = min_vertex_cover(graph_from_edges(n, edges), config.max_deletions, counter)
+    diag = {"conflict_edges": len(edges), "conflict_users": len({u for e in edges for u in e}),
+            "vc_calls": counter.calls, "vc_worst_case_calls": config.worst_case_calls}
+    if found is None:
+        return StabilityPlan(n, None, None, None, "vertex-cover"), diag
+    tau, deleted = found
+    mask = torch.ones(1, n, dtype=torch.bool)
+    mask[0, list(deleted)] = False
+    value = mean_of_user_vectors(V)(mask)[0]
+    return StabilityPlan(n, tau, deleted, value, "vertex-cover"), diag
+
+
+class MeanOutputPert:
+    """The mechanism on given per-user vectors (module docstring): plan, then one charged release."""
+
+    name = "mean-output-pert"
+
+    def __init__(self, config: MeanOutputPertConfig) -> None:
+        self.config = config
+
+    def release(self, plan: StabilityPlan, releaser: Releaser, user_ids: Sequence[str], label: str,
+                details: dict | None = None) -> torch.Tensor | None:
+        """Charge (eps, delta) to every user, draw R1, output ⊥ (None) or the noisy mean."""
+        n = len(user_ids)
+        info = {"rho": self.config.rho, "test": "diameter <= rho (vertex cover, exact)", **(details or {})}
+        return DelOutputPert(self.config.dop(n)).release(plan, releaser, user_ids, label, info)
+
+    def result(self, theta: torch.Tensor | None, plan: StabilityPlan, n: int, seconds: float,
+               diag: dict) -> DelOutputPertResult:
+        res = DelOutputPert(self.config.dop(n)).result(theta, plan, seconds)
+        res.diagnostics.update(diag)
+        return res
+
+    def run_vectors(self, V: torch.Tensor, releaser: Releaser, user_ids: Sequence[str],
+                    label: str | None = None) -> DelOutputPertResult:
+        if releaser.filter is not None:
+            raise ValueError(f"{self.name}: an (eps, delta) release cannot be accounted by a zCDP filter; "
+                             "use a Releaser without filter (nothing was read or charged)")
+        if len(user_ids) != torch.as_tensor(V).shape[0]:
+            raise ValueError(f"{len(user_ids)} user ids for {torch.as_tensor(V).shape[0]} vectors")
+        start = time.perf_counter()
+        plan, diag = mean_stability_plan(V, self.config)
+        theta = self.release(plan, releaser, user_ids, label or self.name)
+        return self.result(theta, plan, len(user_ids), time.perf_counter() - start, diag)
+
+
+# --- the federated algorithms ------------------------------------------------------------------
+@dataclass(frozen=True)
+class LocalMeanOutputPertConfig:
+    """Public parameters of one release of the mean local minimizer.
+
+    Args:
+        eps, delta, calibration, max_vc_calls: as :class:`MeanOutputPertConfig`.
+        lam: the local regularization strength (> 0) around the centre c.
+        rho_fraction: rho as a fraction of the a-priori diameter bound 2 G0 / (mu + lam), where
+            G0 >= ||grad f_u(c)|| for every user (the problem's Lipschitz constant on the ball of
+            radius ||c||, from the loader-enforced feature bound) and mu the problem's strong
+            convexity: every exact local minimizer is within G0 / (mu + lam) of c. rho_fraction >= 1
+            makes the test pass always (then the release is a Gaussian of sensitivity
+            (4 kappa + 1) rho / (n - 4 kappa - 1), worse than averaging with replace-one noise).
+        local_tol, local_max_iter: the local solver's fixed tolerance and iteration cap.
+    """
+
+    eps: float
+    delta: float
+    lam: float
+    rho_fraction: float = 0.25
+    calibration: str = "tight"
+    max_vc_calls: int = DEFAULT_MAX_VC_CALLS
+    local_tol: float = 1e-10
+    local_max_iter: int = 500
+
+    def __post_init__(self) -> None:
+        _positive("lam", self.lam)
+        _positive("rho_fraction", self.rho_fraction)
+        _positive("local_tol", self.local_tol)
+        if int(self.local_max_iter) != self.local_max_iter or self.local_max_iter < 1:
+            raise ValueError(f"local_max_iter must be a positive integer, got {self.local_max_iter!r}")
+        self.mechanism(1.0)  # validates eps, delta, calibration, max_vc_calls
+
+    def mechanism(self, rho: float) -> MeanOutputPertConfig:
+        return MeanOutputPertConfig(self.eps, self.delta, rho, self.calibration, self.max_vc_calls)
+
+
+def local_radius(problem: Problem, feature_bound: float, center: torch.Tensor, lam: float) -> float:
+    """G0 / (mu + lam): every exact local minimizer lies within this distance of the centre."""
+    radius = max(float(torch.as_tensor(center).double().norm()), 1e-12)
+    c = problem.constants(feature_bound, param_bound=radius)
+    return c.lipschitz / ((c.strong_convexity or 0.0) + lam)
+
+
+class LocalMeanOutputPert:
+    """One (eps, delta)-DP release of mean_u v_u, v_u = user u's local regularized minimizer."""
+
+    name = "mean-output-pert"
+
+    def __init__(self, config: LocalMeanOutputPertConfig, problem: Problem, feature_bound: float) -> None:
+        self.config = config
+        self.problem = problem
+        self.feature_bound = float(feature_bound)
+
+    def rho(self, center: torch.Tensor) -> float:
+        return self.config.rho_fraction * 2.0 * local_radius(self.problem, self.feature_bound, center,
+                                                             self.config.lam)
+
+    def check(self, n: int) -> None:
+        """The public refusal (n too small, worst-case work over budget): no data needed."""
+        self.config.mechanism(1.0).check(n)
+
+    def user_vectors(self, federation: Federation, center: torch.Tensor) -> tuple[torch.Tensor, int]:
+        cfg = self.config
+        ans = federation.compute(LocalRegularizedMinimizer(center, cfg.lam, cfg.local_tol, cfg.local_max_iter))
+        V = ans.values.to(torch.float64).clone()
+        bad = ~torch.isfinite(V).all(dim=1)
+        for u in ans.failed:
+            bad[ans.users.index(u)] = True
+        V[bad] = center.to(torch.float64)
+        return V, int(bad.sum())
+
+    def run(self, federation: Federation, releaser: Releaser, w0: torch.Tensor,
+            progress: Callable[[dict], None] | None = None, label: str | None = None) -> DelOutputPertResult:
+        """One charged release; ``theta`` is None for ⊥. ``w0`` is the public centre c."""
+        n = federation.num_users
+        if releaser.filter is not None:
+            raise ValueError(f"{self.name}: an (eps, delta) release cannot be accounted by a zCDP filter; "
+                             "use a Releaser without filter (nothing was read or charged)")
+        self.check(n)  # before any data is read
+        center = torch.as_tensor(w0).to(torch.float64)
+        if center.shape != (federation.num_params,) or not torch.isfinite(center).all():
+            raise ValueError(f"w0 must be a finite vector of {federation.num_params} parameters")
+        mech = MeanOutputPert(self.config.mechanism(self.rho(center)))
+        start = time.perf_counter()
+        V, substituted = self.user_vectors(federation, center)
+        plan, diag = mean_stability_plan(V, mech.config)
+        diag["failed_users_set_to_centre"] = substituted
+        theta = mech.release(plan, releaser, federation.ids_of(range(n)), label or self.name,
+                             {"lam": self.config.lam, "rho_fraction": self.config.rho_fraction})
+        res = mech.result(None if theta is None else theta.to(torch.as_tensor(w0).dtype), plan, n,
+                          time.perf_counter() - start, diag)
+        if progress is not None:
+            progress({"round": 1, "rounds": 1, "released": theta is not None, **res.diagnostics})
+        return res
+
+
+@dataclass(frozen=True)
+class PhasedMeanOutputPertConfig:
+    """Public parameters: T = ``phases`` releases at (eps/T, delta/T); phase i uses lam_i = lam 4^i."""
+
+    eps: float
+    delta: float
+    lam: float
+    phases: int
+    rho_fraction: float = 0.25
+    calibration: str = "tight"
+    max_vc_calls: int = DEFAULT_MAX_VC_CALLS
+    local_tol: float = 1e-10
+    local_max_iter: int = 500
+
+    def __post_init__(self) -> None:
+        if isinstance(self.phases, bool) or int(self.phases) != self.phases or self.phases < 1:
+            raise ValueError(f"phases must be a positive integer, got {self.phases!r}")
+        _positive("eps", self.eps)
+        if not (isinstance(self.delta, (int, float)) and 0 < self.delta < 1):
+            raise ValueError(f"delta must be in (0, 1), got {self.delta!r}")
+        self.phase_config(1)
+
+    def lam_i(self, i: int) -> float:
+        return self.lam * 4.0**i
+
+    def phase_config(self, i: int) -> LocalMeanOutputPertConfig:
+        T = self.phases
+        return LocalMeanOutputPertConfig(self.eps / T, self.delta / T, self.lam_i(i), self.rho_fraction,
+                                         self.calibration, self.max_vc_calls, self.local_tol, self.local_max_iter)
+
+
+@dataclass
+class PhasedMeanOutputPertResult:
+    w: torch.Tensor
+    phases: int
+    bottoms: int
+    sigmas: list[float]
+    details: dict = field(default_factory=dict)
+
+    @property
+    def rounds(self) -> int:
+        return self.phases
+
+
+class PhasedMeanOutputPert:
+    """Phased-ERM localization (paper 002, Alg 3) with :class:`LocalMeanOutputPert` in each phase.
+
+    Guarantee: (eps, delta)-DP, user level, replace-one, n public, by basic composition of T
+    (eps/T, delta/T)-DP releases (each charged to every user before it is made). Every phase's
+    centre is the previous release (or the public w0), its rho a public function of that centre.
+    A ⊥ keeps the previous centre (post-processing). The paper's utility theorem does NOT cover this
+    f (mean of local minimizers instead of the ERM minimizer; note §5(c)).
+    """
+
+    name = "phased-mean-output-pert"
+
+    def __init__(self, config: PhasedMeanOutputPertConfig, problem: Problem, feature_bound: float) -> None:
+        self.config = config
+        self.problem = problem
+        self.feature_bound = float(feature_bound)
+
+    def check(self, n: int) -> None:
+        # all phases run at (eps/T, delta/T): one kappa, one refusal check
+        LocalMeanOutputPert(self.config.phase_config(1), self.problem, self.feature_bound).check(n)
+
+    def run(self, federation: Federation, releaser: Releaser, w0: torch.Tensor,
+            progress: Callable[[dict], None] | None = None) -> PhasedMeanOutputPertResult:
+        cfg = self.config
+        if releaser.filter is not None:
+            raise ValueError(f"{self.name}: an (eps, delta) release cannot be accounted by a zCDP filter; "
+                             "use a Releaser without filter (nothing was read or charged)")
+        self.check(federation.num_users)  # before any data is read
+        center = torch.as_tensor(w0).to(torch.float64)
+        bottoms, sigmas, per_phase = 0, [], []
+        for i in range(1, cfg.phases + 1):
+            alg = LocalMeanOutputPert(cfg.phase_config(i), self.problem, self.feature_bound)
+            rho_i = alg.rho(center)  # public: a function of the public centre
+            res = alg.run(federation, releaser, center, label=f"{self.name}/phase-{i}")
+            sigmas.append(res.sigma)
+            released = res.theta is not None
+            if released:
+                center = res.theta.to(torch.float64)
+            else:
+                bottoms += 1
+            d = res.diagnostics
+            per_phase.append({"phase": i, "lam": cfg.lam_i(i), "bottom": not released, "sigma": res.sigma,
+                              "rho": rho_i,
+                              "nonprivate": {"dist": d["dist"], "deleted_users": d["deleted_users"],
+                                             "conflict_edges": d["conflict_edges"], "vc_calls": d["vc_calls"],
+                                             "seconds": d["seconds"]}})
+            if progress is not None:
+                progress({"round": i, "rounds": cfg.phases, "released": released, "sigma": res.sigma})
+        kappa = cfg.phase_config(1).mechanism(1.0).kappa
+        details = {"dp": "approximate (eps, delta)-DP, user level, replace-one, n public; basic composition of "
+                         f"{cfg.phases} x (eps/T, delta/T) releases (each: DelOutputPert with the diameter test)",
+                   "eps": cfg.eps, "delta": cfg.delta, "lam": cfg.lam, "rho_fraction": cfg.rho_fraction,
+                   "calibration": cfg.calibration, "kappa_per_phase": kappa, "bottoms": bottoms,
+                   "bottom_rate": bottoms / cfg.phases, "sigmas": sigmas, "phases": per_phase,
+                   "nonprivate_diagnostics": {"deleted_users": [p["nonprivate"]["deleted_users"] for p in per_phase],
+                                              "dist": [p["nonprivate"]["dist"] for p in per_phase]}}
+        return PhasedMeanOutputPertResult(center.to(torch.as_tensor(w0).dtype), cfg.phases, bottoms, sigmas, details)
+
+
+# --- runner builders ---------------------------------------------------------------------------
+def _approx_budget(ledger, user_ids) -> tuple[float, float]:
+    eps, delta = ledger.approx_left(user_ids)
+    if eps <= 0 or delta <= 0:
+        raise BudgetExceeded(f"ledger {getattr(ledger, 'path', '')}: the users' (eps, delta) budget is spent; "
+                             "nothing to train with")
+    return eps, delta
+
+
+def build_mean_output_pert(cfg, rho_total: float, *, problem, dataset, delta: float, ledger, user_ids,
+                           **_) -> LocalMeanOutputPert:
+    """``mean-output-pert``: one release at the ledger's remaining (eps, delta) for these users.
+
+    Reads ``mean_lam`` (default 1.0), ``mean_rho_fraction`` (0.25), ``mean_calibration`` ("tight"),
+    ``mean_max_vc_calls`` (4e6); the centre is the problem's initial parameters (public).
+    """
+    eps, dlt = _approx_budget(ledger, user_ids)
+    alg = LocalMeanOutputPert(LocalMeanOutputPertConfig(
+        eps, dlt, float(getattr(cfg, "mean_lam", 1.0)), float(getattr(cfg, "mean_rho_fraction", 0.25)),
+        getattr(cfg, "mean_calibration", "tight"), getattr(cfg, "mean_max_vc_calls", DEFAULT_MAX_VC_CALLS)),
+        problem, dataset.feature_bound)
+    alg.check(len(user_ids))  # public refusal at build time
+    return alg
+
+
+def build_phased_mean_output_pert(cfg, rho_total: float, *, problem, dataset, delta: float, ledger, user_ids,
+                                  **_) -> PhasedMeanOutputPert:
+    """``phased-mean-output-pert``: T = ``mean_phases`` (default 2) releases at (eps/T, delta/T).
+
+    Reads ``mean_phases`` (2), ``mean_lam`` (base lam, lam_i = lam 4^i; default 1.0),
+    ``mean_rho_fraction`` (0.25), ``mean_calibration`` ("tight"), ``mean_max_vc_calls`` (4e6).
+    """
+    eps, dlt = _approx_budget(ledger, user_ids)
+    alg = PhasedMeanOutputPert(PhasedMeanOutputPertConfig(
+        eps, dlt, float(getattr(cfg, "mean_lam", 1.0)), getattr(cfg, "mean_phases", 2),
+        float(getattr(cfg, "mean_rho_fraction", 0.25)), getattr(cfg, "mean_calibration", "tight"),
+        getattr(cfg, "mean_max_vc_calls", DEFAULT_MAX_VC_CALLS)), problem, dataset.feature_bound)
+    alg.check(len(user_ids))
+    return alg
+
+
+# name: (default, --help sentence, "theorem" or "heuristic") for the CLI
+HYPERPARAMETERS = {
+    "mean_lam": (1.0, "mean-output-pert: local regularization lam of every user's minimizer around the centre "
+                      "(phased: lam_i = lam 4^i)", "heuristic"),
+    "mean_rho_fraction": (0.25, "mean-output-pert: the diameter threshold rho as a fraction of the a-priori "
+                                "diameter 2 G0/(mu + lam) (too small: ⊥ or many deletions; too large: more noise)",
+                          "heuristic"),
+    "mean_phases": (2, "phased-mean-output-pert: phases T, each at (eps/T, delta/T)", "heuristic"),
+    "mean_calibration": ("tight", "mean-output-pert noise: tight (analytic Gaussian, sensitivity (4 kappa + 1) "
+                                  "Delta) or paper (Alg 1's 2 sqrt(ln(2/delta)) 8 kappa Delta/eps)", "theorem"),
+    "mean_max_vc_calls": (DEFAULT_MAX_VC_CALLS, "mean-output-pert: refuse (before reading data) plans whose proven "
+                                                "worst-case vertex-cover work exceeds this many calls",
+                          "safety limit"),
+}
+
+MEAN_OUTPUT_PERT_BUILDERS = {"mean-output-pert": build_mean_output_pert,
+                             "phased-mean-output-pert": build_phased_mean_output_pert}

@@ -1,0 +1,530 @@
+"""MeanOutputPert (paper 002, note §5(c)): DelOutputPert for a mean with the exact vertex-cover test.
+
+Fixed seeds everywhere; every sampled check has a tolerance of a few standard errors of its sample.
+"""
+import itertools
+import math
+import types
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from fedkl.algorithms.del_output_pert import (
+    DelOutputPert,
+    exact_stability,
+    exact_stability_predicate,
+    mean_of_user_vectors,
+)
+from fedkl.algorithms.mean_output_pert import (
+    LocalMeanOutputPert,
+    LocalMeanOutputPertConfig,
+    MeanOutputPert,
+    MeanOutputPertConfig,
+    PhasedMeanOutputPert,
+    PhasedMeanOutputPertConfig,
+    build_mean_output_pert,
+    build_phased_mean_output_pert,
+    conflict_edges,
+    diameter_predicate,
+    local_radius,
+    mean_stability_plan,
+    pairwise_distances,
+)
+from fedkl.algorithms.vertex_cover import (
+    CallCounter,
+    branch_calls,
+    cover_at_most,
+    graph_from_edges,
+    min_vertex_cover,
+    worst_case_calls,
+)
+from fedkl.data import load_dataset
+from fedkl.federation.base import LocalRegularizedMinimizer
+from fedkl.federation.inprocess import InProcessFederation
+from fedkl.privacy import Budget, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter
+from fedkl.privacy.mechanisms import GaussianMechanism
+from fedkl.problems import make_problem
+
+# (eps, delta) = (4, 0.2): eps_bar = 2, delta_bar = 0.2/(e^2 + 2), kappa = 3 (2 kappa = 6 deletions,
+# n >= 4 kappa + 2 = 14 users): visible TDLap tails at sizes the enumeration reference can check.
+EPS, DELTA = 4.0, 0.2
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+class _CountingLedger:
+    """Stands in for the ledger in the sampling tests (thousands of releases of one dataset would
+    exhaust any real budget); records the charges so tests can check them."""
+
+    def __init__(self):
+        self.charges = []
+
+    def charge(self, user_ids, **kw):
+        self.charges.append((list(user_ids), kw))
+        return len(self.charges)
+
+
+def _ids(n):
+    return [f"u{i}" for i in range(n)]
+
+
+def _outliers(n, k, d=1, seed=0, at=10.0):
+    """Typical users uniform in [-0.1, 0.1]^d, users 0..k-1 at ``at`` (they conflict with every typical user)."""
+    v = np.random.default_rng(seed).uniform(-0.1, 0.1, size=(n, d))
+    v[:k] = at
+    return torch.tensor(v)
+
+
+# --- the exact FPT vertex cover -----------------------------------------------------------------
+def _brute_cover(n, edges, k):
+    for s in range(min(k, n) + 1):
+        for S in itertools.combinations(range(n), s):        # lexicographic: first hit is the canonical cover
+            if all(a in S or b in S for a, b in edges):
+                return s, S
+    return None
+
+
+def _random_regular(n, deg, rng):
+    """A random simple graph with all degrees <= deg (pairing model, clashes dropped)."""
+    stubs = np.repeat(np.arange(n), deg)
+    rng.shuffle(stubs)
+    stubs = stubs[:len(stubs) // 2 * 2]
+    return {(min(a, b), max(a, b)) for a, b in stubs.reshape(-1, 2) if a != b}
+
+
+def test_recurrence_values():
+    # D(s) = 1 + max(D(s-1) + D(s-4), D(s-2) + D(s-3)), D(s <= 2) = 1
+    assert [branch_calls(s) for s in range(11)] == [1, 1, 1, 3, 5, 7, 9, 13, 19, 27, 37]
+    assert worst_case_calls(0) == 1 and worst_case_calls(3) == 1 + 1 + 1 + 3 + 1 + 1 + 1
+    assert 1.37 < (branch_calls(60) / branch_calls(59)) < 1.39     # ~1.3803^s
+
+
+def test_vertex_cover_agrees_with_brute_force_on_random_graphs():
+    rng = np.random.default_rng(0)
+    for trial in range(400):
+        n = int(rng.integers(1, 12))
+        if trial % 3 == 2:
+            edges = sorted(_random_regular(n, int(rng.integers(2, 6)), rng))
+        else:
+            p = float(rng.choice([0.1, 0.25, 0.5, 0.8]))
+            edges = [(a, b) for a in range(n) for b in range(a + 1, n) if rng.random() < p]
+        g = graph_from_edges(n, edges)
+        k = int(rng.integers(0, n + 1))
+        counter = CallCounter()
+        assert min_vertex_cover(g, k, counter) == _brute_cover(n, edges, k), (n, edges, k)
+        assert counter.calls <= worst_case_calls(k)
+        tau = _brute_cover(n, edges, n)[0]
+        for t in range(-1, n + 1):
+            c = CallCounter()
+            assert cover_at_most(g, t, c) == (t >= tau)
+            assert c.calls <= branch_calls(max(t, 0))
+        assert g == graph_from_edges(n, edges)   # the input is never modified
+
+
+def test_vertex_cover_geometric_instances_and_call_bound_on_larger_graphs():
+    rng = np.random.default_rng(1)
+    for trial in range(60):      # the conflict graphs the mechanism builds
+        n = int(rng.integers(6, 13))
+        V = torch.tensor(rng.normal(0, 1, (n, 2)) * rng.choice([0.3, 1.0, 3.0]))
+        rho = float(rng.choice([0.5, 1.0, 2.0, 4.0]))
+        edges = conflict_edges(V, rho)
+        D = pairwise_distances(V)
+        assert sorted(edges) == [(a, b) for a in range(n) for b in range(a + 1, n) if D[a, b] > rho * (1 - 1e-9)]
+        assert min_vertex_cover(graph_from_edges(n, edges), 6) == _brute_cover(n, edges, 6)
+    for deg, n in ((3, 40), (4, 36), (5, 30)):     # sparse regular graphs: the branching cases
+        edges = _random_regular(n, deg, rng)
+        counter = CallCounter()
+        out = min_vertex_cover(graph_from_edges(n, edges), 24, counter)
+        assert counter.calls <= worst_case_calls(24)
+        if out is not None:
+            tau, S = out
+            assert len(S) == tau and all(a in S or b in S for a, b in edges)
+            assert not cover_at_most(graph_from_edges(n, edges), tau - 1)
+
+
+# --- the test equals Algorithm 1 with the diameter predicate ------------------------------------
+def _instances(count, seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        n = int(rng.integers(14, 17))
+        d = int(rng.integers(1, 3))
+        V = rng.normal(0, 0.1, (n, d))
+        far = rng.choice(n, int(rng.integers(0, 8)), replace=False)
+        V[far] += rng.choice([-1.0, 1.0], size=(len(far), 1)) * rng.uniform(0.2, 2.0, (len(far), d))
+        yield torch.tensor(V), float(rng.choice([0.3, 0.5, 1.0, 2.0]))
+
+
+def test_plan_equals_enumeration_reference_and_is_sound_for_the_dbar_test():
+    """Same dist, same canonical deleted set, bit-identical value as the enumeration of Algorithm 1
+    with P(y, b) = diam <= Delta(|y| - b - 1); and P is sound: the Dbar version deletes no more."""
+    seen = set()
+    for V, rho in _instances(40, seed=2):
+        n = V.shape[0]
+        cfg = MeanOutputPertConfig(EPS, DELTA, rho)
+        plan, diag = mean_stability_plan(V, cfg)
+        f = mean_of_user_vectors(V)
+        ref = exact_stability_predicate(f, diameter_predicate(V, rho), n, cfg.dop(n))
+        assert (plan.dist, plan.deleted) == (ref.dist, ref.deleted)
+        if plan.dist is not None:
+            assert torch.equal(plan.value, ref.value)
+            kept = [u for u in range(n) if u not in plan.deleted]
+            assert float(torch.pdist(V[kept]).max()) <= rho
+        assert diag["vc_calls"] <= cfg.worst_case_calls
+        dbar = exact_stability(f, n, cfg.dop(n))         # Algorithm 1 with the literal Dbar test
+        if plan.dist is not None:
+            assert dbar.dist is not None and dbar.dist <= plan.dist
+        seen.add(plan.dist)
+    assert {0, None} <= seen and len(seen) >= 4       # the instances exercise the interesting cases
+
+
+def test_predicate_is_hereditary_and_sound_by_brute_force():
+    """(H): diam(y - i) <= diam(y) with the same threshold; (S): P(y, b) => Dbar_b f(y) <= Delta."""
+    rng = np.random.default_rng(3)
+    n, b = 9, 3
+    for _ in range(6):
+        V = torch.tensor(rng.normal(0, 1, (n, 2)))
+        f = mean_of_user_vectors(V)
+
+        def F(y):
+            m = torch.zeros(1, n, dtype=torch.bool)
+            m[0, list(y)] = True
+            return f(m)[0]
+
+        def dbar(y, b):
+            worst = 0.0
+            for T in itertools.chain.from_iterable(itertools.combinations(y, s) for s in range(b + 1)):
+                z = [u for u in y if u not in T]
+                worst = max([worst] + [float((F(z) - F([u for u in z if u != i])).norm()) for i in z])
+            return worst
+
+        y = tuple(range(n))
+        diam = float(torch.pdist(V).max())
+        Delta = diam / (n - b - 1)            # the smallest Delta with P(y, b)
+        assert dbar(y, b) <= Delta * (1 + 1e-12)
+        for i in y:
+            z = [u for u in y if u != i]
+            assert float(torch.pdist(V[z]).max()) <= diam            # (H)
+
+
+def test_release_agrees_in_distribution_with_the_reference():
+    """Two-sample test: the production path (plan by vertex cover + release) vs the exact reference
+    DelOutputPert of del_output_pert.py for the same mean f, with independent seeds. On this instance
+    the literal Dbar test (exact_stability) and the diameter predicate pick the same set, so the
+    reference is Algorithm 1 verbatim."""
+    n, N = 16, 3000
+    V = _outliers(n, 3, d=2, seed=4)
+    cfg = MeanOutputPertConfig(EPS, DELTA, rho=0.5)
+    f = mean_of_user_vectors(V)
+    ref = exact_stability(f, n, cfg.dop(n))
+    pred = exact_stability_predicate(f, diameter_predicate(V, 0.5), n, cfg.dop(n))
+    assert (ref.dist, ref.deleted) == (pred.dist, pred.deleted) == (3, (0, 1, 2))
+    assert torch.equal(ref.value, pred.value)
+    mech = MeanOutputPert(cfg)
+    rel_a, rel_b = Releaser(_CountingLedger(), NoiseSource(11)), Releaser(_CountingLedger(), NoiseSource(12))
+    a = [mech.run_vectors(V, rel_a, _ids(n)).theta for _ in range(N)]
+    b = [DelOutputPert(cfg.dop(n)).release(ref, rel_b, _ids(n), "ref") for _ in range(N)]
+    pa, pb = sum(x is None for x in a) / N, sum(x is None for x in b) / N
+    exact = float(cfg.deletion_budget.pmf()[:3].sum())            # Pr[R1 < dist]
+    se = math.sqrt(exact * (1 - exact) / N)
+    assert 0.02 < exact < 0.98
+    assert abs(pa - exact) <= 5 * se and abs(pb - exact) <= 5 * se and abs(pa - pb) <= 5 * math.sqrt(2) * se
+    A = torch.stack([x for x in a if x is not None]).numpy()
+    B = torch.stack([x for x in b if x is not None]).numpy()
+    for j in range(2):
+        assert stats.ks_2samp(A[:, j], B[:, j]).pvalue > 1e-3
+    # centred on the mean of the kept (typical) users
+    se_mean = cfg.sigma(n) / math.sqrt(len(A))
+    assert np.all(np.abs(A.mean(0) - V[3:].mean(0).numpy()) <= 5 * se_mean)
+
+
+def _hockey_stick(law_a, law_b, sigma, eps):
+    """Exact sup_E Pr[M(a) in E] - e^eps Pr[M(b) in E] for laws (Pr[⊥], value or None): an atom
+    at ⊥ plus (1 - Pr[⊥]) N(value, sigma^2 I)."""
+    (ba, ma), (bb, mb) = law_a, law_b
+    va, vb = 1 - ba, 1 - bb
+    out = max(0.0, ba - math.exp(eps) * bb)
+    if va > 0 and vb == 0:
+        return out + va
+    if va > 0:
+        L = float((ma - mb).norm()) / sigma
+        if L == 0:
+            return out + max(0.0, va - math.exp(eps) * vb)
+        t = L / 2 - (eps + math.log(vb / va)) / L
+        out += va * stats.norm.cdf(t) - math.exp(eps) * vb * stats.norm.cdf(t - L)
+    return out
+
+
+@pytest.mark.parametrize("calibration", ["tight", "paper"])
+def test_bottom_frequencies_and_privacy_profile_on_neighbours(calibration):
+    """Replace-one neighbours (a typical user replaced by an outlier, or an outlier by a typical
+    user): sampled ⊥ frequencies within e^eps p' + delta, and the exact (eps, delta) profile of the
+    whole output law (⊥ atom + Gaussian) <= delta in both directions."""
+    n, N, rho = 16, 4000, 0.5
+    cfg = MeanOutputPertConfig(EPS, DELTA, rho, calibration)
+    pmf = cfg.deletion_budget.pmf()
+    data = {k: _outliers(n, k, seed=5) for k in range(0, 8)}       # k = 7 > 2 kappa: always ⊥
+    swap = {}
+    for k, v in data.items():
+        w = v.clone()
+        w[n - 1] = -0.1 if float(v[n - 1]) > 0 else 0.1            # another typical user
+        swap[k] = w
+    plans = {("out", k): mean_stability_plan(v, cfg)[0] for k, v in data.items()}
+    plans.update({("swap", k): mean_stability_plan(v, cfg)[0] for k, v in swap.items()})
+    assert [plans[("out", k)].dist for k in range(8)] == [0, 1, 2, 3, 4, 5, 6, None]
+    law = {key: ((float(pmf[:p.dist].sum()), p.value) if p.dist is not None else (1.0, None))
+           for key, p in plans.items()}
+    pairs = [(("out", k), ("out", k + 1)) for k in range(7)] + [(("out", k), ("swap", k)) for k in range(8)]
+    sigma = cfg.sigma(n)
+    worst = 0.0
+    for x, y in pairs:
+        vx = data[x[1]] if x[0] == "out" else swap[x[1]]
+        vy = data[y[1]] if y[0] == "out" else swap[y[1]]
+        assert int((vx != vy).any(dim=1).sum()) == 1           # neighbours: one user differs
+        for a, b in ((x, y), (y, x)):
+            assert law[a][0] <= math.exp(cfg.eps_bar) * law[b][0] + cfg.delta_bar + 1e-15    # eq. (2)
+            worst = max(worst, _hockey_stick(law[a], law[b], sigma, cfg.eps))
+    assert worst <= cfg.delta
+    # sampled ⊥ frequencies through the production path, for the neighbours (1,2), (2,3), (3,4)
+    observed = {}
+    for k in (1, 2, 3, 4):
+        rel = Releaser(_CountingLedger(), NoiseSource(20 + k))
+        plan = plans[("out", k)]
+        observed[k] = sum(MeanOutputPert(cfg).release(plan, rel, _ids(n), "t") is None for _ in range(N)) / N
+        se = math.sqrt(law[("out", k)][0] * (1 - law[("out", k)][0]) / N)
+        assert abs(observed[k] - law[("out", k)][0]) <= 5 * se
+    for a, b in ((1, 2), (2, 1), (2, 3), (3, 2), (3, 4), (4, 3)):
+        se = math.sqrt(observed[a] * (1 - observed[a]) / N) + math.exp(cfg.eps) * math.sqrt(
+            observed[b] * (1 - observed[b]) / N)
+        assert observed[a] <= math.exp(cfg.eps) * observed[b] + cfg.delta + 5 * se
+    # negative control: "⊥ unless x itself passes" (no noisy budget) violates (eps, delta)
+    bad = {k: 1.0 if plans[("out", k)].dist else 0.0 for k in (0, 1)}     # its Pr[⊥] on out0, out1
+    assert bad[1] - math.exp(cfg.eps) * bad[0] > cfg.delta
+
+
+# --- the noise ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("calibration", ["tight", "paper"])
+def test_sensitivity_sigma_and_noise_std(calibration):
+    n, d, draws, rho = 16, 40, 300, 0.2
+    cfg = MeanOutputPertConfig(EPS, DELTA, rho, calibration)
+    k = cfg.kappa
+    eps_bar, delta_bar = EPS / 2, DELTA / (math.exp(EPS / 2) + 2)
+    Delta = rho / (n - 4 * k - 1)
+    if calibration == "tight":
+        assert cfg.sensitivity(n) == pytest.approx((4 * k + 1) * Delta)
+        assert cfg.sigma(n) == pytest.approx(GaussianMechanism.analytic((4 * k + 1) * Delta, eps_bar, delta_bar).sigma)
+    else:
+        assert cfg.sensitivity(n) == pytest.approx(8 * k * Delta)
+        assert cfg.sigma(n) == pytest.approx(2 * math.sqrt(math.log(2 / delta_bar)) * 8 * k * Delta / eps_bar)
+    V = torch.tensor(np.random.default_rng(6).uniform(-0.01, 0.01, (n, d)))
+    plan, _ = mean_stability_plan(V, cfg)
+    assert plan.dist == 0 and torch.allclose(plan.value, V.mean(0))
+    rel = Releaser(_CountingLedger(), NoiseSource(7))
+    noise = torch.stack([MeanOutputPert(cfg).release(plan, rel, _ids(n), "t") - plan.value for _ in range(draws)])
+    N = noise.numel()
+    assert abs(float(noise.std()) / cfg.sigma(n) - 1) < 5 / math.sqrt(2 * N)
+    assert abs(float(noise.mean())) < 5 * cfg.sigma(n) / math.sqrt(N)
+
+
+# --- the federated algorithms: ledger, refusals ------------------------------------------------
+def _logistic(n, seed=1, m=20, d=3, reg=0.0):
+    ds = load_dataset("synthetic-logistic", n_users=n, m=m, d=d, seed=seed)
+    prob = make_problem("logistic", ds, reg=reg)
+    return ds, prob, InProcessFederation(prob, ds)
+
+
+class _SpyNoise(NoiseSource):
+    def __init__(self, seed, events):
+        super().__init__(seed)
+        self.events = events
+
+    def categorical(self, lw):
+        self.events.append("R1")
+        return super().categorical(lw)
+
+    def gaussian(self, shape, std):
+        self.events.append("noise")
+        return super().gaussian(shape, std)
+
+
+def _spy_ledger(path, events, eps, delta):
+    ledger = PrivacyLedger(path, Budget(epsilon=eps, delta=delta))
+    charge = ledger.charge
+
+    def spy(*a, **k):
+        events.append("charge")
+        return charge(*a, **k)
+
+    ledger.charge = spy
+    return ledger
+
+
+def _spy_federation(fed, events):
+    compute = fed.compute
+
+    def spy(q, users=None):
+        events.append("compute")
+        return compute(q, users)
+
+    fed.compute = spy
+    return fed
+
+
+def test_local_mean_output_pert_charges_once_per_user_before_the_release(tmp_path):
+    n = 16
+    ds, prob, fed = _logistic(n)
+    events = []
+    _spy_federation(fed, events)
+    ledger = _spy_ledger(tmp_path / "l.sqlite", events, 10.0, 0.5)
+    alg = LocalMeanOutputPert(LocalMeanOutputPertConfig(EPS, DELTA, lam=1.0, rho_fraction=1.0), prob, ds.feature_bound)
+    w0 = torch.zeros(prob.num_params, dtype=torch.float64)
+    # a zCDP filter cannot account an (eps, delta) release: refused before anything is read or charged
+    with pytest.raises(ValueError, match="zCDP filter"):
+        alg.run(fed, Releaser(ledger, _SpyNoise(0, events), ZCDPFilter(1.0)), w0)
+    assert events == [] and ledger.num_releases() == 0
+    res = alg.run(fed, Releaser(ledger, _SpyNoise(0, events)), w0)
+    assert events == ["compute", "charge", "R1", "noise"]
+    (rel,) = ledger.releases()
+    assert (rel["eps"], rel["delta"], rel["users"], rel["mechanism"]) == (EPS, DELTA, n, "stability-gaussian")
+    assert rel["noise_scale"] == pytest.approx(res.sigma)
+    assert all(ledger.spend(u).releases == 1 for u in fed.user_ids)
+    ledger.verify()
+    # rho_fraction = 1: every exact local minimizer is within G0/lam of w0, so the test passes with
+    # no deletion, and the released value is the mean of the users' local minimizers + noise
+    V = fed.compute(LocalRegularizedMinimizer(w0, 1.0)).values
+    assert float((V - w0).norm(dim=1).max()) <= local_radius(prob, ds.feature_bound, w0, 1.0)
+    assert res.diagnostics["dist"] == 0 and res.theta is not None
+    assert float((res.theta - V.mean(0)).norm()) <= 6 * res.sigma * math.sqrt(prob.num_params)
+
+
+def test_bottom_is_charged_like_a_release(tmp_path):
+    n = 16
+    V = _outliers(n, 7)                         # 7 > 2 kappa deletions needed: ⊥ for every R1
+    ledger = PrivacyLedger(tmp_path / "l.sqlite", Budget(epsilon=100.0, delta=0.9))
+    cfg = MeanOutputPertConfig(EPS, DELTA, rho=0.5)
+    outs = [MeanOutputPert(cfg).run_vectors(V, Releaser(ledger, NoiseSource(s)), _ids(n)) for s in range(3)]
+    assert all(o.theta is None and o.bottom for o in outs)
+    assert ledger.num_releases() == 3 and all(ledger.spend(u).releases == 3 for u in _ids(n))
+    assert ledger.spend("u0").eps == pytest.approx(3 * EPS)
+
+
+@pytest.mark.parametrize("rho_fraction,expect_bottoms", [(1.0, 0), (1e-6, 2)])
+def test_phased_charges_each_phase_once_per_user_and_keeps_the_centre_on_bottom(tmp_path, rho_fraction,
+                                                                                expect_bottoms):
+    n = 16
+    ds, prob, fed = _logistic(n, seed=2)
+    ledger = PrivacyLedger(tmp_path / "l.sqlite", Budget(epsilon=8.0, delta=0.45))
+    cfg = PhasedMeanOutputPertConfig(8.0, 0.4, lam=0.5, phases=2, rho_fraction=rho_fraction)
+    w0 = torch.zeros(prob.num_params, dtype=torch.float64)
+    res = PhasedMeanOutputPert(cfg, prob, ds.feature_bound).run(fed, Releaser(ledger, NoiseSource(3)), w0)
+    assert res.bottoms == expect_bottoms and res.phases == 2
+    assert res.details["bottoms"] == expect_bottoms and len(res.details["nonprivate_diagnostics"]["dist"]) == 2
+    if expect_bottoms == 2:
+        assert torch.equal(res.w, w0)
+        assert res.details["nonprivate_diagnostics"]["dist"] == [None, None]
+    else:
+        assert res.details["nonprivate_diagnostics"]["deleted_users"] == [0, 0]
+    assert [(r["eps"], r["delta"], r["users"]) for r in ledger.releases()] == [(4.0, 0.2, n)] * 2
+    assert all(ledger.spend(u).releases == 2 for u in fed.user_ids)
+    assert ledger.spend(fed.user_ids[0]).eps == pytest.approx(8.0)
+    ledger.verify()
+
+
+def test_refusals_happen_before_any_data_is_read(tmp_path):
+    events = []
+    ds, prob, fed = _logistic(13)                         # 13 < 4 kappa + 2 = 14
+    _spy_federation(fed, events)
+    w0 = torch.zeros(prob.num_params, dtype=torch.float64)
+    rel = Releaser(_CountingLedger(), NoiseSource(0))
+    with pytest.raises(ValueError, match="4 kappa \\+ 2 = 14"):
+        LocalMeanOutputPert(LocalMeanOutputPertConfig(EPS, DELTA, 1.0), prob, ds.feature_bound).run(fed, rel, w0)
+    ds, prob, fed = _logistic(30)
+    _spy_federation(fed, events)
+    tiny = LocalMeanOutputPertConfig(EPS, DELTA, 1.0, max_vc_calls=10)      # worst case for k = 6: 45 calls
+    with pytest.raises(ValueError, match="work budget"):
+        LocalMeanOutputPert(tiny, prob, ds.feature_bound).run(fed, rel, w0)
+    # Phased: (eps/T, delta/T) per phase; T = 4 at (4, 0.2) gives kappa = 10: 2 kappa = 20 -> 5,911 calls
+    ds, prob, fed = _logistic(45)                         # >= 4 kappa + 2 = 42
+    _spy_federation(fed, events)
+    phased = PhasedMeanOutputPertConfig(EPS, DELTA, 1.0, phases=4, max_vc_calls=5000)
+    with pytest.raises(ValueError, match="work budget"):
+        PhasedMeanOutputPert(phased, prob, ds.feature_bound).run(fed, rel, w0)
+    with pytest.raises(ValueError, match="users"):
+        mean_stability_plan(torch.zeros(10, 2), MeanOutputPertConfig(EPS, DELTA, 1.0))
+    assert events == [] and rel.ledger.charges == []
+    # the builders refuse from the public n alone, reading the RunConfig fields
+    ledger = PrivacyLedger(tmp_path / "l.sqlite", Budget(epsilon=EPS, delta=DELTA))
+    cfg = types.SimpleNamespace(mean_lam=1.0, mean_rho_fraction=0.3, mean_phases=4, mean_calibration="tight",
+                                mean_max_vc_calls=5000)
+    with pytest.raises(ValueError, match="work budget"):
+        build_phased_mean_output_pert(cfg, 0.0, problem=prob, dataset=ds, delta=DELTA, ledger=ledger,
+                                      user_ids=fed.user_ids)
+    alg = build_mean_output_pert(cfg, 0.0, problem=prob, dataset=ds, delta=DELTA, ledger=ledger, user_ids=fed.user_ids)
+    assert alg.config.eps == pytest.approx(EPS) and alg.config.delta < DELTA and alg.config.rho_fraction == 0.3
+    with pytest.raises(ValueError, match="4 kappa"):
+        build_mean_output_pert(cfg, 0.0, problem=prob, dataset=ds, delta=DELTA, ledger=ledger,
+                               user_ids=fed.user_ids[:13])
+    with pytest.raises(ValueError, match="4 kappa \\+ 2 = 42"):
+        build_phased_mean_output_pert(cfg, 0.0, problem=prob, dataset=ds, delta=DELTA, ledger=ledger,
+                                      user_ids=fed.user_ids[:41])
+    assert events == []
+
+
+def test_bad_input_is_refused_with_a_clear_error():
+    with pytest.raises(ValueError, match="rho"):
+        MeanOutputPertConfig(EPS, DELTA, rho=0.0)
+    with pytest.raises(ValueError, match="delta"):
+        MeanOutputPertConfig(EPS, 1.0, rho=1.0)
+    with pytest.raises(ValueError, match="calibration"):
+        MeanOutputPertConfig(EPS, DELTA, 1.0, calibration="loose")
+    with pytest.raises(ValueError, match="lam"):
+        LocalMeanOutputPertConfig(EPS, DELTA, lam=0.0)
+    with pytest.raises(ValueError, match="phases"):
+        PhasedMeanOutputPertConfig(EPS, DELTA, 1.0, phases=0)
+    V = _outliers(16, 0)
+    V[3, 0] = float("nan")
+    with pytest.raises(ValueError, match="finite"):
+        mean_stability_plan(V, MeanOutputPertConfig(EPS, DELTA, 1.0))
+    with pytest.raises(ValueError, match="user ids"):
+        MeanOutputPert(MeanOutputPertConfig(EPS, DELTA, 1.0)).run_vectors(_outliers(16, 0), Releaser(
+            _CountingLedger(), NoiseSource(0)), _ids(15))
+
+
+def test_failed_users_get_the_public_centre():
+    n = 16
+    ds, prob, fed = _logistic(n)
+    compute = fed.compute
+
+    def broken(q, users=None):
+        ans = compute(q, users)
+        ans.values[5] = float("nan")
+        return ans
+
+    fed.compute = broken
+    alg = LocalMeanOutputPert(LocalMeanOutputPertConfig(EPS, DELTA, lam=1.0), prob, ds.feature_bound)
+    w0 = torch.full((prob.num_params,), 0.1, dtype=torch.float64)
+    V, substituted = alg.user_vectors(fed, w0)
+    assert substituted == 1 and torch.equal(V[5], w0) and torch.isfinite(V).all()
+
+
+def test_predicate_reference_refuses_large_n_before_reading_data():
+    called = []
+
+    def f(masks):
+        called.append("f")
+        return torch.zeros(masks.shape[0], 1)
+
+    def stable(masks):
+        called.append("stable")
+        return torch.ones(masks.shape[0], dtype=torch.bool)
+
+    with pytest.raises(ValueError, match="max_exact_users"):
+        exact_stability_predicate(f, stable, 21, MeanOutputPertConfig(EPS, DELTA, 1.0).dop(30))
+    assert called == []
