@@ -18,17 +18,11 @@ and the step is exactly fedkl's ``dp-sgd`` (:mod:`fedkl.algorithms.dp_adaptive`,
 ``local_lr = eta`` it is ``dp-sgd`` with clip ``C / eta`` and ``lr = eta * server_lr``.
 
 Guarantee: user-level (eps, delta)-DP of the whole schedule of T releases, each a Gaussian of noise
-multiplier ``z = sigma / Delta`` on the sum of per-user answers of norm <= C. Same accounting as
-:mod:`fedkl.algorithms.dp_adaptive`:
-
-* add-remove (one user's data added or removed): Delta = C, with Poisson amplification, accounted
-  by dp-accounting (PLD by default, or RDP) for ``PoissonSampled(q, Gaussian(z))`` composed T times;
-* replace-one: only with q = 1 (full participation): Delta = 2C, accounted as T Gaussians.
-
-z is the smallest multiplier whose accountant gives the (eps, delta) the ledger still allows; the
-schedule's (eps, delta) is charged to every enrolled user BEFORE the first release (any of them may
-be sampled), so an aborted run is over-charged, never under-charged; the handle refuses a release
-beyond T. What is private: the released noisy sums, hence every iterate, the momentum and the
+multiplier ``z = sigma / Delta`` on the sum of per-user answers of norm <= C (Delta = C add-remove
+with Poisson amplification, 2C replace-one with q = 1), calibrated by dp-accounting and charged to
+every enrolled user before the first release; the same accounting as
+:mod:`fedkl.algorithms.dp_adaptive`, stated in full in :mod:`fedkl.algorithms.poisson_schedule`.
+What is private: the released noisy sums, hence every iterate, the momentum and the
 final model (post-processing). What a sampled client sees: the current model w_t (a private
 output) and the local-training hyperparameters. The server sees each sampled user's clipped
 delta in the clear (central DP: the server is trusted; no secure aggregation here).
@@ -41,28 +35,19 @@ gradients).
 """
 from __future__ import annotations
 
-import functools
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
+from fedkl.algorithms.poisson_schedule import (PoissonScheduledRun, ScheduleResult, calibrate, check_schedule_config,
+                                               sum_sensitivity)
 from fedkl.federation.base import ClippedLocalUpdate, Federation
 from fedkl.federation.inprocess import clip_rows
-from fedkl.privacy.accounting import ACCOUNTANTS, GaussianSchedule, noise_multiplier_for, schedule_epsilon
+from fedkl.privacy.accounting import GaussianSchedule
 from fedkl.privacy.release import Releaser
-
-
-@functools.lru_cache(maxsize=512)
-def calibrate(eps: float, delta: float, sampling_rate: float, rounds: int, accountant: str) -> tuple[float, float]:
-    """``(z, eps_z)``: the smallest noise multiplier whose schedule meets (eps, delta) (dp-accounting's
-    bisection, :func:`~fedkl.privacy.accounting.noise_multiplier_for`) and the accountant's eps of
-    that schedule (<= eps), the value charged. Pure and deterministic, so memoized: calibrating a
-    PLD schedule takes seconds and repeated runs (seeds) ask for the same one."""
-    z = noise_multiplier_for(eps, delta, sampling_rate, rounds, accountant)
-    return z, schedule_epsilon(GaussianSchedule(z, sampling_rate, rounds), delta, accountant)
 
 
 @dataclass(frozen=True)
@@ -81,42 +66,23 @@ class DPFedAvgConfig:
     accountant: str = "pld"
 
     def __post_init__(self) -> None:
-        if int(self.rounds) != self.rounds or self.rounds < 1:
-            raise ValueError(f"rounds must be a positive integer, got {self.rounds}")
+        check_schedule_config(self.rounds, self.sampling_rate, self.neighbouring, self.accountant)
         for name in ("clip", "local_lr", "server_lr"):
             v = getattr(self, name)
             if not (v > 0 and math.isfinite(v)):
                 raise ValueError(f"{name} must be finite and > 0, got {v}")
-        if not 0 < self.sampling_rate <= 1:
-            raise ValueError(f"sampling rate must be in (0, 1], got {self.sampling_rate}")
         if not 0 <= self.server_momentum < 1:
             raise ValueError(f"server_momentum must be in [0, 1), got {self.server_momentum}")
         # the query validates local_steps and batch_size with the same rules the clients apply
         ClippedLocalUpdate(torch.zeros(1), self.clip, self.local_steps, self.local_lr, self.batch_size)
-        if self.neighbouring not in ("add-remove", "replace-one"):
-            raise ValueError(f"neighbouring must be 'add-remove' or 'replace-one', got {self.neighbouring!r}")
-        if self.neighbouring == "replace-one" and self.sampling_rate < 1:
-            raise ValueError("Poisson user sampling is accounted under add-remove only: use "
-                             "neighbouring='add-remove', or sampling_rate=1 for replace-one")
-        if self.accountant not in ACCOUNTANTS:
-            raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {self.accountant!r}")
 
     @property
     def sensitivity(self) -> float:
         """L2 sensitivity of the released sum under the configured relation."""
-        return 2.0 * self.clip if self.neighbouring == "replace-one" else self.clip
+        return sum_sensitivity(self.clip, self.neighbouring)
 
 
-@dataclass
-class DPFedAvgResult:
-    w: torch.Tensor
-    rounds: int
-    sigma: float
-    noise_multiplier: float
-    epsilon: float
-    delta: float
-    history: list[dict] = field(default_factory=list)
-    details: dict = field(default_factory=dict)
+DPFedAvgResult = ScheduleResult
 
 
 class DPFedAvg:
@@ -140,28 +106,16 @@ class DPFedAvg:
     def run(self, federation: Federation, releaser: Releaser, w0: torch.Tensor,
             progress: Callable[[dict], None] | None = None) -> DPFedAvgResult:
         cfg = self.config
-        n = federation.num_users
-        user_ids = federation.ids_of(list(range(n)))
-        schedule = self.schedule()
-        _, eps = calibrate(self.eps, self.delta, cfg.sampling_rate, cfg.rounds, cfg.accountant)
-        sigma = schedule.noise_multiplier * cfg.sensitivity
-        handle = releaser.schedule_gaussian(
-            eps=eps, delta=self.delta, sigma=sigma, sensitivity=cfg.sensitivity, releases=cfg.rounds,
-            user_ids=user_ids, label=f"{self.name}/schedule",
-            details={"noise_multiplier": schedule.noise_multiplier, "sampling_rate": cfg.sampling_rate,
-                     "accountant": cfg.accountant, "neighbouring": cfg.neighbouring,
-                     "local_steps": cfg.local_steps, "local_lr": cfg.local_lr})
+        run = PoissonScheduledRun(federation, releaser, name=self.name, eps=self.eps, delta=self.delta, clip=cfg.clip,
+                                  sampling_rate=cfg.sampling_rate, rounds=cfg.rounds, neighbouring=cfg.neighbouring,
+                                  accountant=cfg.accountant,
+                                  details={"local_steps": cfg.local_steps, "local_lr": cfg.local_lr})
         w = w0.clone()
         velocity = torch.zeros_like(w)
-        denominator = cfg.sampling_rate * n
         history: list[dict] = []
         for t in range(1, cfg.rounds + 1):
             start = time.perf_counter()
-            if cfg.sampling_rate < 1:
-                draws = releaser.noise.uniform(n)  # secure: amplification needs a secret sample
-                users = [u for u in range(n) if draws[u] < cfg.sampling_rate]
-            else:
-                users = list(range(n))
+            users = run.sample()
             total = torch.zeros_like(w)
             failed = 0
             if users:
@@ -170,7 +124,7 @@ class DPFedAvg:
                 rows, _ = clip_rows(answers.values.to(w.dtype), cfg.clip)  # server-side re-clip (docstring)
                 total = rows.sum(0)
                 failed = len(answers.failed)
-            delta_t = handle.release(total) / denominator
+            delta_t = run.release(total)
             velocity = cfg.server_momentum * velocity + delta_t
             w = w + cfg.server_lr * velocity
             record = {"round": t, "rounds": cfg.rounds, "noisy_update_norm": float(delta_t.norm()),
@@ -178,14 +132,14 @@ class DPFedAvg:
             history.append(record)
             if progress is not None:
                 progress(record)
-        return DPFedAvgResult(
-            w=w, rounds=cfg.rounds, sigma=sigma, noise_multiplier=schedule.noise_multiplier, epsilon=eps,
+        return ScheduleResult(
+            w=w, rounds=cfg.rounds, sigma=run.sigma, noise_multiplier=run.noise_multiplier, epsilon=run.epsilon,
             delta=self.delta, history=history,
-            details={"sampling_rate": cfg.sampling_rate, "noise_multiplier": schedule.noise_multiplier,
+            details={"sampling_rate": cfg.sampling_rate, "noise_multiplier": run.noise_multiplier,
                      "accountant": cfg.accountant, "neighbouring": cfg.neighbouring,
                      "local_steps": cfg.local_steps, "local_lr": cfg.local_lr, "batch_size": cfg.batch_size,
                      "server_lr": cfg.server_lr, "server_momentum": cfg.server_momentum,
-                     "fixed_denominator": denominator})
+                     "fixed_denominator": run.denominator})
 
 
 # RunConfig fields this builder reads beyond fedkl.runner.RunConfig's (name -> default).
