@@ -78,8 +78,10 @@ def _snowball(variant: str | None):
         if eps_left <= 0:
             raise BudgetExceeded(f"ledger {ledger.path}: the users' budget is spent; nothing to train with")
         rho = min(rho_total, rho_for_eps_delta(eps_left, delta_left, ledger.budget.conversion))
-        config = SnowballConfig(variant=variant or _get(cfg, "fkt_schedule"), neighbouring=cfg.neighbouring,
-                                seed=cfg.seed)
+        schedule = variant or _get(cfg, "fkt_schedule")
+        if variant is None and schedule == "strongly-convex":
+            raise ValueError("fkt-snowball: the strongly convex schedule (Thm 5.4) is the algorithm fkt-snowball-sc")
+        config = SnowballConfig(variant=schedule, neighbouring=cfg.neighbouring, seed=cfg.seed)
         return SnowballSGD(config, _setting(cfg, problem, dataset), rho, delta=delta_left,
                            conversion=ledger.budget.conversion)
     return build

@@ -169,6 +169,21 @@ def project(w: torch.Tensor, radius: float | None) -> torch.Tensor:
     return w if norm <= radius else w * (radius / norm)
 
 
+def check_parallel_releaser(releaser: Releaser, label: str) -> None:
+    """Refuse (ValueError, nothing read or charged) a Releaser with a run-wide zCDP filter.
+
+    These algorithms rely on parallel composition: each user is in one cohort and the per-user ledger
+    enforces each user's budget. A run-wide filter of rho adds up the releases of DIFFERENT users'
+    cohorts, so it would refuse the second phase after the first phase's users were already charged
+    (charged for a run that then stops). The runner gives these algorithms (``parallel_composition``)
+    a Releaser without a filter; a caller that passes one is refused up front.
+    """
+    if releaser.filter is not None:
+        raise ValueError(f"{label}: each user takes part in one cohort only (parallel composition) and the "
+                         "per-user ledger enforces the budget; give a Releaser without a run-wide zCDP filter "
+                         "(a filter would stop the run after the first cohort). Nothing was read or charged")
+
+
 def check_zcdp_budget(releaser: Releaser, user_ids: Sequence[str], rho: float, label: str) -> None:
     """Refuse (BudgetExceeded, nothing charged) unless every listed user can still afford a
     ``rho``-zCDP charge: checked before any data is read, so a run never stops half-way because a

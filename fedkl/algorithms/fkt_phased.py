@@ -62,8 +62,8 @@ from typing import Callable
 
 import torch
 
-from fedkl.algorithms.fkt_common import (ConvexSetting, FKTResult, check_relation, check_zcdp_budget, cohort_order,
-                                         paper_rho, project, replace_factor)
+from fedkl.algorithms.fkt_common import (ConvexSetting, FKTResult, check_parallel_releaser, check_relation,
+                                         check_zcdp_budget, cohort_order, paper_rho, project, replace_factor)
 from fedkl.federation.base import ClippedGradient, Federation, LocalRegularizedMinimizer
 from fedkl.privacy.release import Releaser
 
@@ -211,6 +211,7 @@ class _Localization:
     # --- running -------------------------------------------------------------------------------
     def run(self, federation: Federation, releaser: Releaser, w0: torch.Tensor,
             progress: Callable[[dict], None] | None = None) -> FKTResult:
+        check_parallel_releaser(releaser, self.name)
         w = project(torch.as_tensor(w0).to(torch.float64).clone(), self.setting.radius)
         order = cohort_order(federation.user_ids, self.config.seed)
         phases = self.plan(order, self.setting.resolve_distance(w))
@@ -338,10 +339,14 @@ def _gd_rounds(L: float, beta: float, lam: float, r: float) -> int:
     ||x_k - w*_i|| <= r. The step map is a q-contraction, q = (L_f - mu)/(L_f + mu) (Nesterov 2004,
     Thm 2.1.15; the projection is non-expansive and w*_i is its fixed point), and
     ||w_{i-1} - w*_i|| <= L/lam (from F_i(w*) <= F_i(w_{i-1}) and lam-strong convexity:
-    lam ||w* - w_{i-1}||^2 <= f(w_{i-1}) - f(w*) <= L ||w* - w_{i-1}||)."""
+    lam ||w* - w_{i-1}||^2 <= f(w_{i-1}) - f(w*) <= L ||w* - w_{i-1}||).
+
+    At least one round even where the start already proves the accuracy (L/lam <= r, i.e. n_i <= 2
+    at tol = 1): any k >= the proven count keeps ||x_k - w*_i|| <= q^k L/lam <= r, and zero rounds would
+    release w_{i-1} + noise, charging the phase's users for a value that never read their data."""
     start = L / lam
     if start <= r:
-        return 0
+        return 1
     q = beta / (beta + 2.0 * lam)
     if q <= 0.0:
         return 1

@@ -28,8 +28,8 @@ from typing import Callable
 
 import torch
 
-from fedkl.algorithms.fkt_common import (ConvexSetting, FKTResult, check_zcdp_budget, cohort_order, paper_rho,
-                                         project)
+from fedkl.algorithms.fkt_common import (ConvexSetting, FKTResult, check_parallel_releaser, check_zcdp_budget,
+                                         cohort_order, paper_rho, project)
 from fedkl.algorithms.fkt_phased import FKTPhasedERM, LocalizationConfig, PhasedSGD
 from fedkl.federation.base import Federation
 from fedkl.privacy.release import Releaser
@@ -76,6 +76,7 @@ class SCReduction:
 
     def run(self, federation: Federation, releaser: Releaser, w0: torch.Tensor,
             progress: Callable[[dict], None] | None = None) -> FKTResult:
+        check_parallel_releaser(releaser, self.name)
         s, cfg = self.setting, self.config
         w = project(torch.as_tensor(w0).to(torch.float64).clone(), s.radius)
         order = cohort_order(federation.user_ids, cfg.localization.seed)

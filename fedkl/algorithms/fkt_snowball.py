@@ -232,8 +232,10 @@ class SnowballSGD:
         return "fkt-snowball-sc" if self.config.variant == "strongly-convex" else "fkt-snowball"
 
     def plan(self, n: int, w0: torch.Tensor) -> SnowballPlan:
+        """The public schedule :meth:`run` uses for n users from ``w0`` (projected onto K first)."""
+        w = project(torch.as_tensor(w0).to(torch.float64), self.setting.radius)
         return plan_snowball(n, self.setting, self.rho_total, self.config.variant, self.config.neighbouring,
-                             self.setting.resolve_distance(w0))
+                             self.setting.resolve_distance(w))
 
     def run(self, federation: Federation, releaser: Releaser, w0: torch.Tensor,
             progress: Callable[[dict], None] | None = None) -> FKTResult:
@@ -244,20 +246,21 @@ class SnowballSGD:
         batches = split_cohorts(cohort_order(federation.user_ids, cfg.seed), plan.batches)
         ids = [federation.ids_of(b) for b in batches]
         factor = replace_factor(cfg.neighbouring)
-        top = zcdp_to_eps(max(charge_cost(plan.rho, j) for _, j in charge_groups(plan)), self.delta,
-                          self.conversion)
+        groups = charge_groups(plan)
+        eps_of = {j: zcdp_to_eps(charge_cost(plan.rho, j), self.delta, self.conversion)  # one conversion per grid
+                  for j in sorted({j for _, j in groups})}                                # value, not per group
+        top = max(eps_of.values())
         eps_left, delta_left = releaser.ledger.approx_left([u for b in ids for u in b])
         if eps_left < top * (1 - 1e-12) or delta_left < self.delta * (1 - 1e-12):
             raise BudgetExceeded(f"{self.name}: participating users can afford (eps={eps_left:.4g}, "
                                  f"delta={delta_left:.3g}), a batch costs up to (eps={top:.4g}, "
                                  f"delta={self.delta:.3g}); nothing was charged or released")
-        groups = charge_groups(plan)
         handles: dict[tuple[int, int], object] = {}
         for key, members in groups.items():  # every charge before any data is read
             users = [u for t in members for u in ids[t]]
             cost = charge_cost(plan.rho, key[1])
             handles[key] = releaser.schedule_gaussian(
-                eps=zcdp_to_eps(cost, self.delta, self.conversion), delta=self.delta, sigma=plan.sigma,
+                eps=eps_of[key[1]], delta=self.delta, sigma=plan.sigma,
                 sensitivity=factor * s.lipschitz / key[0], releases=len(members), user_ids=users,
                 label=f"{self.name}/batches-of-{key[0]}-cost-{key[1]}",
                 details={"batches": members, "batch_size": key[0], "rho_zcdp": cost,
