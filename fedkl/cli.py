@@ -54,16 +54,23 @@ _rate = _interval(0.0, 1.0, high_closed=True)
 # string hyperparameters with a fixed set of values (the rest take numbers)
 _CHOICES = {"fkt_schedule": ("jnn", "constant"), "fkt_solver": ("psgd", "gd", "subgradient", "one-shot"),
             "fkt_inner": ("phased-sgd", "phased-erm"), "kl_select": ("last", "exponential"),
-            "mean_calibration": ("tight", "paper")}
+            "mean_calibration": ("tight", "paper"), "p002_delta_rule": ("uc", "scaled", "fixed"),
+            "p002_calibration": ("paper", "tight")}
 
 
 def algorithm_hyperparameters() -> dict[str, tuple]:
     """Every algorithm-specific RunConfig field: name -> (default, help, "theorem"/"heuristic"), from
     the modules that read them (dp-fedavg, paper 003, paper 000)."""
-    from fedkl.algorithms import dp_fedavg, fkt, kl_methods, mean_output_pert
+    from fedkl.algorithms import dp_fedavg, fkt, kl_methods, mean_output_pert, p002
 
-    return {**dp_fedavg.HYPERPARAMETERS, **mean_output_pert.HYPERPARAMETERS, **fkt.HYPERPARAMETERS,
-            **kl_methods.HYPERPARAMETERS}
+    table = {**dp_fedavg.HYPERPARAMETERS, **p002.HYPERPARAMETERS, **mean_output_pert.HYPERPARAMETERS,
+             **fkt.HYPERPARAMETERS, **kl_methods.HYPERPARAMETERS}
+    for shared in ("radius", "distance"):  # read by paper 002's phased algorithms and paper 003's alike
+        default, text, origin = fkt.HYPERPARAMETERS[shared]
+        assert p002.HYPERPARAMETERS[shared][0] == default
+        table[shared] = (default, text.replace("paper-003 algorithms", "paper-002 phased and paper-003 algorithms"),
+                         origin)
+    return table
 
 
 def _number_or_none(kind):
@@ -153,8 +160,6 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--bias-correction", action="store_true", help="dp-adam/rmsprop: Adam's bias correction (paper 004: off)")
     run.add_argument("--accountant", choices=("pld", "rdp"), default=d.accountant,
                      help="dp-sgd/rmsprop/adam: dp-accounting accountant (default %(default)s)")
-    run.add_argument("--phased-lam", type=_positive(), default=d.phased_lam,
-                     help="phased-erm: base regularization lambda (default %(default)s)")
     _add_hyperparameters(run, d)
 
     acc = sub.add_parser(
@@ -182,6 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--set", action="append", default=[], metavar="FIELD=V1[,V2...]",
                        help="replace an axis (or a base value) of the file, e.g. --set seed=0,1 (repeatable)")
     sweep.add_argument("--restart", action="store_true", help="delete the table and run every point again")
+    sweep.add_argument("--retry-errors", action="store_true", help="run again the points whose row records an error")
     sweep.add_argument("--dry-run", action="store_true", help="list the points and whether each is done; run nothing")
     sweep.add_argument("--max-runs", type=_positive(int), default=None, help="stop after this many new runs")
     sweep.add_argument("--verbose", action="store_true", help="print every run's own log")
@@ -262,7 +268,8 @@ def _experiments(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         if args.command == "sweep":
             spec = experiments.load_sweep(args.file, table=args.table, sets=args.set)
             res = experiments.run_sweep(spec, log=lambda s: print(s, flush=True), restart=args.restart,
-                                        dry_run=args.dry_run, verbose=args.verbose, max_runs=args.max_runs)
+                                        dry_run=args.dry_run, verbose=args.verbose, max_runs=args.max_runs,
+                                        retry_errors=args.retry_errors)
             return 1 if res["errors"] else 0
         out = args.out or f"{os.path.splitext(args.table)[0]}_{args.kind}.png"
         res = experiments.plot_table(args.table, args.kind, out, x=args.x, y=args.y, group=args.group,
@@ -309,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
                     delta=args.delta, rounds=args.rounds, lr=args.lr, clip=args.clip, reg=args.reg,
                     neighbouring=args.neighbouring, conversion=args.conversion, seed=args.seed,
                     noise_seed=args.noise_seed, out=args.out, ledger=args.ledger, reference=not args.no_reference,
-                    users=args.users, stability_delta=args.stability_delta, phased_lam=args.phased_lam,
+                    users=args.users, stability_delta=args.stability_delta,
                     sampling_rate=args.sampling_rate, beta1=args.beta1, beta2=args.beta2, nu=args.nu, cap=args.cap,
                     bias_correction=args.bias_correction, accountant=args.accountant,
                     **{name: getattr(args, name) for name in algorithm_hyperparameters()})

@@ -24,7 +24,7 @@ from fedkl.algorithms.kl_methods import KL_BUILDERS
 from fedkl.algorithms.mean_output_pert import DEFAULT_MAX_VC_CALLS, MEAN_OUTPUT_PERT_BUILDERS
 from fedkl.algorithms.noisy_gd import NoisyGDConfig, NoisyGradientDescent
 from fedkl.algorithms.nonprivate import nonprivate_minimizer
-from fedkl.algorithms.phased_erm import PhasedERM, PhasedERMConfig
+from fedkl.algorithms.p002 import PHASED_BUILDERS
 from fedkl.algorithms.sc_output_pert import SCOutputPert, SCOutputPertConfig
 from fedkl.data import load_dataset
 from fedkl.federation.base import Federation
@@ -50,12 +50,6 @@ def _sc_output_pert(cfg: "RunConfig", rho_total: float, *, problem, dataset, del
         eps=cfg.epsilon, delta=_approx_delta(delta), Delta=cfg.stability_delta))
 
 
-def _phased_erm(cfg: "RunConfig", rho_total: float, *, problem, dataset, delta: float, **_) -> PhasedERM:
-    return PhasedERM(PhasedERMConfig(eps=cfg.epsilon, delta=_approx_delta(delta), lam=cfg.phased_lam,
-                                     Delta_1=cfg.stability_delta, phases=cfg.rounds),
-                     problem, dataset.feature_bound)
-
-
 def _adaptive(optimizer: str):
     def build(cfg: "RunConfig", rho_total: float, *, ledger, user_ids, **_) -> AdaptiveDPOptimizer:
         eps, delta = ledger.approx_left(user_ids)
@@ -71,13 +65,13 @@ def _adaptive(optimizer: str):
 
 # name -> builder(cfg, rho_total, problem=, dataset=, delta=, ledger=, user_ids=) of an object with
 # .run(federation, releaser, w0, progress) whose result has .w (None: the algorithm released "no output")
-ALGORITHM_BUILDERS = {"noisy-gd": _noisy_gd, "sc-output-pert": _sc_output_pert, "phased-erm": _phased_erm,
+ALGORITHM_BUILDERS = {"noisy-gd": _noisy_gd, "sc-output-pert": _sc_output_pert, **PHASED_BUILDERS,
                       "dp-sgd": _adaptive("sgd"), "dp-rmsprop": _adaptive("rmsprop"), "dp-adam": _adaptive("adam"),
                       "dp-fedavg": build_dp_fedavg, **MEAN_OUTPUT_PERT_BUILDERS, **FKT_BUILDERS, **KL_BUILDERS}
 ALGORITHMS = tuple(ALGORITHM_BUILDERS)
 # (eps, delta)-DP releases: accounted by basic composition in the ledger, no run-wide zCDP filter
 # (paper 002's releases; dp-accounting schedules charged up front; Snowball's per-batch charges)
-APPROX_DP_ALGORITHMS = ("sc-output-pert", "phased-erm", "mean-output-pert", "phased-mean-output-pert",
+APPROX_DP_ALGORITHMS = ("sc-output-pert", *PHASED_BUILDERS, "mean-output-pert", "phased-mean-output-pert",
                         "dp-sgd", "dp-rmsprop", "dp-adam", "dp-fedavg", "fkt-snowball", "fkt-snowball-sc")
 # dp-accounting schedules (Poisson-subsampled Gaussian) charged up front as one (eps, delta) release
 SCHEDULED_ALGORITHMS = ("dp-sgd", "dp-rmsprop", "dp-adam", "dp-fedavg")
@@ -123,7 +117,6 @@ class RunConfig:
     reference: bool = True
     users: int | None = None  # synthetic datasets: number of users
     stability_delta: float = 0.5  # paper 002: the deletion-stability threshold Delta
-    phased_lam: float = 0.01  # paper 002, Phased-ERM: base regularization
     sampling_rate: float = 1.0  # dp-sgd/rmsprop/adam: Poisson user sampling rate
     beta1: float = 0.9
     beta2: float = 0.999
@@ -137,13 +130,23 @@ class RunConfig:
     batch_size: int | None = None  # None: every local step uses all of the user's records
     server_lr: float = 1.0
     server_momentum: float = 0.0
+    # paper 002, phased algorithms (fedkl.algorithms.phased_common.HYPERPARAMETERS; also radius, distance)
+    p002_records: int = 1
+    p002_phases: int | None = None
+    p002_lam: float | None = None
+    p002_delta_rule: str = "uc"
+    p002_delta_scale: float = 1.0
+    p002_beta: float | None = None
+    p002_min_cohort: int | None = None
+    p002_calibration: str = "paper"
     # paper 002, polynomial-time output perturbation (fedkl.algorithms.mean_output_pert.HYPERPARAMETERS)
     mean_lam: float = 1.0
     mean_rho_fraction: float = 0.25
     mean_phases: int = 2
     mean_calibration: str = "tight"
     mean_max_vc_calls: int = DEFAULT_MAX_VC_CALLS
-    # paper 003 (fedkl.algorithms.fkt.HYPERPARAMETERS has each one's meaning)
+    # paper 003 (fedkl.algorithms.fkt.HYPERPARAMETERS has each one's meaning); radius and distance
+    # also bound the domain of the paper-002 phased algorithms
     radius: float | None = None
     distance: float | None = None
     strong_convexity: float | None = None

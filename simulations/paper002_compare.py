@@ -1,37 +1,30 @@
-"""Paper 002 evidence: user-level output perturbation (SCOutputPert) against noisy clipped-gradient
-descent at the same user-level (eps, delta), on synthetic data as m grows and on MovieLens.
+"""Paper 002 evidence: the phased output-perturbation algorithms against noisy clipped-gradient descent
+(fedkl's ``noisy-gd``) at the same user-level (eps, delta), on the mean-estimation family.
 
-    .venv/bin/python simulations/paper002_compare.py            # about 3-5 min on 2 cores
-    .venv/bin/python simulations/paper002_compare.py --quick    # about 1 min (smaller grids, 2 seeds)
+    .venv/bin/python simulations/paper002_compare.py            # full: about 2-3 min on 2 cores
+    .venv/bin/python simulations/paper002_compare.py --quick    # about 20 s
 
-Writes ``simulations/results/paper002_compare{,_quick}.{csv,json,md,png}`` (the markdown file holds
-the tables and the conclusion paragraph).
+Writes ``simulations/results/paper002_compare{,_quick}.{csv,json,md,png}``; the markdown file holds
+the tables and the "who wins where, and why" paragraph.
 
-Methods, all at the same user-level (eps, delta), replace-one, n public:
+Family and public constants: those of :mod:`simulations.paper002_slopes` (l = 0.5 ||theta - x||^2,
+d = 4, user means exactly N(theta_pop, I/m), K = B(0, 3), w0 = 0). Metric: the excess empirical risk
+0.5 ||theta^ - theta*||^2 (exact). Every method at user-level (eps, delta) = (4, 1e-5), replace-one:
 
-* ``sc-output-pert``: paper 002 Alg. 2 (SCOutputPert, calibration "tight") with the public threshold
-  Delta = a G/(mu n sqrt(m)) (synthetic; a in a small public grid) or Delta = b G/(mu n) (MovieLens,
-  whose users hold different numbers of records). n is far above SCOutputPert.run's exact-fallback
-  limit (24 users), so it is evaluated through :func:`simulations.paper002_slopes.certified_release`
-  (SCOutputPert's own solver, certificate and release path; exact output law wherever the
-  certificate passes, "undetermined" where it does not; an evaluation harness, not a DP mechanism:
-  see that module's docstring).
+* ``alg2`` (one output perturbation, paper 002 Alg 2), ``phased-erm`` (Alg 3), ``sc-phased-erm``
+  (Alg 5): fedkl's classes with their THEOREM schedules and the exact mean-type inner release
+  (see paper002_slopes); no tuning. The threshold Delta comes from the public model of the users
+  (:func:`~simulations.paper002_mean.gaussian_users_rule`). Where the public n is below
+  4 kappa + 2 for some call the algorithm refuses before reading data ("refused").
 * ``noisy-gd``: :class:`fedkl.algorithms.noisy_gd.NoisyGradientDescent` (per-user clipping to C,
-  Gaussian noise on the sum, zCDP with rho converted from (eps, delta) by CKS), a real private run:
-  a PrivacyLedger, a Releaser with a zCDP filter, a seeded NoiseSource. On MovieLens through
-  ``fedkl.runner.run_training`` (writes result.json + ledger.sqlite per run, kept under --keep-runs).
-* ``global-sens-law`` (reference, not a fedkl algorithm): the classic user-level output perturbation
-  theta* + N(0, s^2 I), s = analytic Gaussian at (eps, delta) for the replace-one sensitivity
-  2G/(mu n) + 2 tau of the (tau-accurate) ridge minimizer; its output LAW is sampled (no release).
+  Gaussian noise on the sum with replace-one sensitivity 2C, lr = 1 = 1/smoothness, iterates
+  projected onto K), rho = Budget(eps, delta).rho (the CKS conversion the ledger uses), enforced by a
+  ZCDPFilter. Reported twice: at fedkl's default clip and round count (C = 1, T = 10), and the best
+  of a grid C x T (4 x 3 configurations) chosen AFTER seeing the results - that choice is not private
+  (what a tuning budget would buy); it favours noisy GD.
 
-Hyperparameters come from small public grids; the tables report every configuration and the best
-one per setting. Choosing the best after seeing the results is NOT private (it is what a tuning
-budget would buy) and favours both methods equally.
-
-Synthetic setting: least squares, IID users (heterogeneity 0), d = 10, ridge mu = 0.1, n = 128,
-(eps, delta) = (4, 1e-5) (n >= 8 kappa = 64: the theorem's regime), m in {16, ..., 4096}; metric:
-excess empirical risk F(theta^) - F(theta*) of the ridge objective (exact theta*). MovieLens: 671
-raters, logistic regression, delta = 1/n^1.1, eps in {2, 8}; metric: test accuracy.
+Charges go to in-memory recorders (the repetitions would exhaust a real ledger); the ledger tests are
+in tests/test_phased_output_pert.py and tests/test_noisy_gd.py.
 """
 from __future__ import annotations
 
@@ -40,11 +33,9 @@ import csv
 import json
 import math
 import os
-import shutil
 import sys
-import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import torch
@@ -53,394 +44,251 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from fedkl.algorithms.noisy_gd import NoisyGDConfig, NoisyGradientDescent  # noqa: E402
-from fedkl.algorithms.sc_output_pert import SCOutputPert, SCOutputPertConfig  # noqa: E402
-from fedkl.data import load_dataset, synthetic_least_squares  # noqa: E402
-from fedkl.federation.inprocess import InProcessFederation  # noqa: E402
-from fedkl.privacy import Budget, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter  # noqa: E402
-from fedkl.privacy.mechanisms import GaussianMechanism  # noqa: E402
-from fedkl.problems import make_problem  # noqa: E402
-from fedkl.runner import RunConfig, default_delta, run_training  # noqa: E402
-from simulations.paper002_slopes import (  # noqa: E402
-    RESULTS,
-    EvaluationRecorder,
-    Undetermined,
-    certified_release,
-    fit_slope,
-    noise_seed,
-    public_scale,
-    public_train_records,
-    ridge_erm,
-    scaled_delta,
-)
+from fedkl.algorithms.phased_common import noise_ratio  # noqa: E402
+from fedkl.privacy import Budget, NoiseSource, Releaser, ZCDPFilter  # noqa: E402
+from simulations.paper002_mean import MeanFederation, draw_user_means  # noqa: E402
+from simulations.paper002_slopes import RESULTS, Family, Recorder, SlopeConfig, fit_slope, seed_of  # noqa: E402
+
+OURS = ("alg2", "phased-erm", "sc-phased-erm")
+LABELS = {"alg2": "Alg 2 output perturbation", "phased-erm": "Alg 3 Phased-ERM", "sc-phased-erm": "Alg 5 SC-ERM",
+          "noisy-gd-default": "noisy GD, C=1, T=10", "noisy-gd-best": "noisy GD, best of grid (non-private tuning)"}
 
 
 @dataclass(frozen=True)
 class CompareConfig:
-    m_grid: tuple[int, ...] = (16, 64, 256, 1024, 4096)
-    n: int = 128
-    d: int = 10
-    reg: float = 0.1
-    label_noise: float = 0.1
+    m_grid: tuple[int, ...] = tuple(10**k for k in range(2, 13))
+    n_for_m: int = 8000
+    n_grid: tuple[int, ...] = (1000, 2000, 4000, 8000, 16000)
+    m_for_n: int = 10**4
+    seeds: int = 3
+    clip_grid: tuple[float, ...] = (1.0, 0.3, 0.1, 0.03)
+    rounds_grid: tuple[int, ...] = (10, 30, 100)
     eps: float = 4.0
     delta: float = 1e-5
-    seeds: int = 3
-    a_grid: tuple[float, ...] = (1.0, 0.3, 0.1)
-    clip_grid: tuple[float, ...] = (1.0, 0.1, 0.01)
-    rounds_grid: tuple[int, ...] = (10, 30, 100)
-    test_fraction: float = 0.2
-    # MovieLens
-    ml_eps: tuple[float, ...] = (2.0, 8.0)
-    ml_reg: float = 0.1
-    ml_b_grid: tuple[float, ...] = (1.0, 0.3)
-    ml_gd_grid: tuple[tuple[float, int, float], ...] = ((1.0, 10, 4.0), (0.3, 30, 4.0))  # (clip, rounds, lr)
-    ml_seeds: int = 3
     tag: str = "full"
 
 
 FULL = CompareConfig()
-QUICK = CompareConfig(m_grid=(16, 256, 4096), seeds=2, rounds_grid=(10, 30), ml_eps=(8.0,), ml_seeds=2,
-                      ml_gd_grid=((1.0, 10, 4.0),), tag="quick")
+QUICK = CompareConfig(m_grid=(10**2, 10**5, 10**8, 10**11), n_grid=(1000, 4000), seeds=2,
+                      clip_grid=(1.0, 0.1), rounds_grid=(10, 100), tag="quick")
 
 
-def _scratch_dir() -> str:
-    """Ledgers of the synthetic noisy-GD runs: tmpfs when available (they fsync every charge)."""
-    return tempfile.mkdtemp(prefix="paper002-compare-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+def family(cfg: CompareConfig) -> Family:
+    return Family(replace(SlopeConfig(), eps=cfg.eps, delta=cfg.delta))
 
 
-# --- synthetic -----------------------------------------------------------------------------------
-def noisy_gd_private(problem, fed, eps: float, delta: float, config: NoisyGDConfig, seed: int, folder: str,
-                     label: str) -> torch.Tensor:
-    """A real private noisy-GD run: its own ledger with budget (eps, delta), rho by CKS, zCDP filter."""
-    path = os.path.join(folder, label.replace("/", "_") + ".sqlite")
-    with PrivacyLedger(path, Budget(eps, delta)) as ledger:
-        rho = ledger.rho_left(fed.user_ids)
-        releaser = Releaser(ledger, NoiseSource(seed), ZCDPFilter(rho))
-        res = NoisyGradientDescent(config, rho).run(fed, releaser, torch.zeros(problem.num_params, dtype=torch.float64))
-        ledger.verify()
-        spent = ledger.summary()["max_user_rho"]
-    if spent > rho * (1 + 1e-9):
-        raise RuntimeError(f"noisy GD spent rho {spent} > budget {rho}")
-    return res.w
+def run_point(cfg: CompareConfig, fam: Family, sweep: str, n: int, m: int, seed: int) -> list[dict]:
+    d = fam.cfg.d
+    fed = MeanFederation(draw_user_means(n, m, d, fam.pop, fam.cfg.s, seed_of("compare-data", sweep, n, m, seed)))
+    theta_star = fed.means.mean(0)
+    w0 = torch.zeros(d, dtype=torch.float64)
+    base = {"sweep": sweep, "n": n, "m": m, "seed": seed, "eps": cfg.eps, "delta": cfg.delta}
 
+    def excess(w):
+        return math.nan if w is None else 0.5 * float((w - theta_star) @ (w - theta_star))
 
-def synthetic_point(cfg: CompareConfig, m: int, seed: int, folder: str) -> list[dict]:
-    n = cfg.n
-    ds = synthetic_least_squares(n, m, cfg.d, heterogeneity=0.0, noise=cfg.label_noise, seed=seed,
-                                 test_fraction=cfg.test_fraction)
-    m_train = public_train_records(m, cfg.test_fraction)
-    problem = make_problem("least-squares", ds, reg=cfg.reg)
-    fed = InProcessFederation(problem, ds)
-    scale = public_scale(problem, ds.feature_bound)
-    theta_star, H = ridge_erm(ds, cfg.reg)
-    center = torch.zeros(cfg.d, dtype=torch.float64)
-
-    def metrics(w: torch.Tensor | None) -> dict:
-        if w is None:
-            return {"excess_risk": math.nan, "param_error": math.nan}
-        e = w.to(torch.float64) - theta_star
-        return {"excess_risk": float(0.5 * e @ H @ e), "param_error": float(e.norm())}
-
-    base = {"setting": "synthetic", "n": n, "m": m, "m_train": m_train, "seed": seed, "eps": cfg.eps,
-            "delta": cfg.delta}
     rows = []
-    tol = scaled_delta(scale, cfg.reg, n, m_train, min(cfg.a_grid)) / 1000.0  # one solver for every a
-    for a in cfg.a_grid:
-        Delta = scaled_delta(scale, cfg.reg, n, m_train, a)
-        alg = SCOutputPert(SCOutputPertConfig.for_problem(problem, ds.feature_bound, center, eps=cfg.eps,
-                                                          delta=cfg.delta, Delta=Delta, tol=tol, calibration="tight"))
-        rel = Releaser(EvaluationRecorder(), NoiseSource(noise_seed("sc", m, seed, a)))
+    for name in OURS:
+        noise = NoiseSource(seed_of("compare-noise", name, sweep, n, m, seed))
         try:
-            out = certified_release(alg, fed, center, rel, f"compare/sc/m{m}/a{a}/s{seed}")
-            status, w, sigma, bound = "certified", out.theta, out.sigma, out.bound
-        except Undetermined:
-            status, w, sigma, bound = "undetermined", None, alg.config.dop.sigma, math.nan
-        rows.append({**base, "method": "sc-output-pert", "config": f"a={a:g}", "status": status, "sigma": sigma,
-                     "Delta": Delta, "certificate_bound": bound, **metrics(w)})
-    # the classic global-sensitivity output perturbation, sampled from its law (reference)
-    sens = 2 * scale.G / (cfg.reg * n) + 2 * tol
-    s_b = GaussianMechanism.analytic(sens, cfg.eps, cfg.delta).sigma
-    w_b = theta_star + NoiseSource(noise_seed("gs", m, seed)).gaussian((cfg.d,), s_b)
-    rows.append({**base, "method": "global-sens-law", "config": "", "status": "law", "sigma": s_b, "Delta": math.nan,
-                 "certificate_bound": math.nan, **metrics(w_b)})
-    lr = 1.0 / problem.constants(ds.feature_bound, param_bound=scale.B).smoothness  # 1/beta, public
-    for clip in cfg.clip_grid:
-        for rounds in cfg.rounds_grid:
-            gd = NoisyGDConfig(rounds=rounds, lr=lr, clip=clip)
-            w = noisy_gd_private(problem, fed, cfg.eps, cfg.delta, gd, noise_seed("gd", m, seed, clip, rounds),
-                                 folder, f"gd-m{m}-s{seed}-C{clip}-T{rounds}")
-            sigma = NoisyGradientDescent(gd, Budget(cfg.eps, cfg.delta).rho).sigma
-            rows.append({**base, "method": "noisy-gd", "config": f"C={clip:g},T={rounds}", "status": "private run",
-                         "sigma": sigma, "Delta": math.nan, "certificate_bound": math.nan, **metrics(w)})
+            if name == "alg2":
+                w, phases = fam.output_pert(fed, m, noise)["w"], 1
+            else:
+                res = fam.algorithm(name, m).run(fed, Releaser(Recorder(), noise), w0)
+                w, phases = res.w, res.phases
+            status = "released" if w is not None else "⊥"
+        except ValueError as exc:          # public n below 4 kappa + 2 for some call: refused, nothing read
+            if "4 kappa" not in str(exc):
+                raise
+            w, phases, status = None, 0, "refused"
+        rows.append({**base, "method": name, "config": "theorem", "status": status, "phases": phases,
+                     "excess_emp": excess(w)})
+    rho = Budget(cfg.eps, cfg.delta).rho
+    grid = [(c, t) for c in cfg.clip_grid for t in cfg.rounds_grid]
+    if (1.0, 10) not in grid:
+        grid.append((1.0, 10))
+    for clip, rounds in grid:
+        gd = NoisyGradientDescent(NoisyGDConfig(rounds=rounds, lr=1.0, clip=clip, radius=fam.cfg.radius), rho)
+        filt = ZCDPFilter(rho)
+        res = gd.run(fed, Releaser(Recorder(), NoiseSource(seed_of("compare-gd", sweep, n, m, seed, clip, rounds)),
+                                   filt), w0)
+        if res.rho_spent > rho * (1 + 1e-9):
+            raise RuntimeError("noisy GD overspent its budget")
+        rows.append({**base, "method": "noisy-gd", "config": f"C={clip:g},T={rounds}", "status": "released",
+                     "phases": rounds, "excess_emp": excess(res.w)})
     return rows
 
 
-def best_by_config(rows: list[dict], method: str, m: int, key: str = "excess_risk") -> tuple[str, float, float] | None:
-    """(config, mean, sd) of the method's best configuration at m over the seeds; configurations with
-    an undetermined seed are skipped (their mean is unknown)."""
-    best = None
-    for conf in sorted({r["config"] for r in rows if r["method"] == method}):
-        sel = [r for r in rows if r["method"] == method and r["m"] == m and r["config"] == conf]
-        if not sel or any(r["status"] == "undetermined" for r in sel):
-            continue
-        v = np.array([r[key] for r in sel])
-        if best is None or v.mean() < best[1]:
-            best = (conf, float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0)
-    return best
+def best(rows: list[dict], sweep: str, n: int, m: int, method: str) -> dict | None:
+    """Mean/sd of ``method`` at a point; for noisy GD "noisy-gd-best" (best mean over the grid) and
+    "noisy-gd-default" (C=1, T=10). None if some seed did not release."""
+    sel = [r for r in rows if (r["sweep"], r["n"], r["m"]) == (sweep, n, m)]
+    if method.startswith("noisy-gd"):
+        confs = ["C=1,T=10"] if method == "noisy-gd-default" else sorted({r["config"] for r in sel
+                                                                         if r["method"] == "noisy-gd"})
+        cands = []
+        for conf in confs:
+            v = np.array([r["excess_emp"] for r in sel if r["method"] == "noisy-gd" and r["config"] == conf])
+            cands.append({"mean": float(v.mean()), "sd": float(v.std(ddof=1)) if len(v) > 1 else 0.0,
+                          "config": conf, "status": "released"})
+        return min(cands, key=lambda x: x["mean"])
+    got = [r for r in sel if r["method"] == method]
+    status = sorted({r["status"] for r in got})
+    if status != ["released"]:
+        return {"mean": math.nan, "sd": math.nan, "config": "theorem", "status": "/".join(status)}
+    v = np.array([r["excess_emp"] for r in got])
+    return {"mean": float(v.mean()), "sd": float(v.std(ddof=1)) if len(v) > 1 else 0.0, "config": "theorem",
+            "status": "released"}
 
 
-def synthetic(cfg: CompareConfig, log=print) -> list[dict]:
-    folder = _scratch_dir()
-    rows = []
-    try:
-        for m in cfg.m_grid:
-            start = time.perf_counter()
-            for seed in range(cfg.seeds):
-                rows.extend(synthetic_point(cfg, m, seed, folder))
-            sc, gd = best_by_config(rows, "sc-output-pert", m), best_by_config(rows, "noisy-gd", m)
-            log(f"  synthetic m={m:5d}: sc-output-pert best {sc[0] if sc else 'none certified'} "
-                f"{sc[1] if sc else math.nan:.4g} | noisy-gd best {gd[0]} {gd[1]:.4g}  ({time.perf_counter() - start:.0f} s)")
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-    return rows
+METHODS = ("alg2", "phased-erm", "sc-phased-erm", "noisy-gd-default", "noisy-gd-best")
 
 
-# --- MovieLens -----------------------------------------------------------------------------------
-def movielens(cfg: CompareConfig, keep_runs: str | None, log=print) -> tuple[list[dict], dict]:
-    ds = load_dataset("movielens", split_seed=0)
-    n = ds.train.num_users
-    delta = default_delta(n)
-    problem = make_problem("logistic", ds, reg=cfg.ml_reg)
-    fed = InProcessFederation(problem, ds)
-    scale = public_scale(problem, ds.feature_bound)
-    center = torch.zeros(problem.num_params, dtype=torch.float64)
-    rows, refs = [], {}
-    runs_dir = keep_runs or tempfile.mkdtemp(prefix="paper002-ml-")
-    try:
-        for eps in cfg.ml_eps:
-            base = {"setting": "movielens", "n": n, "m": math.nan, "m_train": math.nan, "eps": eps, "delta": delta}
-            tol = min(cfg.ml_b_grid) * scale.G / (cfg.ml_reg * n) / 1000.0
-            for b in cfg.ml_b_grid:
-                Delta = b * scale.G / (cfg.ml_reg * n)
-                alg = SCOutputPert(SCOutputPertConfig.for_problem(problem, ds.feature_bound, center, eps=eps,
-                                                                  delta=delta, Delta=Delta, tol=tol,
-                                                                  calibration="tight"))
-                for seed in range(cfg.ml_seeds):
-                    rel = Releaser(EvaluationRecorder(), NoiseSource(noise_seed("ml-sc", eps, b, seed)))
-                    try:
-                        out = certified_release(alg, fed, center, rel, f"compare/ml/sc/eps{eps}/b{b}/s{seed}")
-                        status, acc, sigma, bound = ("certified", fed.evaluate(out.theta, "test")["accuracy"],
-                                                     out.sigma, out.bound)
-                    except Undetermined:
-                        status, acc, sigma, bound = "undetermined", math.nan, alg.config.dop.sigma, math.nan
-                    rows.append({**base, "seed": seed, "method": "sc-output-pert", "config": f"mu={cfg.ml_reg:g},b={b:g}",
-                                 "status": status, "sigma": sigma, "Delta": Delta, "certificate_bound": bound,
-                                 "test_accuracy": acc})
-            theta_np = SCOutputPert(SCOutputPertConfig.for_problem(
-                problem, ds.feature_bound, center, eps=eps, delta=delta, Delta=tol * 1000, tol=tol)).solve(
-                fed, torch.ones(1, n, dtype=torch.bool), center)[0]
-            refs[f"ridge_mu{cfg.ml_reg:g}_nonprivate_accuracy"] = fed.evaluate(theta_np, "test")["accuracy"]
-            s_b = GaussianMechanism.analytic(2 * scale.G / (cfg.ml_reg * n) + 2 * tol, eps, delta).sigma
-            for seed in range(cfg.ml_seeds):
-                w_b = theta_np + NoiseSource(noise_seed("ml-gs", eps, seed)).gaussian((problem.num_params,), s_b)
-                rows.append({**base, "seed": seed, "method": "global-sens-law", "config": f"mu={cfg.ml_reg:g}",
-                             "status": "law", "sigma": s_b, "Delta": math.nan, "certificate_bound": math.nan,
-                             "test_accuracy": fed.evaluate(w_b, "test")["accuracy"]})
-            for clip, rounds, lr in cfg.ml_gd_grid:
-                for seed in range(cfg.ml_seeds):
-                    out = os.path.join(runs_dir, f"noisy-gd-eps{eps:g}-C{clip:g}-T{rounds}-s{seed}")
-                    res = run_training(RunConfig(dataset="movielens", algorithm="noisy-gd", epsilon=eps, clip=clip,
-                                                 rounds=rounds, lr=lr, seed=0, noise_seed=seed, out=out,
-                                                 reference="nonprivate_accuracy" not in refs), log=lambda s: None)
-                    if res["nonprivate_reference"]:
-                        refs["nonprivate_accuracy"] = res["nonprivate_reference"]["accuracy"]
-                    refs["majority_baseline"] = res["trivial_baseline"]["accuracy"]
-                    rows.append({**base, "seed": seed, "method": "noisy-gd", "config": f"C={clip:g},T={rounds},lr={lr:g}",
-                                 "status": "private run (run_training)", "sigma": res["sigma_sum"], "Delta": math.nan,
-                                 "certificate_bound": math.nan, "test_accuracy": res["test_metric"]["value"],
-                                 "epsilon_spent": res["epsilon"]})
-            log(f"  movielens eps={eps:g}: " + "; ".join(
-                f"{meth} {conf}: {np.nanmean([r['test_accuracy'] for r in rows if r['eps'] == eps and r['method'] == meth and r['config'] == conf]):.4f}"
-                for meth, conf in sorted({(r["method"], r["config"]) for r in rows if r["eps"] == eps})))
-    finally:
-        if keep_runs is None:
-            shutil.rmtree(runs_dir, ignore_errors=True)
-    refs["users"] = n
-    refs["delta"] = delta
-    refs["sigma_over_Delta"] = {str(eps): SCOutputPertConfig.for_problem(
-        problem, ds.feature_bound, center, eps=eps, delta=delta, Delta=1.0, calibration="tight").dop.sigma
-        for eps in cfg.ml_eps}
-    return rows, refs
-
-
-# --- analysis and outputs ------------------------------------------------------------------------
-def crossover(rows: list[dict], cfg: CompareConfig) -> dict:
-    """Fit log excess vs log m for sc-output-pert at a = 1 and extrapolate where it meets the best
-    noisy-GD value at the largest m (noisy GD's error does not fall with m: its noise is set by C)."""
-    sel = [r for r in rows if r["method"] == "sc-output-pert" and r["config"] == "a=1" and r["status"] == "certified"]
-    f = fit_slope([r["m"] for r in sel], [r["excess_risk"] for r in sel])
-    gd = best_by_config(rows, "noisy-gd", max(cfg.m_grid))
-    gs = [r for r in rows if r["method"] == "global-sens-law" and r["m"] == max(cfg.m_grid)]
-    out = {"sc_a1_slope_in_m": f["slope"], "sc_a1_slope_se": f["se"], "noisy_gd_best_at_max_m": gd[1],
-           "noisy_gd_best_config": gd[0]}
-    out["m_star_vs_noisy_gd"] = math.exp((math.log(gd[1]) - f["intercept"]) / f["slope"]) if f["slope"] < 0 else math.inf
-    gsv = float(np.mean([r["excess_risk"] for r in gs]))
-    out["m_star_vs_global_sens"] = math.exp((math.log(gsv) - f["intercept"]) / f["slope"]) if f["slope"] < 0 else math.inf
-    gd_sel = [r for r in rows if r["method"] == "noisy-gd" and r["config"] == gd[0]]
-    out["noisy_gd_best_config_slope_in_m"] = fit_slope([r["m"] for r in gd_sel], [r["excess_risk"] for r in gd_sel])["slope"]
-    return out
-
-
-def summarize(rows: list[dict], metric: str, keys=("setting", "eps", "m", "method", "config")) -> list[dict]:
-    groups: dict[tuple, list[dict]] = {}
-    for r in rows:
-        groups.setdefault(tuple(r[k] for k in keys), []).append(r)
+def table(rows: list[dict], sweep: str, points: list[tuple[int, int]]) -> list[dict]:
     out = []
-    for k, sel in groups.items():
-        ok = [r for r in sel if r["status"] != "undetermined"]
-        v = np.array([r[metric] for r in ok], float)
-        out.append({**dict(zip(keys, k)), "runs": len(sel), "determined": len(ok),
-                    "mean": float(v.mean()) if len(ok) == len(sel) else math.nan,
-                    "sd": float(v.std(ddof=1)) if len(ok) == len(sel) and len(v) > 1 else math.nan,
-                    "sigma": float(np.mean([r["sigma"] for r in sel]))})
+    for n, m in points:
+        entry = {"sweep": sweep, "n": n, "m": m}
+        for meth in METHODS:
+            entry[meth] = best(rows, sweep, n, m, meth)
+        finite = {k: entry[k]["mean"] for k in METHODS if k != "noisy-gd-best" and np.isfinite(entry[k]["mean"])}
+        entry["winner_untuned"] = min(finite, key=finite.get)
+        allm = {k: entry[k]["mean"] for k in METHODS if np.isfinite(entry[k]["mean"])}
+        entry["winner_with_tuning"] = min(allm, key=allm.get)
+        out.append(entry)
     return out
+
+
+def crossover(tab: list[dict], ours: str, theirs: str) -> float | None:
+    """Smallest m (m-sweep) from which ``ours`` beats ``theirs`` at every larger grid point (None: never)."""
+    ms = [e["m"] for e in tab]
+    wins = [np.isfinite(e[ours]["mean"]) and e[ours]["mean"] < e[theirs]["mean"] for e in tab]
+    for i in range(len(ms)):
+        if all(wins[i:]):
+            return ms[i]
+    return None
+
+
+def conclusion(result: dict) -> str:
+    cfg = result["config"]
+    tm, tn = result["table_m"], result["table_n"]
+    cross = {k: crossover(tm, k, "noisy-gd-best") for k in OURS}
+    cross_d = {k: crossover(tm, k, "noisy-gd-default") for k in OURS}
+    gd_slope = result["slopes"]["noisy-gd-best"]["m"]
+    a2_slope = result["slopes"]["alg2"]["m"]
+
+    def fmt(v):
+        return "never on this grid" if v is None else f"m ≥ {v:.0e}"
+    refused = [f"{LABELS[k]} at n = {e['n']}" for e in tn for k in OURS if e[k]["status"] == "refused"]
+    ref_txt = (f" Refused before reading data (some call would have fewer than 4κ' + 2 users; κ' grows with the "
+               f"number of phases): {', '.join(refused)}." if refused else "")
+    n_wins = ", ".join(f"n = {e['n']}: {LABELS[e['winner_with_tuning']]}" for e in tn)
+    sl = result["slopes"]
+    T = result["phases_range"]
+    ratio = result["noise_ratios"]
+    return (
+        f"**Records per user (n = {cfg['n_for_m']}).** Noisy GD's error does not fall with m (best-of-grid slope "
+        f"{gd_slope:.2f}): its noise is set by the clip C and the round count, not by how concentrated the users "
+        f"are, and with a fixed start point a small C costs rounds (every step moves at most C). The output "
+        f"perturbation falls like 1/m (slope {a2_slope:.2f}): its threshold Δ ∝ (spread of the user means)/n "
+        f"∝ 1/(n√m) is what the deletion-stability test certifies. Alg 2 beats the best-tuned noisy GD from "
+        f"{fmt(cross['alg2'])} and fedkl's default noisy GD from {fmt(cross_d['alg2'])}; Alg 5 (SC-ERM: half the "
+        f"budget localises, the other half is spread over ⌈ln nm⌉ = {T['sc-phased-erm'][0]}–{T['sc-phased-erm'][1]} "
+        f"phases) from {fmt(cross['sc-phased-erm'])}; Alg 3 (Phased-ERM, every phase at ε/T with T = "
+        f"{T['phased-erm'][0]}–{T['phased-erm'][1]}, so κ' ∝ T and σ/Δ ∝ T²) from {fmt(cross['phased-erm'])}. On this "
+        f"strongly convex family localisation only costs: Alg 2 alone is the best of paper 002's algorithms at "
+        f"every point, and the phased methods are the price of the convex (not strongly convex) guarantee. "
+        f"**Users (m = {cfg['m_for_n']:.0e}).** Winner (including tuned noisy GD): {n_wins}.{ref_txt} Measured "
+        f"n-slopes of the excess: noisy GD best {sl['noisy-gd-best']['n']:.2f}, Alg 2 {sl['alg2']['n']:.2f}, Alg 5 "
+        f"{sl['sc-phased-erm']['n']:.2f}, Alg 3 {sl['phased-erm']['n']:.2f} (−2 is noise on a mean of n users; the "
+        f"phased methods are flatter because at this m they are outside their non-vacuous regime n√m ≫ c√d: their "
+        f"errors are of the order of the domain K, clipped by the projection). At this m the user means are spread "
+        f"out, so Δ "
+        f"times the κ-inflated ratio σ/Δ ({ratio['alg2']:.0f} for Alg 2, {ratio['phased-erm'][0]:.2g}–"
+        f"{ratio['phased-erm'][1]:.2g} per Phased-ERM phase) exceeds what noisy GD pays. "
+        f"**Why.** The deletion-based mechanism pays a large constant "
+        f"(TDLap deletion budget κ in the sensitivity, Gaussian at (ε/2, δ/(e^{{ε/2}}+2))) for a noise scale that "
+        f"adapts to the users' concentration, 1/√m; noisy GD pays a small constant (√T/√(2ρ)) on a noise scale "
+        f"fixed by C. Hence noisy GD wins with few records per user and the output perturbation with many; the "
+        f"phased algorithms move that crossover up by the factors their budget splitting costs. Caveats: the "
+        f"thresholds use the public model of the users (IID, N(θ_pop, I/m)): with heterogeneous users the test "
+        f"deletes users or outputs ⊥ (privacy holds, utility does not); noisy GD could also exploit the public "
+        f"scale (C ∝ 1/√m after a warm start), which was not tried.")
 
 
 def markdown(result: dict) -> str:
     cfg = result["config"]
-    syn, ml, cross, refs = result["synthetic"], result["movielens"], result["crossover"], result["movielens_refs"]
-    L = [f"# Paper 002: output perturbation vs noisy clipped-gradient descent ({cfg['tag']} run)", "",
-         "Regenerate: `.venv/bin/python simulations/paper002_compare.py" + (" --quick" if cfg["tag"] == "quick" else "")
-         + "`. All methods at the same user-level (ε, δ), replace-one. Hyperparameters from small public grids; "
-         "'best' = best mean over seeds (tuning is not private; it favours both methods equally).", "",
-         f"## Synthetic least squares (IID users, n = {cfg['n']}, d = {cfg['d']}, μ = {cfg['reg']}, "
-         f"(ε, δ) = ({cfg['eps']}, {cfg['delta']:g}), {cfg['seeds']} seeds)", "",
-         "Excess empirical risk F(θ̂) − F(θ*) of the ridge objective (mean ± sd over seeds).", "",
-         "| m | sc-output-pert a=1 | sc-output-pert best (a) | noisy-gd best (C, T) | noisy-gd C=1 best T | "
-         "global-sens law | winner |", "|---|---|---|---|---|---|---|"]
-    s = summarize(syn, "excess_risk")
-    for m in cfg["m_grid"]:
-        def pick(method, conf=None, prefix=None):
-            cands = [x for x in s if x["m"] == m and x["method"] == method
-                     and (conf is None or x["config"] == conf) and (prefix is None or x["config"].startswith(prefix))]
-            cands = [x for x in cands if not math.isnan(x["mean"])]
-            return min(cands, key=lambda x: x["mean"]) if cands else None
-
-        def fmt(x, show=False):
-            if x is None:
-                return "undetermined"
-            return f"{x['mean']:.3g} ± {x['sd']:.2g}" + (f" ({x['config']})" if show else "")
-        a1, sc, gd, gd1, gs = (pick("sc-output-pert", "a=1"), pick("sc-output-pert"), pick("noisy-gd"),
-                               pick("noisy-gd", prefix="C=1,"), pick("global-sens-law"))
-        contenders = {"sc-output-pert": sc, "noisy-gd": gd, "global-sens law": gs}
-        winner = min((k for k, v in contenders.items() if v), key=lambda k: contenders[k]["mean"])
-        L.append(f"| {m} | {fmt(a1)} | {fmt(sc, True)} | {fmt(gd, True)} | {fmt(gd1, True)} | {fmt(gs)} | {winner} |")
-    L += ["", "Certificate outcomes of sc-output-pert (certified runs / runs):", "",
-          "| m | " + " | ".join(f"a={a:g}" for a in cfg["a_grid"]) + " |", "|---|" + "---|" * len(cfg["a_grid"])]
-    for m in cfg["m_grid"]:
-        cells = []
-        for a in cfg["a_grid"]:
-            x = [r for r in syn if r["m"] == m and r["method"] == "sc-output-pert" and r["config"] == f"a={a:g}"]
-            cells.append(f"{sum(r['status'] == 'certified' for r in x)}/{len(x)}")
-        L.append(f"| {m} | " + " | ".join(cells) + " |")
-    ridge_acc = refs.get("ridge_mu%g_nonprivate_accuracy" % cfg["ml_reg"], math.nan)
-    L += ["", "## MovieLens (671 raters, logistic regression, test accuracy, mean ± sd over noise seeds)", "",
-          f"δ = 1/n^1.1 = {refs['delta']:.3g}. Non-private: unregularized {refs.get('nonprivate_accuracy', math.nan):.4f}, "
-          f"ridge μ = {cfg['ml_reg']} {ridge_acc:.4f}; "
-          f"majority class {refs['majority_baseline']:.4f}. σ/Δ of sc-output-pert: "
-          + ", ".join(f"{v:.1f} at ε = {k}" for k, v in refs["sigma_over_Delta"].items()) + ".", "",
-          "| ε | method | configuration | test accuracy | certified | noise σ |", "|---|---|---|---|---|---|"]
-    for x in sorted(summarize(ml, "test_accuracy"), key=lambda x: (x["eps"], x["method"], x["config"])):
-        acc = "undetermined" if math.isnan(x["mean"]) else f"{x['mean']:.4f} ± {x['sd']:.4f}"
-        cert = f"{x['determined']}/{x['runs']}" if x["method"] == "sc-output-pert" else "–"
-        L.append(f"| {x['eps']:g} | {x['method']} | {x['config']} | {acc} | {cert} | {x['sigma']:.3g} |")
+    q = " --quick" if cfg["tag"] == "quick" else ""
+    L = [f"# Paper 002 vs noisy clipped-gradient descent ({cfg['tag']} run)", "",
+         f"Regenerate: `.venv/bin/python simulations/paper002_compare.py{q}` ({result['seconds']:.0f} s). "
+         f"ℓ = ½‖θ − x‖², d = 4, user means N(θ_pop, I/m) exactly; excess empirical risk ½‖θ̂ − θ*‖² (mean ± sd over "
+         f"{cfg['seeds']} seeds: new data and noise each); user-level (ε, δ) = ({cfg['eps']}, {cfg['delta']:g}), "
+         "replace-one, for every method. Paper 002's algorithms run with their theorem schedules (no tuning); "
+         "'noisy GD best' is the best of "
+         f"{len(cfg['clip_grid'])} clips × {len(cfg['rounds_grid'])} round counts chosen after the fact (not "
+         "private). Method: module docstring of `simulations/paper002_compare.py`.", ""]
+    for title, tab, key in ((f"Sweep over m (n = {cfg['n_for_m']})", result["table_m"], "m"),
+                            (f"Sweep over n (m = {cfg['m_for_n']:.0e})", result["table_n"], "n")):
+        L += [f"## {title}", "", f"| {key} | " + " | ".join(LABELS[k] for k in METHODS)
+              + " | winner (untuned) | winner (with tuning) |", "|---|" + "---|" * (len(METHODS) + 2)]
+        for e in tab:
+            cells = []
+            for k in METHODS:
+                x = e[k]
+                if x["status"] != "released":
+                    cells.append(x["status"])
+                else:
+                    cells.append(f"{x['mean']:.3g} ± {x['sd']:.2g}" + (f" ({x['config']})" if k == "noisy-gd-best"
+                                                                        else ""))
+            val = f"{e['m']:.0e}" if key == "m" else str(e["n"])
+            L.append(f"| {val} | " + " | ".join(cells) + f" | {LABELS[e['winner_untuned']]} | "
+                     f"{LABELS[e['winner_with_tuning']]} |")
+        L.append("")
+    L += ["## Fitted slopes of the excess (log–log, means over seeds)", "", "| method | vs m | vs n |", "|---|---|---|"]
+    for k in METHODS:
+        sl = result["slopes"][k]
+        L.append(f"| {LABELS[k]} | {sl['m']:.2f} | {sl['n']:.2f} |")
     L += ["", "## Who wins where, and why", "", conclusion(result), ""]
     return "\n".join(L)
 
 
-def conclusion(result: dict) -> str:
-    cfg, cross, refs = result["config"], result["crossover"], result["movielens_refs"]
-    syn = result["synthetic"]
-    ratio = np.mean([r["sigma"] / r["Delta"] for r in syn if r["method"] == "sc-output-pert"])
-    ml = summarize(result["movielens"], "test_accuracy")
-
-    def best_ml(method, eps):
-        c = [x for x in ml if x["method"] == method and x["eps"] == eps and not math.isnan(x["mean"])]
-        return max(c, key=lambda x: x["mean"]) if c else None
-    ml_txt = []
-    for eps in cfg["ml_eps"]:
-        sc, gd, gs = best_ml("sc-output-pert", eps), best_ml("noisy-gd", eps), best_ml("global-sens-law", eps)
-        ml_txt.append(f"at ε = {eps:g}: noisy GD {gd['mean']:.3f}, global-sensitivity output perturbation "
-                      f"{gs['mean']:.3f}, SCOutputPert {sc['mean']:.3f}" if sc else
-                      f"at ε = {eps:g}: noisy GD {gd['mean']:.3f}, SCOutputPert undetermined")
-    return (
-        f"**Synthetic (IID users).** SCOutputPert's error falls with m as theory says: with a = 1 its excess risk has "
-        f"slope {cross['sc_a1_slope_in_m']:.2f} ± {cross['sc_a1_slope_se']:.2f} in m (theory −1, i.e. ‖θ̂−θ*‖ ∝ "
-        f"1/√m), because its threshold Δ ∝ G/(μn√m) is justified by deletion stability (the measured certificate "
-        f"bound falls like 1/√m). Noisy GD's noise is set by the clip C, not by m: its best configuration "
-        f"({cross['noisy_gd_best_config']}) has slope {cross['noisy_gd_best_config_slope_in_m']:.2f} in m. Yet noisy "
-        f"GD wins at every m we can afford here, by orders of magnitude: SCOutputPert pays σ/Δ ≈ {ratio:.0f} "
-        f"(the TDLap deletion budget κ = 8 enters the sensitivity as (4κ+1)Δ, then the Gaussian at (ε/2, δ̄)), and "
-        f"Δ must use the worst-case Lipschitz constant G of the ridge problem, while noisy GD's clip can sit at the "
-        f"users' actual gradient scale and its noise is averaged over n users and damped by the step. Extrapolating "
-        f"the a = 1 fit, SCOutputPert would match the best noisy GD at m ≈ {cross['m_star_vs_noisy_gd']:.2g} records "
-        f"per user and the classic global-sensitivity output perturbation (θ* + N(0, s²I), sensitivity 2G/(μn)) at "
-        f"m ≈ {cross['m_star_vs_global_sens']:.2g}; a smaller public a (0.3, 0.1) shrinks the noise but the "
-        f"certificate then fails at small m (table above: 'undetermined' = the exact test would have to decide, "
-        f"which is infeasible at n = {cfg['n']}). The brief's expectation that noisy GD stops improving once its "
-        f"clip binds is borne out only in the sense that its error is flat in m; clipping does not bind here "
-        f"because IID users' gradients shrink towards the optimum, so noisy GD is never hurt by it. "
-        f"**MovieLens (heterogeneous raters, median 57 ratings).** "
-        + "; ".join(ml_txt) + ". Heterogeneous users make the deletion stability Θ(G/(μn)) with no √m gain "
-        "(note §6.13), so SCOutputPert keeps its κ-inflated noise without the benefit; it needs b ≳ 0.3 for "
-        "the certificate to pass at all. Noisy GD (and, at large ε, plain output perturbation) win on real "
-        "user-partitioned data. The deletion-based mechanism is a large-m, IID-users tool: it wins only beyond "
-        "the extrapolated crossover, consistent with the note's §4 estimate (m* of order 1e3–1e6 items per user).")
+def slopes(tab_m: list[dict], tab_n: list[dict]) -> dict:
+    out = {}
+    for k in METHODS:
+        out[k] = {}
+        for key, tab in (("m", tab_m), ("n", tab_n)):
+            pts = [(e[key], e[k]["mean"]) for e in tab if np.isfinite(e[k]["mean"])]
+            out[k][key] = fit_slope(*zip(*pts))["slope"] if len(pts) >= 2 else math.nan
+    return out
 
 
 def plot(result: dict, path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
-    cfg, syn, ml = result["config"], result["synthetic"], result["movielens"]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
-    ax = axes[0]
-    s = summarize(syn, "excess_risk")
-    ms = np.array(cfg["m_grid"], float)
-    for i, a in enumerate(cfg["a_grid"]):
-        y = np.array([next(x["mean"] for x in s if x["m"] == m and x["config"] == f"a={a:g}") for m in cfg["m_grid"]])
-        ax.loglog(ms, y, "o-", color=f"C{i}", label=f"SCOutputPert a={a:g} (missing = certificate failed)")
-    for j, clip in enumerate(cfg["clip_grid"]):
-        y = []
-        for m in cfg["m_grid"]:
-            c = [x["mean"] for x in s if x["m"] == m and x["method"] == "noisy-gd" and x["config"].startswith(f"C={clip:g},")]
-            y.append(min(c))
-        ax.loglog(ms, y, "s--", color=f"C{j + 4}", label=f"noisy GD C={clip:g} (best T)")
-    y = [next(x["mean"] for x in s if x["m"] == m and x["method"] == "global-sens-law") for m in cfg["m_grid"]]
-    ax.loglog(ms, y, "^:", color="k", label="global-sensitivity output pert. (law)")
-    ax.set_xlabel("records per user m")
-    ax.set_ylabel("excess empirical risk F(θ̂) − F(θ*)")
-    ax.set_title(f"synthetic least squares, n = {cfg['n']}, (ε, δ) = ({cfg['eps']}, {cfg['delta']:g})", fontsize=9)
-    ax.legend(fontsize=7)
-    ax = axes[1]
-    sm = summarize(ml, "test_accuracy")
-    labels = sorted({(x["method"], x["config"]) for x in sm})
-    width = 0.8 / len(cfg["ml_eps"])
-    for k, eps in enumerate(cfg["ml_eps"]):
-        vals = []
-        for meth, conf in labels:
-            x = next(x for x in sm if x["eps"] == eps and x["method"] == meth and x["config"] == conf)
-            vals.append(0.0 if math.isnan(x["mean"]) else x["mean"])
-        ax.barh(np.arange(len(labels)) + k * width, vals, height=width, label=f"ε = {eps:g}")
-    refs = result["movielens_refs"]
-    ax.axvline(refs.get("nonprivate_accuracy", math.nan), color="k", ls="--", lw=1, label="non-private")
-    ax.axvline(refs["majority_baseline"], color="gray", ls=":", lw=1, label="majority class")
-    ax.set_yticks(np.arange(len(labels)) + width * (len(cfg["ml_eps"]) - 1) / 2)
-    ax.set_yticklabels([f"{meth}\n{conf}" for meth, conf in labels], fontsize=7)
-    ax.set_xlim(0.45, 0.72)
-    ax.set_xlabel("test accuracy (0 = undetermined)")
-    ax.set_title(f"MovieLens, {refs['users']} users, δ = {refs['delta']:.2g}", fontsize=9)
-    ax.legend(fontsize=7, loc="lower right")
+    cfg = result["config"]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    styles = {"alg2": ("C0", "o-"), "phased-erm": ("C1", "o-"), "sc-phased-erm": ("C2", "o-"),
+              "noisy-gd-default": ("C3", "s--"), "noisy-gd-best": ("C4", "s--")}
+    for ax, tab, key in ((axes[0], result["table_m"], "m"), (axes[1], result["table_n"], "n")):
+        for k in METHODS:
+            pts = [(e[key], e[k]["mean"], e[k]["sd"]) for e in tab if np.isfinite(e[k]["mean"])]
+            if not pts:
+                continue
+            x, y, sd = map(np.array, zip(*pts))
+            color, style = styles[k]
+            ax.errorbar(x, y, yerr=np.minimum(sd, 0.9 * y), fmt=style, color=color, ms=4, capsize=2, label=LABELS[k])
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.grid(True, alpha=0.3)
+        ax.set_ylabel("excess empirical risk ½‖θ̂ − θ*‖²")
+        ax.set_xlabel(f"records per user m (n = {cfg['n_for_m']})" if key == "m"
+                      else f"users n (m = {cfg['m_for_n']:.0e}); missing = refused (n < 4κ'+2)")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"Paper 002 vs noisy GD at user-level (ε, δ) = ({cfg['eps']}, {cfg['delta']:g}), ℓ = ½‖θ − x‖², "
+                 f"d = 4, {cfg['seeds']} seeds (error bars: sd)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -450,29 +298,35 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="smaller grids, 2 seeds")
     p.add_argument("--out", default=RESULTS, help="output folder (default simulations/results)")
-    p.add_argument("--keep-runs", default=None, help="keep the MovieLens run folders (result.json + ledger) here")
     args = p.parse_args(argv)
     cfg = QUICK if args.quick else FULL
     torch.set_num_threads(1)
+    fam = family(cfg)
     start = time.perf_counter()
-    print(f"paper 002 comparison ({cfg.tag}): synthetic n={cfg.n}, m in {cfg.m_grid}, (eps, delta) = "
-          f"({cfg.eps}, {cfg.delta:g}); MovieLens eps in {cfg.ml_eps}")
-    syn = synthetic(cfg)
-    ml, refs = movielens(cfg, args.keep_runs)
-    result = {"config": asdict(cfg), "synthetic": syn, "movielens": ml, "movielens_refs": refs}
-    result["crossover"] = crossover(syn, cfg)
-    result["seconds"] = time.perf_counter() - start
+    rows = []
+    for sweep, pairs in (("m", [(cfg.n_for_m, m) for m in cfg.m_grid]), ("n", [(n, cfg.m_for_n) for n in cfg.n_grid])):
+        for n, m in pairs:
+            t = time.perf_counter()
+            for seed in range(cfg.seeds):
+                rows.extend(run_point(cfg, fam, sweep, n, m, seed))
+            print(f"  {sweep}-sweep n={n:6d} m={m:.0e} ({time.perf_counter() - t:.1f} s)", flush=True)
+    tm = table(rows, "m", [(cfg.n_for_m, m) for m in cfg.m_grid])
+    tn = table(rows, "n", [(n, cfg.m_for_n) for n in cfg.n_grid])
+    phases = {k: [r["phases"] for r in rows if r["method"] == k and r["status"] == "released"] for k in OURS}
+    ratios = sorted({noise_ratio(cfg.eps / t, cfg.delta / t, fam.cfg.calibration) for t in phases["phased-erm"]})
+    result = {"config": asdict(cfg), "table_m": tm, "table_n": tn, "slopes": slopes(tm, tn),
+              "phases_range": {k: [min(v), max(v)] for k, v in phases.items() if v},
+              "noise_ratios": {"alg2": noise_ratio(cfg.eps, cfg.delta, fam.cfg.calibration),
+                               "phased-erm": [ratios[0], ratios[-1]]},
+              "seconds": time.perf_counter() - start}
     base = os.path.join(args.out, "paper002_compare" + ("_quick" if cfg.tag == "quick" else ""))
     os.makedirs(args.out, exist_ok=True)
-    fields = sorted({k for r in syn + ml for k in r})
     with open(base + ".csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
-        w.writerows(syn + ml)
+        w.writerows(rows)
     with open(base + ".json", "w") as f:
-        json.dump({k: v for k, v in result.items() if k not in ("synthetic", "movielens")}
-                  | {"synthetic_summary": summarize(syn, "excess_risk"),
-                     "movielens_summary": summarize(ml, "test_accuracy")}, f, indent=2, default=str)
+        json.dump(result, f, indent=2, default=str)
     with open(base + ".md", "w") as f:
         f.write(markdown(result))
     plot(result, base + ".png")

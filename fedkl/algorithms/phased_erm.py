@@ -1,28 +1,42 @@
-"""Phased-ERM (paper 002, Algorithm 3, Thm 4.1): localization with T calls of SCOutputPert.
+"""Phased-ERM (paper 002, Algorithm 3, Theorem 4.1): localisation with T calls of SCOutputPert on ALL users.
 
-Phase i = 1..T (T public):
+Phase i = 1..T (every constant public; shared machinery and derivations in
+:mod:`fedkl.algorithms.phased_common`)::
 
-    lam_i = lam * 4^i;  l_i(theta; x) = l(theta; x) + (lam_i/2)||theta - theta^_{i-1}||^2
-    theta^_i = SCOutputPert_{eps/T, delta/T, Delta_i}(l_i; x)        Delta_i = Delta_1 / 4^(i-1)
-    if the call outputs ⊥: theta^_i = theta^_{i-1} (post-processing; counted in ``bottoms``)
+    lam_i = lam 4^i;   l_i(theta; x) = l(theta; x) + (lam_i/2)||theta - theta^_{i-1}||^2
+    theta^_i = Inner_{eps/T, delta/T, Delta_i}(l_i; x)          # SCOutputPert by default
+    ⊥ -> theta^_i = theta^_{i-1}                                # post-processing; logged in `bottoms`
+    else theta^_i <- Proj_K(Clip_{B(theta^_{i-1}, R_i)}(theta^_i)),  R_i = G_c / lam_i
 
-Guarantee: **(eps, delta)-DP, user level, replace-one, n public**, by basic composition of T
-(eps/T, delta/T)-DP calls (each charged to the ledger before its release; the ledger adds eps and
-delta). Every call's center theta^_{i-1} is an earlier private output (or the public w0), and all
-of lam, T, Delta_1 are public; the constants of phase i (mu_i = reg + lam_i, beta_i, G0 at the
-center) are computed from public values only.
+Guarantee
+---------
+**(eps, delta)-DP, user level, relation replace-one, n public** (add-remove is not covered: the inner
+release's test is defined for a fixed n). Proof: each inner release is (eps/T, delta/T)-DP for every
+deterministic f (Thm 3.3; DelOutputPert's sensitivity (8 kappa' or 4 kappa' + 1) Delta_i comes from
+its deletion test, not from a norm bound on the users' answers, kappa' = kappa(eps/(2T), ...)); its
+centre theta^_{i-1}, lam_i and Delta_i are public (earlier private outputs or functions of public
+constants); the clip/projection and the ⊥ rule are post-processing; basic composition of T releases
+gives (eps, delta). Every release is charged to every user through the Releaser before it is made
+(the ledger shows T x (eps/T, delta/T) per user), and :meth:`PhasedERM.run` refuses, before reading
+any data, a run that some user cannot afford in full.
 
-Differences from the paper, on purpose:
-* The paper minimizes over K_i = K ∩ B(theta^_{i-1}, R_i) (printed with theta_{i-1}: a typo, note
-  §6.5). We minimize over R^d: privacy holds for any f; for a loss that is G-Lipschitz on all of R^d
-  the ball is inactive anyway (||theta*_i - theta^_{i-1}|| <= G/lam_i = R_i, note §2B).
-* ⊥ is unspecified in the paper; we keep the previous center (note §2E) and report how often.
-* Delta_i ∝ 1/lam_i follows the Delta_uc scaling; Delta_1 is the caller's public choice (note §6.1:
-  the printed Delta of Alg 2 omits the union bound).
+Parameters (defaults are the theorem's; pitfalls of note §6)
+-------------------------------------------------------------
+* T = ceil(ln(n m)) (m = ``records``, public), beta = 1/(n m), beta' = beta / T.
+* lam = lambda* = (2/sqrt 3) c G sqrt(d)/(D n sqrt m), NOT the paper's G sqrt(d)/(R n sqrt m), which
+  leaves c^2 instead of c in the bound (pitfall 7); c = (sigma/Delta of the inner release at
+  (eps/T, delta/T)) x (the threshold rule's factor), D >= ||w0 - theta*|| public.
+* Delta_i: ``uc`` = Delta_uc(2G, mu + lam_i, n, m, kappa', beta') (note §2B, pitfall 1), ``scaled`` or
+  the legacy ``fixed`` Delta_1 / 4^(i-1).
+* K_i = K ∩ B(theta^_{i-1}, R_i), centred at the PREVIOUS OUTPUT (the paper prints theta_{i-1},
+  pitfall 5). The inner release minimises over R^d, where the ball is provably inactive
+  (phased_common); K enters through the projection of every released centre.
 
-Practical limits are those of SCOutputPert: every phase runs at kappa' = kappa(eps/(2T), ...), which
-is about T times larger, so the certificate needs n >= 4 kappa' + 2 and the exact fallback n <= 20:
-at T >= 2 essentially every phase is decided by enumeration (see ``details``).
+Practical limits: those of the inner release. With SCOutputPert every phase runs at kappa' ~ T kappa,
+so the theorem's regime (n >= 8 kappa') needs thousands of users at eps <= 8 (note §4), while its
+exact fallback refuses n > 20: at fedkl's sizes the ``uc`` rule refuses (n < 4 kappa' + 2) and the
+``scaled``/``fixed`` rules mostly produce ⊥ (reported). See simulations/paper002_slopes.py for the
+regime where the theorem applies.
 """
 from __future__ import annotations
 
@@ -32,95 +46,259 @@ from typing import Callable
 
 import torch
 
-from fedkl.algorithms.sc_output_pert import SCOutputPert, SCOutputPertConfig
+from fedkl.algorithms.phased_common import (
+    DELTA_RULES,
+    DeltaRule,
+    InnerRelease,
+    PhasedResult,
+    PhasedSetting,
+    PhaseSpec,
+    check_approx_releaser,
+    erm_phases,
+    kappa,
+    lam_star_erm,
+    noise_ratio,
+    read_hyperparameters,
+    require_budget,
+    rule_delta,
+    rule_factor,
+    run_phases,
+    sc_output_pert_inner,
+    setting_for_problem,
+)
 from fedkl.federation.base import Federation
+from fedkl.privacy.ledger import BudgetExceeded
 from fedkl.privacy.release import Releaser
 from fedkl.problems.base import Problem
 
+PhasedERMResult = PhasedResult  # the name the first version exported
+
 
 @dataclass(frozen=True)
-class PhasedERMConfig:
-    """Public parameters. ``lam``: the base regularization (lam_i = lam 4^i); ``phases``: T;
-    ``Delta_1``: the phase-1 deletion threshold; the rest as :class:`SCOutputPertConfig`."""
+class PhasedConfig:
+    """Public parameters of a phased algorithm (Phased-ERM, Phased-SCO and the strongly convex
+    variants). None means "the theorem's value" (see each algorithm's docstring).
+
+    Args:
+        eps, delta: the TOTAL (eps, delta) each user is charged.
+        lam: base regularization (lam_i = lam 4^i); None: lambda* (ERM) / lambda_SCO (SCO).
+        Delta_1: the legacy fixed rule's phase-1 threshold (Delta_i = Delta_1 / 4^(i-1)).
+        phases: T; None: ceil(ln(nm)) (ERM) / floor(log2(n/N0)) (SCO).
+        calibration, max_exact_users, use_certificate: the default inner release's (SCOutputPert).
+        delta_rule: "uc", "scaled", "fixed" or a function (see phased_common); None: "fixed" when
+            Delta_1 is given, else "uc".
+        delta_scale: A of the "scaled" rule.
+        records: m, the public number of records per user.
+        beta: utility failure probability; None: 1/(nm) (1/(2 n^2 m) for the SC variants).
+        min_cohort: N0 of Phased-SCO; None: 8 kappa(eps, delta).
+        seed: the public seed of Phased-SCO's cohort hash.
+    """
 
     eps: float
     delta: float
-    lam: float
-    Delta_1: float
-    phases: int
+    lam: float | None = None
+    Delta_1: float | None = None
+    phases: int | None = None
     calibration: str = "paper"
     max_exact_users: int = 20
     use_certificate: bool = True
+    delta_rule: DeltaRule | None = None
+    delta_scale: float = 1.0
+    records: int = 1
+    beta: float | None = None
+    min_cohort: int | None = None
+    seed: int = 0
 
     def __post_init__(self) -> None:
-        if int(self.phases) != self.phases or self.phases < 1:
+        if not (self.eps > 0 and math.isfinite(self.eps) and 0 < self.delta < 1):
+            raise ValueError("need finite eps > 0 and 0 < delta < 1")
+        if self.phases is not None and (int(self.phases) != self.phases or self.phases < 1):
             raise ValueError(f"phases must be a positive integer, got {self.phases}")
-        if not (self.lam > 0 and math.isfinite(self.lam)):
-            raise ValueError(f"lam must be finite and > 0, got {self.lam}")
-        if not (self.Delta_1 > 0 and math.isfinite(self.Delta_1)):
-            raise ValueError(f"Delta_1 must be finite and > 0, got {self.Delta_1}")
-        if not (self.eps > 0 and 0 < self.delta < 1):
-            raise ValueError("need eps > 0 and 0 < delta < 1")
+        for name in ("lam", "Delta_1", "beta"):
+            v = getattr(self, name)
+            if v is not None and not (v > 0 and math.isfinite(v)):
+                raise ValueError(f"{name} must be None or finite and > 0, got {v}")
+        if self.beta is not None and not self.beta < 1:
+            raise ValueError(f"beta must be < 1, got {self.beta}")
+        if not (self.delta_scale > 0 and math.isfinite(self.delta_scale)):
+            raise ValueError(f"delta_scale must be finite and > 0, got {self.delta_scale}")
+        if int(self.records) != self.records or self.records < 1:
+            raise ValueError(f"records (m) must be a positive integer, got {self.records}")
+        if self.min_cohort is not None and (int(self.min_cohort) != self.min_cohort or self.min_cohort < 2):
+            raise ValueError(f"min_cohort must be an integer >= 2, got {self.min_cohort}")
+        rule = self.rule
+        if not callable(rule) and rule not in DELTA_RULES:
+            raise ValueError(f"delta_rule must be one of {DELTA_RULES} or a function, got {rule!r}")
+        if rule == "fixed" and self.Delta_1 is None:
+            raise ValueError("the fixed threshold rule needs Delta_1")
 
+    @property
+    def rule(self) -> DeltaRule:
+        if self.delta_rule is not None:
+            return self.delta_rule
+        return "fixed" if self.Delta_1 is not None else "uc"
+
+    # legacy accessors (the first version's fixed schedule)
     def lam_i(self, i: int) -> float:
+        if self.lam is None:
+            raise ValueError("lam is set at run time (lambda*): use PhasedERM.plan")
         return self.lam * 4.0**i
 
     def Delta_i(self, i: int) -> float:
+        if self.Delta_1 is None:
+            raise ValueError("Delta_i depends on the rule and n: use PhasedERM.plan")
         return self.Delta_1 / 4.0 ** (i - 1)
 
 
-@dataclass
-class PhasedERMResult:
-    w: torch.Tensor
-    phases: int
-    bottoms: int
-    sigmas: list[float]
-    details: dict = field(default_factory=dict)
+PhasedERMConfig = PhasedConfig  # the name the runner and the first tests use
 
-    @property
-    def rounds(self) -> int:
-        return self.phases
+
+@dataclass(frozen=True)
+class PhasedPlan:
+    """The public schedule of one run (computed from public values before any data is read)."""
+
+    phases: int
+    eps_phase: float
+    delta_phase: float
+    lam: float
+    beta: float
+    kappa: int
+    noise_constant: float | None   # c (None when lam was given and the rule is "fixed")
+    distance: float | None
+    specs: tuple[PhaseSpec, ...]
+    extra: dict = field(default_factory=dict)
+
+
+def _phase_delta(config: PhasedConfig, setting: PhasedSetting, i: int, lam_i: float, n_i: int, kappa_: int,
+                 beta_i: float) -> float:
+    rule = config.rule
+    if rule == "fixed":
+        return config.Delta_1 / 4.0 ** (i - 1)
+    G = setting.require_lipschitz(f"the {rule!r} threshold rule")
+    return rule_delta(rule, G_call=2.0 * G, mu=setting.strong_convexity + lam_i, n_call=n_i, m=config.records,
+                      kappa_=kappa_, beta=beta_i, scale=config.delta_scale)
 
 
 class PhasedERM:
-    """See the module docstring. ``feature_bound`` is the loader-enforced record bound R."""
+    """Algorithm 3 of paper 002 (see the module docstring).
+
+    Args:
+        config: :class:`PhasedConfig`.
+        problem, feature_bound: the loss and the loader-enforced record bound (for the default
+            inner release and the default :class:`PhasedSetting`).
+        setting: public constants (default :func:`setting_for_problem`).
+        inner: the inner release (default :func:`sc_output_pert_inner`).
+    """
 
     name = "phased-erm"
 
-    def __init__(self, config: PhasedERMConfig, problem: Problem, feature_bound: float) -> None:
+    def __init__(self, config: PhasedConfig, problem: Problem | None = None, feature_bound: float | None = None,
+                 *, setting: PhasedSetting | None = None, inner: InnerRelease | None = None) -> None:
         self.config = config
         self.problem = problem
-        self.feature_bound = float(feature_bound)
+        self.feature_bound = None if feature_bound is None else float(feature_bound)
+        if setting is None:
+            if problem is None or feature_bound is None:
+                raise ValueError("give a problem and its feature bound, or a PhasedSetting")
+            setting = setting_for_problem(problem, feature_bound)
+        self.setting = setting
+        if inner is None:
+            if problem is None or feature_bound is None:
+                raise ValueError("the default inner release (SCOutputPert) needs the problem and its feature bound")
+            inner = sc_output_pert_inner(problem, float(feature_bound), calibration=config.calibration,
+                                         max_exact_users=config.max_exact_users,
+                                         use_certificate=config.use_certificate)
+        self.inner = inner
 
-    def phase_config(self, i: int, center: torch.Tensor) -> SCOutputPertConfig:
-        cfg = self.config
-        return SCOutputPertConfig.for_problem(
-            self.problem, self.feature_bound, center, eps=cfg.eps / cfg.phases, delta=cfg.delta / cfg.phases,
-            Delta=cfg.Delta_i(i), extra_reg=cfg.lam_i(i), calibration=cfg.calibration,
-            max_exact_users=cfg.max_exact_users, use_certificate=cfg.use_certificate)
+    # --- the public schedule -------------------------------------------------------------------
+    def plan(self, n: int, w0: torch.Tensor, *, distance: float | None = None) -> PhasedPlan:
+        """T, lam, Delta_i (public). ``distance`` overrides the setting's D (the SC variants' R')."""
+        cfg, st = self.config, self.setting
+        m = cfg.records
+        T = cfg.phases if cfg.phases is not None else erm_phases(n, m)
+        eps_i, delta_i = cfg.eps / T, cfg.delta / T
+        beta = cfg.beta if cfg.beta is not None else 1.0 / (n * m)
+        beta_i = beta / T
+        k = kappa(eps_i, delta_i)
+        c = D = None
+        if cfg.rule != "fixed":
+            G2 = 2.0 * st.require_lipschitz(f"the {cfg.rule!r} threshold rule")
+            c = noise_ratio(eps_i, delta_i, cfg.calibration) * rule_factor(
+                cfg.rule, G_call=G2, n_call=n, m=m, kappa_=k, beta=beta_i, scale=cfg.delta_scale)
+        if cfg.lam is not None:
+            lam = cfg.lam
+        else:
+            if c is None:
+                raise ValueError("lambda* needs the noise constant c, which the fixed threshold rule does not define: "
+                                 "give lam or use the uc/scaled rule")
+            G = st.require_lipschitz("lambda*")
+            D = distance if distance is not None else st.resolve_distance(w0)
+            lam = lam_star_erm(c, G, D, st.dim, n, m)
+        specs = []
+        for i in range(1, T + 1):
+            lam_i = lam * 4.0**i
+            specs.append(PhaseSpec(i, eps_i, delta_i, lam_i, _phase_delta(cfg, st, i, lam_i, n, k, beta_i)))
+        return PhasedPlan(T, eps_i, delta_i, lam, beta, k, c, D, tuple(specs))
 
+    # --- the run -------------------------------------------------------------------------------
     def run(self, federation: Federation, releaser: Releaser, w0: torch.Tensor,
-            progress: Callable[[dict], None] | None = None) -> PhasedERMResult:
-        cfg = self.config
-        if federation.num_users > cfg.max_exact_users:  # public n: refuse before any data access
-            raise ValueError(f"Phased-ERM: n={federation.num_users} exceeds max_exact_users={cfg.max_exact_users} "
-                             "(see SCOutputPert)")
-        center = torch.as_tensor(w0).to(torch.float64)
-        bottoms, sigmas, decided = 0, [], {"certificate": 0, "exact": 0}
-        for i in range(1, cfg.phases + 1):
-            alg = SCOutputPert(self.phase_config(i, center))
-            res = alg.run(federation, releaser, center, label=f"{self.name}/phase-{i}")
-            sigmas.append(res.sigma)
-            decided[res.diagnostics["decided_by"]] += 1
-            if res.theta is None:
-                bottoms += 1
-            else:
-                center = res.theta.to(torch.float64)
-            if progress is not None:
-                progress({"round": i, "rounds": cfg.phases, "released": res.theta is not None,
-                          "sigma": res.sigma, "decided_by": res.diagnostics["decided_by"]})
-        details = {"dp": "approximate (eps, delta)-DP, user level, replace-one, n public; basic composition "
-                         f"of {cfg.phases} x (eps/T, delta/T)", "eps": cfg.eps, "delta": cfg.delta,
-                   "lam": cfg.lam, "Delta_1": cfg.Delta_1, "bottoms": bottoms, "sigmas": sigmas,
-                   "nonprivate_diagnostics": {"decided_by": decided}}
-        return PhasedERMResult(center.to(torch.as_tensor(w0).dtype), cfg.phases, bottoms, sigmas, details)
+            progress: Callable[[dict], None] | None = None) -> PhasedResult:
+        check_approx_releaser(releaser, self.name)
+        w0 = torch.as_tensor(w0)
+        plan = self.plan(federation.num_users, w0)
+        require_budget(releaser, [(federation.user_ids, self.config.eps, self.config.delta)], self.name)
+        return self.run_plan(federation, releaser, self.setting.project(w0.to(torch.float64)), plan, progress,
+                             out_dtype=w0.dtype)
+
+    def run_plan(self, federation: Federation, releaser: Releaser, center: torch.Tensor, plan: PhasedPlan,
+                 progress: Callable[[dict], None] | None = None, *, out_dtype: torch.dtype = torch.float64,
+                 index_offset: int = 0, total_rounds: int | None = None, label: str | None = None) -> PhasedResult:
+        """Run a plan from ``center`` (public). The caller has checked the releaser and the budget."""
+        center, history, decided = run_phases(federation, releaser, plan.specs, center, inner=self.inner,
+                                              setting=self.setting, name=label or self.name, progress=progress,
+                                              index_offset=index_offset, total_rounds=total_rounds)
+        bottoms = [h["phase"] for h in history if h["bottom"]]
+        details = {
+            "dp": f"approximate (eps, delta)-DP, user level, replace-one, n public; basic composition of "
+                  f"{plan.phases} x (eps/T, delta/T)",
+            "eps": self.config.eps, "delta": self.config.delta, "phases": plan.phases, "lam": plan.lam,
+            "lam_rule": "given" if self.config.lam is not None else "lambda* (pitfall 7)",
+            "noise_constant_c": plan.noise_constant, "distance_D": plan.distance, "beta": plan.beta,
+            "kappa_per_phase": plan.kappa, "delta_rule": self.config.rule if isinstance(self.config.rule, str)
+            else "custom", "records_m": self.config.records, "bottoms": bottoms,
+            "schedule": history, "nonprivate_diagnostics": {"decided_by": decided}}
+        return PhasedResult(center.to(out_dtype), plan.phases, len(bottoms), [h["sigma"] for h in history],
+                            details, history)
+
+
+# --- runner builder -------------------------------------------------------------------------------
+def budget_from_ledger(ledger, user_ids) -> tuple[float, float]:
+    """The (eps, delta) every user can still afford (the runner's fresh ledger: the budget)."""
+    eps, delta = ledger.approx_left(user_ids)
+    if eps <= 0 or delta <= 0:
+        raise BudgetExceeded(f"ledger {getattr(ledger, 'path', '')}: the users' budget is spent; nothing to train with")
+    return eps, delta
+
+
+def phased_config(cfg, eps: float, delta: float) -> PhasedConfig:
+    """A :class:`PhasedConfig` from a run configuration's fields (phased_common.HYPERPARAMETERS, plus
+    ``stability_delta`` for the fixed rule and ``seed`` for the cohort hash)."""
+    hp = read_hyperparameters(cfg)
+    rule = hp["p002_delta_rule"]
+    return PhasedConfig(eps=eps, delta=delta, lam=hp["p002_lam"],
+                        Delta_1=float(getattr(cfg, "stability_delta", 0.5)) if rule == "fixed" else None,
+                        phases=hp["p002_phases"], calibration=hp["p002_calibration"], delta_rule=rule,
+                        delta_scale=float(hp["p002_delta_scale"]), records=int(hp["p002_records"]),
+                        beta=hp["p002_beta"], min_cohort=hp["p002_min_cohort"], seed=int(getattr(cfg, "seed", 0)))
+
+
+def build_phased_erm(cfg, rho_total: float, *, problem, dataset, delta, ledger, user_ids, **_) -> PhasedERM:
+    """Runner builder for ``phased-erm`` (reads phased_common.HYPERPARAMETERS)."""
+    eps, dlt = budget_from_ledger(ledger, user_ids)
+    hp = read_hyperparameters(cfg)
+    setting = setting_for_problem(problem, dataset.feature_bound, radius=hp["radius"], distance=hp["distance"])
+    return PhasedERM(phased_config(cfg, eps, dlt), problem, dataset.feature_bound, setting=setting)
+
+
+__all__ = ["PhasedConfig", "PhasedERM", "PhasedERMConfig", "PhasedERMResult", "PhasedPlan", "PhasedResult",
+           "budget_from_ledger", "build_phased_erm", "phased_config"]
