@@ -20,6 +20,7 @@ import functools
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from fedkl.federation.base import Federation
@@ -100,7 +101,7 @@ class PoissonScheduledRun:
         if self.sampling_rate >= 1:
             return list(range(n))
         draws = self.releaser.noise.uniform(n)
-        return [u for u in range(n) if draws[u] < self.sampling_rate]
+        return np.flatnonzero(draws < self.sampling_rate).tolist()
 
     def release(self, total: torch.Tensor) -> torch.Tensor:
         """``(total + N(0, sigma^2 I)) / (q n)``; refused beyond the charged number of releases."""
