@@ -294,3 +294,22 @@ def test_nonprivate_reference_is_stationary_with_regularizer():
     problem = make_problem("logistic", ds, reg=0.5)
     w = nonprivate_minimizer(problem, ds.train)
     assert float(problem.gradient(w, ds.train).norm()) < 1e-6
+
+
+def test_loss_leaves_out_users_without_records():
+    """A held-out split where most users have no record: the reported loss is the mean over the
+    users that have one, not diluted by zeros."""
+    from fedkl.data import load_dataset
+    from fedkl.data.base import UserData
+    from fedkl.problems import make_problem
+
+    ds = load_dataset("synthetic-logistic", n_users=6, m=4, d=3, seed=0)
+    problem = make_problem("logistic", ds)
+    w = torch.tensor([0.3, -0.2, 0.1], dtype=torch.float64)
+    full = ds.train
+    keep = full.user_index < 2  # users 2..5 have no records
+    sparse = UserData(full.X[keep], full.y[keep], full.user_index[keep], full.user_ids)
+    assert sparse.num_users == 6 and int((sparse.counts() > 0).sum()) == 2
+    expected = float(problem.per_user_losses(w, sparse)[:2].mean())
+    assert problem.loss(w, sparse) == pytest.approx(expected, rel=1e-12)
+    assert problem.loss(w, full) == pytest.approx(float(problem.per_user_losses(w, full).mean()), rel=1e-12)

@@ -84,8 +84,14 @@ class Problem(ABC):
         return out + 0.5 * self.reg * w.dot(w)
 
     def loss(self, w: torch.Tensor, data: UserData) -> float:
-        """The user-level objective ``F(w) = mean_u f_u(w)``."""
-        return float(self.per_user_losses(w, data).mean())
+        """The user-level objective ``F(w) = mean_u f_u(w)`` over the users with at least one record
+        in ``data`` (a user with none, e.g. in a small held-out split, has no loss to report: counting
+        it as the regularizer alone would dilute the mean). All users if none has a record."""
+        per_user = self.per_user_losses(w, data)
+        has_records = data.counts() > 0
+        if bool(has_records.any()):
+            per_user = per_user[has_records]
+        return float(per_user.mean())
 
     @abstractmethod
     def per_user_gradients(self, w: torch.Tensor, data: UserData) -> torch.Tensor:
