@@ -226,7 +226,7 @@ def _train(cfg: Any, label: str, federation_for: Callable[[ClientSpec, tuple[str
     # The server uses the dataset only for the enrolment list (user ids, n) and the problem's shape
     # and initial point; the per-user answers come from the clients.
     if spec is None:
-        dataset = load_dataset(cfg.dataset, **ClientSpec.dataset_kwargs(cfg))
+        dataset = load_dataset(cfg.dataset, **ClientSpec.loader_kwargs(cfg))
         spec = ClientSpec.from_run_config(cfg, task=dataset.task)
     else:
         dataset = load_dataset(spec.dataset, **spec.kwargs[0])

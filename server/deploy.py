@@ -255,7 +255,7 @@ def run_grpc(run_config: Mapping[str, Any], num_users: int, *, workdir: str | No
            "RAY_USAGE_STATS_ENABLED": "0", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
            "PYTHONPATH": os.pathsep.join([str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
-    conn = [f"[superlink]", 'default = "fedkl"', "", "[superlink.fedkl]", f'address = "127.0.0.1:{port}"']
+    conn = ["[superlink]", 'default = "fedkl"', "", "[superlink.fedkl]", f'address = "127.0.0.1:{port}"']
     link_tls: list[str] = ["--insecure"]
     node_tls: list[str] = ["--insecure"]
     if tls:

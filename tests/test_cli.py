@@ -1,6 +1,6 @@
 """The `fedkl` console script: account agrees with dp-accounting, run writes its results, errors are one line."""
 import json
-import os
+
 import subprocess
 import sys
 

@@ -76,8 +76,31 @@ HARD_MAX_EXACT_USERS = 24
 _CHUNK = 4096
 
 
+class DeletionBudget:
+    """The budget split of Algorithm 1 shared by every DelOutputPert-style config (fields ``eps``,
+    ``delta``): eps_bar = eps/2 and delta_bar = delta/(e^{eps_bar} + 2) for each of its two steps, and
+    the deletion budget R1 ~ TDLap(eps_bar, delta_bar) with its kappa."""
+
+    @property
+    def eps_bar(self) -> float:
+        return self.eps / 2.0
+
+    @property
+    def delta_bar(self) -> float:
+        return self.delta / (math.exp(self.eps_bar) + 2.0)
+
+    @property
+    def deletion_budget(self) -> TruncatedDiscreteLaplace:
+        """The law of R1: TDLap(eps_bar, delta_bar), support {0, ..., 2 kappa}."""
+        return TruncatedDiscreteLaplace(self.eps_bar, self.delta_bar)
+
+    @property
+    def kappa(self) -> int:
+        return self.deletion_budget.kappa
+
+
 @dataclass(frozen=True)
-class DelOutputPertConfig:
+class DelOutputPertConfig(DeletionBudget):
     """Public parameters of one DelOutputPert release (none may depend on the data).
 
     Args:
@@ -109,23 +132,6 @@ class DelOutputPertConfig:
         if self.gaussian.epsilon(self.delta_bar) > self.eps_bar * (1 + 1e-9):
             raise ValueError(f"sigma={self.sigma:g} does not give ({self.eps_bar:g}, {self.delta_bar:g})-DP "
                              "for the output step; use calibration='tight'")
-
-    @property
-    def eps_bar(self) -> float:
-        return self.eps / 2.0
-
-    @property
-    def delta_bar(self) -> float:
-        return self.delta / (math.exp(self.eps_bar) + 2.0)
-
-    @property
-    def deletion_budget(self) -> TruncatedDiscreteLaplace:
-        """The law of R1: TDLap(eps_bar, delta_bar), support {0, ..., 2 kappa}."""
-        return TruncatedDiscreteLaplace(self.eps_bar, self.delta_bar)
-
-    @property
-    def kappa(self) -> int:
-        return self.deletion_budget.kappa
 
     @property
     def depth(self) -> int:

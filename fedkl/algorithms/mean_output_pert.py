@@ -123,6 +123,7 @@ import torch
 
 from fedkl.algorithms.del_output_pert import (
     CALIBRATIONS,
+    DeletionBudget,
     DelOutputPert,
     DelOutputPertConfig,
     DelOutputPertResult,
@@ -132,7 +133,6 @@ from fedkl.algorithms.del_output_pert import (
 from fedkl.algorithms.vertex_cover import CallCounter, graph_from_edges, min_vertex_cover, worst_case_calls
 from fedkl.federation.base import Federation, LocalRegularizedMinimizer
 from fedkl.privacy.ledger import BudgetExceeded
-from fedkl.privacy.mechanisms import TruncatedDiscreteLaplace
 from fedkl.privacy.release import Releaser
 from fedkl.problems.base import Problem
 
@@ -156,7 +156,7 @@ def _positive(name: str, v: float) -> None:
 
 
 @dataclass(frozen=True)
-class MeanOutputPertConfig:
+class MeanOutputPertConfig(DeletionBudget):
     """Public parameters of one release (none may depend on the data).
 
     Args:
@@ -181,22 +181,6 @@ class MeanOutputPertConfig:
             raise ValueError(f"calibration must be one of {CALIBRATIONS}, got {self.calibration!r}")
         if isinstance(self.max_vc_calls, bool) or int(self.max_vc_calls) != self.max_vc_calls or self.max_vc_calls < 1:
             raise ValueError(f"max_vc_calls must be a positive integer, got {self.max_vc_calls!r}")
-
-    @property
-    def eps_bar(self) -> float:
-        return self.eps / 2.0
-
-    @property
-    def delta_bar(self) -> float:
-        return self.delta / (math.exp(self.eps_bar) + 2.0)
-
-    @property
-    def deletion_budget(self) -> TruncatedDiscreteLaplace:
-        return TruncatedDiscreteLaplace(self.eps_bar, self.delta_bar)
-
-    @property
-    def kappa(self) -> int:
-        return self.deletion_budget.kappa
 
     @property
     def max_deletions(self) -> int:

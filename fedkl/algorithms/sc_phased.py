@@ -144,8 +144,8 @@ class _StronglyConvexPhased:
         base = {"localization": {"eps": plan.eps0, "delta": plan.delta0, "Delta": plan.Delta0, "kappa": plan.kappa0,
                                  "sigma": plan.sigma0, "R_prime": plan.radius_prime, "beta": plan.beta}}
         if out.theta is None:  # pitfall 3: abort, release nothing more
-            details = {"dp": f"approximate (eps, delta)-DP, user level, replace-one, n public; the localisation "
-                             f"release output ⊥, so the run stopped after charging (eps/2, delta/2)",
+            details = {"dp": "approximate (eps, delta)-DP, user level, replace-one, n public; the localisation "
+                             "release output ⊥, so the run stopped after charging (eps/2, delta/2)",
                        "eps": self.config.eps, "delta": self.config.delta, "aborted": "localization ⊥", **base,
                        "bottoms": [0], "schedule": [local],
                        "nonprivate_diagnostics": {"decided_by": {str(out.diagnostics.get("decided_by")): 1}}}

@@ -376,7 +376,7 @@ class ClientSpec:
                    json.dumps(dict(problem_kwargs or {}), sort_keys=True))
 
     @staticmethod
-    def dataset_kwargs(cfg: Any) -> dict:
+    def loader_kwargs(cfg: Any) -> dict:
         """The loader kwargs ``fedkl run`` uses for a :class:`fedkl.runner.RunConfig`."""
         if cfg.dataset in ("movielens", "tv16"):
             return {"split_seed": cfg.seed}
@@ -394,9 +394,9 @@ class ClientSpec:
             if task is None:
                 from fedkl.data import load_dataset
 
-                task = load_dataset(cfg.dataset, **cls.dataset_kwargs(cfg)).task
+                task = load_dataset(cfg.dataset, **cls.loader_kwargs(cfg)).task
             problem = DEFAULT_PROBLEM[task]
-        return cls.build(cfg.dataset, problem, cls.dataset_kwargs(cfg), {"reg": cfg.reg})
+        return cls.build(cfg.dataset, problem, cls.loader_kwargs(cfg), {"reg": cfg.reg})
 
     @classmethod
     def from_user_config(cls, user_config: Mapping) -> "ClientSpec | None":
