@@ -40,3 +40,39 @@ test: $(STAMP)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
+
+# `make bench`: regenerate the benchmark tables and figures under simulations/results/ (utility vs
+# baselines, Flower's claimed vs real epsilon, speed, excess-risk slope) and collect them into
+# simulations/results/README_tables.md; about 35 min on a 2-core machine. QUICK=1: 2 seeds, eps 1 and
+# 4, 100/1,000 users, into simulations/results/quick/ (about 8 min). RESUME=1: keep the sweep rows
+# already in the tables (an interrupted bench continues) instead of starting over.
+FEDKL := $(VENV)/bin/fedkl
+BENCH_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+ifeq ($(QUICK),1)
+BENCH_RES := simulations/results/quick
+BENCH_SETS := --set seed=0,1 --set epsilon=1,4
+BENCH_SLOPE_SETS := --set seed=0,1
+BENCH_SPEED := --users 100 1000 --rounds 2
+BENCH_EXTRA ?=
+else
+BENCH_RES := simulations/results
+BENCH_SETS :=
+BENCH_SLOPE_SETS :=
+BENCH_SPEED := --users 100 1000 10000 --rounds 3
+# other simulations whose outputs live in simulations/results/ (their own scripts, run as they are)
+BENCH_EXTRA ?= simulations/mean_output_pert_movielens.py
+endif
+BENCH_RESTART := $(if $(filter 1,$(RESUME)),,--restart)
+
+.PHONY: bench
+bench: $(STAMP)
+	@mkdir -p $(BENCH_RES)
+	$(BENCH_ENV) $(FEDKL) sweep simulations/configs/utility.toml --table $(BENCH_RES)/utility.csv $(BENCH_SETS) $(BENCH_RESTART)
+	$(BENCH_ENV) $(FEDKL) plot $(BENCH_RES)/utility.csv --kind privacy-utility --out $(BENCH_RES)/utility.png --markdown $(BENCH_RES)/utility.md
+	$(BENCH_ENV) $(FEDKL) sweep simulations/configs/slope.toml --table $(BENCH_RES)/slope.csv $(BENCH_SLOPE_SETS) $(BENCH_RESTART)
+	$(BENCH_ENV) $(FEDKL) plot $(BENCH_RES)/slope.csv --kind slope --x users --y excess_loss --theory-slope -2 --theory-label "BST14 d/(n eps)^2" --out $(BENCH_RES)/slope.png --markdown $(BENCH_RES)/slope.md
+	$(BENCH_ENV) $(PY) simulations/flower_dp_baseline.py --out-dir $(BENCH_RES)
+	$(BENCH_ENV) $(PY) simulations/bench_backends.py $(BENCH_SPEED) --out $(BENCH_RES)/bench_backends.json --markdown $(BENCH_RES)/bench_backends.md
+	$(BENCH_ENV) $(PY) simulations/bench_inprocess.py --out $(BENCH_RES)/bench_inprocess.json
+	@for script in $(BENCH_EXTRA); do echo "$(PY) $$script"; $(BENCH_ENV) $(PY) $$script || exit 1; done
+	$(PY) simulations/readme_tables.py --results $(BENCH_RES)

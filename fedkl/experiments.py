@@ -23,6 +23,10 @@
                              and any RunConfig fields, applied to every point that matches (in order)
   any RunConfig field        a non-empty list of values (an axis of the product)
 
+  Relative paths (``table``, ``runs_dir``, ``plugins``) are relative to the folder ``fedkl sweep``
+  runs in (the repository root for the files under ``simulations/configs/``). ``--set FIELD=V1,V2``
+  replaces an axis from the command line and ``--table`` the table (``make bench QUICK=1`` uses both).
+
   The non-private reference (``reference = true``) depends only on (dataset, seed, users, problem,
   reg): the sweep computes it once per such key and reuses it for the other runs (and across a
   resume, from the JSON lines).
@@ -727,6 +731,9 @@ def plot_privacy_utility(rows: list[dict], out: str, *, x: str = "epsilon_target
                 ax.axhline(triv, color="grey", ls=":", lw=1, label="trivial baseline")
         if log_x:
             ax.set_xscale("log", base=2)
+            ticks = sorted({q[0] for pts in summary[p].values() for q in pts if q[0] > 0})
+            ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+            ax.minorticks_off()
         ax.set_xlabel("user-level ε" if x.startswith("epsilon") else x)
         users = _order(r.get("users", "") for r in rows if not panel or r.get(panel, "") == p)
         ax.set_title(f"{p} ({users[0]} users)" if p and len(users) == 1 and users[0] else (p or title or ""))

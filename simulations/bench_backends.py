@@ -1,109 +1,297 @@
-"""Benchmark: the same user-level DP run (noisy GD, synthetic logistic data) on every backend.
+"""Speed benchmark: the same user-level DP run on every backend, and the in-process backend vs its floor.
 
-    .venv/bin/python simulations/bench_backends.py [--users 100 1000] [--rounds 2] [--grpc-users 8]
+    .venv/bin/python simulations/bench_backends.py [--users 100 1000 10000] [--rounds 3]
+        [--ray-max-users 1000] [--grpc-users 0] [--out simulations/results/bench_backends.json]
 
-For each population size it runs `fedkl run` with the same seeds on `inprocess`, `flower-local`
-(the Flower ServerApp/ClientApp over an in-process Grid) and `flower-sim` (Ray), and prints the wall
-time of the whole run and its ratio to the in-process run, measured in this one invocation. The
-`grpc` backend (one SuperLink + one OS process per SuperNode, and Flower starts a ClientApp process
-per message) is timed at `--grpc-users` only, and its peak resident memory per user is measured:
-each user costs a SuperNode and a SuperExec process (about 260 MB together, measured), so 100 users
-need about 26 GB and 1,000 about 260 GB, beyond this 24 GB / 2-core machine; the benchmark prints
-that extrapolation from the measured peak.
-It also checks that every backend released the same model (bit for bit: the runs share all seeds).
-Results: simulations/results/bench_backends.json.
+For each population size n (synthetic logistic data: n users x 20 records, d = 50), this one command
+runs the same noisy-GD job (user-level, replace-one, eps = 2, the same seeds, R rounds) through
+fedkl's ServerApp code path (``server.app.run_flower_simulation``: ledger, filter and noise on the
+server) on
+
+* ``inprocess``:    all users as stacked tensors (one batched op per request);
+* ``flower-local``: the Flower ServerApp/ClientApp pair over fedkl's deterministic in-process Grid;
+* ``flower-sim``:   the same ServerApp on Flower's Ray simulation engine (one virtual SuperNode
+  per user, ``num_cpus = 1`` per ClientApp actor), for n <= ``--ray-max-users``;
+
+and measures the tensor-compute floor of a round (the per-user gradients of all users, clipping and
+the sum; nothing else) on the same data. Each (backend, n) runs in its own process. The parent
+samples the resident memory of that process tree (every 0.2 s from /proc; the sum over processes,
+so pages shared between Ray workers are counted once per process) and keeps the peak. It reports:
+
+  wall s      the whole job (data, federation start-up incl. Ray and the handshake, R rounds, ledger)
+  round ms    median seconds of one round as the algorithm sees it (query + release + ledger charge)
+  rounds/s    1 / round
+  x inproc    round time / the in-process round time (same n, this invocation)
+  floor ms    the floor of one round; ``inproc/floor`` = in-process round / floor
+  peak MB     peak RSS of the job's process tree
+  same model  the released model is bit-for-bit the in-process one (same seeds)
+
+Ray at 10,000 users is not run by default: each virtual SuperNode message costs ~20 ms of Ray
+and Flower overhead on this 2-core machine (measured at 1,000 users, printed), so one round of
+10,000 messages takes minutes, plus the same again for the fedkl handshake. The handshake waits
+at most 120 s (``FlowerFederation``'s default), so the job cannot start. The benchmark prints
+that extrapolation from the measured per-message cost. ``--ray-max-users 10000`` attempts it anyway.
+``--grpc-users N`` also times the loopback gRPC deployment (one SuperNode process per user, ~260
+MB each, so only a handful of users fit here). Results: ``--out`` (JSON), and ``--markdown``.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
+import signal
+import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
+if __package__ in (None, ""):  # run as a script
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from fedkl.runner import RunConfig, run_training  # noqa: E402
+for _k, _v in (("FLWR_TELEMETRY_ENABLED", "0"), ("FLWR_DISABLE_UPDATE_CHECK", "1"), ("RAY_USAGE_STATS_ENABLED", "0")):
+    os.environ.setdefault(_k, _v)
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+RECORDS, DIM = 20, 50
+BACKENDS = ("inprocess", "flower-local", "flower-sim")
 
 
-def flower_rss_mb() -> float:
-    """Resident memory (MB) of every Flower process on this machine (SuperLink, SuperNodes, SuperExecs,
-    ClientApps), read from /proc."""
-    total = 0
+# --------------------------------------------------------------------------------------------------
+# the child: one (backend, n) measurement, printed as one JSON line
+# --------------------------------------------------------------------------------------------------
+def _floor_seconds(n: int, repeats: int = 5) -> float:
+    import torch
+
+    from fedkl.data import load_dataset
+    from fedkl.federation.inprocess import clip_rows
+    from fedkl.problems import make_problem
+
+    data = load_dataset("synthetic-logistic", n_users=n, m=RECORDS, d=DIM, seed=0)
+    problem = make_problem("logistic", data)
+    w = torch.zeros(problem.num_params, dtype=problem.dtype)
+    train = data.train.to(problem.dtype)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        clip_rows(problem.per_user_gradients(w, train), 1.0)[0].sum(0)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def measure(backend: str, n: int, rounds: int) -> dict:
+    import torch
+
+    from fedkl.federation.codec import ClientSpec
+    from fedkl.runner import RunConfig
+    from server.app import run_flower_simulation
+
+    torch.set_num_threads(1)
+    spec = ClientSpec.build("synthetic-logistic", "logistic", {"n_users": n, "m": RECORDS, "d": DIM, "seed": 0})
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = RunConfig(dataset="synthetic-logistic", users=n, rounds=rounds, lr=1.0, epsilon=2.0, noise_seed=0,
+                        reference=False, out=os.path.join(tmp, "run"))
+        start = time.perf_counter()
+        res = run_flower_simulation(cfg, backend, log=lambda s: None, spec=spec)
+        wall = time.perf_counter() - start
+    secs = [h["seconds"] for h in res["history"]]
+    w = res["w"].to(torch.float64).contiguous().numpy()
+    out = {"backend": backend, "users": n, "rounds": rounds, "wall_s": wall, "round_s": statistics.median(secs),
+           "round_s_all": secs, "setup_s": wall - sum(secs), "model_sha1": hashlib.sha1(w.tobytes()).hexdigest(),
+           "epsilon": res["ledger"]["max_user_epsilon"],
+           "failed_users": sum(x or 0 for x in res["failed_users"])}
+    if backend == "inprocess":
+        out["floor_s"] = _floor_seconds(n)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# the parent: run the children, sample their memory, print the table
+# --------------------------------------------------------------------------------------------------
+def _tree_rss_mb(root: int) -> float:
+    """Sum of VmRSS over ``root`` and all its descendants (from /proc)."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    page = os.sysconf("SC_PAGE_SIZE")
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            if b"flower-super" not in (proc / "cmdline").read_bytes() and b"flwr-" not in (proc / "cmdline").read_bytes():
-                continue
-            total += int((proc / "statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            stat = (proc / "stat").read_text()
+            ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+            rss[int(proc.name)] = int((proc / "statm").read_text().split()[1]) * page
         except (OSError, ValueError, IndexError):
             continue
+        children.setdefault(ppid, []).append(int(proc.name))
+    total, stack = 0, [root]
+    while stack:
+        pid = stack.pop()
+        total += rss.get(pid, 0)
+        stack.extend(children.get(pid, []))
     return total / 2**20
 
 
-def timed_run(backend: str, users: int, rounds: int, tmp: str) -> dict:
-    cfg = RunConfig(dataset="synthetic-logistic", users=users, rounds=rounds, backend=backend, noise_seed=0,
-                    reference=False, out=os.path.join(tmp, f"{backend}-{users}"))
+def measure_run(backend: str, n: int, rounds: int) -> dict:
+    """A whole ``fedkl run`` (``run_training``) on the default synthetic data: for the gRPC deployment."""
+    from fedkl.runner import RunConfig, run_training
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = RunConfig(dataset="synthetic-logistic", users=n, rounds=rounds, backend=backend, noise_seed=0,
+                        reference=False, out=os.path.join(tmp, "run"))
+        start = time.perf_counter()
+        res = run_training(cfg, log=lambda s: None)
+        wall = time.perf_counter() - start
+    return {"backend": backend, "users": n, "rounds": rounds, "wall_s": wall, "test_metric": res["test_metric"]["value"],
+            "epsilon": res["epsilon"]}
+
+
+def run_child(backend: str, n: int, rounds: int, timeout: float, mode: str = "--measure") -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), mode, backend, str(n), str(rounds)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
     peak = [0.0]
     done = threading.Event()
 
     def sample() -> None:
-        while not done.wait(0.5):
-            peak[0] = max(peak[0], flower_rss_mb())
+        while not done.wait(0.2):
+            peak[0] = max(peak[0], _tree_rss_mb(proc.pid))
 
-    sampler = threading.Thread(target=sample, daemon=True)
-    if backend == "grpc":
-        sampler.start()
-    start = time.perf_counter()
+    th = threading.Thread(target=sample, daemon=True)
+    th.start()
     try:
-        res = run_training(cfg, log=lambda s: None)
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the child's own session: Ray's processes included
+        proc.communicate()
+        done.set()
+        return {"backend": backend, "users": n, "rounds": rounds, "error": f"timed out after {timeout:.0f} s",
+                "peak_rss_mb": peak[0]}
     finally:
         done.set()
-    row = {"backend": backend, "users": users, "rounds": rounds, "wall_s": time.perf_counter() - start,
-           "test_metric": res["test_metric"]["value"], "epsilon": res["epsilon"]}
-    if backend == "grpc":
-        row["flower_peak_rss_mb"] = peak[0]
-        row["rss_mb_per_user"] = peak[0] / users
+        th.join()
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # anything the child left behind (Ray daemons)
+    except ProcessLookupError:
+        pass
+    lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (err or out).strip().splitlines()[-3:]
+        return {"backend": backend, "users": n, "rounds": rounds, "error": f"exit {proc.returncode}: {' | '.join(tail)}",
+                "peak_rss_mb": peak[0]}
+    row = json.loads(lines[-1])
+    row["peak_rss_mb"] = peak[0]
     return row
+
+
+def markdown(rows: list[dict], notes: list[str]) -> str:
+    lines = ["| users | backend | rounds | wall s | round ms | rounds/s | x in-process (round) | floor ms | "
+             "in-process / floor | peak MB | same model |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "data" in r:  # whole-run timings (gRPC section)
+            lines.append(f"| {r['users']:,} | {r['backend']} (whole `fedkl run`) | {r['rounds']} | "
+                         + (f"{r['wall_s']:.2f} | — | — | {r['ratio_to_inprocess']:.0f} (wall) | — | — | "
+                            f"{r['peak_rss_mb']:.0f} | {'yes' if r.get('same_model') else 'no'} |" if "error" not in r
+                            else f"— | — | — | — | — | — | {r['peak_rss_mb']:.0f} | {r['error']} |"))
+            continue
+        if "error" in r:
+            lines.append(f"| {r['users']:,} | {r['backend']} | {r['rounds']} | — | — | — | — | — | — | "
+                         f"{r['peak_rss_mb']:.0f} | {r['error']} |")
+            continue
+        floor = f"{1e3 * r['floor_s']:.2f}" if "floor_s" in r else ""
+        ratio_floor = f"{r['round_s'] / r['floor_s']:.1f}" if "floor_s" in r else ""
+        lines.append(f"| {r['users']:,} | {r['backend']} | {r['rounds']} | {r['wall_s']:.2f} | {1e3 * r['round_s']:.2f} | "
+                     f"{1 / r['round_s']:.2f} | {r.get('ratio_to_inprocess', float('nan')):.1f} | {floor} | {ratio_floor} | "
+                     f"{r['peak_rss_mb']:.0f} | {'yes' if r.get('same_model') else 'no'} |")
+    return "\n".join(lines + [""] + notes) + "\n"
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--users", type=int, nargs="+", default=[100, 1000])
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--grpc-users", type=int, default=8, help="0 skips the gRPC deployment")
-    p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "bench_backends.json"))
+    p.add_argument("--users", type=int, nargs="+", default=[100, 1000, 10000])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--ray-max-users", type=int, default=1000, help="run flower-sim (Ray) only up to this many users")
+    p.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS),
+                   help="backends to time (inprocess is the reference of the ratios; default all)")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds allowed to one (backend, n) job")
+    p.add_argument("--grpc-users", type=int, default=0, help="also time the loopback gRPC deployment at this n (0: no)")
+    p.add_argument("--out", default=os.path.join(RESULTS, "bench_backends.json"))
+    p.add_argument("--markdown", default=os.path.join(RESULTS, "bench_backends.md"))
+    p.add_argument("--measure", nargs=3, metavar=("BACKEND", "N", "ROUNDS"), help=argparse.SUPPRESS)
+    p.add_argument("--measure-run", nargs=3, metavar=("BACKEND", "N", "ROUNDS"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    for flag, fn in ((args.measure, measure), (args.measure_run, measure_run)):
+        if flag:
+            print(json.dumps(fn(flag[0], int(flag[1]), int(flag[2]))), flush=True)
+            return []
+    started = time.perf_counter()
     rows: list[dict] = []
-    print(f"{'backend':>13} {'users':>6} {'rounds':>6} {'wall s':>8} {'x inprocess':>11} {'test acc':>9}")
-    with tempfile.TemporaryDirectory() as tmp:
-        plan = [(b, n) for n in args.users for b in ("inprocess", "flower-local", "flower-sim")]
-        if args.grpc_users:
-            plan += [("inprocess", args.grpc_users), ("grpc", args.grpc_users)]
-        base: dict[int, dict] = {}
-        for backend, n in plan:
-            r = timed_run(backend, n, args.rounds, tmp)
-            if backend == "inprocess":
-                base[n] = r
-            r["ratio_to_inprocess"] = r["wall_s"] / base[n]["wall_s"]
-            r["same_quality_as_inprocess"] = r["test_metric"] == base[n]["test_metric"]
+    notes: list[str] = []
+    print(f"{'users':>7} {'backend':>13} {'rounds':>6} {'wall s':>8} {'round ms':>9} {'rounds/s':>9} {'x inproc':>8} "
+          f"{'floor ms':>9} {'inproc/floor':>12} {'peak MB':>8} {'same model':>10}", flush=True)
+    per_message, ray_n = None, 0
+    for n in args.users:
+        base = None
+        for backend in [b for b in BACKENDS if b in args.backends]:
+            if backend == "flower-sim" and n > args.ray_max_users:
+                if per_message is not None:
+                    est_round = per_message * n
+                    verdict = ("the handshake alone would outlast FlowerFederation's 120 s handshake timeout, so the job "
+                               "cannot start on this machine" if est_round > 120 else
+                               f"about {(args.rounds + 1) * est_round / 60:.1f} min for the job")
+                    note = (f"flower-sim at {n:,} users: not run (--ray-max-users {args.ray_max_users}). Measured Ray cost "
+                            f"per user-message at the largest Ray run ({ray_n:,} users): {1e3 * per_message:.1f} ms -> "
+                            f"about {est_round:.0f} s per round, and as long again for the fedkl handshake (one message "
+                            f"per user): {verdict}.")
+                else:
+                    note = f"flower-sim at {n:,} users: not run (--ray-max-users {args.ray_max_users})."
+                notes.append(note)
+                print(note, flush=True)
+                continue
+            r = run_child(backend, n, args.rounds, args.timeout)
+            if "error" not in r:
+                if backend == "inprocess":
+                    base = r
+                if base is not None:
+                    r["ratio_to_inprocess"] = r["round_s"] / base["round_s"]
+                    r["same_model"] = r["model_sha1"] == base["model_sha1"]
+                if backend == "flower-sim":
+                    per_message, ray_n = r["round_s"] / n, n
             rows.append(r)
-            print(f"{backend:>13} {n:>6} {args.rounds:>6} {r['wall_s']:>8.2f} {r['ratio_to_inprocess']:>11.1f} "
-                  f"{r['test_metric']:>9.4f}", flush=True)
-    for r in rows:
-        if r["backend"] == "grpc" and r.get("rss_mb_per_user"):
-            per = r["rss_mb_per_user"]
-            print(f"grpc: peak Flower memory {r['flower_peak_rss_mb']:.0f} MB for {r['users']} users = {per:.0f} MB "
-                  f"per user -> about {per * 100 / 1024:.0f} GB at 100 users and {per * 1000 / 1024:.0f} GB at 1,000 "
-                  "(this machine: 24 GB), so gRPC is timed at the size above only")
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(rows, f, indent=2)
+            if "error" in r:
+                print(f"{n:>7} {backend:>13} {args.rounds:>6}  ERROR {r['error']} (peak {r['peak_rss_mb']:.0f} MB)",
+                      flush=True)
+                continue
+            floor = f"{1e3 * r['floor_s']:>9.2f}" if "floor_s" in r else f"{'':>9}"
+            ratio = f"{r['round_s'] / r['floor_s']:>12.1f}" if "floor_s" in r else f"{'':>12}"
+            print(f"{n:>7} {backend:>13} {args.rounds:>6} {r['wall_s']:>8.2f} {1e3 * r['round_s']:>9.2f} "
+                  f"{1 / r['round_s']:>9.2f} {r.get('ratio_to_inprocess', float('nan')):>8.1f} {floor} {ratio} "
+                  f"{r['peak_rss_mb']:>8.0f} {'yes' if r.get('same_model') else 'NO':>10}", flush=True)
+    if args.grpc_users:  # `fedkl run` on the default synthetic data (d = 10): in-process vs the gRPC deployment
+        grpc_rows = [run_child(b, args.grpc_users, args.rounds, args.timeout, mode="--measure-run")
+                     for b in ("inprocess", "grpc")]
+        for r in grpc_rows:
+            r["data"] = "fedkl run --dataset synthetic-logistic (d = 10)"
+            if "error" not in r:
+                r["ratio_to_inprocess"] = r["wall_s"] / grpc_rows[0]["wall_s"]
+                r["same_model"] = r["test_metric"] == grpc_rows[0].get("test_metric")
+            print(f"fedkl run --backend {r['backend']} --users {args.grpc_users}: "
+                  + (r["error"] if "error" in r else f"{r['wall_s']:.2f} s ({r['ratio_to_inprocess']:.0f}x in-process), "
+                     f"peak {r['peak_rss_mb']:.0f} MB, same test metric: {r['same_model']}"), flush=True)
+        rows += grpc_rows
+    notes.append(f"One invocation, {time.perf_counter() - started:.0f} s in all, on {os.cpu_count()} CPU cores; "
+                 f"synthetic logistic data, {RECORDS} records per user, d = {DIM}; noisy GD, replace-one, eps = 2, "
+                 f"{args.rounds} rounds; torch single-threaded. Peak MB is the summed RSS of the job's process tree.")
+    print(notes[-1])
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as fh:
+        json.dump({"rows": rows, "notes": notes}, fh, indent=2)
+    with open(args.markdown, "w") as fh:
+        fh.write(markdown(rows, notes))
+    print(f"wrote {args.out} and {args.markdown}")
     return rows
 
 

@@ -1,0 +1,336 @@
+"""The experiment layer (fedkl/experiments.py): `fedkl run --config`, `fedkl sweep`, `fedkl plot`,
+and the Flower DP baseline's accounting (simulations/flower_dp_baseline.py)."""
+import csv
+import json
+import math
+import os
+import random
+
+import pytest
+
+from fedkl import experiments as ex
+from fedkl.cli import build_parser, main
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _write(path, text):
+    path.write_text(text)
+    return str(path)
+
+
+def _exit_line(capsys, argv):
+    """Run the CLI, expect exit 2, return the single stderr line."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+# --- fedkl run --config ---------------------------------------------------------------------------
+def test_config_values_are_typed_and_cli_flags_override(tmp_path):
+    cfg = _write(tmp_path / "run.toml", 'dataset = "synthetic-logistic"\nusers = 20\nnoise-seed = 3\n'
+                                        'rounds = 7\nlr = 2\nreference = true\ndelta = "none"\nbias_correction = true\n')
+    argv = ["run", "--config", cfg, "--round", "4", "--no-reference"]  # an abbreviated flag counts as given
+    args = build_parser().parse_args(argv)
+    ex.apply_config_file(args, argv)
+    assert args.rounds == 4 and isinstance(args.rounds, int)          # the command line wins
+    assert args.lr == 2.0 and isinstance(args.lr, float)               # TOML int -> the flag's float
+    assert args.noise_seed == 3 and args.users == 20 and args.delta is None
+    assert args.no_reference is True and args.bias_correction is True
+    assert args.dataset == "synthetic-logistic" and args.epsilon == 2.0  # untouched default
+
+
+def test_run_with_config_file_end_to_end(tmp_path):
+    cfg = _write(tmp_path / "run.toml", 'dataset = "synthetic-logistic"\nusers = 20\nrounds = 2\nnoise_seed = 1\n'
+                                        'reference = false\nepsilon = 1.5\n')
+    out = tmp_path / "out"
+    assert main(["run", "--config", cfg, "--rounds", "3", "--out", str(out)]) == 0
+    res = json.loads((out / "result.json").read_text())
+    assert res["config"]["rounds"] == 3 and res["config"]["users"] == 20 and res["config"]["noise_seed"] == 1
+    assert res["config"]["reference"] is False and res["nonprivate_reference"] is None
+    assert res["epsilon"] == pytest.approx(1.5, rel=1e-6)
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("learning_rate = 1\n", "unknown key 'learning_rate'"),
+    ("rounds = 2.5\n", "'rounds'"),
+    ('lr = "fast"\n', "'lr'"),
+    ("epsilon = -1\n", "'epsilon'"),
+    ('bias_correction = "yes"\n', "'bias_correction'"),
+    ('dataset = "mnst"\n', "invalid choice 'mnst'"),
+    ("rounds = [1, 2]\n", "single value"),
+    ("[sweep]\nseed = [1]\n", "unexpected table [sweep]"),
+    ("rounds = \n", "not valid TOML"),
+])
+def test_bad_config_exits_2_with_one_line(tmp_path, capsys, text, needle):
+    cfg = _write(tmp_path / "bad.toml", text)
+    line = _exit_line(capsys, ["run", "--config", cfg])
+    assert line.startswith("fedkl run: error: --config:") and needle in line
+
+
+def test_missing_config_file_exits_2(tmp_path, capsys):
+    assert "not found" in _exit_line(capsys, ["run", "--config", str(tmp_path / "nope.toml")])
+
+
+# --- fedkl sweep: parsing --------------------------------------------------------------------------
+SWEEP = """
+dataset = "synthetic-logistic"
+users = 20
+rounds = 2
+reference = false
+
+[sweep]
+table = "{table}"
+noise_seed_offset = 1000
+algorithm = ["noisy-gd", "dp-fedavg"]
+epsilon = [1, 2]
+seed = [0, 1, 2]
+
+[[sweep.when]]
+match = {{algorithm = "dp-fedavg"}}
+local-steps = 3
+"""
+
+
+def test_sweep_is_the_cartesian_product_with_conditional_settings(tmp_path):
+    path = _write(tmp_path / "s.toml", SWEEP.format(table=tmp_path / "t.csv"))
+    spec = ex.load_sweep(path)
+    points = spec.points()
+    assert len(points) == 2 * 2 * 3
+    combos = {(p["algorithm"], p["epsilon"], p["seed"]) for p in points}
+    assert len(combos) == 12 and all(isinstance(p["epsilon"], float) for p in points)
+    for p in points:
+        assert p["noise_seed"] == p["seed"] + 1000 and p["rounds"] == 2 and p["users"] == 20
+        assert p.get("local_steps") == (3 if p["algorithm"] == "dp-fedavg" else None)
+    assert len({ex.run_key(p) for p in points}) == 12
+    # --set replaces an axis; a single value replaces the base
+    spec2 = ex.load_sweep(path, sets=["seed=5", "epsilon=0.5,4", "rounds=4"])
+    pts = spec2.points()
+    assert len(pts) == 2 * 2 * 1 and {p["seed"] for p in pts} == {5} and {p["rounds"] for p in pts} == {4}
+    assert {p["epsilon"] for p in pts} == {0.5, 4.0}
+    assert "local_steps" in spec.columns() and spec.columns()[:2] == ["run_key", "status"]
+
+
+@pytest.mark.parametrize("extra,needle", [
+    ("colour = [1]\n", "unknown key 'colour'"),
+    ("lr = []\n", "non-empty list"),
+    ("lr = 3\n", "non-empty list"),
+    ("lr = [1, -1]\n", "'lr'"),
+    ("out = ['a']\n", "cannot be swept"),
+    ("seed = [1, 1]\n", "twice"),
+])
+def test_bad_sweep_keys_exit_2(tmp_path, capsys, extra, needle):
+    path = _write(tmp_path / "s.toml", f'rounds = 2\n[sweep]\ntable = "{tmp_path / "t.csv"}"\n{extra}')
+    line = _exit_line(capsys, ["sweep", path])
+    assert line.startswith("fedkl sweep: error:") and needle in line
+
+
+def test_sweep_needs_a_table_and_a_sweep_section(tmp_path, capsys):
+    assert "needs a [sweep] table" in _exit_line(capsys, ["sweep", _write(tmp_path / "a.toml", "rounds = 2\n")])
+    line = _exit_line(capsys, ["sweep", _write(tmp_path / "b.toml", "[sweep]\nseed = [1]\n")])
+    assert "table must name a .csv" in line
+
+
+# --- fedkl sweep: running, resuming, rows -----------------------------------------------------------
+CALLS = []
+
+
+def _fake_runner(cfg, log):
+    """Deterministic stand-in for a training: accuracy grows with epsilon; fails for seed 99."""
+    CALLS.append(cfg)
+    if cfg.seed == 99:
+        raise RuntimeError("boom")
+    acc = 0.6 + 0.05 * math.log2(cfg.epsilon) + 0.001 * cfg.seed
+    return {"algorithm": cfg.algorithm, "dataset": cfg.dataset, "users": 7, "epsilon": cfg.epsilon, "delta": 1e-3,
+            "test_metric": {"name": "accuracy", "value": acc}, "test_metrics": {"accuracy": acc, "loss": 1 - acc},
+            "nonprivate_reference": {"accuracy": 0.9, "loss": 0.2} if cfg.reference else None,
+            "trivial_baseline": {"accuracy": 0.5}, "rounds": cfg.rounds, "table_extra": {"fake_extra": 42}}
+
+
+@pytest.fixture
+def fake_runner():
+    ex.register_runner("fake-alg", _fake_runner, columns=("fake_extra",))
+    CALLS.clear()
+    yield CALLS
+    ex.EXTERNAL_RUNNERS.pop("fake-alg", None)
+
+
+def test_sweep_rows_resume_restart_and_errors(tmp_path, fake_runner):
+    table = tmp_path / "r" / "t.csv"
+    path = _write(tmp_path / "s.toml", f'algorithm = "fake-alg"\ndataset = "tv16"\n[sweep]\ntable = "{table}"\n'
+                                       "epsilon = [1, 2, 4]\nseed = [0, 1]\n")
+    logs = []
+    res = ex.run_sweep(ex.load_sweep(path), log=logs.append)
+    assert res["ran"] == 6 and res["errors"] == 0 and len(fake_runner) == 6
+    rows = list(csv.DictReader(open(table)))
+    assert len(rows) == 6 and {r["status"] for r in rows} == {"ok"}
+    r0 = next(r for r in rows if r["epsilon_target"] == "4.0" and r["seed"] == "1")
+    assert float(r0["test_metric"]) == pytest.approx(0.6 + 0.1 + 0.001) and r0["fake_extra"] == "42"
+    assert float(r0["excess_loss"]) == pytest.approx((1 - 0.701) - 0.2) and r0["metric"] == "accuracy"
+    # the reference is computed once per (dataset, seed, ...) and reused for the other runs
+    assert sum(c.reference for c in fake_runner) == 2
+    assert all(float(r["reference_metric"]) == 0.9 for r in rows)
+    assert any("[6/6]" in line and "ETA" in line for line in logs)
+    assert len(open(str(table)[:-4] + ".jsonl").read().splitlines()) == 6
+    # resume: nothing new; a new axis value runs only the new points
+    assert ex.run_sweep(ex.load_sweep(path), log=logs.append)["ran"] == 0
+    res = ex.run_sweep(ex.load_sweep(path, sets=["epsilon=1,2,4,8"]), log=logs.append)
+    assert res["ran"] == 2 and res["skipped"] == 6 and len(list(csv.DictReader(open(table)))) == 8
+    # an error is a row; --retry-errors runs it again, --restart starts over
+    bad = ex.load_sweep(path, sets=["seed=99", "epsilon=1"])
+    assert ex.run_sweep(bad, log=logs.append)["errors"] == 1
+    last = list(csv.DictReader(open(table)))[-1]
+    assert last["status"] == "error" and "RuntimeError: boom" in last["error"]
+    assert ex.run_sweep(bad, log=logs.append)["ran"] == 0
+    assert ex.run_sweep(bad, log=logs.append, retry_errors=True)["ran"] == 1
+    assert ex.run_sweep(ex.load_sweep(path), log=logs.append, restart=True)["ran"] == 6
+    assert len(list(csv.DictReader(open(table)))) == 6
+
+
+def test_a_table_written_by_another_config_is_refused(tmp_path, fake_runner):
+    table = tmp_path / "t.csv"
+    path = _write(tmp_path / "s.toml", f'algorithm = "fake-alg"\n[sweep]\ntable = "{table}"\nseed = [0]\n')
+    ex.run_sweep(ex.load_sweep(path), log=lambda s: None)
+    other = _write(tmp_path / "o.toml", f'algorithm = "fake-alg"\n[sweep]\ntable = "{table}"\nlr = [1, 2]\n')
+    with pytest.raises(ex.ConfigError, match="other columns"):
+        ex.run_sweep(ex.load_sweep(other), log=lambda s: None)
+
+
+# --- fedkl plot -------------------------------------------------------------------------------------
+def _write_rows(path, rows):
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return str(path)
+
+
+def test_slope_plot_fits_the_true_exponent(tmp_path, capsys):
+    rng = random.Random(0)
+    rows = []
+    for alg, b in (("a", -0.5), ("b", -1.0)):
+        for n in (100, 200, 400, 800, 1600, 3200):
+            for seed in range(3):
+                y = 3.0 * n**b * math.exp(rng.gauss(0, 0.05))
+                rows.append({"status": "ok", "algorithm": alg, "users": n, "seed": seed, "excess_loss": y})
+    rows.append({"status": "error", "algorithm": "a", "users": 100, "seed": 9, "excess_loss": 1e6})  # ignored
+    table = _write_rows(tmp_path / "t.csv", rows)
+    fits = ex.plot_table(table, "slope", str(tmp_path / "s.png"), theory_slope=-0.5)
+    assert fits["a"]["slope"] == pytest.approx(-0.5, abs=0.03)
+    assert fits["b"]["slope"] == pytest.approx(-1.0, abs=0.03)
+    png = (tmp_path / "s.png").read_bytes()
+    assert png.startswith(PNG) and len(png) > 5000
+    # the CLI prints the fitted slopes and writes markdown
+    assert main(["plot", table, "--kind", "slope", "--theory-slope", "-1", "--markdown", str(tmp_path / "s.md")]) == 0
+    out = capsys.readouterr().out
+    printed = {ln.split(":")[0]: float(ln.split("fitted slope ")[1].split()[0]) for ln in out.splitlines()
+               if "fitted slope" in ln}
+    assert printed == {"a": pytest.approx(fits["a"]["slope"], abs=1e-4), "b": pytest.approx(fits["b"]["slope"], abs=1e-4)}
+    assert (tmp_path / "t_slope.png").stat().st_size > 5000
+    assert f"| b | {fits['b']['slope']:.3f} | -1.0 |" in (tmp_path / "s.md").read_text()
+
+
+def test_privacy_utility_plot_reports_mean_and_std_over_seeds(tmp_path):
+    rows = []
+    for ds in ("d1", "d2"):
+        for alg, base in (("x", 0.6), ("y", 0.7)):
+            for eps in (0.5, 1.0, 2.0):
+                for seed, delta in enumerate((-0.01, 0.0, 0.01)):
+                    rows.append({"status": "ok", "dataset": ds, "algorithm": alg, "users": 10, "epsilon_target": eps,
+                                 "seed": seed, "metric": "accuracy", "test_metric": base + 0.1 * eps + delta,
+                                 "reference_metric": 0.9, "trivial_metric": 0.5})
+    table = _write_rows(tmp_path / "t.csv", rows)
+    out = tmp_path / "pu.png"
+    summary = ex.plot_table(table, "privacy-utility", str(out), markdown=str(tmp_path / "pu.md"))
+    x, mean, std, count = summary["d2"]["y"][2]
+    assert (x, count) == (2.0, 3) and mean == pytest.approx(0.9) and std == pytest.approx(0.01)
+    assert out.read_bytes().startswith(PNG) and out.stat().st_size > 5000
+    md = (tmp_path / "pu.md").read_text()
+    assert "| d1 (10 users) | x | 0.650 ± 0.010 (n=3)" in md and "non-private reference" in md
+    only = ex.plot_table(table, "privacy-utility", str(out), where=["dataset=d1", "algorithm=x"])
+    assert list(only) == ["d1"] and list(only["d1"]) == ["x"]
+
+
+def test_plot_errors_exit_2(tmp_path, capsys):
+    table = _write_rows(tmp_path / "t.csv", [{"status": "ok", "algorithm": "a", "users": 1, "excess_loss": 1}])
+    assert "no column 'nope'" in _exit_line(capsys, ["plot", table, "--kind", "slope", "--y", "nope"])
+    assert "two or more" in _exit_line(capsys, ["plot", table, "--kind", "slope"])
+    assert "not found" in _exit_line(capsys, ["plot", str(tmp_path / "x.csv"), "--kind", "slope"])
+
+
+# --- a real sweep, end to end ------------------------------------------------------------------------
+def test_real_sweep_end_to_end(tmp_path, capsys):
+    table = tmp_path / "real.csv"
+    path = _write(tmp_path / "s.toml", 'dataset = "synthetic-logistic"\nusers = 20\nrounds = 3\nreference = true\n'
+                                       f'[sweep]\ntable = "{table}"\nnoise_seed_offset = 1000\n'
+                                       "epsilon = [1, 4]\nseed = [0, 1]\n")
+    assert main(["sweep", path]) == 0
+    out = capsys.readouterr().out
+    assert "[4/4]" in out and "ETA" in out
+    rows = list(csv.DictReader(open(table)))
+    assert len(rows) == 4 and {r["status"] for r in rows} == {"ok"}
+    for r in rows:
+        assert r["algorithm"] == "noisy-gd" and r["users"] == "20" and r["noise_seed"] == str(int(r["seed"]) + 1000)
+        assert float(r["epsilon"]) == pytest.approx(float(r["epsilon_target"]), rel=1e-6)
+        assert 0 <= float(r["test_metric"]) <= 1 and float(r["reference_metric"]) > 0.5
+    # the reference of a (dataset, seed) is identical whichever run computed it
+    by_seed = {}
+    for r in rows:
+        by_seed.setdefault(r["seed"], set()).add(r["reference_metric"])
+    assert all(len(v) == 1 for v in by_seed.values())
+    # the same seeds give the same model: a fresh table reproduces the metrics exactly
+    assert main(["sweep", path, "--table", str(tmp_path / "again.csv")]) == 0
+    again = {r["run_key"]: r["test_metric"] for r in csv.DictReader(open(tmp_path / "again.csv"))}
+    assert again == {r["run_key"]: r["test_metric"] for r in rows}
+    assert main(["sweep", path]) == 0 and "0 to run" in capsys.readouterr().out
+    assert main(["plot", str(table), "--kind", "privacy-utility"]) == 0
+    assert (tmp_path / "real_privacy-utility.png").read_bytes().startswith(PNG)
+
+
+# --- the Flower baseline -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def flower_baseline():
+    ex.load_plugin(os.path.join(os.path.dirname(__file__), "..", "simulations", "flower_dp_baseline.py"))
+    import sys
+
+    return next(m for k, m in sys.modules.items() if k.startswith("fedkl_plugin_") and hasattr(m, "real_epsilon"))
+
+
+def test_flower_mean_moves_by_2C_over_m(flower_baseline):
+    demo = flower_baseline.sensitivity_demo(m=8, clip=0.5)
+    assert demo["released_distance"] == pytest.approx(2 * 0.5 / 8, rel=1e-9)
+    assert demo["assumed_sensitivity"] == pytest.approx(0.5 / 8)
+
+
+def test_flower_real_epsilon_full_participation_is_the_z_over_2_gaussian(flower_baseline):
+    import dp_accounting
+
+    z, rounds, delta, n = 4.0, 10, 1e-3, 30
+    acc = dp_accounting.pld.PLDAccountant()
+    acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(z / 2), rounds))
+    assert flower_baseline.real_epsilon(z, rounds, delta, n, n) == pytest.approx(acc.get_epsilon(delta), rel=0.02)
+    assert flower_baseline.real_epsilon(z, rounds, delta, n, n) > flower_baseline.claimed_epsilon(z, rounds, delta, n, n)
+
+
+def test_flower_baseline_trains_in_a_sweep_and_reports_both_epsilons(tmp_path, flower_baseline):
+    table = tmp_path / "f.csv"
+    path = _write(tmp_path / "s.toml", 'dataset = "synthetic-logistic"\nusers = 12\nrounds = 2\nreference = false\n'
+                                       f'[sweep]\ntable = "{table}"\nnoise_seed_offset = 7\n'
+                                       'plugins = ["simulations/flower_dp_baseline.py"]\n'
+                                       'algorithm = ["flower-dp-fixed", "flower-dp-fixed-as-claimed"]\nepsilon = [2]\n')
+    cwd = os.getcwd()
+    os.chdir(os.path.join(os.path.dirname(__file__), ".."))
+    try:
+        res = ex.run_sweep(ex.load_sweep(path), log=lambda s: None)
+    finally:
+        os.chdir(cwd)
+    assert res["errors"] == 0
+    real, claimed = list(csv.DictReader(open(table)))
+    assert float(real["epsilon"]) == pytest.approx(2.0, rel=1e-4) and float(real["flower_claimed_epsilon"]) < 2.0
+    assert float(claimed["flower_claimed_epsilon"]) == pytest.approx(2.0, rel=1e-4)
+    assert float(claimed["epsilon"]) > 2.0 and claimed["flower_sample_size"] == "12"
+    # z calibrated to Flower's claim is smaller than z calibrated to the real epsilon
+    assert float(claimed["flower_noise_multiplier"]) < float(real["flower_noise_multiplier"])
