@@ -45,7 +45,8 @@ clean:
 # baselines, Flower's claimed vs real epsilon, speed, excess-risk slope) and collect them into
 # simulations/results/README_tables.md; about 35 min on a 2-core machine. QUICK=1: 2 seeds, eps 1 and
 # 4, 100/1,000 users, into simulations/results/quick/ (about 8 min). RESUME=1: keep the sweep rows
-# already in the tables (an interrupted bench continues) instead of starting over.
+# already in the tables (an interrupted bench continues) instead of starting over. TUNING=1: also rerun
+# the hyperparameter explorations of simulations/configs/tuning/ (about 35 min more).
 FEDKL := $(VENV)/bin/fedkl
 BENCH_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 ifeq ($(QUICK),1)
@@ -79,5 +80,7 @@ bench: $(STAMP)
 	$(BENCH_ENV) $(PY) simulations/flower_dp_baseline.py --out-dir $(BENCH_RES)
 	$(BENCH_ENV) $(PY) simulations/bench_backends.py $(BENCH_SPEED) --out $(BENCH_RES)/bench_backends.json --markdown $(BENCH_RES)/bench_backends.md
 	$(BENCH_ENV) $(PY) simulations/bench_inprocess.py --out $(BENCH_RES)/bench_inprocess.json
+	@if [ "$(TUNING)" = 1 ]; then for cfg in simulations/configs/tuning/*.toml; do \
+	  echo "$(FEDKL) sweep $$cfg --restart"; $(BENCH_ENV) $(FEDKL) sweep $$cfg --restart || exit 1; done; fi
 	@for script in $(BENCH_EXTRA); do echo "$(PY) $$script"; $(BENCH_ENV) $(PY) $$script || exit 1; done
 	$(PY) simulations/readme_tables.py --results $(BENCH_RES)

@@ -108,6 +108,13 @@ def main(argv: list[str] | None = None) -> str:
     sections += ["## Speed: in-process backend vs Flower (LocalGrid, Ray) vs the tensor floor", "",
                  speed or _missing(os.path.join(r, "bench_backends.md")), "",
                  "Regenerate: `.venv/bin/python simulations/bench_backends.py`.", ""]
+    ray10k = _read(os.path.join(r, "bench_ray_10k.md"))
+    if ray10k:
+        sections += ["### Flower's Ray simulation at 10,000 users (one round, attempted)", "", ray10k, "",
+                     "Regenerate: `.venv/bin/python simulations/bench_backends.py --users 10000 --ray-max-users 10000 "
+                     "--rounds 1 --backends inprocess flower-sim --timeout 1200 --out simulations/results/bench_ray_10k.json "
+                     "--markdown simulations/results/bench_ray_10k.md` (about 10 min and 12 GB here; not part of "
+                     "`make bench`).", ""]
     inproc = inprocess_table(os.path.join(r, "bench_inprocess.json"))
     sections += ["### One in-process round, its floor and the ledger charge", "",
                  inproc or _missing(os.path.join(r, "bench_inprocess.json")), "",
