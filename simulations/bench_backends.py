@@ -183,7 +183,7 @@ def run_child(backend: str, n: int, rounds: int, timeout: float, mode: str = "--
     if proc.returncode != 0 or not lines:
         text = (err or out).strip().splitlines()
         tail = [ln.strip() for ln in text if "have no node" in ln] + text[-1:]
-        return {"backend": backend, "users": n, "rounds": rounds, "error": f"exit {proc.returncode}: {' | '.join(tail)}",
+        return {"backend": backend, "users": n, "rounds": rounds, "error": f"exit {proc.returncode}: {'; '.join(tail)}",
                 "peak_rss_mb": peak[0]}
     row = json.loads(lines[-1])
     row["peak_rss_mb"] = peak[0]
