@@ -27,7 +27,7 @@ from flwr.app import Context, Message  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
 
 from fedkl.federation import codec  # noqa: E402
-from fedkl.federation.base import LocalRegularizedMinimizer  # noqa: E402
+from fedkl.federation.base import LocalRegularizedMinimizer, local_strength_ok  # noqa: E402
 from fedkl.federation.inprocess import InProcessFederation  # noqa: E402
 
 _LOCK = threading.Lock()
@@ -60,8 +60,9 @@ class UserWorker:
         kind = codec.kind_of(query)
         if query == codec.INFO:
             return codec.encode_info(self.partition_id, self.num_partitions, self.user_id, self.num_params)
-        if isinstance(query, LocalRegularizedMinimizer) and not query.strength > 0:
-            raise codec.CodecError("the local regularization strength must be > 0")
+        if isinstance(query, LocalRegularizedMinimizer) and not local_strength_ok(query):
+            raise codec.CodecError("the local regularization strength must be finite and > 0 (>= 0 for the certified "
+                                   "kind)")
         ans = self._fed.compute(query, [0])
         if ans.failed:
             return codec.encode_error(codec.ERR_NOT_FINITE, "the answer of this user is not finite")

@@ -25,6 +25,8 @@ from fedkl.algorithms.mean_output_pert import DEFAULT_MAX_VC_CALLS, MEAN_OUTPUT_
 from fedkl.algorithms.noisy_gd import NoisyGDConfig, NoisyGradientDescent
 from fedkl.algorithms.nonprivate import nonprivate_minimizer
 from fedkl.algorithms.p002 import PHASED_BUILDERS
+from fedkl.algorithms.diameter_output_pert import DiameterSCOutputPert, DiameterTestConfig
+from fedkl.algorithms.phased_common import SCInnerRelease
 from fedkl.algorithms.sc_output_pert import SCOutputPert, SCOutputPertConfig
 from fedkl.data import load_dataset
 from fedkl.federation.base import Federation
@@ -42,12 +44,22 @@ def _approx_delta(delta: float) -> float:
     return delta * (1 - 1e-9)
 
 
-def _sc_output_pert(cfg: "RunConfig", rho_total: float, *, problem, dataset, delta: float, **_) -> SCOutputPert:
+def _sc_output_pert(cfg: "RunConfig", rho_total: float, *, problem, dataset, delta: float, user_ids,
+                    **_) -> SCOutputPert | DiameterSCOutputPert:
+    """One SCOutputPert release (Alg 2) with the deletion test ``--p002-test`` (auto: the paper's exact
+    test up to 20 users, else the polynomial-time diameter test), Delta = ``--stability-delta``."""
     if cfg.reg <= 0:
         raise ValueError("sc-output-pert needs a strongly convex objective: give --reg > 0")
-    return SCOutputPert(SCOutputPertConfig.for_problem(
-        problem, dataset.feature_bound, problem.init_params(),
-        eps=cfg.epsilon, delta=_approx_delta(delta), Delta=cfg.stability_delta))
+    config = SCOutputPertConfig.for_problem(problem, dataset.feature_bound, problem.init_params(),
+                                            eps=cfg.epsilon, delta=_approx_delta(delta), Delta=cfg.stability_delta,
+                                            calibration=cfg.p002_calibration)
+    chooser = SCInnerRelease(problem, dataset.feature_bound, calibration=cfg.p002_calibration, test=cfg.p002_test)
+    n = len(user_ids)
+    kind = chooser.kind(n, config.eps, config.delta)
+    chooser.check(n, config.eps, config.delta)  # public refusal at build time
+    if kind == "exact":
+        return SCOutputPert(config)
+    return DiameterSCOutputPert(config, DiameterTestConfig(test=kind))
 
 
 def _adaptive(optimizer: str):
@@ -139,6 +151,7 @@ class RunConfig:
     p002_beta: float | None = None
     p002_min_cohort: int | None = None
     p002_calibration: str = "paper"
+    p002_test: str = "auto"
     # paper 002, polynomial-time output perturbation (fedkl.algorithms.mean_output_pert.HYPERPARAMETERS)
     mean_lam: float = 1.0
     mean_rho_fraction: float = 0.25
@@ -212,9 +225,14 @@ def _train(cfg: RunConfig, federation: Federation, problem, dataset, delta: floa
             log(f"resuming ledger {ledger_path}: rho {rho_total:.4g} of {ledger.budget.rho:.4g} left")
         alg = ALGORITHM_BUILDERS[cfg.algorithm](cfg, rho_total, problem=problem, dataset=dataset, delta=delta,
                                                 ledger=ledger, user_ids=federation.user_ids)
-        log(f"budget: user-level ({cfg.neighbouring}) eps={cfg.epsilon}, delta={delta:.3g} -> "
-            f"zCDP rho={rho_total:.5g} ({cfg.conversion}); {cfg.rounds} rounds, clip {cfg.clip}, backend {cfg.backend}"
-            + (f", noise std on the sum {alg.sigma:.4g}" if hasattr(alg, "sigma") else ""))
+        sigma = getattr(alg, "sigma", None)
+        if approx:  # zCDP rho, rounds and clip are not what these algorithms use
+            log(f"budget: user-level ({cfg.neighbouring}) eps={cfg.epsilon}, delta={delta:.3g}, spent as (eps, delta) "
+                f"releases (basic composition in the ledger); backend {cfg.backend}")
+        else:
+            log(f"budget: user-level ({cfg.neighbouring}) eps={cfg.epsilon}, delta={delta:.3g} -> "
+                f"zCDP rho={rho_total:.5g} ({cfg.conversion}); {cfg.rounds} rounds, clip {cfg.clip}, backend "
+                f"{cfg.backend}" + (f", noise std on the sum {sigma:.4g}" if isinstance(sigma, float) else ""))
         def progress(rec: dict) -> None:
             # about ten lines a run, whatever its length (some algorithms set their own round count)
             every = max(1, int(rec["rounds"]) // 10)

@@ -72,6 +72,7 @@ from fedkl.privacy.release import Releaser
 
 SubsetFunction = Callable[[torch.Tensor], torch.Tensor]
 CALIBRATIONS = ("paper", "tight")
+SCORES = ("exact", "matching")
 HARD_MAX_EXACT_USERS = 24
 _CHUNK = 4096
 
@@ -109,6 +110,28 @@ class DelOutputPertConfig(DeletionBudget):
         Delta: the target local deletion sensitivity (the test threshold).
         calibration: "paper" (8 kappa Delta, classic sigma) or "tight" (see the module docstring).
         max_exact_users: the largest n the exact enumeration accepts (<= 24).
+        score: "exact" (dist = the fewest deletions, Algorithm 1) or "matching" (the polynomial-time
+            variant for a pairwise test: score = maximum matching of the conflict graph, deletion set
+            = a cover of at most twice that size; see "The matching score" below).
+
+    The matching score (derived here; not in the paper). For a test of the form "no two kept users
+    conflict" (a graph G(x) on the users, an edge depending only on its two users' data), let
+    nu(x) = the maximum matching of G(x) and S(x) a vertex cover with |S(x)| <= 2 nu(x)
+    (:mod:`fedkl.algorithms.matching`). The mechanism: R1 ~ TDLap as above; ⊥ if nu(x) > R1, else
+    f(x_{-S(x)}) + N(0, sigma^2 I). Proof of (eps, delta)-DP for replace-one neighbours x, x'
+    (user i replaced): (a) G(x) - i = G(x') - i, so |nu(x) - nu(x')| <= 1 and the ⊥ step is the
+    TDLap ratio argument of Obs 3.5 verbatim: Pr[⊥|x] <= e^eps_bar Pr[⊥|x'] + delta_bar. (b) The
+    kept set does not depend on R1; a value is output on both sides only if nu(x), nu(x') <= 2 kappa,
+    so |S|, |S'| <= 4 kappa; with U = S ∪ S' ∪ {i}, x_{-U} = x'_{-U} is reached from x_{-S} and from
+    x'_{-S'} by |U \\ S| + |U \\ S'| <= |S| + |S'| + 2 <= 8 kappa + 2 single deletions, each from a
+    set of >= n - 8 kappa users that is a subset of a kept (conflict-free) set. The caller's test
+    must guarantee that every such step moves f by <= Delta (``depth`` = 8 kappa: steps from sets
+    of >= n - depth users), so ``sensitivity = (8 kappa + 2) Delta`` for both calibrations (paper:
+    the classic sigma formula, checked by the analytic Gaussian; tight: the analytic Gaussian).
+    (c) Pr[value in E | x] = Pr[R1 >= nu(x)] Pr[f(x_{-S}) + N in E]
+    <= (e^eps_bar Pr[R1 >= nu(x')] + delta_bar)(e^eps_bar Pr[f(x'_{-S'}) + N in E] + delta_bar)
+    <= e^eps Pr[value in E | x'] + (e^eps_bar + 1) delta_bar (and <= delta_bar when nu(x') > 2 kappa,
+    since then nu(x) = 2 kappa and Pr[R1 = 2 kappa] <= delta_bar); with (a): delta in total.
     """
 
     eps: float
@@ -116,6 +139,7 @@ class DelOutputPertConfig(DeletionBudget):
     Delta: float
     calibration: str = "paper"
     max_exact_users: int = 20
+    score: str = "exact"
 
     def __post_init__(self) -> None:
         for name in ("eps", "Delta"):
@@ -126,6 +150,8 @@ class DelOutputPertConfig(DeletionBudget):
             raise ValueError(f"delta must be in (0, 1), got {self.delta}")
         if self.calibration not in CALIBRATIONS:
             raise ValueError(f"calibration must be one of {CALIBRATIONS}, got {self.calibration!r}")
+        if self.score not in SCORES:
+            raise ValueError(f"score must be one of {SCORES}, got {self.score!r}")
         if not 1 <= self.max_exact_users <= HARD_MAX_EXACT_USERS:
             raise ValueError(f"max_exact_users must be in [1, {HARD_MAX_EXACT_USERS}]")
         # the noise must give (eps_bar, delta_bar) by the exact analytic Gaussian characterisation
@@ -135,13 +161,17 @@ class DelOutputPertConfig(DeletionBudget):
 
     @property
     def depth(self) -> int:
-        """4 kappa: the test at x bounds Dbar_{4 kappa} f(x), i.e. chains of 4 kappa + 1 deletions."""
-        return 4 * self.kappa
+        """Exact score: 4 kappa (the test at x bounds Dbar_{4 kappa} f(x), i.e. chains of 4 kappa + 1
+        deletions). Matching score: 8 kappa (every step of the proof's chains starts from a set of
+        >= n - 8 kappa users)."""
+        return (8 if self.score == "matching" else 4) * self.kappa
 
     @property
     def sensitivity(self) -> float:
         """L2 distance bound between the two chosen values in the proof (module docstring)."""
         k = self.kappa
+        if self.score == "matching":
+            return (8 * k + 2) * self.Delta
         return (8 * k if self.calibration == "paper" else 4 * k + 1) * self.Delta
 
     @functools.cached_property

@@ -59,17 +59,21 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence, Union
 
 import torch
 
 from fedkl.algorithms.del_output_pert import DelOutputPertConfig
+from fedkl.algorithms.diameter_output_pert import DiameterSCOutputPert, DiameterTestConfig, resolve_test
 from fedkl.algorithms.sc_output_pert import SCOutputPert, SCOutputPertConfig, delta_union_bound
+from fedkl.algorithms.vertex_cover import worst_case_calls
 from fedkl.federation.base import Answers, Federation
 from fedkl.privacy.ledger import BudgetExceeded
 from fedkl.privacy.release import Releaser
 from fedkl.problems.base import Problem
+
+INNER_TESTS = ("auto", "exact", "vertex-cover", "matching")
 
 # name: (default, --help sentence, "theorem" or "heuristic"). Read with getattr(cfg, name, default).
 # `radius` and `distance` have the same meaning as paper 003's (fedkl.algorithms.fkt.HYPERPARAMETERS).
@@ -95,11 +99,16 @@ HYPERPARAMETERS = {
                         "(default 1/(nm); 1/(2 n^2 m) for the strongly convex variants)", "theorem"),
     "p002_min_cohort": (None, "phased-sco / sc-phased-sco: N0, the smallest cohort (default 8 kappa(eps, delta))",
                         "theorem"),
+    "p002_test": ("auto", "paper-002 algorithms: the deletion test of every release: exact (the paper's: "
+                          "certificate, else enumeration; n <= 20), vertex-cover or matching (the same minimizer "
+                          "through the local-minimizer diameter test, polynomial time; fedkl's derivation), or auto "
+                          "(exact up to 20 users, else the diameter test)", "theorem"),
     "p002_calibration": ("paper", "paper-002 phased algorithms: noise of every inner release: paper "
                                   "(8 kappa Delta, classic sigma) or tight (4 kappa + 1, analytic Gaussian)",
                          "theorem"),
 }
-CHOICES = {"p002_delta_rule": ("uc", "scaled", "fixed"), "p002_calibration": ("paper", "tight")}
+CHOICES = {"p002_delta_rule": ("uc", "scaled", "fixed"), "p002_calibration": ("paper", "tight"),
+           "p002_test": INNER_TESTS}
 DELTA_RULES = CHOICES["p002_delta_rule"]
 
 # Delta(G_call, mu, n_call, m, kappa, beta): must be proportional to 1/mu (see rule_factor)
@@ -137,21 +146,110 @@ class InnerOutcome:
 InnerRelease = Callable[[Federation, Releaser, PhaseCall], InnerOutcome]
 
 
-def sc_output_pert_inner(problem: Problem, feature_bound: float, *, calibration: str = "paper",
-                         max_exact_users: int = 20, use_certificate: bool = True,
-                         factory: Callable[[SCOutputPertConfig], object] = SCOutputPert) -> InnerRelease:
-    """The default inner release: ``factory(config).run(federation, releaser, center, label=...)``
-    with ``config = SCOutputPertConfig.for_problem(problem, feature_bound, center, ...)`` (mu, beta
-    and the gradient bound at the centre from the loader-enforced feature bound; ``extra_reg = lam``).
-    ``factory`` may be any class with SCOutputPert's constructor and ``run`` (e.g. a faster exact path)."""
-    def inner(federation: Federation, releaser: Releaser, call: PhaseCall) -> InnerOutcome:
-        config = SCOutputPertConfig.for_problem(
-            problem, feature_bound, call.center, eps=call.eps, delta=call.delta, Delta=call.Delta,
-            extra_reg=call.lam, calibration=calibration, max_exact_users=max_exact_users,
-            use_certificate=use_certificate)
-        res = factory(config).run(federation, releaser, call.center, label=call.label)
+class SCInnerRelease:
+    """The default inner release: SCOutputPert (paper 002, Alg 2) of the phase objective, with the
+    deletion test chosen by ``test`` from PUBLIC values (the call's n, eps, delta) only:
+
+    * ``exact``: :class:`~fedkl.algorithms.sc_output_pert.SCOutputPert`, the paper's test (the Lemma
+      C.1 certificate, else enumeration of ~2^n user sets): n <= ``max_exact_users``;
+    * ``vertex-cover`` / ``matching``: :class:`~fedkl.algorithms.diameter_output_pert.DiameterSCOutputPert`,
+      the same f~ through the local-minimizer diameter test, polynomial time (matching) or FPT with a
+      checked work bound (vertex cover), at any n above 4 kappa / 8 kappa;
+    * ``auto`` (default): ``exact`` when n <= max_exact_users, else the diameter test with its own
+      ``auto`` score.
+
+    Every choice is an (eps, delta)-DP release, user level, replace-one, n public (each module's
+    docstring has the proof), charged to every user of the federation before it is made.
+    :meth:`check` refuses a call from public values only; the phased algorithms call it for EVERY
+    call before the first one reads data. ``factory`` replaces the exact class (tests).
+    """
+
+    def __init__(self, problem: Problem, feature_bound: float, *, calibration: str = "paper",
+                 max_exact_users: int = 20, use_certificate: bool = True, test: str = "auto",
+                 factory: Callable[[SCOutputPertConfig], object] = SCOutputPert,
+                 diameter: DiameterTestConfig | None = None) -> None:
+        if test not in INNER_TESTS:
+            raise ValueError(f"test must be one of {INNER_TESTS}, got {test!r}")
+        self.problem, self.feature_bound = problem, float(feature_bound)
+        self.calibration, self.max_exact_users, self.use_certificate = calibration, max_exact_users, use_certificate
+        self.test, self.factory = test, factory
+        self.diameter = diameter or DiameterTestConfig()
+
+    def kind(self, n: int, eps: float, delta: float) -> str:
+        """"exact", "vertex-cover" or "matching" for a call over n users at (eps, delta)."""
+        if self.test == "exact" or (self.test == "auto" and n <= self.max_exact_users):
+            return "exact"
+        sub = "auto" if self.test == "auto" else self.test
+        return resolve_test(sub, n, kappa(eps, delta), self.diameter.max_vc_calls)
+
+    def dop(self, n: int, eps: float, delta: float, Delta: float = 1.0) -> DelOutputPertConfig:
+        kind = self.kind(n, eps, delta)
+        return DelOutputPertConfig(eps, delta, Delta, self.calibration,
+                                   score="matching" if kind == "matching" else "exact")
+
+    def noise_ratio(self, n: int, eps: float, delta: float) -> float:
+        """sigma / Delta of the call (public)."""
+        return self.dop(n, eps, delta).sigma
+
+    def min_users(self, eps: float, delta: float) -> int:
+        """The fewest users a diameter-test call accepts at (eps, delta) (public)."""
+        k = kappa(eps, delta)
+        vc_ok = self.test in ("auto", "vertex-cover") and worst_case_calls(2 * k) <= self.diameter.max_vc_calls
+        return 4 * k + 1 if vc_ok and self.test != "matching" else 8 * k + 1
+
+    def check(self, n: int, eps: float, delta: float) -> None:
+        """Refuse (ValueError) a call this release cannot run exactly; public values only."""
+        kind = self.kind(n, eps, delta)
+        if kind == "exact":
+            if n > self.max_exact_users:
+                raise ValueError(f"the exact test (enumeration) refuses n={n} > max_exact_users={self.max_exact_users}; "
+                                 "use test auto, vertex-cover or matching. Nothing was read or charged.")
+            return
+        depth = self.dop(n, eps, delta).depth
+        if n <= depth:
+            raise ValueError(f"the {kind} diameter test needs more than {depth} users per call at (eps={eps:.4g}, "
+                             f"delta={delta:.3g}) (kappa={kappa(eps, delta)}); a call has {n}. Nothing was read or "
+                             "charged (raise eps or delta, use fewer phases, or more users).")
+        if kind == "vertex-cover" and worst_case_calls(2 * kappa(eps, delta)) > self.diameter.max_vc_calls:
+            raise ValueError(f"the exact vertex-cover test at kappa={kappa(eps, delta)} exceeds its work budget; use "
+                             "test auto or matching. Nothing was read or charged.")
+
+    def config(self, call: "PhaseCall") -> SCOutputPertConfig:
+        return SCOutputPertConfig.for_problem(
+            self.problem, self.feature_bound, call.center, eps=call.eps, delta=call.delta, Delta=call.Delta,
+            extra_reg=call.lam, calibration=self.calibration, max_exact_users=self.max_exact_users,
+            use_certificate=self.use_certificate)
+
+    def __call__(self, federation: Federation, releaser: Releaser, call: "PhaseCall") -> InnerOutcome:
+        kind = self.kind(federation.num_users, call.eps, call.delta)
+        config = self.config(call)
+        if kind == "exact":
+            alg = self.factory(config)
+        else:
+            alg = DiameterSCOutputPert(config, replace(self.diameter, test=kind))
+        res = alg.run(federation, releaser, call.center, label=call.label)
         return InnerOutcome(res.theta, float(res.sigma), dict(getattr(res, "diagnostics", {}) or {}))
-    return inner
+
+
+def sc_output_pert_inner(problem: Problem, feature_bound: float, **kw) -> SCInnerRelease:
+    """The default inner release (:class:`SCInnerRelease`; keyword arguments as its constructor)."""
+    return SCInnerRelease(problem, feature_bound, **kw)
+
+
+def inner_noise_ratio(inner: InnerRelease, n: int, eps: float, delta: float, calibration: str) -> float:
+    """sigma / Delta of an inner call: the inner's own when it states one, else DelOutputPert's."""
+    own = getattr(inner, "noise_ratio", None)
+    return float(own(n, eps, delta)) if own is not None else noise_ratio(eps, delta, calibration)
+
+
+def precheck_calls(inner: InnerRelease, calls: Sequence[tuple[int, float, float]]) -> None:
+    """Ask the inner release to refuse, BEFORE any call reads data, every (n, eps, delta) call it
+    cannot run (inner releases without a ``check`` are asked nothing)."""
+    check = getattr(inner, "check", None)
+    if check is None:
+        return
+    for n, eps, delta in calls:
+        check(n, eps, delta)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -438,6 +536,7 @@ def run_phases(federation: Federation, releaser: Releaser, specs: Sequence[Phase
     is clipped to B(centre, R_i), R_i = grad_bound(centre)/lam_i, then projected onto K.
     Returns (final centre, history, non-private diagnostics)."""
     center = torch.as_tensor(center).to(torch.float64)
+    precheck_calls(inner, [(federation.num_users if s.users is None else len(s.users), s.eps, s.delta) for s in specs])
     history: list[dict] = []
     decided: dict[str, int] = {}
     total = total_rounds if total_rounds is not None else len(specs) + index_offset
@@ -478,7 +577,7 @@ def read_hyperparameters(cfg) -> dict:
     return {k: getattr(cfg, k, v[0]) for k, v in HYPERPARAMETERS.items()}
 
 
-__all__ = ["CHOICES", "CohortFederation", "DELTA_RULES", "HYPERPARAMETERS", "InnerOutcome", "InnerRelease",
+__all__ = ["CHOICES", "INNER_TESTS", "SCInnerRelease", "inner_noise_ratio", "precheck_calls", "CohortFederation", "DELTA_RULES", "HYPERPARAMETERS", "InnerOutcome", "InnerRelease",
            "PhaseCall", "PhaseSpec", "PhasedResult", "PhasedSetting", "check_approx_releaser", "erm_phases",
            "hash_order", "kappa", "lam_sco", "lam_star_erm", "noise_ratio", "project_ball", "read_hyperparameters",
            "require_budget", "rule_delta", "rule_factor", "run_phases", "sc_output_pert_inner", "sco_cohort_bounds",

@@ -32,11 +32,15 @@ Parameters (defaults are the theorem's; pitfalls of note §6)
   pitfall 5). The inner release minimises over R^d, where the ball is provably inactive
   (phased_common); K enters through the projection of every released centre.
 
-Practical limits: those of the inner release. With SCOutputPert every phase runs at kappa' ~ T kappa,
-so the theorem's regime (n >= 8 kappa') needs thousands of users at eps <= 8 (note §4), while its
-exact fallback refuses n > 20: at fedkl's sizes the ``uc`` rule refuses (n < 4 kappa' + 2) and the
-``scaled``/``fixed`` rules mostly produce ⊥ (reported). See simulations/paper002_slopes.py for the
-regime where the theorem applies.
+Practical limits: those of the inner release. Every phase runs at kappa' ~ T kappa. The paper's
+exact test (``test="exact"``: certificate, else enumeration) refuses n > 20. The default
+``test="auto"`` uses it up to 20 users; above that it switches to the local-minimizer diameter test
+of :mod:`fedkl.algorithms.diameter_output_pert`. That test releases the same minimizer, is exact, and
+runs in polynomial time; it needs n > 8 kappa' users (matching score), or n > 4 kappa' when the
+vertex-cover search fits its work budget. So ``fedkl run --algorithm phased-erm`` runs on MovieLens
+(671 users). At the theorem's lambda* the noise constant c is ~1e5-1e6 at n < 1000 (note §4), so
+lam_i is large, the phases barely move the centre, and the model stays close to w0 (result.json
+says so). See simulations/paper002_slopes.py for the regime where the theorem applies.
 """
 from __future__ import annotations
 
@@ -48,6 +52,7 @@ import torch
 
 from fedkl.algorithms.phased_common import (
     DELTA_RULES,
+    INNER_TESTS,
     DeltaRule,
     InnerRelease,
     PhasedResult,
@@ -55,9 +60,9 @@ from fedkl.algorithms.phased_common import (
     PhaseSpec,
     check_approx_releaser,
     erm_phases,
+    inner_noise_ratio,
     kappa,
     lam_star_erm,
-    noise_ratio,
     read_hyperparameters,
     require_budget,
     rule_delta,
@@ -90,8 +95,10 @@ class PhasedConfig:
         delta_scale: A of the "scaled" rule.
         records: m, the public number of records per user.
         beta: utility failure probability; None: 1/(nm) (1/(2 n^2 m) for the SC variants).
-        min_cohort: N0 of Phased-SCO; None: 8 kappa(eps, delta).
+        min_cohort: N0 of Phased-SCO; None: 8 kappa(eps, delta) (at least the inner release's minimum).
         seed: the public seed of Phased-SCO's cohort hash.
+        test: the default inner release's deletion test (:class:`~fedkl.algorithms.phased_common.SCInnerRelease`):
+            "auto", "exact", "vertex-cover" or "matching".
     """
 
     eps: float
@@ -108,6 +115,7 @@ class PhasedConfig:
     beta: float | None = None
     min_cohort: int | None = None
     seed: int = 0
+    test: str = "auto"
 
     def __post_init__(self) -> None:
         if not (self.eps > 0 and math.isfinite(self.eps) and 0 < self.delta < 1):
@@ -126,6 +134,8 @@ class PhasedConfig:
             raise ValueError(f"records (m) must be a positive integer, got {self.records}")
         if self.min_cohort is not None and (int(self.min_cohort) != self.min_cohort or self.min_cohort < 2):
             raise ValueError(f"min_cohort must be an integer >= 2, got {self.min_cohort}")
+        if self.test not in INNER_TESTS:
+            raise ValueError(f"test must be one of {INNER_TESTS}, got {self.test!r}")
         rule = self.rule
         if not callable(rule) and rule not in DELTA_RULES:
             raise ValueError(f"delta_rule must be one of {DELTA_RULES} or a function, got {rule!r}")
@@ -207,7 +217,7 @@ class PhasedERM:
                 raise ValueError("the default inner release (SCOutputPert) needs the problem and its feature bound")
             inner = sc_output_pert_inner(problem, float(feature_bound), calibration=config.calibration,
                                          max_exact_users=config.max_exact_users,
-                                         use_certificate=config.use_certificate)
+                                         use_certificate=config.use_certificate, test=config.test)
         self.inner = inner
 
     # --- the public schedule -------------------------------------------------------------------
@@ -223,7 +233,7 @@ class PhasedERM:
         c = D = None
         if cfg.rule != "fixed":
             G2 = 2.0 * st.require_lipschitz(f"the {cfg.rule!r} threshold rule")
-            c = noise_ratio(eps_i, delta_i, cfg.calibration) * rule_factor(
+            c = inner_noise_ratio(self.inner, n, eps_i, delta_i, cfg.calibration) * rule_factor(
                 cfg.rule, G_call=G2, n_call=n, m=m, kappa_=k, beta=beta_i, scale=cfg.delta_scale)
         if cfg.lam is not None:
             lam = cfg.lam
@@ -289,7 +299,8 @@ def phased_config(cfg, eps: float, delta: float) -> PhasedConfig:
                         Delta_1=float(getattr(cfg, "stability_delta", 0.5)) if rule == "fixed" else None,
                         phases=hp["p002_phases"], calibration=hp["p002_calibration"], delta_rule=rule,
                         delta_scale=float(hp["p002_delta_scale"]), records=int(hp["p002_records"]),
-                        beta=hp["p002_beta"], min_cohort=hp["p002_min_cohort"], seed=int(getattr(cfg, "seed", 0)))
+                        beta=hp["p002_beta"], min_cohort=hp["p002_min_cohort"], seed=int(getattr(cfg, "seed", 0)),
+                        test=hp["p002_test"])
 
 
 def build_phased_erm(cfg, rho_total: float, *, problem, dataset, delta, ledger, user_ids, **_) -> PhasedERM:

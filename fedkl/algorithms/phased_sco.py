@@ -40,9 +40,9 @@ from fedkl.algorithms.phased_common import (
     PhasedResult,
     PhaseSpec,
     check_approx_releaser,
+    inner_noise_ratio,
     kappa,
     lam_sco,
-    noise_ratio,
     read_hyperparameters,
     require_budget,
     rule_factor,
@@ -75,7 +75,10 @@ class PhasedSCO(PhasedERM):
         m = cfg.records
         if user_ids is None or len(user_ids) != n:
             raise ValueError("Phased-SCO's cohorts are a hash of the user ids: give all n user ids")
-        n0 = cfg.min_cohort if cfg.min_cohort is not None else sco_min_cohort(cfg.eps, cfg.delta)
+        n0 = cfg.min_cohort
+        if n0 is None:  # 8 kappa, and at least what the inner release accepts (the matching test: 8 kappa + 1)
+            own = getattr(self.inner, "min_users", None)
+            n0 = max(sco_min_cohort(cfg.eps, cfg.delta), own(cfg.eps, cfg.delta) if own is not None else 0)
         T = cfg.phases if cfg.phases is not None else sco_phases(n, n0)
         if T < 1:
             raise ValueError(f"Phased-SCO needs n >= 2 N0 = {2 * n0} users (N0 = 8 kappa(eps, delta) keeps every "
@@ -89,9 +92,9 @@ class PhasedSCO(PhasedERM):
         c = D = None
         if cfg.rule != "fixed":
             G2 = 2.0 * st.require_lipschitz(f"the {cfg.rule!r} threshold rule")
-            ratio = noise_ratio(cfg.eps, cfg.delta, cfg.calibration)
-            c = ratio * max(rule_factor(cfg.rule, G_call=G2, n_call=len(ch), m=m, kappa_=k, beta=beta_i,
-                                        scale=cfg.delta_scale) for ch in cohorts)
+            c = max(inner_noise_ratio(self.inner, len(ch), cfg.eps, cfg.delta, cfg.calibration)
+                    * rule_factor(cfg.rule, G_call=G2, n_call=len(ch), m=m, kappa_=k, beta=beta_i,
+                                  scale=cfg.delta_scale) for ch in cohorts)
         if cfg.lam is not None:
             lam = cfg.lam
         else:

@@ -42,8 +42,9 @@ from fedkl.algorithms.phased_common import (
     PhasedResult,
     PhasedSetting,
     check_approx_releaser,
+    inner_noise_ratio,
     kappa,
-    noise_ratio,
+    precheck_calls,
     read_hyperparameters,
     require_budget,
     rule_delta,
@@ -109,7 +110,7 @@ class _StronglyConvexPhased:
         eps0, delta0 = cfg.eps / 2, cfg.delta / 2
         k0 = kappa(eps0, delta0)
         Delta0 = rule_delta(cfg.rule, G_call=G, mu=mu, n_call=n, m=m, kappa_=k0, beta=beta, scale=cfg.delta_scale)
-        sigma0 = noise_ratio(eps0, delta0, cfg.calibration) * Delta0
+        sigma0 = inner_noise_ratio(self.inner, n, eps0, delta0, cfg.calibration) * Delta0
         r = sigma0 * (math.sqrt(st.dim) + math.sqrt(2.0 * math.log(1.0 / beta)))
         if self.population:
             r += 30.0 * G * math.sqrt(math.log(2.0 / beta)) / (mu * math.sqrt(n * m))
@@ -132,6 +133,9 @@ class _StronglyConvexPhased:
         n = federation.num_users
         plan = self.plan(n, w0, federation.user_ids)
         require_budget(releaser, self._needs(federation, plan), self.name)
+        # every call's refusal before the first one reads data (the localisation, then the phases)
+        precheck_calls(self.inner, [(n, plan.eps0, plan.delta0)] + [
+            (n if spec.users is None else len(spec.users), spec.eps, spec.delta) for spec in plan.phased.specs])
         start = self.setting.project(w0.to(torch.float64))
         total = 1 + plan.phased.phases
         out = self.inner(federation, releaser, PhaseCall(f"{self.name}/localize", 0, plan.eps0, plan.delta0,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Sequence, Union
+from typing import ClassVar, Sequence, Union
 
 import torch
 
@@ -62,6 +62,27 @@ class LocalRegularizedMinimizer:
     strength: float
     tol: float = 1e-10
     max_iter: int = 500
+
+    allow_zero_strength: ClassVar[bool] = False
+
+
+@dataclass(frozen=True)
+class CertifiedLocalMinimizer(LocalRegularizedMinimizer):
+    """The local regularized minimizer ``v`` (as :class:`LocalRegularizedMinimizer`) AND its residual
+    ``r = ||grad f_u(v) + strength (v - center)||``: the answer is ``(d + 1,)`` = ``[v, r]``.
+
+    With ``mu`` the strong convexity of ``f_u`` (problem regularizer), ``||v - v*|| <= r/(mu + strength)``
+    certifies the distance to the exact minimizer whether or not the local solver converged (the
+    deletion tests of paper 002 need a PROVEN bound, not a tolerance that was hoped for).
+    ``strength`` may be 0 here (a strongly convex f_u alone: the localisation call of Alg 5/6)."""
+
+    allow_zero_strength: ClassVar[bool] = True
+
+
+def local_strength_ok(query: LocalRegularizedMinimizer) -> bool:
+    """A local-minimizer query's strength is valid: finite and > 0 (>= 0 for the certified kind)."""
+    s = query.strength
+    return isinstance(s, (int, float)) and math.isfinite(s) and (s > 0 or (query.allow_zero_strength and s == 0))
 
 
 @dataclass(frozen=True)
@@ -110,8 +131,8 @@ class CertificateGradientNorm:
             raise ValueError("a positive strength needs a center")
 
 
-Query = Union[ClippedGradient, GradientDifference, LocalRegularizedMinimizer, LocalLoss, GradientsAtPoints,
-              CertificateGradientNorm]
+Query = Union[ClippedGradient, GradientDifference, LocalRegularizedMinimizer, CertifiedLocalMinimizer, LocalLoss,
+              GradientsAtPoints, CertificateGradientNorm]
 
 
 @dataclass

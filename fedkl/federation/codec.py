@@ -27,6 +27,7 @@ import torch
 
 from fedkl.federation import base as _base
 from fedkl.federation.base import (
+    CertifiedLocalMinimizer,
     ClippedGradient,
     ClippedLocalUpdate,
     GradientDifference,
@@ -49,6 +50,7 @@ KINDS: dict[str, tuple[type | None, tuple[str, ...]]] = {
     "clipped_gradient": (ClippedGradient, ("w",)),
     "gradient_difference": (GradientDifference, ("w_new", "w_old")),
     "local_minimizer": (LocalRegularizedMinimizer, ("center",)),
+    "certified_local_minimizer": (CertifiedLocalMinimizer, ("center",)),  # answer: minimizer + residual
     "local_loss": (LocalLoss, ("w",)),
     INFO: (None, ()),
 }
@@ -205,15 +207,15 @@ def decode_request(content: Any, num_params: int) -> Query | str:
         if cls in (ClippedGradient, GradientDifference):
             _exact_keys(cfg, ("protocol", "kind", "clip"), f"{kind} scalars")
             return cls(**arrays, clip=_number(cfg, "clip"))
-        if cls is LocalRegularizedMinimizer:
+        if cls in (LocalRegularizedMinimizer, CertifiedLocalMinimizer):
             _exact_keys(cfg, ("protocol", "kind", "strength", "tol", "max_iter"), f"{kind} scalars")
             strength, tol = _number(cfg, "strength"), _number(cfg, "tol")
             max_iter = cfg.get("max_iter")
-            if not (strength > 0) or not (tol > 0):
-                raise CodecError("strength and tol must be > 0")
+            if not (strength > 0 or (cls.allow_zero_strength and strength == 0)) or not (tol > 0):
+                raise CodecError("strength and tol must be > 0 (strength >= 0 for the certified kind)")
             if isinstance(max_iter, bool) or not isinstance(max_iter, int) or not 1 <= max_iter <= 100_000:
                 raise CodecError("max_iter must be an integer in [1, 100000]")
-            return LocalRegularizedMinimizer(arrays["center"], strength, tol, max_iter)
+            return cls(arrays["center"], strength, tol, max_iter)
         if kind == "gradients_at_points":
             _exact_keys(cfg, ("protocol", "kind"), f"{kind} scalars")
             return cls(arrays["points"])
@@ -249,6 +251,8 @@ def answer_shape(kind: str, num_params: int, num_points: int | None = None) -> t
         return (1,)
     if kind == "gradients_at_points":
         return (int(num_points or 0), num_params)
+    if kind == "certified_local_minimizer":
+        return (num_params + 1,)
     return (num_params,)
 
 

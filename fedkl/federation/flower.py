@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -34,6 +33,7 @@ from fedkl.federation.base import (
     LocalLoss,
     LocalRegularizedMinimizer,
     Query,
+    local_strength_ok,
 )
 
 log = logging.getLogger(__name__)
@@ -148,8 +148,8 @@ class FlowerFederation(Federation):
                 raise ValueError(f"expected parameters of shape ({self.num_params},), got {tuple(w.shape)}")
             if not torch.isfinite(w).all():
                 raise ValueError("parameters contain NaN or inf")
-        if isinstance(query, LocalRegularizedMinimizer) and not (query.strength > 0 and math.isfinite(query.strength)):
-            raise ValueError("the local regularization strength must be > 0")
+        if isinstance(query, LocalRegularizedMinimizer) and not local_strength_ok(query):
+            raise ValueError("the local regularization strength must be finite and > 0 (>= 0 for the certified kind)")
         if isinstance(query, LocalLoss) and query.split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test', got {query.split!r}")
         return None

@@ -1,0 +1,276 @@
+"""SCOutputPert in polynomial time at any n: Algorithm 2 of paper 002 with a local-minimizer DIAMETER test.
+
+:class:`~fedkl.algorithms.sc_output_pert.SCOutputPert` releases ``f~(x) = theta~`` (the minimizer of
+the strongly convex objective, by a fixed-iteration solver) through DelOutputPert with the paper's
+exact test, ``Dbar_{4 kappa - |S|} f~(x_{-S}) <= Delta``. Deciding that test exactly enumerates ~2^n
+user sets; the Appendix C certificate only settles it when it passes. So SCOutputPert refuses
+n > 20, and with it every phased algorithm on a real dataset. This module releases THE SAME f~ (the
+ERM minimizer that the paper's utility theorems are about) through a test that is exact and
+polynomial time, derived below. The paper does not have it; notes §2A ("what the proof uses") and
+§5(c) give the ingredients.
+
+Guarantee
+---------
+**(eps, delta)-DP, user level, relation replace-one, n public**, for every dataset. It holds for the
+released ``f~(x_{-S}) + N(0, sigma^2 I)`` or ⊥. The server-side diagnostics and the wall-clock time
+are not covered. The public inputs are eps, delta, Delta, the centre c, lam, and the constants
+mu, beta, G0; none may depend on the data.
+
+The objective and the per-user vectors
+--------------------------------------
+As in SCOutputPert: ``F_u(theta) = f_u(theta) + (lam/2)||theta - c||^2``, f_u user u's mean record
+loss plus the problem's regularizer, every F_u mu-strongly convex and L-smooth (mu = mu_f + lam,
+L = beta_f + lam, from the loader-enforced feature bound). ``theta*(y) = argmin sum_{u in y} F_u``, and
+f~ is the fixed-iteration gradient descent of SCOutputPert with ``sup_y ||f~(y) - theta*(y)|| <= tau``.
+
+Every user also returns ``v~_u``, its local minimizer of F_u
+(:class:`~fedkl.federation.base.CertifiedLocalMinimizer`), with the residual ``r_u = ||grad F_u(v~_u)||``.
+Then ``e_u = r_u / mu >= ||v~_u - v_u||``, where ``v_u = argmin F_u``. Both are functions of user u's
+records and public values only.
+
+Lemma (deletion jump from the diameter). Let z be a user set of size k with ``||v_u - v_w|| <= D``
+for all u, w in z, and let i be in z. Then ``||theta*(z) - theta*(z - i)|| <= (L/mu)^2 D / k``.
+Proof. ``sum_{u in z - i} F_u`` is (k-1)mu-strongly convex. At theta*(z) its gradient is
+-grad F_i(theta*(z)), so by strong monotonicity
+``||theta*(z) - theta*(z - i)|| <= ||grad F_i(theta*(z))|| / ((k-1) mu)``. Because
+``grad F_i(v_i) = 0`` and F_i is L-smooth, ``||grad F_i(theta*(z))|| <= L ||theta*(z) - v_i||``. The
+same argument for Psi = sum_{u in z} F_u (k mu-strongly convex, minimised at theta*(z)) gives
+``||theta*(z) - v_i|| <= ||grad Psi(v_i)|| / (k mu)``, with
+``grad Psi(v_i) = sum_{u != i} (grad F_u(v_i) - grad F_u(v_u))``, whose norm is <= (k-1) L D.
+Multiplying: <= L (k-1) L D / (k mu (k-1) mu). ∎ For f~, add 2 tau per step.
+
+The conflict graph
+------------------
+There is an edge u -- w iff ``||v~_u - v~_w|| + e_u + e_w > rho``. A missing edge therefore
+PROVES ``||v_u - v_w|| <= rho``. An edge depends only on its two users, so replacing one user changes
+only that user's edges. A kept set (the complement of a vertex cover) has diameter <= rho, and so
+does every subset of it.
+
+The test and the release: two scores, one proof pattern (DelOutputPertConfig)
+-----------------------------------------------------------------------------
+``depth`` is 4 kappa for the exact score and 8 kappa for the matching score. The threshold is the one
+public number ``rho = (Delta - 2 tau) (n - depth) / (L/mu)^2`` (needs n > depth and Delta > 2 tau).
+
+* ``vertex-cover`` (exact). This is Algorithm 1 with the predicate
+  ``P(y, b) := diam{v_u : u in y} <= (Delta - 2 tau)(|y| - b)/(L/mu)^2``.
+  (H) holds: deleting a user shrinks the diameter, and |y| - b is unchanged along a chain.
+  (S) holds: every step z -> z - i within b deletions of y has |z| >= |y| - b, so by the lemma it
+  moves f~ by <= (L/mu)^2 diam / |z| + 2 tau <= Delta.
+  In the algorithm |y| - b = n - 4 kappa for every S, so "exists S, |S| <= R1, with P" is exactly
+  "the conflict graph has a vertex cover of size <= R1". The search is exact and FPT
+  (:mod:`fedkl.algorithms.vertex_cover`), and its worst-case work (~1.38^{2 kappa} calls) is checked
+  against a budget BEFORE any data is read. Sensitivity and sigma are DelOutputPert's: 8 kappa Delta
+  ("paper") or (4 kappa + 1) Delta ("tight").
+* ``matching`` (polynomial at every kappa). The score is the maximum matching nu of the conflict
+  graph, and the deletion set is a vertex cover with at most 2 nu users (:mod:`fedkl.algorithms.matching`).
+  The proof is in :class:`~fedkl.algorithms.del_output_pert.DelOutputPertConfig` ("The matching
+  score"). It needs every deletion step of its chains, which start from kept sets and from sets of
+  >= n - 8 kappa users, to move f~ by <= Delta. That is the lemma with k >= n - depth, plus 2 tau.
+  Sensitivity is (8 kappa + 2) Delta, and it costs O(n^2 d) distances plus one blossom matching.
+* ``auto``: ``vertex-cover`` when its proven work bound fits ``max_vc_calls`` and n > 4 kappa, else
+  ``matching``. The choice is made from public (eps, delta, n) only.
+
+Failure handling: if a user's answer is missing or non-finite (local minimizer, or any solver
+round), the run aborts before anything is charged or released, as in SCOutputPert. Restart the
+phase on the frozen user set.
+
+Utility is not the paper's theorem. Under the paper's random-permutation model, the local
+minimizers lie within about 2 gamma/mu of each other (gamma ~ 5 (2G) sqrt(ln(n/beta)/m), Lemma 3.8),
+so with Delta_uc the graph is empty and the release is theta~ + N(0, sigma^2 I), as in Thm 3.1.
+With heterogeneous users (real data) the test deletes users or outputs ⊥. Every result reports
+this (``dist``, ``deleted_users``, ``conflict_edges``).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from fedkl.algorithms.del_output_pert import (
+    DelOutputPert,
+    DelOutputPertConfig,
+    DelOutputPertResult,
+    StabilityPlan,
+)
+from fedkl.algorithms.matching import matching_cover
+from fedkl.algorithms.mean_output_pert import DEFAULT_MAX_VC_CALLS, pairwise_distances
+from fedkl.algorithms.sc_output_pert import SCOutputPert, SCOutputPertConfig
+from fedkl.algorithms.vertex_cover import CallCounter, graph_from_edges, min_vertex_cover, worst_case_calls
+from fedkl.federation.base import CertifiedLocalMinimizer, Federation
+from fedkl.privacy.release import Releaser
+
+TESTS = ("auto", "vertex-cover", "matching")
+_FP_PAD = 1e-9
+
+
+def resolve_test(test: str, n: int, kappa: int, max_vc_calls: int = DEFAULT_MAX_VC_CALLS) -> str:
+    """The concrete test ("vertex-cover" or "matching") for n users at this kappa (public values only)."""
+    if test not in TESTS:
+        raise ValueError(f"test must be one of {TESTS}, got {test!r}")
+    if test != "auto":
+        return test
+    if worst_case_calls(2 * kappa) <= max_vc_calls and n > 4 * kappa:
+        return "vertex-cover"
+    return "matching"
+
+
+@dataclass(frozen=True)
+class DiameterTestConfig:
+    """The diameter test's own public parameters (the release's are an :class:`SCOutputPertConfig`).
+
+    Args:
+        test: "auto", "vertex-cover" (exact minimum cover, work-bounded) or "matching".
+        max_vc_calls: the vertex-cover work budget (configurations above it are refused or, with
+            "auto", use the matching score).
+        local_tol, local_max_iter: the users' local solver (the residual certifies the result
+            whatever these are; they only make it accurate).
+    """
+
+    test: str = "auto"
+    max_vc_calls: int = DEFAULT_MAX_VC_CALLS
+    local_tol: float = 1e-10
+    local_max_iter: int = 500
+
+    def __post_init__(self) -> None:
+        if self.test not in TESTS:
+            raise ValueError(f"test must be one of {TESTS}, got {self.test!r}")
+        if isinstance(self.max_vc_calls, bool) or int(self.max_vc_calls) != self.max_vc_calls \
+                or self.max_vc_calls < 1:
+            raise ValueError(f"max_vc_calls must be a positive integer, got {self.max_vc_calls!r}")
+        if not (self.local_tol > 0 and math.isfinite(self.local_tol)):
+            raise ValueError(f"local_tol must be finite and > 0, got {self.local_tol}")
+        if int(self.local_max_iter) != self.local_max_iter or not 1 <= self.local_max_iter <= 100_000:
+            raise ValueError(f"local_max_iter must be an integer in [1, 100000], got {self.local_max_iter}")
+
+
+class DiameterSCOutputPert:
+    """Algorithm 2 of paper 002 with the diameter test (module docstring). Same ``run`` as SCOutputPert."""
+
+    name = "sc-output-pert"
+
+    def __init__(self, config: SCOutputPertConfig, test: DiameterTestConfig | None = None) -> None:
+        self.config = config
+        self.test = test or DiameterTestConfig()
+        self.solver = SCOutputPert(config)  # f~: the fixed-iteration solver
+
+    # --- public quantities (no data) ------------------------------------------------------------
+    @property
+    def kappa(self) -> int:
+        return self.config.dop.kappa
+
+    def score(self, n: int) -> str:
+        """"vertex-cover" or "matching" at n users."""
+        return resolve_test(self.test.test, n, self.kappa, self.test.max_vc_calls)
+
+    def dop(self, n: int) -> DelOutputPertConfig:
+        """The release's DelOutputPert parameters (R1 law, sensitivity, sigma) at n users."""
+        cfg = self.config
+        return DelOutputPertConfig(cfg.eps, cfg.delta, cfg.Delta, cfg.calibration, cfg.max_exact_users,
+                                   score="matching" if self.score(n) == "matching" else "exact")
+
+    @property
+    def condition(self) -> float:
+        """L / mu of every F_u."""
+        return self.config.beta / self.config.mu
+
+    def check(self, n: int) -> None:
+        """Refuse, from public values only, a configuration this test cannot run exactly."""
+        cfg = self.config
+        score = self.score(n)
+        depth = self.dop(n).depth
+        if n <= depth:
+            raise ValueError(
+                f"the {score} diameter test needs n > {'8' if score == 'matching' else '4'} kappa = {depth} users "
+                f"at (eps={cfg.eps:g}, delta={cfg.delta:g}) (kappa={self.kappa}); got n={n}. Refused before "
+                "reading any data (raise eps or delta, use fewer phases, or use more users).")
+        if not cfg.Delta > 2 * cfg.tau:
+            raise ValueError(f"Delta={cfg.Delta:g} must exceed 2 tau={2 * cfg.tau:g} (the solver accuracy)")
+        if score == "vertex-cover" and worst_case_calls(2 * self.kappa) > self.test.max_vc_calls:
+            raise ValueError(f"the exact vertex-cover test with k = 2 kappa = {2 * self.kappa} may need up to "
+                             f"{worst_case_calls(2 * self.kappa):.3g} recursive calls > max_vc_calls="
+                             f"{self.test.max_vc_calls:.3g}. Refused before reading any data (use test='matching' "
+                             "or 'auto').")
+
+    def rho(self, n: int) -> float:
+        """The conflict threshold (Delta - 2 tau)(n - depth) / (L/mu)^2 (module docstring)."""
+        self.check(n)
+        cfg = self.config
+        return (cfg.Delta - 2 * cfg.tau) * (n - self.dop(n).depth) / self.condition ** 2
+
+    def sigma(self, n: int) -> float:
+        return self.dop(n).sigma
+
+    # --- the test (NOT private; only its release is) ---------------------------------------------
+    def local_vectors(self, federation: Federation, center: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(v~, e): every user's local minimizer and its certified error bound r_u / mu."""
+        cfg, t = self.config, self.test
+        ans = federation.compute(CertifiedLocalMinimizer(center, cfg.extra_reg, t.local_tol, t.local_max_iter))
+        values = ans.values.to(torch.float64)
+        d = federation.num_params
+        if ans.failed or values.shape != (federation.num_users, d + 1) or not torch.isfinite(values).all():
+            raise RuntimeError(f"{len(ans.failed)} user(s) gave no valid local minimizer: the run is aborted before "
+                               "any charge; restart it on the frozen user set")
+        return values[:, :d], values[:, d] / cfg.mu
+
+    def conflict_edges(self, V: torch.Tensor, err: torch.Tensor, rho: float) -> list[tuple[int, int]]:
+        """u < w with ||v~_u - v~_w|| + e_u + e_w > rho (1 - 1e-9): a missing edge proves ||v_u - v_w|| <= rho."""
+        D = torch.from_numpy(pairwise_distances(V)) + err.view(-1, 1) + err.view(1, -1)
+        far = torch.triu(D > rho * (1 - _FP_PAD), diagonal=1)
+        a, b = torch.nonzero(far, as_tuple=True)
+        return list(zip(a.tolist(), b.tolist()))
+
+    def plan(self, federation: Federation, center: torch.Tensor) -> tuple[StabilityPlan, dict]:
+        n = federation.num_users
+        score, rho = self.score(n), self.rho(n)
+        V, err = self.local_vectors(federation, center)
+        edges = self.conflict_edges(V, err, rho)
+        diag = {"test": score, "rho": rho, "condition_L_over_mu": self.condition, "conflict_edges": len(edges),
+                "conflict_users": len({u for e in edges for u in e}), "max_local_error": float(err.max())}
+        k = 2 * self.kappa
+        if score == "matching":
+            nu, cover = matching_cover(n, edges)
+            diag["matching"] = nu
+            found = (nu, cover) if nu <= k else None
+        else:
+            counter = CallCounter()
+            found = min_vertex_cover(graph_from_edges(n, edges), k, counter)
+            diag["vc_calls"] = counter.calls
+        if found is None:
+            return StabilityPlan(n, None, None, None, f"diameter-{score}"), diag
+        dist, deleted = found
+        mask = torch.ones(1, n, dtype=torch.bool)
+        mask[0, list(deleted)] = False
+        value = self.solver.solve(federation, mask, center)[0]
+        return StabilityPlan(n, int(dist), tuple(deleted), value, f"diameter-{score}"), diag
+
+    # --- the release ------------------------------------------------------------------------------
+    def run(self, federation: Federation, releaser: Releaser, w0: torch.Tensor,
+            progress: Callable[[dict], None] | None = None, label: str | None = None) -> DelOutputPertResult:
+        """One (eps, delta) release charged to every user; ``theta`` is None for ⊥. ``w0``: the public centre."""
+        cfg = self.config
+        n = federation.num_users
+        if releaser.filter is not None:
+            raise ValueError(f"{self.name}: an (eps, delta) release cannot be accounted by a zCDP filter; "
+                             "use a Releaser without filter (nothing was read or charged)")
+        self.check(n)  # before any data is read
+        center = torch.as_tensor(w0).to(torch.float64)
+        if center.shape != (federation.num_params,) or not torch.isfinite(center).all():
+            raise ValueError(f"w0 must be a finite vector of {federation.num_params} parameters")
+        start = time.perf_counter()
+        plan, diag = self.plan(federation, center)
+        dop = DelOutputPert(self.dop(n))
+        theta = dop.release(plan, releaser, federation.ids_of(range(n)), label or self.name,
+                            {"mu": cfg.mu, "beta": cfg.beta, "tau": cfg.tau, "iterations": cfg.iterations,
+                             "test": f"diameter ({diag['test']})", "rho": diag["rho"]})
+        res = dop.result(None if theta is None else theta.to(torch.as_tensor(w0).dtype), plan,
+                         time.perf_counter() - start)
+        res.diagnostics.update(diag)
+        if progress is not None:
+            progress({"round": 1, "rounds": 1, "released": theta is not None, **res.diagnostics})
+        return res
+
+
+__all__ = ["DiameterSCOutputPert", "DiameterTestConfig", "TESTS", "resolve_test"]
