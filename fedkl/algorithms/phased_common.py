@@ -80,7 +80,8 @@ INNER_TESTS = ("auto", "exact", "vertex-cover", "matching")
 HYPERPARAMETERS = {
     "radius": (None, "paper-002 phased algorithms: the domain K = {||w|| <= RADIUS}; released centres are "
                      "projected onto K (default: G0/reg when --reg > 0, the ball that holds every phase "
-                     "minimizer; required for least squares without --reg)", "theorem"),
+                     "minimizer; else 10 for a loss that is Lipschitz on all of R^d, e.g. logistic; required for "
+                     "least squares without --reg)", "theorem"),
     "distance": (None, "paper-002 phased algorithms: a public bound D >= ||w0 - w*|| used in lambda* "
                        "(default RADIUS + ||w0||)", "theorem"),
     "p002_records": (1, "paper-002 phased algorithms: m, the PUBLIC number of records per user in the "
@@ -431,6 +432,24 @@ class PhasedSetting:
         return project_ball(w, None, self.radius)
 
 
+DEFAULT_RADIUS = 10.0  # public default domain of a globally Lipschitz loss without --reg or --radius
+
+
+def setting_from_run_config(problem: Problem, feature_bound: float, hp: dict) -> PhasedSetting:
+    """The runner builders' :class:`PhasedSetting`: ``hp`` = :func:`read_hyperparameters`. Without
+    ``radius`` and ``reg``, a loss that is Lipschitz on all of R^d (logistic) gets the public default
+    domain ``K = B(0, DEFAULT_RADIUS)`` (it sets D in lambda*; a modelling choice fixed before any
+    data, not a property of the data; ``--radius`` overrides it)."""
+    radius = hp["radius"]
+    if radius is None and not problem.reg > 0:
+        try:
+            problem.constants(feature_bound, param_bound=None)
+            radius = DEFAULT_RADIUS
+        except ValueError:  # Lipschitz only on a bounded domain: setting_for_problem explains what to give
+            pass
+    return setting_for_problem(problem, feature_bound, radius=radius, distance=hp["distance"])
+
+
 def setting_for_problem(problem: Problem, feature_bound: float, *, radius: float | None = None,
                         distance: float | None = None) -> PhasedSetting:
     """The :class:`PhasedSetting` of ``problem`` from public values only.
@@ -577,7 +596,7 @@ def read_hyperparameters(cfg) -> dict:
     return {k: getattr(cfg, k, v[0]) for k, v in HYPERPARAMETERS.items()}
 
 
-__all__ = ["CHOICES", "INNER_TESTS", "SCInnerRelease", "inner_noise_ratio", "precheck_calls", "CohortFederation", "DELTA_RULES", "HYPERPARAMETERS", "InnerOutcome", "InnerRelease",
+__all__ = ["CHOICES", "DEFAULT_RADIUS", "INNER_TESTS", "setting_from_run_config", "SCInnerRelease", "inner_noise_ratio", "precheck_calls", "CohortFederation", "DELTA_RULES", "HYPERPARAMETERS", "InnerOutcome", "InnerRelease",
            "PhaseCall", "PhaseSpec", "PhasedResult", "PhasedSetting", "check_approx_releaser", "erm_phases",
            "hash_order", "kappa", "lam_sco", "lam_star_erm", "noise_ratio", "project_ball", "read_hyperparameters",
            "require_budget", "rule_delta", "rule_factor", "run_phases", "sc_output_pert_inner", "sco_cohort_bounds",

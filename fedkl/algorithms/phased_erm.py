@@ -70,6 +70,7 @@ from fedkl.algorithms.phased_common import (
     run_phases,
     sc_output_pert_inner,
     setting_for_problem,
+    setting_from_run_config,
 )
 from fedkl.federation.base import Federation
 from fedkl.privacy.ledger import BudgetExceeded
@@ -307,7 +308,7 @@ def build_phased_erm(cfg, rho_total: float, *, problem, dataset, delta, ledger, 
     """Runner builder for ``phased-erm`` (reads phased_common.HYPERPARAMETERS)."""
     eps, dlt = budget_from_ledger(ledger, user_ids)
     hp = read_hyperparameters(cfg)
-    setting = setting_for_problem(problem, dataset.feature_bound, radius=hp["radius"], distance=hp["distance"])
+    setting = setting_from_run_config(problem, dataset.feature_bound, hp)
     return PhasedERM(phased_config(cfg, eps, dlt), problem, dataset.feature_bound, setting=setting)
 
 

@@ -49,7 +49,7 @@ from fedkl.algorithms.phased_common import (
     sco_cohorts,
     sco_min_cohort,
     sco_phases,
-    setting_for_problem,
+    setting_from_run_config,
 )
 from fedkl.algorithms.phased_erm import (
     PhasedERM,
@@ -136,7 +136,7 @@ def build_phased_sco(cfg, rho_total: float, *, problem, dataset, delta, ledger, 
     """Runner builder for ``phased-sco`` (reads phased_common.HYPERPARAMETERS and ``seed``)."""
     eps, dlt = budget_from_ledger(ledger, user_ids)
     hp = read_hyperparameters(cfg)
-    setting = setting_for_problem(problem, dataset.feature_bound, radius=hp["radius"], distance=hp["distance"])
+    setting = setting_from_run_config(problem, dataset.feature_bound, hp)
     return PhasedSCO(phased_config(cfg, eps, dlt), problem, dataset.feature_bound, setting=setting)
 
 

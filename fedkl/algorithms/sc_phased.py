@@ -48,7 +48,7 @@ from fedkl.algorithms.phased_common import (
     read_hyperparameters,
     require_budget,
     rule_delta,
-    setting_for_problem,
+    setting_from_run_config,
 )
 from fedkl.algorithms.phased_erm import (
     PhasedConfig,
@@ -194,7 +194,7 @@ def _builder(cls):
     def build(cfg, rho_total: float, *, problem, dataset, delta, ledger, user_ids, **_):
         eps, dlt = budget_from_ledger(ledger, user_ids)
         hp = read_hyperparameters(cfg)
-        setting = setting_for_problem(problem, dataset.feature_bound, radius=hp["radius"], distance=hp["distance"])
+        setting = setting_from_run_config(problem, dataset.feature_bound, hp)
         return cls(phased_config(cfg, eps, dlt), problem, dataset.feature_bound, setting=setting)
     build.__name__ = f"build_{cls.name.replace('-', '_')}"
     build.__doc__ = f"Runner builder for ``{cls.name}`` (reads phased_common.HYPERPARAMETERS)."

@@ -1,0 +1,385 @@
+"""The polynomial-time deletion tests of paper 002's output perturbation (fedkl's derivation):
+the maximum-matching score, the deletion-jump lemma, DiameterSCOutputPert and its use by the phased
+algorithms (fedkl.algorithms.matching, .diameter_output_pert, .phased_common.SCInnerRelease).
+
+Privacy is checked EXACTLY where it can be: the released law is an atom at ⊥ plus a Gaussian, so its
+hockey-stick divergence between neighbouring datasets has a closed form (no sampling error). Sampled
+checks use fixed seeds and tolerances of a few binomial standard errors of their own sample.
+"""
+import dataclasses
+import itertools
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from fedkl.algorithms.del_output_pert import DelOutputPert, DelOutputPertConfig
+from fedkl.algorithms.diameter_output_pert import DiameterSCOutputPert, DiameterTestConfig, resolve_test
+from fedkl.algorithms.matching import matching_cover, maximum_matching
+from fedkl.algorithms.phased_common import PhaseCall, SCInnerRelease, setting_for_problem
+from fedkl.algorithms.phased_erm import PhasedConfig
+from fedkl.algorithms.phased_sco import PhasedSCO
+from fedkl.algorithms.sc_output_pert import SCOutputPertConfig
+from fedkl.algorithms.vertex_cover import graph_from_edges, min_vertex_cover, worst_case_calls
+from fedkl.data.synthetic import synthetic_logistic
+from fedkl.federation.inprocess import InProcessFederation
+from fedkl.privacy import Budget, NoiseSource, PrivacyLedger, Releaser
+from fedkl.privacy.mechanisms import TruncatedDiscreteLaplace
+from fedkl.problems import make_problem
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+class _Recorder:
+    """Stands in for the ledger where one dataset is released many times (no budget check)."""
+
+    def __init__(self):
+        self.charges = []
+
+    def charge(self, user_ids, **kw):
+        self.charges.append({"users": list(user_ids), **kw})
+        return len(self.charges)
+
+
+# --- the matching score ---------------------------------------------------------------------------
+def _brute_matching(n, edges):
+    """nu(G) by trying every edge subset (small graphs only)."""
+    best = 0
+    for k in range(1, len(edges) + 1):
+        found = False
+        for sub in itertools.combinations(edges, k):
+            ends = [v for e in sub for v in e]
+            if len(set(ends)) == len(ends):
+                found = True
+                break
+        if not found:
+            break
+        best = k
+    return best
+
+
+def _brute_cover(n, edges):
+    for k in range(n + 1):
+        for S in itertools.combinations(range(n), k):
+            s = set(S)
+            if all(a in s or b in s for a, b in edges):
+                return k
+    return n
+
+
+def _random_graph(rng, n, p):
+    return [(a, b) for a in range(n) for b in range(a + 1, n) if rng.random() < p]
+
+
+def test_matching_score_is_exact_and_the_cover_at_most_twice_it():
+    rng = random.Random(0)
+    for trial in range(60):
+        n = rng.randint(2, 8)
+        edges = _random_graph(rng, n, rng.choice([0.1, 0.3, 0.6]))
+        nu, cover = matching_cover(n, edges)
+        assert nu == _brute_matching(n, edges) == len(maximum_matching(n, edges))
+        assert all(a in cover or b in cover for a, b in edges), "not a vertex cover"
+        tau = _brute_cover(n, edges)
+        assert nu <= tau <= len(cover) <= 2 * nu
+
+
+def test_matching_score_moves_by_at_most_one_when_one_user_is_replaced():
+    """Fact 1 of the proof: replacing one vertex's edges changes nu by <= 1 (exhaustive on small graphs
+    plus random larger ones, including the extreme replacements: isolated vertex <-> hub)."""
+    rng = random.Random(1)
+    for trial in range(300):
+        n = rng.randint(2, 12)
+        edges = _random_graph(rng, n, rng.random())
+        v = rng.randrange(n)
+        rest = [e for e in edges if v not in e]
+        choice = rng.random()
+        if choice < 0.3:
+            new = []                                                  # v becomes typical (isolated)
+        elif choice < 0.6:
+            new = [(min(v, w), max(v, w)) for w in range(n) if w != v]  # v conflicts with everyone
+        else:
+            new = [(min(v, w), max(v, w)) for w in range(n) if w != v and rng.random() < 0.5]
+        nu, _ = matching_cover(n, edges)
+        nu2, _ = matching_cover(n, rest + new)
+        assert abs(nu - nu2) <= 1
+
+
+def test_matching_refuses_bad_edges():
+    with pytest.raises(ValueError):
+        matching_cover(3, [(0, 0)])
+    with pytest.raises(ValueError):
+        matching_cover(3, [(0, 3)])
+    assert matching_cover(5, []) == (0, ())
+
+
+# --- the release parameters of the matching score ------------------------------------------------------
+@pytest.mark.parametrize("calibration", ["paper", "tight"])
+def test_matching_score_sensitivity_depth_and_sigma(calibration):
+    for eps, delta in ((1.0, 1e-6), (2.0, 1e-3), (8.0, 0.1)):
+        c = DelOutputPertConfig(eps, delta, 0.5, calibration, score="matching")
+        k = c.kappa
+        assert c.depth == 8 * k and c.sensitivity == pytest.approx((8 * k + 2) * 0.5)
+        # the output step is (eps_bar, delta_bar)-DP by the exact analytic-Gaussian characterisation
+        assert c.gaussian.epsilon(c.delta_bar) <= c.eps_bar * (1 + 1e-9)
+        if calibration == "paper":
+            assert c.sigma == pytest.approx(2 * math.sqrt(math.log(2 / c.delta_bar)) * c.sensitivity / c.eps_bar)
+        else:  # analytic: tight at (eps_bar, delta_bar)
+            assert c.gaussian.epsilon(c.delta_bar) == pytest.approx(c.eps_bar, rel=1e-3)
+    with pytest.raises(ValueError):
+        DelOutputPertConfig(1.0, 1e-6, 0.5, score="greedy")
+
+
+def test_auto_picks_the_exact_cover_while_its_work_bound_fits():
+    assert resolve_test("auto", 100, 5) == "vertex-cover"
+    assert resolve_test("auto", 100, 30) == "matching"            # 1.38^60 calls: over the budget
+    assert worst_case_calls(60) > 4_000_000 >= worst_case_calls(40)
+    assert resolve_test("auto", 20, 5) == "matching"               # n <= 4 kappa: the cover test cannot run
+    assert resolve_test("matching", 100, 5) == "matching"
+    with pytest.raises(ValueError):
+        resolve_test("greedy", 100, 5)
+
+
+# --- the deletion-jump lemma ----------------------------------------------------------------------------
+def _ridge_logistic_users(rng, n, d, m, spread):
+    users = []
+    for u in range(n):
+        shift = spread * rng.standard_normal(d)
+        X = rng.standard_normal((m, d))
+        X /= np.maximum(1.0, np.linalg.norm(X, axis=1, keepdims=True))
+        y = np.where(rng.random(m) < 1 / (1 + np.exp(-(X @ (np.ones(d) + shift)))), 1.0, -1.0)
+        users.append((X, y))
+    return users
+
+
+def _newton_min(users, idx, lam, c, iters=60):
+    """argmin of sum_{u in idx} [mean logistic loss of u + lam/2 ||t - c||^2] to machine precision."""
+    t = c.copy()
+    d = len(c)
+    for _ in range(iters):
+        g = np.zeros(d)
+        H = np.zeros((d, d))
+        for u in idx:
+            X, y = users[u]
+            z = X @ t
+            s = 1 / (1 + np.exp(y * z))
+            g += (-(y * s) @ X) / len(y) + lam * (t - c)
+            w = s * (1 - s)
+            H += (X.T * w) @ X / len(y) + lam * np.eye(d)
+        t = t - np.linalg.solve(H, g)
+    return t
+
+
+def test_deletion_jump_never_exceeds_the_diameter_lemma():
+    """||theta*(z) - theta*(z - i)|| <= (L/mu)^2 diam{v_u : u in z} / |z| on every subset z and user i
+    (brute force over all subsets of random heterogeneous ridge-logistic users, several lam)."""
+    rng = np.random.default_rng(3)
+    worst = 0.0
+    for lam, spread in ((0.05, 2.0), (0.3, 1.0), (2.0, 3.0)):
+        n, d, m = 6, 3, 8
+        users = _ridge_logistic_users(rng, n, d, m, spread)
+        c = 0.3 * rng.standard_normal(d)
+        L, mu = 0.25 + lam, lam       # ||x|| <= 1: logistic smoothness 1/4; strong convexity lam
+        v = [_newton_min(users, [u], lam, c) for u in range(n)]
+        theta = {S: _newton_min(users, list(S), lam, c) for k in range(1, n + 1)
+                 for S in itertools.combinations(range(n), k)}
+        for S, t in theta.items():
+            if len(S) < 2:
+                continue
+            diam = max(np.linalg.norm(v[a] - v[b]) for a in S for b in S)
+            bound = (L / mu) ** 2 * diam / len(S)
+            for i in S:
+                jump = np.linalg.norm(t - theta[tuple(u for u in S if u != i)])
+                assert jump <= bound * (1 + 1e-9) + 1e-12
+                worst = max(worst, jump / bound)
+    assert worst > 0.01  # the bound is not vacuous on these instances (it is within two orders of the truth)
+
+
+# --- the mechanism on a small federation -----------------------------------------------------------------
+EPS, DELTA = 8.0, 0.3            # kappa = 3: the matching test needs n > 24 users
+N, DIM, M = 30, 2, 40
+LAM = 0.5
+
+
+def _federation(outliers=(), flip=True, seed=0):
+    """Users drawn IID (synthetic logistic); the users in ``outliers`` get every label flipped and every
+    feature pushed to the unit sphere (one user's records replaced: a replace-one neighbour)."""
+    ds = synthetic_logistic(N, M, DIM, seed=seed)
+    tr = ds.train
+    X, y = tr.X.clone(), tr.y.clone()
+    for u in outliers:
+        rec = tr.user_index == u
+        X[rec] = torch.tensor([1.0] + [0.0] * (DIM - 1), dtype=X.dtype)
+        y[rec] = -1.0 if flip else 1.0
+    ds = dataclasses.replace(ds, train=dataclasses.replace(tr, X=X, y=y))
+    prob = make_problem("logistic", ds)
+    return InProcessFederation(prob, ds), prob, ds
+
+
+def _mechanism(prob, ds, Delta, test="matching", calibration="tight"):
+    cfg = SCOutputPertConfig.for_problem(prob, ds.feature_bound, torch.zeros(prob.num_params, dtype=torch.float64),
+                                         eps=EPS, delta=DELTA, Delta=Delta, extra_reg=LAM, calibration=calibration)
+    return DiameterSCOutputPert(cfg, DiameterTestConfig(test=test))
+
+
+def _hockey_stick(p_bot, a, mu1, q_bot, b, mu2, sigma, eps):
+    """sup_E P(E) - e^eps Q(E) for P = p_bot ⊥ + a N(mu1, s^2 I), Q = q_bot ⊥ + b N(mu2, s^2 I)."""
+    out = max(0.0, p_bot - math.exp(eps) * q_bot)
+    if a <= 0:
+        return out
+    if b <= 0:
+        return out + a
+    D = float(np.linalg.norm(mu1 - mu2))
+    e2 = eps + math.log(b / a)
+    if D == 0:
+        return out + max(0.0, a - math.exp(eps) * b)
+    return out + a * stats.norm.cdf(D / (2 * sigma) - e2 * sigma / D) \
+        - math.exp(eps) * b * stats.norm.cdf(-D / (2 * sigma) - e2 * sigma / D)
+
+
+@pytest.mark.parametrize("test", ["matching", "vertex-cover"])
+def test_exact_privacy_audit_on_neighbouring_federations(test):
+    """Neighbours differ in ONE user's records (typical <-> outlier, with 0-3 other outliers present).
+    The released law is ⊥ w.p. Pr[R1 < score] and else N(f~(x_{-S}), sigma^2 I): its exact hockey-stick
+    divergence must be <= delta in both directions, and the proof's two facts must hold."""
+    worst, seen_bottom, seen_deletion = 0.0, False, False
+    for others, Delta in ((0, 0.5), (0, 0.2), (1, 0.1), (3, 0.1), (0, 0.05), (3, 0.05)):
+        base = tuple(range(1, others + 1))
+        fx, prob, ds = _federation(base)
+        fy, _, ds2 = _federation(base + (0,))
+        mech = _mechanism(prob, ds, Delta, test)
+        dop = mech.dop(N)
+        plan_x, _ = mech.plan(fx, torch.zeros(prob.num_params, dtype=torch.float64))
+        plan_y, _ = mech.plan(fy, torch.zeros(prob.num_params, dtype=torch.float64))
+        law = TruncatedDiscreteLaplace(dop.eps_bar, dop.delta_bar)
+        pmf = law.pmf()
+
+        def release_law(plan):
+            if plan.dist is None:
+                return 1.0, 0.0, None
+            p_pass = float(sum(pmf[r] for r in range(plan.dist, len(pmf))))
+            return 1.0 - p_pass, p_pass, plan.value.numpy()
+
+        bx, ax, mx = release_law(plan_x)
+        by, ay, my = release_law(plan_y)
+        seen_bottom |= bx > 0.5 or by > 0.5
+        seen_deletion |= bool(plan_x.deleted) or bool(plan_y.deleted)
+        if plan_x.dist is not None and plan_y.dist is not None:
+            assert abs(plan_x.dist - plan_y.dist) <= 1
+            assert np.linalg.norm(mx - my) <= dop.sensitivity
+        for P, Q in (((bx, ax, mx), (by, ay, my)), ((by, ay, my), (bx, ax, mx))):
+            d = _hockey_stick(P[0], P[1], P[2], Q[0], Q[1], Q[2], dop.sigma, EPS)
+            assert d <= DELTA * (1 + 1e-9)
+            worst = max(worst, d)
+    # the instances exercise every branch: deletions, and ⊥ as the likely outcome on one side
+    assert seen_deletion and seen_bottom
+
+
+def test_plan_keeps_a_conflict_free_set_and_reports_the_score():
+    fed, prob, ds = _federation(outliers=(0, 1, 2))
+    mech = _mechanism(prob, ds, 0.1, "matching")
+    center = torch.zeros(prob.num_params, dtype=torch.float64)
+    plan, diag = mech.plan(fed, center)
+    V, err = mech.local_vectors(fed, center)
+    edges = mech.conflict_edges(V, err, diag["rho"])
+    nu, _ = matching_cover(N, edges)
+    assert plan.dist == nu == diag["matching"] and diag["conflict_edges"] == len(edges) > 0
+    kept = [u for u in range(N) if u not in plan.deleted]
+    assert len(plan.deleted) <= 2 * nu
+    for a, b in itertools.combinations(kept, 2):  # no conflict left: distance + certified errors <= rho
+        assert float((V[a] - V[b]).norm() + err[a] + err[b]) <= diag["rho"]
+    # the released value is f~ on the kept users: the minimizer of their objective to within tau
+    mask = torch.zeros(1, N, dtype=torch.bool)
+    mask[0, kept] = True
+    assert torch.equal(plan.value, mech.solver.solve(fed, mask, center)[0])
+    # rho is the public formula
+    cfg = mech.config
+    assert diag["rho"] == pytest.approx((cfg.Delta - 2 * cfg.tau) * (N - 8 * mech.kappa) / (cfg.beta / cfg.mu) ** 2)
+    # exact cover variant: the minimum cover, and at most the matching's
+    vc = _mechanism(prob, ds, 0.1, "vertex-cover")
+    plan_vc, diag_vc = vc.plan(fed, center)
+    rho_vc = diag_vc["rho"]
+    edges_vc = vc.conflict_edges(V, err, rho_vc)
+    exact = min_vertex_cover(graph_from_edges(N, edges_vc), 2 * vc.kappa)
+    assert exact is not None and plan_vc.dist == exact[0] and plan_vc.deleted == exact[1]
+
+
+def test_bottom_frequency_through_the_releaser_matches_the_score():
+    fed, prob, ds = _federation(outliers=(0, 1, 2, 3))
+    mech = _mechanism(prob, ds, 0.1, "matching")
+    plan, _ = mech.plan(fed, torch.zeros(prob.num_params, dtype=torch.float64))
+    assert plan.dist is not None and plan.dist >= 1
+    dop = DelOutputPert(mech.dop(N))
+    law = TruncatedDiscreteLaplace(dop.config.eps_bar, dop.config.delta_bar)
+    p_bot = float(sum(law.pmf()[:plan.dist]))
+    draws = 4000
+    rec = _Recorder()
+    releaser = Releaser(rec, NoiseSource(11))
+    bottoms = sum(dop.release(plan, releaser, fed.user_ids, "t") is None for _ in range(draws))
+    se = math.sqrt(p_bot * (1 - p_bot) / draws)
+    assert abs(bottoms / draws - p_bot) <= 4 * se + 1e-9
+    assert len(rec.charges) == draws  # every release (⊥ included) charged
+
+
+def test_run_charges_every_user_once_and_reports():
+    fed, prob, ds = _federation(outliers=(0,))
+    mech = _mechanism(prob, ds, 0.05, "auto")
+    rec = _Recorder()
+    res = mech.run(fed, Releaser(rec, NoiseSource(5)), torch.zeros(prob.num_params, dtype=torch.float64))
+    assert len(rec.charges) == 1 and sorted(rec.charges[0]["users"]) == sorted(fed.user_ids)
+    assert rec.charges[0]["eps"] == EPS and rec.charges[0]["delta"] == DELTA
+    assert res.diagnostics["test"] == "vertex-cover" and res.sigma == mech.sigma(N)
+    assert res.sensitivity == pytest.approx((4 * mech.kappa + 1) * 0.05)
+
+
+def test_refusals_come_from_public_values_before_any_data_is_read(tmp_path):
+    class Spy(InProcessFederation):
+        calls = 0
+
+        def compute(self, query, users=None):
+            Spy.calls += 1
+            return super().compute(query, users)
+
+    ds = synthetic_logistic(20, M, DIM, seed=0)
+    prob = make_problem("logistic", ds)
+    fed = Spy(prob, ds)
+    mech = _mechanism(prob, ds, 0.05, "matching")   # 20 users <= 8 kappa = 24
+    ledger = PrivacyLedger(str(tmp_path / "l.sqlite"), Budget(EPS, DELTA * 1.01))
+    with pytest.raises(ValueError, match="needs n > 8 kappa"):
+        mech.run(fed, Releaser(ledger, NoiseSource(0)), torch.zeros(prob.num_params, dtype=torch.float64))
+    assert Spy.calls == 0 and ledger.spend(fed.user_ids[0]).eps == 0
+    # Phased-SCO: the LAST (smallest) cohort is too small for the matching test: refused before phase 1
+    ds = synthetic_logistic(100, M, DIM, seed=1)
+    fed = Spy(prob, ds)
+    setting = setting_for_problem(prob, ds.feature_bound, radius=3.0)
+    alg = PhasedSCO(PhasedConfig(EPS, DELTA, phases=3, min_cohort=2, test="matching", delta_rule="scaled"), prob,
+                    ds.feature_bound,
+                    setting=setting)
+    with pytest.raises(ValueError, match="diameter test needs more than"):
+        alg.run(fed, Releaser(ledger, NoiseSource(0)), torch.zeros(prob.num_params, dtype=torch.float64))
+    assert Spy.calls == 0 and all(ledger.spend(u).eps == 0 for u in fed.user_ids)
+
+
+def test_inner_release_chooses_exact_up_to_20_users_and_the_diameter_test_above():
+    ds = synthetic_logistic(40, M, DIM, seed=2)
+    prob = make_problem("logistic", ds)
+    inner = SCInnerRelease(prob, ds.feature_bound, calibration="tight")
+    assert inner.kind(20, EPS, DELTA) == "exact" and inner.kind(40, EPS, DELTA) == "vertex-cover"
+    assert inner.kind(40, 0.5, 1e-6) == "matching"
+    assert inner.noise_ratio(40, EPS, DELTA) == DelOutputPertConfig(EPS, DELTA, 1.0, "tight").sigma
+    assert inner.noise_ratio(40, 0.5, 1e-6) == DelOutputPertConfig(0.5, 1e-6, 1.0, "tight", score="matching").sigma
+    with pytest.raises(ValueError, match="max_exact_users"):
+        SCInnerRelease(prob, ds.feature_bound, test="exact").check(40, EPS, DELTA)
+    fed = InProcessFederation(prob, ds)
+    rec = _Recorder()
+    out = inner(fed, Releaser(rec, NoiseSource(4)),
+                PhaseCall("t/phase-1", 1, EPS, DELTA, 0.05, LAM, torch.zeros(prob.num_params, dtype=torch.float64)))
+    assert out.diagnostics["decided_by"] == "diameter-vertex-cover" and len(rec.charges) == 1
