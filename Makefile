@@ -63,10 +63,11 @@ BENCH_SPEED := --users 100 1000 10000 --rounds 3
 # other simulations whose outputs live in simulations/results/ (their own scripts, run as they are)
 # the other evidence scripts (each writes its own tables/figures under simulations/results/):
 # paper 002 slopes and comparison (~2 min), paper 004's eps labels and curves (~15 min), the
-# optimizer comparison on MovieLens (~30 min), MeanOutputPert on MovieLens (~1 min)
+# optimizer comparison on MovieLens (~30 min), MeanOutputPert on MovieLens (~1 min), every paper-002
+# algorithm on MovieLens through the diameter test (~5 min; its table goes into the README)
 BENCH_EXTRA ?= simulations/mean_output_pert_movielens.py simulations/paper002_slopes.py \
-	simulations/paper002_compare.py simulations/paper004_eps.py simulations/paper004_repro.py \
-	simulations/compare_optimizers.py
+	simulations/paper002_compare.py simulations/paper002_movielens.py simulations/paper004_eps.py \
+	simulations/paper004_repro.py simulations/compare_optimizers.py
 endif
 BENCH_RESTART := $(if $(filter 1,$(RESUME)),,--restart)
 

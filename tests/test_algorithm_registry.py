@@ -90,7 +90,29 @@ def test_every_registered_algorithm_has_a_small_setting():
 
 @pytest.mark.parametrize("name", sorted(set(ALGORITHMS) & set(SMALL)))
 def test_algorithm_over_flower_equals_inprocess(tmp_path, name):
-    kw = dict(SMALL[name])
+    _flower_equals_inprocess(tmp_path, name, SMALL[name])
+
+
+# paper 002 through the polynomial-time diameter test (CertifiedLocalMinimizer answers over Flower);
+# 60 users > 8 kappa at these budgets
+DIAMETER = {
+    "phased-erm/matching": ("phased-erm", {"users": 60, "epsilon": 8.0, "reg": 0.1, "p002_phases": 2,
+                                           "p002_test": "matching", "p002_delta_rule": "scaled",
+                                           "p002_delta_scale": 50.0}),
+    "sc-output-pert/vertex-cover": ("sc-output-pert", {"users": 40, "epsilon": 8.0, "reg": 0.5,
+                                                       "p002_test": "vertex-cover", "stability_delta": 0.5}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DIAMETER))
+def test_diameter_test_over_flower_equals_inprocess(tmp_path, case):
+    name, kw = DIAMETER[case]
+    out = _flower_equals_inprocess(tmp_path, name, kw)
+    assert out["w"] is not None  # the settings release a model (not only ⊥)
+
+
+def _flower_equals_inprocess(tmp_path, name, kw):
+    kw = dict(kw)
     users = kw.pop("users", 12)
     spec = codec.ClientSpec.build("synthetic-logistic", "logistic", {"n_users": users, "m": 6, "d": 3, "seed": 2},
                                   {"reg": kw.get("reg", 0.0)})
@@ -110,6 +132,7 @@ def test_algorithm_over_flower_equals_inprocess(tmp_path, name):
             views.append([(u, led.spend(u)) for u in out["user_ids"]])
     assert views[0] == views[1]
     assert ref["ledger"]["releases"] == fl["ledger"]["releases"] >= 1
+    return ref
 
 
 def test_new_query_kinds_over_flower_sim_ray(tmp_path):

@@ -8,8 +8,13 @@ minimizer of a strongly convex objective), each (eps_i, delta_i)-DP, user level,
 public. The phased algorithms only decide WHICH users a call sees, its (eps_i, delta_i), its public
 threshold Delta_i, its extra regularizer lam_i and its centre; everything they do with an output is
 post-processing. The inner release is a parameter (:data:`InnerRelease`), by default
-:func:`sc_output_pert_inner` (fedkl's :class:`~fedkl.algorithms.sc_output_pert.SCOutputPert`), so a
-faster private release can be swapped in without touching the phased code.
+:class:`SCInnerRelease`: fedkl's :class:`~fedkl.algorithms.sc_output_pert.SCOutputPert` (the paper's
+test) up to 20 users per call, else the same minimizer through the polynomial-time diameter test of
+:mod:`fedkl.algorithms.diameter_output_pert` (``test`` / ``--p002-test``). So another private release
+can be swapped in without touching the phased code. An inner release may also state ``check(n, eps,
+delta)`` (its public refusal: every call is checked before the first one reads data),
+``noise_ratio(n, eps, delta)`` (sigma/Delta, used in lambda*) and ``min_users(eps, delta)`` (Phased-SCO's
+smallest cohort).
 
 Public schedule (re-derived in /work/shared/notes/seed-002.md; natural log throughout)
 ------------------------------------------------------------------------------------------

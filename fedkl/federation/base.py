@@ -80,9 +80,25 @@ class CertifiedLocalMinimizer(LocalRegularizedMinimizer):
 
 
 def local_strength_ok(query: LocalRegularizedMinimizer) -> bool:
-    """A local-minimizer query's strength is valid: finite and > 0 (>= 0 for the certified kind)."""
+    """A local-minimizer query's strength is valid: finite and > 0 (>= 0 for the certified kind).
+
+    Strength 0 makes sense only for a strongly convex f_u (problem regularizer > 0); the query does
+    not know the problem, so the caller must (DiameterSCOutputPert requires reg + strength > 0)."""
     s = query.strength
-    return isinstance(s, (int, float)) and math.isfinite(s) and (s > 0 or (query.allow_zero_strength and s == 0))
+    return (isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s)
+            and (s > 0 or (query.allow_zero_strength and s == 0)))
+
+
+def check_local_query(query: LocalRegularizedMinimizer) -> None:
+    """ValueError unless strength (:func:`local_strength_ok`), tol (finite, > 0) and max_iter (an
+    integer in [1, 100000]) are valid: the same rule on every backend (the codec refuses the same)."""
+    if not local_strength_ok(query):
+        raise ValueError("the local regularization strength must be finite and > 0 (>= 0 for the certified kind)")
+    tol, it = query.tol, query.max_iter
+    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not (math.isfinite(tol) and tol > 0):
+        raise ValueError(f"tol must be finite and > 0, got {tol!r}")
+    if isinstance(it, bool) or not isinstance(it, (int, float)) or int(it) != it or not 1 <= it <= 100_000:
+        raise ValueError(f"max_iter must be an integer in [1, 100000], got {it!r}")
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from fedkl.federation.base import (
     LocalLoss,
     LocalRegularizedMinimizer,
     Query,
-    local_strength_ok,
+    check_local_query,
 )
 
 log = logging.getLogger(__name__)
@@ -148,8 +148,8 @@ class FlowerFederation(Federation):
                 raise ValueError(f"expected parameters of shape ({self.num_params},), got {tuple(w.shape)}")
             if not torch.isfinite(w).all():
                 raise ValueError("parameters contain NaN or inf")
-        if isinstance(query, LocalRegularizedMinimizer) and not local_strength_ok(query):
-            raise ValueError("the local regularization strength must be finite and > 0 (>= 0 for the certified kind)")
+        if isinstance(query, LocalRegularizedMinimizer):
+            check_local_query(query)
         if isinstance(query, LocalLoss) and query.split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test', got {query.split!r}")
         return None

@@ -27,7 +27,7 @@ from fedkl.federation.base import (
     LocalLoss,
     LocalRegularizedMinimizer,
     Query,
-    local_strength_ok,
+    check_local_query,
 )
 from fedkl.problems.base import Problem, user_means
 from fedkl.problems.least_squares import LeastSquares
@@ -97,6 +97,7 @@ class InProcessFederation(Federation):
         elif isinstance(query, LocalRegularizedMinimizer):  # CertifiedLocalMinimizer too: (d + 1) columns
             values = self._local_minimizers(query, users)
             bad = ~torch.isfinite(values).all(dim=1)
+            values = torch.where(bad.unsqueeze(1), torch.zeros_like(values), values)
         elif isinstance(query, GradientsAtPoints):
             values = self._gradients_at_points(query.points, users)
             bad = ~torch.isfinite(values).flatten(1).all(dim=1)
@@ -120,8 +121,7 @@ class InProcessFederation(Federation):
         """Reference solver: L-BFGS per user on ``f_u(v) + (s/2)||v - c||^2`` (a loop over users;
         the batched solver belongs with the output-perturbation algorithms that need it)."""
         center = self._params(query.center)
-        if not local_strength_ok(query):
-            raise ValueError("the local regularization strength must be finite and > 0 (>= 0 for the certified kind)")
+        check_local_query(query)
         certified = isinstance(query, CertifiedLocalMinimizer)
         if certified and type(self.problem) in (BinaryLogistic, LeastSquares):
             return self._newton_local_minimizers(query, users)
