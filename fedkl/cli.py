@@ -55,7 +55,8 @@ _rate = _interval(0.0, 1.0, high_closed=True)
 _CHOICES = {"fkt_schedule": ("jnn", "constant"), "fkt_solver": ("psgd", "gd", "subgradient", "one-shot"),
             "fkt_inner": ("phased-sgd", "phased-erm"), "kl_select": ("last", "exponential"),
             "mean_calibration": ("tight", "paper"), "p002_delta_rule": ("uc", "scaled", "fixed"),
-            "p002_calibration": ("paper", "tight"), "p002_test": ("auto", "exact", "vertex-cover", "matching")}
+            "p002_calibration": ("paper", "tight"), "p002_test": ("auto", "exact", "vertex-cover", "matching"),
+            "mean_test": ("auto", "vertex-cover", "matching")}
 
 
 def algorithm_hyperparameters() -> dict[str, tuple]:

@@ -158,6 +158,7 @@ class RunConfig:
     mean_phases: int = 2
     mean_calibration: str = "tight"
     mean_max_vc_calls: int = DEFAULT_MAX_VC_CALLS
+    mean_test: str = "auto"
     # paper 003 (fedkl.algorithms.fkt.HYPERPARAMETERS has each one's meaning); radius and distance
     # also bound the domain of the paper-002 phased algorithms
     radius: float | None = None

@@ -383,3 +383,78 @@ def test_inner_release_chooses_exact_up_to_20_users_and_the_diameter_test_above(
     out = inner(fed, Releaser(rec, NoiseSource(4)),
                 PhaseCall("t/phase-1", 1, EPS, DELTA, 0.05, LAM, torch.zeros(prob.num_params, dtype=torch.float64)))
     assert out.diagnostics["decided_by"] == "diameter-vertex-cover" and len(rec.charges) == 1
+
+
+def test_iid_users_pass_the_diameter_test_at_delta_uc():
+    """In the paper's regime (exchangeable users, Delta_uc of Cor 3.7) the conflict graph is empty: the
+    release is theta~ + N(0, sigma^2 I) with no deletion, as in Thm 3.1 (the test costs no utility)."""
+    from fedkl.algorithms.sc_output_pert import delta_union_bound
+
+    n, m, d, lam, eps, delta = 200, 200, 3, 1.0, 8.0, 0.01
+    ds = synthetic_logistic(n, m, d, seed=0)
+    prob = make_problem("logistic", ds)
+    fed = InProcessFederation(prob, ds)
+    center = torch.zeros(d, dtype=torch.float64)
+    probe = SCOutputPertConfig.for_problem(prob, 1.0, center, eps=eps, delta=delta, Delta=1.0, extra_reg=lam)
+    m_min = int(ds.train.counts().min())
+    Delta = delta_union_bound(2.0, lam, n, m_min, probe.dop.kappa, 1 / (n * m))
+    for test in ("vertex-cover", "matching"):
+        cfg = SCOutputPertConfig.for_problem(prob, 1.0, center, eps=eps, delta=delta, Delta=Delta, extra_reg=lam)
+        plan, diag = DiameterSCOutputPert(cfg, DiameterTestConfig(test=test)).plan(fed, center)
+        assert diag["conflict_edges"] == 0 and plan.dist == 0 and plan.deleted == ()
+
+
+# --- the matching score for the mean of user vectors (mean-output-pert) -------------------------------------
+def test_mean_output_pert_matching_score_exact_audit():
+    """MeanOutputPert with the matching score on random 2-D user vectors with outliers: for random and
+    adversarial replace-one neighbours, the score moves by <= 1, the two released means are within the
+    sensitivity (8 kappa + 2) Delta, and the exact hockey-stick divergence is <= delta both ways."""
+    from fedkl.algorithms.mean_output_pert import MeanOutputPertConfig, mean_stability_plan
+
+    rng = np.random.default_rng(7)
+    n = 40
+    cfg = MeanOutputPertConfig(EPS, DELTA, rho=0.5, test="matching")
+    dop = cfg.dop(n)
+    assert cfg.score(n) == "matching" and dop.score == "matching"
+    assert cfg.Delta(n) == pytest.approx(0.5 / (n - 8 * cfg.kappa - 1))
+    pmf = TruncatedDiscreteLaplace(dop.eps_bar, dop.delta_bar).pmf()
+
+    def law(V):
+        plan, _ = mean_stability_plan(torch.tensor(V), cfg)
+        if plan.dist is None:
+            return plan, 1.0, 0.0
+        p = float(pmf[plan.dist:].sum())
+        return plan, 1.0 - p, p
+
+    deletions = 0
+    for trial in range(150):
+        V = rng.uniform(-0.2, 0.2, size=(n, 2))
+        k = rng.integers(0, 8)
+        V[:k] = rng.uniform(-3, 3, size=(k, 2))           # outliers
+        W = V.copy()
+        i = rng.integers(0, n)
+        W[i] = rng.choice([rng.uniform(-0.2, 0.2, 2), rng.uniform(-3, 3, 2), np.array([0.45, 0.0])])
+        (px, bx, ax), (py, by, ay) = law(V), law(W)
+        deletions += bool(px.deleted)
+        if px.dist is not None and py.dist is not None:
+            assert abs(px.dist - py.dist) <= 1
+            assert float((px.value - py.value).norm()) <= dop.sensitivity * (1 + 1e-12)
+        for P, Q in (((bx, ax, px), (by, ay, py)), ((by, ay, py), (bx, ax, px))):
+            dv = _hockey_stick(P[0], P[1], None if P[2].value is None else P[2].value.numpy(),
+                               Q[0], Q[1], None if Q[2].value is None else Q[2].value.numpy(), dop.sigma, EPS)
+            assert dv <= DELTA * (1 + 1e-9)
+    assert deletions > 10
+
+
+def test_mean_output_pert_auto_switches_to_matching_instead_of_refusing():
+    from fedkl.algorithms.mean_output_pert import MeanOutputPertConfig
+
+    big = MeanOutputPertConfig(0.5, 1e-6, rho=1.0)                # kappa 32: the cover's bound exceeds 4e6 calls
+    assert big.score(600) == "matching" and big.dop(600).score == "matching"
+    assert big.Delta(600) == pytest.approx(1.0 / (600 - 8 * big.kappa - 1))
+    with pytest.raises(ValueError, match="8 kappa"):
+        big.check(8 * big.kappa + 1)
+    with pytest.raises(ValueError, match="work budget"):
+        MeanOutputPertConfig(0.5, 1e-6, rho=1.0, test="vertex-cover").check(600)
+    small = MeanOutputPertConfig(EPS, DELTA, rho=1.0)
+    assert small.score(100) == "vertex-cover" and small.Delta(100) == pytest.approx(1.0 / (100 - 4 * small.kappa - 1))

@@ -5,6 +5,7 @@ Fixed seeds everywhere; every sampled check has a tolerance of a few standard er
 import itertools
 import math
 import types
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -447,22 +448,26 @@ def test_refusals_happen_before_any_data_is_read(tmp_path):
         LocalMeanOutputPert(LocalMeanOutputPertConfig(EPS, DELTA, 1.0), prob, ds.feature_bound).run(fed, rel, w0)
     ds, prob, fed = _logistic(30)
     _spy_federation(fed, events)
-    tiny = LocalMeanOutputPertConfig(EPS, DELTA, 1.0, max_vc_calls=10)      # worst case for k = 6: 45 calls
+    tiny = LocalMeanOutputPertConfig(EPS, DELTA, 1.0, max_vc_calls=10, test="vertex-cover")  # k = 6: 45 calls
     with pytest.raises(ValueError, match="work budget"):
         LocalMeanOutputPert(tiny, prob, ds.feature_bound).run(fed, rel, w0)
+    # "auto" (the default) takes the matching score instead, which needs n >= 8 kappa + 2 = 26 <= 30: no refusal
+    assert LocalMeanOutputPertConfig(EPS, DELTA, 1.0, max_vc_calls=10).mechanism(1.0).score(30) == "matching"
     # Phased: (eps/T, delta/T) per phase; T = 4 at (4, 0.2) gives kappa = 10: 2 kappa = 20 -> 5,911 calls
     ds, prob, fed = _logistic(45)                         # >= 4 kappa + 2 = 42
     _spy_federation(fed, events)
-    phased = PhasedMeanOutputPertConfig(EPS, DELTA, 1.0, phases=4, max_vc_calls=5000)
+    phased = PhasedMeanOutputPertConfig(EPS, DELTA, 1.0, phases=4, max_vc_calls=5000, test="vertex-cover")
     with pytest.raises(ValueError, match="work budget"):
         PhasedMeanOutputPert(phased, prob, ds.feature_bound).run(fed, rel, w0)
+    with pytest.raises(ValueError, match="8 kappa \\+ 2"):   # auto: matching, which needs 82 users here
+        PhasedMeanOutputPert(replace(phased, test="auto"), prob, ds.feature_bound).run(fed, rel, w0)
     with pytest.raises(ValueError, match="users"):
         mean_stability_plan(torch.zeros(10, 2), MeanOutputPertConfig(EPS, DELTA, 1.0))
     assert events == [] and rel.ledger.charges == []
     # the builders refuse from the public n alone, reading the RunConfig fields
     ledger = PrivacyLedger(tmp_path / "l.sqlite", Budget(epsilon=EPS, delta=DELTA))
     cfg = types.SimpleNamespace(mean_lam=1.0, mean_rho_fraction=0.3, mean_phases=4, mean_calibration="tight",
-                                mean_max_vc_calls=5000)
+                                mean_max_vc_calls=5000, mean_test="vertex-cover")
     with pytest.raises(ValueError, match="work budget"):
         build_phased_mean_output_pert(cfg, 0.0, problem=prob, dataset=ds, delta=DELTA, ledger=ledger,
                                       user_ids=fed.user_ids)

@@ -96,25 +96,21 @@ from fedkl.algorithms.del_output_pert import (
     StabilityPlan,
 )
 from fedkl.algorithms.matching import matching_cover
-from fedkl.algorithms.mean_output_pert import DEFAULT_MAX_VC_CALLS, pairwise_distances
+from fedkl.algorithms.mean_output_pert import pairwise_distances
 from fedkl.algorithms.sc_output_pert import SCOutputPert, SCOutputPertConfig
-from fedkl.algorithms.vertex_cover import CallCounter, graph_from_edges, min_vertex_cover, worst_case_calls
+from fedkl.algorithms.vertex_cover import (
+    DEFAULT_MAX_VC_CALLS,
+    TESTS,
+    CallCounter,
+    graph_from_edges,
+    min_vertex_cover,
+    resolve_test,
+    worst_case_calls,
+)
 from fedkl.federation.base import CertifiedLocalMinimizer, Federation
 from fedkl.privacy.release import Releaser
 
-TESTS = ("auto", "vertex-cover", "matching")
 _FP_PAD = 1e-9
-
-
-def resolve_test(test: str, n: int, kappa: int, max_vc_calls: int = DEFAULT_MAX_VC_CALLS) -> str:
-    """The concrete test ("vertex-cover" or "matching") for n users at this kappa (public values only)."""
-    if test not in TESTS:
-        raise ValueError(f"test must be one of {TESTS}, got {test!r}")
-    if test != "auto":
-        return test
-    if worst_case_calls(2 * kappa) <= max_vc_calls and n > 4 * kappa:
-        return "vertex-cover"
-    return "matching"
 
 
 @dataclass(frozen=True)

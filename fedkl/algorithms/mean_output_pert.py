@@ -93,7 +93,18 @@ kernel + folding + branching), fixed-parameter in k = 2 kappa: at most
 ``vertex_cover.worst_case_calls(2 kappa)`` recursive calls (~1.38^{2 kappa}; each O(k^2) on the
 kernel), a data-independent number. A configuration whose bound exceeds ``max_vc_calls`` is refused
 before any data is read (no time-out, no "certificate or ⊥": an inexact existence decision is not
-the analysed mechanism, note §6.2). The pairwise distances cost O(n^2 d). Floating point: an edge is
+the analysed mechanism, note §6.2), unless ``test`` allows the matching score instead (``auto``,
+the default, switches to it exactly when the cover's bound exceeds the budget, a public decision).
+
+The matching score (``test="matching"``; proof in :class:`~fedkl.algorithms.del_output_pert.DelOutputPertConfig`).
+The score is the maximum matching nu of the conflict graph (Edmonds' blossom algorithm: polynomial
+at every kappa), and the deletion set is a cover of at most 2 nu users (:mod:`fedkl.algorithms.matching`).
+nu moves by <= 1 when one user is replaced, so the ⊥ step is unchanged. The proof's chains start
+every deletion from a subset of a kept set with >= n - 8 kappa users, so Delta = rho/(n - 8 kappa - 1),
+the sensitivity is (8 kappa + 2) Delta, and it needs n >= 8 kappa + 2. This is what lets
+``phased-mean-output-pert`` run many phases (kappa' grows with T) on real populations.
+
+The pairwise distances cost O(n^2 d). Floating point: an edge is
 ``||v_u - v_w|| > rho (1 - 1e-9)`` with the distance computed from the coordinate differences, so a
 missing edge certifies the real distance is <= rho; the mean is a fixed-order float sum (rounding
 not modelled, as elsewhere). The wall-clock time depends on the data (how hard the instance is): the
@@ -130,24 +141,29 @@ from fedkl.algorithms.del_output_pert import (
     StabilityPlan,
     mean_of_user_vectors,
 )
-from fedkl.algorithms.vertex_cover import CallCounter, graph_from_edges, min_vertex_cover, worst_case_calls
+from fedkl.algorithms.matching import matching_cover
+from fedkl.algorithms.vertex_cover import (
+    DEFAULT_MAX_VC_CALLS,
+    TESTS,
+    CallCounter,
+    graph_from_edges,
+    min_vertex_cover,
+    resolve_test,
+    worst_case_calls,
+)
 from fedkl.federation.base import Federation, LocalRegularizedMinimizer
 from fedkl.privacy.ledger import BudgetExceeded
 from fedkl.privacy.release import Releaser
 from fedkl.problems.base import Problem
 
-# admits 2 kappa <= 40 (bound 3.75e6 calls). Measured cost per call: ~0.03 ms on small kernels, ~0.8 ms on
-# the largest (k^2 = 1600 edges), so the proven worst case is minutes to ~1 h of Python; observed on
-# MovieLens: < 10 calls, milliseconds.
-DEFAULT_MAX_VC_CALLS = 4_000_000
 _FP_PAD = 1e-9
 _DIST_CHUNK = 256
 
 
 @functools.lru_cache(maxsize=256)
-def _dop(eps: float, delta: float, Delta: float, calibration: str) -> DelOutputPertConfig:
+def _dop(eps: float, delta: float, Delta: float, calibration: str, score: str = "exact") -> DelOutputPertConfig:
     # cached: the analytic-Gaussian calibration is a root search (an immutable result)
-    return DelOutputPertConfig(eps, delta, Delta, calibration)
+    return DelOutputPertConfig(eps, delta, Delta, calibration, score=score)
 
 
 def _positive(name: str, v: float) -> None:
@@ -171,10 +187,13 @@ class MeanOutputPertConfig(DeletionBudget):
     rho: float
     calibration: str = "tight"
     max_vc_calls: int = DEFAULT_MAX_VC_CALLS
+    test: str = "auto"
 
     def __post_init__(self) -> None:
         _positive("eps", self.eps)
         _positive("rho", self.rho)
+        if self.test not in TESTS:
+            raise ValueError(f"test must be one of {TESTS}, got {self.test!r}")
         if not (isinstance(self.delta, (int, float)) and 0 < self.delta < 1):
             raise ValueError(f"delta must be in (0, 1), got {self.delta!r}")
         if self.calibration not in CALIBRATIONS:
@@ -187,10 +206,19 @@ class MeanOutputPertConfig(DeletionBudget):
         """2 kappa: the largest R1, hence the vertex-cover parameter k."""
         return 2 * self.kappa
 
+    def score(self, n: int) -> str:
+        """"vertex-cover" (exact minimum cover) or "matching" at n users (public; see ``test``)."""
+        return resolve_test(self.test, n, self.kappa, self.max_vc_calls)
+
+    def depth(self, n: int) -> int:
+        """4 kappa (vertex cover) or 8 kappa (matching): every deletion step of the proof starts from a
+        set of >= n - depth users (DelOutputPertConfig)."""
+        return (8 if self.score(n) == "matching" else 4) * self.kappa
+
     @property
     def min_users(self) -> int:
-        """4 kappa + 2: the smallest n with n - 4 kappa - 1 >= 1 (soundness of P)."""
-        return 4 * self.kappa + 2
+        """4 kappa + 2: the smallest n with n - 4 kappa - 1 >= 1 (soundness of P; 8 kappa + 2 for matching)."""
+        return (8 if self.test == "matching" else 4) * self.kappa + 2
 
     @property
     def worst_case_calls(self) -> int:
@@ -198,24 +226,27 @@ class MeanOutputPertConfig(DeletionBudget):
 
     def check(self, n: int) -> None:
         """Refuse, from public values only, a configuration this mechanism cannot run exactly."""
-        if n < self.min_users:
-            raise ValueError(f"mean output perturbation needs n >= 4 kappa + 2 = {self.min_users} users at "
+        need = self.depth(n) + 2
+        if n < need:
+            which = "8 kappa + 2 (matching score)" if self.score(n) == "matching" else "4 kappa + 2"
+            raise ValueError(f"mean output perturbation needs n >= {which} = {need} users at "
                              f"(eps={self.eps:g}, delta={self.delta:g}) (kappa={self.kappa}); got n={n}. "
                              "Refused before reading any data (raise eps or delta, or use more users).")
-        if self.worst_case_calls > self.max_vc_calls:
+        if self.score(n) == "vertex-cover" and self.worst_case_calls > self.max_vc_calls:
             raise ValueError(f"the exact vertex-cover test with k = 2 kappa = {self.max_deletions} may need up to "
                              f"{self.worst_case_calls:.3g} recursive calls > the work budget max_vc_calls="
                              f"{self.max_vc_calls:.3g}. Refused before reading any data (raise eps per release, "
                              "use fewer phases, or raise the budget).")
 
     def Delta(self, n: int) -> float:
-        """The deletion-sensitivity threshold this rho stands for: rho / (n - 4 kappa - 1)."""
+        """The deletion-sensitivity threshold this rho stands for: rho / (n - depth - 1)."""
         self.check(n)
-        return self.rho / (n - 4 * self.kappa - 1)
+        return self.rho / (n - self.depth(n) - 1)
 
     def dop(self, n: int) -> DelOutputPertConfig:
         """The Algorithm-1 parameters (noise, sensitivity, R1 law) of a release over n users."""
-        return _dop(self.eps, self.delta, self.Delta(n), self.calibration)
+        return _dop(self.eps, self.delta, self.Delta(n), self.calibration,
+                    "matching" if self.score(n) == "matching" else "exact")
 
     def sensitivity(self, n: int) -> float:
         return self.dop(n).sensitivity
@@ -267,17 +298,23 @@ def mean_stability_plan(V: torch.Tensor, config: MeanOutputPertConfig) -> tuple[
     if not torch.isfinite(V).all():
         raise ValueError("user vectors must be finite (substitute the public centre for failed users)")
     edges = conflict_edges(V, config.rho)
-    counter = CallCounter()
-    found = min_vertex_cover(graph_from_edges(n, edges), config.max_deletions, counter)
-    diag = {"conflict_edges": len(edges), "conflict_users": len({u for e in edges for u in e}),
-            "vc_calls": counter.calls, "vc_worst_case_calls": config.worst_case_calls}
+    score = config.score(n)
+    diag = {"test": score, "conflict_edges": len(edges), "conflict_users": len({u for e in edges for u in e})}
+    if score == "matching":
+        nu, cover = matching_cover(n, edges)
+        diag["matching"] = nu
+        found = (nu, cover) if nu <= config.max_deletions else None
+    else:
+        counter = CallCounter()
+        found = min_vertex_cover(graph_from_edges(n, edges), config.max_deletions, counter)
+        diag.update(vc_calls=counter.calls, vc_worst_case_calls=config.worst_case_calls)
     if found is None:
-        return StabilityPlan(n, None, None, None, "vertex-cover"), diag
+        return StabilityPlan(n, None, None, None, score), diag
     tau, deleted = found
     mask = torch.ones(1, n, dtype=torch.bool)
     mask[0, list(deleted)] = False
     value = mean_of_user_vectors(V)(mask)[0]
-    return StabilityPlan(n, tau, deleted, value, "vertex-cover"), diag
+    return StabilityPlan(n, tau, deleted, value, score), diag
 
 
 class MeanOutputPert:
@@ -292,7 +329,8 @@ class MeanOutputPert:
                 details: dict | None = None) -> torch.Tensor | None:
         """Charge (eps, delta) to every user, draw R1, output ⊥ (None) or the noisy mean."""
         n = len(user_ids)
-        info = {"rho": self.config.rho, "test": "diameter <= rho (vertex cover, exact)", **(details or {})}
+        score = self.config.score(n)
+        info = {"rho": self.config.rho, "test": f"diameter <= rho ({score} score)", **(details or {})}
         return DelOutputPert(self.config.dop(n)).release(plan, releaser, user_ids, label, info)
 
     def result(self, theta: torch.Tensor | None, plan: StabilityPlan, n: int, seconds: float,
@@ -329,6 +367,9 @@ class LocalMeanOutputPertConfig:
             makes the test pass always (then the release is a Gaussian of sensitivity
             (4 kappa + 1) rho / (n - 4 kappa - 1), worse than averaging with replace-one noise).
         local_tol, local_max_iter: the local solver's fixed tolerance and iteration cap.
+        test: the deletion score: "vertex-cover" (exact minimum cover, work-bounded), "matching"
+            (maximum matching, polynomial at any kappa; sensitivity (8 kappa + 2) Delta) or "auto"
+            (the cover while its work bound fits, else matching).
     """
 
     eps: float
@@ -339,6 +380,7 @@ class LocalMeanOutputPertConfig:
     max_vc_calls: int = DEFAULT_MAX_VC_CALLS
     local_tol: float = 1e-10
     local_max_iter: int = 500
+    test: str = "auto"
 
     def __post_init__(self) -> None:
         _positive("lam", self.lam)
@@ -349,7 +391,7 @@ class LocalMeanOutputPertConfig:
         self.mechanism(1.0)  # validates eps, delta, calibration, max_vc_calls
 
     def mechanism(self, rho: float) -> MeanOutputPertConfig:
-        return MeanOutputPertConfig(self.eps, self.delta, rho, self.calibration, self.max_vc_calls)
+        return MeanOutputPertConfig(self.eps, self.delta, rho, self.calibration, self.max_vc_calls, self.test)
 
 
 def local_radius(problem: Problem, feature_bound: float, center: torch.Tensor, lam: float) -> float:
@@ -425,6 +467,7 @@ class PhasedMeanOutputPertConfig:
     max_vc_calls: int = DEFAULT_MAX_VC_CALLS
     local_tol: float = 1e-10
     local_max_iter: int = 500
+    test: str = "auto"
 
     def __post_init__(self) -> None:
         if isinstance(self.phases, bool) or int(self.phases) != self.phases or self.phases < 1:
@@ -440,7 +483,8 @@ class PhasedMeanOutputPertConfig:
     def phase_config(self, i: int) -> LocalMeanOutputPertConfig:
         T = self.phases
         return LocalMeanOutputPertConfig(self.eps / T, self.delta / T, self.lam_i(i), self.rho_fraction,
-                                         self.calibration, self.max_vc_calls, self.local_tol, self.local_max_iter)
+                                         self.calibration, self.max_vc_calls, self.local_tol, self.local_max_iter,
+                                         self.test)
 
 
 @dataclass
@@ -534,8 +578,8 @@ def build_mean_output_pert(cfg, rho_total: float, *, problem, dataset, delta: fl
     eps, dlt = _approx_budget(ledger, user_ids)
     alg = LocalMeanOutputPert(LocalMeanOutputPertConfig(
         eps, dlt, float(getattr(cfg, "mean_lam", 1.0)), float(getattr(cfg, "mean_rho_fraction", 0.25)),
-        getattr(cfg, "mean_calibration", "tight"), getattr(cfg, "mean_max_vc_calls", DEFAULT_MAX_VC_CALLS)),
-        problem, dataset.feature_bound)
+        getattr(cfg, "mean_calibration", "tight"), getattr(cfg, "mean_max_vc_calls", DEFAULT_MAX_VC_CALLS),
+        test=getattr(cfg, "mean_test", "auto")), problem, dataset.feature_bound)
     alg.check(len(user_ids))  # public refusal at build time
     return alg
 
@@ -551,7 +595,8 @@ def build_phased_mean_output_pert(cfg, rho_total: float, *, problem, dataset, de
     alg = PhasedMeanOutputPert(PhasedMeanOutputPertConfig(
         eps, dlt, float(getattr(cfg, "mean_lam", 1.0)), getattr(cfg, "mean_phases", 2),
         float(getattr(cfg, "mean_rho_fraction", 0.25)), getattr(cfg, "mean_calibration", "tight"),
-        getattr(cfg, "mean_max_vc_calls", DEFAULT_MAX_VC_CALLS)), problem, dataset.feature_bound)
+        getattr(cfg, "mean_max_vc_calls", DEFAULT_MAX_VC_CALLS), test=getattr(cfg, "mean_test", "auto")),
+        problem, dataset.feature_bound)
     alg.check(len(user_ids))
     return alg
 
@@ -566,6 +611,9 @@ HYPERPARAMETERS = {
     "mean_phases": (2, "phased-mean-output-pert: phases T, each at (eps/T, delta/T)", "heuristic"),
     "mean_calibration": ("tight", "mean-output-pert noise: tight (analytic Gaussian, sensitivity (4 kappa + 1) "
                                   "Delta) or paper (Alg 1's 2 sqrt(ln(2/delta)) 8 kappa Delta/eps)", "theorem"),
+    "mean_test": ("auto", "mean-output-pert: the deletion score: vertex-cover (exact minimum cover, refused above "
+                          "its work budget), matching (maximum matching: polynomial at every kappa, sensitivity "
+                          "(8 kappa + 2) Delta, needs n >= 8 kappa + 2) or auto (the cover while it fits)", "theorem"),
     "mean_max_vc_calls": (DEFAULT_MAX_VC_CALLS, "mean-output-pert: refuse (before reading data) plans whose proven "
                                                 "worst-case vertex-cover work exceeds this many calls",
                           "safety limit"),
