@@ -29,25 +29,15 @@ from fedkl.federation.inprocess import InProcessFederation
 from fedkl.privacy import Budget, NoiseSource, PrivacyLedger, Releaser
 from fedkl.privacy.mechanisms import TruncatedDiscreteLaplace
 from fedkl.problems import make_problem
+# the thread fixture (autouse) and the stand-in ledger of the output-perturbation tests
+from test_output_pert import _CountingLedger, _one_thread  # noqa: E402,F401
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-class _Recorder:
-    """Stands in for the ledger where one dataset is released many times (no budget check)."""
-
-    def __init__(self):
-        self.charges = []
+class _Recorder(_CountingLedger):
+    """The stand-in ledger, also recording which users each release charged."""
 
     def charge(self, user_ids, **kw):
-        self.charges.append({"users": list(user_ids), **kw})
-        return len(self.charges)
+        return super().charge(user_ids, users=list(user_ids), **kw)
 
 
 # --- the matching score ---------------------------------------------------------------------------

@@ -367,6 +367,19 @@ def exact_stability_predicate(f: SubsetFunction, stable: StablePredicate, n: int
     return StabilityPlan(n, None, None, None, "exact-predicate")
 
 
+def check_release_start(name: str, releaser: Releaser, federation, w0: torch.Tensor) -> torch.Tensor:
+    """Refuse, before anything is read or charged, a Releaser with a zCDP filter (an (eps, delta)
+    release cannot be accounted by it) and a centre that is not a finite parameter vector; returns the
+    centre in float64."""
+    if releaser.filter is not None:
+        raise ValueError(f"{name}: an (eps, delta) release cannot be accounted by a zCDP filter; "
+                         "use a Releaser without filter (nothing was read or charged)")
+    center = torch.as_tensor(w0).to(torch.float64)
+    if center.shape != (federation.num_params,) or not torch.isfinite(center).all():
+        raise ValueError(f"w0 must be a finite vector of {federation.num_params} parameters")
+    return center
+
+
 class DelOutputPert:
     """Algorithm 1 of paper 002 for a generic batched ``f`` (see the module docstring)."""
 

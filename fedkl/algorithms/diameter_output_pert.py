@@ -94,24 +94,14 @@ from fedkl.algorithms.del_output_pert import (
     DelOutputPertConfig,
     DelOutputPertResult,
     StabilityPlan,
+    check_release_start,
 )
-from fedkl.algorithms.matching import matching_cover
-from fedkl.algorithms.mean_output_pert import pairwise_distances
+from fedkl.algorithms.matching import deletion_set
+from fedkl.algorithms.mean_output_pert import conflict_edges
 from fedkl.algorithms.sc_output_pert import SCOutputPert, SCOutputPertConfig
-from fedkl.algorithms.vertex_cover import (
-    DEFAULT_MAX_VC_CALLS,
-    TESTS,
-    CallCounter,
-    graph_from_edges,
-    min_vertex_cover,
-    resolve_test,
-    worst_case_calls,
-)
+from fedkl.algorithms.vertex_cover import DEFAULT_MAX_VC_CALLS, TESTS, require_work_budget, resolve_test
 from fedkl.federation.base import CertifiedLocalMinimizer, Federation
 from fedkl.privacy.release import Releaser
-
-_FP_PAD = 1e-9
-
 
 @dataclass(frozen=True)
 class DiameterTestConfig:
@@ -184,11 +174,8 @@ class DiameterSCOutputPert:
                 "reading any data (raise eps or delta, use fewer phases, or use more users).")
         if not cfg.Delta > 2 * cfg.tau:
             raise ValueError(f"Delta={cfg.Delta:g} must exceed 2 tau={2 * cfg.tau:g} (the solver accuracy)")
-        if score == "vertex-cover" and worst_case_calls(2 * self.kappa) > self.test.max_vc_calls:
-            raise ValueError(f"the exact vertex-cover test with k = 2 kappa = {2 * self.kappa} may need up to "
-                             f"{worst_case_calls(2 * self.kappa):.3g} recursive calls > max_vc_calls="
-                             f"{self.test.max_vc_calls:.3g}. Refused before reading any data (use test='matching' "
-                             "or 'auto').")
+        if score == "vertex-cover":
+            require_work_budget(2 * self.kappa, self.test.max_vc_calls)
 
     def rho(self, n: int) -> float:
         """The conflict threshold (Delta - 2 tau)(n - depth) / (L/mu)^2 (module docstring)."""
@@ -213,10 +200,7 @@ class DiameterSCOutputPert:
 
     def conflict_edges(self, V: torch.Tensor, err: torch.Tensor, rho: float) -> list[tuple[int, int]]:
         """u < w with ||v~_u - v~_w|| + e_u + e_w > rho (1 - 1e-9): a missing edge proves ||v_u - v_w|| <= rho."""
-        D = torch.from_numpy(pairwise_distances(V)) + err.view(-1, 1) + err.view(1, -1)
-        far = torch.triu(D > rho * (1 - _FP_PAD), diagonal=1)
-        a, b = torch.nonzero(far, as_tuple=True)
-        return list(zip(a.tolist(), b.tolist()))
+        return conflict_edges(V, rho, err)
 
     def plan(self, federation: Federation, center: torch.Tensor) -> tuple[StabilityPlan, dict]:
         n = federation.num_users
@@ -225,15 +209,8 @@ class DiameterSCOutputPert:
         edges = self.conflict_edges(V, err, rho)
         diag = {"test": score, "rho": rho, "condition_L_over_mu": self.condition, "conflict_edges": len(edges),
                 "conflict_users": len({u for e in edges for u in e}), "max_local_error": float(err.max())}
-        k = 2 * self.kappa
-        if score == "matching":
-            nu, cover = matching_cover(n, edges)
-            diag["matching"] = nu
-            found = (nu, cover) if nu <= k else None
-        else:
-            counter = CallCounter()
-            found = min_vertex_cover(graph_from_edges(n, edges), k, counter)
-            diag["vc_calls"] = counter.calls
+        found, more = deletion_set(n, edges, score, 2 * self.kappa)
+        diag.update(more)
         if found is None:
             return StabilityPlan(n, None, None, None, f"diameter-{score}"), diag
         dist, deleted = found
@@ -248,13 +225,8 @@ class DiameterSCOutputPert:
         """One (eps, delta) release charged to every user; ``theta`` is None for ⊥. ``w0``: the public centre."""
         cfg = self.config
         n = federation.num_users
-        if releaser.filter is not None:
-            raise ValueError(f"{self.name}: an (eps, delta) release cannot be accounted by a zCDP filter; "
-                             "use a Releaser without filter (nothing was read or charged)")
+        center = check_release_start(self.name, releaser, federation, w0)
         self.check(n)  # before any data is read
-        center = torch.as_tensor(w0).to(torch.float64)
-        if center.shape != (federation.num_params,) or not torch.isfinite(center).all():
-            raise ValueError(f"w0 must be a finite vector of {federation.num_params} parameters")
         start = time.perf_counter()
         plan, diag = self.plan(federation, center)
         dop = DelOutputPert(self.dop(n))

@@ -27,20 +27,16 @@ from typing import Iterable
 
 import networkx as nx
 
+from fedkl.algorithms.vertex_cover import CallCounter, graph_from_edges, min_vertex_cover
+
 
 def _graph(n: int, edges: Iterable[tuple[int, int]]) -> nx.Graph:
+    """networkx graph of the non-isolated vertices (sorted insertion: deterministic); the edges are
+    validated by :func:`~fedkl.algorithms.vertex_cover.graph_from_edges`."""
+    adj = graph_from_edges(n, edges)
     g = nx.Graph()
-    clean = set()
-    for a, b in edges:
-        a, b = int(a), int(b)
-        if a == b:
-            raise ValueError("self loops are not allowed")
-        if not (0 <= a < n and 0 <= b < n):
-            raise ValueError(f"edge ({a}, {b}) outside 0..{n - 1}")
-        clean.add((min(a, b), max(a, b)))
-    # only non-isolated vertices: isolated ones are in no matching and no cover
-    g.add_nodes_from(sorted({v for e in clean for v in e}))
-    g.add_edges_from(sorted(clean))
+    g.add_nodes_from(v for v in sorted(adj) if adj[v])  # isolated vertices: in no matching and no cover
+    g.add_edges_from((a, b) for a in sorted(adj) for b in sorted(adj[a]) if a < b)
     return g
 
 
@@ -72,4 +68,18 @@ def matching_cover(n: int, edges: Iterable[tuple[int, int]]) -> tuple[int, tuple
     return len(matching), tuple(sorted(cover))
 
 
-__all__ = ["matching_cover", "maximum_matching"]
+def deletion_set(n: int, edges: list[tuple[int, int]], score: str, k: int) -> tuple[tuple[int, tuple[int, ...]] | None, dict]:
+    """``((score value, deletion set) or None when the score exceeds k, diagnostics)`` for a conflict
+    graph: ``score`` "matching" (nu and a cover of <= 2 nu users) or "vertex-cover" (the exact,
+    canonical minimum cover, :func:`~fedkl.algorithms.vertex_cover.min_vertex_cover`). k = 2 kappa."""
+    if score == "matching":
+        nu, cover = matching_cover(n, edges)
+        return ((nu, cover) if nu <= k else None), {"matching": nu}
+    if score == "vertex-cover":
+        counter = CallCounter()
+        found = min_vertex_cover(graph_from_edges(n, edges), k, counter)
+        return found, {"vc_calls": counter.calls}
+    raise ValueError(f"unknown score {score!r}")
+
+
+__all__ = ["deletion_set", "matching_cover", "maximum_matching"]

@@ -139,18 +139,11 @@ from fedkl.algorithms.del_output_pert import (
     DelOutputPertConfig,
     DelOutputPertResult,
     StabilityPlan,
+    check_release_start,
     mean_of_user_vectors,
 )
-from fedkl.algorithms.matching import matching_cover
-from fedkl.algorithms.vertex_cover import (
-    DEFAULT_MAX_VC_CALLS,
-    TESTS,
-    CallCounter,
-    graph_from_edges,
-    min_vertex_cover,
-    resolve_test,
-    worst_case_calls,
-)
+from fedkl.algorithms.matching import deletion_set
+from fedkl.algorithms.vertex_cover import DEFAULT_MAX_VC_CALLS, TESTS, require_work_budget, resolve_test, worst_case_calls
 from fedkl.federation.base import Federation, LocalRegularizedMinimizer
 from fedkl.privacy.ledger import BudgetExceeded
 from fedkl.privacy.release import Releaser
@@ -232,11 +225,8 @@ class MeanOutputPertConfig(DeletionBudget):
             raise ValueError(f"mean output perturbation needs n >= {which} = {need} users at "
                              f"(eps={self.eps:g}, delta={self.delta:g}) (kappa={self.kappa}); got n={n}. "
                              "Refused before reading any data (raise eps or delta, or use more users).")
-        if self.score(n) == "vertex-cover" and self.worst_case_calls > self.max_vc_calls:
-            raise ValueError(f"the exact vertex-cover test with k = 2 kappa = {self.max_deletions} may need up to "
-                             f"{self.worst_case_calls:.3g} recursive calls > the work budget max_vc_calls="
-                             f"{self.max_vc_calls:.3g}. Refused before reading any data (raise eps per release, "
-                             "use fewer phases, or raise the budget).")
+        if self.score(n) == "vertex-cover":
+            require_work_budget(self.max_deletions, self.max_vc_calls)
 
     def Delta(self, n: int) -> float:
         """The deletion-sensitivity threshold this rho stands for: rho / (n - depth - 1)."""
@@ -265,9 +255,13 @@ def pairwise_distances(V: torch.Tensor) -> np.ndarray:
     return out.numpy()
 
 
-def conflict_edges(V: torch.Tensor, rho: float) -> list[tuple[int, int]]:
-    """Pairs u < w with ||v_u - v_w|| > rho (1 - 1e-9): a missing edge certifies distance <= rho."""
+def conflict_edges(V: torch.Tensor, rho: float, err: torch.Tensor | None = None) -> list[tuple[int, int]]:
+    """Pairs u < w with ||v_u - v_w|| + e_u + e_w > rho (1 - 1e-9) (``err`` = per-user certified errors
+    e, default 0): a missing edge certifies that the exact vectors are within rho."""
     D = pairwise_distances(V)
+    if err is not None:
+        e = torch.as_tensor(err).to(torch.float64).numpy()
+        D = D + e[:, None] + e[None, :]
     a, b = np.nonzero(np.triu(D > rho * (1 - _FP_PAD), k=1))
     return list(zip(a.tolist(), b.tolist()))
 
@@ -300,14 +294,10 @@ def mean_stability_plan(V: torch.Tensor, config: MeanOutputPertConfig) -> tuple[
     edges = conflict_edges(V, config.rho)
     score = config.score(n)
     diag = {"test": score, "conflict_edges": len(edges), "conflict_users": len({u for e in edges for u in e})}
-    if score == "matching":
-        nu, cover = matching_cover(n, edges)
-        diag["matching"] = nu
-        found = (nu, cover) if nu <= config.max_deletions else None
-    else:
-        counter = CallCounter()
-        found = min_vertex_cover(graph_from_edges(n, edges), config.max_deletions, counter)
-        diag.update(vc_calls=counter.calls, vc_worst_case_calls=config.worst_case_calls)
+    found, more = deletion_set(n, edges, score, config.max_deletions)
+    diag.update(more)
+    if score == "vertex-cover":
+        diag["vc_worst_case_calls"] = config.worst_case_calls
     if found is None:
         return StabilityPlan(n, None, None, None, score), diag
     tau, deleted = found
@@ -433,13 +423,8 @@ class LocalMeanOutputPert:
             progress: Callable[[dict], None] | None = None, label: str | None = None) -> DelOutputPertResult:
         """One charged release; ``theta`` is None for ⊥. ``w0`` is the public centre c."""
         n = federation.num_users
-        if releaser.filter is not None:
-            raise ValueError(f"{self.name}: an (eps, delta) release cannot be accounted by a zCDP filter; "
-                             "use a Releaser without filter (nothing was read or charged)")
+        center = check_release_start(self.name, releaser, federation, w0)
         self.check(n)  # before any data is read
-        center = torch.as_tensor(w0).to(torch.float64)
-        if center.shape != (federation.num_params,) or not torch.isfinite(center).all():
-            raise ValueError(f"w0 must be a finite vector of {federation.num_params} parameters")
         mech = MeanOutputPert(self.config.mechanism(self.rho(center)))
         start = time.perf_counter()
         V, substituted = self.user_vectors(federation, center)

@@ -72,7 +72,7 @@ import torch
 from fedkl.algorithms.del_output_pert import DelOutputPertConfig
 from fedkl.algorithms.diameter_output_pert import DiameterSCOutputPert, DiameterTestConfig, resolve_test
 from fedkl.algorithms.sc_output_pert import SCOutputPert, SCOutputPertConfig, delta_union_bound
-from fedkl.algorithms.vertex_cover import worst_case_calls
+from fedkl.algorithms.vertex_cover import require_work_budget, worst_case_calls
 from fedkl.federation.base import Answers, Federation
 from fedkl.privacy.ledger import BudgetExceeded
 from fedkl.privacy.release import Releaser
@@ -216,9 +216,8 @@ class SCInnerRelease:
             raise ValueError(f"the {kind} diameter test needs more than {depth} users per call at (eps={eps:.4g}, "
                              f"delta={delta:.3g}) (kappa={kappa(eps, delta)}); a call has {n}. Nothing was read or "
                              "charged (raise eps or delta, use fewer phases, or more users).")
-        if kind == "vertex-cover" and worst_case_calls(2 * kappa(eps, delta)) > self.diameter.max_vc_calls:
-            raise ValueError(f"the exact vertex-cover test at kappa={kappa(eps, delta)} exceeds its work budget; use "
-                             "test auto or matching. Nothing was read or charged.")
+        if kind == "vertex-cover":
+            require_work_budget(2 * kappa(eps, delta), self.diameter.max_vc_calls)
 
     def config(self, call: "PhaseCall") -> SCOutputPertConfig:
         return SCOutputPertConfig.for_problem(

@@ -87,6 +87,17 @@ def resolve_test(test: str, n: int, kappa: int, max_vc_calls: int = DEFAULT_MAX_
     return "matching"
 
 
+def require_work_budget(k: int, max_calls: int) -> None:
+    """Refuse (ValueError, public values only) a cover search with parameter k = 2 kappa whose proven
+    worst case exceeds ``max_calls``."""
+    calls = worst_case_calls(k)
+    if calls > max_calls:
+        raise ValueError(f"the exact vertex-cover test with k = 2 kappa = {k} may need up to {calls:.3g} recursive "
+                         f"calls > the work budget max_vc_calls={max_calls:.3g}. Refused before reading any data "
+                         "(use the matching score: test 'auto' or 'matching'; or raise eps per release, use fewer "
+                         "phases, or raise the budget).")
+
+
 def worst_case_calls(k: int) -> int:
     """Upper bound on the calls of :func:`min_vertex_cover` with budget k (data-independent)."""
     if k < 0:
