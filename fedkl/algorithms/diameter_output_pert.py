@@ -49,10 +49,11 @@ does every subset of it.
 The test and the release: two scores, one proof pattern (DelOutputPertConfig)
 -----------------------------------------------------------------------------
 ``depth`` is 4 kappa for the exact score and 8 kappa for the matching score. The threshold is the one
-public number ``rho = (Delta - 2 tau) (n - depth) / (L/mu)^2`` (needs n > depth and Delta > 2 tau).
+public number ``rho = (Delta - 2 tau) (n - depth) / (L/mu)^2``. It needs n >= depth + 2, because
+every deletion step then starts from >= 2 users, as the lemma requires. It also needs Delta > 2 tau.
 
 * ``vertex-cover`` (exact). This is Algorithm 1 with the predicate
-  ``P(y, b) := diam{v_u : u in y} <= (Delta - 2 tau)(|y| - b)/(L/mu)^2``.
+  ``P(y, b) := diam{v_u : u in y} <= (Delta - 2 tau)(|y| - b)/(L/mu)^2`` (false when |y| - b < 2).
   (H) holds: deleting a user shrinks the diameter, and |y| - b is unchanged along a chain.
   (S) holds: every step z -> z - i within b deletions of y has |z| >= |y| - b, so by the lemma it
   moves f~ by <= (L/mu)^2 diam / |z| + 2 tau <= Delta.
@@ -67,8 +68,13 @@ public number ``rho = (Delta - 2 tau) (n - depth) / (L/mu)^2`` (needs n > depth 
   score"). It needs every deletion step of its chains, which start from kept sets and from sets of
   >= n - 8 kappa users, to move f~ by <= Delta. That is the lemma with k >= n - depth, plus 2 tau.
   Sensitivity is (8 kappa + 2) Delta, and it costs O(n^2 d) distances plus one blossom matching.
-* ``auto``: ``vertex-cover`` when its proven work bound fits ``max_vc_calls`` and n > 4 kappa, else
+* ``auto``: ``vertex-cover`` when its proven work bound fits ``max_vc_calls`` and n >= 4 kappa + 2, else
   ``matching``. The choice is made from public (eps, delta, n) only.
+
+Trust model: as for the Appendix C certificate, the SOUNDNESS of the test assumes that every client
+answers with the function of its own records that the query names. An honest-but-curious client
+qualifies; a client that misreports its residual is out of scope (its own edges could be wrong).
+The server is trusted: it sees v~, e, theta~ and the test's outcome.
 
 Failure handling: if a user's answer is missing or non-finite (local minimizer, or any solver
 round), the run aborts before anything is charged or released, as in SCOutputPert. Restart the
@@ -167,9 +173,9 @@ class DiameterSCOutputPert:
         cfg = self.config
         score = self.score(n)
         depth = self.dop(n).depth
-        if n <= depth:
+        if n < depth + 2:
             raise ValueError(
-                f"the {score} diameter test needs n > {'8' if score == 'matching' else '4'} kappa = {depth} users "
+                f"the {score} diameter test needs n >= {'8' if score == 'matching' else '4'} kappa + 2 = {depth + 2} users "
                 f"at (eps={cfg.eps:g}, delta={cfg.delta:g}) (kappa={self.kappa}); got n={n}. Refused before "
                 "reading any data (raise eps or delta, use fewer phases, or use more users).")
         if not cfg.Delta > 2 * cfg.tau:

@@ -201,7 +201,7 @@ class SCInnerRelease:
         """The fewest users a diameter-test call accepts at (eps, delta) (public)."""
         k = kappa(eps, delta)
         vc_ok = self.test in ("auto", "vertex-cover") and worst_case_calls(2 * k) <= self.diameter.max_vc_calls
-        return 4 * k + 1 if vc_ok and self.test != "matching" else 8 * k + 1
+        return 4 * k + 2 if vc_ok and self.test != "matching" else 8 * k + 2
 
     def check(self, n: int, eps: float, delta: float) -> None:
         """Refuse (ValueError) a call this release cannot run exactly; public values only."""
@@ -212,8 +212,8 @@ class SCInnerRelease:
                                  "use test auto, vertex-cover or matching. Nothing was read or charged.")
             return
         depth = self.dop(n, eps, delta).depth
-        if n <= depth:
-            raise ValueError(f"the {kind} diameter test needs more than {depth} users per call at (eps={eps:.4g}, "
+        if n < depth + 2:
+            raise ValueError(f"the {kind} diameter test needs at least {depth + 2} users per call at (eps={eps:.4g}, "
                              f"delta={delta:.3g}) (kappa={kappa(eps, delta)}); a call has {n}. Nothing was read or "
                              "charged (raise eps or delta, use fewer phases, or more users).")
         if kind == "vertex-cover":

@@ -36,7 +36,7 @@ Practical limits: those of the inner release. Every phase runs at kappa' ~ T kap
 exact test (``test="exact"``: certificate, else enumeration) refuses n > 20. The default
 ``test="auto"`` uses it up to 20 users; above that it switches to the local-minimizer diameter test
 of :mod:`fedkl.algorithms.diameter_output_pert`. That test releases the same minimizer, is exact, and
-runs in polynomial time; it needs n > 8 kappa' users (matching score), or n > 4 kappa' when the
+runs in polynomial time; it needs n >= 8 kappa' + 2 users (matching score), or n >= 4 kappa' + 2 when the
 vertex-cover search fits its work budget. So ``fedkl run --algorithm phased-erm`` runs on MovieLens
 (671 users). At the theorem's lambda* the noise constant c is ~1e5-1e6 at n < 1000 (note §4), so
 lam_i is large, the phases barely move the centre, and the model stays close to w0 (result.json
