@@ -12,6 +12,7 @@ from fedkl.privacy import Budget, BudgetExhausted, NoiseSource, PrivacyLedger, R
 from fedkl.privacy.accounting import GaussianSchedule, schedule_epsilon
 from fedkl.privacy.release import ScheduledGaussian
 from fedkl.problems import make_problem
+from release_spies import record_schedule_releases
 
 
 def _fed(n_users=80, d=6, seed=0):
@@ -44,31 +45,14 @@ def test_schedule_is_calibrated_by_dp_accounting_and_charged_up_front(tmp_path):
     assert ledger.approx_left(fed.user_ids)[0] < 1e-6
 
 
-def test_noise_std_and_poisson_sampling_rate(tmp_path):
+def test_noise_std_and_poisson_sampling_rate(tmp_path, monkeypatch):
     cfg = AdaptiveDPConfig(optimizer="sgd", rounds=60, sampling_rate=0.3, lr=0.01, accountant="rdp")
     ds, fed = _fed(n_users=200, d=100)
     ledger = PrivacyLedger(tmp_path / "s.sqlite", Budget(4.0, 1e-5))
     opt = AdaptiveDPOptimizer(cfg, *ledger.approx_left(fed.user_ids))
     releaser = Releaser(ledger, NoiseSource(5))
-    pairs = []
-    original = Releaser.schedule_gaussian
-
-    def spy(self, **kw):
-        handle = original(self, **kw)
-        release = handle.release
-
-        def recording(value):
-            out = release(value)
-            pairs.append((value.clone(), out.clone()))
-            return out
-        handle.release = recording
-        return handle
-
-    Releaser.schedule_gaussian = spy
-    try:
-        res = opt.run(fed, releaser, fed.problem.init_params())
-    finally:
-        Releaser.schedule_gaussian = original
+    pairs = record_schedule_releases(monkeypatch)
+    res = opt.run(fed, releaser, fed.problem.init_params())
     noise = torch.cat([o - v for v, o in pairs])
     N = noise.numel()  # 60 x 100
     assert abs(float(noise.std()) / res.sigma - 1) < 5 / math.sqrt(2 * N)   # 5 standard errors (~4.6%)

@@ -12,6 +12,7 @@ from fedkl.federation.inprocess import InProcessFederation
 from fedkl.privacy import Budget, BudgetExceeded, NoiseSource, PrivacyLedger, Releaser
 from fedkl.privacy.accounting import GaussianSchedule, schedule_epsilon
 from fedkl.problems import make_problem
+from release_spies import record_schedule_releases
 
 
 def _fed(name="synthetic-logistic", problem="logistic", n_users=30, m=7, d=4, seed=0, reg=0.0):
@@ -88,21 +89,7 @@ def test_calibrated_by_dp_accounting_and_charged_up_front(tmp_path):
 def test_noise_std_matches_sigma(tmp_path, monkeypatch):
     """Every release's noise (released value minus the exact sum it was given) has std sigma =
     z * 2C (replace-one) within 5 standard errors."""
-    pairs = []
-    original = Releaser.schedule_gaussian
-
-    def spy(self, **kw):
-        handle = original(self, **kw)
-        release = handle.release
-
-        def recording(value):
-            out = release(value)
-            pairs.append((value.clone(), out.clone()))
-            return out
-        handle.release = recording
-        return handle
-
-    monkeypatch.setattr(Releaser, "schedule_gaussian", spy)
+    pairs = record_schedule_releases(monkeypatch)
     cfg = DPFedAvgConfig(rounds=40, sampling_rate=1.0, local_steps=1, local_lr=0.1,
                          neighbouring="replace-one", accountant="rdp")
     ds, fed, ledger, res = _run(tmp_path, cfg, d=50, n_users=20)

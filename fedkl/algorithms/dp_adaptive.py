@@ -121,14 +121,9 @@ class AdaptiveDPOptimizer:
                 failed = len(answers.failed)
             g = run.release(total)
             w = w - cfg.lr * self._direction(g, state, t)
-            record = {"round": t, "rounds": cfg.rounds, "noisy_grad_norm": float(g.norm()), "sampled": len(users),
-                      "failed_users": failed, "seconds": time.perf_counter() - start}
+            record = run.record(t, users, failed, start, noisy_grad_norm=float(g.norm()))
             history.append(record)
             if progress is not None:
                 progress(record)
-        return ScheduleResult(
-            w=w, rounds=cfg.rounds, sigma=run.sigma, noise_multiplier=run.noise_multiplier, epsilon=run.epsilon,
-            delta=self.delta, history=history,
-            details={"optimizer": cfg.optimizer, "bias_correction": cfg.bias_correction,
-                     "sampling_rate": cfg.sampling_rate, "noise_multiplier": run.noise_multiplier,
-                     "accountant": cfg.accountant, "cap": cfg.cap, "nu": cfg.nu})
+        return run.result(w, history, {"optimizer": cfg.optimizer, "bias_correction": cfg.bias_correction,
+                                       "cap": cfg.cap, "nu": cfg.nu})

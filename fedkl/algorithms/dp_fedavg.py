@@ -127,19 +127,14 @@ class DPFedAvg:
             delta_t = run.release(total)
             velocity = cfg.server_momentum * velocity + delta_t
             w = w + cfg.server_lr * velocity
-            record = {"round": t, "rounds": cfg.rounds, "noisy_update_norm": float(delta_t.norm()),
-                      "sampled": len(users), "failed_users": failed, "seconds": time.perf_counter() - start}
+            record = run.record(t, users, failed, start, noisy_update_norm=float(delta_t.norm()))
             history.append(record)
             if progress is not None:
                 progress(record)
-        return ScheduleResult(
-            w=w, rounds=cfg.rounds, sigma=run.sigma, noise_multiplier=run.noise_multiplier, epsilon=run.epsilon,
-            delta=self.delta, history=history,
-            details={"sampling_rate": cfg.sampling_rate, "noise_multiplier": run.noise_multiplier,
-                     "accountant": cfg.accountant, "neighbouring": cfg.neighbouring,
-                     "local_steps": cfg.local_steps, "local_lr": cfg.local_lr, "batch_size": cfg.batch_size,
-                     "server_lr": cfg.server_lr, "server_momentum": cfg.server_momentum,
-                     "fixed_denominator": run.denominator})
+        return run.result(w, history, {"neighbouring": cfg.neighbouring, "local_steps": cfg.local_steps,
+                                       "local_lr": cfg.local_lr, "batch_size": cfg.batch_size,
+                                       "server_lr": cfg.server_lr, "server_momentum": cfg.server_momentum,
+                                       "fixed_denominator": run.denominator})
 
 
 # RunConfig fields this builder reads beyond fedkl.runner.RunConfig's (name -> default).

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -84,6 +85,7 @@ class PoissonScheduledRun:
             raise ValueError(f"need a finite eps > 0 and 0 < delta < 1, got eps={eps}, delta={delta}")
         self.num_users = n = federation.num_users
         self.releaser = releaser
+        self.rounds, self.delta, self.accountant = rounds, delta, accountant
         self.sampling_rate = sampling_rate
         self.noise_multiplier, self.epsilon = calibrate(eps, delta, sampling_rate, rounds, accountant)
         self.sensitivity = sum_sensitivity(clip, neighbouring)
@@ -106,3 +108,15 @@ class PoissonScheduledRun:
     def release(self, total: torch.Tensor) -> torch.Tensor:
         """``(total + N(0, sigma^2 I)) / (q n)``; refused beyond the charged number of releases."""
         return self._handle.release(total) / self.denominator
+
+    def record(self, t: int, users: list[int], failed: int, start: float, **norms: float) -> dict:
+        """One round's public progress record (``norms``: e.g. the released vector's norm)."""
+        return {"round": t, "rounds": self.rounds, **norms, "sampled": len(users), "failed_users": failed,
+                "seconds": time.perf_counter() - start}
+
+    def result(self, w: torch.Tensor, history: list[dict], details: dict) -> ScheduleResult:
+        """The run's result: the model and the schedule's public parameters (plus ``details``)."""
+        return ScheduleResult(w=w, rounds=self.rounds, sigma=self.sigma, noise_multiplier=self.noise_multiplier,
+                              epsilon=self.epsilon, delta=self.delta, history=history,
+                              details={"sampling_rate": self.sampling_rate, "noise_multiplier": self.noise_multiplier,
+                                       "accountant": self.accountant, **details})
