@@ -64,14 +64,12 @@ algorithms where they can run (the mean-estimation family).
 from __future__ import annotations
 
 import argparse
-import csv
 import hashlib
-import json
 import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import torch
@@ -372,21 +370,10 @@ def _summaries(rows: list[dict]) -> list[dict]:
 
 
 def write_outputs(result: dict, outdir: str) -> dict[str, str]:
-    cfg = result["config"]
-    base = os.path.join(outdir, "paper002_sc_slopes" + ("_quick" if cfg["tag"] == "quick" else ""))
-    os.makedirs(outdir, exist_ok=True)
-    paths = {k: base + "." + k for k in ("csv", "json", "md", "png")}
-    rows = result["rows"]
-    with open(paths["csv"], "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    with open(paths["json"], "w") as f:
-        json.dump({k: v for k, v in result.items() if k != "rows"} | {"summary": _summaries(rows)}, f, indent=2)
-    with open(paths["md"], "w") as f:
-        f.write(markdown(result))
-    plot(result, paths["png"])
-    return paths
+    from simulations.paper002_slopes import write_result_files
+
+    return write_result_files(result, outdir, "paper002_sc_slopes", _summaries(result["rows"]), markdown(result),
+                              plot)
 
 
 def markdown(result: dict) -> str:

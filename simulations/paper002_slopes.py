@@ -468,9 +468,11 @@ def plot(result: dict, path: str) -> None:
     plt.close(fig)
 
 
-def write_outputs(result: dict, outdir: str) -> dict[str, str]:
-    cfg = result["config"]
-    base = os.path.join(outdir, "paper002_slopes" + ("_quick" if cfg["tag"] == "quick" else ""))
+def write_result_files(result: dict, outdir: str, name: str, summary: list, text: str,
+                       draw) -> dict[str, str]:
+    """``<name>[_quick].{csv,json,md,png}`` under outdir: the rows, the config plus ``summary``, the
+    markdown ``text`` and ``draw(result, png_path)``. Shared by the paper-002 slope scripts."""
+    base = os.path.join(outdir, name + ("_quick" if result["config"]["tag"] == "quick" else ""))
     os.makedirs(outdir, exist_ok=True)
     paths = {k: f"{base}.{k}" for k in ("csv", "json", "md", "png")}
     rows = result["rows"]
@@ -479,11 +481,15 @@ def write_outputs(result: dict, outdir: str) -> dict[str, str]:
         w.writeheader()
         w.writerows(rows)
     with open(paths["json"], "w") as f:
-        json.dump({k: v for k, v in result.items() if k != "rows"} | {"summary": summaries(rows)}, f, indent=2)
+        json.dump({k: v for k, v in result.items() if k != "rows"} | {"summary": summary}, f, indent=2)
     with open(paths["md"], "w") as f:
-        f.write(markdown(result))
-    plot(result, paths["png"])
+        f.write(text)
+    draw(result, paths["png"])
     return paths
+
+
+def write_outputs(result: dict, outdir: str) -> dict[str, str]:
+    return write_result_files(result, outdir, "paper002_slopes", summaries(result["rows"]), markdown(result), plot)
 
 
 def main(argv: list[str] | None = None) -> dict:
