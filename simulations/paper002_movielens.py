@@ -117,7 +117,9 @@ def write_markdown(path: str, summary: list[dict], rows: list[dict], seeds: int)
         lines.append(f"| majority class | - | {maj:.4f} | - | - | - | - | - |")
     lines += ["", "Reading: at n = 671 the paper's constants make c ~ 1e3 to 1e6. So σ_i is 10^2 to 10^4 times the "
               "phase radius R_i = G/λ_i, and every phased release is clipped to a tiny ball around its centre. The model "
-              "stays near w0 = 0, and its accuracy is that of a nearly random direction. MovieLens users are also "
+              "stays near w0 = 0, and its accuracy is that of a nearly random direction. Every row uses the same "
+              "three noise seeds, so the rows get nearly the same direction and nearly the same accuracy. "
+              "MovieLens users are also "
               "heterogeneous, so the diameter test deletes users or outputs ⊥ when λ is small (heuristic rules). "
               "Noisy GD is the method to use at this scale. Output perturbation needs many more records per user "
               "(paper002_compare.md, note §4)."]
