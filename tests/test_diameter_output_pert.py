@@ -132,7 +132,7 @@ def test_auto_picks_the_exact_cover_while_its_work_bound_fits():
     assert resolve_test("auto", 100, 5) == "vertex-cover"
     assert resolve_test("auto", 100, 30) == "matching"            # 1.38^60 calls: over the budget
     assert worst_case_calls(60) > 4_000_000 >= worst_case_calls(40)
-    assert resolve_test("auto", 20, 5) == "matching"               # n <= 4 kappa: the cover test cannot run
+    assert resolve_test("auto", 20, 5) == "vertex-cover"           # too few users for both: the cover's refusal
     assert resolve_test("matching", 100, 5) == "matching"
     with pytest.raises(ValueError):
         resolve_test("greedy", 100, 5)

@@ -68,7 +68,7 @@ every deletion step then starts from >= 2 users, as the lemma requires. It also 
   score"). It needs every deletion step of its chains, which start from kept sets and from sets of
   >= n - 8 kappa users, to move f~ by <= Delta. That is the lemma with k >= n - depth, plus 2 tau.
   Sensitivity is (8 kappa + 2) Delta, and it costs O(n^2 d) distances plus one blossom matching.
-* ``auto``: ``vertex-cover`` when its proven work bound fits ``max_vc_calls`` and n >= 4 kappa + 2, else
+* ``auto``: ``vertex-cover`` when its proven work bound fits ``max_vc_calls``, else
   ``matching``. The choice is made from public (eps, delta, n) only.
 
 Trust model: as for the Appendix C certificate, the SOUNDNESS of the test assumes that every client

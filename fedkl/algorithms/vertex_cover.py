@@ -76,13 +76,14 @@ def branch_calls(s: int) -> int:
 
 def resolve_test(test: str, n: int, kappa: int, max_vc_calls: int = DEFAULT_MAX_VC_CALLS) -> str:
     """The concrete score ("vertex-cover" or "matching") for n users at this kappa, from public values
-    only: "auto" is the exact cover when its proven work bound (2 kappa) fits ``max_vc_calls`` and
-    n >= 4 kappa + 2, else the matching score."""
+    only: "auto" is the exact cover when its proven work bound (2 kappa) fits ``max_vc_calls``, else
+    the matching score. (n does not enter: the matching score needs MORE users, 8 kappa + 2 against
+    4 kappa + 2, so a population too small for the cover is too small for both.)"""
     if test not in TESTS:
         raise ValueError(f"test must be one of {TESTS}, got {test!r}")
     if test != "auto":
         return test
-    if worst_case_calls(2 * kappa) <= max_vc_calls and n >= 4 * kappa + 2:
+    if worst_case_calls(2 * kappa) <= max_vc_calls:
         return "vertex-cover"
     return "matching"
 
