@@ -231,25 +231,38 @@ class PhasedERM:
         beta = cfg.beta if cfg.beta is not None else 1.0 / (n * m)
         beta_i = beta / T
         k = kappa(eps_i, delta_i)
-        c = D = None
-        if cfg.rule != "fixed":
-            G2 = 2.0 * st.require_lipschitz(f"the {cfg.rule!r} threshold rule")
-            c = inner_noise_ratio(self.inner, n, eps_i, delta_i, cfg.calibration) * rule_factor(
-                cfg.rule, G_call=G2, n_call=n, m=m, kappa_=k, beta=beta_i, scale=cfg.delta_scale)
-        if cfg.lam is not None:
-            lam = cfg.lam
-        else:
-            if c is None:
-                raise ValueError("lambda* needs the noise constant c, which the fixed threshold rule does not define: "
-                                 "give lam or use the uc/scaled rule")
-            G = st.require_lipschitz("lambda*")
-            D = distance if distance is not None else st.resolve_distance(w0)
-            lam = lam_star_erm(c, G, D, st.dim, n, m)
+        c = self.noise_constant([n], eps_i, delta_i, k, beta_i)
+        lam, D = self.base_lam(c, "lambda*", w0, distance,
+                               lambda c_, G, D_: lam_star_erm(c_, G, D_, st.dim, n, m))
         specs = []
         for i in range(1, T + 1):
             lam_i = lam * 4.0**i
             specs.append(PhaseSpec(i, eps_i, delta_i, lam_i, _phase_delta(cfg, st, i, lam_i, n, k, beta_i)))
         return PhasedPlan(T, eps_i, delta_i, lam, beta, k, c, D, tuple(specs))
+
+    def noise_constant(self, call_sizes: list[int], eps: float, delta: float, kappa_: int,
+                       beta: float) -> float | None:
+        """c = max over the calls (n_i users each) of sigma_i/Delta_i x the threshold rule's factor
+        (phased_common); None for the fixed rule, which defines none."""
+        cfg = self.config
+        if cfg.rule == "fixed":
+            return None
+        G2 = 2.0 * self.setting.require_lipschitz(f"the {cfg.rule!r} threshold rule")
+        return max(inner_noise_ratio(self.inner, n_i, eps, delta, cfg.calibration)
+                   * rule_factor(cfg.rule, G_call=G2, n_call=n_i, m=cfg.records, kappa_=kappa_, beta=beta,
+                                 scale=cfg.delta_scale) for n_i in call_sizes)
+
+    def base_lam(self, c: float | None, name: str, w0: torch.Tensor, distance: float | None,
+                 formula: Callable[[float, float, float], float]) -> tuple[float, float | None]:
+        """(lam, D): the given lam, else ``formula(c, G, D)`` with the public D (``distance`` or the setting's)."""
+        if self.config.lam is not None:
+            return self.config.lam, None
+        if c is None:
+            raise ValueError(f"{name} needs the noise constant c, which the fixed threshold rule does not define: "
+                             "give lam or use the uc/scaled rule")
+        G = self.setting.require_lipschitz(name)
+        D = distance if distance is not None else self.setting.resolve_distance(w0)
+        return formula(c, G, D), D
 
     # --- the run -------------------------------------------------------------------------------
     def run(self, federation: Federation, releaser: Releaser, w0: torch.Tensor,

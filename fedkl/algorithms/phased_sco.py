@@ -40,12 +40,10 @@ from fedkl.algorithms.phased_common import (
     PhasedResult,
     PhaseSpec,
     check_approx_releaser,
-    inner_noise_ratio,
     kappa,
     lam_sco,
     read_hyperparameters,
     require_budget,
-    rule_factor,
     sco_cohorts,
     sco_min_cohort,
     sco_phases,
@@ -89,21 +87,9 @@ class PhasedSCO(PhasedERM):
         beta = cfg.beta if cfg.beta is not None else 1.0 / (n * m)
         beta_i = beta / T
         k = kappa(cfg.eps, cfg.delta)
-        c = D = None
-        if cfg.rule != "fixed":
-            G2 = 2.0 * st.require_lipschitz(f"the {cfg.rule!r} threshold rule")
-            c = max(inner_noise_ratio(self.inner, len(ch), cfg.eps, cfg.delta, cfg.calibration)
-                    * rule_factor(cfg.rule, G_call=G2, n_call=len(ch), m=m, kappa_=k, beta=beta_i,
-                                  scale=cfg.delta_scale) for ch in cohorts)
-        if cfg.lam is not None:
-            lam = cfg.lam
-        else:
-            if c is None:
-                raise ValueError("lambda_SCO needs the noise constant c, which the fixed threshold rule does not "
-                                 "define: give lam or use the uc/scaled rule")
-            G = st.require_lipschitz("lambda_SCO")
-            D = distance if distance is not None else st.resolve_distance(w0)
-            lam = lam_sco(c, G, D, st.dim, n, m, T)
+        c = self.noise_constant([len(ch) for ch in cohorts], cfg.eps, cfg.delta, k, beta_i)
+        lam, D = self.base_lam(c, "lambda_SCO", w0, distance,
+                               lambda c_, G, D_: lam_sco(c_, G, D_, st.dim, n, m, T))
         specs = []
         for i, cohort in enumerate(cohorts, start=1):
             lam_i = lam * 4.0**i
