@@ -269,11 +269,9 @@ def prepare_run(cfg: RunConfig, num_users: int, suffix: str = "") -> tuple[float
     return delta, run_id, out, ledger_path, NoiseSource(cfg.noise_seed)
 
 
-def run_training(cfg: RunConfig, log: Callable[[str], None] = print) -> dict:
-    """Train, write ``result.json`` and the ledger under ``cfg.out``; return the result dict."""
-    if cfg.algorithm not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm {cfg.algorithm!r}; available: {', '.join(ALGORITHMS)}")
-    started = time.time()
+def load_run_data(cfg: RunConfig) -> tuple:
+    """``(dataset, problem, problem name)`` of a run configuration (real datasets: split by ``seed``;
+    synthetic ones: drawn with ``seed`` and ``users``)."""
     if cfg.dataset in ("movielens", "tv16"):
         if cfg.users is not None:
             raise ValueError(f"--users applies to synthetic datasets; {cfg.dataset} has a fixed set of users")
@@ -281,7 +279,15 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print) -> dict:
     else:
         dataset = load_dataset(cfg.dataset, seed=cfg.seed, **({"n_users": cfg.users} if cfg.users else {}))
     problem_name = cfg.problem or DEFAULT_PROBLEM[dataset.task]
-    problem = make_problem(problem_name, dataset, reg=cfg.reg)
+    return dataset, make_problem(problem_name, dataset, reg=cfg.reg), problem_name
+
+
+def run_training(cfg: RunConfig, log: Callable[[str], None] = print) -> dict:
+    """Train, write ``result.json`` and the ledger under ``cfg.out``; return the result dict."""
+    if cfg.algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {cfg.algorithm!r}; available: {', '.join(ALGORITHMS)}")
+    started = time.time()
+    dataset, problem, problem_name = load_run_data(cfg)
     evaluator = InProcessFederation(problem, dataset)  # non-private evaluation (research use)
     federation = build_federation(cfg, problem, dataset)
     n = federation.num_users

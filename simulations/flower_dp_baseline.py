@@ -208,18 +208,9 @@ def sensitivity_demo(m: int = 10, clip: float = 1.0, dim: int = 5) -> dict:
 # training through Flower's strategy
 # --------------------------------------------------------------------------------------------------
 def _load(cfg):
-    from fedkl.data import load_dataset
-    from fedkl.problems import make_problem
-    from fedkl.runner import DEFAULT_PROBLEM
+    from fedkl.runner import load_run_data
 
-    if cfg.dataset in ("movielens", "tv16"):
-        if cfg.users is not None:
-            raise ValueError(f"--users applies to synthetic datasets; {cfg.dataset} has a fixed set of users")
-        dataset = load_dataset(cfg.dataset, split_seed=cfg.seed)
-    else:
-        dataset = load_dataset(cfg.dataset, seed=cfg.seed, **({"n_users": cfg.users} if cfg.users else {}))
-    name = cfg.problem or DEFAULT_PROBLEM[dataset.task]
-    return dataset, make_problem(name, dataset, reg=cfg.reg), name
+    return load_run_data(cfg)
 
 
 def make_client_app(problem, dataset, local_steps: int, local_lr: float, batch_size: int | None) -> ClientApp:
