@@ -303,20 +303,28 @@ def test_plan_keeps_a_conflict_free_set_and_reports_the_score():
 
 
 def test_bottom_frequency_through_the_releaser_matches_the_score():
-    fed, prob, ds = _federation(outliers=(0, 1, 2, 3))
-    mech = _mechanism(prob, ds, 0.1, "matching")
+    fed, prob, ds = _federation(outliers=(0, 1))
+    mech = _mechanism(prob, ds, 0.2, "matching")
     plan, _ = mech.plan(fed, torch.zeros(prob.num_params, dtype=torch.float64))
-    assert plan.dist is not None and plan.dist >= 1
+    assert plan.dist is not None and 1 <= plan.dist < 2 * mech.kappa  # both ⊥ and values are likely
     dop = DelOutputPert(mech.dop(N))
     law = TruncatedDiscreteLaplace(dop.config.eps_bar, dop.config.delta_bar)
     p_bot = float(sum(law.pmf()[:plan.dist]))
     draws = 4000
     rec = _Recorder()
     releaser = Releaser(rec, NoiseSource(11))
-    bottoms = sum(dop.release(plan, releaser, fed.user_ids, "t") is None for _ in range(draws))
+    outs = [dop.release(plan, releaser, fed.user_ids, "t") for _ in range(draws)]
+    bottoms = sum(o is None for o in outs)
     se = math.sqrt(p_bot * (1 - p_bot) / draws)
     assert abs(bottoms / draws - p_bot) <= 4 * se + 1e-9
-    assert len(rec.charges) == draws  # every release (⊥ included) charged
+    assert len(rec.charges) == draws  # every release (⊥ included) charged, with its sensitivity and sigma
+    assert all(c["sensitivity"] == dop.config.sensitivity and c["noise_scale"] == dop.config.sigma
+               for c in rec.charges)
+    # the noise of the released values has std sigma: the variance of N draws is within 5 standard errors
+    # (relative SE of a Gaussian sample variance: sqrt(2/N)); a sigma off by 10% fails at N >= 2000
+    noise = torch.stack([o - plan.value for o in outs if o is not None]).flatten()
+    ratio = float(noise.var()) / dop.config.sigma ** 2
+    assert noise.numel() >= 2000 and abs(ratio - 1) <= 5 * math.sqrt(2 / noise.numel())
 
 
 def test_run_charges_every_user_once_and_reports():
