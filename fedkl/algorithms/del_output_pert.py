@@ -77,6 +77,13 @@ HARD_MAX_EXACT_USERS = 24
 _CHUNK = 4096
 
 
+def deletion_depth(score: str, kappa: int) -> int:
+    """How deep the proof's deletion chains go: 4 kappa for the exact score (paper's Algorithm 1),
+    8 kappa for the matching score (see :class:`DelOutputPertConfig`); ``score`` may also be a pairwise
+    test's name ("vertex-cover" is exact)."""
+    return (8 if score == "matching" else 4) * kappa
+
+
 class DeletionBudget:
     """The budget split of Algorithm 1 shared by every DelOutputPert-style config (fields ``eps``,
     ``delta``): eps_bar = eps/2 and delta_bar = delta/(e^{eps_bar} + 2) for each of its two steps, and
@@ -164,7 +171,7 @@ class DelOutputPertConfig(DeletionBudget):
         """Exact score: 4 kappa (the test at x bounds Dbar_{4 kappa} f(x), i.e. chains of 4 kappa + 1
         deletions). Matching score: 8 kappa (every step of the proof's chains starts from a set of
         >= n - 8 kappa users)."""
-        return (8 if self.score == "matching" else 4) * self.kappa
+        return deletion_depth(self.score, self.kappa)
 
     @property
     def sensitivity(self) -> float:

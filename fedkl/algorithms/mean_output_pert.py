@@ -140,6 +140,7 @@ from fedkl.algorithms.del_output_pert import (
     DelOutputPertResult,
     StabilityPlan,
     check_release_start,
+    deletion_depth,
     mean_of_user_vectors,
 )
 from fedkl.algorithms.matching import deletion_set
@@ -206,12 +207,7 @@ class MeanOutputPertConfig(DeletionBudget):
     def depth(self, n: int) -> int:
         """4 kappa (vertex cover) or 8 kappa (matching): every deletion step of the proof starts from a
         set of >= n - depth users (DelOutputPertConfig)."""
-        return (8 if self.score(n) == "matching" else 4) * self.kappa
-
-    @property
-    def min_users(self) -> int:
-        """4 kappa + 2: the smallest n with n - 4 kappa - 1 >= 1 (soundness of P; 8 kappa + 2 for matching)."""
-        return (8 if self.test == "matching" else 4) * self.kappa + 2
+        return deletion_depth(self.score(n), self.kappa)
 
     @property
     def worst_case_calls(self) -> int:

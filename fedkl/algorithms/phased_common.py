@@ -69,10 +69,10 @@ from typing import Callable, Sequence, Union
 
 import torch
 
-from fedkl.algorithms.del_output_pert import DelOutputPertConfig
+from fedkl.algorithms.del_output_pert import DelOutputPertConfig, deletion_depth
 from fedkl.algorithms.diameter_output_pert import DiameterSCOutputPert, DiameterTestConfig, resolve_test
 from fedkl.algorithms.sc_output_pert import SCOutputPert, SCOutputPertConfig, delta_union_bound
-from fedkl.algorithms.vertex_cover import require_work_budget, worst_case_calls
+from fedkl.algorithms.vertex_cover import require_work_budget
 from fedkl.federation.base import Answers, Federation
 from fedkl.privacy.ledger import BudgetExceeded
 from fedkl.privacy.release import Releaser
@@ -200,8 +200,8 @@ class SCInnerRelease:
     def min_users(self, eps: float, delta: float) -> int:
         """The fewest users a diameter-test call accepts at (eps, delta) (public)."""
         k = kappa(eps, delta)
-        vc_ok = self.test in ("auto", "vertex-cover") and worst_case_calls(2 * k) <= self.diameter.max_vc_calls
-        return 4 * k + 2 if vc_ok and self.test != "matching" else 8 * k + 2
+        score = resolve_test("auto" if self.test == "exact" else self.test, 0, k, self.diameter.max_vc_calls)
+        return deletion_depth(score, k) + 2
 
     def check(self, n: int, eps: float, delta: float) -> None:
         """Refuse (ValueError) a call this release cannot run exactly; public values only."""
@@ -600,8 +600,9 @@ def read_hyperparameters(cfg) -> dict:
     return {k: getattr(cfg, k, v[0]) for k, v in HYPERPARAMETERS.items()}
 
 
-__all__ = ["CHOICES", "DEFAULT_RADIUS", "INNER_TESTS", "setting_from_run_config", "SCInnerRelease", "inner_noise_ratio", "precheck_calls", "CohortFederation", "DELTA_RULES", "HYPERPARAMETERS", "InnerOutcome", "InnerRelease",
-           "PhaseCall", "PhaseSpec", "PhasedResult", "PhasedSetting", "check_approx_releaser", "erm_phases",
+__all__ = ["CHOICES", "CohortFederation", "DEFAULT_RADIUS", "DELTA_RULES", "HYPERPARAMETERS", "INNER_TESTS",
+           "InnerOutcome", "InnerRelease", "SCInnerRelease", "inner_noise_ratio", "precheck_calls",
+           "setting_from_run_config", "PhaseCall", "PhaseSpec", "PhasedResult", "PhasedSetting", "check_approx_releaser", "erm_phases",
            "hash_order", "kappa", "lam_sco", "lam_star_erm", "noise_ratio", "project_ball", "read_hyperparameters",
            "require_budget", "rule_delta", "rule_factor", "run_phases", "sc_output_pert_inner", "sco_cohort_bounds",
            "sco_cohorts", "sco_min_cohort", "sco_phases", "setting_for_problem"]
