@@ -69,7 +69,7 @@ every deletion step then starts from >= 2 users, as the lemma requires. It also 
   >= n - 8 kappa users, to move f~ by <= Delta. That is the lemma with k >= n - depth, plus 2 tau.
   Sensitivity is (8 kappa + 2) Delta, and it costs O(n^2 d) distances plus one blossom matching.
 * ``auto``: ``vertex-cover`` when its proven work bound fits ``max_vc_calls``, else
-  ``matching``. The choice is made from public (eps, delta, n) only.
+  ``matching``. The choice is made from public (eps, delta) only.
 
 Trust model: as for the Appendix C certificate, the SOUNDNESS of the test assumes that every client
 answers with the function of its own records that the query names. An honest-but-curious client
@@ -108,6 +108,7 @@ from fedkl.algorithms.sc_output_pert import SCOutputPert, SCOutputPertConfig
 from fedkl.algorithms.vertex_cover import DEFAULT_MAX_VC_CALLS, TESTS, require_work_budget, resolve_test
 from fedkl.federation.base import CertifiedLocalMinimizer, Federation
 from fedkl.privacy.release import Releaser
+
 
 @dataclass(frozen=True)
 class DiameterTestConfig:
