@@ -2,6 +2,6 @@
 
 :mod:`client.app` holds a ``ClientApp`` with ONE user's records that answers the typed queries of
 :mod:`fedkl.federation.base` (clipped gradient, gradient difference, local regularized minimizer,
-local loss, certificate values) exactly as the in-process backend computes them for that user, and
+local loss, local minimizers) exactly as the in-process backend computes them for that user, and
 answers anything malformed with an error reply.
 """

@@ -215,7 +215,8 @@ def quality_metric(metrics: dict) -> str:
 
 def _train(cfg: RunConfig, federation: Federation, problem, dataset, delta: float, ledger_path: str,
            run_id: str, noise: NoiseSource, log: Callable[[str], None]):
-    """Train through ``federation`` with the ledger, filter and noise in this process."""
+    """Train through ``federation`` with the ledger, filter and noise in this process. Returns the
+    algorithm's result, the ledger summary and what its guarantee assumes of the other clients."""
     approx = cfg.algorithm in APPROX_DP_ALGORITHMS
     with PrivacyLedger(ledger_path, Budget(cfg.epsilon, delta, cfg.conversion), run_id, asdict(cfg)) as ledger:
         rho_total = ledger.rho_left(federation.user_ids)
@@ -255,7 +256,7 @@ def _train(cfg: RunConfig, federation: Federation, problem, dataset, delta: floa
         ledger.verify()
         summary = ledger.summary()
 
-    return result, summary
+    return result, summary, alg.clients.describe()
 
 
 def prepare_run(cfg: RunConfig, num_users: int, suffix: str = "") -> tuple[float, str, str, str, NoiseSource]:
@@ -300,9 +301,11 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print) -> dict:
     if cfg.backend == "grpc":  # a real local deployment: ledger + noise live in its ServerApp (same ledger path)
         from server.deploy import train_over_grpc
         result, summary = train_over_grpc(cfg, dataset, out, log=log)
+        clients = result.clients_assumed
     else:
         try:
-            result, summary = _train(cfg, federation, problem, dataset, delta, ledger_path, run_id, noise, log)
+            result, summary, clients = _train(cfg, federation, problem, dataset, delta, ledger_path, run_id, noise,
+                                              log)
         finally:
             close = getattr(federation, "close", None)
             if close is not None:
@@ -331,6 +334,7 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print) -> dict:
         "delta": delta,
         "rho": summary["max_user_rho"],
         "neighbouring": cfg.neighbouring,
+        "clients_assumed": clients,
         "accountant": (f"{cfg.accountant.upper()} (dp-accounting) for the Poisson-subsampled Gaussian schedule, "
                        "charged up front as one (eps, delta) release" if cfg.algorithm in SCHEDULED_ALGORITHMS else
                        "(eps, delta)-DP releases, basic composition in the per-user ledger" if approx else

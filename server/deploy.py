@@ -342,5 +342,6 @@ def train_over_grpc(cfg: Any, dataset: Any, out: str, log=print, **kw: Any) -> t
     res = run_grpc(run_config_for(cfg, spec, out=out), dataset.train.num_users, log=log, **kw)
     w = None if res.get("w") is None else torch.tensor(res["w"], dtype=torch.float64)
     result = SimpleNamespace(w=w, history=res.get("history", []), failed_users=res.get("failed_users"),
-                             rho_spent=res.get("rho_spent"), sigma=res.get("sigma"), workdir=res.get("workdir"))
+                             rho_spent=res.get("rho_spent"), sigma=res.get("sigma"), workdir=res.get("workdir"),
+                             clients_assumed=res.get("clients_assumed"))
     return result, res["ledger"]

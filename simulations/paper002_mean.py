@@ -11,7 +11,7 @@ population minimizer ``theta_pop``.
   the federation).
 * :class:`MeanFederation` - a :class:`~fedkl.federation.base.Federation` over user means answering the
   queries fedkl's algorithms send (ClippedGradient for noisy GD, GradientsAtPoints and
-  CertificateGradientNorm for SCOutputPert), vectorised.
+  the certificate's gradients for SCOutputPert), vectorised.
 * :class:`MeanTypeInner` - an EXACT, efficient instance of paper 002's DelOutputPert for this family,
   usable as the inner release of the phased algorithms at any n (the bitmask enumeration of
   SCOutputPert stops at 20 users). Its privacy argument:
@@ -58,7 +58,6 @@ from fedkl.algorithms.vertex_cover import min_vertex_cover
 from fedkl.data.base import UserData
 from fedkl.federation.base import (
     Answers,
-    CertificateGradientNorm,
     ClippedGradient,
     Federation,
     GradientsAtPoints,
@@ -131,11 +130,6 @@ class MeanFederation(Federation):
             g = self._grads(query.w, means)
             norms = g.norm(dim=1, keepdim=True)
             values = g * torch.clamp(query.clip / norms.clamp_min(1e-300), max=1.0)
-        elif isinstance(query, CertificateGradientNorm):
-            g = self._grads(query.w, means)
-            if query.strength > 0:
-                g = g + query.strength * (query.w.to(torch.float64) - query.center.to(torch.float64))
-            values = g.norm(dim=1)
         else:
             raise TypeError(f"MeanFederation does not answer {type(query).__name__}")
         return Answers(users=users, values=values, failed=[])

@@ -578,9 +578,10 @@ def test_phase_sensitivity_on_adversarial_neighbours(name, solver, relation):
     assert worst > 0.01  # the neighbours do move the value: the check is not vacuous
 
 
-def test_one_shot_sensitivity_is_tight_and_needs_no_data_bounds():
+def test_one_shot_sensitivity_is_tight_and_needs_no_data_bounds(dishonest_records):
     """The one-shot solver's bound comes from its clip alone: records far outside every bound move
-    the phase value by exactly gamma_i = 2 (L/lam_i)/n_i, never more."""
+    the phase value by exactly gamma_i = 2 (L/lam_i)/n_i, never more. Such records model DISHONEST
+    clients (fedkl's datasets and ClientApp refuse them), so the bounds check is switched off here."""
     ds, problem, setting = _setup(24, 12, d=3, m=3)
     alg = PhasedSGD(LocalizationConfig(solver="one-shot"), setting, 0.5)
     ph = alg.plan(cohort_order(ds.train.user_ids, 0), RADIUS)[0]

@@ -27,6 +27,7 @@ from fedkl.federation.base import (  # noqa: E402
     ClippedGradient,
     Federation,
     GradientDifference,
+    GradientsAtOwnPoints,
     LocalLoss,
     LocalRegularizedMinimizer,
 )
@@ -127,21 +128,23 @@ def test_transport_is_bitwise_lossless(spec):
             assert torch.equal(a.total(), b.total())
 
 
-@pytest.mark.skipif(codec.GradientsAtPoints is None or codec.CertificateGradientNorm is None,
-                    reason="this fedkl.federation.base has no GradientsAtPoints / CertificateGradientNorm")
 @pytest.mark.parametrize("spec", [LS, LOGIT], ids=["least-squares", "logistic"])
 def test_output_perturbation_queries_match(spec):
     """The unclipped queries of the output-perturbation algorithms travel too (no norm bound)."""
     fed, _ = _flower(spec)
     ref, per_user = _inprocess(spec), PerUserReference(spec)
     points = torch.randn(3, D, dtype=torch.float64, generator=torch.Generator().manual_seed(8)) * 4
-    w, c = points[0], points[1]
-    for q in (codec.GradientsAtPoints(points), codec.CertificateGradientNorm(w),
-              codec.CertificateGradientNorm(w, c, 0.7)):
-        for us in ([6, 1, 13], None):
-            a, b, p = fed.compute(q, us), ref.compute(q, us), per_user.compute(q, us)
+    own = torch.randn(N, D, dtype=torch.float64, generator=torch.Generator().manual_seed(9)) * 4
+    for us in ([6, 1, 13], None):
+        rows = own[us] if us is not None else own
+        for q in (codec.GradientsAtPoints(points), GradientsAtOwnPoints(rows)):
+            a, b = fed.compute(q, us), ref.compute(q, us)
             assert a.values.shape == b.values.shape and a.failed == b.failed == []
-            assert torch.equal(a.values, b.values) and torch.equal(a.values, p.values)
+            assert torch.equal(a.values, b.values), type(q).__name__
+        p = per_user.compute(codec.GradientsAtPoints(points), us)
+        assert torch.equal(fed.compute(codec.GradientsAtPoints(points), us).values, p.values)
+    with pytest.raises(ValueError):
+        fed.compute(GradientsAtOwnPoints(own[:2]), [0, 1, 2])  # one point per asked user
     with pytest.raises(ValueError):
         fed.compute(codec.GradientsAtPoints(torch.zeros(2, D + 1, dtype=torch.float64)))
     with pytest.raises(ValueError):

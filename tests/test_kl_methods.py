@@ -203,7 +203,7 @@ def test_exponential_frequencies_match_pmf():
 # --------------------------------------------------------------------------------------------------
 # sensitivities of the queries the algorithms release, on adversarial neighbours
 # --------------------------------------------------------------------------------------------------
-def test_query_sensitivities_on_adversarial_neighbours():
+def test_query_sensitivities_on_adversarial_neighbours(dishonest_records):
     """Replacing one user's records (by records far outside every bound) moves ||S||, the clipped
     difference sum and the selection utility -||S||/n by at most 2C, 2C_k and 2C/n; removing one
     user by C, C_k, C/n (the relation-specific sensitivities the algorithms pass to the Releaser)."""

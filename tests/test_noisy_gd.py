@@ -99,7 +99,7 @@ def test_converges_and_error_falls_with_users_and_epsilon(tmp_path):
     assert less_eps > 2 * tight
 
 
-def test_round_sum_sensitivity_holds_on_adversarial_neighbours():
+def test_round_sum_sensitivity_holds_on_adversarial_neighbours(dishonest_records):
     """||S(x) - S(x')|| <= 2C when one user's records are replaced (even by records far outside the
     feature bound), and <= C when one user is removed: the clip, not the data, bounds it."""
     from fedkl.data.base import FederatedDataset, UserData

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from fedkl.data import load_dataset
-from fedkl.federation.base import CertificateGradientNorm, ClippedGradient, GradientsAtPoints, LocalLoss
+from fedkl.federation.base import ClippedGradient, GradientsAtOwnPoints, GradientsAtPoints, LocalLoss
 from fedkl.federation.inprocess import InProcessFederation, clip_rows
 from fedkl.problems import make_problem
 from fedkl.problems.rowwise import cross_entropy_rows, row_matmul, row_norms, sigmoid, softmax_rows, softplus
@@ -105,11 +105,15 @@ def test_batched_federation_equals_each_user_alone(problem, dataset, extra):
     fed = InProcessFederation(prob, ds)
     w = torch.randn(prob.num_params, dtype=torch.float64, generator=GEN)
     queries = [ClippedGradient(w, 0.05), ClippedGradient(w, 1e3), LocalLoss(w), LocalLoss(w, "test"),
-               CertificateGradientNorm(w, w * 0.5, 0.3),
                GradientsAtPoints(torch.randn(11, prob.num_params, dtype=torch.float64, generator=GEN))]
-    for q in queries:
+    own = torch.randn(ds.train.num_users, prob.num_params, dtype=torch.float64, generator=GEN)
+    for q in queries + [GradientsAtOwnPoints(own)]:
         batched = fed.compute(q).values
         for u in range(ds.train.num_users):
+            # a user alone answers its own point as a one-point GradientsAtPoints (what Flower sends it)
+            alone_q = GradientsAtPoints(own[u:u + 1]) if isinstance(q, GradientsAtOwnPoints) else q
             alone = InProcessFederation(prob, dataclasses.replace(
-                ds, train=ds.train.subset([u]), test=ds.test.subset([u]))).compute(q).values[0]
+                ds, train=ds.train.subset([u]), test=ds.test.subset([u]))).compute(alone_q).values[0]
+            if isinstance(q, GradientsAtOwnPoints):
+                alone = alone[0]
             assert torch.equal(batched[u], alone), (type(q).__name__, u)

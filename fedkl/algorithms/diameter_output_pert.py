@@ -71,10 +71,29 @@ every deletion step then starts from >= 2 users, as the lemma requires. It also 
 * ``auto``: ``vertex-cover`` when its proven work bound fits ``max_vc_calls``, else
   ``matching``. The choice is made from public (eps, delta) only.
 
-Trust model: as for the Appendix C certificate, the SOUNDNESS of the test assumes that every client
-answers with the function of its own records that the query names. An honest-but-curious client
-qualifies; a client that misreports its residual is out of scope (its own edges could be wrong).
-The server is trusted: it sees v~, e, theta~ and the test's outcome.
+Clients (what the guarantee assumes of them)
+--------------------------------------------
+The guarantee of an honest user holds whatever any other client REPORTS as its local minimizer or
+residual: the server takes v~_u only as a point and recomputes the residual r_u from user u's
+gradient at v~_u, asked through the same oracle the solver f~ uses (:class:`GradientsAtOwnPoints`:
+over Flower it is a one-point ``GradientsAtPoints`` request). A missing edge then proves
+``||v_u - v_w|| <= rho`` for the minimizers of the functions whose gradients the solver sums, which
+is all the lemma needs. (Before this, the reported residual was used: one client reporting a
+typical v~ with residual 0 while answering gradients honestly broke an honest user's guarantee;
+``tests/test_untrusted_clients.py`` reproduces that attack and checks the fix holds delta.)
+
+The solver's accuracy tau needs the public G0 >= ||grad f_u(c)|| of every user of a set (then
+||c - theta*(y)|| <= G0/mu for every y). The server checks it too, from each user's gradient at c:
+a user whose answer breaks it gets an infinite certified error, so it conflicts with every user
+and is deleted (or the test outputs ⊥); an edge still depends on its two users only.
+
+What remains assumed, and is checked where it can be: every client's GRADIENT answers are those of
+an F_u in the declared class (mu-strongly convex, L-smooth: the loss of records within the
+loaders' bounds, which :class:`~fedkl.data.base.FederatedDataset` checks wherever data enters,
+the ClientApp included). A client running modified code that answers gradient queries with values
+of no such function is outside the guarantee (the lemma's L/mu would not hold for it); the server
+cannot recompute a gradient without the records. Failed or non-finite answers abort the run before
+any charge. The server is trusted: it sees v~, e, theta~ and the test's outcome.
 
 Failure handling: if a user's answer is missing or non-finite (local minimizer, or any solver
 round), the run aborts before anything is charged or released, as in SCOutputPert. Restart the
@@ -106,8 +125,11 @@ from fedkl.algorithms.matching import deletion_set
 from fedkl.algorithms.mean_output_pert import conflict_edges
 from fedkl.algorithms.sc_output_pert import SCOutputPert, SCOutputPertConfig
 from fedkl.algorithms.vertex_cover import DEFAULT_MAX_VC_CALLS, TESTS, require_work_budget, resolve_test
-from fedkl.federation.base import CertifiedLocalMinimizer, Federation
+from fedkl.federation.base import CertifiedLocalMinimizer, Federation, GradientsAtOwnPoints, GradientsAtPoints
 from fedkl.privacy.release import Releaser
+from fedkl.privacy.clients import IN_CLASS_CLIENTS
+
+_G0_PAD = 1e-9  # float slack on the public bound G0 (an honest user's gradient norm is computed in float64)
 
 
 @dataclass(frozen=True)
@@ -143,6 +165,7 @@ class DiameterSCOutputPert:
     """Algorithm 2 of paper 002 with the diameter test (module docstring). Same ``run`` as SCOutputPert."""
 
     name = "sc-output-pert"
+    clients = IN_CLASS_CLIENTS  # what the guarantee assumes of the other clients (fedkl.privacy.clients)
 
     def __init__(self, config: SCOutputPertConfig, test: DiameterTestConfig | None = None) -> None:
         self.config = config
@@ -195,15 +218,43 @@ class DiameterSCOutputPert:
 
     # --- the test (NOT private; only its release is) ---------------------------------------------
     def local_vectors(self, federation: Federation, center: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(v~, e): every user's local minimizer and its certified error bound r_u / mu."""
+        """(v~, e) of :meth:`checked_local_vectors`."""
+        return self.checked_local_vectors(federation, center)[:2]
+
+    def checked_local_vectors(self, federation: Federation,
+                              center: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """(v~, e, understated): every user's reported local minimizer and the certified error bound r_u / mu, with
+        the residual r_u = ||grad F_u(v~_u)|| RECOMPUTED by the server from the users' gradients at
+        v~_u (the solver's oracle, :class:`GradientsAtOwnPoints`). The residual a client reports is
+        never used: a client that reports a typical v~ with residual 0 while its gradients say
+        otherwise gets the edges its gradients imply (module docstring, "Clients"). ``understated``
+        (NOT private, a server-side diagnostic) counts the users whose reported residual is below
+        the recomputed one: lying or broken clients (honest ones agree to rounding)."""
         cfg, t = self.config, self.test
         ans = federation.compute(CertifiedLocalMinimizer(center, cfg.extra_reg, t.local_tol, t.local_max_iter))
         values = ans.values.to(torch.float64)
-        d = federation.num_params
-        if ans.failed or values.shape != (federation.num_users, d + 1) or not torch.isfinite(values).all():
+        n, d = federation.num_users, federation.num_params
+        if ans.failed or values.shape != (n, d + 1) or not torch.isfinite(values).all():
             raise RuntimeError(f"{len(ans.failed)} user(s) gave no valid local minimizer: the run is aborted before "
                                "any charge; restart it on the frozen user set")
-        return values[:, :d], values[:, d] / cfg.mu
+        V = values[:, :d]
+        grads = federation.compute(GradientsAtOwnPoints(V))
+        g = grads.values.to(torch.float64)
+        if grads.failed or g.shape != (n, d) or not torch.isfinite(g).all():
+            raise RuntimeError(f"{len(grads.failed)} user(s) gave no valid gradient at their local minimizer: the run "
+                               "is aborted before any charge; restart it on the frozen user set")
+        residual = (g + cfg.extra_reg * (V - center)).norm(dim=1)
+        understated = int((values[:, d] < residual * (1 - 1e-6) - 1e-12).sum())
+        # the public G0 >= ||grad f_u(c)|| that fixes f~'s iteration count: a user whose gradient at the centre
+        # breaks it (no honest client can) gets an infinite error, i.e. conflicts with everyone
+        start = federation.compute(GradientsAtPoints(center.unsqueeze(0)))
+        g0 = start.values.to(torch.float64).reshape(n, -1)
+        if start.failed or g0.shape != (n, d) or not torch.isfinite(g0).all():
+            raise RuntimeError(f"{len(start.failed)} user(s) gave no valid gradient at the centre: the run is aborted "
+                               "before any charge; restart it on the frozen user set")
+        err = residual / cfg.mu
+        err[~(g0.norm(dim=1) <= cfg.start_grad_bound * (1 + _G0_PAD))] = math.inf
+        return V, err, understated
 
     def conflict_edges(self, V: torch.Tensor, err: torch.Tensor, rho: float) -> list[tuple[int, int]]:
         """u < w with ||v~_u - v~_w|| + e_u + e_w > rho (1 - 1e-9): a missing edge proves ||v_u - v_w|| <= rho."""
@@ -212,10 +263,11 @@ class DiameterSCOutputPert:
     def plan(self, federation: Federation, center: torch.Tensor) -> tuple[StabilityPlan, dict]:
         n = federation.num_users
         score, rho = self.score(n), self.rho(n)
-        V, err = self.local_vectors(federation, center)
+        V, err, understated = self.checked_local_vectors(federation, center)
         edges = self.conflict_edges(V, err, rho)
         diag = {"test": score, "rho": rho, "condition_L_over_mu": self.condition, "conflict_edges": len(edges),
-                "conflict_users": len({u for e in edges for u in e}), "max_local_error": float(err.max())}
+                "conflict_users": len({u for e in edges for u in e}), "max_local_error": float(err.max()),
+                "understated_residuals": understated}
         found, more = deletion_set(n, edges, score, 2 * self.kappa)
         diag.update(more)
         if found is None:

@@ -66,6 +66,7 @@ from fedkl.algorithms.fkt_common import (ConvexSetting, FKTResult, check_paralle
                                          check_zcdp_budget, cohort_order, paper_rho, project, replace_factor)
 from fedkl.federation.base import ClippedGradient, Federation, LocalRegularizedMinimizer
 from fedkl.privacy.release import Releaser
+from fedkl.privacy.clients import IN_CLASS_CLIENTS
 
 CLIENT_VIEW = {
     "psgd": "a user receives the within-phase SGD iterate: a noiseless function of the earlier users of "
@@ -155,6 +156,7 @@ class _Localization:
 
     parallel_composition = True
     name = "fkt-localization"
+    clients = IN_CLASS_CLIENTS  # what the guarantee assumes of the other clients (fedkl.privacy.clients)
     solvers: tuple[str, ...] = ()
     weighted = False  # exponentially weighted PSGD averages (Lemma 5.2)
 

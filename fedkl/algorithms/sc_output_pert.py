@@ -31,8 +31,9 @@ The certified fast path (Appendix C, Lemma C.1, constants re-derived). With gamm
   Dbar_r theta*(x) <= gamma (1 + (beta/mu) r/(n - r)) / ((n - r - 1) mu).
 
 U = the minimum of the two. From theta~ = f~(x) the server asks every user for
-||grad l_u(theta~)|| (:class:`CertificateGradientNorm`) and uses gamma^ = max_u + beta tau (each l_u is
-beta-smooth, ||theta~ - theta*|| <= tau). Since Dbar_{4kappa} f~(x) <= Dbar_{4kappa} theta*(x) + 2 tau,
+its gradient at theta~ (:class:`GradientsAtPoints`, the solver's own oracle), computes
+||grad l_u(theta~)|| itself and uses gamma^ = max_u + beta tau (each l_u is beta-smooth,
+||theta~ - theta*|| <= tau). Since Dbar_{4kappa} f~(x) <= Dbar_{4kappa} theta*(x) + 2 tau,
 ``U(gamma^) + 2 tau <= Delta`` PROVES that the exact test finds dist(x) = 0, so for every R1 the
 exact mechanism outputs f~(x) + N(0, sigma^2 I): the fast path returns that, i.e. it is the SAME
 mechanism, not an approximation of it. When the certificate does not settle the test, the exact
@@ -42,7 +43,13 @@ outlier user flips it; note §6.2) and is not offered.
 Assumptions the fast path's soundness rests on (privacy of the exact path needs none of them): mu,
 beta, G0 are true for every l_u (they follow from the feature bound the loaders enforce, the
 problem's regularizer and lam), and answers are complete (a failed user aborts the run before any
-charge: the phase must be restarted on the frozen user set). Floating point: the certificate is
+charge: the phase must be restarted on the frozen user set).
+
+Clients (:data:`~fedkl.privacy.clients.IN_CLASS_CLIENTS`): the exact path is private for any
+deterministic f~, i.e. whatever fixed functions the other clients' gradient answers are; the
+certificate needs every other client's gradients to be those of a loss in the class (mu, beta).
+No client reports a norm: the server computes every ||grad l_u(theta~)|| itself from the gradient
+answers the solver uses, so a client cannot make the certificate pass by under-reporting. Floating point: the certificate is
 compared with ``Delta (1 - 1e-9)``; f~ is always evaluated on the released set alone (batch of one),
 the enumeration evaluates it in batches (values may differ in the last bits; not modelled).
 
@@ -69,9 +76,10 @@ from fedkl.algorithms.del_output_pert import (
     StabilityPlan,
     exact_stability,
 )
-from fedkl.federation.base import CertificateGradientNorm, Federation, GradientsAtPoints
+from fedkl.federation.base import Federation, GradientsAtPoints
 from fedkl.privacy.release import Releaser
 from fedkl.problems.base import Problem
+from fedkl.privacy.clients import IN_CLASS_CLIENTS
 
 _SOLVE_CHUNK = 4096
 _FP_PAD = 1e-9
@@ -190,6 +198,7 @@ class SCOutputPert:
     """Algorithm 2 of paper 002 with the Appendix C fast path (see the module docstring)."""
 
     name = "sc-output-pert"
+    clients = IN_CLASS_CLIENTS  # what the guarantee assumes of the other clients (fedkl.privacy.clients)
 
     def __init__(self, config: SCOutputPertConfig) -> None:
         self.config = config
@@ -225,10 +234,13 @@ class SCOutputPert:
         """(passed, U + 2 tau): passed proves Dbar_{4 kappa} f~(x) <= Delta (module docstring)."""
         cfg = self.config
         n = federation.num_users
-        ans = federation.compute(CertificateGradientNorm(theta, center if cfg.extra_reg > 0 else None, cfg.extra_reg))
+        # the norms are computed HERE from the users' gradients (the solver's own oracle), never taken
+        # from a client's report: a client that under-reports could make the certificate pass
+        ans = federation.compute(GradientsAtPoints(theta.unsqueeze(0)))
         if ans.failed:
             return False, math.inf
-        gamma = float(ans.values.max()) + cfg.beta * cfg.tau
+        grads = ans.values.to(torch.float64)[:, 0] + cfg.extra_reg * (theta - center)
+        gamma = float(grads.norm(dim=1).max()) + cfg.beta * cfg.tau
         bound = cfg.certificate_bound(n, gamma) + 2 * cfg.tau
         return bound <= cfg.Delta * (1 - _FP_PAD), bound
 

@@ -61,6 +61,7 @@ from fedkl.algorithms.phased_sco import PhasedSCO
 from fedkl.federation.base import Federation
 from fedkl.privacy.release import Releaser
 from fedkl.problems.base import Problem
+from fedkl.privacy.clients import IN_CLASS_CLIENTS
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ class _StronglyConvexPhased:
     """Algorithms 5/6 (see the module docstring); ``phased_class`` is PhasedERM or PhasedSCO."""
 
     name = ""
+    clients = IN_CLASS_CLIENTS  # what the guarantee assumes of the other clients (fedkl.privacy.clients)
     phased_class: type = PhasedERM
     population = False   # Alg 6 adds Prop B.1's statistical radius to R'
 

@@ -7,6 +7,7 @@ different record counts (MovieLens: 20 to 2,391 ratings) cost no padding.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -113,3 +114,46 @@ class FederatedDataset:
             raise ValueError("train and test must list the same users in the same order")
         if self.task not in ("binary", "multiclass", "regression"):
             raise ValueError(f"unknown task {self.task!r}")
+        for split, data in (("train", self.train), ("test", self.test)):
+            check_record_bounds(data, self.task, self.feature_bound, self.num_classes,
+                                self.extra.get("label_bound"), f"{self.name} {split}")
+
+
+# Relative float slack on the feature bound: loaders normalise x / max(1, ||x||), whose float64 norm can
+# exceed 1 by a few ulps. The problems' constants are stated for ||x|| <= R; a record at R (1 + 1e-12)
+# moves a Lipschitz or smoothness constant by at most that relative amount.
+FEATURE_BOUND_SLACK = 1e-12
+
+
+def check_record_bounds(data: UserData, task: str, feature_bound: float, num_classes: int,
+                        label_bound: float | None, what: str) -> None:
+    """ValueError unless every record satisfies the bounds the problems' constants rely on.
+
+    The privacy proofs that use a loss's Lipschitz, smoothness or strong-convexity constants
+    (paper 002's tests, paper 003's amplification, the certificate) assume every record has
+    ``||x|| <= feature_bound``, a valid label (binary: exactly -1 or +1; multiclass: an integer in
+    [0, num_classes); regression: finite, and ``|y| <= label_bound`` when the dataset declares one).
+    The check runs wherever data enters fedkl: every :class:`FederatedDataset`, hence every loader and
+    every ClientApp (which builds its one-user dataset from one), refuses records that break them.
+    """
+    if not (feature_bound > 0 and math.isfinite(feature_bound)):
+        raise ValueError(f"{what}: feature_bound must be finite and > 0, got {feature_bound}")
+    if data.num_records:
+        norms = torch.linalg.vector_norm(data.X.to(torch.float64), dim=1)
+        worst = float(norms.max())
+        if not worst <= feature_bound * (1 + FEATURE_BOUND_SLACK):
+            k = int(norms.argmax())
+            raise ValueError(f"{what}: record {k} of user {data.user_ids[int(data.user_index[k])]!r} has ||x|| = "
+                             f"{worst:.6g} > feature_bound {feature_bound:g}")
+    y = data.y
+    if task == "binary":
+        if not bool(((y == 1) | (y == -1)).all()):
+            raise ValueError(f"{what}: binary labels must be exactly -1 or +1")
+    elif task == "multiclass":
+        if y.dtype != torch.int64 or (data.num_records and not bool(((y >= 0) & (y < num_classes)).all())):
+            raise ValueError(f"{what}: multiclass labels must be int64 in [0, {num_classes})")
+    else:
+        if not bool(torch.isfinite(y).all()):
+            raise ValueError(f"{what}: labels contain NaN or inf")
+        if label_bound is not None and data.num_records and not float(y.abs().max()) <= float(label_bound):
+            raise ValueError(f"{what}: a label exceeds the declared label_bound {label_bound:g}")

@@ -73,7 +73,10 @@ class CertifiedLocalMinimizer(LocalRegularizedMinimizer):
 
     With ``mu`` the strong convexity of ``f_u`` (problem regularizer), ``||v - v*|| <= r/(mu + strength)``
     certifies the distance to the exact minimizer whether or not the local solver converged (the
-    deletion tests of paper 002 need a PROVEN bound, not a tolerance that was hoped for).
+    deletion tests of paper 002 need a PROVEN bound, not a tolerance that was hoped for). The
+    reported ``r`` is the client's word: an algorithm whose privacy needs it true recomputes it from
+    gradient answers (:class:`GradientsAtOwnPoints` at ``v``) and uses the report only to flag
+    clients whose two answers disagree.
     ``strength`` may be 0 here (a strongly convex f_u alone: the localisation call of Alg 5/6)."""
 
     allow_zero_strength: ClassVar[bool] = True
@@ -129,26 +132,27 @@ class GradientsAtPoints:
 
 
 @dataclass(frozen=True)
-class CertificateGradientNorm:
-    """``|| grad f_u(w) + strength * (w - center) ||`` for every user (one scalar each).
+class GradientsAtOwnPoints:
+    """``grad f_u(p_u)`` for every asked user at ITS OWN point ``p_u`` (row i of ``points`` goes to the
+    i-th asked user); answer shape ``(users, d)``. The same oracle as :class:`GradientsAtPoints`
+    (unclipped mean gradient, problem regularizer included): over Flower each user receives a
+    one-point ``GradientsAtPoints`` request, so a client cannot tell the two apart.
 
-    The per-user certificate of paper 002, Lemma C.1 (user u's mean gradient of its regularized
-    objective at the server's minimizer). ``center=None`` means no extra regularizer.
+    The server uses it to RECOMPUTE a quantity that a client reported and a proof needs to be true
+    (paper 002's diameter test: the residual of a reported local minimizer, see
+    :mod:`fedkl.algorithms.diameter_output_pert`), instead of trusting the report. A user whose
+    answer is non-finite is reported in ``failed`` and its row is zero.
     """
 
-    w: torch.Tensor
-    center: torch.Tensor | None = None
-    strength: float = 0.0
+    points: torch.Tensor
 
     def __post_init__(self) -> None:
-        if not (self.strength >= 0 and math.isfinite(self.strength)):
-            raise ValueError(f"strength must be finite and >= 0, got {self.strength}")
-        if self.strength > 0 and self.center is None:
-            raise ValueError("a positive strength needs a center")
+        if self.points.dim() != 2:
+            raise ValueError(f"points must be (users, d), got shape {tuple(self.points.shape)}")
 
 
 Query = Union[ClippedGradient, GradientDifference, LocalRegularizedMinimizer, CertifiedLocalMinimizer, LocalLoss,
-              GradientsAtPoints, CertificateGradientNorm]
+              GradientsAtPoints, GradientsAtOwnPoints]
 
 
 @dataclass

@@ -38,7 +38,6 @@ from fedkl.federation.base import (
 
 # Newer query types (output perturbation); optional so that the codec works with either base.py.
 GradientsAtPoints = getattr(_base, "GradientsAtPoints", None)
-CertificateGradientNorm = getattr(_base, "CertificateGradientNorm", None)
 MAX_POINTS = 4096  # most points one GradientsAtPoints request may carry
 
 PROTOCOL = 1
@@ -56,11 +55,9 @@ KINDS: dict[str, tuple[type | None, tuple[str, ...]]] = {
 }
 if GradientsAtPoints is not None:
     KINDS["gradients_at_points"] = (GradientsAtPoints, ("points",))
-if CertificateGradientNorm is not None:
-    KINDS["certificate_gradient_norm"] = (CertificateGradientNorm, ("w", "center"))  # center optional
 # DP-FedAvg: scalars clip, local_steps, local_lr, batch_size (0 on the wire = all records)
 KINDS["clipped_local_update"] = (ClippedLocalUpdate, ("w",))
-SCALAR_KINDS = ("local_loss", "certificate_gradient_norm")  # one number per user
+SCALAR_KINDS = ("local_loss",)  # one number per user
 _KIND_OF = {cls: kind for kind, (cls, _) in KINDS.items() if cls is not None}
 
 # Error codes carried in an "error" ConfigRecord.
@@ -160,8 +157,6 @@ def encode_request(query: Query | str) -> Any:
         cfg.update(strength=float(query.strength), tol=float(query.tol), max_iter=int(query.max_iter))
     if isinstance(query, LocalLoss):
         cfg["split"] = str(query.split)
-    if kind == "certificate_gradient_norm":
-        cfg["strength"] = float(query.strength)
     if isinstance(query, ClippedLocalUpdate):
         cfg.update(clip=float(query.clip), local_steps=int(query.local_steps), local_lr=float(query.local_lr),
                    batch_size=int(query.batch_size or 0))
@@ -190,8 +185,6 @@ def decode_request(content: Any, num_params: int) -> Query | str:
     if not isinstance(kind, str) or kind not in KINDS:
         raise CodecError(f"unknown request kind {kind!r}")
     cls, names = KINDS[kind]
-    if kind == "certificate_gradient_norm" and "center" not in tensors:
-        names = ("w",)
     _exact_keys(tensors, names, f"{kind} tensors")
     shapes = {n: (num_params,) for n in names}
     if kind == "gradients_at_points":
@@ -219,12 +212,6 @@ def decode_request(content: Any, num_params: int) -> Query | str:
         if kind == "gradients_at_points":
             _exact_keys(cfg, ("protocol", "kind"), f"{kind} scalars")
             return cls(arrays["points"])
-        if kind == "certificate_gradient_norm":
-            _exact_keys(cfg, ("protocol", "kind", "strength"), f"{kind} scalars")
-            strength = _number(cfg, "strength")
-            if strength > 0 and "center" not in arrays:
-                raise CodecError("a positive strength needs a center")
-            return cls(arrays["w"], arrays.get("center"), strength)
         if kind == "clipped_local_update":
             _exact_keys(cfg, ("protocol", "kind", "clip", "local_steps", "local_lr", "batch_size"), f"{kind} scalars")
             steps, batch = cfg.get("local_steps"), cfg.get("batch_size")
@@ -318,7 +305,7 @@ def _ok_header(content: Any, kind: str, keys: tuple[str, ...]) -> Mapping:
 
 def decode_answer(reply: Any, kind: str, num_params: int, num_points: int | None = None) -> torch.Tensor:
     """The float64 answer in ``reply`` to a ``kind`` request: ``(num_params,)``, ``(num_points,
-    num_params)`` for gradients at points, or a 0-d scalar (loss, certificate norm).
+    num_params)`` for gradients at points, or a 0-d scalar (loss).
 
     Raises :class:`ReplyError` for an error reply and :class:`CodecError` for anything invalid.
     """

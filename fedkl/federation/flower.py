@@ -30,6 +30,8 @@ from fedkl.federation.base import (
     ClippedGradient,
     Federation,
     GradientDifference,
+    GradientsAtOwnPoints,
+    GradientsAtPoints,
     LocalLoss,
     LocalRegularizedMinimizer,
     Query,
@@ -141,8 +143,6 @@ class FlowerFederation(Federation):
             return int(points.shape[0])
         for name in codec.KINDS[kind][1]:
             w = getattr(query, name)
-            if w is None:  # the optional center of a certificate query
-                continue
             w = torch.as_tensor(w)
             if w.shape != (self.num_params,):
                 raise ValueError(f"expected parameters of shape ({self.num_params},), got {tuple(w.shape)}")
@@ -156,11 +156,21 @@ class FlowerFederation(Federation):
 
     def compute(self, query: Query, users: Sequence[int] | None = None) -> Answers:
         users = self._users(users)
+        per_user = None  # GradientsAtOwnPoints: row -> the one-point GradientsAtPoints request of that row's user
+        if isinstance(query, GradientsAtOwnPoints):
+            points = torch.as_tensor(query.points)
+            if points.shape != (len(users), self.num_params) or not torch.isfinite(points).all():
+                raise ValueError(f"points must be finite, one row of {self.num_params} per asked user "
+                                 f"({len(users)}), got shape {tuple(points.shape)}")
+            per_user = lambda row: GradientsAtPoints(points[row:row + 1])  # noqa: E731
+            query = per_user(0) if users else GradientsAtPoints(points.new_zeros(1, self.num_params))
         num_points = self._check_query(query)
         kind = codec.kind_of(query)
         shape = (len(users),) + codec.answer_shape(kind, self.num_params, num_points)
         if kind in codec.SCALAR_KINDS:
             shape = (len(users),)
+        if per_user:  # one point per user: its gradient row
+            shape = (len(users), self.num_params)
         values = torch.zeros(shape, dtype=self.dtype)
         errors: dict[int, str] = {}
         asked = [(row, u) for row, u in enumerate(users) if u in self.node_of]
@@ -169,7 +179,7 @@ class FlowerFederation(Federation):
                 errors[u] = "no node for this user"
         if asked:
             group = f"fedkl-{next(self._group)}"
-            msgs = [self._message(query, self.node_of[u], group) for _, u in asked]
+            msgs = [self._message(per_user(row) if per_user else query, self.node_of[u], group) for row, u in asked]
             replies = self._match(msgs, self.grid.send_and_receive(msgs, timeout=self.timeout))
             for row, u in asked:
                 reply = replies.get(self.node_of[u])
@@ -182,7 +192,7 @@ class FlowerFederation(Federation):
                         norm = float(v.norm())
                         if not norm <= query.clip * (1 + CLIP_SLACK):
                             raise codec.CodecError(f"answer norm {norm:.6g} exceeds the clip bound {query.clip:g}")
-                    values[row] = v.to(self.dtype)
+                    values[row] = (v[0] if per_user else v).to(self.dtype)
                 except (codec.CodecError, codec.ReplyError) as exc:
                     errors[u] = str(exc)
         self.last_errors = errors

@@ -17,12 +17,12 @@ from scipy.optimize import minimize
 from fedkl.data.base import FederatedDataset, UserData
 from fedkl.federation.base import (
     Answers,
-    CertificateGradientNorm,
     CertifiedLocalMinimizer,
     ClippedGradient,
     ClippedLocalUpdate,
     Federation,
     GradientDifference,
+    GradientsAtOwnPoints,
     GradientsAtPoints,
     LocalLoss,
     LocalRegularizedMinimizer,
@@ -102,14 +102,10 @@ class InProcessFederation(Federation):
             values = self._gradients_at_points(query.points, users)
             bad = ~torch.isfinite(values).flatten(1).all(dim=1)
             values = torch.where(bad.view(-1, 1, 1), torch.zeros_like(values), values)
-        elif isinstance(query, CertificateGradientNorm):
-            w = self._params(query.w)
-            grads = self.problem.per_user_gradients(w, self._data(users))
-            if query.strength > 0:
-                grads = grads + query.strength * (w - self._params(query.center))
-            values = row_norms(grads)
-            bad = ~torch.isfinite(values)
-            values = torch.where(bad, torch.zeros_like(values), values)
+        elif isinstance(query, GradientsAtOwnPoints):
+            values = self._gradients_at_own_points(query.points, users)
+            bad = ~torch.isfinite(values).all(dim=1)
+            values = torch.where(bad.unsqueeze(1), torch.zeros_like(values), values)
         elif isinstance(query, ClippedLocalUpdate):
             values, bad = clip_rows(self._local_updates(query, users), query.clip)
         else:
@@ -263,6 +259,20 @@ class InProcessFederation(Federation):
         out = torch.empty(len(users), k, d, dtype=points.dtype)
         for j in range(k):
             out[:, j] = self.problem.per_user_gradients(points[j], data)
+        return out
+
+    def _gradients_at_own_points(self, points: torch.Tensor, users: list[int]) -> torch.Tensor:
+        """Row i: the mean gradient of user ``users[i]`` at ``points[i]``, ``(len(users), d)``.
+
+        Each user is one one-point :meth:`_gradients_at_points` call on its records alone: exactly
+        what a Flower client computes for the one-point ``GradientsAtPoints`` request it receives."""
+        points = torch.as_tensor(points).to(self.problem.dtype)
+        if points.shape != (len(users), self.num_params):
+            raise ValueError(f"points must have one row of {self.num_params} per asked user ({len(users)}), "
+                             f"got shape {tuple(points.shape)}")
+        out = torch.empty(len(users), self.num_params, dtype=points.dtype)
+        for row, u in enumerate(users):
+            out[row] = self._gradients_at_points(points[row:row + 1], [u])[0, 0]
         return out
 
     def _local_updates(self, query: ClippedLocalUpdate, users: list[int]) -> torch.Tensor:

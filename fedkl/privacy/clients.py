@@ -1,0 +1,47 @@
+"""What a guarantee assumes of the OTHER clients: the part of every fedkl guarantee that says whose
+misbehaviour it survives.
+
+A user-level guarantee protects an honest user u: the law of what the server releases changes by
+at most (eps, delta) when all of u's records change. The other clients may be honest, or run
+modified code (a "dishonest" client). Each algorithm declares one of the two models below
+(``Algorithm.clients``); ``fedkl run`` writes it into result.json (``clients_assumed``).
+
+* :data:`ANY_CLIENTS`: the guarantee holds whatever the other clients answer. The algorithm only
+  sums answers whose norm the server bounds (a clipped answer over the bound is rejected by the
+  transport, :mod:`fedkl.federation.flower`, and a failed user contributes zero), or releases a
+  statistic of the reported vectors themselves with a test that is exact on those vectors.
+* :data:`IN_CLASS_CLIENTS`: the guarantee holds when every other client's GRADIENT answers are the
+  gradients of a loss in the problem's declared class (convex / strongly convex, with the
+  Lipschitz and smoothness constants of records within the loaders' bounds), e.g. because the
+  client is fedkl's ClientApp, which checks its records' bounds where they are loaded
+  (:class:`fedkl.data.base.FederatedDataset`). Anything a client reports BEYOND its gradients
+  (a local minimizer's residual, a certificate's norm) is recomputed or bounded by the server from
+  gradient answers, never trusted. The proofs use convexity or smoothness of every user's loss
+  (amplification by iteration, strongly convex minimizer stability, the deletion-jump lemma), which
+  no server-side check of finitely many answers can establish.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ClientModel:
+    """One client model: a short name and the sentence result.json carries."""
+
+    name: str
+    text: str
+
+    def describe(self) -> str:
+        return f"{self.name}: {self.text}"
+
+
+ANY_CLIENTS = ClientModel(
+    "any", "holds whatever the other clients answer (the server bounds every answer it sums, or the test is "
+           "exact on the reported values)")
+IN_CLASS_CLIENTS = ClientModel(
+    "in-class gradients", "holds when every other client's gradient answers are those of a loss in the declared "
+                          "class (records within the loaders' bounds, checked by fedkl's ClientApp); reported "
+                          "residuals and certificate norms are recomputed by the server, never trusted")
+
+__all__ = ["ANY_CLIENTS", "IN_CLASS_CLIENTS", "ClientModel"]
