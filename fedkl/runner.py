@@ -17,6 +17,8 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import Callable
 
+import torch
+
 from fedkl.algorithms.dp_adaptive import AdaptiveDPConfig, AdaptiveDPOptimizer
 from fedkl.algorithms.dp_fedavg import build_dp_fedavg
 from fedkl.algorithms.fkt import FKT_BUILDERS
@@ -28,7 +30,7 @@ from fedkl.algorithms.p002 import PHASED_BUILDERS
 from fedkl.algorithms.diameter_output_pert import DiameterSCOutputPert, DiameterTestConfig
 from fedkl.algorithms.phased_common import SCInnerRelease
 from fedkl.algorithms.sc_output_pert import SCOutputPert, SCOutputPertConfig
-from fedkl.data import load_dataset
+from fedkl.data import FederatedDataset, load_dataset
 from fedkl.federation.base import Federation
 from fedkl.federation.inprocess import InProcessFederation
 from fedkl.privacy import Budget, BudgetExceeded, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter
@@ -283,12 +285,23 @@ def load_run_data(cfg: RunConfig) -> tuple:
     return dataset, make_problem(problem_name, dataset, reg=cfg.reg), problem_name
 
 
-def run_training(cfg: RunConfig, log: Callable[[str], None] = print) -> dict:
-    """Train, write ``result.json`` and the ledger under ``cfg.out``; return the result dict."""
+def run_training(cfg: RunConfig, log: Callable[[str], None] = print, dataset: FederatedDataset | None = None) -> dict:
+    """Train, write ``result.json``, ``model.pt`` (the released parameters, when there are some:
+    ``model_path``, else None) and the ledger under ``cfg.out``; return the result dict.
+
+    ``dataset``: your own :class:`FederatedDataset` (``fedkl.from_arrays``) instead of the one
+    ``cfg.dataset`` names; it trains in-process (a Flower client loads a dataset by name)."""
     if cfg.algorithm not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {cfg.algorithm!r}; available: {', '.join(ALGORITHMS)}")
     started = time.time()
-    dataset, problem, problem_name = load_run_data(cfg)
+    if dataset is None:
+        dataset, problem, problem_name = load_run_data(cfg)
+    else:
+        if cfg.backend != "inprocess":
+            raise ValueError(f"a dataset given as an object trains in-process only (backend {cfg.backend!r} loads "
+                             "its clients' data by name)")
+        problem_name = cfg.problem or DEFAULT_PROBLEM[dataset.task]
+        problem = make_problem(problem_name, dataset, reg=cfg.reg)
     evaluator = InProcessFederation(problem, dataset)  # non-private evaluation (research use)
     federation = build_federation(cfg, problem, dataset)
     n = federation.num_users
@@ -323,6 +336,10 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print) -> dict:
         test = evaluator.evaluate(result.w, "test")
         key = quality_metric(test)
     eps = summary["max_user_epsilon"]
+    model_path = None
+    if result.w is not None:  # the released model only (a private output): never the reference
+        model_path = os.path.join(out, "model.pt")
+        torch.save(torch.as_tensor(result.w).detach().to(torch.float64).clone(), model_path)
     payload = {
         "run_id": run_id,
         "algorithm": cfg.algorithm,
@@ -354,6 +371,8 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print) -> dict:
         "config": asdict(cfg),
         "wall_time_s": time.time() - started,
         "metrics_are_private": False,
+        "out_dir": out,
+        "model_path": model_path,
     }
     _write_json(os.path.join(out, "result.json"), payload)
     ref_txt = f"{reference[key]:.4f}" if reference else "n/a"
