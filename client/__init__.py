@@ -1,7 +1,3 @@
-"""Flower ClientApp wiring for fedkl.
-
-:mod:`client.app` holds a ``ClientApp`` with ONE user's records that answers the typed queries of
-:mod:`fedkl.federation.base` (clipped gradient, gradient difference, local regularized minimizer,
-local loss, local minimizers) exactly as the in-process backend computes them for that user, and
-answers anything malformed with an error reply.
-"""
+"""Flower ClientApp entry point (``client.app:app``); the code is :mod:`fedkl.flower.client_app`: ONE
+user's records, answering the typed queries of :mod:`fedkl.federation.base` exactly as the
+in-process backend computes them for that user, and anything malformed with an error reply."""

@@ -11,7 +11,7 @@ The public Python API (one screen; ``fedkl.api``'s docstring has a runnable exam
   Releaser), :mod:`fedkl.problems`, :mod:`fedkl.data`, :mod:`fedkl.federation` (the Federation
   interface and its backends), :mod:`fedkl.algorithms`.
 
-The names are resolved on first use, so ``import fedkl.federation.codec`` (a Flower client) does not
+The names are resolved on first use, so ``import fedkl.flower.codec`` (a Flower client) does not
 import the training stack.
 """
 from __future__ import annotations

@@ -72,6 +72,8 @@ def train(data: str | FederatedDataset, algorithm: str = "noisy-gd", *, epsilon:
     else:
         raise TypeError(f"data must be a dataset name or a FederatedDataset (fedkl.from_arrays), got {type(data)}")
     cfg = RunConfig(dataset=name, algorithm=algorithm, epsilon=epsilon, delta=delta, **settings)
+    if cfg.backend != "inprocess":
+        import fedkl.flower.backends  # noqa: F401  (registers the Flower backends)
     result = run_training(cfg, log=log or (lambda _: None), dataset=dataset)
     w = None if result["model_path"] is None else torch.load(result["model_path"])
     return TrainedModel(model=w, epsilon=float(result["epsilon"]), delta=float(result["delta"]),

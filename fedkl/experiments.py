@@ -81,7 +81,7 @@ def dest_of(field_name: str) -> str:
 
 
 def _run_actions() -> dict[str, argparse.Action]:
-    from fedkl.cli import build_parser
+    from fedkl.flags import build_parser
 
     run = build_parser().subcommands["run"]  # type: ignore[attr-defined]
     return {a.dest: a for a in run._actions if a.dest not in ("help",)}
@@ -181,7 +181,7 @@ def load_run_config_file(path: str) -> dict[str, Any]:
 def explicit_run_dests(argv: Sequence[str]) -> set[str]:
     """Destinations of the ``fedkl run`` options actually present in ``argv`` (abbreviations
     included): the same parser with every default suppressed keeps only what was given."""
-    from fedkl.cli import build_parser
+    from fedkl.flags import build_parser
 
     parser = build_parser()
     run = parser.subcommands["run"]  # type: ignore[attr-defined]
@@ -589,6 +589,8 @@ def run_sweep(spec: SweepSpec, *, log: Callable[[str], None] = print, restart: b
             if alg in EXTERNAL_RUNNERS:
                 payload = EXTERNAL_RUNNERS[alg].fn(rc, log if verbose else (lambda s: None))
             else:
+                if rc.backend != "inprocess":
+                    import fedkl.flower.backends  # noqa: F401  (registers the Flower backends)
                 payload = run_training(rc, log=log if verbose else (lambda s: None))
         except KeyboardInterrupt:
             raise

@@ -34,7 +34,7 @@ from fedkl.data import FederatedDataset, load_dataset
 from fedkl.federation.base import Federation
 from fedkl.federation.inprocess import InProcessFederation
 from fedkl.privacy import Budget, BudgetExceeded, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter
-from fedkl.problems import make_problem
+from fedkl.problems import DEFAULT_PROBLEM, make_problem
 
 def _noisy_gd(cfg: "RunConfig", rho_total: float, **_) -> NoisyGradientDescent:
     return NoisyGradientDescent(
@@ -92,22 +92,39 @@ SCHEDULED_ALGORITHMS = ("dp-sgd", "dp-rmsprop", "dp-adam", "dp-fedavg")
 BACKENDS = ("inprocess", "flower-local", "flower-sim", "grpc")
 
 
-def build_federation(cfg: "RunConfig", problem, dataset) -> Federation:
-    """The federation the algorithm trains through (the evaluation always uses the in-process view).
+@dataclass(frozen=True)
+class Transport:
+    """A backend other than in-process, registered by the transport layer above this one
+    (:mod:`fedkl.flower.backends`); the run layer never imports a transport.
 
-    ``flower-local``: the Flower ServerApp/ClientApp pair over a deterministic in-process Grid;
-    ``flower-sim``: Flower's Ray simulation engine, one virtual SuperNode per user; ``grpc``: a real
-    SuperLink + SuperNodes deployment on loopback (trained by :func:`server.deploy.train_over_grpc`;
-    the federation returned here only names the users).
-    """
-    if cfg.backend in ("inprocess", "grpc"):
-        return InProcessFederation(problem, dataset)
-    if cfg.backend in ("flower-local", "flower-sim"):
-        from fedkl.federation.codec import ClientSpec
-        from server.app import start_federation
-        return start_federation(cfg.backend, ClientSpec.from_run_config(cfg, task=dataset.task),
-                                user_ids=dataset.train.user_ids)
-    raise ValueError(f"unknown backend {cfg.backend!r}; available: {', '.join(BACKENDS)}")
+    ``open(cfg, dataset) -> Federation``: a federation the algorithm trains through here (closed with
+    its ``close()``), or ``train(cfg, dataset, out, log) -> (result, ledger summary)``: a run that
+    keeps its ledger and noise elsewhere (a deployment's ServerApp); ``result`` has ``.w`` and
+    ``.clients_assumed``."""
+
+    open: Callable | None = None
+    train: Callable | None = None
+
+
+TRANSPORTS: dict[str, Transport] = {}
+
+
+def register_transport(name: str, transport: Transport) -> None:
+    if name not in BACKENDS or name == "inprocess":
+        raise ValueError(f"{name!r} is not a transport backend; valid: {', '.join(BACKENDS[1:])}")
+    TRANSPORTS[name] = transport
+
+
+def transport_for(backend: str) -> Transport | None:
+    """None for in-process; the registered transport otherwise (ValueError when none is)."""
+    if backend == "inprocess":
+        return None
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
+    if backend not in TRANSPORTS:
+        raise ValueError(f"backend {backend!r} is provided by fedkl.flower: `import fedkl.flower.backends` first "
+                         "(fedkl run and fedkl.train do)")
+    return TRANSPORTS[backend]
 
 
 @dataclass(frozen=True)
@@ -193,7 +210,6 @@ class RunConfig:
     kl_max_rounds: int | None = None
 
 
-DEFAULT_PROBLEM = {"binary": "logistic", "multiclass": "softmax", "regression": "least-squares"}
 
 
 def default_delta(num_users: int) -> float:
@@ -215,7 +231,7 @@ def quality_metric(metrics: dict) -> str:
     return "accuracy" if "accuracy" in metrics else "mse" if "mse" in metrics else "loss"
 
 
-def _train(cfg: RunConfig, federation: Federation, problem, dataset, delta: float, ledger_path: str,
+def train_federation(cfg: RunConfig, federation: Federation, problem, dataset, delta: float, ledger_path: str,
            run_id: str, noise: NoiseSource, log: Callable[[str], None]):
     """Train through ``federation`` with the ledger, filter and noise in this process. Returns the
     algorithm's result, the ledger summary and what its guarantee assumes of the other clients."""
@@ -303,7 +319,9 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print, dataset: Fe
         problem_name = cfg.problem or DEFAULT_PROBLEM[dataset.task]
         problem = make_problem(problem_name, dataset, reg=cfg.reg)
     evaluator = InProcessFederation(problem, dataset)  # non-private evaluation (research use)
-    federation = build_federation(cfg, problem, dataset)
+    transport = transport_for(cfg.backend)
+    # the federation the algorithm trains through; a deployment (transport.train) trains elsewhere
+    federation = evaluator if transport is None or transport.open is None else transport.open(cfg, dataset)
     n = federation.num_users
     delta, run_id, out, ledger_path, noise = prepare_run(cfg, n)
     log(f"fedkl run {run_id}: {cfg.algorithm} on {cfg.dataset} ({n} users, "
@@ -311,13 +329,12 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print, dataset: Fe
         f"noise: {noise.mode}")
 
     approx = cfg.algorithm in APPROX_DP_ALGORITHMS
-    if cfg.backend == "grpc":  # a real local deployment: ledger + noise live in its ServerApp (same ledger path)
-        from server.deploy import train_over_grpc
-        result, summary = train_over_grpc(cfg, dataset, out, log=log)
+    if transport is not None and transport.train is not None:  # ledger + noise live in the deployment's ServerApp
+        result, summary = transport.train(cfg, dataset, out, log)
         clients = result.clients_assumed
     else:
         try:
-            result, summary, clients = _train(cfg, federation, problem, dataset, delta, ledger_path, run_id, noise,
+            result, summary, clients = train_federation(cfg, federation, problem, dataset, delta, ledger_path, run_id, noise,
                                               log)
         finally:
             close = getattr(federation, "close", None)

@@ -1,7 +1,2 @@
-"""Flower ServerApp wiring for fedkl.
-
-:mod:`server.app` holds a ``ServerApp`` whose ``main`` runs any fedkl algorithm through a
-Flower-backed :class:`fedkl.federation.base.Federation` (ledger, accountant and noise stay here);
-:mod:`server.deploy` starts a loopback SuperLink + SuperNodes deployment with TLS and SuperNode
-authentication (``fedkl run --backend grpc``).
-"""
+"""Flower ServerApp entry point (``server.app:app``); the code is :mod:`fedkl.flower.server_app`, and
+the loopback TLS deployment is :mod:`fedkl.flower.deploy`."""

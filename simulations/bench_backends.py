@@ -5,7 +5,7 @@
 
 For each population size n (synthetic logistic data: n users x 20 records, d = 50), this one command
 runs the same noisy-GD job (user-level, replace-one, eps = 2, the same seeds, R rounds) through
-fedkl's ServerApp code path (``server.app.run_flower_simulation``: ledger, filter and noise on the
+fedkl's ServerApp code path (``fedkl.flower.server_app.run_flower_simulation``: ledger, filter and noise on the
 server) on
 
 * ``inprocess``:    all users as stacked tensors (one batched op per request);
@@ -87,9 +87,9 @@ def _floor_seconds(n: int, repeats: int = 5) -> float:
 def measure(backend: str, n: int, rounds: int) -> dict:
     import torch
 
-    from fedkl.federation.codec import ClientSpec
+    from fedkl.flower.codec import ClientSpec
     from fedkl.runner import RunConfig
-    from server.app import run_flower_simulation
+    from fedkl.flower.server_app import run_flower_simulation
 
     torch.set_num_threads(1)
     spec = ClientSpec.build("synthetic-logistic", "logistic", {"n_users": n, "m": RECORDS, "d": DIM, "seed": 0})

@@ -176,7 +176,7 @@ def sensitivity_demo(m: int = 10, clip: float = 1.0, dim: int = 5) -> dict:
     """Flower's own ``aggregate_train`` (noise multiplier 0, no accountant) on two neighbouring
     reply sets: the same m sampled slots, one user's update x (norm C) replaced by -x. Returns the
     distance between the two released means, next to the C/m the accountant assumes."""
-    from fedkl.federation.localgrid import _set_task_identity
+    from fedkl.flower.localgrid import _set_task_identity
 
     _set_task_identity(1)
     rng = np.random.default_rng(0)
@@ -243,7 +243,7 @@ def train_with_flower(cfg, mode: str = "real", log=print) -> dict:
     """One training with Flower's DP strategy; returns a ``run_training``-style result dict."""
     from fedkl.algorithms.nonprivate import nonprivate_minimizer
     from fedkl.federation.inprocess import InProcessFederation
-    from fedkl.federation.localgrid import LocalGrid
+    from fedkl.flower.localgrid import LocalGrid
     from fedkl.runner import default_delta, quality_metric
 
     started = time.time()
@@ -318,7 +318,7 @@ def _train_on_ray(strategy, client_app, initial, n: int, rounds: int) -> np.ndar
     from flwr.serverapp import Grid
     from flwr.simulation import run_simulation
 
-    from server.app import RAY_BACKEND_CONFIG, make_server_app
+    from fedkl.flower.server_app import RAY_BACKEND_CONFIG, make_server_app
 
     box: dict = {}
 

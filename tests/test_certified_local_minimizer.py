@@ -41,7 +41,7 @@ import torch  # noqa: E402
 from flwr.app import Array, Message  # noqa: E402
 
 from fedkl.data import load_dataset  # noqa: E402
-from fedkl.federation import codec, localgrid  # noqa: E402
+from fedkl.flower import codec, localgrid  # noqa: E402
 from fedkl.federation.base import CertifiedLocalMinimizer, LocalRegularizedMinimizer, local_strength_ok  # noqa: E402
 from fedkl.federation.inprocess import InProcessFederation  # noqa: E402
 from fedkl.problems import make_problem  # noqa: E402

@@ -158,6 +158,7 @@ def test_run_output_perturbation_on_a_small_synthetic_population(tmp_path):
 
 def test_run_over_flower_backend_matches_inprocess(tmp_path):
     """`fedkl run --backend flower-local` trains the same model and charges the same ledger."""
+    import fedkl.flower.backends  # noqa: F401  (the run layer never imports a transport: registered here)
     from fedkl.runner import RunConfig, run_training
 
     common = dict(dataset="synthetic-logistic", users=12, rounds=3, noise_seed=4, reference=False)

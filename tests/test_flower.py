@@ -18,10 +18,10 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict  # noqa: E402
 
-from client.app import make_client_app  # noqa: E402
+from fedkl.flower.client_app import make_client_app  # noqa: E402
 from fedkl.algorithms.noisy_gd import NoisyGDConfig, NoisyGradientDescent  # noqa: E402
 from fedkl.data import load_dataset  # noqa: E402
-from fedkl.federation import codec, localgrid  # noqa: E402
+from fedkl.flower import codec, localgrid  # noqa: E402
 from fedkl.federation.base import (  # noqa: E402
     Answers,
     ClippedGradient,
@@ -31,13 +31,13 @@ from fedkl.federation.base import (  # noqa: E402
     LocalLoss,
     LocalRegularizedMinimizer,
 )
-from fedkl.federation.flower import FlowerFederation  # noqa: E402
+from fedkl.flower.federation import FlowerFederation  # noqa: E402
 from fedkl.federation.inprocess import InProcessFederation  # noqa: E402
-from fedkl.federation.localgrid import LocalGrid  # noqa: E402
+from fedkl.flower.localgrid import LocalGrid  # noqa: E402
 from fedkl.privacy import Budget, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter  # noqa: E402
 from fedkl.problems import make_problem  # noqa: E402
 from fedkl.runner import RunConfig  # noqa: E402
-from server.app import run_flower_simulation  # noqa: E402
+from fedkl.flower.server_app import run_flower_simulation  # noqa: E402
 
 N, M, D = 16, 12, 5
 LS = codec.ClientSpec.build("synthetic-least-squares", "least-squares", {"n_users": N, "m": M, "d": D, "seed": 4})
@@ -278,7 +278,7 @@ def test_delay_beyond_the_timeout_is_a_dropout_and_absent_nodes_always_fail():
 
 
 def test_start_federation_is_closed_once():
-    from server.app import start_federation
+    from fedkl.flower.server_app import start_federation
 
     fed = start_federation("flower-local", LS, num_users=N)
     assert fed.compute(ClippedGradient(_w(0), 1.0)).failed == []
@@ -446,19 +446,24 @@ def test_noisy_gd_over_flower_sim_ray_matches_inprocess(tmp_path):
 
 
 def test_deployed_server_app_main_reads_the_run_config(tmp_path):
-    """server/app.py:app's main and client/app.py:app, configured only by fedkl-* run-config keys
-    (what `flwr run` / SuperNodes would get), here over a LocalGrid."""
+    """The deployed ServerApp's main and ClientApp (fedkl.flower.server_app:app / client_app:app, which
+    the repository's server/app.py and client/app.py entry points re-export), configured only by
+    fedkl-* run-config keys (what `flwr run` / SuperNodes would get), here over a LocalGrid."""
     import json
 
     import client.app
     import server.app
     from flwr.app import Context
 
+    from fedkl.flower import client_app, server_app
+
+    assert server.app.app is server_app.app and client.app.app is client_app.app  # thin entry points
+
     rc = {"fedkl-dataset": "synthetic-least-squares", "fedkl-seed": 3, "fedkl-rounds": 2, "fedkl-lr": 0.5,
           "fedkl-noise-seed": 5, "fedkl-out": str(tmp_path / "deployed"), "fedkl-reference": False}
     ds = load_dataset("synthetic-least-squares", seed=3)
-    grid = LocalGrid(client.app.app, ds.train.num_users, run_config=rc)
-    server.app._deployed_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc))
+    grid = LocalGrid(client_app.app, ds.train.num_users, run_config=rc)
+    server_app._deployed_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc))
     res = json.loads((tmp_path / "deployed" / "flower_result.json").read_text())
     ref = run_flower_simulation(RunConfig(dataset="synthetic-least-squares", seed=3, rounds=2, lr=0.5, noise_seed=5,
                                           out=str(tmp_path / "ref"), reference=False), "inprocess", log=lambda s: None)
@@ -473,7 +478,7 @@ def test_grpc_deployment_with_tls_and_node_auth(tmp_path):
     SuperLink refuses it, so user 5 fails (zero, charged), exactly like an absent node over the
     LocalGrid with the same seeds; the 7 others give the in-process answers. Every process is gone
     afterwards."""
-    from server.deploy import _proc_table, run_config_for, run_grpc
+    from fedkl.flower.deploy import _proc_table, run_config_for, run_grpc
 
     spec = codec.ClientSpec.build("synthetic-least-squares", "least-squares", {"n_users": 8, "m": M, "d": D, "seed": 4})
     cfg = _cfg(tmp_path, "grpc-out", rounds=1)

@@ -30,7 +30,7 @@ delta in the clear (central DP: the server is trusted; no secure aggregation her
 Server-side re-clip: each per-user answer is clipped to C again on the server before summing. For
 an honest client this changes nothing (a row already inside the ball is returned bit for bit by
 ``clip_rows``); it keeps the sensitivity bound even if a transport does not check the norm of this
-query type (Flower's :class:`~fedkl.federation.flower.FlowerFederation` checks it only for clipped
+query type (Flower's :class:`~fedkl.flower.federation.FlowerFederation` checks it only for clipped
 gradients).
 """
 from __future__ import annotations

@@ -6,10 +6,10 @@ users answered. It never sees records, never imports a transport, and never adds
 added by :class:`fedkl.privacy.release.Releaser` on the server.
 
 Backends: :class:`fedkl.federation.inprocess.InProcessFederation` (all users as stacked tensors,
-one batched op per request) and :class:`fedkl.federation.flower.FlowerFederation` (ServerApp <->
+one batched op per request) and :class:`fedkl.flower.federation.FlowerFederation` (ServerApp <->
 ClientApps over Flower Messages), implementing the same methods with the same query types, which
 are plain data so that they serialise into Flower ConfigRecords/ArrayRecords
-(:mod:`fedkl.federation.codec`).
+(:mod:`fedkl.flower.codec`).
 
 Clipping is part of the query and is done where the data lives (the client, or the vectorized
 backend): that is what bounds each user's contribution. A user whose answer is missing or invalid

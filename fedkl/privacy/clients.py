@@ -8,7 +8,7 @@ modified code (a "dishonest" client). Each algorithm declares one of the two mod
 
 * :data:`ANY_CLIENTS`: the guarantee holds whatever the other clients answer. The algorithm only
   sums answers whose norm the server bounds (a clipped answer over the bound is rejected by the
-  transport, :mod:`fedkl.federation.flower`, and a failed user contributes zero), or releases a
+  transport, :mod:`fedkl.flower.federation`, and a failed user contributes zero), or releases a
   statistic of the reported vectors themselves with a test that is exact on those vectors.
 * :data:`IN_CLASS_CLIENTS`: the guarantee holds when every other client's GRADIENT answers are the
   gradients of a loss in the problem's declared class (convex / strongly convex, with the

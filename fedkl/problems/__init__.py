@@ -15,6 +15,8 @@ from fedkl.problems.mlp import MLP
 from fedkl.problems.multiclass import SoftmaxRegression
 
 PROBLEMS = ("logistic", "softmax", "least-squares", "smoothed-hinge", "mlp")
+# the problem a run uses when none is named, per task (fedkl run, fedkl.train, the Flower clients)
+DEFAULT_PROBLEM = {"binary": "logistic", "multiclass": "softmax", "regression": "least-squares"}
 _TASKS = {
     "logistic": ("binary",),
     "smoothed-hinge": ("binary",),
@@ -45,5 +47,5 @@ def make_problem(name: str, dataset: FederatedDataset, reg: float = 0.0, **kw) -
     return MLP(dim, num_classes=num_classes, reg=reg, **kw)
 
 
-__all__ = ["BinaryLogistic", "Constants", "LeastSquares", "MLP", "PROBLEMS", "Problem", "SmoothedHinge",
+__all__ = ["BinaryLogistic", "Constants", "DEFAULT_PROBLEM", "LeastSquares", "MLP", "PROBLEMS", "Problem", "SmoothedHinge",
            "SoftmaxRegression", "make_problem", "user_means"]

@@ -1,6 +1,6 @@
 """Wire format of the Flower transport: typed fedkl queries <-> Flower ``RecordDict`` messages.
 
-Shared by the ClientApp (``client/app.py``) and :class:`fedkl.federation.flower.FlowerFederation`,
+Shared by the ClientApp (``fedkl/flower/client_app.py``) and :class:`fedkl.flower.federation.FlowerFederation`,
 so that both ends agree on one small, strictly validated format:
 
 * every request is a Flower message of type ``query.fedkl`` (:data:`MESSAGE_TYPE`);
@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from fedkl.federation import base as _base
+from fedkl.problems import DEFAULT_PROBLEM
 from fedkl.federation.base import (
     CertifiedLocalMinimizer,
     ClippedGradient,
@@ -344,7 +345,7 @@ class ClientSpec:
 
     In a deployment (``flwr run`` / gRPC) it comes from the run config keys
     ``fedkl-dataset``, ``fedkl-dataset-kwargs`` (JSON), ``fedkl-problem``, ``fedkl-problem-kwargs``
-    (JSON); in-process and in simulations it is passed to :func:`client.app.make_client_app`.
+    (JSON); in-process and in simulations it is passed to :func:`fedkl.flower.client_app.make_client_app`.
     """
 
     dataset: str = "movielens"
@@ -380,8 +381,6 @@ class ClientSpec:
         ``reg``); a ``problem`` of None is the default for the dataset's ``task``."""
         problem = cfg.problem
         if problem is None:
-            from fedkl.runner import DEFAULT_PROBLEM
-
             if task is None:
                 from fedkl.data import load_dataset
 

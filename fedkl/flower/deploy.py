@@ -6,8 +6,8 @@
   this run) and SuperNode authentication (``--enable-supernode-auth``);
 * one ``flower-supernode`` per user (``partition-id`` = user position), each with its own EC key
   pair registered with ``flwr supernode register`` before it connects;
-* ``flwr run`` of a generated Flower app whose components are ``server.app:app`` and
-  ``client.app:app``, configured by ``fedkl-*`` run-config keys.
+* ``flwr run`` of a generated Flower app whose components are ``fedkl.flower.server_app:app`` and
+  ``fedkl.flower.client_app:app``, configured by ``fedkl-*`` run-config keys.
 
 The ServerApp (noisy GD, ledger, noise) runs in Flower's ``flwr-serverapp`` process and writes
 ``flower_result.json`` and ``ledger.sqlite`` under ``out``; every process is killed (SIGTERM, then
@@ -26,9 +26,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Mapping
 
-REPO = Path(__file__).resolve().parent.parent
+import torch
+
+from fedkl.flower.codec import ClientSpec
+
+REPO = Path(__file__).resolve().parents[2]  # the checkout holding fedkl/ (on the nodes' PYTHONPATH)
 
 
 def _bin(name: str) -> str:
@@ -117,7 +122,7 @@ def _write_app(folder: Path, run_config: Mapping[str, Any]) -> None:
              '[project]', 'name = "fedklrun"', 'version = "1.0.0"', 'description = "fedkl over Flower"',
              'license = "Apache-2.0"', 'dependencies = []', '', '[tool.hatch.build.targets.wheel]',
              'packages = ["."]', '', '[tool.flwr.app]', 'publisher = "fedkl"', '',
-             '[tool.flwr.app.components]', 'serverapp = "server.app:app"', 'clientapp = "client.app:app"', '',
+             '[tool.flwr.app.components]', 'serverapp = "fedkl.flower.server_app:app"', 'clientapp = "fedkl.flower.client_app:app"', '',
              '[tool.flwr.app.config]']
     lines += [f"{k} = {_toml_value(v)}" for k, v in run_config.items() if v is not None]
     (folder / "pyproject.toml").write_text("\n".join(lines) + "\n")
@@ -125,7 +130,7 @@ def _write_app(folder: Path, run_config: Mapping[str, Any]) -> None:
 
 def run_config_for(cfg: Any, spec: Any | None = None, out: str | None = None) -> dict[str, Any]:
     """``fedkl-*`` run-config keys for a :class:`fedkl.runner.RunConfig` (and optionally an explicit
-    :class:`fedkl.federation.codec.ClientSpec`)."""
+    :class:`fedkl.flower.codec.ClientSpec`)."""
     import dataclasses
 
     rc = {"fedkl-" + k.replace("_", "-"): v for k, v in dataclasses.asdict(cfg).items() if v is not None}
@@ -332,12 +337,6 @@ def train_over_grpc(cfg: Any, dataset: Any, out: str, log=print, **kw: Any) -> t
     SuperNode per user of ``dataset``); the ServerApp writes the ledger at ``cfg.ledger`` or
     ``<out>/ledger.sqlite``. Returns ``(result, ledger_summary)`` where ``result`` has ``.w`` (a
     float64 tensor, or None for "no output"), ``.history`` and ``.failed_users``."""
-    from types import SimpleNamespace
-
-    import torch
-
-    from fedkl.federation.codec import ClientSpec
-
     spec = ClientSpec.from_run_config(cfg, task=dataset.task)
     res = run_grpc(run_config_for(cfg, spec, out=out), dataset.train.num_users, log=log, **kw)
     w = None if res.get("w") is None else torch.tensor(res["w"], dtype=torch.float64)

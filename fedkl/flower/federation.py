@@ -1,8 +1,8 @@
 """The Flower backend: :class:`FlowerFederation`, the federation interface over a Flower ``Grid``.
 
-Each user is one Flower node running ``client/app.py``'s ClientApp, which holds that user's records.
+Each user is one Flower node running ``fedkl/flower/client_app.py``'s ClientApp, which holds that user's records.
 A request is one ``query.fedkl`` message per asked user, sent with ``Grid.send_and_receive``; the
-replies are decoded by :mod:`fedkl.federation.codec` and stacked in the order of the asked users,
+replies are decoded by :mod:`fedkl.flower.codec` and stacked in the order of the asked users,
 so ``Answers.total()`` sums them in user order exactly as the in-process backend does.
 
 Failure policy (the in-process one, :mod:`fedkl.federation.base`): a user whose reply is missing
@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from fedkl.federation import codec
+from fedkl.flower import codec
 from fedkl.federation.base import (
     Answers,
     ClippedGradient,
@@ -49,7 +49,7 @@ class FlowerFederation(Federation):
     """Per-user queries over a Flower ``Grid`` (see the module docstring).
 
     Args:
-        grid: a Flower ``Grid`` (the ServerApp's, or :class:`fedkl.federation.localgrid.LocalGrid`).
+        grid: a Flower ``Grid`` (the ServerApp's, or :class:`fedkl.flower.localgrid.LocalGrid`).
         user_ids: the enrolled users in position order, if the server knows them (e.g. from the
             enrolment list). Then nodes that are missing at the handshake just always fail; without
             it every partition must answer the handshake.

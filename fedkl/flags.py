@@ -1,0 +1,212 @@
+"""The ``fedkl`` command-line grammar: every subcommand's flags, their types, choices and help.
+
+Shared by :mod:`fedkl.cli` (which runs the commands) and :mod:`fedkl.experiments` (which validates
+a TOML configuration or a sweep's values through the same ``fedkl run`` flags), so neither imports
+the other. Bad arguments exit with code 2 and one line that says what is wrong and how to fix it.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but an error is ONE line: 'fedkl run: error: ... (see fedkl run --help)'."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def _positive(kind=float):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}")
+        if not (value > 0 and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"must be > 0 and finite, got {text}")
+        return value
+    parse.__name__ = f"positive {kind.__name__}"
+    return parse
+
+
+def _interval(low: float, high: float, high_closed: bool):
+    """A float strictly above ``low`` and below ``high`` (or equal to it when ``high_closed``)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
+        if not (low < value < high or (high_closed and value == high)):
+            where = f"in ({low:g}, {high:g}]" if high_closed else f"strictly between {low:g} and {high:g}"
+            raise argparse.ArgumentTypeError(f"must be {where}, got {text}")
+        return value
+    return parse
+
+
+_probability = _interval(0.0, 1.0, high_closed=False)
+_rate = _interval(0.0, 1.0, high_closed=True)
+
+
+# string hyperparameters with a fixed set of values (the rest take numbers)
+_CHOICES = {"fkt_schedule": ("jnn", "constant"), "fkt_solver": ("psgd", "gd", "subgradient", "one-shot"),
+            "fkt_inner": ("phased-sgd", "phased-erm"), "kl_select": ("last", "exponential"),
+            "mean_calibration": ("tight", "paper"), "p002_delta_rule": ("uc", "scaled", "fixed"),
+            "p002_calibration": ("paper", "tight"), "p002_test": ("auto", "exact", "vertex-cover", "matching"),
+            "mean_test": ("auto", "vertex-cover", "matching")}
+
+
+def algorithm_hyperparameters() -> dict[str, tuple]:
+    """Every algorithm-specific RunConfig field: name -> (default, help, "theorem"/"heuristic"), from
+    the modules that read them (dp-fedavg, paper 003, paper 000)."""
+    from fedkl.algorithms import dp_fedavg, fkt, kl_methods, mean_output_pert, p002
+
+    table = {**dp_fedavg.HYPERPARAMETERS, **p002.HYPERPARAMETERS, **mean_output_pert.HYPERPARAMETERS,
+             **fkt.HYPERPARAMETERS, **kl_methods.HYPERPARAMETERS}
+    for shared in ("radius", "distance"):  # read by paper 002's phased algorithms and paper 003's alike
+        default, text, origin = fkt.HYPERPARAMETERS[shared]
+        assert p002.HYPERPARAMETERS[shared][0] == default
+        table[shared] = (default, text.replace("paper-003 algorithms", "paper-002 phased and paper-003 algorithms"),
+                         origin)
+    return table
+
+
+def _number_or_none(kind):
+    def parse(text: str):
+        if text.lower() == "none":
+            return None
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {kind.__name__} or 'none', got {text!r}")
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be finite, got {text}")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _add_hyperparameters(run: argparse.ArgumentParser, d) -> None:
+    """One flag per algorithm-specific RunConfig field (``--kl-gamma`` for ``kl_gamma``); the type
+    comes from the field's annotation, the help from the module that reads it; the algorithm
+    validates the value (a bad one exits 2 with its message)."""
+    import dataclasses
+
+    group = run.add_argument_group("algorithm hyperparameters ('theorem': the paper's value by default; "
+                                   "'heuristic': a tunable choice)")
+    annotations = {f.name: str(f.type) for f in dataclasses.fields(d)}
+    for name, (default, text, origin) in algorithm_hyperparameters().items():
+        note = f"{text} [{origin}; default {getattr(d, name)}]".replace("%", "%%")
+        flag = "--" + name.replace("_", "-")
+        if name in _CHOICES:
+            group.add_argument(flag, choices=_CHOICES[name], default=getattr(d, name), help=note)
+        else:
+            kind = int if annotations[name].startswith("int") else float
+            group.add_argument(flag, type=_number_or_none(kind), default=getattr(d, name), help=note)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from fedkl.data import DATASETS
+    from fedkl.problems import PROBLEMS
+    from fedkl.runner import ALGORITHMS, BACKENDS, RunConfig
+
+    d = RunConfig()
+    parser = _Parser(prog="fedkl", description="Federated learning with user-level differential privacy.")
+    sub = parser.add_subparsers(dest="command", metavar="{run,account,sweep,plot}", parser_class=_Parser)
+    sub.required = True
+
+    run = sub.add_parser("run", help="train a model with user-level DP and write result.json + ledger",
+                         description="Train a model with user-level differential privacy (one user = one "
+                                     "unit of privacy) and write result.json and the privacy ledger.")
+    run.add_argument("--config", metavar="FILE.toml", default=None,
+                     help="read settings from a TOML file (keys: the options below, dashes or underscores); "
+                          "options given on the command line override the file")
+    run.add_argument("--dataset", choices=DATASETS, default=d.dataset, help="user-partitioned dataset (default %(default)s)")
+    run.add_argument("--problem", choices=PROBLEMS, default=d.problem,
+                     help="model / loss (default: logistic for binary, softmax for multiclass, least-squares for regression)")
+    run.add_argument("--algorithm", choices=ALGORITHMS, default=d.algorithm, help="private algorithm (default %(default)s)")
+    run.add_argument("--backend", choices=BACKENDS, default=d.backend,
+                     help="where users compute (default %(default)s: the vectorized in-process simulator)")
+    run.add_argument("--epsilon", type=_positive(), default=d.epsilon, help="user-level epsilon budget (default %(default)s)")
+    run.add_argument("--delta", type=_probability, default=None, help="user-level delta (default 1/n^1.1 for n users)")
+    run.add_argument("--rounds", type=_positive(int), default=d.rounds, help="federated rounds (default %(default)s)")
+    run.add_argument("--lr", type=_positive(), default=d.lr, help="step size (default %(default)s)")
+    run.add_argument("--clip", type=_positive(), default=d.clip, help="per-user gradient clip norm C (default %(default)s)")
+    run.add_argument("--reg", type=float, default=d.reg, help="L2 regularization (reg/2)||w||^2 (default %(default)s)")
+    run.add_argument("--neighbouring", choices=("replace-one", "add-remove"), default=d.neighbouring,
+                     help="user-level neighbouring relation (default %(default)s: all of one user's records change)")
+    run.add_argument("--conversion", choices=("cks", "bun_steinke"), default=d.conversion,
+                     help="zCDP -> (eps, delta) conversion (default %(default)s: Canonne-Kamath-Steinke 2020)")
+    run.add_argument("--seed", type=int, default=d.seed, help="seed of the data split and initialisation (default %(default)s)")
+    run.add_argument("--noise-seed", type=int, default=None,
+                     help="seed the privacy noise (reproducible, NOT secure; default: os.urandom)")
+    run.add_argument("--out", default=None, help="output folder (default runs/<run id>-<algorithm>-<dataset>)")
+    run.add_argument("--ledger", default=None,
+                     help="ledger file (default OUT/ledger.sqlite); an existing ledger's spent budget is honoured")
+    run.add_argument("--no-reference", action="store_true", help="skip the non-private reference model")
+    run.add_argument("--users", type=_positive(int), default=None, help="number of users (synthetic datasets only)")
+    run.add_argument("--stability-delta", type=_positive(), default=d.stability_delta,
+                     help="sc-output-pert / phased-erm: deletion-stability threshold Delta (default %(default)s)")
+    run.add_argument("--sampling-rate", type=_rate, default=d.sampling_rate,
+                     help="dp-sgd/rmsprop/adam: Poisson user sampling rate q (default %(default)s: everyone)")
+    run.add_argument("--beta1", type=float, default=d.beta1, help="dp-adam: first-moment decay (default %(default)s)")
+    run.add_argument("--beta2", type=float, default=d.beta2,
+                     help="dp-rmsprop/adam: second-moment decay (default %(default)s)")
+    run.add_argument("--nu", type=_positive(), default=d.nu, help="dp-rmsprop/adam: denominator offset (default %(default)s)")
+    run.add_argument("--cap", type=_positive(), default=d.cap,
+                     help="dp-rmsprop/adam: cap on the second moment v (paper 004's lambda; default none)")
+    run.add_argument("--bias-correction", action="store_true", help="dp-adam/rmsprop: Adam's bias correction (paper 004: off)")
+    run.add_argument("--accountant", choices=("pld", "rdp"), default=d.accountant,
+                     help="dp-sgd/rmsprop/adam: dp-accounting accountant (default %(default)s)")
+    _add_hyperparameters(run, d)
+
+    acc = sub.add_parser(
+        "account", help="(eps, delta) of a noise schedule, or the noise for a target eps",
+        description="Privacy arithmetic with dp-accounting (PLD and RDP) and zCDP. Give --noise-multiplier to get "
+                    "epsilon, or --epsilon to get the noise multiplier; add --rho / --zcdp for zCDP conversions.")
+    acc.add_argument("--noise-multiplier", type=_positive(), help="sigma / sensitivity of each Gaussian step")
+    acc.add_argument("--epsilon", type=_positive(), help="target epsilon (solve for the noise multiplier, or rho with --zcdp)")
+    acc.add_argument("--sampling-rate", type=_rate, default=1.0, help="Poisson user sampling rate q (default 1: everyone)")
+    acc.add_argument("--steps", type=_positive(int), default=1, help="number of Gaussian steps (default %(default)s)")
+    acc.add_argument("--delta", type=_probability, required=True, help="target delta")
+    acc.add_argument("--accountant", choices=("pld", "rdp", "all"), default="all", help="dp-accounting accountant (default all)")
+    acc.add_argument("--neighbouring", choices=("add-remove", "replace-one"), default="add-remove",
+                     help="neighbouring relation (default %(default)s, dp-accounting's)")
+    acc.add_argument("--rho", type=_positive(), help="convert rho-zCDP to (eps, delta) instead")
+    acc.add_argument("--zcdp", action="store_true", help="with --epsilon: the rho-zCDP budget that converts to it")
+    acc.add_argument("--json", action="store_true", help="print one JSON object")
+    sweep = sub.add_parser(
+        "sweep", help="run the cartesian product of a TOML sweep file into a CSV/JSON-lines table (resumable)",
+        description="Run every point of a sweep file: top-level keys = the base `fedkl run` settings, [sweep] = lists "
+                    "of values (any setting) plus `table = \"results.csv\"`; rows already in the table are skipped. "
+                    "See fedkl/experiments.py for the file format.")
+    sweep.add_argument("file", metavar="FILE.toml", help="the sweep file")
+    sweep.add_argument("--table", default=None, help="write to this CSV instead of the file's [sweep] table")
+    sweep.add_argument("--set", action="append", default=[], metavar="FIELD=V1[,V2...]",
+                       help="replace an axis (or a base value) of the file, e.g. --set seed=0,1 (repeatable)")
+    sweep.add_argument("--restart", action="store_true", help="delete the table and run every point again")
+    sweep.add_argument("--retry-errors", action="store_true", help="run again the points whose row records an error")
+    sweep.add_argument("--dry-run", action="store_true", help="list the points and whether each is done; run nothing")
+    sweep.add_argument("--max-runs", type=_positive(int), default=None, help="stop after this many new runs")
+    sweep.add_argument("--verbose", action="store_true", help="print every run's own log")
+
+    plot = sub.add_parser(
+        "plot", help="PNG figure (and markdown table) of a sweep table: privacy-utility or log-log slope",
+        description="privacy-utility: the test metric vs epsilon, mean +- std over seeds, per algorithm and dataset. "
+                    "slope: an error column vs users (log-log) with the fitted and the theory slope.")
+    plot.add_argument("table", metavar="TABLE.csv", help="a table written by fedkl sweep")
+    plot.add_argument("--kind", choices=("privacy-utility", "slope"), required=True)
+    plot.add_argument("--out", default=None, help="PNG path (default: TABLE with the kind and .png)")
+    plot.add_argument("--x", default=None, help="x column (default epsilon_target / users)")
+    plot.add_argument("--y", default=None, help="y column (default test_metric / excess_loss)")
+    plot.add_argument("--group", default="algorithm", help="one line per value of this column (default %(default)s)")
+    plot.add_argument("--panel", default="dataset",
+                      help="privacy-utility: one panel per value of this column (default %(default)s; 'none': one panel)")
+    plot.add_argument("--where", action="append", default=[], metavar="COLUMN=VALUE",
+                      help="keep only rows with this value (repeatable)")
+    plot.add_argument("--theory-slope", type=float, default=None, help="slope: the theory's slope to draw")
+    plot.add_argument("--theory-label", default="theory", help="slope: legend label of the theory line")
+    plot.add_argument("--title", default=None)
+    plot.add_argument("--markdown", default=None, metavar="FILE.md", help="also write the plotted numbers as markdown")
+    parser.subcommands = {"run": run, "account": acc, "sweep": sweep, "plot": plot}  # type: ignore[attr-defined]
+    return parser

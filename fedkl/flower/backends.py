@@ -1,0 +1,29 @@
+"""The Flower backends of ``fedkl run`` (``--backend flower-local | flower-sim | grpc``), registered
+with :mod:`fedkl.runner` on import. The CLI and :func:`fedkl.train` import this module when a run
+asks for one of them; the run layer itself never imports Flower."""
+from __future__ import annotations
+
+from typing import Any
+
+from fedkl.flower.codec import ClientSpec
+from fedkl.runner import Transport, register_transport
+
+
+def _open(backend: str):
+    def open_federation(cfg: Any, dataset: Any):
+        from fedkl.flower.server_app import start_federation
+
+        return start_federation(backend, ClientSpec.from_run_config(cfg, task=dataset.task),
+                                user_ids=dataset.train.user_ids)
+    return open_federation
+
+
+def _train_over_grpc(cfg: Any, dataset: Any, out: str, log: Any):
+    from fedkl.flower.deploy import train_over_grpc
+
+    return train_over_grpc(cfg, dataset, out, log=log)
+
+
+register_transport("flower-local", Transport(open=_open("flower-local")))
+register_transport("flower-sim", Transport(open=_open("flower-sim")))
+register_transport("grpc", Transport(train=_train_over_grpc))

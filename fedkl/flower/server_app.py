@@ -1,0 +1,276 @@
+"""Flower ServerApp for fedkl: any fedkl algorithm, unchanged, over a Flower federation.
+
+The ledger, the privacy filter/accountant and the noise stay on the server; the clients only
+compute clipped per-user answers (``fedkl/flower/client_app.py``).
+
+Entry points:
+
+* :func:`open_federation` -- a context manager yielding a :class:`fedkl.federation.base.Federation`
+  for a backend: ``"inprocess"`` (the given in-process federation), ``"flower-local"`` (the
+  deterministic in-process :class:`~fedkl.flower.localgrid.LocalGrid` + ClientApp) or
+  ``"flower-sim"`` (Flower's simulation runtime on Ray, ``run_simulation``). It is used from the
+  caller's thread, so an algorithm, its Releaser and its SQLite ledger run exactly as with the
+  in-process backend (for ``flower-sim`` the ServerApp's main, which Flower runs in its own thread,
+  only relays Grid calls for the caller).
+* :func:`start_federation` -- the same, returned open (``close()`` it), for ``build_federation``.
+* :func:`run_flower_simulation` -- a training (any algorithm of ``fedkl.runner.ALGORITHM_BUILDERS``)
+  over a backend, with its ledger; no evaluation.
+* ``app`` -- the ServerApp for deployments (``flwr run`` / SuperLink; see ``fedkl/flower/deploy.py`` for
+  the local TLS + SuperNode-auth deployment): it reads the ``fedkl-*`` run-config keys (see
+  :func:`_run_config_from_user_config`), trains with the ledger and noise in its own process and
+  writes ``flower_result.json`` next to the ledger.
+"""
+from __future__ import annotations
+
+import os
+
+for _k, _v in (("FLWR_TELEMETRY_ENABLED", "0"), ("FLWR_DISABLE_UPDATE_CHECK", "1"), ("RAY_USAGE_STATS_ENABLED", "0")):
+    os.environ.setdefault(_k, _v)
+
+import contextlib  # noqa: E402
+import dataclasses  # noqa: E402
+import json  # noqa: E402
+import queue  # noqa: E402
+import threading  # noqa: E402
+from collections.abc import Callable, Iterator, Sequence  # noqa: E402
+from typing import Any  # noqa: E402
+
+from flwr.app import Context  # noqa: E402
+from flwr.serverapp import Grid, ServerApp  # noqa: E402
+
+from fedkl import runner  # noqa: E402
+from fedkl.data import load_dataset  # noqa: E402
+from fedkl.federation.base import Federation  # noqa: E402
+from fedkl.federation.inprocess import InProcessFederation  # noqa: E402
+from fedkl.flower.client_app import make_client_app  # noqa: E402
+from fedkl.flower.codec import ClientSpec  # noqa: E402
+from fedkl.flower.federation import FlowerFederation  # noqa: E402
+from fedkl.flower.localgrid import LocalGrid  # noqa: E402
+from fedkl.problems import make_problem  # noqa: E402
+from fedkl.runner import ALGORITHM_BUILDERS, RunConfig  # noqa: E402
+
+BACKENDS = ("inprocess", "flower-local", "flower-sim")
+RAY_BACKEND_CONFIG = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                      "init_args": {"include_dashboard": False}}
+
+
+def make_server_app(main: Callable[[Grid, Context], None]) -> ServerApp:
+    app = ServerApp()
+    app.main()(main)
+    return app
+
+
+# --- flower-sim: the ServerApp relays Grid calls made from the caller's thread ------------------
+_STOP = object()
+
+
+class _RelayGrid:
+    """A Grid stand-in for the caller's thread: each call is executed by the ServerApp's main (in
+    Flower's server thread) on the real Grid, and its result handed back."""
+
+    def __init__(self) -> None:
+        self.calls: queue.Queue = queue.Queue()
+        self.failed: BaseException | None = None
+
+    def _call(self, name: str, *args: Any, **kw: Any) -> Any:
+        if self.failed is not None:
+            raise RuntimeError("the Flower simulation stopped") from self.failed
+        box: queue.Queue = queue.Queue(maxsize=1)
+        self.calls.put((name, args, kw, box))
+        while True:
+            try:
+                ok, value = box.get(timeout=1.0)
+                break
+            except queue.Empty:
+                if self.failed is not None:
+                    raise RuntimeError("the Flower simulation stopped") from self.failed
+        if not ok:
+            raise value
+        return value
+
+    def get_node_ids(self) -> list[int]:
+        return self._call("get_node_ids")
+
+    def send_and_receive(self, messages: Any, *, timeout: float | None = None) -> list[Any]:
+        return self._call("send_and_receive", list(messages), timeout=timeout)
+
+    def serve(self, grid: Grid) -> None:
+        """The ServerApp's main: relay calls until stopped."""
+        while True:
+            item = self.calls.get()
+            if item is _STOP:
+                return
+            name, args, kw, box = item
+            try:
+                out = getattr(grid, name)(*args, **kw)
+                box.put((True, list(out)))
+            except BaseException as exc:  # handed to the caller
+                box.put((False, exc))
+
+
+@contextlib.contextmanager
+def _simulation(client_app: Any, num_nodes: int, backend_config: dict | None = None,
+                start_timeout: float = 300.0) -> Iterator[_RelayGrid]:
+    from flwr.simulation import run_simulation
+
+    relay = _RelayGrid()
+    started = threading.Event()
+
+    def main(grid: Grid, context: Context) -> None:
+        started.set()
+        relay.serve(grid)
+
+    def runner() -> None:
+        try:
+            run_simulation(server_app=make_server_app(main), client_app=client_app, num_supernodes=num_nodes,
+                           backend_name="ray", backend_config=json.loads(json.dumps(backend_config or RAY_BACKEND_CONFIG)))
+        except BaseException as exc:
+            relay.failed = exc
+        finally:
+            relay.failed = relay.failed or RuntimeError("the Flower simulation ended")
+            started.set()
+
+    th = threading.Thread(target=runner, name="fedkl-flower-sim", daemon=True)
+    th.start()
+    try:
+        if not started.wait(start_timeout) or (relay.failed is not None and not th.is_alive()):
+            raise RuntimeError("the Flower simulation did not start") from relay.failed
+        yield relay
+    finally:
+        relay.calls.put(_STOP)
+        th.join(timeout=120)
+        if th.is_alive():  # pragma: no cover - Ray refused to stop
+            raise RuntimeError("the Flower simulation did not stop within 120 s")
+
+
+@contextlib.contextmanager
+def open_federation(backend: str, spec: ClientSpec | None = None, *, user_ids: Sequence[str] | None = None,
+                    num_users: int | None = None, inprocess: Federation | None = None,
+                    timeout: float | None = None, **grid_kw: Any) -> Iterator[Federation]:
+    """A federation over ``backend`` (see the module docstring), closed on exit.
+
+    ``inprocess`` is what ``"inprocess"`` yields (and where ``user_ids`` default from); ``spec``
+    says which dataset/problem the clients load; ``grid_kw`` goes to :class:`LocalGrid` (faults).
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
+    if backend == "inprocess":
+        if inprocess is None:
+            raise ValueError("backend 'inprocess' needs the in-process federation")
+        yield inprocess
+        return
+    if spec is None:
+        raise ValueError(f"backend {backend!r} needs a ClientSpec")
+    if user_ids is None and inprocess is not None:
+        user_ids = inprocess.user_ids
+    n = len(user_ids) if user_ids is not None else num_users
+    if n is None:
+        raise ValueError("give user_ids or num_users")
+    client_app = make_client_app(spec, torch_threads=1 if backend == "flower-sim" else None)
+    if backend == "flower-local":
+        # a LocalGrid's nodes are all there at once: never wait for absent ones
+        yield FlowerFederation(LocalGrid(client_app, n, **grid_kw), user_ids=user_ids, num_users=n, timeout=timeout,
+                               wait_for_nodes=0.0)
+        return
+    with _simulation(client_app, n, grid_kw.get("backend_config")) as relay:
+        yield FlowerFederation(relay, user_ids=user_ids, num_users=n, timeout=timeout)
+
+
+def start_federation(backend: str, spec: ClientSpec, **kw: Any) -> FlowerFederation:
+    """Like :func:`open_federation` for a Flower backend, but returns the open federation; call
+    its ``close()`` (or use it in a ``with``) to stop the runtime (also done at interpreter exit)."""
+    import atexit
+
+    if backend not in ("flower-local", "flower-sim"):
+        raise ValueError(f"start_federation serves the Flower backends, not {backend!r}")
+    stack = contextlib.ExitStack()
+    fed = stack.enter_context(open_federation(backend, spec, **kw))
+    fed.on_close(stack.close)
+    atexit.register(fed.close)
+    return fed
+
+
+# --- noisy GD over Flower, end to end -----------------------------------------------------------
+def run_flower_simulation(cfg: Any, backend: str = "flower-local", log: Callable[[str], None] = print, *,
+                          spec: ClientSpec | None = None, **open_kw: Any) -> dict:
+    """Train ``cfg`` (a :class:`fedkl.runner.RunConfig`, noisy-gd) over a Flower backend
+    (``"flower-local"`` or ``"flower-sim"``; ``open_kw`` goes to :func:`open_federation`), or over
+    ``"inprocess"`` through the same code (the reference the Flower backends are tested against).
+
+    Same data, problem, budget, ledger and noise as ``fedkl run``; the per-user answers come from
+    ClientApps. Returns ``{"w", "rho_spent", "sigma", "history", "ledger" (summary), "ledger_path",
+    "failed_users" (per round), "user_ids", "backend"}``; the ledger is written under
+    ``cfg.ledger`` or ``cfg.out`` (default ``runs/<run id>-...``). No evaluation (the runner does it).
+    ``spec`` overrides the dataset/problem derived from ``cfg`` (e.g. a smaller synthetic set).
+    """
+    if backend == "inprocess":  # the reference, through the very same training code
+        def federation_for(spec: ClientSpec, ids: Sequence[str]) -> Any:
+            dkw, pkw = spec.kwargs
+            dataset = load_dataset(spec.dataset, **dkw)
+            return contextlib.nullcontext(InProcessFederation(make_problem(spec.problem, dataset, **pkw), dataset))
+
+        return _train(cfg, backend, federation_for, log, spec)
+    return _train(cfg, backend, lambda spec, ids: open_federation(backend, spec, user_ids=ids, **open_kw), log, spec)
+
+
+def _train(cfg: Any, label: str, federation_for: Callable[[ClientSpec, tuple[str, ...]], Any],
+           log: Callable[[str], None], spec: ClientSpec | None = None) -> dict:
+    if cfg.algorithm not in ALGORITHM_BUILDERS:
+        raise ValueError(f"unknown algorithm {cfg.algorithm!r}; available: {', '.join(ALGORITHM_BUILDERS)}")
+    # The server uses the dataset only for the enrolment list (user ids, n) and the problem's shape
+    # and initial point; the per-user answers come from the clients.
+    if spec is None:
+        dataset = load_dataset(cfg.dataset, **ClientSpec.loader_kwargs(cfg))
+        spec = ClientSpec.from_run_config(cfg, task=dataset.task)
+    else:
+        dataset = load_dataset(spec.dataset, **spec.kwargs[0])
+    problem = make_problem(spec.problem, dataset, **spec.kwargs[1])
+    user_ids = dataset.train.user_ids
+    n = len(user_ids)
+    delta, run_id, out, ledger_path, noise = runner.prepare_run(cfg, n, suffix=f"-{label}")
+    log(f"fedkl {label} {run_id}: {cfg.algorithm} on {spec.dataset} ({n} users, {problem.num_params} parameters)")
+    with federation_for(spec, user_ids) as federation:  # ledger, filter and noise exactly as `fedkl run`
+        result, summary, clients = runner.train_federation(cfg, federation, problem, dataset, delta, ledger_path, run_id,
+                                                 noise, log)
+    history = getattr(result, "history", [])
+    return {"w": result.w, "rho_spent": getattr(result, "rho_spent", None), "sigma": getattr(result, "sigma", None),
+            "history": history, "ledger": summary, "ledger_path": ledger_path, "user_ids": user_ids,
+            "clients_assumed": clients,
+            "backend": label, "failed_users": [h.get("failed_users") for h in history]}
+
+
+# --- the deployed ServerApp (flwr run / SuperLink) ----------------------------------------------
+def _run_config_from_user_config(rc: Any) -> Any:
+    """A RunConfig from ``fedkl-*`` run-config keys (``fedkl-dataset``, ``fedkl-problem``,
+    ``fedkl-epsilon``, ``fedkl-rounds``, ``fedkl-lr``, ``fedkl-clip``, ``fedkl-seed``, ...)."""
+    kw = {}
+    for f in dataclasses.fields(RunConfig):
+        key = "fedkl-" + f.name.replace("_", "-")
+        if key in rc and rc[key] != "":  # "" stands for None (TOML has no null)
+            kw[f.name] = rc[key]
+    return RunConfig(**kw)
+
+
+def _deployed_main(grid: Grid, context: Context) -> None:
+    """Training with the ledger and noise here; the SuperNodes run ``fedkl.flower.client_app:app`` with the
+    same ``fedkl-*`` run config. Runs in the ServerApp's thread (the ledger is opened there).
+    Extra keys: ``fedkl-timeout`` (seconds per request), ``fedkl-wait-for-nodes`` (seconds to wait
+    for all enrolled users' nodes before the handshake; default 120)."""
+    cfg = _run_config_from_user_config(context.run_config)
+    rc = context.run_config
+    timeout = float(rc["fedkl-timeout"]) if rc.get("fedkl-timeout") not in (None, "") else None
+    wait = float(rc.get("fedkl-wait-for-nodes", 120.0))
+    spec = ClientSpec.from_user_config(rc)  # exactly what the clients load
+    res = _train(cfg, "grpc", lambda spec, ids: contextlib.nullcontext(
+        FlowerFederation(grid, user_ids=ids, timeout=timeout, wait_for_nodes=wait)), print, spec)
+    out = os.path.dirname(res["ledger_path"])
+    payload = {k: v for k, v in res.items() if k not in ("w", "user_ids")}
+    payload["w"] = None if res["w"] is None else [float(x) for x in res["w"]]
+    payload["users"] = len(res["user_ids"])
+    tmp = os.path.join(out, "flower_result.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(payload, f, indent=2, default=str)
+    os.replace(tmp, os.path.join(out, "flower_result.json"))
+
+
+app = make_server_app(_deployed_main)
