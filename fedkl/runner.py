@@ -34,6 +34,7 @@ from fedkl.data import FederatedDataset, load_dataset
 from fedkl.federation.base import Federation
 from fedkl.federation.inprocess import InProcessFederation
 from fedkl.privacy import Budget, BudgetExceeded, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter
+from fedkl.privacy.guarantee import Guarantee
 from fedkl.problems import DEFAULT_PROBLEM, make_problem
 
 def _noisy_gd(cfg: "RunConfig", rho_total: float, **_) -> NoisyGradientDescent:
@@ -83,12 +84,6 @@ ALGORITHM_BUILDERS = {"noisy-gd": _noisy_gd, "sc-output-pert": _sc_output_pert, 
                       "dp-sgd": _adaptive("sgd"), "dp-rmsprop": _adaptive("rmsprop"), "dp-adam": _adaptive("adam"),
                       "dp-fedavg": build_dp_fedavg, **MEAN_OUTPUT_PERT_BUILDERS, **FKT_BUILDERS, **KL_BUILDERS}
 ALGORITHMS = tuple(ALGORITHM_BUILDERS)
-# (eps, delta)-DP releases: accounted by basic composition in the ledger, no run-wide zCDP filter
-# (paper 002's releases; dp-accounting schedules charged up front; Snowball's per-batch charges)
-APPROX_DP_ALGORITHMS = ("sc-output-pert", *PHASED_BUILDERS, "mean-output-pert", "phased-mean-output-pert",
-                        "dp-sgd", "dp-rmsprop", "dp-adam", "dp-fedavg", "fkt-snowball", "fkt-snowball-sc")
-# dp-accounting schedules (Poisson-subsampled Gaussian) charged up front as one (eps, delta) release
-SCHEDULED_ALGORITHMS = ("dp-sgd", "dp-rmsprop", "dp-adam", "dp-fedavg")
 BACKENDS = ("inprocess", "flower-local", "flower-sim", "grpc")
 
 
@@ -100,7 +95,7 @@ class Transport:
     ``open(cfg, dataset) -> Federation``: a federation the algorithm trains through here (closed with
     its ``close()``), or ``train(cfg, dataset, out, log) -> (result, ledger summary)``: a run that
     keeps its ledger and noise elsewhere (a deployment's ServerApp); ``result`` has ``.w`` and
-    ``.clients_assumed``."""
+    ``.guarantee`` (the algorithm's declared :class:`Guarantee`)."""
 
     open: Callable | None = None
     train: Callable | None = None
@@ -234,8 +229,7 @@ def quality_metric(metrics: dict) -> str:
 def train_federation(cfg: RunConfig, federation: Federation, problem, dataset, delta: float, ledger_path: str,
            run_id: str, noise: NoiseSource, log: Callable[[str], None]):
     """Train through ``federation`` with the ledger, filter and noise in this process. Returns the
-    algorithm's result, the ledger summary and what its guarantee assumes of the other clients."""
-    approx = cfg.algorithm in APPROX_DP_ALGORITHMS
+    algorithm's result, the ledger summary and the algorithm's declared :class:`Guarantee`."""
     with PrivacyLedger(ledger_path, Budget(cfg.epsilon, delta, cfg.conversion), run_id, asdict(cfg)) as ledger:
         rho_total = ledger.rho_left(federation.user_ids)
         if rho_total <= 0:
@@ -246,7 +240,8 @@ def train_federation(cfg: RunConfig, federation: Federation, problem, dataset, d
         alg = ALGORITHM_BUILDERS[cfg.algorithm](cfg, rho_total, problem=problem, dataset=dataset, delta=delta,
                                                 ledger=ledger, user_ids=federation.user_ids)
         sigma = getattr(alg, "sigma", None)
-        if approx:  # zCDP rho, rounds and clip are not what these algorithms use
+        declared: Guarantee = alg.guarantee
+        if not declared.zcdp:  # zCDP rho, rounds and clip are not what these algorithms use
             log(f"budget: user-level ({cfg.neighbouring}) eps={cfg.epsilon}, delta={delta:.3g}, spent as (eps, delta) "
                 f"releases (basic composition in the ledger); backend {cfg.backend}")
         else:
@@ -264,8 +259,7 @@ def train_federation(cfg: RunConfig, federation: Federation, problem, dataset, d
         try:
             # no run-wide filter for (eps, delta) releases, nor for algorithms whose users each take part in
             # one disjoint cohort (parallel composition: the per-user ledger enforces every user's budget)
-            run_wide = not (approx or getattr(alg, "parallel_composition", False))
-            releaser = Releaser(ledger, noise, ZCDPFilter(rho_total) if run_wide else None)
+            releaser = Releaser(ledger, noise, ZCDPFilter(rho_total) if declared.run_wide_filter else None)
             result = alg.run(federation, releaser, problem.init_params(), progress)
         except BaseException:
             ledger.finish_run("failed")
@@ -274,7 +268,7 @@ def train_federation(cfg: RunConfig, federation: Federation, problem, dataset, d
         ledger.verify()
         summary = ledger.summary()
 
-    return result, summary, alg.clients.describe()
+    return result, summary, declared
 
 
 def prepare_run(cfg: RunConfig, num_users: int, suffix: str = "") -> tuple[float, str, str, str, NoiseSource]:
@@ -328,13 +322,12 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print, dataset: Fe
         f"{dataset.train.num_records} train records, {problem.num_params} parameters); "
         f"noise: {noise.mode}")
 
-    approx = cfg.algorithm in APPROX_DP_ALGORITHMS
     if transport is not None and transport.train is not None:  # ledger + noise live in the deployment's ServerApp
         result, summary = transport.train(cfg, dataset, out, log)
-        clients = result.clients_assumed
+        declared = result.guarantee
     else:
         try:
-            result, summary, clients = train_federation(cfg, federation, problem, dataset, delta, ledger_path, run_id, noise,
+            result, summary, declared = train_federation(cfg, federation, problem, dataset, delta, ledger_path, run_id, noise,
                                               log)
         finally:
             close = getattr(federation, "close", None)
@@ -368,11 +361,9 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print, dataset: Fe
         "delta": delta,
         "rho": summary["max_user_rho"],
         "neighbouring": cfg.neighbouring,
-        "clients_assumed": clients,
-        "accountant": (f"{cfg.accountant.upper()} (dp-accounting) for the Poisson-subsampled Gaussian schedule, "
-                       "charged up front as one (eps, delta) release" if cfg.algorithm in SCHEDULED_ALGORITHMS else
-                       "(eps, delta)-DP releases, basic composition in the per-user ledger" if approx else
-                       f"zCDP, additive composition; (eps, delta) by {cfg.conversion} conversion"),
+        "clients_assumed": declared.clients.describe(),
+        "accountant": declared.accountant(cfg.conversion, cfg.accountant),
+        "guarantee": declared.to_dict(),
         "budget": {"epsilon": cfg.epsilon, "delta": delta},
         "backend": cfg.backend,
         "test_metric": {"name": key, "value": test.get(key)},
@@ -393,7 +384,7 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print, dataset: Fe
     }
     _write_json(os.path.join(out, "result.json"), payload)
     ref_txt = f"{reference[key]:.4f}" if reference else "n/a"
-    how = ("(eps, delta) releases, basic composition" if approx
+    how = ("(eps, delta) releases, basic composition" if not declared.zcdp
            else f"zCDP rho = {summary['max_user_rho']:.5g}, {cfg.conversion}")
     log(f"privacy: user-level ({cfg.neighbouring}) epsilon = {eps:.4f}, delta = {delta:.3g} ({how})")
     got = f"{test[key]:.4f}" if key in test else "n/a (the algorithm released no model)"

@@ -217,7 +217,10 @@ def test_every_algorithm_declares_what_it_assumes_of_clients(tmp_path):
                mean_output_pert.LocalMeanOutputPert, mean_output_pert.PhasedMeanOutputPert,
                fkt_snowball.SnowballSGD, fkt_phased.PhasedSGD, fkt_reduction.SCReduction, SCOutputPert,
                DiameterSCOutputPert, phased_erm.PhasedERM, sc_phased.SCPhasedERM]
-    assert all(c.clients in (ANY_CLIENTS, IN_CLASS_CLIENTS) for c in classes)
+    assert all(c.guarantee.clients in (ANY_CLIENTS, IN_CLASS_CLIENTS) for c in classes)
+    # the proofs that use every user's convexity/smoothness declare it; the clipped sums do not need it
+    assert noisy_gd.NoisyGradientDescent.guarantee.clients == ANY_CLIENTS
+    assert DiameterSCOutputPert.guarantee.clients == fkt_snowball.SnowballSGD.guarantee.clients == IN_CLASS_CLIENTS
     assert len(ALGORITHMS) == len(runner.ALGORITHM_BUILDERS)
     res = run_training(RunConfig(dataset="synthetic-logistic", users=30, rounds=2, reference=False, noise_seed=1,
                                  out=str(tmp_path / "r")), log=lambda _: None)

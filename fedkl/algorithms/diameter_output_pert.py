@@ -127,7 +127,7 @@ from fedkl.algorithms.sc_output_pert import SCOutputPert, SCOutputPertConfig
 from fedkl.algorithms.vertex_cover import DEFAULT_MAX_VC_CALLS, TESTS, require_work_budget, resolve_test
 from fedkl.federation.base import CertifiedLocalMinimizer, Federation, GradientsAtOwnPoints, GradientsAtPoints
 from fedkl.privacy.release import Releaser
-from fedkl.privacy.clients import IN_CLASS_CLIENTS
+from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, Guarantee
 
 _G0_PAD = 1e-9  # float slack on the public bound G0 (an honest user's gradient norm is computed in float64)
 
@@ -165,7 +165,7 @@ class DiameterSCOutputPert:
     """Algorithm 2 of paper 002 with the diameter test (module docstring). Same ``run`` as SCOutputPert."""
 
     name = "sc-output-pert"
-    clients = IN_CLASS_CLIENTS  # what the guarantee assumes of the other clients (fedkl.privacy.clients)
+    guarantee = Guarantee("approx-dp", clients=IN_CLASS_CLIENTS)
 
     def __init__(self, config: SCOutputPertConfig, test: DiameterTestConfig | None = None) -> None:
         self.config = config

@@ -34,7 +34,7 @@ from fedkl.algorithms.poisson_schedule import (PoissonScheduledRun, ScheduleResu
 from fedkl.federation.base import ClippedGradient, Federation
 from fedkl.privacy.accounting import GaussianSchedule
 from fedkl.privacy.release import Releaser
-from fedkl.privacy.clients import ANY_CLIENTS
+from fedkl.privacy.guarantee import Guarantee
 
 OPTIMIZERS = ("sgd", "rmsprop", "adam")
 
@@ -76,7 +76,7 @@ AdaptiveDPResult = ScheduleResult
 
 class AdaptiveDPOptimizer:
     """See the module docstring. ``eps``/``delta``: the user-level budget this run may charge."""
-    clients = ANY_CLIENTS  # what the guarantee assumes of the other clients (fedkl.privacy.clients)
+    guarantee = Guarantee("schedule")
 
     def __init__(self, config: AdaptiveDPConfig, eps: float, delta: float) -> None:
         if not (eps > 0 and math.isfinite(eps)) or not 0 < delta < 1:

@@ -48,7 +48,7 @@ from fedkl.federation.base import ClippedLocalUpdate, Federation
 from fedkl.federation.inprocess import clip_rows
 from fedkl.privacy.accounting import GaussianSchedule
 from fedkl.privacy.release import Releaser
-from fedkl.privacy.clients import ANY_CLIENTS
+from fedkl.privacy.guarantee import Guarantee
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class DPFedAvg:
     """See the module docstring. ``eps``/``delta``: the user-level budget this run may charge."""
 
     name = "dp-fedavg"
-    clients = ANY_CLIENTS  # what the guarantee assumes of the other clients (fedkl.privacy.clients)
+    guarantee = Guarantee("schedule")
 
     def __init__(self, config: DPFedAvgConfig, eps: float, delta: float) -> None:
         if not (eps > 0 and math.isfinite(eps)) or not 0 < delta < 1:

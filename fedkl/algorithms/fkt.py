@@ -14,7 +14,7 @@ user_ids)`` and reads the existing ``RunConfig`` fields ``reg`` (through ``probl
 ``neighbouring``, ``seed`` (cohort hashing); ``rounds``, ``lr`` and ``clip`` are NOT used: the
 schedules, steps and the clip (= the problem's Lipschitz constant L) are set by the theorems from
 public constants. New hyperparameters are read with ``getattr(cfg, name, default)`` (see
-:data:`HYPERPARAMETERS`). Each algorithm class has ``parallel_composition = True``: the runner gives
+:data:`HYPERPARAMETERS`). Each algorithm class declares ``composition="parallel"`` in its ``guarantee``: the runner gives
 it a Releaser without the run-wide zCDP filter; the per-user ledger enforces each user's budget.
 """
 from __future__ import annotations

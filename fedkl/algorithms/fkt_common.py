@@ -175,7 +175,7 @@ def check_parallel_releaser(releaser: Releaser, label: str) -> None:
     These algorithms rely on parallel composition: each user is in one cohort and the per-user ledger
     enforces each user's budget. A run-wide filter of rho adds up the releases of DIFFERENT users'
     cohorts, so it would refuse the second phase after the first phase's users were already charged
-    (charged for a run that then stops). The runner gives these algorithms (``parallel_composition``)
+    (charged for a run that then stops). The runner gives these algorithms (``composition="parallel"``)
     a Releaser without a filter; a caller that passes one is refused up front.
     """
     if releaser.filter is not None:

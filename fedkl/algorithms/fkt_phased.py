@@ -66,7 +66,7 @@ from fedkl.algorithms.fkt_common import (ConvexSetting, FKTResult, check_paralle
                                          check_zcdp_budget, cohort_order, paper_rho, project, replace_factor)
 from fedkl.federation.base import ClippedGradient, Federation, LocalRegularizedMinimizer
 from fedkl.privacy.release import Releaser
-from fedkl.privacy.clients import IN_CLASS_CLIENTS
+from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, Guarantee
 
 CLIENT_VIEW = {
     "psgd": "a user receives the within-phase SGD iterate: a noiseless function of the earlier users of "
@@ -154,9 +154,8 @@ def project_two_balls(p: torch.Tensor, radius: float | None, center: torch.Tenso
 class _Localization:
     """The phase driver shared by the three algorithms (subclasses set the schedule)."""
 
-    parallel_composition = True
     name = "fkt-localization"
-    clients = IN_CLASS_CLIENTS  # what the guarantee assumes of the other clients (fedkl.privacy.clients)
+    guarantee = Guarantee("zcdp", "parallel", IN_CLASS_CLIENTS)
     solvers: tuple[str, ...] = ()
     weighted = False  # exponentially weighted PSGD averages (Lemma 5.2)
 

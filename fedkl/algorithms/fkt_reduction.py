@@ -33,7 +33,7 @@ from fedkl.algorithms.fkt_common import (ConvexSetting, FKTResult, check_paralle
 from fedkl.algorithms.fkt_phased import FKTPhasedERM, LocalizationConfig, PhasedSGD
 from fedkl.federation.base import Federation
 from fedkl.privacy.release import Releaser
-from fedkl.privacy.clients import IN_CLASS_CLIENTS
+from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, Guarantee
 
 INNER = {"phased-sgd": PhasedSGD, "phased-erm": FKTPhasedERM}
 
@@ -66,9 +66,8 @@ def pool_sizes(n: int) -> list[int]:
 class SCReduction:
     """See the module docstring."""
 
-    parallel_composition = True
     name = "fkt-sc-reduction"
-    clients = IN_CLASS_CLIENTS  # what the guarantee assumes of the other clients (fedkl.privacy.clients)
+    guarantee = Guarantee("zcdp", "parallel", IN_CLASS_CLIENTS)
 
     def __init__(self, config: SCReductionConfig, setting: ConvexSetting, rho_total: float) -> None:
         setting.require_strongly_convex(self.name)

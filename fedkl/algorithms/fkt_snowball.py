@@ -63,7 +63,7 @@ from fedkl.federation.base import ClippedGradient, Federation
 from fedkl.privacy.ledger import BudgetExceeded
 from fedkl.privacy.release import Releaser
 from fedkl.privacy.zcdp import CONVERSIONS, zcdp_to_eps
-from fedkl.privacy.clients import IN_CLASS_CLIENTS
+from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, Guarantee
 
 VARIANTS = ("jnn", "constant", "strongly-convex")
 
@@ -211,9 +211,8 @@ class SnowballSGD:
         delta: the delta at which each batch's rho_t is converted into the (eps, delta) charge of the
             ledger (e.g. from ``ledger.approx_left``); ``conversion``: "cks" or "bun_steinke".
     """
-    clients = IN_CLASS_CLIENTS  # what the guarantee assumes of the other clients (fedkl.privacy.clients)
+    guarantee = Guarantee("approx-dp", "parallel", IN_CLASS_CLIENTS)
 
-    parallel_composition = True
 
     def __init__(self, config: SnowballConfig, setting: ConvexSetting, rho_total: float, *, delta: float,
                  conversion: str = "cks") -> None:

@@ -54,7 +54,7 @@ from fedkl.algorithms.kl_common import KLResult, check_count, check_positive, ch
 from fedkl.federation.base import ClippedGradient, Federation
 from fedkl.privacy.filter import BudgetExhausted
 from fedkl.privacy.release import Releaser
-from fedkl.privacy.clients import ANY_CLIENTS
+from fedkl.privacy.guarantee import Guarantee
 
 SELECTIONS = ("last", "exponential")
 
@@ -132,7 +132,7 @@ class AdaptiveKLGD:
     """Paper 000, Algorithm 3 over users; see the module docstring. ``rho_total``: this run's zCDP budget."""
 
     name = "kl-adaptive-gd"
-    clients = ANY_CLIENTS  # what the guarantee assumes of the other clients (fedkl.privacy.clients)
+    guarantee = Guarantee("zcdp")
 
     def __init__(self, config: AdaptiveKLGDConfig, rho_total: float) -> None:
         check_positive("rho_total", rho_total)

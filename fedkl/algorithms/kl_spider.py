@@ -56,7 +56,7 @@ from fedkl.algorithms.kl_common import (KLConstants, KLResult, check_count, chec
                                         log_bracket, sum_sensitivity)
 from fedkl.federation.base import ClippedGradient, Federation, GradientDifference
 from fedkl.privacy.release import Releaser
-from fedkl.privacy.clients import ANY_CLIENTS
+from fedkl.privacy.guarantee import Guarantee
 
 ANCHOR_WEIGHT = 16.0  # paper's per-release costs, anchor : difference = 1/(2K) : 1/(32 T_k K) = 16 : 1/T_k
 
@@ -133,7 +133,7 @@ class KLSpider:
     """Paper 000, Algorithm 1 over users; see the module docstring."""
 
     name = "kl-spider"
-    clients = ANY_CLIENTS  # what the guarantee assumes of the other clients (fedkl.privacy.clients)
+    guarantee = Guarantee("zcdp")
 
     def __init__(self, config: KLSpiderConfig, rho_total: float) -> None:
         check_positive("rho_total", rho_total)

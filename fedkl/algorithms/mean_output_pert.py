@@ -149,7 +149,7 @@ from fedkl.federation.base import Federation, LocalRegularizedMinimizer
 from fedkl.privacy.ledger import BudgetExceeded
 from fedkl.privacy.release import Releaser
 from fedkl.problems.base import Problem
-from fedkl.privacy.clients import ANY_CLIENTS
+from fedkl.privacy.guarantee import Guarantee
 
 _FP_PAD = 1e-9
 _DIST_CHUNK = 256
@@ -308,7 +308,7 @@ class MeanOutputPert:
     """The mechanism on given per-user vectors (module docstring): plan, then one charged release."""
 
     name = "mean-output-pert"
-    clients = ANY_CLIENTS  # what the guarantee assumes of the other clients (fedkl.privacy.clients)
+    guarantee = Guarantee("approx-dp")
 
     def __init__(self, config: MeanOutputPertConfig) -> None:
         self.config = config
@@ -393,7 +393,7 @@ class LocalMeanOutputPert:
     """One (eps, delta)-DP release of mean_u v_u, v_u = user u's local regularized minimizer."""
 
     name = "mean-output-pert"
-    clients = ANY_CLIENTS  # what the guarantee assumes of the other clients (fedkl.privacy.clients)
+    guarantee = Guarantee("approx-dp")
 
     def __init__(self, config: LocalMeanOutputPertConfig, problem: Problem, feature_bound: float) -> None:
         self.config = config
@@ -495,7 +495,7 @@ class PhasedMeanOutputPert:
     """
 
     name = "phased-mean-output-pert"
-    clients = ANY_CLIENTS  # what the guarantee assumes of the other clients (fedkl.privacy.clients)
+    guarantee = Guarantee("approx-dp")
 
     def __init__(self, config: PhasedMeanOutputPertConfig, problem: Problem, feature_bound: float) -> None:
         self.config = config

@@ -33,7 +33,7 @@ import torch
 
 from fedkl.federation.base import ClippedGradient, Federation
 from fedkl.privacy.release import Releaser
-from fedkl.privacy.clients import ANY_CLIENTS
+from fedkl.privacy.guarantee import Guarantee
 
 RELATIONS = ("replace-one", "add-remove")
 
@@ -87,7 +87,7 @@ class NoisyGradientDescent:
     """See the module docstring. ``rho_total`` is split evenly over the rounds."""
 
     name = "noisy-gd"
-    clients = ANY_CLIENTS  # what the guarantee assumes of the other clients (fedkl.privacy.clients)
+    guarantee = Guarantee("zcdp")
 
     def __init__(self, config: NoisyGDConfig, rho_total: float) -> None:
         if not (rho_total > 0 and math.isfinite(rho_total)):

@@ -13,8 +13,8 @@ user_ids)``, takes its (eps, delta) from ``ledger.approx_left(user_ids)`` (the w
 ledger), and reads :data:`HYPERPARAMETERS` with ``getattr(cfg, name, default)`` plus the existing
 ``RunConfig`` fields ``seed`` (Phased-SCO's cohort hash) and ``stability_delta`` (only with
 ``p002_delta_rule = "fixed"``); ``rounds``, ``lr``, ``clip``, ``phased_lam`` are NOT read. All four
-make (eps, delta) releases: the runner must give them a Releaser WITHOUT the zCDP filter (list them
-in ``APPROX_DP_ALGORITHMS``); they refuse a filtered Releaser before reading data.
+make (eps, delta) releases (their classes declare ``Guarantee("approx-dp", ...)``), so the runner gives
+them a Releaser WITHOUT the zCDP filter; they refuse a filtered Releaser before reading data.
 """
 from __future__ import annotations
 

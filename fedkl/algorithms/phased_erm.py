@@ -76,7 +76,7 @@ from fedkl.federation.base import Federation
 from fedkl.privacy.ledger import BudgetExceeded
 from fedkl.privacy.release import Releaser
 from fedkl.problems.base import Problem
-from fedkl.privacy.clients import IN_CLASS_CLIENTS
+from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, Guarantee
 
 PhasedERMResult = PhasedResult  # the name the first version exported
 
@@ -203,7 +203,7 @@ class PhasedERM:
     """
 
     name = "phased-erm"
-    clients = IN_CLASS_CLIENTS  # what the guarantee assumes of the other clients (fedkl.privacy.clients)
+    guarantee = Guarantee("approx-dp", clients=IN_CLASS_CLIENTS)
 
     def __init__(self, config: PhasedConfig, problem: Problem | None = None, feature_bound: float | None = None,
                  *, setting: PhasedSetting | None = None, inner: InnerRelease | None = None) -> None:

@@ -57,6 +57,7 @@ from fedkl.algorithms.phased_erm import (
     phased_config,
 )
 from fedkl.federation.base import Federation
+from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, Guarantee
 from fedkl.privacy.release import Releaser
 
 
@@ -65,6 +66,7 @@ class PhasedSCO(PhasedERM):
     :class:`~fedkl.algorithms.phased_erm.PhasedERM`."""
 
     name = "phased-sco"
+    guarantee = Guarantee("approx-dp", "parallel", IN_CLASS_CLIENTS)  # each user in one hashed cohort
 
     def plan(self, n: int, w0: torch.Tensor, *, distance: float | None = None,
              user_ids: tuple[str, ...] | None = None) -> PhasedPlan:

@@ -45,7 +45,7 @@ from fedkl.algorithms.kl_common import (KLConstants, KLResult, check_count, chec
                                         log_bracket, project_ball, sum_sensitivity)
 from fedkl.federation.base import ClippedGradient, Federation
 from fedkl.privacy.release import Releaser
-from fedkl.privacy.clients import ANY_CLIENTS
+from fedkl.privacy.guarantee import Guarantee
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ class PrivateProxPoint:
     """Paper 000, Algorithm 2 (+ Algorithm 4) over users; see the module docstring."""
 
     name = "kl-prox-point"
-    clients = ANY_CLIENTS  # what the guarantee assumes of the other clients (fedkl.privacy.clients)
+    guarantee = Guarantee("zcdp")
 
     def __init__(self, config: ProxPointConfig, rho_total: float) -> None:
         check_positive("rho_total", rho_total)

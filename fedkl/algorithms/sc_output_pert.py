@@ -79,7 +79,7 @@ from fedkl.algorithms.del_output_pert import (
 from fedkl.federation.base import Federation, GradientsAtPoints
 from fedkl.privacy.release import Releaser
 from fedkl.problems.base import Problem
-from fedkl.privacy.clients import IN_CLASS_CLIENTS
+from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, Guarantee
 
 _SOLVE_CHUNK = 4096
 _FP_PAD = 1e-9
@@ -198,7 +198,7 @@ class SCOutputPert:
     """Algorithm 2 of paper 002 with the Appendix C fast path (see the module docstring)."""
 
     name = "sc-output-pert"
-    clients = IN_CLASS_CLIENTS  # what the guarantee assumes of the other clients (fedkl.privacy.clients)
+    guarantee = Guarantee("approx-dp", clients=IN_CLASS_CLIENTS)
 
     def __init__(self, config: SCOutputPertConfig) -> None:
         self.config = config

@@ -61,7 +61,7 @@ from fedkl.algorithms.phased_sco import PhasedSCO
 from fedkl.federation.base import Federation
 from fedkl.privacy.release import Releaser
 from fedkl.problems.base import Problem
-from fedkl.privacy.clients import IN_CLASS_CLIENTS
+from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, Guarantee
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ class _StronglyConvexPhased:
     """Algorithms 5/6 (see the module docstring); ``phased_class`` is PhasedERM or PhasedSCO."""
 
     name = ""
-    clients = IN_CLASS_CLIENTS  # what the guarantee assumes of the other clients (fedkl.privacy.clients)
+    guarantee = Guarantee("approx-dp", clients=IN_CLASS_CLIENTS)
     phased_class: type = PhasedERM
     population = False   # Alg 6 adds Prop B.1's statistical radius to R'
 

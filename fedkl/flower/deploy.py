@@ -32,6 +32,7 @@ from typing import Any, Mapping
 import torch
 
 from fedkl.flower.codec import ClientSpec
+from fedkl.privacy.guarantee import Guarantee
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout holding fedkl/ (on the nodes' PYTHONPATH)
 
@@ -342,5 +343,5 @@ def train_over_grpc(cfg: Any, dataset: Any, out: str, log=print, **kw: Any) -> t
     w = None if res.get("w") is None else torch.tensor(res["w"], dtype=torch.float64)
     result = SimpleNamespace(w=w, history=res.get("history", []), failed_users=res.get("failed_users"),
                              rho_spent=res.get("rho_spent"), sigma=res.get("sigma"), workdir=res.get("workdir"),
-                             clients_assumed=res.get("clients_assumed"))
+                             guarantee=Guarantee.from_dict(res["guarantee"]))
     return result, res["ledger"]

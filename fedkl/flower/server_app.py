@@ -230,12 +230,12 @@ def _train(cfg: Any, label: str, federation_for: Callable[[ClientSpec, tuple[str
     delta, run_id, out, ledger_path, noise = runner.prepare_run(cfg, n, suffix=f"-{label}")
     log(f"fedkl {label} {run_id}: {cfg.algorithm} on {spec.dataset} ({n} users, {problem.num_params} parameters)")
     with federation_for(spec, user_ids) as federation:  # ledger, filter and noise exactly as `fedkl run`
-        result, summary, clients = runner.train_federation(cfg, federation, problem, dataset, delta, ledger_path, run_id,
+        result, summary, declared = runner.train_federation(cfg, federation, problem, dataset, delta, ledger_path, run_id,
                                                  noise, log)
     history = getattr(result, "history", [])
     return {"w": result.w, "rho_spent": getattr(result, "rho_spent", None), "sigma": getattr(result, "sigma", None),
             "history": history, "ledger": summary, "ledger_path": ledger_path, "user_ids": user_ids,
-            "clients_assumed": clients,
+            "guarantee": declared.to_dict(),
             "backend": label, "failed_users": [h.get("failed_users") for h in history]}
 
 

@@ -4,7 +4,8 @@ misbehaviour it survives.
 A user-level guarantee protects an honest user u: the law of what the server releases changes by
 at most (eps, delta) when all of u's records change. The other clients may be honest, or run
 modified code (a "dishonest" client). Each algorithm declares one of the two models below
-(``Algorithm.clients``); ``fedkl run`` writes it into result.json (``clients_assumed``).
+(in its ``guarantee``, :class:`fedkl.privacy.guarantee.Guarantee`); ``fedkl run`` writes it into
+result.json (``clients_assumed``).
 
 * :data:`ANY_CLIENTS`: the guarantee holds whatever the other clients answer. The algorithm only
   sums answers whose norm the server bounds (a clipped answer over the bound is rejected by the
