@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                     noise_seed=args.noise_seed, out=args.out, ledger=args.ledger, reference=not args.no_reference,
                     users=args.users, stability_delta=args.stability_delta,
                     sampling_rate=args.sampling_rate, beta1=args.beta1, beta2=args.beta2, nu=args.nu, cap=args.cap,
-                    bias_correction=args.bias_correction, accountant=args.accountant,
+                    bias_correction=args.bias_correction, accountant=args.accountant, force=args.force,
                     **{name: getattr(args, name) for name in algorithm_hyperparameters()})
     try:
         if cfg.backend != "inprocess":

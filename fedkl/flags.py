@@ -108,6 +108,7 @@ def _add_hyperparameters(run: argparse.ArgumentParser, d) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from fedkl.data import DATASETS
     from fedkl.problems import PROBLEMS
+    from fedkl.privacy.zcdp import CONVERSIONS
     from fedkl.runner import ALGORITHMS, BACKENDS, RunConfig
 
     d = RunConfig()
@@ -135,8 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--reg", type=float, default=d.reg, help="L2 regularization (reg/2)||w||^2 (default %(default)s)")
     run.add_argument("--neighbouring", choices=("replace-one", "add-remove"), default=d.neighbouring,
                      help="user-level neighbouring relation (default %(default)s: all of one user's records change)")
-    run.add_argument("--conversion", choices=("cks", "bun_steinke"), default=d.conversion,
-                     help="zCDP -> (eps, delta) conversion (default %(default)s: Canonne-Kamath-Steinke 2020)")
+    run.add_argument("--conversion", choices=CONVERSIONS, default=d.conversion,
+                     help="zCDP -> (eps, delta) conversion that sizes the budget (default %(default)s: "
+                          "Canonne-Kamath-Steinke 2020; gaussian: the exact profile of Gaussian releases, accepted "
+                          "only where every zCDP release is Gaussian). result.json's epsilon is exact for Gaussian "
+                          "releases whatever this is")
     run.add_argument("--seed", type=int, default=d.seed, help="seed of the data split and initialisation (default %(default)s)")
     run.add_argument("--noise-seed", type=int, default=None,
                      help="seed the privacy noise (reproducible, NOT secure; default: os.urandom)")
@@ -144,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--ledger", default=None,
                      help="ledger file (default OUT/ledger.sqlite); an existing ledger's spent budget is honoured")
     run.add_argument("--no-reference", action="store_true", help="skip the non-private reference model")
+    run.add_argument("--force", action="store_true",
+                     help="run an output-perturbation algorithm even when its public forecast says the noise would "
+                          "swamp the model (it is refused otherwise, before any data is read or budget spent)")
     run.add_argument("--users", type=_positive(int), default=None, help="number of users (synthetic datasets only)")
     run.add_argument("--stability-delta", type=_positive(), default=d.stability_delta,
                      help="sc-output-pert / phased-erm: deletion-stability threshold Delta (default %(default)s)")

@@ -132,6 +132,7 @@ class RunConfig:
     delta: float | None = None  # None: 1 / n^1.1 for n users
     rounds: int = 10
     lr: float = 4.0
+    force: bool = False  # run even when the algorithm's public forecast says noise would swamp the model
     clip: float = 1.0
     reg: float = 0.0
     neighbouring: str = "replace-one"
@@ -256,11 +257,24 @@ def train_federation(cfg: RunConfig, federation: Federation, problem, dataset, d
                                 if isinstance(rec.get(k), (int, float)))
                 log(f"  round {rec['round']:>4}/{rec['rounds']}{extra}")
 
+        forecast = alg.forecast(federation.num_users, problem.init_params(), federation.user_ids) \
+            if hasattr(alg, "forecast") else None
+        if forecast is not None:
+            log("forecast (public values, before any data): " + ", ".join(f"{k} {v:.4g}" for k, v in forecast.items()))
+            if forecast["noise_over_signal"] > 1 and not cfg.force:
+                ledger.finish_run("refused")
+                raise ValueError(
+                    f"{cfg.algorithm}: its first release's noise (norm ~{forecast['noise_norm']:.3g}) is "
+                    f"{forecast['noise_over_signal']:.3g}x the farthest the model can move ({forecast['signal_radius']:.3g}) "
+                    f"at this budget and n={federation.num_users}: the model would be noise around its start. Nothing "
+                    "was read or charged. noisy-gd learns here (--algorithm noisy-gd); --force runs it anyway")
         try:
             # no run-wide filter for (eps, delta) releases, nor for algorithms whose users each take part in
             # one disjoint cohort (parallel composition: the per-user ledger enforces every user's budget)
             releaser = Releaser(ledger, noise, ZCDPFilter(rho_total) if declared.run_wide_filter else None)
             result = alg.run(federation, releaser, problem.init_params(), progress)
+            if forecast is not None and isinstance(getattr(result, "details", None), dict):
+                result.details["forecast"] = forecast  # the price, in result.json's algorithm_details
         except BaseException:
             ledger.finish_run("failed")
             raise
@@ -345,7 +359,7 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print, dataset: Fe
     else:
         test = evaluator.evaluate(result.w, "test")
         key = quality_metric(test)
-    eps = summary["max_user_epsilon"]
+    eps = summary.get("max_user_epsilon_exact", summary["max_user_epsilon"])  # a deployment's older ServerApp: bound
     model_path = None
     if result.w is not None:  # the released model only (a private output): never the reference
         model_path = os.path.join(out, "model.pt")
@@ -358,6 +372,7 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print, dataset: Fe
         "problem": problem_name,
         "users": n,
         "epsilon": eps,
+        "epsilon_by_budget_conversion": summary["max_user_epsilon"],
         "delta": delta,
         "rho": summary["max_user_rho"],
         "neighbouring": cfg.neighbouring,
@@ -385,6 +400,8 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print, dataset: Fe
     _write_json(os.path.join(out, "result.json"), payload)
     ref_txt = f"{reference[key]:.4f}" if reference else "n/a"
     how = ("(eps, delta) releases, basic composition" if not declared.zcdp
+           else f"zCDP rho = {summary['max_user_rho']:.5g}; exact Gaussian conversion, {cfg.conversion} gives "
+                f"{summary['max_user_epsilon']:.4f}" if eps < summary["max_user_epsilon"]
            else f"zCDP rho = {summary['max_user_rho']:.5g}, {cfg.conversion}")
     log(f"privacy: user-level ({cfg.neighbouring}) epsilon = {eps:.4f}, delta = {delta:.3g} ({how})")
     got = f"{test[key]:.4f}" if key in test else "n/a (the algorithm released no model)"

@@ -48,7 +48,8 @@ ROWS = {
 
 def run_one(label: str, epsilon: float, seed: int, tmp: str) -> dict:
     algorithm, overrides = ROWS[label]
-    cfg = RunConfig(dataset="movielens", algorithm=algorithm, epsilon=epsilon, noise_seed=100 + seed,
+    # force: this study measures the runs that the noise forecast refuses by default
+    cfg = RunConfig(dataset="movielens", algorithm=algorithm, epsilon=epsilon, noise_seed=100 + seed, force=True,
                     reference=algorithm == "noisy-gd" and seed == 0, out=os.path.join(tmp, f"{algorithm}-{epsilon}-{seed}-{len(overrides)}"),
                     **overrides)
     start = time.perf_counter()

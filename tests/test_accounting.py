@@ -251,3 +251,58 @@ class TestSchedules:
         assert describe_accountant("pld").startswith(f"PLD (dp-accounting {version}")
         assert "value_discretization_interval=0.0001" in describe_accountant("pld")
         assert describe_accountant("rdp").startswith(f"RDP (dp-accounting {version}")
+
+
+# --- the exact conversion of Gaussian releases (issue 13: report eps through the Gaussian profile) ------
+from fedkl.privacy import zcdp  # noqa: E402
+def test_exact_gaussian_conversion_golden_values():
+    """rho = 0.15 at delta = 1e-10: exact 3.416 < CKS 3.574 < Bun-Steinke 3.867, and the exact value is
+    dp-accounting's PLD of the one Gaussian mechanism with sigma/sensitivity = 1/sqrt(2 rho)."""
+    from dp_accounting.pld import privacy_loss_distribution
+
+    from fedkl.privacy.zcdp import eps_gaussian
+    assert eps_gaussian(0.15, 1e-10) == pytest.approx(3.416, abs=5e-4)
+    assert zcdp.eps_cks(0.15, 1e-10) == pytest.approx(3.574, abs=5e-4)
+    assert zcdp.eps_bun_steinke(0.15, 1e-10) == pytest.approx(3.867, abs=5e-4)
+    for rho, delta in ((0.15, 1e-10), (0.01, 1e-6), (2.0, 1e-5), (0.5, 0.01)):
+        ref = privacy_loss_distribution.from_gaussian_mechanism(standard_deviation=1 / math.sqrt(2 * rho),
+                                          value_discretization_interval=1e-5).get_epsilon_for_delta(delta)
+        got = eps_gaussian(rho, delta)
+        assert got == pytest.approx(ref, rel=1e-3) and got <= zcdp.eps_cks(rho, delta)
+
+
+def test_exact_gaussian_inverse_is_conservative():
+    for eps, delta in ((0.5, 1e-8), (2.0, 1e-5), (8.0, 1e-3)):
+        rho = zcdp.rho_for_eps_delta(eps, delta, "gaussian")
+        assert zcdp.eps_gaussian(rho, delta) <= eps and zcdp.eps_gaussian(rho * 1.001, delta) > eps
+        assert rho > zcdp.rho_for_eps_delta(eps, delta, "cks")  # the exact profile affords more rho
+
+
+def test_ledger_reports_the_exact_epsilon_only_for_gaussian_only_users(tmp_path):
+    from fedkl.privacy import Budget, LedgerError, PrivacyLedger
+
+    with PrivacyLedger(str(tmp_path / "l.sqlite"), Budget(4.0, 1e-6)) as led:
+        led.charge(["a", "b"], label="g", mechanism="gaussian", rho=0.3)
+        led.charge(["b"], label="x", mechanism="exponential", rho=0.01)
+        s = led.summary()
+        exact_a = zcdp.eps_gaussian(0.3, 1e-6)
+        cks_b = zcdp.eps_cks(0.31, 1e-6)
+        assert s["max_user_epsilon"] == pytest.approx(cks_b)  # the budget's conversion: worst user b
+        assert s["max_user_epsilon_exact"] == pytest.approx(max(exact_a, cks_b))  # b is not Gaussian-only
+    with PrivacyLedger(str(tmp_path / "g.sqlite"), Budget(4.0, 1e-6, "gaussian")) as led:
+        led.charge(["a"], label="g", mechanism="gaussian", rho=0.3)
+        assert led.summary()["max_user_epsilon_exact"] == pytest.approx(exact_a)
+        with pytest.raises(LedgerError, match="exact Gaussian"):
+            led.charge(["a"], label="x", mechanism="exponential", rho=0.01)
+        assert led.summary()["releases"] == 1  # nothing charged
+        assert led.rho_left(["a"]) == pytest.approx(zcdp.rho_for_eps_delta(4.0, 1e-6, "gaussian") - 0.3)
+
+
+def test_noisy_gd_reports_the_exact_epsilon(tmp_path):
+    from fedkl.runner import RunConfig, run_training
+
+    res = run_training(RunConfig(dataset="synthetic-logistic", users=50, rounds=3, noise_seed=2, reference=False,
+                                 out=str(tmp_path / "r")), log=lambda _: None)
+    rho, delta = res["rho"], res["delta"]
+    assert res["epsilon"] == pytest.approx(zcdp.eps_gaussian(rho, delta), rel=1e-9)
+    assert res["epsilon"] < res["epsilon_by_budget_conversion"] == pytest.approx(zcdp.eps_cks(rho, delta))

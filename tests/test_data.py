@@ -108,7 +108,8 @@ def test_logistic_mle_near_optimum():
 
 def test_load_dataset():
     assert DATASETS[:4] == ("movielens", "tv16", "synthetic-logistic", "synthetic-least-squares")
-    assert set(DATASETS[4:]) == {"adult", "shakespeare", "mnist", "fashion-mnist"}
+    assert set(DATASETS[4:]) == {"adult", "shakespeare", "mnist", "fashion-mnist", "flights", "mortgages",
+                                 "fertility-partition", "movielens-heavy"}
     ds = load_dataset("synthetic-logistic")
     assert ds.train.num_users == 200 and ds.train.dim == 10 and ds.train.num_records + ds.test.num_records == 4000
     assert load_dataset("synthetic-least-squares", d=3, seed=5).train.dim == 3

@@ -33,13 +33,33 @@ def test_quickstart_example_runs(tmp_path):
 # paper 002 on the default real dataset (MovieLens, 671 users): every algorithm runs through the
 # polynomial-time diameter test (the paper's exact test would enumerate ~2^671 user sets), writes
 # result.json and a ledger that charged each user at most the budget.
+# --force: at n = 671 the forecast of phased-erm, phased-sco and sc-output-pert says their noise swamps the
+# model, and fedkl run refuses them (test below); forced, they must still run and account correctly
 P002_RUNS = {
-    "phased-erm": [],
-    "phased-sco": [],
+    "phased-erm": ["--force"],
+    "phased-sco": ["--force"],
     "sc-phased-erm": ["--reg", "0.01", "--p002-phases", "3"],
     "sc-phased-sco": ["--reg", "0.01"],
-    "sc-output-pert": ["--reg", "0.01", "--stability-delta", "5"],
+    "sc-output-pert": ["--reg", "0.01", "--stability-delta", "5", "--force"],
 }
+
+
+@pytest.mark.parametrize("args", [["--algorithm", "phased-erm"], ["--algorithm", "sc-output-pert", "--reg", "0.01"]])
+def test_output_perturbation_whose_noise_swamps_the_model_is_refused_before_any_data(tmp_path, args):
+    """MovieLens (671 users) at eps = 2: the public forecast of the first release (noise norm vs the farthest
+    the data could move the model) is far above 1, so the run stops with one line before anything is read or
+    charged, and names the algorithm that learns here."""
+    import sqlite3
+
+    out = tmp_path / "refused"
+    proc = subprocess.run([sys.executable, "-m", "fedkl.cli", "run", *args, "--out", str(out)], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 2
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and "noise" in err[0] and "noisy-gd" in err[0] and "--force" in err[0]
+    with sqlite3.connect(out / "ledger.sqlite") as db:
+        assert db.execute("SELECT COUNT(*) FROM releases").fetchone() == (0,)
+        assert db.execute("SELECT status FROM runs").fetchall() == [("refused",)]
 
 
 @pytest.mark.parametrize("algorithm", sorted(P002_RUNS))

@@ -51,7 +51,8 @@ def test_run_with_config_file_end_to_end(tmp_path):
     res = json.loads((out / "result.json").read_text())
     assert res["config"]["rounds"] == 3 and res["config"]["users"] == 20 and res["config"]["noise_seed"] == 1
     assert res["config"]["reference"] is False and res["nonprivate_reference"] is None
-    assert res["epsilon"] == pytest.approx(1.5, rel=1e-6)
+    assert res["epsilon_by_budget_conversion"] == pytest.approx(1.5, rel=1e-6)  # the budget from the file, spent
+    assert res["epsilon"] <= 1.5
 
 
 @pytest.mark.parametrize("text,needle", [
@@ -274,7 +275,8 @@ def test_real_sweep_end_to_end(tmp_path, capsys):
     assert len(rows) == 4 and {r["status"] for r in rows} == {"ok"}
     for r in rows:
         assert r["algorithm"] == "noisy-gd" and r["users"] == "20" and r["noise_seed"] == str(int(r["seed"]) + 1000)
-        assert float(r["epsilon"]) == pytest.approx(float(r["epsilon_target"]), rel=1e-6)
+        # the budget is spent (sized by CKS); the epsilon reported is the exact one of the Gaussian releases
+        assert 0.5 * float(r["epsilon_target"]) < float(r["epsilon"]) <= float(r["epsilon_target"]) * (1 + 1e-9)
         assert 0 <= float(r["test_metric"]) <= 1 and float(r["reference_metric"]) > 0.5
     # the reference of a (dataset, seed) is identical whichever run computed it
     by_seed = {}

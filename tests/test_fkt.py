@@ -910,4 +910,5 @@ def test_fedkl_run_end_to_end(tmp_path):
         spends = [ledger.spend(u) for u in load_dataset("synthetic-logistic", n_users=n, seed=0).train.user_ids]
         assert max(s.releases for s in spends) == 1
         assert sum(s.releases for s in spends) == payload["algorithm_details"]["users_used"] > n / 3
-        assert ledger.summary()["max_user_epsilon"] == pytest.approx(result["epsilon"])
+        assert ledger.summary()["max_user_epsilon_exact"] == pytest.approx(result["epsilon"])
+        assert result["epsilon"] <= ledger.summary()["max_user_epsilon"] == result["epsilon_by_budget_conversion"]

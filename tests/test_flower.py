@@ -421,7 +421,7 @@ def test_output_perturbation_algorithm_runs_unchanged_over_flower(tmp_path):
     if "phased-erm" not in ALGORITHM_BUILDERS or codec.GradientsAtPoints is None:
         pytest.skip("this fedkl has no phased-erm algorithm / GradientsAtPoints query")
     kw = dict(dataset="synthetic-logistic", problem="logistic", algorithm="phased-erm", reg=0.1,
-              p002_delta_rule="fixed", p002_phases=2, p002_lam=0.05)
+              p002_delta_rule="fixed", p002_phases=2, p002_lam=0.05, force=True)  # 10 users: plumbing only
     spec = codec.ClientSpec.build("synthetic-logistic", "logistic", {"n_users": 10, "m": M, "d": D, "seed": 4},
                                   {"reg": 0.1})
     quiet = dict(log=lambda s: None, spec=spec)

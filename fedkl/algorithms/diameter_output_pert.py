@@ -123,7 +123,7 @@ from fedkl.algorithms.del_output_pert import (
 )
 from fedkl.algorithms.matching import deletion_set
 from fedkl.algorithms.mean_output_pert import conflict_edges
-from fedkl.algorithms.sc_output_pert import SCOutputPert, SCOutputPertConfig
+from fedkl.algorithms.sc_output_pert import SCOutputPert, SCOutputPertConfig, release_forecast
 from fedkl.algorithms.vertex_cover import DEFAULT_MAX_VC_CALLS, TESTS, require_work_budget, resolve_test
 from fedkl.federation.base import CertifiedLocalMinimizer, Federation, GradientsAtOwnPoints, GradientsAtPoints
 from fedkl.privacy.release import Releaser
@@ -215,6 +215,10 @@ class DiameterSCOutputPert:
 
     def sigma(self, n: int) -> float:
         return self.dop(n).sigma
+
+    def forecast(self, n: int, w0: torch.Tensor, user_ids=None) -> dict:
+        """:func:`~fedkl.algorithms.sc_output_pert.release_forecast` at n users (public values only)."""
+        return release_forecast(self.sigma(n), self.config.Delta, self.config, torch.as_tensor(w0).numel())
 
     # --- the test (NOT private; only its release is) ---------------------------------------------
     def local_vectors(self, federation: Federation, center: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

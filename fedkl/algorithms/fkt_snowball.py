@@ -222,6 +222,9 @@ class SnowballSGD:
             raise ValueError(f"delta must be in (0, 1), got {delta}")
         if conversion not in CONVERSIONS:
             raise ValueError(f"conversion must be one of {CONVERSIONS}, got {conversion!r}")
+        if conversion == "gaussian":  # exact only for a Gaussian mechanism's own profile
+            raise ValueError("Snowball's per-batch zCDP cost is a Renyi bound from amplification by iteration, not a "
+                             "Gaussian mechanism's: the exact Gaussian conversion does not apply; use cks or bun_steinke")
         setting.require_smooth("Snowball-SGD")
         if config.variant == "strongly-convex":
             setting.require_strongly_convex("Snowball-SGD (strongly convex)")

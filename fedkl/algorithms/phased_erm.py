@@ -242,6 +242,30 @@ class PhasedERM:
             specs.append(PhaseSpec(i, eps_i, delta_i, lam_i, _phase_delta(cfg, st, i, lam_i, n, k, beta_i)))
         return PhasedPlan(T, eps_i, delta_i, lam, beta, k, c, D, tuple(specs))
 
+    def public_plan(self, n: int, w0: torch.Tensor, user_ids: tuple[str, ...] | None = None) -> PhasedPlan:
+        """:meth:`plan` from what the runner knows before any data (Phased-SCO also needs the ids)."""
+        return self.plan(n, w0)
+
+    def forecast(self, n: int, w0: torch.Tensor, user_ids: tuple[str, ...] | None = None) -> dict:
+        """Public values only, before any data: can phase 1 move the model further than its noise?
+
+        The phase objective is (mu + lam_1)-strongly convex and its gradient at the centre is at most G
+        (the setting's Lipschitz constant), so its minimizer lies within ``signal_radius = G/(mu + lam_1)``
+        of the centre, whatever the data (strong monotonicity). The release adds N(0, sigma_1^2 I_d),
+        of norm about ``noise_norm = sigma_1 sqrt(d)``. ``noise_over_signal > 1`` means the first
+        release is expected farther from the phase optimum than any data could move it: the model is
+        noise around its start (MovieLens at the theorem's lam*: ~1e5). A heuristic forecast, not a
+        bound on utility; the runner refuses on it unless forced."""
+        plan = self.public_plan(n, w0, user_ids)
+        first = plan.specs[0]
+        n_call = n if first.users is None else len(first.users)
+        ratio = inner_noise_ratio(self.inner, n_call, first.eps, first.delta, self.config.calibration)
+        sigma = ratio * first.Delta
+        signal = self.setting.require_lipschitz("the forecast") / (self.setting.strong_convexity + first.lam)
+        noise = sigma * math.sqrt(torch.as_tensor(w0).numel())
+        return {"sigma_over_Delta": ratio, "noise_constant_c": plan.noise_constant or math.nan, "sigma_1": sigma,
+                "noise_norm": noise, "signal_radius": signal, "noise_over_signal": noise / signal}
+
     def noise_constant(self, call_sizes: list[int], eps: float, delta: float, kappa_: int,
                        beta: float) -> float | None:
         """c = max over the calls (n_i users each) of sigma_i/Delta_i x the threshold rule's factor

@@ -68,6 +68,9 @@ class PhasedSCO(PhasedERM):
     name = "phased-sco"
     guarantee = Guarantee("approx-dp", "parallel", IN_CLASS_CLIENTS)  # each user in one hashed cohort
 
+    def public_plan(self, n: int, w0: torch.Tensor, user_ids: tuple[str, ...] | None = None) -> PhasedPlan:
+        return self.plan(n, w0, user_ids=user_ids)
+
     def plan(self, n: int, w0: torch.Tensor, *, distance: float | None = None,
              user_ids: tuple[str, ...] | None = None) -> PhasedPlan:
         """N0, T, the cohorts (positions; needs ``user_ids``), lam and Delta_i: public."""

@@ -183,6 +183,17 @@ def lemma_c1_bound(n: int, r: int, gamma: float, mu: float, beta: float | None =
     return min(plain, gamma * (1 + (beta / mu) * r / (n - r)) / ((n - r - 1) * mu))
 
 
+def release_forecast(sigma: float, Delta: float, config: "SCOutputPertConfig", dim: int) -> dict:
+    """Public values only: the minimizer of the (mu-strongly convex) objective lies within
+    ``signal_radius = G0/mu`` of the centre for every user set (strong monotonicity), and the release
+    adds noise of norm about ``sigma sqrt(d)``; ``noise_over_signal > 1``: the output is expected
+    farther from the optimum than any data could move it (see PhasedERM.forecast)."""
+    signal = config.start_grad_bound / config.mu if config.start_grad_bound > 0 else math.inf
+    noise = sigma * math.sqrt(dim)
+    return {"sigma_over_Delta": sigma / Delta, "sigma": sigma, "noise_norm": noise, "signal_radius": signal,
+            "noise_over_signal": noise / signal}
+
+
 def delta_union_bound(G: float, mu: float, n: int, m: int, kappa: int, beta: float) -> float:
     """Delta_uc (note §2B, explicit Cor 3.7): w.p. >= 1 - beta over a random allocation of items to
     users, Dbar_{4 kappa} theta* <= 5 G sqrt(ln(n sum_{s<=r} C(n,s)) + ln(1/beta)) / (mu (n-r-1) sqrt(m)),
@@ -203,6 +214,10 @@ class SCOutputPert:
     def __init__(self, config: SCOutputPertConfig) -> None:
         self.config = config
         self.stats = {"certificate": 0, "exact": 0}  # NOT private: which path decided, per run
+
+    def forecast(self, n: int, w0: torch.Tensor, user_ids=None) -> dict:
+        """:func:`release_forecast` of this release (public values only)."""
+        return release_forecast(self.config.dop.sigma, self.config.Delta, self.config, torch.as_tensor(w0).numel())
 
     @property
     def fast_path_rate(self) -> float:

@@ -216,6 +216,10 @@ class PrivacyLedger:
         for name, v in (("rho", rho), ("eps", eps), ("delta", delta)):
             if not (v >= 0 and math.isfinite(v)):
                 raise ValueError(f"{name} must be finite and >= 0, got {v}")
+        if rho > 0 and mechanism != "gaussian" and self.budget.conversion == "gaussian":
+            raise LedgerError(f"this ledger converts zCDP by the exact Gaussian profile (conversion 'gaussian'), which "
+                              f"holds only for Gaussian releases; a {mechanism!r} zCDP charge is refused (nothing was "
+                              "charged or released). Use conversion 'cks' for this algorithm.")
         members = sorted(set(map(str, user_ids)))
         if len(members) != len(user_ids):
             raise ValueError("a release charges each user once: user_ids has duplicates")
@@ -312,12 +316,32 @@ class PrivacyLedger:
         keys = ("id", "run_id", "label", "mechanism", "sensitivity", "noise_scale", "rho", "eps", "delta", "users")
         return [dict(zip(keys, r)) for r in rows]
 
+    def _non_gaussian_zcdp_users(self) -> set[str]:
+        """Users charged at least one zCDP release that is not a Gaussian mechanism."""
+        out: set[str] = set()
+        for (members,) in self._db.execute(
+                "SELECT DISTINCT c.members FROM releases r JOIN cohorts c ON c.id = r.cohort_id "
+                "WHERE r.rho > 0 AND r.mechanism != 'gaussian'"):
+            out.update(json.loads(members))
+        return out
+
     def summary(self) -> dict:
-        """Worst user, counts and the budget: what result files report."""
+        """Worst user, counts and the budget: what result files report.
+
+        ``max_user_epsilon`` is each user's guarantee by the budget's conversion (what the budget is
+        enforced with). ``max_user_epsilon_exact`` converts the zCDP part EXACTLY for every user whose
+        zCDP charges were all Gaussian releases (:func:`fedkl.privacy.zcdp.eps_gaussian`: a
+        composition of Gaussians with total rho is sqrt(2 rho)-GDP), and by the budget's conversion
+        for the others; it is never larger."""
         b = self.budget
         groups = self._db.execute(
             "SELECT rho, eps, delta, COUNT(*), MAX(releases) FROM users GROUP BY rho, eps, delta").fetchall()
         worst = max((UserSpend("", r, e, d).epsilon(b.delta, b.conversion) for r, e, d, _, _ in groups), default=0.0)
+        other = self._non_gaussian_zcdp_users()
+        kinds = {(r, e, d, user in other) for user, r, e, d in self._db.execute("SELECT user_id, rho, eps, delta FROM users")}
+        exact = max((min(UserSpend("", r, e, d).epsilon(b.delta, b.conversion if mixed else "gaussian"),
+                         UserSpend("", r, e, d).epsilon(b.delta, b.conversion)) for r, e, d, mixed in kinds),
+                    default=0.0)
         return {
             "path": self.path,
             "budget": asdict(b),
@@ -325,6 +349,7 @@ class PrivacyLedger:
             "releases": self.num_releases(),
             "max_user_rho": max((g[0] for g in groups), default=0.0),
             "max_user_epsilon": worst,
+            "max_user_epsilon_exact": exact,
             "delta": b.delta,
         }
 
