@@ -36,6 +36,7 @@ demo: $(STAMP)
 	$(VENV)/bin/fedkl run
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
 
 clean:

@@ -107,8 +107,8 @@ def _add_hyperparameters(run: argparse.ArgumentParser, d) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from fedkl.data import DATASETS
-    from fedkl.problems import PROBLEMS
     from fedkl.privacy.zcdp import CONVERSIONS
+    from fedkl.problems import PROBLEMS
     from fedkl.runner import ALGORITHMS, BACKENDS, RunConfig
 
     d = RunConfig()

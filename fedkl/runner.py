@@ -19,6 +19,7 @@ from typing import Callable
 
 import torch
 
+from fedkl.algorithms.diameter_output_pert import DiameterSCOutputPert, DiameterTestConfig
 from fedkl.algorithms.dp_adaptive import AdaptiveDPConfig, AdaptiveDPOptimizer
 from fedkl.algorithms.dp_fedavg import build_dp_fedavg
 from fedkl.algorithms.fkt import FKT_BUILDERS
@@ -27,7 +28,6 @@ from fedkl.algorithms.mean_output_pert import DEFAULT_MAX_VC_CALLS, MEAN_OUTPUT_
 from fedkl.algorithms.noisy_gd import NoisyGDConfig, NoisyGradientDescent
 from fedkl.algorithms.nonprivate import nonprivate_minimizer
 from fedkl.algorithms.p002 import PHASED_BUILDERS
-from fedkl.algorithms.diameter_output_pert import DiameterSCOutputPert, DiameterTestConfig
 from fedkl.algorithms.phased_common import SCInnerRelease
 from fedkl.algorithms.sc_output_pert import SCOutputPert, SCOutputPertConfig
 from fedkl.data import FederatedDataset, load_dataset
@@ -36,6 +36,7 @@ from fedkl.federation.inprocess import InProcessFederation
 from fedkl.privacy import Budget, BudgetExceeded, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter
 from fedkl.privacy.guarantee import Guarantee
 from fedkl.problems import DEFAULT_PROBLEM, make_problem
+
 
 def _noisy_gd(cfg: "RunConfig", rho_total: float, **_) -> NoisyGradientDescent:
     return NoisyGradientDescent(

@@ -88,8 +88,8 @@ def measure(backend: str, n: int, rounds: int) -> dict:
     import torch
 
     from fedkl.flower.codec import ClientSpec
-    from fedkl.runner import RunConfig
     from fedkl.flower.server_app import run_flower_simulation
+    from fedkl.runner import RunConfig
 
     torch.set_num_threads(1)
     spec = ClientSpec.build("synthetic-logistic", "logistic", {"n_users": n, "m": RECORDS, "d": DIM, "seed": 0})

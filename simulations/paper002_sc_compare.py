@@ -308,7 +308,7 @@ def summarize(rows: list[dict], metric: str, keys=("setting", "eps", "m", "metho
 
 def markdown(result: dict) -> str:
     cfg = result["config"]
-    syn, ml, cross, refs = result["synthetic"], result["movielens"], result["crossover"], result["movielens_refs"]
+    syn, ml, refs = result["synthetic"], result["movielens"], result["movielens_refs"]
     L = [f"# Paper 002: output perturbation vs noisy clipped-gradient descent ({cfg['tag']} run)", "",
          "Regenerate: `.venv/bin/python simulations/paper002_sc_compare.py" + (" --quick" if cfg["tag"] == "quick" else "")
          + "`. All methods at the same user-level (ε, δ), replace-one. Hyperparameters from small public grids; "
@@ -359,7 +359,7 @@ def markdown(result: dict) -> str:
 
 
 def conclusion(result: dict) -> str:
-    cfg, cross, refs = result["config"], result["crossover"], result["movielens_refs"]
+    cfg, cross = result["config"], result["crossover"]
     syn = result["synthetic"]
     ratio = np.mean([r["sigma"] / r["Delta"] for r in syn if r["method"] == "sc-output-pert"])
     ml = summarize(result["movielens"], "test_accuracy")

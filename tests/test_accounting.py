@@ -10,10 +10,14 @@ import numpy as np
 import pytest
 from dp_accounting import pld, rdp
 
-from fedkl.privacy.accounting import (GaussianSchedule, describe_accountant, make_accountant,
-                                      noise_multiplier_for, schedule_epsilon)
-from fedkl.privacy.zcdp import (ZCDPAccountant, delta_cks, eps_bun_steinke, eps_cks, rho_for_eps_delta,
-                                zcdp_to_eps)
+from fedkl.privacy.accounting import (
+    GaussianSchedule,
+    describe_accountant,
+    make_accountant,
+    noise_multiplier_for,
+    schedule_epsilon,
+)
+from fedkl.privacy.zcdp import ZCDPAccountant, delta_cks, eps_bun_steinke, eps_cks, rho_for_eps_delta, zcdp_to_eps
 
 RHOS = [1e-5, 1e-3, 0.01, 0.1, 0.5, 1.0, 5.0, 30.0]
 DELTAS = [1e-12, 1e-8, 1e-5, 1e-3, 0.1]
@@ -255,6 +259,8 @@ class TestSchedules:
 
 # --- the exact conversion of Gaussian releases (issue 13: report eps through the Gaussian profile) ------
 from fedkl.privacy import zcdp  # noqa: E402
+
+
 def test_exact_gaussian_conversion_golden_values():
     """rho = 0.15 at delta = 1e-10: exact 3.416 < CKS 3.574 < Bun-Steinke 3.867, and the exact value is
     dp-accounting's PLD of the one Gaussian mechanism with sigma/sensitivity = 1/sqrt(2 rho)."""

@@ -11,9 +11,9 @@ import torch
 
 from fedkl import cli
 from fedkl.flower import codec
+from fedkl.flower.server_app import run_flower_simulation
 from fedkl.privacy import PrivacyLedger
 from fedkl.runner import ALGORITHMS, RunConfig
-from fedkl.flower.server_app import run_flower_simulation
 
 
 def test_run_config_defaults_are_the_modules_defaults():

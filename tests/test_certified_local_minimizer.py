@@ -40,13 +40,14 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from flwr.app import Array, Message  # noqa: E402
 
+# helpers of the Flower tests (same directory; pytest puts it on sys.path)
+from test_flower import D, N, PerUserReference, _client_reply, _error_code, _flower, _inprocess, _request  # noqa: E402,E501
+
 from fedkl.data import load_dataset  # noqa: E402
-from fedkl.flower import codec, localgrid  # noqa: E402
 from fedkl.federation.base import CertifiedLocalMinimizer, LocalRegularizedMinimizer, local_strength_ok  # noqa: E402
 from fedkl.federation.inprocess import InProcessFederation  # noqa: E402
+from fedkl.flower import codec, localgrid  # noqa: E402
 from fedkl.problems import make_problem  # noqa: E402
-# helpers of the Flower tests (same directory; pytest puts it on sys.path)
-from test_flower import N, D, PerUserReference, _client_reply, _error_code, _flower, _inprocess, _request  # noqa: E402,E501
 
 KIND = "certified_local_minimizer"
 TOL = 1e-10            # the query's default tol, asserted explicitly below

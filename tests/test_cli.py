@@ -1,6 +1,5 @@
 """The `fedkl` console script: account agrees with dp-accounting, run writes its results, errors are one line."""
 import json
-
 import subprocess
 import sys
 

@@ -8,8 +8,18 @@ import pytest
 import torch
 
 from fedkl.data import DATASETS, FederatedDataset, load_dataset
-from fedkl.data.real import (MOVIELENS_GENRES, TV16_RACES, TV16_SCALES, _raw_movielens, _raw_tv16, load_movielens,
-                             load_tv16, movielens_features, split_by_user, tv16_features)
+from fedkl.data.real import (
+    MOVIELENS_GENRES,
+    TV16_RACES,
+    TV16_SCALES,
+    _raw_movielens,
+    _raw_tv16,
+    load_movielens,
+    load_tv16,
+    movielens_features,
+    split_by_user,
+    tv16_features,
+)
 from fedkl.data.synthetic import synthetic_least_squares, synthetic_logistic
 from fedkl.problems import LeastSquares
 

@@ -6,13 +6,27 @@ import numpy as np
 import pytest
 import torch
 
-from fedkl.data import DATASETS, DataNotInstalled, FederatedDataset, load_dataset
-from fedkl.data import images
-from fedkl.data.adult import (ADULT_FEATURES, ADULT_SCALES, ADULT_VOCAB, adult_features, hashed_users, load_adult,
-                              raw_adult)
+from fedkl.data import DATASETS, DataNotInstalled, FederatedDataset, images, load_dataset
+from fedkl.data.adult import (
+    ADULT_FEATURES,
+    ADULT_SCALES,
+    ADULT_VOCAB,
+    adult_features,
+    hashed_users,
+    load_adult,
+    raw_adult,
+)
 from fedkl.data.images import load_fashion_mnist, load_mnist, raw_fashion_mnist, raw_mnist
-from fedkl.data.shakespeare import (NUM_SYMBOLS, OTHER, VOCAB, context_features, encode, load_shakespeare,
-                                   raw_shakespeare, user_records)
+from fedkl.data.shakespeare import (
+    NUM_SYMBOLS,
+    OTHER,
+    VOCAB,
+    context_features,
+    encode,
+    load_shakespeare,
+    raw_shakespeare,
+    user_records,
+)
 
 
 def _same(a: FederatedDataset, b: FederatedDataset) -> bool:

@@ -16,6 +16,9 @@ import pytest
 import torch
 from scipy import stats
 
+# the thread fixture (autouse) and the stand-in ledger of the output-perturbation tests
+from test_output_pert import _CountingLedger, _one_thread  # noqa: E402,F401
+
 from fedkl.algorithms.del_output_pert import DelOutputPert, DelOutputPertConfig
 from fedkl.algorithms.diameter_output_pert import DiameterSCOutputPert, DiameterTestConfig, resolve_test
 from fedkl.algorithms.matching import matching_cover, maximum_matching
@@ -29,8 +32,6 @@ from fedkl.federation.inprocess import InProcessFederation
 from fedkl.privacy import Budget, NoiseSource, PrivacyLedger, Releaser
 from fedkl.privacy.mechanisms import TruncatedDiscreteLaplace
 from fedkl.problems import make_problem
-# the thread fixture (autouse) and the stand-in ledger of the output-perturbation tests
-from test_output_pert import _CountingLedger, _one_thread  # noqa: E402,F401
 
 
 class _Recorder(_CountingLedger):

@@ -3,6 +3,7 @@ import math
 
 import pytest
 import torch
+from release_spies import record_schedule_releases
 
 from fedkl.algorithms.dp_adaptive import AdaptiveDPConfig, AdaptiveDPOptimizer
 from fedkl.algorithms.nonprivate import nonprivate_minimizer
@@ -12,7 +13,6 @@ from fedkl.privacy import Budget, BudgetExhausted, NoiseSource, PrivacyLedger, R
 from fedkl.privacy.accounting import GaussianSchedule, schedule_epsilon
 from fedkl.privacy.release import ScheduledGaussian
 from fedkl.problems import make_problem
-from release_spies import record_schedule_releases
 
 
 def _fed(n_users=80, d=6, seed=0):

@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from release_spies import record_schedule_releases
 
 from fedkl.algorithms.dp_fedavg import DPFedAvg, DPFedAvgConfig
 from fedkl.data import load_dataset
@@ -12,7 +13,6 @@ from fedkl.federation.inprocess import InProcessFederation
 from fedkl.privacy import Budget, BudgetExceeded, NoiseSource, PrivacyLedger, Releaser
 from fedkl.privacy.accounting import GaussianSchedule, schedule_epsilon
 from fedkl.problems import make_problem
-from release_spies import record_schedule_releases
 
 
 def _fed(name="synthetic-logistic", problem="logistic", n_users=30, m=7, d=4, seed=0, reg=0.0):

@@ -7,8 +7,7 @@ import math
 import pytest
 import torch
 
-from fedkl.privacy import (Budget, BudgetExceeded, BudgetExhausted, NoiseSource, PrivacyLedger, Releaser,
-                           ZCDPFilter)
+from fedkl.privacy import Budget, BudgetExceeded, BudgetExhausted, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter
 
 K_SE = 6.0
 BUDGET = Budget(epsilon=2.0, delta=1e-5)

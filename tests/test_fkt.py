@@ -51,9 +51,21 @@ import pytest
 import torch
 from scipy.stats import chi2
 
-from fedkl.algorithms.fkt import (FKT_BUILDERS, HYPERPARAMETERS, FKTPhasedERM, LocalizationConfig, PhasedSGD,
-                                  SCLocalization, SCReduction, SCReductionConfig, SnowballConfig, SnowballSGD,
-                                  build_snowball, build_snowball_sc, convex_setting)
+from fedkl.algorithms.fkt import (
+    FKT_BUILDERS,
+    HYPERPARAMETERS,
+    FKTPhasedERM,
+    LocalizationConfig,
+    PhasedSGD,
+    SCLocalization,
+    SCReduction,
+    SCReductionConfig,
+    SnowballConfig,
+    SnowballSGD,
+    build_snowball,
+    build_snowball_sc,
+    convex_setting,
+)
 from fedkl.algorithms.fkt_common import ConvexSetting, cohort_order
 from fedkl.algorithms.fkt_phased import project_two_balls
 from fedkl.data import load_dataset

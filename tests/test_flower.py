@@ -18,10 +18,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict  # noqa: E402
 
-from fedkl.flower.client_app import make_client_app  # noqa: E402
 from fedkl.algorithms.noisy_gd import NoisyGDConfig, NoisyGradientDescent  # noqa: E402
 from fedkl.data import load_dataset  # noqa: E402
-from fedkl.flower import codec, localgrid  # noqa: E402
 from fedkl.federation.base import (  # noqa: E402
     Answers,
     ClippedGradient,
@@ -31,13 +29,15 @@ from fedkl.federation.base import (  # noqa: E402
     LocalLoss,
     LocalRegularizedMinimizer,
 )
-from fedkl.flower.federation import FlowerFederation  # noqa: E402
 from fedkl.federation.inprocess import InProcessFederation  # noqa: E402
+from fedkl.flower import codec, localgrid  # noqa: E402
+from fedkl.flower.client_app import make_client_app  # noqa: E402
+from fedkl.flower.federation import FlowerFederation  # noqa: E402
 from fedkl.flower.localgrid import LocalGrid  # noqa: E402
+from fedkl.flower.server_app import run_flower_simulation  # noqa: E402
 from fedkl.privacy import Budget, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter  # noqa: E402
 from fedkl.problems import make_problem  # noqa: E402
 from fedkl.runner import RunConfig  # noqa: E402
-from fedkl.flower.server_app import run_flower_simulation  # noqa: E402
 
 N, M, D = 16, 12, 5
 LS = codec.ClientSpec.build("synthetic-least-squares", "least-squares", {"n_users": N, "m": M, "d": D, "seed": 4})
@@ -373,8 +373,8 @@ def _ledger_view(path):
 
 
 def _same_ledgers(a, b, user_ids):
-    ra, la = _ledger_view(a["ledger_path"])
-    rb, lb = _ledger_view(b["ledger_path"])
+    ra, _ = _ledger_view(a["ledger_path"])
+    rb, _ = _ledger_view(b["ledger_path"])
     assert ra == rb and len(ra) == a["ledger"]["releases"]
     with PrivacyLedger(a["ledger_path"]) as la, PrivacyLedger(b["ledger_path"]) as lb:
         for uid in user_ids:
@@ -451,10 +451,10 @@ def test_deployed_server_app_main_reads_the_run_config(tmp_path):
     fedkl-* run-config keys (what `flwr run` / SuperNodes would get), here over a LocalGrid."""
     import json
 
-    import client.app
-    import server.app
     from flwr.app import Context
 
+    import client.app
+    import server.app
     from fedkl.flower import client_app, server_app
 
     assert server.app.app is server_app.app and client.app.app is client_app.app  # thin entry points

@@ -24,15 +24,22 @@ import torch
 
 from fedkl.algorithms.kl_adaptive_gd import AdaptiveKLGD, AdaptiveKLGDConfig
 from fedkl.algorithms.kl_common import KLConstants, sum_sensitivity
-from fedkl.algorithms.kl_methods import (KL_BUILDERS, build_kl_adaptive_gd, build_kl_prox_point,
-                                         build_kl_spider)
+from fedkl.algorithms.kl_methods import KL_BUILDERS, build_kl_adaptive_gd, build_kl_prox_point, build_kl_spider
 from fedkl.algorithms.kl_spider import ANCHOR_WEIGHT, KLSpider, KLSpiderConfig
 from fedkl.algorithms.prox_point import PrivateProxPoint, ProxPointConfig
 from fedkl.data import load_dataset
 from fedkl.federation.base import ClippedGradient, GradientDifference
 from fedkl.federation.inprocess import InProcessFederation
-from fedkl.privacy import (Budget, BudgetExceeded, BudgetExhausted, ExponentialMechanism, NoiseSource,
-                           PrivacyLedger, Releaser, ZCDPFilter)
+from fedkl.privacy import (
+    Budget,
+    BudgetExceeded,
+    BudgetExhausted,
+    ExponentialMechanism,
+    NoiseSource,
+    PrivacyLedger,
+    Releaser,
+    ZCDPFilter,
+)
 from fedkl.problems import make_problem
 from fedkl.runner import RunConfig
 

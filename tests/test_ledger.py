@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from fedkl.privacy.ledger import Budget, BudgetExceeded, LedgerError, PrivacyLedger, UserSpend
 from fedkl.privacy.filter import BudgetExhausted
+from fedkl.privacy.ledger import Budget, BudgetExceeded, LedgerError, PrivacyLedger, UserSpend
 from fedkl.privacy.zcdp import rho_for_eps_delta, zcdp_to_eps
 
 BUDGET = Budget(epsilon=2.0, delta=1e-5)

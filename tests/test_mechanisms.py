@@ -16,8 +16,14 @@ import torch
 from dp_accounting import pld
 from scipy import stats
 
-from fedkl.privacy import (ExponentialMechanism, GaussianMechanism, LaplaceMechanism, NoiseSource,
-                           ReportNoisyMax, TruncatedDiscreteLaplace)
+from fedkl.privacy import (
+    ExponentialMechanism,
+    GaussianMechanism,
+    LaplaceMechanism,
+    NoiseSource,
+    ReportNoisyMax,
+    TruncatedDiscreteLaplace,
+)
 
 K_SE = 6.0  # standard errors allowed in every moment check below
 

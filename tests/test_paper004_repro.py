@@ -3,7 +3,6 @@ the ghost-clipping kernel against fedkl's stock per-user gradients, the z-scored
 fedkl's loader, and the epsilon-label arithmetic."""
 import csv
 import math
-import os
 
 import dp_accounting
 import numpy as np

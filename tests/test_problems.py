@@ -8,8 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from fedkl.data.base import FederatedDataset, UserData
-from fedkl.problems import (MLP, PROBLEMS, BinaryLogistic, LeastSquares, SmoothedHinge, SoftmaxRegression,
-                            make_problem)
+from fedkl.problems import MLP, PROBLEMS, BinaryLogistic, LeastSquares, SmoothedHinge, SoftmaxRegression, make_problem
 
 D, K, R, B, Y = 5, 3, 1.5, 2.0, 1.2
 SIZES = (1, 2, 5, 17, 40, 3)  # uneven users, one with a single record

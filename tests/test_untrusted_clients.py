@@ -15,6 +15,8 @@ import math
 import numpy as np
 import pytest
 import torch
+from test_diameter_output_pert import _hockey_stick
+from test_output_pert import _one_thread  # noqa: F401  (autouse: one torch thread)
 
 from fedkl.algorithms.diameter_output_pert import DiameterSCOutputPert, DiameterTestConfig
 from fedkl.algorithms.sc_output_pert import SCOutputPert, SCOutputPertConfig
@@ -32,8 +34,6 @@ from fedkl.privacy.clients import ANY_CLIENTS, IN_CLASS_CLIENTS
 from fedkl.privacy.mechanisms import TruncatedDiscreteLaplace
 from fedkl.problems import make_problem
 from fedkl.runner import ALGORITHMS, RunConfig, run_training
-from test_diameter_output_pert import _hockey_stick
-from test_output_pert import _one_thread  # noqa: F401  (autouse: one torch thread)
 
 EPS, DELTA, LAM, DIM, M = 8.0, 0.1, 1.0, 2, 200
 HONEST, LIAR, TYPICAL = 0, 1, 5
@@ -210,8 +210,20 @@ def test_records_outside_the_declared_bounds_are_refused_where_data_enters(bad):
 
 def test_every_algorithm_declares_what_it_assumes_of_clients(tmp_path):
     from fedkl import runner
-    from fedkl.algorithms import (dp_adaptive, dp_fedavg, fkt_phased, fkt_reduction, fkt_snowball, kl_adaptive_gd,
-                                  kl_spider, mean_output_pert, noisy_gd, phased_erm, prox_point, sc_phased)
+    from fedkl.algorithms import (
+        dp_adaptive,
+        dp_fedavg,
+        fkt_phased,
+        fkt_reduction,
+        fkt_snowball,
+        kl_adaptive_gd,
+        kl_spider,
+        mean_output_pert,
+        noisy_gd,
+        phased_erm,
+        prox_point,
+        sc_phased,
+    )
     classes = [noisy_gd.NoisyGradientDescent, dp_adaptive.AdaptiveDPOptimizer, dp_fedavg.DPFedAvg,
                kl_adaptive_gd.AdaptiveKLGD, kl_spider.KLSpider, prox_point.PrivateProxPoint,
                mean_output_pert.LocalMeanOutputPert, mean_output_pert.PhasedMeanOutputPert,

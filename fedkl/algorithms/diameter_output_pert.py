@@ -126,8 +126,8 @@ from fedkl.algorithms.mean_output_pert import conflict_edges
 from fedkl.algorithms.sc_output_pert import SCOutputPert, SCOutputPertConfig, release_forecast
 from fedkl.algorithms.vertex_cover import DEFAULT_MAX_VC_CALLS, TESTS, require_work_budget, resolve_test
 from fedkl.federation.base import CertifiedLocalMinimizer, Federation, GradientsAtOwnPoints, GradientsAtPoints
-from fedkl.privacy.release import Releaser
 from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, Guarantee
+from fedkl.privacy.release import Releaser
 
 _G0_PAD = 1e-9  # float slack on the public bound G0 (an honest user's gradient norm is computed in float64)
 

@@ -29,12 +29,17 @@ from typing import Callable
 
 import torch
 
-from fedkl.algorithms.poisson_schedule import (PoissonScheduledRun, ScheduleResult, calibrate, check_schedule_config,
-                                               sum_sensitivity)
+from fedkl.algorithms.poisson_schedule import (
+    PoissonScheduledRun,
+    ScheduleResult,
+    calibrate,
+    check_schedule_config,
+    sum_sensitivity,
+)
 from fedkl.federation.base import ClippedGradient, Federation
 from fedkl.privacy.accounting import GaussianSchedule
-from fedkl.privacy.release import Releaser
 from fedkl.privacy.guarantee import Guarantee
+from fedkl.privacy.release import Releaser
 
 OPTIMIZERS = ("sgd", "rmsprop", "adam")
 

@@ -42,13 +42,18 @@ from typing import Callable
 
 import torch
 
-from fedkl.algorithms.poisson_schedule import (PoissonScheduledRun, ScheduleResult, calibrate, check_schedule_config,
-                                               sum_sensitivity)
+from fedkl.algorithms.poisson_schedule import (
+    PoissonScheduledRun,
+    ScheduleResult,
+    calibrate,
+    check_schedule_config,
+    sum_sensitivity,
+)
 from fedkl.federation.base import ClippedLocalUpdate, Federation
 from fedkl.federation.inprocess import clip_rows
 from fedkl.privacy.accounting import GaussianSchedule
-from fedkl.privacy.release import Releaser
 from fedkl.privacy.guarantee import Guarantee
+from fedkl.privacy.release import Releaser
 
 
 @dataclass(frozen=True)

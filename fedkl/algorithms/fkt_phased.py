@@ -62,11 +62,20 @@ from typing import Callable
 
 import torch
 
-from fedkl.algorithms.fkt_common import (ConvexSetting, FKTResult, check_parallel_releaser, check_relation,
-                                         check_zcdp_budget, cohort_order, paper_rho, project, replace_factor)
+from fedkl.algorithms.fkt_common import (
+    ConvexSetting,
+    FKTResult,
+    check_parallel_releaser,
+    check_relation,
+    check_zcdp_budget,
+    cohort_order,
+    paper_rho,
+    project,
+    replace_factor,
+)
 from fedkl.federation.base import ClippedGradient, Federation, LocalRegularizedMinimizer
-from fedkl.privacy.release import Releaser
 from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, Guarantee
+from fedkl.privacy.release import Releaser
 
 CLIENT_VIEW = {
     "psgd": "a user receives the within-phase SGD iterate: a noiseless function of the earlier users of "

@@ -28,12 +28,19 @@ from typing import Callable
 
 import torch
 
-from fedkl.algorithms.fkt_common import (ConvexSetting, FKTResult, check_parallel_releaser, check_zcdp_budget,
-                                         cohort_order, paper_rho, project)
+from fedkl.algorithms.fkt_common import (
+    ConvexSetting,
+    FKTResult,
+    check_parallel_releaser,
+    check_zcdp_budget,
+    cohort_order,
+    paper_rho,
+    project,
+)
 from fedkl.algorithms.fkt_phased import FKTPhasedERM, LocalizationConfig, PhasedSGD
 from fedkl.federation.base import Federation
-from fedkl.privacy.release import Releaser
 from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, Guarantee
+from fedkl.privacy.release import Releaser
 
 INNER = {"phased-sgd": PhasedSGD, "phased-erm": FKTPhasedERM}
 

@@ -57,13 +57,20 @@ from typing import Callable
 
 import torch
 
-from fedkl.algorithms.fkt_common import (ConvexSetting, FKTResult, check_relation, cohort_order, project,
-                                         replace_factor, split_cohorts)
+from fedkl.algorithms.fkt_common import (
+    ConvexSetting,
+    FKTResult,
+    check_relation,
+    cohort_order,
+    project,
+    replace_factor,
+    split_cohorts,
+)
 from fedkl.federation.base import ClippedGradient, Federation
+from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, Guarantee
 from fedkl.privacy.ledger import BudgetExceeded
 from fedkl.privacy.release import Releaser
 from fedkl.privacy.zcdp import CONVERSIONS, zcdp_to_eps
-from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, Guarantee
 
 VARIANTS = ("jnn", "constant", "strongly-convex")
 

@@ -53,8 +53,8 @@ import torch
 from fedkl.algorithms.kl_common import KLResult, check_count, check_positive, check_relation, sum_sensitivity
 from fedkl.federation.base import ClippedGradient, Federation
 from fedkl.privacy.filter import BudgetExhausted
-from fedkl.privacy.release import Releaser
 from fedkl.privacy.guarantee import Guarantee
+from fedkl.privacy.release import Releaser
 
 SELECTIONS = ("last", "exponential")
 

@@ -52,11 +52,18 @@ from typing import Callable
 
 import torch
 
-from fedkl.algorithms.kl_common import (KLConstants, KLResult, check_count, check_positive, check_relation,
-                                        log_bracket, sum_sensitivity)
+from fedkl.algorithms.kl_common import (
+    KLConstants,
+    KLResult,
+    check_count,
+    check_positive,
+    check_relation,
+    log_bracket,
+    sum_sensitivity,
+)
 from fedkl.federation.base import ClippedGradient, Federation, GradientDifference
-from fedkl.privacy.release import Releaser
 from fedkl.privacy.guarantee import Guarantee
+from fedkl.privacy.release import Releaser
 
 ANCHOR_WEIGHT = 16.0  # paper's per-release costs, anchor : difference = 1/(2K) : 1/(32 T_k K) = 16 : 1/T_k
 

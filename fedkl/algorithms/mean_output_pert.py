@@ -144,12 +144,18 @@ from fedkl.algorithms.del_output_pert import (
     mean_of_user_vectors,
 )
 from fedkl.algorithms.matching import deletion_set
-from fedkl.algorithms.vertex_cover import DEFAULT_MAX_VC_CALLS, TESTS, require_work_budget, resolve_test, worst_case_calls
+from fedkl.algorithms.vertex_cover import (
+    DEFAULT_MAX_VC_CALLS,
+    TESTS,
+    require_work_budget,
+    resolve_test,
+    worst_case_calls,
+)
 from fedkl.federation.base import Federation, LocalRegularizedMinimizer
+from fedkl.privacy.guarantee import Guarantee
 from fedkl.privacy.ledger import BudgetExceeded
 from fedkl.privacy.release import Releaser
 from fedkl.problems.base import Problem
-from fedkl.privacy.guarantee import Guarantee
 
 _FP_PAD = 1e-9
 _DIST_CHUNK = 256

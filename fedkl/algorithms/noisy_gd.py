@@ -32,8 +32,8 @@ from typing import Callable
 import torch
 
 from fedkl.federation.base import ClippedGradient, Federation
-from fedkl.privacy.release import Releaser
 from fedkl.privacy.guarantee import Guarantee
+from fedkl.privacy.release import Releaser
 
 RELATIONS = ("replace-one", "add-remove")
 

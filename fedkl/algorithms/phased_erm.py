@@ -73,10 +73,10 @@ from fedkl.algorithms.phased_common import (
     setting_from_run_config,
 )
 from fedkl.federation.base import Federation
+from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, Guarantee
 from fedkl.privacy.ledger import BudgetExceeded
 from fedkl.privacy.release import Releaser
 from fedkl.problems.base import Problem
-from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, Guarantee
 
 PhasedERMResult = PhasedResult  # the name the first version exported
 

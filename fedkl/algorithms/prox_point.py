@@ -41,11 +41,19 @@ from typing import Callable
 
 import torch
 
-from fedkl.algorithms.kl_common import (KLConstants, KLResult, check_count, check_positive, check_relation,
-                                        log_bracket, project_ball, sum_sensitivity)
+from fedkl.algorithms.kl_common import (
+    KLConstants,
+    KLResult,
+    check_count,
+    check_positive,
+    check_relation,
+    log_bracket,
+    project_ball,
+    sum_sensitivity,
+)
 from fedkl.federation.base import ClippedGradient, Federation
-from fedkl.privacy.release import Releaser
 from fedkl.privacy.guarantee import Guarantee
+from fedkl.privacy.release import Releaser
 
 
 @dataclass(frozen=True)

@@ -77,9 +77,9 @@ from fedkl.algorithms.del_output_pert import (
     exact_stability,
 )
 from fedkl.federation.base import Federation, GradientsAtPoints
+from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, Guarantee
 from fedkl.privacy.release import Releaser
 from fedkl.problems.base import Problem
-from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, Guarantee
 
 _SOLVE_CHUNK = 4096
 _FP_PAD = 1e-9

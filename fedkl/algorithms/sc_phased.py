@@ -59,9 +59,9 @@ from fedkl.algorithms.phased_erm import (
 )
 from fedkl.algorithms.phased_sco import PhasedSCO
 from fedkl.federation.base import Federation
+from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, Guarantee
 from fedkl.privacy.release import Releaser
 from fedkl.problems.base import Problem
-from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, Guarantee
 
 
 @dataclass(frozen=True)

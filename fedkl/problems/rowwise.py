@@ -25,7 +25,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-
 # ATen's bmm uses its naive kernel (one sequential multiply-add loop per output entry, the same code
 # for every batch entry) when contraction * rows * cols < 400; above that it may call BLAS, whose
 # rounding can depend on the call's shape. Blocks stay below the threshold.
