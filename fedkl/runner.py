@@ -258,6 +258,11 @@ def train_federation(cfg: RunConfig, federation: Federation, problem, dataset, d
                                 if isinstance(rec.get(k), (int, float)))
                 log(f"  round {rec['round']:>4}/{rec['rounds']}{extra}")
 
+        if cfg.conversion == "gaussian" and not getattr(alg, "gaussian_releases_only", True):
+            ledger.finish_run("refused")
+            raise ValueError(f"{cfg.algorithm} with these settings makes a zCDP release that is not Gaussian, so the "
+                             "exact Gaussian conversion does not hold for it: use --conversion cks (nothing was read "
+                             "or charged)")
         forecast = alg.forecast(federation.num_users, problem.init_params(), federation.user_ids) \
             if hasattr(alg, "forecast") else None
         if forecast is not None:

@@ -312,3 +312,19 @@ def test_noisy_gd_reports_the_exact_epsilon(tmp_path):
     rho, delta = res["rho"], res["delta"]
     assert res["epsilon"] == pytest.approx(zcdp.eps_gaussian(rho, delta), rel=1e-9)
     assert res["epsilon"] < res["epsilon_by_budget_conversion"] == pytest.approx(zcdp.eps_cks(rho, delta))
+
+
+def test_exact_gaussian_budget_is_refused_up_front_for_a_non_gaussian_release(tmp_path):
+    """kl-adaptive-gd's exponential selection is not a Gaussian release: --conversion gaussian is refused
+    before anything is read or charged (the ledger would refuse the exponential charge mid-run anyway)."""
+    from fedkl.privacy import PrivacyLedger
+    from fedkl.runner import RunConfig, run_training
+
+    common = dict(dataset="synthetic-logistic", users=30, algorithm="kl-adaptive-gd", reg=0.1, kl_max_rounds=3,
+                  conversion="gaussian", noise_seed=1, reference=False)
+    with pytest.raises(ValueError, match="not Gaussian"):
+        run_training(RunConfig(**common, kl_select="exponential", out=str(tmp_path / "x")), log=lambda _: None)
+    with PrivacyLedger(str(tmp_path / "x" / "ledger.sqlite")) as led:
+        assert led.num_releases() == 0
+    res = run_training(RunConfig(**common, out=str(tmp_path / "ok")), log=lambda _: None)  # last iterate: Gaussian only
+    assert res["epsilon"] == pytest.approx(res["epsilon_by_budget_conversion"])

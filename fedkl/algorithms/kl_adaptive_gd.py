@@ -134,6 +134,12 @@ class AdaptiveKLGD:
     name = "kl-adaptive-gd"
     guarantee = Guarantee("zcdp")
 
+    @property
+    def gaussian_releases_only(self) -> bool:
+        """Every zCDP charge is a Gaussian release (the exact Gaussian conversion applies) unless the
+        output iterate is chosen by the exponential mechanism."""
+        return self.config.select != "exponential"
+
     def __init__(self, config: AdaptiveKLGDConfig, rho_total: float) -> None:
         check_positive("rho_total", rho_total)
         self.config = config
