@@ -33,18 +33,19 @@ def test_quickstart_example_runs(tmp_path):
 # paper 002 on the default real dataset (MovieLens, 671 users): every algorithm runs through the
 # polynomial-time diameter test (the paper's exact test would enumerate ~2^671 user sets), writes
 # result.json and a ledger that charged each user at most the budget.
-# --force: at n = 671 the forecast of phased-erm, phased-sco and sc-output-pert says their noise swamps the
-# model, and fedkl run refuses them (test below); forced, they must still run and account correctly
+# --force: at n = 671 the forecast of every paper-002 algorithm says its noise swamps the model, and fedkl run
+# refuses them (test below); forced, they must still run and account correctly
 P002_RUNS = {
     "phased-erm": ["--force"],
     "phased-sco": ["--force"],
-    "sc-phased-erm": ["--reg", "0.01", "--p002-phases", "3"],
-    "sc-phased-sco": ["--reg", "0.01"],
+    "sc-phased-erm": ["--reg", "0.01", "--p002-phases", "3", "--force"],
+    "sc-phased-sco": ["--reg", "0.01", "--force"],
     "sc-output-pert": ["--reg", "0.01", "--stability-delta", "5", "--force"],
 }
 
 
-@pytest.mark.parametrize("args", [["--algorithm", "phased-erm"], ["--algorithm", "sc-output-pert", "--reg", "0.01"]])
+@pytest.mark.parametrize("args", [["--algorithm", "phased-erm"], ["--algorithm", "sc-output-pert", "--reg", "0.01"],
+                                  ["--algorithm", "sc-phased-sco", "--reg", "0.01"]])
 def test_output_perturbation_whose_noise_swamps_the_model_is_refused_before_any_data(tmp_path, args):
     """MovieLens (671 users) at eps = 2: the public forecast of the first release (noise norm vs the farthest
     the data could move the model) is far above 1, so the run stops with one line before anything is read or

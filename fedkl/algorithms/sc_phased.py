@@ -120,6 +120,16 @@ class _StronglyConvexPhased:
         kw = {"user_ids": user_ids} if isinstance(phased, PhasedSCO) else {}
         return SCPlan(eps0, delta0, Delta0, k0, sigma0, beta, r, phased.plan(n, w0, distance=r, **kw))
 
+    def forecast(self, n: int, w0: torch.Tensor, user_ids: tuple[str, ...] | None = None) -> dict:
+        """The localisation release's forecast, by PhasedERM.forecast's rule (public values only): its
+        mu-strongly convex objective's minimizer lies within G/mu of the centre, its noise has norm about
+        sigma_0 sqrt(d)."""
+        plan = self.plan(n, w0, user_ids)
+        signal = self.setting.require_lipschitz(self.name) / self.setting.strong_convexity
+        noise = plan.sigma0 * math.sqrt(torch.as_tensor(w0).numel())
+        return {"sigma_over_Delta": plan.sigma0 / plan.Delta0, "sigma_1": plan.sigma0, "noise_norm": noise,
+                "signal_radius": signal, "noise_over_signal": noise / signal}
+
     def _needs(self, federation: Federation, plan: SCPlan) -> list[tuple[list[str], float, float]]:
         cfg = self.config
         if self.phased_class is PhasedERM:
