@@ -14,7 +14,7 @@ d = 4, user means exactly N(theta_pop, I/m), K = B(0, 3), w0 = 0). Metric: the e
 * ``alg2`` (one output perturbation, paper 002 Alg 2), ``phased-erm`` (Alg 3), ``sc-phased-erm``
   (Alg 5): fedkl's classes with their THEOREM schedules and the exact mean-type inner release
   (see paper002_slopes); no tuning. The threshold Delta comes from the public model of the users
-  (:func:`~simulations.paper002_mean.gaussian_users_rule`). Where the public n is below
+  (:func:`~fedkl.algorithms.mean_type_inner.gaussian_users_rule`). Where the public n is below
   4 kappa + 2 for some call the algorithm refuses before reading data ("refused").
 * ``noisy-gd``: :class:`fedkl.algorithms.noisy_gd.NoisyGradientDescent` (per-user clipping to C,
   Gaussian noise on the sum with replace-one sensitivity 2C, lr = 1 = 1/smoothness, iterates
@@ -45,8 +45,9 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 
 from fedkl.algorithms.noisy_gd import NoisyGDConfig, NoisyGradientDescent  # noqa: E402
 from fedkl.algorithms.phased_common import noise_ratio  # noqa: E402
+from fedkl.federation.means import MeanFederation  # noqa: E402
 from fedkl.privacy import Budget, NoiseSource, Releaser, ZCDPFilter  # noqa: E402
-from simulations.paper002_mean import MeanFederation, draw_user_means  # noqa: E402
+from fedkl.problems.quadratic_mean import draw_user_means  # noqa: E402
 from simulations.paper002_slopes import RESULTS, Family, Recorder, SlopeConfig, fit_slope, seed_of  # noqa: E402
 
 OURS = ("alg2", "phased-erm", "sc-phased-erm")

@@ -3,11 +3,12 @@ against the number of users n and the records per user m, on log-log axes with t
 
     .venv/bin/python simulations/paper002_slopes.py            # full: about 1-2 min on 2 cores
     .venv/bin/python simulations/paper002_slopes.py --quick    # about 20 s
+    .venv/bin/python simulations/paper002_slopes.py --point n 4000 100000000 0   # one point's rows, as JSON
 
 Writes ``simulations/results/paper002_slopes{,_quick}.{csv,json,md,png}``.
 
-The family (note §7 T6(a); :mod:`simulations.paper002_mean`)
------------------------------------------------------------
+The family (note §7 T6(a); :mod:`fedkl.problems.quadratic_mean`)
+----------------------------------------------------------------
 ``l(theta; x) = 0.5 ||theta - x||^2`` in d = 4, records ``x ~ N(theta_pop, I)``, user means drawn
 exactly from ``N(theta_pop, I/m)`` (so m up to 1e12 costs nothing), theta* = the mean of the user means
 (empirical optimum, exact), theta_pop the population optimum. Excess risks are exact:
@@ -21,10 +22,10 @@ Mechanisms: the algorithms are fedkl's :class:`PhasedERM`, :class:`PhasedSCO`, :
 lambda_SCO, beta = 1/(nm) or 1/(2n^2 m), ⊥ keeps the centre, centres clipped and projected), at
 user-level (eps, delta) = (4, 1e-5), replace-one, calibration "tight" (DelOutputPert's (4 kappa + 1)
 Delta recount with the analytic Gaussian, proved in fedkl/algorithms/del_output_pert.py). Their inner
-release is :class:`~simulations.paper002_mean.MeanTypeInner`: paper 002's DelOutputPert of the EXACT
+release is :class:`~fedkl.algorithms.mean_type_inner.MeanTypeInner`: paper 002's DelOutputPert of the EXACT
 phase minimizer with an exact, hereditary and sound test predicate (the diameter of the user means;
 proof in that module), which runs at any n; fedkl's SCOutputPert enumeration stops at 20 users. The
-threshold is the public rule :func:`~simulations.paper002_mean.gaussian_users_rule`
+threshold is the public rule :func:`~fedkl.algorithms.mean_type_inner.gaussian_users_rule`
 (Delta = 2 s (sqrt d + sqrt(2 ln(n/beta))) / (sqrt(m) mu (n - 4 kappa - 1)): the test passes w.p. 1 - beta
 for users drawn from the public model). "Alg 2" is one such release at the full (eps, delta) with no
 regularizer (the SCOutputPert step of Alg 5/6 on its own). Charges go to an in-memory recorder (a
@@ -52,32 +53,24 @@ import hashlib
 import json
 import math
 import os
-import sys
 import time
 from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import torch
 
-if __package__ in (None, ""):  # run as a script: make the repository root importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from fedkl.algorithms.phased_common import (  # noqa: E402
+from fedkl.algorithms.mean_type_inner import MeanTypeInner, gaussian_users_rule
+from fedkl.algorithms.phased_common import (
     PhaseCall,
     kappa,
     setting_for_problem,
 )
-from fedkl.algorithms.phased_erm import PhasedConfig, PhasedERM  # noqa: E402
-from fedkl.algorithms.phased_sco import PhasedSCO  # noqa: E402
-from fedkl.algorithms.sc_phased import SCPhasedERM, SCPhasedSCO  # noqa: E402
-from fedkl.privacy import NoiseSource, Releaser  # noqa: E402
-from simulations.paper002_mean import (  # noqa: E402
-    MeanFederation,
-    MeanTypeInner,
-    QuadraticMean,
-    draw_user_means,
-    gaussian_users_rule,
-)
+from fedkl.algorithms.phased_erm import PhasedConfig, PhasedERM
+from fedkl.algorithms.phased_sco import PhasedSCO
+from fedkl.algorithms.sc_phased import SCPhasedERM, SCPhasedSCO
+from fedkl.federation.means import MeanFederation
+from fedkl.privacy import NoiseSource, Releaser
+from fedkl.problems.quadratic_mean import QuadraticMean, draw_user_means
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 THETA_POP = (1.0, -0.5, 0.25, 0.0)
@@ -497,11 +490,18 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--quick", action="store_true", help="3 grid points per sweep, 3 seeds")
     p.add_argument("--seeds", type=int, default=None, help="seeds per point")
     p.add_argument("--out", default=RESULTS, help="output folder (default simulations/results)")
+    p.add_argument("--point", nargs=4, metavar=("SWEEP", "N", "M", "SEED"),
+                   help="run one point (every algorithm) and print its rows as JSON; writes no file")
     args = p.parse_args(argv)
     cfg = QUICK if args.quick else FULL
     if args.seeds is not None:
         cfg = replace(cfg, seeds=args.seeds)
     torch.set_num_threads(1)
+    if args.point:
+        sweep, n, m, seed = args.point
+        rows = run_point(Family(cfg), sweep, int(n), int(m), int(seed))
+        print(json.dumps(rows))
+        return {"config": asdict(cfg), "rows": rows}
     print(f"paper 002 slopes ({cfg.tag}): (eps, delta) = ({cfg.eps}, {cfg.delta:g}), d = {cfg.d}, {cfg.seeds} seeds")
     result = run(cfg)
     paths = write_outputs(result, args.out)

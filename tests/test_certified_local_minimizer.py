@@ -40,7 +40,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from flwr.app import Array, Message  # noqa: E402
 
-# helpers of the Flower tests (same directory; pytest puts it on sys.path)
+# helpers of the Flower tests (same directory, which pytest makes importable)
 from test_flower import D, N, PerUserReference, _client_reply, _error_code, _flower, _inprocess, _request  # noqa: E402,E501
 
 from fedkl.data import load_dataset  # noqa: E402

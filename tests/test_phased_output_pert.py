@@ -1,16 +1,19 @@
 """Paper 002's phased algorithms: Phased-ERM (Alg 3), Phased-SCO (Alg 4), SC-ERM / SC-SCO (Alg 5/6).
 
-Data: the mean-estimation family of note §7 T6(a) (simulations/paper002_mean.py): l = 0.5||theta - x||^2,
+Data: the mean-estimation family of note §7 T6(a) (fedkl/problems/quadratic_mean.py): l = 0.5||theta - x||^2,
 user means drawn exactly from N(theta_pop, s^2 I / m), so the optimum is known in closed form
 (theta* = mean of the user means, theta_pop for the population) and every phase's minimizer is exact.
 Inner releases: fedkl's SCOutputPert (n <= 20: its certificate or its exact enumeration) or, for
-larger cohorts, the exact mean-type DelOutputPert of that module. Fixed seeds everywhere; sampled
-checks use tolerances of a few standard errors of their own sample.
+larger cohorts, the exact mean-type DelOutputPert of fedkl/algorithms/mean_type_inner.py. Fixed seeds
+everywhere; sampled checks use tolerances of a few standard errors of their own sample.
 """
 import hashlib
 import json
 import math
 import os
+import pathlib
+import subprocess
+import sys
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -19,6 +22,7 @@ import pytest
 import torch
 
 from fedkl.algorithms.del_output_pert import DelOutputPertConfig
+from fedkl.algorithms.mean_type_inner import MeanTypeInner, gaussian_users_rule
 from fedkl.algorithms.p002 import HYPERPARAMETERS, PHASED_BUILDERS
 from fedkl.algorithms.phased_common import (
     CohortFederation,
@@ -31,19 +35,15 @@ from fedkl.algorithms.phased_common import (
 from fedkl.algorithms.phased_erm import PhasedConfig, PhasedERM
 from fedkl.algorithms.phased_sco import PhasedSCO
 from fedkl.algorithms.sc_phased import SCPhasedERM, SCPhasedSCO
+from fedkl.federation.means import MeanFederation
 from fedkl.privacy import Budget, BudgetExceeded, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter
-from simulations.paper002_mean import (
-    MeanFederation,
-    MeanTypeInner,
-    QuadraticMean,
-    draw_user_means,
-    gaussian_users_rule,
-)
+from fedkl.problems.quadratic_mean import QuadraticMean, draw_user_means
 
 D = 4
 POP = torch.tensor([1.0, -0.5, 0.25, 0.0], dtype=torch.float64)
 X = 3.0          # public bound on ||x|| (feature bound) of the quadratic family
 RADIUS = 3.0     # K = B(0, 3) holds theta_pop and every phase minimizer used here
+REPO = pathlib.Path(__file__).resolve().parent.parent   # the simulations/ scripts run from the repository root
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -432,7 +432,7 @@ def test_cohort_federation_reads_and_charges_only_its_users(tmp_path):
 
 
 def test_mean_type_inner_is_fedkl_mean_output_pert_with_the_phase_minimizers():
-    """The simulations' inner release equals fedkl's MeanOutputPert (the note's §5(c) mechanism) run
+    """The mean-type inner release equals fedkl's MeanOutputPert (the note's §5(c) mechanism) run
     on v_u = (xbar_u + lam c)/(1 + lam), with rho = Delta (n - 4 kappa - 1): same deletions, same ⊥,
     same value up to the last bits of sigma; with 3 outlying users the vertex cover decides."""
     from fedkl.algorithms.mean_output_pert import MeanOutputPert, MeanOutputPertConfig
@@ -477,11 +477,14 @@ def test_builders_read_hyperparameters(tmp_path):
 
 
 def test_slope_experiment_point_is_in_the_theorem_regime():
-    """One point of simulations/paper002_slopes.py (n = 4000, m = 1e8): every algorithm releases
-    without ⊥, every call has >= 8 kappa users (Cor 3.7's regime) and the error is finite."""
-    from simulations import paper002_slopes as sl
-
-    rows = sl.run_point(sl.Family(sl.FULL), "n", 4000, 10**8, 0)
-    assert [r["algorithm"] for r in rows] == list(sl.ALGORITHMS)
+    """One point of simulations/paper002_slopes.py (n = 4000, m = 1e8), run as the script: every algorithm
+    releases without ⊥, every call has >= 8 kappa users (Cor 3.7's regime) and the error is finite."""
+    proc = subprocess.run([sys.executable, "simulations/paper002_slopes.py", "--point", "n", "4000", str(10**8), "0"],
+                          cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)
+    assert [r["algorithm"] for r in rows] == ["alg2-output-pert", "phased-erm", "sc-phased-erm", "phased-sco",
+                                              "sc-phased-sco"]
     for r in rows:
         assert r["bottoms"] == 0 and r["theorem_regime"] and math.isfinite(r["excess_pop"]), r["algorithm"]

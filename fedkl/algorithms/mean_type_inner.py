@@ -1,20 +1,9 @@
-"""The mean-estimation family of note §7 T6(a), for paper 002's experiments and tests.
+"""An EXACT, efficient instance of paper 002's DelOutputPert for the quadratic mean family
+(:class:`~fedkl.problems.quadratic_mean.QuadraticMean` over a :class:`~fedkl.federation.means.MeanFederation`),
+usable as the inner release of the phased algorithms at any n (the bitmask enumeration of SCOutputPert
+stops at 20 users), and the public threshold rule :func:`gaussian_users_rule` that goes with it.
 
-Loss ``l(theta; x) = 0.5 ||theta - x||^2`` (1-strongly convex, 1-smooth; G-Lipschitz on bounded sets).
-User u's objective is ``f_u(theta) = 0.5 ||theta - xbar_u||^2 + const (+ reg/2 ||theta||^2)``, so a user is
-fully described by its MEAN xbar_u: :func:`draw_user_means` draws the means exactly from
-``N(theta_pop, s^2 I / m)`` (records ``x ~ N(theta_pop, s^2 I)``, m of them per user), which makes
-m = 10^12 as cheap as m = 1. The empirical minimizer is ``theta* = mean_u xbar_u`` (exact), the
-population minimizer ``theta_pop``.
-
-* :class:`QuadraticMean` - the :class:`~fedkl.problems.base.Problem` (constants only: the data live in
-  the federation).
-* :class:`MeanFederation` - a :class:`~fedkl.federation.base.Federation` over user means answering the
-  queries fedkl's algorithms send (ClippedGradient for noisy GD, GradientsAtPoints and
-  the certificate's gradients for SCOutputPert), vectorised.
-* :class:`MeanTypeInner` - an EXACT, efficient instance of paper 002's DelOutputPert for this family,
-  usable as the inner release of the phased algorithms at any n (the bitmask enumeration of
-  SCOutputPert stops at 20 users). Its privacy argument:
+Privacy argument of :class:`MeanTypeInner`:
 
   f(y) = argmin_theta mean_{u in y} f_u(theta) + (lam/2)||theta - c||^2 = (mean_{u in y} v_u + lam c)/mu_i,
   v_u = xbar_u, mu_i = 1 + reg + lam. The mechanism is Algorithm 1 with the test predicate
@@ -47,95 +36,15 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Sequence
 
-import numpy as np
 import torch
 
 from fedkl.algorithms.del_output_pert import DelOutputPertConfig
 from fedkl.algorithms.phased_common import InnerOutcome, PhaseCall
 from fedkl.algorithms.vertex_cover import min_vertex_cover
-from fedkl.data.base import UserData
-from fedkl.federation.base import (
-    Answers,
-    ClippedGradient,
-    Federation,
-    GradientsAtPoints,
-)
+from fedkl.federation.base import Federation, GradientsAtPoints
 from fedkl.privacy.release import Releaser
-from fedkl.problems.base import Constants, Problem
 
-
-class QuadraticMean(Problem):
-    """``l(theta; x) = 0.5 ||theta - x||^2`` (+ reg/2 ||theta||^2 per user). Constants on ``||x|| <= X``
-    (``feature_bound``) and ``||theta|| <= B``: L0 = B + X + reg B, L1 = mu = 1 + reg."""
-
-    name = "quadratic-mean"
-
-    def constants(self, feature_bound: float, param_bound: float | None = None) -> Constants:
-        if param_bound is None:
-            raise ValueError("the quadratic loss is Lipschitz only on a bounded domain: give param_bound")
-        X, B = float(feature_bound), float(param_bound)
-        return Constants(B + X + self.reg * B, 1.0 + self.reg, 1.0 + self.reg, f"||x|| <= {X}, ||w|| <= {B}")
-
-    def record_losses(self, w: torch.Tensor, data: UserData) -> torch.Tensor:  # pragma: no cover - not used
-        raise NotImplementedError("QuadraticMean keeps its data in a MeanFederation (user means only)")
-
-    def per_user_gradients(self, w: torch.Tensor, data: UserData) -> torch.Tensor:  # pragma: no cover
-        raise NotImplementedError("QuadraticMean keeps its data in a MeanFederation (user means only)")
-
-    def metrics(self, w: torch.Tensor, data: UserData) -> dict[str, float]:  # pragma: no cover
-        raise NotImplementedError
-
-
-def draw_user_means(n: int, m: float, d: int, theta_pop: torch.Tensor, s: float, seed: int) -> torch.Tensor:
-    """n user means, exactly N(theta_pop, s^2 I_d / m) (the mean of m records N(theta_pop, s^2 I_d))."""
-    g = np.random.default_rng(seed)
-    z = g.standard_normal((n, d))
-    return torch.as_tensor(theta_pop, dtype=torch.float64) + torch.from_numpy(z) * (s / math.sqrt(m))
-
-
-class MeanFederation(Federation):
-    """Users described by their means (rows of ``means``); ``grad f_u(w) = w - xbar_u + reg w``."""
-
-    def __init__(self, means: torch.Tensor, reg: float = 0.0, prefix: str = "user") -> None:
-        self.means = torch.as_tensor(means, dtype=torch.float64)
-        self.reg = float(reg)
-        self._ids = tuple(f"{prefix}:{u}" for u in range(self.means.shape[0]))
-        self._all = list(range(self.means.shape[0]))
-        self.queries = 0
-
-    @property
-    def user_ids(self) -> tuple[str, ...]:
-        return self._ids
-
-    @property
-    def num_params(self) -> int:
-        return int(self.means.shape[1])
-
-    def _grads(self, w: torch.Tensor, means: torch.Tensor) -> torch.Tensor:
-        return (1.0 + self.reg) * w.to(torch.float64) - means
-
-    def compute(self, query, users: Sequence[int] | None = None) -> Answers:
-        if users is None or (len(users) == len(self._all) and list(users) == self._all):
-            users, means = self._all, self.means          # everyone (the common case): no gather
-        else:
-            users = self._users(users)
-            means = self.means[torch.as_tensor(users, dtype=torch.long)]
-        self.queries += 1
-        if isinstance(query, GradientsAtPoints):
-            p = query.points.to(torch.float64)
-            values = (1.0 + self.reg) * p.unsqueeze(0) - means.unsqueeze(1)
-        elif isinstance(query, ClippedGradient):
-            g = self._grads(query.w, means)
-            norms = g.norm(dim=1, keepdim=True)
-            values = g * torch.clamp(query.clip / norms.clamp_min(1e-300), max=1.0)
-        else:
-            raise TypeError(f"MeanFederation does not answer {type(query).__name__}")
-        return Answers(users=users, values=values, failed=[])
-
-
-# --- the exact mean-type inner release -----------------------------------------------------------
 _FP_PAD = 1e-9   # as fedkl.algorithms.mean_output_pert: a missing edge certifies distance <= rho
 
 
@@ -167,8 +76,8 @@ def _unit_config(eps: float, delta: float, calibration: str) -> DelOutputPertCon
 
 @dataclass
 class MeanTypeInner:
-    """Exact DelOutputPert for :class:`QuadraticMean` over a :class:`MeanFederation` view (module
-    docstring). ``base_mu`` = 1 + reg of the problem; ``calibration`` as DelOutputPertConfig."""
+    """Exact DelOutputPert for QuadraticMean over a MeanFederation view (module docstring).
+    ``base_mu`` = 1 + reg of the problem; ``calibration`` as DelOutputPertConfig."""
 
     base_mu: float = 1.0
     calibration: str = "paper"
@@ -206,7 +115,7 @@ class MeanTypeInner:
             choose, eps=call.eps, delta=call.delta, deletion_budget=unit.deletion_budget, sensitivity=sensitivity,
             sigma=sigma, user_ids=list(federation.user_ids), label=call.label,
             details={"kappa": k, "Delta": call.Delta, "calibration": self.calibration, "neighbouring": "replace-one",
-                     "test": "mean-type diameter predicate (simulations/paper002_mean.py)"})
+                     "test": "mean-type diameter predicate (fedkl/algorithms/mean_type_inner.py)"})
         return InnerOutcome(theta, sigma, {"decided_by": "mean-type exact", "dist": dist,
                                                "conflict_edges": sum(len(s) for s in adj.values()) // 2})
 
@@ -226,5 +135,4 @@ def gaussian_users_rule(s: float, d: int):
     return rule
 
 
-__all__ = ["MeanFederation", "MeanTypeInner", "QuadraticMean", "conflict_graph", "draw_user_means",
-           "gaussian_users_rule"]
+__all__ = ["MeanTypeInner", "conflict_graph", "gaussian_users_rule"]
