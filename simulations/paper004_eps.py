@@ -1,6 +1,7 @@
 """Paper 004 (Zhou et al., DP adaptive optimizers): where the epsilon labels 1.22 / 0.57 / 0.28 come from.
 
     .venv/bin/python simulations/paper004_eps.py     # about 1-2 min on 2 shared cores
+    .venv/bin/python simulations/paper004_eps.py --schedule   # the paper's (q, T, delta) and labels, as JSON
 
 Writes ``simulations/results/paper004_eps.{csv,md}``.
 
@@ -15,7 +16,7 @@ For that schedule this script prints, for each sigma:
   (Mironov-Talwar-Zhang 2019, here computed by dp-accounting's own ``_compute_rdp_poisson_subsampled_
   gaussian``) with the CLASSIC conversion ``eps = T rdp(a) + ln(1/delta)/(a - 1)`` minimised over a
   continuous order a in [1, 512] by pyvacy's 72-iteration ternary search, and also over the integer
-  orders 2..512;
+  orders 2..512 (both in :mod:`fedkl.privacy.rdp_conversion`, with the conversion's proof);
 * ``rdp``: dp-accounting's ``RdpAccountant`` (default orders, the improved conversion of Balle et
   al. 2020 / Asoodeh et al.), exactly what ``fedkl account --accountant rdp`` prints;
   ``rdp_dense``: the same conversion over the orders 1.1..10.9 and every integer 11..512 (shows how much
@@ -42,17 +43,13 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 from scipy.optimize import brentq
 from scipy.stats import norm
 
+from fedkl.privacy.accounting import GaussianSchedule, noise_multiplier_for, schedule_epsilon
+from fedkl.privacy.rdp_conversion import classic_eps, improved_eps, pyvacy_eps
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib  # noqa: E402
-
-from fedkl.privacy.accounting import GaussianSchedule, noise_multiplier_for, schedule_epsilon  # noqa: E402
-
 RESULTS = os.path.join(ROOT, "simulations", "results")
 N_RECORDS, BATCH, EPOCHS, DELTA = 60_000, 128, 100, 1e-5
 SIGMAS = (2.0, 4.0, 8.0)
@@ -64,40 +61,6 @@ USER_ROUNDS = 469  # 10 passes over 6,000 users at an expected cohort of 128 (no
 def paper_schedule() -> tuple[float, int]:
     """(q, T) of the paper: Poisson rate B/n and 100 epochs of n/B steps (46,875)."""
     return BATCH / N_RECORDS, EPOCHS * N_RECORDS // BATCH
-
-
-def rdp_curve(q: float, z: float, steps: int, orders) -> np.ndarray:
-    """T-fold RDP of the Poisson-subsampled Gaussian at ``orders`` (dp-accounting's formula)."""
-    return steps * np.asarray(rdp_lib._compute_rdp_poisson_subsampled_gaussian(q, z, list(orders)), dtype=float)
-
-
-def classic_eps(q: float, z: float, steps: int, delta: float, orders) -> tuple[float, float]:
-    """min over ``orders`` of the classic conversion T rdp(a) + ln(1/delta)/(a - 1); (eps, order)."""
-    orders = np.asarray(list(orders), dtype=float)
-    eps = rdp_curve(q, z, steps, orders) + math.log(1 / delta) / (orders - 1)
-    i = int(np.nanargmin(eps))
-    return float(eps[i]), float(orders[i])
-
-
-def pyvacy_eps(q: float, z: float, steps: int, delta: float) -> tuple[float, float]:
-    """pyvacy ``analysis.epsilon``: ternary search for the order over [1, 512], 72 iterations."""
-    f = lambda a: classic_eps(q, z, steps, delta, [a])[0]  # noqa: E731
-    lo, hi = 1.0, 512.0
-    for _ in range(72):
-        a, b = lo + (hi - lo) / 3, hi - (hi - lo) / 3
-        if f(a) < f(b):
-            hi = b
-        else:
-            lo = a
-    order = (lo + hi) / 2
-    return f(order), order
-
-
-def improved_eps(q: float, z: float, steps: int, delta: float, orders) -> tuple[float, float]:
-    """dp-accounting's conversion (``compute_epsilon``) over the given orders."""
-    orders = list(orders)
-    eps, order = rdp_lib.compute_epsilon(orders, rdp_curve(q, z, steps, orders), delta)
-    return float(eps), float(order)
 
 
 def gdp_clt_eps(q: float, z: float, steps: int, delta: float) -> tuple[float, float]:
@@ -223,7 +186,14 @@ def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--no-calibrate", action="store_true", help="skip the PLD noise calibration column (slow)")
     ap.add_argument("--out", default=RESULTS)
+    ap.add_argument("--schedule", action="store_true", help="print the paper's schedule and epsilon labels as JSON "
+                    "(sampling_rate, steps, delta, labels by sigma) and exit")
     args = ap.parse_args(argv)
+    if args.schedule:
+        q, T = paper_schedule()
+        print(json.dumps({"sampling_rate": q, "steps": T, "delta": DELTA,
+                          "labels": {repr(z): label for z, label in PAPER_LABELS.items()}}))
+        return []
     os.makedirs(args.out, exist_ok=True)
     t0 = time.perf_counter()
     q, T = paper_schedule()

