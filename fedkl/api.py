@@ -20,14 +20,13 @@ payload. ``data`` is a dataset name (``fedkl.data.DATASETS``) or a :class:`~fedk
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
 from fedkl.data.base import FederatedDataset
-from fedkl.runner import RunConfig, run_training
+from fedkl.runner import RunConfig, run_training, settings_fields
 
 
 @dataclass(frozen=True)
@@ -54,15 +53,17 @@ def train(data: str | FederatedDataset, algorithm: str = "noisy-gd", *, epsilon:
           delta: float | None = None, log: Callable[[str], None] | None = print, **settings: Any) -> TrainedModel:
     """Train ``algorithm`` on ``data`` at user-level (epsilon, delta) (module docstring).
 
-    ``settings`` are :class:`~fedkl.runner.RunConfig` fields (``rounds``, ``lr``, ``clip``,
-    ``problem``, ``reg``, ``noise_seed``, ``ledger``, ``out``, ``reference``, ...). The non-private
+    ``settings`` are the ``fedkl run`` settings: :class:`~fedkl.runner.RunConfig`'s run-level fields
+    (``problem``, ``reg``, ``noise_seed``, ``ledger``, ``out``, ``reference``, ...) and the
+    algorithm's hyperparameters (``rounds``, ``lr``, ``clip``, ...; ``fedkl run --algorithm NAME
+    --help`` lists them). A setting the algorithm does not use, at a non-default value, is a
+    ValueError. The non-private
     reference is off unless ``reference=True`` (it trains a second, non-private model). ``log=None``
     is silent.
     """
-    fields = {f.name for f in dataclasses.fields(RunConfig)}
-    unknown = sorted(set(settings) - fields)
+    unknown = sorted(set(settings) - set(settings_fields()))
     if unknown:
-        raise TypeError(f"unknown setting(s) {unknown}; valid: {sorted(fields - {'dataset', 'algorithm'})}")
+        raise TypeError(f"unknown setting(s) {unknown}; valid: {sorted(set(settings_fields()) - {'dataset', 'algorithm'})}")
     settings.setdefault("reference", False)
     dataset = None
     if isinstance(data, FederatedDataset):
@@ -71,7 +72,7 @@ def train(data: str | FederatedDataset, algorithm: str = "noisy-gd", *, epsilon:
         name = data
     else:
         raise TypeError(f"data must be a dataset name or a FederatedDataset (fedkl.from_arrays), got {type(data)}")
-    cfg = RunConfig(dataset=name, algorithm=algorithm, epsilon=epsilon, delta=delta, **settings)
+    cfg = RunConfig.from_settings(dataset=name, algorithm=algorithm, epsilon=epsilon, delta=delta, **settings)
     if cfg.backend != "inprocess":
         import fedkl.flower.backends  # noqa: F401  (registers the Flower backends)
     result = run_training(cfg, log=log or (lambda _: None), dataset=dataset)

@@ -11,7 +11,7 @@ import sys
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
-from fedkl.flags import algorithm_hyperparameters, build_parser  # noqa: E402,F401  (re-exported)
+from fedkl.flags import build_parser  # noqa: E402
 
 
 def _account(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
@@ -88,8 +88,19 @@ def _experiments(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     raise AssertionError("unreachable")
 
 
+def _algorithm_in(argv: list[str]) -> str | None:
+    """The ``--algorithm`` value of a ``fedkl run`` command line (for ``--help``), else None."""
+    for i, arg in enumerate(argv):
+        if arg == "--algorithm" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--algorithm="):
+            return arg.split("=", 1)[1]
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(_algorithm_in(argv) if argv[:1] == ["run"] else None)
     args = parser.parse_args(argv)
     if args.command in ("sweep", "plot"):
         return _experiments(args, parser)
@@ -97,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         from fedkl.experiments import ConfigError, apply_config_file
 
         try:
-            apply_config_file(args, sys.argv[1:] if argv is None else argv)
+            apply_config_file(args, argv)
         except ConfigError as e:
             parser.subcommands["run"].error(f"--config: {e}")  # type: ignore[attr-defined]
     if args.command == "account":
@@ -111,15 +122,13 @@ def main(argv: list[str] | None = None) -> int:
     from fedkl.privacy import BudgetExhausted, LedgerError
     from fedkl.runner import RunConfig, run_training
 
-    cfg = RunConfig(dataset=args.dataset, problem=args.problem, algorithm=args.algorithm, backend=args.backend,
-                    epsilon=args.epsilon,
-                    delta=args.delta, rounds=args.rounds, lr=args.lr, clip=args.clip, reg=args.reg,
-                    neighbouring=args.neighbouring, conversion=args.conversion, seed=args.seed,
-                    noise_seed=args.noise_seed, out=args.out, ledger=args.ledger, reference=not args.no_reference,
-                    users=args.users, stability_delta=args.stability_delta,
-                    sampling_rate=args.sampling_rate, beta1=args.beta1, beta2=args.beta2, nu=args.nu, cap=args.cap,
-                    bias_correction=args.bias_correction, accountant=args.accountant, force=args.force,
-                    **{name: getattr(args, name) for name in algorithm_hyperparameters()})
+    settings = {k: v for k, v in vars(args).items() if k not in ("command", "config", "no_reference")}
+    settings["reference"] = not args.no_reference
+    try:
+        cfg = RunConfig.from_settings(**settings)
+    except ValueError as e:
+        print(f"fedkl run: error: {e} (see 'fedkl run --algorithm {args.algorithm} --help')", file=sys.stderr)
+        return 2
     try:
         if cfg.backend != "inprocess":
             import fedkl.flower.backends  # noqa: F401  (registers the Flower backends)

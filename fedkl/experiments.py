@@ -69,9 +69,30 @@ class ConfigError(ValueError):
 # RunConfig fields, their flags and their validation (shared with `fedkl run`)
 # ------------------------------------------------------------------------------------------------
 def _run_fields() -> dict[str, dataclasses.Field]:
+    from fedkl.runner import settings_fields
+
+    return settings_fields()
+
+
+def flat_settings(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """``cfg`` with every other ``fedkl run`` setting at its default: what an external runner reads
+    (as attributes) and what identifies a row of one."""
+    return {**{name: f.default for name, f in _run_fields().items()}, **cfg}
+
+
+def _resolved(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings a sweep point resolves to, ``out`` and ``ledger`` excluded: a fedkl algorithm's
+    RunConfig (a hyperparameter of other algorithms only is dropped: a sweep's base may set it for
+    some of its points), or an external runner's flat settings."""
     from fedkl.runner import RunConfig
 
-    return {f.name: f for f in dataclasses.fields(RunConfig)}
+    point = {k: v for k, v in cfg.items() if k not in ("out", "ledger")}
+    if point.get("algorithm") in EXTERNAL_RUNNERS:
+        full = flat_settings(point)
+    else:
+        full = RunConfig.from_settings(strict=False, **point).settings()
+    full.pop("out", None), full.pop("ledger", None)
+    return full
 
 
 def dest_of(field_name: str) -> str:
@@ -209,7 +230,8 @@ def apply_config_file(args: argparse.Namespace, argv: Sequence[str]) -> argparse
 # ------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ExternalRunner:
-    """``fn(cfg: RunConfig, log) -> dict`` returning a result like ``run_training``'s (at least
+    """``fn(settings, log) -> dict``, ``settings`` a namespace with every ``fedkl run`` setting as an
+    attribute (:func:`flat_settings`: the point's values, the rest at their defaults), returning a result like ``run_training``'s (at least
     algorithm, dataset, users, epsilon, delta, test_metric, test_metrics, nonprivate_reference,
     trivial_baseline, seed, rounds); ``columns``: extra result keys (``payload["table_extra"]``)
     that become table columns."""
@@ -223,15 +245,16 @@ EXTERNAL_RUNNERS: dict[str, ExternalRunner] = {}
 
 
 def register_runner(name: str, fn: Callable[..., dict], columns: Sequence[str] = (), description: str = "") -> None:
-    from fedkl.runner import ALGORITHMS
+    from fedkl.algorithms.catalog import REGISTRY
 
-    if name in ALGORITHMS:
+    if name in REGISTRY:
         raise ValueError(f"{name!r} is a fedkl algorithm; an external runner needs another name")
     EXTERNAL_RUNNERS[name] = ExternalRunner(fn, tuple(columns), description)
 
 
 def load_plugin(ref: str) -> None:
-    """Import a plugin: a ``.py`` path (relative to the current folder) or a module name."""
+    """Import a plugin: a ``.py`` path (relative to the current folder; it imports what it needs
+    itself) or an importable module name."""
     if ref.endswith(".py"):
         path = os.path.abspath(ref)
         if not os.path.exists(path):
@@ -239,17 +262,12 @@ def load_plugin(ref: str) -> None:
         name = "fedkl_plugin_" + hashlib.sha1(path.encode()).hexdigest()[:10]
         if name in sys.modules:
             return
-        root = os.getcwd()
-        if root not in sys.path:
-            sys.path.insert(0, root)
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
         sys.modules[name] = module
         spec.loader.exec_module(module)  # type: ignore[union-attr]
         return
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
+    try:  # a module name: importable as installed or from PYTHONPATH (fedkl never edits sys.path)
         importlib.import_module(ref)
     except ImportError as exc:
         raise ConfigError(f"plugin {ref!r} cannot be imported: {exc}") from None
@@ -412,9 +430,9 @@ def load_sweep(path: str, *, table: str | None = None, sets: Sequence[str] = ())
         alg = point.get("algorithm", "noisy-gd")
         if alg in EXTERNAL_RUNNERS:
             continue
-        from fedkl.runner import ALGORITHMS
+        from fedkl.algorithms.catalog import REGISTRY
 
-        if alg not in ALGORITHMS:
+        if alg not in REGISTRY:
             raise ConfigError(f"{path}: algorithm {alg!r} is neither a fedkl algorithm nor a registered runner")
     return spec
 
@@ -422,19 +440,13 @@ def load_sweep(path: str, *, table: str | None = None, sets: Sequence[str] = ())
 def run_key(cfg: Mapping[str, Any]) -> str:
     """A short hash of a resolved run configuration (RunConfig defaults filled in; ``out`` and
     ``ledger`` excluded): the identity of a table row, used to resume."""
-    from fedkl.runner import RunConfig
-
-    full = dataclasses.asdict(RunConfig(**{k: v for k, v in cfg.items() if k not in ("out", "ledger")}))
-    full.pop("out"), full.pop("ledger")
-    text = json.dumps(full, sort_keys=True, default=repr)
+    text = json.dumps(_resolved(cfg), sort_keys=True, default=repr)
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
 def _reference_key(cfg: Mapping[str, Any]) -> str:
-    from fedkl.runner import RunConfig
-
-    c = RunConfig(**{k: v for k, v in cfg.items() if k not in ("out", "ledger")})
-    return json.dumps([c.dataset, c.seed, c.users, c.problem, c.reg])
+    c = _resolved(cfg)
+    return json.dumps([c["dataset"], c["seed"], c["users"], c["problem"], c["reg"]])
 
 
 def read_table(path: str) -> list[dict[str, str]]:
@@ -455,13 +467,11 @@ def _fmt(v: Any) -> Any:
 def result_row(cfg: Mapping[str, Any], key: str, payload: dict | None, wall: float, columns: Sequence[str],
                error: str = "") -> dict[str, Any]:
     """One table row from a run's configuration and result (``payload=None``: a failed run)."""
-    from fedkl.runner import RunConfig
-
-    c = RunConfig(**{k: v for k, v in cfg.items() if k not in ("out", "ledger")})
+    c = _resolved(cfg)
     row: dict[str, Any] = {col: "" for col in columns}
-    row.update({"run_key": key, "status": "ok" if payload is not None else "error", "algorithm": c.algorithm,
-                "dataset": c.dataset, "neighbouring": c.neighbouring, "seed": c.seed, "noise_seed": c.noise_seed,
-                "epsilon_target": c.epsilon, "wall_s": wall, "error": error.replace("\n", " ")[:500]})
+    row.update({"run_key": key, "status": "ok" if payload is not None else "error", "algorithm": c["algorithm"],
+                "dataset": c["dataset"], "neighbouring": c["neighbouring"], "seed": c["seed"],
+                "noise_seed": c["noise_seed"], "epsilon_target": c["epsilon"], "wall_s": wall, "error": error.replace("\n", " ")[:500]})
     for name in columns:
         if name not in BASE_COLUMNS and name in cfg:
             row[name] = cfg[name]
@@ -585,10 +595,11 @@ def run_sweep(spec: SweepSpec, *, log: Callable[[str], None] = print, restart: b
         t0 = time.perf_counter()
         payload, error = None, ""
         try:
-            rc = RunConfig(**run_cfg)
             if alg in EXTERNAL_RUNNERS:
-                payload = EXTERNAL_RUNNERS[alg].fn(rc, log if verbose else (lambda s: None))
+                settings = argparse.Namespace(**flat_settings(run_cfg))
+                payload = EXTERNAL_RUNNERS[alg].fn(settings, log if verbose else (lambda s: None))
             else:
+                rc = RunConfig.from_settings(strict=False, **run_cfg)
                 if rc.backend != "inprocess":
                     import fedkl.flower.backends  # noqa: F401  (registers the Flower backends)
                 payload = run_training(rc, log=log if verbose else (lambda s: None))

@@ -7,6 +7,7 @@ the other. Bad arguments exit with code 2 and one line that says what is wrong a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 
 
@@ -48,30 +49,7 @@ _probability = _interval(0.0, 1.0, high_closed=False)
 _rate = _interval(0.0, 1.0, high_closed=True)
 
 
-# string hyperparameters with a fixed set of values (the rest take numbers)
-_CHOICES = {"fkt_schedule": ("jnn", "constant"), "fkt_solver": ("psgd", "gd", "subgradient", "one-shot"),
-            "fkt_inner": ("phased-sgd", "phased-erm"), "kl_select": ("last", "exponential"),
-            "mean_calibration": ("tight", "paper"), "p002_delta_rule": ("uc", "scaled", "fixed"),
-            "p002_calibration": ("paper", "tight"), "p002_test": ("auto", "exact", "vertex-cover", "matching"),
-            "mean_test": ("auto", "vertex-cover", "matching")}
-
-
-def algorithm_hyperparameters() -> dict[str, tuple]:
-    """Every algorithm-specific RunConfig field: name -> (default, help, "theorem"/"heuristic"), from
-    the modules that read them (dp-fedavg, paper 003, paper 000)."""
-    from fedkl.algorithms import dp_fedavg, fkt, kl_methods, mean_output_pert, p002
-
-    table = {**dp_fedavg.HYPERPARAMETERS, **p002.HYPERPARAMETERS, **mean_output_pert.HYPERPARAMETERS,
-             **fkt.HYPERPARAMETERS, **kl_methods.HYPERPARAMETERS}
-    for shared in ("radius", "distance"):  # read by paper 002's phased algorithms and paper 003's alike
-        default, text, origin = fkt.HYPERPARAMETERS[shared]
-        assert p002.HYPERPARAMETERS[shared][0] == default
-        table[shared] = (default, text.replace("paper-003 algorithms", "paper-002 phased and paper-003 algorithms"),
-                         origin)
-    return table
-
-
-def _number_or_none(kind):
+def _number_or_none(kind, positive: bool = False, infinite_ok: bool = False):
     def parse(text: str):
         if text.lower() == "none":
             return None
@@ -79,37 +57,50 @@ def _number_or_none(kind):
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a {kind.__name__} or 'none', got {text!r}")
-        if not math.isfinite(value):
+        if not (math.isfinite(value) or (infinite_ok and value == math.inf)):
             raise argparse.ArgumentTypeError(f"must be finite, got {text}")
+        if positive and not value > 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
         return value
     parse.__name__ = kind.__name__
     return parse
 
 
-def _add_hyperparameters(run: argparse.ArgumentParser, d) -> None:
-    """One flag per algorithm-specific RunConfig field (``--kl-gamma`` for ``kl_gamma``); the type
-    comes from the field's annotation, the help from the module that reads it; the algorithm
-    validates the value (a bad one exits 2 with its message)."""
-    import dataclasses
+def _add_hyperparameters(run: argparse.ArgumentParser, algorithm: str | None) -> None:
+    """One flag per registered hyperparameter (``--kl-gamma`` for ``kl_gamma``), generated from the
+    algorithms' Params (:mod:`fedkl.algorithms.registry`): type from the annotation, default, help,
+    origin and choices from the field. With ``algorithm``, ``--help`` lists only its flags (the
+    others still parse; a non-default value for another algorithm is refused by the run)."""
+    from fedkl.algorithms.catalog import REGISTRY
+    from fedkl.algorithms.registry import algorithms_using, field_kind, hyperparameter_fields
 
-    group = run.add_argument_group("algorithm hyperparameters ('theorem': the paper's value by default; "
-                                   "'heuristic': a tunable choice)")
-    annotations = {f.name: str(f.type) for f in dataclasses.fields(d)}
-    for name, (default, text, origin) in algorithm_hyperparameters().items():
-        note = f"{text} [{origin}; default {getattr(d, name)}]".replace("%", "%%")
+    own = None if algorithm not in REGISTRY else {f.name for f in dataclasses.fields(REGISTRY[algorithm].params)}
+    title = (f"{algorithm} hyperparameters" if own is not None else "algorithm hyperparameters (`--algorithm NAME "
+             "--help` lists one algorithm's)")
+    group = run.add_argument_group(title + " ('theorem': the paper's value by default; 'heuristic': a tunable choice)")
+    for name, f in hyperparameter_fields().items():
+        note = f"{f.metadata['help']} [{f.metadata['origin']}; default {f.default}; {', '.join(algorithms_using(name))}]"
+        note = argparse.SUPPRESS if own is not None and name not in own else note.replace("%", "%%")
         flag = "--" + name.replace("_", "-")
-        if name in _CHOICES:
-            group.add_argument(flag, choices=_CHOICES[name], default=getattr(d, name), help=note)
+        kind = field_kind(f)
+        if kind is bool:
+            group.add_argument(flag, action="store_true", default=f.default, help=note)
+        elif f.metadata.get("choices"):
+            group.add_argument(flag, choices=f.metadata["choices"], default=f.default, help=note)
+        elif kind is str:
+            group.add_argument(flag, default=f.default, help=note)
         else:
-            kind = int if annotations[name].startswith("int") else float
-            group.add_argument(flag, type=_number_or_none(kind), default=getattr(d, name), help=note)
+            parse = _number_or_none(kind, f.metadata.get("positive", False), infinite_ok=f.default == math.inf)
+            group.add_argument(flag, type=parse, default=f.default, help=note)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
+    """The ``fedkl`` parser; ``algorithm``: ``fedkl run --help`` lists that algorithm's flags only."""
+    from fedkl.algorithms.catalog import REGISTRY
     from fedkl.data import DATASETS
     from fedkl.privacy.zcdp import CONVERSIONS
     from fedkl.problems import PROBLEMS
-    from fedkl.runner import ALGORITHMS, BACKENDS, RunConfig
+    from fedkl.runner import BACKENDS, RunConfig
 
     d = RunConfig()
     parser = _Parser(prog="fedkl", description="Federated learning with user-level differential privacy.")
@@ -125,14 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dataset", choices=DATASETS, default=d.dataset, help="user-partitioned dataset (default %(default)s)")
     run.add_argument("--problem", choices=PROBLEMS, default=d.problem,
                      help="model / loss (default: logistic for binary, softmax for multiclass, least-squares for regression)")
-    run.add_argument("--algorithm", choices=ALGORITHMS, default=d.algorithm, help="private algorithm (default %(default)s)")
+    run.add_argument("--algorithm", choices=tuple(REGISTRY), default=d.algorithm, help="private algorithm (default %(default)s)")
     run.add_argument("--backend", choices=BACKENDS, default=d.backend,
                      help="where users compute (default %(default)s: the vectorized in-process simulator)")
     run.add_argument("--epsilon", type=_positive(), default=d.epsilon, help="user-level epsilon budget (default %(default)s)")
     run.add_argument("--delta", type=_probability, default=None, help="user-level delta (default 1/n^1.1 for n users)")
-    run.add_argument("--rounds", type=_positive(int), default=d.rounds, help="federated rounds (default %(default)s)")
-    run.add_argument("--lr", type=_positive(), default=d.lr, help="step size (default %(default)s)")
-    run.add_argument("--clip", type=_positive(), default=d.clip, help="per-user gradient clip norm C (default %(default)s)")
     run.add_argument("--reg", type=float, default=d.reg, help="L2 regularization (reg/2)||w||^2 (default %(default)s)")
     run.add_argument("--neighbouring", choices=("replace-one", "add-remove"), default=d.neighbouring,
                      help="user-level neighbouring relation (default %(default)s: all of one user's records change)")
@@ -152,20 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run an output-perturbation algorithm even when its public forecast says the noise would "
                           "swamp the model (it is refused otherwise, before any data is read or budget spent)")
     run.add_argument("--users", type=_positive(int), default=None, help="number of users (synthetic datasets only)")
-    run.add_argument("--stability-delta", type=_positive(), default=d.stability_delta,
-                     help="sc-output-pert / phased-erm: deletion-stability threshold Delta (default %(default)s)")
-    run.add_argument("--sampling-rate", type=_rate, default=d.sampling_rate,
-                     help="dp-sgd/rmsprop/adam: Poisson user sampling rate q (default %(default)s: everyone)")
-    run.add_argument("--beta1", type=float, default=d.beta1, help="dp-adam: first-moment decay (default %(default)s)")
-    run.add_argument("--beta2", type=float, default=d.beta2,
-                     help="dp-rmsprop/adam: second-moment decay (default %(default)s)")
-    run.add_argument("--nu", type=_positive(), default=d.nu, help="dp-rmsprop/adam: denominator offset (default %(default)s)")
-    run.add_argument("--cap", type=_positive(), default=d.cap,
-                     help="dp-rmsprop/adam: cap on the second moment v (paper 004's lambda; default none)")
-    run.add_argument("--bias-correction", action="store_true", help="dp-adam/rmsprop: Adam's bias correction (paper 004: off)")
-    run.add_argument("--accountant", choices=("pld", "rdp"), default=d.accountant,
-                     help="dp-sgd/rmsprop/adam: dp-accounting accountant (default %(default)s)")
-    _add_hyperparameters(run, d)
+    _add_hyperparameters(run, algorithm)
 
     acc = sub.add_parser(
         "account", help="(eps, delta) of a noise schedule, or the noise for a target eps",

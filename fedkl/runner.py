@@ -9,27 +9,26 @@ What is private and what is not (also in the README):
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from fedkl.algorithms.diameter_output_pert import DiameterSCOutputPert, DiameterTestConfig
-from fedkl.algorithms.dp_adaptive import AdaptiveDPConfig, AdaptiveDPOptimizer
-from fedkl.algorithms.dp_fedavg import build_dp_fedavg
-from fedkl.algorithms.fkt import FKT_BUILDERS
-from fedkl.algorithms.kl_methods import KL_BUILDERS
-from fedkl.algorithms.mean_output_pert import DEFAULT_MAX_VC_CALLS, MEAN_OUTPUT_PERT_BUILDERS
-from fedkl.algorithms.noisy_gd import NoisyGDConfig, NoisyGradientDescent
+from fedkl.algorithms.catalog import ALGORITHMS  # noqa: F401  (re-exported: the built-in algorithms)
 from fedkl.algorithms.nonprivate import nonprivate_minimizer
-from fedkl.algorithms.p002 import PHASED_BUILDERS
-from fedkl.algorithms.phased_common import SCInnerRelease
-from fedkl.algorithms.sc_output_pert import SCOutputPert, SCOutputPertConfig
+from fedkl.algorithms.registry import (
+    AlgorithmParams,
+    BuildContext,
+    algorithm_spec,
+    algorithms_using,
+    hyperparameter_fields,
+)
 from fedkl.data import FederatedDataset, load_dataset
 from fedkl.federation.base import Federation
 from fedkl.federation.inprocess import InProcessFederation
@@ -37,54 +36,6 @@ from fedkl.privacy import Budget, BudgetExceeded, NoiseSource, PrivacyLedger, Re
 from fedkl.privacy.guarantee import Guarantee
 from fedkl.problems import DEFAULT_PROBLEM, make_problem
 
-
-def _noisy_gd(cfg: "RunConfig", rho_total: float, **_) -> NoisyGradientDescent:
-    return NoisyGradientDescent(
-        NoisyGDConfig(rounds=cfg.rounds, lr=cfg.lr, clip=cfg.clip, neighbouring=cfg.neighbouring), rho_total)
-
-
-def _approx_delta(delta: float) -> float:
-    # the ledger admits an (eps, delta) charge only while a user's total delta stays BELOW the budget's
-    return delta * (1 - 1e-9)
-
-
-def _sc_output_pert(cfg: "RunConfig", rho_total: float, *, problem, dataset, delta: float, user_ids,
-                    **_) -> SCOutputPert | DiameterSCOutputPert:
-    """One SCOutputPert release (Alg 2) with the deletion test ``--p002-test`` (auto: the paper's exact
-    test up to 20 users, else the polynomial-time diameter test), Delta = ``--stability-delta``."""
-    if cfg.reg <= 0:
-        raise ValueError("sc-output-pert needs a strongly convex objective: give --reg > 0")
-    config = SCOutputPertConfig.for_problem(problem, dataset.feature_bound, problem.init_params(),
-                                            eps=cfg.epsilon, delta=_approx_delta(delta), Delta=cfg.stability_delta,
-                                            calibration=cfg.p002_calibration)
-    chooser = SCInnerRelease(problem, dataset.feature_bound, calibration=cfg.p002_calibration, test=cfg.p002_test)
-    n = len(user_ids)
-    kind = chooser.kind(n, config.eps, config.delta)
-    chooser.check(n, config.eps, config.delta)  # public refusal at build time
-    if kind == "exact":
-        return SCOutputPert(config)
-    return DiameterSCOutputPert(config, DiameterTestConfig(test=kind))
-
-
-def _adaptive(optimizer: str):
-    def build(cfg: "RunConfig", rho_total: float, *, ledger, user_ids, **_) -> AdaptiveDPOptimizer:
-        eps, delta = ledger.approx_left(user_ids)
-        if eps <= 0:
-            raise BudgetExceeded(f"ledger {ledger.path}: the users' budget is spent; nothing to train with")
-        config = AdaptiveDPConfig(optimizer=optimizer, rounds=cfg.rounds, lr=cfg.lr, clip=cfg.clip,
-                                  sampling_rate=cfg.sampling_rate, beta1=cfg.beta1, beta2=cfg.beta2, nu=cfg.nu,
-                                  cap=cfg.cap, bias_correction=cfg.bias_correction, neighbouring=cfg.neighbouring,
-                                  accountant=cfg.accountant)
-        return AdaptiveDPOptimizer(config, eps, delta)
-    return build
-
-
-# name -> builder(cfg, rho_total, problem=, dataset=, delta=, ledger=, user_ids=) of an object with
-# .run(federation, releaser, w0, progress) whose result has .w (None: the algorithm released "no output")
-ALGORITHM_BUILDERS = {"noisy-gd": _noisy_gd, "sc-output-pert": _sc_output_pert, **PHASED_BUILDERS,
-                      "dp-sgd": _adaptive("sgd"), "dp-rmsprop": _adaptive("rmsprop"), "dp-adam": _adaptive("adam"),
-                      "dp-fedavg": build_dp_fedavg, **MEAN_OUTPUT_PERT_BUILDERS, **FKT_BUILDERS, **KL_BUILDERS}
-ALGORITHMS = tuple(ALGORITHM_BUILDERS)
 BACKENDS = ("inprocess", "flower-local", "flower-sim", "grpc")
 
 
@@ -125,16 +76,17 @@ def transport_for(backend: str) -> Transport | None:
 
 @dataclass(frozen=True)
 class RunConfig:
+    """One run: the data, the problem, the budget and relation, seeds and paths (run-level fields),
+    plus ``params``, the algorithm's own hyperparameters (its registered Params dataclass; None: its
+    defaults). :meth:`from_settings` builds one from flat ``fedkl run`` settings."""
+
     dataset: str = "movielens"
     problem: str | None = None  # None: the task's default (DEFAULT_PROBLEM)
     algorithm: str = "noisy-gd"
     backend: str = "inprocess"
     epsilon: float = 2.0
     delta: float | None = None  # None: 1 / n^1.1 for n users
-    rounds: int = 10
-    lr: float = 4.0
     force: bool = False  # run even when the algorithm's public forecast says noise would swamp the model
-    clip: float = 1.0
     reg: float = 0.0
     neighbouring: str = "replace-one"
     conversion: str = "cks"
@@ -144,69 +96,63 @@ class RunConfig:
     ledger: str | None = None
     reference: bool = True
     users: int | None = None  # synthetic datasets: number of users
-    stability_delta: float = 0.5  # paper 002: the deletion-stability threshold Delta
-    sampling_rate: float = 1.0  # dp-sgd/rmsprop/adam: Poisson user sampling rate
-    beta1: float = 0.9
-    beta2: float = 0.999
-    nu: float = 1e-3
-    cap: float = float("inf")
-    bias_correction: bool = False
-    accountant: str = "pld"
-    # dp-fedavg (fedkl.algorithms.dp_fedavg): local work of each sampled user and the server step
-    local_steps: int = 5
-    local_lr: float | None = None  # None: --lr
-    batch_size: int | None = None  # None: every local step uses all of the user's records
-    server_lr: float = 1.0
-    server_momentum: float = 0.0
-    # paper 002, phased algorithms (fedkl.algorithms.phased_common.HYPERPARAMETERS; also radius, distance)
-    p002_records: int = 1
-    p002_phases: int | None = None
-    p002_lam: float | None = None
-    p002_delta_rule: str = "uc"
-    p002_delta_scale: float = 1.0
-    p002_beta: float | None = None
-    p002_min_cohort: int | None = None
-    p002_calibration: str = "paper"
-    p002_test: str = "auto"
-    # paper 002, polynomial-time output perturbation (fedkl.algorithms.mean_output_pert.HYPERPARAMETERS)
-    mean_lam: float = 1.0
-    mean_rho_fraction: float = 0.25
-    mean_phases: int = 2
-    mean_calibration: str = "tight"
-    mean_max_vc_calls: int = DEFAULT_MAX_VC_CALLS
-    mean_test: str = "auto"
-    # paper 003 (fedkl.algorithms.fkt.HYPERPARAMETERS has each one's meaning); radius and distance
-    # also bound the domain of the paper-002 phased algorithms
-    radius: float | None = None
-    distance: float | None = None
-    strong_convexity: float | None = None
-    fkt_schedule: str = "jnn"
-    fkt_solver: str | None = None
-    fkt_batch: int = 1
-    fkt_min_cohort: int = 1
-    fkt_erm_tol: float = 1.0
-    fkt_max_solver_rounds: int = 100_000
-    fkt_sc_c: float = 2.0
-    fkt_inner: str = "phased-sgd"
-    fkt_reduction_c: float = 20.0
-    # paper 000 (fedkl.algorithms.kl_methods.HYPERPARAMETERS); None: the theorem's value
-    kl_gamma: float | None = None
-    kl_kappa: float = 2.0
-    kl_f0: float | None = None
-    kl_beta: float = 0.1
-    kl_smoothness: float | None = None
-    kl_weak_convexity: float | None = None
-    kl_contraction_constant: float | None = None
-    kl_floor_constant: float | None = None
-    kl_phases: int | None = None
-    kl_prox_steps: int | None = None
-    kl_inner_rounds: int | None = None
-    kl_select: str = "last"
-    kl_select_fraction: float = 1.0 / 9.0
-    kl_norm_rho: float | None = None
-    kl_max_rounds: int | None = None
+    params: AlgorithmParams | None = None
+
+    def __post_init__(self) -> None:
+        spec = algorithm_spec(self.algorithm)  # ValueError naming the valid algorithms
+        if self.params is None:
+            object.__setattr__(self, "params", spec.params())
+        elif type(self.params) is not spec.params:
+            raise ValueError(f"{self.algorithm} takes {spec.params.__name__}, got {type(self.params).__name__}")
+
+    @classmethod
+    def from_settings(cls, *, strict: bool = True, **settings) -> "RunConfig":
+        """A RunConfig from flat settings (the ``fedkl run`` flags, TOML keys and sweep axes): the
+        run-level fields, and the hyperparameters of ``settings["algorithm"]``.
+
+        A hyperparameter of OTHER algorithms only is an error when ``strict`` and its value is not
+        its default (a setting that would silently do nothing); ``strict=False`` drops it (a sweep
+        whose base sets, e.g., ``p002_records`` for the paper-002 points of a mixed grid)."""
+        run_fields = {f.name for f in dataclasses.fields(cls)} - {"params"}
+        algorithm = settings.get("algorithm", cls.algorithm)
+        spec = algorithm_spec(algorithm)
+        own = {f.name: f for f in dataclasses.fields(spec.params)}
+        run_kw, params_kw = {}, {}
+        for key, value in settings.items():
+            if key in run_fields:
+                run_kw[key] = value
+            elif key in own:
+                params_kw[key] = value
+            else:
+                users = algorithms_using(key)
+                if not users:
+                    raise ValueError(f"unknown setting {key!r}")
+                default = hyperparameter_default(key)
+                if strict and not _same(value, default):
+                    raise ValueError(f"{key}={value!r} does not apply to {algorithm} (it is a setting of "
+                                     f"{', '.join(users)}); remove it")
+        return cls(**run_kw, params=spec.params(**params_kw))
+
+    def settings(self) -> dict:
+        """The flat settings of this run (run-level fields and the algorithm's hyperparameters): what
+        :meth:`from_settings` takes back, and what result.json, the ledger and sweep rows record."""
+        flat = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "params"}
+        flat.update(dataclasses.asdict(self.params))
+        return flat
 
 
+def settings_fields() -> dict[str, dataclasses.Field]:
+    """Every flat ``fedkl run`` setting: RunConfig's run-level fields and every registered
+    hyperparameter (what flags, TOML keys, sweep axes and Flower run-config keys name)."""
+    return {**{f.name: f for f in dataclasses.fields(RunConfig) if f.name != "params"}, **hyperparameter_fields()}
+
+
+def hyperparameter_default(name: str):
+    return hyperparameter_fields()[name].default
+
+
+def _same(a, b) -> bool:
+    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
 
 
 def default_delta(num_users: int) -> float:
@@ -228,28 +174,41 @@ def quality_metric(metrics: dict) -> str:
     return "accuracy" if "accuracy" in metrics else "mse" if "mse" in metrics else "loss"
 
 
+def build_algorithm(cfg: RunConfig, problem, feature_bound: float, user_ids, delta: float, ledger: PrivacyLedger):
+    """``cfg``'s algorithm sized to what ``ledger`` says every listed user can still afford: the budget
+    flows one way (ledger -> builder -> algorithm); the algorithm never reads the ledger."""
+    context = BuildContext(problem=problem, feature_bound=feature_bound, user_ids=tuple(user_ids), delta=delta,
+                           rho_left=ledger.rho_left(user_ids), approx_left=ledger.approx_left(user_ids),
+                           conversion=ledger.budget.conversion, neighbouring=cfg.neighbouring, seed=cfg.seed)
+    try:
+        return algorithm_spec(cfg.algorithm).build(cfg.params, context)
+    except BudgetExceeded as e:
+        raise BudgetExceeded(f"ledger {ledger.path}: {e}") from None
+
+
 def train_federation(cfg: RunConfig, federation: Federation, problem, dataset, delta: float, ledger_path: str,
            run_id: str, noise: NoiseSource, log: Callable[[str], None]):
     """Train through ``federation`` with the ledger, filter and noise in this process. Returns the
     algorithm's result, the ledger summary and the algorithm's declared :class:`Guarantee`."""
-    with PrivacyLedger(ledger_path, Budget(cfg.epsilon, delta, cfg.conversion), run_id, asdict(cfg)) as ledger:
+    with PrivacyLedger(ledger_path, Budget(cfg.epsilon, delta, cfg.conversion), run_id, cfg.settings()) as ledger:
         rho_total = ledger.rho_left(federation.user_ids)
         if rho_total <= 0:
             raise BudgetExceeded(f"ledger {ledger_path}: the users' budget (eps={cfg.epsilon}, delta={delta:g}) "
                                  "is already spent; nothing to train with")
         if rho_total < ledger.budget.rho * (1 - 1e-9):
             log(f"resuming ledger {ledger_path}: rho {rho_total:.4g} of {ledger.budget.rho:.4g} left")
-        alg = ALGORITHM_BUILDERS[cfg.algorithm](cfg, rho_total, problem=problem, dataset=dataset, delta=delta,
-                                                ledger=ledger, user_ids=federation.user_ids)
+        alg = build_algorithm(cfg, problem, dataset.feature_bound, federation.user_ids, delta, ledger)
         sigma = getattr(alg, "sigma", None)
         declared: Guarantee = alg.guarantee
         if not declared.zcdp:  # zCDP rho, rounds and clip are not what these algorithms use
             log(f"budget: user-level ({cfg.neighbouring}) eps={cfg.epsilon}, delta={delta:.3g}, spent as (eps, delta) "
                 f"releases (basic composition in the ledger); backend {cfg.backend}")
         else:
+            shape = [f"{cfg.params.rounds} rounds" if hasattr(cfg.params, "rounds") else "",
+                     f"clip {cfg.params.clip}" if hasattr(cfg.params, "clip") else "", f"backend {cfg.backend}"]
             log(f"budget: user-level ({cfg.neighbouring}) eps={cfg.epsilon}, delta={delta:.3g} -> "
-                f"zCDP rho={rho_total:.5g} ({cfg.conversion}); {cfg.rounds} rounds, clip {cfg.clip}, backend "
-                f"{cfg.backend}" + (f", noise std on the sum {sigma:.4g}" if isinstance(sigma, float) else ""))
+                f"zCDP rho={rho_total:.5g} ({cfg.conversion}); " + ", ".join(x for x in shape if x)
+                + (f", noise std on the sum {sigma:.4g}" if isinstance(sigma, float) else ""))
         def progress(rec: dict) -> None:
             # about ten lines a run, whatever its length (some algorithms set their own round count)
             every = max(1, int(rec["rounds"]) // 10)
@@ -321,8 +280,6 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print, dataset: Fe
 
     ``dataset``: your own :class:`FederatedDataset` (``fedkl.from_arrays``) instead of the one
     ``cfg.dataset`` names; it trains in-process (a Flower client loads a dataset by name)."""
-    if cfg.algorithm not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm {cfg.algorithm!r}; available: {', '.join(ALGORITHMS)}")
     started = time.time()
     if dataset is None:
         dataset, problem, problem_name = load_run_data(cfg)
@@ -383,7 +340,7 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print, dataset: Fe
         "rho": summary["max_user_rho"],
         "neighbouring": cfg.neighbouring,
         "clients_assumed": declared.clients.describe(),
-        "accountant": declared.accountant(cfg.conversion, cfg.accountant),
+        "accountant": declared.accountant(cfg.conversion, getattr(cfg.params, "accountant", None)),
         "guarantee": declared.to_dict(),
         "budget": {"epsilon": cfg.epsilon, "delta": delta},
         "backend": cfg.backend,
@@ -397,7 +354,7 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print, dataset: Fe
         "sigma_sum": getattr(result, "sigma", None),
         "algorithm_details": getattr(result, "details", {}),
         "ledger": summary,
-        "config": asdict(cfg),
+        "config": cfg.settings(),
         "wall_time_s": time.time() - started,
         "metrics_are_private": False,
         "out_dir": out,

@@ -94,7 +94,7 @@ def measure(backend: str, n: int, rounds: int) -> dict:
     torch.set_num_threads(1)
     spec = ClientSpec.build("synthetic-logistic", "logistic", {"n_users": n, "m": RECORDS, "d": DIM, "seed": 0})
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = RunConfig(dataset="synthetic-logistic", users=n, rounds=rounds, lr=1.0, epsilon=2.0, noise_seed=0,
+        cfg = RunConfig.from_settings(dataset="synthetic-logistic", users=n, rounds=rounds, lr=1.0, epsilon=2.0, noise_seed=0,
                         reference=False, out=os.path.join(tmp, "run"))
         start = time.perf_counter()
         res = run_flower_simulation(cfg, backend, log=lambda s: None, spec=spec)
@@ -141,7 +141,7 @@ def measure_run(backend: str, n: int, rounds: int) -> dict:
     from fedkl.runner import RunConfig, run_training
 
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = RunConfig(dataset="synthetic-logistic", users=n, rounds=rounds, backend=backend, noise_seed=0,
+        cfg = RunConfig.from_settings(dataset="synthetic-logistic", users=n, rounds=rounds, backend=backend, noise_seed=0,
                         reference=False, out=os.path.join(tmp, "run"))
         start = time.perf_counter()
         res = run_training(cfg, log=lambda s: None)

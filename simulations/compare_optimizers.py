@@ -22,7 +22,7 @@ import tempfile
 import time
 from dataclasses import replace
 
-from fedkl.runner import ALGORITHM_BUILDERS, RunConfig, run_training
+from fedkl.runner import ALGORITHMS, RunConfig, run_training
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -55,11 +55,11 @@ TASKS = (("convex", "logistic"), ("non-convex", "mlp"))
 
 def run_one(algorithm: str, problem: str, seed: int, epsilon: float, tmp: str, quick: bool) -> dict:
     overrides, _ = SETTINGS[algorithm]
-    cfg = RunConfig(dataset="movielens", problem=problem, algorithm=algorithm, epsilon=epsilon, seed=0,
+    cfg = RunConfig.from_settings(dataset="movielens", problem=problem, algorithm=algorithm, epsilon=epsilon, seed=0,
                     noise_seed=1000 + seed, reference=False, out=os.path.join(tmp, f"{algorithm}-{problem}-{seed}"),
                     **overrides)
     if quick:
-        cfg = replace(cfg, rounds=max(2, cfg.rounds // 5))
+        cfg = replace(cfg, params=replace(cfg.params, rounds=max(2, cfg.params.rounds // 5)))
     start = time.perf_counter()
     res = run_training(cfg, log=lambda s: None)
     return {"algorithm": algorithm, "problem": problem, "seed": seed, "relation": cfg.neighbouring,
@@ -76,12 +76,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--out", default=os.path.join(RESULTS, "compare_optimizers"))
     args = p.parse_args(argv)
     seeds = 1 if args.quick else args.seeds
-    algorithms = [a for a in SETTINGS if a in ALGORITHM_BUILDERS]
+    algorithms = [a for a in SETTINGS if a in ALGORITHMS]
     rows: list[dict] = []
     refs: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for task, problem in TASKS:
-            ref = run_training(RunConfig(dataset="movielens", problem=problem, rounds=1, noise_seed=0,
+            ref = run_training(RunConfig.from_settings(dataset="movielens", problem=problem, rounds=1, noise_seed=0,
                                          out=os.path.join(tmp, f"ref-{problem}")), log=lambda s: None)
             refs[problem] = {"nonprivate": (ref["nonprivate_reference"] or {}).get("accuracy"),
                              "majority": ref["trivial_baseline"].get("accuracy")}

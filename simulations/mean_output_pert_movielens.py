@@ -28,7 +28,6 @@ import os
 import sys
 import tempfile
 import time
-import types
 
 import numpy as np
 import torch
@@ -39,15 +38,13 @@ if __package__ in (None, ""):
 from fedkl.algorithms.mean_output_pert import (  # noqa: E402
     LocalMeanOutputPert,
     LocalMeanOutputPertConfig,
-    build_mean_output_pert,
-    build_phased_mean_output_pert,
     local_radius,
 )
 from fedkl.data import load_dataset  # noqa: E402
 from fedkl.federation.inprocess import InProcessFederation  # noqa: E402
 from fedkl.privacy import Budget, NoiseSource, PrivacyLedger, Releaser  # noqa: E402
 from fedkl.problems import make_problem  # noqa: E402
-from fedkl.runner import RunConfig, default_delta, run_training  # noqa: E402
+from fedkl.runner import RunConfig, build_algorithm, default_delta, run_training  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -56,13 +53,13 @@ def _cfg(**kw):
     base = dict(mean_lam=1.0, mean_rho_fraction=0.25, mean_phases=2, mean_calibration="tight",
                 mean_max_vc_calls=4_000_000)
     base.update(kw)
-    return types.SimpleNamespace(**base)
+    return base
 
 
 def run_mean(kind, cfg, seed, eps, delta, problem, dataset, fed, tmp):
     ledger = PrivacyLedger(os.path.join(tmp, f"{kind}-{seed}-{time.time_ns()}.sqlite"), Budget(eps, delta))
-    build = build_mean_output_pert if kind == "mean-output-pert" else build_phased_mean_output_pert
-    alg = build(cfg, 0.0, problem=problem, dataset=dataset, delta=delta, ledger=ledger, user_ids=fed.user_ids)
+    run_cfg = RunConfig.from_settings(strict=False, algorithm=kind, epsilon=eps, delta=delta, **cfg)
+    alg = build_algorithm(run_cfg, problem, dataset.feature_bound, fed.user_ids, delta, ledger)
     start = time.perf_counter()
     res = alg.run(fed, Releaser(ledger, NoiseSource(seed)), problem.init_params())
     secs = time.perf_counter() - start
@@ -101,7 +98,7 @@ def run_averaging(lam, seed, eps, delta, problem, dataset, fed, tmp):
 
 
 def run_noisy_gd(seed, eps, tmp):
-    out = run_training(RunConfig(epsilon=eps, noise_seed=seed, out=os.path.join(tmp, f"ngd-{seed}"), reference=False),
+    out = run_training(RunConfig.from_settings(epsilon=eps, noise_seed=seed, out=os.path.join(tmp, f"ngd-{seed}"), reference=False),
                        log=lambda s: None)
     return {"method": "noisy-gd", "seed": seed, "accuracy": out["test_metric"]["value"], "bottoms": 0,
             "eps_spent": out["epsilon"]}

@@ -49,7 +49,7 @@ ROWS = {
 def run_one(label: str, epsilon: float, seed: int, tmp: str) -> dict:
     algorithm, overrides = ROWS[label]
     # force: this study measures the runs that the noise forecast refuses by default
-    cfg = RunConfig(dataset="movielens", algorithm=algorithm, epsilon=epsilon, noise_seed=100 + seed, force=True,
+    cfg = RunConfig.from_settings(dataset="movielens", algorithm=algorithm, epsilon=epsilon, noise_seed=100 + seed, force=True,
                     reference=algorithm == "noisy-gd" and seed == 0, out=os.path.join(tmp, f"{algorithm}-{epsilon}-{seed}-{len(overrides)}"),
                     **overrides)
     start = time.perf_counter()

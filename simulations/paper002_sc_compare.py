@@ -249,7 +249,7 @@ def movielens(cfg: CompareConfig, keep_runs: str | None, log=print) -> tuple[lis
             for clip, rounds, lr in cfg.ml_gd_grid:
                 for seed in range(cfg.ml_seeds):
                     out = os.path.join(runs_dir, f"noisy-gd-eps{eps:g}-C{clip:g}-T{rounds}-s{seed}")
-                    res = run_training(RunConfig(dataset="movielens", algorithm="noisy-gd", epsilon=eps, clip=clip,
+                    res = run_training(RunConfig.from_settings(dataset="movielens", algorithm="noisy-gd", epsilon=eps, clip=clip,
                                                  rounds=rounds, lr=lr, seed=0, noise_seed=seed, out=out,
                                                  reference="nonprivate_accuracy" not in refs), log=lambda s: None)
                     if res["nonprivate_reference"]:

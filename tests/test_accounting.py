@@ -307,7 +307,7 @@ def test_ledger_reports_the_exact_epsilon_only_for_gaussian_only_users(tmp_path)
 def test_noisy_gd_reports_the_exact_epsilon(tmp_path):
     from fedkl.runner import RunConfig, run_training
 
-    res = run_training(RunConfig(dataset="synthetic-logistic", users=50, rounds=3, noise_seed=2, reference=False,
+    res = run_training(RunConfig.from_settings(dataset="synthetic-logistic", users=50, rounds=3, noise_seed=2, reference=False,
                                  out=str(tmp_path / "r")), log=lambda _: None)
     rho, delta = res["rho"], res["delta"]
     assert res["epsilon"] == pytest.approx(zcdp.eps_gaussian(rho, delta), rel=1e-9)
@@ -323,8 +323,8 @@ def test_exact_gaussian_budget_is_refused_up_front_for_a_non_gaussian_release(tm
     common = dict(dataset="synthetic-logistic", users=30, algorithm="kl-adaptive-gd", reg=0.1, kl_max_rounds=3,
                   conversion="gaussian", noise_seed=1, reference=False)
     with pytest.raises(ValueError, match="not Gaussian"):
-        run_training(RunConfig(**common, kl_select="exponential", out=str(tmp_path / "x")), log=lambda _: None)
+        run_training(RunConfig.from_settings(**common, kl_select="exponential", out=str(tmp_path / "x")), log=lambda _: None)
     with PrivacyLedger(str(tmp_path / "x" / "ledger.sqlite")) as led:
         assert led.num_releases() == 0
-    res = run_training(RunConfig(**common, out=str(tmp_path / "ok")), log=lambda _: None)  # last iterate: Gaussian only
+    res = run_training(RunConfig.from_settings(**common, out=str(tmp_path / "ok")), log=lambda _: None)  # last iterate: Gaussian only
     assert res["epsilon"] == pytest.approx(res["epsilon_by_budget_conversion"])

@@ -1,29 +1,71 @@
-"""Every algorithm is reachable from ``fedkl run``: its hyperparameters are RunConfig fields with the
-defaults of the module that reads them, each has a CLI flag, and every registered algorithm trains
+"""The algorithm registry: every algorithm's hyperparameters are declared once, in its Params, with
+help and a flag; ``fedkl run --algorithm NAME --help`` shows that algorithm's flags; a toy algorithm
+registered in this file runs through ``fedkl run`` and Flower; and every registered algorithm trains
 over the Flower backend (the real ServerApp/ClientApp pair on the deterministic LocalGrid) to the
 same model, bit for bit, and the same ledger as in-process."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
+from dataclasses import dataclass
 
 import pytest
 import torch
 
 from fedkl import cli
+from fedkl.algorithms.registry import (
+    REGISTRY,
+    AlgorithmParams,
+    BuildContext,
+    Clip,
+    Rounds,
+    hyperparameter_fields,
+    param,
+    register,
+    unregister,
+)
+from fedkl.federation.base import ClippedGradient
 from fedkl.flower import codec
 from fedkl.flower.server_app import run_flower_simulation
 from fedkl.privacy import PrivacyLedger
+from fedkl.privacy.guarantee import Guarantee
 from fedkl.runner import ALGORITHMS, RunConfig
 
 
-def test_run_config_defaults_are_the_modules_defaults():
-    d = RunConfig()
-    fields = {f.name for f in dataclasses.fields(RunConfig)}
-    table = cli.algorithm_hyperparameters()
-    assert set(table) <= fields
-    for name, (default, text, origin) in table.items():
-        assert getattr(d, name) == default, name
-        assert text and origin
+def test_every_hyperparameter_is_declared_once_with_help_and_a_flag():
+    run = cli.build_parser().subcommands["run"]
+    dests = {a.dest: a for a in run._actions}
+    fields = hyperparameter_fields()
+    for name, f in fields.items():
+        assert f.metadata["help"] and f.metadata["origin"], name
+        assert dests[name].default == f.default, name
+    for spec in REGISTRY.values():  # every algorithm's field IS the one definition (shared by inheritance)
+        assert all(fields[f.name] is f for f in dataclasses.fields(spec.params)), spec.name
+        assert spec.summary, f"{spec.name}: its builder needs a one-line docstring"
+
+    @dataclass(frozen=True)
+    class Redefined(AlgorithmParams):
+        rounds: int = param(99, "a second definition of rounds")
+
+    with pytest.raises(ValueError, match="already defined"):
+        register("redefines-rounds", Redefined)
+
+
+def test_params_check_types_choices_and_ranges():
+    with pytest.raises(ValueError, match="--rounds must be an integer"):
+        RunConfig.from_settings(rounds=2.5)
+    with pytest.raises(ValueError, match="--lr must be > 0"):
+        RunConfig.from_settings(lr=-1.0)
+    with pytest.raises(ValueError, match="--p002-test must be one of"):
+        RunConfig.from_settings(algorithm="phased-erm", p002_test="newton")
+    with pytest.raises(ValueError, match="unknown setting 'roundz'"):
+        RunConfig.from_settings(roundz=3)
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        RunConfig(algorithm="no-such")
+    cfg = RunConfig.from_settings(algorithm="phased-erm", p002_phases=3, radius=2)
+    assert cfg.params.p002_phases == 3 and cfg.params.radius == 2.0 and isinstance(cfg.params.radius, float)
+    assert RunConfig.from_settings(**cfg.settings()) == cfg  # the flat settings round-trip
 
 
 def test_cli_flags_reach_the_run_config(monkeypatch):
@@ -34,14 +76,31 @@ def test_cli_flags_reach_the_run_config(monkeypatch):
         return {}
 
     monkeypatch.setattr("fedkl.runner.run_training", fake_run)
-    assert cli.main(["run", "--algorithm", "kl-spider", "--kl-gamma", "0.5", "--kl-phases", "3", "--fkt-solver",
-                     "one-shot", "--radius", "4", "--local-steps", "2", "--server-momentum", "0.9",
-                     "--kl-select", "exponential", "--kl-f0", "none"]) in (0, None)
-    cfg = seen["cfg"]
-    assert (cfg.algorithm, cfg.kl_gamma, cfg.kl_phases, cfg.fkt_solver, cfg.radius) == ("kl-spider", 0.5, 3,
-                                                                                          "one-shot", 4.0)
-    assert (cfg.local_steps, cfg.server_momentum, cfg.kl_select, cfg.kl_f0) == (2, 0.9, "exponential", None)
-    assert isinstance(cfg.kl_phases, int) and isinstance(cfg.radius, float)
+    assert cli.main(["run", "--algorithm", "kl-spider", "--kl-gamma", "0.5", "--kl-phases", "3",
+                     "--kl-f0", "none", "--kl-max-rounds", "7"]) in (0, None)
+    p = seen["cfg"].params
+    assert (seen["cfg"].algorithm, p.kl_gamma, p.kl_phases, p.kl_f0, p.kl_max_rounds) == ("kl-spider", 0.5, 3, None, 7)
+    assert isinstance(p.kl_phases, int) and isinstance(p.kl_gamma, float)
+    assert cli.main(["run", "--algorithm", "fkt-phased-erm", "--fkt-solver", "one-shot", "--radius", "4"]) in (0, None)
+    assert (seen["cfg"].params.fkt_solver, seen["cfg"].params.radius) == ("one-shot", 4.0)
+
+
+def test_a_setting_of_another_algorithm_is_refused(capsys):
+    assert cli.main(["run", "--algorithm", "noisy-gd", "--p002-phases", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "p002_phases=3 does not apply to noisy-gd" in err and "phased-erm" in err
+
+
+def test_help_with_an_algorithm_lists_only_its_flags(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--algorithm", "noisy-gd", "--help"])
+    text = capsys.readouterr().out
+    assert "--rounds" in text and "--clip" in text and "noisy-gd hyperparameters" in text
+    assert "--p002-phases" not in text and "--kl-gamma" not in text and "--sampling-rate" not in text
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--help"])
+    text = capsys.readouterr().out
+    assert "--p002-phases" in text and "--kl-gamma" in text
 
 
 @pytest.mark.parametrize("args,message", [(["--kl-phases", "2.5"], "expected a int"),
@@ -52,6 +111,56 @@ def test_bad_hyperparameters_exit_2(capsys, args, message):
         cli.main(["run", *args])
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+# --- a toy algorithm, defined and registered here: one module's worth of code + one register line ---
+@dataclass(frozen=True)
+class ToyParams(Rounds, Clip):
+    toy_step: float = param(0.5, "toy-one-step: the step size of its single noisy gradient step", positive=True)
+
+
+class ToyOneStep:
+    """One noisy clipped-gradient step from w0: one Gaussian release of sensitivity 2C (replace-one)."""
+
+    name = "toy-one-step"
+    guarantee = Guarantee("zcdp")
+
+    def __init__(self, params: ToyParams, rho: float):
+        self.params, self.rho = params, rho
+
+    def run(self, federation, releaser, w0, progress=None):
+        users = list(range(federation.num_users))
+        total = federation.sum(ClippedGradient(w0, self.params.clip), users).total()
+        noisy = releaser.gaussian(total, sensitivity=2 * self.params.clip, rho=self.rho,
+                                  user_ids=federation.ids_of(users), label="toy/step", details={})
+        w = w0 - self.params.toy_step * noisy.to(w0.dtype) / federation.num_users
+        return dataclasses.make_dataclass("ToyResult", ["w", "rounds"])(w, 1)
+
+
+@pytest.fixture
+def toy_algorithm():
+    def build(params: ToyParams, ctx: BuildContext) -> ToyOneStep:
+        """One noisy gradient step (a test's toy algorithm)."""
+        return ToyOneStep(params, ctx.rho_left)
+
+    register("toy-one-step", ToyParams)(build)
+    yield "toy-one-step"
+    unregister("toy-one-step")
+
+
+def test_a_toy_algorithm_registered_here_runs_through_fedkl_run_and_flower(tmp_path, toy_algorithm, capsys):
+    out = tmp_path / "cli"
+    assert cli.main(["run", "--algorithm", toy_algorithm, "--dataset", "synthetic-logistic", "--users", "20",
+                     "--toy-step", "0.25", "--noise-seed", "3", "--no-reference", "--out", str(out)]) == 0
+    result = json.loads((out / "result.json").read_text())
+    assert result["algorithm"] == toy_algorithm and result["config"]["toy_step"] == 0.25
+    assert result["epsilon"] <= 2.0 and result["test_metric"]["value"] is not None
+    ledger = PrivacyLedger(out / "ledger.sqlite")
+    ledger.verify()
+    assert ledger.num_releases() == 1
+    assert "toy-one-step hyperparameters" not in capsys.readouterr().out
+    w = _flower_equals_inprocess(tmp_path, toy_algorithm, {"toy_step": 0.25})["w"]
+    assert w is not None and bool(torch.isfinite(w).all()) and math.isfinite(float(w.norm()))
 
 
 # small, fast settings per algorithm (the schedules the theorems set are data-independent, so a
@@ -85,7 +194,7 @@ SMALL = {
 
 
 def test_every_registered_algorithm_has_a_small_setting():
-    assert set(ALGORITHMS) <= set(SMALL), set(ALGORITHMS) - set(SMALL)
+    assert set(ALGORITHMS) == set(REGISTRY) <= set(SMALL), set(REGISTRY) - set(SMALL)
 
 
 @pytest.mark.parametrize("name", sorted(set(ALGORITHMS) & set(SMALL)))
@@ -120,8 +229,11 @@ def _flower_equals_inprocess(tmp_path, name, kw):
                    clip=1.0, seed=2, noise_seed=5, reference=False,
                    force=True), **kw}  # tiny populations test the plumbing, not utility: skip the noise forecast
     quiet = dict(log=lambda s: None, spec=spec)
-    ref = run_flower_simulation(RunConfig(**base, out=str(tmp_path / "ref")), "inprocess", **quiet)
-    fl = run_flower_simulation(RunConfig(**base, out=str(tmp_path / "fl")), "flower-local", **quiet)
+    # the base rounds/lr/clip apply to the algorithms that have them
+    ref = run_flower_simulation(RunConfig.from_settings(strict=False, **base, out=str(tmp_path / "ref")), "inprocess",
+                                **quiet)
+    fl = run_flower_simulation(RunConfig.from_settings(strict=False, **base, out=str(tmp_path / "fl")), "flower-local",
+                               **quiet)
     assert fl["user_ids"] == ref["user_ids"]
     assert (fl["w"] is None) == (ref["w"] is None)
     if ref["w"] is not None:
@@ -146,7 +258,7 @@ def test_new_query_kinds_over_flower_sim_ray(tmp_path):
         base = {**dict(dataset="synthetic-logistic", problem="logistic", algorithm=name, epsilon=3.0, rounds=2,
                        lr=0.5, seed=1, noise_seed=3, reference=False, reg=0.1), **SMALL[name]}
         base.pop("users", None)
-        ref = run_flower_simulation(RunConfig(**base, out=str(tmp_path / f"{name}-ref")), "inprocess", **quiet)
-        sim = run_flower_simulation(RunConfig(**base, out=str(tmp_path / f"{name}-sim")), "flower-sim", **quiet)
+        ref = run_flower_simulation(RunConfig.from_settings(strict=False, **base, out=str(tmp_path / f"{name}-ref")), "inprocess", **quiet)
+        sim = run_flower_simulation(RunConfig.from_settings(strict=False, **base, out=str(tmp_path / f"{name}-sim")), "flower-sim", **quiet)
         assert sim["user_ids"] == ref["user_ids"] and torch.equal(sim["w"], ref["w"]), name
         assert sim["ledger"]["releases"] == ref["ledger"]["releases"] >= 1

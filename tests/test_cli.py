@@ -126,7 +126,7 @@ def test_run_resumes_a_partly_spent_ledger(tmp_path):
     ledger = str(tmp_path / "shared.sqlite")
     common = dict(dataset="synthetic-logistic", epsilon=2.0, delta=1e-5, rounds=4, noise_seed=0,
                   ledger=ledger, reference=False)
-    first = run_training(RunConfig(**common, out=str(tmp_path / "a")), log=lambda s: None)
+    first = run_training(RunConfig.from_settings(**common, out=str(tmp_path / "a")), log=lambda s: None)
     from fedkl.privacy import Budget, PrivacyLedger, rho_for_eps_delta
     full = rho_for_eps_delta(2.0, 1e-5)
     assert first["rho"] == pytest.approx(full, rel=1e-9)
@@ -136,7 +136,7 @@ def test_run_resumes_a_partly_spent_ledger(tmp_path):
         from fedkl.data import load_dataset
         ids = load_dataset("synthetic-logistic", seed=0).train.user_ids
         led.charge(list(ids), label="earlier", mechanism="gaussian", rho=full / 2)
-    second = run_training(RunConfig(**{**common, "ledger": ledger2}, out=str(tmp_path / "b")), log=lambda s: None)
+    second = run_training(RunConfig.from_settings(**{**common, "ledger": ledger2}, out=str(tmp_path / "b")), log=lambda s: None)
     assert second["rho"] == pytest.approx(full, rel=1e-9)           # total per user = the budget
     assert second["sigma_sum"] == pytest.approx(first["sigma_sum"] * 2 ** 0.5, rel=1e-6)  # half the rho left
     assert second["epsilon"] <= 2.0 * (1 + 1e-9)
@@ -146,14 +146,14 @@ def test_run_output_perturbation_on_a_small_synthetic_population(tmp_path):
     """sc-output-pert runs end to end from `fedkl run` and is charged as an (eps, delta) release."""
     from fedkl.runner import RunConfig, run_training
 
-    res = run_training(RunConfig(dataset="synthetic-logistic", users=12, algorithm="sc-output-pert", reg=0.5,
+    res = run_training(RunConfig.from_settings(dataset="synthetic-logistic", users=12, algorithm="sc-output-pert", reg=0.5,
                                  epsilon=1.0, delta=1e-3, noise_seed=0, out=str(tmp_path / "o"),
                                  reference=False, force=True), log=lambda s: None)  # 12 users: noise swamps it
     assert "basic composition" in res["accountant"]
     assert res["ledger"]["releases"] == 1
     assert res["epsilon"] <= 1.0 * (1 + 1e-9) and res["ledger"]["max_user_epsilon"] <= 1.0 + 1e-9
     with pytest.raises(ValueError, match="--reg"):
-        run_training(RunConfig(dataset="synthetic-logistic", users=12, algorithm="sc-output-pert",
+        run_training(RunConfig.from_settings(dataset="synthetic-logistic", users=12, algorithm="sc-output-pert",
                                out=str(tmp_path / "p"), reference=False), log=lambda s: None)
 
 
@@ -163,8 +163,8 @@ def test_run_over_flower_backend_matches_inprocess(tmp_path):
     from fedkl.runner import RunConfig, run_training
 
     common = dict(dataset="synthetic-logistic", users=12, rounds=3, noise_seed=4, reference=False)
-    here = run_training(RunConfig(**common, out=str(tmp_path / "i")), log=lambda s: None)
-    there = run_training(RunConfig(**common, backend="flower-local", out=str(tmp_path / "f")), log=lambda s: None)
+    here = run_training(RunConfig.from_settings(**common, out=str(tmp_path / "i")), log=lambda s: None)
+    there = run_training(RunConfig.from_settings(**common, backend="flower-local", out=str(tmp_path / "f")), log=lambda s: None)
     assert there["backend"] == "flower-local"
     assert there["test_metric"]["value"] == pytest.approx(here["test_metric"]["value"], abs=1e-12)
     assert there["rho"] == pytest.approx(here["rho"], rel=1e-12)

@@ -52,8 +52,6 @@ import torch
 from scipy.stats import chi2
 
 from fedkl.algorithms.fkt import (
-    FKT_BUILDERS,
-    HYPERPARAMETERS,
     FKTPhasedERM,
     LocalizationConfig,
     PhasedSGD,
@@ -62,8 +60,6 @@ from fedkl.algorithms.fkt import (
     SCReductionConfig,
     SnowballConfig,
     SnowballSGD,
-    build_snowball,
-    build_snowball_sc,
     convex_setting,
 )
 from fedkl.algorithms.fkt_common import ConvexSetting, cohort_order
@@ -861,20 +857,27 @@ def test_bad_configurations_are_refused():
 
 
 def test_builders_read_the_run_config():
+    from build_helpers import build
+
+    from fedkl.algorithms.registry import REGISTRY
     from fedkl.runner import RunConfig
 
-    for name, (default, text, kind) in HYPERPARAMETERS.items():  # every hyperparameter is a RunConfig field
-        assert getattr(RunConfig(), name) == default and text and kind
     ds = load_dataset("synthetic-logistic", n_users=80, m=5, d=4, seed=1)
     problem = make_problem("logistic", ds, reg=0.2)
     ledger = PrivacyLedger(":memory:", Budget(2.0, 1e-5))
     common = dict(problem=problem, dataset=ds, delta=1e-5, ledger=ledger, user_ids=ds.train.user_ids)
-    cfg = RunConfig(dataset="synthetic-logistic", reg=0.2, radius=2.0, distance=1.5, strong_convexity=0.5,
+    settings = dict(dataset="synthetic-logistic", reg=0.2, radius=2.0, distance=1.5, strong_convexity=0.5,
                     neighbouring="add-remove", seed=4, fkt_solver="one-shot", fkt_batch=2, fkt_min_cohort=3,
                     fkt_erm_tol=0.5, fkt_max_solver_rounds=7, fkt_sc_c=3.0, fkt_inner="phased-sgd",
                     fkt_reduction_c=5.0, fkt_schedule="constant")
-    for name, build in FKT_BUILDERS.items():
-        alg = build(cfg, 0.3, **common)
+
+    def cfg(name, **kw):  # each algorithm takes the settings it has (a non-default other one is refused)
+        return RunConfig.from_settings(strict=False, algorithm=name, **{**settings, **kw})
+
+    names = [n for n in REGISTRY if n.startswith("fkt-")]
+    assert sorted(names) == sorted(NAMES)
+    for name in names:
+        alg = build(cfg(name), 0.3, **common)
         s = alg.setting
         assert (s.radius, s.distance, s.strong_convexity, s.dim) == (2.0, 1.5, 0.5, 4)
         assert s.lipschitz == pytest.approx(1.0 + 0.2 * 2.0) and s.smoothness == pytest.approx(0.25 + 0.2)
@@ -889,15 +892,17 @@ def test_builders_read_the_run_config():
             assert (loc.solver, loc.neighbouring, loc.seed, loc.batch, loc.min_cohort, loc.erm_tol,
                     loc.max_solver_rounds, loc.sc_c) == ("one-shot", "add-remove", 4, 2, 3, 0.5, 7, 3.0)
             assert alg.rho_total == 0.3
-    assert FKT_BUILDERS["fkt-sc-reduction"](cfg, 0.3, **common).config.c == 5.0
-    with pytest.raises(ValueError, match="fkt-snowball-sc"):
-        build_snowball(replace(cfg, fkt_schedule="strongly-convex"), 0.3, **common)
+    assert build(cfg("fkt-sc-reduction"), 0.3, **common).config.c == 5.0
+    with pytest.raises(ValueError, match="fkt-schedule must be one of jnn, constant"):
+        cfg("fkt-snowball", fkt_schedule="strongly-convex")
+    with pytest.raises(ValueError, match="fkt_batch=2 does not apply to fkt-snowball"):
+        RunConfig.from_settings(algorithm="fkt-snowball", fkt_batch=2)
     with pytest.raises(ValueError, match="strongly convex"):
-        build_snowball_sc(replace(cfg, reg=0.0, strong_convexity=None), 0.3,
-                          **{**common, "problem": make_problem("logistic", ds)})
+        build(cfg("fkt-snowball-sc", reg=0.0, strong_convexity=None), 0.3,
+              **{**common, "problem": make_problem("logistic", ds)})
     ledger.charge(ds.train.user_ids[:1], label="spent", mechanism="gaussian", eps=2.0, delta=0.0)
     with pytest.raises(BudgetExceeded):
-        build_snowball(cfg, 0.3, **common)
+        build(cfg("fkt-snowball"), 0.3, **common)
     assert ledger.num_releases() == 1
 
 
@@ -912,7 +917,7 @@ def test_fedkl_run_end_to_end(tmp_path):
     for name in NAMES:
         assert name in ALGORITHMS
         out = tmp_path / name
-        cfg = RunConfig(dataset="synthetic-logistic", users=n, algorithm=name, noise_seed=1, out=str(out),
+        cfg = RunConfig.from_settings(dataset="synthetic-logistic", users=n, algorithm=name, noise_seed=1, out=str(out),
                         reference=False, epsilon=2.0, radius=3.0, reg=0.1 if name in STRONGLY_CONVEX else 0.0)
         payload = run_training(cfg, log=lambda _: None)
         result = json.loads((out / "result.json").read_text())

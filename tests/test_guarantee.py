@@ -26,7 +26,7 @@ def test_filter_and_text_follow_the_declaration():
     ("fkt-phased-sgd", "zcdp", "parallel", IN_CLASS_CLIENTS),
 ])
 def test_result_json_reports_the_declared_guarantee(tmp_path, algorithm, charges, composition, clients):
-    res = run_training(RunConfig(dataset="synthetic-logistic", users=40, algorithm=algorithm, rounds=2, radius=5.0,
+    res = run_training(RunConfig.from_settings(strict=False, dataset="synthetic-logistic", users=40, algorithm=algorithm, rounds=2, radius=5.0,
                                  reference=False, noise_seed=1, out=str(tmp_path / algorithm)), log=lambda _: None)
     assert res["guarantee"] == Guarantee(charges, composition, clients).to_dict()
     assert res["clients_assumed"] == clients.describe()

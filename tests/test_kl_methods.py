@@ -24,7 +24,6 @@ import torch
 
 from fedkl.algorithms.kl_adaptive_gd import AdaptiveKLGD, AdaptiveKLGDConfig
 from fedkl.algorithms.kl_common import KLConstants, sum_sensitivity
-from fedkl.algorithms.kl_methods import KL_BUILDERS, build_kl_adaptive_gd, build_kl_prox_point, build_kl_spider
 from fedkl.algorithms.kl_spider import ANCHOR_WEIGHT, KLSpider, KLSpiderConfig
 from fedkl.algorithms.prox_point import PrivateProxPoint, ProxPointConfig
 from fedkl.data import load_dataset
@@ -542,40 +541,49 @@ def test_bad_configurations_are_refused():
 
 
 def test_builders_read_the_run_config():
+    from build_helpers import build
+
     ds, problem, *_ = _least_squares(100, 0)
     common = dict(problem=problem, dataset=ds, delta=1e-5, ledger=None, user_ids=())
-    plain = RunConfig(dataset="synthetic-least-squares", lr=0.5, clip=0.7, neighbouring="add-remove")
-    agd = build_kl_adaptive_gd(plain, 0.3, **common)
+
+    def cfg(name, **kw):
+        return RunConfig.from_settings(strict=False, dataset="synthetic-least-squares", algorithm=name, **kw)
+
+    plain = dict(lr=0.5, clip=0.7, neighbouring="add-remove")
+    agd = build(cfg("kl-adaptive-gd", **plain), 0.3, **common)
     assert (agd.config.lr, agd.config.clip, agd.config.neighbouring, agd.config.select) == (0.5, 0.7, "add-remove",
                                                                                            "last")
     with pytest.raises(ValueError, match="kl_gamma"):  # no gamma and no regularizer to derive it from
-        build_kl_spider(plain, 0.3, **common)
+        build(cfg("kl-spider", **plain), 0.3, **common)
     with pytest.raises(ValueError, match="kl_gamma"):
-        build_kl_prox_point(plain, 0.3, **common)
-    reg = RunConfig(dataset="synthetic-least-squares", lr=0.5, reg=0.08)
-    sp = build_kl_spider(reg, 0.3, **common)
+        build(cfg("kl-prox-point", **plain), 0.3, **common)
+    reg_problem = make_problem("least-squares", ds, reg=0.08)
+    sp = build(cfg("kl-spider", lr=0.5, reg=0.08), 0.3, **{**common, "problem": reg_problem})
     assert sp.config.kl.gamma == pytest.approx(1 / math.sqrt(0.16)) and sp.config.smoothness == pytest.approx(1.0)
     assert (sp.config.contraction_constant, sp.config.floor_constant, sp.config.kl.kappa) == (64.0, 32.0, 2.0)
-    pp = build_kl_prox_point(reg, 0.3, **common)
-    assert pp.config.weak_convexity == pytest.approx(1.0) and pp.config.max_inner_rounds == reg.rounds
+    pp_cfg = cfg("kl-prox-point", lr=0.5, reg=0.08)
+    pp = build(pp_cfg, 0.3, **{**common, "problem": reg_problem})
+    assert pp.config.weak_convexity == pytest.approx(1.0) and pp.config.max_inner_rounds == pp_cfg.params.rounds
     assert pp.config.contraction_constant == 32.0
-    extra = RunConfig(dataset="synthetic-least-squares", kl_gamma=2.0, kl_kappa=1.5, kl_contraction_constant=2.0,
-                         kl_prox_steps=4, kl_select="exponential")
-    assert build_kl_spider(extra, 0.3, **common).config.kl.kappa == 1.5
-    assert build_kl_adaptive_gd(extra, 0.3, **common).config.select == "exponential"
+    extra = dict(kl_gamma=2.0, kl_kappa=1.5, kl_contraction_constant=2.0, kl_prox_steps=4, kl_select="exponential")
+    assert build(cfg("kl-spider", **extra), 0.3, **common).config.kl.kappa == 1.5
+    assert build(cfg("kl-adaptive-gd", **extra), 0.3, **common).config.select == "exponential"
     with pytest.raises(ValueError, match="kappa >= 2"):
-        build_kl_prox_point(extra, 0.3, **common)
+        build(cfg("kl-prox-point", **extra), 0.3, **common)
+    with pytest.raises(ValueError, match="kl_select='exponential' does not apply to kl-spider"):
+        RunConfig.from_settings(algorithm="kl-spider", kl_select="exponential")
 
 
-@pytest.mark.parametrize("name", sorted(KL_BUILDERS))
+@pytest.mark.parametrize("name", ["kl-adaptive-gd", "kl-prox-point", "kl-spider"])
 def test_fedkl_run_end_to_end(tmp_path, name):
-    """The builders are registered in ``fedkl run``'s table and run through it."""
+    """The algorithms are registered in ``fedkl run``'s table and run through it."""
     import json
 
     import fedkl.runner as runner
 
-    assert runner.ALGORITHM_BUILDERS[name] is KL_BUILDERS[name]
-    cfg = RunConfig(dataset="synthetic-least-squares", algorithm=name, users=60, reg=0.1, lr=1.0, rounds=4,
+    assert name in runner.ALGORITHMS
+    cfg = RunConfig.from_settings(strict=False, dataset="synthetic-least-squares", algorithm=name, users=60, reg=0.1,
+                                  lr=1.0, rounds=4,
                        epsilon=3.0, noise_seed=1, out=str(tmp_path / "out"), reference=False,
                        kl_contraction_constant=1.0, kl_floor_constant=1.0, kl_prox_steps=3)
     payload = runner.run_training(cfg, log=lambda _: None)

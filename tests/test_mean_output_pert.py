@@ -4,12 +4,12 @@ Fixed seeds everywhere; every sampled check has a tolerance of a few standard er
 """
 import itertools
 import math
-import types
 from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
+from build_helpers import build
 from scipy import stats
 
 from fedkl.algorithms.del_output_pert import (
@@ -25,8 +25,6 @@ from fedkl.algorithms.mean_output_pert import (
     MeanOutputPertConfig,
     PhasedMeanOutputPert,
     PhasedMeanOutputPertConfig,
-    build_mean_output_pert,
-    build_phased_mean_output_pert,
     conflict_edges,
     diameter_predicate,
     local_radius,
@@ -47,6 +45,7 @@ from fedkl.federation.inprocess import InProcessFederation
 from fedkl.privacy import Budget, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter
 from fedkl.privacy.mechanisms import GaussianMechanism
 from fedkl.problems import make_problem
+from fedkl.runner import RunConfig
 
 # (eps, delta) = (4, 0.2): eps_bar = 2, delta_bar = 0.2/(e^2 + 2), kappa = 3 (2 kappa = 6 deletions,
 # n >= 4 kappa + 2 = 14 users): visible TDLap tails at sizes the enumeration reference can check.
@@ -466,19 +465,19 @@ def test_refusals_happen_before_any_data_is_read(tmp_path):
     assert events == [] and rel.ledger.charges == []
     # the builders refuse from the public n alone, reading the RunConfig fields
     ledger = PrivacyLedger(tmp_path / "l.sqlite", Budget(epsilon=EPS, delta=DELTA))
-    cfg = types.SimpleNamespace(mean_lam=1.0, mean_rho_fraction=0.3, mean_phases=4, mean_calibration="tight",
-                                mean_max_vc_calls=5000, mean_test="vertex-cover")
+    settings = dict(mean_lam=1.0, mean_rho_fraction=0.3, mean_phases=4, mean_calibration="tight",
+                    mean_max_vc_calls=5000, mean_test="vertex-cover")
+    single = RunConfig.from_settings(algorithm="mean-output-pert", strict=False, **settings)
+    phased = RunConfig.from_settings(algorithm="phased-mean-output-pert", **settings)
+    common = dict(problem=prob, dataset=ds, delta=DELTA, ledger=ledger)
     with pytest.raises(ValueError, match="work budget"):
-        build_phased_mean_output_pert(cfg, 0.0, problem=prob, dataset=ds, delta=DELTA, ledger=ledger,
-                                      user_ids=fed.user_ids)
-    alg = build_mean_output_pert(cfg, 0.0, problem=prob, dataset=ds, delta=DELTA, ledger=ledger, user_ids=fed.user_ids)
+        build(phased, 0.0, **common, user_ids=fed.user_ids)
+    alg = build(single, 0.0, **common, user_ids=fed.user_ids)
     assert alg.config.eps == pytest.approx(EPS) and alg.config.delta < DELTA and alg.config.rho_fraction == 0.3
     with pytest.raises(ValueError, match="4 kappa"):
-        build_mean_output_pert(cfg, 0.0, problem=prob, dataset=ds, delta=DELTA, ledger=ledger,
-                               user_ids=fed.user_ids[:13])
+        build(single, 0.0, **common, user_ids=fed.user_ids[:13])
     with pytest.raises(ValueError, match="4 kappa \\+ 2 = 42"):
-        build_phased_mean_output_pert(cfg, 0.0, problem=prob, dataset=ds, delta=DELTA, ledger=ledger,
-                                      user_ids=fed.user_ids[:41])
+        build(phased, 0.0, **common, user_ids=fed.user_ids[:41])
     assert events == []
 
 

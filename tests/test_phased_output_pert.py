@@ -23,7 +23,7 @@ import torch
 
 from fedkl.algorithms.del_output_pert import DelOutputPertConfig
 from fedkl.algorithms.mean_type_inner import MeanTypeInner, gaussian_users_rule
-from fedkl.algorithms.p002 import HYPERPARAMETERS, PHASED_BUILDERS
+from fedkl.algorithms.p002 import PhasedParams
 from fedkl.algorithms.phased_common import (
     CohortFederation,
     PhaseCall,
@@ -458,15 +458,20 @@ def test_mean_type_inner_is_fedkl_mean_output_pert_with_the_phase_minimizers():
 
 
 def test_builders_read_hyperparameters(tmp_path):
+    from build_helpers import build
+
+    from fedkl.algorithms.registry import REGISTRY
+    from fedkl.runner import RunConfig
+
     prob, _ = _problem()
-    assert set(PHASED_BUILDERS) == {"phased-erm", "phased-sco", "sc-phased-erm", "sc-phased-sco"}
-    for name, (default, text, kind) in HYPERPARAMETERS.items():
-        assert isinstance(text, str) and ("theorem" in kind or "heuristic" in kind), name
-    cfg = SimpleNamespace(seed=3, stability_delta=0.5, radius=RADIUS, p002_records=10**6, p002_phases=4,
-                          p002_delta_rule="scaled", p002_delta_scale=2.0, p002_calibration="tight")
+    phased = {"phased-erm", "phased-sco", "sc-phased-erm", "sc-phased-sco"}
+    assert {name for name, spec in REGISTRY.items() if spec.params is PhasedParams} == phased
     ledger = _ledger(tmp_path, 8.0, 1e-5)
     fed = _fed(64, 10**6)
-    for name, build in PHASED_BUILDERS.items():
+    for name in sorted(phased):
+        cfg = RunConfig.from_settings(algorithm=name, seed=3, stability_delta=0.5, radius=RADIUS, p002_records=10**6,
+                                      p002_phases=4, p002_delta_rule="scaled", p002_delta_scale=2.0,
+                                      p002_calibration="tight")
         alg = build(cfg, 0.0, problem=prob, dataset=SimpleNamespace(feature_bound=X), delta=1e-5, ledger=ledger,
                     user_ids=fed.user_ids)
         c = alg.config

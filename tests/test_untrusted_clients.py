@@ -33,7 +33,7 @@ from fedkl.federation.inprocess import InProcessFederation
 from fedkl.privacy.clients import ANY_CLIENTS, IN_CLASS_CLIENTS
 from fedkl.privacy.mechanisms import TruncatedDiscreteLaplace
 from fedkl.problems import make_problem
-from fedkl.runner import ALGORITHMS, RunConfig, run_training
+from fedkl.runner import RunConfig, run_training
 
 EPS, DELTA, LAM, DIM, M = 8.0, 0.1, 1.0, 2, 200
 HONEST, LIAR, TYPICAL = 0, 1, 5
@@ -209,7 +209,6 @@ def test_records_outside_the_declared_bounds_are_refused_where_data_enters(bad):
 
 
 def test_every_algorithm_declares_what_it_assumes_of_clients(tmp_path):
-    from fedkl import runner
     from fedkl.algorithms import (
         dp_adaptive,
         dp_fedavg,
@@ -233,7 +232,6 @@ def test_every_algorithm_declares_what_it_assumes_of_clients(tmp_path):
     # the proofs that use every user's convexity/smoothness declare it; the clipped sums do not need it
     assert noisy_gd.NoisyGradientDescent.guarantee.clients == ANY_CLIENTS
     assert DiameterSCOutputPert.guarantee.clients == fkt_snowball.SnowballSGD.guarantee.clients == IN_CLASS_CLIENTS
-    assert len(ALGORITHMS) == len(runner.ALGORITHM_BUILDERS)
-    res = run_training(RunConfig(dataset="synthetic-logistic", users=30, rounds=2, reference=False, noise_seed=1,
+    res = run_training(RunConfig.from_settings(dataset="synthetic-logistic", users=30, rounds=2, reference=False, noise_seed=1,
                                  out=str(tmp_path / "r")), log=lambda _: None)
     assert res["clients_assumed"] == ANY_CLIENTS.describe()

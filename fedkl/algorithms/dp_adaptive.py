@@ -36,6 +36,7 @@ from fedkl.algorithms.poisson_schedule import (
     check_schedule_config,
     sum_sensitivity,
 )
+from fedkl.algorithms.registry import BuildContext, Clip, PoissonSampling, Rounds, StepSize, param, register
 from fedkl.federation.base import ClippedGradient, Federation
 from fedkl.privacy.accounting import GaussianSchedule
 from fedkl.privacy.guarantee import Guarantee
@@ -134,3 +135,31 @@ class AdaptiveDPOptimizer:
                 progress(record)
         return run.result(w, history, {"optimizer": cfg.optimizer, "bias_correction": cfg.bias_correction,
                                        "cap": cfg.cap, "nu": cfg.nu})
+
+
+@dataclass(frozen=True)
+class AdaptiveDPParams(Rounds, StepSize, Clip, PoissonSampling):
+    beta1: float = param(0.9, "dp-adam: first-moment decay", "heuristic")
+    beta2: float = param(0.999, "dp-rmsprop/adam: second-moment decay", "heuristic")
+    nu: float = param(1e-3, "dp-rmsprop/adam: denominator offset", "heuristic", positive=True)
+    cap: float = param(math.inf, "dp-rmsprop/adam: cap on the second moment v (paper 004's lambda; default none)",
+                       "heuristic", positive=True)
+    bias_correction: bool = param(False, "dp-adam/rmsprop: Adam's bias correction (paper 004: off)", "heuristic")
+
+
+def _adaptive(optimizer: str):
+    def build(params: AdaptiveDPParams, ctx: BuildContext) -> AdaptiveDPOptimizer:
+        eps, delta = ctx.approx_budget()
+        config = AdaptiveDPConfig(optimizer=optimizer, rounds=params.rounds, lr=params.lr, clip=params.clip,
+                                  sampling_rate=params.sampling_rate, beta1=params.beta1, beta2=params.beta2,
+                                  nu=params.nu, cap=params.cap, bias_correction=params.bias_correction,
+                                  neighbouring=ctx.neighbouring, accountant=params.accountant)
+        return AdaptiveDPOptimizer(config, eps, delta)
+    build.__name__ = f"build_dp_{optimizer}"
+    build.__doc__ = f"DP-{optimizer.upper()} (paper 004): Poisson-sampled users, one (eps, delta) Gaussian schedule."
+    return register(f"dp-{optimizer}", AdaptiveDPParams)(build)
+
+
+build_dp_sgd = _adaptive("sgd")
+build_dp_rmsprop = _adaptive("rmsprop")
+build_dp_adam = _adaptive("adam")

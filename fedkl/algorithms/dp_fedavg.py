@@ -49,6 +49,7 @@ from fedkl.algorithms.poisson_schedule import (
     check_schedule_config,
     sum_sensitivity,
 )
+from fedkl.algorithms.registry import BuildContext, Clip, PoissonSampling, Rounds, StepSize, param, register
 from fedkl.federation.base import ClippedLocalUpdate, Federation
 from fedkl.federation.inprocess import clip_rows
 from fedkl.privacy.accounting import GaussianSchedule
@@ -144,41 +145,27 @@ class DPFedAvg:
                                        "fixed_denominator": run.denominator})
 
 
-# RunConfig fields this builder reads beyond fedkl.runner.RunConfig's (name -> default).
-EXTRA_FIELDS = {"local_steps": 5, "local_lr": None, "batch_size": None, "server_lr": 1.0, "server_momentum": 0.0}
-# name: (default, --help sentence, "theorem" or "heuristic") for the CLI
-HYPERPARAMETERS = {
-    "local_steps": (5, "dp-fedavg: local SGD steps K per sampled user (K = 1 with local lr 1 is DP-FedSGD)",
-                    "heuristic"),
-    "local_lr": (None, "dp-fedavg: local step size (default --lr)", "heuristic"),
-    "batch_size": (None, "dp-fedavg: records per local step, cyclic mini-batches (default all records)", "heuristic"),
-    "server_lr": (1.0, "dp-fedavg: server step size on the noisy mean delta", "heuristic"),
-    "server_momentum": (0.0, "dp-fedavg: server momentum (0 = plain FedAvg)", "heuristic"),
-}
+@dataclass(frozen=True)
+class DPFedAvgParams(Rounds, StepSize, Clip, PoissonSampling):
+    local_steps: int = param(5, "dp-fedavg: local SGD steps K per sampled user (K = 1 with local lr 1 is DP-FedSGD)",
+                             "heuristic")
+    local_lr: float | None = param(None, "dp-fedavg: local step size (default --lr)", "heuristic")
+    batch_size: int | None = param(None, "dp-fedavg: records per local step, cyclic mini-batches (default all "
+                                         "records)", "heuristic")
+    server_lr: float = param(1.0, "dp-fedavg: server step size on the noisy mean delta", "heuristic")
+    server_momentum: float = param(0.0, "dp-fedavg: server momentum (0 = plain FedAvg)", "heuristic")
 
 
-def build_dp_fedavg(cfg, rho_total: float, *, problem=None, dataset=None, delta: float | None = None,
-                    ledger, user_ids, **_) -> DPFedAvg:
-    """Builder for ``fedkl.runner.ALGORITHM_BUILDERS["dp-fedavg"]`` (same contract as ``_adaptive``).
+@register("dp-fedavg", DPFedAvgParams)
+def build_dp_fedavg(params: DPFedAvgParams, ctx: BuildContext) -> DPFedAvg:
+    """DP-FedAvg: sampled users' clipped local updates, one (eps, delta) sampled-Gaussian schedule.
 
-    Reads ``rounds``, ``clip``, ``sampling_rate``, ``neighbouring``, ``accountant`` from the run
-    config, and the DP-FedAvg fields via ``getattr`` with the defaults of :data:`EXTRA_FIELDS`:
-    ``local_steps`` (5), ``local_lr`` (None: the run's ``lr``), ``batch_size`` (None: all records),
-    ``server_lr`` (1.0), ``server_momentum`` (0.0). The budget is what the ledger still allows
-    every user (``ledger.approx_left``), charged up front as one (eps, delta) schedule.
-    """
-    from fedkl.privacy.ledger import BudgetExceeded
-
-    eps, delta_left = ledger.approx_left(user_ids)
-    if eps <= 0:
-        raise BudgetExceeded(f"ledger {ledger.path}: the users' budget is spent; nothing to train with")
-    local_lr = getattr(cfg, "local_lr", None)
+    The budget is what every user can still afford, charged up front as one (eps, delta) schedule;
+    ``local_lr`` None: the run's ``lr``."""
+    eps, delta_left = ctx.approx_budget()
     config = DPFedAvgConfig(
-        rounds=cfg.rounds, clip=cfg.clip, sampling_rate=cfg.sampling_rate,
-        local_steps=getattr(cfg, "local_steps", EXTRA_FIELDS["local_steps"]),
-        local_lr=cfg.lr if local_lr is None else local_lr,
-        batch_size=getattr(cfg, "batch_size", None),
-        server_lr=getattr(cfg, "server_lr", EXTRA_FIELDS["server_lr"]),
-        server_momentum=getattr(cfg, "server_momentum", EXTRA_FIELDS["server_momentum"]),
-        neighbouring=cfg.neighbouring, accountant=cfg.accountant)
+        rounds=params.rounds, clip=params.clip, sampling_rate=params.sampling_rate, local_steps=params.local_steps,
+        local_lr=params.lr if params.local_lr is None else params.local_lr, batch_size=params.batch_size,
+        server_lr=params.server_lr, server_momentum=params.server_momentum, neighbouring=ctx.neighbouring,
+        accountant=params.accountant)
     return DPFedAvg(config, eps, delta_left)

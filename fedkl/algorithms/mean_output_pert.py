@@ -144,6 +144,7 @@ from fedkl.algorithms.del_output_pert import (
     mean_of_user_vectors,
 )
 from fedkl.algorithms.matching import deletion_set
+from fedkl.algorithms.registry import AlgorithmParams, BuildContext, param, register
 from fedkl.algorithms.vertex_cover import (
     DEFAULT_MAX_VC_CALLS,
     TESTS,
@@ -153,7 +154,6 @@ from fedkl.algorithms.vertex_cover import (
 )
 from fedkl.federation.base import Federation, LocalRegularizedMinimizer
 from fedkl.privacy.guarantee import Guarantee
-from fedkl.privacy.ledger import BudgetExceeded
 from fedkl.privacy.release import Releaser
 from fedkl.problems.base import Problem
 
@@ -550,65 +550,51 @@ class PhasedMeanOutputPert:
         return PhasedMeanOutputPertResult(center.to(torch.as_tensor(w0).dtype), cfg.phases, bottoms, sigmas, details)
 
 
-# --- runner builders ---------------------------------------------------------------------------
-def _approx_budget(ledger, user_ids) -> tuple[float, float]:
-    eps, delta = ledger.approx_left(user_ids)
-    if eps <= 0 or delta <= 0:
-        raise BudgetExceeded(f"ledger {getattr(ledger, 'path', '')}: the users' (eps, delta) budget is spent; "
-                             "nothing to train with")
-    return eps, delta
+# --- registered algorithms ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class MeanOutputPertParams(AlgorithmParams):
+    mean_lam: float = param(1.0, "mean-output-pert: local regularization lam of every user's minimizer around the "
+                                 "centre (phased: lam_i = lam 4^i)", "heuristic")
+    mean_rho_fraction: float = param(
+        0.25, "mean-output-pert: the diameter threshold rho as a fraction of the a-priori diameter 2 G0/(mu + lam) "
+              "(too small: ⊥ or many deletions; too large: more noise)", "heuristic")
+    mean_calibration: str = param(
+        "tight", "mean-output-pert noise: tight (analytic Gaussian, sensitivity (4 kappa + 1) Delta) or paper "
+                 "(Alg 1's 2 sqrt(ln(2/delta)) 8 kappa Delta/eps)", "theorem", choices=("tight", "paper"))
+    mean_test: str = param(
+        "auto", "mean-output-pert: the deletion score: vertex-cover (exact minimum cover, refused above its work "
+                "budget), matching (maximum matching: polynomial at every kappa, sensitivity (8 kappa + 2) Delta, "
+                "needs n >= 8 kappa + 2) or auto (the cover while it fits)", "theorem", choices=TESTS)
+    mean_max_vc_calls: int = param(
+        DEFAULT_MAX_VC_CALLS, "mean-output-pert: refuse (before reading data) plans whose proven worst-case "
+                              "vertex-cover work exceeds this many calls", "safety limit")
 
 
-def build_mean_output_pert(cfg, rho_total: float, *, problem, dataset, delta: float, ledger, user_ids,
-                           **_) -> LocalMeanOutputPert:
-    """``mean-output-pert``: one release at the ledger's remaining (eps, delta) for these users.
+@dataclass(frozen=True)
+class PhasedMeanOutputPertParams(MeanOutputPertParams):
+    mean_phases: int = param(2, "phased-mean-output-pert: phases T, each at (eps/T, delta/T)", "heuristic")
 
-    Reads ``mean_lam`` (default 1.0), ``mean_rho_fraction`` (0.25), ``mean_calibration`` ("tight"),
-    ``mean_max_vc_calls`` (4e6); the centre is the problem's initial parameters (public).
-    """
-    eps, dlt = _approx_budget(ledger, user_ids)
+
+@register("mean-output-pert", MeanOutputPertParams)
+def build_mean_output_pert(params: MeanOutputPertParams, ctx: BuildContext) -> LocalMeanOutputPert:
+    """One diameter-tested output perturbation of the users' local regularized minimizers (polynomial time).
+
+    Spends the (eps, delta) every user can still afford; the centre is the problem's initial
+    parameters (public)."""
+    eps, dlt = ctx.approx_budget()
     alg = LocalMeanOutputPert(LocalMeanOutputPertConfig(
-        eps, dlt, float(getattr(cfg, "mean_lam", 1.0)), float(getattr(cfg, "mean_rho_fraction", 0.25)),
-        getattr(cfg, "mean_calibration", "tight"), getattr(cfg, "mean_max_vc_calls", DEFAULT_MAX_VC_CALLS),
-        test=getattr(cfg, "mean_test", "auto")), problem, dataset.feature_bound)
-    alg.check(len(user_ids))  # public refusal at build time
+        eps, dlt, float(params.mean_lam), float(params.mean_rho_fraction), params.mean_calibration,
+        params.mean_max_vc_calls, test=params.mean_test), ctx.problem, ctx.feature_bound)
+    alg.check(ctx.num_users)  # public refusal at build time
     return alg
 
 
-def build_phased_mean_output_pert(cfg, rho_total: float, *, problem, dataset, delta: float, ledger, user_ids,
-                                  **_) -> PhasedMeanOutputPert:
-    """``phased-mean-output-pert``: T = ``mean_phases`` (default 2) releases at (eps/T, delta/T).
-
-    Reads ``mean_phases`` (2), ``mean_lam`` (base lam, lam_i = lam 4^i; default 1.0),
-    ``mean_rho_fraction`` (0.25), ``mean_calibration`` ("tight"), ``mean_max_vc_calls`` (4e6).
-    """
-    eps, dlt = _approx_budget(ledger, user_ids)
+@register("phased-mean-output-pert", PhasedMeanOutputPertParams)
+def build_phased_mean_output_pert(params: PhasedMeanOutputPertParams, ctx: BuildContext) -> PhasedMeanOutputPert:
+    """T = ``mean_phases`` mean-output-pert releases at (eps/T, delta/T), lam_i = lam 4^i."""
+    eps, dlt = ctx.approx_budget()
     alg = PhasedMeanOutputPert(PhasedMeanOutputPertConfig(
-        eps, dlt, float(getattr(cfg, "mean_lam", 1.0)), getattr(cfg, "mean_phases", 2),
-        float(getattr(cfg, "mean_rho_fraction", 0.25)), getattr(cfg, "mean_calibration", "tight"),
-        getattr(cfg, "mean_max_vc_calls", DEFAULT_MAX_VC_CALLS), test=getattr(cfg, "mean_test", "auto")),
-        problem, dataset.feature_bound)
-    alg.check(len(user_ids))
+        eps, dlt, float(params.mean_lam), params.mean_phases, float(params.mean_rho_fraction),
+        params.mean_calibration, params.mean_max_vc_calls, test=params.mean_test), ctx.problem, ctx.feature_bound)
+    alg.check(ctx.num_users)
     return alg
-
-
-# name: (default, --help sentence, "theorem" or "heuristic") for the CLI
-HYPERPARAMETERS = {
-    "mean_lam": (1.0, "mean-output-pert: local regularization lam of every user's minimizer around the centre "
-                      "(phased: lam_i = lam 4^i)", "heuristic"),
-    "mean_rho_fraction": (0.25, "mean-output-pert: the diameter threshold rho as a fraction of the a-priori "
-                                "diameter 2 G0/(mu + lam) (too small: ⊥ or many deletions; too large: more noise)",
-                          "heuristic"),
-    "mean_phases": (2, "phased-mean-output-pert: phases T, each at (eps/T, delta/T)", "heuristic"),
-    "mean_calibration": ("tight", "mean-output-pert noise: tight (analytic Gaussian, sensitivity (4 kappa + 1) "
-                                  "Delta) or paper (Alg 1's 2 sqrt(ln(2/delta)) 8 kappa Delta/eps)", "theorem"),
-    "mean_test": ("auto", "mean-output-pert: the deletion score: vertex-cover (exact minimum cover, refused above "
-                          "its work budget), matching (maximum matching: polynomial at every kappa, sensitivity "
-                          "(8 kappa + 2) Delta, needs n >= 8 kappa + 2) or auto (the cover while it fits)", "theorem"),
-    "mean_max_vc_calls": (DEFAULT_MAX_VC_CALLS, "mean-output-pert: refuse (before reading data) plans whose proven "
-                                                "worst-case vertex-cover work exceeds this many calls",
-                          "safety limit"),
-}
-
-MEAN_OUTPUT_PERT_BUILDERS = {"mean-output-pert": build_mean_output_pert,
-                             "phased-mean-output-pert": build_phased_mean_output_pert}

@@ -31,6 +31,7 @@ from typing import Callable
 
 import torch
 
+from fedkl.algorithms.registry import BuildContext, Clip, Rounds, StepSize, register
 from fedkl.federation.base import ClippedGradient, Federation
 from fedkl.privacy.guarantee import Guarantee
 from fedkl.privacy.release import Releaser
@@ -131,3 +132,15 @@ class NoisyGradientDescent:
                 progress(record)
         out = w if cfg.output == "last" else avg
         return NoisyGDResult(w=out, rho_spent=spent, rounds=cfg.rounds, sigma=self.sigma, history=history)
+
+
+@dataclass(frozen=True)
+class NoisyGDParams(Rounds, StepSize, Clip):
+    """noisy-gd: every user every round; the run's zCDP budget split evenly over the rounds."""
+
+
+@register("noisy-gd", NoisyGDParams)
+def build_noisy_gd(params: NoisyGDParams, ctx: BuildContext) -> NoisyGradientDescent:
+    """Noisy full-batch gradient descent over users with per-user clipping (zCDP)."""
+    return NoisyGradientDescent(NoisyGDConfig(rounds=params.rounds, lr=params.lr, clip=params.clip,
+                                              neighbouring=ctx.neighbouring), ctx.rho_left)

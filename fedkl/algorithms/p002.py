@@ -8,27 +8,118 @@ names, builders, hyperparameters.
 | ``sc-phased-erm`` | Alg 5, Thm 4.3 | mu-strongly convex, G-Lipschitz | (eps, delta)-DP | (eps/2, delta/2) + T x (eps/(2T), delta/(2T)) | O~(G^2 d/(mu n^2 m)) empirical |
 | ``sc-phased-sco`` | Alg 6, Thm 5.3 | mu-strongly convex, G-Lipschitz | (eps, delta)-DP | (eps/2, delta/2) + (eps/2, delta/2) if in a cohort | O~((G^2/mu)(d/(n^2 m) + 1/(nm))) population |
 
-Every builder has the runner's signature ``build(cfg, rho_total, *, problem, dataset, delta, ledger,
-user_ids)``, takes its (eps, delta) from ``ledger.approx_left(user_ids)`` (the whole budget on a fresh
-ledger), and reads :data:`HYPERPARAMETERS` with ``getattr(cfg, name, default)`` plus the existing
-``RunConfig`` fields ``seed`` (Phased-SCO's cohort hash) and ``stability_delta`` (only with
-``p002_delta_rule = "fixed"``); ``rounds``, ``lr``, ``clip``, ``phased_lam`` are NOT read. All four
-make (eps, delta) releases (their classes declare ``Guarantee("approx-dp", ...)``), so the runner gives
-them a Releaser WITHOUT the zCDP filter; they refuse a filtered Releaser before reading data.
+Every algorithm here is registered (:mod:`fedkl.algorithms.registry`) with its Params:
+:class:`PhasedParams` for the phased four (``radius``/``distance`` shared with paper 003, the
+``p002_*`` fields, ``stability_delta`` only with ``p002_delta_rule = "fixed"``) and
+:class:`SCOutputPertParams` for the single release; ``seed`` (Phased-SCO's cohort hash) comes from
+the run. Each takes its (eps, delta) from the budget the users can still afford (the whole budget on
+a fresh ledger). All make (eps, delta) releases (their classes declare ``Guarantee("approx-dp",
+...)``), so the runner gives them a Releaser WITHOUT the zCDP filter; they refuse a filtered
+Releaser before reading data.
 """
 from __future__ import annotations
 
-from fedkl.algorithms.phased_common import CHOICES, HYPERPARAMETERS
-from fedkl.algorithms.phased_erm import PhasedConfig, PhasedERM, build_phased_erm
-from fedkl.algorithms.phased_sco import PhasedSCO, build_phased_sco
-from fedkl.algorithms.sc_phased import SCPhasedERM, SCPhasedSCO, build_sc_phased_erm, build_sc_phased_sco
+from dataclasses import dataclass
 
-PHASED_BUILDERS = {
-    "phased-erm": build_phased_erm,
-    "phased-sco": build_phased_sco,
-    "sc-phased-erm": build_sc_phased_erm,
-    "sc-phased-sco": build_sc_phased_sco,
-}
+from fedkl.algorithms.diameter_output_pert import DiameterSCOutputPert, DiameterTestConfig
+from fedkl.algorithms.phased_common import DELTA_RULES, INNER_TESTS, SCInnerRelease, setting_from_run_config
+from fedkl.algorithms.phased_erm import PhasedConfig, PhasedERM
+from fedkl.algorithms.phased_sco import PhasedSCO
+from fedkl.algorithms.registry import BuildContext, Domain, StabilityDelta, param, register
+from fedkl.algorithms.sc_output_pert import SCOutputPert, SCOutputPertConfig
+from fedkl.algorithms.sc_phased import SCPhasedERM, SCPhasedSCO
 
-__all__ = ["CHOICES", "HYPERPARAMETERS", "PHASED_BUILDERS", "PhasedConfig", "PhasedERM", "PhasedSCO", "SCPhasedERM",
-           "SCPhasedSCO", "build_phased_erm", "build_phased_sco", "build_sc_phased_erm", "build_sc_phased_sco"]
+
+@dataclass(frozen=True)
+class P002Release(StabilityDelta):
+    """How every paper-002 release tests and calibrates (single and phased alike)."""
+
+    p002_test: str = param(
+        "auto", "paper-002 algorithms: the deletion test of every release: exact (the paper's: certificate, else "
+                "enumeration; n <= 20), vertex-cover or matching (the same minimizer through the local-minimizer "
+                "diameter test, polynomial time; fedkl's derivation), or auto (exact up to 20 users, else the "
+                "diameter test)", "theorem", choices=INNER_TESTS)
+    p002_calibration: str = param(
+        "paper", "paper-002 algorithms: noise of every release: paper (8 kappa Delta, classic sigma) or tight "
+                 "(4 kappa + 1, analytic Gaussian)", "theorem", choices=("paper", "tight"))
+
+
+@dataclass(frozen=True)
+class SCOutputPertParams(P002Release):
+    """sc-output-pert: Delta = ``stability_delta``."""
+
+
+@dataclass(frozen=True)
+class PhasedParams(Domain, P002Release):
+    p002_records: int = param(
+        1, "paper-002 phased algorithms: m, the PUBLIC number of records per user in the thresholds "
+           "Delta ~ 1/(n sqrt m) and in T = ceil(ln(nm)) (1 claims no sqrt(m) gain; any public value is private)",
+        "theorem")
+    p002_phases: int | None = param(
+        None, "paper-002 phased algorithms: T (default ceil(ln(n m)) for Phased-ERM, floor(log2(n/N0)) for "
+              "Phased-SCO)", "theorem")
+    p002_lam: float | None = param(
+        None, "paper-002 phased algorithms: base regularization lam, lam_i = lam 4^i (default: lambda* of the "
+              "re-derived bound, note pitfalls 6/7)", "theorem")
+    p002_delta_rule: str = param(
+        "uc", "paper-002 phased algorithms: the per-call deletion threshold: uc (Delta_uc, Cor 3.7 with its union "
+              "bound), scaled (P002_DELTA_SCALE G_i/(mu_i n_i sqrt m)) or fixed (STABILITY_DELTA / 4^(i-1); "
+              "phased-erm/phased-sco only)", "theorem (uc) / heuristic (scaled, fixed)", choices=DELTA_RULES)
+    p002_delta_scale: float = param(1.0, "paper-002 phased algorithms: A of the scaled threshold rule", "heuristic")
+    p002_beta: float | None = param(
+        None, "paper-002 phased algorithms: utility failure probability beta inside Delta_uc (default 1/(nm); "
+              "1/(2 n^2 m) for the strongly convex variants)", "theorem")
+    p002_min_cohort: int | None = param(
+        None, "phased-sco / sc-phased-sco: N0, the smallest cohort (default 8 kappa(eps, delta))", "theorem")
+
+
+def phased_config(params: PhasedParams, eps: float, delta: float, seed: int) -> PhasedConfig:
+    """The algorithms' :class:`PhasedConfig` from their Params, the budget and the run's seed."""
+    rule = params.p002_delta_rule
+    return PhasedConfig(eps=eps, delta=delta, lam=params.p002_lam,
+                        Delta_1=float(params.stability_delta) if rule == "fixed" else None,
+                        phases=params.p002_phases, calibration=params.p002_calibration, delta_rule=rule,
+                        delta_scale=float(params.p002_delta_scale), records=int(params.p002_records),
+                        beta=params.p002_beta, min_cohort=params.p002_min_cohort, seed=int(seed),
+                        test=params.p002_test)
+
+
+def _phased(cls):
+    def build(params: PhasedParams, ctx: BuildContext):
+        eps, dlt = ctx.approx_budget()
+        setting = setting_from_run_config(ctx.problem, ctx.feature_bound, params.radius, params.distance)
+        return cls(phased_config(params, eps, dlt, ctx.seed), ctx.problem, ctx.feature_bound, setting=setting)
+    build.__name__ = f"build_{cls.name.replace('-', '_')}"
+    build.__doc__ = (cls.__doc__ or cls.name).strip().splitlines()[0]
+    return register(cls.name, PhasedParams)(build)
+
+
+build_phased_erm = _phased(PhasedERM)
+build_phased_sco = _phased(PhasedSCO)
+build_sc_phased_erm = _phased(SCPhasedERM)
+build_sc_phased_sco = _phased(SCPhasedSCO)
+
+
+@register("sc-output-pert", SCOutputPertParams)
+def build_sc_output_pert(params: SCOutputPertParams, ctx: BuildContext) -> SCOutputPert | DiameterSCOutputPert:
+    """One SCOutputPert release (Alg 2) with the deletion test ``--p002-test`` (auto: the paper's exact
+    test up to 20 users, else the polynomial-time diameter test), Delta = ``--stability-delta``."""
+    problem = ctx.problem
+    if problem.reg <= 0:
+        raise ValueError("sc-output-pert needs a strongly convex objective: give --reg > 0")
+    eps, delta = ctx.approx_budget()  # what every user can still afford (all of it on a fresh ledger)
+    config = SCOutputPertConfig.for_problem(problem, ctx.feature_bound, problem.init_params(), eps=eps,
+                                            delta=delta, Delta=params.stability_delta,
+                                            calibration=params.p002_calibration)
+    chooser = SCInnerRelease(problem, ctx.feature_bound, calibration=params.p002_calibration, test=params.p002_test)
+    n = ctx.num_users
+    kind = chooser.kind(n, config.eps, config.delta)
+    chooser.check(n, config.eps, config.delta)  # public refusal at build time
+    if kind == "exact":
+        return SCOutputPert(config)
+    return DiameterSCOutputPert(config, DiameterTestConfig(test=kind))
+
+
+__all__ = ["P002Release", "PhasedConfig", "PhasedERM", "PhasedParams", "PhasedSCO", "SCOutputPertParams",
+           "SCPhasedERM", "SCPhasedSCO", "build_phased_erm", "build_phased_sco", "build_sc_output_pert",
+           "build_sc_phased_erm", "build_sc_phased_sco", "phased_config"]

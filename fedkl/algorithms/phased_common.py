@@ -80,42 +80,7 @@ from fedkl.problems.base import Problem
 
 INNER_TESTS = ("auto", "exact", "vertex-cover", "matching")
 
-# name: (default, --help sentence, "theorem" or "heuristic"). Read with getattr(cfg, name, default).
-# `radius` and `distance` have the same meaning as paper 003's (fedkl.algorithms.fkt.HYPERPARAMETERS).
-HYPERPARAMETERS = {
-    "radius": (None, "paper-002 phased algorithms: the domain K = {||w|| <= RADIUS}; released centres are "
-                     "projected onto K (default: G0/reg when --reg > 0, the ball that holds every phase "
-                     "minimizer; else 10 for a loss that is Lipschitz on all of R^d, e.g. logistic; required for "
-                     "least squares without --reg)", "theorem"),
-    "distance": (None, "paper-002 phased algorithms: a public bound D >= ||w0 - w*|| used in lambda* "
-                       "(default RADIUS + ||w0||)", "theorem"),
-    "p002_records": (1, "paper-002 phased algorithms: m, the PUBLIC number of records per user in the "
-                        "thresholds Delta ~ 1/(n sqrt m) and in T = ceil(ln(nm)) (1 claims no sqrt(m) gain; any "
-                        "public value is private)", "theorem"),
-    "p002_phases": (None, "paper-002 phased algorithms: T (default ceil(ln(n m)) for Phased-ERM, "
-                          "floor(log2(n/N0)) for Phased-SCO)", "theorem"),
-    "p002_lam": (None, "paper-002 phased algorithms: base regularization lam, lam_i = lam 4^i (default: "
-                       "lambda* of the re-derived bound, note pitfalls 6/7)", "theorem"),
-    "p002_delta_rule": ("uc", "paper-002 phased algorithms: the per-call deletion threshold: uc (Delta_uc, "
-                              "Cor 3.7 with its union bound), scaled (P002_DELTA_SCALE G_i/(mu_i n_i sqrt m)) or "
-                              "fixed (STABILITY_DELTA / 4^(i-1); phased-erm/phased-sco only)",
-                        "theorem (uc) / heuristic (scaled, fixed)"),
-    "p002_delta_scale": (1.0, "paper-002 phased algorithms: A of the scaled threshold rule", "heuristic"),
-    "p002_beta": (None, "paper-002 phased algorithms: utility failure probability beta inside Delta_uc "
-                        "(default 1/(nm); 1/(2 n^2 m) for the strongly convex variants)", "theorem"),
-    "p002_min_cohort": (None, "phased-sco / sc-phased-sco: N0, the smallest cohort (default 8 kappa(eps, delta))",
-                        "theorem"),
-    "p002_test": ("auto", "paper-002 algorithms: the deletion test of every release: exact (the paper's: "
-                          "certificate, else enumeration; n <= 20), vertex-cover or matching (the same minimizer "
-                          "through the local-minimizer diameter test, polynomial time; fedkl's derivation), or auto "
-                          "(exact up to 20 users, else the diameter test)", "theorem"),
-    "p002_calibration": ("paper", "paper-002 phased algorithms: noise of every inner release: paper "
-                                  "(8 kappa Delta, classic sigma) or tight (4 kappa + 1, analytic Gaussian)",
-                         "theorem"),
-}
-CHOICES = {"p002_delta_rule": ("uc", "scaled", "fixed"), "p002_calibration": ("paper", "tight"),
-           "p002_test": INNER_TESTS}
-DELTA_RULES = CHOICES["p002_delta_rule"]
+DELTA_RULES = ("uc", "scaled", "fixed")
 
 # Delta(G_call, mu, n_call, m, kappa, beta): must be proportional to 1/mu (see rule_factor)
 DeltaRule = Union[str, Callable[[float, float, int, int, int, float], float]]
@@ -439,19 +404,19 @@ class PhasedSetting:
 DEFAULT_RADIUS = 10.0  # public default domain of a globally Lipschitz loss without --reg or --radius
 
 
-def setting_from_run_config(problem: Problem, feature_bound: float, hp: dict) -> PhasedSetting:
-    """The runner builders' :class:`PhasedSetting`: ``hp`` = :func:`read_hyperparameters`. Without
+def setting_from_run_config(problem: Problem, feature_bound: float, radius: float | None,
+                            distance: float | None) -> PhasedSetting:
+    """The runner builders' :class:`PhasedSetting` (``--radius``, ``--distance``). Without
     ``radius`` and ``reg``, a loss that is Lipschitz on all of R^d (logistic) gets the public default
     domain ``K = B(0, DEFAULT_RADIUS)`` (it sets D in lambda*; a modelling choice fixed before any
     data, not a property of the data; ``--radius`` overrides it)."""
-    radius = hp["radius"]
     if radius is None and not problem.reg > 0:
         try:
             problem.constants(feature_bound, param_bound=None)
             radius = DEFAULT_RADIUS
         except ValueError:  # Lipschitz only on a bounded domain: setting_for_problem explains what to give
             pass
-    return setting_for_problem(problem, feature_bound, radius=radius, distance=hp["distance"])
+    return setting_for_problem(problem, feature_bound, radius=radius, distance=distance)
 
 
 def setting_for_problem(problem: Problem, feature_bound: float, *, radius: float | None = None,
@@ -595,14 +560,9 @@ def check_approx_releaser(releaser: Releaser, name: str) -> None:
                          "without filter (nothing was read or charged)")
 
 
-def read_hyperparameters(cfg) -> dict:
-    """The HYPERPARAMETERS of this module from a run configuration (missing fields: defaults)."""
-    return {k: getattr(cfg, k, v[0]) for k, v in HYPERPARAMETERS.items()}
-
-
-__all__ = ["CHOICES", "CohortFederation", "DEFAULT_RADIUS", "DELTA_RULES", "HYPERPARAMETERS", "INNER_TESTS",
+__all__ = ["CohortFederation", "DEFAULT_RADIUS", "DELTA_RULES", "INNER_TESTS",
            "InnerOutcome", "InnerRelease", "SCInnerRelease", "inner_noise_ratio", "precheck_calls",
            "setting_from_run_config", "PhaseCall", "PhaseSpec", "PhasedResult", "PhasedSetting", "check_approx_releaser", "erm_phases",
-           "hash_order", "kappa", "lam_sco", "lam_star_erm", "noise_ratio", "project_ball", "read_hyperparameters",
+           "hash_order", "kappa", "lam_sco", "lam_star_erm", "noise_ratio", "project_ball", 
            "require_budget", "rule_delta", "rule_factor", "run_phases", "sc_output_pert_inner", "sco_cohort_bounds",
            "sco_cohorts", "sco_min_cohort", "sco_phases", "setting_for_problem"]

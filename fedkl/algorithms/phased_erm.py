@@ -63,18 +63,15 @@ from fedkl.algorithms.phased_common import (
     inner_noise_ratio,
     kappa,
     lam_star_erm,
-    read_hyperparameters,
     require_budget,
     rule_delta,
     rule_factor,
     run_phases,
     sc_output_pert_inner,
     setting_for_problem,
-    setting_from_run_config,
 )
 from fedkl.federation.base import Federation
 from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, Guarantee
-from fedkl.privacy.ledger import BudgetExceeded
 from fedkl.privacy.release import Releaser
 from fedkl.problems.base import Problem
 
@@ -322,34 +319,4 @@ class PhasedERM:
 
 
 # --- runner builder -------------------------------------------------------------------------------
-def budget_from_ledger(ledger, user_ids) -> tuple[float, float]:
-    """The (eps, delta) every user can still afford (the runner's fresh ledger: the budget)."""
-    eps, delta = ledger.approx_left(user_ids)
-    if eps <= 0 or delta <= 0:
-        raise BudgetExceeded(f"ledger {getattr(ledger, 'path', '')}: the users' budget is spent; nothing to train with")
-    return eps, delta
-
-
-def phased_config(cfg, eps: float, delta: float) -> PhasedConfig:
-    """A :class:`PhasedConfig` from a run configuration's fields (phased_common.HYPERPARAMETERS, plus
-    ``stability_delta`` for the fixed rule and ``seed`` for the cohort hash)."""
-    hp = read_hyperparameters(cfg)
-    rule = hp["p002_delta_rule"]
-    return PhasedConfig(eps=eps, delta=delta, lam=hp["p002_lam"],
-                        Delta_1=float(getattr(cfg, "stability_delta", 0.5)) if rule == "fixed" else None,
-                        phases=hp["p002_phases"], calibration=hp["p002_calibration"], delta_rule=rule,
-                        delta_scale=float(hp["p002_delta_scale"]), records=int(hp["p002_records"]),
-                        beta=hp["p002_beta"], min_cohort=hp["p002_min_cohort"], seed=int(getattr(cfg, "seed", 0)),
-                        test=hp["p002_test"])
-
-
-def build_phased_erm(cfg, rho_total: float, *, problem, dataset, delta, ledger, user_ids, **_) -> PhasedERM:
-    """Runner builder for ``phased-erm`` (reads phased_common.HYPERPARAMETERS)."""
-    eps, dlt = budget_from_ledger(ledger, user_ids)
-    hp = read_hyperparameters(cfg)
-    setting = setting_from_run_config(problem, dataset.feature_bound, hp)
-    return PhasedERM(phased_config(cfg, eps, dlt), problem, dataset.feature_bound, setting=setting)
-
-
-__all__ = ["PhasedConfig", "PhasedERM", "PhasedERMConfig", "PhasedERMResult", "PhasedPlan", "PhasedResult",
-           "budget_from_ledger", "build_phased_erm", "phased_config"]
+__all__ = ["PhasedConfig", "PhasedERM", "PhasedERMConfig", "PhasedERMResult", "PhasedPlan", "PhasedResult"]

@@ -42,19 +42,15 @@ from fedkl.algorithms.phased_common import (
     check_approx_releaser,
     kappa,
     lam_sco,
-    read_hyperparameters,
     require_budget,
     sco_cohorts,
     sco_min_cohort,
     sco_phases,
-    setting_from_run_config,
 )
 from fedkl.algorithms.phased_erm import (
     PhasedERM,
     PhasedPlan,
     _phase_delta,
-    budget_from_ledger,
-    phased_config,
 )
 from fedkl.federation.base import Federation
 from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, Guarantee
@@ -123,12 +119,4 @@ class PhasedSCO(PhasedERM):
         return res
 
 
-def build_phased_sco(cfg, rho_total: float, *, problem, dataset, delta, ledger, user_ids, **_) -> PhasedSCO:
-    """Runner builder for ``phased-sco`` (reads phased_common.HYPERPARAMETERS and ``seed``)."""
-    eps, dlt = budget_from_ledger(ledger, user_ids)
-    hp = read_hyperparameters(cfg)
-    setting = setting_from_run_config(problem, dataset.feature_bound, hp)
-    return PhasedSCO(phased_config(cfg, eps, dlt), problem, dataset.feature_bound, setting=setting)
-
-
-__all__ = ["PhasedSCO", "build_phased_sco"]
+__all__ = ["PhasedSCO"]

@@ -45,17 +45,13 @@ from fedkl.algorithms.phased_common import (
     inner_noise_ratio,
     kappa,
     precheck_calls,
-    read_hyperparameters,
     require_budget,
     rule_delta,
-    setting_from_run_config,
 )
 from fedkl.algorithms.phased_erm import (
     PhasedConfig,
     PhasedERM,
     PhasedPlan,
-    budget_from_ledger,
-    phased_config,
 )
 from fedkl.algorithms.phased_sco import PhasedSCO
 from fedkl.federation.base import Federation
@@ -202,18 +198,4 @@ class SCPhasedSCO(_StronglyConvexPhased):
     population = True
 
 
-def _builder(cls):
-    def build(cfg, rho_total: float, *, problem, dataset, delta, ledger, user_ids, **_):
-        eps, dlt = budget_from_ledger(ledger, user_ids)
-        hp = read_hyperparameters(cfg)
-        setting = setting_from_run_config(problem, dataset.feature_bound, hp)
-        return cls(phased_config(cfg, eps, dlt), problem, dataset.feature_bound, setting=setting)
-    build.__name__ = f"build_{cls.name.replace('-', '_')}"
-    build.__doc__ = f"Runner builder for ``{cls.name}`` (reads phased_common.HYPERPARAMETERS)."
-    return build
-
-
-build_sc_phased_erm = _builder(SCPhasedERM)
-build_sc_phased_sco = _builder(SCPhasedSCO)
-
-__all__ = ["SCPhasedERM", "SCPhasedSCO", "SCPlan", "build_sc_phased_erm", "build_sc_phased_sco"]
+__all__ = ["SCPhasedERM", "SCPhasedSCO", "SCPlan"]

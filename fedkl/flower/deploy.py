@@ -132,9 +132,7 @@ def _write_app(folder: Path, run_config: Mapping[str, Any]) -> None:
 def run_config_for(cfg: Any, spec: Any | None = None, out: str | None = None) -> dict[str, Any]:
     """``fedkl-*`` run-config keys for a :class:`fedkl.runner.RunConfig` (and optionally an explicit
     :class:`fedkl.flower.codec.ClientSpec`)."""
-    import dataclasses
-
-    rc = {"fedkl-" + k.replace("_", "-"): v for k, v in dataclasses.asdict(cfg).items() if v is not None}
+    rc = {"fedkl-" + k.replace("_", "-"): v for k, v in cfg.settings().items() if v is not None}
     if out is not None:
         rc["fedkl-out"] = out
     if spec is not None:

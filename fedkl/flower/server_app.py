@@ -13,7 +13,7 @@ Entry points:
   in-process backend (for ``flower-sim`` the ServerApp's main, which Flower runs in its own thread,
   only relays Grid calls for the caller).
 * :func:`start_federation` -- the same, returned open (``close()`` it), for ``build_federation``.
-* :func:`run_flower_simulation` -- a training (any algorithm of ``fedkl.runner.ALGORITHM_BUILDERS``)
+* :func:`run_flower_simulation` -- a training (any registered algorithm, ``fedkl.algorithms.catalog``)
   over a backend, with its ledger; no evaluation.
 * ``app`` -- the ServerApp for deployments (``flwr run`` / SuperLink; see ``fedkl/flower/deploy.py`` for
   the local TLS + SuperNode-auth deployment): it reads the ``fedkl-*`` run-config keys (see
@@ -28,7 +28,6 @@ for _k, _v in (("FLWR_TELEMETRY_ENABLED", "0"), ("FLWR_DISABLE_UPDATE_CHECK", "1
     os.environ.setdefault(_k, _v)
 
 import contextlib  # noqa: E402
-import dataclasses  # noqa: E402
 import json  # noqa: E402
 import queue  # noqa: E402
 import threading  # noqa: E402
@@ -47,7 +46,7 @@ from fedkl.flower.codec import ClientSpec  # noqa: E402
 from fedkl.flower.federation import FlowerFederation  # noqa: E402
 from fedkl.flower.localgrid import LocalGrid  # noqa: E402
 from fedkl.problems import make_problem  # noqa: E402
-from fedkl.runner import ALGORITHM_BUILDERS, RunConfig  # noqa: E402
+from fedkl.runner import RunConfig  # noqa: E402
 
 BACKENDS = ("inprocess", "flower-local", "flower-sim")
 RAY_BACKEND_CONFIG = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
@@ -215,8 +214,6 @@ def run_flower_simulation(cfg: Any, backend: str = "flower-local", log: Callable
 
 def _train(cfg: Any, label: str, federation_for: Callable[[ClientSpec, tuple[str, ...]], Any],
            log: Callable[[str], None], spec: ClientSpec | None = None) -> dict:
-    if cfg.algorithm not in ALGORITHM_BUILDERS:
-        raise ValueError(f"unknown algorithm {cfg.algorithm!r}; available: {', '.join(ALGORITHM_BUILDERS)}")
     # The server uses the dataset only for the enrolment list (user ids, n) and the problem's shape
     # and initial point; the per-user answers come from the clients.
     if spec is None:
@@ -244,11 +241,11 @@ def _run_config_from_user_config(rc: Any) -> Any:
     """A RunConfig from ``fedkl-*`` run-config keys (``fedkl-dataset``, ``fedkl-problem``,
     ``fedkl-epsilon``, ``fedkl-rounds``, ``fedkl-lr``, ``fedkl-clip``, ``fedkl-seed``, ...)."""
     kw = {}
-    for f in dataclasses.fields(RunConfig):
-        key = "fedkl-" + f.name.replace("_", "-")
+    for name in runner.settings_fields():
+        key = "fedkl-" + name.replace("_", "-")
         if key in rc and rc[key] != "":  # "" stands for None (TOML has no null)
-            kw[f.name] = rc[key]
-    return RunConfig(**kw)
+            kw[name] = rc[key]
+    return RunConfig.from_settings(**kw)
 
 
 def _deployed_main(grid: Grid, context: Context) -> None:

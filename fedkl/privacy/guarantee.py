@@ -45,9 +45,12 @@ class Guarantee:
         """A zCDP run whose releases may all involve every user is also held by a run-wide filter."""
         return self.zcdp and self.composition == "sequential"
 
-    def accountant(self, conversion: str, schedule_accountant: str) -> str:
-        """result.json's ``accountant`` text."""
+    def accountant(self, conversion: str, schedule_accountant: str | None) -> str:
+        """result.json's ``accountant`` text (``schedule_accountant``: the dp-accounting accountant a
+        scheduled algorithm uses; required for ``charges="schedule"``)."""
         if self.charges == "schedule":
+            if schedule_accountant is None:
+                raise ValueError("a scheduled guarantee needs the schedule's accountant")
             return (f"{schedule_accountant.upper()} (dp-accounting) for the Poisson-subsampled Gaussian schedule, "
                     "charged up front as one (eps, delta) release")
         if self.charges == "approx-dp":

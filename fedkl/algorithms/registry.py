@@ -1,0 +1,247 @@
+"""The algorithm contract: every private algorithm fedkl runs is one registered entry.
+
+An entry is ``(name, Params, build)``:
+
+* ``Params`` — a frozen dataclass of the algorithm's user-facing hyperparameters, built from
+  :class:`AlgorithmParams`; each field is declared with :func:`param` (default, ``--help`` text,
+  whether the value is the theorem's or a heuristic, and its choices). It is the ONLY place a
+  hyperparameter's default lives: the ``fedkl run`` flags, the TOML keys, the sweep axes and
+  :class:`fedkl.runner.RunConfig` are generated from it. Algorithms that share a hyperparameter
+  (``rounds``, ``radius``, ...) inherit the same field from one mixin class; :func:`register`
+  refuses two different definitions of one name.
+* ``build(params, context) -> algorithm`` — the algorithm object for one run: it has the class
+  attribute ``guarantee`` (:class:`fedkl.privacy.guarantee.Guarantee`), optionally
+  ``forecast(n, w0, user_ids)`` (public values only) and ``run(federation, releaser, w0, progress)``
+  whose result has ``.w`` (None: the algorithm released "no output").
+  :class:`BuildContext` holds the run-level, public values a builder may use (problem constants,
+  the population, the run's seed and relation) and the budget the users can still afford, read
+  from the ledger by the runner: algorithms never read the ledger.
+
+Adding an algorithm is one module with a ``Params`` class and a decorated builder, plus its import
+line in :mod:`fedkl.algorithms.catalog`::
+
+    @dataclass(frozen=True)
+    class MyParams(Rounds, StepSize, Clip):
+        momentum: float = param(0.0, "server momentum", "heuristic")
+
+    @register("my-gd", MyParams)
+    def build(params: MyParams, ctx: BuildContext):
+        return MyGD(params, ctx.rho_left)
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from fedkl.privacy.ledger import BudgetExceeded
+
+ORIGINS = ("theorem", "heuristic", "safety limit")
+
+
+def param(default: Any, help: str, origin: str = "heuristic", choices: tuple | None = None,
+          positive: bool = False) -> Any:
+    """A hyperparameter field: its default, its one-sentence help, whether the default is the
+    theorem's value (``"theorem"``), a tunable choice (``"heuristic"``) or a work cap (``"safety
+    limit"``) (a longer note may follow the word, e.g. ``"theorem at 1"``), its choices, and
+    whether it must be > 0 (and finite, unless its default is infinite)."""
+    if origin.split(" ")[0] not in {o.split(" ")[0] for o in ORIGINS}:
+        raise ValueError(f"origin must start with one of {ORIGINS}, got {origin!r}")
+    if choices is not None and default is not None and default not in choices:
+        raise ValueError(f"default {default!r} is not among the choices {choices}")
+    return dataclasses.field(default=default, metadata={"help": help, "origin": origin, "choices": choices,
+                                                                "positive": positive})
+
+
+def _base_type(annotation: Any) -> type:
+    """``int`` / ``float`` / ``str`` / ``bool`` of an annotation such as ``int | None``."""
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+    for name, kind in (("bool", bool), ("int", int), ("float", float), ("str", str)):
+        if text.split("|")[0].strip() == name:
+            return kind
+    raise TypeError(f"unsupported hyperparameter annotation {annotation!r} (use int, float, str or bool, "
+                    "optionally | None)")
+
+
+@dataclass(frozen=True)
+class AlgorithmParams:
+    """Base of every algorithm's hyperparameters: checks each value's type and choices (one-line
+    errors naming the flag); the algorithm's own configuration checks the ranges."""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            flag = "--" + f.name.replace("_", "-")
+            if value is None:
+                if f.default is not None:
+                    raise ValueError(f"{flag} must be given (no default of 'none')")
+                continue
+            kind = _base_type(f.type)
+            if kind is bool:
+                if not isinstance(value, bool):
+                    raise ValueError(f"{flag} must be true or false, got {value!r}")
+            elif kind is int:
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+                    raise ValueError(f"{flag} must be an integer, got {value!r}")
+                object.__setattr__(self, f.name, int(value))
+            elif kind is float:
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+                    raise ValueError(f"{flag} must be a number, got {value!r}")
+                object.__setattr__(self, f.name, float(value))
+            elif not isinstance(value, str):
+                raise ValueError(f"{flag} must be a string, got {value!r}")
+            if f.metadata.get("positive") and not (value > 0 and (math.isfinite(value) or f.default == math.inf)):
+                raise ValueError(f"{flag} must be > 0" + ("" if f.default == math.inf else " and finite")
+                                 + f", got {value}")
+            choices = f.metadata.get("choices")
+            if choices is not None and value not in choices:
+                raise ValueError(f"{flag} must be one of {', '.join(choices)}; got {value!r}")
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What a builder may read besides its Params: public run-level values and the budget left.
+
+    ``rho_left``: the zCDP budget every user can still afford under the run's conversion;
+    ``approx_left``: the (eps, delta) every user can still afford (basic composition in the ledger);
+    ``conversion``: the budget's zCDP -> (eps, delta) conversion; ``delta``: the run's delta;
+    ``neighbouring``: the user-level relation; ``seed``: the run's public seed (cohort hashing)."""
+
+    problem: Any
+    feature_bound: float
+    user_ids: tuple
+    delta: float
+    rho_left: float
+    approx_left: tuple[float, float]
+    conversion: str
+    neighbouring: str
+    seed: int
+
+    @property
+    def num_users(self) -> int:
+        return len(self.user_ids)
+
+    def approx_budget(self) -> tuple[float, float]:
+        """``approx_left``, refusing a spent budget (BudgetExceeded before any data is read)."""
+        eps, delta = self.approx_left
+        if eps <= 0 or delta <= 0:
+            raise BudgetExceeded("the users' (eps, delta) budget is spent; nothing to train with")
+        return eps, delta
+
+
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    name: str
+    params: type
+    build: Callable[[Any, BuildContext], Any]
+
+    @property
+    def summary(self) -> str:
+        doc = (self.build.__doc__ or "").strip()
+        return doc.splitlines()[0] if doc else ""
+
+
+REGISTRY: dict[str, AlgorithmSpec] = {}
+_FIELDS: dict[str, dataclasses.Field] = {}  # every registered hyperparameter: one definition per name
+
+
+def register(name: str, params: type) -> Callable:
+    """Decorator: register ``build(params, ctx)`` as algorithm ``name`` with hyperparameters
+    ``params`` (an :class:`AlgorithmParams` dataclass). Refuses a second algorithm of the same name
+    and a hyperparameter name already defined differently by another algorithm's Params."""
+    if not (isinstance(params, type) and issubclass(params, AlgorithmParams) and dataclasses.is_dataclass(params)):
+        raise TypeError(f"{name}: params must be a frozen dataclass deriving from AlgorithmParams, got {params!r}")
+    for f in dataclasses.fields(params):
+        if "help" not in f.metadata:
+            raise TypeError(f"{name}: hyperparameter {f.name} is not declared with param(default, help, ...)")
+        _base_type(f.type)
+        known = _FIELDS.get(f.name)
+        if known is not None and known is not f:
+            raise ValueError(f"{name}: hyperparameter {f.name!r} is already defined by another algorithm's Params; "
+                             "inherit the same field (a shared mixin) instead of redefining it")
+
+    def decorate(build: Callable) -> Callable:
+        if name in REGISTRY and REGISTRY[name].build is not build:
+            raise ValueError(f"algorithm {name!r} is already registered")
+        REGISTRY[name] = AlgorithmSpec(name, params, build)
+        for f in dataclasses.fields(params):
+            _FIELDS.setdefault(f.name, f)
+        return build
+    return decorate
+
+
+def unregister(name: str) -> None:
+    """Remove ``name`` (tests that register a toy algorithm clean up with this)."""
+    spec = REGISTRY.pop(name)
+    still = {f.name for s in REGISTRY.values() for f in dataclasses.fields(s.params)}
+    for f in dataclasses.fields(spec.params):
+        if f.name not in still:
+            _FIELDS.pop(f.name, None)
+
+
+def algorithm_spec(name: str) -> AlgorithmSpec:
+    if name not in REGISTRY:
+        raise ValueError(f"unknown algorithm {name!r}; available: {', '.join(REGISTRY)}")
+    return REGISTRY[name]
+
+
+def hyperparameter_fields() -> dict[str, dataclasses.Field]:
+    """Every registered hyperparameter, by name (one definition each)."""
+    return dict(_FIELDS)
+
+
+def algorithms_using(name: str) -> list[str]:
+    return [s.name for s in REGISTRY.values() if name in {f.name for f in dataclasses.fields(s.params)}]
+
+
+def field_kind(f: dataclasses.Field) -> type:
+    return _base_type(f.type)
+
+
+# ---- hyperparameters shared by several algorithms: one definition each ----
+
+@dataclass(frozen=True)
+class Rounds(AlgorithmParams):
+    rounds: int = param(10, "federated rounds", "heuristic", positive=True)
+
+
+@dataclass(frozen=True)
+class StepSize(AlgorithmParams):
+    lr: float = param(4.0, "step size", "heuristic", positive=True)
+
+
+@dataclass(frozen=True)
+class Clip(AlgorithmParams):
+    clip: float = param(1.0, "per-user gradient clip norm C", "heuristic", positive=True)
+
+
+@dataclass(frozen=True)
+class PoissonSampling(AlgorithmParams):
+    sampling_rate: float = param(1.0, "Poisson user sampling rate q (1: everyone every round)", "heuristic")
+    accountant: str = param("pld", "dp-accounting accountant of the sampled Gaussian schedule", "theorem",
+                            choices=("pld", "rdp"))
+
+
+@dataclass(frozen=True)
+class StabilityDelta(AlgorithmParams):
+    stability_delta: float = param(0.5, "paper-002 deletion-stability threshold Delta (sc-output-pert; the phased "
+                                        "algorithms with --p002-delta-rule fixed: Delta_1)", "heuristic",
+                                    positive=True)
+
+
+@dataclass(frozen=True)
+class Domain(AlgorithmParams):
+    radius: float | None = param(
+        None, "paper-002 phased and paper-003 algorithms: the domain K = {||w|| <= RADIUS}; iterates and released "
+              "centres are projected onto K (paper 002's default: G0/reg when --reg > 0, the ball that holds every "
+              "phase minimizer, else 10 for a loss Lipschitz on all of R^d; needed where the loss is Lipschitz only "
+              "on a bounded domain, e.g. least squares without --reg)", "theorem")
+    distance: float | None = param(
+        None, "paper-002 phased and paper-003 algorithms: a public bound D >= ||w0 - w*|| (paper 002: in lambda*; "
+              "paper 003: the step sizes) (default RADIUS + ||w0||)", "theorem")
+
+
+__all__ = ["AlgorithmParams", "AlgorithmSpec", "BuildContext", "Clip", "Domain", "ORIGINS", "PoissonSampling", "REGISTRY",
+           "Rounds", "StabilityDelta", "StepSize", "algorithm_spec", "algorithms_using", "field_kind",
+           "hyperparameter_fields", "param", "register", "unregister"]
