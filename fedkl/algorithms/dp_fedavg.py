@@ -51,7 +51,7 @@ from fedkl.algorithms.poisson_schedule import (
 )
 from fedkl.algorithms.registry import BuildContext, Clip, PoissonSampling, Rounds, StepSize, param, register
 from fedkl.federation.base import ClippedLocalUpdate, Federation
-from fedkl.federation.inprocess import clip_rows
+from fedkl.federation.clipping import clip_rows
 from fedkl.privacy.accounting import GaussianSchedule
 from fedkl.privacy.guarantee import Guarantee
 from fedkl.privacy.release import Releaser

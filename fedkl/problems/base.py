@@ -16,6 +16,7 @@ import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from fedkl.data.base import UserData
@@ -101,6 +102,77 @@ class Problem(ABC):
         """``grad F(w)``, the mean of the per-user gradients."""
         return self.per_user_gradients(w, data).mean(0)
 
+    # --- local solvers: what each user computes on its own records ----------------------------
+    # The federation backends answer the local queries with these (the in-process backend for all
+    # asked users at once, a Flower client for its one user, with the same code). The generic versions
+    # below loop over users with the problem's own losses and gradients; a problem with closed-form
+    # derivatives overrides them with vectorized ones (:class:`fedkl.problems.glm.GeneralizedLinear`).
+    # Every row must depend only on its own user's records (bit for bit), whoever else shares the call.
+    def local_minimizers(self, center: torch.Tensor, strength: float, data: UserData, *, tol: float,
+                         max_iter: int, certified: bool = False) -> torch.Tensor:
+        """``v_u = argmin_v f_u(v) + (strength/2)||v - center||^2`` for every user of ``data``, solved to
+        gradient norm ``tol`` in at most ``max_iter`` iterations: ``(num_users, d)``, or with
+        ``certified`` ``(num_users, d + 1)``, each row ``[v_u, ||grad f_u(v_u) + strength (v_u - center)||]``
+        (the residual recomputed at the returned point, not the solver's own report).
+
+        Generic solver: L-BFGS-B (scipy) per user (a loop over users)."""
+        from scipy.optimize import minimize
+
+        out = torch.empty(data.num_users, self.num_params + int(certified), dtype=self.dtype)
+        for row in range(data.num_users):
+            one = data if data.num_users == 1 else data.subset([row])
+
+            def fun(v: np.ndarray) -> tuple[float, np.ndarray]:
+                vt = torch.from_numpy(v).to(self.dtype)
+                diff = vt - center
+                f = float(self.per_user_losses(vt, one)[0]) + 0.5 * strength * float(diff @ diff)
+                g = self.per_user_gradients(vt, one)[0] + strength * diff
+                return f, g.double().numpy()
+
+            res = minimize(fun, center.double().numpy(), jac=True, method="L-BFGS-B",
+                           options={"maxiter": max_iter, "gtol": tol, "ftol": 0.0})
+            v = torch.from_numpy(res.x).to(self.dtype)
+            out[row, :self.num_params] = v
+            if certified:  # the residual at the returned point, recomputed (not the solver's own report)
+                g = self.per_user_gradients(v, one)[0] + strength * (v - center)
+                out[row, -1] = g.norm()
+        return out
+
+    def gradients_at_points(self, points: torch.Tensor, data: UserData) -> torch.Tensor:
+        """``grad f_u(p_k)`` (regularizer included) for every user of ``data`` and every row ``p_k`` of
+        ``points`` ``(k, d)``: ``(num_users, k, d)``. Generic: one :meth:`per_user_gradients` per point."""
+        k, d = points.shape
+        out = torch.empty(data.num_users, k, d, dtype=points.dtype)
+        for j in range(k):
+            out[:, j] = self.per_user_gradients(points[j], data)
+        return out
+
+    def local_updates(self, w: torch.Tensor, data: UserData, local_steps: int, local_lr: float,
+                      batch_size: int | None) -> torch.Tensor:
+        """``w_K - w`` (not clipped) of every user of ``data`` after ``local_steps`` local gradient steps
+        of size ``local_lr`` from ``w`` on the user's objective over the cyclic mini-batches of
+        :func:`cyclic_batches` (all records when ``batch_size`` is None): ``(num_users, d)``. A user
+        whose iterate stops being finite gets a NaN row. Generic: a loop over users."""
+        U, d = data.num_users, self.num_params
+        if U == 0:
+            return torch.zeros(0, d, dtype=w.dtype)
+        _, cyclic, _ = cyclic_batches(data, batch_size, w.dtype)
+        out = torch.empty(U, d, dtype=w.dtype)
+        for r in range(U):
+            one = data.subset([r])
+            m = torch.tensor(one.num_records)
+            wu = w.clone()
+            for k in range(local_steps):
+                if not torch.isfinite(wu).all():
+                    break
+                batch = one
+                if cyclic:
+                    keep = in_cyclic_batch(k, torch.arange(one.num_records), m, batch_size)
+                    batch = UserData(one.X[keep], one.y[keep], one.user_index[keep], one.user_ids)
+                wu = wu - local_lr * self.per_user_gradients(wu, batch)[0]
+            out[r] = wu - w if torch.isfinite(wu).all() else torch.full_like(wu, float("nan"))
+        return out
+
     # --- constants and metrics ---------------------------------------------------------------
     @abstractmethod
     def constants(self, feature_bound: float, param_bound: float | None = None) -> Constants:
@@ -125,6 +197,32 @@ def user_means(values: torch.Tensor, data: UserData) -> torch.Tensor:
     sums.index_add_(0, data.user_index, values)
     counts = data.counts().clamp_min(1).to(values.dtype)
     return sums / counts.unsqueeze(1)
+
+
+def cyclic_batches(data: UserData, batch_size: int | None,
+                   dtype: torch.dtype) -> tuple[torch.Tensor, bool, torch.Tensor]:
+    """The cyclic mini-batch plan of local training (:meth:`Problem.local_updates`): step ``k`` of a user
+    with ``m`` records uses its records at positions ``k*B, ..., k*B + B - 1`` (mod m) in record order.
+
+    Returns ``(pos, cyclic, denom)``: every record's position within its user, whether any user has more
+    than ``B`` records (else every step uses all records, as with ``batch_size`` None), and each user's
+    batch size ``min(m, B)`` (``m`` when not cyclic; at least 1) as ``dtype``."""
+    idx = data.user_index
+    counts = data.counts()
+    # position of every record within its user (record order), for the cyclic mini-batches
+    order = torch.sort(idx, stable=True).indices
+    starts = torch.cumsum(counts, 0) - counts
+    pos = torch.empty_like(idx)
+    pos[order] = torch.arange(len(idx), dtype=idx.dtype) - starts[idx[order]]
+    cyclic = batch_size is not None and bool((counts > batch_size).any())
+    denom = (counts.clamp(max=batch_size) if cyclic else counts).clamp_min(1).to(dtype)
+    return pos, cyclic, denom
+
+
+def in_cyclic_batch(k: int, pos: torch.Tensor, m: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """Whether the record at position ``pos`` of a user with ``m`` records is in its step-``k`` batch."""
+    mm = m.clamp_min(1)
+    return torch.remainder(pos - k * batch_size, mm) < m.clamp(max=batch_size)
 
 
 def binary_accuracy(scores: torch.Tensor, labels: torch.Tensor) -> float:

@@ -11,12 +11,26 @@ from __future__ import annotations
 import torch
 
 from fedkl.data.base import UserData
-from fedkl.problems.base import Constants, Problem, user_means
+from fedkl.problems.base import Constants, user_means
+from fedkl.problems.glm import GeneralizedLinear
 from fedkl.problems.rowwise import row_matmul
 
 
-class LeastSquares(Problem):
+class LeastSquares(GeneralizedLinear):
     name = "least-squares"
+
+    # the score functions of the closed-form local solvers (fedkl.problems.glm)
+    @staticmethod
+    def score_loss(z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return 0.5 * (z - y) ** 2
+
+    @staticmethod
+    def score_derivative(z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return z - y
+
+    @staticmethod
+    def score_curvature(z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.ones_like(z)
 
     def __init__(self, dim: int, reg: float = 0.0, label_bound: float | None = None,
                  dtype: torch.dtype = torch.float64) -> None:

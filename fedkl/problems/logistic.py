@@ -10,12 +10,27 @@ from __future__ import annotations
 import torch
 
 from fedkl.data.base import UserData
-from fedkl.problems.base import Constants, Problem, binary_accuracy, user_means
+from fedkl.problems.base import Constants, binary_accuracy, user_means
+from fedkl.problems.glm import GeneralizedLinear
 from fedkl.problems.rowwise import row_matmul, sigmoid, softplus
 
 
-class BinaryLogistic(Problem):
+class BinaryLogistic(GeneralizedLinear):
     name = "logistic"
+
+    # the score functions of the closed-form local solvers (fedkl.problems.glm)
+    @staticmethod
+    def score_loss(z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return softplus(-y * z)
+
+    @staticmethod
+    def score_derivative(z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return -y * sigmoid(-y * z)
+
+    @staticmethod
+    def score_curvature(z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        sg = sigmoid(y * z)
+        return sg * (1.0 - sg)
 
     def _margins(self, w: torch.Tensor, data: UserData) -> torch.Tensor:
         self.check_params(w)

@@ -10,7 +10,8 @@ kernels make the two backends release BIT-IDENTICAL models for the same seed (te
 
 * :func:`row_matmul` — one ``(1, d) @ (d, k)`` product per record, in blocks small enough for
   ATen's naive batched kernel (a sequential multiply-add loop per entry), blocks added in a fixed
-  order: the rounding of a row cannot depend on its neighbours;
+  order: the rounding of a row cannot depend on its neighbours; :func:`row_dots` (``<X_i, V_i>`` of
+  two ``(N, d)`` tensors, each record against its own vector) the same way;
 * :func:`sigmoid`, :func:`softplus`, :func:`cross_entropy_rows`, :func:`softmax_rows` — the
   transcendental parts in numpy (single-threaded; its SIMD loops treat the tail with masked loads,
   not a different scalar formula), with exact torch backward passes so autograd still works;
@@ -157,3 +158,13 @@ def row_norms(V: torch.Tensor) -> torch.Tensor:
         norms = norms.clone()
         norms[big] = scale * torch.sqrt(row_matmul(U * U, ones))
     return norms
+
+
+def row_dots(X: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+    """``<X_i, V_i>`` for every row ``i`` of two ``(N, d)`` tensors, in blocks of fewer than 400
+    multiply-adds (ATen's naive batched kernel): a row's result depends only on that row."""
+    out = X.new_zeros(X.shape[0])
+    for c0 in range(0, X.shape[1], _NAIVE_BMM_LIMIT):
+        blk = slice(c0, c0 + _NAIVE_BMM_LIMIT)
+        out = out + torch.bmm(X[:, None, blk], V[:, blk, None]).reshape(-1)
+    return out

@@ -1,0 +1,44 @@
+"""Per-user clipping and the failure rule for non-finite answers, shared by every layer that bounds a
+user's contribution.
+
+:func:`clip_rows` is THE clip of fedkl: the in-process backend (hence every Flower client, which runs
+the same code for its one user) clips its answers with it, and algorithms that re-clip on the server
+(DP-FedAvg) call the same function, so a row already inside the ball is returned bit for bit by both.
+:func:`zero_nonfinite_rows` is the rule for unclipped answers: a user whose answer is not finite
+contributes zero and is reported failed. :data:`CLIP_SLACK` is the relative excess over the clip bound
+that a server accepts from a client (the few ulps by which :func:`clip_rows`' result may exceed C).
+
+It sits in the federation layer, below the algorithms, and imports only the problems' row kernels.
+"""
+from __future__ import annotations
+
+import torch
+
+from fedkl.problems.rowwise import row_norms
+
+# Relative slack on the clip bound accepted from a client: clip_rows' result can exceed C by a few
+# ulps (the in-process backend has the same excess); anything larger is an invalid answer.
+CLIP_SLACK = 1e-12
+
+
+def clip_rows(values: torch.Tensor, clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clip every row to L2 norm <= clip; non-finite rows become zero.
+
+    Returns the clipped rows and a boolean mask of the rows that were non-finite. A zero row stays
+    zero (no division by its norm).
+    """
+    bad = ~torch.isfinite(values).all(dim=1)
+    values = torch.where(bad.unsqueeze(1), torch.zeros_like(values), values)
+    norms = row_norms(values).unsqueeze(1)
+    # rows already inside the ball are returned bit-for-bit; the others are scaled onto it
+    scaled = values * (clip / torch.clamp(norms, min=torch.finfo(values.dtype).tiny))
+    return torch.where(norms > clip, scaled, values), bad
+
+
+def zero_nonfinite_rows(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(values with every non-finite row set to zero, mask of those rows)``: row ``i`` is
+    ``values[i]``, of any shape (a scalar per user, a vector, a ``(k, d)`` block)."""
+    finite = torch.isfinite(values)
+    bad = ~finite.flatten(1).all(dim=1) if values.dim() > 1 else ~finite
+    mask = bad.view((-1,) + (1,) * (values.dim() - 1))
+    return torch.where(mask, torch.zeros_like(values), values), bad
