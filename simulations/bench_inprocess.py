@@ -26,6 +26,7 @@ from fedkl.algorithms.noisy_gd import NoisyGDConfig, NoisyGradientDescent
 from fedkl.data import load_dataset
 from fedkl.federation.inprocess import InProcessFederation, clip_rows
 from fedkl.privacy import Budget, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter
+from fedkl.privacy.charges import GaussianCharge
 from fedkl.problems import make_problem
 
 
@@ -52,7 +53,7 @@ def bench(n_users: int, m: int, d: int, rounds: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         ledger = PrivacyLedger(os.path.join(tmp, "ledger.sqlite"), Budget(1e6, 1e-5))
         ids = list(fed.user_ids)
-        ledger_s = _best_of(lambda: ledger.charge(ids, label="bench", mechanism="gaussian", rho=1e-9), 3)
+        ledger_s = _best_of(lambda: ledger.charge(ids, GaussianCharge(rho=1e-9), label="bench"), 3)
         alg = NoisyGradientDescent(NoisyGDConfig(rounds=rounds, lr=1.0), rho_total=1.0)
         result = alg.run(fed, Releaser(ledger, NoiseSource(0), ZCDPFilter(1.0)), w)
         round_s = statistics.median(h["seconds"] for h in result.history)  # median: skips warm-up

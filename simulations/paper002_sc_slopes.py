@@ -178,8 +178,11 @@ class EvaluationRecorder:
     def __init__(self) -> None:
         self.charges: list[dict] = []
 
-    def charge(self, user_ids, **kw) -> int:
-        self.charges.append({"users": len(user_ids), **kw})
+    def charge(self, user_ids, charge, **kw) -> int:
+        rho, eps, delta = charge.cost()
+        self.charges.append({"users": len(user_ids), "mechanism": charge.mechanism, "rho": rho, "eps": eps,
+                             "delta": delta, "sensitivity": charge.sensitivity, "noise_scale": charge.noise_scale,
+                             **kw})
         return len(self.charges)
 
 

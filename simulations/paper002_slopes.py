@@ -108,8 +108,9 @@ class Recorder:
     def __init__(self) -> None:
         self.charges: list[dict] = []
 
-    def charge(self, user_ids, **kw) -> int:
-        self.charges.append({"users": len(user_ids), "eps": kw.get("eps"), "delta": kw.get("delta")})
+    def charge(self, user_ids, charge, **kw) -> int:
+        _, eps, delta = charge.cost()
+        self.charges.append({"users": len(user_ids), "eps": eps, "delta": delta})
         return len(self.charges)
 
 

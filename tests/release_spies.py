@@ -2,6 +2,14 @@
 from fedkl.privacy import Releaser
 
 
+def charge_record(charge, **kw) -> dict:
+    """What a stand-in ledger records of one typed charge: its mechanism, cost, sensitivity, noise
+    scale, and the call's keywords (label, details)."""
+    rho, eps, delta = charge.cost()
+    return {"mechanism": charge.mechanism, "rho": rho, "eps": eps, "delta": delta,
+            "sensitivity": charge.sensitivity, "noise_scale": charge.noise_scale, **kw}
+
+
 def record_schedule_releases(monkeypatch) -> list:
     """Patch ``Releaser.schedule_gaussian`` (for this test) so that every ``handle.release(value)``
     appends ``(value, released)`` to the returned list; ``released - value`` is the noise drawn."""

@@ -17,6 +17,7 @@ from fedkl.privacy.accounting import (
     noise_multiplier_for,
     schedule_epsilon,
 )
+from fedkl.privacy.charges import ExponentialCharge, GaussianCharge
 from fedkl.privacy.zcdp import ZCDPAccountant, delta_cks, eps_bun_steinke, eps_cks, rho_for_eps_delta, zcdp_to_eps
 
 RHOS = [1e-5, 1e-3, 0.01, 0.1, 0.5, 1.0, 5.0, 30.0]
@@ -288,18 +289,18 @@ def test_ledger_reports_the_exact_epsilon_only_for_gaussian_only_users(tmp_path)
     from fedkl.privacy import Budget, LedgerError, PrivacyLedger
 
     with PrivacyLedger(str(tmp_path / "l.sqlite"), Budget(4.0, 1e-6)) as led:
-        led.charge(["a", "b"], label="g", mechanism="gaussian", rho=0.3)
-        led.charge(["b"], label="x", mechanism="exponential", rho=0.01)
+        led.charge(["a", "b"], GaussianCharge(rho=0.3), label="g")
+        led.charge(["b"], ExponentialCharge(eps=math.sqrt(8 * 0.01), sensitivity=1.0), label="x")
         s = led.summary()
         exact_a = zcdp.eps_gaussian(0.3, 1e-6)
         cks_b = zcdp.eps_cks(0.31, 1e-6)
         assert s["max_user_epsilon"] == pytest.approx(cks_b)  # the budget's conversion: worst user b
         assert s["max_user_epsilon_exact"] == pytest.approx(max(exact_a, cks_b))  # b is not Gaussian-only
     with PrivacyLedger(str(tmp_path / "g.sqlite"), Budget(4.0, 1e-6, "gaussian")) as led:
-        led.charge(["a"], label="g", mechanism="gaussian", rho=0.3)
+        led.charge(["a"], GaussianCharge(rho=0.3), label="g")
         assert led.summary()["max_user_epsilon_exact"] == pytest.approx(exact_a)
         with pytest.raises(LedgerError, match="exact Gaussian"):
-            led.charge(["a"], label="x", mechanism="exponential", rho=0.01)
+            led.charge(["a"], ExponentialCharge(eps=math.sqrt(8 * 0.01), sensitivity=1.0), label="x")
         assert led.summary()["releases"] == 1  # nothing charged
         assert led.rho_left(["a"]) == pytest.approx(zcdp.rho_for_eps_delta(4.0, 1e-6, "gaussian") - 0.3)
 

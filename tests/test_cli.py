@@ -8,6 +8,7 @@ import pytest
 from dp_accounting import pld, rdp
 
 from fedkl.cli import main
+from fedkl.privacy.charges import GaussianCharge
 
 FEDKL = [sys.executable, "-m", "fedkl.cli"]
 
@@ -135,7 +136,7 @@ def test_run_resumes_a_partly_spent_ledger(tmp_path):
     with PrivacyLedger(ledger2, Budget(2.0, 1e-5)) as led:
         from fedkl.data import load_dataset
         ids = load_dataset("synthetic-logistic", seed=0).train.user_ids
-        led.charge(list(ids), label="earlier", mechanism="gaussian", rho=full / 2)
+        led.charge(list(ids), GaussianCharge(rho=full / 2), label="earlier")
     second = run_training(RunConfig.from_settings(**{**common, "ledger": ledger2}, out=str(tmp_path / "b")), log=lambda s: None)
     assert second["rho"] == pytest.approx(full, rel=1e-9)           # total per user = the budget
     assert second["sigma_sum"] == pytest.approx(first["sigma_sum"] * 2 ** 0.5, rel=1e-6)  # half the rho left

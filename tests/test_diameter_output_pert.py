@@ -37,8 +37,8 @@ from fedkl.problems import make_problem
 class _Recorder(_CountingLedger):
     """The stand-in ledger, also recording which users each release charged."""
 
-    def charge(self, user_ids, **kw):
-        return super().charge(user_ids, users=list(user_ids), **kw)
+    def charge(self, user_ids, charge, **kw):
+        return super().charge(user_ids, charge, users=list(user_ids), **kw)
 
 
 # --- the matching score ---------------------------------------------------------------------------

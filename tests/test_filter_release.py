@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from fedkl.privacy import Budget, BudgetExceeded, BudgetExhausted, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter
+from fedkl.privacy.charges import GaussianCharge
 
 K_SE = 6.0
 BUDGET = Budget(epsilon=2.0, delta=1e-5)
@@ -105,7 +106,7 @@ def test_charge_before_noise(ledger, monkeypatch):
 
 def test_ledger_refusal_draws_no_noise(ledger, monkeypatch):
     f = ZCDPFilter(10 * BUDGET.rho)  # the filter would allow it: the ledger is what refuses
-    ledger.charge([USERS[3]], label="earlier run", mechanism="gaussian", rho=0.95 * BUDGET.rho)
+    ledger.charge([USERS[3]], GaussianCharge(rho=0.95 * BUDGET.rho), label="earlier run")
     r = Releaser(ledger, NoiseSource(seed=1), f)
     events = instrument(monkeypatch, r)
     with pytest.raises(BudgetExceeded):
@@ -184,3 +185,37 @@ def test_releaser_without_filter(ledger):
     with pytest.raises(BudgetExceeded):  # the ledger alone still stops it
         r.gaussian(torch.zeros(2), sensitivity=1.0, rho=part, user_ids=USERS, label="5")
     assert ledger.num_releases() == 4
+
+
+def test_every_release_goes_through_one_typed_path(tmp_path):
+    """Releaser.release: a filtered Releaser refuses an (eps, delta) charge, the ledger's refusal or
+    the filter's leaves nothing charged and draws nothing, and the sample is drawn only after the
+    typed charge is on disk."""
+    from fedkl.privacy.charges import ApproxDPCharge
+
+    drawn = []
+
+    def sample():
+        drawn.append(ledger.num_releases())  # how many charges were durable when the noise was drawn
+        return "value"
+
+    ledger = PrivacyLedger(tmp_path / "l.sqlite", BUDGET)
+    filtered = Releaser(ledger, NoiseSource(0), ZCDPFilter(0.05))
+    assert filtered.accepts("zcdp") and not filtered.accepts("approx-dp")
+    with pytest.raises(ValueError, match="zCDP filter"):
+        filtered.release(ApproxDPCharge(0.1, 1e-7, "ptr"), sample, user_ids=USERS, label="ptr")
+    with pytest.raises(ValueError, match="zCDP filter"):
+        filtered.require("approx-dp", "my-algorithm")
+    assert filtered.release(GaussianCharge(0.03, 1.0), sample, user_ids=USERS, label="g") == "value"
+    assert drawn == [1] and ledger.releases()[0]["noise_scale"] == 1.0 / math.sqrt(0.06)
+    with pytest.raises(BudgetExhausted):  # the filter (0.05) refuses before the ledger is touched
+        filtered.release(GaussianCharge(0.03, 1.0), sample, user_ids=USERS, label="g2")
+    assert ledger.num_releases() == 1
+    plain = Releaser(ledger, NoiseSource(0))
+    assert plain.release(ApproxDPCharge(0.2, 1e-7, "ptr"), sample, user_ids=USERS, label="ptr") == "value"
+    with pytest.raises(BudgetExceeded):  # the ledger refuses: nothing written, nothing drawn
+        plain.release(ApproxDPCharge(BUDGET.epsilon, 0.0, "ptr"), sample, user_ids=USERS, label="too much")
+    assert drawn == [1, 2] and ledger.num_releases() == 2
+    left_eps, left_delta = plain.approx_left(USERS)
+    assert 0 < left_eps < BUDGET.epsilon and plain.rho_left(USERS) > 0
+    ledger.verify()

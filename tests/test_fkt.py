@@ -69,6 +69,7 @@ from fedkl.data.base import FederatedDataset, UserData
 from fedkl.federation.base import Answers, ClippedGradient, Federation
 from fedkl.federation.inprocess import InProcessFederation
 from fedkl.privacy import Budget, BudgetExceeded, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter, zcdp_to_eps
+from fedkl.privacy.charges import ApproxDPCharge, GaussianCharge
 from fedkl.problems import make_problem
 
 BIG = Budget(epsilon=1e4, delta=1e-6)  # for tests that are not about the budget
@@ -229,7 +230,7 @@ class _NoLedger:
 
     budget = BIG
 
-    def charge(self, user_ids, **_):
+    def charge(self, user_ids, charge, **_):
         return 0
 
     def approx_left(self, user_ids):
@@ -473,7 +474,7 @@ def test_spent_ledger_stops_before_anything_is_released(name):
     fed, rec, alg, problem = _run_watched(name, n, 5, ledger, noise, rho=rho)
     order = cohort_order(fed.user_ids, 0)
     first, last = fed.user_ids[order[0]], fed.user_ids[order[-1]]
-    ledger.charge([first], label="earlier run", mechanism="gaussian", rho=budget.rho - 0.5 * rho)
+    ledger.charge([first], GaussianCharge(rho=budget.rho - 0.5 * rho), label="earlier run")
     with pytest.raises(BudgetExceeded, match="nothing was charged"):
         alg.run(fed, rec, problem.init_params())
     assert ledger.num_releases() == 1 and noise.draws == 0 and fed.requests == []
@@ -484,7 +485,7 @@ def test_spent_ledger_stops_before_anything_is_released(name):
     used = alg2.run(fed2, rec2, problem.init_params()).details["users_used"]
     if used < n:  # the last user of the hashed order is outside every cohort
         ledger3 = PrivacyLedger(":memory:", budget)
-        ledger3.charge([last], label="earlier run", mechanism="gaussian", rho=budget.rho)
+        ledger3.charge([last], GaussianCharge(rho=budget.rho), label="earlier run")
         fed3, rec3, alg3, _ = _run_watched(name, n, 5, ledger3, rho=rho)
         alg3.run(fed3, rec3, problem.init_params())
         assert ledger3.spend(last).releases == 1 and ledger3.num_releases() > 1
@@ -900,7 +901,7 @@ def test_builders_read_the_run_config():
     with pytest.raises(ValueError, match="strongly convex"):
         build(cfg("fkt-snowball-sc", reg=0.0, strong_convexity=None), 0.3,
               **{**common, "problem": make_problem("logistic", ds)})
-    ledger.charge(ds.train.user_ids[:1], label="spent", mechanism="gaussian", eps=2.0, delta=0.0)
+    ledger.charge(ds.train.user_ids[:1], ApproxDPCharge(eps=2.0, delta=0.0, mechanism="gaussian"), label="spent")
     with pytest.raises(BudgetExceeded):
         build(cfg("fkt-snowball"), 0.3, **common)
     assert ledger.num_releases() == 1

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from fedkl.privacy.charges import ApproxDPCharge, ExponentialCharge, GaussianCharge
 from fedkl.privacy.filter import BudgetExhausted
 from fedkl.privacy.ledger import Budget, BudgetExceeded, LedgerError, PrivacyLedger, UserSpend
 from fedkl.privacy.zcdp import rho_for_eps_delta, zcdp_to_eps
@@ -66,10 +67,9 @@ def test_budget_invalid():
 
 
 def test_charge_accumulates_per_user(ledger):
-    r1 = ledger.charge(["a", "b", "c"], label="round 1", mechanism="gaussian", rho=0.01,
-                       sensitivity=1.0, noise_scale=7.0)
-    r2 = ledger.charge(["a", "c"], label="round 2", mechanism="gaussian", rho=0.02)
-    r3 = ledger.charge(["a"], label="round 3", mechanism="gaussian", rho=0.005)
+    r1 = ledger.charge(["a", "b", "c"], GaussianCharge(rho=0.01, sensitivity=1.0), label="round 1")
+    r2 = ledger.charge(["a", "c"], GaussianCharge(rho=0.02), label="round 2")
+    r3 = ledger.charge(["a"], GaussianCharge(rho=0.005), label="round 3")
     assert r1 < r2 < r3
     a, b, c = ledger.spend("a"), ledger.spend("b"), ledger.spend("c")
     assert math.isclose(a.rho, 0.035, rel_tol=1e-12) and a.releases == 3
@@ -81,7 +81,7 @@ def test_charge_accumulates_per_user(ledger):
     assert ledger.num_releases() == 3 and ledger.num_releases("run-1") == 3
     rel = ledger.releases()
     assert [r["users"] for r in rel] == [3, 2, 1]
-    assert rel[0]["sensitivity"] == 1.0 and rel[0]["noise_scale"] == 7.0 and rel[0]["run_id"] == "run-1"
+    assert rel[0]["sensitivity"] == 1.0 and rel[0]["noise_scale"] == 1.0 / math.sqrt(0.02) and rel[0]["run_id"] == "run-1"
     assert math.isclose(ledger.epsilon("a"), zcdp_to_eps(0.035, BUDGET.delta), rel_tol=1e-12)
     s = ledger.summary()
     assert s["users_charged"] == 3 and s["releases"] == 3
@@ -91,25 +91,78 @@ def test_charge_accumulates_per_user(ledger):
 
 
 def test_user_ids_normalised_and_duplicates_refused(ledger, tmp_path):
-    ledger.charge([1, 2], label="ints", mechanism="gaussian", rho=0.01)
+    ledger.charge([1, 2], GaussianCharge(rho=0.01), label="ints")
     assert math.isclose(ledger.spend("1").rho, 0.01, rel_tol=1e-12)
     before = table_counts(ledger.path)
     for bad in (["a", "a"], ["x", "y", "x"], [1, "1"]):
         with pytest.raises(ValueError):
-            ledger.charge(bad, label="dup", mechanism="gaussian", rho=0.01)
+            ledger.charge(bad, GaussianCharge(rho=0.01), label="dup")
     with pytest.raises(ValueError):
-        ledger.charge([], label="empty", mechanism="gaussian", rho=0.01)
-    for name in ("rho", "eps", "delta"):
-        for v in (-1e-3, float("nan"), float("inf")):
+        ledger.charge([], GaussianCharge(rho=0.01), label="empty")
+    for v in (-1e-3, float("nan"), float("inf")):  # a bad cost is refused when the charge is made
+        for make in (lambda v: GaussianCharge(rho=v), lambda v: ApproxDPCharge(eps=v, delta=0.0, mechanism="ptr"),
+                     lambda v: ApproxDPCharge(eps=0.1, delta=v, mechanism="ptr")):
             with pytest.raises(ValueError):
-                ledger.charge(["a"], label="bad", mechanism="gaussian", **{name: v})
+                ledger.charge(["a"], make(v), label="bad")
+    with pytest.raises(TypeError, match="not a charge"):
+        ledger.charge(["a"], {"rho": 0.01}, label="untyped")
     assert table_counts(ledger.path) == before
     ledger.verify()
 
 
+def test_the_ledger_stores_typed_charges_and_verify_recomputes_their_cost(ledger):
+    """Each release row holds its typed charge; verify() recomputes the cost, sensitivity and noise
+    scale from it, so a row whose cost or noise was altered (the log no longer says what the noise
+    was for) is caught even when the users' totals were altered consistently."""
+    g = GaussianCharge(rho=0.02, sensitivity=2.0)
+    x = ExponentialCharge(eps=0.3, sensitivity=1.0)
+    a = ApproxDPCharge(eps=0.1, delta=1e-7, mechanism="stability-gaussian", sensitivity=0.5, noise_scale=3.0)
+    for label, charge in (("g", g), ("x", x), ("a", a)):
+        ledger.charge(["u"], charge, label=label)
+    rows = {r["label"]: r for r in ledger.releases()}
+    assert (rows["g"]["rho"], rows["g"]["noise_scale"]) == (0.02, 2.0 / math.sqrt(0.04))
+    assert (rows["x"]["rho"], rows["x"]["mechanism"], rows["x"]["noise_scale"]) == (0.3**2 / 8, "exponential", 2 / 0.3)
+    assert (rows["a"]["eps"], rows["a"]["delta"], rows["a"]["rho"]) == (0.1, 1e-7, 0.0)
+    ledger.verify()
+    con = sqlite3.connect(ledger.path)
+    for column, value in (("rho", 0.01), ("noise_scale", 1.0), ("sensitivity", 1.0), ("mechanism", "'laplace'")):
+        con.execute(f"UPDATE releases SET {column} = {value} WHERE label = 'g'")
+        if column == "rho":  # keep the user's total consistent with the altered row
+            con.execute("UPDATE users SET rho = rho - 0.01 WHERE user_id = 'u'")
+        con.commit()
+        with pytest.raises(LedgerError, match="is not that of its charge"):
+            ledger.verify()
+        con.execute(f"UPDATE releases SET {column} = ? WHERE label = 'g'",
+                    ({"rho": 0.02, "noise_scale": 2.0 / math.sqrt(0.04), "sensitivity": 2.0,
+                      "mechanism": "gaussian"}[column],))
+        if column == "rho":
+            con.execute("UPDATE users SET rho = rho + 0.01 WHERE user_id = 'u'")
+        con.commit()
+        ledger.verify()
+
+
+def test_a_schema_1_ledger_is_upgraded_in_place(tmp_path):
+    """A ledger written before typed charges (no charge column) opens, keeps its spend, verifies,
+    and takes typed charges from then on."""
+    path = str(tmp_path / "old.sqlite")
+    with PrivacyLedger(path, BUDGET) as led:
+        led.charge(["a"], GaussianCharge(rho=0.01), label="old")
+    con = sqlite3.connect(path)
+    con.execute("ALTER TABLE releases DROP COLUMN charge")
+    con.execute("UPDATE meta SET value = '1' WHERE key = 'schema'")
+    con.commit()
+    con.close()
+    with PrivacyLedger(path) as led:
+        assert led.spend("a").rho == 0.01
+        led.verify()
+        led.charge(["a"], GaussianCharge(rho=0.02), label="new")
+        led.verify()
+        assert led.spend("a").rho == pytest.approx(0.03)
+
+
 def test_verify_detects_tampering(ledger):
-    ledger.charge(["a", "b"], label="r1", mechanism="gaussian", rho=0.01)
-    ledger.charge(["a"], label="r2", mechanism="gaussian", rho=0.02)
+    ledger.charge(["a", "b"], GaussianCharge(rho=0.01), label="r1")
+    ledger.charge(["a"], GaussianCharge(rho=0.02), label="r2")
     ledger.verify()
     con = sqlite3.connect(ledger.path)
     con.execute("UPDATE users SET rho = rho / 2 WHERE user_id = 'a'")
@@ -146,14 +199,14 @@ def test_verify_detects_tampering(ledger):
 def test_over_budget_refused_atomically(ledger):
     rho = BUDGET.rho
     with pytest.raises(BudgetExceeded):
-        ledger.charge(["a"], label="too much", mechanism="gaussian", rho=rho * 1.001)
+        ledger.charge(["a"], GaussianCharge(rho=rho * 1.001), label="too much")
     assert ledger.num_releases() == 0 and ledger.spend("a") == UserSpend("a")
 
-    ledger.charge(["a"], label="most", mechanism="gaussian", rho=0.9 * rho)
+    ledger.charge(["a"], GaussianCharge(rho=0.9 * rho), label="most")
     before, users_before = table_counts(ledger.path), users_snapshot(ledger.path)
     # only 'a' is over; 'b', 'c' (fresh) would fit: the whole release is refused, nobody is charged
     with pytest.raises(BudgetExceeded) as err:
-        ledger.charge(["b", "a", "c"], label="new cohort", mechanism="gaussian", rho=0.2 * rho)
+        ledger.charge(["b", "a", "c"], GaussianCharge(rho=0.2 * rho), label="new cohort")
     assert isinstance(err.value, BudgetExhausted)
     assert "'a'" in str(err.value)
     assert table_counts(ledger.path) == before  # no cohort row, no release row, no user row
@@ -161,7 +214,7 @@ def test_over_budget_refused_atomically(ledger):
     assert ledger.spend("b") == UserSpend("b") and ledger.spend("c") == UserSpend("c")
     assert ledger.num_releases() == 1
     # b and c alone can still be charged, a can take what is left and no more
-    ledger.charge(["b", "c"], label="fits", mechanism="gaussian", rho=0.2 * rho)
+    ledger.charge(["b", "c"], GaussianCharge(rho=0.2 * rho), label="fits")
     assert math.isclose(ledger.rho_left(["a"]), 0.1 * rho, rel_tol=1e-9)
     assert math.isclose(ledger.rho_left(["a", "b"]), 0.1 * rho, rel_tol=1e-9)
     ledger.verify()
@@ -173,14 +226,14 @@ def test_exact_split_fills_budget(tmp_path, T):
     with PrivacyLedger(tmp_path / "l.db", BUDGET) as led:
         part = BUDGET.rho / T
         for t in range(T):
-            led.charge(users, label=f"part {t}", mechanism="gaussian", rho=part)
+            led.charge(users, GaussianCharge(rho=part), label=f"part {t}")
         assert led.num_releases() == T
         assert led.rho_left(users) <= BUDGET.rho * 1e-12
         before = table_counts(led.path)
         with pytest.raises(BudgetExceeded):
-            led.charge(users, label="one too many", mechanism="gaussian", rho=part)
+            led.charge(users, GaussianCharge(rho=part), label="one too many")
         with pytest.raises(BudgetExceeded):  # even a tiny further charge
-            led.charge(["a"], label="crumb", mechanism="gaussian", rho=BUDGET.rho * 1e-9)
+            led.charge(["a"], GaussianCharge(rho=BUDGET.rho * 1e-9), label="crumb")
         assert table_counts(led.path) == before
         assert led.epsilon("a") <= BUDGET.epsilon * (1 + 1e-9)
         led.verify()
@@ -188,7 +241,7 @@ def test_exact_split_fills_budget(tmp_path, T):
 
 def test_mixed_charges(ledger):
     eps_u, delta_u = 0.5, 1e-6
-    ledger.charge(["a"], label="ptr", mechanism="ptr", eps=eps_u, delta=delta_u)
+    ledger.charge(["a"], ApproxDPCharge(eps=eps_u, delta=delta_u, mechanism="ptr"), label="ptr")
     sp = ledger.spend("a")
     assert sp.eps == eps_u and sp.delta == delta_u and sp.rho == 0.0
     assert ledger.epsilon("a") == eps_u
@@ -197,27 +250,27 @@ def test_mixed_charges(ledger):
     assert math.isclose(left, expected_left, rel_tol=1e-12)
     assert left < BUDGET.rho and ledger.rho_left(["fresh"]) == pytest.approx(BUDGET.rho, rel=1e-12)
     # UserSpend.epsilon composes: zcdp_to_eps(rho, delta - delta_u) + eps_u
-    ledger.charge(["a"], label="g", mechanism="gaussian", rho=0.5 * left)
+    ledger.charge(["a"], GaussianCharge(rho=0.5 * left), label="g")
     sp = ledger.spend("a")
     assert math.isclose(sp.epsilon(BUDGET.delta), zcdp_to_eps(0.5 * left, BUDGET.delta - delta_u) + eps_u,
                         rel_tol=1e-12)
     assert ledger.epsilon("a") == sp.epsilon(BUDGET.delta, BUDGET.conversion)
     assert sp.epsilon(delta_u) == math.inf  # the delta part alone uses up a delta this small
     # the rest of the rho fits exactly; beyond it is refused
-    ledger.charge(["a"], label="g2", mechanism="gaussian", rho=ledger.rho_left(["a"]))
+    ledger.charge(["a"], GaussianCharge(rho=ledger.rho_left(["a"])), label="g2")
     assert ledger.epsilon("a") <= BUDGET.epsilon * (1 + 1e-9)
     with pytest.raises(BudgetExceeded):
-        ledger.charge(["a"], label="g3", mechanism="gaussian", rho=1e-6)
+        ledger.charge(["a"], GaussianCharge(rho=1e-6), label="g3")
     # pure eps / delta charges are checked too
     with pytest.raises(BudgetExceeded):
-        ledger.charge(["b"], label="eps", mechanism="laplace", eps=BUDGET.epsilon * 1.01)
+        ledger.charge(["b"], ApproxDPCharge(eps=BUDGET.epsilon * 1.01, delta=0.0, mechanism="laplace"), label="eps")
     with pytest.raises(BudgetExceeded):
-        ledger.charge(["b"], label="delta", mechanism="ptr", eps=0.1, delta=BUDGET.delta)
+        ledger.charge(["b"], ApproxDPCharge(eps=0.1, delta=BUDGET.delta, mechanism="ptr"), label="delta")
     # an eps charge uses budget that rho can no longer have
-    ledger.charge(["b"], label="eps", mechanism="laplace", eps=BUDGET.epsilon)
+    ledger.charge(["b"], ApproxDPCharge(eps=BUDGET.epsilon, delta=0.0, mechanism="laplace"), label="eps")
     assert ledger.rho_left(["b"]) == 0.0
     with pytest.raises(BudgetExceeded):
-        ledger.charge(["b"], label="g", mechanism="gaussian", rho=1e-9)
+        ledger.charge(["b"], GaussianCharge(rho=1e-9), label="g")
     ledger.verify()
 
 
@@ -227,15 +280,15 @@ def test_mixed_charges(ledger):
 def test_reopen_keeps_totals(tmp_path):
     path = tmp_path / "l.db"
     with PrivacyLedger(path, BUDGET, run_id="first") as led:
-        led.charge(["a", "b"], label="r1", mechanism="gaussian", rho=0.01)
-        led.charge(["a"], label="r2", mechanism="gaussian", rho=0.005)
+        led.charge(["a", "b"], GaussianCharge(rho=0.01), label="r1")
+        led.charge(["a"], GaussianCharge(rho=0.005), label="r2")
     with PrivacyLedger(path, BUDGET, run_id="second") as led:
         assert math.isclose(led.spend("a").rho, 0.015, rel_tol=1e-12) and led.spend("a").releases == 2
         assert led.num_releases() == 2 and led.num_releases("first") == 2 and led.num_releases("second") == 0
-        led.charge(["a"], label="r3", mechanism="gaussian", rho=0.005)
+        led.charge(["a"], GaussianCharge(rho=0.005), label="r3")
         # the resumed run is still bound by what the first one spent
         with pytest.raises(BudgetExceeded):
-            led.charge(["a"], label="too much", mechanism="gaussian", rho=BUDGET.rho - 0.015)
+            led.charge(["a"], GaussianCharge(rho=BUDGET.rho - 0.015), label="too much")
         led.verify()
     with PrivacyLedger(path) as led:  # budget read from the file
         assert led.budget == BUDGET
@@ -245,7 +298,7 @@ def test_reopen_keeps_totals(tmp_path):
 def test_reopen_with_other_budget_refused(tmp_path):
     path = tmp_path / "l.db"
     with PrivacyLedger(path, BUDGET) as led:
-        led.charge(["a"], label="r1", mechanism="gaussian", rho=0.1)
+        led.charge(["a"], GaussianCharge(rho=0.1), label="r1")
     for other in (Budget(3.0, 1e-5), Budget(2.0, 1e-6), Budget(2.0, 1e-5, "bun_steinke")):
         with pytest.raises(LedgerError):
             PrivacyLedger(path, other)
@@ -285,6 +338,7 @@ RHO_PER_RELEASE = 1e-6
 N_USERS = 50
 CRASH_CHILD = LEDGER_ONLY_IMPORT + textwrap.dedent("""
     import os, sys
+    from fedkl.privacy.charges import GaussianCharge
     from fedkl.privacy.ledger import Budget, PrivacyLedger
     path, log = sys.argv[1], sys.argv[2]
     users = [f"u{i}" for i in range(%d)]
@@ -293,7 +347,7 @@ CRASH_CHILD = LEDGER_ONLY_IMPORT + textwrap.dedent("""
     print("ready", flush=True)
     k = 0
     while True:
-        led.charge(users, label=f"release {k}", mechanism="gaussian", rho=%r)
+        led.charge(users, GaussianCharge(rho=%r), label=f"release {k}")
         # the "release" happens only after charge() returned
         k += 1
         os.write(fd, f"released {k}\\n".encode())
@@ -340,8 +394,7 @@ def test_sigkill_never_loses_a_charge(tmp_path):
                 assert math.isclose(sp.rho, n * RHO_PER_RELEASE, rel_tol=1e-9)
             assert led.spend("u50").releases == 0
             # the ledger is usable after the crash
-            led.charge([f"u{i}" for i in range(N_USERS)], label="after crash", mechanism="gaussian",
-                       rho=RHO_PER_RELEASE)
+            led.charge([f"u{i}" for i in range(N_USERS)], GaussianCharge(rho=RHO_PER_RELEASE), label="after crash")
             assert led.num_releases() == n + 1
             led.verify()
         total += len(lines)
@@ -356,18 +409,18 @@ def test_two_handles_share_the_budget(tmp_path):
     h1, h2 = PrivacyLedger(path, BUDGET, run_id="server-1"), PrivacyLedger(path, BUDGET, run_id="server-2")
     try:
         part = BUDGET.rho / 4
-        h1.charge(["a", "b"], label="1", mechanism="gaussian", rho=part)
-        h2.charge(["a"], label="2", mechanism="gaussian", rho=part)
-        h1.charge(["a", "c"], label="3", mechanism="gaussian", rho=part)
-        h2.charge(["a", "b"], label="4", mechanism="gaussian", rho=part)
+        h1.charge(["a", "b"], GaussianCharge(rho=part), label="1")
+        h2.charge(["a"], GaussianCharge(rho=part), label="2")
+        h1.charge(["a", "c"], GaussianCharge(rho=part), label="3")
+        h2.charge(["a", "b"], GaussianCharge(rho=part), label="4")
         for h in (h1, h2):
             assert h.num_releases() == 4
             assert math.isclose(h.spend("a").rho, BUDGET.rho, rel_tol=1e-12) and h.spend("a").releases == 4
         # a is full: both handles see it and refuse
         with pytest.raises(BudgetExceeded):
-            h1.charge(["a"], label="5", mechanism="gaussian", rho=part)
+            h1.charge(["a"], GaussianCharge(rho=part), label="5")
         with pytest.raises(BudgetExceeded):
-            h2.charge(["c", "a"], label="5", mechanism="gaussian", rho=part)
+            h2.charge(["c", "a"], GaussianCharge(rho=part), label="5")
         assert h1.num_releases("server-1") == 2 and h2.num_releases("server-2") == 2
         h1.verify(); h2.verify()
     finally:
@@ -376,6 +429,7 @@ def test_two_handles_share_the_budget(tmp_path):
 
 RACE_CHILD = LEDGER_ONLY_IMPORT + textwrap.dedent("""
     import sys
+    from fedkl.privacy.charges import GaussianCharge
     from fedkl.privacy.ledger import Budget, BudgetExceeded, PrivacyLedger
     path = sys.argv[1]
     b = Budget(2.0, 1e-5)
@@ -385,7 +439,7 @@ RACE_CHILD = LEDGER_ONLY_IMPORT + textwrap.dedent("""
     ok = refused = 0
     for i in range(8):
         try:
-            led.charge(["shared", f"own-{sys.argv[2]}-{i}"], label="x", mechanism="gaussian", rho=b.rho / 10)
+            led.charge(["shared", f"own-{sys.argv[2]}-{i}"], GaussianCharge(rho=b.rho / 10), label="x")
             ok += 1
         except BudgetExceeded:
             refused += 1

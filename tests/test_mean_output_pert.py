@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from build_helpers import build
+from release_spies import charge_record
 from scipy import stats
 
 from fedkl.algorithms.del_output_pert import (
@@ -67,8 +68,8 @@ class _CountingLedger:
     def __init__(self):
         self.charges = []
 
-    def charge(self, user_ids, **kw):
-        self.charges.append((list(user_ids), kw))
+    def charge(self, user_ids, charge, **kw):
+        self.charges.append((list(user_ids), charge_record(charge, **kw)))
         return len(self.charges)
 
 

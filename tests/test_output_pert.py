@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from release_spies import charge_record
 from scipy import stats
 
 from fedkl.algorithms.del_output_pert import (
@@ -43,8 +44,8 @@ class _CountingLedger:
     def __init__(self):
         self.charges = []
 
-    def charge(self, user_ids, **kw):
-        self.charges.append(kw)
+    def charge(self, user_ids, charge, **kw):
+        self.charges.append(charge_record(charge, **kw))
         return len(self.charges)
 
 

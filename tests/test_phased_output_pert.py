@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from release_spies import charge_record
 
 from fedkl.algorithms.del_output_pert import DelOutputPertConfig
 from fedkl.algorithms.mean_type_inner import MeanTypeInner, gaussian_users_rule
@@ -37,6 +38,7 @@ from fedkl.algorithms.phased_sco import PhasedSCO
 from fedkl.algorithms.sc_phased import SCPhasedERM, SCPhasedSCO
 from fedkl.federation.means import MeanFederation
 from fedkl.privacy import Budget, BudgetExceeded, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter
+from fedkl.privacy.charges import ApproxDPCharge
 from fedkl.problems.quadratic_mean import QuadraticMean, draw_user_means
 
 D = 4
@@ -60,8 +62,8 @@ class _Recorder:
     def __init__(self):
         self.charges = []
 
-    def charge(self, user_ids, **kw):
-        self.charges.append({"users": list(user_ids), **kw})
+    def charge(self, user_ids, charge, **kw):
+        self.charges.append({"users": list(user_ids), **charge_record(charge, **kw)})
         return len(self.charges)
 
 
@@ -277,7 +279,7 @@ def test_exhausted_budget_refuses_before_anything_is_read_or_released(tmp_path):
     for i, alg in enumerate(_all_algorithms(prob, st, n, m, eps, delta)):
         fed = _fed(n, m, seed=6)
         ledger = _ledger(tmp_path, eps, 0.21, f"l{i}.sqlite")
-        ledger.charge([fed.user_ids[0], fed.user_ids[-1]], label="earlier", mechanism="test", eps=1.0, delta=0.0)
+        ledger.charge([fed.user_ids[0], fed.user_ids[-1]], ApproxDPCharge(eps=1.0, delta=0.0, mechanism="test"), label="earlier")
         before = ledger.num_releases()
         with pytest.raises(BudgetExceeded, match="nothing was read"):
             alg.run(fed, Releaser(ledger, NoiseSource(0)), _zeros())
@@ -288,7 +290,7 @@ def test_exhausted_budget_refuses_before_anything_is_read_or_released(tmp_path):
     plan = alg.plan(n, _zeros(), user_ids=fed.user_ids)
     outside = sorted(set(range(n)) - {u for s in plan.specs for u in s.users})
     ledger = _ledger(tmp_path, eps, 0.21, "outside.sqlite")
-    ledger.charge([fed.user_ids[outside[0]]], label="earlier", mechanism="test", eps=eps * 0.9, delta=0.0)
+    ledger.charge([fed.user_ids[outside[0]]], ApproxDPCharge(eps=eps * 0.9, delta=0.0, mechanism="test"), label="earlier")
     alg.run(fed, Releaser(ledger, NoiseSource(0)), _zeros())
     assert ledger.num_releases() == 1 + plan.phases
 

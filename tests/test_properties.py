@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from fedkl.federation.inprocess import clip_rows
 from fedkl.privacy import Budget, BudgetExceeded, PrivacyLedger, rho_for_eps_delta, zcdp_to_eps
+from fedkl.privacy.charges import GaussianCharge
 
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False)
 
@@ -35,7 +36,7 @@ def test_ledger_never_lets_a_user_exceed_the_budget(charges):
         for users, rho in charges:
             ids = [f"u{u}" for u in sorted(users)]
             try:
-                ledger.charge(ids, label="t", mechanism="gaussian", rho=rho)
+                ledger.charge(ids, GaussianCharge(rho=rho), label="t")
             except BudgetExceeded:
                 # refused only if some user really would exceed the budget
                 assert max(accepted[u] + rho for u in users) > budget.rho

@@ -378,9 +378,7 @@ def check_release_start(name: str, releaser: Releaser, federation, w0: torch.Ten
     """Refuse, before anything is read or charged, a Releaser with a zCDP filter (an (eps, delta)
     release cannot be accounted by it) and a centre that is not a finite parameter vector; returns the
     centre in float64."""
-    if releaser.filter is not None:
-        raise ValueError(f"{name}: an (eps, delta) release cannot be accounted by a zCDP filter; "
-                         "use a Releaser without filter (nothing was read or charged)")
+    releaser.require("approx-dp", name)
     center = torch.as_tensor(w0).to(torch.float64)
     if center.shape != (federation.num_params,) or not torch.isfinite(center).all():
         raise ValueError(f"w0 must be a finite vector of {federation.num_params} parameters")
@@ -417,9 +415,7 @@ class DelOutputPert:
     def run(self, f: SubsetFunction, releaser: Releaser, user_ids: Sequence[str],
             progress: Callable[[dict], None] | None = None, label: str | None = None) -> DelOutputPertResult:
         """Exact test over the ``len(user_ids)`` users (public n), then one charged release."""
-        if releaser.filter is not None:
-            raise ValueError(f"{self.name}: an (eps, delta) release cannot be accounted by a zCDP filter; "
-                             "use a Releaser without filter (nothing was read or charged)")
+        releaser.require("approx-dp", self.name)
         start = time.perf_counter()
         plan = exact_stability(f, len(user_ids), self.config)
         theta = self.release(plan, releaser, user_ids, label or self.name)

@@ -188,8 +188,8 @@ def check_zcdp_budget(releaser: Releaser, user_ids: Sequence[str], rho: float, l
     """Refuse (BudgetExceeded, nothing charged) unless every listed user can still afford a
     ``rho``-zCDP charge: checked before any data is read, so a run never stops half-way because a
     later cohort is out of budget."""
-    left = releaser.ledger.rho_left(user_ids)
-    if left < rho * (1 - 1e-12):
+    left = releaser.rho_left(user_ids)
+    if left is not None and left < rho * (1 - 1e-12):
         raise BudgetExceeded(f"{label}: some participating users have only rho={left:.4g} left, the run "
                              f"charges rho={rho:.4g} to each; nothing was charged or released")
 

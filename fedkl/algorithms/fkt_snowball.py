@@ -261,7 +261,7 @@ class SnowballSGD:
         eps_of = {j: zcdp_to_eps(charge_cost(plan.rho, j), self.delta, self.conversion)  # one conversion per grid
                   for j in sorted({j for _, j in groups})}                                # value, not per group
         top = max(eps_of.values())
-        eps_left, delta_left = releaser.ledger.approx_left([u for b in ids for u in b])
+        eps_left, delta_left = releaser.approx_left([u for b in ids for u in b]) or (math.inf, 1.0)
         if eps_left < top * (1 - 1e-12) or delta_left < self.delta * (1 - 1e-12):
             raise BudgetExceeded(f"{self.name}: participating users can afford (eps={eps_left:.4g}, "
                                  f"delta={delta_left:.3g}), a batch costs up to (eps={top:.4g}, "

@@ -335,9 +335,7 @@ class MeanOutputPert:
 
     def run_vectors(self, V: torch.Tensor, releaser: Releaser, user_ids: Sequence[str],
                     label: str | None = None) -> DelOutputPertResult:
-        if releaser.filter is not None:
-            raise ValueError(f"{self.name}: an (eps, delta) release cannot be accounted by a zCDP filter; "
-                             "use a Releaser without filter (nothing was read or charged)")
+        releaser.require("approx-dp", self.name)
         if len(user_ids) != torch.as_tensor(V).shape[0]:
             raise ValueError(f"{len(user_ids)} user ids for {torch.as_tensor(V).shape[0]} vectors")
         start = time.perf_counter()
@@ -515,9 +513,7 @@ class PhasedMeanOutputPert:
     def run(self, federation: Federation, releaser: Releaser, w0: torch.Tensor,
             progress: Callable[[dict], None] | None = None) -> PhasedMeanOutputPertResult:
         cfg = self.config
-        if releaser.filter is not None:
-            raise ValueError(f"{self.name}: an (eps, delta) release cannot be accounted by a zCDP filter; "
-                             "use a Releaser without filter (nothing was read or charged)")
+        releaser.require("approx-dp", self.name)
         self.check(federation.num_users)  # before any data is read
         center = torch.as_tensor(w0).to(torch.float64)
         bottoms, sigmas, per_phase = 0, [], []

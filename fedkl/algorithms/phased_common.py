@@ -468,14 +468,12 @@ def project_ball(w: torch.Tensor, center: torch.Tensor | None, radius: float | N
 def require_budget(releaser: Releaser, needs: Sequence[tuple[Sequence[str], float, float]], label: str) -> None:
     """Refuse (BudgetExceeded; nothing read, charged or released) unless every user in each group
     can afford its total (eps, delta) charge. ``needs``: (user ids, eps, delta) groups. A stand-in
-    ledger without ``approx_left`` (evaluation recorders) is not checked."""
-    approx_left = getattr(releaser.ledger, "approx_left", None)
-    if approx_left is None:
-        return
+    ledger that keeps no budget (evaluation recorders) is not checked."""
     for ids, eps, delta in needs:
-        if not ids:
+        left = releaser.approx_left(ids) if ids else None
+        if left is None:
             continue
-        eps_left, delta_left = approx_left(list(ids))
+        eps_left, delta_left = left
         if eps > eps_left * (1 + 1e-9) or delta > delta_left * (1 + 1e-9):
             raise BudgetExceeded(
                 f"{label}: the run charges ({eps:.4g}, {delta:.3g}) to each of {len(ids)} user(s), but some can "
@@ -555,9 +553,7 @@ def run_phases(federation: Federation, releaser: Releaser, specs: Sequence[Phase
 
 def check_approx_releaser(releaser: Releaser, name: str) -> None:
     """(eps, delta) releases cannot be accounted by a zCDP filter (refused before reading data)."""
-    if releaser.filter is not None:
-        raise ValueError(f"{name}: (eps, delta) releases cannot be accounted by a zCDP filter; use a Releaser "
-                         "without filter (nothing was read or charged)")
+    releaser.require("approx-dp", name)
 
 
 __all__ = ["CohortFederation", "DEFAULT_RADIUS", "DELTA_RULES", "INNER_TESTS",

@@ -281,9 +281,7 @@ class SCOutputPert:
         """
         cfg = self.config
         n = federation.num_users
-        if releaser.filter is not None:
-            raise ValueError(f"{self.name}: an (eps, delta) release cannot be accounted by a zCDP filter; "
-                             "use a Releaser without filter (nothing was read or charged)")
+        releaser.require("approx-dp", self.name)
         if n > cfg.max_exact_users:
             raise ValueError(f"SCOutputPert: n={n} users exceeds max_exact_users={cfg.max_exact_users}; the exact "
                              "fallback (needed whenever the certificate fails) would enumerate ~2^n sets, and "

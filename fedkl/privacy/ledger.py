@@ -33,10 +33,11 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Iterable, Sequence
 
+from fedkl.privacy.charges import Charge, from_record, to_record
 from fedkl.privacy.filter import BudgetExhausted
 from fedkl.privacy.zcdp import CONVERSIONS, rho_for_eps_delta, zcdp_to_eps
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: releases.charge holds the typed charge (fedkl.privacy.charges); 1 is upgraded in place
 _REL_TOL = 1e-12
 
 _SCHEMA = """
@@ -48,7 +49,7 @@ CREATE TABLE IF NOT EXISTS cohorts (
 CREATE TABLE IF NOT EXISTS releases (
     id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT, label TEXT NOT NULL, mechanism TEXT NOT NULL,
     sensitivity REAL, noise_scale REAL, rho REAL NOT NULL, eps REAL NOT NULL, delta REAL NOT NULL,
-    cohort_id INTEGER NOT NULL REFERENCES cohorts(id), created REAL NOT NULL, details TEXT);
+    cohort_id INTEGER NOT NULL REFERENCES cohorts(id), created REAL NOT NULL, details TEXT, charge TEXT);
 CREATE TABLE IF NOT EXISTS users (
     user_id TEXT PRIMARY KEY, rho REAL NOT NULL, eps REAL NOT NULL, delta REAL NOT NULL,
     releases INTEGER NOT NULL);
@@ -156,6 +157,14 @@ class PrivacyLedger:
             self._db.execute("INSERT OR IGNORE INTO meta VALUES ('budget', ?)", (json.dumps(asdict(budget)),))
             self._db.execute("COMMIT")
             rows = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
+        if int(rows["schema"]) == 1:  # a ledger written before typed charges: add the column, keep every row
+            self._db.execute("BEGIN IMMEDIATE")
+            columns = {r[1] for r in self._db.execute("PRAGMA table_info(releases)")}
+            if "charge" not in columns:
+                self._db.execute("ALTER TABLE releases ADD COLUMN charge TEXT")
+            self._db.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (str(SCHEMA_VERSION),))
+            self._db.execute("COMMIT")
+            rows["schema"] = str(SCHEMA_VERSION)
         if int(rows["schema"]) != SCHEMA_VERSION:
             raise LedgerError(f"{self.path}: ledger schema {rows['schema']} is not {SCHEMA_VERSION}")
         stored = Budget(**json.loads(rows["budget"]))
@@ -205,17 +214,15 @@ class PrivacyLedger:
                     "Nothing was charged or released; lower the number of rounds, raise the noise, "
                     "or use a new ledger for new data.")
 
-    def charge(self, user_ids: Sequence[str], *, label: str, mechanism: str,
-               rho: float = 0.0, eps: float = 0.0, delta: float = 0.0,
-               sensitivity: float | None = None, noise_scale: float | None = None,
-               details: dict | None = None) -> int:
-        """Charge every user in ``user_ids`` and return the release id. Atomic and durable.
+    def charge(self, user_ids: Sequence[str], charge: Charge, *, label: str, details: dict | None = None) -> int:
+        """Charge every user in ``user_ids`` the cost of ``charge`` (a typed charge of
+        :mod:`fedkl.privacy.charges`) and return the release id. Atomic and durable.
 
         Raises :class:`BudgetExceeded` (nothing written) if any user would exceed the budget.
         """
-        for name, v in (("rho", rho), ("eps", eps), ("delta", delta)):
-            if not (v >= 0 and math.isfinite(v)):
-                raise ValueError(f"{name} must be finite and >= 0, got {v}")
+        record = to_record(charge)  # TypeError for anything but a typed charge
+        rho, eps, delta = charge.cost()
+        mechanism = charge.mechanism
         if rho > 0 and mechanism != "gaussian" and self.budget.conversion == "gaussian":
             raise LedgerError(f"this ledger converts zCDP by the exact Gaussian profile (conversion 'gaussian'), which "
                               f"holds only for Gaussian releases; a {mechanism!r} zCDP charge is refused (nothing was "
@@ -236,9 +243,9 @@ class PrivacyLedger:
             cohort_id = db.execute("SELECT id FROM cohorts WHERE digest = ?", (digest,)).fetchone()[0]
             cur = db.execute(
                 "INSERT INTO releases (run_id, label, mechanism, sensitivity, noise_scale, rho, eps, delta, "
-                "cohort_id, created, details) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (self.run_id, label, mechanism, sensitivity, noise_scale, rho, eps, delta, cohort_id,
-                 time.time(), json.dumps(details or {}, default=str)))
+                "cohort_id, created, details, charge) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (self.run_id, label, mechanism, charge.sensitivity, charge.noise_scale, rho, eps, delta, cohort_id,
+                 time.time(), json.dumps(details or {}, default=str), json.dumps(record)))
             db.execute(
                 "INSERT INTO users (user_id, rho, eps, delta, releases) "
                 "SELECT user_id, ?, ?, ?, 1 FROM temp.cohort WHERE true "
@@ -354,10 +361,18 @@ class PrivacyLedger:
         }
 
     def verify(self) -> None:
-        """Recompute every user's totals from the release log; raise LedgerError on any mismatch."""
+        """Recompute every release's cost from its stored typed charge and every user's totals from
+        the release log; raise LedgerError on any mismatch. (Rows written before typed charges, schema
+        1, have no charge to recompute; their stored costs still enter the totals.)"""
         totals: dict[str, list[float]] = {}
-        for rho, eps, delta, members in self._db.execute(
-                "SELECT r.rho, r.eps, r.delta, c.members FROM releases r JOIN cohorts c ON c.id = r.cohort_id"):
+        for rid, rho, eps, delta, mechanism, sensitivity, noise_scale, charge, members in self._db.execute(
+                "SELECT r.id, r.rho, r.eps, r.delta, r.mechanism, r.sensitivity, r.noise_scale, r.charge, c.members "
+                "FROM releases r JOIN cohorts c ON c.id = r.cohort_id"):
+            if charge is not None:
+                typed = from_record(json.loads(charge))
+                stored_row = (rho, eps, delta, mechanism, sensitivity, noise_scale)
+                if (*typed.cost(), typed.mechanism, typed.sensitivity, typed.noise_scale) != stored_row:
+                    raise LedgerError(f"release {rid}: the stored cost {stored_row} is not that of its charge {typed}")
             for m in json.loads(members):
                 t = totals.setdefault(m, [0.0, 0.0, 0.0, 0])
                 t[0] += rho; t[1] += eps; t[2] += delta; t[3] += 1

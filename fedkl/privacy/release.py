@@ -17,22 +17,67 @@ disk. Algorithms never add noise themselves: they call this class.
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import Callable, Sequence, TypeVar
 
 import numpy as np
 import torch
 
+from fedkl.privacy.charges import ApproxDPCharge, Charge, ExponentialCharge, GaussianCharge
 from fedkl.privacy.filter import BudgetExhausted, ZCDPFilter
 from fedkl.privacy.ledger import PrivacyLedger
 from fedkl.privacy.mechanisms import ExponentialMechanism, GaussianMechanism, TruncatedDiscreteLaplace
 from fedkl.privacy.rng import NoiseSource
 
+T = TypeVar("T")
+
 
 class Releaser:
+    """Every public method builds the release's typed charge (:mod:`fedkl.privacy.charges`) and
+    goes through :meth:`release`, the one path: validate -> filter check (zCDP charges; a filtered
+    Releaser refuses an (eps, delta) charge) -> ledger charge -> filter spend -> sample."""
+
     def __init__(self, ledger: PrivacyLedger, noise: NoiseSource, zcdp_filter: ZCDPFilter | None = None) -> None:
         self.ledger = ledger
         self.noise = noise
         self.filter = zcdp_filter
+
+    def accepts(self, notion: str) -> bool:
+        """Whether this Releaser can account a charge stated in ``notion`` ("zcdp" or "approx-dp"):
+        a zCDP filter cannot account (eps, delta) releases."""
+        return notion == "zcdp" or self.filter is None
+
+    def approx_left(self, user_ids: Sequence[str]) -> tuple[float, float] | None:
+        """The (eps, delta) every listed user can still afford, for a plan's check before any data
+        is read (None: a stand-in ledger that keeps no budget). Algorithms ask here, never the ledger."""
+        left = getattr(self.ledger, "approx_left", None)
+        return None if left is None else left(list(user_ids))
+
+    def rho_left(self, user_ids: Sequence[str]) -> float | None:
+        """The zCDP rho every listed user can still afford (None: a stand-in ledger without a budget)."""
+        left = getattr(self.ledger, "rho_left", None)
+        return None if left is None else left(list(user_ids))
+
+    def require(self, notion: str, who: str) -> None:
+        """Refuse, before any data is read, an algorithm whose releases this Releaser cannot account."""
+        if not self.accepts(notion):
+            raise ValueError(f"{who}: (eps, delta) releases cannot be accounted by a zCDP filter; use a Releaser "
+                             "without filter (nothing was read or charged)")
+
+    def release(self, charge: Charge, sample: Callable[[], T], *, user_ids: Sequence[str], label: str,
+                details: dict | None = None) -> T:
+        """Charge ``charge`` to every user in ``user_ids`` (and to the run's filter), then return
+        ``sample()``: the noisy value, drawn only after the charge is durable. A refusal at any step
+        draws nothing; a refused charge writes nothing."""
+        if not self.accepts(charge.notion):
+            raise ValueError(f"{label}: an (eps, delta) release cannot be accounted by a zCDP filter; use a "
+                             "Releaser without filter (nothing was charged)")
+        rho = charge.cost()[0]
+        if self.filter is not None and not self.filter.admits(rho):
+            self.filter.spend(rho)  # raises BudgetExhausted with the explanation
+        self.ledger.charge(user_ids, charge, label=label, details=details)
+        if self.filter is not None:
+            self.filter.spend(rho)
+        return sample()
 
     def gaussian(self, value: torch.Tensor, *, sensitivity: float, rho: float, user_ids: Sequence[str],
                  label: str, details: dict | None = None) -> torch.Tensor:
@@ -41,13 +86,8 @@ class Releaser:
         mech = GaussianMechanism.from_zcdp(sensitivity, rho)
         if not torch.is_tensor(value) or not torch.isfinite(value).all():
             raise ValueError(f"{label}: refusing to release a non-finite value (nothing was charged)")
-        if self.filter is not None and not self.filter.admits(rho):
-            self.filter.spend(rho)  # raises BudgetExhausted with the explanation
-        self.ledger.charge(user_ids, label=label, mechanism="gaussian", rho=rho,
-                           sensitivity=sensitivity, noise_scale=mech.sigma, details=details)
-        if self.filter is not None:
-            self.filter.spend(rho)
-        return mech.privatize(value, self.noise)
+        return self.release(GaussianCharge(rho, sensitivity), lambda: mech.privatize(value, self.noise),
+                            user_ids=user_ids, label=label, details=details)
 
     def exponential(self, utilities: Sequence[float] | np.ndarray | torch.Tensor, *, eps: float, sensitivity: float,
                     user_ids: Sequence[str], label: str, monotone: bool = False,
@@ -59,10 +99,7 @@ class Releaser:
         neighbouring datasets (under the relation the caller states); the candidates themselves must
         be data-independent or earlier private outputs. Guarantee: eps-DP and ``eps^2/8``-zCDP
         (bounded range, Cesar & Rogers 2021); with ``monotone=True`` the factor 2 is dropped and the
-        charge is ``eps^2/2``. Same order as :meth:`gaussian`: validate -> filter check -> ledger
-        charge -> filter spend -> sample; a refusal at any step draws nothing. The ledger's
-        ``noise_scale`` is ``2 sensitivity / eps`` (``sensitivity / eps`` if monotone): the scale of
-        the Gumbel noise whose report-noisy-max is this mechanism.
+        charge is ``eps^2/2`` (:class:`~fedkl.privacy.charges.ExponentialCharge`).
         """
         mech = ExponentialMechanism(eps, sensitivity, monotone)  # validates eps, sensitivity
         if torch.is_tensor(utilities):
@@ -71,16 +108,10 @@ class Releaser:
         if u.ndim != 1 or u.size == 0 or not np.isfinite(u).all():
             raise ValueError(f"{label}: utilities must be a non-empty 1-D array of finite numbers "
                              "(nothing was charged)")
-        rho = mech.rho
-        if self.filter is not None and not self.filter.admits(rho):
-            self.filter.spend(rho)  # raises BudgetExhausted with the explanation
-        self.ledger.charge(user_ids, label=label, mechanism="exponential", rho=rho, sensitivity=sensitivity,
-                           noise_scale=(1.0 if monotone else 2.0) * sensitivity / eps,
-                           details={**(details or {}), "eps": eps, "candidates": int(u.size),
-                                    "monotone": bool(monotone)})
-        if self.filter is not None:
-            self.filter.spend(rho)
-        return mech.select(u, self.noise)
+        return self.release(ExponentialCharge(eps, sensitivity, monotone), lambda: mech.select(u, self.noise),
+                            user_ids=user_ids, label=label,
+                            details={**(details or {}), "eps": eps, "candidates": int(u.size),
+                                     "monotone": bool(monotone)})
 
     def schedule_gaussian(self, *, eps: float, delta: float, sigma: float, sensitivity: float, releases: int,
                           user_ids: Sequence[str], label: str, details: dict | None = None) -> "ScheduledGaussian":
@@ -94,13 +125,9 @@ class Releaser:
                 raise ValueError(f"{label}: {name} must be finite and > 0, got {v} (nothing was charged)")
         if not 0 < delta < 1 or int(releases) != releases or releases < 1:
             raise ValueError(f"{label}: need 0 < delta < 1 and a positive number of releases (nothing was charged)")
-        if self.filter is not None:
-            raise ValueError(f"{label}: an (eps, delta) schedule cannot be accounted by a zCDP filter; "
-                             "use a Releaser without filter (nothing was charged)")
-        self.ledger.charge(user_ids, label=label, mechanism="gaussian-schedule", eps=eps, delta=delta,
-                           sensitivity=sensitivity, noise_scale=sigma,
-                           details={**(details or {}), "releases": int(releases)})
-        return ScheduledGaussian(sigma, int(releases), self.noise, label)
+        charge = ApproxDPCharge(eps, delta, "gaussian-schedule", sensitivity, sigma)
+        return self.release(charge, lambda: ScheduledGaussian(sigma, int(releases), self.noise, label),
+                            user_ids=user_ids, label=label, details={**(details or {}), "releases": int(releases)})
 
     def stability_gaussian(self, choose: Callable[[int], torch.Tensor | None], *, eps: float, delta: float,
                            deletion_budget: TruncatedDiscreteLaplace, sensitivity: float, sigma: float,
@@ -122,16 +149,13 @@ class Releaser:
                 raise ValueError(f"{label}: {name} must be finite and > 0, got {v} (nothing was charged)")
         if not 0 < delta < 1:
             raise ValueError(f"{label}: delta must be in (0, 1), got {delta} (nothing was charged)")
-        if self.filter is not None:
-            raise ValueError(f"{label}: an (eps, delta) release cannot be accounted by a zCDP filter; "
-                             "use a Releaser without filter (nothing was charged)")
-        self.ledger.charge(user_ids, label=label, mechanism="stability-gaussian", eps=eps, delta=delta,
-                           sensitivity=sensitivity, noise_scale=sigma, details=details)
-        r1 = deletion_budget.sample(self.noise)
-        value = choose(r1)
-        if value is None:
-            return None
-        return GaussianMechanism(sensitivity, sigma).privatize(value, self.noise)
+
+        def sample() -> torch.Tensor | None:
+            value = choose(deletion_budget.sample(self.noise))
+            return None if value is None else GaussianMechanism(sensitivity, sigma).privatize(value, self.noise)
+
+        return self.release(ApproxDPCharge(eps, delta, "stability-gaussian", sensitivity, sigma), sample,
+                            user_ids=user_ids, label=label, details=details)
 
 
 class ScheduledGaussian:
