@@ -275,20 +275,22 @@ def test_codec_refuses_bad_minimizer_requests(kind, strength, tol, max_iter):
 
 
 def test_codec_answers_are_d_plus_one_and_strict():
-    assert codec.answer_shape(KIND, D) == (D + 1,)
-    assert codec.answer_shape("local_minimizer", D) == (D,)
+    center = torch.zeros(D, dtype=torch.float64)
+    certified, plain = CertifiedLocalMinimizer(center, 0.0), LocalRegularizedMinimizer(center, 1.0)
+    assert codec.answer_shape(certified, D) == (D + 1,)
+    assert codec.answer_shape(plain, D) == (D,)
     v = torch.cat([_center(D, seed=6), torch.tensor([3.5e-11], dtype=torch.float64)])
-    got = codec.decode_answer(_reply(KIND, v), KIND, D)
+    got = codec.decode_answer(_reply(KIND, v), certified, D)
     assert got.shape == (D + 1,) and torch.equal(got, v)
     for wrong in (v[:D], torch.cat([v, v[:1]]), v[:1]):   # the plain length, one too many, a scalar
         with pytest.raises(codec.CodecError):
-            codec.decode_answer(_reply(KIND, wrong), KIND, D)
+            codec.decode_answer(_reply(KIND, wrong), certified, D)
     bad = v.clone()
     bad[D] = math.nan                                        # a NaN residual is not an answer
     with pytest.raises(codec.CodecError):
-        codec.decode_answer(_reply(KIND, bad), KIND, D)
+        codec.decode_answer(_reply(KIND, bad), certified, D)
     with pytest.raises(codec.CodecError):                    # a certified reply does not answer a plain request
-        codec.decode_answer(_reply(KIND, v), "local_minimizer", D)
+        codec.decode_answer(_reply(KIND, v), plain, D)
 
 
 # --- 5. Flower -------------------------------------------------------------------------------------
@@ -343,7 +345,7 @@ def test_flower_user_with_a_plain_length_answer_fails_and_contributes_zero():
 def test_client_answers_strength_zero_certified_request_like_inprocess():
     spec = _spec("synthetic-least-squares", "least-squares")
     q = CertifiedLocalMinimizer(_center(D, seed=9), 0.0, 1e-10, 30)
-    got = codec.decode_answer(_client_reply(codec.encode_request(q), spec=spec, pid=6), KIND, D)
+    got = codec.decode_answer(_client_reply(codec.encode_request(q), spec=spec, pid=6), q, D)
     assert got.shape == (D + 1,)
     assert torch.equal(got, _inprocess(spec).compute(q, [6]).values[0])
 

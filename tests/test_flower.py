@@ -12,6 +12,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 import dataclasses  # noqa: E402
 import math  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import ClassVar  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -21,6 +22,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict  # no
 from fedkl.algorithms.noisy_gd import NoisyGDConfig, NoisyGradientDescent  # noqa: E402
 from fedkl.data import load_dataset  # noqa: E402
 from fedkl.federation.base import (  # noqa: E402
+    QUERY_KINDS,
     Answers,
     ClippedGradient,
     Federation,
@@ -28,8 +30,11 @@ from fedkl.federation.base import (  # noqa: E402
     GradientsAtOwnPoints,
     LocalLoss,
     LocalRegularizedMinimizer,
+    Query,
+    wire_number,
 )
-from fedkl.federation.inprocess import InProcessFederation  # noqa: E402
+from fedkl.federation.clipping import zero_nonfinite_rows  # noqa: E402
+from fedkl.federation.inprocess import InProcessFederation, answers  # noqa: E402
 from fedkl.flower import codec, localgrid  # noqa: E402
 from fedkl.flower.client_app import make_client_app  # noqa: E402
 from fedkl.flower.federation import FlowerFederation  # noqa: E402
@@ -154,6 +159,52 @@ def test_output_perturbation_queries_match(spec):
     assert a.failed == [2, 3] and torch.equal(a.values[[2, 3]], torch.zeros(2, 3, D, dtype=torch.float64))
 
 
+# A query kind added outside the library: the query class (kind, wire fields, validation) and its
+# in-process answer are all it takes; the codec, the ClientApp and FlowerFederation need no change.
+@dataclasses.dataclass(frozen=True)
+class _ScaledGradient(Query):
+    """Toy kind: ``scale * grad f_u(w)`` (unclipped)."""
+
+    kind: ClassVar[str] = "test_scaled_gradient"
+    tensor_names: ClassVar[tuple[str, ...]] = ("w",)
+    scalar_names: ClassVar[tuple[str, ...]] = ("scale",)
+
+    w: torch.Tensor
+    scale: float
+
+    def wire_fields(self):
+        return {"scale": float(self.scale)}, {"w": self.w}
+
+    @classmethod
+    def from_wire(cls, scalars, tensors, num_params):
+        scale = wire_number(scalars, "scale")
+        if not scale > 0:
+            raise ValueError("scale must be > 0")
+        return cls(tensors["w"], scale)
+
+
+@answers(_ScaledGradient)
+def _scaled_gradient(fed, query, users):
+    grads = fed.problem.per_user_gradients(fed._params(query.w), fed._data(users))
+    return zero_nonfinite_rows(query.scale * grads)
+
+
+def test_a_new_query_kind_needs_only_its_class_and_its_inprocess_answer():
+    assert QUERY_KINDS["test_scaled_gradient"] is _ScaledGradient
+    fed, _ = _flower(LOGIT)
+    ref = _inprocess(LOGIT)
+    q = _ScaledGradient(_w(3), 2.5)
+    for us in ([7, 2], None):
+        a, b = fed.compute(q, us), ref.compute(q, us)
+        assert a.failed == b.failed == [] and torch.equal(a.values, b.values)
+    back = codec.decode_request(codec.encode_request(q), D)
+    assert type(back) is _ScaledGradient and back.scale == 2.5 and torch.equal(back.w, q.w)
+    with pytest.raises(codec.CodecError, match="scale must be > 0"):
+        codec.decode_request(codec.encode_request(_ScaledGradient(q.w, -1.0)), D)
+    with pytest.raises(ValueError, match="expected parameters of shape"):  # the default request check
+        fed.compute(_ScaledGradient(torch.zeros(D + 1, dtype=torch.float64), 1.0))
+
+
 def test_bad_requests_are_refused_on_the_server_like_inprocess():
     fed, grid = _flower(LS)
     w = torch.zeros(D, dtype=torch.float64)
@@ -232,11 +283,11 @@ def test_client_computes_one_user_like_inprocess_and_zero_gradient_is_fine():
     ref = _inprocess(LS)
     w = _w(3)
     reply = _client_reply(codec.encode_request(ClippedGradient(w, 0.25)), pid=6)
-    got = codec.decode_answer(reply, "clipped_gradient", D)
+    got = codec.decode_answer(reply, ClippedGradient(w, 0.25), D)
     assert torch.equal(got, ref.compute(ClippedGradient(w, 0.25), [6]).values[0])
     # a user whose gradient is exactly zero (e.g. a GradientDifference at w_new == w_old): no 0/0
     reply = _client_reply(codec.encode_request(GradientDifference(w, w, 0.25)), pid=6)
-    assert torch.equal(codec.decode_answer(reply, "gradient_difference", D), torch.zeros(D, dtype=torch.float64))
+    assert torch.equal(codec.decode_answer(reply, GradientDifference(w, w, 0.25), D), torch.zeros(D, dtype=torch.float64))
 
 
 # --- failures at the federation level -----------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The federation interface that every server algorithm is written against.
+"""The federation interface that every server algorithm is written against: the query types, the
+registry of their wire kinds, :class:`Answers` and :class:`Federation`.
 
 An algorithm asks a federation for per-user quantities of some users ("the clipped gradients of
 these users at w") and gets back either the per-user values or their sum, together with which
@@ -7,23 +8,133 @@ added by :class:`fedkl.privacy.release.Releaser` on the server.
 
 Backends: :class:`fedkl.federation.inprocess.InProcessFederation` (all users as stacked tensors,
 one batched op per request) and :class:`fedkl.flower.federation.FlowerFederation` (ServerApp <->
-ClientApps over Flower Messages), implementing the same methods with the same query types, which
-are plain data so that they serialise into Flower ConfigRecords/ArrayRecords
-(:mod:`fedkl.flower.codec`).
+ClientApps over Flower Messages), implementing the same methods with the same query types.
+
+Queries are self-describing: a query type is one frozen dataclass deriving from :class:`Query` that
+holds everything a transport needs to know about it, so the transport has no per-kind code:
+
+* its wire name (``kind``; :data:`QUERY_KINDS` maps it back to the class), its scalars and tensors
+  for the wire (:meth:`Query.wire_fields`) and their strict decoding (:meth:`Query.wire_shapes`,
+  :meth:`Query.from_wire`), used by :mod:`fedkl.flower.codec`;
+* the shape of one user's answer (:meth:`Query.answer_shape`), the server-side validation of a
+  request (:meth:`Query.check_request`) and of a client's answer (:meth:`Query.check_answer`), used by
+  :class:`~fedkl.flower.federation.FlowerFederation` and the ClientApp;
+* optionally, the request each user receives when it differs per user (:meth:`Query.for_user`,
+  :meth:`Query.user_answer`: :class:`GradientsAtOwnPoints` travels as one-point
+  :class:`GradientsAtPoints`).
+
+Adding a query kind touches two places: (1) a ``@dataclass(frozen=True)`` subclass of :class:`Query`
+here, with a new ``kind`` (registered in :data:`QUERY_KINDS` by defining the class), its
+``tensor_names`` / ``scalar_names``, :meth:`~Query.wire_fields`, :meth:`~Query.from_wire` and, where
+they differ from the defaults, :meth:`~Query.answer_shape`, :meth:`~Query.check_request` and
+:meth:`~Query.check_answer`; (2) its in-process answer, a method of
+:class:`~fedkl.federation.inprocess.InProcessFederation` decorated ``@answers(MyQuery)`` (which a
+Flower client runs for its one user). The per-user numerics it needs belong on the problem
+(:class:`fedkl.problems.base.Problem`). The codec, the ClientApp and the Flower federation take it from
+there; ``tests/test_flower.py`` checks the round trip.
 
 Clipping is part of the query and is done where the data lives (the client, or the vectorized
-backend): that is what bounds each user's contribution. A user whose answer is missing or invalid
-(dropout, timeout, NaN, wrong shape) contributes the zero vector and is reported in ``failed``:
-the norm bound of every contribution, hence the sensitivity of the sum, is unchanged.
+backend, with :func:`fedkl.federation.clipping.clip_rows`): that is what bounds each user's
+contribution. A user whose answer is missing or invalid (dropout, timeout, NaN, wrong shape) contributes
+the zero vector and is reported in ``failed``: the norm bound of every contribution, hence the
+sensitivity of the sum, is unchanged.
 """
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import ClassVar, Sequence, Union
+from typing import Any, ClassVar, Mapping, Sequence
 
 import torch
+
+from fedkl.federation.clipping import CLIP_SLACK
+
+# wire kind -> query class; filled by defining a Query subclass with a ``kind`` (Query.__init_subclass__)
+QUERY_KINDS: dict[str, type["Query"]] = {}
+RESERVED_KINDS = ("info",)  # the transport's own handshake (fedkl.flower.codec.INFO), never a query
+MAX_POINTS = 4096  # most points one GradientsAtPoints request may carry
+MAX_LOCAL_STEPS = 100_000  # bounds the work one ClippedLocalUpdate request can ask of a client
+
+
+class Query:
+    """Base of every query type: what a transport needs to know about a kind of per-user request.
+
+    Class attributes: ``kind`` (the wire name; None for a query that never travels under its own name),
+    ``tensor_names`` (the float64 tensors it carries, in wire order) and ``scalar_names`` (its scalar
+    parameters on the wire). Subclasses are frozen dataclasses; the defaults below fit a query whose
+    tensors are parameter vectors of length ``num_params`` and whose answer is one such vector.
+    """
+
+    kind: ClassVar[str | None] = None
+    tensor_names: ClassVar[tuple[str, ...]] = ()
+    scalar_names: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        kind = cls.__dict__.get("kind")
+        if kind is not None:
+            if kind in QUERY_KINDS or kind in RESERVED_KINDS:
+                raise ValueError(f"query kind {kind!r} is already taken")
+            QUERY_KINDS[kind] = cls
+
+    # --- the wire ----------------------------------------------------------------------------------
+    def wire_fields(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """``(scalars, tensors)`` to send: plain ``int``/``float``/``str`` values keyed by
+        ``scalar_names``, and the tensors keyed by ``tensor_names`` (in that order)."""
+        return {}, {name: getattr(self, name) for name in self.tensor_names}
+
+    @classmethod
+    def wire_shapes(cls, declared: Mapping[str, tuple[int, ...]], num_params: int) -> dict[str, tuple[int, ...]]:
+        """The shape every received tensor must have, given the shapes the message declares (checked on
+        the serialised bytes before anything is deserialised); ValueError if a declared shape is not
+        acceptable. Default: a parameter vector ``(num_params,)`` each."""
+        return {name: (num_params,) for name in cls.tensor_names}
+
+    @classmethod
+    def from_wire(cls, scalars: Mapping[str, Any], tensors: Mapping[str, torch.Tensor], num_params: int) -> "Query":
+        """The query from its received scalars (exactly ``scalar_names``) and tensors (finite, of the
+        :meth:`wire_shapes`); ValueError (one line, sent back to the server) for an invalid type or range."""
+        raise NotImplementedError(f"{cls.__name__} does not travel under its own kind")
+
+    # --- answers -----------------------------------------------------------------------------------
+    def answer_shape(self, num_params: int) -> tuple[int, ...]:
+        """Shape of one user's answer (a row of :attr:`Answers.values`); ``()`` for a scalar."""
+        return (num_params,)
+
+    def check_request(self, num_params: int, num_users: int) -> None:
+        """ValueError unless this request is valid for ``num_params`` parameters and ``num_users`` asked
+        users (what a server checks before sending it, and a client before answering it). Default: every
+        tensor is a finite parameter vector."""
+        for name in self.tensor_names:
+            w = torch.as_tensor(getattr(self, name))
+            if w.shape != (num_params,):
+                raise ValueError(f"expected parameters of shape ({num_params},), got {tuple(w.shape)}")
+            if not torch.isfinite(w).all():
+                raise ValueError("parameters contain NaN or inf")
+
+    def check_answer(self, value: torch.Tensor) -> None:
+        """ValueError if a client's decoded answer (finite, of :meth:`answer_shape`) is still not a valid
+        answer (e.g. over the clip bound). Default: any finite answer of the right shape is valid."""
+
+    def for_user(self, row: int) -> "Query":
+        """The request that the ``row``-th asked user receives (default: this query, the same for all)."""
+        return self
+
+    def user_answer(self, value: torch.Tensor) -> torch.Tensor:
+        """The user's row of :attr:`Answers.values` from its answer to :meth:`for_user` (default: as is)."""
+        return value
+
+
+def wire_number(scalars: Mapping[str, Any], key: str) -> float:
+    """A finite number received on the wire (ValueError otherwise; booleans are not numbers)."""
+    v = scalars.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"scalar {key!r} missing or not a number")
+    v = float(v)
+    if not math.isfinite(v):
+        raise ValueError(f"scalar {key!r} is not finite")
+    return v
 
 
 def _check_clip(clip: float) -> None:
@@ -31,9 +142,19 @@ def _check_clip(clip: float) -> None:
         raise ValueError(f"clip norm must be finite and > 0, got {clip}")
 
 
+def _check_clipped_answer(value: torch.Tensor, clip: float) -> None:
+    norm = float(value.norm())
+    if not norm <= clip * (1 + CLIP_SLACK):
+        raise ValueError(f"answer norm {norm:.6g} exceeds the clip bound {clip:g}")
+
+
 @dataclass(frozen=True)
-class ClippedGradient:
+class ClippedGradient(Query):
     """``clip_C(grad f_u(w))``, ``clip_C(v) = v * min(1, C/||v||)`` (norm <= C, zero stays zero)."""
+
+    kind: ClassVar[str] = "clipped_gradient"
+    tensor_names: ClassVar[tuple[str, ...]] = ("w",)
+    scalar_names: ClassVar[tuple[str, ...]] = ("clip",)
 
     w: torch.Tensor
     clip: float
@@ -41,10 +162,24 @@ class ClippedGradient:
     def __post_init__(self) -> None:
         _check_clip(self.clip)
 
+    def wire_fields(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        return {"clip": float(self.clip)}, {"w": self.w}
+
+    @classmethod
+    def from_wire(cls, scalars: Mapping[str, Any], tensors: Mapping[str, torch.Tensor], num_params: int) -> Query:
+        return cls(**tensors, clip=wire_number(scalars, "clip"))
+
+    def check_answer(self, value: torch.Tensor) -> None:
+        _check_clipped_answer(value, self.clip)
+
 
 @dataclass(frozen=True)
-class GradientDifference:
+class GradientDifference(Query):
     """``clip_C(grad f_u(w_new) - grad f_u(w_old))`` (variance-reduced methods)."""
+
+    kind: ClassVar[str] = "gradient_difference"
+    tensor_names: ClassVar[tuple[str, ...]] = ("w_new", "w_old")
+    scalar_names: ClassVar[tuple[str, ...]] = ("clip",)
 
     w_new: torch.Tensor
     w_old: torch.Tensor
@@ -53,10 +188,24 @@ class GradientDifference:
     def __post_init__(self) -> None:
         _check_clip(self.clip)
 
+    def wire_fields(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        return {"clip": float(self.clip)}, {"w_new": self.w_new, "w_old": self.w_old}
+
+    @classmethod
+    def from_wire(cls, scalars: Mapping[str, Any], tensors: Mapping[str, torch.Tensor], num_params: int) -> Query:
+        return cls(**tensors, clip=wire_number(scalars, "clip"))
+
+    def check_answer(self, value: torch.Tensor) -> None:
+        _check_clipped_answer(value, self.clip)
+
 
 @dataclass(frozen=True)
-class LocalRegularizedMinimizer:
+class LocalRegularizedMinimizer(Query):
     """``argmin_v f_u(v) + (strength/2)||v - center||^2``, solved locally to gradient norm ``tol``."""
+
+    kind: ClassVar[str] = "local_minimizer"
+    tensor_names: ClassVar[tuple[str, ...]] = ("center",)
+    scalar_names: ClassVar[tuple[str, ...]] = ("strength", "tol", "max_iter")
 
     center: torch.Tensor
     strength: float
@@ -64,6 +213,24 @@ class LocalRegularizedMinimizer:
     max_iter: int = 500
 
     allow_zero_strength: ClassVar[bool] = False
+
+    def wire_fields(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        return ({"strength": float(self.strength), "tol": float(self.tol), "max_iter": int(self.max_iter)},
+                {"center": self.center})
+
+    @classmethod
+    def from_wire(cls, scalars: Mapping[str, Any], tensors: Mapping[str, torch.Tensor], num_params: int) -> Query:
+        strength, tol = wire_number(scalars, "strength"), wire_number(scalars, "tol")
+        max_iter = scalars.get("max_iter")
+        if not (strength > 0 or (cls.allow_zero_strength and strength == 0)) or not (tol > 0):
+            raise ValueError("strength and tol must be > 0 (strength >= 0 for the certified kind)")
+        if isinstance(max_iter, bool) or not isinstance(max_iter, int) or not 1 <= max_iter <= 100_000:
+            raise ValueError("max_iter must be an integer in [1, 100000]")
+        return cls(tensors["center"], strength, tol, max_iter)
+
+    def check_request(self, num_params: int, num_users: int) -> None:
+        super().check_request(num_params, num_users)
+        check_local_query(self)
 
 
 @dataclass(frozen=True)
@@ -79,7 +246,11 @@ class CertifiedLocalMinimizer(LocalRegularizedMinimizer):
     clients whose two answers disagree.
     ``strength`` may be 0 here (a strongly convex f_u alone: the localisation call of Alg 5/6)."""
 
+    kind: ClassVar[str] = "certified_local_minimizer"
     allow_zero_strength: ClassVar[bool] = True
+
+    def answer_shape(self, num_params: int) -> tuple[int, ...]:
+        return (num_params + 1,)
 
 
 def local_strength_ok(query: LocalRegularizedMinimizer) -> bool:
@@ -105,15 +276,37 @@ def check_local_query(query: LocalRegularizedMinimizer) -> None:
 
 
 @dataclass(frozen=True)
-class LocalLoss:
+class LocalLoss(Query):
     """``f_u(w)`` (a scalar per user); also used for evaluation on held-out records."""
+
+    kind: ClassVar[str] = "local_loss"
+    tensor_names: ClassVar[tuple[str, ...]] = ("w",)
+    scalar_names: ClassVar[tuple[str, ...]] = ("split",)
 
     w: torch.Tensor
     split: str = "train"
 
+    def wire_fields(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        return {"split": str(self.split)}, {"w": self.w}
+
+    @classmethod
+    def from_wire(cls, scalars: Mapping[str, Any], tensors: Mapping[str, torch.Tensor], num_params: int) -> Query:
+        split = scalars.get("split")
+        if split not in ("train", "test"):
+            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        return cls(tensors["w"], split)
+
+    def answer_shape(self, num_params: int) -> tuple[int, ...]:
+        return ()
+
+    def check_request(self, num_params: int, num_users: int) -> None:
+        super().check_request(num_params, num_users)
+        if self.split not in ("train", "test"):
+            raise ValueError(f"split must be 'train' or 'test', got {self.split!r}")
+
 
 @dataclass(frozen=True)
-class GradientsAtPoints:
+class GradientsAtPoints(Query):
     """``grad f_u(p_k)`` for every user and every point ``p_k`` (rows of ``points``, shape ``(k, d)``):
     the UNCLIPPED per-user mean gradients, regularizer included; answer shape ``(users, k, d)``.
 
@@ -121,8 +314,12 @@ class GradientsAtPoints:
     server from exact per-user gradients (no clipping: clipped gradients are not the gradient of
     any loss, and the minimizer-stability argument needs the true loss). Privacy there comes from
     the deletion-stability test, not from a norm bound on the answer. A user whose answer is
-    non-finite is reported in ``failed`` and its rows are zero.
+    non-finite is reported in ``failed`` and its rows are zero. At most :data:`MAX_POINTS` points
+    per request on the wire.
     """
+
+    kind: ClassVar[str] = "gradients_at_points"
+    tensor_names: ClassVar[tuple[str, ...]] = ("points",)
 
     points: torch.Tensor
 
@@ -130,13 +327,35 @@ class GradientsAtPoints:
         if self.points.dim() != 2:
             raise ValueError(f"points must be (k, d), got shape {tuple(self.points.shape)}")
 
+    @classmethod
+    def wire_shapes(cls, declared: Mapping[str, tuple[int, ...]], num_params: int) -> dict[str, tuple[int, ...]]:
+        shape = declared["points"]
+        if len(shape) != 2 or not 1 <= shape[0] <= MAX_POINTS:
+            raise ValueError(f"points: shape {shape}, expected (k, {num_params}) with 1 <= k <= {MAX_POINTS}")
+        return {"points": (shape[0], num_params)}
+
+    @classmethod
+    def from_wire(cls, scalars: Mapping[str, Any], tensors: Mapping[str, torch.Tensor], num_params: int) -> Query:
+        return cls(tensors["points"])
+
+    def answer_shape(self, num_params: int) -> tuple[int, ...]:
+        return (int(self.points.shape[0]), num_params)
+
+    def check_request(self, num_params: int, num_users: int) -> None:
+        points = torch.as_tensor(self.points)
+        if points.dim() != 2 or points.shape[1] != num_params or not torch.isfinite(points).all():
+            raise ValueError(f"points must be finite with {num_params} columns")
+        if not 1 <= points.shape[0] <= MAX_POINTS:
+            raise ValueError(f"between 1 and {MAX_POINTS} points per request, got {points.shape[0]}")
+
 
 @dataclass(frozen=True)
-class GradientsAtOwnPoints:
+class GradientsAtOwnPoints(Query):
     """``grad f_u(p_u)`` for every asked user at ITS OWN point ``p_u`` (row i of ``points`` goes to the
     i-th asked user); answer shape ``(users, d)``. The same oracle as :class:`GradientsAtPoints`
-    (unclipped mean gradient, problem regularizer included): over Flower each user receives a
-    one-point ``GradientsAtPoints`` request, so a client cannot tell the two apart.
+    (unclipped mean gradient, problem regularizer included): over the wire each user receives a
+    one-point ``GradientsAtPoints`` request (:meth:`for_user`), so a client cannot tell the two apart;
+    this type has no wire kind of its own.
 
     The server uses it to RECOMPUTE a quantity that a client reported and a proof needs to be true
     (paper 002's diameter test: the residual of a reported local minimizer, see
@@ -150,9 +369,67 @@ class GradientsAtOwnPoints:
         if self.points.dim() != 2:
             raise ValueError(f"points must be (users, d), got shape {tuple(self.points.shape)}")
 
+    def check_request(self, num_params: int, num_users: int) -> None:
+        points = torch.as_tensor(self.points)
+        if points.shape != (num_users, num_params) or not torch.isfinite(points).all():
+            raise ValueError(f"points must be finite, one row of {num_params} per asked user "
+                             f"({num_users}), got shape {tuple(points.shape)}")
 
-Query = Union[ClippedGradient, GradientDifference, LocalRegularizedMinimizer, CertifiedLocalMinimizer, LocalLoss,
-              GradientsAtPoints, GradientsAtOwnPoints]
+    def for_user(self, row: int) -> Query:
+        return GradientsAtPoints(torch.as_tensor(self.points)[row:row + 1])
+
+    def user_answer(self, value: torch.Tensor) -> torch.Tensor:
+        return value[0]
+
+
+@dataclass(frozen=True)
+class ClippedLocalUpdate(Query):
+    """``clip_C(w_K - w)``: the user's clipped model delta after ``local_steps`` local SGD steps.
+
+    ``w_0 = w``, ``w_{k+1} = w_k - local_lr * grad f_u^{(k)}(w_k)`` for ``k < local_steps``, where
+    ``f_u^{(k)}`` is the user's objective (mean record loss + regularizer) over the records of step
+    ``k``: all of the user's records when ``batch_size`` is None or at least the user's record count,
+    else the ``batch_size`` records at positions ``k*batch_size, ..., k*batch_size + batch_size - 1``
+    (mod the user's record count) in the user's record order — cyclic mini-batches, deterministic,
+    so every backend computes the same answer. The answer has norm <= ``clip`` (``clip_rows``),
+    which is what bounds the user's contribution (DP-FedAvg, McMahan et al. 2018). A user with no
+    records only decays its weights by the regularizer. On the wire ``batch_size`` None is 0.
+    """
+
+    kind: ClassVar[str] = "clipped_local_update"
+    tensor_names: ClassVar[tuple[str, ...]] = ("w",)
+    scalar_names: ClassVar[tuple[str, ...]] = ("clip", "local_steps", "local_lr", "batch_size")
+
+    w: torch.Tensor
+    clip: float
+    local_steps: int = 1
+    local_lr: float = 0.1
+    batch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_clip(self.clip)
+        if isinstance(self.local_steps, bool) or int(self.local_steps) != self.local_steps \
+                or not 1 <= self.local_steps <= MAX_LOCAL_STEPS:
+            raise ValueError(f"local_steps must be an integer in [1, {MAX_LOCAL_STEPS}], got {self.local_steps}")
+        if not (self.local_lr > 0 and math.isfinite(self.local_lr)):
+            raise ValueError(f"local_lr must be finite and > 0, got {self.local_lr}")
+        if self.batch_size is not None and (isinstance(self.batch_size, bool) or int(self.batch_size) != self.batch_size
+                                            or self.batch_size < 1):
+            raise ValueError(f"batch_size must be None (all records) or a positive integer, got {self.batch_size}")
+
+    def wire_fields(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        return ({"clip": float(self.clip), "local_steps": int(self.local_steps), "local_lr": float(self.local_lr),
+                 "batch_size": int(self.batch_size or 0)}, {"w": self.w})
+
+    @classmethod
+    def from_wire(cls, scalars: Mapping[str, Any], tensors: Mapping[str, torch.Tensor], num_params: int) -> Query:
+        steps, batch = scalars.get("local_steps"), scalars.get("batch_size")
+        for name, v in (("local_steps", steps), ("batch_size", batch)):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ValueError(f"{name} must be an integer")
+        if batch < 0:
+            raise ValueError("batch_size must be >= 0 (0: all records)")
+        return cls(tensors["w"], wire_number(scalars, "clip"), steps, wire_number(scalars, "local_lr"), batch or None)
 
 
 @dataclass
@@ -213,39 +490,3 @@ class Federation(ABC):
     def ids_of(self, users: Sequence[int]) -> list[str]:
         ids = self.user_ids
         return [ids[u] for u in users]
-
-
-@dataclass(frozen=True)
-class ClippedLocalUpdate:
-    """``clip_C(w_K - w)``: the user's clipped model delta after ``local_steps`` local SGD steps.
-
-    ``w_0 = w``, ``w_{k+1} = w_k - local_lr * grad f_u^{(k)}(w_k)`` for ``k < local_steps``, where
-    ``f_u^{(k)}`` is the user's objective (mean record loss + regularizer) over the records of step
-    ``k``: all of the user's records when ``batch_size`` is None or at least the user's record count,
-    else the ``batch_size`` records at positions ``k*batch_size, ..., k*batch_size + batch_size - 1``
-    (mod the user's record count) in the user's record order — cyclic mini-batches, deterministic,
-    so every backend computes the same answer. The answer has norm <= ``clip`` (``clip_rows``),
-    which is what bounds the user's contribution (DP-FedAvg, McMahan et al. 2018). A user with no
-    records only decays its weights by the regularizer.
-    """
-
-    w: torch.Tensor
-    clip: float
-    local_steps: int = 1
-    local_lr: float = 0.1
-    batch_size: int | None = None
-
-    def __post_init__(self) -> None:
-        _check_clip(self.clip)
-        if isinstance(self.local_steps, bool) or int(self.local_steps) != self.local_steps \
-                or not 1 <= self.local_steps <= MAX_LOCAL_STEPS:
-            raise ValueError(f"local_steps must be an integer in [1, {MAX_LOCAL_STEPS}], got {self.local_steps}")
-        if not (self.local_lr > 0 and math.isfinite(self.local_lr)):
-            raise ValueError(f"local_lr must be finite and > 0, got {self.local_lr}")
-        if self.batch_size is not None and (isinstance(self.batch_size, bool) or int(self.batch_size) != self.batch_size
-                                            or self.batch_size < 1):
-            raise ValueError(f"batch_size must be None (all records) or a positive integer, got {self.batch_size}")
-
-
-MAX_LOCAL_STEPS = 100_000  # bounds the work one request can ask of a client
-Query = Union[Query, ClippedLocalUpdate]

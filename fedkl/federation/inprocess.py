@@ -5,6 +5,10 @@ with ``index_add_``), so a 10,000-user simulation costs a few tensor ops per rou
 Python calls. It computes exactly what a Flower client computes for its one user, bit for bit: the
 problems' record kernels are batch-invariant (:mod:`fedkl.problems.rowwise`) and ``index_add_`` adds a
 user's records in record order, so a user's row does not depend on which other users share the call.
+
+Each query type has one answer, registered with :func:`answers` (``@answers(ClippedGradient)``); the
+per-user numerics are the problem's (:class:`fedkl.problems.base.Problem`: gradients, losses and the
+local solvers), clipping is :func:`fedkl.federation.clipping.clip_rows` (re-exported here).
 """
 from __future__ import annotations
 
@@ -30,21 +34,23 @@ from fedkl.federation.base import (
 from fedkl.federation.clipping import clip_rows, zero_nonfinite_rows
 from fedkl.problems.base import Problem
 
-# query type -> name of the InProcessFederation method that answers it (filled by @answers)
-_ANSWERS: dict[type, str] = {}
-
 AnswerMethod = Callable[["InProcessFederation", Query, list[int]], tuple[torch.Tensor, torch.Tensor]]
+
+# query type -> its in-process answer (filled by @answers)
+_ANSWERS: dict[type, AnswerMethod] = {}
 
 
 def answers(query_type: type) -> Callable[[AnswerMethod], AnswerMethod]:
-    """Register the decorated :class:`InProcessFederation` method as the answer to ``query_type`` (and
-    to its subclasses that have no answer of their own). The method takes ``(query, users)`` (validated
-    user positions) and returns ``(values, bad)``: one row per asked user and the mask of the users
-    whose answer is invalid (their rows already zero). A subclass of the backend may override it."""
+    """Register the decorated function as the in-process answer to ``query_type`` (and to its subclasses
+    that have no answer of their own): a method of :class:`InProcessFederation`, or a function
+    ``(federation, query, users)`` defined elsewhere. It gets validated user positions and returns
+    ``(values, bad)``: one row per asked user and the mask of the users whose answer is invalid (their
+    rows already zero; :mod:`fedkl.federation.clipping`). A subclass of the backend may override a
+    method answer by defining a method of the same name."""
     def register(method: AnswerMethod) -> AnswerMethod:
         if query_type in _ANSWERS:
             raise ValueError(f"{query_type.__name__} already has an in-process answer")
-        _ANSWERS[query_type] = method.__name__
+        _ANSWERS[query_type] = method
         return method
     return register
 
@@ -84,10 +90,10 @@ class InProcessFederation(Federation):
 
     def compute(self, query: Query, users: Sequence[int] | None = None) -> Answers:
         users = self._users(users)
-        name = next((_ANSWERS[t] for t in type(query).__mro__ if t in _ANSWERS), None)
-        if name is None:
+        answer = next((_ANSWERS[t] for t in type(query).__mro__ if t in _ANSWERS), None)
+        if answer is None:
             raise TypeError(f"unsupported query type {type(query).__name__}")
-        values, bad = getattr(self, name)(query, users)
+        values, bad = getattr(type(self), answer.__name__, answer)(self, query, users)  # a subclass's override
         failed = [users[i] for i in torch.nonzero(bad).flatten().tolist()]
         return Answers(users=users, values=values, failed=failed)
 

@@ -27,7 +27,6 @@ from flwr.app import Context, Message  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
 
 from fedkl.data import load_dataset  # noqa: E402
-from fedkl.federation.base import LocalRegularizedMinimizer, local_strength_ok  # noqa: E402
 from fedkl.federation.inprocess import InProcessFederation  # noqa: E402
 from fedkl.flower import codec  # noqa: E402
 from fedkl.problems import make_problem  # noqa: E402
@@ -62,9 +61,10 @@ class UserWorker:
         kind = codec.kind_of(query)
         if query == codec.INFO:
             return codec.encode_info(self.partition_id, self.num_partitions, self.user_id, self.num_params)
-        if isinstance(query, LocalRegularizedMinimizer) and not local_strength_ok(query):
-            raise codec.CodecError("the local regularization strength must be finite and > 0 (>= 0 for the certified "
-                                   "kind)")
+        try:  # the query's own request rule (a decoded query already passed the codec's)
+            query.check_request(self.num_params, 1)
+        except ValueError as exc:
+            raise codec.CodecError(str(exc)) from None
         ans = self._fed.compute(query, [0])
         if ans.failed:
             return codec.encode_error(codec.ERR_NOT_FINITE, "the answer of this user is not finite")

@@ -10,6 +10,10 @@ so that both ends agree on one small, strictly validated format:
   ArrayRecord with one float64 array ``"value"``; an error reply has an ``"error"`` ConfigRecord
   (``code``, ``reason``) and nothing else.
 
+The format is generic: a query's kind, scalars, tensors, tensor shapes and answer shape all come
+from the query type itself (:class:`fedkl.federation.base.Query`, registry
+:data:`~fedkl.federation.base.QUERY_KINDS`), so a new query kind needs no change here.
+
 Decoding never trusts the other side: unknown kinds or keys, wrong dtypes/shapes/serialisation,
 non-finite values and arrays larger than the expected shape needs are :class:`CodecError`. Array
 sizes are checked on the *serialised* bytes before anything is deserialised.
@@ -17,7 +21,6 @@ sizes are checked on the *serialised* bytes before anything is deserialised.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Mapping
@@ -25,41 +28,14 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from fedkl.federation import base as _base
-from fedkl.federation.base import (
-    CertifiedLocalMinimizer,
-    ClippedGradient,
-    ClippedLocalUpdate,
-    GradientDifference,
-    LocalLoss,
-    LocalRegularizedMinimizer,
-    Query,
-)
+from fedkl.federation.base import MAX_POINTS as MAX_POINTS  # re-exported: most points per request
+from fedkl.federation.base import QUERY_KINDS, Query
+from fedkl.federation.base import GradientsAtPoints as GradientsAtPoints  # re-exported for callers
 from fedkl.problems import DEFAULT_PROBLEM
-
-# Newer query types (output perturbation); optional so that the codec works with either base.py.
-GradientsAtPoints = getattr(_base, "GradientsAtPoints", None)
-MAX_POINTS = 4096  # most points one GradientsAtPoints request may carry
 
 PROTOCOL = 1
 MESSAGE_TYPE = "query.fedkl"
 INFO = "info"  # the handshake kind: which user does this node hold?
-
-# Query kinds on the wire and the tensors each one carries (in this order).
-KINDS: dict[str, tuple[type | None, tuple[str, ...]]] = {
-    "clipped_gradient": (ClippedGradient, ("w",)),
-    "gradient_difference": (GradientDifference, ("w_new", "w_old")),
-    "local_minimizer": (LocalRegularizedMinimizer, ("center",)),
-    "certified_local_minimizer": (CertifiedLocalMinimizer, ("center",)),  # answer: minimizer + residual
-    "local_loss": (LocalLoss, ("w",)),
-    INFO: (None, ()),
-}
-if GradientsAtPoints is not None:
-    KINDS["gradients_at_points"] = (GradientsAtPoints, ("points",))
-# DP-FedAvg: scalars clip, local_steps, local_lr, batch_size (0 on the wire = all records)
-KINDS["clipped_local_update"] = (ClippedLocalUpdate, ("w",))
-SCALAR_KINDS = ("local_loss",)  # one number per user
-_KIND_OF = {cls: kind for kind, (cls, _) in KINDS.items() if cls is not None}
 
 # Error codes carried in an "error" ConfigRecord.
 ERR_BAD_REQUEST = 1      # unknown kind, wrong shape/dtype, NaN, oversize, bad scalar
@@ -123,26 +99,18 @@ def _exact_keys(record: Mapping, expected: tuple[str, ...], what: str) -> None:
         raise CodecError(f"{what}: keys {sorted(keys)}, expected {sorted(expected)}")
 
 
-def _number(cfg: Mapping, key: str) -> float:
-    v = cfg.get(key)
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise CodecError(f"scalar {key!r} missing or not a number")
-    v = float(v)
-    if not math.isfinite(v):
-        raise CodecError(f"scalar {key!r} is not finite")
-    return v
-
-
 # --- requests ------------------------------------------------------------------------------------
 def kind_of(query: Query | str) -> str:
+    """The wire kind of a query object (TypeError for a type without one), or a kind string checked
+    against the registry (:data:`INFO` included)."""
     if isinstance(query, str):
-        if query not in KINDS:
+        if query != INFO and query not in QUERY_KINDS:
             raise CodecError(f"unknown request kind {query!r}")
         return query
-    try:
-        return _KIND_OF[type(query)]
-    except KeyError:
-        raise TypeError(f"unsupported query type {type(query).__name__}") from None
+    kind = getattr(type(query), "kind", None)
+    if kind is None or QUERY_KINDS.get(kind) is not type(query):
+        raise TypeError(f"unsupported query type {type(query).__name__}")
+    return kind
 
 
 def encode_request(query: Query | str) -> Any:
@@ -152,18 +120,10 @@ def encode_request(query: Query | str) -> Any:
     kind = kind_of(query)
     cfg: dict[str, Any] = {"protocol": PROTOCOL, "kind": kind}
     tensors: dict[str, Any] = {}
-    if isinstance(query, (ClippedGradient, GradientDifference)):
-        cfg["clip"] = float(query.clip)
-    if isinstance(query, LocalRegularizedMinimizer):
-        cfg.update(strength=float(query.strength), tol=float(query.tol), max_iter=int(query.max_iter))
-    if isinstance(query, LocalLoss):
-        cfg["split"] = str(query.split)
-    if isinstance(query, ClippedLocalUpdate):
-        cfg.update(clip=float(query.clip), local_steps=int(query.local_steps), local_lr=float(query.local_lr),
-                   batch_size=int(query.batch_size or 0))
-    for name in KINDS[kind][1]:
-        if getattr(query, name) is not None:
-            tensors[name] = _array(getattr(query, name))
+    if kind != INFO:
+        scalars, arrays = query.wire_fields()
+        cfg.update(scalars)
+        tensors = {name: _array(t) for name, t in arrays.items()}
     return RecordDict({"fedkl": ConfigRecord(cfg), "tensors": ArrayRecord(tensors)})
 
 
@@ -183,73 +143,44 @@ def decode_request(content: Any, num_params: int) -> Query | str:
     if cfg.get("protocol") != PROTOCOL:
         raise CodecError(f"protocol {cfg.get('protocol')!r}, expected {PROTOCOL}")
     kind = cfg.get("kind")
-    if not isinstance(kind, str) or kind not in KINDS:
+    if not isinstance(kind, str) or (kind != INFO and kind not in QUERY_KINDS):
         raise CodecError(f"unknown request kind {kind!r}")
-    cls, names = KINDS[kind]
+    if kind == INFO:
+        _exact_keys(tensors, (), f"{kind} tensors")
+        _exact_keys(cfg, ("protocol", "kind"), "info request")
+        return INFO
+    cls = QUERY_KINDS[kind]
+    names = cls.tensor_names
     _exact_keys(tensors, names, f"{kind} tensors")
-    shapes = {n: (num_params,) for n in names}
-    if kind == "gradients_at_points":
-        declared = tuple(getattr(tensors["points"], "shape", ()))
-        if len(declared) != 2 or not 1 <= declared[0] <= MAX_POINTS:
-            raise CodecError(f"points: shape {declared}, expected (k, {num_params}) with 1 <= k <= {MAX_POINTS}")
-        shapes["points"] = (declared[0], num_params)
-    arrays = {n: torch.from_numpy(_read_array(tensors[n], n, shapes[n]).copy()) for n in names}
     try:
-        if kind == INFO:
-            _exact_keys(cfg, ("protocol", "kind"), "info request")
-            return INFO
-        if cls in (ClippedGradient, GradientDifference):
-            _exact_keys(cfg, ("protocol", "kind", "clip"), f"{kind} scalars")
-            return cls(**arrays, clip=_number(cfg, "clip"))
-        if cls in (LocalRegularizedMinimizer, CertifiedLocalMinimizer):
-            _exact_keys(cfg, ("protocol", "kind", "strength", "tol", "max_iter"), f"{kind} scalars")
-            strength, tol = _number(cfg, "strength"), _number(cfg, "tol")
-            max_iter = cfg.get("max_iter")
-            if not (strength > 0 or (cls.allow_zero_strength and strength == 0)) or not (tol > 0):
-                raise CodecError("strength and tol must be > 0 (strength >= 0 for the certified kind)")
-            if isinstance(max_iter, bool) or not isinstance(max_iter, int) or not 1 <= max_iter <= 100_000:
-                raise CodecError("max_iter must be an integer in [1, 100000]")
-            return cls(arrays["center"], strength, tol, max_iter)
-        if kind == "gradients_at_points":
-            _exact_keys(cfg, ("protocol", "kind"), f"{kind} scalars")
-            return cls(arrays["points"])
-        if kind == "clipped_local_update":
-            _exact_keys(cfg, ("protocol", "kind", "clip", "local_steps", "local_lr", "batch_size"), f"{kind} scalars")
-            steps, batch = cfg.get("local_steps"), cfg.get("batch_size")
-            for name, v in (("local_steps", steps), ("batch_size", batch)):
-                if isinstance(v, bool) or not isinstance(v, int):
-                    raise CodecError(f"{name} must be an integer")
-            if batch < 0:
-                raise CodecError("batch_size must be >= 0 (0: all records)")
-            return cls(arrays["w"], _number(cfg, "clip"), steps, _number(cfg, "local_lr"), batch or None)
-        _exact_keys(cfg, ("protocol", "kind", "split"), f"{kind} scalars")
-        split = cfg.get("split")
-        if split not in ("train", "test"):
-            raise CodecError(f"split must be 'train' or 'test', got {split!r}")
-        return LocalLoss(arrays["w"], split)
+        shapes = cls.wire_shapes({n: tuple(getattr(tensors[n], "shape", ())) for n in names}, num_params)
+    except ValueError as exc:
+        raise CodecError(str(exc)) from None
+    arrays = {n: torch.from_numpy(_read_array(tensors[n], n, shapes[n]).copy()) for n in names}
+    _exact_keys(cfg, ("protocol", "kind") + cls.scalar_names, f"{kind} scalars")
+    try:
+        return cls.from_wire({k: cfg[k] for k in cls.scalar_names}, arrays, num_params)
     except CodecError:
         raise
-    except ValueError as exc:  # e.g. the query's own clip check
+    except ValueError as exc:  # the query's own checks (types, ranges, clip)
         raise CodecError(str(exc)) from None
 
 
 # --- replies -------------------------------------------------------------------------------------
-def answer_shape(kind: str, num_params: int, num_points: int | None = None) -> tuple[int, ...]:
-    if kind in SCALAR_KINDS:
-        return (1,)
-    if kind == "gradients_at_points":
-        return (int(num_points or 0), num_params)
-    if kind == "certified_local_minimizer":
-        return (num_params + 1,)
-    return (num_params,)
+def answer_shape(query: Query, num_params: int) -> tuple[int, ...]:
+    """The shape of one user's answer to ``query`` on the wire: the query's
+    :meth:`~fedkl.federation.base.Query.answer_shape`, a scalar travelling as ``(1,)``."""
+    return query.answer_shape(num_params) or (1,)
 
 
-def encode_answer(kind: str, value: torch.Tensor | np.ndarray) -> Any:
+def encode_answer(query: Query | str, value: torch.Tensor | np.ndarray) -> Any:
+    """The reply to a ``query`` request (or its kind) carrying ``value`` (a 0-d scalar travels as ``(1,)``)."""
     from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
+    kind = kind_of(query)
     v = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
     v = np.ascontiguousarray(v, dtype=np.float64)
-    if kind in SCALAR_KINDS:
+    if v.ndim == 0:
         v = v.reshape(1)
     return RecordDict({"fedkl": ConfigRecord({"protocol": PROTOCOL, "kind": kind, "status": "ok"}),
                        "answer": ArrayRecord({"value": _array(v)})})
@@ -304,18 +235,19 @@ def _ok_header(content: Any, kind: str, keys: tuple[str, ...]) -> Mapping:
     return cfg
 
 
-def decode_answer(reply: Any, kind: str, num_params: int, num_points: int | None = None) -> torch.Tensor:
-    """The float64 answer in ``reply`` to a ``kind`` request: ``(num_params,)``, ``(num_points,
-    num_params)`` for gradients at points, or a 0-d scalar (loss).
+def decode_answer(reply: Any, query: Query, num_params: int) -> torch.Tensor:
+    """The float64 answer in ``reply`` to the request ``query``, of the query's
+    :meth:`~fedkl.federation.base.Query.answer_shape` (a 0-d tensor for a scalar answer).
 
     Raises :class:`ReplyError` for an error reply and :class:`CodecError` for anything invalid.
     """
+    kind = kind_of(query)
     content = _content(reply)
     _ok_header(content, kind, ())
     answer = content["answer"]
     _exact_keys(answer, ("value",), "answer")
-    v = torch.from_numpy(_read_array(answer["value"], "value", answer_shape(kind, num_params, num_points)).copy())
-    return v[0] if kind in SCALAR_KINDS else v
+    v = torch.from_numpy(_read_array(answer["value"], "value", answer_shape(query, num_params)).copy())
+    return v.reshape(query.answer_shape(num_params))
 
 
 @dataclass(frozen=True)

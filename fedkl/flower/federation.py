@@ -24,25 +24,11 @@ from typing import Any
 
 import torch
 
-from fedkl.federation.base import (
-    Answers,
-    ClippedGradient,
-    Federation,
-    GradientDifference,
-    GradientsAtOwnPoints,
-    GradientsAtPoints,
-    LocalLoss,
-    LocalRegularizedMinimizer,
-    Query,
-    check_local_query,
-)
+from fedkl.federation.base import Answers, Federation, Query
+from fedkl.federation.clipping import CLIP_SLACK as CLIP_SLACK  # re-exported (the accepted excess over a clip)
 from fedkl.flower import codec
 
 log = logging.getLogger(__name__)
-
-# Relative slack on the clip bound accepted from a client: clip_rows' result can exceed C by a few
-# ulps (the in-process backend has the same excess); anything larger is an invalid answer.
-CLIP_SLACK = 1e-12
 
 
 class FlowerFederation(Federation):
@@ -130,48 +116,16 @@ class FlowerFederation(Federation):
     def num_params(self) -> int:
         return self._num_params
 
-    def _check_query(self, query: Query) -> int | None:
-        """Refuse a bad request on the server, as the in-process backend does (ValueError).
-        Returns the number of points of a GradientsAtPoints query (else None)."""
-        kind = codec.kind_of(query)  # TypeError for an unsupported query type
-        if kind == "gradients_at_points":
-            points = torch.as_tensor(query.points)
-            if points.dim() != 2 or points.shape[1] != self.num_params or not torch.isfinite(points).all():
-                raise ValueError(f"points must be finite with {self.num_params} columns")
-            if not 1 <= points.shape[0] <= codec.MAX_POINTS:
-                raise ValueError(f"between 1 and {codec.MAX_POINTS} points per request, got {points.shape[0]}")
-            return int(points.shape[0])
-        for name in codec.KINDS[kind][1]:
-            w = getattr(query, name)
-            w = torch.as_tensor(w)
-            if w.shape != (self.num_params,):
-                raise ValueError(f"expected parameters of shape ({self.num_params},), got {tuple(w.shape)}")
-            if not torch.isfinite(w).all():
-                raise ValueError("parameters contain NaN or inf")
-        if isinstance(query, LocalRegularizedMinimizer):
-            check_local_query(query)
-        if isinstance(query, LocalLoss) and query.split not in ("train", "test"):
-            raise ValueError(f"split must be 'train' or 'test', got {query.split!r}")
-        return None
-
     def compute(self, query: Query, users: Sequence[int] | None = None) -> Answers:
+        """Every asked user's answer, validated by the query itself: the request before it is sent
+        (:meth:`~fedkl.federation.base.Query.check_request`, ValueError as in-process), each reply's
+        shape by the codec and its content by :meth:`~fedkl.federation.base.Query.check_answer`."""
         users = self._users(users)
-        per_user = None  # GradientsAtOwnPoints: row -> the one-point GradientsAtPoints request of that row's user
-        if isinstance(query, GradientsAtOwnPoints):
-            points = torch.as_tensor(query.points)
-            if points.shape != (len(users), self.num_params) or not torch.isfinite(points).all():
-                raise ValueError(f"points must be finite, one row of {self.num_params} per asked user "
-                                 f"({len(users)}), got shape {tuple(points.shape)}")
-            per_user = lambda row: GradientsAtPoints(points[row:row + 1])  # noqa: E731
-            query = per_user(0) if users else GradientsAtPoints(points.new_zeros(1, self.num_params))
-        num_points = self._check_query(query)
-        kind = codec.kind_of(query)
-        shape = (len(users),) + codec.answer_shape(kind, self.num_params, num_points)
-        if kind in codec.SCALAR_KINDS:
-            shape = (len(users),)
-        if per_user:  # one point per user: its gradient row
-            shape = (len(users), self.num_params)
-        values = torch.zeros(shape, dtype=self.dtype)
+        if not isinstance(query, Query):
+            raise TypeError(f"unsupported query type {type(query).__name__}")
+        query.check_request(self.num_params, len(users))
+        kind = codec.kind_of(query.for_user(0))  # TypeError for a query type that cannot travel
+        values = torch.zeros((len(users),) + query.answer_shape(self.num_params), dtype=self.dtype)
         errors: dict[int, str] = {}
         asked = [(row, u) for row, u in enumerate(users) if u in self.node_of]
         for row, u in enumerate(users):
@@ -179,7 +133,8 @@ class FlowerFederation(Federation):
                 errors[u] = "no node for this user"
         if asked:
             group = f"fedkl-{next(self._group)}"
-            msgs = [self._message(per_user(row) if per_user else query, self.node_of[u], group) for row, u in asked]
+            sent = {row: query.for_user(row) for row, _ in asked}
+            msgs = [self._message(sent[row], self.node_of[u], group) for row, u in asked]
             replies = self._match(msgs, self.grid.send_and_receive(msgs, timeout=self.timeout))
             for row, u in asked:
                 reply = replies.get(self.node_of[u])
@@ -187,13 +142,10 @@ class FlowerFederation(Federation):
                     errors[u] = "no reply (dropout or timeout)"
                     continue
                 try:
-                    v = codec.decode_answer(reply, kind, self.num_params, num_points)
-                    if isinstance(query, (ClippedGradient, GradientDifference)):
-                        norm = float(v.norm())
-                        if not norm <= query.clip * (1 + CLIP_SLACK):
-                            raise codec.CodecError(f"answer norm {norm:.6g} exceeds the clip bound {query.clip:g}")
-                    values[row] = (v[0] if per_user else v).to(self.dtype)
-                except (codec.CodecError, codec.ReplyError) as exc:
+                    v = codec.decode_answer(reply, sent[row], self.num_params)
+                    sent[row].check_answer(v)
+                    values[row] = query.user_answer(v).to(self.dtype)
+                except (codec.CodecError, codec.ReplyError, ValueError) as exc:
                     errors[u] = str(exc)
         self.last_errors = errors
         failed = [u for u in users if u in errors]

@@ -43,7 +43,10 @@ class Problem(ABC):
     """A loss over flat parameters ``w`` (1-D tensor of ``num_params`` entries).
 
     Subclasses implement :meth:`record_losses` and :meth:`per_user_gradients` (vectorized over all
-    users: no Python loop over users), :meth:`constants` and :meth:`metrics`.
+    users: no Python loop over users), :meth:`constants` and :meth:`metrics`. The local solvers that
+    the federation backends answer local queries with (:meth:`local_minimizers`,
+    :meth:`gradients_at_points`, :meth:`local_updates`) have generic versions here, built on those two;
+    a problem with closed-form derivatives overrides them (:class:`fedkl.problems.glm.GeneralizedLinear`).
     """
 
     name: str = "problem"
