@@ -109,7 +109,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -264,10 +264,13 @@ class DiameterSCOutputPert:
         """u < w with ||v~_u - v~_w|| + e_u + e_w > rho (1 - 1e-9): a missing edge proves ||v_u - v_w|| <= rho."""
         return conflict_edges(V, rho, err)
 
-    def plan(self, federation: Federation, center: torch.Tensor) -> tuple[StabilityPlan, dict]:
+    def plan(self, federation: Federation, center: torch.Tensor,
+             vectors: tuple[torch.Tensor, torch.Tensor, int] | None = None) -> tuple[StabilityPlan, dict]:
+        """The test's outcome (NOT private). ``vectors``: :meth:`checked_local_vectors`' result when
+        the caller has it already (they do not depend on Delta or eps)."""
         n = federation.num_users
         score, rho = self.score(n), self.rho(n)
-        V, err, understated = self.checked_local_vectors(federation, center)
+        V, err, understated = vectors if vectors is not None else self.checked_local_vectors(federation, center)
         edges = self.conflict_edges(V, err, rho)
         diag = {"test": score, "rho": rho, "condition_L_over_mu": self.condition, "conflict_edges": len(edges),
                 "conflict_users": len({u for e in edges for u in e}), "max_local_error": float(err.max()),
@@ -282,16 +285,30 @@ class DiameterSCOutputPert:
         value = self.solver.solve(federation, mask, center)[0]
         return StabilityPlan(n, int(dist), tuple(deleted), value, f"diameter-{score}"), diag
 
+    def deletion_score(self, n: int, V: torch.Tensor, err: torch.Tensor) -> int:
+        """The test's score, capped: the deletions the test needs (minimum cover, or matching number),
+        ``2 kappa + 1`` when above ``2 kappa``. Changes by at most 1 when one user is replaced: an edge
+        depends on its two users only, and a cover of one graph plus the replaced user covers the
+        other (a matching loses at most the replaced user's edge); capping keeps that."""
+        found, _ = deletion_set(n, self.conflict_edges(V, err, self.rho(n)), self.score(n), 2 * self.kappa)
+        return 2 * self.kappa + 1 if found is None else int(found[0])
+
     # --- the release ------------------------------------------------------------------------------
     def run(self, federation: Federation, releaser: Releaser, w0: torch.Tensor,
             progress: Callable[[dict], None] | None = None, label: str | None = None) -> DelOutputPertResult:
         """One (eps, delta) release charged to every user; ``theta`` is None for ⊥. ``w0``: the public centre."""
-        cfg = self.config
         n = federation.num_users
         center = check_release_start(self.name, releaser, federation, w0)
         self.check(n)  # before any data is read
-        start = time.perf_counter()
-        plan, diag = self.plan(federation, center)
+        return self.release(federation, releaser, center, w0, progress, label, time.perf_counter())
+
+    def release(self, federation: Federation, releaser: Releaser, center: torch.Tensor, w0: torch.Tensor,
+                progress: Callable[[dict], None] | None, label: str | None, start: float,
+                vectors: tuple[torch.Tensor, torch.Tensor, int] | None = None) -> DelOutputPertResult:
+        """The test and the (eps, delta) release (after :meth:`check`)."""
+        cfg = self.config
+        n = federation.num_users
+        plan, diag = self.plan(federation, center, vectors)
         dop = DelOutputPert(self.dop(n))
         theta = dop.release(plan, releaser, federation.ids_of(range(n)), label or self.name,
                             {"mu": cfg.mu, "beta": cfg.beta, "tau": cfg.tau, "iterations": cfg.iterations,
@@ -304,4 +321,89 @@ class DiameterSCOutputPert:
         return res
 
 
-__all__ = ["DiameterSCOutputPert", "DiameterTestConfig", "TESTS", "resolve_test"]
+class SelectedDeltaSCOutputPert:
+    """sc-output-pert with Delta chosen privately from a public grid (issue 13 §2).
+
+    Public inputs: the total (eps, delta), the grid ``Delta_max / ratio^k`` (k = size-1, ..., 0:
+    ascending, ending at the configured Delta), the selection's share of eps, and the threshold T
+    on the deletion score. The run:
+
+    1. every candidate ``DiameterSCOutputPert`` at (eps_release = eps - eps_select, delta, Delta_j)
+       is checked from public values before any data is read;
+    2. the users' local vectors (v~, e) are computed once (they do not depend on Delta or eps);
+    3. AboveThreshold (:class:`~fedkl.privacy.sparse_vector.AboveThreshold`, eps_select-DP, pure)
+       over the ascending grid with queries ``-score_j`` and threshold ``-T`` picks the first Delta_j
+       whose capped deletion score (:meth:`DiameterSCOutputPert.deletion_score`, sensitivity 1 under
+       replace-one) is at most about T; none: the largest, the configured Delta;
+    4. the chosen candidate's diameter test and release at (eps_release, delta).
+
+    Guarantee: **(eps, delta)-DP, user level, replace-one, n public**, clients as
+    :class:`DiameterSCOutputPert`. Proof: step 3 is eps_select-DP (each query has sensitivity 1; the
+    grid, its order and T are public); step 4 is (eps_release, delta)-DP for EVERY fixed Delta_j
+    (DiameterSCOutputPert's theorem); adaptive basic composition gives (eps_select + eps_release,
+    delta) = (eps, delta). The ledger is charged both releases separately, before each is drawn.
+    ``tests/test_delta_selection.py`` audits the composed output law exactly on neighbouring
+    federations. Utility: with IID users the largest deletion jump is far below the union-bound
+    Delta_uc (simulations/results/paper002_crossover.md measures ~1/80), and the noise is
+    proportional to the Delta used.
+    """
+
+    name = "sc-output-pert"
+    guarantee = Guarantee("approx-dp", clients=IN_CLASS_CLIENTS)
+
+    def __init__(self, config: SCOutputPertConfig, test: DiameterTestConfig | None = None,
+                 select_fraction: float = 0.25, grid_ratio: float = 2.0, grid_size: int = 12,
+                 threshold: float | None = None) -> None:
+        if not 0 < select_fraction < 1:
+            raise ValueError(f"select_fraction must be in (0, 1), got {select_fraction}")
+        if not (grid_ratio > 1 and math.isfinite(grid_ratio)):
+            raise ValueError(f"grid_ratio must be finite and > 1, got {grid_ratio}")
+        if int(grid_size) != grid_size or grid_size < 2:
+            raise ValueError(f"grid_size must be an integer >= 2, got {grid_size}")
+        self.config = config
+        self.eps_select = config.eps * select_fraction
+        release = replace(config, eps=config.eps - self.eps_select)
+        self.grid = tuple(config.Delta / grid_ratio ** k for k in range(int(grid_size) - 1, -1, -1))
+        self.candidates = tuple(DiameterSCOutputPert(replace(release, Delta=D), test) for D in self.grid)
+        kappa = self.candidates[0].kappa
+        self.threshold = float(kappa / 2 if threshold is None else threshold)
+
+    def check(self, n: int) -> None:
+        for c in self.candidates:
+            c.check(n)
+
+    def sigma(self, n: int) -> float:
+        """The noise at the configured (largest) Delta; the chosen Delta_j scales it by Delta_j / Delta."""
+        return self.candidates[-1].sigma(n)
+
+    def forecast(self, n: int, w0: torch.Tensor, user_ids=None) -> dict:
+        """The smallest grid Delta's forecast (the best the selection can reach; the runner refuses a
+        run whose best case swamps the model), with the largest's noise ratio beside it."""
+        out = self.candidates[0].forecast(n, w0, user_ids)
+        out["noise_over_signal_at_largest_Delta"] = self.candidates[-1].forecast(n, w0, user_ids)["noise_over_signal"]
+        return out
+
+    def run(self, federation: Federation, releaser: Releaser, w0: torch.Tensor,
+            progress: Callable[[dict], None] | None = None, label: str | None = None) -> DelOutputPertResult:
+        n = federation.num_users
+        center = check_release_start(self.name, releaser, federation, w0)
+        self.check(n)  # every candidate, before any data is read
+        start = time.perf_counter()
+        first = self.candidates[0]
+        vectors = first.checked_local_vectors(federation, center)
+        scores = [c.deletion_score(n, vectors[0], vectors[1]) for c in self.candidates]
+        name = label or self.name
+        chosen = releaser.above_threshold([-s for s in scores], eps=self.eps_select, threshold=-self.threshold,
+                                          sensitivity=1.0, user_ids=federation.ids_of(range(n)),
+                                          label=f"{name}/select-Delta",
+                                          details={"grid": list(self.grid), "threshold": self.threshold})
+        index = len(self.grid) - 1 if chosen is None else chosen
+        res = self.candidates[index].release(federation, releaser, center, w0, progress, name, start, vectors)
+        res.diagnostics.update({"Delta_selected": self.grid[index], "Delta_grid": list(self.grid),
+                                "selection_eps": self.eps_select, "selection_threshold": self.threshold,
+                                "selection_fell_back": chosen is None,
+                                "nonprivate_scores": scores})
+        return res
+
+
+__all__ = ["DiameterSCOutputPert", "DiameterTestConfig", "SelectedDeltaSCOutputPert", "TESTS", "resolve_test"]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedkl.algorithms.diameter_output_pert import DiameterSCOutputPert, DiameterTestConfig
+from fedkl.algorithms.diameter_output_pert import DiameterSCOutputPert, DiameterTestConfig, SelectedDeltaSCOutputPert
 from fedkl.algorithms.phased_common import DELTA_RULES, INNER_TESTS, SCInnerRelease, setting_from_run_config
 from fedkl.algorithms.phased_erm import PhasedConfig, PhasedERM
 from fedkl.algorithms.phased_sco import PhasedSCO
@@ -46,7 +46,15 @@ class P002Release(StabilityDelta):
 
 @dataclass(frozen=True)
 class SCOutputPertParams(P002Release):
-    """sc-output-pert: Delta = ``stability_delta``."""
+    """sc-output-pert: Delta = ``stability_delta``, or chosen privately below it."""
+
+    p002_delta_select: str = param(
+        "fixed", "sc-output-pert: Delta = STABILITY_DELTA (fixed), or chosen by the sparse vector technique from the "
+                 "public grid STABILITY_DELTA / 2^k, k = 11..0 (sparse-vector: the smallest Delta whose deletion score "
+                 "is at most about kappa/2; costs P002_SELECT_FRACTION of eps; the diameter test)", "heuristic",
+        choices=("fixed", "sparse-vector"))
+    p002_select_fraction: float = param(0.25, "sc-output-pert with --p002-delta-select sparse-vector: the share of "
+                                              "eps spent choosing Delta", "heuristic", positive=True)
 
 
 @dataclass(frozen=True)
@@ -101,7 +109,8 @@ build_sc_phased_sco = _phased(SCPhasedSCO)
 
 
 @register("sc-output-pert", SCOutputPertParams)
-def build_sc_output_pert(params: SCOutputPertParams, ctx: BuildContext) -> SCOutputPert | DiameterSCOutputPert:
+def build_sc_output_pert(params: SCOutputPertParams,
+                         ctx: BuildContext) -> SCOutputPert | DiameterSCOutputPert | SelectedDeltaSCOutputPert:
     """One SCOutputPert release (Alg 2) with the deletion test ``--p002-test`` (auto: the paper's exact
     test up to 20 users, else the polynomial-time diameter test), Delta = ``--stability-delta``."""
     problem = ctx.problem
@@ -111,8 +120,16 @@ def build_sc_output_pert(params: SCOutputPertParams, ctx: BuildContext) -> SCOut
     config = SCOutputPertConfig.for_problem(problem, ctx.feature_bound, problem.init_params(), eps=eps,
                                             delta=delta, Delta=params.stability_delta,
                                             calibration=params.p002_calibration)
-    chooser = SCInnerRelease(problem, ctx.feature_bound, calibration=params.p002_calibration, test=params.p002_test)
     n = ctx.num_users
+    if params.p002_delta_select == "sparse-vector":
+        if params.p002_test == "exact":
+            raise ValueError("--p002-delta-select sparse-vector uses the diameter test: give --p002-test auto, "
+                             "vertex-cover or matching")
+        test = "auto" if params.p002_test == "auto" else params.p002_test
+        alg = SelectedDeltaSCOutputPert(config, DiameterTestConfig(test=test), params.p002_select_fraction)
+        alg.check(n)  # public refusal at build time
+        return alg
+    chooser = SCInnerRelease(problem, ctx.feature_bound, calibration=params.p002_calibration, test=params.p002_test)
     kind = chooser.kind(n, config.eps, config.delta)
     chooser.check(n, config.eps, config.delta)  # public refusal at build time
     if kind == "exact":

@@ -27,6 +27,7 @@ from fedkl.privacy.filter import BudgetExhausted, ZCDPFilter
 from fedkl.privacy.ledger import PrivacyLedger
 from fedkl.privacy.mechanisms import ExponentialMechanism, GaussianMechanism, TruncatedDiscreteLaplace
 from fedkl.privacy.rng import NoiseSource
+from fedkl.privacy.sparse_vector import AboveThreshold
 
 T = TypeVar("T")
 
@@ -112,6 +113,19 @@ class Releaser:
                             user_ids=user_ids, label=label,
                             details={**(details or {}), "eps": eps, "candidates": int(u.size),
                                      "monotone": bool(monotone)})
+
+    def above_threshold(self, queries: Sequence[float], *, eps: float, threshold: float, sensitivity: float,
+                        user_ids: Sequence[str], label: str, details: dict | None = None) -> int | None:
+        """The first index whose noisy query reaches the noisy threshold, or None
+        (:class:`~fedkl.privacy.sparse_vector.AboveThreshold`): eps-DP (pure; charged as an
+        (eps, 0) release) when every query has ``sensitivity`` under the caller's relation."""
+        mech = AboveThreshold(eps, threshold, sensitivity)  # validates
+        q = [float(v) for v in queries]
+        if not q or not all(math.isfinite(v) for v in q):
+            raise ValueError(f"{label}: queries must be finite numbers (nothing was charged)")
+        charge = ApproxDPCharge(eps, 0.0, "above-threshold", sensitivity, mech.query_scale)
+        return self.release(charge, lambda: mech.select(q, self.noise), user_ids=user_ids, label=label,
+                            details={**(details or {}), "threshold": threshold, "queries": len(q)})
 
     def schedule_gaussian(self, *, eps: float, delta: float, sigma: float, sensitivity: float, releases: int,
                           user_ids: Sequence[str], label: str, details: dict | None = None) -> "ScheduledGaussian":
