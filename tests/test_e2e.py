@@ -60,7 +60,8 @@ P002_RUNS = {
 
 
 @pytest.mark.parametrize("args", [["--algorithm", "phased-erm"], ["--algorithm", "sc-output-pert", "--reg", "0.01"],
-                                  ["--algorithm", "sc-phased-sco", "--reg", "0.01"]])
+                                  ["--algorithm", "sc-phased-sco", "--reg", "0.01"],
+                                  ["--algorithm", "phased-mean-output-pert"]])
 def test_output_perturbation_whose_noise_swamps_the_model_is_refused_before_any_data(tmp_path, args):
     """MovieLens (671 users) at eps = 2: the public forecast of the first release (noise norm vs the farthest
     the data could move the model) is far above 1, so the run stops with one line before anything is read or

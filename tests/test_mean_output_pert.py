@@ -533,3 +533,23 @@ def test_predicate_reference_refuses_large_n_before_reading_data():
     with pytest.raises(ValueError, match="max_exact_users"):
         exact_stability_predicate(f, stable, 21, MeanOutputPertConfig(EPS, DELTA, 1.0).dop(30))
     assert called == []
+
+
+def test_forecast_is_the_release_noise_against_the_local_radius(tmp_path):
+    """mean-output-pert's public forecast: its sigma is the sigma the release then uses, and the signal
+    radius G0/(mu + lam) bounds every local minimizer's (hence the mean's) distance from the centre."""
+    ds, prob, fed = _logistic(60, reg=0.1)
+    w0 = torch.zeros(prob.num_params, dtype=torch.float64)
+    alg = LocalMeanOutputPert(LocalMeanOutputPertConfig(EPS, DELTA, lam=1.0, rho_fraction=0.5), prob,
+                              ds.feature_bound)
+    f = alg.forecast(60, w0)
+    assert f["signal_radius"] == local_radius(prob, ds.feature_bound, w0, 1.0)
+    assert f["noise_over_signal"] == pytest.approx(f["sigma"] * math.sqrt(prob.num_params) / f["signal_radius"])
+    V, _ = alg.user_vectors(fed, w0)
+    assert float(V.norm(dim=1).max()) <= f["signal_radius"] * (1 + 1e-9)
+    res = alg.run(fed, Releaser(PrivacyLedger(tmp_path / "l.sqlite", Budget(EPS, DELTA * 1.01)), NoiseSource(0)), w0)
+    assert res.sigma == pytest.approx(f["sigma"], rel=1e-12)
+    phased = PhasedMeanOutputPert(PhasedMeanOutputPertConfig(EPS, DELTA, 1.0, phases=2, rho_fraction=0.5), prob,
+                                  ds.feature_bound)
+    first = LocalMeanOutputPert(phased.config.phase_config(1), prob, ds.feature_bound)
+    assert phased.forecast(60, w0) == first.forecast(60, w0)  # the first phase moves the model the most

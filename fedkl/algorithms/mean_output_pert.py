@@ -412,6 +412,19 @@ class LocalMeanOutputPert:
         """The public refusal (n too small, worst-case work over budget): no data needed."""
         self.config.mechanism(1.0).check(n)
 
+    def forecast(self, n: int, w0: torch.Tensor, user_ids=None) -> dict:
+        """Public values only: every local minimizer, hence their mean, lies within
+        ``signal_radius = G0/(mu + lam)`` of the centre w0; the release adds noise of norm about
+        ``sigma sqrt(d)``. ``noise_over_signal > 1``: the output is expected farther from the mean
+        than any data could move it (the runner refuses unless forced)."""
+        center = torch.as_tensor(w0).to(torch.float64)
+        mech = self.config.mechanism(self.rho(center))
+        sigma, Delta = mech.sigma(n), mech.Delta(n)
+        signal = local_radius(self.problem, self.feature_bound, center, self.config.lam)
+        noise = sigma * math.sqrt(center.numel())
+        return {"sigma_over_Delta": sigma / Delta, "sigma": sigma, "noise_norm": noise, "signal_radius": signal,
+                "noise_over_signal": noise / signal}
+
     def user_vectors(self, federation: Federation, center: torch.Tensor) -> tuple[torch.Tensor, int]:
         cfg = self.config
         ans = federation.compute(LocalRegularizedMinimizer(center, cfg.lam, cfg.local_tol, cfg.local_max_iter))
@@ -509,6 +522,10 @@ class PhasedMeanOutputPert:
     def check(self, n: int) -> None:
         # all phases run at (eps/T, delta/T): one kappa, one refusal check
         LocalMeanOutputPert(self.config.phase_config(1), self.problem, self.feature_bound).check(n)
+
+    def forecast(self, n: int, w0: torch.Tensor, user_ids=None) -> dict:
+        """The first phase's :meth:`LocalMeanOutputPert.forecast` (it moves the model the most)."""
+        return LocalMeanOutputPert(self.config.phase_config(1), self.problem, self.feature_bound).forecast(n, w0)
 
     def run(self, federation: Federation, releaser: Releaser, w0: torch.Tensor,
             progress: Callable[[dict], None] | None = None) -> PhasedMeanOutputPertResult:
