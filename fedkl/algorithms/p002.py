@@ -40,8 +40,10 @@ class P002Release(StabilityDelta):
                 "diameter test, polynomial time; fedkl's derivation), or auto (exact up to 20 users, else the "
                 "diameter test)", "theorem", choices=INNER_TESTS)
     p002_calibration: str = param(
-        "paper", "paper-002 algorithms: noise of every release: paper (8 kappa Delta, classic sigma) or tight "
-                 "(4 kappa + 1, analytic Gaussian)", "theorem", choices=("paper", "tight"))
+        "tight", "paper-002 algorithms: noise of every release: tight (sensitivity (4 kappa + 1) Delta by the chain "
+                 "recount, the analytic Gaussian at (eps/2, delta_bar); proofs in fedkl/algorithms/del_output_pert.py, "
+                 "exact audits in tests/test_output_pert.py) or paper (8 kappa Delta and the classic sigma, as "
+                 "printed: for reproducing the paper)", "theorem", choices=("tight", "paper"))
 
 
 @dataclass(frozen=True)
