@@ -60,7 +60,7 @@ def _print_account(res: dict) -> None:
 
 
 def _experiments(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """``fedkl sweep`` and ``fedkl plot`` (fedkl/experiments.py)."""
+    """``fedkl sweep`` and ``fedkl plot`` (fedkl/experiments/)."""
     from fedkl import experiments
 
     sub = parser.subcommands[args.command]  # type: ignore[attr-defined]
@@ -88,6 +88,27 @@ def _experiments(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     raise AssertionError("unreachable")
 
 
+def _run_settings(args: argparse.Namespace) -> dict:
+    """The flat ``fedkl run`` settings of parsed ``run``/``plan`` options."""
+    settings = {k: v for k, v in vars(args).items()
+                if k not in ("command", "config", "no_reference", "algorithms", "json")}
+    settings["reference"] = not args.no_reference
+    return settings
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from fedkl.planner import format_plan, plan
+
+    names = None if args.algorithms is None else [a.strip() for a in args.algorithms.split(",") if a.strip()]
+    try:
+        result = plan(_run_settings(args), names)
+    except ValueError as e:
+        print(f"fedkl plan: error: {e} (see 'fedkl plan --help')", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2) if args.json else format_plan(result))
+    return 0
+
+
 def _algorithm_in(argv: list[str]) -> str | None:
     """The ``--algorithm`` value of a ``fedkl run`` command line (for ``--help``), else None."""
     for i, arg in enumerate(argv):
@@ -104,13 +125,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command in ("sweep", "plot"):
         return _experiments(args, parser)
-    if args.command == "run" and args.config:
+    if args.command in ("run", "plan") and args.config:
         from fedkl.experiments import ConfigError, apply_config_file
 
         try:
             apply_config_file(args, argv)
         except ConfigError as e:
             parser.subcommands["run"].error(f"--config: {e}")  # type: ignore[attr-defined]
+    if args.command == "plan":
+        return _plan(args)
     if args.command == "account":
         res = _account(args, parser.subcommands["account"])  # type: ignore[attr-defined]
         if args.json:
@@ -122,10 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     from fedkl.privacy import BudgetExhausted, LedgerError
     from fedkl.runner import RunConfig, run_training
 
-    settings = {k: v for k, v in vars(args).items() if k not in ("command", "config", "no_reference")}
-    settings["reference"] = not args.no_reference
     try:
-        cfg = RunConfig.from_settings(**settings)
+        cfg = RunConfig.from_settings(**_run_settings(args))
     except ValueError as e:
         print(f"fedkl run: error: {e} (see 'fedkl run --algorithm {args.algorithm} --help')", file=sys.stderr)
         return 2

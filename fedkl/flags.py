@@ -94,8 +94,8 @@ def _add_hyperparameters(run: argparse.ArgumentParser, algorithm: str | None) ->
             group.add_argument(flag, type=parse, default=f.default, help=note)
 
 
-def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
-    """The ``fedkl`` parser; ``algorithm``: ``fedkl run --help`` lists that algorithm's flags only."""
+def _add_run_arguments(run: argparse.ArgumentParser, algorithm: str | None) -> None:
+    """The ``fedkl run`` settings (shared by ``fedkl plan``)."""
     from fedkl.algorithms.catalog import REGISTRY
     from fedkl.data import DATASETS
     from fedkl.privacy.zcdp import CONVERSIONS
@@ -103,13 +103,6 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
     from fedkl.runner import BACKENDS, RunConfig
 
     d = RunConfig()
-    parser = _Parser(prog="fedkl", description="Federated learning with user-level differential privacy.")
-    sub = parser.add_subparsers(dest="command", metavar="{run,account,sweep,plot}", parser_class=_Parser)
-    sub.required = True
-
-    run = sub.add_parser("run", help="train a model with user-level DP and write result.json + ledger",
-                         description="Train a model with user-level differential privacy (one user = one "
-                                     "unit of privacy) and write result.json and the privacy ledger.")
     run.add_argument("--config", metavar="FILE.toml", default=None,
                      help="read settings from a TOML file (keys: the options below, dashes or underscores); "
                           "options given on the command line override the file")
@@ -142,6 +135,27 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
     run.add_argument("--users", type=_positive(int), default=None, help="number of users (synthetic datasets only)")
     _add_hyperparameters(run, algorithm)
 
+
+def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
+    """The ``fedkl`` parser; ``algorithm``: ``fedkl run --help`` lists that algorithm's flags only."""
+    parser = _Parser(prog="fedkl", description="Federated learning with user-level differential privacy.")
+    sub = parser.add_subparsers(dest="command", metavar="{run,plan,account,sweep,plot}", parser_class=_Parser)
+    sub.required = True
+
+    run = sub.add_parser("run", help="train a model with user-level DP and write result.json + ledger",
+                         description="Train a model with user-level differential privacy (one user = one "
+                                     "unit of privacy) and write result.json and the privacy ledger.")
+    _add_run_arguments(run, algorithm)
+    plan = sub.add_parser(
+        "plan", help="before any budget is spent: each algorithm's noise against the signal, ranked",
+        description="Build every algorithm (or --algorithms) as `fedkl run` would with these settings and rank them by "
+                    "their public noise-to-signal forecast; reads only public values (n, d, constants), charges nothing "
+                    "(fedkl/planner.py).")
+    _add_run_arguments(plan, None)
+    plan.add_argument("--algorithms", default=None, metavar="A,B,...",
+                      help="the algorithms to compare (default: every registered one)")
+    plan.add_argument("--json", action="store_true", help="print one JSON object")
+
     acc = sub.add_parser(
         "account", help="(eps, delta) of a noise schedule, or the noise for a target eps",
         description="Privacy arithmetic with dp-accounting (PLD and RDP) and zCDP. Give --noise-multiplier to get "
@@ -161,7 +175,7 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
         "sweep", help="run the cartesian product of a TOML sweep file into a CSV/JSON-lines table (resumable)",
         description="Run every point of a sweep file: top-level keys = the base `fedkl run` settings, [sweep] = lists "
                     "of values (any setting) plus `table = \"results.csv\"`; rows already in the table are skipped. "
-                    "See fedkl/experiments.py for the file format.")
+                    "See fedkl/experiments/__init__.py for the file format.")
     sweep.add_argument("file", metavar="FILE.toml", help="the sweep file")
     sweep.add_argument("--table", default=None, help="write to this CSV instead of the file's [sweep] table")
     sweep.add_argument("--set", action="append", default=[], metavar="FIELD=V1[,V2...]",
@@ -190,5 +204,5 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
     plot.add_argument("--theory-label", default="theory", help="slope: legend label of the theory line")
     plot.add_argument("--title", default=None)
     plot.add_argument("--markdown", default=None, metavar="FILE.md", help="also write the plotted numbers as markdown")
-    parser.subcommands = {"run": run, "account": acc, "sweep": sweep, "plot": plot}  # type: ignore[attr-defined]
+    parser.subcommands = {"run": run, "plan": plan, "account": acc, "sweep": sweep, "plot": plot}  # type: ignore[attr-defined]
     return parser

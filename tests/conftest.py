@@ -1,5 +1,13 @@
-"""Shared fixtures."""
+"""Shared fixtures, and the "unit" marker for every test not marked statistical, flower or slow."""
 import pytest
+
+_KINDS = ("statistical", "flower", "slow")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if not any(item.get_closest_marker(kind) for kind in _KINDS):
+            item.add_marker(pytest.mark.unit)
 
 
 @pytest.fixture

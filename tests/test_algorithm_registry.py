@@ -32,6 +32,8 @@ from fedkl.privacy import PrivacyLedger
 from fedkl.privacy.guarantee import Guarantee
 from fedkl.runner import ALGORITHMS, RunConfig
 
+pytestmark = pytest.mark.flower
+
 
 def test_every_hyperparameter_is_declared_once_with_help_and_a_flag():
     run = cli.build_parser().subcommands["run"]

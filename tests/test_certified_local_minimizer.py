@@ -299,6 +299,7 @@ def _spec(dataset, problem, reg=0.1):
 
 
 @pytest.mark.parametrize("dataset,problem", GLM, ids=["logistic", "least-squares"])
+@pytest.mark.flower
 def test_flower_equals_inprocess_bitwise(dataset, problem):
     spec = _spec(dataset, problem)
     fed, grid = _flower(spec)
@@ -316,6 +317,7 @@ def test_flower_equals_inprocess_bitwise(dataset, problem):
     assert any(kind == codec.MESSAGE_TYPE for _, kind in grid.calls)
 
 
+@pytest.mark.flower
 def test_flower_refuses_bad_strengths_before_sending():
     fed, grid = _flower(_spec("synthetic-logistic", "logistic"))
     w = torch.zeros(D, dtype=torch.float64)
@@ -331,6 +333,7 @@ def test_flower_refuses_bad_strengths_before_sending():
     assert len(grid.calls) == before + 1
 
 
+@pytest.mark.flower
 def test_flower_user_with_a_plain_length_answer_fails_and_contributes_zero():
     spec = _spec("synthetic-logistic", "logistic")
     fed, _ = _flower(spec, faults={2: localgrid.wrong_shape(-1), 9: localgrid.nan_reply()})

@@ -158,6 +158,7 @@ def test_run_output_perturbation_on_a_small_synthetic_population(tmp_path):
                                out=str(tmp_path / "p"), reference=False), log=lambda s: None)
 
 
+@pytest.mark.flower
 def test_run_over_flower_backend_matches_inprocess(tmp_path):
     """`fedkl run --backend flower-local` trains the same model and charges the same ledger."""
     import fedkl.flower.backends  # noqa: F401  (the run layer never imports a transport: registered here)
@@ -170,3 +171,35 @@ def test_run_over_flower_backend_matches_inprocess(tmp_path):
     assert there["test_metric"]["value"] == pytest.approx(here["test_metric"]["value"], abs=1e-12)
     assert there["rho"] == pytest.approx(here["rho"], rel=1e-12)
     assert there["ledger"]["releases"] == here["ledger"]["releases"] == 3
+
+
+def test_plan_ranks_the_algorithms_by_their_public_noise_without_spending(tmp_path, capsys, monkeypatch):
+    """fedkl plan builds each algorithm as fedkl run would, ranks them by noise over signal (the
+    output-perturbation ratio is the run's own forecast), lists refusals, and writes no ledger."""
+    import json
+
+    from fedkl.planner import plan
+    from fedkl.runner import RunConfig, run_training
+
+    monkeypatch.chdir(tmp_path)
+    args = ["plan", "--dataset", "synthetic-logistic", "--users", "60", "--reg", "0.1", "--epsilon", "4",
+            "--algorithms", "noisy-gd,sc-output-pert,phased-sco,kl-spider", "--json"]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    ranked = [r["algorithm"] for r in out["ranked"]]
+    assert set(ranked) == {"noisy-gd", "sc-output-pert"} and out["best"] == ranked[0]
+    ratios = [r["ratio"] for r in out["ranked"]]
+    assert ratios == sorted(ratios)
+    unranked = {r["algorithm"]: r["kind"] for r in out["unranked"]}
+    assert unranked == {"phased-sco": "refused", "kl-spider": "other"}  # 60 users: too few for its cohorts
+    assert list(tmp_path.iterdir()) == []  # nothing written, nothing charged
+    # the output-perturbation ratio is the forecast the run itself logs before reading data
+    logged = []
+    run_training(RunConfig.from_settings(dataset="synthetic-logistic", users=60, reg=0.1, epsilon=4.0,
+                                         algorithm="sc-output-pert", force=True, reference=False,
+                                         out=str(tmp_path / "r")), log=logged.append)
+    forecast = next(line for line in logged if line.startswith("forecast"))
+    sc = next(r for r in out["ranked"] if r["algorithm"] == "sc-output-pert")
+    assert f"noise_over_signal {sc['ratio']:.4g}" in forecast
+    assert plan({"dataset": "synthetic-logistic", "users": 60, "reg": 0.1, "epsilon": 4.0},
+                ["noisy-gd"])["ranked"][0]["ratio"] == next(r for r in out["ranked"] if r["algorithm"] == "noisy-gd")["ratio"]

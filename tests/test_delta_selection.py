@@ -55,6 +55,7 @@ def test_above_threshold_is_eps_dp_exactly_and_a_halved_noise_is_caught(eps):
     assert _worst_log_ratio(AboveThreshold(2 * eps, 0.0), pairs) > 1.5 * eps
 
 
+@pytest.mark.statistical
 def test_above_threshold_law_matches_sampling():
     mech = AboveThreshold(1.0, -2.0)
     q = [-11.0, -11.0, -7.0, -3.0, -1.0, 0.0]

@@ -45,6 +45,7 @@ def test_schedule_is_calibrated_by_dp_accounting_and_charged_up_front(tmp_path):
     assert ledger.approx_left(fed.user_ids)[0] < 1e-6
 
 
+@pytest.mark.statistical
 def test_noise_std_and_poisson_sampling_rate(tmp_path, monkeypatch):
     cfg = AdaptiveDPConfig(optimizer="sgd", rounds=60, sampling_rate=0.3, lr=0.01, accountant="rdp")
     ds, fed = _fed(n_users=200, d=100)

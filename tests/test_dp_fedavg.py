@@ -86,6 +86,7 @@ def test_calibrated_by_dp_accounting_and_charged_up_front(tmp_path):
     assert len(ledger.releases()) == 1
 
 
+@pytest.mark.statistical
 def test_noise_std_matches_sigma(tmp_path, monkeypatch):
     """Every release's noise (released value minus the exact sum it was given) has std sigma =
     z * 2C (replace-one) within 5 standard errors."""

@@ -10,6 +10,8 @@ import pytest
 
 from fedkl.privacy import PrivacyLedger
 
+pytestmark = pytest.mark.slow
+
 REPO = pathlib.Path(__file__).resolve().parent.parent   # simulations/ scripts run from the repository root
 
 

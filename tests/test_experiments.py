@@ -1,4 +1,4 @@
-"""The experiment layer (fedkl/experiments.py): `fedkl run --config`, `fedkl sweep`, `fedkl plot`,
+"""The experiment layer (fedkl/experiments/): `fedkl run --config`, `fedkl sweep`, `fedkl plot`,
 and the Flower DP baseline's accounting (simulations/flower_dp_baseline.py)."""
 import csv
 import json
@@ -301,12 +301,14 @@ def flower_baseline():
     return next(m for k, m in sys.modules.items() if k.startswith("fedkl_plugin_") and hasattr(m, "real_epsilon"))
 
 
+@pytest.mark.flower
 def test_flower_mean_moves_by_2C_over_m(flower_baseline):
     demo = flower_baseline.sensitivity_demo(m=8, clip=0.5)
     assert demo["released_distance"] == pytest.approx(2 * 0.5 / 8, rel=1e-9)
     assert demo["assumed_sensitivity"] == pytest.approx(0.5 / 8)
 
 
+@pytest.mark.flower
 def test_flower_real_epsilon_full_participation_is_the_z_over_2_gaussian(flower_baseline):
     import dp_accounting
 
@@ -317,6 +319,7 @@ def test_flower_real_epsilon_full_participation_is_the_z_over_2_gaussian(flower_
     assert flower_baseline.real_epsilon(z, rounds, delta, n, n) > flower_baseline.claimed_epsilon(z, rounds, delta, n, n)
 
 
+@pytest.mark.flower
 def test_flower_baseline_trains_in_a_sweep_and_reports_both_epsilons(tmp_path, flower_baseline):
     table = tmp_path / "f.csv"
     path = _write(tmp_path / "s.toml", 'dataset = "synthetic-logistic"\nusers = 12\nrounds = 2\nreference = false\n'

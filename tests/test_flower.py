@@ -44,6 +44,8 @@ from fedkl.privacy import Budget, NoiseSource, PrivacyLedger, Releaser, ZCDPFilt
 from fedkl.problems import make_problem  # noqa: E402
 from fedkl.runner import RunConfig  # noqa: E402
 
+pytestmark = pytest.mark.flower
+
 N, M, D = 16, 12, 5
 LS = codec.ClientSpec.build("synthetic-least-squares", "least-squares", {"n_users": N, "m": M, "d": D, "seed": 4})
 LOGIT = codec.ClientSpec.build("synthetic-logistic", "logistic", {"n_users": N, "m": M, "d": D, "seed": 4})

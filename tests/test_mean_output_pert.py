@@ -215,6 +215,7 @@ def test_predicate_is_hereditary_and_sound_by_brute_force():
             assert float(torch.pdist(V[z]).max()) <= diam            # (H)
 
 
+@pytest.mark.statistical
 def test_release_agrees_in_distribution_with_the_reference():
     """Two-sample test: the production path (plan by vertex cover + release) vs the exact reference
     DelOutputPert of del_output_pert.py for the same mean f, with independent seeds. On this instance
@@ -312,6 +313,7 @@ def test_bottom_frequencies_and_privacy_profile_on_neighbours(calibration):
 
 # --- the noise ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("calibration", ["tight", "paper"])
+@pytest.mark.statistical
 def test_sensitivity_sigma_and_noise_std(calibration):
     n, d, draws, rho = 16, 40, 300, 0.2
     cfg = MeanOutputPertConfig(EPS, DELTA, rho, calibration)

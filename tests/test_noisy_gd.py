@@ -33,6 +33,7 @@ class _Recorder(Releaser):
 
 
 @pytest.mark.parametrize("relation,factor", [("replace-one", 2.0), ("add-remove", 1.0)])
+@pytest.mark.statistical
 def test_noise_std_matches_user_level_sensitivity(tmp_path, relation, factor):
     ds, fed, ledger = _setup(tmp_path, d=150)
     rho, rounds, clip = ledger.budget.rho, 40, 0.7

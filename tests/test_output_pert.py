@@ -217,6 +217,7 @@ def test_nothing_stable_gives_bottom_every_time_and_is_charged():
 
 # --- the noise --------------------------------------------------------------------------------
 @pytest.mark.parametrize("calibration", ["paper", "tight"])
+@pytest.mark.statistical
 def test_noise_std_matches_sigma(calibration):
     cfg = DelOutputPertConfig(eps=8.0, delta=0.1, Delta=0.05, calibration=calibration)
     n, d, draws = 14, 40, 300
@@ -350,6 +351,7 @@ def test_certificate_claim_bounds_measured_deletion_sensitivity_of_the_solver(se
     assert 0 < plan.dbar_full <= claimed
 
 
+@pytest.mark.statistical
 def test_fast_path_and_exact_path_give_the_same_output_distribution():
     n = 16
     ds, prob, fed = _logistic(n)

