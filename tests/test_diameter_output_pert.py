@@ -236,8 +236,9 @@ def _hockey_stick(p_bot, a, mu1, q_bot, b, mu2, sigma, eps):
         - math.exp(eps) * b * stats.norm.cdf(-D / (2 * sigma) - e2 * sigma / D)
 
 
+@pytest.mark.parametrize("calibration", ["tight", "profile"])
 @pytest.mark.parametrize("test", ["matching", "vertex-cover"])
-def test_exact_privacy_audit_on_neighbouring_federations(test):
+def test_exact_privacy_audit_on_neighbouring_federations(test, calibration):
     """Neighbours differ in ONE user's records (typical <-> outlier, with 0-3 other outliers present).
     The released law is ⊥ w.p. Pr[R1 < score] and else N(f~(x_{-S}), sigma^2 I): its exact hockey-stick
     divergence must be <= delta in both directions, and the proof's two facts must hold."""
@@ -246,7 +247,7 @@ def test_exact_privacy_audit_on_neighbouring_federations(test):
         base = tuple(range(1, others + 1))
         fx, prob, ds = _federation(base)
         fy, _, ds2 = _federation(base + (0,))
-        mech = _mechanism(prob, ds, Delta, test)
+        mech = _mechanism(prob, ds, Delta, test, calibration)
         dop = mech.dop(N)
         plan_x, _ = mech.plan(fx, torch.zeros(prob.num_params, dtype=torch.float64))
         plan_y, _ = mech.plan(fy, torch.zeros(prob.num_params, dtype=torch.float64))

@@ -175,7 +175,7 @@ def _hockey_stick(plan_a, plan_b, cfg, eps):
     return out
 
 
-@pytest.mark.parametrize("calibration", ["paper", "tight"])
+@pytest.mark.parametrize("calibration", ["paper", "tight", "profile"])
 def test_exact_privacy_profile_on_neighbouring_datasets(calibration):
     """Audit (note §7 T2): the exact hockey-stick divergence of the whole output law (⊥ atom +
     Gaussian) is <= delta at eps, both directions, for neighbours that change the deletion count,
@@ -216,7 +216,7 @@ def test_nothing_stable_gives_bottom_every_time_and_is_charged():
 
 
 # --- the noise --------------------------------------------------------------------------------
-@pytest.mark.parametrize("calibration", ["paper", "tight"])
+@pytest.mark.parametrize("calibration", ["paper", "tight", "profile"])
 @pytest.mark.statistical
 def test_noise_std_matches_sigma(calibration):
     cfg = DelOutputPertConfig(eps=8.0, delta=0.1, Delta=0.05, calibration=calibration)
@@ -432,3 +432,20 @@ def test_phased_erm_charges_each_phase_and_keeps_the_center_on_bottom(tmp_path, 
     assert ledger.spend(fed.user_ids[0]).eps == pytest.approx(16.0)
     ledger.verify()
 
+
+
+@pytest.mark.parametrize("eps,delta,score", [(1.0, 1e-6, "exact"), (2.0, 1e-6, "exact"), (8.0, 1e-6, "exact"),
+                                             (4.0, 0.2, "exact"), (8.0, 1e-6, "matching")])
+def test_profile_calibration_is_the_smallest_noise_its_theorem_allows(eps, delta, score):
+    """The profile calibration meets its theorem's worst case exactly at its sigma (1% less noise breaks
+    delta on some reachable pair) and is well below the tight calibration's noise."""
+    from fedkl.algorithms.stability_profile import calibrate, worst_case_divergence
+
+    p = calibrate(eps, delta, score)
+    budget = p.deletion_budget
+    assert worst_case_divergence(eps, p.sigma_over_Delta, budget, score) <= delta
+    assert worst_case_divergence(eps, 0.99 * p.sigma_over_Delta, budget, score) > delta
+    prof = DelOutputPertConfig(eps, delta, 1.0, "profile", score=score)
+    tight = DelOutputPertConfig(eps, delta, 1.0, "tight", score=score)
+    assert prof.sigma == p.sigma_over_Delta and prof.kappa == p.kappa <= tight.kappa
+    assert prof.sigma < 0.6 * tight.sigma

@@ -40,10 +40,12 @@ class P002Release(StabilityDelta):
                 "diameter test, polynomial time; fedkl's derivation), or auto (exact up to 20 users, else the "
                 "diameter test)", "theorem", choices=INNER_TESTS)
     p002_calibration: str = param(
-        "tight", "paper-002 algorithms: noise of every release: tight (sensitivity (4 kappa + 1) Delta by the chain "
-                 "recount, the analytic Gaussian at (eps/2, delta_bar); proofs in fedkl/algorithms/del_output_pert.py, "
-                 "exact audits in tests/test_output_pert.py) or paper (8 kappa Delta and the classic sigma, as "
-                 "printed: for reproducing the paper)", "theorem", choices=("tight", "paper"))
+        "profile", "paper-002 algorithms: noise of every release: profile (R1's law and sigma from the exact privacy "
+                   "profile of the whole release, no split of (eps, delta): fedkl/algorithms/stability_profile.py), "
+                   "tight (the paper's split, sensitivity (4 kappa + 1) Delta by the chain recount, the analytic "
+                   "Gaussian) or paper (8 kappa Delta and the classic sigma, as printed: for reproducing the paper); "
+                   "exact audits of all three in tests/test_output_pert.py and tests/test_diameter_output_pert.py",
+        "theorem", choices=("profile", "tight", "paper"))
 
 
 @dataclass(frozen=True)

@@ -151,7 +151,7 @@ class SCInnerRelease:
         if self.test == "exact" or (self.test == "auto" and n <= self.max_exact_users):
             return "exact"
         sub = "auto" if self.test == "auto" else self.test
-        return resolve_test(sub, n, kappa(eps, delta), self.diameter.max_vc_calls)
+        return resolve_test(sub, n, kappa(eps, delta, self.calibration), self.diameter.max_vc_calls)
 
     def dop(self, n: int, eps: float, delta: float, Delta: float = 1.0) -> DelOutputPertConfig:
         kind = self.kind(n, eps, delta)
@@ -164,7 +164,7 @@ class SCInnerRelease:
 
     def min_users(self, eps: float, delta: float) -> int:
         """The fewest users a diameter-test call accepts at (eps, delta) (public)."""
-        k = kappa(eps, delta)
+        k = kappa(eps, delta, self.calibration)
         score = resolve_test("auto" if self.test == "exact" else self.test, 0, k, self.diameter.max_vc_calls)
         return deletion_depth(score, k) + 2
 
@@ -179,10 +179,10 @@ class SCInnerRelease:
         depth = self.dop(n, eps, delta).depth
         if n < depth + 2:
             raise ValueError(f"the {kind} diameter test needs at least {depth + 2} users per call at (eps={eps:.4g}, "
-                             f"delta={delta:.3g}) (kappa={kappa(eps, delta)}); a call has {n}. Nothing was read or "
+                             f"delta={delta:.3g}) (kappa={kappa(eps, delta, self.calibration)}); a call has {n}. Nothing was read or "
                              "charged (raise eps or delta, use fewer phases, or more users).")
         if kind == "vertex-cover":
-            require_work_budget(2 * kappa(eps, delta), self.diameter.max_vc_calls)
+            require_work_budget(2 * kappa(eps, delta, self.calibration), self.diameter.max_vc_calls)
 
     def config(self, call: "PhaseCall") -> SCOutputPertConfig:
         return SCOutputPertConfig.for_problem(
@@ -230,9 +230,10 @@ def noise_ratio(eps: float, delta: float, calibration: str = "paper") -> float:
 
 
 @functools.lru_cache(maxsize=1024)
-def kappa(eps: float, delta: float) -> int:
-    """kappa of DelOutputPert at (eps, delta): the TDLap centre, 4 kappa = the test depth."""
-    return DelOutputPertConfig(eps, delta, 1.0).kappa
+def kappa(eps: float, delta: float, calibration: str = "tight") -> int:
+    """kappa of DelOutputPert at (eps, delta): the TDLap centre, 4 kappa = the test depth ("paper" and
+    "tight" share it; the whole-release "profile" calibration chooses its own TDLap)."""
+    return DelOutputPertConfig(eps, delta, 1.0, calibration).kappa
 
 
 # --- cohorts -------------------------------------------------------------------------------------
@@ -290,9 +291,9 @@ def erm_phases(n: int, m: int) -> int:
     return max(1, math.ceil(math.log(n * m)))
 
 
-def sco_min_cohort(eps: float, delta: float) -> int:
+def sco_min_cohort(eps: float, delta: float, calibration: str = "tight") -> int:
     """N0 = 8 kappa(eps, delta): Cor 3.7's regime (4 kappa <= n_i / 2) for every cohort."""
-    return 8 * kappa(eps, delta)
+    return 8 * kappa(eps, delta, calibration)
 
 
 def sco_phases(n: int, n0: int) -> int:

@@ -229,7 +229,7 @@ class PhasedERM:
         eps_i, delta_i = cfg.eps / T, cfg.delta / T
         beta = cfg.beta if cfg.beta is not None else 1.0 / (n * m)
         beta_i = beta / T
-        k = kappa(eps_i, delta_i)
+        k = kappa(eps_i, delta_i, cfg.calibration)
         c = self.noise_constant([n], eps_i, delta_i, k, beta_i)
         lam, D = self.base_lam(c, "lambda*", w0, distance,
                                lambda c_, G, D_: lam_star_erm(c_, G, D_, st.dim, n, m))

@@ -77,7 +77,7 @@ class PhasedSCO(PhasedERM):
         n0 = cfg.min_cohort
         if n0 is None:  # 8 kappa, and at least what the inner release accepts (the matching test: 8 kappa + 1)
             own = getattr(self.inner, "min_users", None)
-            n0 = max(sco_min_cohort(cfg.eps, cfg.delta), own(cfg.eps, cfg.delta) if own is not None else 0)
+            n0 = max(sco_min_cohort(cfg.eps, cfg.delta, cfg.calibration), own(cfg.eps, cfg.delta) if own is not None else 0)
         T = cfg.phases if cfg.phases is not None else sco_phases(n, n0)
         if T < 1:
             raise ValueError(f"Phased-SCO needs n >= 2 N0 = {2 * n0} users (N0 = 8 kappa(eps, delta) keeps every "
@@ -87,7 +87,7 @@ class PhasedSCO(PhasedERM):
         cohorts = sco_cohorts(user_ids, T, cfg.seed)
         beta = cfg.beta if cfg.beta is not None else 1.0 / (n * m)
         beta_i = beta / T
-        k = kappa(cfg.eps, cfg.delta)
+        k = kappa(cfg.eps, cfg.delta, cfg.calibration)
         c = self.noise_constant([len(ch) for ch in cohorts], cfg.eps, cfg.delta, k, beta_i)
         lam, D = self.base_lam(c, "lambda_SCO", w0, distance,
                                lambda c_, G, D_: lam_sco(c_, G, D_, st.dim, n, m, T))

@@ -106,7 +106,7 @@ class _StronglyConvexPhased:
         m = cfg.records
         beta = cfg.beta if cfg.beta is not None else 1.0 / (2.0 * n * n * m)
         eps0, delta0 = cfg.eps / 2, cfg.delta / 2
-        k0 = kappa(eps0, delta0)
+        k0 = kappa(eps0, delta0, cfg.calibration)
         Delta0 = rule_delta(cfg.rule, G_call=G, mu=mu, n_call=n, m=m, kappa_=k0, beta=beta, scale=cfg.delta_scale)
         sigma0 = inner_noise_ratio(self.inner, n, eps0, delta0, cfg.calibration) * Delta0
         r = sigma0 * (math.sqrt(st.dim) + math.sqrt(2.0 * math.log(1.0 / beta)))

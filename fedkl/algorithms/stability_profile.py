@@ -1,0 +1,139 @@
+"""The noise of a deletion-stability release from the exact privacy profile of the WHOLE release.
+
+Paper 002's Algorithm 1 (:mod:`fedkl.algorithms.del_output_pert`) splits (eps, delta) between its two
+steps: the noisy deletion budget ``R1 ~ TDLap(eps/2, delta_bar)`` and the Gaussian at (eps/2,
+delta_bar), delta_bar = delta/(e^{eps/2} + 2). This module calibrates the same mechanism from its
+exact output law instead: no split, so sigma/Delta is about half of the "tight" calibration's.
+
+The mechanism on a dataset x with score d(x) (the fewest deletions to a stable set, or the matching
+number nu(x)) and chosen value v(x) = f(x_{-S(x)}) outputs ⊥ with probability Pr[R1 < d(x)] and
+else v(x) + N(0, sigma^2 I) (d(x) > 2 kappa: always ⊥; write d = 2 kappa + 1 for it).
+
+Theorem. Let R1 ~ TDLap(eps_r, delta_r) with kappa = 1 + ceil(ln(1/delta_r)/eps_r), ``c`` = 1 for
+the exact score (depth 4 kappa) and 2 for the matching score (depth 8 kappa), and
+
+    H(d, d') = HS_eps(P_{d, gap} || P_{d', 0}),  P_{d, .} = Pr[R1 < d] ⊥ + Pr[R1 >= d] N(., sigma^2 I),
+    gap(d, d') = (c d + c d' + 2) Delta if c (d + d') <= depth, else infinity,
+
+where HS_eps(P || Q) = sup_E P(E) - e^eps Q(E). If max over d in {0, ..., 2 kappa + 1} and
+d' in {d - 1, d, d + 1} (in range) of H(d, d') is <= delta, the mechanism is (eps, delta)-DP, user
+level, replace-one, for every test whose score moves by at most 1 between neighbours and whose
+stable sets bound every deletion step within the depth by Delta (the exact test and the diameter
+tests of :mod:`fedkl.algorithms.diameter_output_pert` are).
+
+Proof. Let x, x' be neighbours (user i replaced), d = d(x), d' = d(x'); |d - d'| <= 1 (the score's
+sensitivity). The output laws are P_{d, v(x)} and P_{d', v(x')}, so HS_eps(M(x) || M(x')) is the
+hockey-stick divergence of two "atom + Gaussian" laws whose Gaussian means are
+D = ||v(x) - v(x')|| apart; it is non-decreasing in D (Gaussian shifts are ordered: N(0, s) vs N(D, s)
+is a garbling of N(0, s) vs N(D', s) for D <= D'). Bound D: with U = S ∪ S' ∪ {i}, x_{-U} = x'_{-U}.
+From x_{-S} it is reached by |U \\ S| <= (number of users of S') + 1 single deletions, each from
+a set inside the test's depth (for the exact score: after |S| = d deletions, the test bounds every
+further step up to depth 4 kappa, and d + (d' + 1) <= 4 kappa + 1 steps in all when d + d' <= 4 kappa;
+for the matching score every step starts from a set of >= n - |U| + 1 >= n - 8 kappa users inside
+a kept set when |U| <= 2 nu + 2 nu' + 1 <= 8 kappa + 1), so each moves f by <= Delta; likewise from
+x'_{-S'}. Hence D <= (|S| + |S'| + 2) Delta <= gap(d, d'); outside the depth no bound is claimed
+(gap = infinity: the Gaussian parts are then counted as fully distinguishable). Both directions
+are covered because the pair set is symmetric. ∎
+
+:func:`calibrate` searches a public grid of (eps_r, delta_r) for the smallest sigma/Delta meeting
+the theorem, by bisection on sigma (H decreases in sigma), and returns it with kappa. Everything is
+a function of (eps, delta, score) only: public. The audits in tests/test_output_pert.py and
+tests/test_diameter_output_pert.py compute the released law on real neighbouring datasets and check
+HS <= delta in both directions.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+from fedkl.privacy.mechanisms import TruncatedDiscreteLaplace
+
+EPS_FRACTIONS = tuple(np.round(np.arange(0.30, 0.701, 0.025), 3))  # eps_r / eps
+DELTA_FRACTIONS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)  # delta_r / delta
+
+
+def chain_factor(score: str) -> int:
+    return 2 if score == "matching" else 1
+
+
+def _pairs(kappa: int, c: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(d, d', gap/Delta) of every reachable score pair (gap inf outside the depth)."""
+    depth = 4 * c * kappa
+    d, dp = [], []
+    for a in range(2 * kappa + 2):
+        for b in (a - 1, a, a + 1):
+            if 0 <= b <= 2 * kappa + 1:
+                d.append(a)
+                dp.append(b)
+    d, dp = np.array(d), np.array(dp)
+    gap = np.where(c * (d + dp) <= depth, c * d + c * dp + 2.0, np.inf)
+    return d, dp, gap
+
+
+def worst_case_divergence(eps: float, sigma_over_Delta: float, deletion_budget: TruncatedDiscreteLaplace,
+                          score: str = "exact") -> float:
+    """max over reachable (d, d') of H(d, d') (module docstring) at ``sigma = sigma_over_Delta Delta``."""
+    k = deletion_budget.kappa
+    pmf = deletion_budget.pmf()
+    tail = np.r_[np.cumsum(pmf[::-1])[::-1], 0.0]  # Pr[R1 >= d], d = 0 .. 2 kappa + 1
+    d, dp, gap = _pairs(k, chain_factor(score))
+    a, b = tail[d], tail[dp]
+    atom = np.maximum(0.0, (1 - a) - math.exp(eps) * (1 - b))
+    gauss = np.zeros_like(a)
+    finite = np.isfinite(gap) & (a > 0) & (b > 0)
+    x = gap[finite] / sigma_over_Delta
+    e2 = eps + np.log(b[finite] / a[finite])
+    gauss[finite] = (a[finite] * stats.norm.cdf(x / 2 - e2 / x)
+                     - math.exp(eps) * b[finite] * stats.norm.cdf(-x / 2 - e2 / x))
+    gauss[~finite] = a[~finite]  # unbounded gap, or nothing released on the other side
+    return float(np.max(atom + np.maximum(gauss, 0.0)))
+
+
+@dataclass(frozen=True)
+class ProfileCalibration:
+    eps_r: float  # TDLap's eps
+    delta_r: float  # TDLap's delta
+    sigma_over_Delta: float
+    kappa: int
+
+    @property
+    def deletion_budget(self) -> TruncatedDiscreteLaplace:
+        return TruncatedDiscreteLaplace(self.eps_r, self.delta_r)
+
+
+def _smallest_ratio(eps: float, delta: float, budget: TruncatedDiscreteLaplace, score: str) -> float:
+    if worst_case_divergence(eps, 1e12, budget, score) > delta:  # the ⊥ atom alone breaks delta
+        return math.inf
+    lo, hi = 1e-6, 1e12
+    while hi / lo > 1 + 1e-9:
+        mid = math.sqrt(lo * hi)
+        if worst_case_divergence(eps, mid, budget, score) <= delta:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+@functools.lru_cache(maxsize=256)
+def calibrate(eps: float, delta: float, score: str = "exact") -> ProfileCalibration:
+    """The smallest sigma/Delta over the public grid of (eps_r, delta_r) that meets the theorem."""
+    if not (eps > 0 and math.isfinite(eps)) or not 0 < delta < 1:
+        raise ValueError(f"need eps > 0 and 0 < delta < 1, got eps={eps}, delta={delta}")
+    best = None
+    for fe in EPS_FRACTIONS:
+        for fd in DELTA_FRACTIONS:
+            budget = TruncatedDiscreteLaplace(float(fe) * eps, fd * delta)
+            ratio = _smallest_ratio(eps, delta, budget, score)
+            if best is None or ratio < best.sigma_over_Delta:
+                best = ProfileCalibration(budget.eps, budget.delta, ratio, budget.kappa)
+    if best is None or not math.isfinite(best.sigma_over_Delta):
+        raise ValueError(f"no calibration on the grid meets (eps={eps}, delta={delta})")
+    return best
+
+
+__all__ = ["DELTA_FRACTIONS", "EPS_FRACTIONS", "ProfileCalibration", "calibrate", "chain_factor",
+           "worst_case_divergence"]
