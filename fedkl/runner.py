@@ -24,6 +24,7 @@ from fedkl.algorithms.catalog import ALGORITHMS  # noqa: F401  (re-exported: the
 from fedkl.algorithms.nonprivate import nonprivate_minimizer
 from fedkl.algorithms.registry import (
     AlgorithmParams,
+    AlgorithmResult,
     BuildContext,
     algorithm_spec,
     algorithms_using,
@@ -238,7 +239,10 @@ def train_federation(cfg: RunConfig, federation: Federation, problem, dataset, d
             # one disjoint cohort (parallel composition: the per-user ledger enforces every user's budget)
             releaser = Releaser(ledger, noise, ZCDPFilter(rho_total) if declared.run_wide_filter else None)
             result = alg.run(federation, releaser, problem.init_params(), progress)
-            if forecast is not None and isinstance(getattr(result, "details", None), dict):
+            if not isinstance(result, AlgorithmResult):
+                raise TypeError(f"{cfg.algorithm}: run() must return an AlgorithmResult (fedkl.algorithms.registry), "
+                                f"got {type(result).__name__}")
+            if forecast is not None and isinstance(result.details, dict):
                 result.details["forecast"] = forecast  # the price, in result.json's algorithm_details
         except BaseException:
             ledger.finish_run("failed")
@@ -350,9 +354,9 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print, dataset: Fe
         "trivial_baseline": trivial,
         "seed": cfg.seed,
         **noise.describe(),
-        "rounds": getattr(result, "rounds", None),
-        "sigma_sum": getattr(result, "sigma", None),
-        "algorithm_details": getattr(result, "details", {}),
+        "rounds": result.rounds,
+        "sigma_sum": result.sigma,
+        "algorithm_details": result.details or {},
         "ledger": summary,
         "config": cfg.settings(),
         "wall_time_s": time.time() - started,

@@ -17,6 +17,7 @@ from fedkl import cli
 from fedkl.algorithms.registry import (
     REGISTRY,
     AlgorithmParams,
+    AlgorithmResult,
     BuildContext,
     Clip,
     Rounds,
@@ -136,7 +137,13 @@ class ToyOneStep:
         noisy = releaser.gaussian(total, sensitivity=2 * self.params.clip, rho=self.rho,
                                   user_ids=federation.ids_of(users), label="toy/step", details={})
         w = w0 - self.params.toy_step * noisy.to(w0.dtype) / federation.num_users
-        return dataclasses.make_dataclass("ToyResult", ["w", "rounds"])(w, 1)
+        return ToyResult(w, 1)
+
+
+@dataclass
+class ToyResult(AlgorithmResult):
+    w: torch.Tensor
+    rounds: int
 
 
 @pytest.fixture

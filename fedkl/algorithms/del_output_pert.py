@@ -71,6 +71,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from fedkl.algorithms.registry import AlgorithmResult
 from fedkl.algorithms.stability_profile import ProfileCalibration, calibrate, chain_factor, worst_case_divergence
 from fedkl.privacy.mechanisms import GaussianMechanism, TruncatedDiscreteLaplace
 from fedkl.privacy.release import Releaser
@@ -245,7 +246,7 @@ class StabilityPlan:
 
 
 @dataclass
-class DelOutputPertResult:
+class DelOutputPertResult(AlgorithmResult):
     """``theta`` is the private output (None for ⊥). ``diagnostics`` are NOT private (server-side
     bookkeeping: how the test was decided, dist, time); never release them."""
 

@@ -34,6 +34,7 @@ from typing import Sequence
 
 import torch
 
+from fedkl.algorithms.registry import AlgorithmResult
 from fedkl.privacy.ledger import BudgetExceeded
 from fedkl.privacy.release import Releaser
 from fedkl.problems.base import Problem
@@ -195,7 +196,7 @@ def check_zcdp_budget(releaser: Releaser, user_ids: Sequence[str], rho: float, l
 
 
 @dataclass
-class FKTResult:
+class FKTResult(AlgorithmResult):
     """What a paper-003 algorithm returns. ``w`` is the only private output (see each module)."""
 
     w: torch.Tensor

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from fedkl.algorithms.registry import AlgorithmResult
+
 RELATIONS = ("replace-one", "add-remove")
 
 
@@ -84,7 +86,7 @@ class KLConstants:
 
 
 @dataclass
-class KLResult:
+class KLResult(AlgorithmResult):
     """What the paper-000 algorithms return.
 
     ``w`` is the private output; ``rounds`` the number of federated rounds (queries to the users);

@@ -143,7 +143,7 @@ from fedkl.algorithms.del_output_pert import (
     mean_of_user_vectors,
 )
 from fedkl.algorithms.matching import deletion_set
-from fedkl.algorithms.registry import AlgorithmParams, BuildContext, param, register
+from fedkl.algorithms.registry import AlgorithmParams, AlgorithmResult, BuildContext, param, register
 from fedkl.algorithms.vertex_cover import (
     DEFAULT_MAX_VC_CALLS,
     TESTS,
@@ -493,7 +493,7 @@ class PhasedMeanOutputPertConfig:
 
 
 @dataclass
-class PhasedMeanOutputPertResult:
+class PhasedMeanOutputPertResult(AlgorithmResult):
     w: torch.Tensor
     phases: int
     bottoms: int

@@ -31,7 +31,7 @@ from typing import Callable
 
 import torch
 
-from fedkl.algorithms.registry import BuildContext, Clip, Rounds, StepSize, register
+from fedkl.algorithms.registry import AlgorithmResult, BuildContext, Clip, Rounds, StepSize, register
 from fedkl.federation.base import ClippedGradient, Federation
 from fedkl.privacy.guarantee import Guarantee
 from fedkl.privacy.release import Releaser
@@ -69,7 +69,7 @@ class NoisyGDConfig:
 
 
 @dataclass
-class NoisyGDResult:
+class NoisyGDResult(AlgorithmResult):
     w: torch.Tensor
     rho_spent: float
     rounds: int

@@ -71,6 +71,7 @@ import torch
 
 from fedkl.algorithms.del_output_pert import DelOutputPertConfig, deletion_depth
 from fedkl.algorithms.diameter_output_pert import DiameterSCOutputPert, DiameterTestConfig, resolve_test
+from fedkl.algorithms.registry import AlgorithmResult
 from fedkl.algorithms.sc_output_pert import SCOutputPert, SCOutputPertConfig, delta_union_bound
 from fedkl.algorithms.vertex_cover import require_work_budget
 from fedkl.federation.base import Answers, Federation
@@ -496,7 +497,7 @@ class PhaseSpec:
 
 
 @dataclass
-class PhasedResult:
+class PhasedResult(AlgorithmResult):
     """``w``: the private output (None when the algorithm released "no output");
     ``bottoms``: phases that output ⊥ (the centre was kept); ``history``: per-phase public record
     (lam_i, R_i, Delta_i, sigma_i, users, clipped); ``details``: public parameters and the

@@ -75,8 +75,6 @@ from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, Guarantee
 from fedkl.privacy.release import Releaser
 from fedkl.problems.base import Problem
 
-PhasedERMResult = PhasedResult  # the name the first version exported
-
 
 @dataclass(frozen=True)
 class PhasedConfig:
@@ -319,4 +317,4 @@ class PhasedERM:
 
 
 # --- runner builder -------------------------------------------------------------------------------
-__all__ = ["PhasedConfig", "PhasedERM", "PhasedERMConfig", "PhasedERMResult", "PhasedPlan", "PhasedResult"]
+__all__ = ["PhasedConfig", "PhasedERM", "PhasedERMConfig", "PhasedPlan", "PhasedResult"]

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from fedkl.algorithms.registry import AlgorithmResult
 from fedkl.federation.base import Federation
 from fedkl.privacy.accounting import ACCOUNTANTS, GaussianSchedule, noise_multiplier_for, schedule_epsilon
 from fedkl.privacy.release import Releaser
@@ -60,7 +61,7 @@ def calibrate(eps: float, delta: float, sampling_rate: float, rounds: int, accou
 
 
 @dataclass
-class ScheduleResult:
+class ScheduleResult(AlgorithmResult):
     """What a scheduled algorithm returns: the model (post-processing of the releases) and the
     schedule's public parameters."""
 

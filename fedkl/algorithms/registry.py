@@ -99,6 +99,27 @@ class AlgorithmParams:
                 raise ValueError(f"{flag} must be one of {', '.join(choices)}; got {value!r}")
 
 
+class AlgorithmResult:
+    """The one result type: every algorithm's ``run`` returns an instance of a subclass (a dataclass
+    with the fields it has). The runner and the transports read only these attributes:
+
+    * ``w`` — the released model (a private output), or None when the algorithm released ⊥;
+    * ``rounds`` — federated rounds (queries to the users), ``sigma`` — the noise std of its releases
+      (a number or a list), ``rho_spent`` — the zCDP it charged, when it speaks zCDP;
+    * ``details`` — public parameters and labelled non-private diagnostics (result.json's
+      ``algorithm_details``), ``history`` — per-round records.
+
+    An attribute of this list that a subclass does not define reads as None (through
+    ``__getattr__``, so that the subclasses' dataclass fields keep their own defaults)."""
+
+    _OPTIONAL = frozenset({"w", "rounds", "sigma", "rho_spent", "details", "history"})
+
+    def __getattr__(self, name: str):
+        if name in AlgorithmResult._OPTIONAL:
+            return None
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
 @dataclass(frozen=True)
 class BuildContext:
     """What a builder may read besides its Params: public run-level values and the budget left.
@@ -242,6 +263,6 @@ class Domain(AlgorithmParams):
               "paper 003: the step sizes) (default RADIUS + ||w0||)", "theorem")
 
 
-__all__ = ["AlgorithmParams", "AlgorithmSpec", "BuildContext", "Clip", "Domain", "ORIGINS", "PoissonSampling", "REGISTRY",
+__all__ = ["AlgorithmParams", "AlgorithmResult", "AlgorithmSpec", "BuildContext", "Clip", "Domain", "ORIGINS", "PoissonSampling", "REGISTRY",
            "Rounds", "StabilityDelta", "StepSize", "algorithm_spec", "algorithms_using", "field_kind",
            "hyperparameter_fields", "param", "register", "unregister"]

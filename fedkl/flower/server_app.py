@@ -229,8 +229,8 @@ def _train(cfg: Any, label: str, federation_for: Callable[[ClientSpec, tuple[str
     with federation_for(spec, user_ids) as federation:  # ledger, filter and noise exactly as `fedkl run`
         result, summary, declared = runner.train_federation(cfg, federation, problem, dataset, delta, ledger_path, run_id,
                                                  noise, log)
-    history = getattr(result, "history", [])
-    return {"w": result.w, "rho_spent": getattr(result, "rho_spent", None), "sigma": getattr(result, "sigma", None),
+    history = result.history or []
+    return {"w": result.w, "rho_spent": result.rho_spent, "sigma": result.sigma,
             "history": history, "ledger": summary, "ledger_path": ledger_path, "user_ids": user_ids,
             "guarantee": declared.to_dict(),
             "backend": label, "failed_users": [h.get("failed_users") for h in history]}
