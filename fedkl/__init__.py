@@ -14,10 +14,15 @@ The public Python API (one screen; ``fedkl.api``'s docstring has a runnable exam
 The names are resolved on first use, so ``import fedkl.flower.codec`` (a Flower client) does not
 import the training stack.
 """
+
 from __future__ import annotations
 
-_LAZY = {"train": "fedkl.api", "TrainedModel": "fedkl.api", "from_arrays": "fedkl.data.custom",
-         "from_dataframe": "fedkl.data.custom"}
+_LAZY = {
+    "train": "fedkl.api",
+    "TrainedModel": "fedkl.api",
+    "from_arrays": "fedkl.data.custom",
+    "from_dataframe": "fedkl.data.custom",
+}
 
 __all__ = sorted(_LAZY)
 

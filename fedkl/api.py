@@ -18,6 +18,7 @@ payload. ``data`` is a dataset name (``fedkl.data.DATASETS``) or a :class:`~fedk
 (:func:`fedkl.from_arrays`, :func:`fedkl.from_dataframe`); the algorithm's hyperparameters are the
 ``fedkl run`` flags as keywords (``rounds=20, clip=0.5``; ``fedkl run --help`` lists them).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -49,8 +50,15 @@ class TrainedModel:
     result: dict
 
 
-def train(data: str | FederatedDataset, algorithm: str = "noisy-gd", *, epsilon: float = 2.0,
-          delta: float | None = None, log: Callable[[str], None] | None = print, **settings: Any) -> TrainedModel:
+def train(
+    data: str | FederatedDataset,
+    algorithm: str = "noisy-gd",
+    *,
+    epsilon: float = 2.0,
+    delta: float | None = None,
+    log: Callable[[str], None] | None = print,
+    **settings: Any,
+) -> TrainedModel:
     """Train ``algorithm`` on ``data`` at user-level (epsilon, delta) (module docstring).
 
     ``settings`` are the ``fedkl run`` settings: :class:`~fedkl.runner.RunConfig`'s run-level fields
@@ -63,7 +71,9 @@ def train(data: str | FederatedDataset, algorithm: str = "noisy-gd", *, epsilon:
     """
     unknown = sorted(set(settings) - set(settings_fields()))
     if unknown:
-        raise TypeError(f"unknown setting(s) {unknown}; valid: {sorted(set(settings_fields()) - {'dataset', 'algorithm'})}")
+        raise TypeError(
+            f"unknown setting(s) {unknown}; valid: {sorted(set(settings_fields()) - {'dataset', 'algorithm'})}"
+        )
     settings.setdefault("reference", False)
     dataset = None
     if isinstance(data, FederatedDataset):
@@ -77,9 +87,14 @@ def train(data: str | FederatedDataset, algorithm: str = "noisy-gd", *, epsilon:
         import fedkl.flower.backends  # noqa: F401  (registers the Flower backends)
     result = run_training(cfg, log=log or (lambda _: None), dataset=dataset)
     w = None if result["model_path"] is None else torch.load(result["model_path"])
-    return TrainedModel(model=w, epsilon=float(result["epsilon"]), delta=float(result["delta"]),
-                        metrics=dict(result["test_metrics"]), baseline=dict(result["trivial_baseline"]),
-                        result=result)
+    return TrainedModel(
+        model=w,
+        epsilon=float(result["epsilon"]),
+        delta=float(result["delta"]),
+        metrics=dict(result["test_metrics"]),
+        baseline=dict(result["trivial_baseline"]),
+        result=result,
+    )
 
 
 __all__ = ["TrainedModel", "train"]

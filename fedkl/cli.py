@@ -2,6 +2,7 @@
 
 Bad arguments exit with code 2 and one line that says what is wrong and how to fix it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,28 +20,56 @@ def _account(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
 
     names = ("pld", "rdp") if args.accountant == "all" else (args.accountant,)
     if args.rho is not None:
-        return {"question": "epsilon of rho-zCDP", "rho": args.rho, "delta": args.delta,
-                "epsilon": {c: zcdp.zcdp_to_eps(args.rho, args.delta, c) for c in zcdp.CONVERSIONS},
-                "accountant": "zCDP conversions: cks = Canonne-Kamath-Steinke 2020, bun_steinke = Bun-Steinke 2016"}
+        return {
+            "question": "epsilon of rho-zCDP",
+            "rho": args.rho,
+            "delta": args.delta,
+            "epsilon": {c: zcdp.zcdp_to_eps(args.rho, args.delta, c) for c in zcdp.CONVERSIONS},
+            "accountant": "zCDP conversions: cks = Canonne-Kamath-Steinke 2020, bun_steinke = Bun-Steinke 2016",
+        }
     if args.zcdp:
         if args.epsilon is None:
             parser.error("--zcdp needs --epsilon (the target to convert)")
-        return {"question": "rho-zCDP budget for (eps, delta)", "epsilon": args.epsilon, "delta": args.delta,
-                "rho": {c: zcdp.rho_for_eps_delta(args.epsilon, args.delta, c) for c in zcdp.CONVERSIONS},
-                "accountant": "zCDP conversions: cks = Canonne-Kamath-Steinke 2020, bun_steinke = Bun-Steinke 2016"}
+        return {
+            "question": "rho-zCDP budget for (eps, delta)",
+            "epsilon": args.epsilon,
+            "delta": args.delta,
+            "rho": {c: zcdp.rho_for_eps_delta(args.epsilon, args.delta, c) for c in zcdp.CONVERSIONS},
+            "accountant": "zCDP conversions: cks = Canonne-Kamath-Steinke 2020, bun_steinke = Bun-Steinke 2016",
+        }
     if (args.noise_multiplier is None) == (args.epsilon is None):
-        parser.error("give exactly one of --noise-multiplier (to get epsilon) or --epsilon (to get the noise multiplier)")
-    common = {"sampling_rate": args.sampling_rate, "steps": args.steps, "delta": args.delta,
-              "neighbouring": args.neighbouring,
-              "accountants": {n: accounting.describe_accountant(n) for n in names}}
+        parser.error(
+            "give exactly one of --noise-multiplier (to get epsilon) or --epsilon (to get the noise multiplier)"
+        )
+    common = {
+        "sampling_rate": args.sampling_rate,
+        "steps": args.steps,
+        "delta": args.delta,
+        "neighbouring": args.neighbouring,
+        "accountants": {n: accounting.describe_accountant(n) for n in names},
+    }
     try:
         if args.noise_multiplier is not None:
-            schedule = accounting.GaussianSchedule(args.noise_multiplier, args.sampling_rate, args.steps, args.neighbouring)
-            return {"question": "epsilon of a Gaussian schedule", "noise_multiplier": args.noise_multiplier, **common,
-                    "epsilon": {n: accounting.schedule_epsilon(schedule, args.delta, n) for n in names}}
-        return {"question": "noise multiplier for a target epsilon", "epsilon": args.epsilon, **common,
-                "noise_multiplier": {n: accounting.noise_multiplier_for(args.epsilon, args.delta, args.sampling_rate,
-                                                                        args.steps, n, args.neighbouring) for n in names}}
+            schedule = accounting.GaussianSchedule(
+                args.noise_multiplier, args.sampling_rate, args.steps, args.neighbouring
+            )
+            return {
+                "question": "epsilon of a Gaussian schedule",
+                "noise_multiplier": args.noise_multiplier,
+                **common,
+                "epsilon": {n: accounting.schedule_epsilon(schedule, args.delta, n) for n in names},
+            }
+        return {
+            "question": "noise multiplier for a target epsilon",
+            "epsilon": args.epsilon,
+            **common,
+            "noise_multiplier": {
+                n: accounting.noise_multiplier_for(
+                    args.epsilon, args.delta, args.sampling_rate, args.steps, n, args.neighbouring
+                )
+                for n in names
+            },
+        }
     except ValueError as e:
         parser.error(str(e))
     raise AssertionError("unreachable")
@@ -54,8 +83,11 @@ def _print_account(res: dict) -> None:
             for name, v in value.items():
                 label = res.get("accountants", {}).get(name, name)
                 print(f"  {key} = {v:.6g}   [{label}]")
-    given = {k: res[k] for k in ("noise_multiplier", "epsilon", "rho", "sampling_rate", "steps", "delta", "neighbouring")
-             if k in res and not isinstance(res[k], dict)}
+    given = {
+        k: res[k]
+        for k in ("noise_multiplier", "epsilon", "rho", "sampling_rate", "steps", "delta", "neighbouring")
+        if k in res and not isinstance(res[k], dict)
+    }
     print("  given: " + ", ".join(f"{k}={v}" for k, v in given.items()))
 
 
@@ -67,20 +99,38 @@ def _experiments(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     try:
         if args.command == "sweep":
             spec = experiments.load_sweep(args.file, table=args.table, sets=args.set)
-            res = experiments.run_sweep(spec, log=lambda s: print(s, flush=True), restart=args.restart,
-                                        dry_run=args.dry_run, verbose=args.verbose, max_runs=args.max_runs,
-                                        retry_errors=args.retry_errors)
+            res = experiments.run_sweep(
+                spec,
+                log=lambda s: print(s, flush=True),
+                restart=args.restart,
+                dry_run=args.dry_run,
+                verbose=args.verbose,
+                max_runs=args.max_runs,
+                retry_errors=args.retry_errors,
+            )
             return 1 if res["errors"] else 0
         out = args.out or f"{os.path.splitext(args.table)[0]}_{args.kind}.png"
-        res = experiments.plot_table(args.table, args.kind, out, x=args.x, y=args.y, group=args.group,
-                                     panel=None if args.panel.lower() == "none" else args.panel, where=args.where,
-                                     theory_slope=args.theory_slope, theory_label=args.theory_label,
-                                     title=args.title, markdown=args.markdown)
+        res = experiments.plot_table(
+            args.table,
+            args.kind,
+            out,
+            x=args.x,
+            y=args.y,
+            group=args.group,
+            panel=None if args.panel.lower() == "none" else args.panel,
+            where=args.where,
+            theory_slope=args.theory_slope,
+            theory_label=args.theory_label,
+            title=args.title,
+            markdown=args.markdown,
+        )
         if args.kind == "slope":
             for group, fit in res.items():
-                print(f"{group}: fitted slope {fit['slope']:.4f}"
-                      + (f" (theory {args.theory_slope:g})" if args.theory_slope is not None else "")
-                      + (f"; {fit['dropped']} non-positive point(s) dropped" if fit["dropped"] else ""))
+                print(
+                    f"{group}: fitted slope {fit['slope']:.4f}"
+                    + (f" (theory {args.theory_slope:g})" if args.theory_slope is not None else "")
+                    + (f"; {fit['dropped']} non-positive point(s) dropped" if fit["dropped"] else "")
+                )
         print(f"wrote {out}" + (f" and {args.markdown}" if args.markdown else ""))
         return 0
     except experiments.ConfigError as e:
@@ -90,8 +140,9 @@ def _experiments(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
 
 def _run_settings(args: argparse.Namespace) -> dict:
     """The flat ``fedkl run`` settings of parsed ``run``/``plan`` options."""
-    settings = {k: v for k, v in vars(args).items()
-                if k not in ("command", "config", "no_reference", "algorithms", "json")}
+    settings = {
+        k: v for k, v in vars(args).items() if k not in ("command", "config", "no_reference", "algorithms", "json")
+    }
     settings["reference"] = not args.no_reference
     return settings
 

@@ -4,6 +4,7 @@ Shared by :mod:`fedkl.cli` (which runs the commands) and :mod:`fedkl.experiments
 a TOML configuration or a sweep's values through the same ``fedkl run`` flags), so neither imports
 the other. Bad arguments exit with code 2 and one line that says what is wrong and how to fix it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,12 +28,14 @@ def _positive(kind=float):
         if not (value > 0 and math.isfinite(value)):
             raise argparse.ArgumentTypeError(f"must be > 0 and finite, got {text}")
         return value
+
     parse.__name__ = f"positive {kind.__name__}"
     return parse
 
 
 def _interval(low: float, high: float, high_closed: bool):
     """A float strictly above ``low`` and below ``high`` (or equal to it when ``high_closed``)."""
+
     def parse(text: str) -> float:
         try:
             value = float(text)
@@ -42,6 +45,7 @@ def _interval(low: float, high: float, high_closed: bool):
             where = f"in ({low:g}, {high:g}]" if high_closed else f"strictly between {low:g} and {high:g}"
             raise argparse.ArgumentTypeError(f"must be {where}, got {text}")
         return value
+
     return parse
 
 
@@ -62,6 +66,7 @@ def _number_or_none(kind, positive: bool = False, infinite_ok: bool = False):
         if positive and not value > 0:
             raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
         return value
+
     parse.__name__ = kind.__name__
     return parse
 
@@ -75,11 +80,16 @@ def _add_hyperparameters(run: argparse.ArgumentParser, algorithm: str | None) ->
     from fedkl.algorithms.registry import algorithms_using, field_kind, hyperparameter_fields
 
     own = None if algorithm not in REGISTRY else {f.name for f in dataclasses.fields(REGISTRY[algorithm].params)}
-    title = (f"{algorithm} hyperparameters" if own is not None else "algorithm hyperparameters (`--algorithm NAME "
-             "--help` lists one algorithm's)")
+    title = (
+        f"{algorithm} hyperparameters"
+        if own is not None
+        else "algorithm hyperparameters (`--algorithm NAME --help` lists one algorithm's)"
+    )
     group = run.add_argument_group(title + " ('theorem': the paper's value by default; 'heuristic': a tunable choice)")
     for name, f in hyperparameter_fields().items():
-        note = f"{f.metadata['help']} [{f.metadata['origin']}; default {f.default}; {', '.join(algorithms_using(name))}]"
+        note = (
+            f"{f.metadata['help']} [{f.metadata['origin']}; default {f.default}; {', '.join(algorithms_using(name))}]"
+        )
         note = argparse.SUPPRESS if own is not None and name not in own else note.replace("%", "%%")
         flag = "--" + name.replace("_", "-")
         kind = field_kind(f)
@@ -103,35 +113,73 @@ def _add_run_arguments(run: argparse.ArgumentParser, algorithm: str | None) -> N
     from fedkl.runner import BACKENDS, RunConfig
 
     d = RunConfig()
-    run.add_argument("--config", metavar="FILE.toml", default=None,
-                     help="read settings from a TOML file (keys: the options below, dashes or underscores); "
-                          "options given on the command line override the file")
-    run.add_argument("--dataset", choices=DATASETS, default=d.dataset, help="user-partitioned dataset (default %(default)s)")
-    run.add_argument("--problem", choices=PROBLEMS, default=d.problem,
-                     help="model / loss (default: logistic for binary, softmax for multiclass, least-squares for regression)")
-    run.add_argument("--algorithm", choices=tuple(REGISTRY), default=d.algorithm, help="private algorithm (default %(default)s)")
-    run.add_argument("--backend", choices=BACKENDS, default=d.backend,
-                     help="where users compute (default %(default)s: the vectorized in-process simulator)")
-    run.add_argument("--epsilon", type=_positive(), default=d.epsilon, help="user-level epsilon budget (default %(default)s)")
+    run.add_argument(
+        "--config",
+        metavar="FILE.toml",
+        default=None,
+        help="read settings from a TOML file (keys: the options below, dashes or underscores); "
+        "options given on the command line override the file",
+    )
+    run.add_argument(
+        "--dataset", choices=DATASETS, default=d.dataset, help="user-partitioned dataset (default %(default)s)"
+    )
+    run.add_argument(
+        "--problem",
+        choices=PROBLEMS,
+        default=d.problem,
+        help="model / loss (default: logistic for binary, softmax for multiclass, least-squares for regression)",
+    )
+    run.add_argument(
+        "--algorithm", choices=tuple(REGISTRY), default=d.algorithm, help="private algorithm (default %(default)s)"
+    )
+    run.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default=d.backend,
+        help="where users compute (default %(default)s: the vectorized in-process simulator)",
+    )
+    run.add_argument(
+        "--epsilon", type=_positive(), default=d.epsilon, help="user-level epsilon budget (default %(default)s)"
+    )
     run.add_argument("--delta", type=_probability, default=None, help="user-level delta (default 1/n^1.1 for n users)")
     run.add_argument("--reg", type=float, default=d.reg, help="L2 regularization (reg/2)||w||^2 (default %(default)s)")
-    run.add_argument("--neighbouring", choices=("replace-one", "add-remove"), default=d.neighbouring,
-                     help="user-level neighbouring relation (default %(default)s: all of one user's records change)")
-    run.add_argument("--conversion", choices=CONVERSIONS, default=d.conversion,
-                     help="zCDP -> (eps, delta) conversion that sizes the budget (default %(default)s: "
-                          "Canonne-Kamath-Steinke 2020; gaussian: the exact profile of Gaussian releases, accepted "
-                          "only where every zCDP release is Gaussian). result.json's epsilon is exact for Gaussian "
-                          "releases whatever this is")
-    run.add_argument("--seed", type=int, default=d.seed, help="seed of the data split and initialisation (default %(default)s)")
-    run.add_argument("--noise-seed", type=int, default=None,
-                     help="seed the privacy noise (reproducible, NOT secure; default: os.urandom)")
+    run.add_argument(
+        "--neighbouring",
+        choices=("replace-one", "add-remove"),
+        default=d.neighbouring,
+        help="user-level neighbouring relation (default %(default)s: all of one user's records change)",
+    )
+    run.add_argument(
+        "--conversion",
+        choices=CONVERSIONS,
+        default=d.conversion,
+        help="zCDP -> (eps, delta) conversion that sizes the budget (default %(default)s: "
+        "Canonne-Kamath-Steinke 2020; gaussian: the exact profile of Gaussian releases, accepted "
+        "only where every zCDP release is Gaussian). result.json's epsilon is exact for Gaussian "
+        "releases whatever this is",
+    )
+    run.add_argument(
+        "--seed", type=int, default=d.seed, help="seed of the data split and initialisation (default %(default)s)"
+    )
+    run.add_argument(
+        "--noise-seed",
+        type=int,
+        default=None,
+        help="seed the privacy noise (reproducible, NOT secure; default: os.urandom)",
+    )
     run.add_argument("--out", default=None, help="output folder (default runs/<run id>-<algorithm>-<dataset>)")
-    run.add_argument("--ledger", default=None,
-                     help="ledger file (default OUT/ledger.sqlite); an existing ledger's spent budget is honoured")
+    run.add_argument(
+        "--ledger",
+        default=None,
+        help="ledger file (default OUT/ledger.sqlite); an existing ledger's spent budget is honoured",
+    )
     run.add_argument("--no-reference", action="store_true", help="skip the non-private reference model")
-    run.add_argument("--force", action="store_true",
-                     help="run an output-perturbation algorithm even when its public forecast says the noise would "
-                          "swamp the model (it is refused otherwise, before any data is read or budget spent)")
+    run.add_argument(
+        "--force",
+        action="store_true",
+        help="run an output-perturbation algorithm even when its public forecast says the noise would "
+        "swamp the model (it is refused otherwise, before any data is read or budget spent)",
+    )
     run.add_argument("--users", type=_positive(int), default=None, help="number of users (synthetic datasets only)")
     _add_hyperparameters(run, algorithm)
 
@@ -142,44 +190,72 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="{run,plan,account,sweep,plot}", parser_class=_Parser)
     sub.required = True
 
-    run = sub.add_parser("run", help="train a model with user-level DP and write result.json + ledger",
-                         description="Train a model with user-level differential privacy (one user = one "
-                                     "unit of privacy) and write result.json and the privacy ledger.")
+    run = sub.add_parser(
+        "run",
+        help="train a model with user-level DP and write result.json + ledger",
+        description="Train a model with user-level differential privacy (one user = one "
+        "unit of privacy) and write result.json and the privacy ledger.",
+    )
     _add_run_arguments(run, algorithm)
     plan = sub.add_parser(
-        "plan", help="before any budget is spent: each algorithm's noise against the signal, ranked",
+        "plan",
+        help="before any budget is spent: each algorithm's noise against the signal, ranked",
         description="Build every algorithm (or --algorithms) as `fedkl run` would with these settings and rank them by "
-                    "their public noise-to-signal forecast; reads only public values (n, d, constants), charges nothing "
-                    "(fedkl/planner.py).")
+        "their public noise-to-signal forecast; reads only public values (n, d, constants), charges nothing "
+        "(fedkl/planner.py).",
+    )
     _add_run_arguments(plan, None)
-    plan.add_argument("--algorithms", default=None, metavar="A,B,...",
-                      help="the algorithms to compare (default: every registered one)")
+    plan.add_argument(
+        "--algorithms",
+        default=None,
+        metavar="A,B,...",
+        help="the algorithms to compare (default: every registered one)",
+    )
     plan.add_argument("--json", action="store_true", help="print one JSON object")
 
     acc = sub.add_parser(
-        "account", help="(eps, delta) of a noise schedule, or the noise for a target eps",
+        "account",
+        help="(eps, delta) of a noise schedule, or the noise for a target eps",
         description="Privacy arithmetic with dp-accounting (PLD and RDP) and zCDP. Give --noise-multiplier to get "
-                    "epsilon, or --epsilon to get the noise multiplier; add --rho / --zcdp for zCDP conversions.")
+        "epsilon, or --epsilon to get the noise multiplier; add --rho / --zcdp for zCDP conversions.",
+    )
     acc.add_argument("--noise-multiplier", type=_positive(), help="sigma / sensitivity of each Gaussian step")
-    acc.add_argument("--epsilon", type=_positive(), help="target epsilon (solve for the noise multiplier, or rho with --zcdp)")
-    acc.add_argument("--sampling-rate", type=_rate, default=1.0, help="Poisson user sampling rate q (default 1: everyone)")
+    acc.add_argument(
+        "--epsilon", type=_positive(), help="target epsilon (solve for the noise multiplier, or rho with --zcdp)"
+    )
+    acc.add_argument(
+        "--sampling-rate", type=_rate, default=1.0, help="Poisson user sampling rate q (default 1: everyone)"
+    )
     acc.add_argument("--steps", type=_positive(int), default=1, help="number of Gaussian steps (default %(default)s)")
     acc.add_argument("--delta", type=_probability, required=True, help="target delta")
-    acc.add_argument("--accountant", choices=("pld", "rdp", "all"), default="all", help="dp-accounting accountant (default all)")
-    acc.add_argument("--neighbouring", choices=("add-remove", "replace-one"), default="add-remove",
-                     help="neighbouring relation (default %(default)s, dp-accounting's)")
+    acc.add_argument(
+        "--accountant", choices=("pld", "rdp", "all"), default="all", help="dp-accounting accountant (default all)"
+    )
+    acc.add_argument(
+        "--neighbouring",
+        choices=("add-remove", "replace-one"),
+        default="add-remove",
+        help="neighbouring relation (default %(default)s, dp-accounting's)",
+    )
     acc.add_argument("--rho", type=_positive(), help="convert rho-zCDP to (eps, delta) instead")
     acc.add_argument("--zcdp", action="store_true", help="with --epsilon: the rho-zCDP budget that converts to it")
     acc.add_argument("--json", action="store_true", help="print one JSON object")
     sweep = sub.add_parser(
-        "sweep", help="run the cartesian product of a TOML sweep file into a CSV/JSON-lines table (resumable)",
+        "sweep",
+        help="run the cartesian product of a TOML sweep file into a CSV/JSON-lines table (resumable)",
         description="Run every point of a sweep file: top-level keys = the base `fedkl run` settings, [sweep] = lists "
-                    "of values (any setting) plus `table = \"results.csv\"`; rows already in the table are skipped. "
-                    "See fedkl/experiments/__init__.py for the file format.")
+        'of values (any setting) plus `table = "results.csv"`; rows already in the table are skipped. '
+        "See fedkl/experiments/__init__.py for the file format.",
+    )
     sweep.add_argument("file", metavar="FILE.toml", help="the sweep file")
     sweep.add_argument("--table", default=None, help="write to this CSV instead of the file's [sweep] table")
-    sweep.add_argument("--set", action="append", default=[], metavar="FIELD=V1[,V2...]",
-                       help="replace an axis (or a base value) of the file, e.g. --set seed=0,1 (repeatable)")
+    sweep.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=V1[,V2...]",
+        help="replace an axis (or a base value) of the file, e.g. --set seed=0,1 (repeatable)",
+    )
     sweep.add_argument("--restart", action="store_true", help="delete the table and run every point again")
     sweep.add_argument("--retry-errors", action="store_true", help="run again the points whose row records an error")
     sweep.add_argument("--dry-run", action="store_true", help="list the points and whether each is done; run nothing")
@@ -187,19 +263,29 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
     sweep.add_argument("--verbose", action="store_true", help="print every run's own log")
 
     plot = sub.add_parser(
-        "plot", help="PNG figure (and markdown table) of a sweep table: privacy-utility or log-log slope",
+        "plot",
+        help="PNG figure (and markdown table) of a sweep table: privacy-utility or log-log slope",
         description="privacy-utility: the test metric vs epsilon, mean +- std over seeds, per algorithm and dataset. "
-                    "slope: an error column vs users (log-log) with the fitted and the theory slope.")
+        "slope: an error column vs users (log-log) with the fitted and the theory slope.",
+    )
     plot.add_argument("table", metavar="TABLE.csv", help="a table written by fedkl sweep")
     plot.add_argument("--kind", choices=("privacy-utility", "slope"), required=True)
     plot.add_argument("--out", default=None, help="PNG path (default: TABLE with the kind and .png)")
     plot.add_argument("--x", default=None, help="x column (default epsilon_target / users)")
     plot.add_argument("--y", default=None, help="y column (default test_metric / excess_loss)")
     plot.add_argument("--group", default="algorithm", help="one line per value of this column (default %(default)s)")
-    plot.add_argument("--panel", default="dataset",
-                      help="privacy-utility: one panel per value of this column (default %(default)s; 'none': one panel)")
-    plot.add_argument("--where", action="append", default=[], metavar="COLUMN=VALUE",
-                      help="keep only rows with this value (repeatable)")
+    plot.add_argument(
+        "--panel",
+        default="dataset",
+        help="privacy-utility: one panel per value of this column (default %(default)s; 'none': one panel)",
+    )
+    plot.add_argument(
+        "--where",
+        action="append",
+        default=[],
+        metavar="COLUMN=VALUE",
+        help="keep only rows with this value (repeatable)",
+    )
     plot.add_argument("--theory-slope", type=float, default=None, help="slope: the theory's slope to draw")
     plot.add_argument("--theory-label", default="theory", help="slope: legend label of the theory line")
     plot.add_argument("--title", default=None)

@@ -19,6 +19,7 @@ noise alone moves the model farther than any data could. It is a comparison of n
 utility guarantee (heterogeneous users make the deletion test delete or output ⊥; the study
 simulations/paper002_crossover.py measures both).
 """
+
 from __future__ import annotations
 
 import math
@@ -45,8 +46,10 @@ def _gradient_ratio(alg, params, n: int, dim: int, neighbouring: str) -> tuple[f
         why = f"noise std {alg.sigma:.3g} on the sum of {n} clipped gradients"
     else:
         return None
-    return per_round / math.sqrt(rounds), (f"per round the noise on the mean clipped update is {per_round:.3g}x "
-                                          f"the clip ({why}), averaged over {rounds} rounds")
+    return per_round / math.sqrt(rounds), (
+        f"per round the noise on the mean clipped update is {per_round:.3g}x "
+        f"the clip ({why}), averaged over {rounds} rounds"
+    )
 
 
 def plan(settings: dict, algorithms: Iterable[str] | None = None) -> dict:
@@ -66,9 +69,12 @@ def plan(settings: dict, algorithms: Iterable[str] | None = None) -> dict:
             alg = build_algorithm(cfg, problem, dataset.feature_bound, user_ids, delta, ledger)
             if hasattr(alg, "forecast"):
                 f = alg.forecast(n, problem.init_params(), user_ids)
-                row.update(kind="output perturbation", ratio=f["noise_over_signal"],
-                           why=f"first release: noise norm {f['noise_norm']:.3g} vs the farthest the model can move "
-                               f"{f['signal_radius']:.3g} (sigma/Delta {f['sigma_over_Delta']:.3g})")
+                row.update(
+                    kind="output perturbation",
+                    ratio=f["noise_over_signal"],
+                    why=f"first release: noise norm {f['noise_norm']:.3g} vs the farthest the model can move "
+                    f"{f['signal_radius']:.3g} (sigma/Delta {f['sigma_over_Delta']:.3g})",
+                )
             else:
                 grad = _gradient_ratio(alg, cfg.params, n, dim, cfg.neighbouring)
                 if grad is None:
@@ -82,22 +88,36 @@ def plan(settings: dict, algorithms: Iterable[str] | None = None) -> dict:
         rows.append(row)
     ranked = sorted((r for r in rows if r["ratio"] is not None), key=lambda r: r["ratio"])
     best = ranked[0]["algorithm"] if ranked else None
-    return {"dataset": base.dataset, "problem": problem_name, "users": n, "dim": dim, "epsilon": base.epsilon,
-            "delta": delta, "ranked": ranked, "unranked": [r for r in rows if r["ratio"] is None], "best": best}
+    return {
+        "dataset": base.dataset,
+        "problem": problem_name,
+        "users": n,
+        "dim": dim,
+        "epsilon": base.epsilon,
+        "delta": delta,
+        "ranked": ranked,
+        "unranked": [r for r in rows if r["ratio"] is None],
+        "best": best,
+    }
 
 
 def format_plan(result: dict) -> str:
-    lines = [f"fedkl plan: {result['dataset']} ({result['users']} users, {result['dim']} parameters, "
-             f"{result['problem']}), user-level eps={result['epsilon']:g}, delta={result['delta']:.3g}; public values "
-             "only, nothing read or charged",
-             "rank  algorithm                 noise/signal  why"]
+    lines = [
+        f"fedkl plan: {result['dataset']} ({result['users']} users, {result['dim']} parameters, "
+        f"{result['problem']}), user-level eps={result['epsilon']:g}, delta={result['delta']:.3g}; public values "
+        "only, nothing read or charged",
+        "rank  algorithm                 noise/signal  why",
+    ]
     for i, r in enumerate(result["ranked"], 1):
         lines.append(f"{i:>4}  {r['algorithm']:<24}  {r['ratio']:>12.4g}  {r['kind']}: {r['why']}")
     for r in result["unranked"]:
         lines.append(f"   -  {r['algorithm']:<24}  {'-':>12}  {r['kind']}: {r['why']}")
     if result["best"]:
-        verdict = ("its noise stays below the signal" if result["ranked"][0]["ratio"] <= 1
-                   else "but even its noise swamps the signal: raise eps, users or records per user")
+        verdict = (
+            "its noise stays below the signal"
+            if result["ranked"][0]["ratio"] <= 1
+            else "but even its noise swamps the signal: raise eps, users or records per user"
+        )
         lines.append(f"prefer {result['best']}: {verdict}")
     return "\n".join(lines)
 

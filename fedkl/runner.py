@@ -7,6 +7,7 @@ What is private and what is not (also in the README):
   same users), the non-private reference model's metrics and the trivial baseline. A deployment
   keeps these off the wire or privatizes them separately.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -70,8 +71,10 @@ def transport_for(backend: str) -> Transport | None:
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
     if backend not in TRANSPORTS:
-        raise ValueError(f"backend {backend!r} is provided by fedkl.flower: `import fedkl.flower.backends` first "
-                         "(fedkl run and fedkl.train do)")
+        raise ValueError(
+            f"backend {backend!r} is provided by fedkl.flower: `import fedkl.flower.backends` first "
+            "(fedkl run and fedkl.train do)"
+        )
     return TRANSPORTS[backend]
 
 
@@ -130,8 +133,10 @@ class RunConfig:
                     raise ValueError(f"unknown setting {key!r}")
                 default = hyperparameter_default(key)
                 if strict and not _same(value, default):
-                    raise ValueError(f"{key}={value!r} does not apply to {algorithm} (it is a setting of "
-                                     f"{', '.join(users)}); remove it")
+                    raise ValueError(
+                        f"{key}={value!r} does not apply to {algorithm} (it is a setting of "
+                        f"{', '.join(users)}); remove it"
+                    )
         return cls(**run_kw, params=spec.params(**params_kw))
 
     def settings(self) -> dict:
@@ -178,53 +183,89 @@ def quality_metric(metrics: dict) -> str:
 def build_algorithm(cfg: RunConfig, problem, feature_bound: float, user_ids, delta: float, ledger: PrivacyLedger):
     """``cfg``'s algorithm sized to what ``ledger`` says every listed user can still afford: the budget
     flows one way (ledger -> builder -> algorithm); the algorithm never reads the ledger."""
-    context = BuildContext(problem=problem, feature_bound=feature_bound, user_ids=tuple(user_ids), delta=delta,
-                           rho_left=ledger.rho_left(user_ids), approx_left=ledger.approx_left(user_ids),
-                           conversion=ledger.budget.conversion, neighbouring=cfg.neighbouring, seed=cfg.seed)
+    context = BuildContext(
+        problem=problem,
+        feature_bound=feature_bound,
+        user_ids=tuple(user_ids),
+        delta=delta,
+        rho_left=ledger.rho_left(user_ids),
+        approx_left=ledger.approx_left(user_ids),
+        conversion=ledger.budget.conversion,
+        neighbouring=cfg.neighbouring,
+        seed=cfg.seed,
+    )
     try:
         return algorithm_spec(cfg.algorithm).build(cfg.params, context)
     except BudgetExceeded as e:
         raise BudgetExceeded(f"ledger {ledger.path}: {e}") from None
 
 
-def train_federation(cfg: RunConfig, federation: Federation, problem, dataset, delta: float, ledger_path: str,
-           run_id: str, noise: NoiseSource, log: Callable[[str], None]):
+def train_federation(
+    cfg: RunConfig,
+    federation: Federation,
+    problem,
+    dataset,
+    delta: float,
+    ledger_path: str,
+    run_id: str,
+    noise: NoiseSource,
+    log: Callable[[str], None],
+):
     """Train through ``federation`` with the ledger, filter and noise in this process. Returns the
     algorithm's result, the ledger summary and the algorithm's declared :class:`Guarantee`."""
     with PrivacyLedger(ledger_path, Budget(cfg.epsilon, delta, cfg.conversion), run_id, cfg.settings()) as ledger:
         rho_total = ledger.rho_left(federation.user_ids)
         if rho_total <= 0:
-            raise BudgetExceeded(f"ledger {ledger_path}: the users' budget (eps={cfg.epsilon}, delta={delta:g}) "
-                                 "is already spent; nothing to train with")
+            raise BudgetExceeded(
+                f"ledger {ledger_path}: the users' budget (eps={cfg.epsilon}, delta={delta:g}) "
+                "is already spent; nothing to train with"
+            )
         if rho_total < ledger.budget.rho * (1 - 1e-9):
             log(f"resuming ledger {ledger_path}: rho {rho_total:.4g} of {ledger.budget.rho:.4g} left")
         alg = build_algorithm(cfg, problem, dataset.feature_bound, federation.user_ids, delta, ledger)
         sigma = getattr(alg, "sigma", None)
         declared: Guarantee = alg.guarantee
         if not declared.zcdp:  # zCDP rho, rounds and clip are not what these algorithms use
-            log(f"budget: user-level ({cfg.neighbouring}) eps={cfg.epsilon}, delta={delta:.3g}, spent as (eps, delta) "
-                f"releases (basic composition in the ledger); backend {cfg.backend}")
+            log(
+                f"budget: user-level ({cfg.neighbouring}) eps={cfg.epsilon}, delta={delta:.3g}, spent as (eps, delta) "
+                f"releases (basic composition in the ledger); backend {cfg.backend}"
+            )
         else:
-            shape = [f"{cfg.params.rounds} rounds" if hasattr(cfg.params, "rounds") else "",
-                     f"clip {cfg.params.clip}" if hasattr(cfg.params, "clip") else "", f"backend {cfg.backend}"]
-            log(f"budget: user-level ({cfg.neighbouring}) eps={cfg.epsilon}, delta={delta:.3g} -> "
-                f"zCDP rho={rho_total:.5g} ({cfg.conversion}); " + ", ".join(x for x in shape if x)
-                + (f", noise std on the sum {sigma:.4g}" if isinstance(sigma, float) else ""))
+            shape = [
+                f"{cfg.params.rounds} rounds" if hasattr(cfg.params, "rounds") else "",
+                f"clip {cfg.params.clip}" if hasattr(cfg.params, "clip") else "",
+                f"backend {cfg.backend}",
+            ]
+            log(
+                f"budget: user-level ({cfg.neighbouring}) eps={cfg.epsilon}, delta={delta:.3g} -> "
+                f"zCDP rho={rho_total:.5g} ({cfg.conversion}); "
+                + ", ".join(x for x in shape if x)
+                + (f", noise std on the sum {sigma:.4g}" if isinstance(sigma, float) else "")
+            )
+
         def progress(rec: dict) -> None:
             # about ten lines a run, whatever its length (some algorithms set their own round count)
             every = max(1, int(rec["rounds"]) // 10)
             if rec["round"] % every == 0 or rec["round"] == rec["rounds"]:
-                extra = "".join(f"  {k.replace('_', ' ')} {rec[k]:.4g}" for k in ("noisy_grad_norm", "rho_spent")
-                                if isinstance(rec.get(k), (int, float)))
+                extra = "".join(
+                    f"  {k.replace('_', ' ')} {rec[k]:.4g}"
+                    for k in ("noisy_grad_norm", "rho_spent")
+                    if isinstance(rec.get(k), (int, float))
+                )
                 log(f"  round {rec['round']:>4}/{rec['rounds']}{extra}")
 
         if cfg.conversion == "gaussian" and not getattr(alg, "gaussian_releases_only", True):
             ledger.finish_run("refused")
-            raise ValueError(f"{cfg.algorithm} with these settings makes a zCDP release that is not Gaussian, so the "
-                             "exact Gaussian conversion does not hold for it: use --conversion cks (nothing was read "
-                             "or charged)")
-        forecast = alg.forecast(federation.num_users, problem.init_params(), federation.user_ids) \
-            if hasattr(alg, "forecast") else None
+            raise ValueError(
+                f"{cfg.algorithm} with these settings makes a zCDP release that is not Gaussian, so the "
+                "exact Gaussian conversion does not hold for it: use --conversion cks (nothing was read "
+                "or charged)"
+            )
+        forecast = (
+            alg.forecast(federation.num_users, problem.init_params(), federation.user_ids)
+            if hasattr(alg, "forecast")
+            else None
+        )
         if forecast is not None:
             log("forecast (public values, before any data): " + ", ".join(f"{k} {v:.4g}" for k, v in forecast.items()))
             if forecast["noise_over_signal"] > 1 and not cfg.force:
@@ -233,15 +274,18 @@ def train_federation(cfg: RunConfig, federation: Federation, problem, dataset, d
                     f"{cfg.algorithm}: its first release's noise (norm ~{forecast['noise_norm']:.3g}) is "
                     f"{forecast['noise_over_signal']:.3g}x the farthest the model can move ({forecast['signal_radius']:.3g}) "
                     f"at this budget and n={federation.num_users}: the model would be noise around its start. Nothing "
-                    "was read or charged. noisy-gd learns here (--algorithm noisy-gd); --force runs it anyway")
+                    "was read or charged. noisy-gd learns here (--algorithm noisy-gd); --force runs it anyway"
+                )
         try:
             # no run-wide filter for (eps, delta) releases, nor for algorithms whose users each take part in
             # one disjoint cohort (parallel composition: the per-user ledger enforces every user's budget)
             releaser = Releaser(ledger, noise, ZCDPFilter(rho_total) if declared.run_wide_filter else None)
             result = alg.run(federation, releaser, problem.init_params(), progress)
             if not isinstance(result, AlgorithmResult):
-                raise TypeError(f"{cfg.algorithm}: run() must return an AlgorithmResult (fedkl.algorithms.registry), "
-                                f"got {type(result).__name__}")
+                raise TypeError(
+                    f"{cfg.algorithm}: run() must return an AlgorithmResult (fedkl.algorithms.registry), "
+                    f"got {type(result).__name__}"
+                )
             if forecast is not None and isinstance(result.details, dict):
                 result.details["forecast"] = forecast  # the price, in result.json's algorithm_details
         except BaseException:
@@ -289,8 +333,10 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print, dataset: Fe
         dataset, problem, problem_name = load_run_data(cfg)
     else:
         if cfg.backend != "inprocess":
-            raise ValueError(f"a dataset given as an object trains in-process only (backend {cfg.backend!r} loads "
-                             "its clients' data by name)")
+            raise ValueError(
+                f"a dataset given as an object trains in-process only (backend {cfg.backend!r} loads "
+                "its clients' data by name)"
+            )
         problem_name = cfg.problem or DEFAULT_PROBLEM[dataset.task]
         problem = make_problem(problem_name, dataset, reg=cfg.reg)
     evaluator = InProcessFederation(problem, dataset)  # non-private evaluation (research use)
@@ -299,17 +345,20 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print, dataset: Fe
     federation = evaluator if transport is None or transport.open is None else transport.open(cfg, dataset)
     n = federation.num_users
     delta, run_id, out, ledger_path, noise = prepare_run(cfg, n)
-    log(f"fedkl run {run_id}: {cfg.algorithm} on {cfg.dataset} ({n} users, "
+    log(
+        f"fedkl run {run_id}: {cfg.algorithm} on {cfg.dataset} ({n} users, "
         f"{dataset.train.num_records} train records, {problem.num_params} parameters); "
-        f"noise: {noise.mode}")
+        f"noise: {noise.mode}"
+    )
 
     if transport is not None and transport.train is not None:  # ledger + noise live in the deployment's ServerApp
         result, summary = transport.train(cfg, dataset, out, log)
         declared = result.guarantee
     else:
         try:
-            result, summary, declared = train_federation(cfg, federation, problem, dataset, delta, ledger_path, run_id, noise,
-                                              log)
+            result, summary, declared = train_federation(
+                cfg, federation, problem, dataset, delta, ledger_path, run_id, noise, log
+            )
         finally:
             close = getattr(federation, "close", None)
             if close is not None:
@@ -366,13 +415,16 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print, dataset: Fe
     }
     _write_json(os.path.join(out, "result.json"), payload)
     ref_txt = f"{reference[key]:.4f}" if reference else "n/a"
-    how = ("(eps, delta) releases, basic composition" if not declared.zcdp
-           else f"zCDP rho = {summary['max_user_rho']:.5g}; exact Gaussian conversion, {cfg.conversion} gives "
-                f"{summary['max_user_epsilon']:.4f}" if eps < summary["max_user_epsilon"]
-           else f"zCDP rho = {summary['max_user_rho']:.5g}, {cfg.conversion}")
+    how = (
+        "(eps, delta) releases, basic composition"
+        if not declared.zcdp
+        else f"zCDP rho = {summary['max_user_rho']:.5g}; exact Gaussian conversion, {cfg.conversion} gives "
+        f"{summary['max_user_epsilon']:.4f}"
+        if eps < summary["max_user_epsilon"]
+        else f"zCDP rho = {summary['max_user_rho']:.5g}, {cfg.conversion}"
+    )
     log(f"privacy: user-level ({cfg.neighbouring}) epsilon = {eps:.4f}, delta = {delta:.3g} ({how})")
     got = f"{test[key]:.4f}" if key in test else "n/a (the algorithm released no model)"
-    log(f"test {key} = {got}   (non-private reference {ref_txt}; trivial baseline "
-        f"{trivial.get(key, math.nan):.4f})")
+    log(f"test {key} = {got}   (non-private reference {ref_txt}; trivial baseline {trivial.get(key, math.nan):.4f})")
     log(f"wrote {os.path.join(out, 'result.json')} and ledger {ledger_path} ({payload['wall_time_s']:.1f} s)")
     return payload

@@ -17,6 +17,7 @@ majority-class baseline. This script does what these two commands do (``make ben
 ``--quick``: seeds 0-1 and ε ∈ {1, 4}, into ``simulations/results/quick/``. ``--resume``: keep the
 rows already in the table (default: start over).
 """
+
 from __future__ import annotations
 
 import argparse

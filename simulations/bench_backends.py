@@ -36,6 +36,7 @@ flower-sim`` attempts it anyway. The error column then reports how many users ha
 ``--grpc-users N`` also times the loopback gRPC deployment (one SuperNode process per user, ~260
 MB each, so only a handful of users fit here). Results: ``--out`` (JSON), and ``--markdown``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -94,17 +95,33 @@ def measure(backend: str, n: int, rounds: int) -> dict:
     torch.set_num_threads(1)
     spec = ClientSpec.build("synthetic-logistic", "logistic", {"n_users": n, "m": RECORDS, "d": DIM, "seed": 0})
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = RunConfig.from_settings(dataset="synthetic-logistic", users=n, rounds=rounds, lr=1.0, epsilon=2.0, noise_seed=0,
-                        reference=False, out=os.path.join(tmp, "run"))
+        cfg = RunConfig.from_settings(
+            dataset="synthetic-logistic",
+            users=n,
+            rounds=rounds,
+            lr=1.0,
+            epsilon=2.0,
+            noise_seed=0,
+            reference=False,
+            out=os.path.join(tmp, "run"),
+        )
         start = time.perf_counter()
         res = run_flower_simulation(cfg, backend, log=lambda s: None, spec=spec)
         wall = time.perf_counter() - start
     secs = [h["seconds"] for h in res["history"]]
     w = res["w"].to(torch.float64).contiguous().numpy()
-    out = {"backend": backend, "users": n, "rounds": rounds, "wall_s": wall, "round_s": statistics.median(secs),
-           "round_s_all": secs, "setup_s": wall - sum(secs), "model_sha1": hashlib.sha1(w.tobytes()).hexdigest(),
-           "epsilon": res["ledger"]["max_user_epsilon"],
-           "failed_users": sum(x or 0 for x in res["failed_users"])}
+    out = {
+        "backend": backend,
+        "users": n,
+        "rounds": rounds,
+        "wall_s": wall,
+        "round_s": statistics.median(secs),
+        "round_s_all": secs,
+        "setup_s": wall - sum(secs),
+        "model_sha1": hashlib.sha1(w.tobytes()).hexdigest(),
+        "epsilon": res["ledger"]["max_user_epsilon"],
+        "failed_users": sum(x or 0 for x in res["failed_users"]),
+    }
     if backend == "inprocess":
         out["floor_s"] = _floor_seconds(n)
     return out
@@ -123,7 +140,7 @@ def _tree_rss_mb(root: int) -> float:
             continue
         try:
             stat = (proc / "stat").read_text()
-            ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+            ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
             rss[int(proc.name)] = int((proc / "statm").read_text().split()[1]) * page
         except (OSError, ValueError, IndexError):
             continue
@@ -141,20 +158,34 @@ def measure_run(backend: str, n: int, rounds: int) -> dict:
     from fedkl.runner import RunConfig, run_training
 
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = RunConfig.from_settings(dataset="synthetic-logistic", users=n, rounds=rounds, backend=backend, noise_seed=0,
-                        reference=False, out=os.path.join(tmp, "run"))
+        cfg = RunConfig.from_settings(
+            dataset="synthetic-logistic",
+            users=n,
+            rounds=rounds,
+            backend=backend,
+            noise_seed=0,
+            reference=False,
+            out=os.path.join(tmp, "run"),
+        )
         start = time.perf_counter()
         res = run_training(cfg, log=lambda s: None)
         wall = time.perf_counter() - start
-    return {"backend": backend, "users": n, "rounds": rounds, "wall_s": wall, "test_metric": res["test_metric"]["value"],
-            "epsilon": res["epsilon"]}
+    return {
+        "backend": backend,
+        "users": n,
+        "rounds": rounds,
+        "wall_s": wall,
+        "test_metric": res["test_metric"]["value"],
+        "epsilon": res["epsilon"],
+    }
 
 
 def run_child(backend: str, n: int, rounds: int, timeout: float, mode: str = "--measure") -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), mode, backend, str(n), str(rounds)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
     peak = [0.0]
     done = threading.Event()
 
@@ -170,8 +201,13 @@ def run_child(backend: str, n: int, rounds: int, timeout: float, mode: str = "--
         os.killpg(proc.pid, signal.SIGKILL)  # the child's own session: Ray's processes included
         proc.communicate()
         done.set()
-        return {"backend": backend, "users": n, "rounds": rounds, "error": f"timed out after {timeout:.0f} s",
-                "peak_rss_mb": peak[0]}
+        return {
+            "backend": backend,
+            "users": n,
+            "rounds": rounds,
+            "error": f"timed out after {timeout:.0f} s",
+            "peak_rss_mb": peak[0],
+        }
     finally:
         done.set()
         th.join()
@@ -183,32 +219,49 @@ def run_child(backend: str, n: int, rounds: int, timeout: float, mode: str = "--
     if proc.returncode != 0 or not lines:
         text = (err or out).strip().splitlines()
         tail = [ln.strip() for ln in text if "have no node" in ln] + text[-1:]
-        return {"backend": backend, "users": n, "rounds": rounds, "error": f"exit {proc.returncode}: {'; '.join(tail)}",
-                "peak_rss_mb": peak[0]}
+        return {
+            "backend": backend,
+            "users": n,
+            "rounds": rounds,
+            "error": f"exit {proc.returncode}: {'; '.join(tail)}",
+            "peak_rss_mb": peak[0],
+        }
     row = json.loads(lines[-1])
     row["peak_rss_mb"] = peak[0]
     return row
 
 
 def markdown(rows: list[dict], notes: list[str]) -> str:
-    lines = ["| users | backend | rounds | wall s | round ms | rounds/s | x in-process (round) | floor ms | "
-             "in-process / floor | peak MB | same model |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| users | backend | rounds | wall s | round ms | rounds/s | x in-process (round) | floor ms | "
+        "in-process / floor | peak MB | same model |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if "data" in r:  # whole-run timings (gRPC section)
-            lines.append(f"| {r['users']:,} | {r['backend']} (whole `fedkl run`) | {r['rounds']} | "
-                         + (f"{r['wall_s']:.2f} | — | — | {r['ratio_to_inprocess']:.0f} (wall) | — | — | "
-                            f"{r['peak_rss_mb']:.0f} | {'yes' if r.get('same_model') else 'no'} |" if "error" not in r
-                            else f"— | — | — | — | — | — | {r['peak_rss_mb']:.0f} | {r['error']} |"))
+            lines.append(
+                f"| {r['users']:,} | {r['backend']} (whole `fedkl run`) | {r['rounds']} | "
+                + (
+                    f"{r['wall_s']:.2f} | — | — | {r['ratio_to_inprocess']:.0f} (wall) | — | — | "
+                    f"{r['peak_rss_mb']:.0f} | {'yes' if r.get('same_model') else 'no'} |"
+                    if "error" not in r
+                    else f"— | — | — | — | — | — | {r['peak_rss_mb']:.0f} | {r['error']} |"
+                )
+            )
             continue
         if "error" in r:
-            lines.append(f"| {r['users']:,} | {r['backend']} | {r['rounds']} | — | — | — | — | — | — | "
-                         f"{r['peak_rss_mb']:.0f} | {r['error']} |")
+            lines.append(
+                f"| {r['users']:,} | {r['backend']} | {r['rounds']} | — | — | — | — | — | — | "
+                f"{r['peak_rss_mb']:.0f} | {r['error']} |"
+            )
             continue
         floor = f"{1e3 * r['floor_s']:.2f}" if "floor_s" in r else ""
         ratio_floor = f"{r['round_s'] / r['floor_s']:.1f}" if "floor_s" in r else ""
-        lines.append(f"| {r['users']:,} | {r['backend']} | {r['rounds']} | {r['wall_s']:.2f} | {1e3 * r['round_s']:.2f} | "
-                     f"{1 / r['round_s']:.2f} | {r.get('ratio_to_inprocess', float('nan')):.1f} | {floor} | {ratio_floor} | "
-                     f"{r['peak_rss_mb']:.0f} | {'yes' if r.get('same_model') else 'no'} |")
+        lines.append(
+            f"| {r['users']:,} | {r['backend']} | {r['rounds']} | {r['wall_s']:.2f} | {1e3 * r['round_s']:.2f} | "
+            f"{1 / r['round_s']:.2f} | {r.get('ratio_to_inprocess', float('nan')):.1f} | {floor} | {ratio_floor} | "
+            f"{r['peak_rss_mb']:.0f} | {'yes' if r.get('same_model') else 'no'} |"
+        )
     return "\n".join(lines + [""] + notes) + "\n"
 
 
@@ -217,8 +270,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--users", type=int, nargs="+", default=[100, 1000, 10000])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--ray-max-users", type=int, default=1000, help="run flower-sim (Ray) only up to this many users")
-    p.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS),
-                   help="backends to time (inprocess is the reference of the ratios; default all)")
+    p.add_argument(
+        "--backends",
+        nargs="+",
+        choices=BACKENDS,
+        default=list(BACKENDS),
+        help="backends to time (inprocess is the reference of the ratios; default all)",
+    )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds allowed to one (backend, n) job")
     p.add_argument("--grpc-users", type=int, default=0, help="also time the loopback gRPC deployment at this n (0: no)")
     p.add_argument("--out", default=os.path.join(RESULTS, "bench_backends.json"))
@@ -233,8 +291,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     started = time.perf_counter()
     rows: list[dict] = []
     notes: list[str] = []
-    print(f"{'users':>7} {'backend':>13} {'rounds':>6} {'wall s':>8} {'round ms':>9} {'rounds/s':>9} {'x inproc':>8} "
-          f"{'floor ms':>9} {'inproc/floor':>12} {'peak MB':>8} {'same model':>10}", flush=True)
+    print(
+        f"{'users':>7} {'backend':>13} {'rounds':>6} {'wall s':>8} {'round ms':>9} {'rounds/s':>9} {'x inproc':>8} "
+        f"{'floor ms':>9} {'inproc/floor':>12} {'peak MB':>8} {'same model':>10}",
+        flush=True,
+    )
     per_message, ray_n = None, 0
     for n in args.users:
         base = None
@@ -242,15 +303,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
             if backend == "flower-sim" and n > args.ray_max_users:
                 if per_message is not None:
                     est_round = per_message * n
-                    verdict = ("the handshake would outlast FlowerFederation's 120 s handshake timeout, so the users "
-                               "whose reply is late would be left out (they contribute zero): not the same run"
-                               if est_round > 120 else
-                               f"about {(args.rounds + 1) * est_round / 60:.1f} min for the job")
-                    note = (f"flower-sim at {n:,} users: not run (--ray-max-users {args.ray_max_users}). Measured Ray cost "
-                            f"per user-message at the largest Ray run ({ray_n:,} users): {1e3 * per_message:.1f} ms; "
-                            f"extrapolated linearly (a lower bound: the cost per message grows with n) that is about "
-                            f"{est_round:.0f} s per round, and as long again for the fedkl handshake (one message "
-                            f"per user): {verdict}. Measure it with --ray-max-users {n} --backends inprocess flower-sim.")
+                    verdict = (
+                        "the handshake would outlast FlowerFederation's 120 s handshake timeout, so the users "
+                        "whose reply is late would be left out (they contribute zero): not the same run"
+                        if est_round > 120
+                        else f"about {(args.rounds + 1) * est_round / 60:.1f} min for the job"
+                    )
+                    note = (
+                        f"flower-sim at {n:,} users: not run (--ray-max-users {args.ray_max_users}). Measured Ray cost "
+                        f"per user-message at the largest Ray run ({ray_n:,} users): {1e3 * per_message:.1f} ms; "
+                        f"extrapolated linearly (a lower bound: the cost per message grows with n) that is about "
+                        f"{est_round:.0f} s per round, and as long again for the fedkl handshake (one message "
+                        f"per user): {verdict}. Measure it with --ray-max-users {n} --backends inprocess flower-sim."
+                    )
                 else:
                     note = f"flower-sim at {n:,} users: not run (--ray-max-users {args.ray_max_users})."
                 notes.append(note)
@@ -267,29 +332,45 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     per_message, ray_n = r["round_s"] / n, n
             rows.append(r)
             if "error" in r:
-                print(f"{n:>7} {backend:>13} {args.rounds:>6}  ERROR {r['error']} (peak {r['peak_rss_mb']:.0f} MB)",
-                      flush=True)
+                print(
+                    f"{n:>7} {backend:>13} {args.rounds:>6}  ERROR {r['error']} (peak {r['peak_rss_mb']:.0f} MB)",
+                    flush=True,
+                )
                 continue
             floor = f"{1e3 * r['floor_s']:>9.2f}" if "floor_s" in r else f"{'':>9}"
             ratio = f"{r['round_s'] / r['floor_s']:>12.1f}" if "floor_s" in r else f"{'':>12}"
-            print(f"{n:>7} {backend:>13} {args.rounds:>6} {r['wall_s']:>8.2f} {1e3 * r['round_s']:>9.2f} "
-                  f"{1 / r['round_s']:>9.2f} {r.get('ratio_to_inprocess', float('nan')):>8.1f} {floor} {ratio} "
-                  f"{r['peak_rss_mb']:>8.0f} {'yes' if r.get('same_model') else 'NO':>10}", flush=True)
+            print(
+                f"{n:>7} {backend:>13} {args.rounds:>6} {r['wall_s']:>8.2f} {1e3 * r['round_s']:>9.2f} "
+                f"{1 / r['round_s']:>9.2f} {r.get('ratio_to_inprocess', float('nan')):>8.1f} {floor} {ratio} "
+                f"{r['peak_rss_mb']:>8.0f} {'yes' if r.get('same_model') else 'NO':>10}",
+                flush=True,
+            )
     if args.grpc_users:  # `fedkl run` on the default synthetic data (d = 10): in-process vs the gRPC deployment
-        grpc_rows = [run_child(b, args.grpc_users, args.rounds, args.timeout, mode="--measure-run")
-                     for b in ("inprocess", "grpc")]
+        grpc_rows = [
+            run_child(b, args.grpc_users, args.rounds, args.timeout, mode="--measure-run")
+            for b in ("inprocess", "grpc")
+        ]
         for r in grpc_rows:
             r["data"] = "fedkl run --dataset synthetic-logistic (d = 10)"
             if "error" not in r:
                 r["ratio_to_inprocess"] = r["wall_s"] / grpc_rows[0]["wall_s"]
                 r["same_model"] = r["test_metric"] == grpc_rows[0].get("test_metric")
-            print(f"fedkl run --backend {r['backend']} --users {args.grpc_users}: "
-                  + (r["error"] if "error" in r else f"{r['wall_s']:.2f} s ({r['ratio_to_inprocess']:.0f}x in-process), "
-                     f"peak {r['peak_rss_mb']:.0f} MB, same test metric: {r['same_model']}"), flush=True)
+            print(
+                f"fedkl run --backend {r['backend']} --users {args.grpc_users}: "
+                + (
+                    r["error"]
+                    if "error" in r
+                    else f"{r['wall_s']:.2f} s ({r['ratio_to_inprocess']:.0f}x in-process), "
+                    f"peak {r['peak_rss_mb']:.0f} MB, same test metric: {r['same_model']}"
+                ),
+                flush=True,
+            )
         rows += grpc_rows
-    notes.append(f"One invocation, {time.perf_counter() - started:.0f} s in all, on {os.cpu_count()} CPU cores; "
-                 f"synthetic logistic data, {RECORDS} records per user, d = {DIM}; noisy GD, replace-one, eps = 2, "
-                 f"{args.rounds} rounds; torch single-threaded. Peak MB is the summed RSS of the job's process tree.")
+    notes.append(
+        f"One invocation, {time.perf_counter() - started:.0f} s in all, on {os.cpu_count()} CPU cores; "
+        f"synthetic logistic data, {RECORDS} records per user, d = {DIM}; noisy GD, replace-one, eps = 2, "
+        f"{args.rounds} rounds; torch single-threaded. Peak MB is the summed RSS of the job's process tree."
+    )
     print(notes[-1])
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as fh:

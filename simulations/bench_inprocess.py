@@ -10,6 +10,7 @@ For each population size it measures, in one run:
 and prints rounds/s, the overhead ratio round/floor and the peak RSS. Results also go to
 simulations/results/bench_inprocess.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,10 +59,17 @@ def bench(n_users: int, m: int, d: int, rounds: int) -> dict:
         result = alg.run(fed, Releaser(ledger, NoiseSource(0), ZCDPFilter(1.0)), w)
         round_s = statistics.median(h["seconds"] for h in result.history)  # median: skips warm-up
         ledger.close()
-    return {"users": n_users, "records": data.train.num_records, "dim": d, "floor_s": floor_s,
-            "round_s": round_s, "ledger_charge_s": ledger_s, "rounds_per_s": 1.0 / round_s,
-            "overhead_ratio": round_s / floor_s,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    return {
+        "users": n_users,
+        "records": data.train.num_records,
+        "dim": d,
+        "floor_s": floor_s,
+        "round_s": round_s,
+        "ledger_charge_s": ledger_s,
+        "rounds_per_s": 1.0 / round_s,
+        "overhead_ratio": round_s / floor_s,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -73,14 +81,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "bench_inprocess.json"))
     args = p.parse_args(argv)
     rows = []
-    print(f"{'users':>7} {'records':>9} {'floor ms':>9} {'round ms':>9} {'ledger ms':>10} {'rounds/s':>9} "
-          f"{'round/floor':>11} {'peak MB':>8}")
+    print(
+        f"{'users':>7} {'records':>9} {'floor ms':>9} {'round ms':>9} {'ledger ms':>10} {'rounds/s':>9} "
+        f"{'round/floor':>11} {'peak MB':>8}"
+    )
     for n in args.users:
         r = bench(n, args.records, args.dim, args.rounds)
         rows.append(r)
-        print(f"{r['users']:>7} {r['records']:>9} {1e3 * r['floor_s']:>9.2f} {1e3 * r['round_s']:>9.2f} "
-              f"{1e3 * r['ledger_charge_s']:>10.2f} {r['rounds_per_s']:>9.1f} {r['overhead_ratio']:>11.2f} "
-              f"{r['peak_rss_mb']:>8.0f}", flush=True)
+        print(
+            f"{r['users']:>7} {r['records']:>9} {1e3 * r['floor_s']:>9.2f} {1e3 * r['round_s']:>9.2f} "
+            f"{1e3 * r['ledger_charge_s']:>10.2f} {r['rounds_per_s']:>9.1f} {r['overhead_ratio']:>11.2f} "
+            f"{r['peak_rss_mb']:>8.0f}",
+            flush=True,
+        )
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(rows, f, indent=2)

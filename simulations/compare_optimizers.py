@@ -12,6 +12,7 @@ with the hyperparameters in SETTINGS (the algorithm's `--help` defaults where th
 Writes simulations/results/compare_optimizers.{csv,md,png}: test accuracy mean ± std over seeds, the
 non-private reference and the majority-class baseline.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,8 +41,17 @@ SETTINGS: dict[str, tuple[dict, bool]] = {
     "dp-fedavg": ({"rounds": 30, "lr": 2.0, "local_steps": 5, "server_momentum": 0.5, **ADD_REMOVE}, False),
     "kl-adaptive-gd": ({"lr": 4.0}, False),
     # the theorem's constants (64, 32) stop spider after a few steps at this n: heuristic 1s
-    "kl-spider": ({"lr": 4.0, "reg": 0.01, "kl_gamma": 1.0, "kl_max_rounds": 100, "kl_contraction_constant": 1.0,
-                   "kl_floor_constant": 1.0}, False),
+    "kl-spider": (
+        {
+            "lr": 4.0,
+            "reg": 0.01,
+            "kl_gamma": 1.0,
+            "kl_max_rounds": 100,
+            "kl_contraction_constant": 1.0,
+            "kl_floor_constant": 1.0,
+        },
+        False,
+    ),
     "kl-prox-point": ({"lr": 4.0, "kl_prox_steps": 5, "rounds": 10}, False),
     "mean-output-pert": ({"mean_lam": 3.0, "mean_rho_fraction": 0.2}, True),
     "fkt-snowball": ({"radius": 5.0}, True),
@@ -55,17 +65,31 @@ TASKS = (("convex", "logistic"), ("non-convex", "mlp"))
 
 def run_one(algorithm: str, problem: str, seed: int, epsilon: float, tmp: str, quick: bool) -> dict:
     overrides, _ = SETTINGS[algorithm]
-    cfg = RunConfig.from_settings(dataset="movielens", problem=problem, algorithm=algorithm, epsilon=epsilon, seed=0,
-                    noise_seed=1000 + seed, reference=False, out=os.path.join(tmp, f"{algorithm}-{problem}-{seed}"),
-                    **overrides)
+    cfg = RunConfig.from_settings(
+        dataset="movielens",
+        problem=problem,
+        algorithm=algorithm,
+        epsilon=epsilon,
+        seed=0,
+        noise_seed=1000 + seed,
+        reference=False,
+        out=os.path.join(tmp, f"{algorithm}-{problem}-{seed}"),
+        **overrides,
+    )
     if quick:
         cfg = replace(cfg, params=replace(cfg.params, rounds=max(2, cfg.params.rounds // 5)))
     start = time.perf_counter()
     res = run_training(cfg, log=lambda s: None)
-    return {"algorithm": algorithm, "problem": problem, "seed": seed, "relation": cfg.neighbouring,
-            "epsilon": res["epsilon"],
-            "delta": res["delta"], "accuracy": res["test_metrics"].get("accuracy"),
-            "wall_s": time.perf_counter() - start}
+    return {
+        "algorithm": algorithm,
+        "problem": problem,
+        "seed": seed,
+        "relation": cfg.neighbouring,
+        "epsilon": res["epsilon"],
+        "delta": res["delta"],
+        "accuracy": res["test_metrics"].get("accuracy"),
+        "wall_s": time.perf_counter() - start,
+    }
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -81,10 +105,20 @@ def main(argv: list[str] | None = None) -> list[dict]:
     refs: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for task, problem in TASKS:
-            ref = run_training(RunConfig.from_settings(dataset="movielens", problem=problem, rounds=1, noise_seed=0,
-                                         out=os.path.join(tmp, f"ref-{problem}")), log=lambda s: None)
-            refs[problem] = {"nonprivate": (ref["nonprivate_reference"] or {}).get("accuracy"),
-                             "majority": ref["trivial_baseline"].get("accuracy")}
+            ref = run_training(
+                RunConfig.from_settings(
+                    dataset="movielens",
+                    problem=problem,
+                    rounds=1,
+                    noise_seed=0,
+                    out=os.path.join(tmp, f"ref-{problem}"),
+                ),
+                log=lambda s: None,
+            )
+            refs[problem] = {
+                "nonprivate": (ref["nonprivate_reference"] or {}).get("accuracy"),
+                "majority": ref["trivial_baseline"].get("accuracy"),
+            }
             for alg in algorithms:
                 if SETTINGS[alg][1] and task == "non-convex":
                     continue
@@ -92,9 +126,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     r = run_one(alg, problem, seed, args.epsilon, tmp, args.quick)
                     r["task"] = task
                     rows.append(r)
-                    print(f"{task:>10} {alg:>16} seed {seed}: eps {r['epsilon']:.3f} accuracy "
-                          f"{r['accuracy'] if r['accuracy'] is not None else float('nan'):.4f} ({r['wall_s']:.1f} s)",
-                          flush=True)
+                    print(
+                        f"{task:>10} {alg:>16} seed {seed}: eps {r['epsilon']:.3f} accuracy "
+                        f"{r['accuracy'] if r['accuracy'] is not None else float('nan'):.4f} ({r['wall_s']:.1f} s)",
+                        flush=True,
+                    )
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out + ".csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -109,35 +145,57 @@ def main(argv: list[str] | None = None) -> list[dict]:
 def summarize(rows: list[dict]) -> list[dict]:
     out = []
     for key in dict.fromkeys((r["task"], r["problem"], r["algorithm"]) for r in rows):
-        accs = [r["accuracy"] for r in rows if (r["task"], r["problem"], r["algorithm"]) == key
-                and r["accuracy"] is not None]
+        accs = [
+            r["accuracy"]
+            for r in rows
+            if (r["task"], r["problem"], r["algorithm"]) == key and r["accuracy"] is not None
+        ]
         relation = next(r["relation"] for r in rows if (r["task"], r["problem"], r["algorithm"]) == key)
-        out.append({"task": key[0], "problem": key[1], "algorithm": key[2], "relation": relation, "runs": len(accs),
-                    "mean": statistics.fmean(accs) if accs else float("nan"),
-                    "std": statistics.stdev(accs) if len(accs) > 1 else 0.0})
+        out.append(
+            {
+                "task": key[0],
+                "problem": key[1],
+                "algorithm": key[2],
+                "relation": relation,
+                "runs": len(accs),
+                "mean": statistics.fmean(accs) if accs else float("nan"),
+                "std": statistics.stdev(accs) if len(accs) > 1 else 0.0,
+            }
+        )
     return out
 
 
 def write_markdown(path: str, summary: list[dict], refs: dict, eps: float, seeds: int) -> None:
-    lines = [f"# Optimizers on MovieLens (671 users) at user-level ε = {eps}, δ = 1/n^1.1",
-             "", f"Generated by `simulations/compare_optimizers.py` ({seeds} noise seeds). Test accuracy, mean ± std.", "",
-             "| task | algorithm | relation | accuracy | runs |", "|---|---|---|---|---|"]
+    lines = [
+        f"# Optimizers on MovieLens (671 users) at user-level ε = {eps}, δ = 1/n^1.1",
+        "",
+        f"Generated by `simulations/compare_optimizers.py` ({seeds} noise seeds). Test accuracy, mean ± std.",
+        "",
+        "| task | algorithm | relation | accuracy | runs |",
+        "|---|---|---|---|---|",
+    ]
     for s in summary:
-        lines.append(f"| {s['task']} ({s['problem']}) | {s['algorithm']} | {s['relation']} | "
-                     f"{s['mean']:.4f} ± {s['std']:.4f} | {s['runs']} |")
+        lines.append(
+            f"| {s['task']} ({s['problem']}) | {s['algorithm']} | {s['relation']} | "
+            f"{s['mean']:.4f} ± {s['std']:.4f} | {s['runs']} |"
+        )
     for problem, r in refs.items():
         lines.append(f"| reference ({problem}) | non-private | - | {r['nonprivate']:.4f} | 1 |")
         lines.append(f"| reference ({problem}) | majority class | - | {r['majority']:.4f} | - |")
-    lines += ["", "replace-one (one user's records replaced) is the stronger guarantee at the same ε: an "
-              "add-remove (ε, δ) algorithm is (2ε, ~2δ) under replace-one. The Poisson-sampled algorithms "
-              "(dp-sgd/rmsprop/adam, dp-fedavg) are accounted under add-remove, the relation their "
-              "amplification-by-sampling analysis needs."]
+    lines += [
+        "",
+        "replace-one (one user's records replaced) is the stronger guarantee at the same ε: an "
+        "add-remove (ε, δ) algorithm is (2ε, ~2δ) under replace-one. The Poisson-sampled algorithms "
+        "(dp-sgd/rmsprop/adam, dp-fedavg) are accounted under add-remove, the relation their "
+        "amplification-by-sampling analysis needs.",
+    ]
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 
 
 def plot(path: str, summary: list[dict], refs: dict, eps: float) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -145,8 +203,13 @@ def plot(path: str, summary: list[dict], refs: dict, eps: float) -> None:
     fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4.2), squeeze=False)
     for ax, problem in zip(axes[0], tasks):
         part = [s for s in summary if s["problem"] == problem]
-        ax.barh([s["algorithm"] + (" (add-remove)" if s["relation"] == "add-remove" else "") for s in part], [s["mean"] for s in part], xerr=[s["std"] for s in part],
-                color="tab:blue", alpha=0.8)
+        ax.barh(
+            [s["algorithm"] + (" (add-remove)" if s["relation"] == "add-remove" else "") for s in part],
+            [s["mean"] for s in part],
+            xerr=[s["std"] for s in part],
+            color="tab:blue",
+            alpha=0.8,
+        )
         ax.axvline(refs[problem]["nonprivate"], color="k", ls="--", label="non-private")
         ax.axvline(refs[problem]["majority"], color="tab:red", ls=":", label="majority class")
         lo = min([refs[problem]["majority"]] + [s["mean"] for s in part]) - 0.03

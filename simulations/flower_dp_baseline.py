@@ -57,6 +57,7 @@ local_steps, local_lr (default lr), batch_size, noise_seed (seeds Python's and N
 which Flower samples and noises with), reference, backend. Server momentum and server lr do not
 exist in Flower's FedAvg: it sets the model to the noisy mean.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -101,9 +102,14 @@ def sample_size(num_users: int, fraction: float, min_train_nodes: int = 1) -> in
 # --------------------------------------------------------------------------------------------------
 def flower_accountant(delta: float, num_users: int) -> RdpAccountant:
     """The accountant the fixed-clipping wrapper accepts (the only sampling method it allows)."""
-    return RdpAccountant(PrivacyConfig(target_delta=delta, population_size=num_users,
-                                       neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
-                                       sampling_method=SamplingMethod.NO_AMPLIFICATION))
+    return RdpAccountant(
+        PrivacyConfig(
+            target_delta=delta,
+            population_size=num_users,
+            neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
+            sampling_method=SamplingMethod.NO_AMPLIFICATION,
+        )
+    )
 
 
 @functools.lru_cache(maxsize=4096)
@@ -139,10 +145,8 @@ def real_epsilon(z: float, rounds: int, delta: float, num_users: int, m: int, ac
 
 def real_epsilon_method(num_users: int, m: int) -> str:
     if m >= num_users:
-        return ("fedkl accounting: exact (Balle-Wang analytic) epsilon of T Gaussians of multiplier z/2, "
-                "replace-one")
-    return ("fedkl accounting: RDP (dp-accounting), T x SampledWithoutReplacement(N, m, Gaussian(z/2)), "
-            "replace-one")
+        return "fedkl accounting: exact (Balle-Wang analytic) epsilon of T Gaussians of multiplier z/2, replace-one"
+    return "fedkl accounting: RDP (dp-accounting), T x SampledWithoutReplacement(N, m, Gaussian(z/2)), replace-one"
 
 
 def calibrate(target: float, eps_of_z, lo: float = 0.25, hi: float = 4.0) -> float:
@@ -159,8 +163,7 @@ def calibrate(target: float, eps_of_z, lo: float = 0.25, hi: float = 4.0) -> flo
         lo, hi = lo / 2.0, lo
         if lo < 1e-4:
             return lo
-    log_z = brentq(lambda t: math.log(eps_of_z(math.exp(t))) - math.log(target), math.log(lo), math.log(hi),
-                   xtol=1e-6)
+    log_z = brentq(lambda t: math.log(eps_of_z(math.exp(t))) - math.log(target), math.log(lo), math.log(hi), xtol=1e-6)
     z = math.exp(log_z)
     while eps_of_z(z) > target:
         z *= 1 + 1e-6
@@ -186,22 +189,34 @@ def sensitivity_demo(m: int = 10, clip: float = 1.0, dim: int = 5) -> dict:
 
     def release(ups: list[np.ndarray]) -> np.ndarray:
         strategy = DifferentialPrivacyServerSideFixedClipping(
-            FedAvg(fraction_evaluate=0.0), noise_multiplier=0.0, clipping_norm=clip, num_sampled_clients=m)
+            FedAvg(fraction_evaluate=0.0), noise_multiplier=0.0, clipping_norm=clip, num_sampled_clients=m
+        )
         strategy.current_arrays = ArrayRecord({"w": Array(current.copy())})
         replies = []
         for u in ups:
             ref = Message(RecordDict(), dst_node_id=1, message_type="train")
-            replies.append(Message(RecordDict({"arrays": ArrayRecord({"w": Array(current + u)}),
-                                               "metrics": MetricRecord({"num-examples": 1})}), reply_to=ref))
+            replies.append(
+                Message(
+                    RecordDict(
+                        {"arrays": ArrayRecord({"w": Array(current + u)}), "metrics": MetricRecord({"num-examples": 1})}
+                    ),
+                    reply_to=ref,
+                )
+            )
         arrays, _ = strategy.aggregate_train(1, replies)
         return arrays["w"].numpy()
 
     logging.getLogger("flwr").setLevel(logging.ERROR)
     a = release(updates)
     b = release([-updates[0]] + updates[1:])
-    return {"m": m, "clip": clip, "released_distance": float(np.linalg.norm(a - b)),
-            "assumed_sensitivity": clip / m, "replace_one_sensitivity": 2 * clip / m,
-            "noise_std": "z * C / m (compute_stdv)"}
+    return {
+        "m": m,
+        "clip": clip,
+        "released_distance": float(np.linalg.norm(a - b)),
+        "assumed_sensitivity": clip / m,
+        "replace_one_sensitivity": 2 * clip / m,
+        "noise_std": "z * C / m (compute_stdv)",
+    }
 
 
 # --------------------------------------------------------------------------------------------------
@@ -233,8 +248,12 @@ def make_client_app(problem, dataset, local_steps: int, local_lr: float, batch_s
         w = torch.from_numpy(np.asarray(msg.content["arrays"]["w"].numpy(), dtype=np.float64).copy())
         query = ClippedLocalUpdate(w.to(problem.dtype), BIG_CLIP, local_steps, local_lr, batch_size)
         delta = users[pid].compute(query, [0]).values[0].to(torch.float64)
-        return Message(RecordDict({"arrays": ArrayRecord({"w": Array((w + delta).numpy())}),
-                                   "metrics": MetricRecord({"num-examples": 1})}), reply_to=msg)
+        return Message(
+            RecordDict(
+                {"arrays": ArrayRecord({"w": Array((w + delta).numpy())}), "metrics": MetricRecord({"num-examples": 1})}
+            ),
+            reply_to=msg,
+        )
 
     return app
 
@@ -248,8 +267,10 @@ def train_with_flower(cfg, mode: str = "real", log=print) -> dict:
 
     started = time.time()
     if cfg.backend not in ("inprocess", "flower-local", "flower-sim"):
-        raise ValueError(f"the Flower baseline runs on a LocalGrid (backend inprocess/flower-local) or on Ray "
-                         f"(flower-sim), not {cfg.backend!r}")
+        raise ValueError(
+            f"the Flower baseline runs on a LocalGrid (backend inprocess/flower-local) or on Ray "
+            f"(flower-sim), not {cfg.backend!r}"
+        )
     dataset, problem, problem_name = _load(cfg)
     fed = InProcessFederation(problem, dataset)
     n = fed.num_users
@@ -259,17 +280,28 @@ def train_with_flower(cfg, mode: str = "real", log=print) -> dict:
     eps_claimed = claimed_epsilon(round(z, 10), cfg.rounds, delta, n, m)
     eps_real = real_epsilon(round(z, 10), cfg.rounds, delta, n, m)
     local_lr = cfg.local_lr if cfg.local_lr is not None else cfg.lr
-    log(f"flower-dp-fixed ({mode}-calibrated) on {cfg.dataset}: N={n}, m={m}, z={z:.4f}, T={cfg.rounds}, "
-        f"claimed eps {eps_claimed:.4f}, real eps {eps_real:.4f} at delta {delta:.3g}")
+    log(
+        f"flower-dp-fixed ({mode}-calibrated) on {cfg.dataset}: N={n}, m={m}, z={z:.4f}, T={cfg.rounds}, "
+        f"claimed eps {eps_claimed:.4f}, real eps {eps_real:.4f} at delta {delta:.3g}"
+    )
     if cfg.noise_seed is not None:  # Flower samples with `random` and noises with `np.random`
         random.seed(cfg.noise_seed)
         np.random.seed(cfg.noise_seed)
     logging.getLogger("flwr").setLevel(logging.ERROR)
     accountant = flower_accountant(delta, n)
     strategy = DifferentialPrivacyServerSideFixedClipping(
-        FedAvg(fraction_train=cfg.sampling_rate, fraction_evaluate=0.0, min_train_nodes=1, min_evaluate_nodes=0,
-               min_available_nodes=n),
-        noise_multiplier=z, clipping_norm=cfg.clip, num_sampled_clients=m, accountant=accountant)
+        FedAvg(
+            fraction_train=cfg.sampling_rate,
+            fraction_evaluate=0.0,
+            min_train_nodes=1,
+            min_evaluate_nodes=0,
+            min_available_nodes=n,
+        ),
+        noise_multiplier=z,
+        clipping_norm=cfg.clip,
+        num_sampled_clients=m,
+        accountant=accountant,
+    )
     client_app = make_client_app(problem, dataset, cfg.local_steps, local_lr, cfg.batch_size)
     initial = ArrayRecord({"w": Array(problem.init_params().to(torch.float64).numpy())})
     threads = torch.get_num_threads()
@@ -292,21 +324,41 @@ def train_with_flower(cfg, mode: str = "real", log=print) -> dict:
     reference = fed.evaluate(nonprivate_minimizer(problem, dataset.train), "test") if cfg.reference else None
     name = "flower-dp-fixed" if mode == "real" else "flower-dp-fixed-as-claimed"
     payload = {
-        "algorithm": name, "dataset": cfg.dataset, "problem": problem_name, "users": n,
-        "epsilon": eps_real, "delta": delta, "neighbouring": "replace-one",
+        "algorithm": name,
+        "dataset": cfg.dataset,
+        "problem": problem_name,
+        "users": n,
+        "epsilon": eps_real,
+        "delta": delta,
+        "neighbouring": "replace-one",
         "accountant": real_epsilon_method(n, m) + f"; Flower's RdpAccountant claims {spent.epsilon:.4f} "
-                      "(add-or-remove, no amplification)",
-        "budget": {"epsilon": cfg.epsilon, "delta": delta}, "backend": cfg.backend,
-        "test_metric": {"name": key, "value": test.get(key)}, "test_metrics": test,
-        "nonprivate_reference": reference, "trivial_baseline": trivial, "seed": cfg.seed,
+        "(add-or-remove, no amplification)",
+        "budget": {"epsilon": cfg.epsilon, "delta": delta},
+        "backend": cfg.backend,
+        "test_metric": {"name": key, "value": test.get(key)},
+        "test_metrics": test,
+        "nonprivate_reference": reference,
+        "trivial_baseline": trivial,
+        "seed": cfg.seed,
         "noise_rng": "numpy global (Flower's np.random.normal)" + (" seeded" if cfg.noise_seed is not None else ""),
-        "rounds": cfg.rounds, "sigma_sum": z * cfg.clip,
-        "algorithm_details": {"noise_multiplier": z, "sample_size": m, "sampling": "fixed size, without replacement",
-                              "flower_claimed_epsilon": spent.epsilon, "real_epsilon": eps_real,
-                              "calibrated_to": mode},
-        "table_extra": {"flower_claimed_epsilon": spent.epsilon, "flower_real_epsilon": eps_real,
-                        "flower_noise_multiplier": z, "flower_sample_size": m},
-        "wall_time_s": time.time() - started, "metrics_are_private": False,
+        "rounds": cfg.rounds,
+        "sigma_sum": z * cfg.clip,
+        "algorithm_details": {
+            "noise_multiplier": z,
+            "sample_size": m,
+            "sampling": "fixed size, without replacement",
+            "flower_claimed_epsilon": spent.epsilon,
+            "real_epsilon": eps_real,
+            "calibrated_to": mode,
+        },
+        "table_extra": {
+            "flower_claimed_epsilon": spent.epsilon,
+            "flower_real_epsilon": eps_real,
+            "flower_noise_multiplier": z,
+            "flower_sample_size": m,
+        },
+        "wall_time_s": time.time() - started,
+        "metrics_are_private": False,
     }
     got = f"{test[key]:.4f}" if key in test else "n/a"
     log(f"test {key} = {got}; Flower claims eps {spent.epsilon:.4f}, real user-level eps {eps_real:.4f}")
@@ -325,8 +377,13 @@ def _train_on_ray(strategy, client_app, initial, n: int, rounds: int) -> np.ndar
     def main(grid: Grid, context: Context) -> None:
         box["result"] = strategy.start(grid=grid, initial_arrays=initial, num_rounds=rounds)
 
-    run_simulation(server_app=make_server_app(main), client_app=client_app, num_supernodes=n, backend_name="ray",
-                   backend_config=RAY_BACKEND_CONFIG)
+    run_simulation(
+        server_app=make_server_app(main),
+        client_app=client_app,
+        num_supernodes=n,
+        backend_name="ray",
+        backend_config=RAY_BACKEND_CONFIG,
+    )
     if "result" not in box:
         raise RuntimeError("the Flower simulation ended without a result")
     return box["result"].arrays["w"].numpy()
@@ -338,10 +395,18 @@ def _register() -> None:
     except ImportError:  # pragma: no cover
         return
     if "flower-dp-fixed" not in EXTERNAL_RUNNERS:
-        register_runner("flower-dp-fixed", lambda cfg, log: train_with_flower(cfg, "real", log), COLUMNS,
-                        "Flower DifferentialPrivacyServerSideFixedClipping, z calibrated to the REAL user-level eps")
-        register_runner("flower-dp-fixed-as-claimed", lambda cfg, log: train_with_flower(cfg, "claimed", log), COLUMNS,
-                        "Flower DifferentialPrivacyServerSideFixedClipping, z calibrated to Flower's CLAIMED eps")
+        register_runner(
+            "flower-dp-fixed",
+            lambda cfg, log: train_with_flower(cfg, "real", log),
+            COLUMNS,
+            "Flower DifferentialPrivacyServerSideFixedClipping, z calibrated to the REAL user-level eps",
+        )
+        register_runner(
+            "flower-dp-fixed-as-claimed",
+            lambda cfg, log: train_with_flower(cfg, "claimed", log),
+            COLUMNS,
+            "Flower DifferentialPrivacyServerSideFixedClipping, z calibrated to Flower's CLAIMED eps",
+        )
 
 
 _register()
@@ -369,13 +434,27 @@ def epsilon_table(epsilons=(0.5, 1.0, 2.0, 4.0, 8.0), settings=SETTINGS) -> list
             real_at_claim = real_epsilon(round(z_claim, 10), rounds, delta, n, m)
             real_rdp = real_epsilon(round(z_claim, 10), rounds, delta, n, m, accountant="rdp")
             z_real = noise_for(eps, "real", rounds, delta, n, m)
-            rows.append({"setting": label, "users": n, "sampled": m, "rounds": rounds, "delta": delta,
-                         "epsilon_claimed": eps, "z_flower_user_picks": z_claim, "real_epsilon": real_at_claim,
-                         "real_over_claimed": real_at_claim / eps, "real_epsilon_rdp": real_rdp, "z_for_real_epsilon": z_real,
-                         "noise_ratio_needed": z_real / z_claim})
-            print(f"{label:>45}  claimed eps {eps:<4g}: z = {z_claim:8.4f} -> real eps {real_at_claim:9.4f} "
-                  f"({real_at_claim / eps:5.2f}x); real eps {eps:g} needs z = {z_real:.4f} ({z_real / z_claim:.2f}x)",
-                  flush=True)
+            rows.append(
+                {
+                    "setting": label,
+                    "users": n,
+                    "sampled": m,
+                    "rounds": rounds,
+                    "delta": delta,
+                    "epsilon_claimed": eps,
+                    "z_flower_user_picks": z_claim,
+                    "real_epsilon": real_at_claim,
+                    "real_over_claimed": real_at_claim / eps,
+                    "real_epsilon_rdp": real_rdp,
+                    "z_for_real_epsilon": z_real,
+                    "noise_ratio_needed": z_real / z_claim,
+                }
+            )
+            print(
+                f"{label:>45}  claimed eps {eps:<4g}: z = {z_claim:8.4f} -> real eps {real_at_claim:9.4f} "
+                f"({real_at_claim / eps:5.2f}x); real eps {eps:g} needs z = {z_real:.4f} ({z_real / z_claim:.2f}x)",
+                flush=True,
+            )
     return rows
 
 
@@ -386,9 +465,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = p.parse_args(argv)
     start = time.perf_counter()
     demo = sensitivity_demo()
-    print(f"Flower's aggregate_train, noise off, m={demo['m']}, C={demo['clip']}: replacing one sampled user's update "
-          f"x by -x moves the released mean by {demo['released_distance']:.4f} = 2C/m "
-          f"(the accountant assumes C/m = {demo['assumed_sensitivity']:.4f})")
+    print(
+        f"Flower's aggregate_train, noise off, m={demo['m']}, C={demo['clip']}: replacing one sampled user's update "
+        f"x by -x moves the released mean by {demo['released_distance']:.4f} = 2C/m "
+        f"(the accountant assumes C/m = {demo['assumed_sensitivity']:.4f})"
+    )
     rows = epsilon_table(tuple(float(e) for e in args.eps.split(",")))
     os.makedirs(args.out_dir, exist_ok=True)
     csv_path = os.path.join(args.out_dir, "flower_dp_epsilon.csv")
@@ -399,7 +480,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     import flwr
 
     lines = [
-        f"# Flower {flwr.__version__} `DifferentialPrivacyServerSideFixedClipping`: claimed vs real user-level ε", "",
+        f"# Flower {flwr.__version__} `DifferentialPrivacyServerSideFixedClipping`: claimed vs real user-level ε",
+        "",
         "A Flower user picks the noise multiplier z so that Flower's own `RdpAccountant` (the only configuration "
         "the wrapper accepts: add-or-remove, `NO_AMPLIFICATION`) reports the target ε. The mechanism averages a "
         "fixed-size sample of m users (drawn without replacement), so one user's data moves the released mean by "
@@ -410,18 +492,25 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "(exact, Balle-Wang analytic, for m = N; dp-accounting's RDP, an upper bound, for m < N). Flower's "
         "claim is dp-accounting's RDP of T Gaussians of multiplier z (no sampling); the 'real ε by RDP' column "
         "accounts the real relation with that same accountant, so its ratio to the claim is due to the relation "
-        "alone.", "",
+        "alone.",
+        "",
         "| setting | N | m | T | δ | claimed ε | z a Flower user picks | real ε | real / claimed | real ε by RDP "
         "(Flower's accountant) | z for real ε = claimed |",
-        "|---|---|---|---|---|---|---|---|---|---|---|"]
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['setting']} | {r['users']} | {r['sampled']} | {r['rounds']} | {r['delta']:.3g} | "
-                     f"{r['epsilon_claimed']:g} | {r['z_flower_user_picks']:.4f} | {r['real_epsilon']:.4f} | "
-                     f"{r['real_over_claimed']:.2f} | {r['real_epsilon_rdp']:.4f} | {r['z_for_real_epsilon']:.4f} |")
-    lines += ["", "Real / claimed > 1: Flower under-reports the user-level ε (the factor 2 in sensitivity is "
-              "not offset by amplification). Real / claimed < 1: sampling amplification, which Flower's "
-              "accountant refuses to count, outweighs it, and Flower over-reports ε. "
-              f"Generated by `simulations/flower_dp_baseline.py` in {time.perf_counter() - start:.0f} s."]
+        lines.append(
+            f"| {r['setting']} | {r['users']} | {r['sampled']} | {r['rounds']} | {r['delta']:.3g} | "
+            f"{r['epsilon_claimed']:g} | {r['z_flower_user_picks']:.4f} | {r['real_epsilon']:.4f} | "
+            f"{r['real_over_claimed']:.2f} | {r['real_epsilon_rdp']:.4f} | {r['z_for_real_epsilon']:.4f} |"
+        )
+    lines += [
+        "",
+        "Real / claimed > 1: Flower under-reports the user-level ε (the factor 2 in sensitivity is "
+        "not offset by amplification). Real / claimed < 1: sampling amplification, which Flower's "
+        "accountant refuses to count, outweighs it, and Flower over-reports ε. "
+        f"Generated by `simulations/flower_dp_baseline.py` in {time.perf_counter() - start:.0f} s.",
+    ]
     md_path = os.path.join(args.out_dir, "flower_dp_epsilon.md")
     with open(md_path, "w") as fh:
         fh.write("\n".join(lines) + "\n")

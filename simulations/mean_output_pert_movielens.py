@@ -20,6 +20,7 @@ release path of the algorithm (charge, then draw). Methods:
 The (lam, rho_fraction) grid is small and public; picking the best row after seeing test accuracy is
 NOT private (a tuning budget would pay for it). Writes simulations/results/mean_output_pert_movielens.{json,md}.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,8 +51,9 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
 def _cfg(**kw):
-    base = dict(mean_lam=1.0, mean_rho_fraction=0.25, mean_phases=2, mean_calibration="tight",
-                mean_max_vc_calls=4_000_000)
+    base = dict(
+        mean_lam=1.0, mean_rho_fraction=0.25, mean_phases=2, mean_calibration="tight", mean_max_vc_calls=4_000_000
+    )
     base.update(kw)
     return base
 
@@ -74,9 +76,20 @@ def run_mean(kind, cfg, seed, eps, delta, problem, dataset, fed, tmp):
         deleted = res.details["nonprivate_diagnostics"]["deleted_users"]
         w = res.w
     acc = fed.evaluate(w)["accuracy"] if w is not None else None
-    return {"method": kind, "seed": seed, "lam": cfg.mean_lam, "rho_fraction": cfg.mean_rho_fraction,
-            "phases": phases, "accuracy": acc, "bottoms": bottoms, "deleted_users": deleted,
-            "eps_spent": spent.eps, "delta_spent": spent.delta, "releases_per_user": spent.releases, "seconds": secs}
+    return {
+        "method": kind,
+        "seed": seed,
+        "lam": cfg.mean_lam,
+        "rho_fraction": cfg.mean_rho_fraction,
+        "phases": phases,
+        "accuracy": acc,
+        "bottoms": bottoms,
+        "deleted_users": deleted,
+        "eps_spent": spent.eps,
+        "delta_spent": spent.delta,
+        "releases_per_user": spent.releases,
+        "seconds": secs,
+    }
 
 
 def run_averaging(lam, seed, eps, delta, problem, dataset, fed, tmp):
@@ -87,21 +100,35 @@ def run_averaging(lam, seed, eps, delta, problem, dataset, fed, tmp):
     V, _ = alg.user_vectors(fed, w0)
     R = local_radius(problem, dataset.feature_bound, w0, lam)
     dist = (V - w0).norm(dim=1, keepdim=True)
-    V = w0 + (V - w0) * torch.clamp(R / dist.clamp_min(1e-300), max=1.0)     # projection onto B(w0, R)
+    V = w0 + (V - w0) * torch.clamp(R / dist.clamp_min(1e-300), max=1.0)  # projection onto B(w0, R)
     n = fed.num_users
     rho = ledger.rho_left(fed.user_ids)
-    out = Releaser(ledger, NoiseSource(seed)).gaussian(V.mean(0), sensitivity=2 * R / n, rho=rho,
-                                                        user_ids=list(fed.user_ids), label="averaging+gaussian")
+    out = Releaser(ledger, NoiseSource(seed)).gaussian(
+        V.mean(0), sensitivity=2 * R / n, rho=rho, user_ids=list(fed.user_ids), label="averaging+gaussian"
+    )
     ledger.verify()
-    return {"method": "averaging+gaussian", "seed": seed, "lam": lam, "accuracy": fed.evaluate(out)["accuracy"],
-            "bottoms": 0, "eps_spent": ledger.epsilon(fed.user_ids[0])}
+    return {
+        "method": "averaging+gaussian",
+        "seed": seed,
+        "lam": lam,
+        "accuracy": fed.evaluate(out)["accuracy"],
+        "bottoms": 0,
+        "eps_spent": ledger.epsilon(fed.user_ids[0]),
+    }
 
 
 def run_noisy_gd(seed, eps, tmp):
-    out = run_training(RunConfig.from_settings(epsilon=eps, noise_seed=seed, out=os.path.join(tmp, f"ngd-{seed}"), reference=False),
-                       log=lambda s: None)
-    return {"method": "noisy-gd", "seed": seed, "accuracy": out["test_metric"]["value"], "bottoms": 0,
-            "eps_spent": out["epsilon"]}
+    out = run_training(
+        RunConfig.from_settings(epsilon=eps, noise_seed=seed, out=os.path.join(tmp, f"ngd-{seed}"), reference=False),
+        log=lambda s: None,
+    )
+    return {
+        "method": "noisy-gd",
+        "seed": seed,
+        "accuracy": out["test_metric"]["value"],
+        "bottoms": 0,
+        "eps_spent": out["epsilon"],
+    }
 
 
 def main(argv=None):
@@ -115,10 +142,12 @@ def main(argv=None):
     fed = InProcessFederation(problem, dataset)
     n = fed.num_users
     delta = default_delta(n)
-    grid = [("mean-output-pert", _cfg(mean_lam=1.0, mean_rho_fraction=0.25)),
-            ("mean-output-pert", _cfg(mean_lam=3.0, mean_rho_fraction=0.2)),
-            ("phased-mean-output-pert", _cfg(mean_lam=1.0, mean_rho_fraction=0.25, mean_phases=2)),
-            ("phased-mean-output-pert", _cfg(mean_lam=0.25, mean_rho_fraction=0.2, mean_phases=2))]
+    grid = [
+        ("mean-output-pert", _cfg(mean_lam=1.0, mean_rho_fraction=0.25)),
+        ("mean-output-pert", _cfg(mean_lam=3.0, mean_rho_fraction=0.2)),
+        ("phased-mean-output-pert", _cfg(mean_lam=1.0, mean_rho_fraction=0.25, mean_phases=2)),
+        ("phased-mean-output-pert", _cfg(mean_lam=0.25, mean_rho_fraction=0.2, mean_phases=2)),
+    ]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for seed in range(args.seeds):
@@ -137,26 +166,46 @@ def main(argv=None):
     for (method, lam, frac, phases), rs in summary.items():
         accs = [r["accuracy"] for r in rs if r["accuracy"] is not None]
         releases = sum(r.get("phases") or 1 for r in rs)
-        table.append({"method": method, "lam": lam, "rho_fraction": frac, "phases": phases, "runs": len(rs),
-                      "accuracy_mean": float(np.mean(accs)) if accs else None,
-                      "accuracy_std": float(np.std(accs)) if accs else None,
-                      "bottom_rate": sum(r["bottoms"] for r in rs) / releases,
-                      "deleted_users": [r.get("deleted_users") for r in rs]})
+        table.append(
+            {
+                "method": method,
+                "lam": lam,
+                "rho_fraction": frac,
+                "phases": phases,
+                "runs": len(rs),
+                "accuracy_mean": float(np.mean(accs)) if accs else None,
+                "accuracy_std": float(np.std(accs)) if accs else None,
+                "bottom_rate": sum(r["bottoms"] for r in rs) / releases,
+                "deleted_users": [r.get("deleted_users") for r in rs],
+            }
+        )
     trivial = problem.trivial_metrics(dataset.train, dataset.test)["accuracy"]
     os.makedirs(RESULTS, exist_ok=True)
-    payload = {"eps": args.eps, "delta": delta, "users": n, "seeds": args.seeds, "trivial_accuracy": trivial,
-               "rows": rows, "table": table}
+    payload = {
+        "eps": args.eps,
+        "delta": delta,
+        "users": n,
+        "seeds": args.seeds,
+        "trivial_accuracy": trivial,
+        "rows": rows,
+        "table": table,
+    }
     with open(os.path.join(RESULTS, "mean_output_pert_movielens.json"), "w") as f:
         json.dump(payload, f, indent=2, default=str)
-    lines = [f"# MeanOutputPert on MovieLens ({n} users, logistic), eps = {args.eps:g}, delta = {delta:.3g}, "
-             f"{args.seeds} noise seeds", "",
-             "| method | lam | rho_fraction | T | test accuracy (mean ± std) | ⊥ rate (per release) "
-             "| deleted users (non-private) |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# MeanOutputPert on MovieLens ({n} users, logistic), eps = {args.eps:g}, delta = {delta:.3g}, "
+        f"{args.seeds} noise seeds",
+        "",
+        "| method | lam | rho_fraction | T | test accuracy (mean ± std) | ⊥ rate (per release) "
+        "| deleted users (non-private) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for t in table:
         acc = "n/a" if t["accuracy_mean"] is None else f"{t['accuracy_mean']:.4f} ± {t['accuracy_std']:.4f}"
-        lines.append(f"| {t['method']} | {t['lam']} | {t['rho_fraction']} | {t['phases']} | {acc} | "
-                     f"{t['bottom_rate']:.2f} | {t['deleted_users']} |")
+        lines.append(
+            f"| {t['method']} | {t['lam']} | {t['rho_fraction']} | {t['phases']} | {acc} | "
+            f"{t['bottom_rate']:.2f} | {t['deleted_users']} |"
+        )
     lines += ["", f"Trivial (majority) accuracy: {trivial:.4f}."]
     with open(os.path.join(RESULTS, "mean_output_pert_movielens.md"), "w") as f:
         f.write("\n".join(lines) + "\n")

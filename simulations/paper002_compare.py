@@ -26,6 +26,7 @@ d = 4, user means exactly N(theta_pop, I/m), K = B(0, 3), w0 = 0). Metric: the e
 Charges go to in-memory recorders (the repetitions would exhaust a real ledger); the ledger tests are
 in tests/test_phased_output_pert.py and tests/test_noisy_gd.py.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,13 @@ from fedkl.problems.quadratic_mean import draw_user_means  # noqa: E402
 from simulations.paper002_slopes import RESULTS, Family, Recorder, SlopeConfig, fit_slope, seed_of  # noqa: E402
 
 OURS = ("alg2", "phased-erm", "sc-phased-erm")
-LABELS = {"alg2": "Alg 2 output perturbation", "phased-erm": "Alg 3 Phased-ERM", "sc-phased-erm": "Alg 5 SC-ERM",
-          "noisy-gd-default": "noisy GD, C=1, T=10", "noisy-gd-best": "noisy GD, best of grid (non-private tuning)"}
+LABELS = {
+    "alg2": "Alg 2 output perturbation",
+    "phased-erm": "Alg 3 Phased-ERM",
+    "sc-phased-erm": "Alg 5 SC-ERM",
+    "noisy-gd-default": "noisy GD, C=1, T=10",
+    "noisy-gd-best": "noisy GD, best of grid (non-private tuning)",
+}
 
 
 @dataclass(frozen=True)
@@ -70,8 +76,14 @@ class CompareConfig:
 
 
 FULL = CompareConfig()
-QUICK = CompareConfig(m_grid=(10**2, 10**5, 10**8, 10**11), n_grid=(1000, 4000), seeds=2,
-                      clip_grid=(1.0, 0.1), rounds_grid=(10, 100), tag="quick")
+QUICK = CompareConfig(
+    m_grid=(10**2, 10**5, 10**8, 10**11),
+    n_grid=(1000, 4000),
+    seeds=2,
+    clip_grid=(1.0, 0.1),
+    rounds_grid=(10, 100),
+    tag="quick",
+)
 
 
 def family(cfg: CompareConfig) -> Family:
@@ -98,12 +110,13 @@ def run_point(cfg: CompareConfig, fam: Family, sweep: str, n: int, m: int, seed:
                 res = fam.algorithm(name, m).run(fed, Releaser(Recorder(), noise), w0)
                 w, phases = res.w, res.phases
             status = "released" if w is not None else "⊥"
-        except ValueError as exc:          # public n below 4 kappa + 2 for some call: refused, nothing read
+        except ValueError as exc:  # public n below 4 kappa + 2 for some call: refused, nothing read
             if "4 kappa" not in str(exc):
                 raise
             w, phases, status = None, 0, "refused"
-        rows.append({**base, "method": name, "config": "theorem", "status": status, "phases": phases,
-                     "excess_emp": excess(w)})
+        rows.append(
+            {**base, "method": name, "config": "theorem", "status": status, "phases": phases, "excess_emp": excess(w)}
+        )
     rho = Budget(cfg.eps, cfg.delta).rho
     grid = [(c, t) for c in cfg.clip_grid for t in cfg.rounds_grid]
     if (1.0, 10) not in grid:
@@ -111,12 +124,21 @@ def run_point(cfg: CompareConfig, fam: Family, sweep: str, n: int, m: int, seed:
     for clip, rounds in grid:
         gd = NoisyGradientDescent(NoisyGDConfig(rounds=rounds, lr=1.0, clip=clip, radius=fam.cfg.radius), rho)
         filt = ZCDPFilter(rho)
-        res = gd.run(fed, Releaser(Recorder(), NoiseSource(seed_of("compare-gd", sweep, n, m, seed, clip, rounds)),
-                                   filt), w0)
+        res = gd.run(
+            fed, Releaser(Recorder(), NoiseSource(seed_of("compare-gd", sweep, n, m, seed, clip, rounds)), filt), w0
+        )
         if res.rho_spent > rho * (1 + 1e-9):
             raise RuntimeError("noisy GD overspent its budget")
-        rows.append({**base, "method": "noisy-gd", "config": f"C={clip:g},T={rounds}", "status": "released",
-                     "phases": rounds, "excess_emp": excess(res.w)})
+        rows.append(
+            {
+                **base,
+                "method": "noisy-gd",
+                "config": f"C={clip:g},T={rounds}",
+                "status": "released",
+                "phases": rounds,
+                "excess_emp": excess(res.w),
+            }
+        )
     return rows
 
 
@@ -125,21 +147,34 @@ def best(rows: list[dict], sweep: str, n: int, m: int, method: str) -> dict | No
     "noisy-gd-default" (C=1, T=10). None if some seed did not release."""
     sel = [r for r in rows if (r["sweep"], r["n"], r["m"]) == (sweep, n, m)]
     if method.startswith("noisy-gd"):
-        confs = ["C=1,T=10"] if method == "noisy-gd-default" else sorted({r["config"] for r in sel
-                                                                         if r["method"] == "noisy-gd"})
+        confs = (
+            ["C=1,T=10"]
+            if method == "noisy-gd-default"
+            else sorted({r["config"] for r in sel if r["method"] == "noisy-gd"})
+        )
         cands = []
         for conf in confs:
             v = np.array([r["excess_emp"] for r in sel if r["method"] == "noisy-gd" and r["config"] == conf])
-            cands.append({"mean": float(v.mean()), "sd": float(v.std(ddof=1)) if len(v) > 1 else 0.0,
-                          "config": conf, "status": "released"})
+            cands.append(
+                {
+                    "mean": float(v.mean()),
+                    "sd": float(v.std(ddof=1)) if len(v) > 1 else 0.0,
+                    "config": conf,
+                    "status": "released",
+                }
+            )
         return min(cands, key=lambda x: x["mean"])
     got = [r for r in sel if r["method"] == method]
     status = sorted({r["status"] for r in got})
     if status != ["released"]:
         return {"mean": math.nan, "sd": math.nan, "config": "theorem", "status": "/".join(status)}
     v = np.array([r["excess_emp"] for r in got])
-    return {"mean": float(v.mean()), "sd": float(v.std(ddof=1)) if len(v) > 1 else 0.0, "config": "theorem",
-            "status": "released"}
+    return {
+        "mean": float(v.mean()),
+        "sd": float(v.std(ddof=1)) if len(v) > 1 else 0.0,
+        "config": "theorem",
+        "status": "released",
+    }
 
 
 METHODS = ("alg2", "phased-erm", "sc-phased-erm", "noisy-gd-default", "noisy-gd-best")
@@ -179,9 +214,14 @@ def conclusion(result: dict) -> str:
 
     def fmt(v):
         return "never on this grid" if v is None else f"m ≥ {v:.0e}"
+
     refused = [f"{LABELS[k]} at n = {e['n']}" for e in tn for k in OURS if e[k]["status"] == "refused"]
-    ref_txt = (f" Refused before reading data (some call would have fewer than 4κ' + 2 users; κ' grows with the "
-               f"number of phases): {', '.join(refused)}." if refused else "")
+    ref_txt = (
+        f" Refused before reading data (some call would have fewer than 4κ' + 2 users; κ' grows with the "
+        f"number of phases): {', '.join(refused)}."
+        if refused
+        else ""
+    )
     n_wins = ", ".join(f"n = {e['n']}: {LABELS[e['winner_with_tuning']]}" for e in tn)
     sl = result["slopes"]
     T = result["phases_range"]
@@ -213,24 +253,35 @@ def conclusion(result: dict) -> str:
         f"phased algorithms move that crossover up by the factors their budget splitting costs. Caveats: the "
         f"thresholds use the public model of the users (IID, N(θ_pop, I/m)): with heterogeneous users the test "
         f"deletes users or outputs ⊥ (privacy holds, utility does not); noisy GD could also exploit the public "
-        f"scale (C ∝ 1/√m after a warm start), which was not tried.")
+        f"scale (C ∝ 1/√m after a warm start), which was not tried."
+    )
 
 
 def markdown(result: dict) -> str:
     cfg = result["config"]
     q = " --quick" if cfg["tag"] == "quick" else ""
-    L = [f"# Paper 002 vs noisy clipped-gradient descent ({cfg['tag']} run)", "",
-         f"Regenerate: `.venv/bin/python simulations/paper002_compare.py{q}` ({result['seconds']:.0f} s). "
-         f"ℓ = ½‖θ − x‖², d = 4, user means N(θ_pop, I/m) exactly; excess empirical risk ½‖θ̂ − θ*‖² (mean ± sd over "
-         f"{cfg['seeds']} seeds: new data and noise each); user-level (ε, δ) = ({cfg['eps']}, {cfg['delta']:g}), "
-         "replace-one, for every method. Paper 002's algorithms run with their theorem schedules (no tuning); "
-         "'noisy GD best' is the best of "
-         f"{len(cfg['clip_grid'])} clips × {len(cfg['rounds_grid'])} round counts chosen after the fact (not "
-         "private). Method: module docstring of `simulations/paper002_compare.py`.", ""]
-    for title, tab, key in ((f"Sweep over m (n = {cfg['n_for_m']})", result["table_m"], "m"),
-                            (f"Sweep over n (m = {cfg['m_for_n']:.0e})", result["table_n"], "n")):
-        L += [f"## {title}", "", f"| {key} | " + " | ".join(LABELS[k] for k in METHODS)
-              + " | winner (untuned) | winner (with tuning) |", "|---|" + "---|" * (len(METHODS) + 2)]
+    L = [
+        f"# Paper 002 vs noisy clipped-gradient descent ({cfg['tag']} run)",
+        "",
+        f"Regenerate: `.venv/bin/python simulations/paper002_compare.py{q}` ({result['seconds']:.0f} s). "
+        f"ℓ = ½‖θ − x‖², d = 4, user means N(θ_pop, I/m) exactly; excess empirical risk ½‖θ̂ − θ*‖² (mean ± sd over "
+        f"{cfg['seeds']} seeds: new data and noise each); user-level (ε, δ) = ({cfg['eps']}, {cfg['delta']:g}), "
+        "replace-one, for every method. Paper 002's algorithms run with their theorem schedules (no tuning); "
+        "'noisy GD best' is the best of "
+        f"{len(cfg['clip_grid'])} clips × {len(cfg['rounds_grid'])} round counts chosen after the fact (not "
+        "private). Method: module docstring of `simulations/paper002_compare.py`.",
+        "",
+    ]
+    for title, tab, key in (
+        (f"Sweep over m (n = {cfg['n_for_m']})", result["table_m"], "m"),
+        (f"Sweep over n (m = {cfg['m_for_n']:.0e})", result["table_n"], "n"),
+    ):
+        L += [
+            f"## {title}",
+            "",
+            f"| {key} | " + " | ".join(LABELS[k] for k in METHODS) + " | winner (untuned) | winner (with tuning) |",
+            "|---|" + "---|" * (len(METHODS) + 2),
+        ]
         for e in tab:
             cells = []
             for k in METHODS:
@@ -238,11 +289,14 @@ def markdown(result: dict) -> str:
                 if x["status"] != "released":
                     cells.append(x["status"])
                 else:
-                    cells.append(f"{x['mean']:.3g} ± {x['sd']:.2g}" + (f" ({x['config']})" if k == "noisy-gd-best"
-                                                                        else ""))
+                    cells.append(
+                        f"{x['mean']:.3g} ± {x['sd']:.2g}" + (f" ({x['config']})" if k == "noisy-gd-best" else "")
+                    )
             val = f"{e['m']:.0e}" if key == "m" else str(e["n"])
-            L.append(f"| {val} | " + " | ".join(cells) + f" | {LABELS[e['winner_untuned']]} | "
-                     f"{LABELS[e['winner_with_tuning']]} |")
+            L.append(
+                f"| {val} | " + " | ".join(cells) + f" | {LABELS[e['winner_untuned']]} | "
+                f"{LABELS[e['winner_with_tuning']]} |"
+            )
         L.append("")
     L += ["## Fitted slopes of the excess (log–log, means over seeds)", "", "| method | vs m | vs n |", "|---|---|---|"]
     for k in METHODS:
@@ -264,14 +318,20 @@ def slopes(tab_m: list[dict], tab_n: list[dict]) -> dict:
 
 def plot(result: dict, path: str) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import NullFormatter
 
     cfg = result["config"]
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
-    styles = {"alg2": ("C0", "o-"), "phased-erm": ("C1", "o-"), "sc-phased-erm": ("C2", "o-"),
-              "noisy-gd-default": ("C3", "s--"), "noisy-gd-best": ("C4", "s--")}
+    styles = {
+        "alg2": ("C0", "o-"),
+        "phased-erm": ("C1", "o-"),
+        "sc-phased-erm": ("C2", "o-"),
+        "noisy-gd-default": ("C3", "s--"),
+        "noisy-gd-best": ("C4", "s--"),
+    }
     for ax, tab, key in ((axes[0], result["table_m"], "m"), (axes[1], result["table_n"], "n")):
         for k in METHODS:
             pts = [(e[key], e[k]["mean"], e[k]["sd"]) for e in tab if np.isfinite(e[k]["mean"])]
@@ -285,11 +345,17 @@ def plot(result: dict, path: str) -> None:
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.grid(True, alpha=0.3)
         ax.set_ylabel("excess empirical risk ½‖θ̂ − θ*‖²")
-        ax.set_xlabel(f"records per user m (n = {cfg['n_for_m']})" if key == "m"
-                      else f"users n (m = {cfg['m_for_n']:.0e}); missing = refused (n < 4κ'+2)")
+        ax.set_xlabel(
+            f"records per user m (n = {cfg['n_for_m']})"
+            if key == "m"
+            else f"users n (m = {cfg['m_for_n']:.0e}); missing = refused (n < 4κ'+2)"
+        )
         ax.legend(fontsize=7)
-    fig.suptitle(f"Paper 002 vs noisy GD at user-level (ε, δ) = ({cfg['eps']}, {cfg['delta']:g}), ℓ = ½‖θ − x‖², "
-                 f"d = 4, {cfg['seeds']} seeds (error bars: sd)", fontsize=10)
+    fig.suptitle(
+        f"Paper 002 vs noisy GD at user-level (ε, δ) = ({cfg['eps']}, {cfg['delta']:g}), ℓ = ½‖θ − x‖², "
+        f"d = 4, {cfg['seeds']} seeds (error bars: sd)",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -315,11 +381,18 @@ def main(argv: list[str] | None = None) -> dict:
     tn = table(rows, "n", [(n, cfg.m_for_n) for n in cfg.n_grid])
     phases = {k: [r["phases"] for r in rows if r["method"] == k and r["status"] == "released"] for k in OURS}
     ratios = sorted({noise_ratio(cfg.eps / t, cfg.delta / t, fam.cfg.calibration) for t in phases["phased-erm"]})
-    result = {"config": asdict(cfg), "table_m": tm, "table_n": tn, "slopes": slopes(tm, tn),
-              "phases_range": {k: [min(v), max(v)] for k, v in phases.items() if v},
-              "noise_ratios": {"alg2": noise_ratio(cfg.eps, cfg.delta, fam.cfg.calibration),
-                               "phased-erm": [ratios[0], ratios[-1]]},
-              "seconds": time.perf_counter() - start}
+    result = {
+        "config": asdict(cfg),
+        "table_m": tm,
+        "table_n": tn,
+        "slopes": slopes(tm, tn),
+        "phases_range": {k: [min(v), max(v)] for k, v in phases.items() if v},
+        "noise_ratios": {
+            "alg2": noise_ratio(cfg.eps, cfg.delta, fam.cfg.calibration),
+            "phased-erm": [ratios[0], ratios[-1]],
+        },
+        "seconds": time.perf_counter() - start,
+    }
     base = os.path.join(args.out, "paper002_compare" + ("_quick" if cfg.tag == "quick" else ""))
     os.makedirs(args.out, exist_ok=True)
     with open(base + ".csv", "w", newline="") as f:

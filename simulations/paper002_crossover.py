@@ -92,6 +92,7 @@ script with ``fedkl.algorithms.sc_output_pert.delta_union_bound``; a forecast is
 log line; ``mean-output-pert`` has no forecast; the non-private reference is a second training
 (``reference=True``), so this script computes its own Newton minimizer once per (dataset, m, seed).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -119,33 +120,67 @@ SEEDS = (0, 1, 2, 3, 4)
 MIN_RECORDS = 1000
 BASELINES = ("noisy-gd", "dp-fedavg")
 FAMILY = ("sc-output-pert", "mean-output-pert", "phased-sco", "sc-phased-sco", "sc-phased-erm", "phased-erm")
-NOISY_GD_GRID = ({"rounds": 10, "lr": 4.0}, {"rounds": 30, "lr": 4.0}, {"rounds": 10, "lr": 1.0},
-                 {"rounds": 30, "lr": 16.0})
+NOISY_GD_GRID = (
+    {"rounds": 10, "lr": 4.0},
+    {"rounds": 30, "lr": 4.0},
+    {"rounds": 10, "lr": 1.0},
+    {"rounds": 30, "lr": 16.0},
+)
 FEDAVG_GRID = ({"rounds": 10, "local_lr": 1.0}, {"rounds": 10, "local_lr": 4.0}, {"rounds": 30, "local_lr": 1.0})
-FIELDS = ("phase", "dataset", "n", "m", "epsilon", "delta", "seed", "algorithm", "hyper", "reg", "status",
-          "test_loss", "loss_eff", "test_accuracy", "nonprivate_loss", "majority_accuracy", "eps_spent", "bottom",
-          "bottom_rate", "Delta", "deletions", "conflict_edges", "noise_over_signal", "sigma", "max_jump",
-          "median_jump", "seconds", "note")
+FIELDS = (
+    "phase",
+    "dataset",
+    "n",
+    "m",
+    "epsilon",
+    "delta",
+    "seed",
+    "algorithm",
+    "hyper",
+    "reg",
+    "status",
+    "test_loss",
+    "loss_eff",
+    "test_accuracy",
+    "nonprivate_loss",
+    "majority_accuracy",
+    "eps_spent",
+    "bottom",
+    "bottom_rate",
+    "Delta",
+    "deletions",
+    "conflict_edges",
+    "noise_over_signal",
+    "sigma",
+    "max_jump",
+    "median_jump",
+    "seconds",
+    "note",
+)
 
 
 def grid(quick: bool) -> dict:
     """Dataset specs: name -> {loader, n (None: fixed by the data), ms, algorithms, tune_m}."""
     if quick:
-        return {"fertility-partition": {"n": 200, "ms": (16, 64), "tune_m": 16, "algorithms": BASELINES + FAMILY[:3]},
-                "flights": {"n": None, "ms": (100,), "tune_m": 100, "algorithms": BASELINES + FAMILY[:2]}}
-    return {"fertility-partition": {"n": 1000, "ms": (16, 64, 254), "tune_m": 64, "algorithms": BASELINES + FAMILY},
-            "flights": {"n": None, "ms": (30, 100, 300, 1000), "tune_m": 300, "algorithms": BASELINES + FAMILY[:5]},
-            "mortgages": {"n": None, "ms": (30, 100, 300, 1000), "tune_m": 300, "algorithms": BASELINES + FAMILY[:5]},
-            "fertility-partition, n=100": {"n": 100, "ms": (2546,), "tune_m": 2546,
-                                           "algorithms": BASELINES + FAMILY[:2]}}
+        return {
+            "fertility-partition": {"n": 200, "ms": (16, 64), "tune_m": 16, "algorithms": BASELINES + FAMILY[:3]},
+            "flights": {"n": None, "ms": (100,), "tune_m": 100, "algorithms": BASELINES + FAMILY[:2]},
+        }
+    return {
+        "fertility-partition": {"n": 1000, "ms": (16, 64, 254), "tune_m": 64, "algorithms": BASELINES + FAMILY},
+        "flights": {"n": None, "ms": (30, 100, 300, 1000), "tune_m": 300, "algorithms": BASELINES + FAMILY[:5]},
+        "mortgages": {"n": None, "ms": (30, 100, 300, 1000), "tune_m": 300, "algorithms": BASELINES + FAMILY[:5]},
+        "fertility-partition, n=100": {"n": 100, "ms": (2546,), "tune_m": 2546, "algorithms": BASELINES + FAMILY[:2]},
+    }
 
 
 def load(name: str, n: int | None, m: int, seed: int):
     if name.startswith("fertility-partition"):
         return load_dataset("fertility-partition", n_users=n, m=m, partition_seed=seed, split_seed=seed)
     if name == "flights":
-        return load_dataset("flights", min_records=MIN_RECORDS, max_records=m, sample_seed=seed, split_seed=seed,
-                            departure_delay=True)
+        return load_dataset(
+            "flights", min_records=MIN_RECORDS, max_records=m, sample_seed=seed, split_seed=seed, departure_delay=True
+        )
     if name == "mortgages":
         return load_dataset("mortgages", min_records=MIN_RECORDS, max_records=m, sample_seed=seed, split_seed=seed)
     raise ValueError(name)
@@ -155,8 +190,15 @@ def validation_split(ds):
     """The train records only, re-split 75/25 within each user: tuning never sees the test records."""
     tr = ds.train
     users = np.array(tr.user_ids)[tr.user_index.numpy()]
-    return fedkl.from_arrays(tr.X.numpy(), tr.y.numpy(), users, task="binary", test_fraction=0.25,
-                             split_seed=1000, name=ds.name + "-validation")
+    return fedkl.from_arrays(
+        tr.X.numpy(),
+        tr.y.numpy(),
+        users,
+        task="binary",
+        test_fraction=0.25,
+        split_seed=1000,
+        name=ds.name + "-validation",
+    )
 
 
 # ----------------------------------------------------------------------------- non-private diagnostics
@@ -208,9 +250,15 @@ def newton_diagnostics(ds, reg=REG) -> dict:
     st = 0.5 * (1 - np.tanh(yt * (Xt @ w) / 2))
     wt = 1.0 / (int(ht.sum()) * ct[it])
     Ht = (Xt * (wt * st * (1 - st))[:, None]).T @ Xt + reg * np.eye(d)
-    return {"nonprivate_loss": objective(w, te, reg), "trH_test": float(np.trace(Ht)), "d": d,
-            "max_jump": float(jumps.max()), "median_jump": float(np.median(jumps)), "theta_norm": float(np.linalg.norm(w)),
-            "majority_accuracy": float(max((te.y > 0).double().mean(), (te.y < 0).double().mean()))}
+    return {
+        "nonprivate_loss": objective(w, te, reg),
+        "trH_test": float(np.trace(Ht)),
+        "d": d,
+        "max_jump": float(jumps.max()),
+        "median_jump": float(np.median(jumps)),
+        "theta_norm": float(np.linalg.norm(w)),
+        "majority_accuracy": float(max((te.y > 0).double().mean(), (te.y < 0).double().mean())),
+    }
 
 
 # ----------------------------------------------------------------------------- one run
@@ -279,11 +327,15 @@ def summarize_details(det: dict, log_lines: list[str]) -> dict:
     dels += _nums(_walk(det.get("phases", []), "deleted_users"))
     edges = _nums(_walk(det, "conflict_edges"))
     sig = det.get("sigma", (fc or {}).get("sigma", (fc or {}).get("sigma_1")))
-    return {"noise_over_signal": (fc or {}).get("noise_over_signal"),
-            "bottom_rate": float(np.mean(bottoms)) if bottoms else 0.0,
-            "Delta": Deltas[0] if Deltas else None, "deletions": int(max(dels)) if dels else None,
-            "conflict_edges": int(max(edges)) if edges else None, "sigma": sig,
-            "aborted": det.get("aborted")}
+    return {
+        "noise_over_signal": (fc or {}).get("noise_over_signal"),
+        "bottom_rate": float(np.mean(bottoms)) if bottoms else 0.0,
+        "Delta": Deltas[0] if Deltas else None,
+        "deletions": int(max(dels)) if dels else None,
+        "conflict_edges": int(max(edges)) if edges else None,
+        "sigma": sig,
+        "aborted": det.get("aborted"),
+    }
 
 
 def is_refusal(msg: str) -> bool:
@@ -296,15 +348,32 @@ def run_one(data, alg, eps, delta, seed, extra) -> dict:
     out = tempfile.mkdtemp(prefix="p002x-")
     t0 = time.time()
     try:
-        r = fedkl.train(data, algorithm=alg, epsilon=eps, delta=delta, noise_seed=seed, seed=seed, log=lines.append,
-                        force=True, reg=REG, out=out, reference=False, **extra)
+        r = fedkl.train(
+            data,
+            algorithm=alg,
+            epsilon=eps,
+            delta=delta,
+            noise_seed=seed,
+            seed=seed,
+            log=lines.append,
+            force=True,
+            reg=REG,
+            out=out,
+            reference=False,
+            **extra,
+        )
         det = summarize_details(r.result.get("algorithm_details"), lines)
         bottom = r.model is None
         loss = None if bottom else r.metrics.get("loss")
-        row = {"status": "bottom" if bottom else "ok", "test_loss": loss,
-               "loss_eff": math.log(2.0) if bottom else loss,
-               "test_accuracy": None if bottom else r.metrics.get("accuracy"), "eps_spent": r.epsilon,
-               "bottom": int(bottom), "note": det.pop("aborted") or ""}
+        row = {
+            "status": "bottom" if bottom else "ok",
+            "test_loss": loss,
+            "loss_eff": math.log(2.0) if bottom else loss,
+            "test_accuracy": None if bottom else r.metrics.get("accuracy"),
+            "eps_spent": r.epsilon,
+            "bottom": int(bottom),
+            "note": det.pop("aborted") or "",
+        }
         if bottom and not det["bottom_rate"]:
             det["bottom_rate"] = 1.0
         row.update(det)
@@ -321,8 +390,15 @@ def run_one(data, alg, eps, delta, seed, extra) -> dict:
 
 # ----------------------------------------------------------------------------- CSV
 def key_of(r: dict) -> tuple:
-    return (r["phase"], r["dataset"], str(int(float(r["m"]))), f"{float(r['epsilon']):g}", str(int(float(r["seed"]))),
-            r["algorithm"], r["hyper"])
+    return (
+        r["phase"],
+        r["dataset"],
+        str(int(float(r["m"]))),
+        f"{float(r['epsilon']):g}",
+        str(int(float(r["seed"]))),
+        r["algorithm"],
+        r["hyper"],
+    )
 
 
 def read_rows(path: str) -> list[dict]:
@@ -367,14 +443,24 @@ def tune(table: Table, name: str, spec: dict, eps: float, deadline: float, log) 
     m = spec["tune_m"]
     ds = load(name, spec["n"], m, 0)
     n = ds.train.num_users
-    delta = 1.0 / n ** 1.1
+    delta = 1.0 / n**1.1
     val = None
     chosen = {}
     for alg, options in (("noisy-gd", NOISY_GD_GRID), ("dp-fedavg", FEDAVG_GRID)):
         best = None
         for hyper in options:
-            base = {"phase": "tune", "dataset": name, "n": n, "m": m, "epsilon": eps, "delta": delta, "seed": 0,
-                    "algorithm": alg, "hyper": json.dumps(hyper, sort_keys=True), "reg": REG}
+            base = {
+                "phase": "tune",
+                "dataset": name,
+                "n": n,
+                "m": m,
+                "epsilon": eps,
+                "delta": delta,
+                "seed": 0,
+                "algorithm": alg,
+                "hyper": json.dumps(hyper, sort_keys=True),
+                "reg": REG,
+            }
             if not table.has(base) and time.time() < deadline:
                 val = val or validation_split(ds)
                 row = run_one(val, alg, eps, delta, 0, settings_for(alg, m, n, eps, delta, hyper))
@@ -413,8 +499,15 @@ def study(args, log) -> None:
                         if alg == "sc-phased-erm" and seed != 0:
                             continue  # cost cut: ~22 s a run where it is not refused
                         hyper = chosen[(name, eps)].get(alg, {})
-                        probe = {"phase": "eval", "dataset": name, "m": m, "epsilon": eps, "seed": seed,
-                                 "algorithm": alg, "hyper": json.dumps(hyper, sort_keys=True)}
+                        probe = {
+                            "phase": "eval",
+                            "dataset": name,
+                            "m": m,
+                            "epsilon": eps,
+                            "seed": seed,
+                            "algorithm": alg,
+                            "hyper": json.dumps(hyper, sort_keys=True),
+                        }
                         if table.has({k: str(v) for k, v in probe.items()}):
                             continue
                         if time.time() > deadline:
@@ -425,16 +518,26 @@ def study(args, log) -> None:
                             diags[(name, m, seed)] = newton_diagnostics(ds)
                         dg = diags[(name, m, seed)]
                         n = ds.train.num_users
-                        delta = 1.0 / n ** 1.1
+                        delta = 1.0 / n**1.1
                         row = run_one(ds, alg, eps, delta, seed, settings_for(alg, m, n, eps, delta, hyper))
-                        full = {**probe, "n": n, "delta": delta, "reg": REG, **row,
-                                "nonprivate_loss": dg["nonprivate_loss"], "majority_accuracy": dg["majority_accuracy"],
-                                "max_jump": dg["max_jump"], "median_jump": dg["median_jump"]}
+                        full = {
+                            **probe,
+                            "n": n,
+                            "delta": delta,
+                            "reg": REG,
+                            **row,
+                            "nonprivate_loss": dg["nonprivate_loss"],
+                            "majority_accuracy": dg["majority_accuracy"],
+                            "max_jump": dg["max_jump"],
+                            "median_jump": dg["median_jump"],
+                        }
                         table.add(full)
                         el = (time.time() - start) / 60
-                        log(f"[{el:5.1f} min] {name} m={m} eps={eps:g} seed={seed} {alg}: {row['status']} "
+                        log(
+                            f"[{el:5.1f} min] {name} m={m} eps={eps:g} seed={seed} {alg}: {row['status']} "
                             f"loss {row.get('loss_eff')} acc {row.get('test_accuracy')} nos {row.get('noise_over_signal')} "
-                            f"({row['seconds']} s)")
+                            f"({row['seconds']} s)"
+                        )
 
 
 # ----------------------------------------------------------------------------- report
@@ -468,14 +571,22 @@ def summarize(rows: list[dict]) -> dict:
         br = [fnum(r["bottom_rate"]) for r in rs if fnum(r["bottom_rate"]) is not None and r["status"] != "refused"]
         dels = [fnum(r["deletions"]) for r in rs if fnum(r["deletions"]) is not None]
         Ds = [fnum(r["Delta"]) for r in rs if fnum(r["Delta"]) is not None]
-        out[k] = {"runs": len(rs), "refused": st.count("refused"), "errors": st.count("error"),
-                  "loss": float(np.mean(le)) if le else None, "loss_sd": float(np.std(le)) if len(le) > 1 else 0.0,
-                  "acc": float(np.mean(acc)) if acc else None, "bottom_rate": float(np.mean(br)) if br else None,
-                  "noise_over_signal": float(np.mean(nos)) if nos else None,
-                  "deletions": (min(dels), max(dels)) if dels else None, "Delta": float(np.mean(Ds)) if Ds else None,
-                  "nonprivate": float(np.mean([fnum(r["nonprivate_loss"]) for r in rs if fnum(r["nonprivate_loss"])]))
-                  if any(fnum(r["nonprivate_loss"]) for r in rs) else None,
-                  "note": next((r["note"] for r in rs if r["note"]), "")}
+        out[k] = {
+            "runs": len(rs),
+            "refused": st.count("refused"),
+            "errors": st.count("error"),
+            "loss": float(np.mean(le)) if le else None,
+            "loss_sd": float(np.std(le)) if len(le) > 1 else 0.0,
+            "acc": float(np.mean(acc)) if acc else None,
+            "bottom_rate": float(np.mean(br)) if br else None,
+            "noise_over_signal": float(np.mean(nos)) if nos else None,
+            "deletions": (min(dels), max(dels)) if dels else None,
+            "Delta": float(np.mean(Ds)) if Ds else None,
+            "nonprivate": float(np.mean([fnum(r["nonprivate_loss"]) for r in rs if fnum(r["nonprivate_loss"])]))
+            if any(fnum(r["nonprivate_loss"]) for r in rs)
+            else None,
+            "note": next((r["note"] for r in rs if r["note"]), ""),
+        }
     return out
 
 
@@ -507,51 +618,99 @@ def report(args, log) -> None:
     for name, spec in specs.items():
         for eps in epsilons:
             for m in spec["ms"]:
-                fam = [(S[(name, m, eps, a)]["loss"], a) for a in spec["algorithms"] if a in FAMILY
-                       and (name, m, eps, a) in S and S[(name, m, eps, a)]["loss"] is not None]
-                base = [(S[(name, m, eps, a)]["loss"], a) for a in BASELINES
-                        if (name, m, eps, a) in S and S[(name, m, eps, a)]["loss"] is not None]
+                fam = [
+                    (S[(name, m, eps, a)]["loss"], a)
+                    for a in spec["algorithms"]
+                    if a in FAMILY and (name, m, eps, a) in S and S[(name, m, eps, a)]["loss"] is not None
+                ]
+                base = [
+                    (S[(name, m, eps, a)]["loss"], a)
+                    for a in BASELINES
+                    if (name, m, eps, a) in S and S[(name, m, eps, a)]["loss"] is not None
+                ]
                 if fam and base:
                     bf, bb = min(fam), min(base)
                     np_loss = S[(name, m, eps, bb[1])]["nonprivate"]
-                    verdicts.append({"dataset": name, "m": m, "eps": eps, "best_family": bf[1], "family_loss": bf[0],
-                                     "best_baseline": bb[1], "baseline_loss": bb[0], "nonprivate": np_loss,
-                                     "family_wins": bf[0] < bb[0], "gap": bf[0] - bb[0]})
+                    verdicts.append(
+                        {
+                            "dataset": name,
+                            "m": m,
+                            "eps": eps,
+                            "best_family": bf[1],
+                            "family_loss": bf[0],
+                            "best_baseline": bb[1],
+                            "baseline_loss": bb[0],
+                            "nonprivate": np_loss,
+                            "family_wins": bf[0] < bb[0],
+                            "gap": bf[0] - bb[0],
+                        }
+                    )
     # predicted crossover m* for sc-output-pert (IID model; see the module docstring)
     predictions = []
     for name, spec in specs.items():
         m_max = max(spec["ms"])
         dg = diag[f"{name}|{m_max}"]
         for eps in epsilons:
-            sigs = [fnum(r["sigma"]) for r in rows if r["phase"] == "eval" and r["dataset"] == name
-                    and int(float(r["m"])) == m_max and float(r["epsilon"]) == eps and r["algorithm"] == "sc-output-pert"
-                    and fnum(r["sigma"]) is not None]
-            base = [S[(name, m_max, eps, a)]["loss"] for a in BASELINES
-                    if (name, m_max, eps, a) in S and S[(name, m_max, eps, a)]["loss"] is not None]
+            sigs = [
+                fnum(r["sigma"])
+                for r in rows
+                if r["phase"] == "eval"
+                and r["dataset"] == name
+                and int(float(r["m"])) == m_max
+                and float(r["epsilon"]) == eps
+                and r["algorithm"] == "sc-output-pert"
+                and fnum(r["sigma"]) is not None
+            ]
+            base = [
+                S[(name, m_max, eps, a)]["loss"]
+                for a in BASELINES
+                if (name, m_max, eps, a) in S and S[(name, m_max, eps, a)]["loss"] is not None
+            ]
             if not sigs or not base:
                 continue
             sigma = float(np.mean(sigs))
             excess_b = max(min(base) - dg["nonprivate_loss"], 1e-6)
-            excess_op = 0.5 * sigma ** 2 * dg["trH_test"]
+            excess_op = 0.5 * sigma**2 * dg["trH_test"]
             try:
-                Du = delta_union_bound(1.0, REG, dg["n"], m_max, kappa(eps, 1 / dg["n"] ** 1.1),
-                                       1.0 / (2 * dg["n"] ** 2 * m_max))
+                Du = delta_union_bound(
+                    1.0, REG, dg["n"], m_max, kappa(eps, 1 / dg["n"] ** 1.1), 1.0 / (2 * dg["n"] ** 2 * m_max)
+                )
             except ValueError:
                 continue
-            predictions.append({"dataset": name, "eps": eps, "n": dg["n"], "m_max": m_max, "sigma_at_m_max": sigma,
-                                "predicted_excess_at_m_max": excess_op, "baseline_excess": excess_b,
-                                "m_star": m_max * excess_op / excess_b,
-                                "m_star_oracle_Delta": m_max * excess_op / excess_b * (dg["max_jump"] / Du) ** 2})
-    payload = {"command": "OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python simulations/paper002_crossover.py"
-               + (" --quick" if args.quick else ""), "quick": args.quick, "reg": REG, "epsilons": list(epsilons),
-               "grid": {k: {kk: (list(vv) if isinstance(vv, tuple) else vv) for kk, vv in v.items()}
-                        for k, v in specs.items()},
-               "tuning_grids": {"noisy-gd": NOISY_GD_GRID, "dp-fedavg": FEDAVG_GRID}, "chosen_baseline_settings": chosen,
-               "diagnostics_seed0": diag, "summary": [{"dataset": k[0], "m": k[1], "eps": k[2], "algorithm": k[3], **v}
-                                                      for k, v in sorted(S.items())],
-               "verdicts": verdicts, "predicted_crossover": predictions,
-               "runs": {"eval": sum(r["phase"] == "eval" for r in rows), "tune": sum(r["phase"] == "tune" for r in rows),
-                        "train_seconds": round(sum(fnum(r["seconds"]) or 0 for r in rows), 1)}}
+            predictions.append(
+                {
+                    "dataset": name,
+                    "eps": eps,
+                    "n": dg["n"],
+                    "m_max": m_max,
+                    "sigma_at_m_max": sigma,
+                    "predicted_excess_at_m_max": excess_op,
+                    "baseline_excess": excess_b,
+                    "m_star": m_max * excess_op / excess_b,
+                    "m_star_oracle_Delta": m_max * excess_op / excess_b * (dg["max_jump"] / Du) ** 2,
+                }
+            )
+    payload = {
+        "command": "OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python simulations/paper002_crossover.py"
+        + (" --quick" if args.quick else ""),
+        "quick": args.quick,
+        "reg": REG,
+        "epsilons": list(epsilons),
+        "grid": {
+            k: {kk: (list(vv) if isinstance(vv, tuple) else vv) for kk, vv in v.items()} for k, v in specs.items()
+        },
+        "tuning_grids": {"noisy-gd": NOISY_GD_GRID, "dp-fedavg": FEDAVG_GRID},
+        "chosen_baseline_settings": chosen,
+        "diagnostics_seed0": diag,
+        "summary": [{"dataset": k[0], "m": k[1], "eps": k[2], "algorithm": k[3], **v} for k, v in sorted(S.items())],
+        "verdicts": verdicts,
+        "predicted_crossover": predictions,
+        "runs": {
+            "eval": sum(r["phase"] == "eval" for r in rows),
+            "tune": sum(r["phase"] == "tune" for r in rows),
+            "train_seconds": round(sum(fnum(r["seconds"]) or 0 for r in rows), 1),
+        },
+    }
     with open(os.path.join(args.out, "paper002_crossover.json"), "w") as f:
         json.dump(payload, f, indent=1, default=str)
     plot(args, S, specs, epsilons)
@@ -561,32 +720,40 @@ def report(args, log) -> None:
 
 def plot(args, S, specs, epsilons) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     names = list(specs)
-    fig, axes = plt.subplots(len(names), len(epsilons), figsize=(3.6 * len(epsilons), 3.0 * len(names)),
-                             squeeze=False)
+    fig, axes = plt.subplots(len(names), len(epsilons), figsize=(3.6 * len(epsilons), 3.0 * len(names)), squeeze=False)
     algs = BASELINES + FAMILY
     colors = dict(zip(algs, plt.cm.tab10.colors))
     for i, name in enumerate(names):
         for j, eps in enumerate(epsilons):
             ax = axes[i][j]
             ms = specs[name]["ms"]
-            nps = [(m, S[(name, m, eps, a)]["nonprivate"]) for a in algs for m in ms if (name, m, eps, a) in S
-                   and S[(name, m, eps, a)]["nonprivate"] is not None]
+            nps = [
+                (m, S[(name, m, eps, a)]["nonprivate"])
+                for a in algs
+                for m in ms
+                if (name, m, eps, a) in S and S[(name, m, eps, a)]["nonprivate"] is not None
+            ]
             lo = min([v for _, v in nps] + [0.6]) - 0.01
             top = 0.75  # log 2 = 0.693 is the start point; larger losses are drawn at the top edge (triangles)
             for a in algs:
-                pts = [(m, S[(name, m, eps, a)]["loss"]) for m in ms if (name, m, eps, a) in S
-                       and S[(name, m, eps, a)]["loss"] is not None]
+                pts = [
+                    (m, S[(name, m, eps, a)]["loss"])
+                    for m in ms
+                    if (name, m, eps, a) in S and S[(name, m, eps, a)]["loss"] is not None
+                ]
                 if pts:
                     x, y = zip(*pts)
                     yc = [min(v, top) for v in y]
-                    ax.plot(x, yc, "-" if a in BASELINES else "--", color=colors[a], label=a,
-                            lw=2 if a in BASELINES else 1)
+                    ax.plot(
+                        x, yc, "-" if a in BASELINES else "--", color=colors[a], label=a, lw=2 if a in BASELINES else 1
+                    )
                     for xi, yi, v in zip(x, yc, y):
-                        ax.plot([xi], [yi], "^" if v > top else ("o" if a in BASELINES else "s"), color=colors[a],
-                                ms=4)
+                        ax.plot([xi], [yi], "^" if v > top else ("o" if a in BASELINES else "s"), color=colors[a], ms=4)
             if nps:
                 d = dict(nps)
                 ax.plot(sorted(d), [d[m] for m in sorted(d)], "k:", label="non-private θ*")
@@ -601,8 +768,11 @@ def plot(args, S, specs, epsilons) -> None:
             ax.tick_params(labelsize=7)
     h, lab = axes[0][0].get_legend_handles_labels()
     fig.legend(h, lab, loc="lower center", ncol=5, fontsize=8)
-    fig.suptitle("Paper 002 family (dashed) vs noisy GD and DP-FedAvg (solid) at equal user-level (eps, 1/n^1.1), "
-                 f"replace-one, reg={REG}", fontsize=9)
+    fig.suptitle(
+        "Paper 002 family (dashed) vs noisy GD and DP-FedAvg (solid) at equal user-level (eps, 1/n^1.1), "
+        f"replace-one, reg={REG}",
+        fontsize=9,
+    )
     fig.tight_layout(rect=(0, 0.07, 1, 0.97))
     fig.savefig(os.path.join(args.out, "paper002_crossover.png"), dpi=110)
     plt.close(fig)
@@ -612,23 +782,29 @@ def write_md(args, payload, S, specs, epsilons, diag, verdicts, predictions, row
     L = []
     cmd = payload["command"]
     L.append("# Paper 002's crossover, measured: output perturbation vs noisy GD and DP-FedAvg as m grows\n")
-    L.append(f"Regenerate: `{cmd}` (resumable; rows already in the CSV are skipped; `--report-only` rewrites this "
-             "file from the CSV). Smoke test: `.venv/bin/python simulations/paper002_crossover.py --quick --out /tmp/x`. "
-             "Method, data, settings and every choice: the module docstring of `simulations/paper002_crossover.py`.\n")
+    L.append(
+        f"Regenerate: `{cmd}` (resumable; rows already in the CSV are skipped; `--report-only` rewrites this "
+        "file from the CSV). Smoke test: `.venv/bin/python simulations/paper002_crossover.py --quick --out /tmp/x`. "
+        "Method, data, settings and every choice: the module docstring of `simulations/paper002_crossover.py`.\n"
+    )
     ev = [r for r in rows if r["phase"] == "eval"]
     seeds_done = sorted({int(float(r["seed"])) for r in ev})
-    L.append(f"Coverage: {len(ev)} evaluation runs (+{payload['runs']['tune']} validation-tuning runs), "
-             f"seeds present: {seeds_done}; {payload['runs']['train_seconds'] / 60:.1f} min of training. "
-             f"User-level (ε, δ = 1/n^1.1), replace-one for every algorithm; reg = {REG} for every algorithm; "
-             "logistic regression, ‖x‖ ≤ 1. Test objective = per-user mean log-loss + reg/2‖w‖² on held-out "
-             "records (evaluation only, not private); a ⊥ release counts as the start point w0 = 0 (loss log 2 = "
-             "0.6931). Baselines tuned on a validation split of the train records (never on test).\n")
+    L.append(
+        f"Coverage: {len(ev)} evaluation runs (+{payload['runs']['tune']} validation-tuning runs), "
+        f"seeds present: {seeds_done}; {payload['runs']['train_seconds'] / 60:.1f} min of training. "
+        f"User-level (ε, δ = 1/n^1.1), replace-one for every algorithm; reg = {REG} for every algorithm; "
+        "logistic regression, ‖x‖ ≤ 1. Test objective = per-user mean log-loss + reg/2‖w‖² on held-out "
+        "records (evaluation only, not private); a ⊥ release counts as the start point w0 = 0 (loss log 2 = "
+        "0.6931). Baselines tuned on a validation split of the train records (never on test).\n"
+    )
     # headline
     wins = [v for v in verdicts if v["family_wins"]]
     L.append("## Headline\n")
     L.append(headline(verdicts, wins, predictions, diag, specs))
-    L.append("\nThe paper-002 releases on each dataset (over all its m, ε and seeds): ⊥ rate, most users deleted by the "
-             "test, refused configurations, and the public forecast's noise_over_signal (range):\n")
+    L.append(
+        "\nThe paper-002 releases on each dataset (over all its m, ε and seeds): ⊥ rate, most users deleted by the "
+        "test, refused configurations, and the public forecast's noise_over_signal (range):\n"
+    )
     for name, spec in specs.items():
         parts = []
         for a in spec["algorithms"]:
@@ -651,28 +827,38 @@ def write_md(args, payload, S, specs, epsilons, diag, verdicts, predictions, row
                 parts[-1] += f", refused {ref}/{runs}"
         L.append(f"- {name}: " + "; ".join(parts))
     L.append("\n## Who wins, per (dataset, m, ε)\n")
-    L.append("Best of the paper-002 family vs best baseline (mean test objective over seeds; lower is better; gap = "
-             "family − baseline, negative = output perturbation wins).\n")
+    L.append(
+        "Best of the paper-002 family vs best baseline (mean test objective over seeds; lower is better; gap = "
+        "family − baseline, negative = output perturbation wins).\n"
+    )
     L.append("| dataset | m | ε | best paper-002 | its loss | best baseline | its loss | non-private | gap | winner |")
     L.append("|---|---|---|---|---|---|---|---|---|---|")
     for v in verdicts:
-        L.append(f"| {v['dataset']} | {v['m']} | {v['eps']:g} | {v['best_family']} | {v['family_loss']:.4f} | "
-                 f"{v['best_baseline']} | {v['baseline_loss']:.4f} | {fmt(v['nonprivate'])} | {v['gap']:+.4f} | "
-                 f"{'**paper 002**' if v['family_wins'] else 'baseline'} |")
+        L.append(
+            f"| {v['dataset']} | {v['m']} | {v['eps']:g} | {v['best_family']} | {v['family_loss']:.4f} | "
+            f"{v['best_baseline']} | {v['baseline_loss']:.4f} | {fmt(v['nonprivate'])} | {v['gap']:+.4f} | "
+            f"{'**paper 002**' if v['family_wins'] else 'baseline'} |"
+        )
     L.append("\n## Deletion jumps (non-private diagnostic, seed 0) against what the test certifies\n")
-    L.append("max / median jump = max_u / median_u ‖θ*(x) − θ*(x₋ᵤ)‖ (one Newton step, reg = 0.1); IID scale = "
-             "1/(μ n √m) (G = 1): the paper's model predicts jumps of a few times this, falling like 1/√m; "
-             "Δ_uc(ε=8) is the threshold sc-output-pert's test certifies per deletion at ε = 8.\n")
-    L.append("| dataset | n | m | max jump | median jump | IID scale 1/(μn√m) | max jump / IID scale | "
-             "Δ_uc (ε=8) | max jump / Δ_uc |")
+    L.append(
+        "max / median jump = max_u / median_u ‖θ*(x) − θ*(x₋ᵤ)‖ (one Newton step, reg = 0.1); IID scale = "
+        "1/(μ n √m) (G = 1): the paper's model predicts jumps of a few times this, falling like 1/√m; "
+        "Δ_uc(ε=8) is the threshold sc-output-pert's test certifies per deletion at ε = 8.\n"
+    )
+    L.append(
+        "| dataset | n | m | max jump | median jump | IID scale 1/(μn√m) | max jump / IID scale | "
+        "Δ_uc (ε=8) | max jump / Δ_uc |"
+    )
     L.append("|---|---|---|---|---|---|---|---|---|")
     for name, spec in specs.items():
         for m in spec["ms"]:
             dg = diag[f"{name}|{m}"]
             n = dg["n"]
-            Du = delta_union_bound(1.0, REG, n, m, kappa(8.0, 1 / n ** 1.1), 1.0 / (2 * n * n * m))
-            L.append(f"| {name} | {n} | {m} | {dg['max_jump']:.3g} | {dg['median_jump']:.3g} | {dg['iid_scale']:.3g} | "
-                     f"{dg['max_jump'] / dg['iid_scale']:.1f} | {Du:.3g} | {dg['max_jump'] / Du:.3g} |")
+            Du = delta_union_bound(1.0, REG, n, m, kappa(8.0, 1 / n**1.1), 1.0 / (2 * n * n * m))
+            L.append(
+                f"| {name} | {n} | {m} | {dg['max_jump']:.3g} | {dg['median_jump']:.3g} | {dg['iid_scale']:.3g} | "
+                f"{dg['max_jump'] / dg['iid_scale']:.1f} | {Du:.3g} | {dg['max_jump'] / Du:.3g} |"
+            )
     slopes = []
     for name, spec in specs.items():
         ms = list(spec["ms"])
@@ -685,21 +871,31 @@ def write_md(args, payload, S, specs, epsilons, diag, verdicts, predictions, row
     if slopes:
         L.append("\nLog–log slopes of the jumps vs m (IID theory: −0.5): " + "; ".join(slopes) + ".\n")
     L.append("\n## Predicted crossover for sc-output-pert (forecast σ, IID model)\n")
-    L.append("σ(m_max) = the public noise per coordinate of sc-output-pert at the largest m; predicted excess = "
-             "σ² tr(H)/2; m* = m_max · predicted excess / best baseline's measured excess (σ² ∝ 1/m). It assumes the "
-             "deletion test passes (IID users) at that m and n fixed.\n")
-    L.append("m*_oracle: the same with Δ set to the MEASURED max deletion jump instead of Δ_uc (a non-private, "
-             "data-calibrated Δ: how much of m* is the union-bound constant rather than σ/Δ).\n")
-    L.append("| dataset | n | ε | m_max | σ(m_max) | predicted excess at m_max | best baseline excess | m* | m*_oracle |")
+    L.append(
+        "σ(m_max) = the public noise per coordinate of sc-output-pert at the largest m; predicted excess = "
+        "σ² tr(H)/2; m* = m_max · predicted excess / best baseline's measured excess (σ² ∝ 1/m). It assumes the "
+        "deletion test passes (IID users) at that m and n fixed.\n"
+    )
+    L.append(
+        "m*_oracle: the same with Δ set to the MEASURED max deletion jump instead of Δ_uc (a non-private, "
+        "data-calibrated Δ: how much of m* is the union-bound constant rather than σ/Δ).\n"
+    )
+    L.append(
+        "| dataset | n | ε | m_max | σ(m_max) | predicted excess at m_max | best baseline excess | m* | m*_oracle |"
+    )
     L.append("|---|---|---|---|---|---|---|---|---|")
     for p in predictions:
-        L.append(f"| {p['dataset']} | {p['n']} | {p['eps']:g} | {p['m_max']} | {p['sigma_at_m_max']:.3g} | "
-                 f"{p['predicted_excess_at_m_max']:.3g} | {p['baseline_excess']:.3g} | {p['m_star']:.2g} | "
-                 f"{p['m_star_oracle_Delta']:.2g} |")
+        L.append(
+            f"| {p['dataset']} | {p['n']} | {p['eps']:g} | {p['m_max']} | {p['sigma_at_m_max']:.3g} | "
+            f"{p['predicted_excess_at_m_max']:.3g} | {p['baseline_excess']:.3g} | {p['m_star']:.2g} | "
+            f"{p['m_star_oracle_Delta']:.2g} |"
+        )
     L.append("\n## Every algorithm: test objective (mean ± sd over seeds), ⊥ rate, Δ, deletions, forecast\n")
-    L.append("Cell: loss ± sd [accuracy] (⊥ rate; noise_over_signal of the public forecast; Δ of the first release; "
-             "deletions min–max over seeds). `refused`: the algorithm's public check refused the configuration "
-             "before reading data (too few users for its deletion depth at this ε).\n")
+    L.append(
+        "Cell: loss ± sd [accuracy] (⊥ rate; noise_over_signal of the public forecast; Δ of the first release; "
+        "deletions min–max over seeds). `refused`: the algorithm's public check refused the configuration "
+        "before reading data (too few users for its deletion depth at this ε).\n"
+    )
     for name, spec in specs.items():
         L.append(f"\n### {name}\n")
         L.append("| m | algorithm | " + " | ".join(f"ε = {e:g}" for e in epsilons) + " |")
@@ -712,16 +908,22 @@ def write_md(args, payload, S, specs, epsilons, diag, verdicts, predictions, row
                     if s is None:
                         cells.append("-")
                     elif s["loss"] is None:
-                        cells.append(f"refused ({s['refused']}/{s['runs']})" if s["refused"] else
-                                     f"error: {s['note'][:60]}")
+                        cells.append(
+                            f"refused ({s['refused']}/{s['runs']})" if s["refused"] else f"error: {s['note'][:60]}"
+                        )
                     else:
-                        extra = [f"⊥ {s['bottom_rate']:.2f}" if s["bottom_rate"] is not None else None,
-                                 f"nos {s['noise_over_signal']:.3g}" if s["noise_over_signal"] is not None else None,
-                                 f"Δ {s['Delta']:.3g}" if s["Delta"] is not None and a in FAMILY else None,
-                                 f"del {s['deletions'][0]:g}–{s['deletions'][1]:g}" if s["deletions"] else None]
+                        extra = [
+                            f"⊥ {s['bottom_rate']:.2f}" if s["bottom_rate"] is not None else None,
+                            f"nos {s['noise_over_signal']:.3g}" if s["noise_over_signal"] is not None else None,
+                            f"Δ {s['Delta']:.3g}" if s["Delta"] is not None and a in FAMILY else None,
+                            f"del {s['deletions'][0]:g}–{s['deletions'][1]:g}" if s["deletions"] else None,
+                        ]
                         ex = "; ".join(x for x in extra if x)
-                        cells.append(f"{s['loss']:.4f} ± {s['loss_sd']:.3f} [{fmt(s['acc'], 3)}]"
-                                     + (f" ({ex})" if ex and a in FAMILY else "") + f" n={s['runs']}")
+                        cells.append(
+                            f"{s['loss']:.4f} ± {s['loss_sd']:.3f} [{fmt(s['acc'], 3)}]"
+                            + (f" ({ex})" if ex and a in FAMILY else "")
+                            + f" n={s['runs']}"
+                        )
                 L.append(f"| {m} | {a} | " + " | ".join(cells) + " |")
             np_vals = [S[k]["nonprivate"] for k in S if k[0] == name and k[1] == m and S[k]["nonprivate"] is not None]
             if np_vals:
@@ -749,37 +951,50 @@ def headline(verdicts, wins, predictions, diag, specs) -> str:
     total = len(verdicts)
     if wins:
         best = min(wins, key=lambda v: v["gap"])
-        lines.append(f"Output perturbation (paper 002) beats the best tuned baseline in {len(wins)} of {total} "
-                     f"(dataset, m, ε) cells; the largest margin: {best['best_family']} on {best['dataset']} at m = "
-                     f"{best['m']}, ε = {best['eps']:g}: test objective {best['family_loss']:.4f} vs "
-                     f"{best['best_baseline']} {best['baseline_loss']:.4f} (gap {best['gap']:+.4f}).")
-        cells = ", ".join(f"{v['dataset']} m={v['m']} ε={v['eps']:g} ({v['best_family']}, {v['gap']:+.4f})"
-                          for v in wins)
+        lines.append(
+            f"Output perturbation (paper 002) beats the best tuned baseline in {len(wins)} of {total} "
+            f"(dataset, m, ε) cells; the largest margin: {best['best_family']} on {best['dataset']} at m = "
+            f"{best['m']}, ε = {best['eps']:g}: test objective {best['family_loss']:.4f} vs "
+            f"{best['best_baseline']} {best['baseline_loss']:.4f} (gap {best['gap']:+.4f})."
+        )
+        cells = ", ".join(
+            f"{v['dataset']} m={v['m']} ε={v['eps']:g} ({v['best_family']}, {v['gap']:+.4f})" for v in wins
+        )
         lines.append(f"Winning cells: {cells}.")
     else:
-        lines.append(f"In none of the {total} measured (dataset, m, ε) cells does any paper-002 algorithm beat the "
-                     "best tuned baseline (noisy GD or DP-FedAvg) on test objective.")
+        lines.append(
+            f"In none of the {total} measured (dataset, m, ε) cells does any paper-002 algorithm beat the "
+            "best tuned baseline (noisy GD or DP-FedAvg) on test objective."
+        )
     gaps = {}
     for v in verdicts:
         gaps.setdefault(v["dataset"], []).append(v["gap"])
-    lines.append("Median gap (family − baseline) per dataset: "
-                 + ", ".join(f"{k} {np.median(g):+.4f}" for k, g in gaps.items()) + ".")
+    lines.append(
+        "Median gap (family − baseline) per dataset: "
+        + ", ".join(f"{k} {np.median(g):+.4f}" for k, g in gaps.items())
+        + "."
+    )
     het = []
     for name, spec in specs.items():
         ms = list(spec["ms"])
         if len(ms) >= 2:
             a, b = diag[f"{name}|{ms[0]}"], diag[f"{name}|{ms[-1]}"]
-            het.append(f"{name}: max deletion jump {a['max_jump']:.3g} at m = {ms[0]} → {b['max_jump']:.3g} at "
-                       f"m = {ms[-1]} (×{b['max_jump'] / a['max_jump']:.2f}; IID predicts "
-                       f"×{math.sqrt(ms[0] / ms[-1]):.2f}), {b['max_jump'] / b['iid_scale']:.0f}× the IID scale "
-                       "1/(μn√m)")
+            het.append(
+                f"{name}: max deletion jump {a['max_jump']:.3g} at m = {ms[0]} → {b['max_jump']:.3g} at "
+                f"m = {ms[-1]} (×{b['max_jump'] / a['max_jump']:.2f}; IID predicts "
+                f"×{math.sqrt(ms[0] / ms[-1]):.2f}), {b['max_jump'] / b['iid_scale']:.0f}× the IID scale "
+                "1/(μn√m)"
+            )
     if het:
         lines.append("Measured deletion jumps: " + "; ".join(het) + ".")
     if predictions:
         fert = [p for p in predictions if p["dataset"].startswith("fertility")]
         ps = fert or predictions
-        lines.append("Forecast crossover for sc-output-pert (IID model, σ² ∝ 1/m): "
-                     + ", ".join(f"{p['dataset']} ε={p['eps']:g}: m* ≈ {p['m_star']:.2g}" for p in ps) + ".")
+        lines.append(
+            "Forecast crossover for sc-output-pert (IID model, σ² ∝ 1/m): "
+            + ", ".join(f"{p['dataset']} ε={p['eps']:g}: m* ≈ {p['m_star']:.2g}" for p in ps)
+            + "."
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -787,8 +1002,12 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="tiny grid (fertility n=200, flights; eps 8; seed 0)")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
-    p.add_argument("--budget-minutes", type=float, default=None,
-                   help="start no new run after this many minutes (default 45 full, 3 quick)")
+    p.add_argument(
+        "--budget-minutes",
+        type=float,
+        default=None,
+        help="start no new run after this many minutes (default 45 full, 3 quick)",
+    )
     p.add_argument("--report-only", action="store_true", help="rewrite md/json/png from the CSV, no training")
     args = p.parse_args(argv)
     if args.budget_minutes is None:
@@ -796,6 +1015,7 @@ def main(argv=None) -> None:
 
     def log(msg):
         print(msg, flush=True)
+
     if not args.report_only:
         study(args, log)
     report(args, log)

@@ -10,6 +10,7 @@ The sc-output-pert rows use the study's "tight" noise except the last, which add
 
     OMP_NUM_THREADS=1 .venv/bin/python simulations/paper002_delta_selection.py        (~3 min)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,11 +27,16 @@ from paper002_crossover import REG, load, settings_for  # noqa: E402
 import fedkl  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-VARIANTS = (("sc-output-pert, Delta_uc", "sc-output-pert", {}),
-            ("sc-output-pert, Delta by sparse vector", "sc-output-pert", {"p002_delta_select": "sparse-vector"}),
-            ("sc-output-pert, Delta by sparse vector, profile noise", "sc-output-pert",
-             {"p002_delta_select": "sparse-vector", "p002_calibration": "profile"}),
-            ("dp-fedavg (tuned)", "dp-fedavg", {"rounds": 10, "local_steps": 5}))
+VARIANTS = (
+    ("sc-output-pert, Delta_uc", "sc-output-pert", {}),
+    ("sc-output-pert, Delta by sparse vector", "sc-output-pert", {"p002_delta_select": "sparse-vector"}),
+    (
+        "sc-output-pert, Delta by sparse vector, profile noise",
+        "sc-output-pert",
+        {"p002_delta_select": "sparse-vector", "p002_calibration": "profile"},
+    ),
+    ("dp-fedavg (tuned)", "dp-fedavg", {"rounds": 10, "local_steps": 5}),
+)
 # DP-FedAvg's local lr: the crossover study's validation-tuned choice on fertility-partition, per eps
 FEDAVG_LOCAL_LR = {4.0: 4.0, 8.0: 1.0}
 
@@ -41,7 +47,7 @@ def run(ms, epsilons, seeds, log=print) -> list[dict]:
         for seed in seeds:
             ds = load("fertility-partition", 1000, m, seed)
             n = len(ds.train.user_ids)
-            delta = 1.0 / n ** 1.1
+            delta = 1.0 / n**1.1
             for eps in epsilons:
                 for label, algorithm, extra in VARIANTS:
                     settings = dict(extra)
@@ -49,27 +55,54 @@ def run(ms, epsilons, seeds, log=print) -> list[dict]:
                         settings["local_lr"] = FEDAVG_LOCAL_LR[eps]
                     if algorithm == "sc-output-pert":  # the study's settings (tight noise), then the variant's
                         settings = {**settings_for(algorithm, m, n, eps, delta, {}), **extra, "force": True}
-                    r = fedkl.train(ds, algorithm=algorithm, epsilon=eps, delta=delta, noise_seed=seed, seed=seed,
-                                    log=None, reg=REG, out=tempfile.mkdtemp(prefix="p002-dsel-"), **settings)
+                    r = fedkl.train(
+                        ds,
+                        algorithm=algorithm,
+                        epsilon=eps,
+                        delta=delta,
+                        noise_seed=seed,
+                        seed=seed,
+                        log=None,
+                        reg=REG,
+                        out=tempfile.mkdtemp(prefix="p002-dsel-"),
+                        **settings,
+                    )
                     d = r.result["algorithm_details"]
                     diag = d.get("nonprivate_diagnostics") or {}
-                    rows.append({"m": m, "epsilon": eps, "seed": seed, "variant": label,
-                                 "test_loss": None if r.model is None else r.metrics["loss"],
-                                 "test_accuracy": None if r.model is None else r.metrics["accuracy"],
-                                 "epsilon_spent": r.epsilon, "Delta": d.get("Delta"), "sigma": d.get("sigma"),
-                                 "deletions": diag.get("dist"), "scores": diag.get("nonprivate_scores")})
+                    rows.append(
+                        {
+                            "m": m,
+                            "epsilon": eps,
+                            "seed": seed,
+                            "variant": label,
+                            "test_loss": None if r.model is None else r.metrics["loss"],
+                            "test_accuracy": None if r.model is None else r.metrics["accuracy"],
+                            "epsilon_spent": r.epsilon,
+                            "Delta": d.get("Delta"),
+                            "sigma": d.get("sigma"),
+                            "deletions": diag.get("dist"),
+                            "scores": diag.get("nonprivate_scores"),
+                        }
+                    )
                     log(f"m={m} eps={eps} seed={seed} {label}: loss {rows[-1]['test_loss']}, Delta {rows[-1]['Delta']}")
     return rows
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["# sc-output-pert with a privately chosen Delta (fertility-partition, n = 1000)", "",
-             "Regenerate: `OMP_NUM_THREADS=1 .venv/bin/python simulations/paper002_delta_selection.py`. Mean over "
-             "seeds of the test objective (per-user mean log-loss + reg/2 ||w||^2 on held-out records; lower is "
-             "better; evaluation only, not private), the Delta the release used and its noise sigma per coordinate.",
-             "", "| m | eps | variant | test loss | Delta | sigma | seeds |", "|---|---|---|---|---|---|---|"]
-    keys = sorted({(r["m"], r["epsilon"], r["variant"]) for r in rows},
-                  key=lambda k: (k[0], k[1], [v[0] for v in VARIANTS].index(k[2])))
+    lines = [
+        "# sc-output-pert with a privately chosen Delta (fertility-partition, n = 1000)",
+        "",
+        "Regenerate: `OMP_NUM_THREADS=1 .venv/bin/python simulations/paper002_delta_selection.py`. Mean over "
+        "seeds of the test objective (per-user mean log-loss + reg/2 ||w||^2 on held-out records; lower is "
+        "better; evaluation only, not private), the Delta the release used and its noise sigma per coordinate.",
+        "",
+        "| m | eps | variant | test loss | Delta | sigma | seeds |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    keys = sorted(
+        {(r["m"], r["epsilon"], r["variant"]) for r in rows},
+        key=lambda k: (k[0], k[1], [v[0] for v in VARIANTS].index(k[2])),
+    )
     for m, eps, variant in keys:
         group = [r for r in rows if (r["m"], r["epsilon"], r["variant"]) == (m, eps, variant)]
         losses = [r["test_loss"] for r in group if r["test_loss"] is not None]
@@ -77,13 +110,16 @@ def markdown(rows: list[dict]) -> str:
         sigmas = [r["sigma"] for r in group if r["sigma"] is not None]
         fmt = lambda xs: f"{statistics.mean(xs):.4g}" if xs else "-"  # noqa: E731
         lines.append(f"| {m} | {eps:g} | {variant} | {fmt(losses)} | {fmt(deltas)} | {fmt(sigmas)} | {len(group)} |")
-    lines += ["", "Reading: the sparse vector picks the smallest grid Delta whose diameter-test deletion score is "
-              "near zero: 2-4x below Delta_uc here (Delta_uc/4 in most runs), cutting sigma 2-3x (the selection's share of eps "
-              "costs back 4/3). It is not the measured deletion jump (~1/80 of Delta_uc, "
-              "paper002_crossover.md): the diameter test certifies a deletion only through the users' local "
-              "minimizers' diameter, a factor (L/mu)^2 = 12 above the jump for logistic loss at reg 0.1. "
-              "The whole-release profile calibration (fedkl's default) cuts sigma by a further ~2.6x at the same "
-              "Delta. DP-FedAvg, within 1e-4 of the non-private objective at these m, still wins."]
+    lines += [
+        "",
+        "Reading: the sparse vector picks the smallest grid Delta whose diameter-test deletion score is "
+        "near zero: 2-4x below Delta_uc here (Delta_uc/4 in most runs), cutting sigma 2-3x (the selection's share of eps "
+        "costs back 4/3). It is not the measured deletion jump (~1/80 of Delta_uc, "
+        "paper002_crossover.md): the diameter test certifies a deletion only through the users' local "
+        "minimizers' diameter, a factor (L/mu)^2 = 12 above the jump for logistic loss at reg 0.1. "
+        "The whole-release profile calibration (fedkl's default) cuts sigma by a further ~2.6x at the same "
+        "Delta. DP-FedAvg, within 1e-4 of the non-private objective at these m, still wins.",
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -61,6 +61,7 @@ for larger nm), and its lambda* ∝ c sqrt(d)/(n sqrt m) with c ~ 1e3-1e4 exceed
 until n sqrt(m) >> 1e4. The printout states these numbers; paper002_slopes.py runs the phased
 algorithms where they can run (the mean-estimation family).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -121,10 +122,12 @@ class SlopeConfig:
         return DelOutputPertConfig(self.eps, self.delta, Delta, self.calibration)
 
 
-FULL = SlopeConfig(n_grid=(64, 128, 256, 512, 1024), m_for_n=64, m_grid=(16, 64, 256, 1024, 4096), n_for_m=128,
-                   seeds=5, tag="full")
-QUICK = SlopeConfig(n_grid=(64, 128, 256, 512), m_for_n=32, m_grid=(16, 64, 256, 1024), n_for_m=64, seeds=3,
-                    tag="quick")
+FULL = SlopeConfig(
+    n_grid=(64, 128, 256, 512, 1024), m_for_n=64, m_grid=(16, 64, 256, 1024, 4096), n_for_m=128, seeds=5, tag="full"
+)
+QUICK = SlopeConfig(
+    n_grid=(64, 128, 256, 512), m_for_n=32, m_grid=(16, 64, 256, 1024), n_for_m=64, seeds=3, tag="quick"
+)
 
 
 # --- public constants, exact ERM -----------------------------------------------------------------
@@ -180,9 +183,18 @@ class EvaluationRecorder:
 
     def charge(self, user_ids, charge, **kw) -> int:
         rho, eps, delta = charge.cost()
-        self.charges.append({"users": len(user_ids), "mechanism": charge.mechanism, "rho": rho, "eps": eps,
-                             "delta": delta, "sensitivity": charge.sensitivity, "noise_scale": charge.noise_scale,
-                             **kw})
+        self.charges.append(
+            {
+                "users": len(user_ids),
+                "mechanism": charge.mechanism,
+                "rho": rho,
+                "eps": eps,
+                "delta": delta,
+                "sensitivity": charge.sensitivity,
+                "noise_scale": charge.noise_scale,
+                **kw,
+            }
+        )
         return len(self.charges)
 
 
@@ -193,14 +205,15 @@ class Undetermined(RuntimeError):
 
 @dataclass
 class CertifiedOutcome:
-    theta: torch.Tensor | None   # the released value (None: ⊥, impossible when certified)
-    solver_value: torch.Tensor   # f~(x), the exact solver's output (NOT private)
-    bound: float                 # U + 2 tau, the certificate's bound on Dbar_{4 kappa} f~(x) (NOT private)
+    theta: torch.Tensor | None  # the released value (None: ⊥, impossible when certified)
+    solver_value: torch.Tensor  # f~(x), the exact solver's output (NOT private)
+    bound: float  # U + 2 tau, the certificate's bound on Dbar_{4 kappa} f~(x) (NOT private)
     sigma: float
 
 
-def certified_release(alg: SCOutputPert, federation, center: torch.Tensor, releaser: Releaser,
-                      label: str) -> CertifiedOutcome:
+def certified_release(
+    alg: SCOutputPert, federation, center: torch.Tensor, releaser: Releaser, label: str
+) -> CertifiedOutcome:
     """Sample SCOutputPert's output law on a dataset where App. C's certificate proves dist(x) = 0.
 
     Mirrors :meth:`SCOutputPert.plan` + :meth:`SCOutputPert.run` without the n <= max_exact_users
@@ -209,8 +222,10 @@ def certified_release(alg: SCOutputPert, federation, center: torch.Tensor, relea
     returns ⊥ in its place: "certificate or ⊥" is not DP). EVALUATION ONLY (module docstring).
     """
     if not isinstance(releaser.ledger, EvaluationRecorder):
-        raise ValueError("certified_release is an evaluation harness, not a DP mechanism: give it a Releaser over "
-                         "an EvaluationRecorder, never over a privacy ledger")
+        raise ValueError(
+            "certified_release is an evaluation harness, not a DP mechanism: give it a Releaser over "
+            "an EvaluationRecorder, never over a privacy ledger"
+        )
     n = federation.num_users
     full = torch.ones(1, n, dtype=torch.bool)
     theta = alg.solve(federation, full, center)[0]
@@ -231,8 +246,9 @@ def noise_seed(*key) -> int:
 
 # --- one point -----------------------------------------------------------------------------------
 def run_point(cfg: SlopeConfig, sweep: str, n: int, m: int, seed: int) -> dict:
-    ds = synthetic_least_squares(n, m, cfg.d, heterogeneity=0.0, noise=cfg.label_noise, seed=seed,
-                                 test_fraction=cfg.test_fraction)
+    ds = synthetic_least_squares(
+        n, m, cfg.d, heterogeneity=0.0, noise=cfg.label_noise, seed=seed, test_fraction=cfg.test_fraction
+    )
     m_train = public_train_records(m, cfg.test_fraction)
     if not bool((ds.train.counts() == m_train).all()):
         raise RuntimeError("the loader's per-user train count differs from the public formula")
@@ -241,24 +257,44 @@ def run_point(cfg: SlopeConfig, sweep: str, n: int, m: int, seed: int) -> dict:
     scale = public_scale(problem, ds.feature_bound)
     Delta = scaled_delta(scale, cfg.reg, n, m_train, cfg.a)
     center = torch.zeros(cfg.d, dtype=torch.float64)
-    alg = SCOutputPert(SCOutputPertConfig.for_problem(problem, ds.feature_bound, center, eps=cfg.eps,
-                                                      delta=cfg.delta, Delta=Delta, calibration=cfg.calibration))
+    alg = SCOutputPert(
+        SCOutputPertConfig.for_problem(
+            problem, ds.feature_bound, center, eps=cfg.eps, delta=cfg.delta, Delta=Delta, calibration=cfg.calibration
+        )
+    )
     theta_star, H = ridge_erm(ds, cfg.reg)
     start = time.perf_counter()
     noise = NoiseSource(noise_seed(sweep, n, m, seed))  # independent noise at every point and seed
-    outcome = certified_release(alg, fed, center, Releaser(EvaluationRecorder(), noise),
-                                f"slopes/{sweep}/n{n}/m{m}/s{seed}")
+    outcome = certified_release(
+        alg, fed, center, Releaser(EvaluationRecorder(), noise), f"slopes/{sweep}/n{n}/m{m}/s{seed}"
+    )
     if outcome.theta is None:
         raise RuntimeError("a certified release returned ⊥: impossible, the harness is broken")
     e = outcome.theta - theta_star
-    return {"sweep": sweep, "n": n, "m": m, "m_train": m_train, "seed": seed, "d": cfg.d, "reg": cfg.reg,
-            "eps": cfg.eps, "delta": cfg.delta, "kappa": alg.config.dop.kappa, "Delta": Delta,
-            "sigma": outcome.sigma, "certificate_bound": outcome.bound,
-            "solver_error": float((outcome.solver_value - theta_star).norm()), "tau": alg.config.tau,
-            "param_error": float(e.norm()), "excess_risk": float(0.5 * e @ H @ e),
-            "expected_param_error": outcome.sigma * math.sqrt(cfg.d),
-            "expected_excess_risk": 0.5 * outcome.sigma**2 * float(torch.trace(H)),
-            "released": True, "path": "certified-law harness", "seconds": time.perf_counter() - start}
+    return {
+        "sweep": sweep,
+        "n": n,
+        "m": m,
+        "m_train": m_train,
+        "seed": seed,
+        "d": cfg.d,
+        "reg": cfg.reg,
+        "eps": cfg.eps,
+        "delta": cfg.delta,
+        "kappa": alg.config.dop.kappa,
+        "Delta": Delta,
+        "sigma": outcome.sigma,
+        "certificate_bound": outcome.bound,
+        "solver_error": float((outcome.solver_value - theta_star).norm()),
+        "tau": alg.config.tau,
+        "param_error": float(e.norm()),
+        "excess_risk": float(0.5 * e @ H @ e),
+        "expected_param_error": outcome.sigma * math.sqrt(cfg.d),
+        "expected_excess_risk": 0.5 * outcome.sigma**2 * float(torch.trace(H)),
+        "released": True,
+        "path": "certified-law harness",
+        "seconds": time.perf_counter() - start,
+    }
 
 
 # --- slopes --------------------------------------------------------------------------------------
@@ -277,6 +313,7 @@ def fit_slope(x: np.ndarray, y: np.ndarray) -> dict:
 def log_chi_sd(d: int) -> float:
     """Standard deviation of log ||z||, z ~ N(0, I_d): sqrt(trigamma(d/2)/4)."""
     from scipy.special import polygamma
+
     return math.sqrt(float(polygamma(1, d / 2.0)) / 4.0)
 
 
@@ -290,14 +327,21 @@ def predicted_slope_se(x: np.ndarray, d: int) -> float:
 def delta_uc_local_slope(n: int, kappa: int, beta: float = 1e-3) -> float:
     """d ln Delta_uc / d ln n at n (note §2B's explicit Cor. 3.7), by a central difference."""
     from fedkl.algorithms.sc_output_pert import delta_union_bound
+
     h = 0.02
     lo, hi = max(int(round(n * (1 - h))), 4 * kappa + 2), int(round(n * (1 + h)))
     f = [delta_union_bound(1.0, 1.0, k, 1, kappa, beta) for k in (lo, hi)]
     return math.log(f[1] / f[0]) / math.log(hi / lo)
 
 
-THEORY = {("param_error", "n"): -1.0, ("param_error", "m"): -0.5, ("excess_risk", "n"): -2.0,
-          ("excess_risk", "m"): -1.0, ("certificate_bound", "n"): -1.0, ("certificate_bound", "m"): -0.5}
+THEORY = {
+    ("param_error", "n"): -1.0,
+    ("param_error", "m"): -0.5,
+    ("excess_risk", "n"): -2.0,
+    ("excess_risk", "m"): -1.0,
+    ("certificate_bound", "n"): -1.0,
+    ("certificate_bound", "m"): -0.5,
+}
 
 
 def certificate_factor_slope(n_grid, kappa: int, beta_over_mu: float) -> float:
@@ -317,10 +361,12 @@ def run(cfg: SlopeConfig, log=print) -> dict:
             for seed in range(cfg.seeds):
                 rows.append(run_point(cfg, sweep, n, m, seed))
             pt = [r for r in rows if r["sweep"] == sweep and r["n"] == n and r["m"] == m]
-            log(f"  {sweep}-sweep n={n:5d} m={m:5d}: |theta^-theta*| = {np.mean([r['param_error'] for r in pt]):.4g}"
+            log(
+                f"  {sweep}-sweep n={n:5d} m={m:5d}: |theta^-theta*| = {np.mean([r['param_error'] for r in pt]):.4g}"
                 f" (sigma sqrt d = {pt[0]['expected_param_error']:.4g}), excess = "
                 f"{np.mean([r['excess_risk'] for r in pt]):.4g}, certificate U = "
-                f"{np.mean([r['certificate_bound'] for r in pt]):.3g} <= Delta = {pt[0]['Delta']:.3g}")
+                f"{np.mean([r['certificate_bound'] for r in pt]):.3g} <= Delta = {pt[0]['Delta']:.3g}"
+            )
     fits = []
     for quantity in ("param_error", "excess_risk", "certificate_bound"):
         for sweep in ("n", "m"):
@@ -331,28 +377,35 @@ def run(cfg: SlopeConfig, log=print) -> dict:
                 f["predicted_se"] = predicted_slope_se([r[sweep] for r in sel], cfg.d)
             if quantity == "certificate_bound" and sweep == "n":
                 f["certificate_factor_slope"] = certificate_factor_slope(
-                    cfg.n_grid, sel[0]["kappa"], (1.0 + cfg.reg) / cfg.reg)
+                    cfg.n_grid, sel[0]["kappa"], (1.0 + cfg.reg) / cfg.reg
+                )
             fits.append(f)
     kappa = rows[0]["kappa"]
     sigma_over_delta = rows[0]["sigma"] / rows[0]["Delta"]
     regime = {
-        "users_needed_8kappa": 8 * kappa, "min_n": min(r["n"] for r in rows), "kappa": kappa,
+        "users_needed_8kappa": 8 * kappa,
+        "min_n": min(r["n"] for r in rows),
+        "kappa": kappa,
         "sigma_over_Delta": sigma_over_delta,
         "min_noise_over_solver_error": min(r["expected_param_error"] / max(r["solver_error"], r["tau"]) for r in rows),
-        "certified_runs": sum(r["released"] for r in rows), "runs": len(rows),
+        "certified_runs": sum(r["released"] for r in rows),
+        "runs": len(rows),
         "max_certificate_bound_over_Delta": max(r["certificate_bound"] / r["Delta"] for r in rows),
         "delta_uc_local_n_slope": {str(n): delta_uc_local_slope(n, kappa) for n in cfg.n_grid},
         "phased_erm_users_needed": phased_erm_users_needed(cfg.eps, cfg.delta, cfg.n_for_m * max(cfg.m_grid)),
     }
-    return {"config": asdict(cfg), "rows": rows, "fits": fits, "regime": regime,
-            "seconds": time.perf_counter() - start}
+    return {"config": asdict(cfg), "rows": rows, "fits": fits, "regime": regime, "seconds": time.perf_counter() - start}
 
 
 def phased_erm_users_needed(eps: float, delta: float, nm: int) -> dict:
     """8 kappa' for Phased-ERM's per-phase budget (eps/T, delta/T), T = ceil(ln(nm)) (Thm 4.1)."""
     T = math.ceil(math.log(nm))
-    return {"nm": nm, "phases": T, "kappa_per_phase": DelOutputPertConfig(eps / T, delta / T, 1.0).kappa,
-            "users_needed": 8 * DelOutputPertConfig(eps / T, delta / T, 1.0).kappa}
+    return {
+        "nm": nm,
+        "phases": T,
+        "kappa_per_phase": DelOutputPertConfig(eps / T, delta / T, 1.0).kappa,
+        "users_needed": 8 * DelOutputPertConfig(eps / T, delta / T, 1.0).kappa,
+    }
 
 
 # --- outputs -------------------------------------------------------------------------------------
@@ -375,63 +428,88 @@ def _summaries(rows: list[dict]) -> list[dict]:
 def write_outputs(result: dict, outdir: str) -> dict[str, str]:
     from simulations.paper002_slopes import write_result_files
 
-    return write_result_files(result, outdir, "paper002_sc_slopes", _summaries(result["rows"]), markdown(result),
-                              plot)
+    return write_result_files(result, outdir, "paper002_sc_slopes", _summaries(result["rows"]), markdown(result), plot)
 
 
 def markdown(result: dict) -> str:
     cfg, reg = result["config"], result["regime"]
-    lines = [f"# Paper 002: SCOutputPert error vs n and m ({cfg['tag']} run)", "",
-             f"Synthetic least squares (IID users, d = {cfg['d']}, label noise {cfg['label_noise']}), ridge mu = "
-             f"{cfg['reg']}; user-level (eps, delta) = ({cfg['eps']}, {cfg['delta']:g}), replace-one, calibration "
-             f"{cfg['calibration']}; Delta = {cfg['a']:g} G/(mu n sqrt(m_train)); {cfg['seeds']} seeds per point "
-             "(new data and new noise each). Regenerate: `.venv/bin/python simulations/paper002_sc_slopes.py"
-             + (" --quick" if cfg["tag"] == "quick" else "") + "`.", "",
-             "## Fitted log-log slopes (OLS over every point and seed; SE from the residuals)", "",
-             "| quantity | vs | fitted slope | SE | theory |", "|---|---|---|---|---|"]
-    names = {"param_error": "‖θ̂ − θ*‖", "excess_risk": "excess empirical risk F(θ̂) − F(θ*)",
-             "certificate_bound": "certificate bound U on Dbar_{4κ} (measured, not private)"}
+    lines = [
+        f"# Paper 002: SCOutputPert error vs n and m ({cfg['tag']} run)",
+        "",
+        f"Synthetic least squares (IID users, d = {cfg['d']}, label noise {cfg['label_noise']}), ridge mu = "
+        f"{cfg['reg']}; user-level (eps, delta) = ({cfg['eps']}, {cfg['delta']:g}), replace-one, calibration "
+        f"{cfg['calibration']}; Delta = {cfg['a']:g} G/(mu n sqrt(m_train)); {cfg['seeds']} seeds per point "
+        "(new data and new noise each). Regenerate: `.venv/bin/python simulations/paper002_sc_slopes.py"
+        + (" --quick" if cfg["tag"] == "quick" else "")
+        + "`.",
+        "",
+        "## Fitted log-log slopes (OLS over every point and seed; SE from the residuals)",
+        "",
+        "| quantity | vs | fitted slope | SE | theory |",
+        "|---|---|---|---|---|",
+    ]
+    names = {
+        "param_error": "‖θ̂ − θ*‖",
+        "excess_risk": "excess empirical risk F(θ̂) − F(θ*)",
+        "certificate_bound": "certificate bound U on Dbar_{4κ} (measured, not private)",
+    }
     for f in result["fits"]:
         theory = f"{f['theory']:g}"
         if "certificate_factor_slope" in f:
             theory += f" asymptotically; {f['certificate_factor_slope']:.2f} predicted on this grid (Lemma C.1 factor)"
         lines.append(f"| {names[f['quantity']]} | {f['sweep']} | {f['slope']:.3f} | {f['se']:.3f} | {theory} |")
-    lines += ["", "## Regime (why the noise term dominates)", "",
-              f"* n >= 8 kappa = {reg['users_needed_8kappa']} on every point (smallest n = {reg['min_n']}; "
-              f"kappa = {reg['kappa']}).",
-              f"* sigma / Delta = {reg['sigma_over_Delta']:.1f}; noise sigma sqrt(d) / solver error >= "
-              f"{reg['min_noise_over_solver_error']:.3g}; the empirical risk has no statistical term.",
-              f"* The certificate proved dist = 0 (no deletion, never ⊥) on {reg['certified_runs']}/{reg['runs']} "
-              f"runs; largest U / Delta = {reg['max_certificate_bound_over_Delta']:.3f}.",
-              "* The theorem's Delta_uc has local n-slope " + ", ".join(
-                  f"{v:.2f} (n={k})" for k, v in reg["delta_uc_local_n_slope"].items())
-              + " (its extra factor sqrt(ln(n Σ C(n,s)) + ln 1/β)·n/(n−4κ−1)); the fixed-a Delta here has -1.",
-              f"* Phased-ERM at T = ceil(ln(nm)) = {reg['phased_erm_users_needed']['phases']} phases "
-              f"(nm = {reg['phased_erm_users_needed']['nm']}) needs n >= 8 kappa' = "
-              f"{reg['phased_erm_users_needed']['users_needed']} users: not swept.",
-              "", "## Per point (mean ± sd over seeds)", "",
-              "| sweep | n | m | Delta | sigma | ‖θ̂−θ*‖ | σ√d | excess risk | U | certified |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## Regime (why the noise term dominates)",
+        "",
+        f"* n >= 8 kappa = {reg['users_needed_8kappa']} on every point (smallest n = {reg['min_n']}; "
+        f"kappa = {reg['kappa']}).",
+        f"* sigma / Delta = {reg['sigma_over_Delta']:.1f}; noise sigma sqrt(d) / solver error >= "
+        f"{reg['min_noise_over_solver_error']:.3g}; the empirical risk has no statistical term.",
+        f"* The certificate proved dist = 0 (no deletion, never ⊥) on {reg['certified_runs']}/{reg['runs']} "
+        f"runs; largest U / Delta = {reg['max_certificate_bound_over_Delta']:.3f}.",
+        "* The theorem's Delta_uc has local n-slope "
+        + ", ".join(f"{v:.2f} (n={k})" for k, v in reg["delta_uc_local_n_slope"].items())
+        + " (its extra factor sqrt(ln(n Σ C(n,s)) + ln 1/β)·n/(n−4κ−1)); the fixed-a Delta here has -1.",
+        f"* Phased-ERM at T = ceil(ln(nm)) = {reg['phased_erm_users_needed']['phases']} phases "
+        f"(nm = {reg['phased_erm_users_needed']['nm']}) needs n >= 8 kappa' = "
+        f"{reg['phased_erm_users_needed']['users_needed']} users: not swept.",
+        "",
+        "## Per point (mean ± sd over seeds)",
+        "",
+        "| sweep | n | m | Delta | sigma | ‖θ̂−θ*‖ | σ√d | excess risk | U | certified |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for s in _summaries(result["rows"]):
-        lines.append(f"| {s['sweep']} | {s['n']} | {s['m']} | {s['Delta']:.3g} | {s['sigma']:.3g} | "
-                     f"{s['param_error']:.3g} ± {s['param_error_sd']:.2g} | {s['expected_param_error']:.3g} | "
-                     f"{s['excess_risk']:.3g} ± {s['excess_risk_sd']:.2g} | {s['certificate_bound']:.3g} | "
-                     f"{s['certified']} |")
-    lines += ["", "Every value is released through the certified-law harness (module docstring of "
-              "`simulations/paper002_sc_slopes.py`): SCOutputPert's own solver, certificate and release path, "
-              "on datasets where the certificate proves the exact test outputs θ̃ + N(0, σ²I).", ""]
+        lines.append(
+            f"| {s['sweep']} | {s['n']} | {s['m']} | {s['Delta']:.3g} | {s['sigma']:.3g} | "
+            f"{s['param_error']:.3g} ± {s['param_error_sd']:.2g} | {s['expected_param_error']:.3g} | "
+            f"{s['excess_risk']:.3g} ± {s['excess_risk_sd']:.2g} | {s['certificate_bound']:.3g} | "
+            f"{s['certified']} |"
+        )
+    lines += [
+        "",
+        "Every value is released through the certified-law harness (module docstring of "
+        "`simulations/paper002_sc_slopes.py`): SCOutputPert's own solver, certificate and release path, "
+        "on datasets where the certificate proves the exact test outputs θ̃ + N(0, σ²I).",
+        "",
+    ]
     return "\n".join(lines)
 
 
 def plot(result: dict, path: str) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     rows, fits = result["rows"], {(f["quantity"], f["sweep"]): f for f in result["fits"]}
     fig, axes = plt.subplots(3, 2, figsize=(10, 11))
-    ylabels = {"param_error": "‖θ̂ − θ*‖", "excess_risk": "F(θ̂) − F(θ*)",
-               "certificate_bound": "certificate U ≥ Dbar_{4κ} (measured)"}
+    ylabels = {
+        "param_error": "‖θ̂ − θ*‖",
+        "excess_risk": "F(θ̂) − F(θ*)",
+        "certificate_bound": "certificate U ≥ Dbar_{4κ} (measured)",
+    }
     for i, q in enumerate(("param_error", "excess_risk", "certificate_bound")):
         for j, sweep in enumerate(("n", "m")):
             ax = axes[i, j]
@@ -445,8 +523,7 @@ def plot(result: dict, path: str) -> None:
             f = fits[(q, sweep)]
             gm = math.exp(np.log(means).mean())
             xm = math.exp(np.log(xs).mean())
-            ax.loglog(xs, gm * (xs / xm) ** f["theory"], "--", color="k",
-                      label=f"theory slope {f['theory']:g}")
+            ax.loglog(xs, gm * (xs / xm) ** f["theory"], "--", color="k", label=f"theory slope {f['theory']:g}")
             if "certificate_factor_slope" in f:
                 cs = f["certificate_factor_slope"]
                 ax.loglog(xs, gm * (xs / xm) ** cs, "-.", color="C2", label=f"Lemma C.1 factor on this grid ({cs:.2f})")
@@ -458,8 +535,11 @@ def plot(result: dict, path: str) -> None:
             ax.set_xlabel(f"{'users n' if sweep == 'n' else 'records per user m'} ({fixed})")
             ax.legend(fontsize=7)
     cfg = result["config"]
-    fig.suptitle(f"SCOutputPert, synthetic least squares, (ε, δ) = ({cfg['eps']}, {cfg['delta']:g}), "
-                 f"d = {cfg['d']}, μ = {cfg['reg']}, {cfg['seeds']} seeds", fontsize=10)
+    fig.suptitle(
+        f"SCOutputPert, synthetic least squares, (ε, δ) = ({cfg['eps']}, {cfg['delta']:g}), "
+        f"d = {cfg['d']}, μ = {cfg['reg']}, {cfg['seeds']} seeds",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -475,19 +555,28 @@ def main(argv: list[str] | None = None) -> dict:
     if args.seeds is not None:
         cfg = replace(cfg, seeds=args.seeds)
     torch.set_num_threads(1)
-    print(f"paper 002 slopes ({cfg.tag}): SCOutputPert at (eps, delta) = ({cfg.eps}, {cfg.delta:g}), d={cfg.d}, "
-          f"mu={cfg.reg}, Delta = {cfg.a:g} G/(mu n sqrt m), {cfg.seeds} seeds")
+    print(
+        f"paper 002 slopes ({cfg.tag}): SCOutputPert at (eps, delta) = ({cfg.eps}, {cfg.delta:g}), d={cfg.d}, "
+        f"mu={cfg.reg}, Delta = {cfg.a:g} G/(mu n sqrt m), {cfg.seeds} seeds"
+    )
     result = run(cfg)
     paths = write_outputs(result, args.out)
     for f in result["fits"]:
-        extra = (f"; {f['certificate_factor_slope']:+.2f} predicted on this grid by Lemma C.1's factor"
-                 if "certificate_factor_slope" in f else "")
-        print(f"slope of {f['quantity']:>17} vs {f['sweep']}: {f['slope']:+.3f} ± {f['se']:.3f} "
-              f"(theory {f['theory']:+g}{extra})")
+        extra = (
+            f"; {f['certificate_factor_slope']:+.2f} predicted on this grid by Lemma C.1's factor"
+            if "certificate_factor_slope" in f
+            else ""
+        )
+        print(
+            f"slope of {f['quantity']:>17} vs {f['sweep']}: {f['slope']:+.3f} ± {f['se']:.3f} "
+            f"(theory {f['theory']:+g}{extra})"
+        )
     reg = result["regime"]
-    print(f"regime: n >= 8 kappa = {reg['users_needed_8kappa']}; noise/solver error >= "
-          f"{reg['min_noise_over_solver_error']:.3g}; certified {reg['certified_runs']}/{reg['runs']}; "
-          f"max U/Delta = {reg['max_certificate_bound_over_Delta']:.3f}")
+    print(
+        f"regime: n >= 8 kappa = {reg['users_needed_8kappa']}; noise/solver error >= "
+        f"{reg['min_noise_over_solver_error']:.3g}; certified {reg['certified_runs']}/{reg['runs']}; "
+        f"max U/Delta = {reg['max_certificate_bound_over_Delta']:.3f}"
+    )
     print(f"wrote {', '.join(paths.values())} ({result['seconds']:.1f} s)")
     return result
 

@@ -45,6 +45,7 @@ privacy term dominates (the statistical term d/(2 n m) of the exact minimizer is
 Every ERM point is also compared with the exact prediction of its noise recursion (measured/predicted
 mean squared error), which the slopes must agree with.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,8 +76,13 @@ from fedkl.problems.quadratic_mean import QuadraticMean, draw_user_means
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 THETA_POP = (1.0, -0.5, 0.25, 0.0)
 ALGORITHMS = ("alg2-output-pert", "phased-erm", "sc-phased-erm", "phased-sco", "sc-phased-sco")
-LABELS = {"alg2-output-pert": "Alg 2 (one output perturbation)", "phased-erm": "Alg 3 Phased-ERM",
-          "sc-phased-erm": "Alg 5 SC-ERM", "phased-sco": "Alg 4 Phased-SCO", "sc-phased-sco": "Alg 6 SC-SCO"}
+LABELS = {
+    "alg2-output-pert": "Alg 2 (one output perturbation)",
+    "phased-erm": "Alg 3 Phased-ERM",
+    "sc-phased-erm": "Alg 5 SC-ERM",
+    "phased-sco": "Alg 4 Phased-SCO",
+    "sc-phased-sco": "Alg 6 SC-SCO",
+}
 ERM = ("alg2-output-pert", "phased-erm", "sc-phased-erm")
 SCO = ("phased-sco", "sc-phased-sco")
 
@@ -131,15 +137,19 @@ class Family:
         self.setting = setting_for_problem(self.problem, c.feature_bound, radius=c.radius)
         self.rule = gaussian_users_rule(c.s, c.d)
         self.inner = MeanTypeInner(base_mu=1.0, calibration=c.calibration)
-        self.pop = torch.tensor(THETA_POP[:c.d] + (0.0,) * max(0, c.d - len(THETA_POP)), dtype=torch.float64)
+        self.pop = torch.tensor(THETA_POP[: c.d] + (0.0,) * max(0, c.d - len(THETA_POP)), dtype=torch.float64)
 
     def config(self, m: int) -> PhasedConfig:
         c = self.cfg
         return PhasedConfig(eps=c.eps, delta=c.delta, records=m, delta_rule=self.rule, calibration=c.calibration)
 
     def algorithm(self, name: str, m: int):
-        cls = {"phased-erm": PhasedERM, "sc-phased-erm": SCPhasedERM, "phased-sco": PhasedSCO,
-               "sc-phased-sco": SCPhasedSCO}[name]
+        cls = {
+            "phased-erm": PhasedERM,
+            "sc-phased-erm": SCPhasedERM,
+            "phased-sco": PhasedSCO,
+            "sc-phased-sco": SCPhasedSCO,
+        }[name]
         return cls(self.config(m), self.problem, self.cfg.feature_bound, setting=self.setting, inner=self.inner)
 
     def output_pert(self, fed: MeanFederation, m: int, noise: NoiseSource) -> dict:
@@ -149,9 +159,19 @@ class Family:
         start = self.setting.project(torch.zeros(c.d, dtype=torch.float64))
         out = self.inner(fed, Releaser(Recorder(), noise), PhaseCall("alg2", 0, c.eps, c.delta, Delta, 0.0, start))
         w = None if out.theta is None else self.setting.project(out.theta)
-        hist = [{"phase": 0, "users": n, "eps": c.eps, "delta": c.delta, "lam": 0.0, "sigma": out.sigma,
-                 "bottom": out.theta is None, "clipped": False,
-                 "projected": w is not None and not torch.equal(w, out.theta)}]
+        hist = [
+            {
+                "phase": 0,
+                "users": n,
+                "eps": c.eps,
+                "delta": c.delta,
+                "lam": 0.0,
+                "sigma": out.sigma,
+                "bottom": out.theta is None,
+                "clipped": False,
+                "projected": w is not None and not torch.equal(w, out.theta),
+            }
+        ]
         return {"w": w, "history": hist, "phases": 1, "bottoms": int(out.theta is None)}
 
 
@@ -202,24 +222,42 @@ def run_point(fam: Family, sweep: str, n: int, m: int, seed: int) -> list[dict]:
         bound = derived_bound(fam, name, n, m, res.details if name != "alg2-output-pert" else None)
         regime = min(h["users"] / (8 * kappa(h["eps"], h["delta"])) for h in hist)
         clean = bottoms == 0 and not any(h["clipped"] or h["projected"] for h in hist)
-        row = {"sweep": sweep, "n": n, "m": m, "seed": seed, "algorithm": name, "phases": phases, "bottoms": bottoms,
-               "lam": lam, "noise_constant_c": const, "derived_bound": bound, "min_users_over_8kappa": regime,
-               "theorem_regime": regime >= 1.0, "clean": clean,
-               "max_kappa": max(kappa(h["eps"], h["delta"]) for h in hist), "seconds": seconds}
+        row = {
+            "sweep": sweep,
+            "n": n,
+            "m": m,
+            "seed": seed,
+            "algorithm": name,
+            "phases": phases,
+            "bottoms": bottoms,
+            "lam": lam,
+            "noise_constant_c": const,
+            "derived_bound": bound,
+            "min_users_over_8kappa": regime,
+            "theorem_regime": regime >= 1.0,
+            "clean": clean,
+            "max_kappa": max(kappa(h["eps"], h["delta"]) for h in hist),
+            "seconds": seconds,
+        }
         if w is None:
             row.update(dist_emp=math.nan, excess_emp=math.nan, excess_pop=math.nan, predicted_sq=math.nan)
         else:
             e = w - theta_star
-            row.update(dist_emp=float(e.norm()), excess_emp=0.5 * float(e @ e),
-                       excess_pop=0.5 * float((w - fam.pop) @ (w - fam.pop)))
+            row.update(
+                dist_emp=float(e.norm()),
+                excess_emp=0.5 * float(e @ e),
+                excess_pop=0.5 * float((w - fam.pop) @ (w - fam.pop)),
+            )
             if name in SCO:
                 row["predicted_sq"] = predicted_sq_error(name, hist, float(fam.pop @ fam.pop), c.d, "population", m)
-            elif name == "sc-phased-erm":   # theta0 = theta* + N(0, sigma0^2 I), then the phases
-                row["predicted_sq"] = predicted_sq_error(name, hist[1:], c.d * hist[0]["sigma"] ** 2, c.d,
-                                                         "empirical", m)
+            elif name == "sc-phased-erm":  # theta0 = theta* + N(0, sigma0^2 I), then the phases
+                row["predicted_sq"] = predicted_sq_error(
+                    name, hist[1:], c.d * hist[0]["sigma"] ** 2, c.d, "empirical", m
+                )
             elif name == "phased-erm":
-                row["predicted_sq"] = predicted_sq_error(name, hist, float(theta_star @ theta_star), c.d,
-                                                         "empirical", m)
+                row["predicted_sq"] = predicted_sq_error(
+                    name, hist, float(theta_star @ theta_star), c.d, "empirical", m
+                )
             else:
                 row["predicted_sq"] = c.d * hist[0]["sigma"] ** 2
         rows.append(row)
@@ -238,20 +276,24 @@ def fit_slope(x, y) -> dict:
     return {"slope": float(coef[1]), "se": se, "intercept": float(coef[0]), "points": int(len(lx))}
 
 
-METRICS = {"dist_emp": ("‖θ̂ − θ*‖", {"n": -1.0, "m": -0.5}),
-           "excess_emp": ("excess empirical risk ½‖θ̂ − θ*‖²", {"n": -2.0, "m": -1.0}),
-           "excess_pop": ("excess population risk ½‖θ̂ − θ_pop‖²", {"n": -2.0, "m": -1.0})}
+METRICS = {
+    "dist_emp": ("‖θ̂ − θ*‖", {"n": -1.0, "m": -0.5}),
+    "excess_emp": ("excess empirical risk ½‖θ̂ − θ*‖²", {"n": -2.0, "m": -1.0}),
+    "excess_pop": ("excess population risk ½‖θ̂ − θ_pop‖²", {"n": -2.0, "m": -1.0}),
+}
 # (algorithm, metric) -> (slope in n, slope in m, what it is). The convex algorithms' theorems are upper
 # bounds on the excess of ANY G-Lipschitz loss (their slopes: the privacy term RG sqrt(d)/(n sqrt m),
 # which dominates here); on this strongly convex loss the excess can fall faster.
-THEORY = {("alg2-output-pert", "dist_emp"): (-1.0, -0.5, "Thm 3.1 noise scale"),
-          ("alg2-output-pert", "excess_emp"): (-2.0, -1.0, "Thm 3.1, squared"),
-          ("phased-erm", "dist_emp"): (-1.0, -0.5, "Thm 3.1 noise scale"),
-          ("phased-erm", "excess_emp"): (-1.0, -0.5, "upper bound, Thm 4.1 (convex)"),
-          ("sc-phased-erm", "dist_emp"): (-1.0, -0.5, "Thm 3.1 noise scale"),
-          ("sc-phased-erm", "excess_emp"): (-2.0, -1.0, "Thm 4.3 (strongly convex)"),
-          ("phased-sco", "excess_pop"): (-1.0, -0.5, "upper bound, Thm 5.1 (convex), privacy term"),
-          ("sc-phased-sco", "excess_pop"): (-2.0, -1.0, "Thm 5.3 (strongly convex), privacy term")}
+THEORY = {
+    ("alg2-output-pert", "dist_emp"): (-1.0, -0.5, "Thm 3.1 noise scale"),
+    ("alg2-output-pert", "excess_emp"): (-2.0, -1.0, "Thm 3.1, squared"),
+    ("phased-erm", "dist_emp"): (-1.0, -0.5, "Thm 3.1 noise scale"),
+    ("phased-erm", "excess_emp"): (-1.0, -0.5, "upper bound, Thm 4.1 (convex)"),
+    ("sc-phased-erm", "dist_emp"): (-1.0, -0.5, "Thm 3.1 noise scale"),
+    ("sc-phased-erm", "excess_emp"): (-2.0, -1.0, "Thm 4.3 (strongly convex)"),
+    ("phased-sco", "excess_pop"): (-1.0, -0.5, "upper bound, Thm 5.1 (convex), privacy term"),
+    ("sc-phased-sco", "excess_pop"): (-2.0, -1.0, "Thm 5.3 (strongly convex), privacy term"),
+}
 
 
 def fits(rows: list[dict]) -> list[dict]:
@@ -263,8 +305,9 @@ def fits(rows: list[dict]) -> list[dict]:
                 sel = [r for r in rows if r["algorithm"] == name and r["sweep"] == sweep and np.isfinite(r[metric])]
                 f = fit_slope([r[sweep] for r in sel], [r[metric] for r in sel])
                 th = THEORY[(name, metric)]
-                f.update(algorithm=name, metric=metric, sweep=sweep, theory=th[0 if sweep == "n" else 1],
-                         theory_note=th[2])
+                f.update(
+                    algorithm=name, metric=metric, sweep=sweep, theory=th[0 if sweep == "n" else 1], theory_note=th[2]
+                )
                 bounds = [(r[sweep], r["derived_bound"]) for r in sel if np.isfinite(r["derived_bound"])]
                 f["bound_slope"] = fit_slope(*zip(*bounds))["slope"] if metric != "dist_emp" and bounds else math.nan
                 ratio = [2 * r["excess_emp" if name in ERM else "excess_pop"] / r["predicted_sq"] for r in sel]
@@ -285,21 +328,33 @@ def run(cfg: SlopeConfig, log=print) -> dict:
             for seed in range(cfg.seeds):
                 rows.extend(run_point(fam, sweep, n, m, seed))
             pt = [r for r in rows if r["sweep"] == sweep and r["n"] == n and r["m"] == m]
-            summary = ", ".join(f"{a} {np.mean([r['dist_emp' if a in ERM else 'excess_pop'] for r in pt if r['algorithm'] == a]):.3g}"
-                                for a in ALGORITHMS)
+            summary = ", ".join(
+                f"{a} {np.mean([r['dist_emp' if a in ERM else 'excess_pop'] for r in pt if r['algorithm'] == a]):.3g}"
+                for a in ALGORITHMS
+            )
             log(f"  {sweep}-sweep n={n:6d} m={m:.0e}: {summary} ({time.perf_counter() - t:.1f} s)")
-    return {"config": asdict(cfg), "rows": rows, "fits": fits(rows), "seconds": time.perf_counter() - start,
-            "regime": regime(rows)}
+    return {
+        "config": asdict(cfg),
+        "rows": rows,
+        "fits": fits(rows),
+        "seconds": time.perf_counter() - start,
+        "regime": regime(rows),
+    }
 
 
 def regime(rows: list[dict]) -> dict:
     out = {}
     for name in ALGORITHMS:
         sel = [r for r in rows if r["algorithm"] == name]
-        out[name] = {"runs": len(sel), "in_theorem_regime": sum(r["theorem_regime"] for r in sel),
-                     "bottoms": sum(r["bottoms"] for r in sel), "clean_runs": sum(r["clean"] for r in sel),
-                     "phases": sorted({r["phases"] for r in sel}), "max_kappa": max(r["max_kappa"] for r in sel),
-                     "min_users_over_8kappa": min(r["min_users_over_8kappa"] for r in sel)}
+        out[name] = {
+            "runs": len(sel),
+            "in_theorem_regime": sum(r["theorem_regime"] for r in sel),
+            "bottoms": sum(r["bottoms"] for r in sel),
+            "clean_runs": sum(r["clean"] for r in sel),
+            "phases": sorted({r["phases"] for r in sel}),
+            "max_kappa": max(r["max_kappa"] for r in sel),
+            "min_users_over_8kappa": min(r["min_users_over_8kappa"] for r in sel),
+        }
     return out
 
 
@@ -308,8 +363,12 @@ def summaries(rows: list[dict]) -> list[dict]:
     out = []
     for key in sorted({(r["sweep"], r["n"], r["m"], r["algorithm"]) for r in rows}):
         sel = [r for r in rows if (r["sweep"], r["n"], r["m"], r["algorithm"]) == key]
-        agg = dict(zip(("sweep", "n", "m", "algorithm"), key), seeds=len(sel), phases=sel[0]["phases"],
-                   bottoms=sum(r["bottoms"] for r in sel))
+        agg = dict(
+            zip(("sweep", "n", "m", "algorithm"), key),
+            seeds=len(sel),
+            phases=sel[0]["phases"],
+            bottoms=sum(r["bottoms"] for r in sel),
+        )
         for q in ("dist_emp", "excess_emp", "excess_pop", "predicted_sq", "derived_bound"):
             v = np.array([r[q] for r in sel], float)
             v = v[np.isfinite(v)]
@@ -333,8 +392,13 @@ def reading(result: dict) -> str:
         vb = [r["dist_emp"] for r in rows if r["algorithm"] == b]
         return math.exp(np.mean(np.log(va)) - np.mean(np.log(vb)))
 
-    T = {a: (min(r["phases"] for r in rows if r["algorithm"] == a), max(r["phases"] for r in rows if r["algorithm"] == a))
-         for a in ALGORITHMS}
+    T = {
+        a: (
+            min(r["phases"] for r in rows if r["algorithm"] == a),
+            max(r["phases"] for r in rows if r["algorithm"] == a),
+        )
+        for a in ALGORITHMS
+    }
     mop = [x["measured_over_predicted"] for x in result["fits"]]
     n0 = 8 * kappa(result["config"]["eps"], result["config"]["delta"])
     return (
@@ -356,51 +420,76 @@ def reading(result: dict) -> str:
         f"the error; its re-derived convex bound (dash-dot) still holds with a wide margin. The measured mean "
         f"squared errors are {min(mop):.2f}–{max(mop):.2f} × the exact prediction of the noise recursion over all "
         f"algorithms and sweeps (sampling SE about 10%): the code releases what the analysis says. Every run is in "
-        f"the theorem regime (every call has ≥ 8κ users) and no release was ⊥ (tables below).")
+        f"the theorem regime (every call has ≥ 8κ users) and no release was ⊥ (tables below)."
+    )
 
 
 def markdown(result: dict) -> str:
     cfg = result["config"]
     q = " --quick" if cfg["tag"] == "quick" else ""
-    L = [f"# Paper 002: phased algorithms, error vs n and m ({cfg['tag']} run)", "",
-         f"Regenerate: `.venv/bin/python simulations/paper002_slopes.py{q}` ({result['seconds']:.0f} s). "
-         f"Family: ℓ = ½‖θ − x‖², d = {cfg['d']}, records N(θ_pop, I), user means drawn exactly from "
-         f"N(θ_pop, I/m); user-level (ε, δ) = ({cfg['eps']}, {cfg['delta']:g}), replace-one, calibration "
-         f"{cfg['calibration']}; n-sweep at m = {cfg['m_for_n']:.0e}, m-sweep at n = {cfg['n_for_m']}; "
-         f"{cfg['seeds']} seeds per point (new data and new noise each). Method: module docstring of "
-         "`simulations/paper002_slopes.py`.", "",
-         "## Fitted log–log slopes (OLS over every point and seed)", "",
-         "| algorithm | quantity | vs | fitted slope ± SE | theory slope (which) | slope of the exact prediction "
-         "| slope of the derived convex bound | measured / predicted MSE |", "|---|---|---|---|---|---|---|---|"]
+    L = [
+        f"# Paper 002: phased algorithms, error vs n and m ({cfg['tag']} run)",
+        "",
+        f"Regenerate: `.venv/bin/python simulations/paper002_slopes.py{q}` ({result['seconds']:.0f} s). "
+        f"Family: ℓ = ½‖θ − x‖², d = {cfg['d']}, records N(θ_pop, I), user means drawn exactly from "
+        f"N(θ_pop, I/m); user-level (ε, δ) = ({cfg['eps']}, {cfg['delta']:g}), replace-one, calibration "
+        f"{cfg['calibration']}; n-sweep at m = {cfg['m_for_n']:.0e}, m-sweep at n = {cfg['n_for_m']}; "
+        f"{cfg['seeds']} seeds per point (new data and new noise each). Method: module docstring of "
+        "`simulations/paper002_slopes.py`.",
+        "",
+        "## Fitted log–log slopes (OLS over every point and seed)",
+        "",
+        "| algorithm | quantity | vs | fitted slope ± SE | theory slope (which) | slope of the exact prediction "
+        "| slope of the derived convex bound | measured / predicted MSE |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for f in result["fits"]:
         b = "–" if not np.isfinite(f["bound_slope"]) else f"{f['bound_slope']:.3f}"
-        L.append(f"| {LABELS[f['algorithm']]} | {METRICS[f['metric']][0]} | {f['sweep']} | "
-                 f"{f['slope']:.3f} ± {f['se']:.3f} | {f['theory']:g} ({f['theory_note']}) | {f['predicted_slope']:.3f} | "
-                 f"{b} | {f['measured_over_predicted']:.3f} |")
+        L.append(
+            f"| {LABELS[f['algorithm']]} | {METRICS[f['metric']][0]} | {f['sweep']} | "
+            f"{f['slope']:.3f} ± {f['se']:.3f} | {f['theory']:g} ({f['theory_note']}) | {f['predicted_slope']:.3f} | "
+            f"{b} | {f['measured_over_predicted']:.3f} |"
+        )
     L += ["", "## What the figure shows", "", reading(result)]
-    L += ["", "Theory: ‖θ̂ − θ*‖ ∝ √d/(n√m) (the noise scale of Thm 3.1; the convex ERM rate of Thm 4.1 bounds "
-          "a G-Lipschitz loss's excess by G‖θ̂ − θ*‖): −1 in n, −½ in m. This loss is 1-strongly convex, so its "
-          "excess risk is ½‖θ̂ − θ*‖² ∝ d/(n²m): −2 and −1 (Thm 4.3; Thm 5.3's privacy term for the "
-          "population). 'measured / predicted' is the mean of ‖θ̂ − target‖² over the exact prediction of the "
-          "noise recursion (1 = the mechanism behaves exactly as analysed).", "",
-          "## Regime", "",
-          "| algorithm | runs | in the theorem regime (every call has ≥ 8κ users) | min n_call / 8κ | max κ per call "
-          "| phases T | ⊥ | runs without clip/projection/⊥ |", "|---|---|---|---|---|---|---|---|"]
+    L += [
+        "",
+        "Theory: ‖θ̂ − θ*‖ ∝ √d/(n√m) (the noise scale of Thm 3.1; the convex ERM rate of Thm 4.1 bounds "
+        "a G-Lipschitz loss's excess by G‖θ̂ − θ*‖): −1 in n, −½ in m. This loss is 1-strongly convex, so its "
+        "excess risk is ½‖θ̂ − θ*‖² ∝ d/(n²m): −2 and −1 (Thm 4.3; Thm 5.3's privacy term for the "
+        "population). 'measured / predicted' is the mean of ‖θ̂ − target‖² over the exact prediction of the "
+        "noise recursion (1 = the mechanism behaves exactly as analysed).",
+        "",
+        "## Regime",
+        "",
+        "| algorithm | runs | in the theorem regime (every call has ≥ 8κ users) | min n_call / 8κ | max κ per call "
+        "| phases T | ⊥ | runs without clip/projection/⊥ |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name, g in result["regime"].items():
-        L.append(f"| {LABELS[name]} | {g['runs']} | {g['in_theorem_regime']} | {g['min_users_over_8kappa']:.2f} | "
-                 f"{g['max_kappa']} | {', '.join(map(str, g['phases']))} | {g['bottoms']} | {g['clean_runs']} |")
-    L += ["", "## Per point (mean over seeds)", "",
-          "| sweep | n | m | algorithm | T | ‖θ̂−θ*‖ | ½‖θ̂−θ*‖² | ½‖θ̂−θ_pop‖² | predicted E‖θ̂−target‖² "
-          "| derived convex bound | ⊥ |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        L.append(
+            f"| {LABELS[name]} | {g['runs']} | {g['in_theorem_regime']} | {g['min_users_over_8kappa']:.2f} | "
+            f"{g['max_kappa']} | {', '.join(map(str, g['phases']))} | {g['bottoms']} | {g['clean_runs']} |"
+        )
+    L += [
+        "",
+        "## Per point (mean over seeds)",
+        "",
+        "| sweep | n | m | algorithm | T | ‖θ̂−θ*‖ | ½‖θ̂−θ*‖² | ½‖θ̂−θ_pop‖² | predicted E‖θ̂−target‖² "
+        "| derived convex bound | ⊥ |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for s in summaries(result["rows"]):
-        L.append(f"| {s['sweep']} | {s['n']} | {s['m']:.0e} | {s['algorithm']} | {s['phases']} | {s['dist_emp']:.3g} | "
-                 f"{s['excess_emp']:.3g} | {s['excess_pop']:.3g} | {s['predicted_sq']:.3g} | "
-                 f"{s['derived_bound']:.3g} | {s['bottoms']} |")
+        L.append(
+            f"| {s['sweep']} | {s['n']} | {s['m']:.0e} | {s['algorithm']} | {s['phases']} | {s['dist_emp']:.3g} | "
+            f"{s['excess_emp']:.3g} | {s['excess_pop']:.3g} | {s['predicted_sq']:.3g} | "
+            f"{s['derived_bound']:.3g} | {s['bottoms']} |"
+        )
     return "\n".join(L) + "\n"
 
 
 def plot(result: dict, path: str) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import NullFormatter
@@ -409,8 +498,11 @@ def plot(result: dict, path: str) -> None:
     fitd = {(f["algorithm"], f["metric"], f["sweep"]): f for f in result["fits"]}
     fig, axes = plt.subplots(2, 3, figsize=(15, 9))
     # (metric, algorithms, the algorithm whose theorem slope is drawn, the convex algorithm whose bound is drawn)
-    panels = (("dist_emp", ERM, "phased-erm", None), ("excess_emp", ERM, "sc-phased-erm", "phased-erm"),
-              ("excess_pop", SCO, "sc-phased-sco", "phased-sco"))
+    panels = (
+        ("dist_emp", ERM, "phased-erm", None),
+        ("excess_emp", ERM, "sc-phased-erm", "phased-erm"),
+        ("excess_pop", SCO, "sc-phased-sco", "phased-sco"),
+    )
     colors = {a: f"C{i}" for i, a in enumerate(ALGORITHMS)}
     for i, sweep in enumerate(("n", "m")):
         for j, (metric, algs, anchor, convex) in enumerate(panels):
@@ -423,15 +515,27 @@ def plot(result: dict, path: str) -> None:
                 xs = np.array(sorted(set(x)))
                 means = np.array([np.nanmean(y[x == v]) for v in xs])
                 f = fitd[(a, metric, sweep)]
-                ax.loglog(xs, means, "-", color=colors[a], lw=1.6,
-                          label=f"{LABELS[a]}: slope {f['slope']:.2f} ± {f['se']:.2f}")
-            if convex is not None:   # the explicit convex bound that sets lambda
+                ax.loglog(
+                    xs,
+                    means,
+                    "-",
+                    color=colors[a],
+                    lw=1.6,
+                    label=f"{LABELS[a]}: slope {f['slope']:.2f} ± {f['se']:.2f}",
+                )
+            if convex is not None:  # the explicit convex bound that sets lambda
                 sel = [r for r in rows if r["algorithm"] == convex and r["sweep"] == sweep]
                 x = np.array([r[sweep] for r in sel], float)
                 b = np.array([r["derived_bound"] for r in sel], float)
                 xs = np.array(sorted(set(x)))
-                ax.loglog(xs, [np.mean(b[x == v]) for v in xs], "-.", color=colors[convex], lw=1,
-                          label=f"{LABELS[convex]}: its derived convex bound")
+                ax.loglog(
+                    xs,
+                    [np.mean(b[x == v]) for v in xs],
+                    "-.",
+                    color=colors[convex],
+                    lw=1,
+                    label=f"{LABELS[convex]}: its derived convex bound",
+                )
             # theory slope(s), anchored at the geometric mean of the anchor algorithm's curve
             sel = [r for r in rows if r["algorithm"] == anchor and r["sweep"] == sweep]
             x = np.array([r[sweep] for r in sel], float)
@@ -439,14 +543,21 @@ def plot(result: dict, path: str) -> None:
             xs = np.array(sorted(set(x)))
             gm, xm = math.exp(np.mean(np.log(y))), math.exp(np.mean(np.log(xs)))
             th = THEORY[(anchor, metric)][0 if sweep == "n" else 1]
-            ax.loglog(xs, gm * 3 * (xs / xm) ** th, "--", color="k", lw=1,
-                      label=f"theory slope {th:g} ({THEORY[(anchor, metric)][2]})")
+            ax.loglog(
+                xs,
+                gm * 3 * (xs / xm) ** th,
+                "--",
+                color="k",
+                lw=1,
+                label=f"theory slope {th:g} ({THEORY[(anchor, metric)][2]})",
+            )
             if metric == "excess_pop":
                 fixed = cfg["m_for_n"] if sweep == "n" else cfg["n_for_m"]
                 stat = [cfg["d"] / (2 * v * fixed) for v in xs]
                 ax.loglog(xs, stat, ":", color="gray", lw=1.2, label="statistical term d/(2nm) (slope −1)")
-            ax.set_xlabel(f"users n (m = {cfg['m_for_n']:.0e})" if sweep == "n"
-                          else f"records per user m (n = {cfg['n_for_m']})")
+            ax.set_xlabel(
+                f"users n (m = {cfg['m_for_n']:.0e})" if sweep == "n" else f"records per user m (n = {cfg['n_for_m']})"
+            )
             ax.set_title(f"{METRICS[metric][0]} vs {sweep}", fontsize=10)
             ax.legend(fontsize=7)
             ax.grid(True, which="major", alpha=0.3)
@@ -455,15 +566,17 @@ def plot(result: dict, path: str) -> None:
                 grid = sorted({r["n"] for r in rows if r["sweep"] == "n"})
                 ax.set_xticks(grid)
                 ax.set_xticklabels([f"{v:,}" for v in grid])
-    fig.suptitle(f"Paper 002 on ℓ = ½‖θ − x‖² (d = {cfg['d']}): user-level (ε, δ) = ({cfg['eps']}, {cfg['delta']:g}), "
-                 f"{cfg['seeds']} seeds per point; dots = runs, lines = means", fontsize=11)
+    fig.suptitle(
+        f"Paper 002 on ℓ = ½‖θ − x‖² (d = {cfg['d']}): user-level (ε, δ) = ({cfg['eps']}, {cfg['delta']:g}), "
+        f"{cfg['seeds']} seeds per point; dots = runs, lines = means",
+        fontsize=11,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def write_result_files(result: dict, outdir: str, name: str, summary: list, text: str,
-                       draw) -> dict[str, str]:
+def write_result_files(result: dict, outdir: str, name: str, summary: list, text: str, draw) -> dict[str, str]:
     """``<name>[_quick].{csv,json,md,png}`` under outdir: the rows, the config plus ``summary``, the
     markdown ``text`` and ``draw(result, png_path)``. Shared by the paper-002 slope scripts."""
     base = os.path.join(outdir, name + ("_quick" if result["config"]["tag"] == "quick" else ""))
@@ -491,8 +604,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--quick", action="store_true", help="3 grid points per sweep, 3 seeds")
     p.add_argument("--seeds", type=int, default=None, help="seeds per point")
     p.add_argument("--out", default=RESULTS, help="output folder (default simulations/results)")
-    p.add_argument("--point", nargs=4, metavar=("SWEEP", "N", "M", "SEED"),
-                   help="run one point (every algorithm) and print its rows as JSON; writes no file")
+    p.add_argument(
+        "--point",
+        nargs=4,
+        metavar=("SWEEP", "N", "M", "SEED"),
+        help="run one point (every algorithm) and print its rows as JSON; writes no file",
+    )
     args = p.parse_args(argv)
     cfg = QUICK if args.quick else FULL
     if args.seeds is not None:
@@ -507,9 +624,11 @@ def main(argv: list[str] | None = None) -> dict:
     result = run(cfg)
     paths = write_outputs(result, args.out)
     for f in result["fits"]:
-        print(f"  {f['algorithm']:>17} {f['metric']:>10} vs {f['sweep']}: {f['slope']:+.3f} ± {f['se']:.3f} "
-              f"(theory {f['theory']:+g}, exact prediction {f['predicted_slope']:+.3f}); "
-              f"measured/predicted MSE {f['measured_over_predicted']:.3f}")
+        print(
+            f"  {f['algorithm']:>17} {f['metric']:>10} vs {f['sweep']}: {f['slope']:+.3f} ± {f['se']:.3f} "
+            f"(theory {f['theory']:+g}, exact prediction {f['predicted_slope']:+.3f}); "
+            f"measured/predicted MSE {f['measured_over_predicted']:.3f}"
+        )
     print(f"wrote {', '.join(paths.values())} ({result['seconds']:.0f} s)")
     return result
 

@@ -32,6 +32,7 @@ and the user-level version of the experiment fedkl runs (6,000 users x 10 images
 the schedules with the same sigma and T = 469 rounds (10 passes over the users; notes E3), and with the
 paper's T = 46,875 steps.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -76,14 +77,37 @@ DENSE_ORDERS = [1 + x / 10 for x in range(1, 100)] + list(range(11, 513))
 def fedkl_account_cli(z: float, q: float, steps: int, delta: float) -> dict:
     """``fedkl account --json`` (the installed CLI) for this schedule."""
     exe = os.path.join(os.path.dirname(sys.executable), "fedkl")
-    cmd = [exe, "account", "--noise-multiplier", repr(z), "--sampling-rate", repr(q), "--steps", str(steps),
-           "--delta", repr(delta), "--accountant", "all", "--json"]
+    cmd = [
+        exe,
+        "account",
+        "--noise-multiplier",
+        repr(z),
+        "--sampling-rate",
+        repr(q),
+        "--steps",
+        str(steps),
+        "--delta",
+        repr(delta),
+        "--accountant",
+        "all",
+        "--json",
+    ]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
     return json.loads(out.stdout)["epsilon"]
 
 
-def schedule_row(level: str, n: int, q: float, steps: int, z: float, delta: float, label: float | None,
-                 replace_one: bool, calibrate: bool, cli: bool) -> dict:
+def schedule_row(
+    level: str,
+    n: int,
+    q: float,
+    steps: int,
+    z: float,
+    delta: float,
+    label: float | None,
+    replace_one: bool,
+    calibrate: bool,
+    cli: bool,
+) -> dict:
     t0 = time.perf_counter()
     c_eps, c_order = pyvacy_eps(q, z, steps, delta)
     ci_eps, ci_order = classic_eps(q, z, steps, delta, range(2, 513))
@@ -91,16 +115,33 @@ def schedule_row(level: str, n: int, q: float, steps: int, z: float, delta: floa
     rd_eps, rd_order = improved_eps(q, z, steps, delta, DENSE_ORDERS)
     p_eps = schedule_epsilon(GaussianSchedule(z, q, steps), delta, "pld")
     g_eps, mu = gdp_clt_eps(q, z, steps, delta)
-    row = {"level": level, "n": n, "expected_batch": round(q * n, 6), "sampling_rate": q, "steps": steps,
-           "epochs": steps * q, "sigma": z, "delta": delta, "paper_label": label,
-           "classic_rdp_pyvacy": c_eps, "classic_rdp_pyvacy_order": c_order,
-           "classic_rdp_int": ci_eps, "classic_rdp_int_order": ci_order,
-           "rdp": r_eps, "rdp_dense": rd_eps, "rdp_dense_order": rd_order, "pld": p_eps,
-           "pld_replace_one": (schedule_epsilon(GaussianSchedule(z, q, steps, "replace-one"), delta, "pld")
-                               if replace_one else None),
-           "gdp_clt": g_eps, "gdp_clt_mu": mu, "fedkl_account_rdp": None, "fedkl_account_pld": None,
-           "sigma_pld_for_label": (noise_multiplier_for(label, delta, q, steps, "pld") if calibrate and label
-                                   else None)}
+    row = {
+        "level": level,
+        "n": n,
+        "expected_batch": round(q * n, 6),
+        "sampling_rate": q,
+        "steps": steps,
+        "epochs": steps * q,
+        "sigma": z,
+        "delta": delta,
+        "paper_label": label,
+        "classic_rdp_pyvacy": c_eps,
+        "classic_rdp_pyvacy_order": c_order,
+        "classic_rdp_int": ci_eps,
+        "classic_rdp_int_order": ci_order,
+        "rdp": r_eps,
+        "rdp_dense": rd_eps,
+        "rdp_dense_order": rd_order,
+        "pld": p_eps,
+        "pld_replace_one": (
+            schedule_epsilon(GaussianSchedule(z, q, steps, "replace-one"), delta, "pld") if replace_one else None
+        ),
+        "gdp_clt": g_eps,
+        "gdp_clt_mu": mu,
+        "fedkl_account_rdp": None,
+        "fedkl_account_pld": None,
+        "sigma_pld_for_label": (noise_multiplier_for(label, delta, q, steps, "pld") if calibrate and label else None),
+    }
     if cli:
         acc = fedkl_account_cli(z, q, steps, delta)
         row["fedkl_account_rdp"], row["fedkl_account_pld"] = acc["rdp"], acc["pld"]
@@ -110,10 +151,32 @@ def schedule_row(level: str, n: int, q: float, steps: int, z: float, delta: floa
     return row
 
 
-COLUMNS = ["level", "n", "expected_batch", "sampling_rate", "steps", "epochs", "sigma", "delta", "paper_label",
-           "classic_rdp_pyvacy", "classic_rdp_pyvacy_order", "classic_rdp_int", "classic_rdp_int_order", "rdp",
-           "rdp_dense", "rdp_dense_order", "pld", "pld_replace_one", "gdp_clt", "gdp_clt_mu", "fedkl_account_rdp",
-           "fedkl_account_pld", "sigma_pld_for_label", "seconds"]
+COLUMNS = [
+    "level",
+    "n",
+    "expected_batch",
+    "sampling_rate",
+    "steps",
+    "epochs",
+    "sigma",
+    "delta",
+    "paper_label",
+    "classic_rdp_pyvacy",
+    "classic_rdp_pyvacy_order",
+    "classic_rdp_int",
+    "classic_rdp_int_order",
+    "rdp",
+    "rdp_dense",
+    "rdp_dense_order",
+    "pld",
+    "pld_replace_one",
+    "gdp_clt",
+    "gdp_clt_mu",
+    "fedkl_account_rdp",
+    "fedkl_account_pld",
+    "sigma_pld_for_label",
+    "seconds",
+]
 
 
 def fmt(v, nd=4) -> str:
@@ -147,7 +210,8 @@ def write_md(rows: list[dict], path: str, elapsed: float) -> None:
             f"| {r['sigma']:g} | {r['paper_label']} | {fmt(r['classic_rdp_pyvacy'])} ({r['classic_rdp_pyvacy_order']:.1f}) | "
             f"{fmt(r['classic_rdp_int'])} ({r['classic_rdp_int_order']:.0f}) | {fmt(r['rdp'])} | "
             f"{fmt(r['rdp_dense'])} ({r['rdp_dense_order']:g}) | {fmt(r['pld'])} | {fmt(r['pld_replace_one'])} | "
-            f"{fmt(r['gdp_clt'])} ({r['gdp_clt_mu']:.3f}) | {fmt(r['sigma_pld_for_label'], 3)} |")
+            f"{fmt(r['gdp_clt'])} ({r['gdp_clt_mu']:.3f}) | {fmt(r['sigma_pld_for_label'], 3)} |"
+        )
     lines += [
         "",
         "`fedkl account --json` was run for every row above and returned the same RDP and PLD values "
@@ -168,8 +232,10 @@ def write_md(rows: list[dict], path: str, elapsed: float) -> None:
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in usr:
-        lines.append(f"| {r['sigma']:g} | {r['steps']:,} | {r['epochs']:.1f} | {fmt(r['classic_rdp_pyvacy'])} | "
-                     f"{fmt(r['rdp'])} | {fmt(r['rdp_dense'])} | {fmt(r['pld'])} | {fmt(r['gdp_clt'])} |")
+        lines.append(
+            f"| {r['sigma']:g} | {r['steps']:,} | {r['epochs']:.1f} | {fmt(r['classic_rdp_pyvacy'])} | "
+            f"{fmt(r['rdp'])} | {fmt(r['rdp_dense'])} | {fmt(r['pld'])} | {fmt(r['gdp_clt'])} |"
+        )
     lines += [
         "",
         "With the same sigma and 10 passes over the users (469 rounds) the user-level guarantee is about the "
@@ -186,31 +252,92 @@ def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--no-calibrate", action="store_true", help="skip the PLD noise calibration column (slow)")
     ap.add_argument("--out", default=RESULTS)
-    ap.add_argument("--schedule", action="store_true", help="print the paper's schedule and epsilon labels as JSON "
-                    "(sampling_rate, steps, delta, labels by sigma) and exit")
+    ap.add_argument(
+        "--schedule",
+        action="store_true",
+        help="print the paper's schedule and epsilon labels as JSON "
+        "(sampling_rate, steps, delta, labels by sigma) and exit",
+    )
     args = ap.parse_args(argv)
     if args.schedule:
         q, T = paper_schedule()
-        print(json.dumps({"sampling_rate": q, "steps": T, "delta": DELTA,
-                          "labels": {repr(z): label for z, label in PAPER_LABELS.items()}}))
+        print(
+            json.dumps(
+                {
+                    "sampling_rate": q,
+                    "steps": T,
+                    "delta": DELTA,
+                    "labels": {repr(z): label for z, label in PAPER_LABELS.items()},
+                }
+            )
+        )
         return []
     os.makedirs(args.out, exist_ok=True)
     t0 = time.perf_counter()
     q, T = paper_schedule()
     rows = []
     for z in SIGMAS:
-        rows.append(schedule_row("record (paper)", N_RECORDS, q, T, z, DELTA, PAPER_LABELS[z], replace_one=True,
-                                 calibrate=not args.no_calibrate, cli=True))
-        print(json.dumps({k: rows[-1][k] for k in ("sigma", "paper_label", "classic_rdp_pyvacy", "classic_rdp_int",
-                                                      "rdp", "rdp_dense", "pld", "pld_replace_one", "gdp_clt",
-                                                      "sigma_pld_for_label", "seconds")}), flush=True)
+        rows.append(
+            schedule_row(
+                "record (paper)",
+                N_RECORDS,
+                q,
+                T,
+                z,
+                DELTA,
+                PAPER_LABELS[z],
+                replace_one=True,
+                calibrate=not args.no_calibrate,
+                cli=True,
+            )
+        )
+        print(
+            json.dumps(
+                {
+                    k: rows[-1][k]
+                    for k in (
+                        "sigma",
+                        "paper_label",
+                        "classic_rdp_pyvacy",
+                        "classic_rdp_int",
+                        "rdp",
+                        "rdp_dense",
+                        "pld",
+                        "pld_replace_one",
+                        "gdp_clt",
+                        "sigma_pld_for_label",
+                        "seconds",
+                    )
+                }
+            ),
+            flush=True,
+        )
     qu = BATCH / N_USERS
     for steps in (USER_ROUNDS, T):
         for z in SIGMAS:
-            rows.append(schedule_row("user (6000 x 10)", N_USERS, qu, steps, z, DELTA, None, replace_one=False,
-                                     calibrate=False, cli=False))
-            print(json.dumps({k: rows[-1][k] for k in ("level", "sigma", "steps", "classic_rdp_pyvacy", "rdp",
-                                                          "pld", "gdp_clt", "seconds")}), flush=True)
+            rows.append(
+                schedule_row(
+                    "user (6000 x 10)",
+                    N_USERS,
+                    qu,
+                    steps,
+                    z,
+                    DELTA,
+                    None,
+                    replace_one=False,
+                    calibrate=False,
+                    cli=False,
+                )
+            )
+            print(
+                json.dumps(
+                    {
+                        k: rows[-1][k]
+                        for k in ("level", "sigma", "steps", "classic_rdp_pyvacy", "rdp", "pld", "gdp_clt", "seconds")
+                    }
+                ),
+                flush=True,
+            )
     elapsed = time.perf_counter() - t0
     with open(os.path.join(args.out, "paper004_eps.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS)

@@ -66,6 +66,7 @@ and each run's epsilon is far below the paper's label; 1 seed instead of 5; the 
 (MNIST, record level, per sigma) and its choice reused for Fashion-MNIST and the user level; train
 accuracy on a fixed 10,000-record subsample; the last iterate (not a random one) is reported.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -104,8 +105,11 @@ LR_GRID = (0.1, 0.01, 0.001)
 # used only when no paper004_lr_grid.csv exists (run `--grid` once; the main runs then read their lr from it)
 DEFAULT_LRS = {"sgd": 0.1, "rmsprop": 0.001, "adam": 0.001}
 GRID_CSV = os.path.join(RESULTS, "paper004_lr_grid.csv")
-OPT_KW = {"sgd": {}, "rmsprop": {"beta2": 0.99, "nu": 1e-8, "bias_correction": False},
-          "adam": {"beta1": 0.9, "beta2": 0.999, "nu": 1e-8, "bias_correction": True}}
+OPT_KW = {
+    "sgd": {},
+    "rmsprop": {"beta2": 0.99, "nu": 1e-8, "bias_correction": False},
+    "adam": {"beta1": 0.9, "beta2": 0.999, "nu": 1e-8, "bias_correction": True},
+}
 LOADERS = {"mnist": load_mnist, "fashion": load_fashion_mnist}
 # fedkl's dataset names; the paper's preprocessing (one scalar z-score with public constants, notes
 # seed-004 §4, E1/E2) is fedkl.data.images.load_zscored
@@ -114,10 +118,33 @@ FEATURES = ("zscore", "fedkl")
 LEVELS = {"record": (60_000, 1), "user": (6_000, 10)}
 COLORS = {"sgd": "tab:blue", "rmsprop": "tab:orange", "adam": "tab:green"}
 NAMES = {"sgd": "DP-SGD", "rmsprop": "DP-RMSProp", "adam": "DP-Adam"}
-COLUMNS = ["dataset", "level", "n_units", "per_user", "optimizer", "sigma", "noise_multiplier", "lr", "sampling_rate",
-           "steps_total", "step", "epoch", "epsilon", "delta", "epsilon_paper_schedule_classic_label",
-           "test_accuracy", "test_loss", "train_accuracy", "train_loss", "sampled_users_mean", "failed_users",
-           "seed", "noise_seed", "kernel", "seconds"]
+COLUMNS = [
+    "dataset",
+    "level",
+    "n_units",
+    "per_user",
+    "optimizer",
+    "sigma",
+    "noise_multiplier",
+    "lr",
+    "sampling_rate",
+    "steps_total",
+    "step",
+    "epoch",
+    "epsilon",
+    "delta",
+    "epsilon_paper_schedule_classic_label",
+    "test_accuracy",
+    "test_loss",
+    "train_accuracy",
+    "train_loss",
+    "sampled_users_mean",
+    "failed_users",
+    "seed",
+    "noise_seed",
+    "kernel",
+    "seconds",
+]
 
 
 @dataclass(frozen=True)
@@ -213,8 +240,19 @@ def eval_sets(ds, setting: Setting) -> tuple[UserData, UserData]:
     return train, test
 
 
-def run_one(setting: Setting, ds, problem, optimizer: str, sigma: float, lr: float, noise_seed: int,
-            stock_kernel: bool, ledger_dir: str, eval_train: UserData, eval_test: UserData) -> list[dict]:
+def run_one(
+    setting: Setting,
+    ds,
+    problem,
+    optimizer: str,
+    sigma: float,
+    lr: float,
+    noise_seed: int,
+    stock_kernel: bool,
+    ledger_dir: str,
+    eval_train: UserData,
+    eval_test: UserData,
+) -> list[dict]:
     n = setting.n_units
     q = setting.batch / n
     T = setting.steps
@@ -222,18 +260,33 @@ def run_one(setting: Setting, ds, problem, optimizer: str, sigma: float, lr: flo
     # the budget that makes fedkl's calibration return z = sigma for this schedule (dp-accounting PLD)
     eps_budget = schedule_epsilon(GaussianSchedule(sigma, q, T), DELTA, "pld")
     ledger_path = os.path.join(ledger_dir, f"{setting.dataset}-{setting.level}-{optimizer}-{sigma:g}-{lr:g}.sqlite")
-    ledger = PrivacyLedger(ledger_path, Budget(eps_budget, DELTA), run_id=os.path.basename(ledger_path),
-                           run_config={"optimizer": optimizer, "sigma": sigma, "lr": lr, "steps": T, "q": q})
+    ledger = PrivacyLedger(
+        ledger_path,
+        Budget(eps_budget, DELTA),
+        run_id=os.path.basename(ledger_path),
+        run_config={"optimizer": optimizer, "sigma": sigma, "lr": lr, "steps": T, "q": q},
+    )
     eps_left, delta_left = ledger.approx_left(fed.user_ids)
-    cfg = AdaptiveDPConfig(optimizer=optimizer, rounds=T, lr=lr, clip=CLIP, sampling_rate=q, accountant="pld",
-                           neighbouring="add-remove", **OPT_KW[optimizer])
+    cfg = AdaptiveDPConfig(
+        optimizer=optimizer,
+        rounds=T,
+        lr=lr,
+        clip=CLIP,
+        sampling_rate=q,
+        accountant="pld",
+        neighbouring="add-remove",
+        **OPT_KW[optimizer],
+    )
     alg = CachedCalibrationOptimizer(cfg, eps_left, delta_left)
     evals: dict[int, dict] = {}
     t0 = time.perf_counter()
 
     def evaluate(step: int, w: torch.Tensor) -> None:
-        evals[step] = {"test": record_metrics(problem, w, eval_test), "train": record_metrics(problem, w, eval_train),
-                       "seconds": time.perf_counter() - t0}
+        evals[step] = {
+            "test": record_metrics(problem, w, eval_test),
+            "train": record_metrics(problem, w, eval_train),
+            "seconds": time.perf_counter() - t0,
+        }
 
     hook = EvalHook(fed, set(eval_points(T, setting.evals)), evaluate)
     res = alg.run(hook, Releaser(ledger, NoiseSource(noise_seed)), problem.init_params(), hook.progress)
@@ -247,23 +300,46 @@ def run_one(setting: Setting, ds, problem, optimizer: str, sigma: float, lr: flo
     rows = []
     for step in sorted(evals):
         e = evals[step]
-        rows.append({
-            "dataset": setting.dataset, "level": setting.level, "n_units": n, "per_user": setting.per_user,
-            "optimizer": optimizer, "sigma": sigma, "noise_multiplier": res.noise_multiplier, "lr": lr,
-            "sampling_rate": q, "steps_total": T, "step": step, "epoch": step * q,
-            "epsilon": summary["max_user_epsilon"], "delta": DELTA,
-            "epsilon_paper_schedule_classic_label": PAPER_LABELS[sigma],
-            "test_accuracy": e["test"]["accuracy"], "test_loss": e["test"]["loss"],
-            "train_accuracy": e["train"]["accuracy"], "train_loss": e["train"]["loss"],
-            "sampled_users_mean": sampled, "failed_users": failed, "seed": setting.seed, "noise_seed": noise_seed,
-            "kernel": "stock" if stock_kernel else "ghost", "seconds": e["seconds"]})
+        rows.append(
+            {
+                "dataset": setting.dataset,
+                "level": setting.level,
+                "n_units": n,
+                "per_user": setting.per_user,
+                "optimizer": optimizer,
+                "sigma": sigma,
+                "noise_multiplier": res.noise_multiplier,
+                "lr": lr,
+                "sampling_rate": q,
+                "steps_total": T,
+                "step": step,
+                "epoch": step * q,
+                "epsilon": summary["max_user_epsilon"],
+                "delta": DELTA,
+                "epsilon_paper_schedule_classic_label": PAPER_LABELS[sigma],
+                "test_accuracy": e["test"]["accuracy"],
+                "test_loss": e["test"]["loss"],
+                "train_accuracy": e["train"]["accuracy"],
+                "train_loss": e["train"]["loss"],
+                "sampled_users_mean": sampled,
+                "failed_users": failed,
+                "seed": setting.seed,
+                "noise_seed": noise_seed,
+                "kernel": "stock" if stock_kernel else "ghost",
+                "seconds": e["seconds"],
+            }
+        )
     return rows
 
 
 def noise_seed_for(setting: Setting, sigma: float) -> int:
     """One noise seed per (dataset, level, sigma, seed), shared by the three optimizers."""
-    return (1000 * setting.seed + 100 * list(LOADERS).index(setting.dataset) + 10 * list(LEVELS).index(setting.level)
-            + int(round(sigma)))
+    return (
+        1000 * setting.seed
+        + 100 * list(LOADERS).index(setting.dataset)
+        + 10 * list(LEVELS).index(setting.level)
+        + int(round(sigma))
+    )
 
 
 def choose_lrs(grid_rows: list[dict]) -> dict[tuple[str, float], float]:
@@ -293,14 +369,27 @@ def run_setting(setting: Setting, sigmas, optimizers, lrs: dict, stock_kernel: b
             for opt in optimizers:
                 t = time.perf_counter()
                 lr = lrs.get((opt, sigma), DEFAULT_LRS[opt])
-                out = run_one(setting, ds, problem, opt, sigma, lr, noise_seed_for(setting, sigma), stock_kernel,
-                              ledger_dir, eval_train, eval_test)
+                out = run_one(
+                    setting,
+                    ds,
+                    problem,
+                    opt,
+                    sigma,
+                    lr,
+                    noise_seed_for(setting, sigma),
+                    stock_kernel,
+                    ledger_dir,
+                    eval_train,
+                    eval_test,
+                )
                 rows += out
                 last = out[-1]
-                log(f"  {setting.dataset:8s} {setting.level:6s} sigma={sigma:g} (z={last['noise_multiplier']:.6f}) "
+                log(
+                    f"  {setting.dataset:8s} {setting.level:6s} sigma={sigma:g} (z={last['noise_multiplier']:.6f}) "
                     f"{NAMES[opt]:10s} lr={lr:g}: T={setting.steps} eps={last['epsilon']:.4f} "
                     f"test acc {last['test_accuracy']:.4f} train loss {last['train_loss']:.4f} "
-                    f"({time.perf_counter() - t:.1f} s)")
+                    f"({time.perf_counter() - t:.1f} s)"
+                )
     return rows
 
 
@@ -313,8 +402,10 @@ def write_csv(rows: list[dict], path: str) -> None:
 
 def plot(rows: list[dict], path: str, title: str) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     sigmas = sorted({r["sigma"] for r in rows})
     fig, axes = plt.subplots(1, len(sigmas), figsize=(4.2 * len(sigmas), 3.6), squeeze=False, sharey=True)
     for ax, sigma in zip(axes[0], sigmas):
@@ -324,14 +415,24 @@ def plot(rows: list[dict], path: str, title: str) -> None:
             if not rr:
                 continue
             x = [r["epoch"] for r in rr]
-            ax.plot(x, [r["test_accuracy"] for r in rr], "-o", ms=3, color=COLORS[opt],
-                    label=f"{NAMES[opt]} (lr {rr[0]['lr']:g}) test")
+            ax.plot(
+                x,
+                [r["test_accuracy"] for r in rr],
+                "-o",
+                ms=3,
+                color=COLORS[opt],
+                label=f"{NAMES[opt]} (lr {rr[0]['lr']:g}) test",
+            )
             ax.plot(x, [r["train_accuracy"] for r in rr], ":", color=COLORS[opt], alpha=0.8)
         eps = sub[0]["epsilon"]
-        ax.set_title(f"sigma={sigma:g}: eps={eps:.3f} (PLD, T={sub[0]['steps_total']})\n"
-                     f"paper label at T=46,875: {PAPER_LABELS.get(sigma, float('nan'))}", fontsize=9)
-        ax.set_xlabel("epochs (expected passes over the " + ("records" if sub[0]["level"] == "record" else "users")
-                      + ")")
+        ax.set_title(
+            f"sigma={sigma:g}: eps={eps:.3f} (PLD, T={sub[0]['steps_total']})\n"
+            f"paper label at T=46,875: {PAPER_LABELS.get(sigma, float('nan'))}",
+            fontsize=9,
+        )
+        ax.set_xlabel(
+            "epochs (expected passes over the " + ("records" if sub[0]["level"] == "record" else "users") + ")"
+        )
         ax.grid(alpha=0.3)
         ax.set_ylim(0, 1)
     axes[0][0].set_ylabel("accuracy (solid: test, dotted: train)")
@@ -342,11 +443,29 @@ def plot(rows: list[dict], path: str, title: str) -> None:
     plt.close(fig)
 
 
-NUMERIC = {"n_units": int, "per_user": int, "sigma": float, "noise_multiplier": float, "lr": float,
-           "sampling_rate": float, "steps_total": int, "step": int, "epoch": float, "epsilon": float, "delta": float,
-           "epsilon_paper_schedule_classic_label": float, "test_accuracy": float, "test_loss": float,
-           "train_accuracy": float, "train_loss": float, "sampled_users_mean": float, "failed_users": int,
-           "seed": int, "noise_seed": int, "seconds": float}
+NUMERIC = {
+    "n_units": int,
+    "per_user": int,
+    "sigma": float,
+    "noise_multiplier": float,
+    "lr": float,
+    "sampling_rate": float,
+    "steps_total": int,
+    "step": int,
+    "epoch": float,
+    "epsilon": float,
+    "delta": float,
+    "epsilon_paper_schedule_classic_label": float,
+    "test_accuracy": float,
+    "test_loss": float,
+    "train_accuracy": float,
+    "train_loss": float,
+    "sampled_users_mean": float,
+    "failed_users": int,
+    "seed": int,
+    "noise_seed": int,
+    "seconds": float,
+}
 
 
 def read_rows(path: str) -> list[dict]:
@@ -375,56 +494,88 @@ def extras_sections(out_dir: str) -> list[str]:
     if len(seed_files) > 1 and os.path.exists(seed_files[0]):
         per_seed = [finals(read_rows(p)) for p in seed_files]
         seeds = [next(iter(f.values()))["seed"] for f in per_seed]
-        lines += ["", f"## MNIST record level over {len(seeds)} seeds ({', '.join(map(str, seeds))}): final test accuracy, "
-                  "mean ± std (a seed changes the split order, the initialisation, the sampling and the noise)", "",
-                  "| sigma | DP-SGD | DP-RMSProp | DP-Adam | RMSProp - SGD (paired) | Adam - SGD (paired) |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"## MNIST record level over {len(seeds)} seeds ({', '.join(map(str, seeds))}): final test accuracy, "
+            "mean ± std (a seed changes the split order, the initialisation, the sampling and the noise)",
+            "",
+            "| sigma | DP-SGD | DP-RMSProp | DP-Adam | RMSProp - SGD (paired) | Adam - SGD (paired) |",
+            "|---|---|---|---|---|---|",
+        ]
         for sigma in SIGMAS:
             if not all(("sgd", sigma) in f for f in per_seed):
                 continue
             acc = {o: np.array([f[(o, sigma)]["test_accuracy"] for f in per_seed]) for o in OPTIMIZERS}
             ms = lambda v: f"{v.mean():.4f} ± {v.std(ddof=1):.4f}"  # noqa: E731
-            lines.append(f"| {sigma:g} | {ms(acc['sgd'])} | {ms(acc['rmsprop'])} | {ms(acc['adam'])} | "
-                         f"{ms(acc['rmsprop'] - acc['sgd'])} | {ms(acc['adam'] - acc['sgd'])} |")
+            lines.append(
+                f"| {sigma:g} | {ms(acc['sgd'])} | {ms(acc['rmsprop'])} | {ms(acc['adam'])} | "
+                f"{ms(acc['rmsprop'] - acc['sgd'])} | {ms(acc['adam'] - acc['sgd'])} |"
+            )
     abl = base + "_fedkl_features.csv"
     if os.path.exists(abl) and os.path.exists(base + ".csv"):
         fa, fz = finals(read_rows(abl)), finals(read_rows(base + ".csv"))
-        lines += ["", "## Feature ablation, MNIST record level, seed 0: fedkl's unit-norm rows vs the paper's z-score",
-                  "", "| sigma | optimizer | lr | test acc, z-score (default) | test acc, fedkl unit-norm rows |",
-                  "|---|---|---|---|---|"]
+        lines += [
+            "",
+            "## Feature ablation, MNIST record level, seed 0: fedkl's unit-norm rows vs the paper's z-score",
+            "",
+            "| sigma | optimizer | lr | test acc, z-score (default) | test acc, fedkl unit-norm rows |",
+            "|---|---|---|---|---|",
+        ]
         for (o, sigma), r in sorted(fa.items(), key=lambda kv: (kv[0][1], OPTIMIZERS.index(kv[0][0]))):
             z = fz.get((o, sigma))
-            lines.append(f"| {sigma:g} | {NAMES[o]} | {r['lr']:g} | {z['test_accuracy']:.4f} | "
-                         f"{r['test_accuracy']:.4f} |" if z else f"| {sigma:g} | {NAMES[o]} | {r['lr']:g} | – | "
-                         f"{r['test_accuracy']:.4f} |")
-    long_paths = sorted(p for p in (os.path.join(out_dir, f) for f in os.listdir(out_dir))
-                        if os.path.basename(p).startswith("paper004_mnist_record_long") and p.endswith(".csv"))
+            lines.append(
+                f"| {sigma:g} | {NAMES[o]} | {r['lr']:g} | {z['test_accuracy']:.4f} | {r['test_accuracy']:.4f} |"
+                if z
+                else f"| {sigma:g} | {NAMES[o]} | {r['lr']:g} | – | {r['test_accuracy']:.4f} |"
+            )
+    long_paths = sorted(
+        p
+        for p in (os.path.join(out_dir, f) for f in os.listdir(out_dir))
+        if os.path.basename(p).startswith("paper004_mnist_record_long") and p.endswith(".csv")
+    )
     if long_paths:
         rl = [r for p in long_paths for r in read_rows(p)]
         r0 = rl[0]
         steps = sorted({r["step"] for r in rl})
-        lines += ["", f"## Longer horizon, MNIST record level: T = {r0['steps_total']} "
-                  f"({r0['steps_total'] * r0['sampling_rate']:.1f} epochs), constant lr, seed 0 "
-                  f"({', '.join(os.path.basename(p) for p in long_paths)})"]
+        lines += [
+            "",
+            f"## Longer horizon, MNIST record level: T = {r0['steps_total']} "
+            f"({r0['steps_total'] * r0['sampling_rate']:.1f} epochs), constant lr, seed 0 "
+            f"({', '.join(os.path.basename(p) for p in long_paths)})",
+        ]
         for sigma in sorted({r["sigma"] for r in rl}):
             sub = [r for r in rl if r["sigma"] == sigma]
             cols = sorted({(r["optimizer"], r["lr"]) for r in sub}, key=lambda c: (OPTIMIZERS.index(c[0]), -c[1]))
             acc = {(r["optimizer"], r["lr"], r["step"]): r for r in sub}
-            lines += ["", f"sigma = {sigma:g}, eps = {sub[0]['epsilon']:.4f} (PLD): test accuracy (train loss)", "",
-                      "| step | epoch | " + " | ".join(f"{NAMES[o]} lr {lr:g}" for o, lr in cols) + " |",
-                      "|---|---|" + "---|" * len(cols)]
+            lines += [
+                "",
+                f"sigma = {sigma:g}, eps = {sub[0]['epsilon']:.4f} (PLD): test accuracy (train loss)",
+                "",
+                "| step | epoch | " + " | ".join(f"{NAMES[o]} lr {lr:g}" for o, lr in cols) + " |",
+                "|---|---|" + "---|" * len(cols),
+            ]
             for st in steps:
-                lines.append(f"| {st} | {st * r0['sampling_rate']:.2f} | " + " | ".join(
-                    f"{acc[(o, lr, st)]['test_accuracy']:.4f} ({acc[(o, lr, st)]['train_loss']:.3f})"
-                    if (o, lr, st) in acc else "–" for o, lr in cols) + " |")
+                lines.append(
+                    f"| {st} | {st * r0['sampling_rate']:.2f} | "
+                    + " | ".join(
+                        f"{acc[(o, lr, st)]['test_accuracy']:.4f} ({acc[(o, lr, st)]['train_loss']:.3f})"
+                        if (o, lr, st) in acc
+                        else "–"
+                        for o, lr in cols
+                    )
+                    + " |"
+                )
             last = {c: acc[(c[0], c[1], steps[-1])]["test_accuracy"] for c in cols if (c[0], c[1], steps[-1]) in acc}
             sgd = [v for c, v in last.items() if c[0] == "sgd"]
             ada = {c: v for c, v in last.items() if c[0] != "sgd"}
             if sgd and ada:
-                lines += ["", f"At step {steps[-1]}: best DP-SGD {max(sgd):.4f}; "
-                          + ", ".join(f"{NAMES[c[0]]} {v:.4f} ({v - max(sgd):+.4f})" for c, v in ada.items())
-                          + f" -> adaptive methods {'ahead of' if min(ada.values()) > max(sgd) else 'NOT all ahead of'} "
-                          "every DP-SGD run."]
+                lines += [
+                    "",
+                    f"At step {steps[-1]}: best DP-SGD {max(sgd):.4f}; "
+                    + ", ".join(f"{NAMES[c[0]]} {v:.4f} ({v - max(sgd):+.4f})" for c, v in ada.items())
+                    + f" -> adaptive methods {'ahead of' if min(ada.values()) > max(sgd) else 'NOT all ahead of'} "
+                    "every DP-SGD run.",
+                ]
     stock, ghost = base + "_stock_check.csv", base + "_ghost_check.csv"
     if os.path.exists(stock) and os.path.exists(ghost):
         rs, rg = read_rows(stock), read_rows(ghost)
@@ -434,34 +585,53 @@ def extras_sections(out_dir: str) -> list[str]:
         dacc = max(abs(a["test_accuracy"] - b["test_accuracy"]) for a, b in pairs)
         dloss = max(abs(a["train_loss"] - b["train_loss"]) / abs(b["train_loss"]) for a, b in pairs)
         sec = {k: max(r["seconds"] for r in rows) for k, rows in (("stock", rs), ("ghost", rg))}
-        lines += ["", "## Cross-check: fedkl's stock kernel vs ghost clipping (same seeds, MNIST record level)", "",
-                  f"{len({(a['optimizer'], a['sigma']) for a, _ in pairs})} runs of T = {rs[0]['steps_total']} "
-                  f"steps, {len(pairs)} evaluation points: max |test accuracy difference| = {dacc:.4f}, max relative "
-                  f"train-loss difference = {dloss:.2e}; the slowest run took {sec['stock']:.0f} s with the stock "
-                  f"kernel and {sec['ghost']:.1f} s with ghost clipping."]
+        lines += [
+            "",
+            "## Cross-check: fedkl's stock kernel vs ghost clipping (same seeds, MNIST record level)",
+            "",
+            f"{len({(a['optimizer'], a['sigma']) for a, _ in pairs})} runs of T = {rs[0]['steps_total']} "
+            f"steps, {len(pairs)} evaluation points: max |test accuracy difference| = {dacc:.4f}, max relative "
+            f"train-loss difference = {dloss:.2e}; the slowest run took {sec['stock']:.0f} s with the stock "
+            f"kernel and {sec['ghost']:.1f} s with ghost clipping.",
+        ]
     return lines
 
 
-def summarize(all_rows: dict[str, list[dict]], md_path: str, args, elapsed: float, timing: list[dict] | None,
-              grid_rows: list[dict] | None, lr_source: str) -> str:
+def summarize(
+    all_rows: dict[str, list[dict]],
+    md_path: str,
+    args,
+    elapsed: float,
+    timing: list[dict] | None,
+    grid_rows: list[dict] | None,
+    lr_source: str,
+) -> str:
     first = next(iter(all_rows.values()))[0] if all_rows else None
     units = {k: (rows[0]["n_units"], rows[0]["per_user"], rows[0]["sampling_rate"]) for k, rows in all_rows.items()}
     unit_txt = "; ".join(f"{k}: {n:,} users x {p} image(s), q = {q:.6g}" for k, (n, p, q) in units.items())
     cmd = "`.venv/bin/python simulations/paper004_repro.py" + (" " + " ".join(args.argv) if args.argv else "") + "`"
-    lines = ["# Paper 004 reproduction: DP-SGD vs DP-RMSProp vs DP-Adam (MLP 784-128-128-10)", "",
-             f"Generated by {cmd} in {elapsed / 60:.1f} min on 2 shared CPU cores. Clip 1, delta = {DELTA:g}, "
-             f"expected batch/cohort {args.batch}, Poisson sampling, fixed denominator q n, seed {args.seed} (one "
-             f"seed), features: {args.features}, gradient kernel: {'fedkl stock' if args.stock_kernel else 'ghost clipping'}. "
-             f"Units: {unit_txt}. Learning rates: {lr_source}.", "",
-             "epsilon = the fedkl ledger's `max_user_epsilon` for the schedule actually run (dp-accounting PLD, "
-             "add/remove, delta = 1e-5; the unit is a user, which at record level is one image). The paper's "
-             "labels 1.22 / 0.57 / 0.28 belong to its 46,875-step schedule under the classic RDP conversion "
-             "(`paper004_eps.md`); these runs are much shorter, so their epsilon is much smaller.", ""]
+    lines = [
+        "# Paper 004 reproduction: DP-SGD vs DP-RMSProp vs DP-Adam (MLP 784-128-128-10)",
+        "",
+        f"Generated by {cmd} in {elapsed / 60:.1f} min on 2 shared CPU cores. Clip 1, delta = {DELTA:g}, "
+        f"expected batch/cohort {args.batch}, Poisson sampling, fixed denominator q n, seed {args.seed} (one "
+        f"seed), features: {args.features}, gradient kernel: {'fedkl stock' if args.stock_kernel else 'ghost clipping'}. "
+        f"Units: {unit_txt}. Learning rates: {lr_source}.",
+        "",
+        "epsilon = the fedkl ledger's `max_user_epsilon` for the schedule actually run (dp-accounting PLD, "
+        "add/remove, delta = 1e-5; the unit is a user, which at record level is one image). The paper's "
+        "labels 1.22 / 0.57 / 0.28 belong to its 46,875-step schedule under the classic RDP conversion "
+        "(`paper004_eps.md`); these runs are much shorter, so their epsilon is much smaller.",
+        "",
+    ]
     if first is not None:
-        lines += ["## Final accuracy (last iterate; test = all 10,000 test images unless --test-eval)", "",
-                  "| dataset | level | sigma | T (epochs) | eps run (PLD) | lr SGD / RMSProp / Adam | DP-SGD test | "
-                  "DP-RMSProp test | DP-Adam test | DP-SGD train loss | DP-RMSProp train loss | DP-Adam train loss | best |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "## Final accuracy (last iterate; test = all 10,000 test images unless --test-eval)",
+            "",
+            "| dataset | level | sigma | T (epochs) | eps run (PLD) | lr SGD / RMSProp / Adam | DP-SGD test | "
+            "DP-RMSProp test | DP-Adam test | DP-SGD train loss | DP-RMSProp train loss | DP-Adam train loss | best |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
     verdicts = []
     for rows in all_rows.values():
         for sigma in sorted({r["sigma"] for r in rows}):
@@ -477,59 +647,92 @@ def summarize(all_rows: dict[str, list[dict]], md_path: str, args, elapsed: floa
             lines.append(
                 f"| {r0['dataset']} | {r0['level']} | {sigma:g} | {r0['steps_total']} "
                 f"({r0['steps_total'] * r0['sampling_rate']:.2f}) | {r0['epsilon']:.4f} | "
-                + " / ".join(cell(o, "lr", "g") for o in OPTIMIZERS) + " | "
-                + " | ".join(cell(o, "test_accuracy", ".4f") for o in OPTIMIZERS) + " | "
-                + " | ".join(cell(o, "train_loss", ".3f") for o in OPTIMIZERS) + f" | {NAMES[best]} |")
+                + " / ".join(cell(o, "lr", "g") for o in OPTIMIZERS)
+                + " | "
+                + " | ".join(cell(o, "test_accuracy", ".4f") for o in OPTIMIZERS)
+                + " | "
+                + " | ".join(cell(o, "train_loss", ".3f") for o in OPTIMIZERS)
+                + f" | {NAMES[best]} |"
+            )
             if all(o in final for o in OPTIMIZERS):
                 verdicts.append((r0, {o: final[o]["test_accuracy"] for o in OPTIMIZERS}, curve))
     if verdicts:
-        lines += ["", "## The paper's claim, checked on these runs", "",
-                  "Claim (Section 6, Fig. 1): DP-RMSProp and DP-Adam reach better train and test accuracy than "
-                  "DP-SGD and progress faster, especially at small epsilon (sigma = 8). Columns: final test accuracy "
-                  "minus DP-SGD's, and the same for the mean test accuracy over the evaluation points after step 0 "
-                  "(\"progresses faster\"). One seed per cell; the seed spread is measured for MNIST record level in the "
-                  "section over 3 seeds below (when those runs exist).",
-                  "", "| dataset | level | sigma | RMSProp - SGD (final) | Adam - SGD (final) | RMSProp - SGD (curve mean) "
-                  "| Adam - SGD (curve mean) | both adaptive >= SGD (final) |", "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "## The paper's claim, checked on these runs",
+            "",
+            "Claim (Section 6, Fig. 1): DP-RMSProp and DP-Adam reach better train and test accuracy than "
+            "DP-SGD and progress faster, especially at small epsilon (sigma = 8). Columns: final test accuracy "
+            "minus DP-SGD's, and the same for the mean test accuracy over the evaluation points after step 0 "
+            '("progresses faster"). One seed per cell; the seed spread is measured for MNIST record level in the '
+            "section over 3 seeds below (when those runs exist).",
+            "",
+            "| dataset | level | sigma | RMSProp - SGD (final) | Adam - SGD (final) | RMSProp - SGD (curve mean) "
+            "| Adam - SGD (curve mean) | both adaptive >= SGD (final) |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for r0, f, c in verdicts:
             holds = f["rmsprop"] >= f["sgd"] and f["adam"] >= f["sgd"]
-            lines.append(f"| {r0['dataset']} | {r0['level']} | {r0['sigma']:g} | {f['rmsprop'] - f['sgd']:+.4f} | "
-                         f"{f['adam'] - f['sgd']:+.4f} | {c['rmsprop'] - c['sgd']:+.4f} | {c['adam'] - c['sgd']:+.4f} | "
-                         f"{'yes' if holds else 'no'} |")
+            lines.append(
+                f"| {r0['dataset']} | {r0['level']} | {r0['sigma']:g} | {f['rmsprop'] - f['sgd']:+.4f} | "
+                f"{f['adam'] - f['sgd']:+.4f} | {c['rmsprop'] - c['sgd']:+.4f} | {c['adam'] - c['sgd']:+.4f} | "
+                f"{'yes' if holds else 'no'} |"
+            )
         n_hold = sum(f["rmsprop"] >= f["sgd"] and f["adam"] >= f["sgd"] for _, f, _ in verdicts)
-        lines += ["", f"Both adaptive methods at least as accurate as DP-SGD at the end: {n_hold} of {len(verdicts)} "
-                  "(dataset, level, sigma) cells."]
+        lines += [
+            "",
+            f"Both adaptive methods at least as accurate as DP-SGD at the end: {n_hold} of {len(verdicts)} "
+            "(dataset, level, sigma) cells.",
+        ]
     if grid_rows:
-        lines += ["", "## Learning-rate grid (the paper's {0.1, 0.01, 0.001}, lowest final train loss wins)", "",
-                  "| dataset | level | sigma | optimizer | lr | T | final train loss | final test acc |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "## Learning-rate grid (the paper's {0.1, 0.01, 0.001}, lowest final train loss wins)",
+            "",
+            "| dataset | level | sigma | optimizer | lr | T | final train loss | final test acc |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for r in grid_rows:
-            lines.append(f"| {r['dataset']} | {r['level']} | {float(r['sigma']):g} | {NAMES[r['optimizer']]} | "
-                         f"{float(r['lr']):g} | {r['steps_total']} | {float(r['train_loss']):.4f} | "
-                         f"{float(r['test_accuracy']):.4f} |")
+            lines.append(
+                f"| {r['dataset']} | {r['level']} | {float(r['sigma']):g} | {NAMES[r['optimizer']]} | "
+                f"{float(r['lr']):g} | {r['steps_total']} | {float(r['train_loss']):.4f} | "
+                f"{float(r['test_accuracy']):.4f} |"
+            )
     if not args.quick and not args.tag:
         lines += extras_sections(args.out)
-    lines += ["", "## Cut or changed relative to the paper", "",
-              f"* Horizon: T = {first['steps_total'] if first else '?'} steps per run instead of 46,875 (100 epochs); "
-              "the paper's x0.1 lr decay at epochs 30/60/90 is never reached (constant lr); see the longer-horizon "
-              "section for T = 4,000 at MNIST record level." if first else "",
-              "* Seeds: 1 (paper: 5); extra seeds only for MNIST record level, T = 400.",
-              "* LR grid {0.1, 0.01, 0.001} run once, on MNIST record level at T = 400, per sigma; its choice is reused "
-              "for Fashion-MNIST and for the user level (paper: tuned per setting over 100 epochs).",
-              "* Fashion-MNIST replaces the paper's second task (probably CIFAR-10/ResNet, not in the text, not "
-              "available offline); same MLP.",
-              "* Optimizers are torch's semantics (bias-corrected Adam, RMSprop alpha 0.99, eps 1e-8, no cap), i.e. "
-              "what pyvacy + torch.optim ran, not the paper's Algorithm 1 (no bias correction, cap lambda).",
-              "* The epsilons are PLD epsilons of the schedules actually run, not the paper's labels (which are "
-              "classic-RDP epsilons of 46,875 steps).",
-              "* Train metrics on a fixed 10,000-image training subsample; the last iterate is evaluated."]
+    lines += [
+        "",
+        "## Cut or changed relative to the paper",
+        "",
+        f"* Horizon: T = {first['steps_total'] if first else '?'} steps per run instead of 46,875 (100 epochs); "
+        "the paper's x0.1 lr decay at epochs 30/60/90 is never reached (constant lr); see the longer-horizon "
+        "section for T = 4,000 at MNIST record level."
+        if first
+        else "",
+        "* Seeds: 1 (paper: 5); extra seeds only for MNIST record level, T = 400.",
+        "* LR grid {0.1, 0.01, 0.001} run once, on MNIST record level at T = 400, per sigma; its choice is reused "
+        "for Fashion-MNIST and for the user level (paper: tuned per setting over 100 epochs).",
+        "* Fashion-MNIST replaces the paper's second task (probably CIFAR-10/ResNet, not in the text, not "
+        "available offline); same MLP.",
+        "* Optimizers are torch's semantics (bias-corrected Adam, RMSprop alpha 0.99, eps 1e-8, no cap), i.e. "
+        "what pyvacy + torch.optim ran, not the paper's Algorithm 1 (no bias correction, cap lambda).",
+        "* The epsilons are PLD epsilons of the schedules actually run, not the paper's labels (which are "
+        "classic-RDP epsilons of 46,875 steps).",
+        "* Train metrics on a fixed 10,000-image training subsample; the last iterate is evaluated.",
+    ]
     if timing:
-        lines += ["", "## Gradient kernel timing (one round: clipped per-user gradient sum of 128 sampled users)", "",
-                  "| level | records in the round | fedkl stock (s) | ghost clipping (s) | speed-up | max rel. diff of the sums |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "## Gradient kernel timing (one round: clipped per-user gradient sum of 128 sampled users)",
+            "",
+            "| level | records in the round | fedkl stock (s) | ghost clipping (s) | speed-up | max rel. diff of the sums |",
+            "|---|---|---|---|---|---|",
+        ]
         for r in timing:
-            lines.append(f"| {r['level']} | {r['records']} | {r['stock_s']:.3f} | {r['ghost_s']:.4f} | "
-                         f"{r['stock_s'] / r['ghost_s']:.0f}x | {r['rel_diff']:.1e} |")
+            lines.append(
+                f"| {r['level']} | {r['records']} | {r['stock_s']:.3f} | {r['ghost_s']:.4f} | "
+                f"{r['stock_s'] / r['ghost_s']:.0f}x | {r['rel_diff']:.1e} |"
+            )
     text = "\n".join(lines) + "\n"
     with open(md_path, "w") as f:
         f.write(text)
@@ -556,8 +759,15 @@ def time_kernels(reps: int = 3) -> list[dict]:
             tg.append(time.perf_counter() - t)
             diff = max(diff, float((a - b).norm() / a.norm()))
             recs = 128 * per
-        out.append({"level": level, "records": recs, "stock_s": float(np.median(ts)), "ghost_s": float(np.median(tg)),
-                    "rel_diff": diff})
+        out.append(
+            {
+                "level": level,
+                "records": recs,
+                "stock_s": float(np.median(ts)),
+                "ghost_s": float(np.median(tg)),
+                "rel_diff": diff,
+            }
+        )
         print(json.dumps(out[-1]), flush=True)
     return out
 
@@ -571,8 +781,21 @@ def settings_for(args) -> list[Setting]:
                 n = args.record_units
             if level == "user" and args.user_units:
                 n = args.user_units
-            out.append(Setting(dataset, level, n, per, args.batch, args.steps, args.evals, args.train_eval,
-                               args.test_eval, args.seed, args.features))
+            out.append(
+                Setting(
+                    dataset,
+                    level,
+                    n,
+                    per,
+                    args.batch,
+                    args.steps,
+                    args.evals,
+                    args.train_eval,
+                    args.test_eval,
+                    args.seed,
+                    args.features,
+                )
+            )
     return out
 
 
@@ -587,26 +810,50 @@ def main(argv=None) -> dict:
     ap.add_argument("--optimizers", nargs="+", default=list(OPTIMIZERS), choices=list(OPTIMIZERS))
     ap.add_argument("--lr", nargs=3, type=float, metavar=("SGD", "RMSPROP", "ADAM"), default=None)
     ap.add_argument("--batch", type=int, default=128, help="expected batch / cohort (q = batch / n)")
-    ap.add_argument("--record-units", type=int, default=None, help="record level: number of one-image users "
-                    "(default 60,000; the test uses a tiny subset)")
+    ap.add_argument(
+        "--record-units",
+        type=int,
+        default=None,
+        help="record level: number of one-image users (default 60,000; the test uses a tiny subset)",
+    )
     ap.add_argument("--user-units", type=int, default=None, help="user level: number of 10-image users (default 6,000)")
-    ap.add_argument("--train-eval", type=int, default=None, help="training records used for train metrics "
-                    "(default 10,000; --quick 2,000)")
+    ap.add_argument(
+        "--train-eval",
+        type=int,
+        default=None,
+        help="training records used for train metrics (default 10,000; --quick 2,000)",
+    )
     ap.add_argument("--test-eval", type=int, default=None, help="test records (default all 10,000; --quick 2,000)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--features", choices=FEATURES, default="zscore",
-                    help="zscore: the paper's scalar z-scoring (default); fedkl: the loaders' unit-norm rows")
+    ap.add_argument(
+        "--features",
+        choices=FEATURES,
+        default="zscore",
+        help="zscore: the paper's scalar z-scoring (default); fedkl: the loaders' unit-norm rows",
+    )
     ap.add_argument("--stock-kernel", action="store_true", help="fedkl's stock per-user gradients (slow)")
-    ap.add_argument("--grid", action="store_true", help="first run the lr grid: each optimizer x {0.1, 0.01, 0.001} "
-                    "on MNIST record level at every sigma (writes paper004_lr_grid.csv)")
+    ap.add_argument(
+        "--grid",
+        action="store_true",
+        help="first run the lr grid: each optimizer x {0.1, 0.01, 0.001} "
+        "on MNIST record level at every sigma (writes paper004_lr_grid.csv)",
+    )
     ap.add_argument("--grid-only", action="store_true", help="with --grid: stop after the grid")
     ap.add_argument("--grid-steps", type=int, default=None, help="rounds of a grid run (default --steps)")
-    ap.add_argument("--grid-csv", default=GRID_CSV, help="lr grid to choose the learning rates from (per optimizer and "
-                    "sigma, lowest final train loss; default %(default)s)")
+    ap.add_argument(
+        "--grid-csv",
+        default=GRID_CSV,
+        help="lr grid to choose the learning rates from (per optimizer and "
+        "sigma, lowest final train loss; default %(default)s)",
+    )
     ap.add_argument("--time-kernels", action="store_true", help="also time fedkl's stock kernel vs ghost clipping")
     ap.add_argument("--out", default=RESULTS)
-    ap.add_argument("--summary-only", action="store_true", help="rebuild the markdown summary from the CSVs of the "
-                    "last run (and any extra-seed / ablation / cross-check CSVs next to them)")
+    ap.add_argument(
+        "--summary-only",
+        action="store_true",
+        help="rebuild the markdown summary from the CSVs of the "
+        "last run (and any extra-seed / ablation / cross-check CSVs next to them)",
+    )
     ap.add_argument("--tag", default="", help="suffix for the output file names (ablations, extra seeds)")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
@@ -623,11 +870,20 @@ def main(argv=None) -> dict:
             run = json.load(f)
         last = ap.parse_args(run["argv"] + ["--out", args.out])
         last.argv = run["argv"]
-        all_rows = {f"{s.dataset}_{s.level}": read_rows(os.path.join(args.out, f"paper004_{s.dataset}_{s.level}{suffix}.csv"))
-                    for s in settings_for(last)}
+        all_rows = {
+            f"{s.dataset}_{s.level}": read_rows(os.path.join(args.out, f"paper004_{s.dataset}_{s.level}{suffix}.csv"))
+            for s in settings_for(last)
+        }
         grid = read_grid(last.grid_csv) if os.path.exists(last.grid_csv) else None
-        text = summarize(all_rows, os.path.join(args.out, f"paper004{suffix}.md"), last, run["elapsed_s"], run["timing"],
-                         grid, run["lr_source"])
+        text = summarize(
+            all_rows,
+            os.path.join(args.out, f"paper004{suffix}.md"),
+            last,
+            run["elapsed_s"],
+            run["timing"],
+            grid,
+            run["lr_source"],
+        )
         print(text)
         return all_rows
     os.makedirs(args.out, exist_ok=True)
@@ -636,8 +892,19 @@ def main(argv=None) -> dict:
     grid_rows = None
     if args.grid:
         gsteps = args.grid_steps or args.steps
-        gset = Setting("mnist", "record", args.record_units or LEVELS["record"][0], 1, args.batch, gsteps, 1,
-                       args.train_eval, args.test_eval, args.seed, args.features)
+        gset = Setting(
+            "mnist",
+            "record",
+            args.record_units or LEVELS["record"][0],
+            1,
+            args.batch,
+            gsteps,
+            1,
+            args.train_eval,
+            args.test_eval,
+            args.seed,
+            args.features,
+        )
         ds, problem = load(gset)
         ev_tr, ev_te = eval_sets(ds, gset)
         grid_rows = []
@@ -646,18 +913,34 @@ def main(argv=None) -> dict:
                 for opt in args.optimizers:
                     for lr in LR_GRID:
                         t = time.perf_counter()
-                        r = run_one(gset, ds, problem, opt, sigma, lr, noise_seed_for(gset, sigma), args.stock_kernel,
-                                    d, ev_tr, ev_te)[-1]
+                        r = run_one(
+                            gset,
+                            ds,
+                            problem,
+                            opt,
+                            sigma,
+                            lr,
+                            noise_seed_for(gset, sigma),
+                            args.stock_kernel,
+                            d,
+                            ev_tr,
+                            ev_te,
+                        )[-1]
                         grid_rows.append(r)
-                        print(f"  grid sigma={sigma:g} {NAMES[opt]:10s} lr={lr:g} T={gsteps}: train loss "
-                              f"{r['train_loss']:.4f} test acc {r['test_accuracy']:.4f} "
-                              f"({time.perf_counter() - t:.1f} s)", flush=True)
+                        print(
+                            f"  grid sigma={sigma:g} {NAMES[opt]:10s} lr={lr:g} T={gsteps}: train loss "
+                            f"{r['train_loss']:.4f} test acc {r['test_accuracy']:.4f} "
+                            f"({time.perf_counter() - t:.1f} s)",
+                            flush=True,
+                        )
         grid_path = os.path.join(args.out, f"paper004_lr_grid{suffix}.csv")
         write_csv(grid_rows, grid_path)
         print(f"wrote {grid_path}", flush=True)
         if args.grid_only:
-            print("lr chosen (lowest final train loss per optimizer and sigma):",
-                  {f"{o}@{s:g}": lr for (o, s), lr in sorted(choose_lrs(grid_rows).items())})
+            print(
+                "lr chosen (lowest final train loss per optimizer and sigma):",
+                {f"{o}@{s:g}": lr for (o, s), lr in sorted(choose_lrs(grid_rows).items())},
+            )
             return {}
     if args.lr is not None:
         lrs = {(o, s): lr for o, lr in zip(OPTIMIZERS, args.lr) for s in args.sigmas}
@@ -676,15 +959,19 @@ def main(argv=None) -> dict:
         key = f"{setting.dataset}_{setting.level}"
         all_rows[key] = rows
         write_csv(rows, os.path.join(args.out, f"paper004_{key}{suffix}.csv"))
-        plot(rows, os.path.join(args.out, f"paper004_{key}{suffix}.png"),
-             f"{setting.dataset} {setting.level} level ({setting.n_units:,} users x {setting.per_user}), "
-             f"MLP 784-128-128-10, clip 1, batch {setting.batch}, delta 1e-5")
+        plot(
+            rows,
+            os.path.join(args.out, f"paper004_{key}{suffix}.png"),
+            f"{setting.dataset} {setting.level} level ({setting.n_units:,} users x {setting.per_user}), "
+            f"MLP 784-128-128-10, clip 1, batch {setting.batch}, delta 1e-5",
+        )
         print(f"wrote paper004_{key}{suffix}.csv/.png ({(time.perf_counter() - t0) / 60:.1f} min so far)", flush=True)
     elapsed = time.perf_counter() - t0
     with open(os.path.join(args.out, f"paper004{suffix}_run.json"), "w") as f:
         json.dump({"argv": args.argv, "elapsed_s": elapsed, "lr_source": lr_source, "timing": timing}, f, indent=1)
-    text = summarize(all_rows, os.path.join(args.out, f"paper004{suffix}.md"), args, elapsed, timing, grid_rows,
-                     lr_source)
+    text = summarize(
+        all_rows, os.path.join(args.out, f"paper004{suffix}.md"), args, elapsed, timing, grid_rows, lr_source
+    )
     print(text)
     return all_rows
 

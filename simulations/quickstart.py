@@ -6,6 +6,7 @@ Every piece is explicit: the data (users as the unit), the problem (with its con
 federation (here the in-process backend), the ledger (per-user, durable), the release gate and the
 algorithm. Swap the federation for another backend and nothing else changes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,27 +28,31 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--noise-seed", type=int, default=None, help="reproducible, NOT secure noise")
     args = p.parse_args(argv)
 
-    data = load_dataset(args.dataset)                       # users are the unit of privacy
-    problem = make_problem("logistic", data)                # L0 = R, L1 = R^2/4 under ||x|| <= R
+    data = load_dataset(args.dataset)  # users are the unit of privacy
+    problem = make_problem("logistic", data)  # L0 = R, L1 = R^2/4 under ||x|| <= R
     print(problem.constants(data.feature_bound))
-    federation = InProcessFederation(problem, data)         # or, later, a Flower-backed federation
+    federation = InProcessFederation(problem, data)  # or, later, a Flower-backed federation
     n = federation.num_users
     delta = 1.0 / n**1.1
 
     os.makedirs(args.out, exist_ok=True)
     ledger = PrivacyLedger(os.path.join(args.out, "ledger.sqlite"), Budget(args.epsilon, delta))
-    rho = ledger.rho_left(federation.user_ids)              # what every user can still spend
+    rho = ledger.rho_left(federation.user_ids)  # what every user can still spend
     if rho <= 0:
-        raise SystemExit(f"the users' budget in {ledger.path} is spent (the ledger persists across runs); "
-                         "choose another --out for a new experiment")
+        raise SystemExit(
+            f"the users' budget in {ledger.path} is spent (the ledger persists across runs); "
+            "choose another --out for a new experiment"
+        )
     releaser = Releaser(ledger, NoiseSource(args.noise_seed), ZCDPFilter(rho))
     algorithm = NoisyGradientDescent(NoisyGDConfig(rounds=args.rounds, lr=4.0, clip=1.0), rho)
     result = algorithm.run(federation, releaser, problem.init_params())
 
-    metrics = federation.evaluate(result.w, "test")        # evaluation only: not a private release
+    metrics = federation.evaluate(result.w, "test")  # evaluation only: not a private release
     summary = ledger.summary()
-    print(f"{n} users, eps = {summary['max_user_epsilon']:.3f}, delta = {delta:.2g}, "
-          f"test accuracy = {metrics['accuracy']:.4f}")
+    print(
+        f"{n} users, eps = {summary['max_user_epsilon']:.3f}, delta = {delta:.2g}, "
+        f"test accuracy = {metrics['accuracy']:.4f}"
+    )
     ledger.close()
     return {"epsilon": summary["max_user_epsilon"], "delta": delta, **metrics}
 

@@ -1,4 +1,5 @@
 """Build one registered algorithm the way the runner does, for tests that inspect its configuration."""
+
 from __future__ import annotations
 
 from fedkl.algorithms.registry import BuildContext, algorithm_spec
@@ -9,7 +10,15 @@ def build(cfg, rho_total: float, *, problem, dataset, delta: float, ledger=None,
     the (eps, delta) every listed user can still afford (as :func:`fedkl.runner.train_federation`)."""
     approx = ledger.approx_left(user_ids) if ledger is not None else (0.0, 0.0)
     conversion = ledger.budget.conversion if ledger is not None else "cks"
-    context = BuildContext(problem=problem, feature_bound=dataset.feature_bound, user_ids=tuple(user_ids),
-                           delta=delta, rho_left=rho_total, approx_left=approx, conversion=conversion,
-                           neighbouring=cfg.neighbouring, seed=cfg.seed)
+    context = BuildContext(
+        problem=problem,
+        feature_bound=dataset.feature_bound,
+        user_ids=tuple(user_ids),
+        delta=delta,
+        rho_left=rho_total,
+        approx_left=approx,
+        conversion=conversion,
+        neighbouring=cfg.neighbouring,
+        seed=cfg.seed,
+    )
     return algorithm_spec(cfg.algorithm).build(cfg.params, context)

@@ -1,4 +1,5 @@
 """Shared fixtures, and the "unit" marker for every test not marked statistical, flower or slow."""
+
 import pytest
 
 _KINDS = ("statistical", "flower", "slow")

@@ -1,4 +1,5 @@
 """Test helper: record what every scheduled Gaussian release was given and what it released."""
+
 from fedkl.privacy import Releaser
 
 
@@ -6,8 +7,15 @@ def charge_record(charge, **kw) -> dict:
     """What a stand-in ledger records of one typed charge: its mechanism, cost, sensitivity, noise
     scale, and the call's keywords (label, details)."""
     rho, eps, delta = charge.cost()
-    return {"mechanism": charge.mechanism, "rho": rho, "eps": eps, "delta": delta,
-            "sensitivity": charge.sensitivity, "noise_scale": charge.noise_scale, **kw}
+    return {
+        "mechanism": charge.mechanism,
+        "rho": rho,
+        "eps": eps,
+        "delta": delta,
+        "sensitivity": charge.sensitivity,
+        "noise_scale": charge.noise_scale,
+        **kw,
+    }
 
 
 def record_schedule_releases(monkeypatch) -> list:
@@ -24,6 +32,7 @@ def record_schedule_releases(monkeypatch) -> list:
             out = release(value)
             pairs.append((value.clone(), out.clone()))
             return out
+
         handle.release = recording
         return handle
 

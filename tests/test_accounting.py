@@ -1,5 +1,6 @@
 """zCDP conversions and the dp-accounting schedule wrappers, checked against dp-accounting itself and
 against independent evaluations of the published formulas."""
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -53,13 +54,15 @@ class TestConversions:
     @pytest.mark.parametrize("delta", DELTAS)
     def test_bun_steinke_closed_form(self, delta):
         for rho in RHOS:
-            assert math.isclose(eps_bun_steinke(rho, delta), rho + 2 * math.sqrt(rho * math.log(1 / delta)),
-                                rel_tol=1e-14)
+            assert math.isclose(
+                eps_bun_steinke(rho, delta), rho + 2 * math.sqrt(rho * math.log(1 / delta)), rel_tol=1e-14
+            )
             assert zcdp_to_eps(rho, delta, "bun_steinke") == eps_bun_steinke(rho, delta)
             assert zcdp_to_eps(rho, delta) == zcdp_to_eps(rho, delta, "cks") == eps_cks(rho, delta)
 
-    @pytest.mark.parametrize("rho,delta", [(1e-3, 1e-5), (0.01, 1e-6), (0.1, 1e-5), (0.5, 1e-8),
-                                           (1.0, 1e-5), (2.0, 1e-3), (10.0, 1e-10)])
+    @pytest.mark.parametrize(
+        "rho,delta", [(1e-3, 1e-5), (0.01, 1e-6), (0.1, 1e-5), (0.5, 1e-8), (1.0, 1e-5), (2.0, 1e-3), (10.0, 1e-10)]
+    )
     def test_cks_vs_dp_accounting_rdp(self, rho, delta):
         """dp-accounting's RDP accountant evaluates the same CKS conversion on a grid of orders:
         with a dense grid it is within 1% of ours, and with any grid (default included) it is
@@ -71,8 +74,9 @@ class TestConversions:
         assert ours <= default * (1 + 1e-9)
         assert default <= 1.06 * ours  # the default grid's gaps cost at most a few percent here
 
-    @pytest.mark.parametrize("rho,delta", [(1e-4, 1e-5), (0.01, 1e-6), (0.1, 1e-5), (1.0, 1e-5),
-                                           (3.0, 1e-3), (20.0, 1e-9)])
+    @pytest.mark.parametrize(
+        "rho,delta", [(1e-4, 1e-5), (0.01, 1e-6), (0.1, 1e-5), (1.0, 1e-5), (3.0, 1e-3), (20.0, 1e-9)]
+    )
     def test_cks_is_achieved_by_some_order(self, rho, delta):
         """Safety: eps_cks must not be BELOW the minimum over alpha of the CKS bound. We exhibit an
         order alpha at which the CKS delta for eps = eps_cks(rho, delta) is <= delta (up to 1e-6
@@ -229,9 +233,18 @@ class TestSchedules:
         assert z < noise_multiplier_for(eps, 1e-5, q, T, accountant="rdp")
 
     def test_invalid_inputs(self):
-        for z, q, T in ((1.0, 0.0, 10), (1.0, 1.5, 10), (1.0, -0.1, 10), (1.0, 0.1, 0), (1.0, 0.1, -3),
-                        (1.0, 0.1, 2.5), (-1.0, 0.1, 10), (0.0, 0.1, 10), (float("nan"), 0.1, 10),
-                        (float("inf"), 0.1, 10)):
+        for z, q, T in (
+            (1.0, 0.0, 10),
+            (1.0, 1.5, 10),
+            (1.0, -0.1, 10),
+            (1.0, 0.1, 0),
+            (1.0, 0.1, -3),
+            (1.0, 0.1, 2.5),
+            (-1.0, 0.1, 10),
+            (0.0, 0.1, 10),
+            (float("nan"), 0.1, 10),
+            (float("inf"), 0.1, 10),
+        ):
             with pytest.raises(ValueError):
                 GaussianSchedule(z, q, T)
             if z > 0 and math.isfinite(z):  # noise_multiplier_for validates the same schedule arguments
@@ -268,12 +281,14 @@ def test_exact_gaussian_conversion_golden_values():
     from dp_accounting.pld import privacy_loss_distribution
 
     from fedkl.privacy.zcdp import eps_gaussian
+
     assert eps_gaussian(0.15, 1e-10) == pytest.approx(3.416, abs=5e-4)
     assert zcdp.eps_cks(0.15, 1e-10) == pytest.approx(3.574, abs=5e-4)
     assert zcdp.eps_bun_steinke(0.15, 1e-10) == pytest.approx(3.867, abs=5e-4)
     for rho, delta in ((0.15, 1e-10), (0.01, 1e-6), (2.0, 1e-5), (0.5, 0.01)):
-        ref = privacy_loss_distribution.from_gaussian_mechanism(standard_deviation=1 / math.sqrt(2 * rho),
-                                          value_discretization_interval=1e-5).get_epsilon_for_delta(delta)
+        ref = privacy_loss_distribution.from_gaussian_mechanism(
+            standard_deviation=1 / math.sqrt(2 * rho), value_discretization_interval=1e-5
+        ).get_epsilon_for_delta(delta)
         got = eps_gaussian(rho, delta)
         assert got == pytest.approx(ref, rel=1e-3) and got <= zcdp.eps_cks(rho, delta)
 
@@ -308,8 +323,12 @@ def test_ledger_reports_the_exact_epsilon_only_for_gaussian_only_users(tmp_path)
 def test_noisy_gd_reports_the_exact_epsilon(tmp_path):
     from fedkl.runner import RunConfig, run_training
 
-    res = run_training(RunConfig.from_settings(dataset="synthetic-logistic", users=50, rounds=3, noise_seed=2, reference=False,
-                                 out=str(tmp_path / "r")), log=lambda _: None)
+    res = run_training(
+        RunConfig.from_settings(
+            dataset="synthetic-logistic", users=50, rounds=3, noise_seed=2, reference=False, out=str(tmp_path / "r")
+        ),
+        log=lambda _: None,
+    )
     rho, delta = res["rho"], res["delta"]
     assert res["epsilon"] == pytest.approx(zcdp.eps_gaussian(rho, delta), rel=1e-9)
     assert res["epsilon"] < res["epsilon_by_budget_conversion"] == pytest.approx(zcdp.eps_cks(rho, delta))
@@ -321,11 +340,23 @@ def test_exact_gaussian_budget_is_refused_up_front_for_a_non_gaussian_release(tm
     from fedkl.privacy import PrivacyLedger
     from fedkl.runner import RunConfig, run_training
 
-    common = dict(dataset="synthetic-logistic", users=30, algorithm="kl-adaptive-gd", reg=0.1, kl_max_rounds=3,
-                  conversion="gaussian", noise_seed=1, reference=False)
+    common = dict(
+        dataset="synthetic-logistic",
+        users=30,
+        algorithm="kl-adaptive-gd",
+        reg=0.1,
+        kl_max_rounds=3,
+        conversion="gaussian",
+        noise_seed=1,
+        reference=False,
+    )
     with pytest.raises(ValueError, match="not Gaussian"):
-        run_training(RunConfig.from_settings(**common, kl_select="exponential", out=str(tmp_path / "x")), log=lambda _: None)
+        run_training(
+            RunConfig.from_settings(**common, kl_select="exponential", out=str(tmp_path / "x")), log=lambda _: None
+        )
     with PrivacyLedger(str(tmp_path / "x" / "ledger.sqlite")) as led:
         assert led.num_releases() == 0
-    res = run_training(RunConfig.from_settings(**common, out=str(tmp_path / "ok")), log=lambda _: None)  # last iterate: Gaussian only
+    res = run_training(
+        RunConfig.from_settings(**common, out=str(tmp_path / "ok")), log=lambda _: None
+    )  # last iterate: Gaussian only
     assert res["epsilon"] == pytest.approx(res["epsilon_by_budget_conversion"])

@@ -3,6 +3,7 @@ help and a flag; ``fedkl run --algorithm NAME --help`` shows that algorithm's fl
 registered in this file runs through ``fedkl run`` and Flower; and every registered algorithm trains
 over the Flower backend (the real ServerApp/ClientApp pair on the deterministic LocalGrid) to the
 same model, bit for bit, and the same ledger as in-process."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -79,8 +80,21 @@ def test_cli_flags_reach_the_run_config(monkeypatch):
         return {}
 
     monkeypatch.setattr("fedkl.runner.run_training", fake_run)
-    assert cli.main(["run", "--algorithm", "kl-spider", "--kl-gamma", "0.5", "--kl-phases", "3",
-                     "--kl-f0", "none", "--kl-max-rounds", "7"]) in (0, None)
+    assert cli.main(
+        [
+            "run",
+            "--algorithm",
+            "kl-spider",
+            "--kl-gamma",
+            "0.5",
+            "--kl-phases",
+            "3",
+            "--kl-f0",
+            "none",
+            "--kl-max-rounds",
+            "7",
+        ]
+    ) in (0, None)
     p = seen["cfg"].params
     assert (seen["cfg"].algorithm, p.kl_gamma, p.kl_phases, p.kl_f0, p.kl_max_rounds) == ("kl-spider", 0.5, 3, None, 7)
     assert isinstance(p.kl_phases, int) and isinstance(p.kl_gamma, float)
@@ -106,9 +120,14 @@ def test_help_with_an_algorithm_lists_only_its_flags(capsys):
     assert "--p002-phases" in text and "--kl-gamma" in text
 
 
-@pytest.mark.parametrize("args,message", [(["--kl-phases", "2.5"], "expected a int"),
-                                          (["--fkt-solver", "newton"], "invalid choice"),
-                                          (["--radius", "nan"], "must be finite")])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--kl-phases", "2.5"], "expected a int"),
+        (["--fkt-solver", "newton"], "invalid choice"),
+        (["--radius", "nan"], "must be finite"),
+    ],
+)
 def test_bad_hyperparameters_exit_2(capsys, args, message):
     with pytest.raises(SystemExit) as exc:
         cli.main(["run", *args])
@@ -134,8 +153,14 @@ class ToyOneStep:
     def run(self, federation, releaser, w0, progress=None):
         users = list(range(federation.num_users))
         total = federation.sum(ClippedGradient(w0, self.params.clip), users).total()
-        noisy = releaser.gaussian(total, sensitivity=2 * self.params.clip, rho=self.rho,
-                                  user_ids=federation.ids_of(users), label="toy/step", details={})
+        noisy = releaser.gaussian(
+            total,
+            sensitivity=2 * self.params.clip,
+            rho=self.rho,
+            user_ids=federation.ids_of(users),
+            label="toy/step",
+            details={},
+        )
         w = w0 - self.params.toy_step * noisy.to(w0.dtype) / federation.num_users
         return ToyResult(w, 1)
 
@@ -159,8 +184,27 @@ def toy_algorithm():
 
 def test_a_toy_algorithm_registered_here_runs_through_fedkl_run_and_flower(tmp_path, toy_algorithm, capsys):
     out = tmp_path / "cli"
-    assert cli.main(["run", "--algorithm", toy_algorithm, "--dataset", "synthetic-logistic", "--users", "20",
-                     "--toy-step", "0.25", "--noise-seed", "3", "--no-reference", "--out", str(out)]) == 0
+    assert (
+        cli.main(
+            [
+                "run",
+                "--algorithm",
+                toy_algorithm,
+                "--dataset",
+                "synthetic-logistic",
+                "--users",
+                "20",
+                "--toy-step",
+                "0.25",
+                "--noise-seed",
+                "3",
+                "--no-reference",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     result = json.loads((out / "result.json").read_text())
     assert result["algorithm"] == toy_algorithm and result["config"]["toy_step"] == 0.25
     assert result["epsilon"] <= 2.0 and result["test_metric"]["value"] is not None
@@ -214,11 +258,22 @@ def test_algorithm_over_flower_equals_inprocess(tmp_path, name):
 # paper 002 through the polynomial-time diameter test (CertifiedLocalMinimizer answers over Flower);
 # 60 users > 8 kappa at these budgets
 DIAMETER = {
-    "phased-erm/matching": ("phased-erm", {"users": 60, "epsilon": 8.0, "reg": 0.1, "p002_phases": 2,
-                                           "p002_test": "matching", "p002_delta_rule": "scaled",
-                                           "p002_delta_scale": 50.0}),
-    "sc-output-pert/vertex-cover": ("sc-output-pert", {"users": 40, "epsilon": 8.0, "reg": 0.5,
-                                                       "p002_test": "vertex-cover", "stability_delta": 0.5}),
+    "phased-erm/matching": (
+        "phased-erm",
+        {
+            "users": 60,
+            "epsilon": 8.0,
+            "reg": 0.1,
+            "p002_phases": 2,
+            "p002_test": "matching",
+            "p002_delta_rule": "scaled",
+            "p002_delta_scale": 50.0,
+        },
+    ),
+    "sc-output-pert/vertex-cover": (
+        "sc-output-pert",
+        {"users": 40, "epsilon": 8.0, "reg": 0.5, "p002_test": "vertex-cover", "stability_delta": 0.5},
+    ),
 }
 
 
@@ -232,17 +287,33 @@ def test_diameter_test_over_flower_equals_inprocess(tmp_path, case):
 def _flower_equals_inprocess(tmp_path, name, kw):
     kw = dict(kw)
     users = kw.pop("users", 12)
-    spec = codec.ClientSpec.build("synthetic-logistic", "logistic", {"n_users": users, "m": 6, "d": 3, "seed": 2},
-                                  {"reg": kw.get("reg", 0.0)})
-    base = {**dict(dataset="synthetic-logistic", problem="logistic", algorithm=name, epsilon=3.0, rounds=3, lr=0.5,
-                   clip=1.0, seed=2, noise_seed=5, reference=False,
-                   force=True), **kw}  # tiny populations test the plumbing, not utility: skip the noise forecast
+    spec = codec.ClientSpec.build(
+        "synthetic-logistic", "logistic", {"n_users": users, "m": 6, "d": 3, "seed": 2}, {"reg": kw.get("reg", 0.0)}
+    )
+    base = {
+        **dict(
+            dataset="synthetic-logistic",
+            problem="logistic",
+            algorithm=name,
+            epsilon=3.0,
+            rounds=3,
+            lr=0.5,
+            clip=1.0,
+            seed=2,
+            noise_seed=5,
+            reference=False,
+            force=True,
+        ),
+        **kw,
+    }  # tiny populations test the plumbing, not utility: skip the noise forecast
     quiet = dict(log=lambda s: None, spec=spec)
     # the base rounds/lr/clip apply to the algorithms that have them
-    ref = run_flower_simulation(RunConfig.from_settings(strict=False, **base, out=str(tmp_path / "ref")), "inprocess",
-                                **quiet)
-    fl = run_flower_simulation(RunConfig.from_settings(strict=False, **base, out=str(tmp_path / "fl")), "flower-local",
-                               **quiet)
+    ref = run_flower_simulation(
+        RunConfig.from_settings(strict=False, **base, out=str(tmp_path / "ref")), "inprocess", **quiet
+    )
+    fl = run_flower_simulation(
+        RunConfig.from_settings(strict=False, **base, out=str(tmp_path / "fl")), "flower-local", **quiet
+    )
     assert fl["user_ids"] == ref["user_ids"]
     assert (fl["w"] is None) == (ref["w"] is None)
     if ref["w"] is not None:
@@ -260,14 +331,32 @@ def _flower_equals_inprocess(tmp_path, name, kw):
 def test_new_query_kinds_over_flower_sim_ray(tmp_path):
     """DP-FedAvg's ClippedLocalUpdate and KL-Spider's GradientDifference through Flower's Ray
     simulation engine (one virtual SuperNode per user) release the in-process model bit for bit."""
-    spec = codec.ClientSpec.build("synthetic-logistic", "logistic", {"n_users": 6, "m": 5, "d": 3, "seed": 1},
-                                  {"reg": 0.1})
+    spec = codec.ClientSpec.build(
+        "synthetic-logistic", "logistic", {"n_users": 6, "m": 5, "d": 3, "seed": 1}, {"reg": 0.1}
+    )
     quiet = dict(log=lambda s: None, spec=spec)
     for name in ("dp-fedavg", "kl-spider"):
-        base = {**dict(dataset="synthetic-logistic", problem="logistic", algorithm=name, epsilon=3.0, rounds=2,
-                       lr=0.5, seed=1, noise_seed=3, reference=False, reg=0.1), **SMALL[name]}
+        base = {
+            **dict(
+                dataset="synthetic-logistic",
+                problem="logistic",
+                algorithm=name,
+                epsilon=3.0,
+                rounds=2,
+                lr=0.5,
+                seed=1,
+                noise_seed=3,
+                reference=False,
+                reg=0.1,
+            ),
+            **SMALL[name],
+        }
         base.pop("users", None)
-        ref = run_flower_simulation(RunConfig.from_settings(strict=False, **base, out=str(tmp_path / f"{name}-ref")), "inprocess", **quiet)
-        sim = run_flower_simulation(RunConfig.from_settings(strict=False, **base, out=str(tmp_path / f"{name}-sim")), "flower-sim", **quiet)
+        ref = run_flower_simulation(
+            RunConfig.from_settings(strict=False, **base, out=str(tmp_path / f"{name}-ref")), "inprocess", **quiet
+        )
+        sim = run_flower_simulation(
+            RunConfig.from_settings(strict=False, **base, out=str(tmp_path / f"{name}-sim")), "flower-sim", **quiet
+        )
         assert sim["user_ids"] == ref["user_ids"] and torch.equal(sim["w"], ref["w"]), name
         assert sim["ledger"]["releases"] == ref["ledger"]["releases"] >= 1

@@ -1,4 +1,5 @@
 """The public Python API: fedkl.train on a dataset name or on your own arrays / DataFrame."""
+
 import doctest
 import json
 import os
@@ -33,9 +34,10 @@ def test_train_returns_the_model_the_budget_and_writes_the_model_file(tmp_path):
     data = fedkl.from_arrays(X, y, users, task="binary", split_seed=3)
     assert data.train.num_users == 60 and set(data.train.y.tolist()) <= {-1.0, 1.0}
     ledger = tmp_path / "l.sqlite"
-    run = fedkl.train(data, "noisy-gd", epsilon=1.0, noise_seed=4, out=str(tmp_path / "a"), ledger=str(ledger),
-                      rounds=5, log=None)
-    assert run.epsilon <= 1.0 * (1 + 1e-9) and run.delta == pytest.approx(1 / 60 ** 1.1)
+    run = fedkl.train(
+        data, "noisy-gd", epsilon=1.0, noise_seed=4, out=str(tmp_path / "a"), ledger=str(ledger), rounds=5, log=None
+    )
+    assert run.epsilon <= 1.0 * (1 + 1e-9) and run.delta == pytest.approx(1 / 60**1.1)
     assert torch.equal(torch.load(run.result["model_path"]), run.model)
     saved = json.load(open(os.path.join(run.result["out_dir"], "result.json")))
     assert saved["dataset"] == "custom" and saved["model_path"] == run.result["model_path"]

@@ -25,6 +25,7 @@ Tolerances (float64, eps = 2.2e-16):
   problem's own ``per_user_gradients``, which affects only the convergence rate, never the fixed point),
   run until ``||grad F_u|| <= 1e-13``; its residual ``r*`` is used in the bounds, so no accuracy is assumed.
 """
+
 from __future__ import annotations
 
 import os
@@ -50,9 +51,9 @@ from fedkl.flower import codec, localgrid  # noqa: E402
 from fedkl.problems import make_problem  # noqa: E402
 
 KIND = "certified_local_minimizer"
-TOL = 1e-10            # the query's default tol, asserted explicitly below
+TOL = 1e-10  # the query's default tol, asserted explicitly below
 RECOMPUTE_ATOL = 1e-12  # see the module docstring
-CERT_SLACK = 1e-12      # see the module docstring
+CERT_SLACK = 1e-12  # see the module docstring
 
 # (reg, strength): strength 0 only with a strongly convex f_u (reg > 0)
 SETTINGS = [(0.0, 0.5), (0.0, 100.0), (0.1, 0.0), (0.1, 0.5), (0.1, 100.0)]
@@ -60,8 +61,9 @@ GLM = [("synthetic-logistic", "logistic"), ("synthetic-least-squares", "least-sq
 
 
 # --- helpers --------------------------------------------------------------------------------------
-def _fed(dataset: str, problem: str, reg: float, *, n_users: int = 8, m: int = 12, d: int = 5,
-         seed: int = 4) -> InProcessFederation:
+def _fed(
+    dataset: str, problem: str, reg: float, *, n_users: int = 8, m: int = 12, d: int = 5, seed: int = 4
+) -> InProcessFederation:
     ds = load_dataset(dataset, n_users=n_users, m=m, d=d, seed=seed)
     return InProcessFederation(make_problem(problem, ds, reg=reg), ds)
 
@@ -95,8 +97,9 @@ def _reference_minimizer(fed, u, center, s, gtol=1e-13, iters=100):
         if float(g.norm()) <= gtol:
             break
         h = 1e-6
-        H = torch.stack([(_grad_F(fed, u, v + h * e, center, s) - _grad_F(fed, u, v - h * e, center, s)) / (2 * h)
-                         for e in eye])
+        H = torch.stack(
+            [(_grad_F(fed, u, v + h * e, center, s) - _grad_F(fed, u, v - h * e, center, s)) / (2 * h) for e in eye]
+        )
         p = -torch.linalg.solve(0.5 * (H + H.T), g)
         f0, slope, t = F(v), float(g @ p), 1.0
         while t > 1e-12:
@@ -136,7 +139,7 @@ def test_newton_answer_is_accurate_and_its_residual_is_the_true_gradient_norm(da
     assert ans.users == list(range(fed.num_users)) and ans.failed == []
     P = fed.num_params
     assert ans.values.shape == (fed.num_users, P + 1)
-    assert (ans.values[:, P] <= TOL).all(), ans.values[:, P]     # converged to the query tol
+    assert (ans.values[:, P] <= TOL).all(), ans.values[:, P]  # converged to the query tol
     _check_rows(fed, ans.users, ans.values, center, s)
     if s > 0:  # and agrees with the plain (L-BFGS) kind, within both answers' certified radii
         plain = fed.compute(LocalRegularizedMinimizer(center, s)).values
@@ -196,7 +199,7 @@ def test_least_squares_one_newton_step_is_exact():
 BATCH_CASES = [
     ("synthetic-logistic", "logistic", 0.1, 0.5, {}, 500),
     ("synthetic-logistic", "logistic", 0.1, 0.0, {}, 500),
-    ("synthetic-logistic", "logistic", 0.0, 100.0, {}, 2),   # early-stopped rows too
+    ("synthetic-logistic", "logistic", 0.0, 100.0, {}, 2),  # early-stopped rows too
     ("synthetic-least-squares", "least-squares", 0.0, 0.5, {}, 500),
     # d = 150: the Hessian is accumulated in chunks of (1 << 22) // d^2 = 186 records, so a user's
     # records fall in different chunks depending on who else is asked (user 3, records 144..191 of the
@@ -205,8 +208,11 @@ BATCH_CASES = [
 ]
 
 
-@pytest.mark.parametrize("dataset,problem,reg,s,size,max_iter", BATCH_CASES,
-                         ids=["logistic", "logistic-s0", "logistic-early", "least-squares", "logistic-d150"])
+@pytest.mark.parametrize(
+    "dataset,problem,reg,s,size,max_iter",
+    BATCH_CASES,
+    ids=["logistic", "logistic-s0", "logistic-early", "least-squares", "logistic-d150"],
+)
 def test_rows_are_bitwise_independent_of_the_batch(dataset, problem, reg, s, size, max_iter):
     fed = _fed(dataset, problem, reg, **size)
     n, P = fed.num_users, fed.num_params
@@ -215,7 +221,7 @@ def test_rows_are_bitwise_independent_of_the_batch(dataset, problem, reg, s, siz
     assert full.shape == (n, P + 1) and torch.isfinite(full).all()
     if P == 150:  # the chunk boundary really falls inside user 3's records
         counts = fed.dataset.train.counts()
-        assert int(counts[:3].sum()) < (1 << 22) // P ** 2 < int(counts[:4].sum())
+        assert int(counts[:3].sum()) < (1 << 22) // P**2 < int(counts[:4].sum())
     for u in range(n):  # asked alone, in the same federation
         assert torch.equal(fed.compute(q, [u]).values[0], full[u]), u
     for users in ([7, 2, 5, 0], [0, 5, 2, 7], [n - 1, 1]) if n >= 8 else ([3, 1, 0], [2, 3], [1, 0]):
@@ -223,15 +229,20 @@ def test_rows_are_bitwise_independent_of_the_batch(dataset, problem, reg, s, siz
     # a federation holding only that user's records (exactly what a Flower client runs)
     ds = fed.dataset
     for u in (0, n - 1):
-        one = InProcessFederation(fed.problem, dataclasses.replace(ds, train=ds.train.subset([u]),
-                                                                   test=ds.test.subset([u])))
+        one = InProcessFederation(
+            fed.problem, dataclasses.replace(ds, train=ds.train.subset([u]), test=ds.test.subset([u]))
+        )
         assert torch.equal(one.compute(q, [0]).values[0], full[u]), u
 
 
 # --- 4. wire format --------------------------------------------------------------------------------
 def _reply(kind: str, value) -> Message:
-    req = Message(codec.encode_request(CertifiedLocalMinimizer(torch.zeros(D, dtype=torch.float64), 0.0)),
-                  1, codec.MESSAGE_TYPE, group_id="t")
+    req = Message(
+        codec.encode_request(CertifiedLocalMinimizer(torch.zeros(D, dtype=torch.float64), 0.0)),
+        1,
+        codec.MESSAGE_TYPE,
+        group_id="t",
+    )
     return Message(codec.encode_answer(kind, value), reply_to=req)
 
 
@@ -252,21 +263,28 @@ def test_codec_round_trips_certified_requests(strength):
 
 
 def _minimizer_request(kind, strength, tol=1e-10, max_iter=50):
-    return _request(kind=kind, scalars={"strength": strength, "tol": tol, "max_iter": max_iter},
-                    tensors={"center": Array(np.zeros(D))})
+    return _request(
+        kind=kind,
+        scalars={"strength": strength, "tol": tol, "max_iter": max_iter},
+        tensors={"center": Array(np.zeros(D))},
+    )
 
 
-@pytest.mark.parametrize("kind,strength,tol,max_iter", [
-    ("local_minimizer", 0.0, 1e-10, 50),              # strength 0 only for the certified kind
-    ("local_minimizer", -1.0, 1e-10, 50),
-    (KIND, -1.0, 1e-10, 50),
-    (KIND, -1e-300, 1e-10, 50),
-    (KIND, math.nan, 1e-10, 50),
-    (KIND, math.inf, 1e-10, 50),
-    (KIND, 0.0, 0.0, 50),                              # tol must be > 0
-    (KIND, 0.0, 1e-10, 0),                             # max_iter in [1, 100000]
-    (KIND, 0.0, 1e-10, 100_001),
-], ids=["plain-s0", "plain-neg", "neg", "tiny-neg", "nan", "inf", "tol0", "iter0", "iter-big"])
+@pytest.mark.parametrize(
+    "kind,strength,tol,max_iter",
+    [
+        ("local_minimizer", 0.0, 1e-10, 50),  # strength 0 only for the certified kind
+        ("local_minimizer", -1.0, 1e-10, 50),
+        (KIND, -1.0, 1e-10, 50),
+        (KIND, -1e-300, 1e-10, 50),
+        (KIND, math.nan, 1e-10, 50),
+        (KIND, math.inf, 1e-10, 50),
+        (KIND, 0.0, 0.0, 50),  # tol must be > 0
+        (KIND, 0.0, 1e-10, 0),  # max_iter in [1, 100000]
+        (KIND, 0.0, 1e-10, 100_001),
+    ],
+    ids=["plain-s0", "plain-neg", "neg", "tiny-neg", "nan", "inf", "tol0", "iter0", "iter-big"],
+)
 def test_codec_refuses_bad_minimizer_requests(kind, strength, tol, max_iter):
     with pytest.raises(codec.CodecError):
         codec.decode_request(_minimizer_request(kind, strength, tol, max_iter), D)
@@ -282,14 +300,14 @@ def test_codec_answers_are_d_plus_one_and_strict():
     v = torch.cat([_center(D, seed=6), torch.tensor([3.5e-11], dtype=torch.float64)])
     got = codec.decode_answer(_reply(KIND, v), certified, D)
     assert got.shape == (D + 1,) and torch.equal(got, v)
-    for wrong in (v[:D], torch.cat([v, v[:1]]), v[:1]):   # the plain length, one too many, a scalar
+    for wrong in (v[:D], torch.cat([v, v[:1]]), v[:1]):  # the plain length, one too many, a scalar
         with pytest.raises(codec.CodecError):
             codec.decode_answer(_reply(KIND, wrong), certified, D)
     bad = v.clone()
-    bad[D] = math.nan                                        # a NaN residual is not an answer
+    bad[D] = math.nan  # a NaN residual is not an answer
     with pytest.raises(codec.CodecError):
         codec.decode_answer(_reply(KIND, bad), certified, D)
-    with pytest.raises(codec.CodecError):                    # a certified reply does not answer a plain request
+    with pytest.raises(codec.CodecError):  # a certified reply does not answer a plain request
         codec.decode_answer(_reply(KIND, v), plain, D)
 
 
@@ -305,8 +323,11 @@ def test_flower_equals_inprocess_bitwise(dataset, problem):
     fed, grid = _flower(spec)
     ref, per_user = _inprocess(spec), PerUserReference(spec)
     center = _center(D, seed=7, scale=2.0)
-    queries = [CertifiedLocalMinimizer(center, 0.0), CertifiedLocalMinimizer(center, 0.5),
-               CertifiedLocalMinimizer(center, 100.0, max_iter=1)]
+    queries = [
+        CertifiedLocalMinimizer(center, 0.0),
+        CertifiedLocalMinimizer(center, 0.5),
+        CertifiedLocalMinimizer(center, 100.0, max_iter=1),
+    ]
     for q in queries:
         for users in ([5, 0, 11, 3], None):
             a, b, p = fed.compute(q, users), ref.compute(q, users), per_user.compute(q, users)
@@ -322,10 +343,14 @@ def test_flower_refuses_bad_strengths_before_sending():
     fed, grid = _flower(_spec("synthetic-logistic", "logistic"))
     w = torch.zeros(D, dtype=torch.float64)
     before = len(grid.calls)
-    for q in (CertifiedLocalMinimizer(w, -1.0), CertifiedLocalMinimizer(w, math.nan),
-              CertifiedLocalMinimizer(w, math.inf), LocalRegularizedMinimizer(w, 0.0),
-              CertifiedLocalMinimizer(torch.zeros(D + 1, dtype=torch.float64), 0.5),
-              CertifiedLocalMinimizer(torch.full((D,), math.nan, dtype=torch.float64), 0.5)):
+    for q in (
+        CertifiedLocalMinimizer(w, -1.0),
+        CertifiedLocalMinimizer(w, math.nan),
+        CertifiedLocalMinimizer(w, math.inf),
+        LocalRegularizedMinimizer(w, 0.0),
+        CertifiedLocalMinimizer(torch.zeros(D + 1, dtype=torch.float64), 0.5),
+        CertifiedLocalMinimizer(torch.full((D,), math.nan, dtype=torch.float64), 0.5),
+    ):
         with pytest.raises(ValueError):
             fed.compute(q)
     assert len(grid.calls) == before  # nothing was sent
@@ -371,8 +396,13 @@ def test_backends_agree_on_bad_tol_or_max_iter(tol, max_iter):
 
 
 # --- 6. problems without the Newton path: per-user L-BFGS + residual column --------------------------
-FALLBACK = [("softmax", 0.1, 0.5), ("softmax", 0.0, 0.5), ("softmax", 0.1, 0.0), ("smoothed-hinge", 0.1, 0.5),
-            ("smoothed-hinge", 0.1, 0.0)]
+FALLBACK = [
+    ("softmax", 0.1, 0.5),
+    ("softmax", 0.0, 0.5),
+    ("softmax", 0.1, 0.0),
+    ("smoothed-hinge", 0.1, 0.5),
+    ("smoothed-hinge", 0.1, 0.0),
+]
 
 
 @pytest.mark.parametrize("problem,reg,s", FALLBACK)

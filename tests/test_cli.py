@@ -1,4 +1,5 @@
 """The `fedkl` console script: account agrees with dp-accounting, run writes its results, errors are one line."""
+
 import json
 import subprocess
 import sys
@@ -26,17 +27,32 @@ def _dp_accounting_eps(z, q, steps, delta):
 
 
 SETTINGS = [
-    (1.2, 0.03547, 100, 1e-5),   # the TFF-tutorial setting of the issue: PLD ~1.71, RDP ~1.99
-    (1.0, 0.01, 1000, 1e-5),     # deps.md: RDP 2.10, PLD 1.83
-    (4.0, 1.0, 30, 1e-6),        # full participation (no amplification)
+    (1.2, 0.03547, 100, 1e-5),  # the TFF-tutorial setting of the issue: PLD ~1.71, RDP ~1.99
+    (1.0, 0.01, 1000, 1e-5),  # deps.md: RDP 2.10, PLD 1.83
+    (4.0, 1.0, 30, 1e-6),  # full participation (no amplification)
     (0.8, 0.1, 50, 1e-4),
 ]
 
 
 @pytest.mark.parametrize("z,q,steps,delta", SETTINGS)
 def test_account_matches_dp_accounting(capsys, z, q, steps, delta):
-    assert main(["account", "--noise-multiplier", str(z), "--sampling-rate", str(q), "--steps", str(steps),
-                 "--delta", str(delta), "--json"]) == 0
+    assert (
+        main(
+            [
+                "account",
+                "--noise-multiplier",
+                str(z),
+                "--sampling-rate",
+                str(q),
+                "--steps",
+                str(steps),
+                "--delta",
+                str(delta),
+                "--json",
+            ]
+        )
+        == 0
+    )
     res = json.loads(capsys.readouterr().out)
     ref = _dp_accounting_eps(z, q, steps, delta)
     for name in ("pld", "rdp"):
@@ -45,16 +61,42 @@ def test_account_matches_dp_accounting(capsys, z, q, steps, delta):
 
 
 def test_account_reference_numbers_of_the_issue(capsys):
-    main(["account", "--noise-multiplier", "1.2", "--sampling-rate", "0.03547", "--steps", "100",
-          "--delta", "1e-5", "--json"])
+    main(
+        [
+            "account",
+            "--noise-multiplier",
+            "1.2",
+            "--sampling-rate",
+            "0.03547",
+            "--steps",
+            "100",
+            "--delta",
+            "1e-5",
+            "--json",
+        ]
+    )
     res = json.loads(capsys.readouterr().out)
     assert res["epsilon"]["pld"] == pytest.approx(1.71, rel=0.01)
     assert res["epsilon"]["rdp"] == pytest.approx(1.99, rel=0.01)
 
 
 def test_account_inverse_round_trips(capsys):
-    main(["account", "--epsilon", "1.99", "--sampling-rate", "0.03547", "--steps", "100", "--delta", "1e-5",
-          "--accountant", "rdp", "--json"])
+    main(
+        [
+            "account",
+            "--epsilon",
+            "1.99",
+            "--sampling-rate",
+            "0.03547",
+            "--steps",
+            "100",
+            "--delta",
+            "1e-5",
+            "--accountant",
+            "rdp",
+            "--json",
+        ]
+    )
     z = json.loads(capsys.readouterr().out)["noise_multiplier"]["rdp"]
     assert z == pytest.approx(1.2, rel=0.01)
     assert _dp_accounting_eps(z, 0.03547, 100, 1e-5)["rdp"] <= 1.99 * (1 + 1e-6)
@@ -69,16 +111,19 @@ def test_account_zcdp_conversions(capsys):
     assert res["epsilon"]["bun_steinke"] > res["epsilon"]["cks"]
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["account", "--delta", "2"], "--delta"),
-    (["account", "--delta", "1e-5"], "exactly one of"),
-    (["account", "--noise-multiplier", "-1", "--delta", "1e-5"], "--noise-multiplier"),
-    (["account", "--noise-multiplier", "1", "--sampling-rate", "0", "--delta", "1e-5"], "--sampling-rate"),
-    (["run", "--epsilon", "0"], "--epsilon"),
-    (["run", "--dataset", "nope"], "--dataset"),
-    (["run", "--rounds", "1.5"], "--rounds"),
-    (["frobnicate"], "invalid choice"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["account", "--delta", "2"], "--delta"),
+        (["account", "--delta", "1e-5"], "exactly one of"),
+        (["account", "--noise-multiplier", "-1", "--delta", "1e-5"], "--noise-multiplier"),
+        (["account", "--noise-multiplier", "1", "--sampling-rate", "0", "--delta", "1e-5"], "--sampling-rate"),
+        (["run", "--epsilon", "0"], "--epsilon"),
+        (["run", "--dataset", "nope"], "--dataset"),
+        (["run", "--rounds", "1.5"], "--rounds"),
+        (["frobnicate"], "invalid choice"),
+    ],
+)
 def test_bad_arguments_exit_2_with_one_line(args, needle):
     proc = subprocess.run(FEDKL + args, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
@@ -95,14 +140,37 @@ def test_help_on_every_command():
 
 def test_run_writes_result_and_ledger_then_refuses_when_budget_is_spent(tmp_path):
     out = tmp_path / "run"
-    args = ["run", "--dataset", "synthetic-logistic", "--rounds", "5", "--noise-seed", "1", "--out", str(out),
-            "--epsilon", "3"]
+    args = [
+        "run",
+        "--dataset",
+        "synthetic-logistic",
+        "--rounds",
+        "5",
+        "--noise-seed",
+        "1",
+        "--out",
+        str(out),
+        "--epsilon",
+        "3",
+    ]
     proc = subprocess.run(FEDKL + args, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "epsilon = " in proc.stdout and "test accuracy" in proc.stdout
     res = json.loads((out / "result.json").read_text())
-    for key in ("algorithm", "dataset", "users", "epsilon", "delta", "rho", "accountant", "test_metric",
-                "nonprivate_reference", "seed", "wall_time_s", "noise_rng"):
+    for key in (
+        "algorithm",
+        "dataset",
+        "users",
+        "epsilon",
+        "delta",
+        "rho",
+        "accountant",
+        "test_metric",
+        "nonprivate_reference",
+        "seed",
+        "wall_time_s",
+        "noise_rng",
+    ):
         assert key in res
     assert res["noise_rng"] == "seeded"
     # the budget (sized by CKS) is spent; the epsilon reported is the exact one of these Gaussian releases
@@ -110,11 +178,16 @@ def test_run_writes_result_and_ledger_then_refuses_when_budget_is_spent(tmp_path
     assert res["epsilon"] < res["epsilon_by_budget_conversion"] <= 3.0 * (1 + 1e-9)
     assert res["ledger"]["releases"] == 5
     # a second run on the same ledger has nothing left: clear error, exit code 3, nothing charged
-    again = subprocess.run(FEDKL + args[:-4] + ["--ledger", str(out / "ledger.sqlite"), "--out", str(tmp_path / "b"),
-                                                "--epsilon", "3"], capture_output=True, text=True, timeout=300)
+    again = subprocess.run(
+        FEDKL + args[:-4] + ["--ledger", str(out / "ledger.sqlite"), "--out", str(tmp_path / "b"), "--epsilon", "3"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert again.returncode == 3
     assert "budget" in again.stderr and "spent" in again.stderr
     from fedkl.privacy import PrivacyLedger
+
     with PrivacyLedger(out / "ledger.sqlite") as ledger:
         assert ledger.num_releases() == 5
         ledger.verify()
@@ -125,21 +198,26 @@ def test_run_resumes_a_partly_spent_ledger(tmp_path):
     from fedkl.runner import RunConfig, run_training
 
     ledger = str(tmp_path / "shared.sqlite")
-    common = dict(dataset="synthetic-logistic", epsilon=2.0, delta=1e-5, rounds=4, noise_seed=0,
-                  ledger=ledger, reference=False)
+    common = dict(
+        dataset="synthetic-logistic", epsilon=2.0, delta=1e-5, rounds=4, noise_seed=0, ledger=ledger, reference=False
+    )
     first = run_training(RunConfig.from_settings(**common, out=str(tmp_path / "a")), log=lambda s: None)
     from fedkl.privacy import Budget, PrivacyLedger, rho_for_eps_delta
+
     full = rho_for_eps_delta(2.0, 1e-5)
     assert first["rho"] == pytest.approx(full, rel=1e-9)
     # simulate an interrupted earlier run: a fresh ledger with half the budget already charged
     ledger2 = str(tmp_path / "half.sqlite")
     with PrivacyLedger(ledger2, Budget(2.0, 1e-5)) as led:
         from fedkl.data import load_dataset
+
         ids = load_dataset("synthetic-logistic", seed=0).train.user_ids
         led.charge(list(ids), GaussianCharge(rho=full / 2), label="earlier")
-    second = run_training(RunConfig.from_settings(**{**common, "ledger": ledger2}, out=str(tmp_path / "b")), log=lambda s: None)
-    assert second["rho"] == pytest.approx(full, rel=1e-9)           # total per user = the budget
-    assert second["sigma_sum"] == pytest.approx(first["sigma_sum"] * 2 ** 0.5, rel=1e-6)  # half the rho left
+    second = run_training(
+        RunConfig.from_settings(**{**common, "ledger": ledger2}, out=str(tmp_path / "b")), log=lambda s: None
+    )
+    assert second["rho"] == pytest.approx(full, rel=1e-9)  # total per user = the budget
+    assert second["sigma_sum"] == pytest.approx(first["sigma_sum"] * 2**0.5, rel=1e-6)  # half the rho left
     assert second["epsilon"] <= 2.0 * (1 + 1e-9)
 
 
@@ -147,15 +225,35 @@ def test_run_output_perturbation_on_a_small_synthetic_population(tmp_path):
     """sc-output-pert runs end to end from `fedkl run` and is charged as an (eps, delta) release."""
     from fedkl.runner import RunConfig, run_training
 
-    res = run_training(RunConfig.from_settings(dataset="synthetic-logistic", users=12, algorithm="sc-output-pert", reg=0.5,
-                                 epsilon=1.0, delta=1e-3, noise_seed=0, out=str(tmp_path / "o"),
-                                 reference=False, force=True), log=lambda s: None)  # 12 users: noise swamps it
+    res = run_training(
+        RunConfig.from_settings(
+            dataset="synthetic-logistic",
+            users=12,
+            algorithm="sc-output-pert",
+            reg=0.5,
+            epsilon=1.0,
+            delta=1e-3,
+            noise_seed=0,
+            out=str(tmp_path / "o"),
+            reference=False,
+            force=True,
+        ),
+        log=lambda s: None,
+    )  # 12 users: noise swamps it
     assert "basic composition" in res["accountant"]
     assert res["ledger"]["releases"] == 1
     assert res["epsilon"] <= 1.0 * (1 + 1e-9) and res["ledger"]["max_user_epsilon"] <= 1.0 + 1e-9
     with pytest.raises(ValueError, match="--reg"):
-        run_training(RunConfig.from_settings(dataset="synthetic-logistic", users=12, algorithm="sc-output-pert",
-                               out=str(tmp_path / "p"), reference=False), log=lambda s: None)
+        run_training(
+            RunConfig.from_settings(
+                dataset="synthetic-logistic",
+                users=12,
+                algorithm="sc-output-pert",
+                out=str(tmp_path / "p"),
+                reference=False,
+            ),
+            log=lambda s: None,
+        )
 
 
 @pytest.mark.flower
@@ -166,7 +264,9 @@ def test_run_over_flower_backend_matches_inprocess(tmp_path):
 
     common = dict(dataset="synthetic-logistic", users=12, rounds=3, noise_seed=4, reference=False)
     here = run_training(RunConfig.from_settings(**common, out=str(tmp_path / "i")), log=lambda s: None)
-    there = run_training(RunConfig.from_settings(**common, backend="flower-local", out=str(tmp_path / "f")), log=lambda s: None)
+    there = run_training(
+        RunConfig.from_settings(**common, backend="flower-local", out=str(tmp_path / "f")), log=lambda s: None
+    )
     assert there["backend"] == "flower-local"
     assert there["test_metric"]["value"] == pytest.approx(here["test_metric"]["value"], abs=1e-12)
     assert there["rho"] == pytest.approx(here["rho"], rel=1e-12)
@@ -182,8 +282,20 @@ def test_plan_ranks_the_algorithms_by_their_public_noise_without_spending(tmp_pa
     from fedkl.runner import RunConfig, run_training
 
     monkeypatch.chdir(tmp_path)
-    args = ["plan", "--dataset", "synthetic-logistic", "--users", "60", "--reg", "0.1", "--epsilon", "4",
-            "--algorithms", "noisy-gd,sc-output-pert,phased-sco,kl-spider", "--json"]
+    args = [
+        "plan",
+        "--dataset",
+        "synthetic-logistic",
+        "--users",
+        "60",
+        "--reg",
+        "0.1",
+        "--epsilon",
+        "4",
+        "--algorithms",
+        "noisy-gd,sc-output-pert,phased-sco,kl-spider",
+        "--json",
+    ]
     assert main(args) == 0
     out = json.loads(capsys.readouterr().out)
     ranked = [r["algorithm"] for r in out["ranked"]]
@@ -195,11 +307,25 @@ def test_plan_ranks_the_algorithms_by_their_public_noise_without_spending(tmp_pa
     assert list(tmp_path.iterdir()) == []  # nothing written, nothing charged
     # the output-perturbation ratio is the forecast the run itself logs before reading data
     logged = []
-    run_training(RunConfig.from_settings(dataset="synthetic-logistic", users=60, reg=0.1, epsilon=4.0,
-                                         algorithm="sc-output-pert", force=True, reference=False,
-                                         out=str(tmp_path / "r")), log=logged.append)
+    run_training(
+        RunConfig.from_settings(
+            dataset="synthetic-logistic",
+            users=60,
+            reg=0.1,
+            epsilon=4.0,
+            algorithm="sc-output-pert",
+            force=True,
+            reference=False,
+            out=str(tmp_path / "r"),
+        ),
+        log=logged.append,
+    )
     forecast = next(line for line in logged if line.startswith("forecast"))
     sc = next(r for r in out["ranked"] if r["algorithm"] == "sc-output-pert")
     assert f"noise_over_signal {sc['ratio']:.4g}" in forecast
-    assert plan({"dataset": "synthetic-logistic", "users": 60, "reg": 0.1, "epsilon": 4.0},
-                ["noisy-gd"])["ranked"][0]["ratio"] == next(r for r in out["ranked"] if r["algorithm"] == "noisy-gd")["ratio"]
+    assert (
+        plan({"dataset": "synthetic-logistic", "users": 60, "reg": 0.1, "epsilon": 4.0}, ["noisy-gd"])["ranked"][0][
+            "ratio"
+        ]
+        == next(r for r in out["ranked"] if r["algorithm"] == "noisy-gd")["ratio"]
+    )

@@ -1,4 +1,5 @@
 """Datasets: synthetic generators (reproducibility, known optimum) and the real loaders."""
+
 from __future__ import annotations
 
 import math
@@ -25,8 +26,11 @@ from fedkl.problems import LeastSquares
 
 
 def _same(a: FederatedDataset, b: FederatedDataset) -> bool:
-    return all(torch.equal(getattr(x, f), getattr(y, f)) for x, y in ((a.train, b.train), (a.test, b.test))
-               for f in ("X", "y", "user_index")) and torch.equal(a.optimum, b.optimum)
+    return all(
+        torch.equal(getattr(x, f), getattr(y, f))
+        for x, y in ((a.train, b.train), (a.test, b.test))
+        for f in ("X", "y", "user_index")
+    ) and torch.equal(a.optimum, b.optimum)
 
 
 # --- split ---------------------------------------------------------------------------------------
@@ -40,8 +44,9 @@ def test_split_by_user():
     assert n_test.tolist() == [0, 1, 1, 2, 10] and n_train.tolist() == [1, 1, 2, 8, 40]
     assert np.array_equal(test, split_by_user(user_index, 5, 0.2, np.random.default_rng(1)))
     assert not np.array_equal(test, split_by_user(user_index, 5, 0.2, np.random.default_rng(2)))
-    assert np.bincount(user_index[split_by_user(user_index, 5, 0.2, np.random.default_rng(1), min_test=3)],
-                       minlength=5).tolist() == [0, 1, 2, 3, 10]
+    assert np.bincount(
+        user_index[split_by_user(user_index, 5, 0.2, np.random.default_rng(1), min_test=3)], minlength=5
+    ).tolist() == [0, 1, 2, 3, 10]
     assert split_by_user(user_index, 5, 0.0, np.random.default_rng(1), min_test=0).sum() == 0
     with pytest.raises(ValueError):
         split_by_user(user_index, 5, 1.0, np.random.default_rng(1))
@@ -74,7 +79,7 @@ def test_least_squares_erm_near_optimum():
     n_users, m, d, noise = 400, 50, 10, 0.1
     ds = synthetic_least_squares(n_users, m, d, noise=noise, seed=0)
     erm, N = ds.extra["erm_optimum"], ds.train.num_records
-    c = float((ds.train.X ** 2).sum(1).mean())
+    c = float((ds.train.X**2).sum(1).mean())
     tol = 4 * noise * d / math.sqrt(c * N)
     assert tol < 0.05
     assert float((erm - ds.optimum).norm()) <= tol
@@ -91,8 +96,8 @@ def test_least_squares_heterogeneous_optimum_is_w_star():
     about h/sqrt(n) + sqrt(noise^2 + h^2 c/d) d/sqrt(c N); allow 4 times that."""
     n_users, m, d, noise, h = 2000, 10, 5, 0.1, 1.0
     ds = synthetic_least_squares(n_users, m, d, heterogeneity=h, noise=noise, seed=1)
-    c, N = float((ds.train.X ** 2).sum(1).mean()), ds.train.num_records
-    tol = 4 * (h / math.sqrt(n_users) + math.sqrt(noise ** 2 + h * h * c / d) * d / math.sqrt(c * N))
+    c, N = float((ds.train.X**2).sum(1).mean()), ds.train.num_records
+    tol = 4 * (h / math.sqrt(n_users) + math.sqrt(noise**2 + h * h * c / d) * d / math.sqrt(c * N))
     assert tol < 0.2
     assert float((ds.extra["erm_optimum"] - ds.optimum).norm()) <= tol
     assert ds.extra["label_bound"] == pytest.approx(1.0 + 3 * h + 4 * noise)
@@ -118,8 +123,16 @@ def test_logistic_mle_near_optimum():
 
 def test_load_dataset():
     assert DATASETS[:4] == ("movielens", "tv16", "synthetic-logistic", "synthetic-least-squares")
-    assert set(DATASETS[4:]) == {"adult", "shakespeare", "mnist", "fashion-mnist", "flights", "mortgages",
-                                 "fertility-partition", "movielens-heavy"}
+    assert set(DATASETS[4:]) == {
+        "adult",
+        "shakespeare",
+        "mnist",
+        "fashion-mnist",
+        "flights",
+        "mortgages",
+        "fertility-partition",
+        "movielens-heavy",
+    }
     ds = load_dataset("synthetic-logistic")
     assert ds.train.num_users == 200 and ds.train.dim == 10 and ds.train.num_records + ds.test.num_records == 4000
     assert load_dataset("synthetic-least-squares", d=3, seed=5).train.dim == 3
@@ -166,6 +179,7 @@ def test_movielens_features_are_record_local():
 
 def test_movielens_profile_features_are_client_local_and_leak_no_label():
     from fedkl.data.real import movielens_genre_matrix, movielens_profile_features, split_by_user
+
     raw = _raw_movielens()
     uids, ui = np.unique(raw["userId"].to_numpy(), return_inverse=True)
     y = raw["rating"].to_numpy() >= 4

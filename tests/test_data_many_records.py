@@ -2,6 +2,7 @@
 birth state, a random n x m partition of AER Fertility, and the heavy-user subset of MovieLens.
 
 The counts asserted here are the ones written in the loaders' module docstrings."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -32,8 +33,11 @@ def datasets() -> dict[str, FederatedDataset]:
 
 
 def _same(a: FederatedDataset, b: FederatedDataset) -> bool:
-    return all(torch.equal(getattr(x, f), getattr(y, f)) for x, y in ((a.train, b.train), (a.test, b.test))
-               for f in ("X", "y", "user_index"))
+    return all(
+        torch.equal(getattr(x, f), getattr(y, f))
+        for x, y in ((a.train, b.train), (a.test, b.test))
+        for f in ("X", "y", "user_index")
+    )
 
 
 def _counts(ds: FederatedDataset) -> np.ndarray:
@@ -44,7 +48,8 @@ def test_registered():
     assert {"flights", "mortgages", "fertility-partition", "movielens-heavy"} <= set(DATASETS)
     assert load_dataset("flights", seed=2) is load_flights(split_seed=2)
     assert load_dataset("fertility-partition", seed=1, n_users=10, m=5) is load_fertility_partition(
-        n_users=10, m=5, split_seed=1)
+        n_users=10, m=5, split_seed=1
+    )
     with pytest.raises(ValueError, match="not both"):
         load_dataset("mortgages", seed=0, split_seed=1)
     for name in ("flights", "mortgages", "movielens-heavy"):
@@ -94,8 +99,10 @@ def test_documented_details(datasets):
     assert load_movielens_heavy(min_records=300).train.num_users < heavy.train.num_users
 
 
-@pytest.mark.parametrize("name,kw", [("flights", {}), ("mortgages", {}), ("fertility-partition", {"n_users": 200, "m": 50}),
-                                     ("movielens-heavy", {})])
+@pytest.mark.parametrize(
+    "name,kw",
+    [("flights", {}), ("mortgages", {}), ("fertility-partition", {"n_users": 200, "m": 50}), ("movielens-heavy", {})],
+)
 def test_split_seeded(name, kw):
     a, b, c = (load_dataset(name, seed=s, **kw) for s in (0, 0, 1))
     assert _same(a, b)
@@ -143,8 +150,12 @@ def test_fertility_partition_shape_and_refusal():
     # sweeping m at fixed n is nested: each user's records for m=20 are among its records for m=40
     small = load_fertility_partition(n_users=300, m=20, partition_seed=0)
     for u in (0, 7, 299):
-        big_rows = {tuple(r) for r in torch.cat([ds.train.X[ds.train.user_index == u],
-                                                 ds.test.X[ds.test.user_index == u]]).numpy().tolist()}
+        big_rows = {
+            tuple(r)
+            for r in torch.cat([ds.train.X[ds.train.user_index == u], ds.test.X[ds.test.user_index == u]])
+            .numpy()
+            .tolist()
+        }
         small_rows = torch.cat([small.train.X[small.train.user_index == u], small.test.X[small.test.user_index == u]])
         assert all(tuple(r) in big_rows for r in small_rows.numpy().tolist())
     load_fertility_partition(n_users=2, m=FERTILITY_ROWS // 2)  # exactly fits
@@ -166,8 +177,9 @@ def _fit(ds: FederatedDataset) -> tuple[float, float]:
     return acc, majority
 
 
-@pytest.mark.parametrize("name,margin", [("mortgages", 0.05), ("fertility-partition", 0.005),
-                                         ("movielens-heavy", 0.05)])
+@pytest.mark.parametrize(
+    "name,margin", [("mortgages", 0.05), ("fertility-partition", 0.005), ("movielens-heavy", 0.05)]
+)
 def test_nonprivate_beats_majority(datasets, name, margin):
     acc, majority = _fit(datasets[name])
     assert acc > majority + margin

@@ -1,5 +1,6 @@
 """The offline real datasets: MNIST / Fashion-MNIST (synthetic user partitions), Adult (by country or
 hashed users), Shakespeare (by speaking part)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -30,8 +31,11 @@ from fedkl.data.shakespeare import (
 
 
 def _same(a: FederatedDataset, b: FederatedDataset) -> bool:
-    return all(torch.equal(getattr(x, f), getattr(y, f)) for x, y in ((a.train, b.train), (a.test, b.test))
-               for f in ("X", "y", "user_index"))
+    return all(
+        torch.equal(getattr(x, f), getattr(y, f))
+        for x, y in ((a.train, b.train), (a.test, b.test))
+        for f in ("X", "y", "user_index")
+    )
 
 
 def _check_common(ds: FederatedDataset, users: int, train: int, test: int, dim: int) -> None:
@@ -57,8 +61,7 @@ def _tv(p: np.ndarray, q: np.ndarray) -> np.ndarray:
 def test_registered_and_seed_alias():
     assert {"adult", "shakespeare", "mnist", "fashion-mnist"} <= set(DATASETS)
     assert load_dataset("adult", seed=3) is load_adult(split_seed=3)
-    assert load_dataset("mnist", seed=0, n_users=50, per_user=20) is load_mnist(n_users=50, per_user=20,
-                                                                                  split_seed=0)
+    assert load_dataset("mnist", seed=0, n_users=50, per_user=20) is load_mnist(n_users=50, per_user=20, split_seed=0)
     with pytest.raises(ValueError, match="fixed set of users"):
         load_dataset("shakespeare", seed=0, n_users=10)
     with pytest.raises(ValueError, match="not both"):
@@ -144,8 +147,9 @@ def test_images_dirichlet_default_partition_and_determinism():
     """The default Dirichlet partition (6,000 users x 10) hands out every training image exactly once
     and every test image once, at least one per user (checked on the row assignment: no images)."""
     _, ytr, _, yte = raw_mnist()
-    tr_rows, tr_users, te_rows, te_users, p = images.partition_images(ytr, yte, "dirichlet", 6000, 10, 0.5,
-                                                                      np.random.default_rng(0))
+    tr_rows, tr_users, te_rows, te_users, p = images.partition_images(
+        ytr, yte, "dirichlet", 6000, 10, 0.5, np.random.default_rng(0)
+    )
     assert sorted(tr_rows.tolist()) == list(range(60_000)) and sorted(te_rows.tolist()) == list(range(10_000))
     assert np.bincount(tr_users).tolist() == [10] * 6000 and np.bincount(te_users, minlength=6000).min() >= 1
     assert p.shape == (6000, 10) and np.allclose(p.sum(1), 1.0)
@@ -269,8 +273,9 @@ def test_shakespeare_records_encode_the_text():
     assert (codes == OTHER).mean() < 1e-3
     ds = load_shakespeare()
     u = ds.train.user_ids.index("shakespeare:hamlet/HAMLET")
-    got = torch.cat([torch.cat([p.X[p.user_index == u], p.y[p.user_index == u, None].double()], 1)
-                     for p in (ds.train, ds.test)])
+    got = torch.cat(
+        [torch.cat([p.X[p.user_index == u], p.y[p.user_index == u, None].double()], 1) for p in (ds.train, ds.test)]
+    )
     ctx, tgt = user_records(codes, 4, 100)
     want = np.hstack([context_features(ctx), tgt[:, None]])
     assert sorted(map(tuple, got.tolist())) == sorted(map(tuple, want.tolist()))

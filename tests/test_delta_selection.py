@@ -8,6 +8,7 @@ selection (SelectedDeltaSCOutputPert) releases the pair (chosen index j, the dia
 Delta_j); its law is sum_j Pr[j] (⊥ atom + Gaussian), whose hockey-stick divergence is computed
 exactly: sum_j P(j) HS_{eps + ln(Q(j)/P(j))}(law_j(x) || law_j(x')) <= delta in both directions.
 """
+
 from __future__ import annotations
 
 import math
@@ -74,8 +75,9 @@ def test_above_threshold_is_charged_before_it_is_drawn(tmp_path):
     ledger = PrivacyLedger(tmp_path / "l.sqlite", Budget(2.0, 1e-5))
     releaser = Releaser(ledger, NoiseSource(0))
     users = [f"u{i}" for i in range(5)]
-    out = releaser.above_threshold([-9.0, -9.0, 0.0], eps=0.5, threshold=-1.0, sensitivity=1.0, user_ids=users,
-                                   label="select")
+    out = releaser.above_threshold(
+        [-9.0, -9.0, 0.0], eps=0.5, threshold=-1.0, sensitivity=1.0, user_ids=users, label="select"
+    )
     assert out in (0, 1, 2, None)
     row = ledger.releases()[0]
     assert (row["mechanism"], row["eps"], row["delta"], row["noise_scale"]) == ("above-threshold", 0.5, 0.0, 8.0)
@@ -87,8 +89,16 @@ def test_above_threshold_is_charged_before_it_is_drawn(tmp_path):
 
 # --- the composed mechanism: exact audit on neighbouring federations ---------------------------------
 def _selected(prob, ds, Delta, test):
-    cfg = SCOutputPertConfig.for_problem(prob, ds.feature_bound, torch.zeros(prob.num_params, dtype=torch.float64),
-                                         eps=EPS, delta=DELTA, Delta=Delta, extra_reg=LAM, calibration="tight")
+    cfg = SCOutputPertConfig.for_problem(
+        prob,
+        ds.feature_bound,
+        torch.zeros(prob.num_params, dtype=torch.float64),
+        eps=EPS,
+        delta=DELTA,
+        Delta=Delta,
+        extra_reg=LAM,
+        calibration="tight",
+    )
     return SelectedDeltaSCOutputPert(cfg, DiameterTestConfig(test=test), select_fraction=0.25, grid_size=6)
 
 
@@ -96,7 +106,7 @@ def _release_law(plan, dop):
     pmf = TruncatedDiscreteLaplace(dop.eps_bar, dop.delta_bar).pmf()
     if plan.dist is None:
         return 1.0, 0.0, None
-    p_pass = float(pmf[plan.dist:].sum())
+    p_pass = float(pmf[plan.dist :].sum())
     return 1.0 - p_pass, p_pass, plan.value.numpy()
 
 

@@ -6,6 +6,7 @@ Privacy is checked EXACTLY where it can be: the released law is an atom at ⊥ p
 hockey-stick divergence between neighbouring datasets has a closed form (no sampling error). Sampled
 checks use fixed seeds and tolerances of a few binomial standard errors of their own sample.
 """
+
 import dataclasses
 import itertools
 import math
@@ -94,7 +95,7 @@ def test_matching_score_moves_by_at_most_one_when_one_user_is_replaced():
         rest = [e for e in edges if v not in e]
         choice = rng.random()
         if choice < 0.3:
-            new = []                                                  # v becomes typical (isolated)
+            new = []  # v becomes typical (isolated)
         elif choice < 0.6:
             new = [(min(v, w), max(v, w)) for w in range(n) if w != v]  # v conflicts with everyone
         else:
@@ -131,9 +132,9 @@ def test_matching_score_sensitivity_depth_and_sigma(calibration):
 
 def test_auto_picks_the_exact_cover_while_its_work_bound_fits():
     assert resolve_test("auto", 100, 5) == "vertex-cover"
-    assert resolve_test("auto", 100, 30) == "matching"            # 1.38^60 calls: over the budget
+    assert resolve_test("auto", 100, 30) == "matching"  # 1.38^60 calls: over the budget
     assert worst_case_calls(60) > 4_000_000 >= worst_case_calls(40)
-    assert resolve_test("auto", 20, 5) == "vertex-cover"           # too few users for both: the cover's refusal
+    assert resolve_test("auto", 20, 5) == "vertex-cover"  # too few users for both: the cover's refusal
     assert resolve_test("matching", 100, 5) == "matching"
     with pytest.raises(ValueError):
         resolve_test("greedy", 100, 5)
@@ -178,10 +179,11 @@ def test_deletion_jump_never_exceeds_the_diameter_lemma():
         n, d, m = 6, 3, 8
         users = _ridge_logistic_users(rng, n, d, m, spread)
         c = 0.3 * rng.standard_normal(d)
-        L, mu = 0.25 + lam, lam       # ||x|| <= 1: logistic smoothness 1/4; strong convexity lam
+        L, mu = 0.25 + lam, lam  # ||x|| <= 1: logistic smoothness 1/4; strong convexity lam
         v = [_newton_min(users, [u], lam, c) for u in range(n)]
-        theta = {S: _newton_min(users, list(S), lam, c) for k in range(1, n + 1)
-                 for S in itertools.combinations(range(n), k)}
+        theta = {
+            S: _newton_min(users, list(S), lam, c) for k in range(1, n + 1) for S in itertools.combinations(range(n), k)
+        }
         for S, t in theta.items():
             if len(S) < 2:
                 continue
@@ -195,7 +197,7 @@ def test_deletion_jump_never_exceeds_the_diameter_lemma():
 
 
 # --- the mechanism on a small federation -----------------------------------------------------------------
-EPS, DELTA = 8.0, 0.3            # kappa = 3: the matching test needs n > 24 users
+EPS, DELTA = 8.0, 0.3  # kappa = 3: the matching test needs n > 24 users
 N, DIM, M = 30, 2, 40
 LAM = 0.5
 
@@ -216,8 +218,16 @@ def _federation(outliers=(), flip=True, seed=0):
 
 
 def _mechanism(prob, ds, Delta, test="matching", calibration="tight"):
-    cfg = SCOutputPertConfig.for_problem(prob, ds.feature_bound, torch.zeros(prob.num_params, dtype=torch.float64),
-                                         eps=EPS, delta=DELTA, Delta=Delta, extra_reg=LAM, calibration=calibration)
+    cfg = SCOutputPertConfig.for_problem(
+        prob,
+        ds.feature_bound,
+        torch.zeros(prob.num_params, dtype=torch.float64),
+        eps=EPS,
+        delta=DELTA,
+        Delta=Delta,
+        extra_reg=LAM,
+        calibration=calibration,
+    )
     return DiameterSCOutputPert(cfg, DiameterTestConfig(test=test))
 
 
@@ -232,8 +242,11 @@ def _hockey_stick(p_bot, a, mu1, q_bot, b, mu2, sigma, eps):
     e2 = eps + math.log(b / a)
     if D == 0:
         return out + max(0.0, a - math.exp(eps) * b)
-    return out + a * stats.norm.cdf(D / (2 * sigma) - e2 * sigma / D) \
+    return (
+        out
+        + a * stats.norm.cdf(D / (2 * sigma) - e2 * sigma / D)
         - math.exp(eps) * b * stats.norm.cdf(-D / (2 * sigma) - e2 * sigma / D)
+    )
 
 
 @pytest.mark.parametrize("calibration", ["tight", "profile"])
@@ -311,7 +324,7 @@ def test_bottom_frequency_through_the_releaser_matches_the_score():
     assert plan.dist is not None and 1 <= plan.dist < 2 * mech.kappa  # both ⊥ and values are likely
     dop = DelOutputPert(mech.dop(N))
     law = TruncatedDiscreteLaplace(dop.config.eps_bar, dop.config.delta_bar)
-    p_bot = float(sum(law.pmf()[:plan.dist]))
+    p_bot = float(sum(law.pmf()[: plan.dist]))
     draws = 4000
     rec = _Recorder()
     releaser = Releaser(rec, NoiseSource(11))
@@ -320,12 +333,11 @@ def test_bottom_frequency_through_the_releaser_matches_the_score():
     se = math.sqrt(p_bot * (1 - p_bot) / draws)
     assert abs(bottoms / draws - p_bot) <= 4 * se + 1e-9
     assert len(rec.charges) == draws  # every release (⊥ included) charged, with its sensitivity and sigma
-    assert all(c["sensitivity"] == dop.config.sensitivity and c["noise_scale"] == dop.config.sigma
-               for c in rec.charges)
+    assert all(c["sensitivity"] == dop.config.sensitivity and c["noise_scale"] == dop.config.sigma for c in rec.charges)
     # the noise of the released values has std sigma: the variance of N draws is within 5 standard errors
     # (relative SE of a Gaussian sample variance: sqrt(2/N)); a sigma off by 10% fails at N >= 2000
     noise = torch.stack([o - plan.value for o in outs if o is not None]).flatten()
-    ratio = float(noise.var()) / dop.config.sigma ** 2
+    ratio = float(noise.var()) / dop.config.sigma**2
     assert noise.numel() >= 2000 and abs(ratio - 1) <= 5 * math.sqrt(2 / noise.numel())
 
 
@@ -351,7 +363,7 @@ def test_refusals_come_from_public_values_before_any_data_is_read(tmp_path):
     ds = synthetic_logistic(20, M, DIM, seed=0)
     prob = make_problem("logistic", ds)
     fed = Spy(prob, ds)
-    mech = _mechanism(prob, ds, 0.05, "matching")   # 20 users <= 8 kappa = 24
+    mech = _mechanism(prob, ds, 0.05, "matching")  # 20 users <= 8 kappa = 24
     ledger = PrivacyLedger(str(tmp_path / "l.sqlite"), Budget(EPS, DELTA * 1.01))
     with pytest.raises(ValueError, match="needs n >= 8 kappa \\+ 2"):
         mech.run(fed, Releaser(ledger, NoiseSource(0)), torch.zeros(prob.num_params, dtype=torch.float64))
@@ -360,9 +372,12 @@ def test_refusals_come_from_public_values_before_any_data_is_read(tmp_path):
     ds = synthetic_logistic(100, M, DIM, seed=1)
     fed = Spy(prob, ds)
     setting = setting_for_problem(prob, ds.feature_bound, radius=3.0)
-    alg = PhasedSCO(PhasedConfig(EPS, DELTA, phases=3, min_cohort=2, test="matching", delta_rule="scaled"), prob,
-                    ds.feature_bound,
-                    setting=setting)
+    alg = PhasedSCO(
+        PhasedConfig(EPS, DELTA, phases=3, min_cohort=2, test="matching", delta_rule="scaled"),
+        prob,
+        ds.feature_bound,
+        setting=setting,
+    )
     with pytest.raises(ValueError, match="diameter test needs at least"):
         alg.run(fed, Releaser(ledger, NoiseSource(0)), torch.zeros(prob.num_params, dtype=torch.float64))
     assert Spy.calls == 0 and all(ledger.spend(u).eps == 0 for u in fed.user_ids)
@@ -380,8 +395,11 @@ def test_inner_release_chooses_exact_up_to_20_users_and_the_diameter_test_above(
         SCInnerRelease(prob, ds.feature_bound, test="exact").check(40, EPS, DELTA)
     fed = InProcessFederation(prob, ds)
     rec = _Recorder()
-    out = inner(fed, Releaser(rec, NoiseSource(4)),
-                PhaseCall("t/phase-1", 1, EPS, DELTA, 0.05, LAM, torch.zeros(prob.num_params, dtype=torch.float64)))
+    out = inner(
+        fed,
+        Releaser(rec, NoiseSource(4)),
+        PhaseCall("t/phase-1", 1, EPS, DELTA, 0.05, LAM, torch.zeros(prob.num_params, dtype=torch.float64)),
+    )
     assert out.diagnostics["decided_by"] == "diameter-vertex-cover" and len(rec.charges) == 1
 
 
@@ -423,14 +441,14 @@ def test_mean_output_pert_matching_score_exact_audit():
         plan, _ = mean_stability_plan(torch.tensor(V), cfg)
         if plan.dist is None:
             return plan, 1.0, 0.0
-        p = float(pmf[plan.dist:].sum())
+        p = float(pmf[plan.dist :].sum())
         return plan, 1.0 - p, p
 
     deletions = 0
     for trial in range(150):
         V = rng.uniform(-0.2, 0.2, size=(n, 2))
         k = rng.integers(0, 8)
-        V[:k] = rng.uniform(-3, 3, size=(k, 2))           # outliers
+        V[:k] = rng.uniform(-3, 3, size=(k, 2))  # outliers
         W = V.copy()
         i = rng.integers(0, n)
         W[i] = rng.choice([rng.uniform(-0.2, 0.2, 2), rng.uniform(-3, 3, 2), np.array([0.45, 0.0])])
@@ -440,8 +458,16 @@ def test_mean_output_pert_matching_score_exact_audit():
             assert abs(px.dist - py.dist) <= 1
             assert float((px.value - py.value).norm()) <= dop.sensitivity * (1 + 1e-12)
         for P, Q in (((bx, ax, px), (by, ay, py)), ((by, ay, py), (bx, ax, px))):
-            dv = _hockey_stick(P[0], P[1], None if P[2].value is None else P[2].value.numpy(),
-                               Q[0], Q[1], None if Q[2].value is None else Q[2].value.numpy(), dop.sigma, EPS)
+            dv = _hockey_stick(
+                P[0],
+                P[1],
+                None if P[2].value is None else P[2].value.numpy(),
+                Q[0],
+                Q[1],
+                None if Q[2].value is None else Q[2].value.numpy(),
+                dop.sigma,
+                EPS,
+            )
             assert dv <= DELTA * (1 + 1e-9)
     assert deletions > 10
 
@@ -449,7 +475,7 @@ def test_mean_output_pert_matching_score_exact_audit():
 def test_mean_output_pert_auto_switches_to_matching_instead_of_refusing():
     from fedkl.algorithms.mean_output_pert import MeanOutputPertConfig
 
-    big = MeanOutputPertConfig(0.5, 1e-6, rho=1.0)                # kappa 32: the cover's bound exceeds 4e6 calls
+    big = MeanOutputPertConfig(0.5, 1e-6, rho=1.0)  # kappa 32: the cover's bound exceeds 4e6 calls
     assert big.score(600) == "matching" and big.dop(600).score == "matching"
     assert big.Delta(600) == pytest.approx(1.0 / (600 - 8 * big.kappa - 1))
     with pytest.raises(ValueError, match="8 kappa"):

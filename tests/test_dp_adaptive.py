@@ -1,4 +1,5 @@
 """User-level DP-SGD / DP-RMSProp / DP-Adam (paper 004): calibration, sampling, charging, convergence."""
+
 import math
 
 import pytest
@@ -35,7 +36,7 @@ def test_schedule_is_calibrated_by_dp_accounting_and_charged_up_front(tmp_path):
     # the charged eps is dp-accounting's PLD eps of exactly this schedule, and fits the budget
     eps = schedule_epsilon(GaussianSchedule(res.noise_multiplier, 0.25, 12), res.delta, "pld")
     assert res.epsilon == pytest.approx(eps, rel=1e-12)
-    assert eps <= 2.0 and eps == pytest.approx(2.0, rel=1e-3)   # the noise is not wasted either
+    assert eps <= 2.0 and eps == pytest.approx(2.0, rel=1e-3)  # the noise is not wasted either
     assert res.sigma == pytest.approx(res.noise_multiplier * cfg.clip, rel=1e-12)
     rows = ledger.releases()
     assert len(rows) == 1 and rows[0]["mechanism"] == "gaussian-schedule" and rows[0]["users"] == 80
@@ -56,7 +57,7 @@ def test_noise_std_and_poisson_sampling_rate(tmp_path, monkeypatch):
     res = opt.run(fed, releaser, fed.problem.init_params())
     noise = torch.cat([o - v for v, o in pairs])
     N = noise.numel()  # 60 x 100
-    assert abs(float(noise.std()) / res.sigma - 1) < 5 / math.sqrt(2 * N)   # 5 standard errors (~4.6%)
+    assert abs(float(noise.std()) / res.sigma - 1) < 5 / math.sqrt(2 * N)  # 5 standard errors (~4.6%)
     sampled = sum(h["sampled"] for h in res.history)
     trials = 200 * 60
     # Binomial(12000, 0.3): std = sqrt(12000 * 0.21) = 50; allow 5 std
@@ -79,17 +80,21 @@ def test_error_grows_as_epsilon_shrinks(tmp_path):
         out = []
         for s in range(3):
             cfg = AdaptiveDPConfig(optimizer="adam", rounds=30, lr=0.05, sampling_rate=1.0, accountant="rdp")
-            ds, fed, ledger, res = _run(tmp_path, cfg, eps=eps, n_users=150, seed=10 + s, noise_seed=s,
-                                        name=f"e{eps}-{s}")
+            ds, fed, ledger, res = _run(
+                tmp_path, cfg, eps=eps, n_users=150, seed=10 + s, noise_seed=s, name=f"e{eps}-{s}"
+            )
             w_opt = nonprivate_minimizer(fed.problem, ds.train)
             out.append(fed.problem.loss(res.w, ds.train) - fed.problem.loss(w_opt, ds.train))
         return sum(out) / len(out)
+
     assert excess(0.3) > 2 * excess(8.0)
 
 
 def test_bias_correction_is_a_flag_that_changes_the_update(tmp_path):
     plain = _run(tmp_path, AdaptiveDPConfig(optimizer="adam", rounds=3, accountant="rdp"), name="a")[3]
-    corrected = _run(tmp_path, AdaptiveDPConfig(optimizer="adam", rounds=3, bias_correction=True, accountant="rdp"), name="b")[3]
+    corrected = _run(
+        tmp_path, AdaptiveDPConfig(optimizer="adam", rounds=3, bias_correction=True, accountant="rdp"), name="b"
+    )[3]
     assert plain.details["bias_correction"] is False and corrected.details["bias_correction"] is True
     assert not torch.allclose(plain.w, corrected.w)
 
@@ -104,12 +109,13 @@ def test_bad_configurations_and_refusals(tmp_path):
     ds, fed = _fed()
     ledger = PrivacyLedger(tmp_path / "z.sqlite", Budget(1.0, 1e-5))
     opt = AdaptiveDPOptimizer(AdaptiveDPConfig(rounds=2), 1.0, 1e-5 * 0.5)
-    with pytest.raises(ValueError, match="zCDP filter"):   # an (eps, delta) schedule cannot go through a filter
+    with pytest.raises(ValueError, match="zCDP filter"):  # an (eps, delta) schedule cannot go through a filter
         opt.run(fed, Releaser(ledger, NoiseSource(0), ZCDPFilter(0.1)), fed.problem.init_params())
     assert ledger.num_releases() == 0
-    with pytest.raises(BudgetExhausted):                   # more than the budget: refused, nothing released
+    with pytest.raises(BudgetExhausted):  # more than the budget: refused, nothing released
         AdaptiveDPOptimizer(AdaptiveDPConfig(rounds=2), 1.5, 1e-5 * 0.5).run(
-            fed, Releaser(ledger, NoiseSource(0)), fed.problem.init_params())
+            fed, Releaser(ledger, NoiseSource(0)), fed.problem.init_params()
+        )
     assert ledger.num_releases() == 0
     handle = ScheduledGaussian(1.0, 2, NoiseSource(0), "t")
     handle.release(torch.zeros(3))

@@ -1,5 +1,6 @@
 """DP-FedAvg (the TFF recipe, McMahan et al. 2018) at user level: the clipped local-update query,
 calibration and up-front charge, noise std, refusals, and convergence."""
+
 import math
 
 import pytest
@@ -32,8 +33,9 @@ def _local_sgd(problem, one_user, w, steps, lr, batch):
     return w
 
 
-@pytest.mark.parametrize("name,problem", [("synthetic-logistic", "logistic"),
-                                          ("synthetic-least-squares", "least-squares")])
+@pytest.mark.parametrize(
+    "name,problem", [("synthetic-logistic", "logistic"), ("synthetic-least-squares", "least-squares")]
+)
 @pytest.mark.parametrize("batch", [None, 3])
 def test_local_update_query_is_the_definition_and_clipped(name, problem, batch):
     ds, fed = _fed(name, problem, reg=0.05)
@@ -51,8 +53,12 @@ def test_local_update_query_is_the_definition_and_clipped(name, problem, batch):
 
 def test_bad_local_update_queries_are_refused():
     w = torch.zeros(3, dtype=torch.float64)
-    for kw, msg in [({"local_steps": 0}, "local_steps"), ({"local_lr": float("nan")}, "local_lr"),
-                    ({"batch_size": 0}, "batch_size"), ({"clip": -1.0}, "clip")]:
+    for kw, msg in [
+        ({"local_steps": 0}, "local_steps"),
+        ({"local_lr": float("nan")}, "local_lr"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"clip": -1.0}, "clip"),
+    ]:
         args = {"clip": 1.0, **kw}
         with pytest.raises(ValueError, match=msg):
             ClippedLocalUpdate(w, **args)
@@ -81,8 +87,9 @@ def test_calibrated_by_dp_accounting_and_charged_up_front(tmp_path):
     assert res.details["fixed_denominator"] == pytest.approx(0.4 * 30)
     # the budget is spent: a second run on the same ledger is refused before anything is released
     with pytest.raises((BudgetExceeded, ValueError)):
-        DPFedAvg(cfg, *ledger.approx_left(fed.user_ids)).run(fed, Releaser(ledger, NoiseSource(1)),
-                                                             fed.problem.init_params())
+        DPFedAvg(cfg, *ledger.approx_left(fed.user_ids)).run(
+            fed, Releaser(ledger, NoiseSource(1)), fed.problem.init_params()
+        )
     assert len(ledger.releases()) == 1
 
 
@@ -91,8 +98,9 @@ def test_noise_std_matches_sigma(tmp_path, monkeypatch):
     """Every release's noise (released value minus the exact sum it was given) has std sigma =
     z * 2C (replace-one) within 5 standard errors."""
     pairs = record_schedule_releases(monkeypatch)
-    cfg = DPFedAvgConfig(rounds=40, sampling_rate=1.0, local_steps=1, local_lr=0.1,
-                         neighbouring="replace-one", accountant="rdp")
+    cfg = DPFedAvgConfig(
+        rounds=40, sampling_rate=1.0, local_steps=1, local_lr=0.1, neighbouring="replace-one", accountant="rdp"
+    )
     ds, fed, ledger, res = _run(tmp_path, cfg, d=50, n_users=20)
     assert res.sigma == pytest.approx(2 * res.noise_multiplier * cfg.clip)  # replace-one: Delta = 2C
     noise = torch.cat([o - v for v, o in pairs])
@@ -101,11 +109,20 @@ def test_noise_std_matches_sigma(tmp_path, monkeypatch):
 
 
 def test_converges_with_a_large_budget(tmp_path):
-    cfg = DPFedAvgConfig(rounds=40, sampling_rate=1.0, local_steps=5, local_lr=0.5, clip=10.0,
-                         neighbouring="replace-one", accountant="rdp")
-    ds, fed, ledger, res = _run(tmp_path, cfg, eps=1e4, delta=1e-5, name="synthetic-least-squares",
-                                problem="least-squares", n_users=40, d=3)
+    cfg = DPFedAvgConfig(
+        rounds=40,
+        sampling_rate=1.0,
+        local_steps=5,
+        local_lr=0.5,
+        clip=10.0,
+        neighbouring="replace-one",
+        accountant="rdp",
+    )
+    ds, fed, ledger, res = _run(
+        tmp_path, cfg, eps=1e4, delta=1e-5, name="synthetic-least-squares", problem="least-squares", n_users=40, d=3
+    )
     from fedkl.algorithms.nonprivate import nonprivate_minimizer
+
     w_star = nonprivate_minimizer(fed.problem, ds.train)
     loss = fed.problem.loss  # mean of the users' objectives
     start = float(loss(fed.problem.init_params(), ds.train))

@@ -1,4 +1,5 @@
 """The README's main job, end to end: user-level DP training on MovieLens beats the trivial predictor."""
+
 import json
 import os
 import pathlib
@@ -12,17 +13,21 @@ from fedkl.privacy import PrivacyLedger
 
 pytestmark = pytest.mark.slow
 
-REPO = pathlib.Path(__file__).resolve().parent.parent   # simulations/ scripts run from the repository root
+REPO = pathlib.Path(__file__).resolve().parent.parent  # simulations/ scripts run from the repository root
 
 
 def test_default_job_on_movielens(tmp_path):
     out = tmp_path / "demo"
-    proc = subprocess.run([sys.executable, "-m", "fedkl.cli", "run", "--noise-seed", "7", "--out", str(out)],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fedkl.cli", "run", "--noise-seed", "7", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     res = json.loads((out / "result.json").read_text())
     assert res["dataset"] == "movielens" and res["users"] == 671
-    assert res["epsilon"] <= 2.0 * (1 + 1e-9) and res["delta"] == pytest.approx(1 / 671 ** 1.1)
+    assert res["epsilon"] <= 2.0 * (1 + 1e-9) and res["delta"] == pytest.approx(1 / 671**1.1)
     acc = res["test_metric"]["value"]
     assert res["test_metric"]["name"] == "accuracy"
     # better than the majority class by a margin far above the sampling error of ~20k test records
@@ -36,11 +41,16 @@ def test_quickstart_example_runs(tmp_path):
     """simulations/quickstart.py run as a script: the epsilon its ledger holds (the value the script reports,
     max_user_epsilon) is within the budget and the test accuracy it prints beats 0.55."""
     out = tmp_path / "q"
-    proc = subprocess.run([sys.executable, "simulations/quickstart.py", "--out", str(out), "--noise-seed", "3",
-                           "--rounds", "5"], cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "simulations/quickstart.py", "--out", str(out), "--noise-seed", "3", "--rounds", "5"],
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
-    ledger = PrivacyLedger(out / "ledger.sqlite")    # budget None: read the stored one
+    ledger = PrivacyLedger(out / "ledger.sqlite")  # budget None: read the stored one
     epsilon = ledger.summary()["max_user_epsilon"]
     ledger.close()
     accuracy = float(re.search(r"test accuracy = ([0-9.]+)", proc.stdout).group(1))
@@ -61,9 +71,15 @@ P002_RUNS = {
 }
 
 
-@pytest.mark.parametrize("args", [["--algorithm", "phased-erm"], ["--algorithm", "sc-output-pert", "--reg", "0.01"],
-                                  ["--algorithm", "sc-phased-sco", "--reg", "0.01"],
-                                  ["--algorithm", "phased-mean-output-pert"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--algorithm", "phased-erm"],
+        ["--algorithm", "sc-output-pert", "--reg", "0.01"],
+        ["--algorithm", "sc-phased-sco", "--reg", "0.01"],
+        ["--algorithm", "phased-mean-output-pert"],
+    ],
+)
 def test_output_perturbation_whose_noise_swamps_the_model_is_refused_before_any_data(tmp_path, args):
     """MovieLens (671 users) at eps = 2: the public forecast of the first release (noise norm vs the farthest
     the data could move the model) is far above 1, so the run stops with one line before anything is read or
@@ -71,8 +87,12 @@ def test_output_perturbation_whose_noise_swamps_the_model_is_refused_before_any_
     import sqlite3
 
     out = tmp_path / "refused"
-    proc = subprocess.run([sys.executable, "-m", "fedkl.cli", "run", *args, "--out", str(out)], capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fedkl.cli", "run", *args, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 2
     err = proc.stderr.strip().splitlines()
     assert len(err) == 1 and "noise" in err[0] and "noisy-gd" in err[0] and "--force" in err[0]
@@ -86,8 +106,24 @@ def test_paper002_algorithms_run_on_movielens(tmp_path, algorithm):
     import sqlite3
 
     out = tmp_path / algorithm
-    proc = subprocess.run([sys.executable, "-m", "fedkl.cli", "run", "--algorithm", algorithm, "--noise-seed", "1",
-                           "--out", str(out), *P002_RUNS[algorithm]], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fedkl.cli",
+            "run",
+            "--algorithm",
+            algorithm,
+            "--noise-seed",
+            "1",
+            "--out",
+            str(out),
+            *P002_RUNS[algorithm],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     res = json.loads((out / "result.json").read_text())
     assert res["dataset"] == "movielens" and res["users"] == 671 and res["algorithm"] == algorithm
@@ -102,7 +138,7 @@ def test_paper002_algorithms_run_on_movielens(tmp_path, algorithm):
         (top,) = db.execute("SELECT MAX(eps) FROM users").fetchone()
     assert top <= 2.0 * (1 + 1e-9)
     if algorithm in ("phased-erm", "sc-phased-erm", "sc-output-pert", "sc-phased-sco"):
-        assert charged == 671          # every user is in (at least the first) release
+        assert charged == 671  # every user is in (at least the first) release
     else:
-        assert 0 < charged < 671       # Phased-SCO: only the users of its disjoint cohorts
+        assert 0 < charged < 671  # Phased-SCO: only the users of its disjoint cohorts
     assert "epsilon = " in proc.stdout

@@ -1,5 +1,6 @@
 """The experiment layer (fedkl/experiments/): `fedkl run --config`, `fedkl sweep`, `fedkl plot`,
 and the Flower DP baseline's accounting (simulations/flower_dp_baseline.py)."""
+
 import csv
 import json
 import math
@@ -31,21 +32,26 @@ def _exit_line(capsys, argv):
 
 # --- fedkl run --config ---------------------------------------------------------------------------
 def test_config_values_are_typed_and_cli_flags_override(tmp_path):
-    cfg = _write(tmp_path / "run.toml", 'dataset = "synthetic-logistic"\nusers = 20\nnoise-seed = 3\n'
-                                        'rounds = 7\nlr = 2\nreference = true\ndelta = "none"\nbias_correction = true\n')
+    cfg = _write(
+        tmp_path / "run.toml",
+        'dataset = "synthetic-logistic"\nusers = 20\nnoise-seed = 3\n'
+        'rounds = 7\nlr = 2\nreference = true\ndelta = "none"\nbias_correction = true\n',
+    )
     argv = ["run", "--config", cfg, "--round", "4", "--no-reference"]  # an abbreviated flag counts as given
     args = build_parser().parse_args(argv)
     ex.apply_config_file(args, argv)
-    assert args.rounds == 4 and isinstance(args.rounds, int)          # the command line wins
-    assert args.lr == 2.0 and isinstance(args.lr, float)               # TOML int -> the flag's float
+    assert args.rounds == 4 and isinstance(args.rounds, int)  # the command line wins
+    assert args.lr == 2.0 and isinstance(args.lr, float)  # TOML int -> the flag's float
     assert args.noise_seed == 3 and args.users == 20 and args.delta is None
     assert args.no_reference is True and args.bias_correction is True
     assert args.dataset == "synthetic-logistic" and args.epsilon == 2.0  # untouched default
 
 
 def test_run_with_config_file_end_to_end(tmp_path):
-    cfg = _write(tmp_path / "run.toml", 'dataset = "synthetic-logistic"\nusers = 20\nrounds = 2\nnoise_seed = 1\n'
-                                        'reference = false\nepsilon = 1.5\n')
+    cfg = _write(
+        tmp_path / "run.toml",
+        'dataset = "synthetic-logistic"\nusers = 20\nrounds = 2\nnoise_seed = 1\nreference = false\nepsilon = 1.5\n',
+    )
     out = tmp_path / "out"
     assert main(["run", "--config", cfg, "--rounds", "3", "--out", str(out)]) == 0
     res = json.loads((out / "result.json").read_text())
@@ -55,17 +61,20 @@ def test_run_with_config_file_end_to_end(tmp_path):
     assert res["epsilon"] <= 1.5
 
 
-@pytest.mark.parametrize("text,needle", [
-    ("learning_rate = 1\n", "unknown key 'learning_rate'"),
-    ("rounds = 2.5\n", "'rounds'"),
-    ('lr = "fast"\n', "'lr'"),
-    ("epsilon = -1\n", "'epsilon'"),
-    ('bias_correction = "yes"\n', "'bias_correction'"),
-    ('dataset = "mnst"\n', "invalid choice 'mnst'"),
-    ("rounds = [1, 2]\n", "single value"),
-    ("[sweep]\nseed = [1]\n", "unexpected table [sweep]"),
-    ("rounds = \n", "not valid TOML"),
-])
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("learning_rate = 1\n", "unknown key 'learning_rate'"),
+        ("rounds = 2.5\n", "'rounds'"),
+        ('lr = "fast"\n', "'lr'"),
+        ("epsilon = -1\n", "'epsilon'"),
+        ('bias_correction = "yes"\n', "'bias_correction'"),
+        ('dataset = "mnst"\n', "invalid choice 'mnst'"),
+        ("rounds = [1, 2]\n", "single value"),
+        ("[sweep]\nseed = [1]\n", "unexpected table [sweep]"),
+        ("rounds = \n", "not valid TOML"),
+    ],
+)
 def test_bad_config_exits_2_with_one_line(tmp_path, capsys, text, needle):
     cfg = _write(tmp_path / "bad.toml", text)
     line = _exit_line(capsys, ["run", "--config", cfg])
@@ -115,14 +124,17 @@ def test_sweep_is_the_cartesian_product_with_conditional_settings(tmp_path):
     assert "local_steps" in spec.columns() and spec.columns()[:2] == ["run_key", "status"]
 
 
-@pytest.mark.parametrize("extra,needle", [
-    ("colour = [1]\n", "unknown key 'colour'"),
-    ("lr = []\n", "non-empty list"),
-    ("lr = 3\n", "non-empty list"),
-    ("lr = [1, -1]\n", "'lr'"),
-    ("out = ['a']\n", "cannot be swept"),
-    ("seed = [1, 1]\n", "twice"),
-])
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        ("colour = [1]\n", "unknown key 'colour'"),
+        ("lr = []\n", "non-empty list"),
+        ("lr = 3\n", "non-empty list"),
+        ("lr = [1, -1]\n", "'lr'"),
+        ("out = ['a']\n", "cannot be swept"),
+        ("seed = [1, 1]\n", "twice"),
+    ],
+)
 def test_bad_sweep_keys_exit_2(tmp_path, capsys, extra, needle):
     path = _write(tmp_path / "s.toml", f'rounds = 2\n[sweep]\ntable = "{tmp_path / "t.csv"}"\n{extra}')
     line = _exit_line(capsys, ["sweep", path])
@@ -145,10 +157,19 @@ def _fake_runner(cfg, log):
     if cfg.seed == 99:
         raise RuntimeError("boom")
     acc = 0.6 + 0.05 * math.log2(cfg.epsilon) + 0.001 * cfg.seed
-    return {"algorithm": cfg.algorithm, "dataset": cfg.dataset, "users": 7, "epsilon": cfg.epsilon, "delta": 1e-3,
-            "test_metric": {"name": "accuracy", "value": acc}, "test_metrics": {"accuracy": acc, "loss": 1 - acc},
-            "nonprivate_reference": {"accuracy": 0.9, "loss": 0.2} if cfg.reference else None,
-            "trivial_baseline": {"accuracy": 0.5}, "rounds": cfg.rounds, "table_extra": {"fake_extra": 42}}
+    return {
+        "algorithm": cfg.algorithm,
+        "dataset": cfg.dataset,
+        "users": 7,
+        "epsilon": cfg.epsilon,
+        "delta": 1e-3,
+        "test_metric": {"name": "accuracy", "value": acc},
+        "test_metrics": {"accuracy": acc, "loss": 1 - acc},
+        "nonprivate_reference": {"accuracy": 0.9, "loss": 0.2} if cfg.reference else None,
+        "trivial_baseline": {"accuracy": 0.5},
+        "rounds": cfg.rounds,
+        "table_extra": {"fake_extra": 42},
+    }
 
 
 @pytest.fixture
@@ -161,8 +182,10 @@ def fake_runner():
 
 def test_sweep_rows_resume_restart_and_errors(tmp_path, fake_runner):
     table = tmp_path / "r" / "t.csv"
-    path = _write(tmp_path / "s.toml", f'algorithm = "fake-alg"\ndataset = "tv16"\n[sweep]\ntable = "{table}"\n'
-                                       "epsilon = [1, 2, 4]\nseed = [0, 1]\n")
+    path = _write(
+        tmp_path / "s.toml",
+        f'algorithm = "fake-alg"\ndataset = "tv16"\n[sweep]\ntable = "{table}"\nepsilon = [1, 2, 4]\nseed = [0, 1]\n',
+    )
     logs = []
     res = ex.run_sweep(ex.load_sweep(path), log=logs.append)
     assert res["ran"] == 6 and res["errors"] == 0 and len(fake_runner) == 6
@@ -227,9 +250,15 @@ def test_slope_plot_fits_the_true_exponent(tmp_path, capsys):
     # the CLI prints the fitted slopes and writes markdown
     assert main(["plot", table, "--kind", "slope", "--theory-slope", "-1", "--markdown", str(tmp_path / "s.md")]) == 0
     out = capsys.readouterr().out
-    printed = {ln.split(":")[0]: float(ln.split("fitted slope ")[1].split()[0]) for ln in out.splitlines()
-               if "fitted slope" in ln}
-    assert printed == {"a": pytest.approx(fits["a"]["slope"], abs=1e-4), "b": pytest.approx(fits["b"]["slope"], abs=1e-4)}
+    printed = {
+        ln.split(":")[0]: float(ln.split("fitted slope ")[1].split()[0])
+        for ln in out.splitlines()
+        if "fitted slope" in ln
+    }
+    assert printed == {
+        "a": pytest.approx(fits["a"]["slope"], abs=1e-4),
+        "b": pytest.approx(fits["b"]["slope"], abs=1e-4),
+    }
     assert (tmp_path / "t_slope.png").stat().st_size > 5000
     assert f"| b | {fits['b']['slope']:.3f} | -1.0 |" in (tmp_path / "s.md").read_text()
 
@@ -240,9 +269,20 @@ def test_privacy_utility_plot_reports_mean_and_std_over_seeds(tmp_path):
         for alg, base in (("x", 0.6), ("y", 0.7)):
             for eps in (0.5, 1.0, 2.0):
                 for seed, delta in enumerate((-0.01, 0.0, 0.01)):
-                    rows.append({"status": "ok", "dataset": ds, "algorithm": alg, "users": 10, "epsilon_target": eps,
-                                 "seed": seed, "metric": "accuracy", "test_metric": base + 0.1 * eps + delta,
-                                 "reference_metric": 0.9, "trivial_metric": 0.5})
+                    rows.append(
+                        {
+                            "status": "ok",
+                            "dataset": ds,
+                            "algorithm": alg,
+                            "users": 10,
+                            "epsilon_target": eps,
+                            "seed": seed,
+                            "metric": "accuracy",
+                            "test_metric": base + 0.1 * eps + delta,
+                            "reference_metric": 0.9,
+                            "trivial_metric": 0.5,
+                        }
+                    )
     table = _write_rows(tmp_path / "t.csv", rows)
     out = tmp_path / "pu.png"
     summary = ex.plot_table(table, "privacy-utility", str(out), markdown=str(tmp_path / "pu.md"))
@@ -265,9 +305,12 @@ def test_plot_errors_exit_2(tmp_path, capsys):
 # --- a real sweep, end to end ------------------------------------------------------------------------
 def test_real_sweep_end_to_end(tmp_path, capsys):
     table = tmp_path / "real.csv"
-    path = _write(tmp_path / "s.toml", 'dataset = "synthetic-logistic"\nusers = 20\nrounds = 3\nreference = true\n'
-                                       f'[sweep]\ntable = "{table}"\nnoise_seed_offset = 1000\n'
-                                       "epsilon = [1, 4]\nseed = [0, 1]\n")
+    path = _write(
+        tmp_path / "s.toml",
+        'dataset = "synthetic-logistic"\nusers = 20\nrounds = 3\nreference = true\n'
+        f'[sweep]\ntable = "{table}"\nnoise_seed_offset = 1000\n'
+        "epsilon = [1, 4]\nseed = [0, 1]\n",
+    )
     assert main(["sweep", path]) == 0
     out = capsys.readouterr().out
     assert "[4/4]" in out and "ETA" in out
@@ -316,16 +359,21 @@ def test_flower_real_epsilon_full_participation_is_the_z_over_2_gaussian(flower_
     acc = dp_accounting.pld.PLDAccountant()
     acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(z / 2), rounds))
     assert flower_baseline.real_epsilon(z, rounds, delta, n, n) == pytest.approx(acc.get_epsilon(delta), rel=0.02)
-    assert flower_baseline.real_epsilon(z, rounds, delta, n, n) > flower_baseline.claimed_epsilon(z, rounds, delta, n, n)
+    assert flower_baseline.real_epsilon(z, rounds, delta, n, n) > flower_baseline.claimed_epsilon(
+        z, rounds, delta, n, n
+    )
 
 
 @pytest.mark.flower
 def test_flower_baseline_trains_in_a_sweep_and_reports_both_epsilons(tmp_path, flower_baseline):
     table = tmp_path / "f.csv"
-    path = _write(tmp_path / "s.toml", 'dataset = "synthetic-logistic"\nusers = 12\nrounds = 2\nreference = false\n'
-                                       f'[sweep]\ntable = "{table}"\nnoise_seed_offset = 7\n'
-                                       'plugins = ["simulations/flower_dp_baseline.py"]\n'
-                                       'algorithm = ["flower-dp-fixed", "flower-dp-fixed-as-claimed"]\nepsilon = [2]\n')
+    path = _write(
+        tmp_path / "s.toml",
+        'dataset = "synthetic-logistic"\nusers = 12\nrounds = 2\nreference = false\n'
+        f'[sweep]\ntable = "{table}"\nnoise_seed_offset = 7\n'
+        'plugins = ["simulations/flower_dp_baseline.py"]\n'
+        'algorithm = ["flower-dp-fixed", "flower-dp-fixed-as-claimed"]\nepsilon = [2]\n',
+    )
     cwd = os.getcwd()
     os.chdir(os.path.join(os.path.dirname(__file__), ".."))
     try:

@@ -1,4 +1,5 @@
 """The in-process federation computes exactly the per-user quantities a client would, clipped."""
+
 import pytest
 import torch
 
@@ -15,12 +16,13 @@ def fed():
 
 
 def test_clip_rows_bounds_norm_keeps_zero_and_zeroes_nonfinite():
-    rows = torch.tensor([[3.0, 4.0], [0.0, 0.0], [0.3, 0.4], [float("nan"), 1.0], [float("inf"), 0.0]],
-                        dtype=torch.float64)
+    rows = torch.tensor(
+        [[3.0, 4.0], [0.0, 0.0], [0.3, 0.4], [float("nan"), 1.0], [float("inf"), 0.0]], dtype=torch.float64
+    )
     clipped, bad = clip_rows(rows, 1.0)
     assert torch.allclose(clipped[0], torch.tensor([0.6, 0.8], dtype=torch.float64))
-    assert torch.equal(clipped[1], torch.zeros(2, dtype=torch.float64))          # no 0/0
-    assert torch.equal(clipped[2], rows[2])                                       # inside: unchanged
+    assert torch.equal(clipped[1], torch.zeros(2, dtype=torch.float64))  # no 0/0
+    assert torch.equal(clipped[2], rows[2])  # inside: unchanged
     assert torch.equal(clipped[3:], torch.zeros(2, 2, dtype=torch.float64))
     assert bad.tolist() == [False, False, False, True, True]
     assert (clipped.norm(dim=1) <= 1.0 + 1e-12).all()

@@ -1,5 +1,6 @@
 """The zCDP filter and the Releaser: the order charge -> noise, refusals that leave no trace, and the
 noise scale of what is released."""
+
 from __future__ import annotations
 
 import math
@@ -110,8 +111,9 @@ def test_ledger_refusal_draws_no_noise(ledger, monkeypatch):
     r = Releaser(ledger, NoiseSource(seed=1), f)
     events = instrument(monkeypatch, r)
     with pytest.raises(BudgetExceeded):
-        r.gaussian(torch.zeros(5, dtype=torch.float64), sensitivity=1.0, rho=0.1 * BUDGET.rho,
-                   user_ids=USERS, label="g")
+        r.gaussian(
+            torch.zeros(5, dtype=torch.float64), sensitivity=1.0, rho=0.1 * BUDGET.rho, user_ids=USERS, label="g"
+        )
     assert events == ["charge"]  # the charge raised; no noise was drawn
     assert f.spent == 0.0 and f.steps == 0
     assert ledger.num_releases() == 1
@@ -133,8 +135,15 @@ def test_filter_refusal_charges_nothing(ledger, monkeypatch):
     assert math.isclose(f.spent, 0.03) and f.steps == 1
 
 
-@pytest.mark.parametrize("bad", [torch.tensor([0.0, float("nan")]), torch.tensor([float("inf"), 1.0]),
-                                 torch.tensor([[1.0], [-float("inf")]]), [0.0, 1.0]])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        torch.tensor([0.0, float("nan")]),
+        torch.tensor([float("inf"), 1.0]),
+        torch.tensor([[1.0], [-float("inf")]]),
+        [0.0, 1.0],
+    ],
+)
 def test_non_finite_value_refused_before_charge(ledger, monkeypatch, bad):
     f = ZCDPFilter(BUDGET.rho)
     r = Releaser(ledger, NoiseSource(seed=1), f)

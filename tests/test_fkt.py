@@ -40,6 +40,7 @@ exponents apply when sqrt(d)/(rho_p n) dominates 1/sqrt(n), i.e. rho_p < sqrt(d/
 errors, and require the excess to fall significantly: an algorithm whose noise or steps do not
 shrink with n or rho (slope ~ 0), or that does not learn (excess ~ that of w0), fails them.
 """
+
 from __future__ import annotations
 
 import functools
@@ -74,8 +75,14 @@ from fedkl.problems import make_problem
 
 BIG = Budget(epsilon=1e4, delta=1e-6)  # for tests that are not about the budget
 DELTA = 5e-7  # the delta at which Snowball's per-batch zCDP costs are converted (< BIG.delta)
-NAMES = ("fkt-snowball", "fkt-snowball-sc", "fkt-phased-sgd", "fkt-phased-erm", "fkt-sc-reduction",
-         "fkt-sc-localization")
+NAMES = (
+    "fkt-snowball",
+    "fkt-snowball-sc",
+    "fkt-phased-sgd",
+    "fkt-phased-erm",
+    "fkt-sc-reduction",
+    "fkt-sc-localization",
+)
 STRONGLY_CONVEX = ("fkt-snowball-sc", "fkt-sc-reduction", "fkt-sc-localization")
 RADIUS = 1.5
 
@@ -88,8 +95,16 @@ def _ls(n: int, seed: int, d: int = 5, m: int = 4, noise: float = 0.1):
     return load_dataset("synthetic-least-squares", n_users=n, m=m, d=d, seed=seed, noise=noise)
 
 
-def _setup(n: int, seed: int, *, d: int = 5, reg: float = 0.0, radius: float = RADIUS, m: int = 4,
-           strong_convexity: float | None = None):
+def _setup(
+    n: int,
+    seed: int,
+    *,
+    d: int = 5,
+    reg: float = 0.0,
+    radius: float = RADIUS,
+    m: int = 4,
+    strong_convexity: float | None = None,
+):
     ds = _ls(n, seed, d, m)
     problem = make_problem("least-squares", ds, reg=reg)
     setting = convex_setting(problem, ds.feature_bound, radius=radius, strong_convexity=strong_convexity)
@@ -101,8 +116,17 @@ def _lipschitz(ds, radius: float, reg: float) -> float:
     return radius + ds.extra["label_bound"] + reg * radius
 
 
-def _algorithm(name: str, setting: ConvexSetting, rho: float, *, relation: str = "replace-one", solver=None,
-               seed: int = 0, delta: float = DELTA, **loc):
+def _algorithm(
+    name: str,
+    setting: ConvexSetting,
+    rho: float,
+    *,
+    relation: str = "replace-one",
+    solver=None,
+    seed: int = 0,
+    delta: float = DELTA,
+    **loc,
+):
     config = LocalizationConfig(solver=solver, neighbouring=relation, seed=seed, **loc)
     if name in ("fkt-snowball", "fkt-snowball-sc"):
         variant = loc.get("variant") or ("strongly-convex" if name == "fkt-snowball-sc" else "jnn")
@@ -198,10 +222,14 @@ class _Quadratic(Federation):
         tr = ds.train.to(torch.float64)
         n, d = tr.num_users, tr.dim
         wt = 1.0 / tr.counts().clamp_min(1).double()[tr.user_index]
-        self.A = torch.zeros(n, d, d, dtype=torch.float64).index_add_(
-            0, tr.user_index, wt[:, None, None] * tr.X[:, :, None] * tr.X[:, None, :]).numpy()
-        self.b = torch.zeros(n, d, dtype=torch.float64).index_add_(
-            0, tr.user_index, (wt * tr.y)[:, None] * tr.X).numpy()
+        self.A = (
+            torch.zeros(n, d, d, dtype=torch.float64)
+            .index_add_(0, tr.user_index, wt[:, None, None] * tr.X[:, :, None] * tr.X[:, None, :])
+            .numpy()
+        )
+        self.b = (
+            torch.zeros(n, d, dtype=torch.float64).index_add_(0, tr.user_index, (wt * tr.y)[:, None] * tr.X).numpy()
+        )
         self.reg, self._ids, self._d = problem.reg, tr.user_ids, d
 
     @property
@@ -258,8 +286,11 @@ def _halving(n: int, D: float, L: float, d: int, rho: float, beta: float | None)
     """Alg. 2 / 3: n_i = floor(n/2^i) >= 1, eta_i = 4^-i (D/L) min{4/sqrt n, rho_p/sqrt d}, rho_p =
     sqrt(2 rho), capped at 2/beta where the solver is SGD (Lemma 4.3)."""
     eta = D / L * min(4 / math.sqrt(n), math.sqrt(2 * rho) / math.sqrt(d))
-    return [(n // 2**i, eta / 4**i if beta is None else min(eta / 4**i, 2 / beta))
-            for i in range(1, int(math.log2(n)) + 1) if n // 2**i >= 1]
+    return [
+        (n // 2**i, eta / 4**i if beta is None else min(eta / 4**i, 2 / beta))
+        for i in range(1, int(math.log2(n)) + 1)
+        if n // 2**i >= 1
+    ]
 
 
 def _gamma(solver: str, L: float, eta: float, relation: str) -> float:
@@ -267,12 +298,27 @@ def _gamma(solver: str, L: float, eta: float, relation: str) -> float:
     f L/(lam n) + 2 L eta with lam = 2/(eta n) (exact minimizer + twice the proven accuracy L eta:
     3 L eta replace-one); one-shot f (L/lam)/n (clipped prox deltas)."""
     f = 2.0 if relation == "replace-one" else 1.0
-    return {"psgd": f * L * eta, "gd": f * L * eta / 2 + 2 * L * eta, "subgradient": f * L * eta / 2 + 2 * L * eta,
-            "one-shot": f * L * eta / 2}[solver]
+    return {
+        "psgd": f * L * eta,
+        "gd": f * L * eta / 2 + 2 * L * eta,
+        "subgradient": f * L * eta / 2 + 2 * L * eta,
+        "one-shot": f * L * eta / 2,
+    }[solver]
 
 
-def _expected_phases(name: str, n: int, *, L: float, beta: float, lam: float, d: int, D: float, rho: float,
-                     solver: str, relation: str = "replace-one") -> list[tuple[int, float, float]]:
+def _expected_phases(
+    name: str,
+    n: int,
+    *,
+    L: float,
+    beta: float,
+    lam: float,
+    d: int,
+    D: float,
+    rho: float,
+    solver: str,
+    relation: str = "replace-one",
+) -> list[tuple[int, float, float]]:
     """[(n_i, eta_i, gamma_i)] of every release, in order."""
     cap = beta if solver == "psgd" else None
     if name in ("fkt-phased-sgd", "fkt-phased-erm"):
@@ -309,10 +355,15 @@ def _amplification_rho(batches, steps, sigma, L, f) -> list[float]:
 # --------------------------------------------------------------------------------------------------
 # privacy calibration: noise drawn, sensitivities and charges
 # --------------------------------------------------------------------------------------------------
-PHASED_CASES = [("fkt-phased-sgd", "psgd", "replace-one"), ("fkt-phased-sgd", "psgd", "add-remove"),
-                ("fkt-phased-sgd", "one-shot", "replace-one"), ("fkt-phased-erm", "gd", "replace-one"),
-                ("fkt-phased-erm", "gd", "add-remove"), ("fkt-sc-localization", "psgd", "replace-one"),
-                ("fkt-sc-reduction", "psgd", "replace-one")]
+PHASED_CASES = [
+    ("fkt-phased-sgd", "psgd", "replace-one"),
+    ("fkt-phased-sgd", "psgd", "add-remove"),
+    ("fkt-phased-sgd", "one-shot", "replace-one"),
+    ("fkt-phased-erm", "gd", "replace-one"),
+    ("fkt-phased-erm", "gd", "add-remove"),
+    ("fkt-sc-localization", "psgd", "replace-one"),
+    ("fkt-sc-reduction", "psgd", "replace-one"),
+]
 
 
 @pytest.mark.parametrize("name,solver,relation", PHASED_CASES)
@@ -331,8 +382,9 @@ def test_phased_noise_sensitivity_and_charges(name, solver, relation):
         rec = _Recorder(ledger, NoiseSource(100 + seed))
         alg = _algorithm(name, setting, rho, relation=relation, solver=solver)
         res = alg.run(InProcessFederation(problem, ds), rec, problem.init_params())
-        expected = _expected_phases(name, n, L=L, beta=1.0 + reg, lam=reg, d=d, D=RADIUS, rho=rho, solver=solver,
-                                    relation=relation)
+        expected = _expected_phases(
+            name, n, L=L, beta=1.0 + reg, lam=reg, d=d, D=RADIUS, rho=rho, solver=solver, relation=relation
+        )
         rows = ledger.releases()
         assert len(rec.calls) == len(rows) == len(expected) == res.rounds >= 2
         for (value, out, kw), row, (size, eta, gamma) in zip(rec.calls, rows, expected):
@@ -350,8 +402,9 @@ def test_phased_noise_sensitivity_and_charges(name, solver, relation):
     _assert_standard_normal(torch.cat(z))
 
 
-@pytest.mark.parametrize("variant,relation", [("jnn", "replace-one"), ("constant", "add-remove"),
-                                              ("strongly-convex", "replace-one")])
+@pytest.mark.parametrize(
+    "variant,relation", [("jnn", "replace-one"), ("constant", "add-remove"), ("strongly-convex", "replace-one")]
+)
 def test_snowball_noise_and_amplification_charges(variant, relation):
     """Snowball: the gradient noise drawn is N(0, (L/sqrt d)^2 I) at every step; step sizes are the
     theorem's (Thm 3.5 / 3.6 / 5.4, capped at 2/beta and 1/(2 lam)); every batch's amplification-by-
@@ -502,8 +555,10 @@ def test_phased_algorithms_refuse_a_run_wide_filter():
         with pytest.raises(ValueError, match="filter"):
             alg.run(fed, Releaser(ledger, NoiseSource(0), ZCDPFilter(0.5)), problem.init_params())
     _, problem_sc, setting_sc = _setup(64, 0, reg=0.3)
-    for alg in (SCLocalization(LocalizationConfig(), setting_sc, 0.5),
-                SCReduction(SCReductionConfig(), setting_sc, 0.5)):
+    for alg in (
+        SCLocalization(LocalizationConfig(), setting_sc, 0.5),
+        SCReduction(SCReductionConfig(), setting_sc, 0.5),
+    ):
         with pytest.raises(ValueError, match="filter"):
             alg.run(fed, Releaser(ledger, NoiseSource(0), ZCDPFilter(0.5)), problem_sc.init_params())
     assert ledger.num_releases() == 0 and fed.requests == []
@@ -518,8 +573,15 @@ def _with_user(ds, u: int, X_u: torch.Tensor, y_u: torch.Tensor) -> FederatedDat
     mine = tr.user_index == u
     X, y = tr.X.clone(), tr.y.clone()
     X[mine], y[mine] = X_u.to(X.dtype), y_u.to(y.dtype)
-    return FederatedDataset(ds.name, UserData(X, y, tr.user_index, tr.user_ids), ds.test, ds.task,
-                            ds.feature_bound, "adversarial neighbour", extra=ds.extra)
+    return FederatedDataset(
+        ds.name,
+        UserData(X, y, tr.user_index, tr.user_ids),
+        ds.test,
+        ds.task,
+        ds.feature_bound,
+        "adversarial neighbour",
+        extra=ds.extra,
+    )
 
 
 def _adversarial_pairs(ds, u: int, center: torch.Tensor, g: torch.Generator, in_domain: bool = True):
@@ -545,10 +607,16 @@ def _adversarial_pairs(ds, u: int, center: torch.Tensor, g: torch.Generator, in_
     return out
 
 
-SENSITIVITY_CASES = [("fkt-phased-sgd", "psgd", "replace-one"), ("fkt-phased-sgd", "psgd", "add-remove"),
-                     ("fkt-phased-sgd", "one-shot", "replace-one"), ("fkt-phased-erm", "gd", "replace-one"),
-                     ("fkt-phased-erm", "gd", "add-remove"), ("fkt-phased-erm", "subgradient", "replace-one"),
-                     ("fkt-sc-localization", "psgd", "replace-one"), ("fkt-sc-reduction", "psgd", "replace-one")]
+SENSITIVITY_CASES = [
+    ("fkt-phased-sgd", "psgd", "replace-one"),
+    ("fkt-phased-sgd", "psgd", "add-remove"),
+    ("fkt-phased-sgd", "one-shot", "replace-one"),
+    ("fkt-phased-erm", "gd", "replace-one"),
+    ("fkt-phased-erm", "gd", "add-remove"),
+    ("fkt-phased-erm", "subgradient", "replace-one"),
+    ("fkt-sc-localization", "psgd", "replace-one"),
+    ("fkt-sc-reduction", "psgd", "replace-one"),
+]
 
 
 @pytest.mark.parametrize("name,solver,relation", SENSITIVITY_CASES)
@@ -559,25 +627,30 @@ def test_phase_sensitivity_on_adversarial_neighbours(name, solver, relation):
     reg = 0.3 if name in STRONGLY_CONVEX else 0.0
     n = 24 if solver == "subgradient" else 40
     ds, problem, setting = _setup(n, 11, d=4, reg=reg, m=3)
-    alg = _algorithm(name, setting, 0.5, relation=relation, solver=solver,
-                     **({"erm_tol": 4.0} if solver == "subgradient" else {}))
+    alg = _algorithm(
+        name, setting, 0.5, relation=relation, solver=solver, **({"erm_tol": 4.0} if solver == "subgradient" else {})
+    )
     if name == "fkt-sc-reduction":  # its phases are its inner Phased-SGD's, on the first run's pool
         alg = alg.inner
     phases = alg.plan(cohort_order(ds.train.user_ids, 0), RADIUS)
     g = torch.Generator().manual_seed(1)
     worst = 0.0
-    for ph in phases[:2 if solver == "one-shot" else 3]:
+    for ph in phases[: 2 if solver == "one-shot" else 3]:
         for trial in range(2):
             u = ph.users[(trial * 7) % len(ph.users)]
             center = torch.randn(4, generator=g, dtype=torch.float64)
             center = center / center.norm() * RADIUS * (1.0 if trial == 0 else float(torch.rand(1, generator=g)))
             if relation == "replace-one":
-                pairs = [(InProcessFederation(problem, a), InProcessFederation(problem, b))
-                         for a, b in _adversarial_pairs(ds, u, center, g)]
+                pairs = [
+                    (InProcessFederation(problem, a), InProcessFederation(problem, b))
+                    for a, b in _adversarial_pairs(ds, u, center, g)
+                ]
             else:
                 fed = InProcessFederation(problem, ds)
-                pairs = [(fed, _Without(fed, u))] + [(InProcessFederation(problem, a), _Without(fed, u))
-                                                     for a, _ in _adversarial_pairs(ds, u, center, g)[:2]]
+                pairs = [(fed, _Without(fed, u))] + [
+                    (InProcessFederation(problem, a), _Without(fed, u))
+                    for a, _ in _adversarial_pairs(ds, u, center, g)[:2]
+                ]
             for fa, fb in pairs:
                 va, _ = alg.solve(fa, ph, center)
                 vb, _ = alg.solve(fb, ph, center)
@@ -625,15 +698,21 @@ def test_snowball_coupled_runs_stay_within_the_batch_shift(variant, relation):
         u = fed0.requests[t][1][0]
         center = torch.randn(4, generator=g, dtype=torch.float64)
         if relation == "replace-one":
-            pairs = [(InProcessFederation(problem, a), InProcessFederation(problem, b))
-                     for a, b in _adversarial_pairs(ds, u, center, g)]
+            pairs = [
+                (InProcessFederation(problem, a), InProcessFederation(problem, b))
+                for a, b in _adversarial_pairs(ds, u, center, g)
+            ]
         else:
             absent = _Without(InProcessFederation(problem, ds), u)
             pairs = [(InProcessFederation(problem, a), absent) for a, _ in _adversarial_pairs(ds, u, center, g)]
         for fa, fb in pairs:
-            (wa, ra), (wb, rb) = [(alg.run(fed, rec, problem.init_params()).w, rec) for fed, rec in
-                                  ((fa, _Recorder(PrivacyLedger(":memory:", BIG), NoiseSource(9))),
-                                   (fb, _Recorder(PrivacyLedger(":memory:", BIG), NoiseSource(9))))]
+            (wa, ra), (wb, rb) = [
+                (alg.run(fed, rec, problem.init_params()).w, rec)
+                for fed, rec in (
+                    (fa, _Recorder(PrivacyLedger(":memory:", BIG), NoiseSource(9))),
+                    (fb, _Recorder(PrivacyLedger(":memory:", BIG), NoiseSource(9))),
+                )
+            ]
             s_t = f * plan.steps[t] * setting.lipschitz / plan.batches[t]
             assert all(torch.equal(ra.scheduled[r][1], rb.scheduled[r][1]) for r in range(t))
             assert plan.steps[t] * float((ra.scheduled[t][1] - rb.scheduled[t][1]).norm()) <= s_t * (1 + 1e-9)
@@ -685,8 +764,9 @@ def _excess(name: str, n: int, rho: float, seed: int, d: int) -> float:
     # the strongly convex algorithms get F's strong convexity S: a public property of the data
     # distribution, used in step sizes and averaging weights only (their proofs, Lemma 5.2 and
     # Thm 5.1/5.3, use the strong convexity of F; the per-user losses here are not strongly convex)
-    setting = convex_setting(problem, ds.feature_bound, radius=1.2,
-                             strong_convexity=S if name in STRONGLY_CONVEX else None)
+    setting = convex_setting(
+        problem, ds.feature_bound, radius=1.2, strong_convexity=S if name in STRONGLY_CONVEX else None
+    )
     alg = _algorithm(name, setting, rho)
     res = alg.run(_Quadratic(problem, ds), Releaser(_NoLedger(), NoiseSource(seed + 77)), problem.init_params())
     return _population_excess(res.w, ds, d)
@@ -723,8 +803,10 @@ def test_excess_risk_falls_at_the_papers_rate(name):
     slope, se = _fit(ns, logs)
     e0 = _population_excess(torch.zeros(d, dtype=torch.float64), _ls(10, 0, d, 5, 0.05), d)
     top = logs[-1]
-    report = (f"{name}: excess {[f'{math.exp(np.mean(v)):.3g}' for v in logs]} at n = {ns} (w0: {e0:.3g}); "
-              f"slope {slope:.2f} +- {se:.2f}")
+    report = (
+        f"{name}: excess {[f'{math.exp(np.mean(v)):.3g}' for v in logs]} at n = {ns} (w0: {e0:.3g}); "
+        f"slope {slope:.2f} +- {se:.2f}"
+    )
     k = 2 if name == "fkt-snowball-sc" else 3
     assert np.mean(top) + k * np.std(top, ddof=1) / math.sqrt(seeds) < math.log(0.5 * e0), report
     assert lo - 3 * se < slope < hi + 0.15 + 3 * se, report
@@ -779,7 +861,8 @@ def test_two_ball_projection_is_the_euclidean_projection():
         q = project_two_balls(p, R, c, r2)
         assert float(q.norm()) <= R * (1 + 1e-9) and float((q - c).norm()) <= r2 * (1 + 1e-9)
         z = c + r2 * torch.rand(500, 1, generator=g, dtype=torch.float64) * torch.nn.functional.normalize(
-            torch.randn(500, d, generator=g, dtype=torch.float64), dim=1)
+            torch.randn(500, d, generator=g, dtype=torch.float64), dim=1
+        )
         z = z[z.norm(dim=1) <= R]  # feasible points
         worst = float(torch.cat([(z - q) @ (p - q), torch.tensor([-1.0], dtype=torch.float64)]).max())
         assert worst <= 1e-7 * max(1.0, float((p - q).norm()))
@@ -797,32 +880,50 @@ def test_bad_configurations_are_refused():
     for radius in (0.0, -1.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="radius"):
             convex_setting(problem, ds.feature_bound, radius=radius)
-    for bad in (dict(lipschitz=0.0), dict(smoothness=-1.0), dict(strong_convexity=-0.1), dict(distance=0.0),
-                dict(dim=0), dict(lipschitz=float("inf"))):
+    for bad in (
+        dict(lipschitz=0.0),
+        dict(smoothness=-1.0),
+        dict(strong_convexity=-0.1),
+        dict(distance=0.0),
+        dict(dim=0),
+        dict(lipschitz=float("inf")),
+    ):
         with pytest.raises(ValueError):
             replace(setting, **bad)
     no_radius = convex_setting(make_problem("logistic", mlp_ds), mlp_ds.feature_bound)
     with pytest.raises(ValueError, match="distance"):  # no D, no K to bound it
         no_radius.resolve_distance(torch.zeros(3))
     rough = replace(setting, smoothness=None)  # no smoothness constant: no contraction, no Lemma 4.3
-    for make in (lambda: SnowballSGD(SnowballConfig(), rough, 0.5, delta=DELTA),
-                 lambda: PhasedSGD(LocalizationConfig(), rough, 0.5),
-                 lambda: FKTPhasedERM(LocalizationConfig(solver="gd"), rough, 0.5),
-                 lambda: SCLocalization(LocalizationConfig(), replace(rough, strong_convexity=0.1), 0.5)):
+    for make in (
+        lambda: SnowballSGD(SnowballConfig(), rough, 0.5, delta=DELTA),
+        lambda: PhasedSGD(LocalizationConfig(), rough, 0.5),
+        lambda: FKTPhasedERM(LocalizationConfig(solver="gd"), rough, 0.5),
+        lambda: SCLocalization(LocalizationConfig(), replace(rough, strong_convexity=0.1), 0.5),
+    ):
         with pytest.raises(ValueError, match="smooth"):
             make()
     FKTPhasedERM(LocalizationConfig(solver="subgradient"), rough, 0.5)  # the non-smooth case of the paper
     PhasedSGD(LocalizationConfig(solver="one-shot"), rough, 0.5)  # private by its clip alone
-    for make in (lambda: SnowballSGD(SnowballConfig("strongly-convex"), setting, 0.5, delta=DELTA),
-                 lambda: SCLocalization(LocalizationConfig(), setting, 0.5),
-                 lambda: SCReduction(SCReductionConfig(), setting, 0.5)):
+    for make in (
+        lambda: SnowballSGD(SnowballConfig("strongly-convex"), setting, 0.5, delta=DELTA),
+        lambda: SCLocalization(LocalizationConfig(), setting, 0.5),
+        lambda: SCReduction(SCReductionConfig(), setting, 0.5),
+    ):
         with pytest.raises(ValueError, match="strongly convex"):
             make()
     for bad in (dict(variant="adagrad"), dict(neighbouring="swap")):
         with pytest.raises(ValueError):
             SnowballConfig(**bad)
-    for bad in (dict(neighbouring="swap"), dict(batch=0), dict(batch=1.5), dict(min_cohort=0), dict(erm_tol=0.0),
-                dict(erm_tol=float("nan")), dict(max_solver_rounds=0), dict(sc_c=1.9)):
+    for bad in (
+        dict(neighbouring="swap"),
+        dict(batch=0),
+        dict(batch=1.5),
+        dict(min_cohort=0),
+        dict(erm_tol=0.0),
+        dict(erm_tol=float("nan")),
+        dict(max_solver_rounds=0),
+        dict(sc_c=1.9),
+    ):
         with pytest.raises(ValueError):
             LocalizationConfig(**bad)
     for bad in (dict(inner="snowball"), dict(c=0.0)):
@@ -845,15 +946,18 @@ def test_bad_configurations_are_refused():
     small_ds, small_problem, small_setting = _setup(3, 0)
     fed = _Watched(small_problem, small_ds, ledger)
     sc_setting = replace(small_setting, strong_convexity=0.3)
-    for alg, match in ((SnowballSGD(SnowballConfig(), small_setting, 0.01, delta=DELTA), "at least"),
-                       (PhasedSGD(LocalizationConfig(min_cohort=2), small_setting, 0.5), "too few"),
-                       (SCReduction(SCReductionConfig(), sc_setting, 0.5), "at least 4")):
+    for alg, match in (
+        (SnowballSGD(SnowballConfig(), small_setting, 0.01, delta=DELTA), "at least"),
+        (PhasedSGD(LocalizationConfig(min_cohort=2), small_setting, 0.5), "too few"),
+        (SCReduction(SCReductionConfig(), sc_setting, 0.5), "at least 4"),
+    ):
         with pytest.raises(ValueError, match=match):
             alg.run(fed, Releaser(ledger, NoiseSource(0)), small_problem.init_params())
     big = _Watched(problem, ds, ledger)
     with pytest.raises(ValueError, match="max_solver_rounds"):
         FKTPhasedERM(LocalizationConfig(solver="subgradient", max_solver_rounds=100), setting, 0.5).run(
-            big, Releaser(ledger, NoiseSource(0)), problem.init_params())
+            big, Releaser(ledger, NoiseSource(0)), problem.init_params()
+        )
     assert fed.requests == big.requests == [] and ledger.num_releases() == 0
 
 
@@ -867,10 +971,24 @@ def test_builders_read_the_run_config():
     problem = make_problem("logistic", ds, reg=0.2)
     ledger = PrivacyLedger(":memory:", Budget(2.0, 1e-5))
     common = dict(problem=problem, dataset=ds, delta=1e-5, ledger=ledger, user_ids=ds.train.user_ids)
-    settings = dict(dataset="synthetic-logistic", reg=0.2, radius=2.0, distance=1.5, strong_convexity=0.5,
-                    neighbouring="add-remove", seed=4, fkt_solver="one-shot", fkt_batch=2, fkt_min_cohort=3,
-                    fkt_erm_tol=0.5, fkt_max_solver_rounds=7, fkt_sc_c=3.0, fkt_inner="phased-sgd",
-                    fkt_reduction_c=5.0, fkt_schedule="constant")
+    settings = dict(
+        dataset="synthetic-logistic",
+        reg=0.2,
+        radius=2.0,
+        distance=1.5,
+        strong_convexity=0.5,
+        neighbouring="add-remove",
+        seed=4,
+        fkt_solver="one-shot",
+        fkt_batch=2,
+        fkt_min_cohort=3,
+        fkt_erm_tol=0.5,
+        fkt_max_solver_rounds=7,
+        fkt_sc_c=3.0,
+        fkt_inner="phased-sgd",
+        fkt_reduction_c=5.0,
+        fkt_schedule="constant",
+    )
 
     def cfg(name, **kw):  # each algorithm takes the settings it has (a non-default other one is refused)
         return RunConfig.from_settings(strict=False, algorithm=name, **{**settings, **kw})
@@ -890,8 +1008,16 @@ def test_builders_read_the_run_config():
             assert (alg.config.neighbouring, alg.config.seed) == ("add-remove", 4)
         else:
             loc = alg.config.localization if name == "fkt-sc-reduction" else alg.config
-            assert (loc.solver, loc.neighbouring, loc.seed, loc.batch, loc.min_cohort, loc.erm_tol,
-                    loc.max_solver_rounds, loc.sc_c) == ("one-shot", "add-remove", 4, 2, 3, 0.5, 7, 3.0)
+            assert (
+                loc.solver,
+                loc.neighbouring,
+                loc.seed,
+                loc.batch,
+                loc.min_cohort,
+                loc.erm_tol,
+                loc.max_solver_rounds,
+                loc.sc_c,
+            ) == ("one-shot", "add-remove", 4, 2, 3, 0.5, 7, 3.0)
             assert alg.rho_total == 0.3
     assert build(cfg("fkt-sc-reduction"), 0.3, **common).config.c == 5.0
     with pytest.raises(ValueError, match="fkt-schedule must be one of jnn, constant"):
@@ -899,8 +1025,11 @@ def test_builders_read_the_run_config():
     with pytest.raises(ValueError, match="fkt_batch=2 does not apply to fkt-snowball"):
         RunConfig.from_settings(algorithm="fkt-snowball", fkt_batch=2)
     with pytest.raises(ValueError, match="strongly convex"):
-        build(cfg("fkt-snowball-sc", reg=0.0, strong_convexity=None), 0.3,
-              **{**common, "problem": make_problem("logistic", ds)})
+        build(
+            cfg("fkt-snowball-sc", reg=0.0, strong_convexity=None),
+            0.3,
+            **{**common, "problem": make_problem("logistic", ds)},
+        )
     ledger.charge(ds.train.user_ids[:1], ApproxDPCharge(eps=2.0, delta=0.0, mechanism="gaussian"), label="spent")
     with pytest.raises(BudgetExceeded):
         build(cfg("fkt-snowball"), 0.3, **common)
@@ -918,8 +1047,17 @@ def test_fedkl_run_end_to_end(tmp_path):
     for name in NAMES:
         assert name in ALGORITHMS
         out = tmp_path / name
-        cfg = RunConfig.from_settings(dataset="synthetic-logistic", users=n, algorithm=name, noise_seed=1, out=str(out),
-                        reference=False, epsilon=2.0, radius=3.0, reg=0.1 if name in STRONGLY_CONVEX else 0.0)
+        cfg = RunConfig.from_settings(
+            dataset="synthetic-logistic",
+            users=n,
+            algorithm=name,
+            noise_seed=1,
+            out=str(out),
+            reference=False,
+            epsilon=2.0,
+            radius=3.0,
+            reg=0.1 if name in STRONGLY_CONVEX else 0.0,
+        )
         payload = run_training(cfg, log=lambda _: None)
         result = json.loads((out / "result.json").read_text())
         assert result["algorithm"] == name and 0 < result["epsilon"] <= 2.0 * (1 + 1e-9)

@@ -1,6 +1,7 @@
 """The Flower transport: ClientApp + FlowerFederation compute what InProcessFederation computes,
 failures follow the in-process policy (zero contribution, listed in ``failed``, noise and ledger
 unchanged), and noisy GD over Flower releases the same model and ledger as in-process."""
+
 from __future__ import annotations
 
 import os
@@ -68,8 +69,14 @@ def _w(seed: int = 0, scale: float = 1.0) -> torch.Tensor:
 
 
 def _queries(w: torch.Tensor):
-    return [ClippedGradient(w, 0.3), ClippedGradient(w, 1e6), GradientDifference(w, 2 * w, 0.2),
-            LocalLoss(w), LocalLoss(w, "test"), LocalRegularizedMinimizer(w, 0.5)]
+    return [
+        ClippedGradient(w, 0.3),
+        ClippedGradient(w, 1e6),
+        GradientDifference(w, 2 * w, 0.2),
+        LocalLoss(w),
+        LocalLoss(w, "test"),
+        LocalRegularizedMinimizer(w, 0.5),
+    ]
 
 
 # --- per-user answers ----------------------------------------------------------------------------
@@ -101,8 +108,12 @@ class PerUserReference(Federation):
         base = _inprocess(spec)
         ds = base.dataset
         self.base = base
-        self.feds = [InProcessFederation(base.problem, dataclasses.replace(
-            ds, train=ds.train.subset([u]), test=ds.test.subset([u]))) for u in range(base.num_users)]
+        self.feds = [
+            InProcessFederation(
+                base.problem, dataclasses.replace(ds, train=ds.train.subset([u]), test=ds.test.subset([u]))
+            )
+            for u in range(base.num_users)
+        ]
 
     @property
     def user_ids(self):
@@ -246,22 +257,43 @@ def _error_code(reply) -> int:
     return reply.content["error"]["code"]
 
 
-@pytest.mark.parametrize("content", [
-    _request(kind="steal_records"),                                       # unknown request
-    _request(kind="clipped_gradient", scalars={}),                        # missing scalar
-    _request(scalars={"clip": -1.0}),                                     # invalid clip
-    _request(scalars={"clip": math.nan}),                                 # NaN scalar
-    _request(tensors={"w": Array(np.zeros(D + 2))}),                      # wrong shape
-    _request(tensors={"w": Array(np.zeros(D, dtype=np.float32))}),        # wrong dtype
-    _request(tensors={"w": Array(np.full(D, np.nan))}),                   # NaN
-    _request(tensors={"w": Array(np.zeros(D)), "x": Array(np.zeros(D))}),  # extra tensor
-    _request(tensors={"w": Array(dtype="float64", shape=(D,), stype="numpy.ndarray",
-                                 data=Array(np.zeros(D)).data + b"\0" * (1 << 20))}),  # oversize
-    _request(tensors={"w": Array(dtype="float64", shape=(D,), stype="numpy.ndarray", data=b"junk")}),
-    RecordDict({"something": ConfigRecord({"a": 1})}),                    # not fedkl at all
-    RecordDict(),
-], ids=["unknown-kind", "missing-scalar", "bad-clip", "nan-scalar", "wrong-shape", "wrong-dtype", "nan",
-        "extra-tensor", "oversize", "junk-bytes", "foreign", "empty"])
+@pytest.mark.parametrize(
+    "content",
+    [
+        _request(kind="steal_records"),  # unknown request
+        _request(kind="clipped_gradient", scalars={}),  # missing scalar
+        _request(scalars={"clip": -1.0}),  # invalid clip
+        _request(scalars={"clip": math.nan}),  # NaN scalar
+        _request(tensors={"w": Array(np.zeros(D + 2))}),  # wrong shape
+        _request(tensors={"w": Array(np.zeros(D, dtype=np.float32))}),  # wrong dtype
+        _request(tensors={"w": Array(np.full(D, np.nan))}),  # NaN
+        _request(tensors={"w": Array(np.zeros(D)), "x": Array(np.zeros(D))}),  # extra tensor
+        _request(
+            tensors={
+                "w": Array(
+                    dtype="float64", shape=(D,), stype="numpy.ndarray", data=Array(np.zeros(D)).data + b"\0" * (1 << 20)
+                )
+            }
+        ),  # oversize
+        _request(tensors={"w": Array(dtype="float64", shape=(D,), stype="numpy.ndarray", data=b"junk")}),
+        RecordDict({"something": ConfigRecord({"a": 1})}),  # not fedkl at all
+        RecordDict(),
+    ],
+    ids=[
+        "unknown-kind",
+        "missing-scalar",
+        "bad-clip",
+        "nan-scalar",
+        "wrong-shape",
+        "wrong-dtype",
+        "nan",
+        "extra-tensor",
+        "oversize",
+        "junk-bytes",
+        "foreign",
+        "empty",
+    ],
+)
 def test_client_answers_bad_requests_with_an_error_reply(content):
     assert _error_code(_client_reply(content)) == codec.ERR_BAD_REQUEST
 
@@ -289,7 +321,9 @@ def test_client_computes_one_user_like_inprocess_and_zero_gradient_is_fine():
     assert torch.equal(got, ref.compute(ClippedGradient(w, 0.25), [6]).values[0])
     # a user whose gradient is exactly zero (e.g. a GradientDifference at w_new == w_old): no 0/0
     reply = _client_reply(codec.encode_request(GradientDifference(w, w, 0.25)), pid=6)
-    assert torch.equal(codec.decode_answer(reply, GradientDifference(w, w, 0.25), D), torch.zeros(D, dtype=torch.float64))
+    assert torch.equal(
+        codec.decode_answer(reply, GradientDifference(w, w, 0.25), D), torch.zeros(D, dtype=torch.float64)
+    )
 
 
 # --- failures at the federation level -----------------------------------------------------------
@@ -317,7 +351,7 @@ def test_faulty_users_fail_and_contribute_zero(name):
     assert torch.equal(a.values[bad], torch.zeros(len(bad), D, dtype=torch.float64))
     good = [u for u in range(N) if u not in bad]
     assert torch.equal(a.values[good], b.values[good])
-    assert (a.values.norm(dim=1) <= 0.4 * (1 + 1e-12)).all()   # every term still within the bound
+    assert (a.values.norm(dim=1) <= 0.4 * (1 + 1e-12)).all()  # every term still within the bound
 
 
 def test_delay_beyond_the_timeout_is_a_dropout_and_absent_nodes_always_fail():
@@ -371,7 +405,12 @@ def _noisy_gd_with(federation, tmp_path, name, rounds=4, rho=0.5):
 
 def test_failures_do_not_reduce_the_noise_and_the_ledger_charges_everyone(tmp_path):
     bad = [0, 5, 6, 15]
-    faults = {0: localgrid.drop(), 5: localgrid.nan_reply(), 6: localgrid.wrong_shape(), 15: localgrid.unknown_request()}
+    faults = {
+        0: localgrid.drop(),
+        5: localgrid.nan_reply(),
+        6: localgrid.wrong_shape(),
+        15: localgrid.unknown_request(),
+    }
     fed, _ = _flower(LS, faults=faults)
     res, ledger, released = _noisy_gd_with(fed, tmp_path, "faulty")
     clean, clean_ledger, clean_released = _noisy_gd_with(_inprocess(LS), tmp_path, "clean")
@@ -412,16 +451,28 @@ def test_zero_norm_answers_do_not_crash(tmp_path):
 
 # --- noisy GD end to end: Flower == in-process -------------------------------------------------
 def _cfg(tmp_path, name, **kw):
-    base = dict(dataset="synthetic-least-squares", problem="least-squares", epsilon=2.0, rounds=3, lr=0.5,
-                clip=0.5, seed=4, noise_seed=7, out=str(tmp_path / name), reference=False)
+    base = dict(
+        dataset="synthetic-least-squares",
+        problem="least-squares",
+        epsilon=2.0,
+        rounds=3,
+        lr=0.5,
+        clip=0.5,
+        seed=4,
+        noise_seed=7,
+        out=str(tmp_path / name),
+        reference=False,
+    )
     return RunConfig.from_settings(strict=False, **{**base, **kw})  # rounds/lr/clip where the algorithm has them
 
 
 def _ledger_view(path):
     with PrivacyLedger(path) as led:
         led.verify()
-        rel = [(r["label"], r["mechanism"], r["sensitivity"], r["noise_scale"], r["rho"], r["eps"], r["delta"],
-                r["users"]) for r in led.releases()]
+        rel = [
+            (r["label"], r["mechanism"], r["sensitivity"], r["noise_scale"], r["rho"], r["eps"], r["delta"], r["users"])
+            for r in led.releases()
+        ]
         return rel, led
 
 
@@ -444,15 +495,17 @@ def test_noisy_gd_over_flower_is_bitwise_the_per_user_computation(tmp_path, spec
     assert torch.equal(res.w, ref.w)
     for (v, out, *_), (rv, rout, *_) in zip(released, ref_released, strict=True):
         assert torch.equal(v, rv) and torch.equal(out, rout)
-    assert ledger.releases() and [{k: r[k] for k in r if k not in ("run_id", "id")} for r in ledger.releases()] \
-        == [{k: r[k] for k in r if k not in ("run_id", "id")} for r in ref_ledger.releases()]
+    assert ledger.releases() and [{k: r[k] for k in r if k not in ("run_id", "id")} for r in ledger.releases()] == [
+        {k: r[k] for k in r if k not in ("run_id", "id")} for r in ref_ledger.releases()
+    ]
     for uid in fed.user_ids:
         assert ledger.spend(uid) == ref_ledger.spend(uid)
     ledger.verify()
 
 
-@pytest.mark.parametrize("problem,dataset", [("least-squares", "synthetic-least-squares"),
-                                             ("logistic", "synthetic-logistic")])
+@pytest.mark.parametrize(
+    "problem,dataset", [("least-squares", "synthetic-least-squares"), ("logistic", "synthetic-logistic")]
+)
 def test_noisy_gd_over_flower_local_matches_batched_inprocess(tmp_path, problem, dataset):
     """Against the batched InProcessFederation (``fedkl run``'s backend), same seed: the same model
     bit for bit and the same ledger exactly."""
@@ -469,10 +522,19 @@ def test_noisy_gd_over_flower_local_matches_batched_inprocess(tmp_path, problem,
 def test_output_perturbation_algorithm_runs_unchanged_over_flower(tmp_path):
     """Any registered fedkl algorithm, not only noisy GD: Phased-ERM (GradientsAtPoints queries,
     (eps, delta) releases without the zCDP filter) over the LocalGrid equals in-process."""
-    kw = dict(dataset="synthetic-logistic", problem="logistic", algorithm="phased-erm", reg=0.1,
-              p002_delta_rule="fixed", p002_phases=2, p002_lam=0.05, force=True)  # 10 users: plumbing only
-    spec = codec.ClientSpec.build("synthetic-logistic", "logistic", {"n_users": 10, "m": M, "d": D, "seed": 4},
-                                  {"reg": 0.1})
+    kw = dict(
+        dataset="synthetic-logistic",
+        problem="logistic",
+        algorithm="phased-erm",
+        reg=0.1,
+        p002_delta_rule="fixed",
+        p002_phases=2,
+        p002_lam=0.05,
+        force=True,
+    )  # 10 users: plumbing only
+    spec = codec.ClientSpec.build(
+        "synthetic-logistic", "logistic", {"n_users": 10, "m": M, "d": D, "seed": 4}, {"reg": 0.1}
+    )
     quiet = dict(log=lambda s: None, spec=spec)
     ref = run_flower_simulation(_cfg(tmp_path, "ref", **kw), "inprocess", **quiet)
     fl = run_flower_simulation(_cfg(tmp_path, "fl", **kw), "flower-local", **quiet)
@@ -508,14 +570,32 @@ def test_deployed_server_app_main_reads_the_run_config(tmp_path):
 
     assert server.app.app is server_app.app and client.app.app is client_app.app  # thin entry points
 
-    rc = {"fedkl-dataset": "synthetic-least-squares", "fedkl-seed": 3, "fedkl-rounds": 2, "fedkl-lr": 0.5,
-          "fedkl-noise-seed": 5, "fedkl-out": str(tmp_path / "deployed"), "fedkl-reference": False}
+    rc = {
+        "fedkl-dataset": "synthetic-least-squares",
+        "fedkl-seed": 3,
+        "fedkl-rounds": 2,
+        "fedkl-lr": 0.5,
+        "fedkl-noise-seed": 5,
+        "fedkl-out": str(tmp_path / "deployed"),
+        "fedkl-reference": False,
+    }
     ds = load_dataset("synthetic-least-squares", seed=3)
     grid = LocalGrid(client_app.app, ds.train.num_users, run_config=rc)
     server_app._deployed_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc))
     res = json.loads((tmp_path / "deployed" / "flower_result.json").read_text())
-    ref = run_flower_simulation(RunConfig.from_settings(dataset="synthetic-least-squares", seed=3, rounds=2, lr=0.5, noise_seed=5,
-                                          out=str(tmp_path / "ref"), reference=False), "inprocess", log=lambda s: None)
+    ref = run_flower_simulation(
+        RunConfig.from_settings(
+            dataset="synthetic-least-squares",
+            seed=3,
+            rounds=2,
+            lr=0.5,
+            noise_seed=5,
+            out=str(tmp_path / "ref"),
+            reference=False,
+        ),
+        "inprocess",
+        log=lambda s: None,
+    )
     assert res["users"] == ds.train.num_users and res["failed_users"] == [0, 0]
     assert np.array_equal(res["w"], ref["w"].numpy())
     assert res["ledger"]["releases"] == 2 and res["ledger"]["max_user_rho"] == ref["ledger"]["max_user_rho"]
@@ -534,8 +614,9 @@ def test_grpc_deployment_with_tls_and_node_auth(tmp_path):
     before = set(_proc_table())
     rc = {**run_config_for(cfg, spec), "fedkl-wait-for-nodes": 1.0}
     res = run_grpc(rc, 8, workdir=str(tmp_path / "grpc"), timeout=400, unregistered=(5,), log=lambda s: None)
-    ref = run_flower_simulation(_cfg(tmp_path, "ref", rounds=1), "flower-local", log=lambda s: None, spec=spec,
-                                absent=[5])
+    ref = run_flower_simulation(
+        _cfg(tmp_path, "ref", rounds=1), "flower-local", log=lambda s: None, spec=spec, absent=[5]
+    )
     assert res["users"] == 8 and res["failed_users"] == [1] == ref["failed_users"]
     assert np.array_equal(res["w"], ref["w"].numpy())  # bit for bit over gRPC + TLS
     _same_ledgers(res, ref, ref["user_ids"])  # the refused user is charged too

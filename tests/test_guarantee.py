@@ -1,4 +1,5 @@
 """The declared guarantee (fedkl.privacy.guarantee) decides the run-wide filter and the accountant text."""
+
 import pytest
 
 from fedkl.privacy.clients import ANY_CLIENTS, IN_CLASS_CLIENTS
@@ -21,13 +22,28 @@ def test_filter_and_text_follow_the_declaration():
         Guarantee("zcdp", "sometimes")
 
 
-@pytest.mark.parametrize("algorithm,charges,composition,clients", [
-    ("noisy-gd", "zcdp", "sequential", ANY_CLIENTS),
-    ("fkt-phased-sgd", "zcdp", "parallel", IN_CLASS_CLIENTS),
-])
+@pytest.mark.parametrize(
+    "algorithm,charges,composition,clients",
+    [
+        ("noisy-gd", "zcdp", "sequential", ANY_CLIENTS),
+        ("fkt-phased-sgd", "zcdp", "parallel", IN_CLASS_CLIENTS),
+    ],
+)
 def test_result_json_reports_the_declared_guarantee(tmp_path, algorithm, charges, composition, clients):
-    res = run_training(RunConfig.from_settings(strict=False, dataset="synthetic-logistic", users=40, algorithm=algorithm, rounds=2, radius=5.0,
-                                 reference=False, noise_seed=1, out=str(tmp_path / algorithm)), log=lambda _: None)
+    res = run_training(
+        RunConfig.from_settings(
+            strict=False,
+            dataset="synthetic-logistic",
+            users=40,
+            algorithm=algorithm,
+            rounds=2,
+            radius=5.0,
+            reference=False,
+            noise_seed=1,
+            out=str(tmp_path / algorithm),
+        ),
+        log=lambda _: None,
+    )
     assert res["guarantee"] == Guarantee(charges, composition, clients).to_dict()
     assert res["clients_assumed"] == clients.describe()
     assert res["accountant"] == Guarantee(charges).accountant("cks", "pld")

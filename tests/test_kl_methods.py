@@ -13,6 +13,7 @@ and -1 in n, -1 and -1/2 in rho); spider -1.70..-2.05 in n, -0.92..-0.97 in rho 
 prox point -1.89..-2.08 in n, -0.99 in rho (paper: -2, -1). The tolerances are wide around the
 paper's ranges but fail for an algorithm whose noise does not shrink with n or rho (slope ~ 0).
 """
+
 from __future__ import annotations
 
 import functools
@@ -154,8 +155,9 @@ def test_exponential_charges_before_sampling(tmp_path, monotone, rho_factor):
     flt = ZCDPFilter(0.5)
     noise = _WatchedNoise(3, ledger, flt)
     eps, sens = 0.3, 0.25
-    idx = Releaser(ledger, noise, flt).exponential([0.1, -0.3, 0.7], eps=eps, sensitivity=sens, user_ids=USERS,
-                                                   label="sel", monotone=monotone)
+    idx = Releaser(ledger, noise, flt).exponential(
+        [0.1, -0.3, 0.7], eps=eps, sensitivity=sens, user_ids=USERS, label="sel", monotone=monotone
+    )
     assert idx in (0, 1, 2)
     rho = rho_factor * eps**2
     assert noise.seen == [(1, pytest.approx(rho, rel=1e-12))]  # charged AND filtered before the draw
@@ -196,8 +198,10 @@ def test_exponential_frequencies_match_pmf():
     ledger = PrivacyLedger(":memory:", Budget(1e7, 1e-6))
     rel = Releaser(ledger, NoiseSource(123), None)
     N = 4000
-    counts = np.bincount([rel.exponential(u, eps=eps, sensitivity=sens, user_ids=USERS[:1], label="f")
-                          for _ in range(N)], minlength=u.size)
+    counts = np.bincount(
+        [rel.exponential(u, eps=eps, sensitivity=sens, user_ids=USERS[:1], label="f") for _ in range(N)],
+        minlength=u.size,
+    )
     assert ledger.num_releases() == N
     se = np.sqrt(N * pmf * (1 - pmf))
     assert np.all(np.abs(counts - N * pmf) < 5 * se)
@@ -254,8 +258,9 @@ def test_adaptive_gradient_cost_follows_the_noisy_norm():
     assert plan.A == pytest.approx(math.log(n * math.sqrt(0.8) / 0.1))
     Delta = 2 * 0.5
     for N in (0.3, 0.05):  # sigma_t = N/sqrt(dA) on the mean: rho_t = Delta^2 d A / (2 n^2 N^2)
-        assert alg.gradient_rho(plan, N, n, d) == pytest.approx(min(Delta**2 * d * plan.A / (2 * n**2 * N**2),
-                                                                    plan.rho_cap))
+        assert alg.gradient_rho(plan, N, n, d) == pytest.approx(
+            min(Delta**2 * d * plan.A / (2 * n**2 * N**2), plan.rho_cap)
+        )
     for N in (1e-4, 0.0, -0.2):  # tiny or negative noisy norms: the floor, never a cheaper release
         assert alg.gradient_rho(plan, N, n, d) == pytest.approx(plan.rho_cap)
     with pytest.raises(ValueError, match="too small"):
@@ -297,7 +302,8 @@ def test_adaptive_round_cap_spends_the_rest_on_the_last_step():
     ledger = PrivacyLedger(":memory:", BIG)
     flt = ZCDPFilter(rho)
     res = AdaptiveKLGD(AdaptiveKLGDConfig(lr=1.0 / (2 * L1), max_rounds=2), rho).run(
-        fed, Releaser(ledger, NoiseSource(0), flt), problem.init_params())
+        fed, Releaser(ledger, NoiseSource(0), flt), problem.init_params()
+    )
     assert res.rounds == 2 and res.details["stopped"] == "max_rounds"
     labels = [r["label"] for r in ledger.releases()]
     assert labels == ["kl-adaptive-gd/round-0/norm", "kl-adaptive-gd/round-0/grad", "kl-adaptive-gd/round-1/grad"]
@@ -378,16 +384,22 @@ def test_spider_schedule_follows_the_theorem():
         assert sched.sensitivity_diff[k] == pytest.approx(2 * math.sqrt(sched.targets[k]) / (4 * gamma))
         assert sched.diff_clip[k] == pytest.approx(L1 * sched.step[k])
         assert sched.sigma_diff(k) / sched.sigma_anchor == pytest.approx(
-            math.sqrt(sched.targets[k]) * math.sqrt(sched.T[k]) / (gamma * C))
+            math.sqrt(sched.targets[k]) * math.sqrt(sched.T[k]) / (gamma * C)
+        )
     assert sched.rho_anchor / sched.rho_diff[0] == pytest.approx(ANCHOR_WEIGHT)
     # kappa < 2: longer phases as the target shrinks, worst case still exactly rho
-    s15 = KLSpider(KLSpiderConfig(KLConstants(gamma, 1.5), smoothness=L1, contraction_constant=1,
-                                  floor_constant=1), rho).schedule(n, d)
+    s15 = KLSpider(
+        KLSpiderConfig(KLConstants(gamma, 1.5), smoothness=L1, contraction_constant=1, floor_constant=1), rho
+    ).schedule(n, d)
     assert s15.T[0] < s15.T[-1] and list(s15.M) == [math.ceil(t - 1e-9) for t in s15.T]
     assert all(t == pytest.approx((s15.f0 / p) ** (1 / 3)) for t, p in zip(s15.T, s15.targets))
     assert s15.worst_case_rho == pytest.approx(rho, rel=1e-12)
-    assert KLSpider(KLSpiderConfig(KLConstants(gamma), smoothness=L1, neighbouring="add-remove"),
-                    rho).schedule(n, d).sensitivity_anchor == C
+    assert (
+        KLSpider(KLSpiderConfig(KLConstants(gamma), smoothness=L1, neighbouring="add-remove"), rho)
+        .schedule(n, d)
+        .sensitivity_anchor
+        == C
+    )
 
 
 @pytest.mark.parametrize("relation,factor", [("replace-one", 2.0), ("add-remove", 1.0)])
@@ -436,8 +448,9 @@ def test_spider_round_cap():
     ds, problem, fed, mu, L1 = _least_squares(200, 7)
     ledger = PrivacyLedger(":memory:", BIG)
     flt = ZCDPFilter(1.0)
-    res = _make("spider", 1.0, mu, L1, max_rounds=5).run(fed, Releaser(ledger, NoiseSource(0), flt),
-                                                          problem.init_params())
+    res = _make("spider", 1.0, mu, L1, max_rounds=5).run(
+        fed, Releaser(ledger, NoiseSource(0), flt), problem.init_params()
+    )
     assert res.rounds == ledger.num_releases() == 5 and res.details["stopped"] == "max_rounds"
     assert flt.spent < 1.0  # calibrated for the whole schedule: a capped run under-spends, never over-spends
 
@@ -514,8 +527,16 @@ def test_prox_point_converges_at_the_stated_rates():
 # --------------------------------------------------------------------------------------------------
 def test_bad_configurations_are_refused():
     kl = KLConstants(1.0)
-    for bad in (dict(lr=0.0), dict(clip=-1.0), dict(beta=1.0), dict(neighbouring="swap"), dict(select="best"),
-                dict(select_fraction=1.0), dict(max_rounds=0), dict(norm_rho=-1.0)):
+    for bad in (
+        dict(lr=0.0),
+        dict(clip=-1.0),
+        dict(beta=1.0),
+        dict(neighbouring="swap"),
+        dict(select="best"),
+        dict(select_fraction=1.0),
+        dict(max_rounds=0),
+        dict(norm_rho=-1.0),
+    ):
         with pytest.raises(ValueError):
             AdaptiveKLGDConfig(**bad)
     for bad in (dict(gamma=0.0), dict(gamma=1.0, kappa=0.5), dict(gamma=1.0, f0=-1.0), dict(gamma=1.0, beta=0.0)):
@@ -536,8 +557,9 @@ def test_bad_configurations_are_refused():
         AdaptiveKLGD(AdaptiveKLGDConfig(), rho_total=0.0)
     ds, problem, fed, *_ = _least_squares(100, 0)
     with pytest.raises(ValueError, match="filter"):  # adaptive costs need a filter
-        AdaptiveKLGD(AdaptiveKLGDConfig(), 1.0).run(fed, Releaser(PrivacyLedger(":memory:", BIG), NoiseSource(0)),
-                                                    problem.init_params())
+        AdaptiveKLGD(AdaptiveKLGDConfig(), 1.0).run(
+            fed, Releaser(PrivacyLedger(":memory:", BIG), NoiseSource(0)), problem.init_params()
+        )
 
 
 def test_builders_read_the_run_config():
@@ -551,8 +573,12 @@ def test_builders_read_the_run_config():
 
     plain = dict(lr=0.5, clip=0.7, neighbouring="add-remove")
     agd = build(cfg("kl-adaptive-gd", **plain), 0.3, **common)
-    assert (agd.config.lr, agd.config.clip, agd.config.neighbouring, agd.config.select) == (0.5, 0.7, "add-remove",
-                                                                                           "last")
+    assert (agd.config.lr, agd.config.clip, agd.config.neighbouring, agd.config.select) == (
+        0.5,
+        0.7,
+        "add-remove",
+        "last",
+    )
     with pytest.raises(ValueError, match="kl_gamma"):  # no gamma and no regularizer to derive it from
         build(cfg("kl-spider", **plain), 0.3, **common)
     with pytest.raises(ValueError, match="kl_gamma"):
@@ -582,10 +608,22 @@ def test_fedkl_run_end_to_end(tmp_path, name):
     import fedkl.runner as runner
 
     assert name in runner.ALGORITHMS
-    cfg = RunConfig.from_settings(strict=False, dataset="synthetic-least-squares", algorithm=name, users=60, reg=0.1,
-                                  lr=1.0, rounds=4,
-                       epsilon=3.0, noise_seed=1, out=str(tmp_path / "out"), reference=False,
-                       kl_contraction_constant=1.0, kl_floor_constant=1.0, kl_prox_steps=3)
+    cfg = RunConfig.from_settings(
+        strict=False,
+        dataset="synthetic-least-squares",
+        algorithm=name,
+        users=60,
+        reg=0.1,
+        lr=1.0,
+        rounds=4,
+        epsilon=3.0,
+        noise_seed=1,
+        out=str(tmp_path / "out"),
+        reference=False,
+        kl_contraction_constant=1.0,
+        kl_floor_constant=1.0,
+        kl_prox_steps=3,
+    )
     payload = runner.run_training(cfg, log=lambda _: None)
     assert payload["algorithm"] == name and payload["rounds"] >= 1
     assert 0 < payload["epsilon"] <= 3.0 * (1 + 1e-9)

@@ -1,5 +1,6 @@
 """The per-user privacy ledger: budget checks, atomic refusals, durability across SIGKILL, tamper
 detection and concurrent handles."""
+
 from __future__ import annotations
 
 import math
@@ -27,8 +28,10 @@ def table_counts(path) -> dict:
     """Row counts of every persistent table, read through an independent connection."""
     con = sqlite3.connect(path)
     try:
-        return {t: con.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]
-                for t in ("meta", "runs", "cohorts", "releases", "users")}
+        return {
+            t: con.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]
+            for t in ("meta", "runs", "cohorts", "releases", "users")
+        }
     finally:
         con.close()
 
@@ -81,7 +84,9 @@ def test_charge_accumulates_per_user(ledger):
     assert ledger.num_releases() == 3 and ledger.num_releases("run-1") == 3
     rel = ledger.releases()
     assert [r["users"] for r in rel] == [3, 2, 1]
-    assert rel[0]["sensitivity"] == 1.0 and rel[0]["noise_scale"] == 1.0 / math.sqrt(0.02) and rel[0]["run_id"] == "run-1"
+    assert (
+        rel[0]["sensitivity"] == 1.0 and rel[0]["noise_scale"] == 1.0 / math.sqrt(0.02) and rel[0]["run_id"] == "run-1"
+    )
     assert math.isclose(ledger.epsilon("a"), zcdp_to_eps(0.035, BUDGET.delta), rel_tol=1e-12)
     s = ledger.summary()
     assert s["users_charged"] == 3 and s["releases"] == 3
@@ -100,8 +105,11 @@ def test_user_ids_normalised_and_duplicates_refused(ledger, tmp_path):
     with pytest.raises(ValueError):
         ledger.charge([], GaussianCharge(rho=0.01), label="empty")
     for v in (-1e-3, float("nan"), float("inf")):  # a bad cost is refused when the charge is made
-        for make in (lambda v: GaussianCharge(rho=v), lambda v: ApproxDPCharge(eps=v, delta=0.0, mechanism="ptr"),
-                     lambda v: ApproxDPCharge(eps=0.1, delta=v, mechanism="ptr")):
+        for make in (
+            lambda v: GaussianCharge(rho=v),
+            lambda v: ApproxDPCharge(eps=v, delta=0.0, mechanism="ptr"),
+            lambda v: ApproxDPCharge(eps=0.1, delta=v, mechanism="ptr"),
+        ):
             with pytest.raises(ValueError):
                 ledger.charge(["a"], make(v), label="bad")
     with pytest.raises(TypeError, match="not a charge"):
@@ -132,9 +140,10 @@ def test_the_ledger_stores_typed_charges_and_verify_recomputes_their_cost(ledger
         con.commit()
         with pytest.raises(LedgerError, match="is not that of its charge"):
             ledger.verify()
-        con.execute(f"UPDATE releases SET {column} = ? WHERE label = 'g'",
-                    ({"rho": 0.02, "noise_scale": 2.0 / math.sqrt(0.04), "sensitivity": 2.0,
-                      "mechanism": "gaussian"}[column],))
+        con.execute(
+            f"UPDATE releases SET {column} = ? WHERE label = 'g'",
+            ({"rho": 0.02, "noise_scale": 2.0 / math.sqrt(0.04), "sensitivity": 2.0, "mechanism": "gaussian"}[column],),
+        )
         if column == "rho":
             con.execute("UPDATE users SET rho = rho + 0.01 WHERE user_id = 'u'")
         con.commit()
@@ -252,8 +261,9 @@ def test_mixed_charges(ledger):
     # UserSpend.epsilon composes: zcdp_to_eps(rho, delta - delta_u) + eps_u
     ledger.charge(["a"], GaussianCharge(rho=0.5 * left), label="g")
     sp = ledger.spend("a")
-    assert math.isclose(sp.epsilon(BUDGET.delta), zcdp_to_eps(0.5 * left, BUDGET.delta - delta_u) + eps_u,
-                        rel_tol=1e-12)
+    assert math.isclose(
+        sp.epsilon(BUDGET.delta), zcdp_to_eps(0.5 * left, BUDGET.delta - delta_u) + eps_u, rel_tol=1e-12
+    )
     assert ledger.epsilon("a") == sp.epsilon(BUDGET.delta, BUDGET.conversion)
     assert sp.epsilon(delta_u) == math.inf  # the delta part alone uses up a delta this small
     # the rest of the rho fits exactly; beyond it is refused
@@ -326,17 +336,21 @@ def test_wal_and_synchronous_full(ledger):
 # Children import the real fedkl/privacy/ledger.py (and its imports zcdp.py, filter.py) but skip the
 # package __init__ files, which pull in torch and dp-accounting (~1.5 s per process) for nothing the
 # ledger uses.
-LEDGER_ONLY_IMPORT = textwrap.dedent("""
+LEDGER_ONLY_IMPORT = textwrap.dedent(
+    """
     import os, sys, types
     for _name in ("fedkl", "fedkl.privacy"):
         _m = types.ModuleType(_name)
         _m.__path__ = [os.path.join(%r, *_name.split("."))]
         sys.modules[_name] = _m
-""" % REPO)
+"""
+    % REPO
+)
 
 RHO_PER_RELEASE = 1e-6
 N_USERS = 50
-CRASH_CHILD = LEDGER_ONLY_IMPORT + textwrap.dedent("""
+CRASH_CHILD = LEDGER_ONLY_IMPORT + textwrap.dedent(
+    """
     import os, sys
     from fedkl.privacy.charges import GaussianCharge
     from fedkl.privacy.ledger import Budget, PrivacyLedger
@@ -352,7 +366,9 @@ CRASH_CHILD = LEDGER_ONLY_IMPORT + textwrap.dedent("""
         k += 1
         os.write(fd, f"released {k}\\n".encode())
         os.fsync(fd)
-""" % (N_USERS, RHO_PER_RELEASE))
+"""
+    % (N_USERS, RHO_PER_RELEASE)
+)
 
 
 def test_sigkill_never_loses_a_charge(tmp_path):
@@ -364,8 +380,13 @@ def test_sigkill_never_loses_a_charge(tmp_path):
     # its own delay counted from the moment it reported ready
     for i, _ in enumerate(delays):
         path, log = tmp_path / f"crash{i}.db", tmp_path / f"crash{i}.log"
-        proc = subprocess.Popen([sys.executable, "-c", CRASH_CHILD, str(path), str(log)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=REPO)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", CRASH_CHILD, str(path), str(log)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=REPO,
+        )
         trials.append((proc, path, log))
     for (proc, _, _), delay in zip(trials, delays):
         line = proc.stdout.readline()
@@ -379,7 +400,8 @@ def test_sigkill_never_loses_a_charge(tmp_path):
     total = 0
     for proc, path, log in trials:
         proc.wait(timeout=30)
-        proc.stdout.close(); proc.stderr.close()
+        proc.stdout.close()
+        proc.stderr.close()
         assert proc.returncode == -signal.SIGKILL
         lines = log.read_text().splitlines() if log.exists() else []
         assert all(l == f"released {k + 1}" for k, l in enumerate(lines))
@@ -422,9 +444,11 @@ def test_two_handles_share_the_budget(tmp_path):
         with pytest.raises(BudgetExceeded):
             h2.charge(["c", "a"], GaussianCharge(rho=part), label="5")
         assert h1.num_releases("server-1") == 2 and h2.num_releases("server-2") == 2
-        h1.verify(); h2.verify()
+        h1.verify()
+        h2.verify()
     finally:
-        h1.close(); h2.close()
+        h1.close()
+        h2.close()
 
 
 RACE_CHILD = LEDGER_ONLY_IMPORT + textwrap.dedent("""
@@ -453,13 +477,22 @@ def test_two_processes_race_for_the_last_budget(tmp_path):
     path = tmp_path / "race.db"
     PrivacyLedger(path, BUDGET).close()
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    procs = [subprocess.Popen([sys.executable, "-c", RACE_CHILD, str(path), str(k)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=REPO)
-             for k in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RACE_CHILD, str(path), str(k)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=REPO,
+        )
+        for k in range(2)
+    ]
     for p in procs:  # wait until both have imported and opened the ledger ...
         assert p.stdout.readline().strip() == b"ready", p.stderr.read().decode()
     for p in procs:  # ... then let them charge at the same moment
-        p.stdin.write(b"go\n"); p.stdin.flush()
+        p.stdin.write(b"go\n")
+        p.stdin.flush()
     results = []
     for p in procs:
         out, err = p.communicate(timeout=120)

@@ -2,6 +2,7 @@
 
 Fixed seeds everywhere; every sampled check has a tolerance of a few standard errors of its sample.
 """
+
 import itertools
 import math
 from dataclasses import replace
@@ -87,7 +88,7 @@ def _outliers(n, k, d=1, seed=0, at=10.0):
 # --- the exact FPT vertex cover -----------------------------------------------------------------
 def _brute_cover(n, edges, k):
     for s in range(min(k, n) + 1):
-        for S in itertools.combinations(range(n), s):        # lexicographic: first hit is the canonical cover
+        for S in itertools.combinations(range(n), s):  # lexicographic: first hit is the canonical cover
             if all(a in S or b in S for a, b in edges):
                 return s, S
     return None
@@ -97,7 +98,7 @@ def _random_regular(n, deg, rng):
     """A random simple graph with all degrees <= deg (pairing model, clashes dropped)."""
     stubs = np.repeat(np.arange(n), deg)
     rng.shuffle(stubs)
-    stubs = stubs[:len(stubs) // 2 * 2]
+    stubs = stubs[: len(stubs) // 2 * 2]
     return {(min(a, b), max(a, b)) for a, b in stubs.reshape(-1, 2) if a != b}
 
 
@@ -105,7 +106,7 @@ def test_recurrence_values():
     # D(s) = 1 + max(D(s-1) + D(s-4), D(s-2) + D(s-3)), D(s <= 2) = 1
     assert [branch_calls(s) for s in range(11)] == [1, 1, 1, 3, 5, 7, 9, 13, 19, 27, 37]
     assert worst_case_calls(0) == 1 and worst_case_calls(3) == 1 + 1 + 1 + 3 + 1 + 1 + 1
-    assert 1.37 < (branch_calls(60) / branch_calls(59)) < 1.39     # ~1.3803^s
+    assert 1.37 < (branch_calls(60) / branch_calls(59)) < 1.39  # ~1.3803^s
 
 
 def test_vertex_cover_agrees_with_brute_force_on_random_graphs():
@@ -127,12 +128,12 @@ def test_vertex_cover_agrees_with_brute_force_on_random_graphs():
             c = CallCounter()
             assert cover_at_most(g, t, c) == (t >= tau)
             assert c.calls <= branch_calls(max(t, 0))
-        assert g == graph_from_edges(n, edges)   # the input is never modified
+        assert g == graph_from_edges(n, edges)  # the input is never modified
 
 
 def test_vertex_cover_geometric_instances_and_call_bound_on_larger_graphs():
     rng = np.random.default_rng(1)
-    for trial in range(60):      # the conflict graphs the mechanism builds
+    for trial in range(60):  # the conflict graphs the mechanism builds
         n = int(rng.integers(6, 13))
         V = torch.tensor(rng.normal(0, 1, (n, 2)) * rng.choice([0.3, 1.0, 3.0]))
         rho = float(rng.choice([0.5, 1.0, 2.0, 4.0]))
@@ -140,7 +141,7 @@ def test_vertex_cover_geometric_instances_and_call_bound_on_larger_graphs():
         D = pairwise_distances(V)
         assert sorted(edges) == [(a, b) for a in range(n) for b in range(a + 1, n) if D[a, b] > rho * (1 - 1e-9)]
         assert min_vertex_cover(graph_from_edges(n, edges), 6) == _brute_cover(n, edges, 6)
-    for deg, n in ((3, 40), (4, 36), (5, 30)):     # sparse regular graphs: the branching cases
+    for deg, n in ((3, 40), (4, 36), (5, 30)):  # sparse regular graphs: the branching cases
         edges = _random_regular(n, deg, rng)
         counter = CallCounter()
         out = min_vertex_cover(graph_from_edges(n, edges), 24, counter)
@@ -179,11 +180,11 @@ def test_plan_equals_enumeration_reference_and_is_sound_for_the_dbar_test():
             kept = [u for u in range(n) if u not in plan.deleted]
             assert float(torch.pdist(V[kept]).max()) <= rho
         assert diag["vc_calls"] <= cfg.worst_case_calls
-        dbar = exact_stability(f, n, cfg.dop(n))         # Algorithm 1 with the literal Dbar test
+        dbar = exact_stability(f, n, cfg.dop(n))  # Algorithm 1 with the literal Dbar test
         if plan.dist is not None:
             assert dbar.dist is not None and dbar.dist <= plan.dist
         seen.add(plan.dist)
-    assert {0, None} <= seen and len(seen) >= 4       # the instances exercise the interesting cases
+    assert {0, None} <= seen and len(seen) >= 4  # the instances exercise the interesting cases
 
 
 def test_predicate_is_hereditary_and_sound_by_brute_force():
@@ -208,11 +209,11 @@ def test_predicate_is_hereditary_and_sound_by_brute_force():
 
         y = tuple(range(n))
         diam = float(torch.pdist(V).max())
-        Delta = diam / (n - b - 1)            # the smallest Delta with P(y, b)
+        Delta = diam / (n - b - 1)  # the smallest Delta with P(y, b)
         assert dbar(y, b) <= Delta * (1 + 1e-12)
         for i in y:
             z = [u for u in y if u != i]
-            assert float(torch.pdist(V[z]).max()) <= diam            # (H)
+            assert float(torch.pdist(V[z]).max()) <= diam  # (H)
 
 
 @pytest.mark.statistical
@@ -234,7 +235,7 @@ def test_release_agrees_in_distribution_with_the_reference():
     a = [mech.run_vectors(V, rel_a, _ids(n)).theta for _ in range(N)]
     b = [DelOutputPert(cfg.dop(n)).release(ref, rel_b, _ids(n), "ref") for _ in range(N)]
     pa, pb = sum(x is None for x in a) / N, sum(x is None for x in b) / N
-    exact = float(cfg.deletion_budget.pmf()[:3].sum())            # Pr[R1 < dist]
+    exact = float(cfg.deletion_budget.pmf()[:3].sum())  # Pr[R1 < dist]
     se = math.sqrt(exact * (1 - exact) / N)
     assert 0.02 < exact < 0.98
     assert abs(pa - exact) <= 5 * se and abs(pb - exact) <= 5 * se and abs(pa - pb) <= 5 * math.sqrt(2) * se
@@ -272,26 +273,27 @@ def test_bottom_frequencies_and_privacy_profile_on_neighbours(calibration):
     n, N, rho = 16, 4000, 0.5
     cfg = MeanOutputPertConfig(EPS, DELTA, rho, calibration)
     pmf = cfg.deletion_budget.pmf()
-    data = {k: _outliers(n, k, seed=5) for k in range(0, 8)}       # k = 7 > 2 kappa: always ⊥
+    data = {k: _outliers(n, k, seed=5) for k in range(0, 8)}  # k = 7 > 2 kappa: always ⊥
     swap = {}
     for k, v in data.items():
         w = v.clone()
-        w[n - 1] = -0.1 if float(v[n - 1]) > 0 else 0.1            # another typical user
+        w[n - 1] = -0.1 if float(v[n - 1]) > 0 else 0.1  # another typical user
         swap[k] = w
     plans = {("out", k): mean_stability_plan(v, cfg)[0] for k, v in data.items()}
     plans.update({("swap", k): mean_stability_plan(v, cfg)[0] for k, v in swap.items()})
     assert [plans[("out", k)].dist for k in range(8)] == [0, 1, 2, 3, 4, 5, 6, None]
-    law = {key: ((float(pmf[:p.dist].sum()), p.value) if p.dist is not None else (1.0, None))
-           for key, p in plans.items()}
+    law = {
+        key: ((float(pmf[: p.dist].sum()), p.value) if p.dist is not None else (1.0, None)) for key, p in plans.items()
+    }
     pairs = [(("out", k), ("out", k + 1)) for k in range(7)] + [(("out", k), ("swap", k)) for k in range(8)]
     sigma = cfg.sigma(n)
     worst = 0.0
     for x, y in pairs:
         vx = data[x[1]] if x[0] == "out" else swap[x[1]]
         vy = data[y[1]] if y[0] == "out" else swap[y[1]]
-        assert int((vx != vy).any(dim=1).sum()) == 1           # neighbours: one user differs
+        assert int((vx != vy).any(dim=1).sum()) == 1  # neighbours: one user differs
         for a, b in ((x, y), (y, x)):
-            assert law[a][0] <= math.exp(cfg.eps_bar) * law[b][0] + cfg.delta_bar + 1e-15    # eq. (2)
+            assert law[a][0] <= math.exp(cfg.eps_bar) * law[b][0] + cfg.delta_bar + 1e-15  # eq. (2)
             worst = max(worst, _hockey_stick(law[a], law[b], sigma, cfg.eps))
     assert worst <= cfg.delta
     # sampled ⊥ frequencies through the production path, for the neighbours (1,2), (2,3), (3,4)
@@ -304,10 +306,11 @@ def test_bottom_frequencies_and_privacy_profile_on_neighbours(calibration):
         assert abs(observed[k] - law[("out", k)][0]) <= 5 * se
     for a, b in ((1, 2), (2, 1), (2, 3), (3, 2), (3, 4), (4, 3)):
         se = math.sqrt(observed[a] * (1 - observed[a]) / N) + math.exp(cfg.eps) * math.sqrt(
-            observed[b] * (1 - observed[b]) / N)
+            observed[b] * (1 - observed[b]) / N
+        )
         assert observed[a] <= math.exp(cfg.eps) * observed[b] + cfg.delta + 5 * se
     # negative control: "⊥ unless x itself passes" (no noisy budget) violates (eps, delta)
-    bad = {k: 1.0 if plans[("out", k)].dist else 0.0 for k in (0, 1)}     # its Pr[⊥] on out0, out1
+    bad = {k: 1.0 if plans[("out", k)].dist else 0.0 for k in (0, 1)}  # its Pr[⊥] on out0, out1
     assert bad[1] - math.exp(cfg.eps) * bad[0] > cfg.delta
 
 
@@ -409,7 +412,7 @@ def test_local_mean_output_pert_charges_once_per_user_before_the_release(tmp_pat
 
 def test_bottom_is_charged_like_a_release(tmp_path):
     n = 16
-    V = _outliers(n, 7)                         # 7 > 2 kappa deletions needed: ⊥ for every R1
+    V = _outliers(n, 7)  # 7 > 2 kappa deletions needed: ⊥ for every R1
     ledger = PrivacyLedger(tmp_path / "l.sqlite", Budget(epsilon=100.0, delta=0.9))
     cfg = MeanOutputPertConfig(EPS, DELTA, rho=0.5)
     outs = [MeanOutputPert(cfg).run_vectors(V, Releaser(ledger, NoiseSource(s)), _ids(n)) for s in range(3)]
@@ -419,8 +422,7 @@ def test_bottom_is_charged_like_a_release(tmp_path):
 
 
 @pytest.mark.parametrize("rho_fraction,expect_bottoms", [(1.0, 0), (1e-6, 2)])
-def test_phased_charges_each_phase_once_per_user_and_keeps_the_centre_on_bottom(tmp_path, rho_fraction,
-                                                                                expect_bottoms):
+def test_phased_charges_each_phase_once_per_user_and_keeps_the_centre_on_bottom(tmp_path, rho_fraction, expect_bottoms):
     n = 16
     ds, prob, fed = _logistic(n, seed=2)
     ledger = PrivacyLedger(tmp_path / "l.sqlite", Budget(epsilon=8.0, delta=0.45))
@@ -442,7 +444,7 @@ def test_phased_charges_each_phase_once_per_user_and_keeps_the_centre_on_bottom(
 
 def test_refusals_happen_before_any_data_is_read(tmp_path):
     events = []
-    ds, prob, fed = _logistic(13)                         # 13 < 4 kappa + 2 = 14
+    ds, prob, fed = _logistic(13)  # 13 < 4 kappa + 2 = 14
     _spy_federation(fed, events)
     w0 = torch.zeros(prob.num_params, dtype=torch.float64)
     rel = Releaser(_CountingLedger(), NoiseSource(0))
@@ -456,20 +458,26 @@ def test_refusals_happen_before_any_data_is_read(tmp_path):
     # "auto" (the default) takes the matching score instead, which needs n >= 8 kappa + 2 = 26 <= 30: no refusal
     assert LocalMeanOutputPertConfig(EPS, DELTA, 1.0, max_vc_calls=10).mechanism(1.0).score(30) == "matching"
     # Phased: (eps/T, delta/T) per phase; T = 4 at (4, 0.2) gives kappa = 10: 2 kappa = 20 -> 5,911 calls
-    ds, prob, fed = _logistic(45)                         # >= 4 kappa + 2 = 42
+    ds, prob, fed = _logistic(45)  # >= 4 kappa + 2 = 42
     _spy_federation(fed, events)
     phased = PhasedMeanOutputPertConfig(EPS, DELTA, 1.0, phases=4, max_vc_calls=5000, test="vertex-cover")
     with pytest.raises(ValueError, match="work budget"):
         PhasedMeanOutputPert(phased, prob, ds.feature_bound).run(fed, rel, w0)
-    with pytest.raises(ValueError, match="8 kappa \\+ 2"):   # auto: matching, which needs 82 users here
+    with pytest.raises(ValueError, match="8 kappa \\+ 2"):  # auto: matching, which needs 82 users here
         PhasedMeanOutputPert(replace(phased, test="auto"), prob, ds.feature_bound).run(fed, rel, w0)
     with pytest.raises(ValueError, match="users"):
         mean_stability_plan(torch.zeros(10, 2), MeanOutputPertConfig(EPS, DELTA, 1.0))
     assert events == [] and rel.ledger.charges == []
     # the builders refuse from the public n alone, reading the RunConfig fields
     ledger = PrivacyLedger(tmp_path / "l.sqlite", Budget(epsilon=EPS, delta=DELTA))
-    settings = dict(mean_lam=1.0, mean_rho_fraction=0.3, mean_phases=4, mean_calibration="tight",
-                    mean_max_vc_calls=5000, mean_test="vertex-cover")
+    settings = dict(
+        mean_lam=1.0,
+        mean_rho_fraction=0.3,
+        mean_phases=4,
+        mean_calibration="tight",
+        mean_max_vc_calls=5000,
+        mean_test="vertex-cover",
+    )
     single = RunConfig.from_settings(algorithm="mean-output-pert", strict=False, **settings)
     phased = RunConfig.from_settings(algorithm="phased-mean-output-pert", **settings)
     common = dict(problem=prob, dataset=ds, delta=DELTA, ledger=ledger)
@@ -500,8 +508,9 @@ def test_bad_input_is_refused_with_a_clear_error():
     with pytest.raises(ValueError, match="finite"):
         mean_stability_plan(V, MeanOutputPertConfig(EPS, DELTA, 1.0))
     with pytest.raises(ValueError, match="user ids"):
-        MeanOutputPert(MeanOutputPertConfig(EPS, DELTA, 1.0)).run_vectors(_outliers(16, 0), Releaser(
-            _CountingLedger(), NoiseSource(0)), _ids(15))
+        MeanOutputPert(MeanOutputPertConfig(EPS, DELTA, 1.0)).run_vectors(
+            _outliers(16, 0), Releaser(_CountingLedger(), NoiseSource(0)), _ids(15)
+        )
 
 
 def test_failed_users_get_the_public_centre():
@@ -542,8 +551,7 @@ def test_forecast_is_the_release_noise_against_the_local_radius(tmp_path):
     radius G0/(mu + lam) bounds every local minimizer's (hence the mean's) distance from the centre."""
     ds, prob, fed = _logistic(60, reg=0.1)
     w0 = torch.zeros(prob.num_params, dtype=torch.float64)
-    alg = LocalMeanOutputPert(LocalMeanOutputPertConfig(EPS, DELTA, lam=1.0, rho_fraction=0.5), prob,
-                              ds.feature_bound)
+    alg = LocalMeanOutputPert(LocalMeanOutputPertConfig(EPS, DELTA, lam=1.0, rho_fraction=0.5), prob, ds.feature_bound)
     f = alg.forecast(60, w0)
     assert f["signal_radius"] == local_radius(prob, ds.feature_bound, w0, 1.0)
     assert f["noise_over_signal"] == pytest.approx(f["sigma"] * math.sqrt(prob.num_params) / f["signal_radius"])
@@ -551,7 +559,8 @@ def test_forecast_is_the_release_noise_against_the_local_radius(tmp_path):
     assert float(V.norm(dim=1).max()) <= f["signal_radius"] * (1 + 1e-9)
     res = alg.run(fed, Releaser(PrivacyLedger(tmp_path / "l.sqlite", Budget(EPS, DELTA * 1.01)), NoiseSource(0)), w0)
     assert res.sigma == pytest.approx(f["sigma"], rel=1e-12)
-    phased = PhasedMeanOutputPert(PhasedMeanOutputPertConfig(EPS, DELTA, 1.0, phases=2, rho_fraction=0.5), prob,
-                                  ds.feature_bound)
+    phased = PhasedMeanOutputPert(
+        PhasedMeanOutputPertConfig(EPS, DELTA, 1.0, phases=2, rho_fraction=0.5), prob, ds.feature_bound
+    )
     first = LocalMeanOutputPert(phased.config.phase_config(1), prob, ds.feature_bound)
     assert phased.forecast(60, w0) == first.forecast(60, w0)  # the first phase moves the model the most

@@ -5,6 +5,7 @@ tolerance is derived from the sample size (a k-standard-error bound, k = 6 unles
 hard-coded output. Where it matters we also show the tolerance is tight enough to catch a wrong
 noise scale.
 """
+
 from __future__ import annotations
 
 import math
@@ -212,8 +213,9 @@ class TestGaussian:
         ref32 = (v32.to(torch.float64) + NoiseSource(seed=8).gaussian(1000, 1.0)).to(torch.float32)
         assert out32.dtype == torch.float32 and torch.equal(out32, ref32)
 
-    @pytest.mark.parametrize("sens,eps,delta", [(1.0, 1.0, 1e-5), (3.0, 0.1, 1e-6), (0.5, 3.0, 1e-5),
-                                                (1.0, 0.5, 1e-3), (2.0, 8.0, 1e-4)])
+    @pytest.mark.parametrize(
+        "sens,eps,delta", [(1.0, 1.0, 1e-5), (3.0, 0.1, 1e-6), (0.5, 3.0, 1e-5), (1.0, 0.5, 1e-3), (2.0, 8.0, 1e-4)]
+    )
     def test_analytic_is_minimal_balle_wang(self, sens, eps, delta):
         m = GaussianMechanism.analytic(sens, eps, delta)
         d = balle_wang_delta(sens, m.sigma, eps)
@@ -243,8 +245,11 @@ class TestGaussian:
     def test_refuses_bad_queries_and_parameters(self):
         m = GaussianMechanism.from_zcdp(1.0, 0.1)
         s = NoiseSource(seed=0)
-        for bad in (torch.tensor([1.0, float("nan")]), torch.tensor([float("inf")]),
-                    torch.tensor([[0.0], [-float("inf")]])):
+        for bad in (
+            torch.tensor([1.0, float("nan")]),
+            torch.tensor([float("inf")]),
+            torch.tensor([[0.0], [-float("inf")]]),
+        ):
             with pytest.raises(ValueError):
                 m.privatize(bad, s)
         with pytest.raises(TypeError):
@@ -291,11 +296,11 @@ class TestLaplace:
 # --------------------------------------------------------------------------------------------------
 # (eps, delta, kappa worked by hand: 1 + ceil(ln(1/delta)/eps))
 TDLAP_TABLE = [
-    (1.0, 1e-3, 8),    # ln(1000) = 6.908  -> 7   -> 8
+    (1.0, 1e-3, 8),  # ln(1000) = 6.908  -> 7   -> 8
     (0.1, 1e-5, 117),  # ln(1e5)/0.1 = 115.13 -> 116 -> 117
-    (0.5, 1e-6, 29),   # ln(1e6)/0.5 = 27.63  -> 28  -> 29
-    (2.0, 1e-9, 12),   # ln(1e9)/2 = 10.36    -> 11  -> 12
-    (0.3, 0.2, 7),     # ln(5)/0.3 = 5.365    -> 6   -> 7
+    (0.5, 1e-6, 29),  # ln(1e6)/0.5 = 27.63  -> 28  -> 29
+    (2.0, 1e-9, 12),  # ln(1e9)/2 = 10.36    -> 11  -> 12
+    (0.3, 0.2, 7),  # ln(5)/0.3 = 5.365    -> 6   -> 7
 ]
 
 
@@ -318,8 +323,7 @@ class TestTruncatedDiscreteLaplace:
         assert p[0] == p[-1]
         assert p[0] <= delta and p[0] <= math.exp(-eps) * delta
         # shape: Pr[x] proportional to exp(-eps |x - kappa|)
-        np.testing.assert_allclose(p / p[kappa], np.exp(-eps * np.abs(np.arange(2 * kappa + 1) - kappa)),
-                                   rtol=1e-12)
+        np.testing.assert_allclose(p / p[kappa], np.exp(-eps * np.abs(np.arange(2 * kappa + 1) - kappa)), rtol=1e-12)
         # neighbouring ratios bounded by e^eps in both directions
         r = p[1:] / p[:-1]
         assert np.all(r <= math.exp(eps) + 1e-12) and np.all(1 / r <= math.exp(eps) + 1e-12)
@@ -398,7 +402,8 @@ class TestExponential:
         # dropping the factor would give ~2 eps
         eps, sens = 1.0, 1.0
         u = np.zeros(10_000)
-        d = -np.ones(u.size); d[0] = 1.0
+        d = -np.ones(u.size)
+        d[0] = 1.0
         m = ExponentialMechanism(eps, sens)
         lr = np.log(m.probabilities(u + d)[0]) - np.log(m.probabilities(u)[0])
         assert lr > 0.9 * eps and lr <= eps + 1e-12

@@ -1,4 +1,5 @@
 """Noisy GD over users: noise calibrated to the user-level sensitivity, every round charged, converges."""
+
 import math
 
 import pytest
@@ -67,7 +68,8 @@ def test_every_round_charged_to_every_user_and_budget_enforced(tmp_path):
     # the budget is spent: one more run (a fresh filter, the same users) is refused by the ledger
     with pytest.raises(BudgetExhausted):
         NoisyGradientDescent(NoisyGDConfig(rounds=1), rho).run(
-            fed, Releaser(ledger, NoiseSource(0), ZCDPFilter(rho)), fed.problem.init_params())
+            fed, Releaser(ledger, NoiseSource(0), ZCDPFilter(rho)), fed.problem.init_params()
+        )
     assert ledger.num_releases() == rounds
 
 
@@ -86,7 +88,8 @@ def _excess_risk(tmp_path, n_users, eps, seeds=4):
         w_opt = nonprivate_minimizer(fed.problem, ds.train)
         rho = ledger.budget.rho
         res = NoisyGradientDescent(NoisyGDConfig(rounds=15, lr=4.0), rho).run(
-            fed, Releaser(ledger, NoiseSource(s), ZCDPFilter(rho)), fed.problem.init_params())
+            fed, Releaser(ledger, NoiseSource(s), ZCDPFilter(rho)), fed.problem.init_params()
+        )
         out.append(fed.problem.loss(res.w, ds.train) - fed.problem.loss(w_opt, ds.train))
     return sum(out) / len(out)
 

@@ -2,6 +2,7 @@
 
 Fixed seeds everywhere; every sampled check has a tolerance of a few standard errors of its sample.
 """
+
 import functools
 import itertools
 import math
@@ -65,7 +66,7 @@ def _outlier_values(n, outliers, seed=0):
 def test_constants_follow_algorithm_1_and_the_note_table():
     cfg = DelOutputPertConfig(eps=1.0, delta=1e-6, Delta=1.0)
     assert cfg.eps_bar == 0.5 and cfg.delta_bar == pytest.approx(1e-6 / (math.exp(0.5) + 2))
-    assert cfg.kappa == 1 + math.ceil(math.log(1 / cfg.delta_bar) / 0.5) == 32      # note §4 table
+    assert cfg.kappa == 1 + math.ceil(math.log(1 / cfg.delta_bar) / 0.5) == 32  # note §4 table
     assert cfg.sensitivity == 8 * 32
     assert cfg.sigma == pytest.approx(2 * math.sqrt(math.log(2 / cfg.delta_bar)) * 8 * 32 / 0.5)
     assert cfg.sigma == pytest.approx(4071, rel=1e-3)
@@ -100,8 +101,11 @@ def test_exact_stability_matches_brute_force_definition():
         plan = exact_stability(f, n, cfg)
         expected = None
         for s in range(2 * cfg.kappa + 1):
-            sets = [S for S in itertools.combinations(range(n), s)
-                    if dbar(tuple(u for u in range(n) if u not in S), cfg.depth - s) <= cfg.Delta]
+            sets = [
+                S
+                for S in itertools.combinations(range(n), s)
+                if dbar(tuple(u for u in range(n) if u not in S), cfg.depth - s) <= cfg.Delta
+            ]
             if sets:
                 expected = (s, min(sets))
                 break
@@ -124,14 +128,14 @@ def test_exact_test_refuses_large_n_before_reading_data():
 
 # --- privacy of the test: ⊥ frequencies on neighbours -----------------------------------------
 def test_bottom_frequencies_on_neighbours_respect_eps_delta():
-    cfg = DelOutputPertConfig(eps=4.0, delta=0.2, Delta=0.3)   # kappa = 3, visible TDLap tails
+    cfg = DelOutputPertConfig(eps=4.0, delta=0.2, Delta=0.3)  # kappa = 3, visible TDLap tails
     n, N = 16, 20000
     pmf = cfg.deletion_budget.pmf()
     datasets = {k: _outlier_values(n, k) for k in (2, 3, 4)}
     plans = {k: exact_stability(mean_of_user_vectors(v), n, cfg) for k, v in datasets.items()}
-    assert {k: p.dist for k, p in plans.items()} == {2: 2, 3: 3, 4: 4}     # delete the outliers
+    assert {k: p.dist for k, p in plans.items()} == {2: 2, 3: 3, 4: 4}  # delete the outliers
     assert plans[3].deleted == (0, 1, 2)
-    exact = {k: float(pmf[:k].sum()) for k in plans}                     # Pr[⊥] = Pr[R1 < dist]
+    exact = {k: float(pmf[:k].sum()) for k in plans}  # Pr[⊥] = Pr[R1 < dist]
     observed = {}
     for k, plan in plans.items():
         rel = Releaser(_CountingLedger(), NoiseSource(100 + k))
@@ -142,9 +146,10 @@ def test_bottom_frequencies_on_neighbours_respect_eps_delta():
         assert abs(observed[k] - exact[k]) <= 5 * se + 1e-12
     # (2, 3) and (3, 4) are neighbours: one user replaced (an outlier <-> a typical user)
     for a, b in ((2, 3), (3, 2), (3, 4), (4, 3)):
-        assert exact[a] <= math.exp(cfg.eps_bar) * exact[b] + cfg.delta_bar + 1e-15   # eq. (2)
+        assert exact[a] <= math.exp(cfg.eps_bar) * exact[b] + cfg.delta_bar + 1e-15  # eq. (2)
         se = math.sqrt(observed[a] * (1 - observed[a]) / N) + math.exp(cfg.eps) * math.sqrt(
-            observed[b] * (1 - observed[b]) / N)
+            observed[b] * (1 - observed[b]) / N
+        )
         assert observed[a] <= math.exp(cfg.eps) * observed[b] + cfg.delta + 5 * se
     # the released values are centred on the mean of the kept (typical) users
     assert torch.allclose(plans[3].value, datasets[3][3:].mean(0))
@@ -158,7 +163,7 @@ def _hockey_stick(plan_a, plan_b, cfg, eps):
     def law(plan):
         if plan.dist is None:
             return 1.0, 0.0, None
-        pb = float(pmf[:plan.dist].sum())
+        pb = float(pmf[: plan.dist].sum())
         return pb, 1.0 - pb, plan.value
 
     ba, va, ma = law(plan_a)
@@ -184,18 +189,18 @@ def test_exact_privacy_profile_on_neighbouring_datasets(calibration):
     n = 16
     base = _outlier_values(n, 0, seed=5)
     datasets = {}
-    for k in range(0, 8):                       # k outliers (users 0..k-1); k = 7 > 2 kappa: never stable
+    for k in range(0, 8):  # k outliers (users 0..k-1); k = 7 > 2 kappa: never stable
         v = base.clone()
         v[:k] = 10.0
         datasets[f"out{k}"] = v
         w = v.clone()
-        w[n - 1] = -0.1 if float(v[n - 1]) > 0 else 0.1     # replace a typical user by another one
+        w[n - 1] = -0.1 if float(v[n - 1]) > 0 else 0.1  # replace a typical user by another one
         datasets[f"swap{k}"] = w
     plans = {name: exact_stability(mean_of_user_vectors(v), n, cfg) for name, v in datasets.items()}
     pairs = [(f"out{k}", f"out{k + 1}") for k in range(7)] + [(f"out{k}", f"swap{k}") for k in range(8)]
     worst = 0.0
     for a, b in pairs:
-        assert int(((datasets[a] != datasets[b]).any(dim=1)).sum()) == 1      # neighbours: one user differs
+        assert int(((datasets[a] != datasets[b]).any(dim=1)).sum()) == 1  # neighbours: one user differs
         for x, y in ((a, b), (b, a)):
             worst = max(worst, _hockey_stick(plans[x], plans[y], cfg, cfg.eps))
     assert worst <= cfg.delta
@@ -265,7 +270,7 @@ def test_ledger_charged_before_release_and_exhausted_budget_refused(tmp_path):
     assert (rel["eps"], rel["delta"], rel["rho"], rel["users"]) == (0.6, 6e-4, 0.0, n)
     assert rel["mechanism"] == "stability-gaussian" and rel["noise_scale"] == pytest.approx(cfg.sigma)
     ledger.verify()
-    with pytest.raises(BudgetExhausted):     # 1.2 > 1.0
+    with pytest.raises(BudgetExhausted):  # 1.2 > 1.0
         DelOutputPert(cfg).run(f, Releaser(ledger, SpyNoise(0)), _ids(n))
     assert ledger.num_releases() == 1 and events == ["charge", "R1", "noise", "charge"]
 
@@ -315,11 +320,17 @@ def test_certificate_bound_never_exceeded_on_random_strongly_convex_problems(see
     """Lemma C.1 (re-derived): ||theta* - theta*_{-S}|| <= s gamma/((n-s) mu), Dbar_r <= U, brute force."""
     rng = np.random.default_rng(seed)
     n, r = 10, 3
-    ds = load_dataset("synthetic-least-squares", n_users=n, m=int(rng.integers(3, 30)), d=3, seed=seed,
-                      heterogeneity=float(rng.choice([0.0, 1.0, 3.0])))
+    ds = load_dataset(
+        "synthetic-least-squares",
+        n_users=n,
+        m=int(rng.integers(3, 30)),
+        d=3,
+        seed=seed,
+        heterogeneity=float(rng.choice([0.0, 1.0, 3.0])),
+    )
     reg = float(rng.choice([0.05, 0.3, 1.0]))
     A, b = _ls_stats(ds, reg)
-    beta = float(torch.linalg.matrix_norm(A, ord=2).max())   # each user's smoothness
+    beta = float(torch.linalg.matrix_norm(A, ord=2).max())  # each user's smoothness
     theta = {}
     for s in range(r + 2):
         for S in itertools.combinations(range(n), s):
@@ -331,8 +342,13 @@ def test_certificate_bound_never_exceeded_on_random_strongly_convex_problems(see
         s = len(S)
         if s <= r + 1:
             assert float((t - t0).norm()) <= s * gamma / ((n - s) * reg) * (1 + 1e-9) + 1e-12
-    dbar = max(float((theta[S] - theta[tuple(sorted(S + (i,)))]).norm())
-               for S in theta if len(S) <= r for i in range(n) if i not in S)
+    dbar = max(
+        float((theta[S] - theta[tuple(sorted(S + (i,)))]).norm())
+        for S in theta
+        if len(S) <= r
+        for i in range(n)
+        if i not in S
+    )
     assert dbar <= lemma_c1_bound(n, r, gamma, reg, beta) * (1 + 1e-9)
     assert dbar <= lemma_c1_bound(n, r, gamma, reg) * (1 + 1e-9)
 
@@ -372,7 +388,7 @@ def test_fast_path_and_exact_path_give_the_same_output_distribution():
     for name, plan, seed in (("fast", plan_fast, 1), ("exact", plan_exact, 2)):
         rel = Releaser(_CountingLedger(), NoiseSource(seed))
         out = [DelOutputPert(cfg.dop).release(plan, rel, _ids(n), "t") for _ in range(2000)]
-        assert all(o is not None for o in out)   # dist = 0 <= R1 always: never ⊥
+        assert all(o is not None for o in out)  # dist = 0 <= R1 always: never ⊥
         draws[name] = torch.stack(out).numpy()
     for j in range(2):
         assert stats.ks_2samp(draws["fast"][:, j], draws["exact"][:, j]).pvalue > 1e-3
@@ -385,7 +401,7 @@ def test_certificate_that_does_not_settle_falls_back_to_the_exact_test(tmp_path)
     cfg = _sc_config(prob, ds, Delta=0.3)
     alg = SCOutputPert(cfg)
     th = alg.solve(fed, torch.ones(1, n, dtype=torch.bool), w0)[0]
-    assert not alg.certify(fed, th, w0)[0]       # n = 14: (n - 4 kappa - 1) = 1, the bound is loose
+    assert not alg.certify(fed, th, w0)[0]  # n = 14: (n - 4 kappa - 1) = 1, the bound is loose
     ledger = PrivacyLedger(tmp_path / "l.sqlite", Budget(epsilon=10.0, delta=0.5))
     res = alg.run(fed, Releaser(ledger, NoiseSource(5)), w0)
     assert alg.stats == {"certificate": 0, "exact": 1} and res.diagnostics["decided_by"] == "exact"
@@ -402,8 +418,9 @@ def test_sc_output_pert_refuses_large_n_before_reading_data():
     compute = fed.compute
     fed.compute = lambda q, users=None: asked.append(q) or compute(q, users)
     with pytest.raises(ValueError, match="max_exact_users"):
-        SCOutputPert(_sc_config(prob, ds, Delta=1.0)).run(fed, Releaser(_CountingLedger(), NoiseSource(0)),
-                                                          torch.zeros(2, dtype=torch.float64))
+        SCOutputPert(_sc_config(prob, ds, Delta=1.0)).run(
+            fed, Releaser(_CountingLedger(), NoiseSource(0)), torch.zeros(2, dtype=torch.float64)
+        )
     assert asked == []
 
 
@@ -426,16 +443,17 @@ def test_phased_erm_charges_each_phase_and_keeps_the_center_on_bottom(tmp_path, 
     res = PhasedERM(cfg, prob, ds.feature_bound).run(fed, Releaser(ledger, NoiseSource(3)), w0)
     assert res.bottoms == expect_bottoms and res.phases == 2
     if expect_bottoms == 2:
-        assert torch.equal(res.w, w0)        # ⊥ in every phase: the public start point, post-processing
+        assert torch.equal(res.w, w0)  # ⊥ in every phase: the public start point, post-processing
     rels = ledger.releases()
     assert [(r["eps"], r["delta"]) for r in rels] == [(8.0, 0.1)] * 2
     assert ledger.spend(fed.user_ids[0]).eps == pytest.approx(16.0)
     ledger.verify()
 
 
-
-@pytest.mark.parametrize("eps,delta,score", [(1.0, 1e-6, "exact"), (2.0, 1e-6, "exact"), (8.0, 1e-6, "exact"),
-                                             (4.0, 0.2, "exact"), (8.0, 1e-6, "matching")])
+@pytest.mark.parametrize(
+    "eps,delta,score",
+    [(1.0, 1e-6, "exact"), (2.0, 1e-6, "exact"), (8.0, 1e-6, "exact"), (4.0, 0.2, "exact"), (8.0, 1e-6, "matching")],
+)
 def test_profile_calibration_is_the_smallest_noise_its_theorem_allows(eps, delta, score):
     """The profile calibration meets its theorem's worst case exactly at its sigma (1% less noise breaks
     delta on some reachable pair) and is well below the tight calibration's noise."""

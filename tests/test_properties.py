@@ -1,4 +1,5 @@
 """Property-based checks (hypothesis) of the invariants every release relies on."""
+
 import math
 import tempfile
 
@@ -14,8 +15,10 @@ finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinit
 
 
 @settings(max_examples=200, deadline=None)
-@given(rows=st.lists(st.lists(finite, min_size=3, max_size=3), min_size=1, max_size=8),
-       clip=st.floats(min_value=1e-6, max_value=1e3))
+@given(
+    rows=st.lists(st.lists(finite, min_size=3, max_size=3), min_size=1, max_size=8),
+    clip=st.floats(min_value=1e-6, max_value=1e3),
+)
 def test_clipping_bounds_every_contribution(rows, clip):
     values = torch.tensor(rows, dtype=torch.float64)
     clipped, bad = clip_rows(values, clip)
@@ -27,8 +30,13 @@ def test_clipping_bounds_every_contribution(rows, clip):
 
 
 @settings(max_examples=25, deadline=None)
-@given(charges=st.lists(st.tuples(st.sets(st.integers(0, 5), min_size=1, max_size=6),
-                                  st.floats(min_value=0.0, max_value=0.2)), min_size=1, max_size=15))
+@given(
+    charges=st.lists(
+        st.tuples(st.sets(st.integers(0, 5), min_size=1, max_size=6), st.floats(min_value=0.0, max_value=0.2)),
+        min_size=1,
+        max_size=15,
+    )
+)
 def test_ledger_never_lets_a_user_exceed_the_budget(charges):
     budget = Budget(1.0, 1e-5)
     with tempfile.TemporaryDirectory() as d, PrivacyLedger(f"{d}/l.sqlite", budget) as ledger:
@@ -53,7 +61,7 @@ def test_ledger_never_lets_a_user_exceed_the_budget(charges):
 @settings(max_examples=50, deadline=None)
 @given(eps=st.floats(min_value=0.05, max_value=20.0), log_delta=st.floats(min_value=-14.0, max_value=-2.0))
 def test_rho_for_eps_delta_is_conservative(eps, log_delta):
-    delta = 10.0 ** log_delta
+    delta = 10.0**log_delta
     for conversion in ("cks", "bun_steinke"):
         rho = rho_for_eps_delta(eps, delta, conversion)
         assert zcdp_to_eps(rho, delta, conversion) <= eps * (1 + 1e-12)

@@ -2,6 +2,7 @@
 
 This is what makes the in-process backend and a Flower client (one user alone) release the same
 model bit for bit (tests/test_flower.py checks the transports end to end)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,8 +34,11 @@ def _slices():
 @pytest.mark.parametrize("d,k", CASES)
 def test_row_matmul_is_batch_invariant_and_correct(d, k):
     X = torch.randn(N if d < 500 else 5_000, d, dtype=torch.float64, generator=GEN)
-    W = torch.randn(d, dtype=torch.float64, generator=GEN) if k is None else torch.randn(d, k, dtype=torch.float64,
-                                                                                          generator=GEN)
+    W = (
+        torch.randn(d, dtype=torch.float64, generator=GEN)
+        if k is None
+        else torch.randn(d, k, dtype=torch.float64, generator=GEN)
+    )
     full = row_matmul(X, W)
     assert full.shape == (X.shape[0],) if k is None else (X.shape[0], k)
     assert torch.allclose(full, X @ W, rtol=1e-12, atol=1e-12)
@@ -47,6 +51,7 @@ def test_row_matmul_is_batch_invariant_and_correct(d, k):
 def test_elementwise_kernels_are_position_invariant_and_correct():
     t = torch.randn(N, dtype=torch.float64, generator=GEN) * 8
     t[:5] = torch.tensor([0.0, -800.0, 800.0, 1e-300, -1e-300], dtype=torch.float64)
+
     def stable_softplus(x):  # F.softplus returns x itself above its threshold 20
         return torch.log1p(torch.exp(-x.abs())) + x.clamp_min(0)
 
@@ -75,7 +80,7 @@ def test_row_norms_invariant_and_safe_for_huge_rows():
     for sl in _slices():
         assert torch.equal(row_norms(V[sl]), full[sl])
     big = torch.full((2, 3), 1e200, dtype=torch.float64)
-    assert torch.allclose(row_norms(big), torch.full((2,), 3 ** 0.5 * 1e200, dtype=torch.float64))  # torch: inf
+    assert torch.allclose(row_norms(big), torch.full((2,), 3**0.5 * 1e200, dtype=torch.float64))  # torch: inf
     clipped, bad = clip_rows(big, 1.0)  # a huge finite answer is scaled onto the ball, not zeroed
     assert not bad.any() and torch.allclose(row_norms(clipped), torch.ones(2, dtype=torch.float64))
 
@@ -91,12 +96,15 @@ def test_kernels_differentiate_exactly():
     assert torch.autograd.gradcheck(lambda w: row_matmul(Z.detach(), w), (W,))
 
 
-@pytest.mark.parametrize("problem,dataset,extra", [
-    ("logistic", "synthetic-logistic", {}),
-    ("least-squares", "synthetic-least-squares", {}),
-    ("smoothed-hinge", "synthetic-logistic", {}),
-    ("softmax", "synthetic-logistic", {}),
-])
+@pytest.mark.parametrize(
+    "problem,dataset,extra",
+    [
+        ("logistic", "synthetic-logistic", {}),
+        ("least-squares", "synthetic-least-squares", {}),
+        ("smoothed-hinge", "synthetic-logistic", {}),
+        ("softmax", "synthetic-logistic", {}),
+    ],
+)
 def test_batched_federation_equals_each_user_alone(problem, dataset, extra):
     """Every query of the batched backend equals, bit for bit, the same user's answer computed on a
     one-user dataset (what a Flower client holds)."""
@@ -104,16 +112,24 @@ def test_batched_federation_equals_each_user_alone(problem, dataset, extra):
     prob = make_problem(problem, ds, reg=0.05)
     fed = InProcessFederation(prob, ds)
     w = torch.randn(prob.num_params, dtype=torch.float64, generator=GEN)
-    queries = [ClippedGradient(w, 0.05), ClippedGradient(w, 1e3), LocalLoss(w), LocalLoss(w, "test"),
-               GradientsAtPoints(torch.randn(11, prob.num_params, dtype=torch.float64, generator=GEN))]
+    queries = [
+        ClippedGradient(w, 0.05),
+        ClippedGradient(w, 1e3),
+        LocalLoss(w),
+        LocalLoss(w, "test"),
+        GradientsAtPoints(torch.randn(11, prob.num_params, dtype=torch.float64, generator=GEN)),
+    ]
     own = torch.randn(ds.train.num_users, prob.num_params, dtype=torch.float64, generator=GEN)
     for q in queries + [GradientsAtOwnPoints(own)]:
         batched = fed.compute(q).values
         for u in range(ds.train.num_users):
             # a user alone answers its own point as a one-point GradientsAtPoints (what Flower sends it)
-            alone_q = GradientsAtPoints(own[u:u + 1]) if isinstance(q, GradientsAtOwnPoints) else q
-            alone = InProcessFederation(prob, dataclasses.replace(
-                ds, train=ds.train.subset([u]), test=ds.test.subset([u]))).compute(alone_q).values[0]
+            alone_q = GradientsAtPoints(own[u : u + 1]) if isinstance(q, GradientsAtOwnPoints) else q
+            alone = (
+                InProcessFederation(prob, dataclasses.replace(ds, train=ds.train.subset([u]), test=ds.test.subset([u])))
+                .compute(alone_q)
+                .values[0]
+            )
             if isinstance(q, GradientsAtOwnPoints):
                 alone = alone[0]
             assert torch.equal(batched[u], alone), (type(q).__name__, u)

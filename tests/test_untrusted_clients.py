@@ -9,6 +9,7 @@ point (and checks the public bound G0 at the centre), so the liar conflicts with
 deleted. The checks are EXACT: the released law is an atom at ⊥ plus a Gaussian, whose hockey-stick
 divergence has a closed form (tests/test_diameter_output_pert.py's ``_hockey_stick``).
 """
+
 import dataclasses
 import math
 
@@ -61,7 +62,7 @@ class LyingClient(Federation):
         if isinstance(query, CertifiedLocalMinimizer):
             v[r, :-1], v[r, -1] = self.fake, 0.0
         elif isinstance(query, GradientsAtPoints):
-            v[r] = v[r] + self.b          # every point
+            v[r] = v[r] + self.b  # every point
         elif isinstance(query, GradientsAtOwnPoints):
             v[r] = v[r] + self.b
         return Answers(ans.users, v, ans.failed)
@@ -106,8 +107,9 @@ def _audit(cls, n: int, test: str, Delta: float):
     fx, prob, ds = _federation(n, False)
     fy, _, _ = _federation(n, True)
     center = torch.zeros(prob.num_params, dtype=torch.float64)
-    cfg = SCOutputPertConfig.for_problem(prob, ds.feature_bound, center, eps=EPS, delta=DELTA, Delta=Delta,
-                                         extra_reg=LAM, calibration="tight")
+    cfg = SCOutputPertConfig.for_problem(
+        prob, ds.feature_bound, center, eps=EPS, delta=DELTA, Delta=Delta, extra_reg=LAM, calibration="tight"
+    )
     mech = cls(cfg, DiameterTestConfig(test=test))
     dop = mech.dop(n)
     px, _ = mech.plan(fx, center)
@@ -141,8 +143,9 @@ def _honest(n=16):
 def test_the_reported_residual_is_recomputed_not_believed():
     fed, prob, ds = _honest()
     center = torch.zeros(prob.num_params, dtype=torch.float64)
-    cfg = SCOutputPertConfig.for_problem(prob, ds.feature_bound, center, eps=EPS, delta=DELTA, Delta=0.05,
-                                         extra_reg=LAM)
+    cfg = SCOutputPertConfig.for_problem(
+        prob, ds.feature_bound, center, eps=EPS, delta=DELTA, Delta=0.05, extra_reg=LAM
+    )
     mech = DiameterSCOutputPert(cfg)
     V, err, understated = mech.checked_local_vectors(fed, center)
     assert understated == 0  # honest clients' reports agree with the server's recomputation
@@ -160,13 +163,14 @@ def test_the_reported_residual_is_recomputed_not_believed():
 def test_a_gradient_that_breaks_the_public_G0_conflicts_with_everyone():
     fed, prob, ds = _honest()
     center = torch.zeros(prob.num_params, dtype=torch.float64)
-    cfg = SCOutputPertConfig.for_problem(prob, ds.feature_bound, center, eps=EPS, delta=DELTA, Delta=0.05,
-                                         extra_reg=LAM)
+    cfg = SCOutputPertConfig.for_problem(
+        prob, ds.feature_bound, center, eps=EPS, delta=DELTA, Delta=0.05, extra_reg=LAM
+    )
     liar = LyingClient(fed, torch.zeros(prob.num_params, dtype=torch.float64))
     liar.b[0] = 2 * cfg.start_grad_bound  # ||grad f_u(c)|| > G0: no record within the bounds does that
     mech = DiameterSCOutputPert(cfg)
     _, err, _ = mech.checked_local_vectors(liar, center)
-    assert math.isinf(float(err[LIAR])) and torch.isfinite(torch.cat([err[:LIAR], err[LIAR + 1:]])).all()
+    assert math.isinf(float(err[LIAR])) and torch.isfinite(torch.cat([err[:LIAR], err[LIAR + 1 :]])).all()
     edges = mech.conflict_edges(*mech.local_vectors(liar, center), mech.rho(16))
     assert {w for e in edges if LIAR in e for w in e} == set(range(16))
 
@@ -176,8 +180,7 @@ def test_the_certificate_norms_are_computed_from_gradients_by_the_server():
     (the solver's oracle), so a client has no norm to under-report."""
     fed, prob, ds = _honest(16)
     center = torch.zeros(prob.num_params, dtype=torch.float64)
-    cfg = SCOutputPertConfig.for_problem(prob, ds.feature_bound, center, eps=EPS, delta=DELTA, Delta=0.5,
-                                         extra_reg=LAM)
+    cfg = SCOutputPertConfig.for_problem(prob, ds.feature_bound, center, eps=EPS, delta=DELTA, Delta=0.5, extra_reg=LAM)
     alg = SCOutputPert(cfg)
     theta = alg.solve(fed, torch.ones(1, 16, dtype=torch.bool), center)[0]
     passed, bound = alg.certify(fed, theta, center)
@@ -192,8 +195,13 @@ def test_the_certificate_norms_are_computed_from_gradients_by_the_server():
 
 @pytest.mark.parametrize("bad", ["feature", "binary-label", "nan-label", "label-bound"])
 def test_records_outside_the_declared_bounds_are_refused_where_data_enters(bad):
-    ds = load_dataset("synthetic-least-squares" if bad in ("nan-label", "label-bound") else "synthetic-logistic",
-                      n_users=5, m=4, d=3, seed=0)
+    ds = load_dataset(
+        "synthetic-least-squares" if bad in ("nan-label", "label-bound") else "synthetic-logistic",
+        n_users=5,
+        m=4,
+        d=3,
+        seed=0,
+    )
     tr = ds.train
     X, y = tr.X.clone(), tr.y.clone()
     if bad == "feature":
@@ -223,15 +231,32 @@ def test_every_algorithm_declares_what_it_assumes_of_clients(tmp_path):
         prox_point,
         sc_phased,
     )
-    classes = [noisy_gd.NoisyGradientDescent, dp_adaptive.AdaptiveDPOptimizer, dp_fedavg.DPFedAvg,
-               kl_adaptive_gd.AdaptiveKLGD, kl_spider.KLSpider, prox_point.PrivateProxPoint,
-               mean_output_pert.LocalMeanOutputPert, mean_output_pert.PhasedMeanOutputPert,
-               fkt_snowball.SnowballSGD, fkt_phased.PhasedSGD, fkt_reduction.SCReduction, SCOutputPert,
-               DiameterSCOutputPert, phased_erm.PhasedERM, sc_phased.SCPhasedERM]
+
+    classes = [
+        noisy_gd.NoisyGradientDescent,
+        dp_adaptive.AdaptiveDPOptimizer,
+        dp_fedavg.DPFedAvg,
+        kl_adaptive_gd.AdaptiveKLGD,
+        kl_spider.KLSpider,
+        prox_point.PrivateProxPoint,
+        mean_output_pert.LocalMeanOutputPert,
+        mean_output_pert.PhasedMeanOutputPert,
+        fkt_snowball.SnowballSGD,
+        fkt_phased.PhasedSGD,
+        fkt_reduction.SCReduction,
+        SCOutputPert,
+        DiameterSCOutputPert,
+        phased_erm.PhasedERM,
+        sc_phased.SCPhasedERM,
+    ]
     assert all(c.guarantee.clients in (ANY_CLIENTS, IN_CLASS_CLIENTS) for c in classes)
     # the proofs that use every user's convexity/smoothness declare it; the clipped sums do not need it
     assert noisy_gd.NoisyGradientDescent.guarantee.clients == ANY_CLIENTS
     assert DiameterSCOutputPert.guarantee.clients == fkt_snowball.SnowballSGD.guarantee.clients == IN_CLASS_CLIENTS
-    res = run_training(RunConfig.from_settings(dataset="synthetic-logistic", users=30, rounds=2, reference=False, noise_seed=1,
-                                 out=str(tmp_path / "r")), log=lambda _: None)
+    res = run_training(
+        RunConfig.from_settings(
+            dataset="synthetic-logistic", users=30, rounds=2, reference=False, noise_seed=1, out=str(tmp_path / "r")
+        ),
+        log=lambda _: None,
+    )
     assert res["clients_assumed"] == ANY_CLIENTS.describe()

@@ -1,5 +1,6 @@
 """Every algorithm ``fedkl run`` knows: importing this module registers them all
 (:mod:`fedkl.algorithms.registry`). A new algorithm adds its module's import here."""
+
 from __future__ import annotations
 
 from fedkl.algorithms import (  # noqa: F401  (each module registers its algorithms on import)

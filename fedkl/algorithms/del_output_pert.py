@@ -59,6 +59,7 @@ must be deterministic and defined on every set the test reaches (the empty set t
 n <= 4 kappa + 1), and finite (a non-finite value is refused before anything is charged, like
 :meth:`Releaser.gaussian`).
 """
+
 from __future__ import annotations
 
 import functools
@@ -168,14 +169,17 @@ class DelOutputPertConfig(DeletionBudget):
         if not 1 <= self.max_exact_users <= HARD_MAX_EXACT_USERS:
             raise ValueError(f"max_exact_users must be in [1, {HARD_MAX_EXACT_USERS}]")
         if self.calibration == "profile":  # the theorem's condition, re-checked on the chosen noise
-            if worst_case_divergence(self.eps, self.sigma / self.Delta, self.deletion_budget,
-                                     self.score) > self.delta * (1 + 1e-9):
+            if worst_case_divergence(
+                self.eps, self.sigma / self.Delta, self.deletion_budget, self.score
+            ) > self.delta * (1 + 1e-9):
                 raise ValueError("the profile calibration does not meet (eps, delta)")  # unreachable
             return
         # the noise must give (eps_bar, delta_bar) by the exact analytic Gaussian characterisation
         if self.gaussian.epsilon(self.delta_bar) > self.eps_bar * (1 + 1e-9):
-            raise ValueError(f"sigma={self.sigma:g} does not give ({self.eps_bar:g}, {self.delta_bar:g})-DP "
-                             "for the output step; use calibration='tight'")
+            raise ValueError(
+                f"sigma={self.sigma:g} does not give ({self.eps_bar:g}, {self.delta_bar:g})-DP "
+                "for the output step; use calibration='tight'"
+            )
 
     @property
     def profile(self) -> ProfileCalibration | None:
@@ -275,9 +279,17 @@ class DelOutputPertResult(AlgorithmResult):
     @property
     def details(self) -> dict:
         """Public parameters and the (private) ⊥ flag; the non-private diagnostics labelled as such."""
-        return {"dp": "approximate (eps, delta)-DP, user level, replace-one, n public", "eps": self.eps,
-                "delta": self.delta, "Delta": self.Delta, "kappa": self.kappa, "sensitivity": self.sensitivity,
-                "sigma": self.sigma, "bottom": self.bottom, "nonprivate_diagnostics": dict(self.diagnostics)}
+        return {
+            "dp": "approximate (eps, delta)-DP, user level, replace-one, n public",
+            "eps": self.eps,
+            "delta": self.delta,
+            "Delta": self.Delta,
+            "kappa": self.kappa,
+            "sensitivity": self.sensitivity,
+            "sigma": self.sigma,
+            "bottom": self.bottom,
+            "nonprivate_diagnostics": dict(self.diagnostics),
+        }
 
 
 def masks_tensor(codes: np.ndarray, n: int) -> torch.Tensor:
@@ -308,10 +320,12 @@ def exact_stability(f: SubsetFunction, n: int, config: DelOutputPertConfig) -> S
     ``c(y) = Dbar f(y)``; then ``dist = min{k <= 2 kappa : some y at level k has A(y) <= Delta}``.
     """
     if not 1 <= n <= config.max_exact_users:
-        raise ValueError(f"the exact stability test enumerates ~2^n user sets: n={n} is above the documented "
-                         f"limit max_exact_users={config.max_exact_users} (public n; no data was read)")
-    depth = min(config.depth, n)               # levels at which A is needed
-    reach = min(config.depth + 1, n)           # levels at which f is needed
+        raise ValueError(
+            f"the exact stability test enumerates ~2^n user sets: n={n} is above the documented "
+            f"limit max_exact_users={config.max_exact_users} (public n; no data was read)"
+        )
+    depth = min(config.depth, n)  # levels at which A is needed
+    reach = min(config.depth + 1, n)  # levels at which f is needed
     codes = np.arange(1 << n, dtype=np.int64)
     pop = np.zeros(1 << n, dtype=np.int64)
     for i in range(n):
@@ -320,7 +334,7 @@ def exact_stability(f: SubsetFunction, n: int, config: DelOutputPertConfig) -> S
     valid = np.nonzero(level <= reach)[0]
     F = None
     for start in range(0, len(valid), _CHUNK):
-        idx = valid[start:start + _CHUNK]
+        idx = valid[start : start + _CHUNK]
         vals = f(masks_tensor(idx, n)).to(torch.float64)
         if vals.dim() != 2 or vals.shape[0] != len(idx):
             raise ValueError(f"f must return (k, d) values, got shape {tuple(vals.shape)}")
@@ -364,8 +378,9 @@ def exact_stability(f: SubsetFunction, n: int, config: DelOutputPertConfig) -> S
 StablePredicate = Callable[[torch.Tensor], torch.Tensor]
 
 
-def exact_stability_predicate(f: SubsetFunction, stable: StablePredicate, n: int,
-                              config: DelOutputPertConfig) -> StabilityPlan:
+def exact_stability_predicate(
+    f: SubsetFunction, stable: StablePredicate, n: int, config: DelOutputPertConfig
+) -> StabilityPlan:
     """Algorithm 1 with a user-supplied stability predicate, by enumeration (reference; n <= max_exact_users).
 
     The proof of Thm 3.3 uses the test ``Dbar_{4 kappa - |S|} f(x_{-S}) <= Delta`` only through two
@@ -383,13 +398,15 @@ def exact_stability_predicate(f: SubsetFunction, stable: StablePredicate, n: int
     list of positions among those. Time ~ sum_{s <= 2 kappa} C(n, s) predicate evaluations.
     """
     if not 1 <= n <= config.max_exact_users:
-        raise ValueError(f"the exact stability test enumerates user sets: n={n} is above the documented "
-                         f"limit max_exact_users={config.max_exact_users} (public n; no data was read)")
+        raise ValueError(
+            f"the exact stability test enumerates user sets: n={n} is above the documented "
+            f"limit max_exact_users={config.max_exact_users} (public n; no data was read)"
+        )
     full = (1 << n) - 1
     for s in range(0, min(2 * config.kappa, n) + 1):
-        sets = list(itertools.combinations(range(n), s))           # lexicographic order
+        sets = list(itertools.combinations(range(n), s))  # lexicographic order
         for start in range(0, len(sets), _CHUNK):
-            chunk = sets[start:start + _CHUNK]
+            chunk = sets[start : start + _CHUNK]
             codes = np.array([full ^ sum(1 << u for u in S) for S in chunk], dtype=np.int64)
             ok = torch.as_tensor(stable(masks_tensor(codes, n))).to(torch.bool)
             if ok.shape != (len(chunk),):
@@ -397,7 +414,7 @@ def exact_stability_predicate(f: SubsetFunction, stable: StablePredicate, n: int
             hits = torch.nonzero(ok).flatten()
             if hits.numel():
                 j = int(hits[0])
-                value = f(masks_tensor(codes[j:j + 1], n))[0].to(torch.float64)
+                value = f(masks_tensor(codes[j : j + 1], n))[0].to(torch.float64)
                 if not torch.isfinite(value).all():
                     raise ValueError("f returned NaN or inf: refusing (nothing was charged)")
                 return StabilityPlan(n, s, tuple(chunk[j]), value, "exact-predicate")
@@ -423,27 +440,59 @@ class DelOutputPert:
     def __init__(self, config: DelOutputPertConfig) -> None:
         self.config = config
 
-    def release(self, plan: StabilityPlan, releaser: Releaser, user_ids: Sequence[str], label: str,
-                details: dict | None = None) -> torch.Tensor | None:
+    def release(
+        self, plan: StabilityPlan, releaser: Releaser, user_ids: Sequence[str], label: str, details: dict | None = None
+    ) -> torch.Tensor | None:
         """Charge (eps, delta) to every user, draw R1, output ⊥ or the noisy value (Releaser order)."""
         cfg = self.config
         if len(user_ids) != plan.n:
             raise ValueError(f"{len(user_ids)} user ids for a plan over {plan.n} users")
-        info = {"kappa": cfg.kappa, "Delta": cfg.Delta, "calibration": cfg.calibration,
-                "neighbouring": "replace-one", **(details or {})}
-        return releaser.stability_gaussian(plan.choose, eps=cfg.eps, delta=cfg.delta,
-                                           deletion_budget=cfg.deletion_budget, sensitivity=cfg.sensitivity,
-                                           sigma=cfg.sigma, user_ids=list(user_ids), label=label, details=info)
+        info = {
+            "kappa": cfg.kappa,
+            "Delta": cfg.Delta,
+            "calibration": cfg.calibration,
+            "neighbouring": "replace-one",
+            **(details or {}),
+        }
+        return releaser.stability_gaussian(
+            plan.choose,
+            eps=cfg.eps,
+            delta=cfg.delta,
+            deletion_budget=cfg.deletion_budget,
+            sensitivity=cfg.sensitivity,
+            sigma=cfg.sigma,
+            user_ids=list(user_ids),
+            label=label,
+            details=info,
+        )
 
     def result(self, theta: torch.Tensor | None, plan: StabilityPlan, seconds: float) -> DelOutputPertResult:
         cfg = self.config
-        return DelOutputPertResult(theta, cfg.eps, cfg.delta, cfg.Delta, cfg.kappa, cfg.sensitivity, cfg.sigma,
-                                   {"decided_by": plan.decided_by, "dist": plan.dist,
-                                    "deleted_users": None if plan.deleted is None else len(plan.deleted),
-                                    "seconds": seconds, "private": False})
+        return DelOutputPertResult(
+            theta,
+            cfg.eps,
+            cfg.delta,
+            cfg.Delta,
+            cfg.kappa,
+            cfg.sensitivity,
+            cfg.sigma,
+            {
+                "decided_by": plan.decided_by,
+                "dist": plan.dist,
+                "deleted_users": None if plan.deleted is None else len(plan.deleted),
+                "seconds": seconds,
+                "private": False,
+            },
+        )
 
-    def run(self, f: SubsetFunction, releaser: Releaser, user_ids: Sequence[str],
-            progress: Callable[[dict], None] | None = None, label: str | None = None) -> DelOutputPertResult:
+    def run(
+        self,
+        f: SubsetFunction,
+        releaser: Releaser,
+        user_ids: Sequence[str],
+        progress: Callable[[dict], None] | None = None,
+        label: str | None = None,
+    ) -> DelOutputPertResult:
         """Exact test over the ``len(user_ids)`` users (public n), then one charged release."""
         releaser.require("approx-dp", self.name)
         start = time.perf_counter()

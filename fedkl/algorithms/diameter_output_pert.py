@@ -105,6 +105,7 @@ so with Delta_uc the graph is empty and the release is theta~ + N(0, sigma^2 I),
 With heterogeneous users (real data) the test deletes users or outputs ⊥. Every result reports
 this (``dist``, ``deleted_users``, ``conflict_edges``).
 """
+
 from __future__ import annotations
 
 import math
@@ -152,8 +153,7 @@ class DiameterTestConfig:
     def __post_init__(self) -> None:
         if self.test not in TESTS:
             raise ValueError(f"test must be one of {TESTS}, got {self.test!r}")
-        if isinstance(self.max_vc_calls, bool) or int(self.max_vc_calls) != self.max_vc_calls \
-                or self.max_vc_calls < 1:
+        if isinstance(self.max_vc_calls, bool) or int(self.max_vc_calls) != self.max_vc_calls or self.max_vc_calls < 1:
             raise ValueError(f"max_vc_calls must be a positive integer, got {self.max_vc_calls!r}")
         if not (self.local_tol > 0 and math.isfinite(self.local_tol)):
             raise ValueError(f"local_tol must be finite and > 0, got {self.local_tol}")
@@ -178,14 +178,20 @@ class DiameterSCOutputPert:
         return self.config.dop.kappa
 
     def score(self, n: int) -> str:
-        """"vertex-cover" or "matching" at n users."""
+        """ "vertex-cover" or "matching" at n users."""
         return resolve_test(self.test.test, n, self.kappa, self.test.max_vc_calls)
 
     def dop(self, n: int) -> DelOutputPertConfig:
         """The release's DelOutputPert parameters (R1 law, sensitivity, sigma) at n users."""
         cfg = self.config
-        return DelOutputPertConfig(cfg.eps, cfg.delta, cfg.Delta, cfg.calibration, cfg.max_exact_users,
-                                   score="matching" if self.score(n) == "matching" else "exact")
+        return DelOutputPertConfig(
+            cfg.eps,
+            cfg.delta,
+            cfg.Delta,
+            cfg.calibration,
+            cfg.max_exact_users,
+            score="matching" if self.score(n) == "matching" else "exact",
+        )
 
     @property
     def condition(self) -> float:
@@ -201,7 +207,8 @@ class DiameterSCOutputPert:
             raise ValueError(
                 f"the {score} diameter test needs n >= {'8' if score == 'matching' else '4'} kappa + 2 = {depth + 2} users "
                 f"at (eps={cfg.eps:g}, delta={cfg.delta:g}) (kappa={self.kappa}); got n={n}. Refused before "
-                "reading any data (raise eps or delta, use fewer phases, or use more users).")
+                "reading any data (raise eps or delta, use fewer phases, or use more users)."
+            )
         if not cfg.Delta > 2 * cfg.tau:
             raise ValueError(f"Delta={cfg.Delta:g} must exceed 2 tau={2 * cfg.tau:g} (the solver accuracy)")
         if score == "vertex-cover":
@@ -211,7 +218,7 @@ class DiameterSCOutputPert:
         """The conflict threshold (Delta - 2 tau)(n - depth) / (L/mu)^2 (module docstring)."""
         self.check(n)
         cfg = self.config
-        return (cfg.Delta - 2 * cfg.tau) * (n - self.dop(n).depth) / self.condition ** 2
+        return (cfg.Delta - 2 * cfg.tau) * (n - self.dop(n).depth) / self.condition**2
 
     def sigma(self, n: int) -> float:
         return self.dop(n).sigma
@@ -225,8 +232,9 @@ class DiameterSCOutputPert:
         """(v~, e) of :meth:`checked_local_vectors`."""
         return self.checked_local_vectors(federation, center)[:2]
 
-    def checked_local_vectors(self, federation: Federation,
-                              center: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    def checked_local_vectors(
+        self, federation: Federation, center: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, int]:
         """(v~, e, understated): every user's reported local minimizer and the certified error bound r_u / mu, with
         the residual r_u = ||grad F_u(v~_u)|| RECOMPUTED by the server from the users' gradients at
         v~_u (the solver's oracle, :class:`GradientsAtOwnPoints`). The residual a client reports is
@@ -239,14 +247,18 @@ class DiameterSCOutputPert:
         values = ans.values.to(torch.float64)
         n, d = federation.num_users, federation.num_params
         if ans.failed or values.shape != (n, d + 1) or not torch.isfinite(values).all():
-            raise RuntimeError(f"{len(ans.failed)} user(s) gave no valid local minimizer: the run is aborted before "
-                               "any charge; restart it on the frozen user set")
+            raise RuntimeError(
+                f"{len(ans.failed)} user(s) gave no valid local minimizer: the run is aborted before "
+                "any charge; restart it on the frozen user set"
+            )
         V = values[:, :d]
         grads = federation.compute(GradientsAtOwnPoints(V))
         g = grads.values.to(torch.float64)
         if grads.failed or g.shape != (n, d) or not torch.isfinite(g).all():
-            raise RuntimeError(f"{len(grads.failed)} user(s) gave no valid gradient at their local minimizer: the run "
-                               "is aborted before any charge; restart it on the frozen user set")
+            raise RuntimeError(
+                f"{len(grads.failed)} user(s) gave no valid gradient at their local minimizer: the run "
+                "is aborted before any charge; restart it on the frozen user set"
+            )
         residual = (g + cfg.extra_reg * (V - center)).norm(dim=1)
         understated = int((values[:, d] < residual * (1 - 1e-6) - 1e-12).sum())
         # the public G0 >= ||grad f_u(c)|| that fixes f~'s iteration count: a user whose gradient at the centre
@@ -254,8 +266,10 @@ class DiameterSCOutputPert:
         start = federation.compute(GradientsAtPoints(center.unsqueeze(0)))
         g0 = start.values.to(torch.float64).reshape(n, -1)
         if start.failed or g0.shape != (n, d) or not torch.isfinite(g0).all():
-            raise RuntimeError(f"{len(start.failed)} user(s) gave no valid gradient at the centre: the run is aborted "
-                               "before any charge; restart it on the frozen user set")
+            raise RuntimeError(
+                f"{len(start.failed)} user(s) gave no valid gradient at the centre: the run is aborted "
+                "before any charge; restart it on the frozen user set"
+            )
         err = residual / cfg.mu
         err[~(g0.norm(dim=1) <= cfg.start_grad_bound * (1 + _G0_PAD))] = math.inf
         return V, err, understated
@@ -264,17 +278,27 @@ class DiameterSCOutputPert:
         """u < w with ||v~_u - v~_w|| + e_u + e_w > rho (1 - 1e-9): a missing edge proves ||v_u - v_w|| <= rho."""
         return conflict_edges(V, rho, err)
 
-    def plan(self, federation: Federation, center: torch.Tensor,
-             vectors: tuple[torch.Tensor, torch.Tensor, int] | None = None) -> tuple[StabilityPlan, dict]:
+    def plan(
+        self,
+        federation: Federation,
+        center: torch.Tensor,
+        vectors: tuple[torch.Tensor, torch.Tensor, int] | None = None,
+    ) -> tuple[StabilityPlan, dict]:
         """The test's outcome (NOT private). ``vectors``: :meth:`checked_local_vectors`' result when
         the caller has it already (they do not depend on Delta or eps)."""
         n = federation.num_users
         score, rho = self.score(n), self.rho(n)
         V, err, understated = vectors if vectors is not None else self.checked_local_vectors(federation, center)
         edges = self.conflict_edges(V, err, rho)
-        diag = {"test": score, "rho": rho, "condition_L_over_mu": self.condition, "conflict_edges": len(edges),
-                "conflict_users": len({u for e in edges for u in e}), "max_local_error": float(err.max()),
-                "understated_residuals": understated}
+        diag = {
+            "test": score,
+            "rho": rho,
+            "condition_L_over_mu": self.condition,
+            "conflict_edges": len(edges),
+            "conflict_users": len({u for e in edges for u in e}),
+            "max_local_error": float(err.max()),
+            "understated_residuals": understated,
+        }
         found, more = deletion_set(n, edges, score, 2 * self.kappa)
         diag.update(more)
         if found is None:
@@ -294,27 +318,53 @@ class DiameterSCOutputPert:
         return 2 * self.kappa + 1 if found is None else int(found[0])
 
     # --- the release ------------------------------------------------------------------------------
-    def run(self, federation: Federation, releaser: Releaser, w0: torch.Tensor,
-            progress: Callable[[dict], None] | None = None, label: str | None = None) -> DelOutputPertResult:
+    def run(
+        self,
+        federation: Federation,
+        releaser: Releaser,
+        w0: torch.Tensor,
+        progress: Callable[[dict], None] | None = None,
+        label: str | None = None,
+    ) -> DelOutputPertResult:
         """One (eps, delta) release charged to every user; ``theta`` is None for ⊥. ``w0``: the public centre."""
         n = federation.num_users
         center = check_release_start(self.name, releaser, federation, w0)
         self.check(n)  # before any data is read
         return self.release(federation, releaser, center, w0, progress, label, time.perf_counter())
 
-    def release(self, federation: Federation, releaser: Releaser, center: torch.Tensor, w0: torch.Tensor,
-                progress: Callable[[dict], None] | None, label: str | None, start: float,
-                vectors: tuple[torch.Tensor, torch.Tensor, int] | None = None) -> DelOutputPertResult:
+    def release(
+        self,
+        federation: Federation,
+        releaser: Releaser,
+        center: torch.Tensor,
+        w0: torch.Tensor,
+        progress: Callable[[dict], None] | None,
+        label: str | None,
+        start: float,
+        vectors: tuple[torch.Tensor, torch.Tensor, int] | None = None,
+    ) -> DelOutputPertResult:
         """The test and the (eps, delta) release (after :meth:`check`)."""
         cfg = self.config
         n = federation.num_users
         plan, diag = self.plan(federation, center, vectors)
         dop = DelOutputPert(self.dop(n))
-        theta = dop.release(plan, releaser, federation.ids_of(range(n)), label or self.name,
-                            {"mu": cfg.mu, "beta": cfg.beta, "tau": cfg.tau, "iterations": cfg.iterations,
-                             "test": f"diameter ({diag['test']})", "rho": diag["rho"]})
-        res = dop.result(None if theta is None else theta.to(torch.as_tensor(w0).dtype), plan,
-                         time.perf_counter() - start)
+        theta = dop.release(
+            plan,
+            releaser,
+            federation.ids_of(range(n)),
+            label or self.name,
+            {
+                "mu": cfg.mu,
+                "beta": cfg.beta,
+                "tau": cfg.tau,
+                "iterations": cfg.iterations,
+                "test": f"diameter ({diag['test']})",
+                "rho": diag["rho"],
+            },
+        )
+        res = dop.result(
+            None if theta is None else theta.to(torch.as_tensor(w0).dtype), plan, time.perf_counter() - start
+        )
         res.diagnostics.update(diag)
         if progress is not None:
             progress({"round": 1, "rounds": 1, "released": theta is not None, **res.diagnostics})
@@ -351,9 +401,15 @@ class SelectedDeltaSCOutputPert:
     name = "sc-output-pert"
     guarantee = Guarantee("approx-dp", clients=IN_CLASS_CLIENTS)
 
-    def __init__(self, config: SCOutputPertConfig, test: DiameterTestConfig | None = None,
-                 select_fraction: float = 0.25, grid_ratio: float = 2.0, grid_size: int = 12,
-                 threshold: float | None = None) -> None:
+    def __init__(
+        self,
+        config: SCOutputPertConfig,
+        test: DiameterTestConfig | None = None,
+        select_fraction: float = 0.25,
+        grid_ratio: float = 2.0,
+        grid_size: int = 12,
+        threshold: float | None = None,
+    ) -> None:
         if not 0 < select_fraction < 1:
             raise ValueError(f"select_fraction must be in (0, 1), got {select_fraction}")
         if not (grid_ratio > 1 and math.isfinite(grid_ratio)):
@@ -363,7 +419,7 @@ class SelectedDeltaSCOutputPert:
         self.config = config
         self.eps_select = config.eps * select_fraction
         release = replace(config, eps=config.eps - self.eps_select)
-        self.grid = tuple(config.Delta / grid_ratio ** k for k in range(int(grid_size) - 1, -1, -1))
+        self.grid = tuple(config.Delta / grid_ratio**k for k in range(int(grid_size) - 1, -1, -1))
         self.candidates = tuple(DiameterSCOutputPert(replace(release, Delta=D), test) for D in self.grid)
         kappa = self.candidates[0].kappa
         self.threshold = float(kappa / 2 if threshold is None else threshold)
@@ -383,8 +439,14 @@ class SelectedDeltaSCOutputPert:
         out["noise_over_signal_at_largest_Delta"] = self.candidates[-1].forecast(n, w0, user_ids)["noise_over_signal"]
         return out
 
-    def run(self, federation: Federation, releaser: Releaser, w0: torch.Tensor,
-            progress: Callable[[dict], None] | None = None, label: str | None = None) -> DelOutputPertResult:
+    def run(
+        self,
+        federation: Federation,
+        releaser: Releaser,
+        w0: torch.Tensor,
+        progress: Callable[[dict], None] | None = None,
+        label: str | None = None,
+    ) -> DelOutputPertResult:
         n = federation.num_users
         center = check_release_start(self.name, releaser, federation, w0)
         self.check(n)  # every candidate, before any data is read
@@ -393,16 +455,27 @@ class SelectedDeltaSCOutputPert:
         vectors = first.checked_local_vectors(federation, center)
         scores = [c.deletion_score(n, vectors[0], vectors[1]) for c in self.candidates]
         name = label or self.name
-        chosen = releaser.above_threshold([-s for s in scores], eps=self.eps_select, threshold=-self.threshold,
-                                          sensitivity=1.0, user_ids=federation.ids_of(range(n)),
-                                          label=f"{name}/select-Delta",
-                                          details={"grid": list(self.grid), "threshold": self.threshold})
+        chosen = releaser.above_threshold(
+            [-s for s in scores],
+            eps=self.eps_select,
+            threshold=-self.threshold,
+            sensitivity=1.0,
+            user_ids=federation.ids_of(range(n)),
+            label=f"{name}/select-Delta",
+            details={"grid": list(self.grid), "threshold": self.threshold},
+        )
         index = len(self.grid) - 1 if chosen is None else chosen
         res = self.candidates[index].release(federation, releaser, center, w0, progress, name, start, vectors)
-        res.diagnostics.update({"Delta_selected": self.grid[index], "Delta_grid": list(self.grid),
-                                "selection_eps": self.eps_select, "selection_threshold": self.threshold,
-                                "selection_fell_back": chosen is None,
-                                "nonprivate_scores": scores})
+        res.diagnostics.update(
+            {
+                "Delta_selected": self.grid[index],
+                "Delta_grid": list(self.grid),
+                "selection_eps": self.eps_select,
+                "selection_threshold": self.threshold,
+                "selection_fell_back": chosen is None,
+                "nonprivate_scores": scores,
+            }
+        )
         return res
 
 

@@ -20,6 +20,7 @@ Poisson amplification, 2C replace-one with q = 1), calibrated by dp-accounting a
 user before the first release: :mod:`fedkl.algorithms.poisson_schedule` states it in full. The
 optimizer state and every iterate are post-processing of the released noisy sums.
 """
+
 from __future__ import annotations
 
 import math
@@ -82,6 +83,7 @@ AdaptiveDPResult = ScheduleResult
 
 class AdaptiveDPOptimizer:
     """See the module docstring. ``eps``/``delta``: the user-level budget this run may charge."""
+
     guarantee = Guarantee("schedule")
 
     def __init__(self, config: AdaptiveDPConfig, eps: float, delta: float) -> None:
@@ -109,12 +111,26 @@ class AdaptiveDPOptimizer:
             m = state["m"] / (1 - cfg.beta1**t) if cfg.bias_correction else state["m"]
         return m / (torch.sqrt(torch.clamp(psi, max=cfg.cap)) + cfg.nu)
 
-    def run(self, federation: Federation, releaser: Releaser, w0: torch.Tensor,
-            progress: Callable[[dict], None] | None = None) -> AdaptiveDPResult:
+    def run(
+        self,
+        federation: Federation,
+        releaser: Releaser,
+        w0: torch.Tensor,
+        progress: Callable[[dict], None] | None = None,
+    ) -> AdaptiveDPResult:
         cfg = self.config
-        run = PoissonScheduledRun(federation, releaser, name=self.name, eps=self.eps, delta=self.delta, clip=cfg.clip,
-                                  sampling_rate=cfg.sampling_rate, rounds=cfg.rounds, neighbouring=cfg.neighbouring,
-                                  accountant=cfg.accountant)
+        run = PoissonScheduledRun(
+            federation,
+            releaser,
+            name=self.name,
+            eps=self.eps,
+            delta=self.delta,
+            clip=cfg.clip,
+            sampling_rate=cfg.sampling_rate,
+            rounds=cfg.rounds,
+            neighbouring=cfg.neighbouring,
+            accountant=cfg.accountant,
+        )
         w = w0.clone()
         state = {"m": torch.zeros_like(w), "psi": torch.zeros_like(w)}
         history: list[dict] = []
@@ -133,8 +149,11 @@ class AdaptiveDPOptimizer:
             history.append(record)
             if progress is not None:
                 progress(record)
-        return run.result(w, history, {"optimizer": cfg.optimizer, "bias_correction": cfg.bias_correction,
-                                       "cap": cfg.cap, "nu": cfg.nu})
+        return run.result(
+            w,
+            history,
+            {"optimizer": cfg.optimizer, "bias_correction": cfg.bias_correction, "cap": cfg.cap, "nu": cfg.nu},
+        )
 
 
 @dataclass(frozen=True)
@@ -142,19 +161,34 @@ class AdaptiveDPParams(Rounds, StepSize, Clip, PoissonSampling):
     beta1: float = param(0.9, "dp-adam: first-moment decay", "heuristic")
     beta2: float = param(0.999, "dp-rmsprop/adam: second-moment decay", "heuristic")
     nu: float = param(1e-3, "dp-rmsprop/adam: denominator offset", "heuristic", positive=True)
-    cap: float = param(math.inf, "dp-rmsprop/adam: cap on the second moment v (paper 004's lambda; default none)",
-                       "heuristic", positive=True)
+    cap: float = param(
+        math.inf,
+        "dp-rmsprop/adam: cap on the second moment v (paper 004's lambda; default none)",
+        "heuristic",
+        positive=True,
+    )
     bias_correction: bool = param(False, "dp-adam/rmsprop: Adam's bias correction (paper 004: off)", "heuristic")
 
 
 def _adaptive(optimizer: str):
     def build(params: AdaptiveDPParams, ctx: BuildContext) -> AdaptiveDPOptimizer:
         eps, delta = ctx.approx_budget()
-        config = AdaptiveDPConfig(optimizer=optimizer, rounds=params.rounds, lr=params.lr, clip=params.clip,
-                                  sampling_rate=params.sampling_rate, beta1=params.beta1, beta2=params.beta2,
-                                  nu=params.nu, cap=params.cap, bias_correction=params.bias_correction,
-                                  neighbouring=ctx.neighbouring, accountant=params.accountant)
+        config = AdaptiveDPConfig(
+            optimizer=optimizer,
+            rounds=params.rounds,
+            lr=params.lr,
+            clip=params.clip,
+            sampling_rate=params.sampling_rate,
+            beta1=params.beta1,
+            beta2=params.beta2,
+            nu=params.nu,
+            cap=params.cap,
+            bias_correction=params.bias_correction,
+            neighbouring=ctx.neighbouring,
+            accountant=params.accountant,
+        )
         return AdaptiveDPOptimizer(config, eps, delta)
+
     build.__name__ = f"build_dp_{optimizer}"
     build.__doc__ = f"DP-{optimizer.upper()} (paper 004): Poisson-sampled users, one (eps, delta) Gaussian schedule."
     return register(f"dp-{optimizer}", AdaptiveDPParams)(build)

@@ -33,6 +33,7 @@ an honest client this changes nothing (a row already inside the ball is returned
 query type (Flower's :class:`~fedkl.flower.federation.FlowerFederation` checks it only for clipped
 gradients).
 """
+
 from __future__ import annotations
 
 import math
@@ -111,13 +112,27 @@ class DPFedAvg:
         z, _ = calibrate(self.eps, self.delta, cfg.sampling_rate, cfg.rounds, cfg.accountant)
         return GaussianSchedule(z, cfg.sampling_rate, cfg.rounds)
 
-    def run(self, federation: Federation, releaser: Releaser, w0: torch.Tensor,
-            progress: Callable[[dict], None] | None = None) -> DPFedAvgResult:
+    def run(
+        self,
+        federation: Federation,
+        releaser: Releaser,
+        w0: torch.Tensor,
+        progress: Callable[[dict], None] | None = None,
+    ) -> DPFedAvgResult:
         cfg = self.config
-        run = PoissonScheduledRun(federation, releaser, name=self.name, eps=self.eps, delta=self.delta, clip=cfg.clip,
-                                  sampling_rate=cfg.sampling_rate, rounds=cfg.rounds, neighbouring=cfg.neighbouring,
-                                  accountant=cfg.accountant,
-                                  details={"local_steps": cfg.local_steps, "local_lr": cfg.local_lr})
+        run = PoissonScheduledRun(
+            federation,
+            releaser,
+            name=self.name,
+            eps=self.eps,
+            delta=self.delta,
+            clip=cfg.clip,
+            sampling_rate=cfg.sampling_rate,
+            rounds=cfg.rounds,
+            neighbouring=cfg.neighbouring,
+            accountant=cfg.accountant,
+            details={"local_steps": cfg.local_steps, "local_lr": cfg.local_lr},
+        )
         w = w0.clone()
         velocity = torch.zeros_like(w)
         history: list[dict] = []
@@ -128,7 +143,8 @@ class DPFedAvg:
             failed = 0
             if users:
                 answers = federation.compute(
-                    ClippedLocalUpdate(w, cfg.clip, cfg.local_steps, cfg.local_lr, cfg.batch_size), users)
+                    ClippedLocalUpdate(w, cfg.clip, cfg.local_steps, cfg.local_lr, cfg.batch_size), users
+                )
                 rows, _ = clip_rows(answers.values.to(w.dtype), cfg.clip)  # server-side re-clip (docstring)
                 total = rows.sum(0)
                 failed = len(answers.failed)
@@ -139,19 +155,30 @@ class DPFedAvg:
             history.append(record)
             if progress is not None:
                 progress(record)
-        return run.result(w, history, {"neighbouring": cfg.neighbouring, "local_steps": cfg.local_steps,
-                                       "local_lr": cfg.local_lr, "batch_size": cfg.batch_size,
-                                       "server_lr": cfg.server_lr, "server_momentum": cfg.server_momentum,
-                                       "fixed_denominator": run.denominator})
+        return run.result(
+            w,
+            history,
+            {
+                "neighbouring": cfg.neighbouring,
+                "local_steps": cfg.local_steps,
+                "local_lr": cfg.local_lr,
+                "batch_size": cfg.batch_size,
+                "server_lr": cfg.server_lr,
+                "server_momentum": cfg.server_momentum,
+                "fixed_denominator": run.denominator,
+            },
+        )
 
 
 @dataclass(frozen=True)
 class DPFedAvgParams(Rounds, StepSize, Clip, PoissonSampling):
-    local_steps: int = param(5, "dp-fedavg: local SGD steps K per sampled user (K = 1 with local lr 1 is DP-FedSGD)",
-                             "heuristic")
+    local_steps: int = param(
+        5, "dp-fedavg: local SGD steps K per sampled user (K = 1 with local lr 1 is DP-FedSGD)", "heuristic"
+    )
     local_lr: float | None = param(None, "dp-fedavg: local step size (default --lr)", "heuristic")
-    batch_size: int | None = param(None, "dp-fedavg: records per local step, cyclic mini-batches (default all "
-                                         "records)", "heuristic")
+    batch_size: int | None = param(
+        None, "dp-fedavg: records per local step, cyclic mini-batches (default all records)", "heuristic"
+    )
     server_lr: float = param(1.0, "dp-fedavg: server step size on the noisy mean delta", "heuristic")
     server_momentum: float = param(0.0, "dp-fedavg: server momentum (0 = plain FedAvg)", "heuristic")
 
@@ -164,8 +191,15 @@ def build_dp_fedavg(params: DPFedAvgParams, ctx: BuildContext) -> DPFedAvg:
     ``local_lr`` None: the run's ``lr``."""
     eps, delta_left = ctx.approx_budget()
     config = DPFedAvgConfig(
-        rounds=params.rounds, clip=params.clip, sampling_rate=params.sampling_rate, local_steps=params.local_steps,
-        local_lr=params.lr if params.local_lr is None else params.local_lr, batch_size=params.batch_size,
-        server_lr=params.server_lr, server_momentum=params.server_momentum, neighbouring=ctx.neighbouring,
-        accountant=params.accountant)
+        rounds=params.rounds,
+        clip=params.clip,
+        sampling_rate=params.sampling_rate,
+        local_steps=params.local_steps,
+        local_lr=params.lr if params.local_lr is None else params.local_lr,
+        batch_size=params.batch_size,
+        server_lr=params.server_lr,
+        server_momentum=params.server_momentum,
+        neighbouring=ctx.neighbouring,
+        accountant=params.accountant,
+    )
     return DPFedAvg(config, eps, delta_left)

@@ -16,6 +16,7 @@ public constants: no ``rounds``, ``lr`` or ``clip``. Each algorithm class declar
 ``composition="parallel"`` in its ``guarantee``: the runner gives it a Releaser without the run-wide
 zCDP filter; the per-user ledger enforces each user's budget.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,51 +34,88 @@ class FKTParams(Domain):
     """What every paper-003 algorithm reads: the domain and the strong convexity used in steps."""
 
     strong_convexity: float | None = param(
-        None, "paper-003 strongly convex variants: lam (default: the problem's, = --reg); used only in step sizes "
-              "and averaging weights, never in a sensitivity", "theorem")
+        None,
+        "paper-003 strongly convex variants: lam (default: the problem's, = --reg); used only in step sizes "
+        "and averaging weights, never in a sensitivity",
+        "theorem",
+    )
 
 
 @dataclass(frozen=True)
 class SnowballParams(FKTParams):
-    fkt_schedule: str = param("jnn", "fkt-snowball step sizes: jnn (Thm 3.6, no log factor) or constant (Thm 3.5)",
-                              "theorem", choices=("jnn", "constant"))
+    fkt_schedule: str = param(
+        "jnn",
+        "fkt-snowball step sizes: jnn (Thm 3.6, no log factor) or constant (Thm 3.5)",
+        "theorem",
+        choices=("jnn", "constant"),
+    )
 
 
 @dataclass(frozen=True)
 class LocalizationParams(FKTParams):
     fkt_solver: str | None = param(
-        None, "phase solver: psgd (fkt-phased-sgd, fkt-sc-localization), gd or subgradient (fkt-phased-erm), or "
-              "one-shot (any phased algorithm: clients see only private outputs)",
-        "theorem (one-shot: heuristic utility, private for any loss)", choices=("psgd", "gd", "subgradient", "one-shot"))
-    fkt_batch: int = param(1, "users per SGD step in the psgd phase solver (1 = the paper; b > 1 divides the "
-                              "sensitivity by b but is not analysed)", "heuristic for b > 1")
+        None,
+        "phase solver: psgd (fkt-phased-sgd, fkt-sc-localization), gd or subgradient (fkt-phased-erm), or "
+        "one-shot (any phased algorithm: clients see only private outputs)",
+        "theorem (one-shot: heuristic utility, private for any loss)",
+        choices=("psgd", "gd", "subgradient", "one-shot"),
+    )
+    fkt_batch: int = param(
+        1,
+        "users per SGD step in the psgd phase solver (1 = the paper; b > 1 divides the "
+        "sensitivity by b but is not analysed)",
+        "heuristic for b > 1",
+    )
     fkt_min_cohort: int = param(1, "the smallest phase cohort; later phases are dropped", "heuristic")
     fkt_erm_tol: float = param(
-        1.0, "fkt-phased-erm solver accuracy r_i = TOL * L * eta_i (1 = the paper's Delta_i); smaller values shrink "
-             "the sensitivity 1 + 2 TOL (x L eta_i) at the cost of more solver rounds", "theorem at 1")
-    fkt_max_solver_rounds: int = param(100_000, "refuse fkt-phased-erm plans needing more solver rounds than this",
-                                       "safety limit")
+        1.0,
+        "fkt-phased-erm solver accuracy r_i = TOL * L * eta_i (1 = the paper's Delta_i); smaller values shrink "
+        "the sensitivity 1 + 2 TOL (x L eta_i) at the cost of more solver rounds",
+        "theorem at 1",
+    )
+    fkt_max_solver_rounds: int = param(
+        100_000, "refuse fkt-phased-erm plans needing more solver rounds than this", "safety limit"
+    )
     fkt_sc_c: float = param(2.0, "fkt-sc-localization: c >= 2 of Thm 5.3 (eta = 4 c k ln n/(lam n))", "theorem")
 
 
 @dataclass(frozen=True)
 class ReductionParams(LocalizationParams):
-    fkt_inner: str = param("phased-sgd", "fkt-sc-reduction inner algorithm: phased-sgd or phased-erm", "theorem",
-                           choices=("phased-sgd", "phased-erm"))
+    fkt_inner: str = param(
+        "phased-sgd",
+        "fkt-sc-reduction inner algorithm: phased-sgd or phased-erm",
+        "theorem",
+        choices=("phased-sgd", "phased-erm"),
+    )
     fkt_reduction_c: float = param(
-        20.0, "fkt-sc-reduction: the inner algorithm's constant c in c L D (1/sqrt n + sqrt d/(rho_p n)) that sets "
-              "the next run's distance bound (20: Thm 4.4's proof with the exact noise)", "theorem (a constant derived from its proof)")
+        20.0,
+        "fkt-sc-reduction: the inner algorithm's constant c in c L D (1/sqrt n + sqrt d/(rho_p n)) that sets "
+        "the next run's distance bound (20: Thm 4.4's proof with the exact noise)",
+        "theorem (a constant derived from its proof)",
+    )
 
 
 def _setting(params: FKTParams, ctx: BuildContext) -> ConvexSetting:
-    return convex_setting(ctx.problem, ctx.feature_bound, radius=params.radius, distance=params.distance,
-                          strong_convexity=params.strong_convexity)
+    return convex_setting(
+        ctx.problem,
+        ctx.feature_bound,
+        radius=params.radius,
+        distance=params.distance,
+        strong_convexity=params.strong_convexity,
+    )
 
 
 def _localization(params: LocalizationParams, ctx: BuildContext) -> LocalizationConfig:
-    return LocalizationConfig(solver=params.fkt_solver, neighbouring=ctx.neighbouring, seed=ctx.seed,
-                              batch=params.fkt_batch, min_cohort=params.fkt_min_cohort, erm_tol=params.fkt_erm_tol,
-                              max_solver_rounds=params.fkt_max_solver_rounds, sc_c=params.fkt_sc_c)
+    return LocalizationConfig(
+        solver=params.fkt_solver,
+        neighbouring=ctx.neighbouring,
+        seed=ctx.seed,
+        batch=params.fkt_batch,
+        min_cohort=params.fkt_min_cohort,
+        erm_tol=params.fkt_erm_tol,
+        max_solver_rounds=params.fkt_max_solver_rounds,
+        sc_c=params.fkt_sc_c,
+    )
 
 
 def _snowball(params: FKTParams, ctx: BuildContext, schedule: str) -> SnowballSGD:
@@ -121,12 +159,30 @@ def build_sc_localization(params: LocalizationParams, ctx: BuildContext) -> SCLo
 @register("fkt-sc-reduction", ReductionParams)
 def build_sc_reduction(params: ReductionParams, ctx: BuildContext) -> SCReduction:
     """The strongly convex reduction (Thm 5.1) around a convex phased algorithm."""
-    config = SCReductionConfig(inner=params.fkt_inner, c=params.fkt_reduction_c,
-                               localization=_localization(params, ctx))
+    config = SCReductionConfig(
+        inner=params.fkt_inner, c=params.fkt_reduction_c, localization=_localization(params, ctx)
+    )
     return SCReduction(config, _setting(params, ctx), ctx.rho_left)
 
 
-__all__ = ["FKTPhasedERM", "FKTParams", "LocalizationParams", "ReductionParams", "SnowballParams", "LocalizationConfig", "PhasedSGD", "SCLocalization",
-           "SCReduction", "SCReductionConfig", "SnowballConfig", "SnowballSGD", "build_fkt_phased_erm",
-           "build_phased_sgd", "build_sc_localization", "build_sc_reduction", "build_snowball", "build_snowball_sc",
-           "convex_setting"]
+__all__ = [
+    "FKTPhasedERM",
+    "FKTParams",
+    "LocalizationParams",
+    "ReductionParams",
+    "SnowballParams",
+    "LocalizationConfig",
+    "PhasedSGD",
+    "SCLocalization",
+    "SCReduction",
+    "SCReductionConfig",
+    "SnowballConfig",
+    "SnowballSGD",
+    "build_fkt_phased_erm",
+    "build_phased_sgd",
+    "build_sc_localization",
+    "build_sc_reduction",
+    "build_snowball",
+    "build_snowball_sc",
+    "convex_setting",
+]

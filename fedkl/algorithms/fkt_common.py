@@ -25,6 +25,7 @@ post-processing of earlier ones plus other users' data). The ledger is charged p
 Denominators are the fixed cohort sizes (a failed answer contributes zero), so the add-remove
 relation (one user's data present or absent, n public) is handled with the same cohorts.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -99,8 +100,10 @@ class ConvexSetting:
 
     def require_smooth(self, what: str) -> float:
         if self.smoothness is None:
-            raise ValueError(f"{what} needs a smooth loss (its privacy proof needs eta <= 2/beta); "
-                             "this problem states no smoothness constant")
+            raise ValueError(
+                f"{what} needs a smooth loss (its privacy proof needs eta <= 2/beta); "
+                "this problem states no smoothness constant"
+            )
         return self.smoothness
 
     def require_strongly_convex(self, what: str) -> float:
@@ -121,16 +124,24 @@ class ConvexSetting:
         return math.inf if self.radius is None else 2.0 * self.radius
 
 
-def convex_setting(problem: Problem, feature_bound: float, *, radius: float | None = None,
-                   distance: float | None = None, strong_convexity: float | None = None) -> ConvexSetting:
+def convex_setting(
+    problem: Problem,
+    feature_bound: float,
+    *,
+    radius: float | None = None,
+    distance: float | None = None,
+    strong_convexity: float | None = None,
+) -> ConvexSetting:
     """The :class:`ConvexSetting` of ``problem`` on ``K = {||w|| <= radius}`` (public values only).
 
     ``strong_convexity`` overrides the problem's (a public assumption about F; the algorithms use it
     only in step sizes and averaging weights, never in a sensitivity).
     """
     if not getattr(problem, "convex", False):
-        raise ValueError(f"{problem.name}: the paper-003 algorithms need a convex loss (their sensitivity "
-                         "bounds use convexity); this problem is not convex")
+        raise ValueError(
+            f"{problem.name}: the paper-003 algorithms need a convex loss (their sensitivity "
+            "bounds use convexity); this problem is not convex"
+        )
     _positive("radius", radius, allow_none=True)
     try:
         c = problem.constants(feature_bound, radius)
@@ -139,15 +150,23 @@ def convex_setting(problem: Problem, feature_bound: float, *, radius: float | No
     if c.strong_convexity is None:
         raise ValueError(f"{problem.name}: constants do not state convexity")
     lam = c.strong_convexity if strong_convexity is None else float(strong_convexity)
-    return ConvexSetting(float(c.lipschitz), None if c.smoothness is None else float(c.smoothness),
-                         float(lam), radius, distance, problem.num_params)
+    return ConvexSetting(
+        float(c.lipschitz),
+        None if c.smoothness is None else float(c.smoothness),
+        float(lam),
+        radius,
+        distance,
+        problem.num_params,
+    )
 
 
 def cohort_order(user_ids: Sequence[str], seed: int) -> list[int]:
     """Positions of all users ordered by ``sha256(seed, user_id)``: public, data-independent, and the
     same on every backend (a user keeps its place whatever the others' records are)."""
+
     def key(pos: int) -> bytes:
         return hashlib.sha256(f"fkt\x1f{int(seed)}\x1f{user_ids[pos]}".encode()).digest()
+
     return sorted(range(len(user_ids)), key=key)
 
 
@@ -157,7 +176,7 @@ def split_cohorts(order: Sequence[int], sizes: Sequence[int]) -> list[list[int]]
         raise ValueError(f"cohorts of {sum(sizes)} users do not fit in {len(order)} users")
     out, start = [], 0
     for s in sizes:
-        out.append(list(order[start:start + s]))
+        out.append(list(order[start : start + s]))
         start += s
     return out
 
@@ -180,9 +199,11 @@ def check_parallel_releaser(releaser: Releaser, label: str) -> None:
     a Releaser without a filter; a caller that passes one is refused up front.
     """
     if releaser.filter is not None:
-        raise ValueError(f"{label}: each user takes part in one cohort only (parallel composition) and the "
-                         "per-user ledger enforces the budget; give a Releaser without a run-wide zCDP filter "
-                         "(a filter would stop the run after the first cohort). Nothing was read or charged")
+        raise ValueError(
+            f"{label}: each user takes part in one cohort only (parallel composition) and the "
+            "per-user ledger enforces the budget; give a Releaser without a run-wide zCDP filter "
+            "(a filter would stop the run after the first cohort). Nothing was read or charged"
+        )
 
 
 def check_zcdp_budget(releaser: Releaser, user_ids: Sequence[str], rho: float, label: str) -> None:
@@ -191,8 +212,10 @@ def check_zcdp_budget(releaser: Releaser, user_ids: Sequence[str], rho: float, l
     later cohort is out of budget."""
     left = releaser.rho_left(user_ids)
     if left is not None and left < rho * (1 - 1e-12):
-        raise BudgetExceeded(f"{label}: some participating users have only rho={left:.4g} left, the run "
-                             f"charges rho={rho:.4g} to each; nothing was charged or released")
+        raise BudgetExceeded(
+            f"{label}: some participating users have only rho={left:.4g} left, the run "
+            f"charges rho={rho:.4g} to each; nothing was charged or released"
+        )
 
 
 @dataclass

@@ -53,6 +53,7 @@ Phase solvers and their sensitivities (derivations in each function):
   term: no convexity needed); the paper's utility analysis does not cover it. **Client view:** only
   the released w_{i-1}.
 """
+
 from __future__ import annotations
 
 import math
@@ -79,11 +80,11 @@ from fedkl.privacy.release import Releaser
 
 CLIENT_VIEW = {
     "psgd": "a user receives the within-phase SGD iterate: a noiseless function of the earlier users of "
-            "its phase (NOT private w.r.t. them); only phase outputs are private",
+    "its phase (NOT private w.r.t. them); only phase outputs are private",
     "gd": "a user receives every solver iterate of its phase (NOT private w.r.t. the other users of its "
-          "phase); only phase outputs are private",
+    "phase); only phase outputs are private",
     "subgradient": "a user receives every solver iterate of its phase (NOT private w.r.t. the other users "
-                   "of its phase); only phase outputs are private",
+    "of its phase); only phase outputs are private",
     "one-shot": "a user receives only the previous private output w_{i-1} (or the public w0) and lam_i",
 }
 
@@ -191,12 +192,14 @@ class _Localization:
         s, cfg = self.setting, self.config
         sched = self.schedule(len(pool), distance)
         if not sched:
-            raise ValueError(f"{self.name}: {len(pool)} users are too few for one phase "
-                             f"(min_cohort={cfg.min_cohort}, batch={cfg.batch})")
+            raise ValueError(
+                f"{self.name}: {len(pool)} users are too few for one phase "
+                f"(min_cohort={cfg.min_cohort}, batch={cfg.batch})"
+            )
         phases, start = [], 0
         for i, (size, eta) in enumerate(sched, start=1):
             lam_i = 2.0 / (eta * size)
-            ph = Phase(i, list(pool[start:start + size]), eta, lam_i)
+            ph = Phase(i, list(pool[start : start + size]), eta, lam_i)
             start += size
             L = s.lipschitz
             if self.solver == "psgd":
@@ -208,33 +211,54 @@ class _Localization:
             else:
                 r = cfg.erm_tol * L * eta
                 ph.sensitivity = self.factor * L / (lam_i * size) + 2.0 * r
-                ph.solver_rounds = (_gd_rounds(L, s.smoothness, lam_i, r) if self.solver == "gd"
-                                    else _subgradient_rounds(L, lam_i, r))
+                ph.solver_rounds = (
+                    _gd_rounds(L, s.smoothness, lam_i, r) if self.solver == "gd" else _subgradient_rounds(L, lam_i, r)
+                )
                 ph.info["accuracy"] = r
                 if ph.solver_rounds > cfg.max_solver_rounds:
-                    raise ValueError(f"{self.name}: phase {i} needs {ph.solver_rounds} {self.solver} rounds to "
-                                     f"prove its accuracy (max_solver_rounds={cfg.max_solver_rounds}); use fewer "
-                                     "users, the gd solver (smooth losses) or a larger erm_tol")
+                    raise ValueError(
+                        f"{self.name}: phase {i} needs {ph.solver_rounds} {self.solver} rounds to "
+                        f"prove its accuracy (max_solver_rounds={cfg.max_solver_rounds}); use fewer "
+                        "users, the gd solver (smooth losses) or a larger erm_tol"
+                    )
             phases.append(ph)
         return phases
 
     # --- running -------------------------------------------------------------------------------
-    def run(self, federation: Federation, releaser: Releaser, w0: torch.Tensor,
-            progress: Callable[[dict], None] | None = None) -> FKTResult:
+    def run(
+        self,
+        federation: Federation,
+        releaser: Releaser,
+        w0: torch.Tensor,
+        progress: Callable[[dict], None] | None = None,
+    ) -> FKTResult:
         check_parallel_releaser(releaser, self.name)
         w = project(torch.as_tensor(w0).to(torch.float64).clone(), self.setting.radius)
         order = cohort_order(federation.user_ids, self.config.seed)
         phases = self.plan(order, self.setting.resolve_distance(w))
-        check_zcdp_budget(releaser, federation.ids_of([u for ph in phases for u in ph.users]), self.rho_total,
-                          self.name)
+        check_zcdp_budget(
+            releaser, federation.ids_of([u for ph in phases for u in ph.users]), self.rho_total, self.name
+        )
         w, records = self.run_phases(federation, releaser, w, phases, self.name, progress)
-        return FKTResult(w=w.to(torch.as_tensor(w0).dtype), rounds=len(phases),
-                         sigma=[r["sigma"] for r in records], details=self.describe(federation, records),
-                         history=records)
+        return FKTResult(
+            w=w.to(torch.as_tensor(w0).dtype),
+            rounds=len(phases),
+            sigma=[r["sigma"] for r in records],
+            details=self.describe(federation, records),
+            history=records,
+        )
 
-    def run_phases(self, federation: Federation, releaser: Releaser, w: torch.Tensor, phases: list[Phase],
-                   label: str, progress: Callable[[dict], None] | None = None,
-                   offset: int = 0, total: int | None = None) -> tuple[torch.Tensor, list[dict]]:
+    def run_phases(
+        self,
+        federation: Federation,
+        releaser: Releaser,
+        w: torch.Tensor,
+        phases: list[Phase],
+        label: str,
+        progress: Callable[[dict], None] | None = None,
+        offset: int = 0,
+        total: int | None = None,
+    ) -> tuple[torch.Tensor, list[dict]]:
         """Run ``phases`` from the public/private point ``w``; each phase's release is charged to its
         cohort only. Returns the last output and one record per phase."""
         records = []
@@ -243,14 +267,36 @@ class _Localization:
             value, failed = self.solve(federation, ph, w)
             ids = federation.ids_of(ph.users)
             noisy = releaser.gaussian(
-                value, sensitivity=ph.sensitivity, rho=self.rho_total, user_ids=ids, label=f"{label}/phase-{ph.index}",
-                details={"phase": ph.index, "users": len(ids), "step": ph.step, "reg": ph.reg, "solver": self.solver,
-                         "solver_rounds": ph.solver_rounds, "neighbouring": self.config.neighbouring})
+                value,
+                sensitivity=ph.sensitivity,
+                rho=self.rho_total,
+                user_ids=ids,
+                label=f"{label}/phase-{ph.index}",
+                details={
+                    "phase": ph.index,
+                    "users": len(ids),
+                    "step": ph.step,
+                    "reg": ph.reg,
+                    "solver": self.solver,
+                    "solver_rounds": ph.solver_rounds,
+                    "neighbouring": self.config.neighbouring,
+                },
+            )
             w = project(noisy.to(torch.float64), self.setting.radius)
-            rec = {"round": offset + len(records) + 1, "rounds": total or len(phases), "phase": ph.index,
-                   "users": len(ids), "step": ph.step, "reg": ph.reg, "sensitivity": ph.sensitivity,
-                   "sigma": ph.sensitivity / math.sqrt(2.0 * self.rho_total), "solver_rounds": ph.solver_rounds,
-                   "failed_users": failed, "seconds": time.perf_counter() - start, **ph.info}
+            rec = {
+                "round": offset + len(records) + 1,
+                "rounds": total or len(phases),
+                "phase": ph.index,
+                "users": len(ids),
+                "step": ph.step,
+                "reg": ph.reg,
+                "sensitivity": ph.sensitivity,
+                "sigma": ph.sensitivity / math.sqrt(2.0 * self.rho_total),
+                "solver_rounds": ph.solver_rounds,
+                "failed_users": failed,
+                "seconds": time.perf_counter() - start,
+                **ph.info,
+            }
             records.append(rec)
             if progress is not None:
                 progress(rec)
@@ -260,12 +306,16 @@ class _Localization:
         used = sum(r["users"] for r in records)
         return {
             "dp": f"user-level rho-zCDP ({self.config.neighbouring}, n public): each user is in one phase and "
-                  f"is charged rho={self.rho_total:.4g} once, by that phase's Gaussian release",
+            f"is charged rho={self.rho_total:.4g} once, by that phase's Gaussian release",
             "private_outputs": "the phase outputs w_1..w_k (the model is w_k)",
-            "client_view": CLIENT_VIEW[self.solver], "solver": self.solver, "phases": records,
-            "users_used": used, "users_unused": federation.num_users - used,
+            "client_view": CLIENT_VIEW[self.solver],
+            "solver": self.solver,
+            "phases": records,
+            "users_used": used,
+            "users_unused": federation.num_users - used,
             "federation_rounds": sum(r["solver_rounds"] for r in records),
-            "lipschitz": self.setting.lipschitz, "smoothness": self.setting.smoothness,
+            "lipschitz": self.setting.lipschitz,
+            "smoothness": self.setting.smoothness,
         }
 
     # --- phase solvers -------------------------------------------------------------------------
@@ -290,11 +340,10 @@ class _Localization:
         lam = self.setting.strong_convexity
         avg, failed = torch.zeros_like(w), 0
         for j in range(ph.solver_rounds):
-            users = ph.users[j * b:(j + 1) * b]
+            users = ph.users[j * b : (j + 1) * b]
             # weight of the j-th evaluation point in the running average: uniform 1/(j+1), or
             # gamma_t/Gamma_t = eta lam / (1 - (1 - eta lam)^t) for Lemma 5.2's gamma_t = (1 - eta lam)^-t
-            weight = (eta * lam / -math.expm1((j + 1) * math.log1p(-eta * lam)) if self.weighted
-                      else 1.0 / (j + 1))
+            weight = eta * lam / -math.expm1((j + 1) * math.log1p(-eta * lam)) if self.weighted else 1.0 / (j + 1)
             avg += weight * (w - avg)
             answers = federation.sum(ClippedGradient(w, L), users)
             failed += len(answers.failed)

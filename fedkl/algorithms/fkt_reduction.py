@@ -20,6 +20,7 @@ outputs (the model is the last one). **Client view:** that of the inner solver (
 :mod:`fedkl.algorithms.fkt_phased`; use the one-shot solver where intermediate iterates must not
 reach clients).
 """
+
 from __future__ import annotations
 
 import math
@@ -82,8 +83,13 @@ class SCReduction:
         self.inner = INNER[config.inner](config.localization, setting, rho_total)
         self.rho_total = self.inner.rho_total
 
-    def run(self, federation: Federation, releaser: Releaser, w0: torch.Tensor,
-            progress: Callable[[dict], None] | None = None) -> FKTResult:
+    def run(
+        self,
+        federation: Federation,
+        releaser: Releaser,
+        w0: torch.Tensor,
+        progress: Callable[[dict], None] | None = None,
+    ) -> FKTResult:
         check_parallel_releaser(releaser, self.name)
         s, cfg = self.setting, self.config
         w = project(torch.as_tensor(w0).to(torch.float64).clone(), s.radius)
@@ -92,22 +98,36 @@ class SCReduction:
         dist = min(L / lam, s.diameter, s.distance if s.distance is not None else math.inf)
         plans, dists, start = [], [], 0
         for size in pool_sizes(federation.num_users):  # the whole public plan first
-            pool = order[start:start + size]
+            pool = order[start : start + size]
             start += size
             plans.append(self.inner.plan(pool, dist))
             dists.append(dist)
             bound = cfg.c * L * dist * (1 / math.sqrt(size) + math.sqrt(s.dim) / (paper_rho(self.rho_total) * size))
             dist = min(math.sqrt(2.0 * bound / lam), s.diameter)
-        check_zcdp_budget(releaser, federation.ids_of([u for p in plans for ph in p for u in ph.users]),
-                          self.rho_total, self.name)
+        check_zcdp_budget(
+            releaser, federation.ids_of([u for p in plans for ph in p for u in ph.users]), self.rho_total, self.name
+        )
         total, records = sum(len(p) for p in plans), []
         for j, phases in enumerate(plans, start=1):
-            w, recs = self.inner.run_phases(federation, releaser, w, phases, f"{self.name}/run-{j}", progress,
-                                            offset=len(records), total=total)
+            w, recs = self.inner.run_phases(
+                federation, releaser, w, phases, f"{self.name}/run-{j}", progress, offset=len(records), total=total
+            )
             records += [{**r, "run": j} for r in recs]
         details = self.inner.describe(federation, records)
-        details.update({"inner": cfg.inner, "runs": len(plans), "pool_sizes": [sum(len(ph.users) for ph in p)
-                                                                               for p in plans],
-                        "distances": dists, "c": cfg.c, "strong_convexity": lam})
-        return FKTResult(w=w.to(torch.as_tensor(w0).dtype), rounds=total, sigma=[r["sigma"] for r in records],
-                         details=details, history=records)
+        details.update(
+            {
+                "inner": cfg.inner,
+                "runs": len(plans),
+                "pool_sizes": [sum(len(ph.users) for ph in p) for p in plans],
+                "distances": dists,
+                "c": cfg.c,
+                "strong_convexity": lam,
+            }
+        )
+        return FKTResult(
+            w=w.to(torch.as_tensor(w0).dtype),
+            rounds=total,
+            sigma=[r["sigma"] for r in records],
+            details=details,
+            history=records,
+        )

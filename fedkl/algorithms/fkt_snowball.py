@@ -48,6 +48,7 @@ Deploy Snowball only where clients may see such iterates (or collude with nobody
 phased algorithm with the one-shot phase solver (:mod:`fedkl.algorithms.fkt_phased`), whose clients
 see only private outputs.
 """
+
 from __future__ import annotations
 
 import math
@@ -120,8 +121,9 @@ def jnn_steps(T: int, c: float) -> list[float]:
     return out
 
 
-def amplification_costs(batches: list[int], steps: list[float], sigma: float, lipschitz: float,
-                        factor: float) -> list[float]:
+def amplification_costs(
+    batches: list[int], steps: list[float], sigma: float, lipschitz: float, factor: float
+) -> list[float]:
     """rho_t = (factor eta_t L / B_t)^2 / (2 sum_{r>=t} eta_r^2 sigma^2) (Cor. 2.14 in zCDP units)."""
     suffix, out = 0.0, []
     for b, eta in zip(reversed(batches), reversed(steps)):
@@ -152,8 +154,9 @@ def _batches_for(steps: list[float], sigma: float, L: float, rho: float, factor:
     return out[::-1]
 
 
-def plan_snowball(n: int, setting: ConvexSetting, rho: float, variant: str, neighbouring: str,
-                  distance: float) -> SnowballPlan:
+def plan_snowball(
+    n: int, setting: ConvexSetting, rho: float, variant: str, neighbouring: str, distance: float
+) -> SnowballPlan:
     """The largest horizon T whose batches fit in n users, with its schedule (public values only)."""
     beta = setting.require_smooth("Snowball-SGD")
     lam = setting.require_strongly_convex("Snowball-SGD (strongly convex)") if variant == "strongly-convex" else 0.0
@@ -165,13 +168,14 @@ def plan_snowball(n: int, setting: ConvexSetting, rho: float, variant: str, neig
     def build(T: int) -> SnowballPlan:
         steps, capped = _steps(variant, T, L, distance, beta, lam)
         batches = _batches_for(steps, sigma, L, rho, factor)
-        return SnowballPlan(batches, steps, sigma, amplification_costs(batches, steps, sigma, L, factor), capped,
-                            rho)
+        return SnowballPlan(batches, steps, sigma, amplification_costs(batches, steps, sigma, L, factor), capped, rho)
 
     best = build(t_min)
     if best.users > n:
-        raise ValueError(f"Snowball-SGD needs at least {best.users} users at rho={rho:.4g} in d={d} "
-                         f"(the last batch alone needs ceil({factor:g} sqrt(d)/sqrt(2 rho))); got n={n}")
+        raise ValueError(
+            f"Snowball-SGD needs at least {best.users} users at rho={rho:.4g} in d={d} "
+            f"(the last batch alone needs ceil({factor:g} sqrt(d)/sqrt(2 rho))); got n={n}"
+        )
     lo, hi = t_min, n  # every batch has >= 1 user, so T <= n
     while lo < hi:  # largest T with users(T) <= n (users(T) is nondecreasing up to ceil effects)
         mid = (lo + hi + 1) // 2
@@ -195,7 +199,7 @@ def grid_index(rho: float, cost: float) -> int:
 
 
 def charge_cost(rho: float, j: int) -> float:
-    return rho * GRID ** -j
+    return rho * GRID**-j
 
 
 def charge_groups(plan: SnowballPlan) -> dict[tuple[int, int], list[int]]:
@@ -218,11 +222,12 @@ class SnowballSGD:
         delta: the delta at which each batch's rho_t is converted into the (eps, delta) charge of the
             ledger (e.g. from ``ledger.approx_left``); ``conversion``: "cks" or "bun_steinke".
     """
+
     guarantee = Guarantee("approx-dp", "parallel", IN_CLASS_CLIENTS)
 
-
-    def __init__(self, config: SnowballConfig, setting: ConvexSetting, rho_total: float, *, delta: float,
-                 conversion: str = "cks") -> None:
+    def __init__(
+        self, config: SnowballConfig, setting: ConvexSetting, rho_total: float, *, delta: float, conversion: str = "cks"
+    ) -> None:
         if not (rho_total > 0 and math.isfinite(rho_total)):
             raise ValueError(f"rho_total must be finite and > 0, got {rho_total}")
         if not 0 < delta < 1:
@@ -230,8 +235,10 @@ class SnowballSGD:
         if conversion not in CONVERSIONS:
             raise ValueError(f"conversion must be one of {CONVERSIONS}, got {conversion!r}")
         if conversion == "gaussian":  # exact only for a Gaussian mechanism's own profile
-            raise ValueError("Snowball's per-batch zCDP cost is a Renyi bound from amplification by iteration, not a "
-                             "Gaussian mechanism's: the exact Gaussian conversion does not apply; use cks or bun_steinke")
+            raise ValueError(
+                "Snowball's per-batch zCDP cost is a Renyi bound from amplification by iteration, not a "
+                "Gaussian mechanism's: the exact Gaussian conversion does not apply; use cks or bun_steinke"
+            )
         setting.require_smooth("Snowball-SGD")
         if config.variant == "strongly-convex":
             setting.require_strongly_convex("Snowball-SGD (strongly convex)")
@@ -245,11 +252,22 @@ class SnowballSGD:
     def plan(self, n: int, w0: torch.Tensor) -> SnowballPlan:
         """The public schedule :meth:`run` uses for n users from ``w0`` (projected onto K first)."""
         w = project(torch.as_tensor(w0).to(torch.float64), self.setting.radius)
-        return plan_snowball(n, self.setting, self.rho_total, self.config.variant, self.config.neighbouring,
-                             self.setting.resolve_distance(w))
+        return plan_snowball(
+            n,
+            self.setting,
+            self.rho_total,
+            self.config.variant,
+            self.config.neighbouring,
+            self.setting.resolve_distance(w),
+        )
 
-    def run(self, federation: Federation, releaser: Releaser, w0: torch.Tensor,
-            progress: Callable[[dict], None] | None = None) -> FKTResult:
+    def run(
+        self,
+        federation: Federation,
+        releaser: Releaser,
+        w0: torch.Tensor,
+        progress: Callable[[dict], None] | None = None,
+    ) -> FKTResult:
         cfg, s = self.config, self.setting
         w = project(torch.as_tensor(w0).to(torch.float64).clone(), s.radius)
         distance = s.resolve_distance(w)
@@ -258,25 +276,39 @@ class SnowballSGD:
         ids = [federation.ids_of(b) for b in batches]
         factor = replace_factor(cfg.neighbouring)
         groups = charge_groups(plan)
-        eps_of = {j: zcdp_to_eps(charge_cost(plan.rho, j), self.delta, self.conversion)  # one conversion per grid
-                  for j in sorted({j for _, j in groups})}                                # value, not per group
+        eps_of = {
+            j: zcdp_to_eps(charge_cost(plan.rho, j), self.delta, self.conversion)  # one conversion per grid
+            for j in sorted({j for _, j in groups})
+        }  # value, not per group
         top = max(eps_of.values())
         eps_left, delta_left = releaser.approx_left([u for b in ids for u in b]) or (math.inf, 1.0)
         if eps_left < top * (1 - 1e-12) or delta_left < self.delta * (1 - 1e-12):
-            raise BudgetExceeded(f"{self.name}: participating users can afford (eps={eps_left:.4g}, "
-                                 f"delta={delta_left:.3g}), a batch costs up to (eps={top:.4g}, "
-                                 f"delta={self.delta:.3g}); nothing was charged or released")
+            raise BudgetExceeded(
+                f"{self.name}: participating users can afford (eps={eps_left:.4g}, "
+                f"delta={delta_left:.3g}), a batch costs up to (eps={top:.4g}, "
+                f"delta={self.delta:.3g}); nothing was charged or released"
+            )
         handles: dict[tuple[int, int], object] = {}
         for key, members in groups.items():  # every charge before any data is read
             users = [u for t in members for u in ids[t]]
             cost = charge_cost(plan.rho, key[1])
             handles[key] = releaser.schedule_gaussian(
-                eps=eps_of[key[1]], delta=self.delta, sigma=plan.sigma,
-                sensitivity=factor * s.lipschitz / key[0], releases=len(members), user_ids=users,
+                eps=eps_of[key[1]],
+                delta=self.delta,
+                sigma=plan.sigma,
+                sensitivity=factor * s.lipschitz / key[0],
+                releases=len(members),
+                user_ids=users,
                 label=f"{self.name}/batches-of-{key[0]}-cost-{key[1]}",
-                details={"batches": members, "batch_size": key[0], "rho_zcdp": cost,
-                         "max_exact_rho": max(plan.costs[t] for t in members), "conversion": self.conversion,
-                         "accountant": "amplification by iteration (FKT Thm 3.1), last iterate only"})
+                details={
+                    "batches": members,
+                    "batch_size": key[0],
+                    "rho_zcdp": cost,
+                    "max_exact_rho": max(plan.costs[t] for t in members),
+                    "conversion": self.conversion,
+                    "accountant": "amplification by iteration (FKT Thm 3.1), last iterate only",
+                },
+            )
         batch_handle = {t: handles[key] for key, members in groups.items() for t in members}
         history = []
         for t, (users, eta) in enumerate(zip(batches, plan.steps)):
@@ -284,22 +316,38 @@ class SnowballSGD:
             answers = federation.sum(ClippedGradient(w, s.lipschitz), users)
             noisy = batch_handle[t].release(answers.total().to(torch.float64) / len(users))
             w = project(w - eta * noisy, s.radius)
-            rec = {"round": t + 1, "rounds": plan.horizon, "batch": len(users), "step": eta,
-                   "failed_users": len(answers.failed), "seconds": time.perf_counter() - start}
+            rec = {
+                "round": t + 1,
+                "rounds": plan.horizon,
+                "batch": len(users),
+                "step": eta,
+                "failed_users": len(answers.failed),
+                "seconds": time.perf_counter() - start,
+            }
             history.append(rec)
             if progress is not None:
                 progress(rec)
         exposure = max(factor**2 * s.lipschitz**2 / (2 * b**2 * plan.sigma**2) for b in plan.batches)
         details = {
             "dp": f"user-level rho-zCDP of the last iterate ({cfg.neighbouring}, n public) by amplification by "
-                  f"iteration; batch t charged its rho_t rounded up to the grid rho 2^(-j/8) (max "
-                  f"{max(plan.costs):.4g} <= rho {self.rho_total:.4g}), converted to (eps, delta) at delta={self.delta:.3g} ({self.conversion})",
+            f"iteration; batch t charged its rho_t rounded up to the grid rho 2^(-j/8) (max "
+            f"{max(plan.costs):.4g} <= rho {self.rho_total:.4g}), converted to (eps, delta) at delta={self.delta:.3g} ({self.conversion})",
             "private_outputs": "the last iterate only",
-            "variant": cfg.variant, "horizon": plan.horizon, "users_used": plan.users,
-            "users_unused": federation.num_users - plan.users, "batches": plan.batches, "steps": plan.steps,
-            "sigma_gradient": plan.sigma, "rho_per_batch": plan.costs, "charge_groups": len(groups),
-            "steps_capped_at_2_over_beta": plan.capped, "iterate_exposure_rho": exposure,
-            "distance": distance, "lipschitz": s.lipschitz, "smoothness": s.smoothness,
+            "variant": cfg.variant,
+            "horizon": plan.horizon,
+            "users_used": plan.users,
+            "users_unused": federation.num_users - plan.users,
+            "batches": plan.batches,
+            "steps": plan.steps,
+            "sigma_gradient": plan.sigma,
+            "rho_per_batch": plan.costs,
+            "charge_groups": len(groups),
+            "steps_capped_at_2_over_beta": plan.capped,
+            "iterate_exposure_rho": exposure,
+            "distance": distance,
+            "lipschitz": s.lipschitz,
+            "smoothness": s.smoothness,
         }
-        return FKTResult(w=w.to(torch.as_tensor(w0).dtype), rounds=plan.horizon, sigma=[plan.sigma],
-                         details=details, history=history)
+        return FKTResult(
+            w=w.to(torch.as_tensor(w0).dtype), rounds=plan.horizon, sigma=[plan.sigma], details=details, history=history
+        )

@@ -41,6 +41,7 @@ Rate (Theorem 4, kappa in [1, 2], L1-smooth, L0-Lipschitz, KL* on the valley of 
 ``O~(d/(n^2 rho) + 1/(n sqrt(rho)))``. Theorem 5 (exponential selection, no KL): ``||grad F(w_t*)||
 = O~(sqrt(d)/(n sqrt(rho)) + 1/(sqrt(n) rho^(1/4)))`` in the best case.
 """
+
 from __future__ import annotations
 
 import math
@@ -160,27 +161,40 @@ class AdaptiveKLGD:
             raise ValueError(
                 f"{self.name}: the budget is too small for one round: rho_norm = {rho_norm:.4g} must be below "
                 f"half the loop's budget {rho_loop / 2:.4g} (with the default rho_norm = sqrt(rho)/n: "
-                f"n sqrt(rho) = {n * math.sqrt(rho_loop):.3g} must exceed 2); nothing was released")
+                f"n sqrt(rho) = {n * math.sqrt(rho_loop):.3g} must exceed 2); nothing was released"
+            )
         delta_s = cfg.sensitivity
         return AdaptivePlan(
-            rho=rho, rho_select=rho_select, rho_norm=rho_norm, rho_cap=rho_cap,
+            rho=rho,
+            rho_select=rho_select,
+            rho_norm=rho_norm,
+            rho_cap=rho_cap,
             A=max(1.0, math.log(n * math.sqrt(rho_loop) / cfg.beta)),
-            sigma_norm=delta_s / math.sqrt(2.0 * rho_norm), sigma_floor=delta_s / math.sqrt(2.0 * rho_cap),
-            eps_select=math.sqrt(8.0 * rho_select) if rho_select > 0 else None)
+            sigma_norm=delta_s / math.sqrt(2.0 * rho_norm),
+            sigma_floor=delta_s / math.sqrt(2.0 * rho_cap),
+            eps_select=math.sqrt(8.0 * rho_select) if rho_select > 0 else None,
+        )
 
     def gradient_rho(self, plan: AdaptivePlan, noisy_norm: float, n: int, d: int) -> float:
         """zCDP cost of the gradient release after the norm release gave ``N_t = noisy_norm`` (mean
         scale): ``Delta^2 / (2 (n sigma_t)^2)`` with ``sigma_t = max(N_t/sqrt(d A), floor/n)``; at most rho_cap."""
         sigma_sum = max(n * noisy_norm / math.sqrt(d * plan.A), plan.sigma_floor)  # a non-positive N_t -> floor
-        return min(self.config.sensitivity ** 2 / (2.0 * sigma_sum ** 2), plan.rho_cap)
+        return min(self.config.sensitivity**2 / (2.0 * sigma_sum**2), plan.rho_cap)
 
-    def run(self, federation: Federation, releaser: Releaser, w0: torch.Tensor,
-            progress: Callable[[dict], None] | None = None) -> KLResult:
+    def run(
+        self,
+        federation: Federation,
+        releaser: Releaser,
+        w0: torch.Tensor,
+        progress: Callable[[dict], None] | None = None,
+    ) -> KLResult:
         cfg = self.config
         flt = releaser.filter
         if flt is None:
-            raise ValueError(f"{self.name} composes adaptively chosen costs: it needs a Releaser with a zCDP "
-                             "filter (nothing was released)")
+            raise ValueError(
+                f"{self.name} composes adaptively chosen costs: it needs a Releaser with a zCDP "
+                "filter (nothing was released)"
+            )
         n, d = federation.num_users, federation.num_params
         users = list(range(n))
         user_ids = federation.ids_of(users)
@@ -191,8 +205,9 @@ class AdaptiveKLGD:
             plan = self.plan(n, d, available)
         except ValueError as err:
             if available < self.rho_total:  # the filter, not the configuration, is too small
-                raise BudgetExhausted(f"{self.name}: the filter's remaining budget {available:.4g} cannot fund one "
-                                      f"round: {err}") from err
+                raise BudgetExhausted(
+                    f"{self.name}: the filter's remaining budget {available:.4g} cannot fund one round: {err}"
+                ) from err
             raise
         spent_before = flt.spent
         budget_end = spent_before + plan.rho  # the run never takes the filter past this point
@@ -221,43 +236,74 @@ class AdaptiveKLGD:
                 stopped = "max_rounds"
             else:
                 released = releaser.gaussian(
-                    total.norm().reshape(1), sensitivity=delta_s, rho=plan.rho_norm, user_ids=user_ids,
+                    total.norm().reshape(1),
+                    sensitivity=delta_s,
+                    rho=plan.rho_norm,
+                    user_ids=user_ids,
                     label=f"{self.name}/round-{t}/norm",
-                    details={"round": t, "clip": cfg.clip, "neighbouring": cfg.neighbouring, "query": "norm"})
+                    details={"round": t, "clip": cfg.clip, "neighbouring": cfg.neighbouring, "query": "norm"},
+                )
                 noisy_norm = float(released[0]) / n
                 rho_grad = self.gradient_rho(plan, noisy_norm, n, d)
             sigma_sum = delta_s / math.sqrt(2.0 * rho_grad)
             noisy = releaser.gaussian(
-                total, sensitivity=delta_s, rho=rho_grad, user_ids=user_ids, label=f"{self.name}/round-{t}/grad",
-                details={"round": t, "clip": cfg.clip, "neighbouring": cfg.neighbouring, "query": "gradient"})
+                total,
+                sensitivity=delta_s,
+                rho=rho_grad,
+                user_ids=user_ids,
+                label=f"{self.name}/round-{t}/grad",
+                details={"round": t, "clip": cfg.clip, "neighbouring": cfg.neighbouring, "query": "gradient"},
+            )
             w = w - cfg.lr * noisy.to(w.dtype) / n
             if selecting:
                 iterates.append(w.clone())
             t += 1
             rho_round = rho_grad if noisy_norm is None else plan.rho_norm + rho_grad
-            record = {"round": t, "rounds": plan.max_rounds_bound if cfg.max_rounds is None else cfg.max_rounds,
-                      "noisy_grad_norm": noisy_norm, "rho_round": rho_round,
-                      "rho_spent": flt.spent - spent_before, "sigma_sum": sigma_sum,
-                      "seconds": time.perf_counter() - start}
+            record = {
+                "round": t,
+                "rounds": plan.max_rounds_bound if cfg.max_rounds is None else cfg.max_rounds,
+                "noisy_grad_norm": noisy_norm,
+                "rho_round": rho_round,
+                "rho_spent": flt.spent - spent_before,
+                "sigma_sum": sigma_sum,
+                "seconds": time.perf_counter() - start,
+            }
             history.append(record)
             if progress is not None:
                 progress(record)
             if last_by_cap:
                 break
-        details = {"rho_norm": plan.rho_norm, "rho_cap": plan.rho_cap, "A": plan.A, "sigma_norm_sum": plan.sigma_norm,
-                   "sigma_floor_sum": plan.sigma_floor, "stopped": stopped, "select": cfg.select,
-                   "neighbouring": cfg.neighbouring, "sensitivity": delta_s}
+        details = {
+            "rho_norm": plan.rho_norm,
+            "rho_cap": plan.rho_cap,
+            "A": plan.A,
+            "sigma_norm_sum": plan.sigma_norm,
+            "sigma_floor_sum": plan.sigma_floor,
+            "stopped": stopped,
+            "select": cfg.select,
+            "neighbouring": cfg.neighbouring,
+            "sensitivity": delta_s,
+        }
         if selecting:
             w, index = self._select(federation, releaser, iterates, exact_norms, plan, users, user_ids)
-            details.update(selected_iterate=index, candidates=len(iterates), eps_select=plan.eps_select,
-                           rho_select=plan.rho_select)
+            details.update(
+                selected_iterate=index, candidates=len(iterates), eps_select=plan.eps_select, rho_select=plan.rho_select
+            )
         details["rho_unspent"] = max(0.0, plan.rho - (flt.spent - spent_before))
-        return KLResult(w=w, rounds=t, sigma=sigma_sum, rho_spent=flt.spent - spent_before, history=history,
-                        details=details)
+        return KLResult(
+            w=w, rounds=t, sigma=sigma_sum, rho_spent=flt.spent - spent_before, history=history, details=details
+        )
 
-    def _select(self, federation: Federation, releaser: Releaser, iterates: list[torch.Tensor],
-                exact_norms: list[float], plan: AdaptivePlan, users: list[int],
-                user_ids: list[str]) -> tuple[torch.Tensor, int]:
+    def _select(
+        self,
+        federation: Federation,
+        releaser: Releaser,
+        iterates: list[torch.Tensor],
+        exact_norms: list[float],
+        plan: AdaptivePlan,
+        users: list[int],
+        user_ids: list[str],
+    ) -> tuple[torch.Tensor, int]:
         """Theorem 5: choose t with probability ∝ exp(-eps ||S(w_t)/n|| / (2 Delta/n)).
 
         The candidates are earlier private outputs; each utility is a norm of a mean of clipped
@@ -265,10 +311,15 @@ class AdaptiveKLGD:
         cfg = self.config
         n = len(users)
         norms = list(exact_norms)
-        for v in iterates[len(norms):]:  # the last iterate's gradient was never queried
+        for v in iterates[len(norms) :]:  # the last iterate's gradient was never queried
             norms.append(float(federation.sum(ClippedGradient(v, cfg.clip), users).total().norm()) / n)
         scores = [-x for x in norms]
         index = releaser.exponential(
-            scores, eps=plan.eps_select, sensitivity=cfg.sensitivity / n, user_ids=user_ids,
-            label=f"{self.name}/select", details={"neighbouring": cfg.neighbouring, "clip": cfg.clip})
+            scores,
+            eps=plan.eps_select,
+            sensitivity=cfg.sensitivity / n,
+            user_ids=user_ids,
+            label=f"{self.name}/select",
+            details={"neighbouring": cfg.neighbouring, "clip": cfg.clip},
+        )
         return iterates[index].clone(), index

@@ -13,6 +13,7 @@ public n. The paper states its noise for the mean with Delta = L0/n and charges 
 fedkl instead charges every release exactly ``rho = Delta^2 / (2 sigma^2)`` with the relation's Delta
 (see ``notes/seed-000.md``, pitfall 1), so the constants below are derived, not copied.
 """
+
 from __future__ import annotations
 
 import math

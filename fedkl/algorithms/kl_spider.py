@@ -43,6 +43,7 @@ Guarantee: user-level rho-zCDP (rho = ``rho_total``), by the zCDP composition of
 Rate (Theorem 1): ``F(w) - F* = O~((gamma L0 sqrt(d K)/(n sqrt(rho)))^kappa)``, near-optimal for
 kappa in [1 + Omega(1), 2] (Corollary 1); PL: ``O~(d/(n^2 rho))``.
 """
+
 from __future__ import annotations
 
 import math
@@ -94,8 +95,9 @@ class KLSpiderConfig:
 
     def __post_init__(self) -> None:
         if not 1.0 <= self.kl.kappa <= 2.0:
-            raise ValueError(f"KL-Spider is for kappa in [1, 2], got {self.kl.kappa} "
-                             "(use kl-prox-point for kappa >= 2)")
+            raise ValueError(
+                f"KL-Spider is for kappa in [1, 2], got {self.kl.kappa} (use kl-prox-point for kappa >= 2)"
+            )
         check_positive("smoothness", self.smoothness)
         check_positive("clip", self.clip)
         check_relation(self.neighbouring)
@@ -155,9 +157,8 @@ class KLSpider:
         f0 = kl.initial_gap(L0)
         e = (2.0 - kappa) / kappa
         a, b = cfg.contraction_constant, cfg.floor_constant
-        c = 1.0 + f0 ** e / (a * g * g * L1)
-        K = cfg.phases or math.ceil((1.0 + a * f0 ** (-e) * g * g * L1)
-                                    * log_bracket(f0, kappa, n, rho, g, L0, d))
+        c = 1.0 + f0**e / (a * g * g * L1)
+        K = cfg.phases or math.ceil((1.0 + a * f0 ** (-e) * g * g * L1) * log_bracket(f0, kappa, n, rho, g, L0, d))
         root = n * math.sqrt(rho)
         ratio = g * L0 * math.sqrt(K * d) / (root * f0 ** (1 / kappa))
         beta_prime = (kl.beta / K) * min(1.0, ratio ** (2 - kappa))  # capped at beta/K (see the docstring)
@@ -172,13 +173,29 @@ class KLSpider:
         diff_clip = tuple(L1 * s for s in step)
         Z = sum(ANCHOR_WEIGHT + m / t for m, t in zip(M, T))
         return SpiderSchedule(
-            f0=f0, c=c, K=K, beta_prime=beta_prime, floor=floor, targets=tuple(targets), T=T, M=M, step=step,
-            diff_clip=diff_clip, rho_anchor=ANCHOR_WEIGHT * rho / Z, rho_diff=tuple(rho / (t * Z) for t in T),
+            f0=f0,
+            c=c,
+            K=K,
+            beta_prime=beta_prime,
+            floor=floor,
+            targets=tuple(targets),
+            T=T,
+            M=M,
+            step=step,
+            diff_clip=diff_clip,
+            rho_anchor=ANCHOR_WEIGHT * rho / Z,
+            rho_diff=tuple(rho / (t * Z) for t in T),
             sensitivity_anchor=sum_sensitivity(L0, cfg.neighbouring),
-            sensitivity_diff=tuple(sum_sensitivity(cc, cfg.neighbouring) for cc in diff_clip))
+            sensitivity_diff=tuple(sum_sensitivity(cc, cfg.neighbouring) for cc in diff_clip),
+        )
 
-    def run(self, federation: Federation, releaser: Releaser, w0: torch.Tensor,
-            progress: Callable[[dict], None] | None = None) -> KLResult:
+    def run(
+        self,
+        federation: Federation,
+        releaser: Releaser,
+        w0: torch.Tensor,
+        progress: Callable[[dict], None] | None = None,
+    ) -> KLResult:
         cfg, kl = self.config, self.config.kl
         n, d = federation.num_users, federation.num_params
         users = list(range(n))
@@ -193,13 +210,24 @@ class KLSpider:
         def release(value: torch.Tensor, sensitivity: float, rho: float, label: str, info: dict) -> torch.Tensor:
             nonlocal rounds, spent
             start = time.perf_counter()
-            out = releaser.gaussian(value, sensitivity=sensitivity, rho=rho, user_ids=user_ids,
-                                    label=f"{self.name}/{label}",
-                                    details={**info, "neighbouring": cfg.neighbouring})
+            out = releaser.gaussian(
+                value,
+                sensitivity=sensitivity,
+                rho=rho,
+                user_ids=user_ids,
+                label=f"{self.name}/{label}",
+                details={**info, "neighbouring": cfg.neighbouring},
+            )
             rounds += 1
             spent += rho
-            record = {"round": rounds, "rounds": bound if cfg.max_rounds is None else min(bound, cfg.max_rounds),
-                      "noisy_grad_norm": None, "rho_spent": spent, "seconds": time.perf_counter() - start, **info}
+            record = {
+                "round": rounds,
+                "rounds": bound if cfg.max_rounds is None else min(bound, cfg.max_rounds),
+                "noisy_grad_norm": None,
+                "rho_spent": spent,
+                "seconds": time.perf_counter() - start,
+                **info,
+            }
             history.append(record)
             return out
 
@@ -214,8 +242,16 @@ class KLSpider:
             phi_root = sched.targets[k] ** (1 / kl.kappa)
             threshold = 7.0 / (8.0 * kl.gamma) * phi_root
             anchor = federation.sum(ClippedGradient(w, cfg.clip), users).total()
-            est = release(anchor, sched.sensitivity_anchor, sched.rho_anchor, f"phase-{k}/anchor",
-                          {"phase": k, "query": "anchor", "clip": cfg.clip}).to(w.dtype) / n
+            est = (
+                release(
+                    anchor,
+                    sched.sensitivity_anchor,
+                    sched.rho_anchor,
+                    f"phase-{k}/anchor",
+                    {"phase": k, "query": "anchor", "clip": cfg.clip},
+                ).to(w.dtype)
+                / n
+            )
             history[-1]["noisy_grad_norm"] = float(est.norm())
             report()
             t = 0
@@ -229,17 +265,37 @@ class KLSpider:
                         stopped = "max_rounds"
                         break
                     diff = federation.sum(GradientDifference(w_new, w, sched.diff_clip[k]), users).total()
-                    est = est + release(diff, sched.sensitivity_diff[k], sched.rho_diff[k], f"phase-{k}/diff-{t}",
-                                        {"phase": k, "query": "difference", "clip": sched.diff_clip[k]}
-                                        ).to(w.dtype) / n
+                    est = (
+                        est
+                        + release(
+                            diff,
+                            sched.sensitivity_diff[k],
+                            sched.rho_diff[k],
+                            f"phase-{k}/diff-{t}",
+                            {"phase": k, "query": "difference", "clip": sched.diff_clip[k]},
+                        ).to(w.dtype)
+                        / n
+                    )
                     history[-1]["noisy_grad_norm"] = float(est.norm())
                     report()
                 w = w_new
             if stopped == "max_rounds":
                 break
-        details = {"K": sched.K, "c": sched.c, "F0": sched.f0, "floor": sched.floor, "beta_prime": sched.beta_prime,
-                   "final_target": sched.targets[-1], "rho_anchor": sched.rho_anchor,
-                   "sigma_anchor_sum": sched.sigma_anchor, "worst_case_rho": sched.worst_case_rho,
-                   "steps": steps, "stopped": stopped, "neighbouring": cfg.neighbouring, "gamma": kl.gamma,
-                   "kappa": kl.kappa, "smoothness": cfg.smoothness}
+        details = {
+            "K": sched.K,
+            "c": sched.c,
+            "F0": sched.f0,
+            "floor": sched.floor,
+            "beta_prime": sched.beta_prime,
+            "final_target": sched.targets[-1],
+            "rho_anchor": sched.rho_anchor,
+            "sigma_anchor_sum": sched.sigma_anchor,
+            "worst_case_rho": sched.worst_case_rho,
+            "steps": steps,
+            "stopped": stopped,
+            "neighbouring": cfg.neighbouring,
+            "gamma": kl.gamma,
+            "kappa": kl.kappa,
+            "smoothness": cfg.smoothness,
+        }
         return KLResult(w=w, rounds=rounds, sigma=sched.sigma_anchor, rho_spent=spent, history=history, details=details)

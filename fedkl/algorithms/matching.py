@@ -21,6 +21,7 @@ The two facts the privacy proof uses (tested in tests/test_matching.py against b
 Everything is deterministic: the graph is built with sorted vertices and edges, and networkx's
 matching is a deterministic function of that input.
 """
+
 from __future__ import annotations
 
 from typing import Iterable
@@ -68,7 +69,9 @@ def matching_cover(n: int, edges: Iterable[tuple[int, int]]) -> tuple[int, tuple
     return len(matching), tuple(sorted(cover))
 
 
-def deletion_set(n: int, edges: list[tuple[int, int]], score: str, k: int) -> tuple[tuple[int, tuple[int, ...]] | None, dict]:
+def deletion_set(
+    n: int, edges: list[tuple[int, int]], score: str, k: int
+) -> tuple[tuple[int, tuple[int, ...]] | None, dict]:
     """``((score value, deletion set) or None when the score exceeds k, diagnostics)`` for a conflict
     graph: ``score`` "matching" (nu and a cover of <= 2 nu users) or "vertex-cover" (the exact,
     canonical minimum cover, :func:`~fedkl.algorithms.vertex_cover.min_vertex_cover`). k = 2 kappa."""

@@ -121,6 +121,7 @@ Algorithms here
   Alg 3) with this mechanism in place of SCOutputPert: T phases at (eps/T, delta/T) (basic
   composition), lam_i = lam 4^i, centre = previous release, ⊥ keeps the centre.
 """
+
 from __future__ import annotations
 
 import functools
@@ -212,7 +213,7 @@ class MeanOutputPertConfig(DeletionBudget):
         return 2 * self.kappa
 
     def score(self, n: int) -> str:
-        """"vertex-cover" (exact minimum cover) or "matching" at n users (public; see ``test``)."""
+        """ "vertex-cover" (exact minimum cover) or "matching" at n users (public; see ``test``)."""
         return resolve_test(self.test, n, self.kappa, self.max_vc_calls)
 
     def depth(self, n: int) -> int:
@@ -229,9 +230,11 @@ class MeanOutputPertConfig(DeletionBudget):
         need = self.depth(n) + 2
         if n < need:
             which = "8 kappa + 2 (matching score)" if self.score(n) == "matching" else "4 kappa + 2"
-            raise ValueError(f"mean output perturbation needs n >= {which} = {need} users at "
-                             f"(eps={self.eps:g}, delta={self.delta:g}) (kappa={self.kappa}); got n={n}. "
-                             "Refused before reading any data (raise eps or delta, or use more users).")
+            raise ValueError(
+                f"mean output perturbation needs n >= {which} = {need} users at "
+                f"(eps={self.eps:g}, delta={self.delta:g}) (kappa={self.kappa}); got n={n}. "
+                "Refused before reading any data (raise eps or delta, or use more users)."
+            )
         if self.score(n) == "vertex-cover":
             require_work_budget(self.max_deletions, self.max_vc_calls)
 
@@ -242,8 +245,13 @@ class MeanOutputPertConfig(DeletionBudget):
 
     def dop(self, n: int) -> DelOutputPertConfig:
         """The Algorithm-1 parameters (noise, sensitivity, R1 law) of a release over n users."""
-        return _dop(self.eps, self.delta, self.Delta(n), self.calibration,
-                    "matching" if self.score(n) == "matching" else "exact")
+        return _dop(
+            self.eps,
+            self.delta,
+            self.Delta(n),
+            self.calibration,
+            "matching" if self.score(n) == "matching" else "exact",
+        )
 
     def sensitivity(self, n: int) -> float:
         return self.dop(n).sensitivity
@@ -258,7 +266,7 @@ def pairwise_distances(V: torch.Tensor) -> np.ndarray:
     n = V.shape[0]
     out = torch.empty(n, n, dtype=torch.float64)
     for a in range(0, n, _DIST_CHUNK):
-        out[a:a + _DIST_CHUNK] = (V[a:a + _DIST_CHUNK, None, :] - V[None, :, :]).norm(dim=2)
+        out[a : a + _DIST_CHUNK] = (V[a : a + _DIST_CHUNK, None, :] - V[None, :, :]).norm(dim=2)
     return out.numpy()
 
 
@@ -323,22 +331,25 @@ class MeanOutputPert:
     def __init__(self, config: MeanOutputPertConfig) -> None:
         self.config = config
 
-    def release(self, plan: StabilityPlan, releaser: Releaser, user_ids: Sequence[str], label: str,
-                details: dict | None = None) -> torch.Tensor | None:
+    def release(
+        self, plan: StabilityPlan, releaser: Releaser, user_ids: Sequence[str], label: str, details: dict | None = None
+    ) -> torch.Tensor | None:
         """Charge (eps, delta) to every user, draw R1, output ⊥ (None) or the noisy mean."""
         n = len(user_ids)
         score = self.config.score(n)
         info = {"rho": self.config.rho, "test": f"diameter <= rho ({score} score)", **(details or {})}
         return DelOutputPert(self.config.dop(n)).release(plan, releaser, user_ids, label, info)
 
-    def result(self, theta: torch.Tensor | None, plan: StabilityPlan, n: int, seconds: float,
-               diag: dict) -> DelOutputPertResult:
+    def result(
+        self, theta: torch.Tensor | None, plan: StabilityPlan, n: int, seconds: float, diag: dict
+    ) -> DelOutputPertResult:
         res = DelOutputPert(self.config.dop(n)).result(theta, plan, seconds)
         res.diagnostics.update(diag)
         return res
 
-    def run_vectors(self, V: torch.Tensor, releaser: Releaser, user_ids: Sequence[str],
-                    label: str | None = None) -> DelOutputPertResult:
+    def run_vectors(
+        self, V: torch.Tensor, releaser: Releaser, user_ids: Sequence[str], label: str | None = None
+    ) -> DelOutputPertResult:
         releaser.require("approx-dp", self.name)
         if len(user_ids) != torch.as_tensor(V).shape[0]:
             raise ValueError(f"{len(user_ids)} user ids for {torch.as_tensor(V).shape[0]} vectors")
@@ -409,8 +420,7 @@ class LocalMeanOutputPert:
         self.feature_bound = float(feature_bound)
 
     def rho(self, center: torch.Tensor) -> float:
-        return self.config.rho_fraction * 2.0 * local_radius(self.problem, self.feature_bound, center,
-                                                             self.config.lam)
+        return self.config.rho_fraction * 2.0 * local_radius(self.problem, self.feature_bound, center, self.config.lam)
 
     def check(self, n: int) -> None:
         """The public refusal (n too small, worst-case work over budget): no data needed."""
@@ -426,8 +436,13 @@ class LocalMeanOutputPert:
         sigma, Delta = mech.sigma(n), mech.Delta(n)
         signal = local_radius(self.problem, self.feature_bound, center, self.config.lam)
         noise = sigma * math.sqrt(center.numel())
-        return {"sigma_over_Delta": sigma / Delta, "sigma": sigma, "noise_norm": noise, "signal_radius": signal,
-                "noise_over_signal": noise / signal}
+        return {
+            "sigma_over_Delta": sigma / Delta,
+            "sigma": sigma,
+            "noise_norm": noise,
+            "signal_radius": signal,
+            "noise_over_signal": noise / signal,
+        }
 
     def user_vectors(self, federation: Federation, center: torch.Tensor) -> tuple[torch.Tensor, int]:
         cfg = self.config
@@ -439,8 +454,14 @@ class LocalMeanOutputPert:
         V[bad] = center.to(torch.float64)
         return V, int(bad.sum())
 
-    def run(self, federation: Federation, releaser: Releaser, w0: torch.Tensor,
-            progress: Callable[[dict], None] | None = None, label: str | None = None) -> DelOutputPertResult:
+    def run(
+        self,
+        federation: Federation,
+        releaser: Releaser,
+        w0: torch.Tensor,
+        progress: Callable[[dict], None] | None = None,
+        label: str | None = None,
+    ) -> DelOutputPertResult:
         """One charged release; ``theta`` is None for ⊥. ``w0`` is the public centre c."""
         n = federation.num_users
         center = check_release_start(self.name, releaser, federation, w0)
@@ -450,10 +471,16 @@ class LocalMeanOutputPert:
         V, substituted = self.user_vectors(federation, center)
         plan, diag = mean_stability_plan(V, mech.config)
         diag["failed_users_set_to_centre"] = substituted
-        theta = mech.release(plan, releaser, federation.ids_of(range(n)), label or self.name,
-                             {"lam": self.config.lam, "rho_fraction": self.config.rho_fraction})
-        res = mech.result(None if theta is None else theta.to(torch.as_tensor(w0).dtype), plan, n,
-                          time.perf_counter() - start, diag)
+        theta = mech.release(
+            plan,
+            releaser,
+            federation.ids_of(range(n)),
+            label or self.name,
+            {"lam": self.config.lam, "rho_fraction": self.config.rho_fraction},
+        )
+        res = mech.result(
+            None if theta is None else theta.to(torch.as_tensor(w0).dtype), plan, n, time.perf_counter() - start, diag
+        )
         if progress is not None:
             progress({"round": 1, "rounds": 1, "released": theta is not None, **res.diagnostics})
         return res
@@ -487,9 +514,17 @@ class PhasedMeanOutputPertConfig:
 
     def phase_config(self, i: int) -> LocalMeanOutputPertConfig:
         T = self.phases
-        return LocalMeanOutputPertConfig(self.eps / T, self.delta / T, self.lam_i(i), self.rho_fraction,
-                                         self.calibration, self.max_vc_calls, self.local_tol, self.local_max_iter,
-                                         self.test)
+        return LocalMeanOutputPertConfig(
+            self.eps / T,
+            self.delta / T,
+            self.lam_i(i),
+            self.rho_fraction,
+            self.calibration,
+            self.max_vc_calls,
+            self.local_tol,
+            self.local_max_iter,
+            self.test,
+        )
 
 
 @dataclass
@@ -531,8 +566,13 @@ class PhasedMeanOutputPert:
         """The first phase's :meth:`LocalMeanOutputPert.forecast` (it moves the model the most)."""
         return LocalMeanOutputPert(self.config.phase_config(1), self.problem, self.feature_bound).forecast(n, w0)
 
-    def run(self, federation: Federation, releaser: Releaser, w0: torch.Tensor,
-            progress: Callable[[dict], None] | None = None) -> PhasedMeanOutputPertResult:
+    def run(
+        self,
+        federation: Federation,
+        releaser: Releaser,
+        w0: torch.Tensor,
+        progress: Callable[[dict], None] | None = None,
+    ) -> PhasedMeanOutputPertResult:
         cfg = self.config
         releaser.require("approx-dp", self.name)
         self.check(federation.num_users)  # before any data is read
@@ -549,42 +589,82 @@ class PhasedMeanOutputPert:
             else:
                 bottoms += 1
             d = res.diagnostics
-            per_phase.append({"phase": i, "lam": cfg.lam_i(i), "bottom": not released, "sigma": res.sigma,
-                              "rho": rho_i,
-                              "nonprivate": {"dist": d["dist"], "deleted_users": d["deleted_users"],
-                                             "conflict_edges": d["conflict_edges"], "vc_calls": d["vc_calls"],
-                                             "seconds": d["seconds"]}})
+            per_phase.append(
+                {
+                    "phase": i,
+                    "lam": cfg.lam_i(i),
+                    "bottom": not released,
+                    "sigma": res.sigma,
+                    "rho": rho_i,
+                    "nonprivate": {
+                        "dist": d["dist"],
+                        "deleted_users": d["deleted_users"],
+                        "conflict_edges": d["conflict_edges"],
+                        "vc_calls": d["vc_calls"],
+                        "seconds": d["seconds"],
+                    },
+                }
+            )
             if progress is not None:
                 progress({"round": i, "rounds": cfg.phases, "released": released, "sigma": res.sigma})
         kappa = cfg.phase_config(1).mechanism(1.0).kappa
-        details = {"dp": "approximate (eps, delta)-DP, user level, replace-one, n public; basic composition of "
-                         f"{cfg.phases} x (eps/T, delta/T) releases (each: DelOutputPert with the diameter test)",
-                   "eps": cfg.eps, "delta": cfg.delta, "lam": cfg.lam, "rho_fraction": cfg.rho_fraction,
-                   "calibration": cfg.calibration, "kappa_per_phase": kappa, "bottoms": bottoms,
-                   "bottom_rate": bottoms / cfg.phases, "sigmas": sigmas, "phases": per_phase,
-                   "nonprivate_diagnostics": {"deleted_users": [p["nonprivate"]["deleted_users"] for p in per_phase],
-                                              "dist": [p["nonprivate"]["dist"] for p in per_phase]}}
+        details = {
+            "dp": "approximate (eps, delta)-DP, user level, replace-one, n public; basic composition of "
+            f"{cfg.phases} x (eps/T, delta/T) releases (each: DelOutputPert with the diameter test)",
+            "eps": cfg.eps,
+            "delta": cfg.delta,
+            "lam": cfg.lam,
+            "rho_fraction": cfg.rho_fraction,
+            "calibration": cfg.calibration,
+            "kappa_per_phase": kappa,
+            "bottoms": bottoms,
+            "bottom_rate": bottoms / cfg.phases,
+            "sigmas": sigmas,
+            "phases": per_phase,
+            "nonprivate_diagnostics": {
+                "deleted_users": [p["nonprivate"]["deleted_users"] for p in per_phase],
+                "dist": [p["nonprivate"]["dist"] for p in per_phase],
+            },
+        }
         return PhasedMeanOutputPertResult(center.to(torch.as_tensor(w0).dtype), cfg.phases, bottoms, sigmas, details)
 
 
 # --- registered algorithms ---------------------------------------------------------------------
 @dataclass(frozen=True)
 class MeanOutputPertParams(AlgorithmParams):
-    mean_lam: float = param(1.0, "mean-output-pert: local regularization lam of every user's minimizer around the "
-                                 "centre (phased: lam_i = lam 4^i)", "heuristic")
+    mean_lam: float = param(
+        1.0,
+        "mean-output-pert: local regularization lam of every user's minimizer around the "
+        "centre (phased: lam_i = lam 4^i)",
+        "heuristic",
+    )
     mean_rho_fraction: float = param(
-        0.25, "mean-output-pert: the diameter threshold rho as a fraction of the a-priori diameter 2 G0/(mu + lam) "
-              "(too small: ⊥ or many deletions; too large: more noise)", "heuristic")
+        0.25,
+        "mean-output-pert: the diameter threshold rho as a fraction of the a-priori diameter 2 G0/(mu + lam) "
+        "(too small: ⊥ or many deletions; too large: more noise)",
+        "heuristic",
+    )
     mean_calibration: str = param(
-        "tight", "mean-output-pert noise: tight (analytic Gaussian, sensitivity (4 kappa + 1) Delta) or paper "
-                 "(Alg 1's 2 sqrt(ln(2/delta)) 8 kappa Delta/eps)", "theorem", choices=("tight", "paper"))
+        "tight",
+        "mean-output-pert noise: tight (analytic Gaussian, sensitivity (4 kappa + 1) Delta) or paper "
+        "(Alg 1's 2 sqrt(ln(2/delta)) 8 kappa Delta/eps)",
+        "theorem",
+        choices=("tight", "paper"),
+    )
     mean_test: str = param(
-        "auto", "mean-output-pert: the deletion score: vertex-cover (exact minimum cover, refused above its work "
-                "budget), matching (maximum matching: polynomial at every kappa, sensitivity (8 kappa + 2) Delta, "
-                "needs n >= 8 kappa + 2) or auto (the cover while it fits)", "theorem", choices=TESTS)
+        "auto",
+        "mean-output-pert: the deletion score: vertex-cover (exact minimum cover, refused above its work "
+        "budget), matching (maximum matching: polynomial at every kappa, sensitivity (8 kappa + 2) Delta, "
+        "needs n >= 8 kappa + 2) or auto (the cover while it fits)",
+        "theorem",
+        choices=TESTS,
+    )
     mean_max_vc_calls: int = param(
-        DEFAULT_MAX_VC_CALLS, "mean-output-pert: refuse (before reading data) plans whose proven worst-case "
-                              "vertex-cover work exceeds this many calls", "safety limit")
+        DEFAULT_MAX_VC_CALLS,
+        "mean-output-pert: refuse (before reading data) plans whose proven worst-case "
+        "vertex-cover work exceeds this many calls",
+        "safety limit",
+    )
 
 
 @dataclass(frozen=True)
@@ -599,9 +679,19 @@ def build_mean_output_pert(params: MeanOutputPertParams, ctx: BuildContext) -> L
     Spends the (eps, delta) every user can still afford; the centre is the problem's initial
     parameters (public)."""
     eps, dlt = ctx.approx_budget()
-    alg = LocalMeanOutputPert(LocalMeanOutputPertConfig(
-        eps, dlt, float(params.mean_lam), float(params.mean_rho_fraction), params.mean_calibration,
-        params.mean_max_vc_calls, test=params.mean_test), ctx.problem, ctx.feature_bound)
+    alg = LocalMeanOutputPert(
+        LocalMeanOutputPertConfig(
+            eps,
+            dlt,
+            float(params.mean_lam),
+            float(params.mean_rho_fraction),
+            params.mean_calibration,
+            params.mean_max_vc_calls,
+            test=params.mean_test,
+        ),
+        ctx.problem,
+        ctx.feature_bound,
+    )
     alg.check(ctx.num_users)  # public refusal at build time
     return alg
 
@@ -610,8 +700,19 @@ def build_mean_output_pert(params: MeanOutputPertParams, ctx: BuildContext) -> L
 def build_phased_mean_output_pert(params: PhasedMeanOutputPertParams, ctx: BuildContext) -> PhasedMeanOutputPert:
     """T = ``mean_phases`` mean-output-pert releases at (eps/T, delta/T), lam_i = lam 4^i."""
     eps, dlt = ctx.approx_budget()
-    alg = PhasedMeanOutputPert(PhasedMeanOutputPertConfig(
-        eps, dlt, float(params.mean_lam), params.mean_phases, float(params.mean_rho_fraction),
-        params.mean_calibration, params.mean_max_vc_calls, test=params.mean_test), ctx.problem, ctx.feature_bound)
+    alg = PhasedMeanOutputPert(
+        PhasedMeanOutputPertConfig(
+            eps,
+            dlt,
+            float(params.mean_lam),
+            params.mean_phases,
+            float(params.mean_rho_fraction),
+            params.mean_calibration,
+            params.mean_max_vc_calls,
+            test=params.mean_test,
+        ),
+        ctx.problem,
+        ctx.feature_bound,
+    )
     alg.check(ctx.num_users)
     return alg

@@ -31,6 +31,7 @@ Privacy argument of :class:`MeanTypeInner`:
   of the search depends on the data (empty graphs here). It is therefore an evaluation tool, not a
   deployment: its output law is the exact mechanism's.
 """
+
 from __future__ import annotations
 
 import functools
@@ -45,7 +46,7 @@ from fedkl.algorithms.vertex_cover import min_vertex_cover
 from fedkl.federation.base import Federation, GradientsAtPoints
 from fedkl.privacy.release import Releaser
 
-_FP_PAD = 1e-9   # as fedkl.algorithms.mean_output_pert: a missing edge certifies distance <= rho
+_FP_PAD = 1e-9  # as fedkl.algorithms.mean_output_pert: a missing edge certifies distance <= rho
 
 
 def conflict_graph(v: torch.Tensor, rho: float) -> dict[int, set[int]]:
@@ -83,22 +84,26 @@ class MeanTypeInner:
     calibration: str = "paper"
 
     def __call__(self, federation: Federation, releaser: Releaser, call: PhaseCall) -> InnerOutcome:
-        unit = _unit_config(call.eps, call.delta, self.calibration)   # Delta = 1; sensitivity, sigma ∝ Delta
+        unit = _unit_config(call.eps, call.delta, self.calibration)  # Delta = 1; sensitivity, sigma ∝ Delta
         sensitivity, sigma = unit.sensitivity * call.Delta, unit.sigma * call.Delta
         if not (call.Delta > 0 and math.isfinite(call.Delta)):
             raise ValueError(f"Delta must be finite and > 0, got {call.Delta}")
         n, k = federation.num_users, unit.kappa
         if n - 4 * k - 1 < 1:
-            raise ValueError(f"the mean-type test needs n >= 4 kappa + 2 = {4 * k + 2} users, got {n} "
-                             "(refused before reading data)")
+            raise ValueError(
+                f"the mean-type test needs n >= 4 kappa + 2 = {4 * k + 2} users, got {n} (refused before reading data)"
+            )
         mu = self.base_mu + call.lam
         center = call.center.to(torch.float64)
         # v_u = xbar_u from the gradient at 0: grad f_u(0) = -xbar_u (QuadraticMean, reg * 0 = 0)
-        v = -federation.compute(GradientsAtPoints(torch.zeros(1, federation.num_params, dtype=torch.float64)))\
-            .values[:, 0, :].to(torch.float64)
+        v = (
+            -federation.compute(GradientsAtPoints(torch.zeros(1, federation.num_params, dtype=torch.float64)))
+            .values[:, 0, :]
+            .to(torch.float64)
+        )
         rho = call.Delta * mu * (n - 4 * k - 1)
         adj = conflict_graph(v, rho)
-        found = (0, ()) if not adj else min_vertex_cover(adj, 2 * k)   # exact (fedkl.algorithms.vertex_cover)
+        found = (0, ()) if not adj else min_vertex_cover(adj, 2 * k)  # exact (fedkl.algorithms.vertex_cover)
         cover = None if found is None else list(found[1])
         if cover is None:
             value = None
@@ -112,12 +117,27 @@ class MeanTypeInner:
             return value if dist is not None and dist <= r1 else None
 
         theta = releaser.stability_gaussian(
-            choose, eps=call.eps, delta=call.delta, deletion_budget=unit.deletion_budget, sensitivity=sensitivity,
-            sigma=sigma, user_ids=list(federation.user_ids), label=call.label,
-            details={"kappa": k, "Delta": call.Delta, "calibration": self.calibration, "neighbouring": "replace-one",
-                     "test": "mean-type diameter predicate (fedkl/algorithms/mean_type_inner.py)"})
-        return InnerOutcome(theta, sigma, {"decided_by": "mean-type exact", "dist": dist,
-                                               "conflict_edges": sum(len(s) for s in adj.values()) // 2})
+            choose,
+            eps=call.eps,
+            delta=call.delta,
+            deletion_budget=unit.deletion_budget,
+            sensitivity=sensitivity,
+            sigma=sigma,
+            user_ids=list(federation.user_ids),
+            label=call.label,
+            details={
+                "kappa": k,
+                "Delta": call.Delta,
+                "calibration": self.calibration,
+                "neighbouring": "replace-one",
+                "test": "mean-type diameter predicate (fedkl/algorithms/mean_type_inner.py)",
+            },
+        )
+        return InnerOutcome(
+            theta,
+            sigma,
+            {"decided_by": "mean-type exact", "dist": dist, "conflict_edges": sum(len(s) for s in adj.values()) // 2},
+        )
 
 
 def gaussian_users_rule(s: float, d: int):
@@ -127,11 +147,17 @@ def gaussian_users_rule(s: float, d: int):
     W.p. >= 1 - beta every ||xbar_u - theta_pop|| <= s (sqrt d + sqrt(2 ln(n/beta)))/sqrt(m) (Gaussian
     norm tail + union bound), so the diameter of the means is <= 2 x that and the test passes with
     dist = 0. A utility choice from the public model of the data; any public value is private."""
+
     def rule(G_call: float, mu: float, n_call: int, m: int, kappa_: int, beta: float) -> float:
         if n_call - 4 * kappa_ - 1 < 1:
             raise ValueError(f"the mean-type test needs n >= 4 kappa + 2 = {4 * kappa_ + 2}, got {n_call}")
-        return 2 * s * (math.sqrt(d) + math.sqrt(2 * math.log(n_call / beta))) / (
-            math.sqrt(m) * mu * (n_call - 4 * kappa_ - 1))
+        return (
+            2
+            * s
+            * (math.sqrt(d) + math.sqrt(2 * math.log(n_call / beta)))
+            / (math.sqrt(m) * mu * (n_call - 4 * kappa_ - 1))
+        )
+
     return rule
 
 

@@ -22,6 +22,7 @@ ledger charges every user that was asked (they could have answered).
 Only the released sums and what is computed from them (the iterates) are private outputs; a
 participating client sees the iterate it is sent, which is itself private.
 """
+
 from __future__ import annotations
 
 import math
@@ -104,8 +105,13 @@ class NoisyGradientDescent:
     def sigma(self) -> float:
         return self.config.sensitivity / math.sqrt(2.0 * self.rho_per_round)
 
-    def run(self, federation: Federation, releaser: Releaser, w0: torch.Tensor,
-            progress: Callable[[dict], None] | None = None) -> NoisyGDResult:
+    def run(
+        self,
+        federation: Federation,
+        releaser: Releaser,
+        w0: torch.Tensor,
+        progress: Callable[[dict], None] | None = None,
+    ) -> NoisyGDResult:
         cfg = self.config
         n = federation.num_users
         users = list(range(n))
@@ -118,15 +124,24 @@ class NoisyGradientDescent:
             start = time.perf_counter()
             answers = federation.sum(ClippedGradient(w, cfg.clip), users)
             noisy_sum = releaser.gaussian(
-                answers.total(), sensitivity=cfg.sensitivity, rho=self.rho_per_round, user_ids=user_ids,
+                answers.total(),
+                sensitivity=cfg.sensitivity,
+                rho=self.rho_per_round,
+                user_ids=user_ids,
                 label=f"{self.name}/round-{t}",
-                details={"round": t, "clip": cfg.clip, "neighbouring": cfg.neighbouring, "failed": len(answers.failed)})
+                details={"round": t, "clip": cfg.clip, "neighbouring": cfg.neighbouring, "failed": len(answers.failed)},
+            )
             spent += self.rho_per_round
             w = _project(w - cfg.lr * noisy_sum.to(w.dtype) / n, cfg.radius)
             avg += (w - avg) / (t + 1)
-            record = {"round": t + 1, "rounds": cfg.rounds, "noisy_grad_norm": float(noisy_sum.norm()) / n,
-                      "rho_spent": spent, "failed_users": len(answers.failed),
-                      "seconds": time.perf_counter() - start}
+            record = {
+                "round": t + 1,
+                "rounds": cfg.rounds,
+                "noisy_grad_norm": float(noisy_sum.norm()) / n,
+                "rho_spent": spent,
+                "failed_users": len(answers.failed),
+                "seconds": time.perf_counter() - start,
+            }
             history.append(record)
             if progress is not None:
                 progress(record)
@@ -142,5 +157,6 @@ class NoisyGDParams(Rounds, StepSize, Clip):
 @register("noisy-gd", NoisyGDParams)
 def build_noisy_gd(params: NoisyGDParams, ctx: BuildContext) -> NoisyGradientDescent:
     """Noisy full-batch gradient descent over users with per-user clipping (zCDP)."""
-    return NoisyGradientDescent(NoisyGDConfig(rounds=params.rounds, lr=params.lr, clip=params.clip,
-                                              neighbouring=ctx.neighbouring), ctx.rho_left)
+    return NoisyGradientDescent(
+        NoisyGDConfig(rounds=params.rounds, lr=params.lr, clip=params.clip, neighbouring=ctx.neighbouring), ctx.rho_left
+    )

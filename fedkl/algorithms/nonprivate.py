@@ -3,6 +3,7 @@
 Used only to report how far a private model is from what the same model class reaches without
 privacy. It reads all training data directly and is NOT private.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,8 +14,9 @@ from fedkl.data.base import UserData
 from fedkl.problems.base import Problem
 
 
-def nonprivate_minimizer(problem: Problem, data: UserData, w0: torch.Tensor | None = None,
-                         max_iter: int = 500, tol: float = 1e-9) -> torch.Tensor:
+def nonprivate_minimizer(
+    problem: Problem, data: UserData, w0: torch.Tensor | None = None, max_iter: int = 500, tol: float = 1e-9
+) -> torch.Tensor:
     """Minimize ``F(w) = mean_u f_u(w)`` with L-BFGS (full batch; the problem's dtype for the loss)."""
     data = data.to(problem.dtype)
     start = problem.init_params() if w0 is None else w0
@@ -26,6 +28,5 @@ def nonprivate_minimizer(problem: Problem, data: UserData, w0: torch.Tensor | No
         (grad,) = torch.autograd.grad(loss, w)
         return float(loss.detach()), grad.double().numpy()
 
-    res = minimize(fun, start.double().numpy(), jac=True, method="L-BFGS-B",
-                   options={"maxiter": max_iter, "gtol": tol})
+    res = minimize(fun, start.double().numpy(), jac=True, method="L-BFGS-B", options={"maxiter": max_iter, "gtol": tol})
     return torch.from_numpy(res.x).to(problem.dtype)

@@ -17,6 +17,7 @@ a fresh ledger). All make (eps, delta) releases (their classes declare ``Guarant
 ...)``), so the runner gives them a Releaser WITHOUT the zCDP filter; they refuse a filtered
 Releaser before reading data.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -35,17 +36,24 @@ class P002Release(StabilityDelta):
     """How every paper-002 release tests and calibrates (single and phased alike)."""
 
     p002_test: str = param(
-        "auto", "paper-002 algorithms: the deletion test of every release: exact (the paper's: certificate, else "
-                "enumeration; n <= 20), vertex-cover or matching (the same minimizer through the local-minimizer "
-                "diameter test, polynomial time; fedkl's derivation), or auto (exact up to 20 users, else the "
-                "diameter test)", "theorem", choices=INNER_TESTS)
+        "auto",
+        "paper-002 algorithms: the deletion test of every release: exact (the paper's: certificate, else "
+        "enumeration; n <= 20), vertex-cover or matching (the same minimizer through the local-minimizer "
+        "diameter test, polynomial time; fedkl's derivation), or auto (exact up to 20 users, else the "
+        "diameter test)",
+        "theorem",
+        choices=INNER_TESTS,
+    )
     p002_calibration: str = param(
-        "profile", "paper-002 algorithms: noise of every release: profile (R1's law and sigma from the exact privacy "
-                   "profile of the whole release, no split of (eps, delta): fedkl/algorithms/stability_profile.py), "
-                   "tight (the paper's split, sensitivity (4 kappa + 1) Delta by the chain recount, the analytic "
-                   "Gaussian) or paper (8 kappa Delta and the classic sigma, as printed: for reproducing the paper); "
-                   "exact audits of all three in tests/test_output_pert.py and tests/test_diameter_output_pert.py",
-        "theorem", choices=("profile", "tight", "paper"))
+        "profile",
+        "paper-002 algorithms: noise of every release: profile (R1's law and sigma from the exact privacy "
+        "profile of the whole release, no split of (eps, delta): fedkl/algorithms/stability_profile.py), "
+        "tight (the paper's split, sensitivity (4 kappa + 1) Delta by the chain recount, the analytic "
+        "Gaussian) or paper (8 kappa Delta and the classic sigma, as printed: for reproducing the paper); "
+        "exact audits of all three in tests/test_output_pert.py and tests/test_diameter_output_pert.py",
+        "theorem",
+        choices=("profile", "tight", "paper"),
+    )
 
 
 @dataclass(frozen=True)
@@ -53,47 +61,78 @@ class SCOutputPertParams(P002Release):
     """sc-output-pert: Delta = ``stability_delta``, or chosen privately below it."""
 
     p002_delta_select: str = param(
-        "fixed", "sc-output-pert: Delta = STABILITY_DELTA (fixed), or chosen by the sparse vector technique from the "
-                 "public grid STABILITY_DELTA / 2^k, k = 11..0 (sparse-vector: the smallest Delta whose deletion score "
-                 "is at most about kappa/2; costs P002_SELECT_FRACTION of eps; the diameter test)", "heuristic",
-        choices=("fixed", "sparse-vector"))
-    p002_select_fraction: float = param(0.25, "sc-output-pert with --p002-delta-select sparse-vector: the share of "
-                                              "eps spent choosing Delta", "heuristic", positive=True)
+        "fixed",
+        "sc-output-pert: Delta = STABILITY_DELTA (fixed), or chosen by the sparse vector technique from the "
+        "public grid STABILITY_DELTA / 2^k, k = 11..0 (sparse-vector: the smallest Delta whose deletion score "
+        "is at most about kappa/2; costs P002_SELECT_FRACTION of eps; the diameter test)",
+        "heuristic",
+        choices=("fixed", "sparse-vector"),
+    )
+    p002_select_fraction: float = param(
+        0.25,
+        "sc-output-pert with --p002-delta-select sparse-vector: the share of eps spent choosing Delta",
+        "heuristic",
+        positive=True,
+    )
 
 
 @dataclass(frozen=True)
 class PhasedParams(Domain, P002Release):
     p002_records: int = param(
-        1, "paper-002 phased algorithms: m, the PUBLIC number of records per user in the thresholds "
-           "Delta ~ 1/(n sqrt m) and in T = ceil(ln(nm)) (1 claims no sqrt(m) gain; any public value is private)",
-        "theorem")
+        1,
+        "paper-002 phased algorithms: m, the PUBLIC number of records per user in the thresholds "
+        "Delta ~ 1/(n sqrt m) and in T = ceil(ln(nm)) (1 claims no sqrt(m) gain; any public value is private)",
+        "theorem",
+    )
     p002_phases: int | None = param(
-        None, "paper-002 phased algorithms: T (default ceil(ln(n m)) for Phased-ERM, floor(log2(n/N0)) for "
-              "Phased-SCO)", "theorem")
+        None,
+        "paper-002 phased algorithms: T (default ceil(ln(n m)) for Phased-ERM, floor(log2(n/N0)) for Phased-SCO)",
+        "theorem",
+    )
     p002_lam: float | None = param(
-        None, "paper-002 phased algorithms: base regularization lam, lam_i = lam 4^i (default: lambda* of the "
-              "re-derived bound, note pitfalls 6/7)", "theorem")
+        None,
+        "paper-002 phased algorithms: base regularization lam, lam_i = lam 4^i (default: lambda* of the "
+        "re-derived bound, note pitfalls 6/7)",
+        "theorem",
+    )
     p002_delta_rule: str = param(
-        "uc", "paper-002 phased algorithms: the per-call deletion threshold: uc (Delta_uc, Cor 3.7 with its union "
-              "bound), scaled (P002_DELTA_SCALE G_i/(mu_i n_i sqrt m)) or fixed (STABILITY_DELTA / 4^(i-1); "
-              "phased-erm/phased-sco only)", "theorem (uc) / heuristic (scaled, fixed)", choices=DELTA_RULES)
+        "uc",
+        "paper-002 phased algorithms: the per-call deletion threshold: uc (Delta_uc, Cor 3.7 with its union "
+        "bound), scaled (P002_DELTA_SCALE G_i/(mu_i n_i sqrt m)) or fixed (STABILITY_DELTA / 4^(i-1); "
+        "phased-erm/phased-sco only)",
+        "theorem (uc) / heuristic (scaled, fixed)",
+        choices=DELTA_RULES,
+    )
     p002_delta_scale: float = param(1.0, "paper-002 phased algorithms: A of the scaled threshold rule", "heuristic")
     p002_beta: float | None = param(
-        None, "paper-002 phased algorithms: utility failure probability beta inside Delta_uc (default 1/(nm); "
-              "1/(2 n^2 m) for the strongly convex variants)", "theorem")
+        None,
+        "paper-002 phased algorithms: utility failure probability beta inside Delta_uc (default 1/(nm); "
+        "1/(2 n^2 m) for the strongly convex variants)",
+        "theorem",
+    )
     p002_min_cohort: int | None = param(
-        None, "phased-sco / sc-phased-sco: N0, the smallest cohort (default 8 kappa(eps, delta))", "theorem")
+        None, "phased-sco / sc-phased-sco: N0, the smallest cohort (default 8 kappa(eps, delta))", "theorem"
+    )
 
 
 def phased_config(params: PhasedParams, eps: float, delta: float, seed: int) -> PhasedConfig:
     """The algorithms' :class:`PhasedConfig` from their Params, the budget and the run's seed."""
     rule = params.p002_delta_rule
-    return PhasedConfig(eps=eps, delta=delta, lam=params.p002_lam,
-                        Delta_1=float(params.stability_delta) if rule == "fixed" else None,
-                        phases=params.p002_phases, calibration=params.p002_calibration, delta_rule=rule,
-                        delta_scale=float(params.p002_delta_scale), records=int(params.p002_records),
-                        beta=params.p002_beta, min_cohort=params.p002_min_cohort, seed=int(seed),
-                        test=params.p002_test)
+    return PhasedConfig(
+        eps=eps,
+        delta=delta,
+        lam=params.p002_lam,
+        Delta_1=float(params.stability_delta) if rule == "fixed" else None,
+        phases=params.p002_phases,
+        calibration=params.p002_calibration,
+        delta_rule=rule,
+        delta_scale=float(params.p002_delta_scale),
+        records=int(params.p002_records),
+        beta=params.p002_beta,
+        min_cohort=params.p002_min_cohort,
+        seed=int(seed),
+        test=params.p002_test,
+    )
 
 
 def _phased(cls):
@@ -101,6 +140,7 @@ def _phased(cls):
         eps, dlt = ctx.approx_budget()
         setting = setting_from_run_config(ctx.problem, ctx.feature_bound, params.radius, params.distance)
         return cls(phased_config(params, eps, dlt, ctx.seed), ctx.problem, ctx.feature_bound, setting=setting)
+
     build.__name__ = f"build_{cls.name.replace('-', '_')}"
     build.__doc__ = (cls.__doc__ or cls.name).strip().splitlines()[0]
     return register(cls.name, PhasedParams)(build)
@@ -113,22 +153,31 @@ build_sc_phased_sco = _phased(SCPhasedSCO)
 
 
 @register("sc-output-pert", SCOutputPertParams)
-def build_sc_output_pert(params: SCOutputPertParams,
-                         ctx: BuildContext) -> SCOutputPert | DiameterSCOutputPert | SelectedDeltaSCOutputPert:
+def build_sc_output_pert(
+    params: SCOutputPertParams, ctx: BuildContext
+) -> SCOutputPert | DiameterSCOutputPert | SelectedDeltaSCOutputPert:
     """One SCOutputPert release (Alg 2) with the deletion test ``--p002-test`` (auto: the paper's exact
     test up to 20 users, else the polynomial-time diameter test), Delta = ``--stability-delta``."""
     problem = ctx.problem
     if problem.reg <= 0:
         raise ValueError("sc-output-pert needs a strongly convex objective: give --reg > 0")
     eps, delta = ctx.approx_budget()  # what every user can still afford (all of it on a fresh ledger)
-    config = SCOutputPertConfig.for_problem(problem, ctx.feature_bound, problem.init_params(), eps=eps,
-                                            delta=delta, Delta=params.stability_delta,
-                                            calibration=params.p002_calibration)
+    config = SCOutputPertConfig.for_problem(
+        problem,
+        ctx.feature_bound,
+        problem.init_params(),
+        eps=eps,
+        delta=delta,
+        Delta=params.stability_delta,
+        calibration=params.p002_calibration,
+    )
     n = ctx.num_users
     if params.p002_delta_select == "sparse-vector":
         if params.p002_test == "exact":
-            raise ValueError("--p002-delta-select sparse-vector uses the diameter test: give --p002-test auto, "
-                             "vertex-cover or matching")
+            raise ValueError(
+                "--p002-delta-select sparse-vector uses the diameter test: give --p002-test auto, "
+                "vertex-cover or matching"
+            )
         test = "auto" if params.p002_test == "auto" else params.p002_test
         alg = SelectedDeltaSCOutputPert(config, DiameterTestConfig(test=test), params.p002_select_fraction)
         alg.check(n)  # public refusal at build time
@@ -141,6 +190,19 @@ def build_sc_output_pert(params: SCOutputPertParams,
     return DiameterSCOutputPert(config, DiameterTestConfig(test=kind))
 
 
-__all__ = ["P002Release", "PhasedConfig", "PhasedERM", "PhasedParams", "PhasedSCO", "SCOutputPertParams",
-           "SCPhasedERM", "SCPhasedSCO", "build_phased_erm", "build_phased_sco", "build_sc_output_pert",
-           "build_sc_phased_erm", "build_sc_phased_sco", "phased_config"]
+__all__ = [
+    "P002Release",
+    "PhasedConfig",
+    "PhasedERM",
+    "PhasedParams",
+    "PhasedSCO",
+    "SCOutputPertParams",
+    "SCPhasedERM",
+    "SCPhasedSCO",
+    "build_phased_erm",
+    "build_phased_sco",
+    "build_sc_output_pert",
+    "build_sc_phased_erm",
+    "build_sc_phased_sco",
+    "phased_config",
+]

@@ -59,6 +59,7 @@ Budget. Before anything is read or released, every user that the run will charge
 afford its whole charge (:func:`require_budget`); otherwise BudgetExceeded is raised and nothing is
 charged, read or released (a multi-phase run never stops half-way for lack of budget).
 """
+
 from __future__ import annotations
 
 import functools
@@ -136,10 +137,18 @@ class SCInnerRelease:
     call before the first one reads data. ``factory`` replaces the exact class (tests).
     """
 
-    def __init__(self, problem: Problem, feature_bound: float, *, calibration: str = "paper",
-                 max_exact_users: int = 20, use_certificate: bool = True, test: str = "auto",
-                 factory: Callable[[SCOutputPertConfig], object] = SCOutputPert,
-                 diameter: DiameterTestConfig | None = None) -> None:
+    def __init__(
+        self,
+        problem: Problem,
+        feature_bound: float,
+        *,
+        calibration: str = "paper",
+        max_exact_users: int = 20,
+        use_certificate: bool = True,
+        test: str = "auto",
+        factory: Callable[[SCOutputPertConfig], object] = SCOutputPert,
+        diameter: DiameterTestConfig | None = None,
+    ) -> None:
         if test not in INNER_TESTS:
             raise ValueError(f"test must be one of {INNER_TESTS}, got {test!r}")
         self.problem, self.feature_bound = problem, float(feature_bound)
@@ -148,7 +157,7 @@ class SCInnerRelease:
         self.diameter = diameter or DiameterTestConfig()
 
     def kind(self, n: int, eps: float, delta: float) -> str:
-        """"exact", "vertex-cover" or "matching" for a call over n users at (eps, delta)."""
+        """ "exact", "vertex-cover" or "matching" for a call over n users at (eps, delta)."""
         if self.test == "exact" or (self.test == "auto" and n <= self.max_exact_users):
             return "exact"
         sub = "auto" if self.test == "auto" else self.test
@@ -156,8 +165,9 @@ class SCInnerRelease:
 
     def dop(self, n: int, eps: float, delta: float, Delta: float = 1.0) -> DelOutputPertConfig:
         kind = self.kind(n, eps, delta)
-        return DelOutputPertConfig(eps, delta, Delta, self.calibration,
-                                   score="matching" if kind == "matching" else "exact")
+        return DelOutputPertConfig(
+            eps, delta, Delta, self.calibration, score="matching" if kind == "matching" else "exact"
+        )
 
     def noise_ratio(self, n: int, eps: float, delta: float) -> float:
         """sigma / Delta of the call (public)."""
@@ -174,22 +184,34 @@ class SCInnerRelease:
         kind = self.kind(n, eps, delta)
         if kind == "exact":
             if n > self.max_exact_users:
-                raise ValueError(f"the exact test (enumeration) refuses n={n} > max_exact_users={self.max_exact_users}; "
-                                 "use test auto, vertex-cover or matching. Nothing was read or charged.")
+                raise ValueError(
+                    f"the exact test (enumeration) refuses n={n} > max_exact_users={self.max_exact_users}; "
+                    "use test auto, vertex-cover or matching. Nothing was read or charged."
+                )
             return
         depth = self.dop(n, eps, delta).depth
         if n < depth + 2:
-            raise ValueError(f"the {kind} diameter test needs at least {depth + 2} users per call at (eps={eps:.4g}, "
-                             f"delta={delta:.3g}) (kappa={kappa(eps, delta, self.calibration)}); a call has {n}. Nothing was read or "
-                             "charged (raise eps or delta, use fewer phases, or more users).")
+            raise ValueError(
+                f"the {kind} diameter test needs at least {depth + 2} users per call at (eps={eps:.4g}, "
+                f"delta={delta:.3g}) (kappa={kappa(eps, delta, self.calibration)}); a call has {n}. Nothing was read or "
+                "charged (raise eps or delta, use fewer phases, or more users)."
+            )
         if kind == "vertex-cover":
             require_work_budget(2 * kappa(eps, delta, self.calibration), self.diameter.max_vc_calls)
 
     def config(self, call: "PhaseCall") -> SCOutputPertConfig:
         return SCOutputPertConfig.for_problem(
-            self.problem, self.feature_bound, call.center, eps=call.eps, delta=call.delta, Delta=call.Delta,
-            extra_reg=call.lam, calibration=self.calibration, max_exact_users=self.max_exact_users,
-            use_certificate=self.use_certificate)
+            self.problem,
+            self.feature_bound,
+            call.center,
+            eps=call.eps,
+            delta=call.delta,
+            Delta=call.Delta,
+            extra_reg=call.lam,
+            calibration=self.calibration,
+            max_exact_users=self.max_exact_users,
+            use_certificate=self.use_certificate,
+        )
 
     def __call__(self, federation: Federation, releaser: Releaser, call: "PhaseCall") -> InnerOutcome:
         kind = self.kind(federation.num_users, call.eps, call.delta)
@@ -270,8 +292,10 @@ class CohortFederation(Federation):
 def hash_order(user_ids: Sequence[str], seed: int) -> list[int]:
     """Positions ordered by ``sha256(seed, user_id)``: public, data-independent, the same on every
     backend (a user keeps its place whatever the other users' data are)."""
+
     def key(pos: int) -> bytes:
         return hashlib.sha256(f"p002-phased-sco\x1f{int(seed)}\x1f{user_ids[pos]}".encode()).digest()
+
     return sorted(range(len(user_ids)), key=key)
 
 
@@ -302,7 +326,7 @@ def sco_phases(n: int, n0: int) -> int:
     if n < 2 * n0:
         return 0
     T = int(math.floor(math.log2(n / n0)))
-    while (n >> T) < n0:          # guard against rounding of log2
+    while (n >> T) < n0:  # guard against rounding of log2
         T -= 1
     while (n >> (T + 1)) >= n0:
         T += 1
@@ -320,17 +344,20 @@ def lam_sco(c: float, G: float, D: float, d: int, n: int, m: int, T: int) -> flo
     return (G / D) * math.sqrt((8.0 + 4.0 * max(T - 1, 0) * d * c * c / n) / (n * m))
 
 
-def rule_delta(rule: DeltaRule, *, G_call: float, mu: float, n_call: int, m: int, kappa_: int, beta: float,
-               scale: float = 1.0) -> float:
+def rule_delta(
+    rule: DeltaRule, *, G_call: float, mu: float, n_call: int, m: int, kappa_: int, beta: float, scale: float = 1.0
+) -> float:
     """The public threshold of one call under ``rule`` (module docstring); ``fixed`` is resolved by
     the caller."""
     if callable(rule):
         value = float(rule(G_call, mu, n_call, m, kappa_, beta))
     elif rule == "uc":
         if n_call - 4 * kappa_ - 1 < 1:
-            raise ValueError(f"the uc threshold (Delta_uc, Cor 3.7) needs at least 4 kappa + 2 = {4 * kappa_ + 2} "
-                             f"users per call at this per-call budget, the call has {n_call} (kappa = {kappa_}); "
-                             "use more users, a larger eps, or the heuristic rule p002_delta_rule=scaled")
+            raise ValueError(
+                f"the uc threshold (Delta_uc, Cor 3.7) needs at least 4 kappa + 2 = {4 * kappa_ + 2} "
+                f"users per call at this per-call budget, the call has {n_call} (kappa = {kappa_}); "
+                "use more users, a larger eps, or the heuristic rule p002_delta_rule=scaled"
+            )
         value = delta_union_bound(G_call, mu, n_call, m, kappa_, beta)
     elif rule == "scaled":
         value = scale * G_call / (mu * n_call * math.sqrt(m))
@@ -341,12 +368,17 @@ def rule_delta(rule: DeltaRule, *, G_call: float, mu: float, n_call: int, m: int
     return value
 
 
-def rule_factor(rule: DeltaRule, *, G_call: float, n_call: int, m: int, kappa_: int, beta: float,
-                scale: float = 1.0) -> float:
+def rule_factor(
+    rule: DeltaRule, *, G_call: float, n_call: int, m: int, kappa_: int, beta: float, scale: float = 1.0
+) -> float:
     """f such that Delta = f G_call / (mu n_call sqrt m) for the rule (evaluated at mu = 1; every rule
     must be proportional to 1/mu)."""
-    return rule_delta(rule, G_call=G_call, mu=1.0, n_call=n_call, m=m, kappa_=kappa_, beta=beta,
-                      scale=scale) * n_call * math.sqrt(m) / G_call
+    return (
+        rule_delta(rule, G_call=G_call, mu=1.0, n_call=n_call, m=m, kappa_=kappa_, beta=beta, scale=scale)
+        * n_call
+        * math.sqrt(m)
+        / G_call
+    )
 
 
 # --- public constants ----------------------------------------------------------------------------
@@ -385,8 +417,10 @@ class PhasedSetting:
 
     def require_lipschitz(self, what: str) -> float:
         if not math.isfinite(self.lipschitz):
-            raise ValueError(f"{what} needs the Lipschitz constant G of the loss on K, which this problem states only "
-                             "on a bounded domain: give the domain radius (--radius)")
+            raise ValueError(
+                f"{what} needs the Lipschitz constant G of the loss on K, which this problem states only "
+                "on a bounded domain: give the domain radius (--radius)"
+            )
         return self.lipschitz
 
     def resolve_distance(self, w0: torch.Tensor) -> float:
@@ -406,8 +440,9 @@ class PhasedSetting:
 DEFAULT_RADIUS = 10.0  # public default domain of a globally Lipschitz loss without --reg or --radius
 
 
-def setting_from_run_config(problem: Problem, feature_bound: float, radius: float | None,
-                            distance: float | None) -> PhasedSetting:
+def setting_from_run_config(
+    problem: Problem, feature_bound: float, radius: float | None, distance: float | None
+) -> PhasedSetting:
     """The runner builders' :class:`PhasedSetting` (``--radius``, ``--distance``). Without
     ``radius`` and ``reg``, a loss that is Lipschitz on all of R^d (logistic) gets the public default
     domain ``K = B(0, DEFAULT_RADIUS)`` (it sets D in lambda*; a modelling choice fixed before any
@@ -421,8 +456,9 @@ def setting_from_run_config(problem: Problem, feature_bound: float, radius: floa
     return setting_for_problem(problem, feature_bound, radius=radius, distance=distance)
 
 
-def setting_for_problem(problem: Problem, feature_bound: float, *, radius: float | None = None,
-                        distance: float | None = None) -> PhasedSetting:
+def setting_for_problem(
+    problem: Problem, feature_bound: float, *, radius: float | None = None, distance: float | None = None
+) -> PhasedSetting:
     """The :class:`PhasedSetting` of ``problem`` from public values only.
 
     Without ``radius`` and with reg > 0, K = B(0, G0/reg) with G0 = the gradient bound at 0: it holds
@@ -451,8 +487,7 @@ def setting_for_problem(problem: Problem, feature_bound: float, *, radius: float
         b = max(float(torch.as_tensor(center).double().norm()), 1e-12)
         return float(problem.constants(R, param_bound=b).lipschitz)
 
-    return PhasedSetting(lipschitz, float(c.strong_convexity), radius, distance, problem.num_params, grad_bound,
-                         domain)
+    return PhasedSetting(lipschitz, float(c.strong_convexity), radius, distance, problem.num_params, grad_bound, domain)
 
 
 # --- post-processing -----------------------------------------------------------------------------
@@ -479,7 +514,8 @@ def require_budget(releaser: Releaser, needs: Sequence[tuple[Sequence[str], floa
         if eps > eps_left * (1 + 1e-9) or delta > delta_left * (1 + 1e-9):
             raise BudgetExceeded(
                 f"{label}: the run charges ({eps:.4g}, {delta:.3g}) to each of {len(ids)} user(s), but some can "
-                f"only afford ({eps_left:.4g}, {delta_left:.3g}); nothing was read, charged or released")
+                f"only afford ({eps_left:.4g}, {delta_left:.3g}); nothing was read, charged or released"
+            )
 
 
 # --- the phase loop ------------------------------------------------------------------------------
@@ -515,10 +551,19 @@ class PhasedResult(AlgorithmResult):
         return self.phases
 
 
-def run_phases(federation: Federation, releaser: Releaser, specs: Sequence[PhaseSpec], center: torch.Tensor, *,
-               inner: InnerRelease, setting: PhasedSetting, name: str,
-               progress: Callable[[dict], None] | None = None, index_offset: int = 0,
-               total_rounds: int | None = None) -> tuple[torch.Tensor, list[dict], dict]:
+def run_phases(
+    federation: Federation,
+    releaser: Releaser,
+    specs: Sequence[PhaseSpec],
+    center: torch.Tensor,
+    *,
+    inner: InnerRelease,
+    setting: PhasedSetting,
+    name: str,
+    progress: Callable[[dict], None] | None = None,
+    index_offset: int = 0,
+    total_rounds: int | None = None,
+) -> tuple[torch.Tensor, list[dict], dict]:
     """Run the phases in order (module docstring): inner release on the phase's users with
     (eps_i, delta_i, Delta_i, lam_i) around the current centre; ⊥ keeps the centre; a released value
     is clipped to B(centre, R_i), R_i = grad_bound(centre)/lam_i, then projected onto K.
@@ -531,14 +576,23 @@ def run_phases(federation: Federation, releaser: Releaser, specs: Sequence[Phase
     for spec in specs:
         view = federation if spec.users is None else CohortFederation(federation, spec.users)
         radius_i = setting.gradient_bound(center) / spec.lam if spec.lam > 0 else math.inf
-        call = PhaseCall(f"{name}/phase-{spec.index}", spec.index, spec.eps, spec.delta, spec.Delta, spec.lam,
-                         center)
+        call = PhaseCall(f"{name}/phase-{spec.index}", spec.index, spec.eps, spec.delta, spec.Delta, spec.lam, center)
         out = inner(view, releaser, call)
         how = str(out.diagnostics.get("decided_by", "unknown"))
         decided[how] = decided.get(how, 0) + 1
-        rec = {"phase": spec.index, "users": view.num_users, "eps": spec.eps, "delta": spec.delta,
-               "lam": spec.lam, "R": radius_i, "Delta": spec.Delta, "sigma": out.sigma,
-               "bottom": out.theta is None, "clipped": False, "projected": False}
+        rec = {
+            "phase": spec.index,
+            "users": view.num_users,
+            "eps": spec.eps,
+            "delta": spec.delta,
+            "lam": spec.lam,
+            "R": radius_i,
+            "Delta": spec.Delta,
+            "sigma": out.sigma,
+            "bottom": out.theta is None,
+            "clipped": False,
+            "projected": False,
+        }
         if out.theta is not None:
             theta = out.theta.to(torch.float64)
             clipped = project_ball(theta, center, radius_i if math.isfinite(radius_i) else None)
@@ -548,8 +602,15 @@ def run_phases(federation: Federation, releaser: Releaser, specs: Sequence[Phase
             center = projected
         history.append(rec)
         if progress is not None:
-            progress({"round": index_offset + len(history), "rounds": total, "released": out.theta is not None,
-                      "sigma": out.sigma, "phase": spec.index})
+            progress(
+                {
+                    "round": index_offset + len(history),
+                    "rounds": total,
+                    "released": out.theta is not None,
+                    "sigma": out.sigma,
+                    "phase": spec.index,
+                }
+            )
     return center, history, decided
 
 
@@ -558,9 +619,37 @@ def check_approx_releaser(releaser: Releaser, name: str) -> None:
     releaser.require("approx-dp", name)
 
 
-__all__ = ["CohortFederation", "DEFAULT_RADIUS", "DELTA_RULES", "INNER_TESTS",
-           "InnerOutcome", "InnerRelease", "SCInnerRelease", "inner_noise_ratio", "precheck_calls",
-           "setting_from_run_config", "PhaseCall", "PhaseSpec", "PhasedResult", "PhasedSetting", "check_approx_releaser", "erm_phases",
-           "hash_order", "kappa", "lam_sco", "lam_star_erm", "noise_ratio", "project_ball", 
-           "require_budget", "rule_delta", "rule_factor", "run_phases", "sc_output_pert_inner", "sco_cohort_bounds",
-           "sco_cohorts", "sco_min_cohort", "sco_phases", "setting_for_problem"]
+__all__ = [
+    "CohortFederation",
+    "DEFAULT_RADIUS",
+    "DELTA_RULES",
+    "INNER_TESTS",
+    "InnerOutcome",
+    "InnerRelease",
+    "SCInnerRelease",
+    "inner_noise_ratio",
+    "precheck_calls",
+    "setting_from_run_config",
+    "PhaseCall",
+    "PhaseSpec",
+    "PhasedResult",
+    "PhasedSetting",
+    "check_approx_releaser",
+    "erm_phases",
+    "hash_order",
+    "kappa",
+    "lam_sco",
+    "lam_star_erm",
+    "noise_ratio",
+    "project_ball",
+    "require_budget",
+    "rule_delta",
+    "rule_factor",
+    "run_phases",
+    "sc_output_pert_inner",
+    "sco_cohort_bounds",
+    "sco_cohorts",
+    "sco_min_cohort",
+    "sco_phases",
+    "setting_for_problem",
+]

@@ -42,6 +42,7 @@ vertex-cover search fits its work budget. So ``fedkl run --algorithm phased-erm`
 lam_i is large, the phases barely move the centre, and the model stays close to w0 (result.json
 says so). See simulations/paper002_slopes.py for the regime where the theorem applies.
 """
+
 from __future__ import annotations
 
 import math
@@ -170,20 +171,29 @@ class PhasedPlan:
     lam: float
     beta: float
     kappa: int
-    noise_constant: float | None   # c (None when lam was given and the rule is "fixed")
+    noise_constant: float | None  # c (None when lam was given and the rule is "fixed")
     distance: float | None
     specs: tuple[PhaseSpec, ...]
     extra: dict = field(default_factory=dict)
 
 
-def _phase_delta(config: PhasedConfig, setting: PhasedSetting, i: int, lam_i: float, n_i: int, kappa_: int,
-                 beta_i: float) -> float:
+def _phase_delta(
+    config: PhasedConfig, setting: PhasedSetting, i: int, lam_i: float, n_i: int, kappa_: int, beta_i: float
+) -> float:
     rule = config.rule
     if rule == "fixed":
         return config.Delta_1 / 4.0 ** (i - 1)
     G = setting.require_lipschitz(f"the {rule!r} threshold rule")
-    return rule_delta(rule, G_call=2.0 * G, mu=setting.strong_convexity + lam_i, n_call=n_i, m=config.records,
-                      kappa_=kappa_, beta=beta_i, scale=config.delta_scale)
+    return rule_delta(
+        rule,
+        G_call=2.0 * G,
+        mu=setting.strong_convexity + lam_i,
+        n_call=n_i,
+        m=config.records,
+        kappa_=kappa_,
+        beta=beta_i,
+        scale=config.delta_scale,
+    )
 
 
 class PhasedERM:
@@ -200,8 +210,15 @@ class PhasedERM:
     name = "phased-erm"
     guarantee = Guarantee("approx-dp", clients=IN_CLASS_CLIENTS)
 
-    def __init__(self, config: PhasedConfig, problem: Problem | None = None, feature_bound: float | None = None,
-                 *, setting: PhasedSetting | None = None, inner: InnerRelease | None = None) -> None:
+    def __init__(
+        self,
+        config: PhasedConfig,
+        problem: Problem | None = None,
+        feature_bound: float | None = None,
+        *,
+        setting: PhasedSetting | None = None,
+        inner: InnerRelease | None = None,
+    ) -> None:
         self.config = config
         self.problem = problem
         self.feature_bound = None if feature_bound is None else float(feature_bound)
@@ -213,9 +230,14 @@ class PhasedERM:
         if inner is None:
             if problem is None or feature_bound is None:
                 raise ValueError("the default inner release (SCOutputPert) needs the problem and its feature bound")
-            inner = sc_output_pert_inner(problem, float(feature_bound), calibration=config.calibration,
-                                         max_exact_users=config.max_exact_users,
-                                         use_certificate=config.use_certificate, test=config.test)
+            inner = sc_output_pert_inner(
+                problem,
+                float(feature_bound),
+                calibration=config.calibration,
+                max_exact_users=config.max_exact_users,
+                use_certificate=config.use_certificate,
+                test=config.test,
+            )
         self.inner = inner
 
     # --- the public schedule -------------------------------------------------------------------
@@ -229,8 +251,7 @@ class PhasedERM:
         beta_i = beta / T
         k = kappa(eps_i, delta_i, cfg.calibration)
         c = self.noise_constant([n], eps_i, delta_i, k, beta_i)
-        lam, D = self.base_lam(c, "lambda*", w0, distance,
-                               lambda c_, G, D_: lam_star_erm(c_, G, D_, st.dim, n, m))
+        lam, D = self.base_lam(c, "lambda*", w0, distance, lambda c_, G, D_: lam_star_erm(c_, G, D_, st.dim, n, m))
         specs = []
         for i in range(1, T + 1):
             lam_i = lam * 4.0**i
@@ -258,62 +279,114 @@ class PhasedERM:
         sigma = ratio * first.Delta
         signal = self.setting.require_lipschitz("the forecast") / (self.setting.strong_convexity + first.lam)
         noise = sigma * math.sqrt(torch.as_tensor(w0).numel())
-        return {"sigma_over_Delta": ratio, "noise_constant_c": plan.noise_constant or math.nan, "sigma_1": sigma,
-                "noise_norm": noise, "signal_radius": signal, "noise_over_signal": noise / signal}
+        return {
+            "sigma_over_Delta": ratio,
+            "noise_constant_c": plan.noise_constant or math.nan,
+            "sigma_1": sigma,
+            "noise_norm": noise,
+            "signal_radius": signal,
+            "noise_over_signal": noise / signal,
+        }
 
-    def noise_constant(self, call_sizes: list[int], eps: float, delta: float, kappa_: int,
-                       beta: float) -> float | None:
+    def noise_constant(self, call_sizes: list[int], eps: float, delta: float, kappa_: int, beta: float) -> float | None:
         """c = max over the calls (n_i users each) of sigma_i/Delta_i x the threshold rule's factor
         (phased_common); None for the fixed rule, which defines none."""
         cfg = self.config
         if cfg.rule == "fixed":
             return None
         G2 = 2.0 * self.setting.require_lipschitz(f"the {cfg.rule!r} threshold rule")
-        return max(inner_noise_ratio(self.inner, n_i, eps, delta, cfg.calibration)
-                   * rule_factor(cfg.rule, G_call=G2, n_call=n_i, m=cfg.records, kappa_=kappa_, beta=beta,
-                                 scale=cfg.delta_scale) for n_i in call_sizes)
+        return max(
+            inner_noise_ratio(self.inner, n_i, eps, delta, cfg.calibration)
+            * rule_factor(
+                cfg.rule, G_call=G2, n_call=n_i, m=cfg.records, kappa_=kappa_, beta=beta, scale=cfg.delta_scale
+            )
+            for n_i in call_sizes
+        )
 
-    def base_lam(self, c: float | None, name: str, w0: torch.Tensor, distance: float | None,
-                 formula: Callable[[float, float, float], float]) -> tuple[float, float | None]:
+    def base_lam(
+        self,
+        c: float | None,
+        name: str,
+        w0: torch.Tensor,
+        distance: float | None,
+        formula: Callable[[float, float, float], float],
+    ) -> tuple[float, float | None]:
         """(lam, D): the given lam, else ``formula(c, G, D)`` with the public D (``distance`` or the setting's)."""
         if self.config.lam is not None:
             return self.config.lam, None
         if c is None:
-            raise ValueError(f"{name} needs the noise constant c, which the fixed threshold rule does not define: "
-                             "give lam or use the uc/scaled rule")
+            raise ValueError(
+                f"{name} needs the noise constant c, which the fixed threshold rule does not define: "
+                "give lam or use the uc/scaled rule"
+            )
         G = self.setting.require_lipschitz(name)
         D = distance if distance is not None else self.setting.resolve_distance(w0)
         return formula(c, G, D), D
 
     # --- the run -------------------------------------------------------------------------------
-    def run(self, federation: Federation, releaser: Releaser, w0: torch.Tensor,
-            progress: Callable[[dict], None] | None = None) -> PhasedResult:
+    def run(
+        self,
+        federation: Federation,
+        releaser: Releaser,
+        w0: torch.Tensor,
+        progress: Callable[[dict], None] | None = None,
+    ) -> PhasedResult:
         check_approx_releaser(releaser, self.name)
         w0 = torch.as_tensor(w0)
         plan = self.plan(federation.num_users, w0)
         require_budget(releaser, [(federation.user_ids, self.config.eps, self.config.delta)], self.name)
-        return self.run_plan(federation, releaser, self.setting.project(w0.to(torch.float64)), plan, progress,
-                             out_dtype=w0.dtype)
+        return self.run_plan(
+            federation, releaser, self.setting.project(w0.to(torch.float64)), plan, progress, out_dtype=w0.dtype
+        )
 
-    def run_plan(self, federation: Federation, releaser: Releaser, center: torch.Tensor, plan: PhasedPlan,
-                 progress: Callable[[dict], None] | None = None, *, out_dtype: torch.dtype = torch.float64,
-                 index_offset: int = 0, total_rounds: int | None = None, label: str | None = None) -> PhasedResult:
+    def run_plan(
+        self,
+        federation: Federation,
+        releaser: Releaser,
+        center: torch.Tensor,
+        plan: PhasedPlan,
+        progress: Callable[[dict], None] | None = None,
+        *,
+        out_dtype: torch.dtype = torch.float64,
+        index_offset: int = 0,
+        total_rounds: int | None = None,
+        label: str | None = None,
+    ) -> PhasedResult:
         """Run a plan from ``center`` (public). The caller has checked the releaser and the budget."""
-        center, history, decided = run_phases(federation, releaser, plan.specs, center, inner=self.inner,
-                                              setting=self.setting, name=label or self.name, progress=progress,
-                                              index_offset=index_offset, total_rounds=total_rounds)
+        center, history, decided = run_phases(
+            federation,
+            releaser,
+            plan.specs,
+            center,
+            inner=self.inner,
+            setting=self.setting,
+            name=label or self.name,
+            progress=progress,
+            index_offset=index_offset,
+            total_rounds=total_rounds,
+        )
         bottoms = [h["phase"] for h in history if h["bottom"]]
         details = {
             "dp": f"approximate (eps, delta)-DP, user level, replace-one, n public; basic composition of "
-                  f"{plan.phases} x (eps/T, delta/T)",
-            "eps": self.config.eps, "delta": self.config.delta, "phases": plan.phases, "lam": plan.lam,
+            f"{plan.phases} x (eps/T, delta/T)",
+            "eps": self.config.eps,
+            "delta": self.config.delta,
+            "phases": plan.phases,
+            "lam": plan.lam,
             "lam_rule": "given" if self.config.lam is not None else "lambda* (pitfall 7)",
-            "noise_constant_c": plan.noise_constant, "distance_D": plan.distance, "beta": plan.beta,
-            "kappa_per_phase": plan.kappa, "delta_rule": self.config.rule if isinstance(self.config.rule, str)
-            else "custom", "records_m": self.config.records, "bottoms": bottoms,
-            "schedule": history, "nonprivate_diagnostics": {"decided_by": decided}}
-        return PhasedResult(center.to(out_dtype), plan.phases, len(bottoms), [h["sigma"] for h in history],
-                            details, history)
+            "noise_constant_c": plan.noise_constant,
+            "distance_D": plan.distance,
+            "beta": plan.beta,
+            "kappa_per_phase": plan.kappa,
+            "delta_rule": self.config.rule if isinstance(self.config.rule, str) else "custom",
+            "records_m": self.config.records,
+            "bottoms": bottoms,
+            "schedule": history,
+            "nonprivate_diagnostics": {"decided_by": decided},
+        }
+        return PhasedResult(
+            center.to(out_dtype), plan.phases, len(bottoms), [h["sigma"] for h in history], details, history
+        )
 
 
 # --- runner builder -------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ Delta_i = Delta_uc(2G, mu + lam_i, n_i, m, kappa, beta/T) by default; beta = 1/(
 The population excess risk it targets is O~(RG (sqrt(d)/(n sqrt m) + 1/sqrt(nm))); the exact fallback
 of SCOutputPert limits every cohort to <= 20 users here, far below N0 at practical budgets.
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -67,8 +68,9 @@ class PhasedSCO(PhasedERM):
     def public_plan(self, n: int, w0: torch.Tensor, user_ids: tuple[str, ...] | None = None) -> PhasedPlan:
         return self.plan(n, w0, user_ids=user_ids)
 
-    def plan(self, n: int, w0: torch.Tensor, *, distance: float | None = None,
-             user_ids: tuple[str, ...] | None = None) -> PhasedPlan:
+    def plan(
+        self, n: int, w0: torch.Tensor, *, distance: float | None = None, user_ids: tuple[str, ...] | None = None
+    ) -> PhasedPlan:
         """N0, T, the cohorts (positions; needs ``user_ids``), lam and Delta_i: public."""
         cfg, st = self.config, self.setting
         m = cfg.records
@@ -77,11 +79,15 @@ class PhasedSCO(PhasedERM):
         n0 = cfg.min_cohort
         if n0 is None:  # 8 kappa, and at least what the inner release accepts (the matching test: 8 kappa + 1)
             own = getattr(self.inner, "min_users", None)
-            n0 = max(sco_min_cohort(cfg.eps, cfg.delta, cfg.calibration), own(cfg.eps, cfg.delta) if own is not None else 0)
+            n0 = max(
+                sco_min_cohort(cfg.eps, cfg.delta, cfg.calibration), own(cfg.eps, cfg.delta) if own is not None else 0
+            )
         T = cfg.phases if cfg.phases is not None else sco_phases(n, n0)
         if T < 1:
-            raise ValueError(f"Phased-SCO needs n >= 2 N0 = {2 * n0} users (N0 = 8 kappa(eps, delta) keeps every "
-                             f"cohort in Cor 3.7's regime), got n = {n}; nothing was read or charged")
+            raise ValueError(
+                f"Phased-SCO needs n >= 2 N0 = {2 * n0} users (N0 = 8 kappa(eps, delta) keeps every "
+                f"cohort in Cor 3.7's regime), got n = {n}; nothing was read or charged"
+            )
         if (n >> T) < 2:
             raise ValueError(f"{T} phases leave a last cohort of {n >> (T - 1)} - {n >> T} users at n = {n}: too few")
         cohorts = sco_cohorts(user_ids, T, cfg.seed)
@@ -89,31 +95,54 @@ class PhasedSCO(PhasedERM):
         beta_i = beta / T
         k = kappa(cfg.eps, cfg.delta, cfg.calibration)
         c = self.noise_constant([len(ch) for ch in cohorts], cfg.eps, cfg.delta, k, beta_i)
-        lam, D = self.base_lam(c, "lambda_SCO", w0, distance,
-                               lambda c_, G, D_: lam_sco(c_, G, D_, st.dim, n, m, T))
+        lam, D = self.base_lam(c, "lambda_SCO", w0, distance, lambda c_, G, D_: lam_sco(c_, G, D_, st.dim, n, m, T))
         specs = []
         for i, cohort in enumerate(cohorts, start=1):
             lam_i = lam * 4.0**i
-            specs.append(PhaseSpec(i, cfg.eps, cfg.delta, lam_i,
-                                   _phase_delta(cfg, st, i, lam_i, len(cohort), k, beta_i), tuple(cohort)))
-        return PhasedPlan(T, cfg.eps, cfg.delta, lam, beta, k, c, D, tuple(specs),
-                          {"min_cohort": n0, "cohort_sizes": [len(ch) for ch in cohorts],
-                           "unused_users": n - sum(len(ch) for ch in cohorts)})
+            specs.append(
+                PhaseSpec(
+                    i, cfg.eps, cfg.delta, lam_i, _phase_delta(cfg, st, i, lam_i, len(cohort), k, beta_i), tuple(cohort)
+                )
+            )
+        return PhasedPlan(
+            T,
+            cfg.eps,
+            cfg.delta,
+            lam,
+            beta,
+            k,
+            c,
+            D,
+            tuple(specs),
+            {
+                "min_cohort": n0,
+                "cohort_sizes": [len(ch) for ch in cohorts],
+                "unused_users": n - sum(len(ch) for ch in cohorts),
+            },
+        )
 
-    def run(self, federation: Federation, releaser: Releaser, w0: torch.Tensor,
-            progress: Callable[[dict], None] | None = None) -> PhasedResult:
+    def run(
+        self,
+        federation: Federation,
+        releaser: Releaser,
+        w0: torch.Tensor,
+        progress: Callable[[dict], None] | None = None,
+    ) -> PhasedResult:
         check_approx_releaser(releaser, self.name)
         w0 = torch.as_tensor(w0)
         plan = self.plan(federation.num_users, w0, user_ids=federation.user_ids)
         used = [u for spec in plan.specs for u in spec.users]
         require_budget(releaser, [(federation.ids_of(used), self.config.eps, self.config.delta)], self.name)
-        return self.run_plan(federation, releaser, self.setting.project(w0.to(torch.float64)), plan, progress,
-                             out_dtype=w0.dtype)
+        return self.run_plan(
+            federation, releaser, self.setting.project(w0.to(torch.float64)), plan, progress, out_dtype=w0.dtype
+        )
 
     def run_plan(self, federation, releaser, center, plan, progress=None, **kw) -> PhasedResult:
         res = super().run_plan(federation, releaser, center, plan, progress, **kw)
-        res.details["dp"] = ("approximate (eps, delta)-DP, user level, replace-one, n public; parallel composition "
-                             f"over {plan.phases} disjoint hashed cohorts, each user charged (eps, delta) once")
+        res.details["dp"] = (
+            "approximate (eps, delta)-DP, user level, replace-one, n public; parallel composition "
+            f"over {plan.phases} disjoint hashed cohorts, each user charged (eps, delta) once"
+        )
         res.details.update(plan.extra)
         res.details["lam_rule"] = "given" if self.config.lam is not None else "lambda_SCO (pitfall 6)"
         return res

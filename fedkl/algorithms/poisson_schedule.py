@@ -14,6 +14,7 @@ beyond T. The sample is drawn from the releaser's (secure) noise source: amplifi
 secret sample. The released sums are divided by the fixed public denominator q n, never by the
 realised sample size.
 """
+
 from __future__ import annotations
 
 import functools
@@ -39,8 +40,10 @@ def check_schedule_config(rounds, sampling_rate: float, neighbouring: str, accou
     if neighbouring not in ("add-remove", "replace-one"):
         raise ValueError(f"neighbouring must be 'add-remove' or 'replace-one', got {neighbouring!r}")
     if neighbouring == "replace-one" and sampling_rate < 1:
-        raise ValueError("Poisson user sampling is accounted under add-remove only: use "
-                         "--neighbouring add-remove, or --sampling-rate 1 for replace-one")
+        raise ValueError(
+            "Poisson user sampling is accounted under add-remove only: use "
+            "--neighbouring add-remove, or --sampling-rate 1 for replace-one"
+        )
     if accountant not in ACCOUNTANTS:
         raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
 
@@ -79,9 +82,21 @@ class PoissonScheduledRun:
     """One run's schedule over ``federation``: calibrated, charged to every enrolled user up front
     (label ``<name>/schedule``), then at most ``rounds`` releases of ``(sum + noise) / (q n)``."""
 
-    def __init__(self, federation: Federation, releaser: Releaser, *, name: str, eps: float, delta: float,
-                 clip: float, sampling_rate: float, rounds: int, neighbouring: str, accountant: str,
-                 details: dict | None = None) -> None:
+    def __init__(
+        self,
+        federation: Federation,
+        releaser: Releaser,
+        *,
+        name: str,
+        eps: float,
+        delta: float,
+        clip: float,
+        sampling_rate: float,
+        rounds: int,
+        neighbouring: str,
+        accountant: str,
+        details: dict | None = None,
+    ) -> None:
         if not (eps > 0 and math.isfinite(eps)) or not 0 < delta < 1:
             raise ValueError(f"need a finite eps > 0 and 0 < delta < 1, got eps={eps}, delta={delta}")
         self.num_users = n = federation.num_users
@@ -93,10 +108,21 @@ class PoissonScheduledRun:
         self.sigma = self.noise_multiplier * self.sensitivity
         self.denominator = sampling_rate * n
         self._handle = releaser.schedule_gaussian(
-            eps=self.epsilon, delta=delta, sigma=self.sigma, sensitivity=self.sensitivity, releases=rounds,
-            user_ids=federation.ids_of(list(range(n))), label=f"{name}/schedule",
-            details={"noise_multiplier": self.noise_multiplier, "sampling_rate": sampling_rate,
-                     "accountant": accountant, "neighbouring": neighbouring, **(details or {})})
+            eps=self.epsilon,
+            delta=delta,
+            sigma=self.sigma,
+            sensitivity=self.sensitivity,
+            releases=rounds,
+            user_ids=federation.ids_of(list(range(n))),
+            label=f"{name}/schedule",
+            details={
+                "noise_multiplier": self.noise_multiplier,
+                "sampling_rate": sampling_rate,
+                "accountant": accountant,
+                "neighbouring": neighbouring,
+                **(details or {}),
+            },
+        )
 
     def sample(self) -> list[int]:
         """This round's users: Poisson with rate q from the secure noise source (everyone if q = 1)."""
@@ -112,12 +138,29 @@ class PoissonScheduledRun:
 
     def record(self, t: int, users: list[int], failed: int, start: float, **norms: float) -> dict:
         """One round's public progress record (``norms``: e.g. the released vector's norm)."""
-        return {"round": t, "rounds": self.rounds, **norms, "sampled": len(users), "failed_users": failed,
-                "seconds": time.perf_counter() - start}
+        return {
+            "round": t,
+            "rounds": self.rounds,
+            **norms,
+            "sampled": len(users),
+            "failed_users": failed,
+            "seconds": time.perf_counter() - start,
+        }
 
     def result(self, w: torch.Tensor, history: list[dict], details: dict) -> ScheduleResult:
         """The run's result: the model and the schedule's public parameters (plus ``details``)."""
-        return ScheduleResult(w=w, rounds=self.rounds, sigma=self.sigma, noise_multiplier=self.noise_multiplier,
-                              epsilon=self.epsilon, delta=self.delta, history=history,
-                              details={"sampling_rate": self.sampling_rate, "noise_multiplier": self.noise_multiplier,
-                                       "accountant": self.accountant, **details})
+        return ScheduleResult(
+            w=w,
+            rounds=self.rounds,
+            sigma=self.sigma,
+            noise_multiplier=self.noise_multiplier,
+            epsilon=self.epsilon,
+            delta=self.delta,
+            history=history,
+            details={
+                "sampling_rate": self.sampling_rate,
+                "noise_multiplier": self.noise_multiplier,
+                "accountant": self.accountant,
+                **details,
+            },
+        )

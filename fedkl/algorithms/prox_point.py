@@ -32,6 +32,7 @@ points it is sent.
 Rate (Theorem 2, kappa >= 2): ``O~((gamma L0 sqrt(d (1 + F0^((kappa-2)/kappa) gamma^2 L~1))/(n
 sqrt(rho)))^kappa)``, optimal for d = 1 (Theorem 8); PL: ``O~(d/(n^2 rho))``.
 """
+
 from __future__ import annotations
 
 import math
@@ -88,11 +89,15 @@ class ProxPointConfig:
         for name in ("prox_steps", "inner_rounds", "max_inner_rounds"):
             check_count(name, getattr(self, name))
         if self.kl is not None and self.kl.kappa < 2:
-            raise ValueError(f"the proximal point method is for kappa >= 2, got {self.kl.kappa} "
-                             "(use kl-spider or kl-adaptive-gd for kappa in [1, 2])")
+            raise ValueError(
+                f"the proximal point method is for kappa >= 2, got {self.kl.kappa} "
+                "(use kl-spider or kl-adaptive-gd for kappa in [1, 2])"
+            )
         if self.kl is None and (self.prox_steps is None or self.inner_rounds is None and self.max_inner_rounds is None):
-            raise ValueError("the theorem's prox steps T and inner rounds T_in need the KL constants: give kl "
-                             "(gamma, kappa) or both prox_steps and inner_rounds / max_inner_rounds")
+            raise ValueError(
+                "the theorem's prox steps T and inner rounds T_in need the KL constants: give kl "
+                "(gamma, kappa) or both prox_steps and inner_rounds / max_inner_rounds"
+            )
 
     @property
     def sensitivity(self) -> float:
@@ -133,8 +138,13 @@ class PrivateProxPoint:
             T = cfg.prox_steps
         else:
             f0 = kl.initial_gap(cfg.clip)
-            T = math.ceil((1.0 + cfg.contraction_constant * f0 ** ((kl.kappa - 2.0) / kl.kappa) * kl.gamma ** 2
-                           * cfg.weak_convexity) * log_bracket(f0, kl.kappa, n, rho, kl.gamma, cfg.clip, d))
+            T = math.ceil(
+                (
+                    1.0
+                    + cfg.contraction_constant * f0 ** ((kl.kappa - 2.0) / kl.kappa) * kl.gamma**2 * cfg.weak_convexity
+                )
+                * log_bracket(f0, kl.kappa, n, rho, kl.gamma, cfg.clip, d)
+            )
         beta_prime = kl.beta / T if kl is not None else None
         theorem = None
         if beta_prime is not None:
@@ -146,11 +156,22 @@ class PrivateProxPoint:
         else:
             T_in = theorem if cfg.max_inner_rounds is None else min(theorem, cfg.max_inner_rounds)
         rho_release = rho / (T * T_in)
-        return ProxSchedule(T=T, T_in=T_in, T_in_theorem=theorem, beta_prime=beta_prime, rho_release=rho_release,
-                            sigma=cfg.sensitivity / math.sqrt(2.0 * rho_release))
+        return ProxSchedule(
+            T=T,
+            T_in=T_in,
+            T_in_theorem=theorem,
+            beta_prime=beta_prime,
+            rho_release=rho_release,
+            sigma=cfg.sensitivity / math.sqrt(2.0 * rho_release),
+        )
 
-    def run(self, federation: Federation, releaser: Releaser, w0: torch.Tensor,
-            progress: Callable[[dict], None] | None = None) -> KLResult:
+    def run(
+        self,
+        federation: Federation,
+        releaser: Releaser,
+        w0: torch.Tensor,
+        progress: Callable[[dict], None] | None = None,
+    ) -> KLResult:
         cfg = self.config
         n, d = federation.num_users, federation.num_params
         users = list(range(n))
@@ -169,22 +190,40 @@ class PrivateProxPoint:
                 start = time.perf_counter()
                 total = federation.sum(ClippedGradient(v, cfg.clip), users).total()
                 noisy = releaser.gaussian(
-                    total, sensitivity=cfg.sensitivity, rho=sched.rho_release, user_ids=user_ids,
+                    total,
+                    sensitivity=cfg.sensitivity,
+                    rho=sched.rho_release,
+                    user_ids=user_ids,
                     label=f"{self.name}/prox-{t}/round-{s}",
-                    details={"prox_step": t, "inner_round": s, "clip": cfg.clip, "neighbouring": cfg.neighbouring})
+                    details={"prox_step": t, "inner_round": s, "clip": cfg.clip, "neighbouring": cfg.neighbouring},
+                )
                 rounds += 1
                 spent += sched.rho_release
                 grad = noisy.to(w.dtype) / n + 2.0 * L * (v - center)
                 v = project_ball(v - grad / (L * s), center, cfg.radius)
                 avg += s * v
-                record = {"round": rounds, "rounds": total_rounds, "noisy_grad_norm": float(noisy.norm()) / n,
-                          "rho_spent": spent, "prox_step": t + 1, "seconds": time.perf_counter() - start}
+                record = {
+                    "round": rounds,
+                    "rounds": total_rounds,
+                    "noisy_grad_norm": float(noisy.norm()) / n,
+                    "rho_spent": spent,
+                    "prox_step": t + 1,
+                    "seconds": time.perf_counter() - start,
+                }
                 history.append(record)
                 if progress is not None:
                     progress(record)
             w = avg * (2.0 / (sched.T_in * (sched.T_in + 1)))
-        details = {"prox_steps": sched.T, "inner_rounds": sched.T_in, "inner_rounds_theorem": sched.T_in_theorem,
-                   "beta_prime": sched.beta_prime, "rho_release": sched.rho_release, "weak_convexity": L,
-                   "prox_eta": 1.0 / (2.0 * L), "radius": cfg.radius, "neighbouring": cfg.neighbouring,
-                   "sensitivity": cfg.sensitivity}
+        details = {
+            "prox_steps": sched.T,
+            "inner_rounds": sched.T_in,
+            "inner_rounds_theorem": sched.T_in_theorem,
+            "beta_prime": sched.beta_prime,
+            "rho_release": sched.rho_release,
+            "weak_convexity": L,
+            "prox_eta": 1.0 / (2.0 * L),
+            "radius": cfg.radius,
+            "neighbouring": cfg.neighbouring,
+            "sensitivity": cfg.sensitivity,
+        }
         return KLResult(w=w, rounds=rounds, sigma=sched.sigma, rho_spent=spent, history=history, details=details)

@@ -28,6 +28,7 @@ line in :mod:`fedkl.algorithms.catalog`::
     def build(params: MyParams, ctx: BuildContext):
         return MyGD(params, ctx.rho_left)
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -40,8 +41,9 @@ from fedkl.privacy.ledger import BudgetExceeded
 ORIGINS = ("theorem", "heuristic", "safety limit")
 
 
-def param(default: Any, help: str, origin: str = "heuristic", choices: tuple | None = None,
-          positive: bool = False) -> Any:
+def param(
+    default: Any, help: str, origin: str = "heuristic", choices: tuple | None = None, positive: bool = False
+) -> Any:
     """A hyperparameter field: its default, its one-sentence help, whether the default is the
     theorem's value (``"theorem"``), a tunable choice (``"heuristic"``) or a work cap (``"safety
     limit"``) (a longer note may follow the word, e.g. ``"theorem at 1"``), its choices, and
@@ -50,8 +52,9 @@ def param(default: Any, help: str, origin: str = "heuristic", choices: tuple | N
         raise ValueError(f"origin must start with one of {ORIGINS}, got {origin!r}")
     if choices is not None and default is not None and default not in choices:
         raise ValueError(f"default {default!r} is not among the choices {choices}")
-    return dataclasses.field(default=default, metadata={"help": help, "origin": origin, "choices": choices,
-                                                                "positive": positive})
+    return dataclasses.field(
+        default=default, metadata={"help": help, "origin": origin, "choices": choices, "positive": positive}
+    )
 
 
 def _base_type(annotation: Any) -> type:
@@ -60,8 +63,9 @@ def _base_type(annotation: Any) -> type:
     for name, kind in (("bool", bool), ("int", int), ("float", float), ("str", str)):
         if text.split("|")[0].strip() == name:
             return kind
-    raise TypeError(f"unsupported hyperparameter annotation {annotation!r} (use int, float, str or bool, "
-                    "optionally | None)")
+    raise TypeError(
+        f"unsupported hyperparameter annotation {annotation!r} (use int, float, str or bool, optionally | None)"
+    )
 
 
 @dataclass(frozen=True)
@@ -92,8 +96,9 @@ class AlgorithmParams:
             elif not isinstance(value, str):
                 raise ValueError(f"{flag} must be a string, got {value!r}")
             if f.metadata.get("positive") and not (value > 0 and (math.isfinite(value) or f.default == math.inf)):
-                raise ValueError(f"{flag} must be > 0" + ("" if f.default == math.inf else " and finite")
-                                 + f", got {value}")
+                raise ValueError(
+                    f"{flag} must be > 0" + ("" if f.default == math.inf else " and finite") + f", got {value}"
+                )
             choices = f.metadata.get("choices")
             if choices is not None and value not in choices:
                 raise ValueError(f"{flag} must be one of {', '.join(choices)}; got {value!r}")
@@ -179,8 +184,10 @@ def register(name: str, params: type) -> Callable:
         _base_type(f.type)
         known = _FIELDS.get(f.name)
         if known is not None and known is not f:
-            raise ValueError(f"{name}: hyperparameter {f.name!r} is already defined by another algorithm's Params; "
-                             "inherit the same field (a shared mixin) instead of redefining it")
+            raise ValueError(
+                f"{name}: hyperparameter {f.name!r} is already defined by another algorithm's Params; "
+                "inherit the same field (a shared mixin) instead of redefining it"
+            )
 
     def decorate(build: Callable) -> Callable:
         if name in REGISTRY and REGISTRY[name].build is not build:
@@ -189,6 +196,7 @@ def register(name: str, params: type) -> Callable:
         for f in dataclasses.fields(params):
             _FIELDS.setdefault(f.name, f)
         return build
+
     return decorate
 
 
@@ -222,6 +230,7 @@ def field_kind(f: dataclasses.Field) -> type:
 
 # ---- hyperparameters shared by several algorithms: one definition each ----
 
+
 @dataclass(frozen=True)
 class Rounds(AlgorithmParams):
     rounds: int = param(10, "federated rounds", "heuristic", positive=True)
@@ -240,29 +249,58 @@ class Clip(AlgorithmParams):
 @dataclass(frozen=True)
 class PoissonSampling(AlgorithmParams):
     sampling_rate: float = param(1.0, "Poisson user sampling rate q (1: everyone every round)", "heuristic")
-    accountant: str = param("pld", "dp-accounting accountant of the sampled Gaussian schedule", "theorem",
-                            choices=("pld", "rdp"))
+    accountant: str = param(
+        "pld", "dp-accounting accountant of the sampled Gaussian schedule", "theorem", choices=("pld", "rdp")
+    )
 
 
 @dataclass(frozen=True)
 class StabilityDelta(AlgorithmParams):
-    stability_delta: float = param(0.5, "paper-002 deletion-stability threshold Delta (sc-output-pert; the phased "
-                                        "algorithms with --p002-delta-rule fixed: Delta_1)", "heuristic",
-                                    positive=True)
+    stability_delta: float = param(
+        0.5,
+        "paper-002 deletion-stability threshold Delta (sc-output-pert; the phased "
+        "algorithms with --p002-delta-rule fixed: Delta_1)",
+        "heuristic",
+        positive=True,
+    )
 
 
 @dataclass(frozen=True)
 class Domain(AlgorithmParams):
     radius: float | None = param(
-        None, "paper-002 phased and paper-003 algorithms: the domain K = {||w|| <= RADIUS}; iterates and released "
-              "centres are projected onto K (paper 002's default: G0/reg when --reg > 0, the ball that holds every "
-              "phase minimizer, else 10 for a loss Lipschitz on all of R^d; needed where the loss is Lipschitz only "
-              "on a bounded domain, e.g. least squares without --reg)", "theorem")
+        None,
+        "paper-002 phased and paper-003 algorithms: the domain K = {||w|| <= RADIUS}; iterates and released "
+        "centres are projected onto K (paper 002's default: G0/reg when --reg > 0, the ball that holds every "
+        "phase minimizer, else 10 for a loss Lipschitz on all of R^d; needed where the loss is Lipschitz only "
+        "on a bounded domain, e.g. least squares without --reg)",
+        "theorem",
+    )
     distance: float | None = param(
-        None, "paper-002 phased and paper-003 algorithms: a public bound D >= ||w0 - w*|| (paper 002: in lambda*; "
-              "paper 003: the step sizes) (default RADIUS + ||w0||)", "theorem")
+        None,
+        "paper-002 phased and paper-003 algorithms: a public bound D >= ||w0 - w*|| (paper 002: in lambda*; "
+        "paper 003: the step sizes) (default RADIUS + ||w0||)",
+        "theorem",
+    )
 
 
-__all__ = ["AlgorithmParams", "AlgorithmResult", "AlgorithmSpec", "BuildContext", "Clip", "Domain", "ORIGINS", "PoissonSampling", "REGISTRY",
-           "Rounds", "StabilityDelta", "StepSize", "algorithm_spec", "algorithms_using", "field_kind",
-           "hyperparameter_fields", "param", "register", "unregister"]
+__all__ = [
+    "AlgorithmParams",
+    "AlgorithmResult",
+    "AlgorithmSpec",
+    "BuildContext",
+    "Clip",
+    "Domain",
+    "ORIGINS",
+    "PoissonSampling",
+    "REGISTRY",
+    "Rounds",
+    "StabilityDelta",
+    "StepSize",
+    "algorithm_spec",
+    "algorithms_using",
+    "field_kind",
+    "hyperparameter_fields",
+    "param",
+    "register",
+    "unregister",
+]

@@ -59,6 +59,7 @@ decided, ``fast_path_rate``) are server-side and NOT private: the path taken (an
 on the data. The guarantee covers the released output, not the wall-clock time of the run: a
 deployment that lets the adversary time the server must pad the fast path (note §2D).
 """
+
 from __future__ import annotations
 
 import math
@@ -190,8 +191,13 @@ def release_forecast(sigma: float, Delta: float, config: "SCOutputPertConfig", d
     farther from the optimum than any data could move it (see PhasedERM.forecast)."""
     signal = config.start_grad_bound / config.mu if config.start_grad_bound > 0 else math.inf
     noise = sigma * math.sqrt(dim)
-    return {"sigma_over_Delta": sigma / Delta, "sigma": sigma, "noise_norm": noise, "signal_radius": signal,
-            "noise_over_signal": noise / signal}
+    return {
+        "sigma_over_Delta": sigma / Delta,
+        "sigma": sigma,
+        "noise_norm": noise,
+        "signal_radius": signal,
+        "noise_over_signal": noise / signal,
+    }
 
 
 def delta_union_bound(G: float, mu: float, n: int, m: int, kappa: int, beta: float) -> float:
@@ -230,14 +236,16 @@ class SCOutputPert:
         cfg = self.config
         out = []
         for start in range(0, masks.shape[0], _SOLVE_CHUNK):
-            w = masks[start:start + _SOLVE_CHUNK].to(torch.float64)
+            w = masks[start : start + _SOLVE_CHUNK].to(torch.float64)
             cnt = w.sum(1, keepdim=True)
             theta = center.to(torch.float64).expand(w.shape[0], -1).clone()
             for _ in range(cfg.iterations):
                 ans = federation.compute(GradientsAtPoints(theta))
                 if ans.failed:
-                    raise RuntimeError(f"{len(ans.failed)} user(s) did not answer: the run is aborted before any "
-                                       "charge; restart it on the frozen user set")
+                    raise RuntimeError(
+                        f"{len(ans.failed)} user(s) did not answer: the run is aborted before any "
+                        "charge; restart it on the frozen user set"
+                    )
                 grad = torch.einsum("kn,nkd->kd", w, ans.values.to(torch.float64)) / cnt.clamp_min(1.0)
                 grad = grad + cfg.extra_reg * (theta - center)
                 theta = torch.where(cnt > 0, theta - grad / cfg.beta, theta)
@@ -272,8 +280,14 @@ class SCOutputPert:
         self.stats["exact"] += 1
         return exact_stability(lambda m: self.solve(federation, m, center), n, self.config.dop)
 
-    def run(self, federation: Federation, releaser: Releaser, w0: torch.Tensor,
-            progress: Callable[[dict], None] | None = None, label: str | None = None) -> DelOutputPertResult:
+    def run(
+        self,
+        federation: Federation,
+        releaser: Releaser,
+        w0: torch.Tensor,
+        progress: Callable[[dict], None] | None = None,
+        label: str | None = None,
+    ) -> DelOutputPertResult:
         """One (eps, delta) release charged to every user; ``theta`` is None for ⊥.
 
         ``w0`` is the center c (start point and extra regularizer's center): it must be public
@@ -283,9 +297,11 @@ class SCOutputPert:
         n = federation.num_users
         releaser.require("approx-dp", self.name)
         if n > cfg.max_exact_users:
-            raise ValueError(f"SCOutputPert: n={n} users exceeds max_exact_users={cfg.max_exact_users}; the exact "
-                             "fallback (needed whenever the certificate fails) would enumerate ~2^n sets, and "
-                             "'certificate or ⊥' is not DP. Refused before reading any data.")
+            raise ValueError(
+                f"SCOutputPert: n={n} users exceeds max_exact_users={cfg.max_exact_users}; the exact "
+                "fallback (needed whenever the certificate fails) would enumerate ~2^n sets, and "
+                "'certificate or ⊥' is not DP. Refused before reading any data."
+            )
         center = torch.as_tensor(w0).to(torch.float64)
         if center.shape != (federation.num_params,) or not torch.isfinite(center).all():
             raise ValueError(f"w0 must be a finite vector of {federation.num_params} parameters")
@@ -293,8 +309,13 @@ class SCOutputPert:
         plan = self.plan(federation, center)
         dop = DelOutputPert(cfg.dop)
         users = list(range(n))
-        theta = dop.release(plan, releaser, federation.ids_of(users), label or self.name,
-                            {"mu": cfg.mu, "beta": cfg.beta, "tau": cfg.tau, "iterations": cfg.iterations})
+        theta = dop.release(
+            plan,
+            releaser,
+            federation.ids_of(users),
+            label or self.name,
+            {"mu": cfg.mu, "beta": cfg.beta, "tau": cfg.tau, "iterations": cfg.iterations},
+        )
         res = dop.result(None if theta is None else theta.to(center.dtype), plan, time.perf_counter() - start)
         res.diagnostics["fast_path_rate"] = self.fast_path_rate
         if progress is not None:

@@ -28,6 +28,7 @@ charged (eps/2, delta/2) by the localisation; then Alg 5 charges every user T x 
 and Alg 6 charges each cohort user (eps/2, delta/2) once (users outside every cohort stop at eps/2).
 :meth:`run` refuses before reading data if some user cannot afford its whole charge.
 """
+
 from __future__ import annotations
 
 import math
@@ -80,15 +81,27 @@ class _StronglyConvexPhased:
     name = ""
     guarantee = Guarantee("approx-dp", clients=IN_CLASS_CLIENTS)
     phased_class: type = PhasedERM
-    population = False   # Alg 6 adds Prop B.1's statistical radius to R'
+    population = False  # Alg 6 adds Prop B.1's statistical radius to R'
 
-    def __init__(self, config: PhasedConfig, problem: Problem | None = None, feature_bound: float | None = None,
-                 *, setting: PhasedSetting | None = None, inner: InnerRelease | None = None) -> None:
+    def __init__(
+        self,
+        config: PhasedConfig,
+        problem: Problem | None = None,
+        feature_bound: float | None = None,
+        *,
+        setting: PhasedSetting | None = None,
+        inner: InnerRelease | None = None,
+    ) -> None:
         if config.rule == "fixed":
             raise ValueError(f"{self.name}: the fixed threshold rule has no localisation threshold; use uc or scaled")
         self.config = config
-        self._template = self.phased_class(replace(config, eps=config.eps / 2, delta=config.delta / 2), problem,
-                                           feature_bound, setting=setting, inner=inner)
+        self._template = self.phased_class(
+            replace(config, eps=config.eps / 2, delta=config.delta / 2),
+            problem,
+            feature_bound,
+            setting=setting,
+            inner=inner,
+        )
         self.setting = self._template.setting
         self.inner = self._template.inner
 
@@ -123,8 +136,13 @@ class _StronglyConvexPhased:
         plan = self.plan(n, w0, user_ids)
         signal = self.setting.require_lipschitz(self.name) / self.setting.strong_convexity
         noise = plan.sigma0 * math.sqrt(torch.as_tensor(w0).numel())
-        return {"sigma_over_Delta": plan.sigma0 / plan.Delta0, "sigma_1": plan.sigma0, "noise_norm": noise,
-                "signal_radius": signal, "noise_over_signal": noise / signal}
+        return {
+            "sigma_over_Delta": plan.sigma0 / plan.Delta0,
+            "sigma_1": plan.sigma0,
+            "noise_norm": noise,
+            "signal_radius": signal,
+            "noise_over_signal": noise / signal,
+        }
 
     def _needs(self, federation: Federation, plan: SCPlan) -> list[tuple[list[str], float, float]]:
         cfg = self.config
@@ -134,44 +152,81 @@ class _StronglyConvexPhased:
         unused = sorted(set(range(federation.num_users)) - set(used))
         return [(federation.ids_of(used), cfg.eps, cfg.delta), (federation.ids_of(unused), cfg.eps / 2, cfg.delta / 2)]
 
-    def run(self, federation: Federation, releaser: Releaser, w0: torch.Tensor,
-            progress: Callable[[dict], None] | None = None) -> PhasedResult:
+    def run(
+        self,
+        federation: Federation,
+        releaser: Releaser,
+        w0: torch.Tensor,
+        progress: Callable[[dict], None] | None = None,
+    ) -> PhasedResult:
         check_approx_releaser(releaser, self.name)
         w0 = torch.as_tensor(w0)
         n = federation.num_users
         plan = self.plan(n, w0, federation.user_ids)
         require_budget(releaser, self._needs(federation, plan), self.name)
         # every call's refusal before the first one reads data (the localisation, then the phases)
-        precheck_calls(self.inner, [(n, plan.eps0, plan.delta0)] + [
-            (n if spec.users is None else len(spec.users), spec.eps, spec.delta) for spec in plan.phased.specs])
+        precheck_calls(
+            self.inner,
+            [(n, plan.eps0, plan.delta0)]
+            + [(n if spec.users is None else len(spec.users), spec.eps, spec.delta) for spec in plan.phased.specs],
+        )
         start = self.setting.project(w0.to(torch.float64))
         total = 1 + plan.phased.phases
-        out = self.inner(federation, releaser, PhaseCall(f"{self.name}/localize", 0, plan.eps0, plan.delta0,
-                                                         plan.Delta0, 0.0, start))
-        local = {"phase": 0, "users": n, "eps": plan.eps0, "delta": plan.delta0, "lam": 0.0, "R": plan.radius_prime,
-                 "Delta": plan.Delta0, "sigma": out.sigma, "bottom": out.theta is None, "clipped": False,
-                 "projected": False}
+        out = self.inner(
+            federation, releaser, PhaseCall(f"{self.name}/localize", 0, plan.eps0, plan.delta0, plan.Delta0, 0.0, start)
+        )
+        local = {
+            "phase": 0,
+            "users": n,
+            "eps": plan.eps0,
+            "delta": plan.delta0,
+            "lam": 0.0,
+            "R": plan.radius_prime,
+            "Delta": plan.Delta0,
+            "sigma": out.sigma,
+            "bottom": out.theta is None,
+            "clipped": False,
+            "projected": False,
+        }
         if progress is not None:
             progress({"round": 1, "rounds": total, "released": out.theta is not None, "sigma": out.sigma, "phase": 0})
-        base = {"localization": {"eps": plan.eps0, "delta": plan.delta0, "Delta": plan.Delta0, "kappa": plan.kappa0,
-                                 "sigma": plan.sigma0, "R_prime": plan.radius_prime, "beta": plan.beta}}
+        base = {
+            "localization": {
+                "eps": plan.eps0,
+                "delta": plan.delta0,
+                "Delta": plan.Delta0,
+                "kappa": plan.kappa0,
+                "sigma": plan.sigma0,
+                "R_prime": plan.radius_prime,
+                "beta": plan.beta,
+            }
+        }
         if out.theta is None:  # pitfall 3: abort, release nothing more
-            details = {"dp": "approximate (eps, delta)-DP, user level, replace-one, n public; the localisation "
-                             "release output ⊥, so the run stopped after charging (eps/2, delta/2)",
-                       "eps": self.config.eps, "delta": self.config.delta, "aborted": "localization ⊥", **base,
-                       "bottoms": [0], "schedule": [local],
-                       "nonprivate_diagnostics": {"decided_by": {str(out.diagnostics.get("decided_by")): 1}}}
+            details = {
+                "dp": "approximate (eps, delta)-DP, user level, replace-one, n public; the localisation "
+                "release output ⊥, so the run stopped after charging (eps/2, delta/2)",
+                "eps": self.config.eps,
+                "delta": self.config.delta,
+                "aborted": "localization ⊥",
+                **base,
+                "bottoms": [0],
+                "schedule": [local],
+                "nonprivate_diagnostics": {"decided_by": {str(out.diagnostics.get("decided_by")): 1}},
+            }
             return PhasedResult(None, 1, 1, [out.sigma], details, [local])
         theta0 = out.theta.to(torch.float64)
         center = self.setting.project(theta0)
         local["projected"] = not torch.equal(center, theta0)
-        res = self._phased(plan.beta).run_plan(federation, releaser, center, plan.phased, progress,
-                                               out_dtype=w0.dtype, index_offset=1, total_rounds=total)
+        res = self._phased(plan.beta).run_plan(
+            federation, releaser, center, plan.phased, progress, out_dtype=w0.dtype, index_offset=1, total_rounds=total
+        )
         res.history.insert(0, local)
         res.details["schedule"] = res.history
         res.details.update(base)
-        res.details["dp"] = ("approximate (eps, delta)-DP, user level, replace-one, n public; localisation at "
-                             "(eps/2, delta/2) then " + res.details["dp"].split("; ", 1)[1] + " at (eps/2, delta/2)")
+        res.details["dp"] = (
+            "approximate (eps, delta)-DP, user level, replace-one, n public; localisation at "
+            "(eps/2, delta/2) then " + res.details["dp"].split("; ", 1)[1] + " at (eps/2, delta/2)"
+        )
         res.details["eps"], res.details["delta"] = self.config.eps, self.config.delta
         res.details["lam_rule"] += " with D = R'"
         res.phases += 1

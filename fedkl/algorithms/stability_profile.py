@@ -41,6 +41,7 @@ a function of (eps, delta, score) only: public. The audits in tests/test_output_
 tests/test_diameter_output_pert.py compute the released law on real neighbouring datasets and check
 HS <= delta in both directions.
 """
+
 from __future__ import annotations
 
 import functools
@@ -74,8 +75,9 @@ def _pairs(kappa: int, c: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return d, dp, gap
 
 
-def worst_case_divergence(eps: float, sigma_over_Delta: float, deletion_budget: TruncatedDiscreteLaplace,
-                          score: str = "exact") -> float:
+def worst_case_divergence(
+    eps: float, sigma_over_Delta: float, deletion_budget: TruncatedDiscreteLaplace, score: str = "exact"
+) -> float:
     """max over reachable (d, d') of H(d, d') (module docstring) at ``sigma = sigma_over_Delta Delta``."""
     k = deletion_budget.kappa
     pmf = deletion_budget.pmf()
@@ -87,8 +89,9 @@ def worst_case_divergence(eps: float, sigma_over_Delta: float, deletion_budget: 
     finite = np.isfinite(gap) & (a > 0) & (b > 0)
     x = gap[finite] / sigma_over_Delta
     e2 = eps + np.log(b[finite] / a[finite])
-    gauss[finite] = (a[finite] * stats.norm.cdf(x / 2 - e2 / x)
-                     - math.exp(eps) * b[finite] * stats.norm.cdf(-x / 2 - e2 / x))
+    gauss[finite] = a[finite] * stats.norm.cdf(x / 2 - e2 / x) - math.exp(eps) * b[finite] * stats.norm.cdf(
+        -x / 2 - e2 / x
+    )
     gauss[~finite] = a[~finite]  # unbounded gap, or nothing released on the other side
     return float(np.max(atom + np.maximum(gauss, 0.0)))
 
@@ -135,5 +138,11 @@ def calibrate(eps: float, delta: float, score: str = "exact") -> ProfileCalibrat
     return best
 
 
-__all__ = ["DELTA_FRACTIONS", "EPS_FRACTIONS", "ProfileCalibration", "calibrate", "chain_factor",
-           "worst_case_divergence"]
+__all__ = [
+    "DELTA_FRACTIONS",
+    "EPS_FRACTIONS",
+    "ProfileCalibration",
+    "calibrate",
+    "chain_factor",
+    "worst_case_divergence",
+]

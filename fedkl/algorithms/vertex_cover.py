@@ -46,6 +46,7 @@ calls: the size by iterative deepening t = 0, 1, ... (at most one decision per t
 a greedy in vertex order that asks one decision per undecided non-isolated vertex, each with a
 strictly smaller parameter than the previous one (see :func:`min_vertex_cover`).
 """
+
 from __future__ import annotations
 
 from typing import Iterable
@@ -93,10 +94,12 @@ def require_work_budget(k: int, max_calls: int) -> None:
     worst case exceeds ``max_calls``."""
     calls = worst_case_calls(k)
     if calls > max_calls:
-        raise ValueError(f"the exact vertex-cover test with k = 2 kappa = {k} may need up to {calls:.3g} recursive "
-                         f"calls > the work budget max_vc_calls={max_calls:.3g}. Refused before reading any data "
-                         "(use the matching score: test 'auto' or 'matching'; or raise eps per release, use fewer "
-                         "phases, or raise the budget).")
+        raise ValueError(
+            f"the exact vertex-cover test with k = 2 kappa = {k} may need up to {calls:.3g} recursive "
+            f"calls > the work budget max_vc_calls={max_calls:.3g}. Refused before reading any data "
+            "(use the matching score: test 'auto' or 'matching'; or raise eps per release, use fewer "
+            "phases, or raise the budget)."
+        )
 
 
 def worst_case_calls(k: int) -> int:
@@ -152,22 +155,22 @@ def _reduce(g: Graph, t: int, next_id: int) -> tuple[int, int]:
                 continue
             nb = g[v]
             d = len(nb)
-            if d == 0:                                  # R0
+            if d == 0:  # R0
                 del g[v]
-            elif d > t:                                 # R1
+            elif d > t:  # R1
                 queue.extend(_remove(g, v))
                 t -= 1
-            elif d == 1:                                # R2
+            elif d == 1:  # R2
                 (u,) = nb
                 queue.extend(_remove(g, u))
                 t -= 1
             elif d == 2:
                 a, b = sorted(nb)
-                if b in g[a]:                           # R3
+                if b in g[a]:  # R3
                     queue.extend(_remove(g, a))
                     queue.extend(_remove(g, b))
                     t -= 2
-                else:                                   # R4: fold v, a, b into w
+                else:  # R4: fold v, a, b into w
                     _remove(g, v)
                     na, nbb = _remove(g, a), _remove(g, b)
                     w = next_id

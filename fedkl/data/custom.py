@@ -18,6 +18,7 @@ Decisions, stated once:
 * **User ids** are the string of each distinct value, in sorted order: stable across runs on the
   same data, which the per-user ledger needs.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -31,9 +32,18 @@ from fedkl.data.real import make_federated, project_rows, split_by_user
 TASKS = ("binary", "multiclass", "regression")
 
 
-def from_arrays(X: Any, y: Any, users: Sequence[Any] | np.ndarray, *, task: str = "binary",
-                test_fraction: float = 0.2, split_seed: int = 0, name: str = "custom",
-                num_classes: int | None = None, label_bound: float | None = None) -> FederatedDataset:
+def from_arrays(
+    X: Any,
+    y: Any,
+    users: Sequence[Any] | np.ndarray,
+    *,
+    task: str = "binary",
+    test_fraction: float = 0.2,
+    split_seed: int = 0,
+    name: str = "custom",
+    num_classes: int | None = None,
+    label_bound: float | None = None,
+) -> FederatedDataset:
     """A :class:`FederatedDataset` from flat arrays: ``X`` (records x features), ``y`` (labels) and
     ``users`` (the owner of every record). See the module docstring for the rules."""
     X = np.asarray(X, dtype=np.float64)
@@ -65,14 +75,18 @@ def from_arrays(X: Any, y: Any, users: Sequence[Any] | np.ndarray, *, task: str 
         if label_bound is not None:
             kw["extra"]["label_bound"] = float(label_bound)
     test = split_by_user(user_index, len(user_ids), test_fraction, np.random.default_rng(split_seed))
-    desc = (f"{name}: {len(user_ids)} users, {X.shape[0]} records, {X.shape[1]} features (projected onto the unit "
-            f"ball); split within each user, test_fraction={test_fraction:g}, split_seed={split_seed}")
-    return make_federated(name, project_rows(X), y, user_index.astype(np.int64), tuple(user_ids.tolist()), test,
-                          task, desc, **kw)
+    desc = (
+        f"{name}: {len(user_ids)} users, {X.shape[0]} records, {X.shape[1]} features (projected onto the unit "
+        f"ball); split within each user, test_fraction={test_fraction:g}, split_seed={split_seed}"
+    )
+    return make_federated(
+        name, project_rows(X), y, user_index.astype(np.int64), tuple(user_ids.tolist()), test, task, desc, **kw
+    )
 
 
-def from_dataframe(frame: Any, *, user: str, label: str, features: Sequence[str] | None = None,
-                   **kw: Any) -> FederatedDataset:
+def from_dataframe(
+    frame: Any, *, user: str, label: str, features: Sequence[str] | None = None, **kw: Any
+) -> FederatedDataset:
     """:func:`from_arrays` on a pandas DataFrame: ``user`` and ``label`` name columns; ``features``
     (default: every other numeric column) become X. Other keywords go to :func:`from_arrays`."""
     for col in (user, label, *(features or ())):
@@ -81,14 +95,18 @@ def from_dataframe(frame: Any, *, user: str, label: str, features: Sequence[str]
     if features is None:
         from pandas.api.types import is_bool_dtype, is_numeric_dtype
 
-        features = [c for c in frame.columns
-                    if c not in (user, label) and is_numeric_dtype(frame[c]) and not is_bool_dtype(frame[c])]
+        features = [
+            c
+            for c in frame.columns
+            if c not in (user, label) and is_numeric_dtype(frame[c]) and not is_bool_dtype(frame[c])
+        ]
         if not features:
             raise ValueError("no numeric feature column: name them with features=[...]")
     if frame[list(features)].isna().to_numpy().any() or frame[label].isna().any():
         raise ValueError("the DataFrame has missing values in the feature or label columns: drop or impute them first")
-    return from_arrays(frame[list(features)].to_numpy(np.float64), frame[label].to_numpy(), frame[user].to_numpy(),
-                       **kw)
+    return from_arrays(
+        frame[list(features)].to_numpy(np.float64), frame[label].to_numpy(), frame[user].to_numpy(), **kw
+    )
 
 
 __all__ = ["from_arrays", "from_dataframe"]

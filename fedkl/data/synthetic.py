@@ -29,6 +29,7 @@ For least squares, ``extra["erm_optimum"]`` is the exact minimizer over the *tra
 user-level objective ``F(w) = mean_u mean_{k in u} 0.5 (<w, x_k> - y_k)^2`` (normal equations with
 record weights ``1 / (n_users n_u)``).
 """
+
 from __future__ import annotations
 
 import math
@@ -60,28 +61,74 @@ def _draw(rng: np.random.Generator, n_users: int, m: int, d: int, heterogeneity:
 
 def _finish(name, rng, X, y, user_index, n_users, m, d, heterogeneity, seed, test_fraction, task, w_star, what, extra):
     is_test = split_by_user(user_index, n_users, test_fraction, rng)
-    desc = (f"{what}; {n_users} users x {m} records, d={d}, heterogeneity={heterogeneity:g}, seed={seed}; "
-            f"split within each user: {test_fraction:g} to test: {int((~is_test).sum())} train / "
-            f"{int(is_test.sum())} test records")
-    return make_federated(name, X, y, user_index, tuple(f"{name}:{u}" for u in range(n_users)), is_test, task, desc,
-                          feature_bound=1.0, optimum=torch.as_tensor(w_star, dtype=torch.float64), extra=extra)
+    desc = (
+        f"{what}; {n_users} users x {m} records, d={d}, heterogeneity={heterogeneity:g}, seed={seed}; "
+        f"split within each user: {test_fraction:g} to test: {int((~is_test).sum())} train / "
+        f"{int(is_test.sum())} test records"
+    )
+    return make_federated(
+        name,
+        X,
+        y,
+        user_index,
+        tuple(f"{name}:{u}" for u in range(n_users)),
+        is_test,
+        task,
+        desc,
+        feature_bound=1.0,
+        optimum=torch.as_tensor(w_star, dtype=torch.float64),
+        extra=extra,
+    )
 
 
-def synthetic_logistic(n_users: int, m: int, d: int, heterogeneity: float = 0.0, seed: int = 0,
-                       test_fraction: float = 0.2, w_norm: float | None = None) -> FederatedDataset:
+def synthetic_logistic(
+    n_users: int,
+    m: int,
+    d: int,
+    heterogeneity: float = 0.0,
+    seed: int = 0,
+    test_fraction: float = 0.2,
+    w_norm: float | None = None,
+) -> FederatedDataset:
     """Binary ±1 labels from per-user logistic models around ``w*`` (``||w*|| = w_norm``, default sqrt(d))."""
     rng = np.random.default_rng(seed)
     w_norm = math.sqrt(d) if w_norm is None else float(w_norm)
     w_star, user_models, user_index, X, z = _draw(rng, n_users, m, d, heterogeneity, w_norm)
     y = np.where(rng.random(len(z)) < 1.0 / (1.0 + np.exp(-z)), 1.0, -1.0)
-    extra = {"w_norm": w_norm, "heterogeneity": heterogeneity,
-             "user_models": torch.as_tensor(user_models, dtype=torch.float64)}
-    return _finish("synthetic-logistic", rng, X, y, user_index, n_users, m, d, heterogeneity, seed, test_fraction,
-                   "binary", w_star, f"synthetic logistic, ||w*|| = {w_norm:g}, x in the unit ball", extra)
+    extra = {
+        "w_norm": w_norm,
+        "heterogeneity": heterogeneity,
+        "user_models": torch.as_tensor(user_models, dtype=torch.float64),
+    }
+    return _finish(
+        "synthetic-logistic",
+        rng,
+        X,
+        y,
+        user_index,
+        n_users,
+        m,
+        d,
+        heterogeneity,
+        seed,
+        test_fraction,
+        "binary",
+        w_star,
+        f"synthetic logistic, ||w*|| = {w_norm:g}, x in the unit ball",
+        extra,
+    )
 
 
-def synthetic_least_squares(n_users: int, m: int, d: int, heterogeneity: float = 0.0, noise: float = 0.1,
-                            seed: int = 0, test_fraction: float = 0.2, w_norm: float = 1.0) -> FederatedDataset:
+def synthetic_least_squares(
+    n_users: int,
+    m: int,
+    d: int,
+    heterogeneity: float = 0.0,
+    noise: float = 0.1,
+    seed: int = 0,
+    test_fraction: float = 0.2,
+    w_norm: float = 1.0,
+) -> FederatedDataset:
     """Linear labels ``<w*_u, x> + noise e`` around ``w*`` (``||w*|| = w_norm``); see the module docstring."""
     if noise < 0:
         raise ValueError(f"noise must be non-negative, got {noise}")
@@ -90,12 +137,29 @@ def synthetic_least_squares(n_users: int, m: int, d: int, heterogeneity: float =
     label_bound = float(w_norm) + XI_RADIUS * heterogeneity + NOISE_CLIP * noise
     e = np.clip(rng.standard_normal(len(z)), -NOISE_CLIP, NOISE_CLIP)
     y = np.clip(z + noise * e, -label_bound, label_bound)
-    ds = _finish("synthetic-least-squares", rng, X, y, user_index, n_users, m, d, heterogeneity, seed, test_fraction,
-                 "regression", w_star,
-                 f"synthetic least squares, ||w*|| = {w_norm:g}, noise = {noise:g}, |y| <= {label_bound:g}, "
-                 f"x in the unit ball",
-                 {"w_norm": float(w_norm), "heterogeneity": heterogeneity, "noise": noise,
-                  "label_bound": label_bound, "user_models": torch.as_tensor(user_models, dtype=torch.float64)})
+    ds = _finish(
+        "synthetic-least-squares",
+        rng,
+        X,
+        y,
+        user_index,
+        n_users,
+        m,
+        d,
+        heterogeneity,
+        seed,
+        test_fraction,
+        "regression",
+        w_star,
+        f"synthetic least squares, ||w*|| = {w_norm:g}, noise = {noise:g}, |y| <= {label_bound:g}, x in the unit ball",
+        {
+            "w_norm": float(w_norm),
+            "heterogeneity": heterogeneity,
+            "noise": noise,
+            "label_bound": label_bound,
+            "user_models": torch.as_tensor(user_models, dtype=torch.float64),
+        },
+    )
     ds.extra["erm_optimum"] = erm_least_squares(ds)
     return ds
 

@@ -47,6 +47,7 @@ The modules, each importing only those listed before it:
   running a sweep (:func:`run_sweep`);
 * :mod:`fedkl.experiments.plot` — figures and markdown summaries of a table (:func:`plot_table`).
 """
+
 from __future__ import annotations
 
 from fedkl.experiments.config import ConfigError, apply_config_file
@@ -54,5 +55,14 @@ from fedkl.experiments.plot import plot_table
 from fedkl.experiments.runners import EXTERNAL_RUNNERS, load_plugin, register_runner
 from fedkl.experiments.sweep import load_sweep, run_key, run_sweep
 
-__all__ = ["EXTERNAL_RUNNERS", "ConfigError", "apply_config_file", "load_plugin", "load_sweep", "plot_table",
-           "register_runner", "run_key", "run_sweep"]
+__all__ = [
+    "EXTERNAL_RUNNERS",
+    "ConfigError",
+    "apply_config_file",
+    "load_plugin",
+    "load_sweep",
+    "plot_table",
+    "register_runner",
+    "run_key",
+    "run_sweep",
+]

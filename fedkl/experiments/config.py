@@ -7,6 +7,7 @@ is checked by the same parser as its flag (a bad value or an unknown key exits 2
 TOML has no null: write ``"none"`` for an optional field's "unset". A sweep file's top-level keys,
 its axes and its ``[[sweep.when]]`` settings are checked by the same :func:`coerce_value`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,9 +51,14 @@ def _optional(f: dataclasses.Field) -> bool:
     return "None" in str(f.type)
 
 
-def coerce_value(name: str, value: Any, *, actions: Mapping[str, argparse.Action] | None = None,
-                 fields: Mapping[str, dataclasses.Field] | None = None,
-                 extra_algorithms: Iterable[str] = ()) -> Any:
+def coerce_value(
+    name: str,
+    value: Any,
+    *,
+    actions: Mapping[str, argparse.Action] | None = None,
+    fields: Mapping[str, dataclasses.Field] | None = None,
+    extra_algorithms: Iterable[str] = (),
+) -> Any:
     """``value`` (from TOML) checked and converted exactly as ``fedkl run``'s flag for field
     ``name`` would check and convert its text. Raises :class:`ConfigError`."""
     fields = fields if fields is not None else run_fields()
@@ -128,8 +134,10 @@ def load_run_config_file(path: str) -> dict[str, Any]:
     data = read_toml(path)
     tables = [k for k, v in data.items() if isinstance(v, dict)]
     if tables:
-        raise ConfigError(f"{path}: unexpected table [{tables[0]}] (a run config holds RunConfig keys only; "
-                          "[sweep] belongs in a `fedkl sweep` file)")
+        raise ConfigError(
+            f"{path}: unexpected table [{tables[0]}] (a run config holds RunConfig keys only; "
+            "[sweep] belongs in a `fedkl sweep` file)"
+        )
     return run_settings(data, path)
 
 

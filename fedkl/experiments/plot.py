@@ -6,6 +6,7 @@ trivial baseline); or ``slope``, a log-log plot of an error column (default ``ex
 ``users``, with the least-squares slope of each line and the theory slope drawn. ``--markdown``
 writes the numbers as a table. Only rows with status ``ok`` are drawn.
 """
+
 from __future__ import annotations
 
 import math
@@ -44,8 +45,10 @@ def filter_rows(rows: list[dict], where: Sequence[str] = ()) -> list[dict]:
     for r in rows:
         if r.get("status", "ok") != "ok":
             continue
-        if all(r.get(k) == v or (_num(r.get(k)) is not None and _num(v) is not None and _num(r.get(k)) == _num(v))
-               for k, v in conds):
+        if all(
+            r.get(k) == v or (_num(r.get(k)) is not None and _num(v) is not None and _num(r.get(k)) == _num(v))
+            for k, v in conds
+        ):
             out.append(r)
     return out
 
@@ -94,9 +97,17 @@ def _pyplot():
     return plt
 
 
-def plot_privacy_utility(rows: list[dict], out: str, *, x: str = "epsilon_target", y: str = "test_metric",
-                         group: str = "algorithm", panel: str | None = "dataset", title: str | None = None,
-                         log_x: bool = True) -> dict:
+def plot_privacy_utility(
+    rows: list[dict],
+    out: str,
+    *,
+    x: str = "epsilon_target",
+    y: str = "test_metric",
+    group: str = "algorithm",
+    panel: str | None = "dataset",
+    title: str | None = None,
+    log_x: bool = True,
+) -> dict:
     """Test metric vs epsilon: mean ± std over the rows at each x (the seeds), one line per group,
     one panel per ``panel`` value, with the mean non-private reference and trivial baseline."""
     if not rows:
@@ -111,8 +122,9 @@ def plot_privacy_utility(rows: list[dict], out: str, *, x: str = "epsilon_target
         for g, pts in summary[p].items():
             if not pts:
                 continue
-            ax.errorbar([q[0] for q in pts], [q[1] for q in pts], yerr=[q[2] for q in pts], marker="o", capsize=3,
-                        label=g)
+            ax.errorbar(
+                [q[0] for q in pts], [q[1] for q in pts], yerr=[q[2] for q in pts], marker="o", capsize=3, label=g
+            )
         if y == "test_metric":
             ref = _panel_constant(rows, panel, p, "reference_metric")
             if ref is not None:
@@ -151,8 +163,17 @@ def fit_loglog_slope(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, f
     return b, my - b * mx
 
 
-def plot_slope(rows: list[dict], out: str, *, x: str = "users", y: str = "excess_loss", group: str = "algorithm",
-               theory_slope: float | None = None, theory_label: str = "theory", title: str | None = None) -> dict:
+def plot_slope(
+    rows: list[dict],
+    out: str,
+    *,
+    x: str = "users",
+    y: str = "excess_loss",
+    group: str = "algorithm",
+    theory_slope: float | None = None,
+    theory_label: str = "theory",
+    title: str | None = None,
+) -> dict:
     """Log-log plot of mean ``y`` (over seeds) against ``x`` per group, with the fitted slope of each
     line and the theory slope drawn through the data's log-centroid. Returns
     ``{group: {"slope", "intercept", "points": [(x, mean, std, n)], "dropped": k}}``: a point with a
@@ -171,15 +192,27 @@ def plot_slope(rows: list[dict], out: str, *, x: str = "users", y: str = "excess
         b, a = fit_loglog_slope([q[0] for q in good], [q[1] for q in good])
         fits[g] = {"slope": b, "intercept": a, "points": pts, "dropped": len(pts) - len(good)}
         color = colors[idx % len(colors)]
-        ax.errorbar([q[0] for q in good], [q[1] for q in good], yerr=[min(q[2], q[1] * 0.999) for q in good],
-                    fmt="o", color=color, capsize=3)
+        ax.errorbar(
+            [q[0] for q in good],
+            [q[1] for q in good],
+            yerr=[min(q[2], q[1] * 0.999) for q in good],
+            fmt="o",
+            color=color,
+            capsize=3,
+        )
         xs = [min(q[0] for q in good), max(q[0] for q in good)]
         ax.plot(xs, [math.exp(a) * v**b for v in xs], "-", color=color, label=f"{g}: fitted slope {b:.2f}")
         if theory_slope is not None:
             lx = statistics.fmean(math.log(q[0]) for q in good)
             ly = statistics.fmean(math.log(q[1]) for q in good)
-            ax.plot(xs, [math.exp(ly + theory_slope * (math.log(v) - lx)) for v in xs], "--", color=color, alpha=0.6,
-                    label=f"{theory_label} slope {theory_slope:g}")
+            ax.plot(
+                xs,
+                [math.exp(ly + theory_slope * (math.log(v) - lx)) for v in xs],
+                "--",
+                color=color,
+                alpha=0.6,
+                label=f"{theory_label} slope {theory_slope:g}",
+            )
     if not fits:
         raise ConfigError(f"no group has positive mean {y!r} at two or more {x!r} values: nothing to fit")
     ax.set_xscale("log")
@@ -201,20 +234,32 @@ def _savefig(fig, out: str) -> None:
     fig.savefig(out, dpi=120)
 
 
-def markdown_privacy_utility(rows: list[dict], summary: dict, *, x: str = "epsilon_target", y: str = "test_metric",
-                             group: str = "algorithm", panel: str | None = "dataset", digits: int = 3) -> str:
+def markdown_privacy_utility(
+    rows: list[dict],
+    summary: dict,
+    *,
+    x: str = "epsilon_target",
+    y: str = "test_metric",
+    group: str = "algorithm",
+    panel: str | None = "dataset",
+    digits: int = 3,
+) -> str:
     """The privacy-utility numbers as a markdown table: one row per (panel, group), one column per x."""
     xs = sorted({q[0] for groups in summary.values() for pts in groups.values() for q in pts})
-    head = f"| {panel or ''} | {group} | " + " | ".join(f"ε = {v:g}" if x.startswith("epsilon") else f"{x} = {v:g}"
-                                                          for v in xs) + " |"
+    head = (
+        f"| {panel or ''} | {group} | "
+        + " | ".join(f"ε = {v:g}" if x.startswith("epsilon") else f"{x} = {v:g}" for v in xs)
+        + " |"
+    )
     lines = [head, "|" + "---|" * (2 + len(xs))]
     for p, groups in summary.items():
         users = _order(r.get("users", "") for r in rows if not panel or r.get(panel, "") == p)
         label = f"{p} ({users[0]} users)" if p and len(users) == 1 and users[0] else p
         for g, pts in groups.items():
             by_x = {q[0]: q for q in pts}
-            cells = [f"{by_x[v][1]:.{digits}f} ± {by_x[v][2]:.{digits}f} (n={by_x[v][3]})" if v in by_x else "—"
-                     for v in xs]
+            cells = [
+                f"{by_x[v][1]:.{digits}f} ± {by_x[v][2]:.{digits}f} (n={by_x[v][3]})" if v in by_x else "—" for v in xs
+            ]
             lines.append(f"| {label} | {g} | " + " | ".join(cells) + " |")
         if y == "test_metric":
             for name, col in (("non-private reference", "reference_metric"), ("trivial baseline", "trivial_metric")):
@@ -226,9 +271,21 @@ def markdown_privacy_utility(rows: list[dict], summary: dict, *, x: str = "epsil
     return "\n".join(lines) + "\n"
 
 
-def plot_table(table: str, kind: str, out: str, *, x: str | None = None, y: str | None = None, group: str = "algorithm",
-               panel: str | None = "dataset", where: Sequence[str] = (), theory_slope: float | None = None,
-               theory_label: str = "theory", title: str | None = None, markdown: str | None = None) -> dict:
+def plot_table(
+    table: str,
+    kind: str,
+    out: str,
+    *,
+    x: str | None = None,
+    y: str | None = None,
+    group: str = "algorithm",
+    panel: str | None = "dataset",
+    where: Sequence[str] = (),
+    theory_slope: float | None = None,
+    theory_label: str = "theory",
+    title: str | None = None,
+    markdown: str | None = None,
+) -> dict:
     """``fedkl plot``: read the table, filter, draw; optionally write the markdown numbers."""
     if not os.path.exists(table):
         raise ConfigError(f"table {table!r} not found")
@@ -240,22 +297,36 @@ def plot_table(table: str, kind: str, out: str, *, x: str | None = None, y: str 
             raise ConfigError(f"no column {col!r} in {table} (columns: {', '.join(rows[0])})")
     rows = filter_rows(rows, where)
     if kind == "privacy-utility":
-        summary = plot_privacy_utility(rows, out, x=x or "epsilon_target", y=y or "test_metric", group=group,
-                                       panel=panel, title=title)
+        summary = plot_privacy_utility(
+            rows, out, x=x or "epsilon_target", y=y or "test_metric", group=group, panel=panel, title=title
+        )
         if markdown:
-            text = markdown_privacy_utility(rows, summary, x=x or "epsilon_target", y=y or "test_metric",
-                                            group=group, panel=panel)
+            text = markdown_privacy_utility(
+                rows, summary, x=x or "epsilon_target", y=y or "test_metric", group=group, panel=panel
+            )
             _write_text(markdown, text)
         return summary
     if kind == "slope":
-        fits = plot_slope(rows, out, x=x or "users", y=y or "excess_loss", group=group, theory_slope=theory_slope,
-                          theory_label=theory_label, title=title)
+        fits = plot_slope(
+            rows,
+            out,
+            x=x or "users",
+            y=y or "excess_loss",
+            group=group,
+            theory_slope=theory_slope,
+            theory_label=theory_label,
+            title=title,
+        )
         if markdown:
-            lines = [f"| {group} | fitted slope of {y or 'excess_loss'} vs {x or 'users'} | theory slope | points |",
-                     "|---|---|---|---|"]
+            lines = [
+                f"| {group} | fitted slope of {y or 'excess_loss'} vs {x or 'users'} | theory slope | points |",
+                "|---|---|---|---|",
+            ]
             for g, fit in fits.items():
                 pts = ", ".join(f"{q[0]:g}: {q[1]:.3g}" for q in fit["points"])
-                lines.append(f"| {g} | {fit['slope']:.3f} | {theory_slope if theory_slope is not None else '—'} | {pts} |")
+                lines.append(
+                    f"| {g} | {fit['slope']:.3f} | {theory_slope if theory_slope is not None else '—'} | {pts} |"
+                )
             _write_text(markdown, "\n".join(lines) + "\n")
         return fits
     raise ConfigError(f"unknown plot kind {kind!r} (privacy-utility or slope)")

@@ -4,6 +4,7 @@ a sweep trains like an algorithm; and plugins, the files or modules that registe
 A plugin (``[sweep] plugins`` of a sweep file) is imported before the sweep's values are checked
 and calls :func:`register_runner`; the runner's name is then a valid ``algorithm`` of that sweep.
 """
+
 from __future__ import annotations
 
 import hashlib

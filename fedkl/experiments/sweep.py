@@ -4,6 +4,7 @@
 its axes, with the conditional ``[[sweep.when]]`` settings); :func:`run_sweep` trains every point
 not yet in the table, identified by :func:`run_key`, so an interrupted sweep resumes where it stopped.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -105,7 +106,9 @@ def load_sweep(path: str, *, table: str | None = None, sets: Sequence[str] = ())
     data = read_toml(path)
     sweep = data.pop("sweep", None)
     if not isinstance(sweep, dict):
-        raise ConfigError(f"{path}: a sweep file needs a [sweep] table (with `table = \"results.csv\"` and lists of values)")
+        raise ConfigError(
+            f'{path}: a sweep file needs a [sweep] table (with `table = "results.csv"` and lists of values)'
+        )
     others = [k for k, v in data.items() if isinstance(v, dict)]
     if others:
         raise ConfigError(f"{path}: unexpected table [{others[0]}] (only [sweep] and RunConfig keys are allowed)")
@@ -122,15 +125,19 @@ def load_sweep(path: str, *, table: str | None = None, sets: Sequence[str] = ())
     base = run_settings(data, path, **kw)
     for key in ("out", "ledger"):
         if key in base:
-            raise ConfigError(f"{path}: {key!r} cannot be set in a sweep (every run gets its own folder and ledger; "
-                              "use [sweep] runs_dir to keep them)")
+            raise ConfigError(
+                f"{path}: {key!r} cannot be set in a sweep (every run gets its own folder and ledger; "
+                "use [sweep] runs_dir to keep them)"
+            )
     axes: dict[str, list[Any]] = {}
     for key, values in sweep.items():
         if key in SWEEP_OPTIONS:
             continue
         if key not in fields:
-            raise ConfigError(f"{path}: [sweep] unknown key {key!r} (a RunConfig field with a list of values, or one "
-                              f"of {', '.join(SWEEP_OPTIONS)})")
+            raise ConfigError(
+                f"{path}: [sweep] unknown key {key!r} (a RunConfig field with a list of values, or one "
+                f"of {', '.join(SWEEP_OPTIONS)})"
+            )
         if key in ("out", "ledger"):
             raise ConfigError(f"{path}: [sweep] {key!r} cannot be swept (every run gets its own folder and ledger)")
         if not isinstance(values, list) or not values:
@@ -176,8 +183,16 @@ def load_sweep(path: str, *, table: str | None = None, sets: Sequence[str] = ())
     runs_dir = sweep.get("runs_dir")
     if runs_dir is not None and not isinstance(runs_dir, str):
         raise ConfigError(f"{path}: [sweep] runs_dir must be a folder path, got {runs_dir!r}")
-    spec = SweepSpec(path=path, base=base, axes=axes, when=when, table=table, noise_seed_offset=offset,
-                     runs_dir=runs_dir, plugins=list(plugins))
+    spec = SweepSpec(
+        path=path,
+        base=base,
+        axes=axes,
+        when=when,
+        table=table,
+        noise_seed_offset=offset,
+        runs_dir=runs_dir,
+        plugins=list(plugins),
+    )
     for point in spec.points():  # every point must build (e.g. algorithm names) before anything runs
         alg = point.get("algorithm", "noisy-gd")
         if alg in EXTERNAL_RUNNERS:
@@ -212,8 +227,16 @@ def describe_point(cfg: Mapping[str, Any], axes: Iterable[str]) -> str:
     return " ".join(f"{k}={cfg.get(k)}" for k in axes) or "(single run)"
 
 
-def run_sweep(spec: SweepSpec, *, log: Callable[[str], None] = print, restart: bool = False, dry_run: bool = False,
-              verbose: bool = False, max_runs: int | None = None, retry_errors: bool = False) -> dict:
+def run_sweep(
+    spec: SweepSpec,
+    *,
+    log: Callable[[str], None] = print,
+    restart: bool = False,
+    dry_run: bool = False,
+    verbose: bool = False,
+    max_runs: int | None = None,
+    retry_errors: bool = False,
+) -> dict:
     """Run every point of ``spec`` not yet in its table (``retry_errors``: also those whose row
     records an error; the new row is appended, plots read only ``ok`` rows); returns counts and the
     rows written."""
@@ -223,8 +246,10 @@ def run_sweep(spec: SweepSpec, *, log: Callable[[str], None] = print, restart: b
     points = spec.points()
     keys = [run_key(p) for p in points]
     if len(set(keys)) != len(keys):
-        raise ConfigError(f"{spec.path}: two sweep points resolve to the same configuration (a [[sweep.when]] "
-                          "overrides a swept field?)")
+        raise ConfigError(
+            f"{spec.path}: two sweep points resolve to the same configuration (a [[sweep.when]] "
+            "overrides a swept field?)"
+        )
     if restart and not dry_run:
         for p in (spec.table, spec.jsonl):
             if os.path.exists(p):
@@ -234,16 +259,22 @@ def run_sweep(spec: SweepSpec, *, log: Callable[[str], None] = print, restart: b
         with open(spec.table, newline="") as fh:
             header = next(csv.reader(fh))
         if header != columns:
-            raise ConfigError(f"table {spec.table} has other columns than this sweep writes (was it written by "
-                              "another config?); give another table (--table) or --restart")
+            raise ConfigError(
+                f"table {spec.table} has other columns than this sweep writes (was it written by "
+                "another config?); give another table (--table) or --restart"
+            )
     done = {r["run_key"] for r in existing if not retry_errors or r.get("status") == "ok"}
     todo = [i for i, k in enumerate(keys) if k not in done]
     total = len(points)
-    log(f"fedkl sweep {spec.path}: {total} runs ({len(points) - len(todo)} already in {spec.table}, "
-        f"{len(todo)} to run); axes: " + ", ".join(f"{k} x{len(v)}" for k, v in spec.axes.items()))
+    log(
+        f"fedkl sweep {spec.path}: {total} runs ({len(points) - len(todo)} already in {spec.table}, "
+        f"{len(todo)} to run); axes: " + ", ".join(f"{k} x{len(v)}" for k, v in spec.axes.items())
+    )
     if dry_run:
         for i, p in enumerate(points, 1):
-            log(f"  [{i}/{total}] {keys[i - 1]} {'done' if keys[i - 1] in done else 'todo'}  {describe_point(p, spec.axes)}")
+            log(
+                f"  [{i}/{total}] {keys[i - 1]} {'done' if keys[i - 1] in done else 'todo'}  {describe_point(p, spec.axes)}"
+            )
         return {"total": total, "skipped": total - len(todo), "ran": 0, "errors": 0, "rows": []}
     os.makedirs(os.path.dirname(os.path.abspath(spec.table)), exist_ok=True)
     references: dict[str, dict] = {}
@@ -307,18 +338,29 @@ def run_sweep(spec: SweepSpec, *, log: Callable[[str], None] = print, restart: b
                 payload["nonprivate_reference"] = references[ref_key]
                 payload["nonprivate_reference_reused"] = True
         row = result_row(cfg, key, payload, wall, columns, error)
-        append_line(spec.jsonl, json.dumps({"run_key": key, "config": {k: v for k, v in cfg.items()},
-                                             "row": row, "result": payload}, default=str) + "\n")
+        append_line(
+            spec.jsonl,
+            json.dumps(
+                {"run_key": key, "config": {k: v for k, v in cfg.items()}, "row": row, "result": payload}, default=str
+            )
+            + "\n",
+        )
         append_row(spec.table, columns, row)
         rows.append(row)
         elapsed = time.perf_counter() - started
         eta = elapsed / n_done * (len(todo) - n_done)
         k = skipped + n_done
-        what = (f"{row['metric']} {float(row['test_metric']):.4f}, eps {float(row['epsilon']):.4g}"
-                if payload is not None and row["test_metric"] != "" else
-                ("no model released" if payload is not None else f"ERROR {error}"))
-        log(f"[{k}/{total}] {describe_point(cfg, spec.axes)}: {what} ({wall:.1f} s; elapsed {_duration(elapsed)}, "
-            f"ETA {_duration(eta)})")
-    log(f"fedkl sweep: {ran} runs in {_duration(time.perf_counter() - started)} ({errors} errors); "
-        f"table {spec.table} ({len(read_table(spec.table))} rows), {spec.jsonl}")
+        what = (
+            f"{row['metric']} {float(row['test_metric']):.4f}, eps {float(row['epsilon']):.4g}"
+            if payload is not None and row["test_metric"] != ""
+            else ("no model released" if payload is not None else f"ERROR {error}")
+        )
+        log(
+            f"[{k}/{total}] {describe_point(cfg, spec.axes)}: {what} ({wall:.1f} s; elapsed {_duration(elapsed)}, "
+            f"ETA {_duration(eta)})"
+        )
+    log(
+        f"fedkl sweep: {ran} runs in {_duration(time.perf_counter() - started)} ({errors} errors); "
+        f"table {spec.table} ({len(read_table(spec.table))} rows), {spec.jsonl}"
+    )
     return {"total": total, "skipped": skipped, "ran": ran, "errors": errors, "rows": rows}

@@ -3,6 +3,7 @@ an interruption (every row and JSON line is flushed and fsynced before the next 
 
 Metrics in the tables are computed on held-out records for evaluation only: they are NOT private.
 """
+
 from __future__ import annotations
 
 import csv
@@ -12,10 +13,31 @@ from typing import Any
 
 from fedkl.experiments.runners import resolved_settings
 
-BASE_COLUMNS = ("run_key", "status", "algorithm", "dataset", "users", "neighbouring", "seed", "noise_seed",
-                "epsilon_target", "epsilon", "delta", "metric", "test_metric", "test_loss", "reference_metric",
-                "reference_loss", "excess_loss", "trivial_metric", "rounds", "sigma_sum", "noise_multiplier",
-                "wall_s", "error")
+BASE_COLUMNS = (
+    "run_key",
+    "status",
+    "algorithm",
+    "dataset",
+    "users",
+    "neighbouring",
+    "seed",
+    "noise_seed",
+    "epsilon_target",
+    "epsilon",
+    "delta",
+    "metric",
+    "test_metric",
+    "test_loss",
+    "reference_metric",
+    "reference_loss",
+    "excess_loss",
+    "trivial_metric",
+    "rounds",
+    "sigma_sum",
+    "noise_multiplier",
+    "wall_s",
+    "error",
+)
 
 
 def read_table(path: str) -> list[dict[str, str]]:
@@ -33,14 +55,26 @@ def _fmt(v: Any) -> Any:
     return v
 
 
-def result_row(cfg: Mapping[str, Any], key: str, payload: dict | None, wall: float, columns: Sequence[str],
-               error: str = "") -> dict[str, Any]:
+def result_row(
+    cfg: Mapping[str, Any], key: str, payload: dict | None, wall: float, columns: Sequence[str], error: str = ""
+) -> dict[str, Any]:
     """One table row from a run's configuration and result (``payload=None``: a failed run)."""
     c = resolved_settings(cfg)
     row: dict[str, Any] = {col: "" for col in columns}
-    row.update({"run_key": key, "status": "ok" if payload is not None else "error", "algorithm": c["algorithm"],
-                "dataset": c["dataset"], "neighbouring": c["neighbouring"], "seed": c["seed"],
-                "noise_seed": c["noise_seed"], "epsilon_target": c["epsilon"], "wall_s": wall, "error": error.replace("\n", " ")[:500]})
+    row.update(
+        {
+            "run_key": key,
+            "status": "ok" if payload is not None else "error",
+            "algorithm": c["algorithm"],
+            "dataset": c["dataset"],
+            "neighbouring": c["neighbouring"],
+            "seed": c["seed"],
+            "noise_seed": c["noise_seed"],
+            "epsilon_target": c["epsilon"],
+            "wall_s": wall,
+            "error": error.replace("\n", " ")[:500],
+        }
+    )
     for name in columns:
         if name not in BASE_COLUMNS and name in cfg:
             row[name] = cfg[name]
@@ -51,12 +85,22 @@ def result_row(cfg: Mapping[str, Any], key: str, payload: dict | None, wall: flo
     ref = payload.get("nonprivate_reference") or {}
     trivial = payload.get("trivial_baseline") or {}
     details = payload.get("algorithm_details") or {}
-    row.update({"users": payload.get("users"), "epsilon": payload.get("epsilon"), "delta": payload.get("delta"),
-                "metric": metric, "test_metric": (payload.get("test_metric") or {}).get("value"),
-                "test_loss": test.get("loss"), "reference_metric": ref.get(metric) if metric else None,
-                "reference_loss": ref.get("loss"), "trivial_metric": trivial.get(metric) if metric else None,
-                "rounds": payload.get("rounds"), "sigma_sum": payload.get("sigma_sum"),
-                "noise_multiplier": details.get("noise_multiplier") if isinstance(details, dict) else None})
+    row.update(
+        {
+            "users": payload.get("users"),
+            "epsilon": payload.get("epsilon"),
+            "delta": payload.get("delta"),
+            "metric": metric,
+            "test_metric": (payload.get("test_metric") or {}).get("value"),
+            "test_loss": test.get("loss"),
+            "reference_metric": ref.get(metric) if metric else None,
+            "reference_loss": ref.get("loss"),
+            "trivial_metric": trivial.get(metric) if metric else None,
+            "rounds": payload.get("rounds"),
+            "sigma_sum": payload.get("sigma_sum"),
+            "noise_multiplier": details.get("noise_multiplier") if isinstance(details, dict) else None,
+        }
+    )
     if row["test_loss"] not in (None, "") and row["reference_loss"] not in (None, ""):
         row["excess_loss"] = float(row["test_loss"]) - float(row["reference_loss"])
     for name, value in (payload.get("table_extra") or {}).items():

@@ -39,6 +39,7 @@ contribution. A user whose answer is missing or invalid (dropout, timeout, NaN, 
 the zero vector and is reported in ``failed``: the norm bound of every contribution, hence the
 sensitivity of the sum, is unchanged.
 """
+
 from __future__ import annotations
 
 import math
@@ -215,8 +216,10 @@ class LocalRegularizedMinimizer(Query):
     allow_zero_strength: ClassVar[bool] = False
 
     def wire_fields(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-        return ({"strength": float(self.strength), "tol": float(self.tol), "max_iter": int(self.max_iter)},
-                {"center": self.center})
+        return (
+            {"strength": float(self.strength), "tol": float(self.tol), "max_iter": int(self.max_iter)},
+            {"center": self.center},
+        )
 
     @classmethod
     def from_wire(cls, scalars: Mapping[str, Any], tensors: Mapping[str, torch.Tensor], num_params: int) -> Query:
@@ -259,8 +262,12 @@ def local_strength_ok(query: LocalRegularizedMinimizer) -> bool:
     Strength 0 makes sense only for a strongly convex f_u (problem regularizer > 0); the query does
     not know the problem, so the caller must (DiameterSCOutputPert requires reg + strength > 0)."""
     s = query.strength
-    return (isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s)
-            and (s > 0 or (query.allow_zero_strength and s == 0)))
+    return (
+        isinstance(s, (int, float))
+        and not isinstance(s, bool)
+        and math.isfinite(s)
+        and (s > 0 or (query.allow_zero_strength and s == 0))
+    )
 
 
 def check_local_query(query: LocalRegularizedMinimizer) -> None:
@@ -372,11 +379,13 @@ class GradientsAtOwnPoints(Query):
     def check_request(self, num_params: int, num_users: int) -> None:
         points = torch.as_tensor(self.points)
         if points.shape != (num_users, num_params) or not torch.isfinite(points).all():
-            raise ValueError(f"points must be finite, one row of {num_params} per asked user "
-                             f"({num_users}), got shape {tuple(points.shape)}")
+            raise ValueError(
+                f"points must be finite, one row of {num_params} per asked user "
+                f"({num_users}), got shape {tuple(points.shape)}"
+            )
 
     def for_user(self, row: int) -> Query:
-        return GradientsAtPoints(torch.as_tensor(self.points)[row:row + 1])
+        return GradientsAtPoints(torch.as_tensor(self.points)[row : row + 1])
 
     def user_answer(self, value: torch.Tensor) -> torch.Tensor:
         return value[0]
@@ -408,18 +417,29 @@ class ClippedLocalUpdate(Query):
 
     def __post_init__(self) -> None:
         _check_clip(self.clip)
-        if isinstance(self.local_steps, bool) or int(self.local_steps) != self.local_steps \
-                or not 1 <= self.local_steps <= MAX_LOCAL_STEPS:
+        if (
+            isinstance(self.local_steps, bool)
+            or int(self.local_steps) != self.local_steps
+            or not 1 <= self.local_steps <= MAX_LOCAL_STEPS
+        ):
             raise ValueError(f"local_steps must be an integer in [1, {MAX_LOCAL_STEPS}], got {self.local_steps}")
         if not (self.local_lr > 0 and math.isfinite(self.local_lr)):
             raise ValueError(f"local_lr must be finite and > 0, got {self.local_lr}")
-        if self.batch_size is not None and (isinstance(self.batch_size, bool) or int(self.batch_size) != self.batch_size
-                                            or self.batch_size < 1):
+        if self.batch_size is not None and (
+            isinstance(self.batch_size, bool) or int(self.batch_size) != self.batch_size or self.batch_size < 1
+        ):
             raise ValueError(f"batch_size must be None (all records) or a positive integer, got {self.batch_size}")
 
     def wire_fields(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-        return ({"clip": float(self.clip), "local_steps": int(self.local_steps), "local_lr": float(self.local_lr),
-                 "batch_size": int(self.batch_size or 0)}, {"w": self.w})
+        return (
+            {
+                "clip": float(self.clip),
+                "local_steps": int(self.local_steps),
+                "local_lr": float(self.local_lr),
+                "batch_size": int(self.batch_size or 0),
+            },
+            {"w": self.w},
+        )
 
     @classmethod
     def from_wire(cls, scalars: Mapping[str, Any], tensors: Mapping[str, torch.Tensor], num_params: int) -> Query:

@@ -10,6 +10,7 @@ that a server accepts from a client (the few ulps by which :func:`clip_rows`' re
 
 It sits in the federation layer, below the algorithms, and imports only the problems' row kernels.
 """
+
 from __future__ import annotations
 
 import torch

@@ -30,6 +30,7 @@ A user whose gradient is not finite contributes zero and is reported failed, as 
 (not users). Used by ``simulations/paper004_repro.py`` (paper 004's MNIST figure), whose default kernel
 this is (about 50x faster than the stock one there).
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -87,7 +88,7 @@ def ghost_clipped_sum(problem: MLP, w: torch.Tensor, data: UserData, clip: float
     order = torch.sort(idx, stable=True).indices
     starts = torch.cumsum(counts, 0) - counts
     pos = torch.empty_like(idx)
-    pos[order] = torch.arange(len(idx)) - starts[idx[order]]    # position of each record within its user
+    pos[order] = torch.arange(len(idx)) - starts[idx[order]]  # position of each record within its user
     M = int(counts.max()) if U else 0
     norms_sq = torch.zeros(U, dtype=w.dtype)
     for a_in, dl in zip(inputs, deltas):
@@ -102,10 +103,9 @@ def ghost_clipped_sum(problem: MLP, w: torch.Tensor, data: UserData, clip: float
     norms_sq = norms_sq / counts.clamp_min(1).to(w.dtype) ** 2
     norms = torch.sqrt(norms_sq.clamp_min(0))
     bad = ~torch.isfinite(norms)
-    scale = torch.where(norms > clip, clip / torch.clamp(norms, min=torch.finfo(w.dtype).tiny),
-                        torch.ones_like(norms))
+    scale = torch.where(norms > clip, clip / torch.clamp(norms, min=torch.finfo(w.dtype).tiny), torch.ones_like(norms))
     scale = torch.where(bad, torch.zeros_like(scale), scale)
-    coef = (scale / counts.clamp_min(1).to(w.dtype))[idx]        # weight of every record
+    coef = (scale / counts.clamp_min(1).to(w.dtype))[idx]  # weight of every record
     parts = []
     for a_in, dl in zip(inputs, deltas):
         cd = dl * coef.unsqueeze(1)

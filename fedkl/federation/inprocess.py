@@ -10,6 +10,7 @@ Each query type has one answer, registered with :func:`answers` (``@answers(Clip
 per-user numerics are the problem's (:class:`fedkl.problems.base.Problem`: gradients, losses and the
 local solvers), clipping is :func:`fedkl.federation.clipping.clip_rows` (re-exported here).
 """
+
 from __future__ import annotations
 
 from typing import Callable, Sequence
@@ -47,11 +48,13 @@ def answers(query_type: type) -> Callable[[AnswerMethod], AnswerMethod]:
     ``(values, bad)``: one row per asked user and the mask of the users whose answer is invalid (their
     rows already zero; :mod:`fedkl.federation.clipping`). A subclass of the backend may override a
     method answer by defining a method of the same name."""
+
     def register(method: AnswerMethod) -> AnswerMethod:
         if query_type in _ANSWERS:
             raise ValueError(f"{query_type.__name__} already has an in-process answer")
         _ANSWERS[query_type] = method
         return method
+
     return register
 
 
@@ -107,8 +110,9 @@ class InProcessFederation(Federation):
     @answers(GradientDifference)
     def _gradient_difference(self, query: GradientDifference, users: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         data = self._data(users)
-        diff = (self.problem.per_user_gradients(self._params(query.w_new), data)
-                - self.problem.per_user_gradients(self._params(query.w_old), data))
+        diff = self.problem.per_user_gradients(self._params(query.w_new), data) - self.problem.per_user_gradients(
+            self._params(query.w_old), data
+        )
         return clip_rows(diff, query.clip)
 
     @answers(LocalLoss)
@@ -121,8 +125,9 @@ class InProcessFederation(Federation):
         return zero_nonfinite_rows(self._local_minimizers(query, users, certified=False))
 
     @answers(CertifiedLocalMinimizer)
-    def _certified_local_minimizer(self, query: CertifiedLocalMinimizer,
-                                   users: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _certified_local_minimizer(
+        self, query: CertifiedLocalMinimizer, users: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return zero_nonfinite_rows(self._local_minimizers(query, users, certified=True))
 
     def _local_minimizers(self, query: LocalRegularizedMinimizer, users: list[int], certified: bool) -> torch.Tensor:
@@ -130,17 +135,20 @@ class InProcessFederation(Federation):
         asked users: ``(len(users), d)``, plus the residual column when ``certified``."""
         center = self._params(query.center)
         check_local_query(query)
-        return self.problem.local_minimizers(center, query.strength, self._data(users), tol=query.tol,
-                                             max_iter=query.max_iter, certified=certified)
+        return self.problem.local_minimizers(
+            center, query.strength, self._data(users), tol=query.tol, max_iter=query.max_iter, certified=certified
+        )
 
     @answers(GradientsAtPoints)
-    def _gradients_at_points_answer(self, query: GradientsAtPoints,
-                                    users: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _gradients_at_points_answer(
+        self, query: GradientsAtPoints, users: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return zero_nonfinite_rows(self._gradients_at_points(query.points, users))
 
     @answers(GradientsAtOwnPoints)
-    def _gradients_at_own_points_answer(self, query: GradientsAtOwnPoints,
-                                        users: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _gradients_at_own_points_answer(
+        self, query: GradientsAtOwnPoints, users: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return zero_nonfinite_rows(self._gradients_at_own_points(query.points, users))
 
     @answers(ClippedLocalUpdate)
@@ -164,11 +172,13 @@ class InProcessFederation(Federation):
         what a Flower client computes for the one-point ``GradientsAtPoints`` request it receives."""
         points = torch.as_tensor(points).to(self.problem.dtype)
         if points.shape != (len(users), self.num_params):
-            raise ValueError(f"points must have one row of {self.num_params} per asked user ({len(users)}), "
-                             f"got shape {tuple(points.shape)}")
+            raise ValueError(
+                f"points must have one row of {self.num_params} per asked user ({len(users)}), "
+                f"got shape {tuple(points.shape)}"
+            )
         out = torch.empty(len(users), self.num_params, dtype=points.dtype)
         for row, u in enumerate(users):
-            out[row] = self._gradients_at_points(points[row:row + 1], [u])[0, 0]
+            out[row] = self._gradients_at_points(points[row : row + 1], [u])[0, 0]
         return out
 
     def _local_updates(self, query: ClippedLocalUpdate, users: list[int]) -> torch.Tensor:

@@ -6,6 +6,7 @@ algorithms send for this family: :class:`~fedkl.federation.base.ClippedGradient`
 :class:`~fedkl.federation.base.GradientsAtPoints` (SCOutputPert's certificate and the mean-type test of
 :mod:`fedkl.algorithms.mean_type_inner`), with ``grad f_u(w) = (1 + reg) w - xbar_u``.
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -43,7 +44,7 @@ class MeanFederation(Federation):
 
     def compute(self, query, users: Sequence[int] | None = None) -> Answers:
         if users is None or (len(users) == len(self._all) and list(users) == self._all):
-            users, means = self._all, self.means          # everyone (the common case): no gather
+            users, means = self._all, self.means  # everyone (the common case): no gather
         else:
             users = self._users(users)
             means = self.means[torch.as_tensor(users, dtype=torch.long)]

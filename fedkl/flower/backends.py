@@ -1,6 +1,7 @@
 """The Flower backends of ``fedkl run`` (``--backend flower-local | flower-sim | grpc``), registered
 with :mod:`fedkl.runner` on import. The CLI and :func:`fedkl.train` import this module when a run
 asks for one of them; the run layer itself never imports Flower."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -13,8 +14,10 @@ def _open(backend: str):
     def open_federation(cfg: Any, dataset: Any):
         from fedkl.flower.server_app import start_federation
 
-        return start_federation(backend, ClientSpec.from_run_config(cfg, task=dataset.task),
-                                user_ids=dataset.train.user_ids)
+        return start_federation(
+            backend, ClientSpec.from_run_config(cfg, task=dataset.task), user_ids=dataset.train.user_ids
+        )
+
     return open_federation
 
 

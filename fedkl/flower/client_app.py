@@ -11,6 +11,7 @@ Every request is a ``query.fedkl`` message (see :mod:`fedkl.flower.codec`). An u
 request, a wrong shape/dtype, NaN or an oversize payload gets an ``"error"`` reply, never an
 exception; other message types (``train``, ``evaluate``, ``query``) get an error reply too.
 """
+
 from __future__ import annotations
 
 import os
@@ -42,10 +43,14 @@ class UserWorker:
     def __init__(self, spec: codec.ClientSpec, partition_id: int) -> None:
         dataset, problem = _load(spec)
         if not 0 <= partition_id < dataset.train.num_users:
-            raise codec.CodecError(f"partition-id {partition_id} is not a user position of {spec.dataset} "
-                                   f"({dataset.train.num_users} users)", codec.ERR_NOT_CONFIGURED)
-        one = dataclasses.replace(dataset, train=dataset.train.subset([partition_id]),
-                                  test=dataset.test.subset([partition_id]))
+            raise codec.CodecError(
+                f"partition-id {partition_id} is not a user position of {spec.dataset} "
+                f"({dataset.train.num_users} users)",
+                codec.ERR_NOT_CONFIGURED,
+            )
+        one = dataclasses.replace(
+            dataset, train=dataset.train.subset([partition_id]), test=dataset.test.subset([partition_id])
+        )
         self.partition_id = partition_id
         self.num_partitions = dataset.train.num_users
         self.user_id = one.train.user_ids[0]
@@ -97,8 +102,9 @@ def handle(message: Message, context: Context, spec: codec.ClientSpec | None = N
     try:
         spec = spec or codec.ClientSpec.from_user_config(context.run_config)
         if spec is None:
-            raise codec.CodecError("no fedkl dataset configured (run config key 'fedkl-dataset')",
-                                   codec.ERR_NOT_CONFIGURED)
+            raise codec.CodecError(
+                "no fedkl dataset configured (run config key 'fedkl-dataset')", codec.ERR_NOT_CONFIGURED
+            )
         pid = context.node_config.get("partition-id")
         if isinstance(pid, bool) or not isinstance(pid, int):
             raise codec.CodecError(f"node_config partition-id {pid!r} is not an integer", codec.ERR_NOT_CONFIGURED)
@@ -113,9 +119,13 @@ def handle(message: Message, context: Context, spec: codec.ClientSpec | None = N
 
 
 def _refuse(message: Message, context: Context) -> Message:
-    return Message(codec.encode_error(codec.ERR_BAD_REQUEST,
-                                      f"unsupported message type {message.metadata.message_type!r}; "
-                                      f"fedkl answers {codec.MESSAGE_TYPE!r}"), reply_to=message)
+    return Message(
+        codec.encode_error(
+            codec.ERR_BAD_REQUEST,
+            f"unsupported message type {message.metadata.message_type!r}; fedkl answers {codec.MESSAGE_TYPE!r}",
+        ),
+        reply_to=message,
+    )
 
 
 def make_client_app(spec: codec.ClientSpec | None = None, *, torch_threads: int | None = None) -> ClientApp:

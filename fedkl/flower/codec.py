@@ -18,6 +18,7 @@ Decoding never trusts the other side: unknown kinds or keys, wrong dtypes/shapes
 non-finite values and arrays larger than the expected shape needs are :class:`CodecError`. Array
 sizes are checked on the *serialised* bytes before anything is deserialised.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,10 +39,10 @@ MESSAGE_TYPE = "query.fedkl"
 INFO = "info"  # the handshake kind: which user does this node hold?
 
 # Error codes carried in an "error" ConfigRecord.
-ERR_BAD_REQUEST = 1      # unknown kind, wrong shape/dtype, NaN, oversize, bad scalar
-ERR_NOT_FINITE = 2       # the user's own answer was not finite (in-process: "failed")
-ERR_INTERNAL = 3         # anything else on the client
-ERR_NOT_CONFIGURED = 4   # the node holds no valid user (partition-id out of range, no dataset)
+ERR_BAD_REQUEST = 1  # unknown kind, wrong shape/dtype, NaN, oversize, bad scalar
+ERR_NOT_FINITE = 2  # the user's own answer was not finite (in-process: "failed")
+ERR_INTERNAL = 3  # anything else on the client
+ERR_NOT_CONFIGURED = 4  # the node holds no valid user (partition-id out of range, no dataset)
 
 # Slack for the .npy header on top of the raw float64 bytes of an expected array.
 NPY_HEADER_SLACK = 1024
@@ -182,17 +183,33 @@ def encode_answer(query: Query | str, value: torch.Tensor | np.ndarray) -> Any:
     v = np.ascontiguousarray(v, dtype=np.float64)
     if v.ndim == 0:
         v = v.reshape(1)
-    return RecordDict({"fedkl": ConfigRecord({"protocol": PROTOCOL, "kind": kind, "status": "ok"}),
-                       "answer": ArrayRecord({"value": _array(v)})})
+    return RecordDict(
+        {
+            "fedkl": ConfigRecord({"protocol": PROTOCOL, "kind": kind, "status": "ok"}),
+            "answer": ArrayRecord({"value": _array(v)}),
+        }
+    )
 
 
 def encode_info(partition_id: int, num_partitions: int, user_id: str, num_params: int) -> Any:
     from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-    return RecordDict({"fedkl": ConfigRecord({
-        "protocol": PROTOCOL, "kind": INFO, "status": "ok", "partition_id": int(partition_id),
-        "num_partitions": int(num_partitions), "user_id": str(user_id), "num_params": int(num_params)}),
-        "answer": ArrayRecord()})
+    return RecordDict(
+        {
+            "fedkl": ConfigRecord(
+                {
+                    "protocol": PROTOCOL,
+                    "kind": INFO,
+                    "status": "ok",
+                    "partition_id": int(partition_id),
+                    "num_partitions": int(num_partitions),
+                    "user_id": str(user_id),
+                    "num_params": int(num_params),
+                }
+            ),
+            "answer": ArrayRecord(),
+        }
+    )
 
 
 def encode_error(code: int, reason: str) -> Any:
@@ -264,8 +281,13 @@ def decode_info(reply: Any) -> NodeInfo:
     if len(content["answer"]) != 0:
         raise CodecError("info reply carries arrays")
     pid, npart, uid, nparams = (cfg["partition_id"], cfg["num_partitions"], cfg["user_id"], cfg["num_params"])
-    if not all(isinstance(x, int) and not isinstance(x, bool) for x in (pid, npart, nparams)) \
-            or not isinstance(uid, str) or not (0 <= pid < npart) or nparams < 1 or len(uid) > 1000:
+    if (
+        not all(isinstance(x, int) and not isinstance(x, bool) for x in (pid, npart, nparams))
+        or not isinstance(uid, str)
+        or not (0 <= pid < npart)
+        or nparams < 1
+        or len(uid) > 1000
+    ):
         raise CodecError(f"invalid info reply {dict(cfg)}")
     return NodeInfo(pid, npart, uid, nparams)
 
@@ -294,10 +316,15 @@ class ClientSpec:
                 raise ValueError(f"{name} must be a JSON object")
 
     @classmethod
-    def build(cls, dataset: str, problem: str, dataset_kwargs: Mapping | None = None,
-              problem_kwargs: Mapping | None = None) -> "ClientSpec":
-        return cls(dataset, problem, json.dumps(dict(dataset_kwargs or {}), sort_keys=True),
-                   json.dumps(dict(problem_kwargs or {}), sort_keys=True))
+    def build(
+        cls, dataset: str, problem: str, dataset_kwargs: Mapping | None = None, problem_kwargs: Mapping | None = None
+    ) -> "ClientSpec":
+        return cls(
+            dataset,
+            problem,
+            json.dumps(dict(dataset_kwargs or {}), sort_keys=True),
+            json.dumps(dict(problem_kwargs or {}), sort_keys=True),
+        )
 
     @staticmethod
     def loader_kwargs(cfg: Any) -> dict:
@@ -330,17 +357,28 @@ class ClientSpec:
         dataset = str(user_config["fedkl-dataset"])
         if "fedkl-dataset-kwargs" in user_config or "fedkl-problem-kwargs" in user_config:
             problem = str(user_config.get("fedkl-problem", "logistic"))
-            return cls(dataset, problem, str(user_config.get("fedkl-dataset-kwargs", "{}")),
-                       str(user_config.get("fedkl-problem-kwargs", "{}")))
-        ns = SimpleNamespace(dataset=dataset, problem=user_config.get("fedkl-problem"),
-                             seed=int(user_config.get("fedkl-seed", 0)),
-                             reg=float(user_config.get("fedkl-reg", 0.0)),
-                             users=user_config.get("fedkl-users") or None)
+            return cls(
+                dataset,
+                problem,
+                str(user_config.get("fedkl-dataset-kwargs", "{}")),
+                str(user_config.get("fedkl-problem-kwargs", "{}")),
+            )
+        ns = SimpleNamespace(
+            dataset=dataset,
+            problem=user_config.get("fedkl-problem"),
+            seed=int(user_config.get("fedkl-seed", 0)),
+            reg=float(user_config.get("fedkl-reg", 0.0)),
+            users=user_config.get("fedkl-users") or None,
+        )
         return cls.from_run_config(ns)
 
     def to_user_config(self) -> dict[str, str]:
-        return {"fedkl-dataset": self.dataset, "fedkl-problem": self.problem,
-                "fedkl-dataset-kwargs": self.dataset_kwargs, "fedkl-problem-kwargs": self.problem_kwargs}
+        return {
+            "fedkl-dataset": self.dataset,
+            "fedkl-problem": self.problem,
+            "fedkl-dataset-kwargs": self.dataset_kwargs,
+            "fedkl-problem-kwargs": self.problem_kwargs,
+        }
 
     @property
     def kwargs(self) -> tuple[dict, dict]:

@@ -14,6 +14,7 @@ The ServerApp (noisy GD, ledger, noise) runs in Flower's ``flwr-serverapp`` proc
 SIGKILL, by process group) when the run ends, fails or is interrupted. Offline: it sets
 ``FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1`` and a private ``FLWR_HOME``.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -73,24 +74,39 @@ def make_certificates(folder: Path) -> dict[str, Path]:
     now = datetime.datetime.now(datetime.timezone.utc)
     ca_key = ec.generate_private_key(ec.SECP384R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fedkl run CA")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-          .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-          .not_valid_after(now + datetime.timedelta(days=1))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .sign(ca_key, hashes.SHA256()))
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
     key = ec.generate_private_key(ec.SECP384R1())
-    cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
-            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                                                        x509.DNSName("localhost")]), critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
     folder.mkdir(parents=True, exist_ok=True)
     paths = {"ca": folder / "ca.crt", "cert": folder / "server.pem", "key": folder / "server.key"}
     paths["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     paths["cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    paths["key"].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                               serialization.NoEncryption()))
+    paths["key"].write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     os.chmod(paths["key"], 0o600)
     return paths
 
@@ -102,8 +118,9 @@ def make_node_keys(folder: Path, name: str) -> tuple[Path, Path]:
 
     key = ec.generate_private_key(ec.SECP384R1())
     priv, pub = folder / f"{name}.key", folder / f"{name}.pub"
-    priv.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                                       serialization.NoEncryption()))
+    priv.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption())
+    )
     os.chmod(priv, 0o600)
     pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH))
     return priv, pub
@@ -119,12 +136,30 @@ def _toml_value(v: Any) -> str:
 
 def _write_app(folder: Path, run_config: Mapping[str, Any]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    lines = ['[build-system]', 'requires = ["hatchling"]', 'build-backend = "hatchling.build"', '',
-             '[project]', 'name = "fedklrun"', 'version = "1.0.0"', 'description = "fedkl over Flower"',
-             'license = "Apache-2.0"', 'dependencies = []', '', '[tool.hatch.build.targets.wheel]',
-             'packages = ["."]', '', '[tool.flwr.app]', 'publisher = "fedkl"', '',
-             '[tool.flwr.app.components]', 'serverapp = "fedkl.flower.server_app:app"', 'clientapp = "fedkl.flower.client_app:app"', '',
-             '[tool.flwr.app.config]']
+    lines = [
+        "[build-system]",
+        'requires = ["hatchling"]',
+        'build-backend = "hatchling.build"',
+        "",
+        "[project]",
+        'name = "fedklrun"',
+        'version = "1.0.0"',
+        'description = "fedkl over Flower"',
+        'license = "Apache-2.0"',
+        "dependencies = []",
+        "",
+        "[tool.hatch.build.targets.wheel]",
+        'packages = ["."]',
+        "",
+        "[tool.flwr.app]",
+        'publisher = "fedkl"',
+        "",
+        "[tool.flwr.app.components]",
+        'serverapp = "fedkl.flower.server_app:app"',
+        'clientapp = "fedkl.flower.client_app:app"',
+        "",
+        "[tool.flwr.app.config]",
+    ]
     lines += [f"{k} = {_toml_value(v)}" for k, v in run_config.items() if v is not None]
     (folder / "pyproject.toml").write_text("\n".join(lines) + "\n")
 
@@ -149,7 +184,7 @@ def _proc_table() -> dict[int, tuple[int, str]]:
                 stat = Path(f"/proc/{d}/stat").read_text()
             except OSError:
                 continue
-            fields = stat[stat.rindex(")") + 2:].split()
+            fields = stat[stat.rindex(")") + 2 :].split()
             out[int(d)] = (int(fields[1]), fields[0])
     return out
 
@@ -236,9 +271,18 @@ def stop_processes(procs: list[subprocess.Popen], grace: float = 5.0, settle: fl
             pass
 
 
-def run_grpc(run_config: Mapping[str, Any], num_users: int, *, workdir: str | None = None, tls: bool = True,
-             node_auth: bool = True, timeout: float = 600.0, unregistered: tuple[int, ...] = (),
-             connect_timeout: float = 120.0, log=print) -> dict:
+def run_grpc(
+    run_config: Mapping[str, Any],
+    num_users: int,
+    *,
+    workdir: str | None = None,
+    tls: bool = True,
+    node_auth: bool = True,
+    timeout: float = 600.0,
+    unregistered: tuple[int, ...] = (),
+    connect_timeout: float = 120.0,
+    log=print,
+) -> dict:
     """Run the fedkl app on a fresh local SuperLink + ``num_users`` SuperNodes; return the parsed
     ``flower_result.json`` (plus ``"workdir"``, ``"wall_s"``). ``run_config`` holds the ``fedkl-*``
     keys (see :func:`run_config_for`); ``fedkl-out`` defaults to ``<workdir>/out``.
@@ -255,17 +299,31 @@ def run_grpc(run_config: Mapping[str, Any], num_users: int, *, workdir: str | No
     home = work / "flwr-home"
     home.mkdir(exist_ok=True)
     port = _free_port()
-    env = {**os.environ, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
-           "RAY_USAGE_STATS_ENABLED": "0", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
-           "PYTHONPATH": os.pathsep.join([str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+    env = {
+        **os.environ,
+        "FLWR_HOME": str(home),
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+        "PYTHONPATH": os.pathsep.join(
+            [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        ),
+    }
     conn = ["[superlink]", 'default = "fedkl"', "", "[superlink.fedkl]", f'address = "127.0.0.1:{port}"']
     link_tls: list[str] = ["--insecure"]
     node_tls: list[str] = ["--insecure"]
     if tls:
         certs = make_certificates(work / "certs")
-        link_tls = ["--ssl-ca-certfile", str(certs["ca"]), "--ssl-certfile", str(certs["cert"]),
-                    "--ssl-keyfile", str(certs["key"])]
+        link_tls = [
+            "--ssl-ca-certfile",
+            str(certs["ca"]),
+            "--ssl-certfile",
+            str(certs["cert"]),
+            "--ssl-keyfile",
+            str(certs["key"]),
+        ]
         node_tls = ["--root-certificates", str(certs["ca"])]
         conn.append(f'root-certificates = "{certs["ca"]}"')
     else:
@@ -282,15 +340,35 @@ def run_grpc(run_config: Mapping[str, Any], num_users: int, *, workdir: str | No
         return p
 
     def cli(args: list[str], limit: float) -> str:
-        r = subprocess.run([_bin("flwr"), *args], env=env, cwd=work, capture_output=True, text=True,
-                           timeout=limit, start_new_session=True)
+        r = subprocess.run(
+            [_bin("flwr"), *args],
+            env=env,
+            cwd=work,
+            capture_output=True,
+            text=True,
+            timeout=limit,
+            start_new_session=True,
+        )
         if r.returncode != 0:
-            raise RuntimeError(f"flwr {' '.join(args[:2])} failed ({r.returncode}): {r.stdout[-2000:]}{r.stderr[-2000:]}")
+            raise RuntimeError(
+                f"flwr {' '.join(args[:2])} failed ({r.returncode}): {r.stdout[-2000:]}{r.stderr[-2000:]}"
+            )
         return r.stdout
 
     try:
-        start([_bin("flower-superlink"), *link_tls, *(["--enable-supernode-auth"] if node_auth else []),
-               "--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", str(port)], "superlink")
+        start(
+            [
+                _bin("flower-superlink"),
+                *link_tls,
+                *(["--enable-supernode-auth"] if node_auth else []),
+                "--disable-runtime-dependency-installation",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            "superlink",
+        )
         _wait_port(port, 60, procs)
         for u in range(num_users):
             auth: list[str] = []
@@ -299,11 +377,26 @@ def run_grpc(run_config: Mapping[str, Any], num_users: int, *, workdir: str | No
                 if u not in unregistered:
                     cli(["supernode", "register", str(pub), "fedkl"], 120)
                 auth = ["--auth-supernode-private-key", str(priv)]
-            start([_bin("flower-supernode"), *node_tls, *auth, "--superlink", f"127.0.0.1:{port}",
-                   "--node-config", f"partition-id={u} num-partitions={num_users}",
-                   "--host", "127.0.0.1", "--port", str(_free_port())], f"supernode-{u}")
-        log(f"fedkl grpc: SuperLink on 127.0.0.1:{port} ({'TLS' if tls else 'insecure'}, "
-            f"{'SuperNode auth' if node_auth else 'no node auth'}), {num_users} SuperNodes; logs in {work}")
+            start(
+                [
+                    _bin("flower-supernode"),
+                    *node_tls,
+                    *auth,
+                    "--superlink",
+                    f"127.0.0.1:{port}",
+                    "--node-config",
+                    f"partition-id={u} num-partitions={num_users}",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(_free_port()),
+                ],
+                f"supernode-{u}",
+            )
+        log(
+            f"fedkl grpc: SuperLink on 127.0.0.1:{port} ({'TLS' if tls else 'insecure'}, "
+            f"{'SuperNode auth' if node_auth else 'no node auth'}), {num_users} SuperNodes; logs in {work}"
+        )
         expected = num_users - (len(set(unregistered)) if node_auth else 0)
         deadline = time.monotonic() + connect_timeout
         while True:
@@ -312,7 +405,9 @@ def run_grpc(run_config: Mapping[str, Any], num_users: int, *, workdir: str | No
             if online >= expected:
                 break
             if time.monotonic() > deadline:
-                raise TimeoutError(f"only {online} of {expected} SuperNodes online after {connect_timeout} s; see {work}")
+                raise TimeoutError(
+                    f"only {online} of {expected} SuperNodes online after {connect_timeout} s; see {work}"
+                )
             for p, logf in procs:
                 if p.poll() is not None and p is procs[0][0]:
                     raise RuntimeError(f"the SuperLink exited with {p.returncode}; see {logf}")
@@ -339,7 +434,13 @@ def train_over_grpc(cfg: Any, dataset: Any, out: str, log=print, **kw: Any) -> t
     spec = ClientSpec.from_run_config(cfg, task=dataset.task)
     res = run_grpc(run_config_for(cfg, spec, out=out), dataset.train.num_users, log=log, **kw)
     w = None if res.get("w") is None else torch.tensor(res["w"], dtype=torch.float64)
-    result = SimpleNamespace(w=w, history=res.get("history", []), failed_users=res.get("failed_users"),
-                             rho_spent=res.get("rho_spent"), sigma=res.get("sigma"), workdir=res.get("workdir"),
-                             guarantee=Guarantee.from_dict(res["guarantee"]))
+    result = SimpleNamespace(
+        w=w,
+        history=res.get("history", []),
+        failed_users=res.get("failed_users"),
+        rho_spent=res.get("rho_spent"),
+        sigma=res.get("sigma"),
+        workdir=res.get("workdir"),
+        guarantee=Guarantee.from_dict(res["guarantee"]),
+    )
     return result, res["ledger"]

@@ -14,6 +14,7 @@ sensitivity of the sum, hence the noise, is unchanged; the algorithm charges eve
 Node ids are mapped to user positions by a handshake (``info`` request) at construction: each node
 reports its ``partition-id``, the number of partitions, its user id and the parameter count.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -46,9 +47,17 @@ class FlowerFederation(Federation):
         dtype: dtype of the returned values (float64 on the wire).
     """
 
-    def __init__(self, grid: Any, *, user_ids: Sequence[str] | None = None, num_users: int | None = None,
-                 timeout: float | None = None, handshake_timeout: float | None = 120.0,
-                 wait_for_nodes: float = 120.0, dtype: torch.dtype = torch.float64) -> None:
+    def __init__(
+        self,
+        grid: Any,
+        *,
+        user_ids: Sequence[str] | None = None,
+        num_users: int | None = None,
+        timeout: float | None = None,
+        handshake_timeout: float | None = 120.0,
+        wait_for_nodes: float = 120.0,
+        dtype: torch.dtype = torch.float64,
+    ) -> None:
         self.grid = grid
         self.timeout = timeout
         self.dtype = dtype
@@ -59,8 +68,9 @@ class FlowerFederation(Federation):
         self._handshake(user_ids, expected, handshake_timeout, wait_for_nodes)
 
     # --- handshake -----------------------------------------------------------------------------
-    def _handshake(self, user_ids: Sequence[str] | None, expected: int | None, timeout: float | None,
-                   wait: float) -> None:
+    def _handshake(
+        self, user_ids: Sequence[str] | None, expected: int | None, timeout: float | None, wait: float
+    ) -> None:
         deadline = time.monotonic() + wait
         nodes = sorted(self.grid.get_node_ids())
         while expected is not None and len(nodes) < expected and time.monotonic() < deadline:
@@ -81,8 +91,9 @@ class FlowerFederation(Federation):
         params = {i.num_params for i in infos.values()}
         parts = {i.num_partitions for i in infos.values()}
         if len(params) != 1 or len(parts) != 1:
-            raise RuntimeError(f"nodes disagree on the problem: num_params {sorted(params)}, "
-                               f"num_partitions {sorted(parts)}")
+            raise RuntimeError(
+                f"nodes disagree on the problem: num_params {sorted(params)}, num_partitions {sorted(parts)}"
+            )
         n = expected if expected is not None else parts.pop()
         node_of: dict[int, int] = {}
         ids: list[str | None] = list(user_ids) if user_ids is not None else [None] * n
@@ -92,14 +103,18 @@ class FlowerFederation(Federation):
             if info.partition_id in node_of:
                 raise RuntimeError(f"two nodes claim user position {info.partition_id}")
             if user_ids is not None and info.user_id != user_ids[info.partition_id]:
-                raise RuntimeError(f"node {nid} holds user {info.user_id!r} at position {info.partition_id}, "
-                                   f"expected {user_ids[info.partition_id]!r}")
+                raise RuntimeError(
+                    f"node {nid} holds user {info.user_id!r} at position {info.partition_id}, "
+                    f"expected {user_ids[info.partition_id]!r}"
+                )
             node_of[info.partition_id] = nid
             ids[info.partition_id] = info.user_id
         missing = [u for u in range(n) if u not in node_of]
         if user_ids is None and missing:
-            raise RuntimeError(f"{len(missing)} user positions have no node (e.g. {missing[:5]}); "
-                               "pass user_ids to run with them absent (they then always fail)")
+            raise RuntimeError(
+                f"{len(missing)} user positions have no node (e.g. {missing[:5]}); "
+                "pass user_ids to run with them absent (they then always fail)"
+            )
         if missing:
             log.warning("%d enrolled users have no node; they contribute zero and are reported failed", len(missing))
         self._user_ids = tuple(str(i) for i in ids)

@@ -12,6 +12,7 @@ each reply after it, and may change or withhold them. Helpers: :func:`drop`, :fu
 A delay is simulated (no sleep): a reply delayed by more than the ``timeout`` given to
 ``send_and_receive`` is not returned, so tests are deterministic and fast.
 """
+
 from __future__ import annotations
 
 import os
@@ -58,25 +59,37 @@ class Fault:
 class LocalGrid(Grid):
     """Synchronous in-process Grid over ``client_app`` with ``num_nodes`` nodes."""
 
-    def __init__(self, client_app: Callable[[Message, Context], Message], num_nodes: int, *,
-                 run_id: int = 1, run_config: Mapping[str, Any] | None = None,
-                 faults: Mapping[int, Fault] | None = None, node_ids: Iterable[int] | None = None,
-                 absent: Iterable[int] = ()) -> None:
+    def __init__(
+        self,
+        client_app: Callable[[Message, Context], Message],
+        num_nodes: int,
+        *,
+        run_id: int = 1,
+        run_config: Mapping[str, Any] | None = None,
+        faults: Mapping[int, Fault] | None = None,
+        node_ids: Iterable[int] | None = None,
+        absent: Iterable[int] = (),
+    ) -> None:
         """``faults`` maps partition ids to their :class:`Fault`; ``absent`` partitions have no node
         at all (never connected); ``node_ids`` overrides the (shuffled, deterministic) node ids."""
         self.app = client_app
         self.run_id = run_id
         _set_task_identity(run_id)
-        ids = list(node_ids) if node_ids is not None else \
-            random.Random(run_id).sample(range(10**6, 10**9), num_nodes)
+        ids = list(node_ids) if node_ids is not None else random.Random(run_id).sample(range(10**6, 10**9), num_nodes)
         if len(ids) != num_nodes or len(set(ids)) != num_nodes or 0 in ids:
             raise ValueError("node_ids must be num_nodes distinct non-zero integers")
         absent = set(absent)
         self.partition_of = {nid: p for p, nid in enumerate(ids) if p not in absent}
-        self.contexts = {nid: Context(run_id=run_id, node_id=nid,
-                                      node_config={"partition-id": p, "num-partitions": num_nodes},
-                                      state=RecordDict(), run_config=dict(run_config or {}))
-                         for nid, p in self.partition_of.items()}
+        self.contexts = {
+            nid: Context(
+                run_id=run_id,
+                node_id=nid,
+                node_config={"partition-id": p, "num-partitions": num_nodes},
+                state=RecordDict(),
+                run_config=dict(run_config or {}),
+            )
+            for nid, p in self.partition_of.items()
+        }
         self.faults = dict(faults or {})
         self._replies: dict[str, tuple[Message, float]] = {}
         self.calls: list[tuple[int, str]] = []  # (partition, message type) of every delivered request
@@ -89,8 +102,9 @@ class LocalGrid(Grid):
     def run(self) -> Any:
         raise NotImplementedError("LocalGrid has no Run object")
 
-    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
-                       ttl: float | None = None) -> Message:
+    def create_message(
+        self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str, ttl: float | None = None
+    ) -> Message:
         return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
 
     def get_node_ids(self) -> list[int]:
@@ -162,8 +176,12 @@ def _kind(message: Message) -> Any:
 
 
 def _with_value(request: Message, value: np.ndarray) -> Message:
-    content = RecordDict({"fedkl": ConfigRecord({"protocol": 1, "kind": _kind(request), "status": "ok"}),
-                          "answer": ArrayRecord({"value": Array(value)})})
+    content = RecordDict(
+        {
+            "fedkl": ConfigRecord({"protocol": 1, "kind": _kind(request), "status": "ok"}),
+            "answer": ArrayRecord({"value": Array(value)}),
+        }
+    )
     return Message(content, reply_to=request)
 
 
@@ -174,17 +192,21 @@ def drop() -> Fault:
 
 def nan_reply() -> Fault:
     """A well-formed reply whose values are NaN."""
+
     def fn(req: Message, rep: Message) -> Message:
         shape = rep.content["answer"]["value"].shape if "answer" in rep.content else (1,)
         return _with_value(req, np.full(shape, np.nan))
+
     return _ReplyFault(fn)
 
 
 def wrong_shape(extra: int = 1) -> Fault:
     """A reply with ``extra`` more coordinates than asked for."""
+
     def fn(req: Message, rep: Message) -> Message:
         n = rep.content["answer"]["value"].shape[0] if "answer" in rep.content else 1
         return _with_value(req, np.zeros(n + extra))
+
     return _ReplyFault(fn)
 
 
@@ -192,38 +214,44 @@ def wrong_dtype() -> Fault:
     def fn(req: Message, rep: Message) -> Message:
         v = rep.content["answer"]["value"].numpy()
         return _with_value(req, v.astype(np.float32))
+
     return _ReplyFault(fn)
 
 
 def zero_reply() -> Fault:
     """A well-formed reply of exact zeros (e.g. a user at its own optimum)."""
+
     def fn(req: Message, rep: Message) -> Message:
         shape = rep.content["answer"]["value"].shape if "answer" in rep.content else (1,)
         return _with_value(req, np.zeros(shape))
+
     return _ReplyFault(fn)
 
 
 def garbage() -> Fault:
     """A reply that is not in the fedkl format at all."""
-    return _ReplyFault(lambda req, rep: Message(RecordDict({"x": ConfigRecord({"junk": b"\x00\xff"})}),
-                                                reply_to=req))
+    return _ReplyFault(lambda req, rep: Message(RecordDict({"x": ConfigRecord({"junk": b"\x00\xff"})}), reply_to=req))
 
 
 def huge_norm(scale: float = 1e6) -> Fault:
     """A well-formed, finite reply far outside the clip bound (a malicious client)."""
+
     def fn(req: Message, rep: Message) -> Message:
         n = rep.content["answer"]["value"].shape[0]
         return _with_value(req, np.full(n, scale))
+
     return _ReplyFault(fn)
 
 
 def oversize(nbytes: int = 1 << 20) -> Fault:
     """A reply whose array declares the right shape but carries ``nbytes`` of payload."""
+
     def fn(req: Message, rep: Message) -> Message:
         arr = rep.content["answer"]["value"]
         big = Array(dtype=arr.dtype, shape=tuple(arr.shape), stype=arr.stype, data=arr.data + b"\x00" * nbytes)
         content = RecordDict({"fedkl": rep.content["fedkl"], "answer": ArrayRecord({"value": big})})
         return Message(content, reply_to=req)
+
     return _ReplyFault(fn)
 
 
@@ -238,28 +266,33 @@ class _RequestFault(Fault):
 
 
 def _replace_content(message: Message, content: RecordDict) -> Message:
-    m = Message(content, message.metadata.dst_node_id, message.metadata.message_type,
-                group_id=message.metadata.group_id)
+    m = Message(
+        content, message.metadata.dst_node_id, message.metadata.message_type, group_id=message.metadata.group_id
+    )
     m.metadata.__dict__["_message_id"] = message.metadata.message_id
     return m
 
 
 def unknown_request() -> Fault:
     """The request reaching the node has an unknown query kind (e.g. a corrupted or newer server)."""
+
     def fn(m: Message) -> Message:
         cfg = dict(m.content["fedkl"])
         cfg["kind"] = "steal_records"
         return _replace_content(m, RecordDict({"fedkl": ConfigRecord(cfg), "tensors": m.content["tensors"]}))
+
     return _RequestFault(fn)
 
 
 def oversize_request(nbytes: int = 1 << 20) -> Fault:
     """The request reaching the node carries an oversize array payload."""
+
     def fn(m: Message) -> Message:
         tensors = ArrayRecord()
         for k, a in m.content["tensors"].items():
             tensors[k] = Array(dtype=a.dtype, shape=tuple(a.shape), stype=a.stype, data=a.data + b"\x00" * nbytes)
         return _replace_content(m, RecordDict({"fedkl": m.content["fedkl"], "tensors": tensors}))
+
     return _RequestFault(fn)
 
 

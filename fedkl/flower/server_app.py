@@ -20,6 +20,7 @@ Entry points:
   :func:`_run_config_from_user_config`), trains with the ledger and noise in its own process and
   writes ``flower_result.json`` next to the ledger.
 """
+
 from __future__ import annotations
 
 import os
@@ -49,8 +50,7 @@ from fedkl.problems import make_problem  # noqa: E402
 from fedkl.runner import RunConfig  # noqa: E402
 
 BACKENDS = ("inprocess", "flower-local", "flower-sim")
-RAY_BACKEND_CONFIG = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                      "init_args": {"include_dashboard": False}}
+RAY_BACKEND_CONFIG = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}, "init_args": {"include_dashboard": False}}
 
 
 def make_server_app(main: Callable[[Grid, Context], None]) -> ServerApp:
@@ -108,8 +108,9 @@ class _RelayGrid:
 
 
 @contextlib.contextmanager
-def _simulation(client_app: Any, num_nodes: int, backend_config: dict | None = None,
-                start_timeout: float = 300.0) -> Iterator[_RelayGrid]:
+def _simulation(
+    client_app: Any, num_nodes: int, backend_config: dict | None = None, start_timeout: float = 300.0
+) -> Iterator[_RelayGrid]:
     from flwr.simulation import run_simulation
 
     relay = _RelayGrid()
@@ -121,8 +122,13 @@ def _simulation(client_app: Any, num_nodes: int, backend_config: dict | None = N
 
     def runner() -> None:
         try:
-            run_simulation(server_app=make_server_app(main), client_app=client_app, num_supernodes=num_nodes,
-                           backend_name="ray", backend_config=json.loads(json.dumps(backend_config or RAY_BACKEND_CONFIG)))
+            run_simulation(
+                server_app=make_server_app(main),
+                client_app=client_app,
+                num_supernodes=num_nodes,
+                backend_name="ray",
+                backend_config=json.loads(json.dumps(backend_config or RAY_BACKEND_CONFIG)),
+            )
         except BaseException as exc:
             relay.failed = exc
         finally:
@@ -143,9 +149,16 @@ def _simulation(client_app: Any, num_nodes: int, backend_config: dict | None = N
 
 
 @contextlib.contextmanager
-def open_federation(backend: str, spec: ClientSpec | None = None, *, user_ids: Sequence[str] | None = None,
-                    num_users: int | None = None, inprocess: Federation | None = None,
-                    timeout: float | None = None, **grid_kw: Any) -> Iterator[Federation]:
+def open_federation(
+    backend: str,
+    spec: ClientSpec | None = None,
+    *,
+    user_ids: Sequence[str] | None = None,
+    num_users: int | None = None,
+    inprocess: Federation | None = None,
+    timeout: float | None = None,
+    **grid_kw: Any,
+) -> Iterator[Federation]:
     """A federation over ``backend`` (see the module docstring), closed on exit.
 
     ``inprocess`` is what ``"inprocess"`` yields (and where ``user_ids`` default from); ``spec``
@@ -168,8 +181,9 @@ def open_federation(backend: str, spec: ClientSpec | None = None, *, user_ids: S
     client_app = make_client_app(spec, torch_threads=1 if backend == "flower-sim" else None)
     if backend == "flower-local":
         # a LocalGrid's nodes are all there at once: never wait for absent ones
-        yield FlowerFederation(LocalGrid(client_app, n, **grid_kw), user_ids=user_ids, num_users=n, timeout=timeout,
-                               wait_for_nodes=0.0)
+        yield FlowerFederation(
+            LocalGrid(client_app, n, **grid_kw), user_ids=user_ids, num_users=n, timeout=timeout, wait_for_nodes=0.0
+        )
         return
     with _simulation(client_app, n, grid_kw.get("backend_config")) as relay:
         yield FlowerFederation(relay, user_ids=user_ids, num_users=n, timeout=timeout)
@@ -190,8 +204,14 @@ def start_federation(backend: str, spec: ClientSpec, **kw: Any) -> FlowerFederat
 
 
 # --- noisy GD over Flower, end to end -----------------------------------------------------------
-def run_flower_simulation(cfg: Any, backend: str = "flower-local", log: Callable[[str], None] = print, *,
-                          spec: ClientSpec | None = None, **open_kw: Any) -> dict:
+def run_flower_simulation(
+    cfg: Any,
+    backend: str = "flower-local",
+    log: Callable[[str], None] = print,
+    *,
+    spec: ClientSpec | None = None,
+    **open_kw: Any,
+) -> dict:
     """Train ``cfg`` (a :class:`fedkl.runner.RunConfig`, noisy-gd) over a Flower backend
     (``"flower-local"`` or ``"flower-sim"``; ``open_kw`` goes to :func:`open_federation`), or over
     ``"inprocess"`` through the same code (the reference the Flower backends are tested against).
@@ -203,6 +223,7 @@ def run_flower_simulation(cfg: Any, backend: str = "flower-local", log: Callable
     ``spec`` overrides the dataset/problem derived from ``cfg`` (e.g. a smaller synthetic set).
     """
     if backend == "inprocess":  # the reference, through the very same training code
+
         def federation_for(spec: ClientSpec, ids: Sequence[str]) -> Any:
             dkw, pkw = spec.kwargs
             dataset = load_dataset(spec.dataset, **dkw)
@@ -212,8 +233,13 @@ def run_flower_simulation(cfg: Any, backend: str = "flower-local", log: Callable
     return _train(cfg, backend, lambda spec, ids: open_federation(backend, spec, user_ids=ids, **open_kw), log, spec)
 
 
-def _train(cfg: Any, label: str, federation_for: Callable[[ClientSpec, tuple[str, ...]], Any],
-           log: Callable[[str], None], spec: ClientSpec | None = None) -> dict:
+def _train(
+    cfg: Any,
+    label: str,
+    federation_for: Callable[[ClientSpec, tuple[str, ...]], Any],
+    log: Callable[[str], None],
+    spec: ClientSpec | None = None,
+) -> dict:
     # The server uses the dataset only for the enrolment list (user ids, n) and the problem's shape
     # and initial point; the per-user answers come from the clients.
     if spec is None:
@@ -227,13 +253,22 @@ def _train(cfg: Any, label: str, federation_for: Callable[[ClientSpec, tuple[str
     delta, run_id, out, ledger_path, noise = runner.prepare_run(cfg, n, suffix=f"-{label}")
     log(f"fedkl {label} {run_id}: {cfg.algorithm} on {spec.dataset} ({n} users, {problem.num_params} parameters)")
     with federation_for(spec, user_ids) as federation:  # ledger, filter and noise exactly as `fedkl run`
-        result, summary, declared = runner.train_federation(cfg, federation, problem, dataset, delta, ledger_path, run_id,
-                                                 noise, log)
+        result, summary, declared = runner.train_federation(
+            cfg, federation, problem, dataset, delta, ledger_path, run_id, noise, log
+        )
     history = result.history or []
-    return {"w": result.w, "rho_spent": result.rho_spent, "sigma": result.sigma,
-            "history": history, "ledger": summary, "ledger_path": ledger_path, "user_ids": user_ids,
-            "guarantee": declared.to_dict(),
-            "backend": label, "failed_users": [h.get("failed_users") for h in history]}
+    return {
+        "w": result.w,
+        "rho_spent": result.rho_spent,
+        "sigma": result.sigma,
+        "history": history,
+        "ledger": summary,
+        "ledger_path": ledger_path,
+        "user_ids": user_ids,
+        "guarantee": declared.to_dict(),
+        "backend": label,
+        "failed_users": [h.get("failed_users") for h in history],
+    }
 
 
 # --- the deployed ServerApp (flwr run / SuperLink) ----------------------------------------------
@@ -258,8 +293,15 @@ def _deployed_main(grid: Grid, context: Context) -> None:
     timeout = float(rc["fedkl-timeout"]) if rc.get("fedkl-timeout") not in (None, "") else None
     wait = float(rc.get("fedkl-wait-for-nodes", 120.0))
     spec = ClientSpec.from_user_config(rc)  # exactly what the clients load
-    res = _train(cfg, "grpc", lambda spec, ids: contextlib.nullcontext(
-        FlowerFederation(grid, user_ids=ids, timeout=timeout, wait_for_nodes=wait)), print, spec)
+    res = _train(
+        cfg,
+        "grpc",
+        lambda spec, ids: contextlib.nullcontext(
+            FlowerFederation(grid, user_ids=ids, timeout=timeout, wait_for_nodes=wait)
+        ),
+        print,
+        spec,
+    )
     out = os.path.dirname(res["ledger_path"])
     payload = {k: v for k, v in res.items() if k not in ("w", "user_ids")}
     payload["w"] = None if res["w"] is None else [float(x) for x in res["w"]]

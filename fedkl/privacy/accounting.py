@@ -9,6 +9,7 @@ Neighbouring relation: ``add-remove`` (one user's data added or removed; dp-acco
 the one under which Poisson amplification is analysed) or ``replace-one`` (supported by dp-accounting's
 PLD for Poisson sampling and by both accountants for q = 1).
 """
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -76,14 +77,22 @@ def schedule_epsilon(schedule: GaussianSchedule, delta: float, accountant: str =
         raise ValueError(f"delta must be in (0, 1), got {delta}")
     acc = make_accountant(accountant, schedule.neighbouring)
     if not acc.supports(schedule.event()):
-        raise ValueError(f"dp-accounting's {accountant} accountant does not support this schedule "
-                         f"under {schedule.neighbouring} (try --accountant pld or --neighbouring add-remove)")
+        raise ValueError(
+            f"dp-accounting's {accountant} accountant does not support this schedule "
+            f"under {schedule.neighbouring} (try --accountant pld or --neighbouring add-remove)"
+        )
     acc.compose(schedule.event())
     return float(acc.get_epsilon(delta))
 
 
-def noise_multiplier_for(eps: float, delta: float, sampling_rate: float, steps: int,
-                         accountant: str = "pld", neighbouring: str = "add-remove") -> float:
+def noise_multiplier_for(
+    eps: float,
+    delta: float,
+    sampling_rate: float,
+    steps: int,
+    accountant: str = "pld",
+    neighbouring: str = "add-remove",
+) -> float:
     """Smallest noise multiplier whose schedule meets (eps, delta), via dp-accounting's
     ``calibrate_dp_mechanism`` (bisection; the answer is on the private side of the bracket)."""
     if not (eps > 0 and math.isfinite(eps)):
@@ -103,10 +112,13 @@ def noise_multiplier_for(eps: float, delta: float, sampling_rate: float, steps: 
         lo /= 2.0
     if eps_at(lo, accountant) <= eps:
         return lo
-    return float(dp_accounting.calibrate_dp_mechanism(
-        lambda: make_accountant(accountant, neighbouring),
-        lambda z: GaussianSchedule(z, sampling_rate, steps, neighbouring).event(),
-        eps, delta,
-        dp_accounting.ExplicitBracketInterval(lo, hi),
-        tol=1e-6,
-    ))
+    return float(
+        dp_accounting.calibrate_dp_mechanism(
+            lambda: make_accountant(accountant, neighbouring),
+            lambda z: GaussianSchedule(z, sampling_rate, steps, neighbouring).event(),
+            eps,
+            delta,
+            dp_accounting.ExplicitBracketInterval(lo, hi),
+            tol=1e-6,
+        )
+    )

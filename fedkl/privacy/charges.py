@@ -17,6 +17,7 @@ Every charge validates its fields on construction (a bad value is a ValueError b
 is written) and reports ``cost() -> (rho, eps, delta)``, ``notion`` ("zcdp" or "approx-dp"),
 ``mechanism``, ``sensitivity`` and ``noise_scale``.
 """
+
 from __future__ import annotations
 
 import math
@@ -130,5 +131,12 @@ def from_record(record: dict) -> Charge:
     return CHARGE_TYPES[kind](**fields)
 
 
-__all__ = ["ApproxDPCharge", "CHARGE_TYPES", "Charge", "ExponentialCharge", "GaussianCharge", "from_record",
-           "to_record"]
+__all__ = [
+    "ApproxDPCharge",
+    "CHARGE_TYPES",
+    "Charge",
+    "ExponentialCharge",
+    "GaussianCharge",
+    "from_record",
+    "to_record",
+]

@@ -21,6 +21,7 @@ result.json (``clients_assumed``).
   (amplification by iteration, strongly convex minimizer stability, the deletion-jump lemma), which
   no server-side check of finitely many answers can establish.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,11 +39,15 @@ class ClientModel:
 
 
 ANY_CLIENTS = ClientModel(
-    "any", "holds whatever the other clients answer (the server bounds every answer it sums, or the test is "
-           "exact on the reported values)")
+    "any",
+    "holds whatever the other clients answer (the server bounds every answer it sums, or the test is "
+    "exact on the reported values)",
+)
 IN_CLASS_CLIENTS = ClientModel(
-    "in-class gradients", "holds when every other client's gradient answers are those of a loss in the declared "
-                          "class (records within the loaders' bounds, checked by fedkl's ClientApp); reported "
-                          "residuals and certificate norms are recomputed by the server, never trusted")
+    "in-class gradients",
+    "holds when every other client's gradient answers are those of a loss in the declared "
+    "class (records within the loaders' bounds, checked by fedkl's ClientApp); reported "
+    "residuals and certificate norms are recomputed by the server, never trusted",
+)
 
 __all__ = ["ANY_CLIENTS", "IN_CLASS_CLIENTS", "ClientModel"]

@@ -11,6 +11,7 @@ Floating point: a step is admitted iff ``spent + rho <= budget * (1 + 1e-12)``; 
 absorbs rounding when a budget is split into equal parts, and the filter never reports less than
 it admitted.
 """
+
 from __future__ import annotations
 
 import math
@@ -45,6 +46,7 @@ class ZCDPFilter:
         if not self.admits(rho):
             raise BudgetExhausted(
                 f"zCDP filter: a release costing rho={rho:.6g} would bring the total to "
-                f"{self.spent + rho:.6g} > budget {self.budget:.6g}; refused")
+                f"{self.spent + rho:.6g} > budget {self.budget:.6g}; refused"
+            )
         self.spent += rho
         self.steps += 1

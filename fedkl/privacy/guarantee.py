@@ -12,6 +12,7 @@ run-wide filter, to word the budget line and result.json's ``accountant``, and t
   ledger alone enforces every user's budget).
 * ``clients``: :mod:`fedkl.privacy.clients`.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -51,8 +52,10 @@ class Guarantee:
         if self.charges == "schedule":
             if schedule_accountant is None:
                 raise ValueError("a scheduled guarantee needs the schedule's accountant")
-            return (f"{schedule_accountant.upper()} (dp-accounting) for the Poisson-subsampled Gaussian schedule, "
-                    "charged up front as one (eps, delta) release")
+            return (
+                f"{schedule_accountant.upper()} (dp-accounting) for the Poisson-subsampled Gaussian schedule, "
+                "charged up front as one (eps, delta) release"
+            )
         if self.charges == "approx-dp":
             return "(eps, delta)-DP releases, basic composition in the per-user ledger"
         return f"zCDP, additive composition; (eps, delta) by {conversion} conversion"

@@ -21,6 +21,7 @@ Cohorts (the list of users a release charged) are stored once per distinct cohor
 participation over many rounds costs one row per round, and :meth:`PrivacyLedger.verify` can
 recompute every user's total from the release log.
 """
+
 from __future__ import annotations
 
 import functools
@@ -125,8 +126,13 @@ class PrivacyLedger:
         run_id: tag written on every release made through this handle.
     """
 
-    def __init__(self, path: str | os.PathLike, budget: Budget | None = None,
-                 run_id: str | None = None, run_config: dict | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        budget: Budget | None = None,
+        run_id: str | None = None,
+        run_config: dict | None = None,
+    ) -> None:
         self.path = os.fspath(path)
         self.run_id = run_id
         if budget is None and not os.path.exists(self.path):
@@ -143,8 +149,10 @@ class PrivacyLedger:
             self._db.close()
             raise
         if run_id is not None:
-            self._db.execute("INSERT OR IGNORE INTO runs VALUES (?, ?, ?, 'running')",
-                             (run_id, time.time(), json.dumps(run_config or {}, default=str)))
+            self._db.execute(
+                "INSERT OR IGNORE INTO runs VALUES (?, ?, ?, 'running')",
+                (run_id, time.time(), json.dumps(run_config or {}, default=str)),
+            )
 
     # --- set-up ------------------------------------------------------------------------------
     def _init_budget(self, budget: Budget | None) -> Budget:
@@ -172,7 +180,8 @@ class PrivacyLedger:
             raise LedgerError(
                 f"{self.path} was created with budget eps={stored.epsilon}, delta={stored.delta} "
                 f"({stored.conversion}); this run asks for eps={budget.epsilon}, delta={budget.delta} "
-                f"({budget.conversion}). Use the stored budget or a new ledger file.")
+                f"({budget.conversion}). Use the stored budget or a new ledger file."
+            )
         return stored
 
     def close(self) -> None:
@@ -198,13 +207,15 @@ class PrivacyLedger:
         groups = self._db.execute(
             "SELECT COALESCE(u.rho, 0), COALESCE(u.eps, 0), COALESCE(u.delta, 0), MIN(c.user_id), COUNT(*) "
             "FROM temp.cohort c LEFT JOIN users u ON u.user_id = c.user_id "
-            "GROUP BY 1, 2, 3").fetchall()
+            "GROUP BY 1, 2, 3"
+        ).fetchall()
         b = self.budget
         for rho_u, eps_u, delta_u, example, count in groups:
             rho_after, eps_after, delta_after = rho_u + rho, eps_u + eps, delta_u + delta
             cap = _rho_cap(b.epsilon - eps_after, b.delta - delta_after, b.conversion)
-            fits = (eps_after <= b.epsilon * (1 + _REL_TOL) and delta_after < b.delta
-                    and rho_after <= cap * (1 + _REL_TOL))
+            fits = (
+                eps_after <= b.epsilon * (1 + _REL_TOL) and delta_after < b.delta and rho_after <= cap * (1 + _REL_TOL)
+            )
             if not fits:
                 now = UserSpend(example, rho_u, eps_u, delta_u).epsilon(b.delta, b.conversion)
                 after = UserSpend(example, rho_after, eps_after, delta_after).epsilon(b.delta, b.conversion)
@@ -212,7 +223,8 @@ class PrivacyLedger:
                     f"privacy budget exhausted: this release would take {count} user(s) (e.g. {example!r}) "
                     f"from eps={now:.4g} to eps={after:.4g} > budget eps={b.epsilon:g} at delta={b.delta:g}. "
                     "Nothing was charged or released; lower the number of rounds, raise the noise, "
-                    "or use a new ledger for new data.")
+                    "or use a new ledger for new data."
+                )
 
     def charge(self, user_ids: Sequence[str], charge: Charge, *, label: str, details: dict | None = None) -> int:
         """Charge every user in ``user_ids`` the cost of ``charge`` (a typed charge of
@@ -224,9 +236,11 @@ class PrivacyLedger:
         rho, eps, delta = charge.cost()
         mechanism = charge.mechanism
         if rho > 0 and mechanism != "gaussian" and self.budget.conversion == "gaussian":
-            raise LedgerError(f"this ledger converts zCDP by the exact Gaussian profile (conversion 'gaussian'), which "
-                              f"holds only for Gaussian releases; a {mechanism!r} zCDP charge is refused (nothing was "
-                              "charged or released). Use conversion 'cks' for this algorithm.")
+            raise LedgerError(
+                f"this ledger converts zCDP by the exact Gaussian profile (conversion 'gaussian'), which "
+                f"holds only for Gaussian releases; a {mechanism!r} zCDP charge is refused (nothing was "
+                "charged or released). Use conversion 'cks' for this algorithm."
+            )
         members = sorted(set(map(str, user_ids)))
         if len(members) != len(user_ids):
             raise ValueError("a release charges each user once: user_ids has duplicates")
@@ -238,20 +252,36 @@ class PrivacyLedger:
             self._fill_cohort(members)
             self._check_fits(rho, eps, delta)
             digest = _digest(members)
-            db.execute("INSERT OR IGNORE INTO cohorts (digest, size, members) VALUES (?, ?, ?)",
-                       (digest, len(members), json.dumps(members)))
+            db.execute(
+                "INSERT OR IGNORE INTO cohorts (digest, size, members) VALUES (?, ?, ?)",
+                (digest, len(members), json.dumps(members)),
+            )
             cohort_id = db.execute("SELECT id FROM cohorts WHERE digest = ?", (digest,)).fetchone()[0]
             cur = db.execute(
                 "INSERT INTO releases (run_id, label, mechanism, sensitivity, noise_scale, rho, eps, delta, "
                 "cohort_id, created, details, charge) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (self.run_id, label, mechanism, charge.sensitivity, charge.noise_scale, rho, eps, delta, cohort_id,
-                 time.time(), json.dumps(details or {}, default=str), json.dumps(record)))
+                (
+                    self.run_id,
+                    label,
+                    mechanism,
+                    charge.sensitivity,
+                    charge.noise_scale,
+                    rho,
+                    eps,
+                    delta,
+                    cohort_id,
+                    time.time(),
+                    json.dumps(details or {}, default=str),
+                    json.dumps(record),
+                ),
+            )
             db.execute(
                 "INSERT INTO users (user_id, rho, eps, delta, releases) "
                 "SELECT user_id, ?, ?, ?, 1 FROM temp.cohort WHERE true "
                 "ON CONFLICT(user_id) DO UPDATE SET rho = rho + excluded.rho, eps = eps + excluded.eps, "
                 "delta = delta + excluded.delta, releases = releases + 1",
-                (rho, eps, delta))
+                (rho, eps, delta),
+            )
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -260,8 +290,9 @@ class PrivacyLedger:
 
     # --- reading -----------------------------------------------------------------------------
     def spend(self, user_id: str) -> UserSpend:
-        row = self._db.execute("SELECT rho, eps, delta, releases FROM users WHERE user_id = ?",
-                               (str(user_id),)).fetchone()
+        row = self._db.execute(
+            "SELECT rho, eps, delta, releases FROM users WHERE user_id = ?", (str(user_id),)
+        ).fetchone()
         return UserSpend(str(user_id), *row) if row else UserSpend(str(user_id))
 
     def epsilon(self, user_id: str) -> float:
@@ -274,7 +305,8 @@ class PrivacyLedger:
             self._fill_cohort(sorted(set(map(str, user_ids))))
             return self._db.execute(
                 "SELECT DISTINCT COALESCE(u.rho, 0), COALESCE(u.eps, 0), COALESCE(u.delta, 0) "
-                "FROM temp.cohort c LEFT JOIN users u ON u.user_id = c.user_id").fetchall()
+                "FROM temp.cohort c LEFT JOIN users u ON u.user_id = c.user_id"
+            ).fetchall()
         finally:
             self._db.execute("COMMIT")
 
@@ -282,8 +314,9 @@ class PrivacyLedger:
         """The largest zCDP charge every listed user can still afford."""
         groups = self._distinct_spends(user_ids)
         b = self.budget
-        return min((max(_rho_cap(b.epsilon - e, b.delta - d, b.conversion) - r, 0.0) for r, e, d in groups),
-                   default=0.0)
+        return min(
+            (max(_rho_cap(b.epsilon - e, b.delta - d, b.conversion) - r, 0.0) for r, e, d in groups), default=0.0
+        )
 
     def approx_left(self, user_ids: Iterable[str]) -> tuple[float, float]:
         """An (eps, delta) charge that every listed user can still afford (conservative).
@@ -316,10 +349,13 @@ class PrivacyLedger:
         return self._db.execute("SELECT COUNT(*) FROM releases WHERE run_id = ?", (run_id,)).fetchone()[0]
 
     def releases(self, run_id: str | None = None) -> list[dict]:
-        q = ("SELECT r.id, r.run_id, r.label, r.mechanism, r.sensitivity, r.noise_scale, r.rho, r.eps, "
-             "r.delta, c.size FROM releases r JOIN cohorts c ON c.id = r.cohort_id")
-        rows = self._db.execute(q + (" WHERE r.run_id = ?" if run_id else "") + " ORDER BY r.id",
-                                (run_id,) if run_id else ()).fetchall()
+        q = (
+            "SELECT r.id, r.run_id, r.label, r.mechanism, r.sensitivity, r.noise_scale, r.rho, r.eps, "
+            "r.delta, c.size FROM releases r JOIN cohorts c ON c.id = r.cohort_id"
+        )
+        rows = self._db.execute(
+            q + (" WHERE r.run_id = ?" if run_id else "") + " ORDER BY r.id", (run_id,) if run_id else ()
+        ).fetchall()
         keys = ("id", "run_id", "label", "mechanism", "sensitivity", "noise_scale", "rho", "eps", "delta", "users")
         return [dict(zip(keys, r)) for r in rows]
 
@@ -327,8 +363,9 @@ class PrivacyLedger:
         """Users charged at least one zCDP release that is not a Gaussian mechanism."""
         out: set[str] = set()
         for (members,) in self._db.execute(
-                "SELECT DISTINCT c.members FROM releases r JOIN cohorts c ON c.id = r.cohort_id "
-                "WHERE r.rho > 0 AND r.mechanism != 'gaussian'"):
+            "SELECT DISTINCT c.members FROM releases r JOIN cohorts c ON c.id = r.cohort_id "
+            "WHERE r.rho > 0 AND r.mechanism != 'gaussian'"
+        ):
             out.update(json.loads(members))
         return out
 
@@ -342,13 +379,23 @@ class PrivacyLedger:
         for the others; it is never larger."""
         b = self.budget
         groups = self._db.execute(
-            "SELECT rho, eps, delta, COUNT(*), MAX(releases) FROM users GROUP BY rho, eps, delta").fetchall()
+            "SELECT rho, eps, delta, COUNT(*), MAX(releases) FROM users GROUP BY rho, eps, delta"
+        ).fetchall()
         worst = max((UserSpend("", r, e, d).epsilon(b.delta, b.conversion) for r, e, d, _, _ in groups), default=0.0)
         other = self._non_gaussian_zcdp_users()
-        kinds = {(r, e, d, user in other) for user, r, e, d in self._db.execute("SELECT user_id, rho, eps, delta FROM users")}
-        exact = max((min(UserSpend("", r, e, d).epsilon(b.delta, b.conversion if mixed else "gaussian"),
-                         UserSpend("", r, e, d).epsilon(b.delta, b.conversion)) for r, e, d, mixed in kinds),
-                    default=0.0)
+        kinds = {
+            (r, e, d, user in other) for user, r, e, d in self._db.execute("SELECT user_id, rho, eps, delta FROM users")
+        }
+        exact = max(
+            (
+                min(
+                    UserSpend("", r, e, d).epsilon(b.delta, b.conversion if mixed else "gaussian"),
+                    UserSpend("", r, e, d).epsilon(b.delta, b.conversion),
+                )
+                for r, e, d, mixed in kinds
+            ),
+            default=0.0,
+        )
         return {
             "path": self.path,
             "budget": asdict(b),
@@ -366,8 +413,9 @@ class PrivacyLedger:
         1, have no charge to recompute; their stored costs still enter the totals.)"""
         totals: dict[str, list[float]] = {}
         for rid, rho, eps, delta, mechanism, sensitivity, noise_scale, charge, members in self._db.execute(
-                "SELECT r.id, r.rho, r.eps, r.delta, r.mechanism, r.sensitivity, r.noise_scale, r.charge, c.members "
-                "FROM releases r JOIN cohorts c ON c.id = r.cohort_id"):
+            "SELECT r.id, r.rho, r.eps, r.delta, r.mechanism, r.sensitivity, r.noise_scale, r.charge, c.members "
+            "FROM releases r JOIN cohorts c ON c.id = r.cohort_id"
+        ):
             if charge is not None:
                 typed = from_record(json.loads(charge))
                 stored_row = (rho, eps, delta, mechanism, sensitivity, noise_scale)
@@ -375,7 +423,10 @@ class PrivacyLedger:
                     raise LedgerError(f"release {rid}: the stored cost {stored_row} is not that of its charge {typed}")
             for m in json.loads(members):
                 t = totals.setdefault(m, [0.0, 0.0, 0.0, 0])
-                t[0] += rho; t[1] += eps; t[2] += delta; t[3] += 1
+                t[0] += rho
+                t[1] += eps
+                t[2] += delta
+                t[3] += 1
         stored = {u: (r, e, d, n) for u, r, e, d, n in self._db.execute("SELECT * FROM users")}
         if set(stored) != set(totals):
             raise LedgerError("ledger users table and release log list different users")

@@ -7,6 +7,7 @@ added (add-remove); the algorithm that calls the mechanism states which.
 
 Noise comes from a :class:`~fedkl.privacy.rng.NoiseSource` (os.urandom unless explicitly seeded).
 """
+
 from __future__ import annotations
 
 import math

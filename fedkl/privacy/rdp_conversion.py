@@ -31,6 +31,7 @@ subsampling).
   dp-accounting's ``RdpAccountant`` and hence of ``fedkl account --accountant rdp`` over the same
   orders; dp-accounting gives no bound (infinity) at orders up to 1.01 and clamps the result at 0.
 """
+
 from __future__ import annotations
 
 import math

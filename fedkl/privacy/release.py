@@ -14,6 +14,7 @@ only safe order:
 If step 3 raises, nothing is released; if the process dies after step 3, the charge is already on
 disk. Algorithms never add noise themselves: they call this class.
 """
+
 from __future__ import annotations
 
 import math
@@ -61,17 +62,28 @@ class Releaser:
     def require(self, notion: str, who: str) -> None:
         """Refuse, before any data is read, an algorithm whose releases this Releaser cannot account."""
         if not self.accepts(notion):
-            raise ValueError(f"{who}: (eps, delta) releases cannot be accounted by a zCDP filter; use a Releaser "
-                             "without filter (nothing was read or charged)")
+            raise ValueError(
+                f"{who}: (eps, delta) releases cannot be accounted by a zCDP filter; use a Releaser "
+                "without filter (nothing was read or charged)"
+            )
 
-    def release(self, charge: Charge, sample: Callable[[], T], *, user_ids: Sequence[str], label: str,
-                details: dict | None = None) -> T:
+    def release(
+        self,
+        charge: Charge,
+        sample: Callable[[], T],
+        *,
+        user_ids: Sequence[str],
+        label: str,
+        details: dict | None = None,
+    ) -> T:
         """Charge ``charge`` to every user in ``user_ids`` (and to the run's filter), then return
         ``sample()``: the noisy value, drawn only after the charge is durable. A refusal at any step
         draws nothing; a refused charge writes nothing."""
         if not self.accepts(charge.notion):
-            raise ValueError(f"{label}: an (eps, delta) release cannot be accounted by a zCDP filter; use a "
-                             "Releaser without filter (nothing was charged)")
+            raise ValueError(
+                f"{label}: an (eps, delta) release cannot be accounted by a zCDP filter; use a "
+                "Releaser without filter (nothing was charged)"
+            )
         rho = charge.cost()[0]
         if self.filter is not None and not self.filter.admits(rho):
             self.filter.spend(rho)  # raises BudgetExhausted with the explanation
@@ -80,19 +92,40 @@ class Releaser:
             self.filter.spend(rho)
         return sample()
 
-    def gaussian(self, value: torch.Tensor, *, sensitivity: float, rho: float, user_ids: Sequence[str],
-                 label: str, details: dict | None = None) -> torch.Tensor:
+    def gaussian(
+        self,
+        value: torch.Tensor,
+        *,
+        sensitivity: float,
+        rho: float,
+        user_ids: Sequence[str],
+        label: str,
+        details: dict | None = None,
+    ) -> torch.Tensor:
         """Release ``value + N(0, sigma^2 I)``, ``sigma = sensitivity / sqrt(2 rho)``: rho-zCDP for
         the users in ``user_ids`` w.r.t. the relation under which ``sensitivity`` was computed."""
         mech = GaussianMechanism.from_zcdp(sensitivity, rho)
         if not torch.is_tensor(value) or not torch.isfinite(value).all():
             raise ValueError(f"{label}: refusing to release a non-finite value (nothing was charged)")
-        return self.release(GaussianCharge(rho, sensitivity), lambda: mech.privatize(value, self.noise),
-                            user_ids=user_ids, label=label, details=details)
+        return self.release(
+            GaussianCharge(rho, sensitivity),
+            lambda: mech.privatize(value, self.noise),
+            user_ids=user_ids,
+            label=label,
+            details=details,
+        )
 
-    def exponential(self, utilities: Sequence[float] | np.ndarray | torch.Tensor, *, eps: float, sensitivity: float,
-                    user_ids: Sequence[str], label: str, monotone: bool = False,
-                    details: dict | None = None) -> int:
+    def exponential(
+        self,
+        utilities: Sequence[float] | np.ndarray | torch.Tensor,
+        *,
+        eps: float,
+        sensitivity: float,
+        user_ids: Sequence[str],
+        label: str,
+        monotone: bool = False,
+        details: dict | None = None,
+    ) -> int:
         """Select an index with probability ∝ ``exp(eps * u_i / (2 * sensitivity))`` (exponential
         mechanism, :class:`~fedkl.privacy.mechanisms.ExponentialMechanism`) and return it.
 
@@ -107,15 +140,28 @@ class Releaser:
             utilities = utilities.detach().cpu().numpy()
         u = np.asarray(utilities, dtype=np.float64)
         if u.ndim != 1 or u.size == 0 or not np.isfinite(u).all():
-            raise ValueError(f"{label}: utilities must be a non-empty 1-D array of finite numbers "
-                             "(nothing was charged)")
-        return self.release(ExponentialCharge(eps, sensitivity, monotone), lambda: mech.select(u, self.noise),
-                            user_ids=user_ids, label=label,
-                            details={**(details or {}), "eps": eps, "candidates": int(u.size),
-                                     "monotone": bool(monotone)})
+            raise ValueError(
+                f"{label}: utilities must be a non-empty 1-D array of finite numbers (nothing was charged)"
+            )
+        return self.release(
+            ExponentialCharge(eps, sensitivity, monotone),
+            lambda: mech.select(u, self.noise),
+            user_ids=user_ids,
+            label=label,
+            details={**(details or {}), "eps": eps, "candidates": int(u.size), "monotone": bool(monotone)},
+        )
 
-    def above_threshold(self, queries: Sequence[float], *, eps: float, threshold: float, sensitivity: float,
-                        user_ids: Sequence[str], label: str, details: dict | None = None) -> int | None:
+    def above_threshold(
+        self,
+        queries: Sequence[float],
+        *,
+        eps: float,
+        threshold: float,
+        sensitivity: float,
+        user_ids: Sequence[str],
+        label: str,
+        details: dict | None = None,
+    ) -> int | None:
         """The first index whose noisy query reaches the noisy threshold, or None
         (:class:`~fedkl.privacy.sparse_vector.AboveThreshold`): eps-DP (pure; charged as an
         (eps, 0) release) when every query has ``sensitivity`` under the caller's relation."""
@@ -124,11 +170,26 @@ class Releaser:
         if not q or not all(math.isfinite(v) for v in q):
             raise ValueError(f"{label}: queries must be finite numbers (nothing was charged)")
         charge = ApproxDPCharge(eps, 0.0, "above-threshold", sensitivity, mech.query_scale)
-        return self.release(charge, lambda: mech.select(q, self.noise), user_ids=user_ids, label=label,
-                            details={**(details or {}), "threshold": threshold, "queries": len(q)})
+        return self.release(
+            charge,
+            lambda: mech.select(q, self.noise),
+            user_ids=user_ids,
+            label=label,
+            details={**(details or {}), "threshold": threshold, "queries": len(q)},
+        )
 
-    def schedule_gaussian(self, *, eps: float, delta: float, sigma: float, sensitivity: float, releases: int,
-                          user_ids: Sequence[str], label: str, details: dict | None = None) -> "ScheduledGaussian":
+    def schedule_gaussian(
+        self,
+        *,
+        eps: float,
+        delta: float,
+        sigma: float,
+        sensitivity: float,
+        releases: int,
+        user_ids: Sequence[str],
+        label: str,
+        details: dict | None = None,
+    ) -> "ScheduledGaussian":
         """Charge a whole schedule of ``releases`` Gaussian releases (noise ``sigma`` for a query of
         L2 sensitivity ``sensitivity``) whose accountant says (eps, delta), and return the handle that
         makes them. The (eps, delta) claim is the caller's (e.g. dp-accounting's PLD of the schedule);
@@ -140,12 +201,27 @@ class Releaser:
         if not 0 < delta < 1 or int(releases) != releases or releases < 1:
             raise ValueError(f"{label}: need 0 < delta < 1 and a positive number of releases (nothing was charged)")
         charge = ApproxDPCharge(eps, delta, "gaussian-schedule", sensitivity, sigma)
-        return self.release(charge, lambda: ScheduledGaussian(sigma, int(releases), self.noise, label),
-                            user_ids=user_ids, label=label, details={**(details or {}), "releases": int(releases)})
+        return self.release(
+            charge,
+            lambda: ScheduledGaussian(sigma, int(releases), self.noise, label),
+            user_ids=user_ids,
+            label=label,
+            details={**(details or {}), "releases": int(releases)},
+        )
 
-    def stability_gaussian(self, choose: Callable[[int], torch.Tensor | None], *, eps: float, delta: float,
-                           deletion_budget: TruncatedDiscreteLaplace, sensitivity: float, sigma: float,
-                           user_ids: Sequence[str], label: str, details: dict | None = None) -> torch.Tensor | None:
+    def stability_gaussian(
+        self,
+        choose: Callable[[int], torch.Tensor | None],
+        *,
+        eps: float,
+        delta: float,
+        deletion_budget: TruncatedDiscreteLaplace,
+        sensitivity: float,
+        sigma: float,
+        user_ids: Sequence[str],
+        label: str,
+        details: dict | None = None,
+    ) -> torch.Tensor | None:
         """Release of a deletion-stability test with Gaussian output (paper 002, Algorithm 1).
 
         An (eps, delta)-DP (approximate DP, NOT zCDP) release, charged to the ledger as
@@ -168,8 +244,13 @@ class Releaser:
             value = choose(deletion_budget.sample(self.noise))
             return None if value is None else GaussianMechanism(sensitivity, sigma).privatize(value, self.noise)
 
-        return self.release(ApproxDPCharge(eps, delta, "stability-gaussian", sensitivity, sigma), sample,
-                            user_ids=user_ids, label=label, details=details)
+        return self.release(
+            ApproxDPCharge(eps, delta, "stability-gaussian", sensitivity, sigma),
+            sample,
+            user_ids=user_ids,
+            label=label,
+            details=details,
+        )
 
 
 class ScheduledGaussian:

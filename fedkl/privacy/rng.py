@@ -12,6 +12,7 @@ mode exercises exactly the code the secure mode runs.
 Known limitation (stated, not hidden): noise is added in IEEE float64. We do not implement the
 snapping mechanism of Mironov (2012) against floating-point attacks on the low-order bits.
 """
+
 from __future__ import annotations
 
 import math

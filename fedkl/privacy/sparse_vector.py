@@ -20,6 +20,7 @@ through values of bounded sensitivity.
 integrating over rho (piecewise-exponential integrand, Gauss-Legendre on each smooth piece, ~1e-14
 accuracy): tests audit ``Pr[i | x] <= e^eps Pr[i | x']`` on neighbouring query vectors with it.
 """
+
 from __future__ import annotations
 
 import math

@@ -20,6 +20,7 @@ All minimizations over alpha are over a continuous variable (a dense log grid re
 scalar search), so the value is never larger than dp-accounting's RDP value at the same rho, which
 evaluates the same expression on a fixed grid of orders.
 """
+
 from __future__ import annotations
 
 import math
@@ -59,8 +60,12 @@ def eps_cks(rho: float, delta: float) -> float:
     vals = _cks_eps_at(1.0 + np.exp(xs), rho, delta)
     i = int(np.nanargmin(vals))
     lo, hi = xs[max(i - 1, 0)], xs[min(i + 1, len(xs) - 1)]
-    res = minimize_scalar(lambda x: float(_cks_eps_at(np.array(1.0 + math.exp(x)), rho, delta)),
-                          bounds=(lo, hi), method="bounded", options={"xatol": 1e-10})
+    res = minimize_scalar(
+        lambda x: float(_cks_eps_at(np.array(1.0 + math.exp(x)), rho, delta)),
+        bounds=(lo, hi),
+        method="bounded",
+        options={"xatol": 1e-10},
+    )
     best = min(float(vals[i]), float(res.fun))
     return max(best, 0.0)
 
@@ -90,8 +95,9 @@ def delta_cks(rho: float, eps: float) -> float:
     xs = np.linspace(-12.0, 16.0, 2801)
     vals = np.array([log_delta(x) for x in xs])
     i = int(np.argmin(vals))
-    res = minimize_scalar(log_delta, bounds=(xs[max(i - 1, 0)], xs[min(i + 1, len(xs) - 1)]),
-                          method="bounded", options={"xatol": 1e-10})
+    res = minimize_scalar(
+        log_delta, bounds=(xs[max(i - 1, 0)], xs[min(i + 1, len(xs) - 1)]), method="bounded", options={"xatol": 1e-10}
+    )
     return min(1.0, math.exp(min(vals[i], res.fun)))
 
 

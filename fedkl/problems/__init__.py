@@ -4,6 +4,7 @@ Names: ``logistic`` and ``smoothed-hinge`` (binary ±1 labels), ``softmax`` and 
 or binary read as classes 0/1), ``least-squares`` (regression; its label bound comes from
 ``dataset.extra["label_bound"]`` unless ``label_bound=`` is given).
 """
+
 from __future__ import annotations
 
 from fedkl.data.base import FederatedDataset
@@ -31,8 +32,9 @@ def make_problem(name: str, dataset: FederatedDataset, reg: float = 0.0, **kw) -
     if name not in _TASKS:
         raise ValueError(f"unknown problem {name!r}; valid names: {', '.join(PROBLEMS)}")
     if dataset.task not in _TASKS[name]:
-        raise ValueError(f"problem {name!r} needs a {' or '.join(_TASKS[name])} task, but dataset "
-                         f"{dataset.name!r} is {dataset.task}")
+        raise ValueError(
+            f"problem {name!r} needs a {' or '.join(_TASKS[name])} task, but dataset {dataset.name!r} is {dataset.task}"
+        )
     dim = dataset.train.dim
     if name == "logistic":
         return BinaryLogistic(dim, reg, **kw)
@@ -47,5 +49,16 @@ def make_problem(name: str, dataset: FederatedDataset, reg: float = 0.0, **kw) -
     return MLP(dim, num_classes=num_classes, reg=reg, **kw)
 
 
-__all__ = ["BinaryLogistic", "Constants", "DEFAULT_PROBLEM", "LeastSquares", "MLP", "PROBLEMS", "Problem", "SmoothedHinge",
-           "SoftmaxRegression", "make_problem", "user_means"]
+__all__ = [
+    "BinaryLogistic",
+    "Constants",
+    "DEFAULT_PROBLEM",
+    "LeastSquares",
+    "MLP",
+    "PROBLEMS",
+    "Problem",
+    "SmoothedHinge",
+    "SoftmaxRegression",
+    "make_problem",
+    "user_means",
+]

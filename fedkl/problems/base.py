@@ -10,6 +10,7 @@ Lipschitz, a parameter bound B (``||w|| <= B``). Private algorithms still clip p
 to a norm C: the clip, not the constant, is what enforces the sensitivity, so a wrong constant can
 hurt utility but never privacy.
 """
+
 from __future__ import annotations
 
 import math
@@ -111,8 +112,16 @@ class Problem(ABC):
     # below loop over users with the problem's own losses and gradients; a problem with closed-form
     # derivatives overrides them with vectorized ones (:class:`fedkl.problems.glm.GeneralizedLinear`).
     # Every row must depend only on its own user's records (bit for bit), whoever else shares the call.
-    def local_minimizers(self, center: torch.Tensor, strength: float, data: UserData, *, tol: float,
-                         max_iter: int, certified: bool = False) -> torch.Tensor:
+    def local_minimizers(
+        self,
+        center: torch.Tensor,
+        strength: float,
+        data: UserData,
+        *,
+        tol: float,
+        max_iter: int,
+        certified: bool = False,
+    ) -> torch.Tensor:
         """``v_u = argmin_v f_u(v) + (strength/2)||v - center||^2`` for every user of ``data``, solved to
         gradient norm ``tol`` in at most ``max_iter`` iterations: ``(num_users, d)``, or with
         ``certified`` ``(num_users, d + 1)``, each row ``[v_u, ||grad f_u(v_u) + strength (v_u - center)||]``
@@ -132,10 +141,15 @@ class Problem(ABC):
                 g = self.per_user_gradients(vt, one)[0] + strength * diff
                 return f, g.double().numpy()
 
-            res = minimize(fun, center.double().numpy(), jac=True, method="L-BFGS-B",
-                           options={"maxiter": max_iter, "gtol": tol, "ftol": 0.0})
+            res = minimize(
+                fun,
+                center.double().numpy(),
+                jac=True,
+                method="L-BFGS-B",
+                options={"maxiter": max_iter, "gtol": tol, "ftol": 0.0},
+            )
             v = torch.from_numpy(res.x).to(self.dtype)
-            out[row, :self.num_params] = v
+            out[row, : self.num_params] = v
             if certified:  # the residual at the returned point, recomputed (not the solver's own report)
                 g = self.per_user_gradients(v, one)[0] + strength * (v - center)
                 out[row, -1] = g.norm()
@@ -150,8 +164,9 @@ class Problem(ABC):
             out[:, j] = self.per_user_gradients(points[j], data)
         return out
 
-    def local_updates(self, w: torch.Tensor, data: UserData, local_steps: int, local_lr: float,
-                      batch_size: int | None) -> torch.Tensor:
+    def local_updates(
+        self, w: torch.Tensor, data: UserData, local_steps: int, local_lr: float, batch_size: int | None
+    ) -> torch.Tensor:
         """``w_K - w`` (not clipped) of every user of ``data`` after ``local_steps`` local gradient steps
         of size ``local_lr`` from ``w`` on the user's objective over the cyclic mini-batches of
         :func:`cyclic_batches` (all records when ``batch_size`` is None): ``(num_users, d)``. A user
@@ -202,8 +217,9 @@ def user_means(values: torch.Tensor, data: UserData) -> torch.Tensor:
     return sums / counts.unsqueeze(1)
 
 
-def cyclic_batches(data: UserData, batch_size: int | None,
-                   dtype: torch.dtype) -> tuple[torch.Tensor, bool, torch.Tensor]:
+def cyclic_batches(
+    data: UserData, batch_size: int | None, dtype: torch.dtype
+) -> tuple[torch.Tensor, bool, torch.Tensor]:
     """The cyclic mini-batch plan of local training (:meth:`Problem.local_updates`): step ``k`` of a user
     with ``m`` records uses its records at positions ``k*B, ..., k*B + B - 1`` (mod m) in record order.
 

@@ -15,6 +15,7 @@ logistic, least squares). Every operation is row-wise (record dot products by
 ``index_add_`` in record order, one LAPACK solve per user), so a user's row is bit for bit what that
 user computes alone (a Flower client).
 """
+
 from __future__ import annotations
 
 from abc import abstractmethod
@@ -46,15 +47,24 @@ class GeneralizedLinear(Problem):
     def score_curvature(z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """``d^2 l/dz^2 (z, y)`` elementwise."""
 
-    def local_minimizers(self, center: torch.Tensor, strength: float, data: UserData, *, tol: float,
-                         max_iter: int, certified: bool = False) -> torch.Tensor:
+    def local_minimizers(
+        self,
+        center: torch.Tensor,
+        strength: float,
+        data: UserData,
+        *,
+        tol: float,
+        max_iter: int,
+        certified: bool = False,
+    ) -> torch.Tensor:
         """Certified: :meth:`newton_local_minimizers`; plain: the generic L-BFGS solver."""
         if certified:
             return self.newton_local_minimizers(center, strength, data, tol=tol, max_iter=max_iter)
         return super().local_minimizers(center, strength, data, tol=tol, max_iter=max_iter)
 
-    def newton_local_minimizers(self, center: torch.Tensor, strength: float, data: UserData, *, tol: float,
-                                max_iter: int) -> torch.Tensor:
+    def newton_local_minimizers(
+        self, center: torch.Tensor, strength: float, data: UserData, *, tol: float, max_iter: int
+    ) -> torch.Tensor:
         """Damped Newton for every user at once: ``(num_users, d + 1)``, each row ``[v_u, ||grad F_u(v_u)||]``
         with ``F_u = f_u + (s/2)||v - c||^2`` (``s = strength``, ``c = center``).
 
@@ -95,8 +105,8 @@ class GeneralizedLinear(Problem):
             H = torch.zeros(U, d, d, dtype=dtype)
             step = max(1, (1 << 22) // max(1, d * d))  # records per chunk: <= 4M entries
             for a in range(0, X.shape[0], step):
-                xs = X[a:a + step]
-                H.index_add_(0, idx[a:a + step], (weight[a:a + step, None, None] * xs[:, :, None]) * xs[:, None, :])
+                xs = X[a : a + step]
+                H.index_add_(0, idx[a : a + step], (weight[a : a + step, None, None] * xs[:, :, None]) * xs[:, None, :])
             H = H / counts.view(-1, 1, 1)
             return H + mu * torch.eye(d, dtype=dtype)
 
@@ -148,13 +158,14 @@ class GeneralizedLinear(Problem):
         grads = torch.empty(U, k, d, dtype=points.dtype)
         chunk = max(1, (1 << 24) // max(1, X.shape[0] * d))  # <= 16M entries (128 MB) per chunk
         for j in range(0, k, chunk):
-            c = coef[:, j:j + chunk]
+            c = coef[:, j : j + chunk]
             rec = (c.unsqueeze(2) * X.unsqueeze(1)).reshape(X.shape[0], -1)
-            grads[:, j:j + chunk] = user_means(rec, data).reshape(U, c.shape[1], d)
+            grads[:, j : j + chunk] = user_means(rec, data).reshape(U, c.shape[1], d)
         return grads + self.reg * points.unsqueeze(0)
 
-    def local_updates(self, w: torch.Tensor, data: UserData, local_steps: int, local_lr: float,
-                      batch_size: int | None) -> torch.Tensor:
+    def local_updates(
+        self, w: torch.Tensor, data: UserData, local_steps: int, local_lr: float, batch_size: int | None
+    ) -> torch.Tensor:
         """Vectorized over users: every record's gradient term ``l'(<w_u, x>, y) x`` uses its own user's
         current iterate (per-record dot products by :func:`~fedkl.problems.rowwise.row_dots`), reduced
         into users with ``index_add_`` in record order."""

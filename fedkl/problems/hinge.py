@@ -9,6 +9,7 @@ smoothing ``h > 0``::
 ``grad l = (dl/dt) y x`` and ``||x|| <= R`` (any w): **L0 = R**, **L1 = R^2 / h**. Convex, mu = 0;
 with ``(reg/2)||w||^2`` on ``||w|| <= B``: L0 = R + reg B, L1 = R^2/h + reg, mu = reg.
 """
+
 from __future__ import annotations
 
 import torch
@@ -50,8 +51,9 @@ class SmoothedHinge(Problem):
         if self.reg > 0:
             if param_bound is None:
                 raise ValueError("a regularized hinge loss is Lipschitz only on a bounded domain: give param_bound")
-            return Constants(R + self.reg * param_bound, R * R / h + self.reg, self.reg,
-                             f"||x|| <= {R}, ||w|| <= {param_bound}")
+            return Constants(
+                R + self.reg * param_bound, R * R / h + self.reg, self.reg, f"||x|| <= {R}, ||w|| <= {param_bound}"
+            )
         return Constants(R, R * R / h, 0.0, f"||x|| <= {R}, any w")
 
     def metrics(self, w: torch.Tensor, data: UserData) -> dict[str, float]:

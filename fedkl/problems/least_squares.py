@@ -6,6 +6,7 @@ The gradient ``(<w, x> - y) x`` is unbounded over all w, so the constants are st
 **L0 = R (R B + Y)**; the Hessian ``x x^T`` has norm at most ``R^2``: **L1 = R^2**. Convex; strongly
 convex only through the regularizer: **mu = reg** (then L0 += reg B, L1 += reg).
 """
+
 from __future__ import annotations
 
 import torch
@@ -32,8 +33,9 @@ class LeastSquares(GeneralizedLinear):
     def score_curvature(z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return torch.ones_like(z)
 
-    def __init__(self, dim: int, reg: float = 0.0, label_bound: float | None = None,
-                 dtype: torch.dtype = torch.float64) -> None:
+    def __init__(
+        self, dim: int, reg: float = 0.0, label_bound: float | None = None, dtype: torch.dtype = torch.float64
+    ) -> None:
         super().__init__(dim, reg, dtype)
         if label_bound is not None and not label_bound >= 0:
             raise ValueError(f"label_bound must be non-negative, got {label_bound}")
@@ -56,8 +58,9 @@ class LeastSquares(GeneralizedLinear):
         if self.label_bound is None:
             raise ValueError("least-squares constants need the label bound: construct with label_bound=Y")
         R, B, Y = float(feature_bound), float(param_bound), self.label_bound
-        return Constants(R * (R * B + Y) + self.reg * B, R * R + self.reg, self.reg,
-                         f"||x|| <= {R}, ||w|| <= {B}, |y| <= {Y}")
+        return Constants(
+            R * (R * B + Y) + self.reg * B, R * R + self.reg, self.reg, f"||x|| <= {R}, ||w|| <= {B}, |y| <= {Y}"
+        )
 
     def metrics(self, w: torch.Tensor, data: UserData) -> dict[str, float]:
         mse = float((self._residuals(w, data) ** 2).mean())
@@ -67,4 +70,4 @@ class LeastSquares(GeneralizedLinear):
         """Predict the mean training label for every record."""
         err = test.y.double() - float(train.y.double().mean())
         loss = float(user_means(0.5 * err.unsqueeze(1) ** 2, test).mean())
-        return {"mse": float((err ** 2).mean()), "loss": loss}
+        return {"mse": float((err**2).mean()), "loss": loss}

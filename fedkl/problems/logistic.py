@@ -5,6 +5,7 @@ Constants under ``||x|| <= R`` (any w): the derivative of ``t -> log(1+e^{-t})``
 regularizer ``(reg/2)||w||^2`` each per-user objective is reg-strongly convex and L0 grows to
 ``R + reg*B`` on ``||w|| <= B``.
 """
+
 from __future__ import annotations
 
 import torch
@@ -51,8 +52,9 @@ class BinaryLogistic(GeneralizedLinear):
         if self.reg > 0:
             if param_bound is None:
                 raise ValueError("a regularized logistic loss is Lipschitz only on a bounded domain: give param_bound")
-            return Constants(R + self.reg * param_bound, R * R / 4 + self.reg, self.reg,
-                             f"||x|| <= {R}, ||w|| <= {param_bound}")
+            return Constants(
+                R + self.reg * param_bound, R * R / 4 + self.reg, self.reg, f"||x|| <= {R}, ||w|| <= {param_bound}"
+            )
         return Constants(R, R * R / 4, 0.0, f"||x|| <= {R}, any w")
 
     def metrics(self, w: torch.Tensor, data: UserData) -> dict[str, float]:

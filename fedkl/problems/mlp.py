@@ -11,6 +11,7 @@ gradients are vectorized: per-record gradients with ``torch.func.vmap(torch.func
 chunks of records, summed into users with ``index_add_``; there is no loop over users.
 Labels as in :func:`fedkl.problems.multiclass.class_labels` (binary ±1 labels become classes 0/1).
 """
+
 from __future__ import annotations
 
 import math
@@ -28,8 +29,16 @@ class MLP(Problem):
     name = "mlp"
     convex = False
 
-    def __init__(self, dim: int, hidden: tuple[int, ...] = (64,), num_classes: int = 2, reg: float = 0.0,
-                 seed: int = 0, dtype: torch.dtype = torch.float32, chunk_size: int = 4096) -> None:
+    def __init__(
+        self,
+        dim: int,
+        hidden: tuple[int, ...] = (64,),
+        num_classes: int = 2,
+        reg: float = 0.0,
+        seed: int = 0,
+        dtype: torch.dtype = torch.float32,
+        chunk_size: int = 4096,
+    ) -> None:
         super().__init__(dim, reg, dtype)
         if num_classes < 2:
             raise ValueError(f"num_classes must be at least 2, got {num_classes}")
@@ -68,7 +77,7 @@ class MLP(Problem):
     def _unflatten(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
         out, offset = {}, 0
         for name, shape, n in self._shapes:
-            out[name] = w[offset:offset + n].view(shape)
+            out[name] = w[offset : offset + n].view(shape)
             offset += n
         return out
 
@@ -100,8 +109,9 @@ class MLP(Problem):
         return sums / counts.unsqueeze(1) + self.reg * w
 
     def constants(self, feature_bound: float, param_bound: float | None = None) -> Constants:
-        return Constants(lipschitz=float("inf"), smoothness=None, strong_convexity=None,
-                         domain="non-convex; rely on clipping")
+        return Constants(
+            lipschitz=float("inf"), smoothness=None, strong_convexity=None, domain="non-convex; rely on clipping"
+        )
 
     def metrics(self, w: torch.Tensor, data: UserData) -> dict[str, float]:
         w, X, y = self._prepare(w, data)
@@ -111,5 +121,7 @@ class MLP(Problem):
 
     def trivial_metrics(self, train: UserData, test: UserData) -> dict[str, float]:
         majority = int(torch.bincount(class_labels(train.y), minlength=self.num_classes).argmax())
-        return {"accuracy": float((class_labels(test.y) == majority).double().mean()),
-                "loss": math.log(self.num_classes)}
+        return {
+            "accuracy": float((class_labels(test.y) == majority).double().mean()),
+            "loss": math.log(self.num_classes),
+        }

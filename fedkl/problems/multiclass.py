@@ -13,6 +13,7 @@ off-diagonal absolute sum ``p_k (1 - p_k)``), and ``x x^T`` has norm ``R^2``: **
 Convex, not strongly convex (mu = 0). With ``(reg/2)||w||^2`` on ``||w|| <= B``:
 L0 = sqrt(2) R + reg B, L1 = R^2/2 + reg, mu = reg.
 """
+
 from __future__ import annotations
 
 import math
@@ -55,7 +56,7 @@ class SoftmaxRegression(Problem):
         coef[torch.arange(len(coef)), class_labels(data.y)] -= 1.0  # p - e_y, (N, K)
         X = data.X.to(w.dtype)
         # one (num_users, d) block per class (a loop over classes, not users): memory O(N d)
-        grads = torch.stack([user_means(coef[:, k:k + 1] * X, data) for k in range(self.num_classes)], dim=1)
+        grads = torch.stack([user_means(coef[:, k : k + 1] * X, data) for k in range(self.num_classes)], dim=1)
         return grads.reshape(data.num_users, -1) + self.reg * w
 
     def constants(self, feature_bound: float, param_bound: float | None = None) -> Constants:
@@ -63,8 +64,12 @@ class SoftmaxRegression(Problem):
         if self.reg > 0:
             if param_bound is None:
                 raise ValueError("a regularized softmax loss is Lipschitz only on a bounded domain: give param_bound")
-            return Constants(math.sqrt(2) * R + self.reg * param_bound, R * R / 2 + self.reg, self.reg,
-                             f"||x|| <= {R}, ||w|| <= {param_bound}")
+            return Constants(
+                math.sqrt(2) * R + self.reg * param_bound,
+                R * R / 2 + self.reg,
+                self.reg,
+                f"||x|| <= {R}, ||w|| <= {param_bound}",
+            )
         return Constants(math.sqrt(2) * R, R * R / 2, 0.0, f"||x|| <= {R}, any w")
 
     def metrics(self, w: torch.Tensor, data: UserData) -> dict[str, float]:
@@ -73,5 +78,7 @@ class SoftmaxRegression(Problem):
 
     def trivial_metrics(self, train: UserData, test: UserData) -> dict[str, float]:
         majority = int(torch.bincount(class_labels(train.y), minlength=self.num_classes).argmax())
-        return {"accuracy": float((class_labels(test.y) == majority).double().mean()),
-                "loss": math.log(self.num_classes)}
+        return {
+            "accuracy": float((class_labels(test.y) == majority).double().mean()),
+            "loss": math.log(self.num_classes),
+        }

@@ -14,6 +14,7 @@ population minimizer ``theta_pop``.
 * :class:`~fedkl.algorithms.mean_type_inner.MeanTypeInner` - an exact, efficient DelOutputPert for this
   family, the inner release of the phased algorithms at any n (its module holds the privacy proof).
 """
+
 from __future__ import annotations
 
 import math

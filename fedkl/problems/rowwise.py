@@ -21,6 +21,7 @@ Per-user reductions (``index_add_`` in :func:`fedkl.problems.base.user_means`) a
 one after another in record order, the same order as the client's. Cost: about the speed of the
 batched BLAS path for the problems' sizes (see ``tests/test_rowwise.py`` for the invariance checks).
 """
+
 from __future__ import annotations
 
 import numpy as np
