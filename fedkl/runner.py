@@ -274,7 +274,8 @@ def train_federation(
                     f"{cfg.algorithm}: its first release's noise (norm ~{forecast['noise_norm']:.3g}) is "
                     f"{forecast['noise_over_signal']:.3g}x the farthest the model can move ({forecast['signal_radius']:.3g}) "
                     f"at this budget and n={federation.num_users}: the model would be noise around its start. Nothing "
-                    "was read or charged. noisy-gd learns here (--algorithm noisy-gd); --force runs it anyway"
+                    "was read or charged. noisy-gd learns here (--algorithm noisy-gd; `fedkl plan` ranks every "
+                    "algorithm on these settings); --force runs it anyway"
                 )
         try:
             # no run-wide filter for (eps, delta) releases, nor for algorithms whose users each take part in
