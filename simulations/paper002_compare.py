@@ -24,7 +24,7 @@ d = 4, user means exactly N(theta_pop, I/m), K = B(0, 3), w0 = 0). Metric: the e
   (what a tuning budget would buy); it favours noisy GD.
 
 Charges go to in-memory recorders (the repetitions would exhaust a real ledger); the ledger tests are
-in tests/test_phased_output_pert.py and tests/test_noisy_gd.py.
+in tests/algorithms/test_phased_output_pert.py and tests/algorithms/test_noisy_gd.py.
 """
 
 from __future__ import annotations

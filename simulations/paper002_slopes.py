@@ -29,7 +29,7 @@ threshold is the public rule :func:`~fedkl.algorithms.mean_type_inner.gaussian_u
 (Delta = 2 s (sqrt d + sqrt(2 ln(n/beta))) / (sqrt(m) mu (n - 4 kappa - 1)): the test passes w.p. 1 - beta
 for users drawn from the public model). "Alg 2" is one such release at the full (eps, delta) with no
 regularizer (the SCOutputPert step of Alg 5/6 on its own). Charges go to an in-memory recorder (a
-real ledger would be exhausted by the repetitions); tests/test_phased_output_pert.py checks the
+real ledger would be exhausted by the repetitions); tests/algorithms/test_phased_output_pert.py checks the
 ledger charges of the same code with real ledgers.
 
 The regime the theorems cover (checked per run, column ``theorem_regime``): every call has

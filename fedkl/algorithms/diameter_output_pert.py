@@ -80,7 +80,7 @@ over Flower it is a one-point ``GradientsAtPoints`` request). A missing edge the
 ``||v_u - v_w|| <= rho`` for the minimizers of the functions whose gradients the solver sums, which
 is all the lemma needs. (Before this, the reported residual was used: one client reporting a
 typical v~ with residual 0 while answering gradients honestly broke an honest user's guarantee;
-``tests/test_untrusted_clients.py`` reproduces that attack and checks the fix holds delta.)
+``tests/algorithms/test_untrusted_clients.py`` reproduces that attack and checks the fix holds delta.)
 
 The solver's accuracy tau needs the public G0 >= ||grad f_u(c)|| of every user of a set (then
 ||c - theta*(y)|| <= G0/mu for every y). The server checks it too, from each user's gradient at c:
@@ -392,7 +392,7 @@ class SelectedDeltaSCOutputPert:
     grid, its order and T are public); step 4 is (eps_release, delta)-DP for EVERY fixed Delta_j
     (DiameterSCOutputPert's theorem); adaptive basic composition gives (eps_select + eps_release,
     delta) = (eps, delta). The ledger is charged both releases separately, before each is drawn.
-    ``tests/test_delta_selection.py`` audits the composed output law exactly on neighbouring
+    ``tests/algorithms/test_delta_selection.py`` audits the composed output law exactly on neighbouring
     federations. Utility: with IID users the largest deletion jump is far below the union-bound
     Delta_uc (simulations/results/paper002_crossover.md measures ~1/80), and the noise is
     proportional to the Delta used.

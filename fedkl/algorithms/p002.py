@@ -50,7 +50,7 @@ class P002Release(StabilityDelta):
         "profile of the whole release, no split of (eps, delta): fedkl/algorithms/stability_profile.py), "
         "tight (the paper's split, sensitivity (4 kappa + 1) Delta by the chain recount, the analytic "
         "Gaussian) or paper (8 kappa Delta and the classic sigma, as printed: for reproducing the paper); "
-        "exact audits of all three in tests/test_output_pert.py and tests/test_diameter_output_pert.py",
+        "exact audits of all three in tests/algorithms/test_output_pert.py and tests/algorithms/test_diameter_output_pert.py",
         "theorem",
         choices=("profile", "tight", "paper"),
     )

@@ -37,8 +37,8 @@ are covered because the pair set is symmetric. ∎
 
 :func:`calibrate` searches a public grid of (eps_r, delta_r) for the smallest sigma/Delta meeting
 the theorem, by bisection on sigma (H decreases in sigma), and returns it with kappa. Everything is
-a function of (eps, delta, score) only: public. The audits in tests/test_output_pert.py and
-tests/test_diameter_output_pert.py compute the released law on real neighbouring datasets and check
+a function of (eps, delta, score) only: public. The audits in tests/algorithms/test_output_pert.py and
+tests/algorithms/test_diameter_output_pert.py compute the released law on real neighbouring datasets and check
 HS <= delta in both directions.
 """
 

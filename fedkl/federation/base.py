@@ -31,7 +31,7 @@ they differ from the defaults, :meth:`~Query.answer_shape`, :meth:`~Query.check_
 :class:`~fedkl.federation.inprocess.InProcessFederation` decorated ``@answers(MyQuery)`` (which a
 Flower client runs for its one user). The per-user numerics it needs belong on the problem
 (:class:`fedkl.problems.base.Problem`). The codec, the ClientApp and the Flower federation take it from
-there; ``tests/test_flower.py`` checks the round trip.
+there; ``tests/flower/test_flower.py`` checks the round trip.
 
 Clipping is part of the query and is done where the data lives (the client, or the vectorized
 backend, with :func:`fedkl.federation.clipping.clip_rows`): that is what bounds each user's

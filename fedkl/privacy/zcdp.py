@@ -171,7 +171,7 @@ def eps_gaussian(rho: float, delta: float) -> float:
     with mu^2 = sum_t mu_t^2 = 2 rho. Its privacy profile is :func:`_gaussian_delta`, so the eps
     returned (the smallest eps with delta(eps) <= delta, by bisection, rounded up) is exact. Valid
     ONLY when every zCDP charge is a Gaussian release: the ledger checks the mechanism of each charge.
-    For rho = 0.15 at delta = 1e-10: 3.416 (CKS: 3.574, Bun-Steinke: 3.867; tests/test_accounting.py).
+    For rho = 0.15 at delta = 1e-10: 3.416 (CKS: 3.574, Bun-Steinke: 3.867; tests/privacy/test_accounting.py).
     """
     _check_rho_delta(rho, delta)
     if rho == 0:

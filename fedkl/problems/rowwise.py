@@ -6,7 +6,7 @@ one user alone. With plain ``X @ w`` and torch's vectorised transcendental funct
 differently in the last bits (BLAS blocks rows differently by matrix size; torch's SIMD body and its
 scalar tail, and its per-thread chunks, round ``sigmoid``/``exp`` differently by position). These
 kernels make the two backends release BIT-IDENTICAL models for the same seed (tested in
-``tests/test_flower.py`` and ``tests/test_rowwise.py``):
+``tests/flower/test_flower.py`` and ``tests/problems/test_rowwise.py``):
 
 * :func:`row_matmul` — one ``(1, d) @ (d, k)`` product per record, in blocks small enough for
   ATen's naive batched kernel (a sequential multiply-add loop per entry), blocks added in a fixed
@@ -19,7 +19,7 @@ kernels make the two backends release BIT-IDENTICAL models for the same seed (te
 
 Per-user reductions (``index_add_`` in :func:`fedkl.problems.base.user_means`) add a user's records
 one after another in record order, the same order as the client's. Cost: about the speed of the
-batched BLAS path for the problems' sizes (see ``tests/test_rowwise.py`` for the invariance checks).
+batched BLAS path for the problems' sizes (see ``tests/problems/test_rowwise.py`` for the invariance checks).
 """
 
 from __future__ import annotations

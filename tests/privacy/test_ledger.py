@@ -21,7 +21,7 @@ from fedkl.privacy.ledger import Budget, BudgetExceeded, LedgerError, PrivacyLed
 from fedkl.privacy.zcdp import rho_for_eps_delta, zcdp_to_eps
 
 BUDGET = Budget(epsilon=2.0, delta=1e-5)
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def table_counts(path) -> dict:

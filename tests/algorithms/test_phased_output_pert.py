@@ -46,7 +46,7 @@ D = 4
 POP = torch.tensor([1.0, -0.5, 0.25, 0.0], dtype=torch.float64)
 X = 3.0  # public bound on ||x|| (feature bound) of the quadratic family
 RADIUS = 3.0  # K = B(0, 3) holds theta_pop and every phase minimizer used here
-REPO = pathlib.Path(__file__).resolve().parent.parent  # the simulations/ scripts run from the repository root
+REPO = pathlib.Path(__file__).resolve().parents[2]  # the simulations/ scripts run from the repository root
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -1,7 +1,7 @@
 """Batch invariance: a record's (and a user's) result does not depend on the other rows of the call.
 
 This is what makes the in-process backend and a Flower client (one user alone) release the same
-model bit for bit (tests/test_flower.py checks the transports end to end)."""
+model bit for bit (tests/flower/test_flower.py checks the transports end to end)."""
 
 from __future__ import annotations
 

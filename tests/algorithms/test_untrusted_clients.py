@@ -7,7 +7,7 @@ far beyond the sensitivity the noise is calibrated to, between neighbouring data
 an honest user. The server now recomputes the residual from the client's gradient at its reported
 point (and checks the public bound G0 at the centre), so the liar conflicts with everyone and is
 deleted. The checks are EXACT: the released law is an atom at ⊥ plus a Gaussian, whose hockey-stick
-divergence has a closed form (tests/test_diameter_output_pert.py's ``_hockey_stick``).
+divergence has a closed form (tests/algorithms/test_diameter_output_pert.py's ``_hockey_stick``).
 """
 
 import dataclasses

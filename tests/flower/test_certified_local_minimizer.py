@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 
 for _k, _v in (("FLWR_TELEMETRY_ENABLED", "0"), ("FLWR_DISABLE_UPDATE_CHECK", "1"), ("RAY_USAGE_STATS_ENABLED", "0")):
-    os.environ.setdefault(_k, _v)  # as tests/test_flower.py, before flwr is imported
+    os.environ.setdefault(_k, _v)  # as tests/flower/test_flower.py, before flwr is imported
 
 import dataclasses  # noqa: E402
 import math  # noqa: E402
