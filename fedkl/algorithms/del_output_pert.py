@@ -421,6 +421,21 @@ def exact_stability_predicate(
     return StabilityPlan(n, None, None, None, "exact-predicate")
 
 
+def noise_forecast(sigma: float, Delta: float, signal_radius: float, dim: int) -> dict:
+    """A release's public forecast: its noise of norm about ``sigma sqrt(d)`` against
+    ``signal_radius``, the farthest the data could move its value from the public centre;
+    ``noise_over_signal > 1``: the output is expected farther from the optimum than any data could
+    move it (the runner refuses unless forced)."""
+    noise = sigma * math.sqrt(dim)
+    return {
+        "sigma_over_Delta": sigma / Delta,
+        "sigma": sigma,
+        "noise_norm": noise,
+        "signal_radius": signal_radius,
+        "noise_over_signal": noise / signal_radius,
+    }
+
+
 def check_release_start(name: str, releaser: Releaser, federation, w0: torch.Tensor) -> torch.Tensor:
     """Refuse, before anything is read or charged, a Releaser with a zCDP filter (an (eps, delta)
     release cannot be accounted by it) and a centre that is not a finite parameter vector; returns the

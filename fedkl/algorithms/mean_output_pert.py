@@ -142,6 +142,7 @@ from fedkl.algorithms.del_output_pert import (
     check_release_start,
     deletion_depth,
     mean_of_user_vectors,
+    noise_forecast,
 )
 from fedkl.algorithms.matching import deletion_set
 from fedkl.algorithms.registry import AlgorithmParams, AlgorithmResult, BuildContext, param, register
@@ -433,16 +434,8 @@ class LocalMeanOutputPert:
         than any data could move it (the runner refuses unless forced)."""
         center = torch.as_tensor(w0).to(torch.float64)
         mech = self.config.mechanism(self.rho(center))
-        sigma, Delta = mech.sigma(n), mech.Delta(n)
         signal = local_radius(self.problem, self.feature_bound, center, self.config.lam)
-        noise = sigma * math.sqrt(center.numel())
-        return {
-            "sigma_over_Delta": sigma / Delta,
-            "sigma": sigma,
-            "noise_norm": noise,
-            "signal_radius": signal,
-            "noise_over_signal": noise / signal,
-        }
+        return noise_forecast(mech.sigma(n), mech.Delta(n), signal, center.numel())
 
     def user_vectors(self, federation: Federation, center: torch.Tensor) -> tuple[torch.Tensor, int]:
         cfg = self.config

@@ -76,6 +76,7 @@ from fedkl.algorithms.del_output_pert import (
     DelOutputPertResult,
     StabilityPlan,
     exact_stability,
+    noise_forecast,
 )
 from fedkl.federation.base import Federation, GradientsAtPoints
 from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, Guarantee
@@ -185,19 +186,11 @@ def lemma_c1_bound(n: int, r: int, gamma: float, mu: float, beta: float | None =
 
 
 def release_forecast(sigma: float, Delta: float, config: "SCOutputPertConfig", dim: int) -> dict:
-    """Public values only: the minimizer of the (mu-strongly convex) objective lies within
-    ``signal_radius = G0/mu`` of the centre for every user set (strong monotonicity), and the release
-    adds noise of norm about ``sigma sqrt(d)``; ``noise_over_signal > 1``: the output is expected
-    farther from the optimum than any data could move it (see PhasedERM.forecast)."""
+    """:func:`~fedkl.algorithms.del_output_pert.noise_forecast` with ``signal_radius = G0/mu``: the
+    minimizer of the (mu-strongly convex) objective lies that close to the centre for every user set
+    (strong monotonicity; see PhasedERM.forecast)."""
     signal = config.start_grad_bound / config.mu if config.start_grad_bound > 0 else math.inf
-    noise = sigma * math.sqrt(dim)
-    return {
-        "sigma_over_Delta": sigma / Delta,
-        "sigma": sigma,
-        "noise_norm": noise,
-        "signal_radius": signal,
-        "noise_over_signal": noise / signal,
-    }
+    return noise_forecast(sigma, Delta, signal, dim)
 
 
 def delta_union_bound(G: float, mu: float, n: int, m: int, kappa: int, beta: float) -> float:
