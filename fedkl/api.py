@@ -57,6 +57,7 @@ def train(
     epsilon: float = 2.0,
     delta: float | None = None,
     log: Callable[[str], None] | None = print,
+    model: str | Callable | torch.nn.Module | None = None,
     **settings: Any,
 ) -> TrainedModel:
     """Train ``algorithm`` on ``data`` at user-level (epsilon, delta) (module docstring).
@@ -68,6 +69,10 @@ def train(
     ValueError. The non-private
     reference is off unless ``reference=True`` (it trains a second, non-private model). ``log=None``
     is silent.
+
+    ``model``: your own network for the gradient algorithms (problem ``torch``,
+    :mod:`fedkl.problems.torch_model`): an import spec ``"package.module:factory"`` (any backend),
+    or a factory ``factory(input_dim, num_outputs) -> nn.Module`` or a module (in-process).
     """
     unknown = sorted(set(settings) - set(settings_fields()))
     if unknown:
@@ -82,10 +87,15 @@ def train(
         name = data
     else:
         raise TypeError(f"data must be a dataset name or a FederatedDataset (fedkl.from_arrays), got {type(data)}")
+    if model is not None:
+        settings.setdefault("problem", "torch")
+        if isinstance(model, str):
+            settings["model"] = model
     cfg = RunConfig.from_settings(dataset=name, algorithm=algorithm, epsilon=epsilon, delta=delta, **settings)
     if cfg.backend != "inprocess":
         import fedkl.flower.backends  # noqa: F401  (registers the Flower backends)
-    result = run_training(cfg, log=log or (lambda _: None), dataset=dataset)
+    network = None if model is None or isinstance(model, str) else model
+    result = run_training(cfg, log=log or (lambda _: None), dataset=dataset, model=network)
     w = None if result["model_path"] is None else torch.load(result["model_path"])
     return TrainedModel(
         model=w,

@@ -127,7 +127,14 @@ def _add_run_arguments(run: argparse.ArgumentParser, algorithm: str | None) -> N
         "--problem",
         choices=PROBLEMS,
         default=d.problem,
-        help="model / loss (default: logistic for binary, softmax for multiclass, least-squares for regression)",
+        help="model / loss (default: logistic for binary, softmax for multiclass, least-squares for regression; "
+        "torch: your own network, see --model)",
+    )
+    run.add_argument(
+        "--model",
+        default=d.model,
+        help="with --problem torch: your torch.nn.Module as 'package.module:factory', called as "
+        "factory(input_dim, num_outputs) (importable on every client)",
     )
     run.add_argument(
         "--algorithm", choices=tuple(REGISTRY), default=d.algorithm, help="private algorithm (default %(default)s)"

@@ -86,6 +86,7 @@ class RunConfig:
 
     dataset: str = "movielens"
     problem: str | None = None  # None: the task's default (DEFAULT_PROBLEM)
+    model: str | None = None  # problem "torch": your network, "package.module:factory" (fedkl.problems.torch_model)
     algorithm: str = "noisy-gd"
     backend: str = "inprocess"
     epsilon: float = 2.0
@@ -310,36 +311,49 @@ def prepare_run(cfg: RunConfig, num_users: int, suffix: str = "") -> tuple[float
     return delta, run_id, out, ledger_path, NoiseSource(cfg.noise_seed)
 
 
-def load_run_data(cfg: RunConfig) -> tuple:
-    """``(dataset, problem, problem name)`` of a run configuration (real datasets: split by ``seed``;
-    synthetic ones: drawn with ``seed`` and ``users``)."""
+def load_run_dataset(cfg: RunConfig) -> FederatedDataset:
+    """The dataset of a run configuration (real datasets: split by ``seed``; synthetic ones: drawn
+    with ``seed`` and ``users``)."""
     if cfg.dataset in ("movielens", "tv16"):
         if cfg.users is not None:
             raise ValueError(f"--users applies to synthetic datasets; {cfg.dataset} has a fixed set of users")
-        dataset = load_dataset(cfg.dataset, split_seed=cfg.seed)
-    else:
-        dataset = load_dataset(cfg.dataset, seed=cfg.seed, **({"n_users": cfg.users} if cfg.users else {}))
+        return load_dataset(cfg.dataset, split_seed=cfg.seed)
+    return load_dataset(cfg.dataset, seed=cfg.seed, **({"n_users": cfg.users} if cfg.users else {}))
+
+
+def load_run_data(cfg: RunConfig) -> tuple:
+    """``(dataset, problem, problem name)`` of a run configuration (:func:`load_run_dataset`)."""
+    dataset = load_run_dataset(cfg)
     problem_name = cfg.problem or DEFAULT_PROBLEM[dataset.task]
-    return dataset, make_problem(problem_name, dataset, reg=cfg.reg), problem_name
+    return dataset, make_problem(problem_name, dataset, reg=cfg.reg, model=cfg.model), problem_name
 
 
-def run_training(cfg: RunConfig, log: Callable[[str], None] = print, dataset: FederatedDataset | None = None) -> dict:
+def run_training(
+    cfg: RunConfig,
+    log: Callable[[str], None] = print,
+    dataset: FederatedDataset | None = None,
+    model: Callable | torch.nn.Module | None = None,
+) -> dict:
     """Train, write ``result.json``, ``model.pt`` (the released parameters, when there are some:
     ``model_path``, else None) and the ledger under ``cfg.out``; return the result dict.
 
     ``dataset``: your own :class:`FederatedDataset` (``fedkl.from_arrays``) instead of the one
-    ``cfg.dataset`` names; it trains in-process (a Flower client loads a dataset by name)."""
+    ``cfg.dataset`` names; ``model``: your own network as a factory or a ``torch.nn.Module``
+    (problem ``torch``) instead of ``cfg.model``'s import spec. Both train in-process only (a
+    Flower client builds its data and network from names)."""
     started = time.time()
-    if dataset is None:
+    for what, given in (("a dataset", dataset), ("a model", model)):
+        if given is not None and cfg.backend != "inprocess":
+            raise ValueError(
+                f"{what} given as an object trains in-process only (backend {cfg.backend!r} builds its "
+                "clients from names: use a dataset name and --model package.module:factory)"
+            )
+    if dataset is None and model is None:
         dataset, problem, problem_name = load_run_data(cfg)
     else:
-        if cfg.backend != "inprocess":
-            raise ValueError(
-                f"a dataset given as an object trains in-process only (backend {cfg.backend!r} loads "
-                "its clients' data by name)"
-            )
-        problem_name = cfg.problem or DEFAULT_PROBLEM[dataset.task]
-        problem = make_problem(problem_name, dataset, reg=cfg.reg)
+        dataset = dataset if dataset is not None else load_run_dataset(cfg)
+        problem_name = cfg.problem or ("torch" if model is not None else DEFAULT_PROBLEM[dataset.task])
+        problem = make_problem(problem_name, dataset, reg=cfg.reg, model=model if model is not None else cfg.model)
     evaluator = InProcessFederation(problem, dataset)  # non-private evaluation (research use)
     transport = transport_for(cfg.backend)
     # the federation the algorithm trains through; a deployment (transport.train) trains elsewhere

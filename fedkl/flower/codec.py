@@ -345,13 +345,16 @@ class ClientSpec:
 
                 task = load_dataset(cfg.dataset, **cls.loader_kwargs(cfg)).task
             problem = DEFAULT_PROBLEM[task]
-        return cls.build(cfg.dataset, problem, cls.loader_kwargs(cfg), {"reg": cfg.reg})
+        model = getattr(cfg, "model", None)  # problem "torch": every client imports the same network
+        return cls.build(
+            cfg.dataset, problem, cls.loader_kwargs(cfg), {"reg": cfg.reg, **({"model": model} if model else {})}
+        )
 
     @classmethod
     def from_user_config(cls, user_config: Mapping) -> "ClientSpec | None":
         """From run-config keys: ``fedkl-dataset``, ``fedkl-problem`` and either the explicit JSON
         ``fedkl-dataset-kwargs`` / ``fedkl-problem-kwargs`` or, like ``fedkl run``, ``fedkl-seed``,
-        ``fedkl-users`` and ``fedkl-reg``. None if no dataset is configured."""
+        ``fedkl-users``, ``fedkl-reg`` and ``fedkl-model``. None if no dataset is configured."""
         if "fedkl-dataset" not in user_config:
             return None
         dataset = str(user_config["fedkl-dataset"])
@@ -368,6 +371,7 @@ class ClientSpec:
             problem=user_config.get("fedkl-problem"),
             seed=int(user_config.get("fedkl-seed", 0)),
             reg=float(user_config.get("fedkl-reg", 0.0)),
+            model=user_config.get("fedkl-model") or None,
             users=user_config.get("fedkl-users") or None,
         )
         return cls.from_run_config(ns)

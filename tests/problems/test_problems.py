@@ -279,8 +279,11 @@ def test_make_problem():
     ls = make_problem("least-squares", regression)
     assert isinstance(ls, LeastSquares) and ls.label_bound == Y
     assert make_problem("least-squares", regression, label_bound=5.0).label_bound == 5.0
+    linear_net = lambda d, k: torch.nn.Linear(d, k)  # noqa: E731  (problem "torch": your own network)
     for name in PROBLEMS:
-        assert make_problem(name, regression if name == "least-squares" else binary).dim == D
+        kw = {"model": linear_net} if name == "torch" else {}
+        assert make_problem(name, regression if name == "least-squares" else binary, **kw).dim == D
+    assert make_problem("torch", regression, model=linear_net).num_params == D + 1
     with pytest.raises(ValueError, match="valid names: logistic, softmax, least-squares, smoothed-hinge, mlp"):
         make_problem("svm", binary)
     with pytest.raises(ValueError, match="binary"):
