@@ -39,7 +39,7 @@ class TinyCNN(torch.nn.Module):
 
 
 NET_FILE = textwrap.dedent(
-    f"""
+    """
     import torch
 
     def tiny(input_dim, num_outputs):
