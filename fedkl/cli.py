@@ -141,22 +141,31 @@ def _experiments(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
 def _run_settings(args: argparse.Namespace) -> dict:
     """The flat ``fedkl run`` settings of parsed ``run``/``plan`` options."""
     settings = {
-        k: v for k, v in vars(args).items() if k not in ("command", "config", "no_reference", "algorithms", "json")
+        k: v
+        for k, v in vars(args).items()
+        if k not in ("command", "config", "no_reference", "algorithms", "json", "charges")
     }
     settings["reference"] = not args.no_reference
     return settings
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from fedkl.planner import format_plan, plan
+    from fedkl.planner import charge_plan, format_charge_plan, format_plan, plan
 
     names = None if args.algorithms is None else [a.strip() for a in args.algorithms.split(",") if a.strip()]
     try:
-        result = plan(_run_settings(args), names)
+        if args.charges:
+            from fedkl.runner import RunConfig
+
+            result = charge_plan(RunConfig.from_settings(**_run_settings(args)))
+            text = format_charge_plan(result)
+        else:
+            result = plan(_run_settings(args), names)
+            text = format_plan(result)
     except ValueError as e:
         print(f"fedkl plan: error: {e} (see 'fedkl plan --help')", file=sys.stderr)
         return 2
-    print(json.dumps(result, indent=2) if args.json else format_plan(result))
+    print(json.dumps(result, indent=2) if args.json else text)
     return 0
 
 

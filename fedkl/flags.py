@@ -218,6 +218,12 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
         metavar="A,B,...",
         help="the algorithms to compare (default: every registered one)",
     )
+    plan.add_argument(
+        "--charges",
+        action="store_true",
+        help="list every charge the run of --algorithm will make (mechanism, cost, users), from the run's own "
+        "code on a public stand-in of the users (their ids, zero records); nothing of yours is read or charged",
+    )
     plan.add_argument("--json", action="store_true", help="print one JSON object")
 
     acc = sub.add_parser(

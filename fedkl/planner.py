@@ -22,12 +22,28 @@ simulations/paper002_crossover.py measures both).
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+import os
+import tempfile
 from typing import Iterable
 
+import torch
+
 from fedkl.algorithms.catalog import REGISTRY
-from fedkl.privacy import Budget, PrivacyLedger
-from fedkl.runner import RunConfig, build_algorithm, default_delta, load_run_data
+from fedkl.data.base import FederatedDataset, UserData
+from fedkl.federation.inprocess import InProcessFederation
+from fedkl.privacy import Budget, NoiseSource, PrivacyLedger
+from fedkl.problems import DEFAULT_PROBLEM, make_problem
+from fedkl.runner import (
+    RunConfig,
+    build_algorithm,
+    default_delta,
+    load_run_data,
+    load_run_dataset,
+    train_federation,
+)
 
 
 def _gradient_ratio(alg, params, n: int, dim: int, neighbouring: str) -> tuple[float, str] | None:
@@ -122,4 +138,106 @@ def format_plan(result: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["format_plan", "plan"]
+# ---- the charges a run will make ------------------------------------------------------------------
+
+STANDIN_RECORDS = 2  # records per user of the public stand-in (a public constant, not the real counts)
+
+
+def public_standin(dataset: FederatedDataset, records_per_user: int = STANDIN_RECORDS) -> FederatedDataset:
+    """A dataset with ``dataset``'s public shape (user ids, dimension, task, classes, feature bound)
+    and public records: every user holds ``records_per_user`` zero feature rows with the task's
+    first label (+1, class 0, or 0.0). No value of ``dataset``'s records enters it."""
+    ids = dataset.train.user_ids
+    n, d = len(ids), dataset.train.dim
+    owner = torch.arange(n).repeat_interleave(records_per_user)
+    X = torch.zeros(n * records_per_user, d, dtype=dataset.train.X.dtype)
+    label = {"binary": 1, "multiclass": 0, "regression": 0.0}[dataset.task]
+    y = torch.full((n * records_per_user,), label, dtype=dataset.train.y.dtype)
+    split = UserData(X, y, owner, ids)
+    return dataclasses.replace(
+        dataset,
+        name=f"{dataset.name} (public stand-in)",
+        train=split,
+        test=split,
+        description=f"public stand-in: {n} users x {records_per_user} zero records",
+        optimum=None,
+    )
+
+
+def charge_plan(cfg: RunConfig, records_per_user: int = STANDIN_RECORDS) -> dict:
+    """The charges ``fedkl run`` of ``cfg`` will make on a fresh ledger, in order, from
+    public values only: the run's own code (the same build, refusals and Releaser) on a public
+    stand-in federation (:func:`public_standin`: the real user ids, zero records) with a temporary
+    ledger; it reads no record's value and writes nothing of the user's.
+
+    Why this is the real run's plan: every charge of a DP algorithm (its mechanism, cost, noise
+    scale, sensitivity and the users it charges) must be a function of public values and earlier
+    releases only, never of the records, or its accounting would itself leak. For algorithms whose
+    charges depend on no earlier release, the stand-in's charges are therefore exactly the real
+    run's; ``tests/test_planner.py`` checks that equality for every registered algorithm (and so
+    fails if a charge ever starts to depend on the data). Algorithms that choose later costs from
+    earlier noisy releases (``Guarantee.adaptive``: kl-adaptive-gd) get one realisation of their
+    plan, under the same total that the run-wide filter enforces.
+
+    Returns ``{"algorithm", "users", "delta", "releases": [{label, mechanism, charge, users,
+    cohort}], "per_user_max": {rho, eps, delta}, "adaptive": bool}``."""
+    dataset = load_run_dataset(cfg)  # public metadata only: ids, dimension, task, bound
+    standin = public_standin(dataset, records_per_user)
+    problem = make_problem(cfg.problem or DEFAULT_PROBLEM[dataset.task], standin, reg=cfg.reg, model=cfg.model)
+    n = len(standin.train.user_ids)
+    delta = cfg.delta if cfg.delta is not None else default_delta(n)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "plan.sqlite")
+        _, _, declared = train_federation(
+            cfg,
+            InProcessFederation(problem, standin),
+            problem,
+            standin,
+            delta,
+            path,
+            "plan",
+            NoiseSource(cfg.noise_seed if cfg.noise_seed is not None else 0),
+            lambda _: None,
+        )
+        with PrivacyLedger(path) as ledger:
+            releases = ledger.releases()
+            spend = [ledger.spend(u) for u in standin.train.user_ids]
+    keep = ("label", "mechanism", "charge", "users", "cohort")
+    return {
+        "algorithm": cfg.algorithm,
+        "users": n,
+        "delta": delta,
+        "releases": [{k: r[k] for k in keep} for r in releases],
+        "per_user_max": {k: max(getattr(s, k) for s in spend) for k in ("rho", "eps", "delta")},
+        "adaptive": declared.adaptive,
+    }
+
+
+def format_charge_plan(plan: dict) -> str:
+    """One line per group of consecutive releases with the same mechanism, charge and cohort size."""
+    lines = [
+        f"fedkl plan --charges: {plan['algorithm']} on {plan['users']} users (delta {plan['delta']:.3g}); "
+        f"{len(plan['releases'])} releases"
+        + (" (one realisation: later costs follow earlier releases)" if plan["adaptive"] else "")
+    ]
+    groups: list[list[dict]] = []
+    for r in plan["releases"]:
+        key = (r["mechanism"], json.dumps(r["charge"], sort_keys=True), r["users"])
+        if groups and groups[-1][0]["_key"] == key:
+            groups[-1].append({**r, "_key": key})
+        else:
+            groups.append([{**r, "_key": key}])
+    for g in groups:
+        first, charge = g[0], dict(g[0]["charge"])
+        kind = charge.pop("type")
+        fields = ", ".join(
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in charge.items() if v is not None
+        )
+        span = first["label"] if len(g) == 1 else f"{first['label']} .. {g[-1]['label']} ({len(g)}x)"
+        lines.append(f"  {span}: {kind}({fields}) to {first['users']} users")
+    m = plan["per_user_max"]
+    lines.append(f"  most charged user: rho {m['rho']:.5g}, eps {m['eps']:.5g}, delta {m['delta']:.3g}")
+    return "\n".join(lines)
+
+
+__all__ = ["STANDIN_RECORDS", "charge_plan", "format_charge_plan", "format_plan", "plan", "public_standin"]

@@ -1,4 +1,5 @@
-"""Build one registered algorithm the way the runner does, for tests that inspect its configuration."""
+"""Build one registered algorithm the way the runner does, for tests that inspect its configuration;
+and SMALL, a small fast setting per registered algorithm."""
 
 from __future__ import annotations
 
@@ -22,3 +23,33 @@ def build(cfg, rho_total: float, *, problem, dataset, delta: float, ledger=None,
         seed=cfg.seed,
     )
     return algorithm_spec(cfg.algorithm).build(cfg.params, context)
+
+
+# small, fast settings per algorithm (the schedules the theorems set are data-independent, so a
+# short run exercises every query and release kind the algorithm makes). The dp-accounting schedules
+# use RDP here: PLD calibration at the tiny populations of this test takes a minute per run.
+# "users": the population when 12 users are too few for the algorithm's plan.
+SCHEDULED = {"neighbouring": "add-remove", "sampling_rate": 0.5, "accountant": "rdp"}
+SMALL = {
+    "noisy-gd": {},
+    "dp-sgd": SCHEDULED,
+    "dp-rmsprop": {**SCHEDULED, "lr": 0.05},
+    "dp-adam": {**SCHEDULED, "lr": 0.05},
+    "dp-fedavg": {**SCHEDULED, "local_steps": 2, "batch_size": 3},
+    "sc-output-pert": {"reg": 0.5},
+    "phased-erm": {"reg": 0.1, "p002_delta_rule": "fixed", "p002_phases": 2, "p002_lam": 0.05},
+    "phased-sco": {"reg": 0.1, "p002_delta_rule": "fixed", "p002_phases": 1, "p002_min_cohort": 4, "p002_lam": 0.05},
+    "sc-phased-erm": {"reg": 0.5, "p002_delta_rule": "scaled", "p002_phases": 1},
+    "sc-phased-sco": {"reg": 0.5, "p002_delta_rule": "scaled", "p002_phases": 1, "p002_min_cohort": 4},
+    "mean-output-pert": {"users": 40, "mean_rho_fraction": 0.5},
+    "phased-mean-output-pert": {"users": 60, "mean_rho_fraction": 0.5},
+    "kl-adaptive-gd": {"reg": 0.1, "kl_max_rounds": 3},
+    "kl-spider": {"reg": 0.1, "kl_max_rounds": 4, "kl_contraction_constant": 1.0, "kl_floor_constant": 1.0},
+    "kl-prox-point": {"reg": 0.1, "kl_prox_steps": 2, "rounds": 2},
+    "fkt-snowball": {"radius": 2.0},
+    "fkt-snowball-sc": {"radius": 2.0, "reg": 0.1},
+    "fkt-phased-sgd": {"radius": 2.0},
+    "fkt-phased-erm": {"radius": 2.0},
+    "fkt-sc-reduction": {"radius": 2.0, "reg": 0.1, "users": 48},
+    "fkt-sc-localization": {"radius": 2.0, "reg": 0.1},
+}

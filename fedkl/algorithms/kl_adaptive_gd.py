@@ -133,7 +133,7 @@ class AdaptiveKLGD:
     """Paper 000, Algorithm 3 over users; see the module docstring. ``rho_total``: this run's zCDP budget."""
 
     name = "kl-adaptive-gd"
-    guarantee = Guarantee("zcdp")
+    guarantee = Guarantee("zcdp", adaptive=True)  # the gradient's rho follows the released norm
 
     @property
     def gaussian_releases_only(self) -> bool:

@@ -11,6 +11,10 @@ run-wide filter, to word the budget line and result.json's ``accountant``, and t
   by a run-wide filter) or ``"parallel"`` (each user takes part in one disjoint cohort: the per-user
   ledger alone enforces every user's budget).
 * ``clients``: :mod:`fedkl.privacy.clients`.
+* ``adaptive``: later releases' costs are chosen from earlier (private) releases, under a run-wide
+  zCDP filter (fully adaptive composition). Otherwise every charge (mechanism, cost, noise scale,
+  sensitivity, users) is fixed by public values before any data is read, which is what lets
+  :func:`fedkl.planner.charge_plan` list the run's charges exactly.
 """
 
 from __future__ import annotations
@@ -29,12 +33,15 @@ class Guarantee:
     charges: str
     composition: str = "sequential"
     clients: ClientModel = ANY_CLIENTS
+    adaptive: bool = False
 
     def __post_init__(self) -> None:
         if self.charges not in CHARGES:
             raise ValueError(f"charges must be one of {CHARGES}, got {self.charges!r}")
         if self.composition not in COMPOSITIONS:
             raise ValueError(f"composition must be one of {COMPOSITIONS}, got {self.composition!r}")
+        if self.adaptive and not self.run_wide_filter:
+            raise ValueError("adaptive costs need a run-wide zCDP filter (zcdp charges, sequential composition)")
 
     @property
     def zcdp(self) -> bool:
@@ -61,11 +68,16 @@ class Guarantee:
         return f"zCDP, additive composition; (eps, delta) by {conversion} conversion"
 
     def to_dict(self) -> dict:
-        return {"charges": self.charges, "composition": self.composition, "clients": asdict(self.clients)}
+        return {
+            "charges": self.charges,
+            "composition": self.composition,
+            "clients": asdict(self.clients),
+            "adaptive": self.adaptive,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Guarantee":
-        return cls(d["charges"], d["composition"], ClientModel(**d["clients"]))
+        return cls(d["charges"], d["composition"], ClientModel(**d["clients"]), bool(d.get("adaptive", False)))
 
 
 __all__ = ["ANY_CLIENTS", "CHARGES", "COMPOSITIONS", "Guarantee", "IN_CLASS_CLIENTS"]

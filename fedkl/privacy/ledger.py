@@ -349,15 +349,19 @@ class PrivacyLedger:
         return self._db.execute("SELECT COUNT(*) FROM releases WHERE run_id = ?", (run_id,)).fetchone()[0]
 
     def releases(self, run_id: str | None = None) -> list[dict]:
+        """The release log in order: one dict per release, with ``users`` (how many were charged),
+        ``cohort`` (the digest of who) and ``charge`` (the typed charge's stored record)."""
         q = (
             "SELECT r.id, r.run_id, r.label, r.mechanism, r.sensitivity, r.noise_scale, r.rho, r.eps, "
-            "r.delta, c.size FROM releases r JOIN cohorts c ON c.id = r.cohort_id"
+            "r.delta, c.size, c.digest, r.charge FROM releases r JOIN cohorts c ON c.id = r.cohort_id"
         )
         rows = self._db.execute(
             q + (" WHERE r.run_id = ?" if run_id else "") + " ORDER BY r.id", (run_id,) if run_id else ()
         ).fetchall()
         keys = ("id", "run_id", "label", "mechanism", "sensitivity", "noise_scale", "rho", "eps", "delta", "users")
-        return [dict(zip(keys, r)) for r in rows]
+        return [
+            {**dict(zip(keys, r[:10])), "cohort": r[10], "charge": json.loads(r[11]) if r[11] else None} for r in rows
+        ]
 
     def _non_gaussian_zcdp_users(self) -> set[str]:
         """Users charged at least one zCDP release that is not a Gaussian mechanism."""

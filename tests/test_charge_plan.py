@@ -1,0 +1,63 @@
+"""`fedkl plan --charges` (fedkl.planner.charge_plan) lists, before any data is read, exactly the
+charges the run then makes: for every registered algorithm, the ledger of a real run equals the
+plan (labels, mechanisms, typed charges and the users charged), so a charge that starts to depend on
+the records fails here. kl-adaptive-gd chooses later costs from earlier releases (declared
+adaptive): its first charge is fixed and the rest stay within the same budget."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from build_helpers import SMALL  # tests/build_helpers.py
+
+from fedkl import cli
+from fedkl.algorithms.registry import REGISTRY
+from fedkl.planner import charge_plan, public_standin
+from fedkl.privacy import Budget, PrivacyLedger
+from fedkl.runner import RunConfig, load_run_dataset, run_training
+
+KEEP = ("label", "mechanism", "charge", "users", "cohort")
+
+
+def _config(name: str, out) -> RunConfig:
+    kw = dict(SMALL[name])
+    base = dict(dataset="synthetic-logistic", problem="logistic", algorithm=name, epsilon=3.0, rounds=3, lr=0.5,
+                clip=1.0, seed=2, noise_seed=5, reference=False, force=True, users=kw.pop("users", 12))  # fmt: skip
+    return RunConfig.from_settings(strict=False, **{**base, **kw}, out=str(out))
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_the_plan_is_the_runs_charges(tmp_path, name):
+    cfg = _config(name, tmp_path / "run")
+    plan = charge_plan(cfg)
+    result = run_training(cfg, log=lambda s: None)
+    with PrivacyLedger(result["ledger"]["path"]) as ledger:
+        real = [{k: r[k] for k in KEEP} for r in ledger.releases()]
+    assert real and plan["releases"]
+    if plan["adaptive"]:
+        assert real[0] == plan["releases"][0]
+        assert {r["label"].split("/")[0] for r in real} == {r["label"].split("/")[0] for r in plan["releases"]}
+        rho = [sum(r["charge"].get("rho", 0.0) for r in rs) for rs in (real, plan["releases"])]
+        assert max(rho) <= Budget(**result["ledger"]["budget"]).rho * (1 + 1e-9)
+    else:
+        assert real == plan["releases"]
+
+
+def test_the_standin_keeps_only_public_shape():
+    ds = load_run_dataset(RunConfig.from_settings(dataset="synthetic-logistic", users=7))
+    standin = public_standin(ds)
+    assert standin.train.user_ids == ds.train.user_ids and standin.train.dim == ds.train.dim
+    assert float(standin.train.X.abs().sum()) == 0.0 and bool((standin.train.y == 1).all())
+    assert standin.train.num_records == 2 * 7
+
+
+def test_fedkl_plan_charges_prints_and_writes_json(capsys):
+    argv = ["plan", "--charges", "--algorithm", "noisy-gd", "--dataset", "synthetic-logistic", "--users", "9",
+            "--rounds", "4"]  # fmt: skip
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "noisy-gd/round-0 .. noisy-gd/round-3 (4x): GaussianCharge(" in out and "to 9 users" in out
+    assert cli.main([*argv, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert len(plan["releases"]) == 4 and plan["releases"][0]["charge"]["type"] == "GaussianCharge"
