@@ -154,7 +154,9 @@ def _add_run_arguments(run: argparse.ArgumentParser, algorithm: str | None) -> N
         "--neighbouring",
         choices=("replace-one", "add-remove"),
         default=d.neighbouring,
-        help="user-level neighbouring relation (default %(default)s: all of one user's records change)",
+        help="user-level neighbouring relation (default %(default)s: all of one user's records replaced, n public; "
+        "add-remove: one user's records added or removed against a public enrolment count n, i.e. zero-out; "
+        "the paper-002 algorithms are proven for replace-one only)",
     )
     run.add_argument(
         "--conversion",

@@ -35,7 +35,7 @@ from fedkl.data import FederatedDataset, load_dataset
 from fedkl.federation.base import Federation
 from fedkl.federation.inprocess import InProcessFederation
 from fedkl.privacy import Budget, BudgetExceeded, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter
-from fedkl.privacy.guarantee import Guarantee
+from fedkl.privacy.guarantee import RELATION_TEXT, Guarantee
 from fedkl.problems import DEFAULT_PROBLEM, make_problem
 
 BACKENDS = ("inprocess", "flower-local", "flower-sim", "grpc")
@@ -196,9 +196,11 @@ def build_algorithm(cfg: RunConfig, problem, feature_bound: float, user_ids, del
         seed=cfg.seed,
     )
     try:
-        return algorithm_spec(cfg.algorithm).build(cfg.params, context)
+        alg = algorithm_spec(cfg.algorithm).build(cfg.params, context)
     except BudgetExceeded as e:
         raise BudgetExceeded(f"ledger {ledger.path}: {e}") from None
+    alg.guarantee.check_relation(cfg.neighbouring, cfg.algorithm)
+    return alg
 
 
 def train_federation(
@@ -407,6 +409,7 @@ def run_training(
         "delta": delta,
         "rho": summary["max_user_rho"],
         "neighbouring": cfg.neighbouring,
+        "neighbouring_means": RELATION_TEXT[cfg.neighbouring],
         "clients_assumed": declared.clients.describe(),
         "accountant": declared.accountant(cfg.conversion, getattr(cfg.params, "accountant", None)),
         "guarantee": declared.to_dict(),

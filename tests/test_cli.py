@@ -329,3 +329,32 @@ def test_plan_ranks_the_algorithms_by_their_public_noise_without_spending(tmp_pa
         ]
         == next(r for r in out["ranked"] if r["algorithm"] == "noisy-gd")["ratio"]
     )
+
+
+P002 = ("phased-erm", "phased-sco", "sc-phased-erm", "sc-phased-sco", "sc-output-pert", "mean-output-pert",
+        "phased-mean-output-pert")  # fmt: skip
+
+
+@pytest.mark.parametrize("name", P002)
+def test_paper002_refuses_add_remove_before_reading_data(tmp_path, capsys, name):
+    """Paper 002's proofs are for replace-one: add-remove is refused in one line, nothing charged
+    (it used to run and report 'user-level (add-remove)')."""
+    out = tmp_path / "run"
+    argv = ["run", "--algorithm", name, "--dataset", "synthetic-logistic", "--users", "300", "--reg", "0.5",
+            "--neighbouring", "add-remove", "--force", "--no-reference", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "proven for --neighbouring replace-one only" in err
+    assert not (out / "result.json").exists()
+
+
+def test_result_says_what_the_relation_means(tmp_path):
+    out = tmp_path / "run"
+    argv = ["run", "--dataset", "synthetic-logistic", "--users", "20", "--rounds", "2", "--neighbouring",
+            "add-remove", "--no-reference", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    result = json.loads((out / "result.json").read_text())
+    assert "zero-out" in result["neighbouring_means"] and result["guarantee"]["relations"] == [
+        "replace-one",
+        "add-remove",
+    ]

@@ -127,7 +127,7 @@ from fedkl.algorithms.mean_output_pert import conflict_edges
 from fedkl.algorithms.sc_output_pert import SCOutputPert, SCOutputPertConfig, release_forecast
 from fedkl.algorithms.vertex_cover import DEFAULT_MAX_VC_CALLS, TESTS, require_work_budget, resolve_test
 from fedkl.federation.base import CertifiedLocalMinimizer, Federation, GradientsAtOwnPoints, GradientsAtPoints
-from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, Guarantee
+from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, PAPER_002_RELATIONS, Guarantee
 from fedkl.privacy.release import Releaser
 
 _G0_PAD = 1e-9  # float slack on the public bound G0 (an honest user's gradient norm is computed in float64)
@@ -165,7 +165,7 @@ class DiameterSCOutputPert:
     """Algorithm 2 of paper 002 with the diameter test (module docstring). Same ``run`` as SCOutputPert."""
 
     name = "sc-output-pert"
-    guarantee = Guarantee("approx-dp", clients=IN_CLASS_CLIENTS)
+    guarantee = Guarantee("approx-dp", clients=IN_CLASS_CLIENTS, relations=PAPER_002_RELATIONS)
 
     def __init__(self, config: SCOutputPertConfig, test: DiameterTestConfig | None = None) -> None:
         self.config = config
@@ -399,7 +399,7 @@ class SelectedDeltaSCOutputPert:
     """
 
     name = "sc-output-pert"
-    guarantee = Guarantee("approx-dp", clients=IN_CLASS_CLIENTS)
+    guarantee = Guarantee("approx-dp", clients=IN_CLASS_CLIENTS, relations=PAPER_002_RELATIONS)
 
     def __init__(
         self,

@@ -154,7 +154,7 @@ from fedkl.algorithms.vertex_cover import (
     worst_case_calls,
 )
 from fedkl.federation.base import Federation, LocalRegularizedMinimizer
-from fedkl.privacy.guarantee import Guarantee
+from fedkl.privacy.guarantee import PAPER_002_RELATIONS, Guarantee
 from fedkl.privacy.release import Releaser
 from fedkl.problems.base import Problem
 
@@ -327,7 +327,7 @@ class MeanOutputPert:
     """The mechanism on given per-user vectors (module docstring): plan, then one charged release."""
 
     name = "mean-output-pert"
-    guarantee = Guarantee("approx-dp")
+    guarantee = Guarantee("approx-dp", relations=PAPER_002_RELATIONS)
 
     def __init__(self, config: MeanOutputPertConfig) -> None:
         self.config = config
@@ -413,7 +413,7 @@ class LocalMeanOutputPert:
     """One (eps, delta)-DP release of mean_u v_u, v_u = user u's local regularized minimizer."""
 
     name = "mean-output-pert"
-    guarantee = Guarantee("approx-dp")
+    guarantee = Guarantee("approx-dp", relations=PAPER_002_RELATIONS)
 
     def __init__(self, config: LocalMeanOutputPertConfig, problem: Problem, feature_bound: float) -> None:
         self.config = config
@@ -544,7 +544,7 @@ class PhasedMeanOutputPert:
     """
 
     name = "phased-mean-output-pert"
-    guarantee = Guarantee("approx-dp")
+    guarantee = Guarantee("approx-dp", relations=PAPER_002_RELATIONS)
 
     def __init__(self, config: PhasedMeanOutputPertConfig, problem: Problem, feature_bound: float) -> None:
         self.config = config

@@ -72,7 +72,7 @@ from fedkl.algorithms.phased_common import (
     setting_for_problem,
 )
 from fedkl.federation.base import Federation
-from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, Guarantee
+from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, PAPER_002_RELATIONS, Guarantee
 from fedkl.privacy.release import Releaser
 from fedkl.problems.base import Problem
 
@@ -208,7 +208,7 @@ class PhasedERM:
     """
 
     name = "phased-erm"
-    guarantee = Guarantee("approx-dp", clients=IN_CLASS_CLIENTS)
+    guarantee = Guarantee("approx-dp", clients=IN_CLASS_CLIENTS, relations=PAPER_002_RELATIONS)
 
     def __init__(
         self,

@@ -54,7 +54,7 @@ from fedkl.algorithms.phased_erm import (
     _phase_delta,
 )
 from fedkl.federation.base import Federation
-from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, Guarantee
+from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, PAPER_002_RELATIONS, Guarantee
 from fedkl.privacy.release import Releaser
 
 
@@ -63,7 +63,9 @@ class PhasedSCO(PhasedERM):
     :class:`~fedkl.algorithms.phased_erm.PhasedERM`."""
 
     name = "phased-sco"
-    guarantee = Guarantee("approx-dp", "parallel", IN_CLASS_CLIENTS)  # each user in one hashed cohort
+    guarantee = Guarantee(
+        "approx-dp", "parallel", IN_CLASS_CLIENTS, relations=PAPER_002_RELATIONS
+    )  # each user in one hashed cohort
 
     def public_plan(self, n: int, w0: torch.Tensor, user_ids: tuple[str, ...] | None = None) -> PhasedPlan:
         return self.plan(n, w0, user_ids=user_ids)

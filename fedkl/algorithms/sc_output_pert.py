@@ -79,7 +79,7 @@ from fedkl.algorithms.del_output_pert import (
     noise_forecast,
 )
 from fedkl.federation.base import Federation, GradientsAtPoints
-from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, Guarantee
+from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, PAPER_002_RELATIONS, Guarantee
 from fedkl.privacy.release import Releaser
 from fedkl.problems.base import Problem
 
@@ -208,7 +208,7 @@ class SCOutputPert:
     """Algorithm 2 of paper 002 with the Appendix C fast path (see the module docstring)."""
 
     name = "sc-output-pert"
-    guarantee = Guarantee("approx-dp", clients=IN_CLASS_CLIENTS)
+    guarantee = Guarantee("approx-dp", clients=IN_CLASS_CLIENTS, relations=PAPER_002_RELATIONS)
 
     def __init__(self, config: SCOutputPertConfig) -> None:
         self.config = config

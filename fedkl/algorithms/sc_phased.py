@@ -56,7 +56,7 @@ from fedkl.algorithms.phased_erm import (
 )
 from fedkl.algorithms.phased_sco import PhasedSCO
 from fedkl.federation.base import Federation
-from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, Guarantee
+from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, PAPER_002_RELATIONS, Guarantee
 from fedkl.privacy.release import Releaser
 from fedkl.problems.base import Problem
 
@@ -79,7 +79,7 @@ class _StronglyConvexPhased:
     """Algorithms 5/6 (see the module docstring); ``phased_class`` is PhasedERM or PhasedSCO."""
 
     name = ""
-    guarantee = Guarantee("approx-dp", clients=IN_CLASS_CLIENTS)
+    guarantee = Guarantee("approx-dp", clients=IN_CLASS_CLIENTS, relations=PAPER_002_RELATIONS)
     phased_class: type = PhasedERM
     population = False  # Alg 6 adds Prop B.1's statistical radius to R'
 

@@ -11,6 +11,11 @@ run-wide filter, to word the budget line and result.json's ``accountant``, and t
   by a run-wide filter) or ``"parallel"`` (each user takes part in one disjoint cohort: the per-user
   ledger alone enforces every user's budget).
 * ``clients``: :mod:`fedkl.privacy.clients`.
+* ``relations``: the user-level neighbouring relations its proof covers; the runner refuses any
+  other before reading data (:data:`RELATIONS`: ``replace-one``, all records of one user replaced,
+  n public; ``add-remove``, all records of one user added or removed against a public enrolment
+  count n that every denominator uses, i.e. zero-out: the absent user contributes nothing, and
+  under textbook add/remove the scale of a released mean would reveal n).
 * ``adaptive``: later releases' costs are chosen from earlier (private) releases, under a run-wide
   zCDP filter (fully adaptive composition). Otherwise every charge (mechanism, cost, noise scale,
   sensitivity, users) is fixed by public values before any data is read, which is what lets
@@ -25,6 +30,16 @@ from typing import Any
 from fedkl.privacy.clients import ANY_CLIENTS, IN_CLASS_CLIENTS, ClientModel
 
 CHARGES = ("zcdp", "approx-dp", "schedule")
+RELATIONS = ("replace-one", "add-remove")
+# paper 002's deletion-stability test (and fedkl's diameter test and whole-release profile) is proven for
+# replace-one (seed-002 note §1); under add-remove the test's deletion budget would have to be defined
+# by the remaining users against a public enrolment count, which no proof here covers: refused
+PAPER_002_RELATIONS = ("replace-one",)
+RELATION_TEXT = {
+    "replace-one": "all records of one user replaced by any others; the population n is public",
+    "add-remove": "all records of one user added or removed, against a public enrolment count n that every "
+    "denominator uses (zero-out: an absent enrolled user contributes nothing)",
+}
 COMPOSITIONS = ("sequential", "parallel")
 
 
@@ -34,12 +49,15 @@ class Guarantee:
     composition: str = "sequential"
     clients: ClientModel = ANY_CLIENTS
     adaptive: bool = False
+    relations: tuple[str, ...] = RELATIONS
 
     def __post_init__(self) -> None:
         if self.charges not in CHARGES:
             raise ValueError(f"charges must be one of {CHARGES}, got {self.charges!r}")
         if self.composition not in COMPOSITIONS:
             raise ValueError(f"composition must be one of {COMPOSITIONS}, got {self.composition!r}")
+        if not self.relations or not set(self.relations) <= set(RELATIONS):
+            raise ValueError(f"relations must be a non-empty subset of {RELATIONS}, got {self.relations!r}")
         if self.adaptive and not self.run_wide_filter:
             raise ValueError("adaptive costs need a run-wide zCDP filter (zcdp charges, sequential composition)")
 
@@ -52,6 +70,14 @@ class Guarantee:
     def run_wide_filter(self) -> bool:
         """A zCDP run whose releases may all involve every user is also held by a run-wide filter."""
         return self.zcdp and self.composition == "sequential"
+
+    def check_relation(self, neighbouring: str, who: str) -> None:
+        """Refuse (one line, before any data is read) a relation this guarantee's proof does not cover."""
+        if neighbouring not in self.relations:
+            raise ValueError(
+                f"{who}'s guarantee is proven for --neighbouring {' or '.join(self.relations)} only, not "
+                f"{neighbouring!r} (nothing was read or charged)"
+            )
 
     def accountant(self, conversion: str, schedule_accountant: str | None) -> str:
         """result.json's ``accountant`` text (``schedule_accountant``: the dp-accounting accountant a
@@ -73,11 +99,27 @@ class Guarantee:
             "composition": self.composition,
             "clients": asdict(self.clients),
             "adaptive": self.adaptive,
+            "relations": list(self.relations),
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Guarantee":
-        return cls(d["charges"], d["composition"], ClientModel(**d["clients"]), bool(d.get("adaptive", False)))
+        return cls(
+            d["charges"],
+            d["composition"],
+            ClientModel(**d["clients"]),
+            bool(d.get("adaptive", False)),
+            tuple(d.get("relations", RELATIONS)),
+        )
 
 
-__all__ = ["ANY_CLIENTS", "CHARGES", "COMPOSITIONS", "Guarantee", "IN_CLASS_CLIENTS"]
+__all__ = [
+    "ANY_CLIENTS",
+    "CHARGES",
+    "COMPOSITIONS",
+    "Guarantee",
+    "IN_CLASS_CLIENTS",
+    "PAPER_002_RELATIONS",
+    "RELATIONS",
+    "RELATION_TEXT",
+]
