@@ -41,12 +41,24 @@ def _account(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
         parser.error(
             "give exactly one of --noise-multiplier (to get epsilon) or --epsilon (to get the noise multiplier)"
         )
+    try:
+        unit = accounting.GaussianSchedule(1.0, args.sampling_rate, args.steps, args.neighbouring)
+    except ValueError as e:
+        parser.error(str(e))
+    skipped = [n for n in names if len(names) > 1 and not accounting.supports(unit, n)]
+    names = tuple(n for n in names if n not in skipped)
     common = {
         "sampling_rate": args.sampling_rate,
         "steps": args.steps,
         "delta": args.delta,
         "neighbouring": args.neighbouring,
+        "noise_multiplier_convention": accounting.MULTIPLIER_CONVENTION,
         "accountants": {n: accounting.describe_accountant(n) for n in names},
+        **(
+            {"not_supported": {n: f"no analysis of this schedule under {args.neighbouring}" for n in skipped}}
+            if skipped
+            else {}
+        ),
     }
     try:
         if args.noise_multiplier is not None:
@@ -89,6 +101,10 @@ def _print_account(res: dict) -> None:
         if k in res and not isinstance(res[k], dict)
     }
     print("  given: " + ", ".join(f"{k}={v}" for k, v in given.items()))
+    if "noise_multiplier_convention" in res:
+        print(f"  noise multiplier: {res['noise_multiplier_convention']}")
+    for name, why in res.get("not_supported", {}).items():
+        print(f"  {name}: {why} (dp-accounting)")
 
 
 def _experiments(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

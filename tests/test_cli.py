@@ -358,3 +358,15 @@ def test_result_says_what_the_relation_means(tmp_path):
         "replace-one",
         "add-remove",
     ]
+
+
+def test_account_under_replace_one_states_its_convention_and_skips_what_rdp_cannot(capsys):
+    argv = ["account", "--noise-multiplier", "2", "--sampling-rate", "0.01", "--steps", "200",
+            "--neighbouring", "replace-one", "--delta", "1e-5"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "[PLD" in out and "[RDP" not in out and "rdp: no analysis of this schedule under replace-one" in out
+    assert "z = sigma / Delta" in out
+    assert main(["account", "--epsilon", "2", *argv[3:], "--json"]) == 0  # the inverse, which used to fail
+    res = json.loads(capsys.readouterr().out)
+    assert set(res["noise_multiplier"]) == {"pld"} and res["noise_multiplier"]["pld"] > 0

@@ -6,8 +6,19 @@ dp-accounting. A schedule is ``steps`` compositions of a Gaussian mechanism with
 means every user takes part in every step: no amplification).
 
 Neighbouring relation: ``add-remove`` (one user's data added or removed; dp-accounting's default and
-the one under which Poisson amplification is analysed) or ``replace-one`` (supported by dp-accounting's
-PLD for Poisson sampling and by both accountants for q = 1).
+the one under which Poisson amplification is analysed) or ``replace-one``.
+
+**One convention for the noise multiplier**, the one fedkl's runs use and report (result.json's
+``noise_multiplier``): ``z = sigma / Delta`` with ``Delta`` the L2 sensitivity of the released sum
+under the chosen relation (for a sum of answers clipped to C: ``Delta = C`` under add-remove,
+``Delta = 2C`` under replace-one). dp-accounting's accountants read it differently, and differently
+from each other (its PLD takes ``sigma / C`` and doubles the sensitivity itself under REPLACE_ONE; its
+RDP ignores the relation for an unsampled Gaussian), so this module translates:
+
+* ``q = 1`` (no sampling): a Gaussian of multiplier z is the same mechanism under either relation
+  once Delta is the relation's sensitivity, so both accountants account it under add-remove;
+* ``q < 1`` under replace-one: PLD with dp-accounting's REPLACE_ONE relation at its multiplier
+  ``sigma / C = 2z``; dp-accounting's RDP has no Poisson-sampled replace-one analysis, which is refused.
 """
 
 from __future__ import annotations
@@ -25,6 +36,10 @@ RELATIONS = {
     "add-remove": dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
     "replace-one": dp_accounting.NeighboringRelation.REPLACE_ONE,
 }
+MULTIPLIER_CONVENTION = (
+    "z = sigma / Delta, Delta the L2 sensitivity of the released sum under the relation "
+    "(clip C: Delta = C under add-remove, 2C under replace-one)"
+)
 PLD_DISCRETIZATION = 1e-4  # dp-accounting's default value_discretization_interval
 # dp-accounting's RDP logs a warning for every fractional order it drops when a series does not
 # converge (the remaining orders still give a valid upper bound); keep the console readable
@@ -48,20 +63,45 @@ class GaussianSchedule:
         if self.neighbouring not in RELATIONS:
             raise ValueError(f"neighbouring must be one of {sorted(RELATIONS)}, got {self.neighbouring!r}")
 
+    @property
+    def dp_accounting_relation(self) -> str:
+        """The relation dp-accounting accounts this schedule under (module docstring)."""
+        return "add-remove" if self.sampling_rate >= 1 else self.neighbouring
+
     def event(self) -> dp_accounting.DpEvent:
-        step = dp_accounting.GaussianDpEvent(self.noise_multiplier)
+        """The schedule as a dp-accounting event, in dp-accounting's multiplier convention: ``z``
+        (add-remove, or any unsampled schedule), ``2z`` for a Poisson-sampled replace-one schedule
+        (dp-accounting's multiplier is ``sigma / C``, and here ``Delta = 2C``)."""
+        doubled = self.dp_accounting_relation == "replace-one"
+        step = dp_accounting.GaussianDpEvent(self.noise_multiplier * (2.0 if doubled else 1.0))
         if self.sampling_rate < 1:
             step = dp_accounting.PoissonSampledDpEvent(self.sampling_rate, step)
         return dp_accounting.SelfComposedDpEvent(step, int(self.steps))
 
 
 def make_accountant(name: str, neighbouring: str = "add-remove") -> dp_accounting.PrivacyAccountant:
+    """A dp-accounting accountant under ``neighbouring`` as dp-accounting reads it (pass a schedule's
+    :attr:`GaussianSchedule.dp_accounting_relation`)."""
     if name not in ACCOUNTANTS:
         raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {name!r}")
     relation = RELATIONS[neighbouring]
     if name == "pld":
         return pld.PLDAccountant(relation, value_discretization_interval=PLD_DISCRETIZATION)
     return rdp.RdpAccountant(neighboring_relation=relation)
+
+
+def supports(schedule: GaussianSchedule, accountant: str) -> bool:
+    """Whether dp-accounting's ``accountant`` can account ``schedule`` (RDP: not a Poisson-sampled
+    replace-one schedule)."""
+    return make_accountant(accountant, schedule.dp_accounting_relation).supports(schedule.event())
+
+
+def _require_support(schedule: GaussianSchedule, accountant: str) -> None:
+    if not supports(schedule, accountant):
+        raise ValueError(
+            f"dp-accounting's {accountant} accountant has no analysis of a Poisson-sampled schedule "
+            f"under {schedule.neighbouring} (use --accountant pld, or --neighbouring add-remove)"
+        )
 
 
 def describe_accountant(name: str) -> str:
@@ -75,12 +115,8 @@ def schedule_epsilon(schedule: GaussianSchedule, delta: float, accountant: str =
     """eps of the whole schedule at ``delta`` by the named dp-accounting accountant."""
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta}")
-    acc = make_accountant(accountant, schedule.neighbouring)
-    if not acc.supports(schedule.event()):
-        raise ValueError(
-            f"dp-accounting's {accountant} accountant does not support this schedule "
-            f"under {schedule.neighbouring} (try --accountant pld or --neighbouring add-remove)"
-        )
+    _require_support(schedule, accountant)
+    acc = make_accountant(accountant, schedule.dp_accounting_relation)
     acc.compose(schedule.event())
     return float(acc.get_epsilon(delta))
 
@@ -97,15 +133,17 @@ def noise_multiplier_for(
     ``calibrate_dp_mechanism`` (bisection; the answer is on the private side of the bracket)."""
     if not (eps > 0 and math.isfinite(eps)):
         raise ValueError(f"eps must be finite and > 0, got {eps}")
-    GaussianSchedule(1.0, sampling_rate, steps, neighbouring)  # validates the arguments
+    unit = GaussianSchedule(1.0, sampling_rate, steps, neighbouring)  # validates the arguments
+    _require_support(unit, accountant)
 
     def eps_at(z: float, name: str) -> float:
         return schedule_epsilon(GaussianSchedule(z, sampling_rate, steps, neighbouring), delta, name)
 
-    # Bracket first with RDP (cheap, and never below PLD, so its answer upper-bounds PLD's);
-    # a tiny lower endpoint would make PLD allocate gigabytes, so we walk down from there.
+    # Bracket first with RDP where it applies (cheap, and never below PLD, so its answer upper-bounds
+    # PLD's); a tiny lower endpoint would make PLD allocate gigabytes, so we walk down from there.
+    bracket = "rdp" if supports(unit, "rdp") else accountant
     hi = 1.0
-    while eps_at(hi, "rdp") > eps:
+    while eps_at(hi, bracket) > eps:
         hi *= 2.0
     lo = hi / 2.0
     while lo > 1e-2 and eps_at(lo, accountant) <= eps:
@@ -114,7 +152,7 @@ def noise_multiplier_for(
         return lo
     return float(
         dp_accounting.calibrate_dp_mechanism(
-            lambda: make_accountant(accountant, neighbouring),
+            lambda: make_accountant(accountant, unit.dp_accounting_relation),
             lambda z: GaussianSchedule(z, sampling_rate, steps, neighbouring).event(),
             eps,
             delta,

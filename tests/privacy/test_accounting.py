@@ -210,9 +210,41 @@ class TestSchedules:
         assert isinstance(s.event().event, dp_accounting.GaussianDpEvent)
 
     def test_replace_one_is_not_below_add_remove(self):
+        """The same noise sigma = 1.2 C: z = 1.2 under add-remove (Delta = C), 0.6 under replace-one
+        (Delta = 2C); replacing a user is at least as visible as removing one."""
         s_ar = GaussianSchedule(1.2, 0.03547, 100, "add-remove")
-        s_ro = GaussianSchedule(1.2, 0.03547, 100, "replace-one")
+        s_ro = GaussianSchedule(0.6, 0.03547, 100, "replace-one")
         assert schedule_epsilon(s_ro, 1e-5, "pld") > schedule_epsilon(s_ar, 1e-5, "pld")
+
+    def test_one_multiplier_convention_for_every_accountant_and_relation(self):
+        """z = sigma / Delta (Delta the relation's sensitivity). Unsampled: the relation is in Delta,
+        so eps does not depend on it, for PLD and RDP alike (dp-accounting's PLD alone would read
+        replace-one as twice the sensitivity, its RDP would not: 91.8 against 35.1 at z = 2 before).
+        Sampled replace-one: dp-accounting's PLD at its own multiplier sigma / C = 2z; its RDP has no
+        such analysis and is refused, as is the inverse by RDP."""
+        for name in ("pld", "rdp"):
+            ro = schedule_epsilon(GaussianSchedule(2.0, 1.0, 100, "replace-one"), 1e-5, name)
+            assert ro == schedule_epsilon(GaussianSchedule(2.0, 1.0, 100, "add-remove"), 1e-5, name)
+        direct = dp_accounting.pld.PLDAccountant(
+            dp_accounting.NeighboringRelation.REPLACE_ONE, value_discretization_interval=1e-4
+        )
+        direct.compose(
+            dp_accounting.SelfComposedDpEvent(
+                dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(4.0)), 1000
+            )
+        )
+        sampled = GaussianSchedule(2.0, 0.01, 1000, "replace-one")
+        assert schedule_epsilon(sampled, 1e-5, "pld") == pytest.approx(direct.get_epsilon(1e-5), rel=1e-9)
+        with pytest.raises(ValueError, match="rdp accountant has no analysis"):
+            schedule_epsilon(sampled, 1e-5, "rdp")
+        with pytest.raises(ValueError, match="rdp accountant has no analysis"):
+            noise_multiplier_for(2.0, 1e-5, 0.01, 1000, accountant="rdp", neighbouring="replace-one")
+
+    @pytest.mark.parametrize("q, T", [(1.0, 100), (0.05, 200)])
+    def test_the_inverse_under_replace_one_round_trips(self, q, T):
+        z = noise_multiplier_for(2.0, 1e-5, q, T, accountant="pld", neighbouring="replace-one")
+        got = schedule_epsilon(GaussianSchedule(z, q, T, "replace-one"), 1e-5, "pld")
+        assert 2.0 * (1 - 1e-2) <= got <= 2.0 * (1 + 1e-6)
 
     def test_noise_multiplier_for_round_trip_rdp(self):
         for eps, q, T in ((2.0, 0.03547, 100), (1.0, 1.0, 10), (4.0, 0.01, 500)):
