@@ -69,8 +69,14 @@ class Study:
         return os.path.join(self.out_dir, os.path.basename(path)) if self.out_dir else path
 
     def result(self, row: dict[str, str]) -> dict:
-        """The full result (run_training's payload) of a row's run, {} if its JSON line is missing."""
-        return (self.records.get(row.get("run_key", "")) or {}).get("result") or {}
+        """The full result (run_training's payload) of a row's run, from the table's JSON lines."""
+        record = self.records.get(row.get("run_key", ""))
+        if record is None or not isinstance(record.get("result"), dict):
+            raise ConfigError(
+                f"{self.table}: run {row.get('run_key')!r} has no result in the JSON lines next to the table "
+                "(this report needs every run's full result)"
+            )
+        return record["result"]
 
     def option(self, key: str, default: Any = None) -> Any:
         return self.options.get(key, default)
