@@ -32,7 +32,7 @@
   and figures from the table (:mod:`fedkl.experiments.report`).
 
   Relative paths (``table``, ``runs_dir``, ``plugins``) are relative to the folder ``fedkl sweep``
-  runs in (the repository root for the files under ``simulations/configs/``). ``--set FIELD=V1,V2``
+  runs in (the repository root for the files under ``simulations/``). ``--set FIELD=V1,V2``
   replaces an axis from the command line and ``--table`` the table (``make bench QUICK=1`` uses both).
 
   The non-private reference (``reference = true``) depends only on (dataset, seed, users, problem,
