@@ -399,6 +399,7 @@ def test_an_existing_table_is_refused_unless_resume_or_restart(tmp_path, capsys,
     assert "already holds 2 rows" in line and "--resume" in line and "--restart" in line
     assert table.read_text() == before and len(fake_runner) == 2  # nothing ran, nothing appended
     assert main(["sweep", path, "--set", "seed=0,1,2", "--resume"]) == 0 and len(fake_runner) == 3
+    assert "give one of them" in _exit_line(capsys, ["sweep", path, "--restart", "--resume"])
     assert main(["sweep", path, "--restart"]) == 0 and len(fake_runner) == 5
     assert len(list(csv.DictReader(open(table)))) == 2
     # another table is a new table: the same points run again

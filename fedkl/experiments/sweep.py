@@ -294,6 +294,8 @@ def run_sweep(
     appended and reports read only ``ok`` rows) or ``restart`` (delete it and run every point)."""
     from fedkl.runner import RunConfig, run_training
 
+    if restart and (resume or retry_errors):
+        raise ConfigError("--restart deletes the table; --resume/--retry-errors continue it: give one of them")
     columns = spec.columns()
     points = spec.points()
     keys = [run_key(p) for p in points]
