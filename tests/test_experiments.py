@@ -534,6 +534,9 @@ def test_report_function_is_loaded_by_file_path(tmp_path, capsys):
     import sys
 
     assert not any(name == "my_report" or name.startswith("simulations") for name in sys.modules)
+    reads = _write(tmp_path / "reads.py", "def report(study):\n    return [study.rows[0]['lam']]\n")
+    bad = _study(tmp_path, f'[report]\nfunction = "{reads}:report"\nmarkdown = "x.md"\n')
+    assert "the report reads 'lam' which" in _exit_line(capsys, ["report", bad])
     bad = _study(tmp_path, f'[report]\nfunction = "{fn}:nope"\nmarkdown = "x.md"\n')
     assert "has no function 'nope'" in _exit_line(capsys, ["report", bad])
     bad = _study(tmp_path, '[report]\nfunction = "simulations.reports:report"\nmarkdown = "x.md"\n')

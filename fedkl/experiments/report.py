@@ -233,7 +233,10 @@ def run_report(path: str, *, table: str | None = None, out_dir: str | None = Non
     study = Study(path, spec.table, rows, _records(spec.jsonl), options, out_dir)
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
-    return list(fn(study))
+    try:
+        return list(fn(study))
+    except KeyError as exc:  # a column (or result field) the report reads is not in this table
+        raise ConfigError(f"{path}: the report reads {exc} which {spec.table} does not have") from None
 
 
 __all__ = ["BUILTIN_KINDS", "Study", "load_function", "run_report"]
