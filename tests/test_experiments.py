@@ -404,6 +404,12 @@ def test_an_existing_table_is_refused_unless_resume_or_restart(tmp_path, capsys,
     assert len(list(csv.DictReader(open(table)))) == 2
     # another table is a new table: the same points run again
     assert main(["sweep", path, "--table", str(tmp_path / "new.csv")]) == 0 and len(fake_runner) == 7
+    # rows of the same runs under other keys (a default changed since): resuming would run them twice
+    rows = list(csv.DictReader(open(table)))
+    _write_rows(table, [{**r, "run_key": "old-" + r["run_key"]} for r in rows])
+    line = _exit_line(capsys, ["sweep", path, "--resume"])
+    assert "2 of the points to run are already in it under another run key" in line and len(fake_runner) == 7
+    assert main(["sweep", path, "--resume", "--set", "seed=5"]) == 0 and len(fake_runner) == 8  # a new point runs
 
 
 def test_duplicated_runs_in_a_table_are_an_error_not_averaged(tmp_path, capsys):

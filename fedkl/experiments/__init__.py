@@ -10,8 +10,9 @@
   result is appended (flushed, fsynced) as one row of a CSV table and one line of a JSON-lines file
   next to it. A sweep writes a NEW table: a table that already holds rows is refused (one line)
   unless ``--resume`` (skip every point whose ``run_key``, a hash of its resolved configuration, is
-  already in the table: an interrupted sweep continues where it stopped) or ``--restart`` (start
-  over). ``[sweep]`` keys:
+  already in the table: an interrupted sweep continues where it stopped; a point whose configuration
+  columns match an ok row under another key, i.e. the same run re-keyed after a default changed, is
+  refused rather than run twice) or ``--restart`` (start over). ``[sweep]`` keys:
 
   ``table`` (required)       the CSV path (the JSON lines go to the same path with ``.jsonl``)
   ``noise_seed_offset``      noise_seed = seed + offset for every run (reproducible, NOT secure

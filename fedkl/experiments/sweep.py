@@ -252,6 +252,29 @@ def load_sweep(path: str, *, table: str | None = None, sets: Sequence[str] = ())
     return spec
 
 
+def _refuse_rekeyed(
+    table: str, existing: list[dict], points: list[dict], keys: list[str], columns: Sequence[str]
+) -> None:
+    """Refuse to resume a table whose ok rows already hold some of the points to run under other run
+    keys (a resolved configuration changed, e.g. a new default): running them would put each run in the
+    table twice (issue 20: 300 runs rerun, then a plot averaging n = 7 instead of 5)."""
+    ok = [r for r in existing if r.get("status") == "ok"]
+    clashes = 0
+    for cfg, key in zip(points, keys):
+        # the columns a row takes from its configuration (the others are what the run measured)
+        ident = ["algorithm", "dataset", "neighbouring", "seed", "noise_seed", "epsilon_target"]
+        ident += [c for c in columns if c not in BASE_COLUMNS and c in cfg] + (["users"] if "users" in cfg else [])
+        mine = {**result_row(cfg, key, None, 0.0, columns), "users": cfg.get("users")}
+        if any(all(str(r.get(c, "")) == str(mine[c]) for c in ident) for r in ok):
+            clashes += 1
+    if clashes:
+        raise ConfigError(
+            f"table {table}: {clashes} of the points to run are already in it under another run key (their "
+            "resolved configuration changed, e.g. a new default); rerun into a new table (--table NEW.csv) or "
+            "--restart"
+        )
+
+
 def run_key(cfg: Mapping[str, Any]) -> str:
     """A short hash of a resolved run configuration (RunConfig defaults filled in; ``out`` and
     ``ledger`` excluded): the identity of a table row, used to resume."""
@@ -325,6 +348,7 @@ def run_sweep(
             )
     done = {r["run_key"] for r in existing if not retry_errors or r.get("status") == "ok"}
     todo = [i for i, k in enumerate(keys) if k not in done]
+    _refuse_rekeyed(spec.table, existing, [points[i] for i in todo], [keys[i] for i in todo], columns)
     total = len(points)
     log(
         f"fedkl sweep {spec.path}: {total} runs ({len(points) - len(todo)} already in {spec.table}, "
