@@ -1,5 +1,7 @@
-"""The experiment layer (fedkl/experiments/): `fedkl run --config`, `fedkl sweep`, `fedkl plot`,
-and the Flower DP baseline's accounting (simulations/flower_dp_baseline.py)."""
+"""The experiment layer (fedkl/experiments/): `fedkl run --config`, `fedkl sweep` (new table vs --resume,
+variants, exclusions), `fedkl plot`, `fedkl report` (built-in kinds, report functions loaded by path), one
+row per run in a table, and the Flower DP baseline's accounting (simulations/flower_dp_baseline.py, loaded
+by path: nothing here imports simulations/)."""
 
 import csv
 import json
