@@ -113,6 +113,7 @@ def table_report(study: Study) -> list[str]:
     ``title``, ``note`` (a paragraph after the table) and ``digits`` (default 4)."""
     y = study.option("y", "test_metric")
     keys = study.option("rows", ["algorithm"])
+    keys = [keys] if isinstance(keys, str) else list(keys)
     across = study.option("columns")
     digits = int(study.option("digits", 4))
     for col in [y, *keys, *([across] if across else [])]:
@@ -145,8 +146,9 @@ def table_report(study: Study) -> list[str]:
 
 def curve_report(study: Study) -> list[str]:
     """``kind = "curve"``: ``y`` (default ``test_metric``) against ``x`` (default ``epsilon_target``),
-    mean ± std over seeds, one line per ``group`` and one panel per ``panel`` (``fedkl plot --kind
-    privacy-utility``); writes ``figure`` and, if named, ``markdown``."""
+    mean ± std over seeds, one line per ``group`` and one panel per ``panel`` (default ``dataset``;
+    ``""``: one panel) as ``fedkl plot --kind privacy-utility`` draws them; writes ``figure`` and, if
+    named, ``markdown``."""
     kw = {
         "x": study.option("x", "epsilon_target"),
         "y": study.option("y", "test_metric"),
