@@ -47,7 +47,8 @@ clean:
 # baselines, Flower's claimed vs real epsilon, speed, excess-risk slope) and collect them into
 # simulations/results/README_tables.md; about 35 min on a 2-core machine. QUICK=1: 2 seeds, eps 1 and
 # 4, 100/1,000 users, into simulations/results/quick/ (about 8 min). RESUME=1: keep the sweep rows
-# already in the tables (an interrupted bench continues) instead of starting over. TUNING=1: also rerun
+# already in the tables (--resume: an interrupted bench continues) instead of starting over
+# (--restart). The studies are sweep files with a report (simulations/studies/). TUNING=1: also rerun
 # the hyperparameter explorations of simulations/configs/tuning/ (about 35 min more).
 FEDKL := $(VENV)/bin/fedkl
 BENCH_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
@@ -57,33 +58,38 @@ BENCH_SETS := --set seed=0,1 --set epsilon=1,4
 BENCH_SLOPE_SETS := --set seed=0,1
 BENCH_SPEED := --users 100 1000 --rounds 2
 BENCH_EXTRA ?=
+BENCH_STUDIES ?=
 else
 BENCH_RES := simulations/results
 BENCH_SETS :=
 BENCH_SLOPE_SETS :=
 BENCH_SPEED := --users 100 1000 10000 --rounds 3
-# other simulations whose outputs live in simulations/results/ (their own scripts, run as they are)
-# the other evidence scripts (each writes its own tables/figures under simulations/results/):
-# paper 002 slopes and comparison (~2 min), paper 004's eps labels and curves (~15 min), the
-# optimizer comparison on MovieLens (~30 min), MeanOutputPert on MovieLens (~1 min), every paper-002
-# algorithm on MovieLens through the diameter test (~5 min; its table goes into the README)
-BENCH_EXTRA ?= simulations/mean_output_pert_movielens.py simulations/paper002_slopes.py \
-	simulations/paper002_compare.py simulations/paper002_movielens.py simulations/paper004_eps.py \
-	simulations/paper004_repro.py simulations/compare_optimizers.py
+# the studies (fedkl sweep + fedkl report, into their committed tables): MeanOutputPert on MovieLens
+# (~5 min), every paper-002 algorithm on MovieLens through the diameter test (~5 min; its table goes
+# into the README), the optimizer comparison on MovieLens (~30 min)
+BENCH_STUDIES ?= simulations/studies/mean_output_pert_movielens.toml simulations/studies/paper002_movielens.toml \
+	simulations/studies/compare_optimizers.toml
+# the evidence scripts that are not sweeps (simulations/README.md says why; each writes its own
+# tables/figures under simulations/results/): paper 002 slopes and comparison (~2 min), paper 004's
+# eps labels and curves (~15 min)
+BENCH_EXTRA ?= simulations/paper002_slopes.py simulations/paper002_compare.py simulations/paper004_eps.py \
+	simulations/paper004_repro.py
 endif
-BENCH_RESTART := $(if $(filter 1,$(RESUME)),,--restart)
+BENCH_RESTART := $(if $(filter 1,$(RESUME)),--resume,--restart)
 
 .PHONY: bench
 bench: $(STAMP)
 	@mkdir -p $(BENCH_RES)
-	$(BENCH_ENV) $(FEDKL) sweep simulations/configs/utility.toml --table $(BENCH_RES)/utility.csv $(BENCH_SETS) $(BENCH_RESTART)
-	$(BENCH_ENV) $(FEDKL) plot $(BENCH_RES)/utility.csv --kind privacy-utility --out $(BENCH_RES)/utility.png --markdown $(BENCH_RES)/utility.md
-	$(BENCH_ENV) $(FEDKL) sweep simulations/configs/slope.toml --table $(BENCH_RES)/slope.csv $(BENCH_SLOPE_SETS) $(BENCH_RESTART)
-	$(BENCH_ENV) $(FEDKL) plot $(BENCH_RES)/slope.csv --kind slope --x users --y excess_loss --theory-slope -2 --theory-label "BST14 d/(n eps)^2" --out $(BENCH_RES)/slope.png --markdown $(BENCH_RES)/slope.md
+	$(BENCH_ENV) $(FEDKL) sweep simulations/studies/utility.toml --table $(BENCH_RES)/utility.csv $(BENCH_SETS) $(BENCH_RESTART)
+	$(BENCH_ENV) $(FEDKL) report simulations/studies/utility.toml --table $(BENCH_RES)/utility.csv --out-dir $(BENCH_RES)
+	$(BENCH_ENV) $(FEDKL) sweep simulations/studies/slope.toml --table $(BENCH_RES)/slope.csv $(BENCH_SLOPE_SETS) $(BENCH_RESTART)
+	$(BENCH_ENV) $(FEDKL) report simulations/studies/slope.toml --table $(BENCH_RES)/slope.csv --out-dir $(BENCH_RES)
 	$(BENCH_ENV) $(PY) simulations/flower_dp_baseline.py --out-dir $(BENCH_RES)
 	$(BENCH_ENV) $(PY) simulations/bench_backends.py $(BENCH_SPEED) --out $(BENCH_RES)/bench_backends.json --markdown $(BENCH_RES)/bench_backends.md
 	$(BENCH_ENV) $(PY) simulations/bench_inprocess.py --out $(BENCH_RES)/bench_inprocess.json
 	@if [ "$(TUNING)" = 1 ]; then for cfg in simulations/configs/tuning/*.toml; do \
 	  echo "$(FEDKL) sweep $$cfg --restart"; $(BENCH_ENV) $(FEDKL) sweep $$cfg --restart || exit 1; done; fi
+	@for study in $(BENCH_STUDIES); do echo "$(FEDKL) sweep $$study $(BENCH_RESTART)"; \
+	  $(BENCH_ENV) $(FEDKL) sweep $$study $(BENCH_RESTART) && $(FEDKL) report $$study || exit 1; done
 	@for script in $(BENCH_EXTRA); do echo "$(PY) $$script"; $(BENCH_ENV) $(PY) $$script || exit 1; done
 	$(PY) simulations/readme_tables.py --results $(BENCH_RES)

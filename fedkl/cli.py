@@ -108,7 +108,7 @@ def _print_account(res: dict) -> None:
 
 
 def _experiments(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """``fedkl sweep`` and ``fedkl plot`` (fedkl/experiments/)."""
+    """``fedkl sweep``, ``fedkl plot`` and ``fedkl report`` (fedkl/experiments/)."""
     from fedkl import experiments
 
     sub = parser.subcommands[args.command]  # type: ignore[attr-defined]
@@ -119,12 +119,18 @@ def _experiments(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
                 spec,
                 log=lambda s: print(s, flush=True),
                 restart=args.restart,
+                resume=args.resume,
                 dry_run=args.dry_run,
                 verbose=args.verbose,
                 max_runs=args.max_runs,
                 retry_errors=args.retry_errors,
             )
             return 1 if res["errors"] else 0
+        if args.command == "report":
+            from fedkl.experiments.report import run_report
+
+            print("wrote " + ", ".join(run_report(args.file, table=args.table, out_dir=args.out_dir)))
+            return 0
         out = args.out or f"{os.path.splitext(args.table)[0]}_{args.kind}.png"
         res = experiments.plot_table(
             args.table,
@@ -199,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(_algorithm_in(argv) if argv[:1] == ["run"] else None)
     args = parser.parse_args(argv)
-    if args.command in ("sweep", "plot"):
+    if args.command in ("sweep", "plot", "report"):
         return _experiments(args, parser)
     if args.command in ("run", "plan") and args.config:
         from fedkl.experiments import ConfigError, apply_config_file

@@ -196,7 +196,7 @@ def _add_run_arguments(run: argparse.ArgumentParser, algorithm: str | None) -> N
 def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
     """The ``fedkl`` parser; ``algorithm``: ``fedkl run --help`` lists that algorithm's flags only."""
     parser = _Parser(prog="fedkl", description="Federated learning with user-level differential privacy.")
-    sub = parser.add_subparsers(dest="command", metavar="{run,plan,account,sweep,plot}", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="{run,plan,account,sweep,plot,report}", parser_class=_Parser)
     sub.required = True
 
     run = sub.add_parser(
@@ -259,7 +259,8 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
         "sweep",
         help="run the cartesian product of a TOML sweep file into a CSV/JSON-lines table (resumable)",
         description="Run every point of a sweep file: top-level keys = the base `fedkl run` settings, [sweep] = lists "
-        'of values (any setting) plus `table = "results.csv"`; rows already in the table are skipped. '
+        'of values (any setting) plus `table = "results.csv"`; an existing table is refused unless --resume '
+        "(rows already in it are skipped) or --restart. "
         "See fedkl/experiments/__init__.py for the file format.",
     )
     sweep.add_argument("file", metavar="FILE.toml", help="the sweep file")
@@ -271,6 +272,7 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
         metavar="FIELD=V1[,V2...]",
         help="replace an axis (or a base value) of the file, e.g. --set seed=0,1 (repeatable)",
     )
+    sweep.add_argument("--resume", action="store_true", help="continue the table: run only the points not in it")
     sweep.add_argument("--restart", action="store_true", help="delete the table and run every point again")
     sweep.add_argument("--retry-errors", action="store_true", help="run again the points whose row records an error")
     sweep.add_argument("--dry-run", action="store_true", help="list the points and whether each is done; run nothing")
@@ -305,5 +307,14 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
     plot.add_argument("--theory-label", default="theory", help="slope: legend label of the theory line")
     plot.add_argument("--title", default=None)
     plot.add_argument("--markdown", default=None, metavar="FILE.md", help="also write the plotted numbers as markdown")
-    parser.subcommands = {"run": run, "plan": plan, "account": acc, "sweep": sweep, "plot": plot}  # type: ignore[attr-defined]
+    report = sub.add_parser(
+        "report",
+        help="write a study's report (markdown, figures) from its sweep table, without training",
+        description="Read the table of a study (a sweep file with a [report] table: a built-in kind or a "
+        "function 'FILE.py:NAME') and write its outputs. See fedkl/experiments/report.py.",
+    )
+    report.add_argument("file", metavar="STUDY.toml", help="the study's sweep file")
+    report.add_argument("--table", default=None, help="read this CSV instead of the file's [sweep] table")
+    report.add_argument("--out-dir", default=None, help="write the outputs into this folder instead")
+    parser.subcommands = {"run": run, "plan": plan, "account": acc, "sweep": sweep, "plot": plot, "report": report}  # type: ignore[attr-defined]
     return parser

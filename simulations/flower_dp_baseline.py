@@ -1,7 +1,7 @@
 """Baseline: Flower 1.41's own ``DifferentialPrivacyServerSideFixedClipping``, as users get it today.
 
     .venv/bin/python simulations/flower_dp_baseline.py [--out-dir simulations/results]   # the epsilon table
-    fedkl sweep simulations/configs/utility.toml   # (plugins = [this file]) trains it next to fedkl's algorithms
+    fedkl sweep simulations/studies/utility.toml   # (plugins = [this file]) trains it next to fedkl's algorithms
 
 What Flower does (read from ``flwr/serverapp/strategy/dp_fixed_clipping.py``, ``fedavg.py``,
 ``strategy_utils.py``, ``flwr/supercore/differential_privacy.py`` and

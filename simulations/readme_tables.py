@@ -111,9 +111,8 @@ def main(argv: list[str] | None = None) -> str:
     if os.path.exists(os.path.join(r, f"{u}.png")):
         sections += [f"![privacy-utility]({rel}/{u}.png)", ""]
     sections += [
-        "Regenerate: `fedkl sweep simulations/configs/utility.toml` then "
-        f"`fedkl plot simulations/results/{u}.csv --kind privacy-utility --out simulations/results/{u}.png "
-        f"--markdown simulations/results/{u}.md` (or `make bench`).",
+        "Regenerate: `fedkl sweep simulations/studies/utility.toml --restart` then "
+        "`fedkl report simulations/studies/utility.toml` (or `make bench`).",
         "",
     ]
 
@@ -172,9 +171,8 @@ def main(argv: list[str] | None = None) -> str:
     if os.path.exists(os.path.join(r, "slope.png")):
         sections += [f"![slope]({rel}/slope.png)", ""]
     sections += [
-        "Regenerate: `fedkl sweep simulations/configs/slope.toml` then `fedkl plot simulations/results/slope.csv "
-        "--kind slope --x users --y excess_loss --theory-slope -2 --out simulations/results/slope.png "
-        "--markdown simulations/results/slope.md`.",
+        "Regenerate: `fedkl sweep simulations/studies/slope.toml --restart` then "
+        "`fedkl report simulations/studies/slope.toml`.",
         "",
         f"_Collected {time.strftime('%Y-%m-%d %H:%M')}._",
     ]

@@ -1,5 +1,7 @@
-"""The experiment layer (fedkl/experiments/): `fedkl run --config`, `fedkl sweep`, `fedkl plot`,
-and the Flower DP baseline's accounting (simulations/flower_dp_baseline.py)."""
+"""The experiment layer (fedkl/experiments/): `fedkl run --config`, `fedkl sweep` (new table vs --resume,
+variants, exclusions), `fedkl plot`, `fedkl report` (built-in kinds, report functions loaded by path), one
+row per run in a table, and the Flower DP baseline's accounting (simulations/flower_dp_baseline.py, loaded
+by path: nothing here imports simulations/)."""
 
 import csv
 import json
@@ -200,15 +202,15 @@ def test_sweep_rows_resume_restart_and_errors(tmp_path, fake_runner):
     assert any("[6/6]" in line and "ETA" in line for line in logs)
     assert len(open(str(table)[:-4] + ".jsonl").read().splitlines()) == 6
     # resume: nothing new; a new axis value runs only the new points
-    assert ex.run_sweep(ex.load_sweep(path), log=logs.append)["ran"] == 0
-    res = ex.run_sweep(ex.load_sweep(path, sets=["epsilon=1,2,4,8"]), log=logs.append)
+    assert ex.run_sweep(ex.load_sweep(path), log=logs.append, resume=True)["ran"] == 0
+    res = ex.run_sweep(ex.load_sweep(path, sets=["epsilon=1,2,4,8"]), log=logs.append, resume=True)
     assert res["ran"] == 2 and res["skipped"] == 6 and len(list(csv.DictReader(open(table)))) == 8
     # an error is a row; --retry-errors runs it again, --restart starts over
     bad = ex.load_sweep(path, sets=["seed=99", "epsilon=1"])
-    assert ex.run_sweep(bad, log=logs.append)["errors"] == 1
+    assert ex.run_sweep(bad, log=logs.append, resume=True)["errors"] == 1
     last = list(csv.DictReader(open(table)))[-1]
     assert last["status"] == "error" and "RuntimeError: boom" in last["error"]
-    assert ex.run_sweep(bad, log=logs.append)["ran"] == 0
+    assert ex.run_sweep(bad, log=logs.append, resume=True)["ran"] == 0
     assert ex.run_sweep(bad, log=logs.append, retry_errors=True)["ran"] == 1
     assert ex.run_sweep(ex.load_sweep(path), log=logs.append, restart=True)["ran"] == 6
     assert len(list(csv.DictReader(open(table)))) == 6
@@ -220,7 +222,7 @@ def test_a_table_written_by_another_config_is_refused(tmp_path, fake_runner):
     ex.run_sweep(ex.load_sweep(path), log=lambda s: None)
     other = _write(tmp_path / "o.toml", f'algorithm = "fake-alg"\n[sweep]\ntable = "{table}"\nlr = [1, 2]\n')
     with pytest.raises(ex.ConfigError, match="other columns"):
-        ex.run_sweep(ex.load_sweep(other), log=lambda s: None)
+        ex.run_sweep(ex.load_sweep(other), log=lambda s: None, resume=True)
 
 
 # --- fedkl plot -------------------------------------------------------------------------------------
@@ -330,7 +332,7 @@ def test_real_sweep_end_to_end(tmp_path, capsys):
     assert main(["sweep", path, "--table", str(tmp_path / "again.csv")]) == 0
     again = {r["run_key"]: r["test_metric"] for r in csv.DictReader(open(tmp_path / "again.csv"))}
     assert again == {r["run_key"]: r["test_metric"] for r in rows}
-    assert main(["sweep", path]) == 0 and "0 to run" in capsys.readouterr().out
+    assert main(["sweep", path, "--resume"]) == 0 and "0 to run" in capsys.readouterr().out
     assert main(["plot", str(table), "--kind", "privacy-utility"]) == 0
     assert (tmp_path / "real_privacy-utility.png").read_bytes().startswith(PNG)
 
@@ -387,3 +389,193 @@ def test_flower_baseline_trains_in_a_sweep_and_reports_both_epsilons(tmp_path, f
     assert float(claimed["epsilon"]) > 2.0 and claimed["flower_sample_size"] == "12"
     # z calibrated to Flower's claim is smaller than z calibrated to the real epsilon
     assert float(claimed["flower_noise_multiplier"]) < float(real["flower_noise_multiplier"])
+
+
+# --- issue 20: a sweep writes a new table unless told to resume; a table holds one row per run ----------
+def test_an_existing_table_is_refused_unless_resume_or_restart(tmp_path, capsys, fake_runner):
+    table = tmp_path / "t.csv"
+    path = _write(tmp_path / "s.toml", f'algorithm = "fake-alg"\n[sweep]\ntable = "{table}"\nseed = [0, 1]\n')
+    assert main(["sweep", path]) == 0 and len(fake_runner) == 2
+    before = table.read_text()
+    line = _exit_line(capsys, ["sweep", path])
+    assert "already holds 2 rows" in line and "--resume" in line and "--restart" in line
+    assert table.read_text() == before and len(fake_runner) == 2  # nothing ran, nothing appended
+    assert main(["sweep", path, "--set", "seed=0,1,2", "--resume"]) == 0 and len(fake_runner) == 3
+    assert "give one of them" in _exit_line(capsys, ["sweep", path, "--restart", "--resume"])
+    assert main(["sweep", path, "--restart"]) == 0 and len(fake_runner) == 5
+    assert len(list(csv.DictReader(open(table)))) == 2
+    # another table is a new table: the same points run again
+    assert main(["sweep", path, "--table", str(tmp_path / "new.csv")]) == 0 and len(fake_runner) == 7
+    # rows of the same runs under other keys (a default changed since): resuming would run them twice
+    rows = list(csv.DictReader(open(table)))
+    _write_rows(table, [{**r, "run_key": "old-" + r["run_key"]} for r in rows])
+    line = _exit_line(capsys, ["sweep", path, "--resume"])
+    assert "2 of the points to run are already in it under another run key" in line and len(fake_runner) == 7
+    assert main(["sweep", path, "--resume", "--set", "seed=5"]) == 0 and len(fake_runner) == 8  # a new point runs
+
+
+def test_duplicated_runs_in_a_table_are_an_error_not_averaged(tmp_path, capsys):
+    base = {"status": "ok", "algorithm": "a", "users": 10, "seed": 0, "epsilon_target": 1.0, "test_metric": 0.6}
+    rows = [
+        {**base, "run_key": "k0"},
+        {**base, "run_key": "k1", "seed": 1},
+        {**base, "run_key": "k2", "test_metric": 0.9},  # same configuration as k0 under a new key
+    ]
+    table = _write_rows(tmp_path / "t.csv", rows)
+    line = _exit_line(capsys, ["plot", table, "--kind", "privacy-utility", "--panel", "none"])
+    assert "lines 2 and 4 are the same run (configuration)" in line
+    same_key = _write_rows(tmp_path / "k.csv", [{**base, "run_key": "k0"}, {**base, "run_key": "k0", "seed": 1}])
+    with pytest.raises(ex.ConfigError, match="run_key k0"):
+        ex.plot_table(same_key, "privacy-utility", str(tmp_path / "k.png"), panel=None)
+    # an error row and its ok retry are one run, not a duplicate
+    retried = _write_rows(tmp_path / "r.csv", [{**base, "run_key": "k0", "status": "error"}, {**base, "run_key": "k0"}])
+    assert ex.plot_table(retried, "privacy-utility", str(tmp_path / "r.png"), panel=None)[""]["a"][0][3] == 1
+
+
+# --- sweep variants and exclusions ------------------------------------------------------------------------
+def test_variants_are_named_configurations_and_exclude_drops_points(tmp_path, fake_runner):
+    table = tmp_path / "t.csv"
+    path = _write(
+        tmp_path / "s.toml",
+        f'algorithm = "fake-alg"\n[sweep]\ntable = "{table}"\nseed = [0, 1]\nepsilon = [1, 2]\n'
+        '[[sweep.variants]]\nname = "short"\nrounds = 2\n'
+        '[[sweep.variants]]\nname = "long"\nrounds = 20\nlr = 0.5\n'
+        '[[sweep.exclude]]\nvariant = "long"\nepsilon = [1]\n',
+    )
+    spec = ex.load_sweep(path)
+    points = spec.points()
+    assert [(p["variant"], p["rounds"], p["epsilon"], p["seed"]) for p in points] == [
+        ("short", 2, 1.0, 0),
+        ("short", 2, 2.0, 0),
+        ("short", 2, 1.0, 1),
+        ("short", 2, 2.0, 1),
+        ("long", 20, 2.0, 0),
+        ("long", 20, 2.0, 1),
+    ]
+    assert ex.run_sweep(spec, log=lambda s: None)["ran"] == 6
+    rows = list(csv.DictReader(open(table)))
+    assert [r["variant"] for r in rows] == ["short"] * 4 + ["long"] * 2
+    assert {r["rounds"] for r in rows if r["variant"] == "long"} == {"20"} and rows[-1]["lr"] == "0.5"
+    assert {c.rounds for c in fake_runner} == {2, 20}
+
+
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        ("[[sweep.variants]]\nrounds = 2\n", "needs `name"),
+        ('[[sweep.variants]]\nname = "a"\nseed = 3\n', "also a [sweep] axis"),
+        ('[[sweep.variants]]\nname = "a"\nrounds = 2.5\n', "'rounds'"),
+        ("[[sweep.exclude]]\nseed = [0, 1]\n", "leaves no point"),
+        ('[[sweep.exclude]]\nlr = "fast"\n', "'lr'"),
+        ('[report]\nkind = "pie"\nmarkdown = "x.md"\n', "kind 'pie'"),
+    ],
+)
+def test_bad_variants_exclusions_and_reports_exit_2(tmp_path, capsys, extra, needle):
+    path = _write(tmp_path / "s.toml", f'[sweep]\ntable = "{tmp_path / "t.csv"}"\nseed = [0, 1]\n' + extra)
+    _write_rows(tmp_path / "t.csv", [{"status": "ok", "run_key": "k", "algorithm": "a", "test_metric": 1}])
+    assert needle in _exit_line(capsys, ["report", path])
+
+
+# --- fedkl report: built-in kinds and report functions loaded by path ---------------------------------------
+def _study(tmp_path, report: str) -> str:
+    rows = []
+    for alg, base in (("x", 0.6), ("y", 0.7)):
+        for eps in (1.0, 4.0):
+            for seed, d in enumerate((-0.02, 0.0, 0.02)):
+                rows.append(
+                    {
+                        "run_key": f"{alg}{eps}{seed}",
+                        "status": "ok",
+                        "algorithm": alg,
+                        "dataset": "d",
+                        "users": 10,
+                        "seed": seed,
+                        "epsilon_target": eps,
+                        "metric": "accuracy",
+                        "test_metric": base + 0.01 * eps + d,
+                    }
+                )
+    rows.append({**rows[0], "run_key": "bad", "seed": 7, "status": "error", "test_metric": 0.0})
+    _write_rows(tmp_path / "t.csv", rows)
+    return _write(tmp_path / "study.toml", f'[sweep]\ntable = "{tmp_path / "t.csv"}"\nseed = [0, 1, 2]\n' + report)
+
+
+def test_builtin_table_report_is_mean_std_per_group(tmp_path, capsys):
+    path = _study(
+        tmp_path,
+        f'[report]\nkind = "table"\nmarkdown = "{tmp_path / "r.md"}"\nrows = ["algorithm"]\n'
+        'columns = "epsilon_target"\ndigits = 3\ntitle = "Fixture"\nnote = "Held-out accuracy."\n',
+    )
+    assert main(["report", path]) == 0 and "wrote" in capsys.readouterr().out
+    assert (tmp_path / "r.md").read_text() == (
+        "# Fixture\n\n"
+        "| algorithm | epsilon_target = 1.0 | epsilon_target = 4.0 |\n|---|---|---|\n"
+        "| x | 0.610 ± 0.020 (n=3) | 0.640 ± 0.020 (n=3) |\n"
+        "| y | 0.710 ± 0.020 (n=3) | 0.740 ± 0.020 (n=3) |\n\nHeld-out accuracy.\n"
+    )
+    # --out-dir writes the same file elsewhere (to compare a regenerated report with a committed one)
+    assert main(["report", path, "--out-dir", str(tmp_path / "again")]) == 0
+    assert (tmp_path / "again" / "r.md").read_text() == (tmp_path / "r.md").read_text()
+
+
+def test_builtin_curve_report_draws_and_tabulates(tmp_path):
+    path = _study(
+        tmp_path, f'[report]\nkind = "curve"\nfigure = "{tmp_path / "c.png"}"\nmarkdown = "{tmp_path / "c.md"}"\n'
+    )
+    assert ex.run_report(path) == [str(tmp_path / "c.png"), str(tmp_path / "c.md")]
+    assert (tmp_path / "c.png").read_bytes().startswith(PNG)
+    assert "| d (10 users) | y | 0.710 ± 0.020 (n=3) | 0.740 ± 0.020 (n=3) |" in (tmp_path / "c.md").read_text()
+
+
+def test_report_function_is_loaded_by_file_path(tmp_path, capsys):
+    fn = _write(
+        tmp_path / "my_report.py",
+        "def report(study):\n"
+        "    path = study.output('markdown')\n"
+        "    best = max(study.rows, key=lambda r: float(r['test_metric']))\n"
+        "    open(path, 'w').write(f\"{len(study.rows)} rows; best {best['algorithm']} {study.option('label')}\\n\")\n"
+        "    return [path]\n",
+    )
+    path = _study(tmp_path, f'[report]\nfunction = "{fn}:report"\nmarkdown = "{tmp_path / "f.md"}"\nlabel = "L"\n')
+    assert ex.run_report(path) == [str(tmp_path / "f.md")]
+    assert (tmp_path / "f.md").read_text() == "12 rows; best y L\n"  # the error row is not reported
+    import sys
+
+    assert not any(name == "my_report" or name.startswith("simulations") for name in sys.modules)
+    reads = _write(tmp_path / "reads.py", "def report(study):\n    return [study.rows[0]['lam']]\n")
+    bad = _study(tmp_path, f'[report]\nfunction = "{reads}:report"\nmarkdown = "x.md"\n')
+    assert "the report reads 'lam' which" in _exit_line(capsys, ["report", bad])
+    bad = _study(tmp_path, f'[report]\nfunction = "{fn}:nope"\nmarkdown = "x.md"\n')
+    assert "has no function 'nope'" in _exit_line(capsys, ["report", bad])
+    bad = _study(tmp_path, '[report]\nfunction = "simulations.reports:report"\nmarkdown = "x.md"\n')
+    assert "'path/to/file.py:function'" in _exit_line(capsys, ["report", bad])
+
+
+def test_report_without_a_report_table_or_table_exits_2(tmp_path, capsys):
+    path = _write(tmp_path / "s.toml", f'[sweep]\ntable = "{tmp_path / "t.csv"}"\nseed = [0]\n')
+    assert "has no [report] table" in _exit_line(capsys, ["report", path])
+    path = _write(
+        tmp_path / "s.toml", f'[sweep]\ntable = "{tmp_path / "t.csv"}"\nseed = [0]\n[report]\nkind = "table"\n'
+    )
+    assert "fedkl sweep" in _exit_line(capsys, ["report", path])
+
+
+def test_no_library_or_test_file_imports_simulations():
+    """fedkl/ and tests/ never import the simulations/ scripts (a report or plugin is loaded by path)."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    offenders = []
+    for path in [*root.joinpath("fedkl").rglob("*.py"), *root.joinpath("tests").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") in ("insert", "append"):
+                if ast.unparse(node.func.value) == "sys.path":
+                    offenders.append(f"{path.relative_to(root)}: sys.path edit")
+            offenders += [f"{path.relative_to(root)}: import {n}" for n in names if n.split(".")[0] == "simulations"]
+    assert offenders == []

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from fedkl.experiments.config import ConfigError
-from fedkl.experiments.table import read_table
+from fedkl.experiments.table import check_unique, read_table
 
 
 def _num(v: Any) -> float | None:
@@ -271,6 +271,15 @@ def markdown_privacy_utility(
     return "\n".join(lines) + "\n"
 
 
+def markdown_slope(fits: dict, *, x: str, y: str, group: str, theory_slope: float | None) -> str:
+    """The fitted slopes of :func:`plot_slope` as a markdown table."""
+    lines = [f"| {group} | fitted slope of {y} vs {x} | theory slope | points |", "|---|---|---|---|"]
+    for g, fit in fits.items():
+        pts = ", ".join(f"{q[0]:g}: {q[1]:.3g}" for q in fit["points"])
+        lines.append(f"| {g} | {fit['slope']:.3f} | {theory_slope if theory_slope is not None else '—'} | {pts} |")
+    return "\n".join(lines) + "\n"
+
+
 def plot_table(
     table: str,
     kind: str,
@@ -292,6 +301,7 @@ def plot_table(
     rows = read_table(table)
     if not rows:
         raise ConfigError(f"table {table!r} has no rows")
+    check_unique(rows, table)
     for col in [c for c in (x, y, group, panel if kind == "privacy-utility" else None) if c]:
         if col not in rows[0]:
             raise ConfigError(f"no column {col!r} in {table} (columns: {', '.join(rows[0])})")
@@ -304,7 +314,7 @@ def plot_table(
             text = markdown_privacy_utility(
                 rows, summary, x=x or "epsilon_target", y=y or "test_metric", group=group, panel=panel
             )
-            _write_text(markdown, text)
+            write_text(markdown, text)
         return summary
     if kind == "slope":
         fits = plot_slope(
@@ -318,21 +328,15 @@ def plot_table(
             title=title,
         )
         if markdown:
-            lines = [
-                f"| {group} | fitted slope of {y or 'excess_loss'} vs {x or 'users'} | theory slope | points |",
-                "|---|---|---|---|",
-            ]
-            for g, fit in fits.items():
-                pts = ", ".join(f"{q[0]:g}: {q[1]:.3g}" for q in fit["points"])
-                lines.append(
-                    f"| {g} | {fit['slope']:.3f} | {theory_slope if theory_slope is not None else '—'} | {pts} |"
-                )
-            _write_text(markdown, "\n".join(lines) + "\n")
+            write_text(
+                markdown,
+                markdown_slope(fits, x=x or "users", y=y or "excess_loss", group=group, theory_slope=theory_slope),
+            )
         return fits
     raise ConfigError(f"unknown plot kind {kind!r} (privacy-utility or slope)")
 
 
-def _write_text(path: str, text: str) -> None:
+def write_text(path: str, text: str) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as fh:
         fh.write(text)

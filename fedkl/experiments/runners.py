@@ -34,6 +34,9 @@ class ExternalRunner:
 
 EXTERNAL_RUNNERS: dict[str, ExternalRunner] = {}
 
+VARIANT = "variant"
+"""The key (and table column) of a sweep point's ``[[sweep.variants]]`` name: a label, not a setting."""
+
 
 def register_runner(name: str, fn: Callable[..., dict], columns: Sequence[str] = (), description: str = "") -> None:
     from fedkl.algorithms.catalog import REGISTRY
@@ -76,7 +79,7 @@ def resolved_settings(cfg: Mapping[str, Any]) -> dict[str, Any]:
     some of its points), or an external runner's flat settings."""
     from fedkl.runner import RunConfig
 
-    point = {k: v for k, v in cfg.items() if k not in ("out", "ledger")}
+    point = {k: v for k, v in cfg.items() if k not in ("out", "ledger", VARIANT)}
     if point.get("algorithm") in EXTERNAL_RUNNERS:
         full = flat_settings(point)
     else:

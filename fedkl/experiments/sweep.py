@@ -30,10 +30,10 @@ from fedkl.experiments.config import (
     run_fields,
     run_settings,
 )
-from fedkl.experiments.runners import EXTERNAL_RUNNERS, flat_settings, load_plugin, resolved_settings
+from fedkl.experiments.runners import EXTERNAL_RUNNERS, VARIANT, flat_settings, load_plugin, resolved_settings
 from fedkl.experiments.table import BASE_COLUMNS, append_line, append_row, read_table, result_row
 
-SWEEP_OPTIONS = ("table", "noise_seed_offset", "runs_dir", "plugins", "when")
+SWEEP_OPTIONS = ("table", "noise_seed_offset", "runs_dir", "plugins", "when", "variants", "exclude")
 
 
 @dataclass
@@ -46,6 +46,9 @@ class SweepSpec:
     noise_seed_offset: int | None = None
     runs_dir: str | None = None
     plugins: list[str] = field(default_factory=list)
+    variants: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    exclude: list[dict[str, list[Any]]] = field(default_factory=list)
+    report: dict[str, Any] = field(default_factory=dict)
 
     @property
     def jsonl(self) -> str:
@@ -55,26 +58,29 @@ class SweepSpec:
         """Every resolved run configuration (as RunConfig keyword arguments), in product order."""
         names = list(self.axes)
         out = []
-        for combo in itertools.product(*(self.axes[n] for n in names)):
-            cfg = {**self.base, **dict(zip(names, combo))}
-            for match, settings in self.when:
-                if all(cfg.get(k) == v for k, v in match.items()):
-                    cfg.update(settings)
-            if self.noise_seed_offset is not None and "noise_seed" not in self.axes and "noise_seed" not in self.base:
-                cfg["noise_seed"] = int(cfg.get("seed", 0)) + self.noise_seed_offset
-            out.append(cfg)
+        for variant, own in self.variants or [(None, {})]:
+            for combo in itertools.product(*(self.axes[n] for n in names)):
+                cfg = {**self.base, **own, **dict(zip(names, combo))}
+                if variant is not None:
+                    cfg[VARIANT] = variant
+                for match, settings in self.when:
+                    if all(cfg.get(k) == v for k, v in match.items()):
+                        cfg.update(settings)
+                if any(all(cfg.get(k) in vs for k, vs in ex.items()) for ex in self.exclude):
+                    continue
+                if self.noise_seed_offset is not None and "noise_seed" not in cfg:
+                    cfg["noise_seed"] = int(cfg.get("seed", 0)) + self.noise_seed_offset
+                out.append(cfg)
         return out
 
     def columns(self) -> list[str]:
-        extra = []
-        for name in self.axes:
-            if name not in BASE_COLUMNS and name not in extra:
+        extra = [VARIANT] if self.variants else []
+        set_by = [list(self.axes)] + [list(own) for _, own in self.variants] + [list(s) for _, s in self.when]
+        for name in itertools.chain(*set_by):
+            if name not in BASE_COLUMNS and name not in extra and name not in ("out", "ledger"):
                 extra.append(name)
-        for match, settings in self.when:
-            for name in settings:
-                if name not in BASE_COLUMNS and name not in extra and name not in ("out", "ledger"):
-                    extra.append(name)
         algorithms = set(self.axes.get("algorithm", [self.base.get("algorithm")]))
+        algorithms |= {own["algorithm"] for _, own in self.variants if "algorithm" in own}
         for alg in sorted(a for a in algorithms if a in EXTERNAL_RUNNERS):
             extra += [c for c in EXTERNAL_RUNNERS[alg].columns if c not in extra and c not in BASE_COLUMNS]
         return list(BASE_COLUMNS) + extra
@@ -105,13 +111,18 @@ def load_sweep(path: str, *, table: str | None = None, sets: Sequence[str] = ())
     ``sets``: ``FIELD=V1,V2`` overrides of axes (or of base values); ``table``: another table path."""
     data = read_toml(path)
     sweep = data.pop("sweep", None)
+    report = data.pop("report", {})
+    if not isinstance(report, dict):
+        raise ConfigError(f"{path}: report must be a [report] table")
     if not isinstance(sweep, dict):
         raise ConfigError(
             f'{path}: a sweep file needs a [sweep] table (with `table = "results.csv"` and lists of values)'
         )
     others = [k for k, v in data.items() if isinstance(v, dict)]
     if others:
-        raise ConfigError(f"{path}: unexpected table [{others[0]}] (only [sweep] and RunConfig keys are allowed)")
+        raise ConfigError(
+            f"{path}: unexpected table [{others[0]}] (only [sweep], [report] and RunConfig keys are allowed)"
+        )
     sweep = {field_name(k): v for k, v in sweep.items()}
     plugins = sweep.get("plugins", [])
     if not isinstance(plugins, list) or not all(isinstance(p, str) for p in plugins):
@@ -174,6 +185,38 @@ def load_sweep(path: str, *, table: str | None = None, sets: Sequence[str] = ())
         if not settings:
             raise ConfigError(f"{path}: [[sweep.when]] #{i} sets nothing")
         when.append((match, settings))
+    variants = []
+    raw_variants = sweep.get("variants", [])
+    if not isinstance(raw_variants, list):
+        raise ConfigError(f"{path}: [[sweep.variants]] must be an array of tables")
+    for i, entry in enumerate(raw_variants, 1):
+        name = entry.get("name") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f'{path}: [[sweep.variants]] #{i} needs `name = "..."` (its label in the table)')
+        if name in (v[0] for v in variants):
+            raise ConfigError(f"{path}: [[sweep.variants]] name {name!r} is given twice")
+        where = f"{path}: [[sweep.variants]] {name!r}"
+        own = run_settings({k: v for k, v in entry.items() if k != "name"}, where, **kw)
+        clash = sorted(set(own) & (set(axes) | {"out", "ledger"}))
+        if clash:
+            raise ConfigError(f"{where}: {clash[0]!r} is also a [sweep] axis (or cannot be set in a sweep)")
+        variants.append((name, own))
+    exclude = []
+    raw_exclude = sweep.get("exclude", [])
+    if not isinstance(raw_exclude, list):
+        raise ConfigError(f"{path}: [[sweep.exclude]] must be an array of tables")
+    for i, entry in enumerate(raw_exclude, 1):
+        if not isinstance(entry, dict) or not entry:
+            raise ConfigError(f"{path}: [[sweep.exclude]] #{i} needs `field = value` or `field = [values]`")
+        cond = {}
+        for key, values in entry.items():
+            values = values if isinstance(values, list) else [values]
+            if field_name(key) == VARIANT:
+                cond[VARIANT] = values
+            else:
+                where = f"{path}: [[sweep.exclude]] #{i}"
+                cond[field_name(key)] = [run_settings({key: v}, where, **kw)[field_name(key)] for v in values]
+        exclude.append(cond)
     table = table or sweep.get("table")
     if not isinstance(table, str) or not table.endswith(".csv"):
         raise ConfigError(f"{path}: [sweep] table must name a .csv file, got {table!r}")
@@ -192,7 +235,12 @@ def load_sweep(path: str, *, table: str | None = None, sets: Sequence[str] = ())
         noise_seed_offset=offset,
         runs_dir=runs_dir,
         plugins=list(plugins),
+        variants=variants,
+        exclude=exclude,
+        report=report,
     )
+    if not spec.points():
+        raise ConfigError(f"{path}: [[sweep.exclude]] leaves no point to run")
     for point in spec.points():  # every point must build (e.g. algorithm names) before anything runs
         alg = point.get("algorithm", "noisy-gd")
         if alg in EXTERNAL_RUNNERS:
@@ -202,6 +250,29 @@ def load_sweep(path: str, *, table: str | None = None, sets: Sequence[str] = ())
         if alg not in REGISTRY:
             raise ConfigError(f"{path}: algorithm {alg!r} is neither a fedkl algorithm nor a registered runner")
     return spec
+
+
+def _refuse_rekeyed(
+    table: str, existing: list[dict], points: list[dict], keys: list[str], columns: Sequence[str]
+) -> None:
+    """Refuse to resume a table whose ok rows already hold some of the points to run under other run
+    keys (a resolved configuration changed, e.g. a new default): running them would put each run in the
+    table twice (issue 20: 300 runs rerun, then a plot averaging n = 7 instead of 5)."""
+    ok = [r for r in existing if r.get("status") == "ok"]
+    clashes = 0
+    for cfg, key in zip(points, keys):
+        # the columns a row takes from its configuration (the others are what the run measured)
+        ident = ["algorithm", "dataset", "neighbouring", "seed", "noise_seed", "epsilon_target"]
+        ident += [c for c in columns if c not in BASE_COLUMNS and c in cfg] + (["users"] if "users" in cfg else [])
+        mine = {**result_row(cfg, key, None, 0.0, columns), "users": cfg.get("users")}
+        if any(all(str(r.get(c, "")) == str(mine[c]) for c in ident) for r in ok):
+            clashes += 1
+    if clashes:
+        raise ConfigError(
+            f"table {table}: {clashes} of the points to run are already in it under another run key (their "
+            "resolved configuration changed, e.g. a new default); rerun into a new table (--table NEW.csv) or "
+            "--restart"
+        )
 
 
 def run_key(cfg: Mapping[str, Any]) -> str:
@@ -224,7 +295,8 @@ def _duration(seconds: float) -> str:
 
 
 def describe_point(cfg: Mapping[str, Any], axes: Iterable[str]) -> str:
-    return " ".join(f"{k}={cfg.get(k)}" for k in axes) or "(single run)"
+    names = ([VARIANT] if VARIANT in cfg else []) + list(axes)
+    return " ".join(f"{k}={cfg.get(k)}" for k in names) or "(single run)"
 
 
 def run_sweep(
@@ -232,16 +304,21 @@ def run_sweep(
     *,
     log: Callable[[str], None] = print,
     restart: bool = False,
+    resume: bool = False,
     dry_run: bool = False,
     verbose: bool = False,
     max_runs: int | None = None,
     retry_errors: bool = False,
 ) -> dict:
-    """Run every point of ``spec`` not yet in its table (``retry_errors``: also those whose row
-    records an error; the new row is appended, plots read only ``ok`` rows); returns counts and the
-    rows written."""
+    """Run every point of ``spec`` into its table; returns counts and the rows written.
+
+    A sweep writes a NEW table: one that already holds rows is refused unless ``resume`` (run only
+    the points not yet in it; ``retry_errors``: also those whose row records an error, the new row is
+    appended and reports read only ``ok`` rows) or ``restart`` (delete it and run every point)."""
     from fedkl.runner import RunConfig, run_training
 
+    if restart and (resume or retry_errors):
+        raise ConfigError("--restart deletes the table; --resume/--retry-errors continue it: give one of them")
     columns = spec.columns()
     points = spec.points()
     keys = [run_key(p) for p in points]
@@ -255,6 +332,12 @@ def run_sweep(
             if os.path.exists(p):
                 os.remove(p)
     existing = read_table(spec.table)
+    stale = os.path.exists(spec.jsonl) and os.path.getsize(spec.jsonl) > 0
+    if (existing or stale) and not (resume or retry_errors or dry_run):
+        raise ConfigError(
+            f"table {spec.table if existing else spec.jsonl} already holds {len(existing) or 'some'} rows: --resume "
+            "to continue it, --restart to replace it, or --table NEW.csv"
+        )
     if existing:
         with open(spec.table, newline="") as fh:
             header = next(csv.reader(fh))
@@ -265,6 +348,7 @@ def run_sweep(
             )
     done = {r["run_key"] for r in existing if not retry_errors or r.get("status") == "ok"}
     todo = [i for i, k in enumerate(keys) if k not in done]
+    _refuse_rekeyed(spec.table, existing, [points[i] for i in todo], [keys[i] for i in todo], columns)
     total = len(points)
     log(
         f"fedkl sweep {spec.path}: {total} runs ({len(points) - len(todo)} already in {spec.table}, "
@@ -307,7 +391,7 @@ def run_sweep(
         else:
             tmp = tempfile.mkdtemp(prefix="fedkl-sweep-")
             out = os.path.join(tmp, "run")
-        run_cfg = {**cfg, "out": out, "ledger": None}
+        run_cfg = {k: v for k, v in cfg.items() if k != VARIANT} | {"out": out, "ledger": None}
         if wants_reference and ref_key in references:
             run_cfg["reference"] = False
         t0 = time.perf_counter()

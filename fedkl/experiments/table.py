@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from fedkl.experiments.config import ConfigError
 from fedkl.experiments.runners import resolved_settings
 
 BASE_COLUMNS = (
@@ -38,6 +39,51 @@ BASE_COLUMNS = (
     "wall_s",
     "error",
 )
+
+
+OUTCOME_COLUMNS = frozenset(
+    (
+        "run_key",
+        "status",
+        "epsilon",
+        "delta",
+        "metric",
+        "test_metric",
+        "test_loss",
+        "reference_metric",
+        "reference_loss",
+        "excess_loss",
+        "trivial_metric",
+        "sigma_sum",
+        "noise_multiplier",
+        "wall_s",
+        "error",
+    )
+)
+"""What a run measured; every other column is part of what identifies it (its configuration)."""
+
+
+def check_unique(rows: Sequence[Mapping[str, str]], table: str) -> None:
+    """Refuse a table in which two ``ok`` rows are the same run: the same ``run_key``, or the same
+    value in every configuration column (e.g. rows of a sweep appended again after its keys changed).
+    A summary would silently average them (``n = 7`` instead of 5)."""
+    seen: dict[Any, int] = {}
+    for i, row in enumerate(rows, 2):  # line 1 is the header
+        if row.get("status", "ok") != "ok":
+            continue
+        for ident in (
+            ("run_key", row["run_key"]) if row.get("run_key") else None,
+            tuple(sorted((k, v) for k, v in row.items() if k not in OUTCOME_COLUMNS)),
+        ):
+            if ident is None:
+                continue
+            if ident in seen:
+                what = f"run_key {row['run_key']}" if ident[0] == "run_key" else "configuration"
+                raise ConfigError(
+                    f"table {table}: lines {seen[ident]} and {i} are the same run ({what}); a table holds one row "
+                    "per run: remove the stale rows, or rerun into a new table (fedkl sweep --table NEW.csv)"
+                )
+            seen[ident] = i
 
 
 def read_table(path: str) -> list[dict[str, str]]:
