@@ -85,7 +85,16 @@ def _add_hyperparameters(run: argparse.ArgumentParser, algorithm: str | None) ->
         if own is not None
         else "algorithm hyperparameters (`--algorithm NAME --help` lists one algorithm's)"
     )
-    group = run.add_argument_group(title + " ('theorem': the paper's value by default; 'heuristic': a tunable choice)")
+    sees = None
+    if own is not None:
+        spec = REGISTRY[algorithm]
+        sees = "What a participating client sees" + (
+            ": " if not callable(spec.client_view) else " (with the default settings; it depends on them): "
+        )
+        sees = (sees + spec.clients_see(spec.params()).describe() + " (result.json: clients_see).").replace("%", "%%")
+    group = run.add_argument_group(
+        title + " ('theorem': the paper's value by default; 'heuristic': a tunable choice)", description=sees
+    )
     for name, f in hyperparameter_fields().items():
         note = (
             f"{f.metadata['help']} [{f.metadata['origin']}; default {f.default}; {', '.join(algorithms_using(name))}]"

@@ -411,6 +411,7 @@ def run_training(
         "neighbouring": cfg.neighbouring,
         "neighbouring_means": RELATION_TEXT[cfg.neighbouring],
         "clients_assumed": declared.clients.describe(),
+        "clients_see": algorithm_spec(cfg.algorithm).clients_see(cfg.params).describe(),
         "accountant": declared.accountant(cfg.conversion, getattr(cfg.params, "accountant", None)),
         "guarantee": declared.to_dict(),
         "budget": {"epsilon": cfg.epsilon, "delta": delta},

@@ -354,6 +354,7 @@ def test_result_says_what_the_relation_means(tmp_path):
             "add-remove", "--no-reference", "--out", str(out)]  # fmt: skip
     assert main(argv) == 0
     result = json.loads((out / "result.json").read_text())
+    assert result["clients_see"].startswith("private values only: the current model")
     assert "zero-out" in result["neighbouring_means"] and result["guarantee"]["relations"] == [
         "replace-one",
         "add-remove",

@@ -26,6 +26,7 @@ from fedkl.algorithms.fkt_phased import FKTPhasedERM, LocalizationConfig, Phased
 from fedkl.algorithms.fkt_reduction import SCReduction, SCReductionConfig
 from fedkl.algorithms.fkt_snowball import SnowballConfig, SnowballSGD
 from fedkl.algorithms.registry import BuildContext, Domain, param, register
+from fedkl.privacy.guarantee import SOLVER_ITERATES, ClientView
 from fedkl.privacy.zcdp import rho_for_eps_delta
 
 
@@ -126,37 +127,52 @@ def _snowball(params: FKTParams, ctx: BuildContext, schedule: str) -> SnowballSG
     return SnowballSGD(config, _setting(params, ctx), rho, delta=delta_left, conversion=ctx.conversion)
 
 
-@register("fkt-snowball", SnowballParams)
+SNOWBALL_VIEW = ClientView(
+    False,
+    "a client of batch t receives the intermediate iterate w_{t-1}, private towards earlier batches' users only "
+    "at the zCDP in algorithm_details.iterate_exposure_rho, not at the run's budget (only the last iterate is); "
+    "no mode avoids it: use a phased fkt algorithm with --fkt-solver one-shot where clients may see only private "
+    "values",
+)
+ONE_SHOT_VIEW = ClientView(True, "the previous phase's private output (or the public w0) and lam_i only (one-shot)")
+
+
+def _localization_view(params: LocalizationParams) -> ClientView:
+    """Phased fkt algorithms: clients see the phase solver's iterates unless the solver is one-shot."""
+    return ONE_SHOT_VIEW if params.fkt_solver == "one-shot" else SOLVER_ITERATES
+
+
+@register("fkt-snowball", SnowballParams, SNOWBALL_VIEW)
 def build_snowball(params: SnowballParams, ctx: BuildContext) -> SnowballSGD:
     """Snowball SGD (Alg 1): one pass, privacy of the last iterate by amplification by iteration."""
     return _snowball(params, ctx, params.fkt_schedule)
 
 
-@register("fkt-snowball-sc", FKTParams)
+@register("fkt-snowball-sc", FKTParams, SNOWBALL_VIEW)
 def build_snowball_sc(params: FKTParams, ctx: BuildContext) -> SnowballSGD:
     """Snowball SGD with the strongly convex schedule (Thm 5.4)."""
     return _snowball(params, ctx, "strongly-convex")
 
 
-@register("fkt-phased-sgd", LocalizationParams)
+@register("fkt-phased-sgd", LocalizationParams, _localization_view)
 def build_phased_sgd(params: LocalizationParams, ctx: BuildContext) -> PhasedSGD:
     """Phased SGD (Alg 2, Thm 4.4): each user in one phase, < n gradients."""
     return PhasedSGD(_localization(params, ctx), _setting(params, ctx), ctx.rho_left)
 
 
-@register("fkt-phased-erm", LocalizationParams)
+@register("fkt-phased-erm", LocalizationParams, _localization_view)
 def build_fkt_phased_erm(params: LocalizationParams, ctx: BuildContext) -> FKTPhasedERM:
     """Phased ERM (Alg 3, Thm 4.8): each phase solves a regularized ERM to a proven accuracy."""
     return FKTPhasedERM(_localization(params, ctx), _setting(params, ctx), ctx.rho_left)
 
 
-@register("fkt-sc-localization", LocalizationParams)
+@register("fkt-sc-localization", LocalizationParams, _localization_view)
 def build_sc_localization(params: LocalizationParams, ctx: BuildContext) -> SCLocalization:
     """Strongly convex localization (Alg 5, Thm 5.3)."""
     return SCLocalization(_localization(params, ctx), _setting(params, ctx), ctx.rho_left)
 
 
-@register("fkt-sc-reduction", ReductionParams)
+@register("fkt-sc-reduction", ReductionParams, _localization_view)
 def build_sc_reduction(params: ReductionParams, ctx: BuildContext) -> SCReduction:
     """The strongly convex reduction (Thm 5.1) around a convex phased algorithm."""
     config = SCReductionConfig(

@@ -154,7 +154,7 @@ from fedkl.algorithms.vertex_cover import (
     worst_case_calls,
 )
 from fedkl.federation.base import Federation, LocalRegularizedMinimizer
-from fedkl.privacy.guarantee import PAPER_002_RELATIONS, Guarantee
+from fedkl.privacy.guarantee import PAPER_002_RELATIONS, PUBLIC_CENTRES, Guarantee
 from fedkl.privacy.release import Releaser
 from fedkl.problems.base import Problem
 
@@ -665,7 +665,7 @@ class PhasedMeanOutputPertParams(MeanOutputPertParams):
     mean_phases: int = param(2, "phased-mean-output-pert: phases T, each at (eps/T, delta/T)", "heuristic")
 
 
-@register("mean-output-pert", MeanOutputPertParams)
+@register("mean-output-pert", MeanOutputPertParams, PUBLIC_CENTRES)
 def build_mean_output_pert(params: MeanOutputPertParams, ctx: BuildContext) -> LocalMeanOutputPert:
     """One diameter-tested output perturbation of the users' local regularized minimizers (polynomial time).
 
@@ -689,7 +689,7 @@ def build_mean_output_pert(params: MeanOutputPertParams, ctx: BuildContext) -> L
     return alg
 
 
-@register("phased-mean-output-pert", PhasedMeanOutputPertParams)
+@register("phased-mean-output-pert", PhasedMeanOutputPertParams, PUBLIC_CENTRES)
 def build_phased_mean_output_pert(params: PhasedMeanOutputPertParams, ctx: BuildContext) -> PhasedMeanOutputPert:
     """T = ``mean_phases`` mean-output-pert releases at (eps/T, delta/T), lam_i = lam 4^i."""
     eps, dlt = ctx.approx_budget()

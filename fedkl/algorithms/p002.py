@@ -29,6 +29,7 @@ from fedkl.algorithms.phased_sco import PhasedSCO
 from fedkl.algorithms.registry import BuildContext, Domain, StabilityDelta, param, register
 from fedkl.algorithms.sc_output_pert import SCOutputPert, SCOutputPertConfig
 from fedkl.algorithms.sc_phased import SCPhasedERM, SCPhasedSCO
+from fedkl.privacy.guarantee import SOLVER_ITERATES
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,7 @@ def _phased(cls):
 
     build.__name__ = f"build_{cls.name.replace('-', '_')}"
     build.__doc__ = (cls.__doc__ or cls.name).strip().splitlines()[0]
-    return register(cls.name, PhasedParams)(build)
+    return register(cls.name, PhasedParams, SOLVER_ITERATES)(build)
 
 
 build_phased_erm = _phased(PhasedERM)
@@ -152,7 +153,7 @@ build_sc_phased_erm = _phased(SCPhasedERM)
 build_sc_phased_sco = _phased(SCPhasedSCO)
 
 
-@register("sc-output-pert", SCOutputPertParams)
+@register("sc-output-pert", SCOutputPertParams, SOLVER_ITERATES)
 def build_sc_output_pert(
     params: SCOutputPertParams, ctx: BuildContext
 ) -> SCOutputPert | DiameterSCOutputPert | SelectedDeltaSCOutputPert:

@@ -36,6 +36,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from fedkl.privacy.guarantee import RELEASED_MODELS, ClientView
 from fedkl.privacy.ledger import BudgetExceeded
 
 ORIGINS = ("theorem", "heuristic", "safety limit")
@@ -161,6 +162,12 @@ class AlgorithmSpec:
     name: str
     params: type
     build: Callable[[Any, BuildContext], Any]
+    client_view: ClientView | Callable[[Any], ClientView] = RELEASED_MODELS
+
+    def clients_see(self, params: Any) -> ClientView:
+        """What a participating client receives in a run with ``params`` (the one declaration that
+        ``--help``, result.json's ``clients_see`` and the README state)."""
+        return self.client_view if isinstance(self.client_view, ClientView) else self.client_view(params)
 
     @property
     def summary(self) -> str:
@@ -172,10 +179,14 @@ REGISTRY: dict[str, AlgorithmSpec] = {}
 _FIELDS: dict[str, dataclasses.Field] = {}  # every registered hyperparameter: one definition per name
 
 
-def register(name: str, params: type) -> Callable:
+def register(
+    name: str, params: type, client_view: ClientView | Callable[[Any], ClientView] = RELEASED_MODELS
+) -> Callable:
     """Decorator: register ``build(params, ctx)`` as algorithm ``name`` with hyperparameters
-    ``params`` (an :class:`AlgorithmParams` dataclass). Refuses a second algorithm of the same name
-    and a hyperparameter name already defined differently by another algorithm's Params."""
+    ``params`` (an :class:`AlgorithmParams` dataclass) and what a participating client sees
+    (``client_view``: a :class:`~fedkl.privacy.guarantee.ClientView`, or a function of the params;
+    default: the released models only). Refuses a second algorithm of the same name and a
+    hyperparameter name already defined differently by another algorithm's Params."""
     if not (isinstance(params, type) and issubclass(params, AlgorithmParams) and dataclasses.is_dataclass(params)):
         raise TypeError(f"{name}: params must be a frozen dataclass deriving from AlgorithmParams, got {params!r}")
     for f in dataclasses.fields(params):
@@ -192,7 +203,7 @@ def register(name: str, params: type) -> Callable:
     def decorate(build: Callable) -> Callable:
         if name in REGISTRY and REGISTRY[name].build is not build:
             raise ValueError(f"algorithm {name!r} is already registered")
-        REGISTRY[name] = AlgorithmSpec(name, params, build)
+        REGISTRY[name] = AlgorithmSpec(name, params, build, client_view)
         for f in dataclasses.fields(params):
             _FIELDS.setdefault(f.name, f)
         return build

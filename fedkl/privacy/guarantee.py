@@ -16,6 +16,14 @@ run-wide filter, to word the budget line and result.json's ``accountant``, and t
   n public; ``add-remove``, all records of one user added or removed against a public enrolment
   count n that every denominator uses, i.e. zero-out: the absent user contributes nothing, and
   under textbook add/remove the scale of a released mean would reveal n).
+
+What a participating client SEES is declared beside the guarantee, at registration
+(:class:`ClientView`, ``register(..., client_view=...)``): only private values (the models the run
+released, public centres), or also values that are NOT private outputs (solver iterates inside a
+phase, Snowball's intermediate iterates). A client is an observer too: where it sees non-private
+values, the run's (eps, delta) holds against the final model's recipients and outsiders, not against
+the participating clients (``fedkl run --algorithm NAME --help``, result.json's ``clients_see`` and
+the README's attack model say so).
 * ``adaptive``: later releases' costs are chosen from earlier (private) releases, under a run-wide
   zCDP filter (fully adaptive composition). Otherwise every charge (mechanism, cost, noise scale,
   sensitivity, users) is fixed by public values before any data is read, which is what lets
@@ -41,6 +49,29 @@ RELATION_TEXT = {
     "denominator uses (zero-out: an absent enrolled user contributes nothing)",
 }
 COMPOSITIONS = ("sequential", "parallel")
+
+
+@dataclass(frozen=True)
+class ClientView:
+    """What a participating client receives during a run: ``private_only`` when it is only ever sent
+    private outputs or public values; ``text`` says what, in one sentence."""
+
+    private_only: bool
+    text: str
+
+    def describe(self) -> str:
+        return ("private values only: " if self.private_only else "NOT only private values: ") + self.text
+
+
+RELEASED_MODELS = ClientView(
+    True, "the current model, computed from earlier releases (private at the budget spent so far)"
+)
+PUBLIC_CENTRES = ClientView(True, "public phase centres and previously released models only")
+SOLVER_ITERATES = ClientView(
+    False,
+    "the iterates of each phase's federated solve, which are not private outputs (only the phase's noisy "
+    "release is); the run's (eps, delta) holds against the final model's recipients, not against these clients",
+)
 
 
 @dataclass(frozen=True)
@@ -115,6 +146,10 @@ class Guarantee:
 
 __all__ = [
     "ANY_CLIENTS",
+    "ClientView",
+    "PUBLIC_CENTRES",
+    "RELEASED_MODELS",
+    "SOLVER_ITERATES",
     "CHARGES",
     "COMPOSITIONS",
     "Guarantee",

@@ -331,3 +331,32 @@ def test_new_query_kinds_over_flower_sim_ray(tmp_path):
         )
         assert sim["user_ids"] == ref["user_ids"] and torch.equal(sim["w"], ref["w"]), name
         assert sim["ledger"]["releases"] == ref["ledger"]["releases"] >= 1
+
+
+def test_what_clients_see_is_declared_for_every_algorithm(capsys):
+    """Every algorithm declares what a participating client receives; the README's attack-model
+    table, `--help` and the fkt one-shot mode agree with the declarations."""
+    import fnmatch
+    import pathlib
+    import re
+
+    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = readme.split("## Attack model", 1)[1].split("* **Public facts", 1)[0]
+    rows = [r for r in table.splitlines() if r.strip().startswith("| `")]
+    seen = set()
+    for row in rows:
+        names, _, private = [c.strip() for c in row.strip().strip("|").split("|")]
+        default_private = private.startswith("yes")
+        for pattern in re.findall(r"`([a-z0-9*-]+)`", names):
+            matched = fnmatch.filter(REGISTRY, pattern)
+            assert matched, pattern
+            for name in matched:
+                spec = REGISTRY[name]
+                assert spec.clients_see(spec.params()).private_only == default_private, name
+                seen.add(name)
+    assert seen == set(REGISTRY), set(REGISTRY) - seen
+    one_shot = REGISTRY["fkt-phased-erm"]
+    assert one_shot.clients_see(one_shot.params(fkt_solver="one-shot")).private_only
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--algorithm", "fkt-snowball", "--help"])
+    assert "What a participating client sees: NOT only private values" in capsys.readouterr().out
