@@ -5,6 +5,8 @@ The public Python API (one screen; ``fedkl.api``'s docstring has a runnable exam
 * :func:`train` (``fedkl.train(data, algorithm="noisy-gd", epsilon=2.0, ...)``) trains one
   registered algorithm at a user-level (epsilon, delta) budget, charging a per-user ledger, and
   returns a :class:`TrainedModel` (model, epsilon, delta, metrics, the result.json payload);
+* :func:`algorithm` (``fedkl.algorithm("dp-sgd", rounds=30)``) is an algorithm with typed
+  hyperparameters, checked before any data is read, for ``train(data, algorithm=...)``;
 * :func:`from_arrays` / :func:`from_dataframe` build a user-partitioned dataset from your records
   and a user-id column (:mod:`fedkl.data.custom`);
 * the layers below, for research use: :mod:`fedkl.privacy` (mechanisms, accountants, ledger,
@@ -18,6 +20,8 @@ import the training stack.
 from __future__ import annotations
 
 _LAZY = {
+    "algorithm": "fedkl.api",
+    "Algorithm": "fedkl.api",
     "train": "fedkl.api",
     "TrainedModel": "fedkl.api",
     "from_arrays": "fedkl.data.custom",

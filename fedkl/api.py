@@ -11,6 +11,13 @@
 (True, True)
 >>> run.metrics["accuracy"] > 0.8 > run.baseline["accuracy"]
 True
+>>> sgd = fedkl.algorithm("dp-sgd", rounds=30, lr=2.0)  # typed: checked here, before any data
+>>> fedkl.train(data, sgd, epsilon=2.0, noise_seed=0, log=None).result["config"]["rounds"]
+30
+>>> fedkl.algorithm("dp-sgd", roundz=3)
+Traceback (most recent call last):
+    ...
+TypeError: dp-sgd has no hyperparameter 'roundz'; its hyperparameters: accountant, ..., rounds, sampling_rate
 
 ``train`` runs exactly what ``fedkl run`` runs (:func:`fedkl.runner.run_training`): the budget is
 charged per user to a durable ledger before each release, and ``run.result`` is the result.json
@@ -21,13 +28,38 @@ payload. ``data`` is a dataset name (``fedkl.data.DATASETS``) or a :class:`~fedk
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
+from fedkl.algorithms.registry import AlgorithmParams, algorithm_spec
 from fedkl.data.base import FederatedDataset
 from fedkl.runner import RunConfig, run_training, settings_fields
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """A registered algorithm with its typed hyperparameters (:func:`algorithm`)."""
+
+    name: str
+    params: AlgorithmParams
+
+    def settings(self) -> dict:
+        return {"algorithm": self.name, **dataclasses.asdict(self.params)}
+
+
+def algorithm(name: str, **hyperparameters: Any) -> Algorithm:
+    """``name``'s hyperparameters, typed and checked now (a wrong name, type, choice or range is an
+    error here, before any data is read): ``fedkl.train(data, fedkl.algorithm("dp-sgd", rounds=30))``.
+    The keywords are the ``fedkl run --algorithm NAME`` flags (``fedkl run --algorithm NAME --help``)."""
+    spec = algorithm_spec(name)
+    own = sorted(f.name for f in dataclasses.fields(spec.params))
+    unknown = sorted(set(hyperparameters) - set(own))
+    if unknown:
+        raise TypeError(f"{name} has no hyperparameter {unknown[0]!r}; its hyperparameters: {', '.join(own)}")
+    return Algorithm(name, spec.params(**hyperparameters))
 
 
 @dataclass(frozen=True)
@@ -52,7 +84,7 @@ class TrainedModel:
 
 def train(
     data: str | FederatedDataset,
-    algorithm: str = "noisy-gd",
+    algorithm: str | Algorithm = "noisy-gd",
     *,
     epsilon: float = 2.0,
     delta: float | None = None,
@@ -60,7 +92,8 @@ def train(
     model: str | Callable | torch.nn.Module | None = None,
     **settings: Any,
 ) -> TrainedModel:
-    """Train ``algorithm`` on ``data`` at user-level (epsilon, delta) (module docstring).
+    """Train ``algorithm`` (a registered name, or :func:`algorithm`'s typed choice) on ``data`` at
+    user-level (epsilon, delta) (module docstring).
 
     ``settings`` are the ``fedkl run`` settings: :class:`~fedkl.runner.RunConfig`'s run-level fields
     (``problem``, ``reg``, ``noise_seed``, ``ledger``, ``out``, ``reference``, ...) and the
@@ -87,6 +120,12 @@ def train(
         name = data
     else:
         raise TypeError(f"data must be a dataset name or a FederatedDataset (fedkl.from_arrays), got {type(data)}")
+    if isinstance(algorithm, Algorithm):
+        clash = sorted(set(settings) & set(dataclasses.asdict(algorithm.params)))
+        if clash:
+            raise TypeError(f"{clash[0]!r} is set in fedkl.algorithm(...); do not repeat it in train(...)")
+        settings = {**settings, **dataclasses.asdict(algorithm.params)}
+        algorithm = algorithm.name
     if model is not None:
         settings.setdefault("problem", "torch")
         if isinstance(model, str):
@@ -107,4 +146,4 @@ def train(
     )
 
 
-__all__ = ["TrainedModel", "train"]
+__all__ = ["Algorithm", "TrainedModel", "algorithm", "train"]
