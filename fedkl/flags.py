@@ -187,7 +187,7 @@ def _add_run_arguments(run: argparse.ArgumentParser, algorithm: str | None) -> N
 def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
     """The ``fedkl`` parser; ``algorithm``: ``fedkl run --help`` lists that algorithm's flags only."""
     parser = _Parser(prog="fedkl", description="Federated learning with user-level differential privacy.")
-    sub = parser.add_subparsers(dest="command", metavar="{run,plan,account,sweep,plot}", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="{run,plan,account,ledger,sweep,plot}", parser_class=_Parser)
     sub.required = True
 
     run = sub.add_parser(
@@ -240,6 +240,25 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
     acc.add_argument("--rho", type=_positive(), help="convert rho-zCDP to (eps, delta) instead")
     acc.add_argument("--zcdp", action="store_true", help="with --epsilon: the rho-zCDP budget that converts to it")
     acc.add_argument("--json", action="store_true", help="print one JSON object")
+    ledger = sub.add_parser(
+        "ledger",
+        help="inspect a privacy ledger (budget, per-user spend, releases, runs), verify it, release stale runs",
+        description="show: the budget, the most charged user, runs by status, verification; users: per-user spend "
+        "(rho, (eps, delta) charges, epsilon by the budget's conversion and exact); releases: the release log; "
+        "runs: every run and its status; verify: recompute every total from the release log (exit 3 if it does "
+        "not match); release-stale: end, as interrupted, the running runs of this host whose process is gone "
+        "(their reservation of the users' budget ends with them). Ledger problems exit 3 with one line.",
+    )
+    ledger.add_argument("action", choices=("show", "users", "releases", "runs", "verify", "release-stale"))
+    ledger.add_argument("path", metavar="PATH", help="the ledger file (e.g. runs/<run>/ledger.sqlite)")
+    ledger.add_argument("--json", action="store_true", help="print one JSON object (strict: no NaN/Infinity)")
+    ledger.add_argument("--run", default=None, help="releases: only this run's")
+    ledger.add_argument(
+        "--limit",
+        type=_positive(int),
+        default=None,
+        help="users: the N most charged; releases: the N latest (default all)",
+    )
     sweep = sub.add_parser(
         "sweep",
         help="run the cartesian product of a TOML sweep file into a CSV/JSON-lines table (resumable)",
@@ -290,5 +309,5 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
     plot.add_argument("--theory-label", default="theory", help="slope: legend label of the theory line")
     plot.add_argument("--title", default=None)
     plot.add_argument("--markdown", default=None, metavar="FILE.md", help="also write the plotted numbers as markdown")
-    parser.subcommands = {"run": run, "plan": plan, "account": acc, "sweep": sweep, "plot": plot}  # type: ignore[attr-defined]
+    parser.subcommands = {"run": run, "plan": plan, "account": acc, "ledger": ledger, "sweep": sweep, "plot": plot}  # type: ignore[attr-defined]
     return parser

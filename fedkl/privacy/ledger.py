@@ -311,9 +311,11 @@ class PrivacyLedger:
 
     def _end_runs(self, run_ids: Sequence[str], status: str, note: str | None) -> None:
         db = self._db
+        if db.in_transaction:  # a charge cut short by an interrupt before its COMMIT: it never happened
+            db.execute("ROLLBACK")
         try:
-            db.execute("BEGIN IMMEDIATE")
             try:
+                db.execute("BEGIN IMMEDIATE")
                 for run_id in run_ids:
                     db.execute(
                         "UPDATE runs SET status = ?, ended = ?, note = ? WHERE run_id = ? AND status = 'running'",
@@ -322,7 +324,8 @@ class PrivacyLedger:
                     db.execute("DELETE FROM reservations WHERE run_id = ?", (run_id,))
                 db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                if db.in_transaction:  # an interrupt can land after COMMIT
+                    db.execute("ROLLBACK")
                 raise
         except sqlite3.Error as e:
             raise self._error(e) from None
@@ -340,8 +343,8 @@ class PrivacyLedger:
         members = sorted(set(map(str, user_ids)))
         db = self._db
         try:
-            db.execute("BEGIN IMMEDIATE")
             try:
+                db.execute("BEGIN IMMEDIATE")
                 self.verify()
                 self._fill_cohort(members)
                 holder = self._holder()
@@ -349,7 +352,8 @@ class PrivacyLedger:
                     db.execute("INSERT INTO reservations SELECT user_id, ? FROM temp.cohort WHERE true", (self.run_id,))
                 db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                if db.in_transaction:  # an interrupt can land after COMMIT
+                    db.execute("ROLLBACK")
                 raise
         except sqlite3.Error as e:
             raise self._error(e) from None
@@ -504,8 +508,8 @@ class PrivacyLedger:
     def _charge(self, members: list[str], charge: Charge, record: dict, label: str, details: dict | None) -> int:
         rho, eps, delta = charge.cost()
         db = self._db
-        db.execute("BEGIN IMMEDIATE")
         try:
+            db.execute("BEGIN IMMEDIATE")
             self._fill_cohort(members)
             holder = self._holder()
             if holder is not None:
@@ -544,7 +548,8 @@ class PrivacyLedger:
             )
             db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            if db.in_transaction:  # an interrupt can land after COMMIT
+                db.execute("ROLLBACK")
             raise
         return int(cur.lastrowid)
 
@@ -571,7 +576,8 @@ class PrivacyLedger:
                 "FROM temp.cohort c LEFT JOIN users u ON u.user_id = c.user_id"
             ).fetchall()
         finally:
-            self._db.execute("COMMIT")
+            if self._db.in_transaction:
+                self._db.execute("COMMIT")
 
     def rho_left(self, user_ids: Iterable[str]) -> float:
         """The largest zCDP charge every listed user can still afford (0 below :data:`SPENT_BELOW`
@@ -637,6 +643,32 @@ class PrivacyLedger:
         ):
             out.update(json.loads(members))
         return out
+
+    def user_spends(self, limit: int | None = None) -> list[dict]:
+        """Every charged user's totals (``rho``, approximate-DP ``eps``/``delta``, ``releases``) and
+        guarantee: ``epsilon`` by the budget's conversion (what the budget is enforced with) and
+        ``epsilon_exact`` (the exact Gaussian conversion where all of the user's zCDP charges were
+        Gaussian, as :meth:`summary`), most charged first; ``limit``: at most that many."""
+        b = self.budget
+        other = self._non_gaussian_zcdp_users()
+        rows = []
+        for user, r, e, d, n in self._db.execute("SELECT user_id, rho, eps, delta, releases FROM users"):
+            spend = UserSpend(user, r, e, d, n)
+            by_budget = spend.epsilon(b.delta, b.conversion)
+            exact = by_budget if user in other else min(by_budget, spend.epsilon(b.delta, "gaussian"))
+            rows.append(
+                {
+                    "user_id": user,
+                    "releases": n,
+                    "rho": r,
+                    "eps": e,
+                    "delta": d,
+                    "epsilon": by_budget,
+                    "epsilon_exact": exact,
+                }
+            )
+        rows.sort(key=lambda row: (-row["epsilon"], row["user_id"]))
+        return rows[:limit] if limit is not None else rows
 
     def summary(self) -> dict:
         """Worst user, counts and the budget: what result files report.
