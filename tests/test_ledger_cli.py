@@ -180,7 +180,9 @@ def test_float_dust_and_corrupt_ledgers_exit_3_with_one_line(tmp_path, capsys, a
     assert len(err) == 1 and "not a readable fedkl ledger" in err[0]
 
 
-def test_ctrl_c_ends_a_run_with_one_line_exit_130_and_the_run_marked_interrupted(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_ends_a_run_with_one_line_exit_130_and_the_run_marked_interrupted(tmp_path, sig):
+    """Ctrl-C (SIGINT: exit 130) and SIGTERM (exit 143) once the run has made releases."""
     out = tmp_path / "run"
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen(
@@ -195,10 +197,10 @@ def test_ctrl_c_ends_a_run_with_one_line_exit_130_and_the_run_marked_interrupted
     )
     for line in proc.stdout:  # wait until training has made releases (a progress line), then Ctrl-C
         if line.strip().startswith("round"):
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(sig)
             break
     rest, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err
+    assert proc.returncode == 128 + sig, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in err, err
     assert lines[0].startswith("fedkl run: interrupted: run ") and "no model was released" in lines[0]

@@ -41,6 +41,7 @@ recompute every user's total from the release log.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -309,26 +310,33 @@ class PrivacyLedger:
         if self.run_id is not None:
             self._end_runs([self.run_id], status, note)
 
-    def _end_runs(self, run_ids: Sequence[str], status: str, note: str | None) -> None:
+    @contextlib.contextmanager
+    def _transaction(self):
+        """One write transaction (BEGIN IMMEDIATE ... COMMIT), rolled back on any exception, an
+        interrupt included; SQLite failures become one-line LedgerErrors."""
         db = self._db
-        if db.in_transaction:  # a charge cut short by an interrupt before its COMMIT: it never happened
-            db.execute("ROLLBACK")
         try:
+            if db.in_transaction:  # a write cut short by an interrupt before its COMMIT: it never happened
+                db.execute("ROLLBACK")
             try:
                 db.execute("BEGIN IMMEDIATE")
-                for run_id in run_ids:
-                    db.execute(
-                        "UPDATE runs SET status = ?, ended = ?, note = ? WHERE run_id = ? AND status = 'running'",
-                        (status, time.time(), note, run_id),
-                    )
-                    db.execute("DELETE FROM reservations WHERE run_id = ?", (run_id,))
+                yield db
                 db.execute("COMMIT")
             except BaseException:
-                if db.in_transaction:  # an interrupt can land after COMMIT
+                if db.in_transaction:  # (an interrupt can also land after COMMIT)
                     db.execute("ROLLBACK")
                 raise
         except sqlite3.Error as e:
             raise self._error(e) from None
+
+    def _end_runs(self, run_ids: Sequence[str], status: str, note: str | None) -> None:
+        with self._transaction() as db:
+            for run_id in run_ids:
+                db.execute(
+                    "UPDATE runs SET status = ?, ended = ?, note = ? WHERE run_id = ? AND status = 'running'",
+                    (status, time.time(), note, run_id),
+                )
+                db.execute("DELETE FROM reservations WHERE run_id = ?", (run_id,))
 
     # --- runs: reservation, listing, stale runs ----------------------------------------------
     def reserve(self, user_ids: Iterable[str]) -> None:
@@ -341,22 +349,13 @@ class PrivacyLedger:
         if self.run_id is None:
             raise ValueError("reserve() needs a handle opened with a run_id")
         members = sorted(set(map(str, user_ids)))
-        db = self._db
         try:
-            try:
-                db.execute("BEGIN IMMEDIATE")
+            with self._transaction() as db:
                 self.verify()
                 self._fill_cohort(members)
                 holder = self._holder()
                 if holder is None:
                     db.execute("INSERT INTO reservations SELECT user_id, ? FROM temp.cohort WHERE true", (self.run_id,))
-                db.execute("COMMIT")
-            except BaseException:
-                if db.in_transaction:  # an interrupt can land after COMMIT
-                    db.execute("ROLLBACK")
-                raise
-        except sqlite3.Error as e:
-            raise self._error(e) from None
         except LedgerError:
             self.finish_run("refused", "the ledger did not verify")
             raise
@@ -500,16 +499,7 @@ class PrivacyLedger:
             raise ValueError("a release charges each user once: user_ids has duplicates")
         if not members:
             raise ValueError("a release must charge at least one user")
-        try:
-            return self._charge(members, charge, record, label, details)
-        except sqlite3.Error as e:
-            raise self._error(e) from None
-
-    def _charge(self, members: list[str], charge: Charge, record: dict, label: str, details: dict | None) -> int:
-        rho, eps, delta = charge.cost()
-        db = self._db
-        try:
-            db.execute("BEGIN IMMEDIATE")
+        with self._transaction() as db:
             self._fill_cohort(members)
             holder = self._holder()
             if holder is not None:
@@ -546,11 +536,6 @@ class PrivacyLedger:
                 "delta = delta + excluded.delta, releases = releases + 1",
                 (rho, eps, delta),
             )
-            db.execute("COMMIT")
-        except BaseException:
-            if db.in_transaction:  # an interrupt can land after COMMIT
-                db.execute("ROLLBACK")
-            raise
         return int(cur.lastrowid)
 
     # --- reading -----------------------------------------------------------------------------
