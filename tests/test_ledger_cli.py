@@ -18,7 +18,7 @@ import pytest
 
 from fedkl.cli import main
 from fedkl.privacy import Budget, PrivacyLedger
-from fedkl.privacy.charges import GaussianCharge
+from fedkl.privacy.charges import ApproxDPCharge, GaussianCharge
 from fedkl.privacy.ledger import LedgerBusy
 
 FEDKL = [sys.executable, "-m", "fedkl.cli"]
@@ -163,16 +163,23 @@ def test_run_refuses_a_ledger_that_does_not_verify_before_any_release(tmp_path, 
 
 @pytest.mark.parametrize("algorithm", ["noisy-gd", "dp-sgd"])
 def test_float_dust_and_corrupt_ledgers_exit_3_with_one_line(tmp_path, capsys, algorithm):
-    budget = Budget(2.0, 1e-5)
-    dust = tmp_path / "dust.sqlite"
-    with PrivacyLedger(dust, budget) as led:  # what interrupted and resumed runs left: rho ~ 5e-15
-        led.charge(_user_ids(), GaussianCharge(rho=budget.rho - 5e-15), label="earlier")
+    budget, users = Budget(2.0, 1e-5), _user_ids()
     args = ["run", "--dataset", "synthetic-logistic", "--delta", "1e-5", "--no-reference", "--algorithm", algorithm]
-    assert main([*args, "--ledger", str(dust), "--out", str(tmp_path / "o")]) == 3
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "budget" in err[0] and "spent" in err[0]
-    with PrivacyLedger(dust) as led:
-        assert led.num_releases() == 1  # nothing spent on useless releases
+    for k, spend in enumerate(
+        (
+            GaussianCharge(rho=budget.rho - 5e-15),  # what interrupted and resumed runs left: rho ~ 5e-15
+            None,  # all that approx_left offers, as a dp-sgd run takes it (it used to end in a RecursionError)
+        )
+    ):
+        dust = tmp_path / f"dust{k}.sqlite"
+        with PrivacyLedger(dust, budget) as led:
+            eps, delta = led.approx_left(users)
+            led.charge(users, spend or ApproxDPCharge(eps=eps, delta=delta, mechanism="gaussian-schedule"), label="x")
+        assert main([*args, "--ledger", str(dust), "--out", str(tmp_path / f"o{k}")]) == 3
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "budget" in err[0] and "spent" in err[0]
+        with PrivacyLedger(dust) as led:
+            assert led.num_releases() == 1  # nothing spent on useless releases
     corrupt = tmp_path / "corrupt.sqlite"
     corrupt.write_bytes(b"\x00garbage" * 1000)
     assert main([*args, "--ledger", str(corrupt), "--out", str(tmp_path / "p")]) == 3
