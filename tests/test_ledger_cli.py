@@ -237,3 +237,24 @@ def test_the_progress_bar_shows_rounds_and_eta_on_a_terminal_only():
     plain = make_observer(io.StringIO())  # not a terminal: no bar, the run's plain round lines only
     plain.round({"round": 1, "rounds": 10})
     assert plain.console is None
+
+
+def test_the_interrupt_line_reads_the_run_back_from_the_ledger(tmp_path):
+    from fedkl.run_progress import CliObserver
+
+    observer = CliObserver()
+    assert observer.interrupted_line() == (
+        "fedkl run: interrupted before the run started: nothing was charged or released"
+    )
+    path = str(tmp_path / "l.sqlite")
+    with PrivacyLedger(path, Budget(2.0, 1e-5), run_id="r") as led:
+        led.reserve(["a", "b"])
+        observer.started("r", path)
+        led.charge(["a", "b"], GaussianCharge(rho=0.01), label="1")
+        led.charge(["a"], GaussianCharge(rho=0.02), label="2")
+        eps_a = led.epsilon("a")
+    observer.trained(True)  # interrupted after the algorithm returned its model (e.g. in the reference)
+    line = observer.interrupted_line()
+    assert line.startswith("fedkl run: interrupted: run r made 2 release(s) charged to ledger ")
+    assert f"eps = {eps_a:.4g}, rho = 0.03)" in line and "the model was released" in line
+    assert line.endswith("the ledger marks the run finished")
