@@ -349,12 +349,15 @@ def test_a_copy_of_the_ledger_file_alone_has_every_charge(tmp_path):
 def test_a_wal_ledger_is_checkpointed_and_switched_at_first_open(tmp_path):
     """A schema-2 ledger in WAL mode whose last charges are still in its -wal file keeps them."""
     path = str(tmp_path / "old.db")
-    with PrivacyLedger(path, BUDGET) as led:
+    with PrivacyLedger(path, BUDGET, run_id="old-run") as led:
         led.charge(["a"], GaussianCharge(rho=0.01), label="first")
     con = sqlite3.connect(path, isolation_level=None)
     con.execute("PRAGMA journal_mode=WAL")
     con.execute("PRAGMA wal_autocheckpoint=0")
-    con.execute("UPDATE meta SET value = '2' WHERE key = 'schema'")
+    con.execute("UPDATE meta SET value = '2' WHERE key = 'schema'")  # and schema 2's tables exactly:
+    for column in ("pid", "host", "proc_start", "ended", "note"):
+        con.execute(f"ALTER TABLE runs DROP COLUMN {column}")
+    con.execute("DROP TABLE reservations")
     con.execute("UPDATE users SET rho = rho + 0.02, releases = releases + 1")  # stands in for a charge...
     con.execute(
         "INSERT INTO releases (run_id, label, mechanism, rho, eps, delta, cohort_id, created) "
@@ -373,6 +376,8 @@ def test_a_wal_ledger_is_checkpointed_and_switched_at_first_open(tmp_path):
         assert led._db.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
         assert led.num_releases() == 2 and led.spend("a").rho == pytest.approx(0.03)
         led.verify()
+        assert [(r["run_id"], r["status"], r["pid"]) for r in led.runs()] == [("old-run", "finished", None)]
+        assert led._db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone() == ("3",)
     assert not os.path.exists(crashed / "old.db-wal")
 
 
