@@ -17,9 +17,8 @@ import threading
 import pytest
 
 from fedkl.cli import main
-from fedkl.privacy import Budget, PrivacyLedger
+from fedkl.privacy import Budget, LedgerBusy, PrivacyLedger
 from fedkl.privacy.charges import ApproxDPCharge, GaussianCharge
-from fedkl.privacy.ledger import LedgerBusy
 
 FEDKL = [sys.executable, "-m", "fedkl.cli"]
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
