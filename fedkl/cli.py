@@ -1,6 +1,9 @@
-"""The ``fedkl`` command line: ``fedkl run`` (train) and ``fedkl account`` (privacy arithmetic).
+"""The ``fedkl`` command line: ``fedkl run`` (train), ``fedkl account`` (privacy arithmetic), ``fedkl
+ledger`` (inspect a ledger) ...
 
-Bad arguments exit with code 2 and one line that says what is wrong and how to fix it.
+Bad arguments exit with code 2 and one line that says what is wrong and how to fix it; budget and
+ledger problems exit with 3; an interrupted ``fedkl run`` (Ctrl-C, SIGTERM) with 128 + the signal
+(130 for Ctrl-C) and one line saying what was charged and released.
 """
 
 from __future__ import annotations
@@ -8,7 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
@@ -216,6 +221,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.subcommands["run"].error(f"--config: {e}")  # type: ignore[attr-defined]
     if args.command == "plan":
         return _plan(args)
+    if args.command == "ledger":
+        from fedkl.ledger_cli import ledger_command
+
+        return ledger_command(args)
     if args.command == "account":
         res = _account(args, parser.subcommands["account"])  # type: ignore[attr-defined]
         if args.json:
@@ -224,24 +233,56 @@ def main(argv: list[str] | None = None) -> int:
             _print_account(res)
         return 0
 
-    from fedkl.privacy import BudgetExhausted, LedgerError
-    from fedkl.runner import RunConfig, run_training
+    from fedkl.runner import RunConfig
 
     try:
         cfg = RunConfig.from_settings(**_run_settings(args))
     except ValueError as e:
         print(f"fedkl run: error: {e} (see 'fedkl run --algorithm {args.algorithm} --help')", file=sys.stderr)
         return 2
+    return _train(cfg)
+
+
+def _train(cfg) -> int:
+    """``fedkl run`` with its configuration parsed: train, with a progress bar on a terminal; a
+    budget or ledger problem exits 3, Ctrl-C (or SIGTERM) one line and 128 + the signal."""
+    from fedkl.privacy import BudgetExhausted, LedgerError
+    from fedkl.run_progress import make_observer
+    from fedkl.runner import RUN_OBSERVER, run_training
+
+    observer = make_observer(sys.stderr)
+    token = RUN_OBSERVER.set(observer)
+    received = []
+
+    def terminate(signum, frame):  # SIGTERM ends the run as Ctrl-C does: the ledger marks it interrupted
+        received.append(signum)
+        raise KeyboardInterrupt
+
+    main_thread = threading.current_thread() is threading.main_thread()  # signal handlers live there only
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)} if main_thread else {}
+    if main_thread:
+        signal.signal(signal.SIGTERM, terminate)
     try:
         if cfg.backend != "inprocess":
             import fedkl.flower.backends  # noqa: F401  (registers the Flower backends)
         run_training(cfg, log=lambda s: print(s, flush=True))
+    except KeyboardInterrupt:
+        if main_thread:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the report short
+        observer.close()
+        print(observer.interrupted_line(), file=sys.stderr, flush=True)
+        return 128 + (received[0] if received else signal.SIGINT)
     except (BudgetExhausted, LedgerError) as e:
         print(f"fedkl run: error: {e}", file=sys.stderr)
         return 3
     except ValueError as e:
         print(f"fedkl run: error: {e} (see 'fedkl run --help')", file=sys.stderr)
         return 2
+    finally:
+        observer.close()
+        RUN_OBSERVER.reset(token)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return 0
 
 

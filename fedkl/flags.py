@@ -205,7 +205,9 @@ def _add_run_arguments(run: argparse.ArgumentParser, algorithm: str | None) -> N
 def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
     """The ``fedkl`` parser; ``algorithm``: ``fedkl run --help`` lists that algorithm's flags only."""
     parser = _Parser(prog="fedkl", description="Federated learning with user-level differential privacy.")
-    sub = parser.add_subparsers(dest="command", metavar="{run,plan,account,sweep,plot,report}", parser_class=_Parser)
+    sub = parser.add_subparsers(
+        dest="command", metavar="{run,plan,account,ledger,sweep,plot,report}", parser_class=_Parser
+    )
     sub.required = True
 
     run = sub.add_parser(
@@ -264,6 +266,25 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
     acc.add_argument("--rho", type=_positive(), help="convert rho-zCDP to (eps, delta) instead")
     acc.add_argument("--zcdp", action="store_true", help="with --epsilon: the rho-zCDP budget that converts to it")
     acc.add_argument("--json", action="store_true", help="print one JSON object")
+    ledger = sub.add_parser(
+        "ledger",
+        help="inspect a privacy ledger (budget, per-user spend, releases, runs), verify it, release stale runs",
+        description="show: the budget, the most charged user, runs by status, verification; users: per-user spend "
+        "(rho, (eps, delta) charges, epsilon by the budget's conversion and exact); releases: the release log; "
+        "runs: every run and its status; verify: recompute every total from the release log (exit 3 if it does "
+        "not match); release-stale: end, as interrupted, the running runs of this host whose process is gone "
+        "(their reservation of the users' budget ends with them). Ledger problems exit 3 with one line.",
+    )
+    ledger.add_argument("action", choices=("show", "users", "releases", "runs", "verify", "release-stale"))
+    ledger.add_argument("path", metavar="PATH", help="the ledger file (e.g. runs/<run>/ledger.sqlite)")
+    ledger.add_argument("--json", action="store_true", help="print one JSON object (strict: no NaN/Infinity)")
+    ledger.add_argument("--run", default=None, help="releases: only this run's")
+    ledger.add_argument(
+        "--limit",
+        type=_positive(int),
+        default=None,
+        help="users: the N most charged; releases: the N latest (default all)",
+    )
     sweep = sub.add_parser(
         "sweep",
         help="run the cartesian product of a TOML sweep file into a CSV/JSON-lines table (resumable)",
@@ -325,5 +346,13 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
     report.add_argument("file", metavar="STUDY.toml", help="the study's sweep file")
     report.add_argument("--table", default=None, help="read this CSV instead of the file's [sweep] table")
     report.add_argument("--out-dir", default=None, help="write the outputs into this folder instead")
-    parser.subcommands = {"run": run, "plan": plan, "account": acc, "sweep": sweep, "plot": plot, "report": report}  # type: ignore[attr-defined]
+    parser.subcommands = {  # type: ignore[attr-defined]
+        "run": run,
+        "plan": plan,
+        "account": acc,
+        "ledger": ledger,
+        "sweep": sweep,
+        "plot": plot,
+        "report": report,
+    }
     return parser

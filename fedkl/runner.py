@@ -10,6 +10,7 @@ What is private and what is not (also in the README):
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import json
 import math
@@ -203,6 +204,23 @@ def build_algorithm(cfg: RunConfig, problem, feature_bound: float, user_ids, del
     return alg
 
 
+class RunObserver:
+    """Watches a run from outside it (``fedkl run``'s progress bar and its Ctrl-C line): set one with
+    ``RUN_OBSERVER.set(observer)`` before calling :func:`run_training`. Methods are called in order:
+    ``started`` once the ledger has reserved the run's users, ``round`` with each progress record
+    (``round``, ``rounds`` ...), ``trained`` when the algorithm has returned (``released``: whether
+    it released a model). The defaults do nothing."""
+
+    def started(self, run_id: str, ledger_path: str) -> None: ...
+
+    def round(self, record: dict) -> None: ...
+
+    def trained(self, released: bool) -> None: ...
+
+
+RUN_OBSERVER: contextvars.ContextVar[RunObserver | None] = contextvars.ContextVar("fedkl_run_observer", default=None)
+
+
 def train_federation(
     cfg: RunConfig,
     federation: Federation,
@@ -216,7 +234,10 @@ def train_federation(
 ):
     """Train through ``federation`` with the ledger, filter and noise in this process. Returns the
     algorithm's result, the ledger summary and the algorithm's declared :class:`Guarantee`."""
+    observer = RUN_OBSERVER.get() or RunObserver()
     with PrivacyLedger(ledger_path, Budget(cfg.epsilon, delta, cfg.conversion), run_id, cfg.settings()) as ledger:
+        ledger.reserve(federation.user_ids)  # verifies the ledger; LedgerBusy while another run holds these users
+        observer.started(run_id, ledger_path)
         rho_total = ledger.rho_left(federation.user_ids)
         if rho_total <= 0:
             raise BudgetExceeded(
@@ -247,6 +268,7 @@ def train_federation(
             )
 
         def progress(rec: dict) -> None:
+            observer.round(rec)
             # about ten lines a run, whatever its length (some algorithms set their own round count)
             every = max(1, int(rec["rounds"]) // 10)
             if rec["round"] % every == 0 or rec["round"] == rec["rounds"]:
@@ -292,10 +314,11 @@ def train_federation(
                 )
             if forecast is not None and isinstance(result.details, dict):
                 result.details["forecast"] = forecast  # the price, in result.json's algorithm_details
-        except BaseException:
-            ledger.finish_run("failed")
+        except BaseException as e:
+            ledger.finish_run(ledger.end_status(e))  # interrupted (Ctrl-C) or failed
             raise
         ledger.finish_run("finished")
+        observer.trained(result.w is not None)
         ledger.verify()
         summary = ledger.summary()
 

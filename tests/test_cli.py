@@ -122,6 +122,7 @@ def test_account_zcdp_conversions(capsys):
         (["run", "--dataset", "nope"], "--dataset"),
         (["run", "--rounds", "1.5"], "--rounds"),
         (["frobnicate"], "invalid choice"),
+        (["ledger", "inspect", "x.sqlite"], "invalid choice"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(args, needle):
@@ -133,7 +134,7 @@ def test_bad_arguments_exit_2_with_one_line(args, needle):
 
 
 def test_help_on_every_command():
-    for args in (["--help"], ["run", "--help"], ["account", "--help"]):
+    for args in (["--help"], ["run", "--help"], ["account", "--help"], ["ledger", "--help"]):
         proc = subprocess.run(FEDKL + args, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0 and "usage" in proc.stdout
 

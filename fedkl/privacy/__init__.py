@@ -2,7 +2,7 @@
 
 from fedkl.privacy.accounting import GaussianSchedule, noise_multiplier_for, schedule_epsilon
 from fedkl.privacy.filter import BudgetExhausted, ZCDPFilter
-from fedkl.privacy.ledger import Budget, BudgetExceeded, LedgerError, PrivacyLedger, UserSpend
+from fedkl.privacy.ledger import Budget, BudgetExceeded, LedgerBusy, LedgerError, PrivacyLedger, UserSpend
 from fedkl.privacy.mechanisms import (
     ExponentialMechanism,
     GaussianMechanism,
@@ -22,6 +22,7 @@ __all__ = [
     "GaussianMechanism",
     "GaussianSchedule",
     "LaplaceMechanism",
+    "LedgerBusy",
     "LedgerError",
     "NoiseSource",
     "PrivacyLedger",

@@ -1,9 +1,26 @@
 """The per-user privacy ledger: every release is charged to every participating user BEFORE it is made.
 
-Storage is one SQLite file in WAL mode with ``synchronous=FULL``: a charge returns only after its
-transaction is durable, so a crash (SIGKILL, power loss) at any point either happened before the
-charge committed (then nothing was released either: releases happen after the charge returns) or
-after (then the charge is on disk). A restarted run that opens the same file sees what was spent.
+Storage is one SQLite file with a rollback journal (``journal_mode=DELETE``) and
+``synchronous=FULL``: a charge returns only after its transaction is durable, so a crash (SIGKILL,
+power loss) at any point either happened before the charge committed (then nothing was released
+either: releases happen after the charge returns) or after (then the charge is on disk). A restarted
+run that opens the same file sees what was spent. The journal mode is a decision: under WAL a
+committed charge can live in ``ledger.sqlite-wal`` until a checkpoint, so copying the ``.sqlite``
+file alone silently dropped charges (a reset budget); with a rollback journal every committed charge
+is in the main file, so a copy made while no charge is being written is complete. A ledger written
+in WAL mode (schema 2) is checkpointed and switched at its first open.
+
+Runs (:meth:`PrivacyLedger.reserve`): a run first verifies the ledger, then reserves, atomically, its
+users' whole remaining budget (every fedkl run is sized to what its users have left): while it is
+``running`` no other handle can charge those users or see budget left for them, so a second run on
+the same users is refused in one line naming the active run (its id, pid, host, start) instead of
+both runs sizing themselves to the full budget and exhausting it half-way. A run ends ``finished``,
+``failed``, ``interrupted`` or ``refused`` (it ended before making any release), and its reservation
+ends with it. The reservation of a run whose process died without ending it (SIGKILL, power loss) is
+released only by :meth:`PrivacyLedger.release_stale` (``fedkl ledger release-stale PATH``), after a
+check that its process is gone.
+
+A budget counts as spent when what is left is below :data:`SPENT_BELOW` of it (see there).
 
 What a user spends has three parts, composed as follows:
 
@@ -24,11 +41,13 @@ recompute every user's total from the release log.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import math
 import os
+import socket
 import sqlite3
 import time
 from dataclasses import asdict, dataclass
@@ -38,13 +57,23 @@ from fedkl.privacy.charges import Charge, from_record, to_record
 from fedkl.privacy.filter import BudgetExhausted
 from fedkl.privacy.zcdp import CONVERSIONS, rho_for_eps_delta, zcdp_to_eps
 
-SCHEMA_VERSION = 2  # 2: releases.charge holds the typed charge (fedkl.privacy.charges); 1 is upgraded in place
+SCHEMA_VERSION = 3  # 2: releases.charge holds the typed charge; 3: runs' pid/host, reservations. Older: upgraded
 _REL_TOL = 1e-12
+# What is left of a budget (rho, or an (eps, delta) part) below this fraction of the budget counts as spent.
+# Derived from two facts: (1) the ledger's own slack is far below it -- approx_left leaves 1e-9 of delta
+# and 1e-12 of eps unoffered by construction, and float sums over a million releases drift by about
+# 1e6 * 2**-53 ~ 1e-10 relative -- so what an interrupted-and-resumed ledger keeps (rho ~ 5e-15) is
+# float dust, not budget; (2) nothing useful is lost: the best single release on 1e-6 of the budget has
+# noise at least 1e-6**-0.5 = 1000x that of one release on the whole budget.
+SPENT_BELOW = 1e-6
+RUN_STATUSES = ("running", "finished", "failed", "interrupted", "refused")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS runs (
-    run_id TEXT PRIMARY KEY, started REAL NOT NULL, config TEXT NOT NULL, status TEXT NOT NULL);
+    run_id TEXT PRIMARY KEY, started REAL NOT NULL, config TEXT NOT NULL, status TEXT NOT NULL,
+    pid INTEGER, host TEXT, proc_start TEXT, ended REAL, note TEXT);
+CREATE TABLE IF NOT EXISTS reservations (user_id TEXT PRIMARY KEY, run_id TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS cohorts (
     id INTEGER PRIMARY KEY, digest TEXT UNIQUE NOT NULL, size INTEGER NOT NULL, members TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS releases (
@@ -57,12 +86,42 @@ CREATE TABLE IF NOT EXISTS users (
 """
 
 
+_RUN_COLUMNS_V3 = ("pid INTEGER", "host TEXT", "proc_start TEXT", "ended REAL", "note TEXT")
+
+
+def _process_start(pid: int) -> str | None:
+    """The start time of process ``pid`` in clock ticks since boot (Linux /proc), else None: with the
+    pid it identifies a process, so a reused pid is not taken for the run that held it."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _alive(pid: int | None, proc_start: str | None) -> bool:
+    """Whether process ``pid`` (started at ``proc_start``, when recorded) still runs on this host."""
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # it exists, owned by someone else
+    return proc_start is None or _process_start(pid) in (None, proc_start)
+
+
 class LedgerError(RuntimeError):
     """The ledger file is unusable as asked (wrong budget, wrong schema ...)."""
 
 
 class BudgetExceeded(BudgetExhausted):
     """A charge would take a user over the budget; nothing was charged and nothing may be released."""
+
+
+class LedgerBusy(LedgerError):
+    """The users' budget is reserved by another running run (nothing was charged or reserved)."""
 
 
 @dataclass(frozen=True)
@@ -132,27 +191,59 @@ class PrivacyLedger:
         budget: Budget | None = None,
         run_id: str | None = None,
         run_config: dict | None = None,
+        timeout: float = 60.0,
     ) -> None:
         self.path = os.fspath(path)
         self.run_id = run_id
+        self.timeout = timeout
         if budget is None and not os.path.exists(self.path):
             raise LedgerError(f"{self.path} does not exist: a new ledger needs a budget (epsilon, delta)")
-        self._db = sqlite3.connect(self.path, isolation_level=None, timeout=60.0)
         try:
-            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db = sqlite3.connect(self.path, isolation_level=None, timeout=timeout)
+        except sqlite3.Error as e:
+            raise self._error(e) from None
+        try:
+            mode = self._db.execute("PRAGMA journal_mode=DELETE").fetchone()[0]
+            if mode not in ("delete", "memory"):  # a WAL ledger open elsewhere cannot be switched (":memory:": memory)
+                raise LedgerError(
+                    f"ledger {self.path} is in {mode} mode and open in another process (an older fedkl?); "
+                    "close it there and retry (nothing was charged or released)"
+                )
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("PRAGMA foreign_keys=ON")
             self._db.executescript(_SCHEMA)
             self._db.execute("CREATE TEMP TABLE IF NOT EXISTS cohort (user_id TEXT PRIMARY KEY)")
             self.budget = self._init_budget(budget)
+            if run_id is not None:
+                self._db.execute(
+                    "INSERT OR IGNORE INTO runs (run_id, started, config, status, pid, host, proc_start) "
+                    "VALUES (?, ?, ?, 'running', ?, ?, ?)",
+                    (
+                        run_id,
+                        time.time(),
+                        json.dumps(run_config or {}, default=str),
+                        os.getpid(),
+                        socket.gethostname(),
+                        _process_start(os.getpid()),
+                    ),
+                )
+        except sqlite3.Error as e:
+            self._db.close()
+            raise self._error(e) from None
         except BaseException:
             self._db.close()
             raise
-        if run_id is not None:
-            self._db.execute(
-                "INSERT OR IGNORE INTO runs VALUES (?, ?, ?, 'running')",
-                (run_id, time.time(), json.dumps(run_config or {}, default=str)),
-            )
+
+    def _error(self, e: sqlite3.Error) -> LedgerError:
+        """A one-line LedgerError for an SQLite failure (locked, corrupt, not a database ...)."""
+        text = str(e)
+        if "locked" in text or "busy" in text:
+            why = f"is locked by another process (waited {self.timeout:g} s); retry when it is done"
+        elif "not a database" in text or "malformed" in text or "corrupt" in text:
+            why = "is not a readable fedkl ledger (corrupt, or not an SQLite file); restore it from a copy"
+        else:
+            why = f"cannot be used: {text}"
+        return LedgerError(f"ledger {self.path} {why} (nothing was charged or released)")
 
     # --- set-up ------------------------------------------------------------------------------
     def _init_budget(self, budget: Budget | None) -> Budget:
@@ -165,11 +256,11 @@ class PrivacyLedger:
             self._db.execute("INSERT OR IGNORE INTO meta VALUES ('budget', ?)", (json.dumps(asdict(budget)),))
             self._db.execute("COMMIT")
             rows = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
-        if int(rows["schema"]) == 1:  # a ledger written before typed charges: add the column, keep every row
+        if int(rows["schema"]) in (1, 2):  # an older ledger: add the new columns, keep every row
             self._db.execute("BEGIN IMMEDIATE")
-            columns = {r[1] for r in self._db.execute("PRAGMA table_info(releases)")}
-            if "charge" not in columns:
-                self._db.execute("ALTER TABLE releases ADD COLUMN charge TEXT")
+            for table, column in (("releases", "charge TEXT"), *(("runs", c) for c in _RUN_COLUMNS_V3)):
+                if column.split()[0] not in {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}:
+                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
             self._db.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (str(SCHEMA_VERSION),))
             self._db.execute("COMMIT")
             rows["schema"] = str(SCHEMA_VERSION)
@@ -190,12 +281,173 @@ class PrivacyLedger:
     def __enter__(self) -> "PrivacyLedger":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        """End this handle's run if it is still running (:meth:`end_status`), then close."""
+        try:
+            if self.run_id is not None:
+                self.finish_run(self.end_status(exc))
+        except LedgerError:
+            if exc is None:  # else the exception that ended the run is the one to report
+                raise
+        finally:
+            self.close()
 
-    def finish_run(self, status: str = "finished") -> None:
+    def end_status(self, exc: BaseException | None) -> str:
+        """The exact status of this handle's run ending with ``exc``: ``finished`` (no exception),
+        ``interrupted`` (Ctrl-C, or a signal turned into KeyboardInterrupt/SystemExit), ``refused``
+        (an error before this run made any release) or ``failed``."""
+        if exc is None:
+            return "finished"
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            return "interrupted"
+        return "failed" if self.run_id is not None and self.num_releases(self.run_id) else "refused"
+
+    def finish_run(self, status: str = "finished", note: str | None = None) -> None:
+        """End this handle's run with ``status`` and release its reservation, in one transaction.
+        Only a ``running`` run changes: the first end recorded is the one kept."""
+        if status not in RUN_STATUSES[1:]:
+            raise ValueError(f"a run ends with one of {RUN_STATUSES[1:]}, got {status!r}")
         if self.run_id is not None:
-            self._db.execute("UPDATE runs SET status = ? WHERE run_id = ?", (status, self.run_id))
+            self._end_runs([self.run_id], status, note)
+
+    @contextlib.contextmanager
+    def _transaction(self):
+        """One write transaction (BEGIN IMMEDIATE ... COMMIT), rolled back on any exception, an
+        interrupt included; SQLite failures become one-line LedgerErrors."""
+        db = self._db
+        try:
+            if db.in_transaction:  # a write cut short by an interrupt before its COMMIT: it never happened
+                db.execute("ROLLBACK")
+            try:
+                db.execute("BEGIN IMMEDIATE")
+                yield db
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:  # (an interrupt can also land after COMMIT)
+                    db.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as e:
+            raise self._error(e) from None
+
+    def _end_runs(self, run_ids: Sequence[str], status: str, note: str | None) -> None:
+        with self._transaction() as db:
+            for run_id in run_ids:
+                db.execute(
+                    "UPDATE runs SET status = ?, ended = ?, note = ? WHERE run_id = ? AND status = 'running'",
+                    (status, time.time(), note, run_id),
+                )
+                db.execute("DELETE FROM reservations WHERE run_id = ?", (run_id,))
+
+    # --- runs: reservation, listing, stale runs ----------------------------------------------
+    def reserve(self, user_ids: Iterable[str]) -> None:
+        """Start this handle's run: verify the ledger (every total recomputed from the release log,
+        :meth:`verify`), then reserve every listed user's remaining budget for this run, atomically.
+
+        Raises LedgerError if the ledger does not verify, :class:`LedgerBusy` (one line naming the
+        active run: id, pid, host, start) if another running run holds any of these users. Either
+        way nothing is reserved and this run ends ``refused``."""
+        if self.run_id is None:
+            raise ValueError("reserve() needs a handle opened with a run_id")
+        members = sorted(set(map(str, user_ids)))
+        try:
+            with self._transaction() as db:
+                self.verify()
+                self._fill_cohort(members)
+                holder = self._holder()
+                if holder is None:
+                    db.execute("INSERT INTO reservations SELECT user_id, ? FROM temp.cohort WHERE true", (self.run_id,))
+        except LedgerError:
+            self.finish_run("refused", "the ledger did not verify")
+            raise
+        if holder is not None:
+            self.finish_run("refused", f"users held by run {holder[0]}")
+            raise LedgerBusy(self._busy_message(holder, "nothing was charged or reserved"))
+
+    def _holder(self) -> tuple | None:
+        """(run_id, pid, host, proc_start, started, users) of another running run that holds users
+        of temp.cohort, or None."""
+        return self._db.execute(
+            "SELECT r.run_id, r.pid, r.host, r.proc_start, r.started, COUNT(*) FROM temp.cohort c "
+            "JOIN reservations v ON v.user_id = c.user_id JOIN runs r ON r.run_id = v.run_id "
+            "WHERE r.status = 'running' AND r.run_id IS NOT ? GROUP BY r.run_id ORDER BY r.started LIMIT 1",
+            (self.run_id,),
+        ).fetchone()
+
+    def _busy_message(self, holder: tuple, nothing: str) -> str:
+        run_id, pid, host, proc_start, started, count = holder
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started))
+        dead = host == socket.gethostname() and not _alive(pid, proc_start)
+        return (
+            f"ledger {self.path} is in use: run {run_id} (pid {pid} on {host}, started {when}) holds the "
+            f"budget of {count} of these users until it ends"
+            + (
+                f"; its process is gone: `fedkl ledger release-stale {self.path}` releases it ({nothing})"
+                if dead
+                else f"; wait for it ({nothing})"
+            )
+        )
+
+    def runs(self) -> list[dict]:
+        """Every run of this ledger, oldest first: status, process, times, releases and reserved users."""
+        keys = ("run_id", "status", "started", "ended", "pid", "host", "releases", "reserved_users", "note")
+        rows = self._db.execute(
+            "SELECT r.run_id, r.status, r.started, r.ended, r.pid, r.host, "
+            "(SELECT COUNT(*) FROM releases x WHERE x.run_id = r.run_id), "
+            "(SELECT COUNT(*) FROM reservations v WHERE v.run_id = r.run_id), r.note FROM runs r ORDER BY r.started"
+        ).fetchall()
+        return [dict(zip(keys, r)) for r in rows]
+
+    def release_stale(self) -> dict:
+        """End, as ``interrupted``, every ``running`` run of this host whose process is gone (pid not
+        alive, or reused by another process), releasing its reservation. Returns
+        ``{"released": [run ids], "kept": [{"run_id", "why"}]}``: a run that may still be alive (its
+        process runs, or it runs on another host, where that cannot be checked) is kept."""
+        here = socket.gethostname()
+        released, kept = [], []
+        for run_id, pid, host, proc_start in self._db.execute(
+            "SELECT run_id, pid, host, proc_start FROM runs WHERE status = 'running' ORDER BY started"
+        ).fetchall():
+            if run_id == self.run_id:
+                continue
+            if pid is None:  # a schema-2 run: it reserved nothing, only its status was left open
+                released.append(run_id)
+            elif host != here:
+                kept.append({"run_id": run_id, "why": f"it runs on host {host}, where its process cannot be checked"})
+            elif _alive(pid, proc_start):
+                kept.append({"run_id": run_id, "why": f"its process (pid {pid}) is still running"})
+            else:
+                released.append(run_id)
+        if released:
+            note = f"process gone; released by release-stale at {time.strftime('%Y-%m-%d %H:%M:%S')}"
+            self._end_runs(released, "interrupted", note)
+        return {"released": released, "kept": kept}
+
+    def run_charges(self, run_id: str) -> dict:
+        """What run ``run_id`` charged: its releases, and the (rho, eps, delta) and epsilon (at the
+        budget's delta and conversion) of the user it charged most."""
+        per_user: dict[str, list[float]] = {}
+        n = 0
+        for rho, eps, delta, count, members in self._db.execute(
+            "SELECT SUM(r.rho), SUM(r.eps), SUM(r.delta), COUNT(*), c.members FROM releases r "
+            "JOIN cohorts c ON c.id = r.cohort_id WHERE r.run_id = ? GROUP BY r.cohort_id",
+            (run_id,),
+        ).fetchall():
+            n += count
+            for m in json.loads(members):
+                t = per_user.setdefault(m, [0.0, 0.0, 0.0])
+                t[0], t[1], t[2] = t[0] + rho, t[1] + eps, t[2] + delta
+        b = self.budget
+        worst = max(per_user.values(), key=lambda t: UserSpend("", *t).epsilon(b.delta, b.conversion), default=None)
+        r, e, d = worst or (0.0, 0.0, 0.0)
+        return {
+            "run_id": run_id,
+            "releases": n,
+            "users_charged": len(per_user),
+            "max_user_rho": r,
+            "max_user_eps_approx": e,
+            "max_user_delta": d,
+            "max_user_epsilon": UserSpend("", r, e, d).epsilon(b.delta, b.conversion),
+        }
 
     # --- charging ----------------------------------------------------------------------------
     def _fill_cohort(self, members: Sequence[str]) -> None:
@@ -230,7 +482,8 @@ class PrivacyLedger:
         """Charge every user in ``user_ids`` the cost of ``charge`` (a typed charge of
         :mod:`fedkl.privacy.charges`) and return the release id. Atomic and durable.
 
-        Raises :class:`BudgetExceeded` (nothing written) if any user would exceed the budget.
+        Raises :class:`BudgetExceeded` (nothing written) if any user would exceed the budget,
+        :class:`LedgerBusy` if another running run holds any of them (:meth:`reserve`).
         """
         record = to_record(charge)  # TypeError for anything but a typed charge
         rho, eps, delta = charge.cost()
@@ -246,10 +499,11 @@ class PrivacyLedger:
             raise ValueError("a release charges each user once: user_ids has duplicates")
         if not members:
             raise ValueError("a release must charge at least one user")
-        db = self._db
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._transaction() as db:
             self._fill_cohort(members)
+            holder = self._holder()
+            if holder is not None:
+                raise LedgerBusy(self._busy_message(holder, "nothing was charged or released"))
             self._check_fits(rho, eps, delta)
             digest = _digest(members)
             db.execute(
@@ -263,7 +517,7 @@ class PrivacyLedger:
                 (
                     self.run_id,
                     label,
-                    mechanism,
+                    charge.mechanism,
                     charge.sensitivity,
                     charge.noise_scale,
                     rho,
@@ -282,10 +536,6 @@ class PrivacyLedger:
                 "delta = delta + excluded.delta, releases = releases + 1",
                 (rho, eps, delta),
             )
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
         return int(cur.lastrowid)
 
     # --- reading -----------------------------------------------------------------------------
@@ -298,34 +548,44 @@ class PrivacyLedger:
     def epsilon(self, user_id: str) -> float:
         return self.spend(user_id).epsilon(self.budget.delta, self.budget.conversion)
 
-    def _distinct_spends(self, user_ids: Iterable[str]) -> list[tuple[float, float, float]]:
-        """The distinct (rho, eps, delta) totals among the listed users (unknown users: zeros)."""
+    def _distinct_spends(self, user_ids: Iterable[str]) -> list[tuple[float, float, float]] | None:
+        """The distinct (rho, eps, delta) totals among the listed users (unknown users: zeros); None
+        when another running run holds any of them (nothing is left to this handle)."""
         self._db.execute("BEGIN")
         try:
             self._fill_cohort(sorted(set(map(str, user_ids))))
+            if self._holder() is not None:
+                return None
             return self._db.execute(
                 "SELECT DISTINCT COALESCE(u.rho, 0), COALESCE(u.eps, 0), COALESCE(u.delta, 0) "
                 "FROM temp.cohort c LEFT JOIN users u ON u.user_id = c.user_id"
             ).fetchall()
         finally:
-            self._db.execute("COMMIT")
+            if self._db.in_transaction:
+                self._db.execute("COMMIT")
 
     def rho_left(self, user_ids: Iterable[str]) -> float:
-        """The largest zCDP charge every listed user can still afford."""
+        """The largest zCDP charge every listed user can still afford (0 below :data:`SPENT_BELOW`
+        of the budget's rho, and for users another running run holds)."""
         groups = self._distinct_spends(user_ids)
         b = self.budget
-        return min(
-            (max(_rho_cap(b.epsilon - e, b.delta - d, b.conversion) - r, 0.0) for r, e, d in groups), default=0.0
+        left = min(
+            (max(_rho_cap(b.epsilon - e, b.delta - d, b.conversion) - r, 0.0) for r, e, d in groups or ()),
+            default=0.0,
         )
+        return left if left >= SPENT_BELOW * b.rho else 0.0
 
     def approx_left(self, user_ids: Iterable[str]) -> tuple[float, float]:
         """An (eps, delta) charge that every listed user can still afford (conservative).
 
         A user with zCDP spend rho_u keeps half of its remaining delta for the zCDP conversion; the
         other half (or, without zCDP spend, all but a 1e-9 fraction: the ledger needs delta strictly
-        below the budget) is offered. Returns (0, 0) when nothing is left.
+        below the budget) is offered. Returns (0, 0) when nothing is left: when the eps or the delta
+        left is below :data:`SPENT_BELOW` of the budget's, or another running run holds these users.
         """
         groups = self._distinct_spends(user_ids)
+        if groups is None:
+            return 0.0, 0.0
         b = self.budget
         eps_left, delta_left = math.inf, math.inf
         for rho_u, eps_u, delta_u in groups:
@@ -339,7 +599,7 @@ class PrivacyLedger:
                 offered = free * (1 - 1e-9)
                 eps_avail = b.epsilon - eps_u
             eps_left, delta_left = min(eps_left, eps_avail), min(delta_left, offered)
-        if not groups or eps_left <= 0:
+        if not groups or eps_left < SPENT_BELOW * b.epsilon or delta_left < SPENT_BELOW * b.delta:
             return 0.0, 0.0
         return eps_left * (1 - 1e-12), delta_left
 
@@ -372,6 +632,32 @@ class PrivacyLedger:
         ):
             out.update(json.loads(members))
         return out
+
+    def user_spends(self, limit: int | None = None) -> list[dict]:
+        """Every charged user's totals (``rho``, approximate-DP ``eps``/``delta``, ``releases``) and
+        guarantee: ``epsilon`` by the budget's conversion (what the budget is enforced with) and
+        ``epsilon_exact`` (the exact Gaussian conversion where all of the user's zCDP charges were
+        Gaussian, as :meth:`summary`), most charged first; ``limit``: at most that many."""
+        b = self.budget
+        other = self._non_gaussian_zcdp_users()
+        rows = []
+        for user, r, e, d, n in self._db.execute("SELECT user_id, rho, eps, delta, releases FROM users"):
+            spend = UserSpend(user, r, e, d, n)
+            by_budget = spend.epsilon(b.delta, b.conversion)
+            exact = by_budget if user in other else min(by_budget, spend.epsilon(b.delta, "gaussian"))
+            rows.append(
+                {
+                    "user_id": user,
+                    "releases": n,
+                    "rho": r,
+                    "eps": e,
+                    "delta": d,
+                    "epsilon": by_budget,
+                    "epsilon_exact": exact,
+                }
+            )
+        rows.sort(key=lambda row: (-row["epsilon"], row["user_id"]))
+        return rows[:limit] if limit is not None else rows
 
     def summary(self) -> dict:
         """Worst user, counts and the budget: what result files report.

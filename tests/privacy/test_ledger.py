@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -321,13 +322,63 @@ def test_new_file_needs_budget(tmp_path):
         PrivacyLedger(tmp_path / "new.db")
 
 
-def test_wal_and_synchronous_full(ledger):
-    assert ledger._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+def test_rollback_journal_and_synchronous_full(ledger):
+    assert ledger._db.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
     assert ledger._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
-    # WAL mode is a property of the file: any other connection sees it
-    con = sqlite3.connect(ledger.path)
-    assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    con = sqlite3.connect(ledger.path)  # the file is not in WAL mode: no -wal file can hold charges
+    assert con.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
     con.close()
+
+
+def test_a_copy_of_the_ledger_file_alone_has_every_charge(tmp_path):
+    """Copying ledger.sqlite without any side file, while the run that charged still holds the
+    ledger open, keeps every charge (under WAL the charges sat in ledger.sqlite-wal and the copy
+    silently had the full budget back)."""
+    path = tmp_path / "l.db"
+    with PrivacyLedger(path, BUDGET, run_id="r") as led:
+        for k in range(5):
+            led.charge(["a", "b"], GaussianCharge(rho=BUDGET.rho / 10), label=f"{k}")
+        assert sorted(os.listdir(tmp_path)) == ["l.db"]  # no -wal / -journal file beside it
+        shutil.copy(path, tmp_path / "copy.db")
+    with PrivacyLedger(tmp_path / "copy.db") as copy:
+        copy.verify()
+        assert copy.num_releases() == 5 and copy.spend("a").releases == 5
+        assert copy.rho_left(["a"]) == pytest.approx(BUDGET.rho / 2, rel=1e-9)
+
+
+def test_a_wal_ledger_is_checkpointed_and_switched_at_first_open(tmp_path):
+    """A schema-2 ledger in WAL mode whose last charges are still in its -wal file keeps them."""
+    path = str(tmp_path / "old.db")
+    with PrivacyLedger(path, BUDGET, run_id="old-run") as led:
+        led.charge(["a"], GaussianCharge(rho=0.01), label="first")
+    con = sqlite3.connect(path, isolation_level=None)
+    con.execute("PRAGMA journal_mode=WAL")
+    con.execute("PRAGMA wal_autocheckpoint=0")
+    con.execute("UPDATE meta SET value = '2' WHERE key = 'schema'")  # and schema 2's tables exactly:
+    for column in ("pid", "host", "proc_start", "ended", "note"):
+        con.execute(f"ALTER TABLE runs DROP COLUMN {column}")
+    con.execute("DROP TABLE reservations")
+    con.execute("UPDATE users SET rho = rho + 0.02, releases = releases + 1")  # stands in for a charge...
+    con.execute(
+        "INSERT INTO releases (run_id, label, mechanism, rho, eps, delta, cohort_id, created) "
+        "SELECT NULL, 'in wal', 'gaussian', 0.02, 0, 0, id, 0 FROM cohorts"
+    )  # ... whose release row is still in the WAL only
+    assert os.path.getsize(path + "-wal") > 0
+    with pytest.raises(LedgerError, match="locked by another process"):  # its WAL writer is still open
+        PrivacyLedger(path, timeout=0.2)
+    # the files as a crashed older fedkl leaves them (its close would have checkpointed the WAL)
+    crashed = tmp_path / "crashed"
+    crashed.mkdir()
+    for suffix in ("", "-wal"):
+        shutil.copy(path + suffix, str(crashed / "old.db") + suffix)
+    con.close()
+    with PrivacyLedger(crashed / "old.db") as led:
+        assert led._db.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+        assert led.num_releases() == 2 and led.spend("a").rho == pytest.approx(0.03)
+        led.verify()
+        assert [(r["run_id"], r["status"], r["pid"]) for r in led.runs()] == [("old-run", "finished", None)]
+        assert led._db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone() == ("3",)
+    assert not os.path.exists(crashed / "old.db-wal")
 
 
 # --------------------------------------------------------------------------------------------------
