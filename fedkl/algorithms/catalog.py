@@ -9,6 +9,7 @@ from fedkl.algorithms import (  # noqa: F401  (each module registers its algorit
     fkt,
     kl_methods,
     mean_output_pert,
+    noisy_fw,
     noisy_gd,
     p002,
 )

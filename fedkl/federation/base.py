@@ -175,6 +175,36 @@ class ClippedGradient(Query):
 
 
 @dataclass(frozen=True)
+class ClampedGradient(Query):
+    """``clamp(grad f_u(w), -bound, bound)`` coordinatewise: the per-user gradient clipped in l_inf, the
+    dual norm of l1 (paper 001's noisy Frank–Wolfe over an l1 ball or a polytope). Every entry of the
+    answer is in ``[-bound, bound]``, so replacing one user moves a sum of answers by at most ``2 bound``
+    in l_inf, whatever the client computes."""
+
+    kind: ClassVar[str] = "clamped_gradient"
+    tensor_names: ClassVar[tuple[str, ...]] = ("w",)
+    scalar_names: ClassVar[tuple[str, ...]] = ("bound",)
+
+    w: torch.Tensor
+    bound: float
+
+    def __post_init__(self) -> None:
+        _check_clip(self.bound)
+
+    def wire_fields(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        return {"bound": float(self.bound)}, {"w": self.w}
+
+    @classmethod
+    def from_wire(cls, scalars: Mapping[str, Any], tensors: Mapping[str, torch.Tensor], num_params: int) -> Query:
+        return cls(**tensors, bound=wire_number(scalars, "bound"))
+
+    def check_answer(self, value: torch.Tensor) -> None:
+        largest = float(value.abs().max()) if value.numel() else 0.0
+        if not largest <= self.bound:
+            raise ValueError(f"answer entry {largest:.6g} exceeds the clamp bound {self.bound:g}")
+
+
+@dataclass(frozen=True)
 class GradientDifference(Query):
     """``clip_C(grad f_u(w_new) - grad f_u(w_old))`` (variance-reduced methods)."""
 

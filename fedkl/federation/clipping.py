@@ -36,6 +36,14 @@ def clip_rows(values: torch.Tensor, clip: float) -> tuple[torch.Tensor, torch.Te
     return torch.where(norms > clip, scaled, values), bad
 
 
+def clamp_rows(values: torch.Tensor, bound: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clamp every entry to ``[-bound, bound]`` (l_inf clipping, the dual-norm clip of an l1 geometry);
+    non-finite rows become zero. Returns the clamped rows and the mask of the non-finite rows."""
+    bad = ~torch.isfinite(values).all(dim=1)
+    values = torch.where(bad.unsqueeze(1), torch.zeros_like(values), values)
+    return values.clamp(-bound, bound), bad
+
+
 def zero_nonfinite_rows(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(values with every non-finite row set to zero, mask of those rows)``: row ``i`` is
     ``values[i]``, of any shape (a scalar per user, a vector, a ``(k, d)`` block)."""

@@ -21,6 +21,7 @@ from fedkl.data.base import FederatedDataset, UserData
 from fedkl.federation.base import (
     Answers,
     CertifiedLocalMinimizer,
+    ClampedGradient,
     ClippedGradient,
     ClippedLocalUpdate,
     Federation,
@@ -32,7 +33,7 @@ from fedkl.federation.base import (
     Query,
     check_local_query,
 )
-from fedkl.federation.clipping import clip_rows, zero_nonfinite_rows
+from fedkl.federation.clipping import clamp_rows, clip_rows, zero_nonfinite_rows
 from fedkl.problems.base import Problem
 
 AnswerMethod = Callable[["InProcessFederation", Query, list[int]], tuple[torch.Tensor, torch.Tensor]]
@@ -106,6 +107,11 @@ class InProcessFederation(Federation):
         data = self._data(users)
         grads = self.problem.per_user_gradients(self._params(query.w), data)
         return clip_rows(grads, query.clip)
+
+    @answers(ClampedGradient)
+    def _clamped_gradient(self, query: ClampedGradient, users: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        grads = self.problem.per_user_gradients(self._params(query.w), self._data(users))
+        return clamp_rows(grads, query.bound)
 
     @answers(GradientDifference)
     def _gradient_difference(self, query: GradientDifference, users: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

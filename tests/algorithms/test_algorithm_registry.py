@@ -223,6 +223,7 @@ def test_a_toy_algorithm_registered_here_runs_through_fedkl_run_and_flower(tmp_p
 SCHEDULED = {"neighbouring": "add-remove", "sampling_rate": 0.5, "accountant": "rdp"}
 SMALL = {
     "noisy-gd": {},
+    "noisy-fw": {"fw_rounds": 4},
     "dp-sgd": SCHEDULED,
     "dp-rmsprop": {**SCHEDULED, "lr": 0.05},
     "dp-adam": {**SCHEDULED, "lr": 0.05},

@@ -25,6 +25,7 @@ from fedkl.data import load_dataset  # noqa: E402
 from fedkl.federation.base import (  # noqa: E402
     QUERY_KINDS,
     Answers,
+    ClampedGradient,
     ClippedGradient,
     Federation,
     GradientDifference,
@@ -73,6 +74,7 @@ def _queries(w: torch.Tensor):
         ClippedGradient(w, 0.3),
         ClippedGradient(w, 1e6),
         GradientDifference(w, 2 * w, 0.2),
+        ClampedGradient(w, 0.05),
         LocalLoss(w),
         LocalLoss(w, "test"),
         LocalRegularizedMinimizer(w, 0.5),
