@@ -205,6 +205,37 @@ class ClampedGradient(Query):
 
 
 @dataclass(frozen=True)
+class FeatureClippedGradient(Query):
+    """``grad f_u(w)`` of the user's loss on its records with every feature vector clipped to l2 norm
+    ``feature_clip`` (``x -> x min(1, feature_clip/||x||)``), NOT clipped itself: the gradient of a
+    convex loss stays the gradient of a convex loss (paper 001's Phased-SGD needs convex gradient maps,
+    which gradient clipping breaks). The answer must have norm <= ``bound`` (the loss's Lipschitz
+    constant at that feature norm): an answer above it is invalid (the user contributes zero)."""
+
+    kind: ClassVar[str] = "feature_clipped_gradient"
+    tensor_names: ClassVar[tuple[str, ...]] = ("w",)
+    scalar_names: ClassVar[tuple[str, ...]] = ("feature_clip", "bound")
+
+    w: torch.Tensor
+    feature_clip: float
+    bound: float
+
+    def __post_init__(self) -> None:
+        _check_clip(self.feature_clip)
+        _check_clip(self.bound)
+
+    def wire_fields(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        return {"feature_clip": float(self.feature_clip), "bound": float(self.bound)}, {"w": self.w}
+
+    @classmethod
+    def from_wire(cls, scalars: Mapping[str, Any], tensors: Mapping[str, torch.Tensor], num_params: int) -> Query:
+        return cls(**tensors, feature_clip=wire_number(scalars, "feature_clip"), bound=wire_number(scalars, "bound"))
+
+    def check_answer(self, value: torch.Tensor) -> None:
+        _check_clipped_answer(value, self.bound)
+
+
+@dataclass(frozen=True)
 class GradientDifference(Query):
     """``clip_C(grad f_u(w_new) - grad f_u(w_old))`` (variance-reduced methods)."""
 

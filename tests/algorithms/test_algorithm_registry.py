@@ -224,6 +224,7 @@ SCHEDULED = {"neighbouring": "add-remove", "sampling_rate": 0.5, "accountant": "
 SMALL = {
     "noisy-gd": {},
     "noisy-fw": {"fw_rounds": 4},
+    "gll-phased-sgd": {"radius": 2.0},
     "dp-sgd": SCHEDULED,
     "dp-rmsprop": {**SCHEDULED, "lr": 0.05},
     "dp-adam": {**SCHEDULED, "lr": 0.05},
