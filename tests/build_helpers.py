@@ -22,3 +22,18 @@ def build(cfg, rho_total: float, *, problem, dataset, delta: float, ledger=None,
         seed=cfg.seed,
     )
     return algorithm_spec(cfg.algorithm).build(cfg.params, context)
+
+
+def counting_federation(problem, dataset):
+    """An InProcessFederation whose ``calls`` counts every query it answers (tests of refusals that
+    must come before any data is read)."""
+    from fedkl.federation.inprocess import InProcessFederation
+
+    class Counting(InProcessFederation):
+        calls = 0
+
+        def compute(self, query, users=None):
+            self.calls += 1
+            return super().compute(query, users)
+
+    return Counting(problem, dataset)

@@ -155,25 +155,18 @@ def test_each_user_is_charged_once_by_its_phase(tmp_path):
         assert all(r["noise_scale"] == pytest.approx(r["sensitivity"] / paper_rho(rho), rel=1e-9) for r in rel)
 
 
-class _Counting(InProcessFederation):
-    calls = 0
-
-    def compute(self, query, users=None):
-        type(self).calls += 1
-        return super().compute(query, users)
-
-
 def test_refusals_happen_before_any_query(tmp_path):
     ds, prob, _ = _setup()
-    fed = _Counting(prob, ds)
-    _Counting.calls = 0
+    from build_helpers import counting_federation
+
+    fed = counting_federation(prob, ds)
     with PrivacyLedger(tmp_path / "l.sqlite", Budget(1.0, 1e-5)) as led:
         with pytest.raises(ValueError, match="run-wide zCDP filter"):
             _alg(prob).run(fed, Releaser(led, NoiseSource(0), ZCDPFilter(1.0)), prob.init_params())
         with pytest.raises(BudgetExceeded, match="nothing was charged"):
             _alg(prob, rho=10.0).run(fed, Releaser(led, NoiseSource(0)), prob.init_params())
         assert led.num_releases() == 0
-    assert _Counting.calls == 0
+    assert fed.calls == 0
     with pytest.raises(ValueError, match="not convex"):
         _alg(make_problem("mlp", ds))
     with pytest.raises(ValueError, match="feature_clip"):

@@ -206,18 +206,11 @@ def test_theorem_rounds_and_steps():
 # --------------------------------------------------------------------------------------------------
 # refusals before any data is read
 # --------------------------------------------------------------------------------------------------
-class _Counting(InProcessFederation):
-    calls = 0
-
-    def compute(self, query, users=None):
-        type(self).calls += 1
-        return super().compute(query, users)
-
-
 def test_refusals_happen_before_any_query(tmp_path):
     ds, problem, _ = _federation(n=10, d=4)
-    fed = _Counting(problem, ds)
-    _Counting.calls = 0
+    from build_helpers import counting_federation
+
+    fed = counting_federation(problem, ds)
     with PrivacyLedger(tmp_path / "l.sqlite", Budget(1.0, 1e-5)) as led:
         releaser = Releaser(led, NoiseSource(0), ZCDPFilter(10.0))
         wrong_dim = NoisyFrankWolfe(L1Ball(5, 1.0), 3, 1.0, led.rho_left(fed.user_ids))
@@ -227,7 +220,7 @@ def test_refusals_happen_before_any_query(tmp_path):
         with pytest.raises(BudgetExceeded, match="nothing was read"):
             too_much.run(fed, releaser, problem.init_params())
         assert led.num_releases() == 0
-    assert _Counting.calls == 0
+    assert fed.calls == 0
     from build_helpers import build
 
     cfg = RunConfig.from_settings(algorithm="noisy-fw", dataset="synthetic-logistic")
