@@ -301,3 +301,26 @@ def test_excess_risk_falls_with_n_at_about_the_theorem_rate(tmp_path):
     # Thm 9: sqrt(log d / (n eps)) -> slope -1/2 in n; a method whose error does not shrink has ~0
     assert -1.2 <= slope <= -0.25, (excess, slope)
     assert excess[-1] < excess[0] / 2 and excess[-1] < 0.02, excess
+
+
+# --------------------------------------------------------------------------------------------------
+# other polytopes
+# --------------------------------------------------------------------------------------------------
+def _run(domain, fed, problem, tmp_path, tag, rounds=6):
+    with PrivacyLedger(tmp_path / f"{tag}.sqlite", Budget(2.0, 1e-5)) as led:
+        alg = NoisyFrankWolfe(domain, rounds, 0.3, led.rho_left(fed.user_ids))
+        return alg.run(fed, Releaser(led, NoiseSource(4), ZCDPFilter(alg.rho_total)), problem.init_params())
+
+
+def test_a_vertex_polytope_runs_like_the_same_set_given_by_name(tmp_path):
+    """The l1 ball given by its 2d vertices (VertexPolytope) has the same centre, scores and l1 radius:
+    the same selections and model, bit for bit; the simplex keeps every iterate in the simplex."""
+    ds, problem, fed = _federation(n=25, d=5)
+    ball = L1Ball(5, 2.0)
+    a = _run(ball, fed, problem, tmp_path, "ball")
+    b = _run(VertexPolytope(_explicit(ball)), fed, problem, tmp_path, "vertices")
+    assert [h["vertex"] for h in a.history] == [h["vertex"] for h in b.history]
+    assert torch.equal(a.w, b.w)
+    assert float(a.w.abs().sum()) <= 2.0 * (1 + 1e-12)
+    s = _run(Simplex(5, 3.0), fed, problem, tmp_path, "simplex").w
+    assert bool((s >= 0).all()) and float(s.sum()) == pytest.approx(3.0, rel=1e-12)
