@@ -32,6 +32,8 @@ def build(cfg, rho_total: float, *, problem, dataset, delta: float, ledger=None,
 SCHEDULED = {"neighbouring": "add-remove", "sampling_rate": 0.5, "accountant": "rdp"}
 SMALL = {
     "noisy-gd": {},
+    "noisy-fw": {"fw_rounds": 4},
+    "gll-phased-sgd": {"radius": 2.0},
     "dp-sgd": SCHEDULED,
     "dp-rmsprop": {**SCHEDULED, "lr": 0.05},
     "dp-adam": {**SCHEDULED, "lr": 0.05},
@@ -53,3 +55,18 @@ SMALL = {
     "fkt-sc-reduction": {"radius": 2.0, "reg": 0.1, "users": 48},
     "fkt-sc-localization": {"radius": 2.0, "reg": 0.1},
 }
+
+
+def counting_federation(problem, dataset):
+    """An InProcessFederation whose ``calls`` counts every query it answers (tests of refusals that
+    must come before any data is read)."""
+    from fedkl.federation.inprocess import InProcessFederation
+
+    class Counting(InProcessFederation):
+        calls = 0
+
+        def compute(self, query, users=None):
+            self.calls += 1
+            return super().compute(query, users)
+
+    return Counting(problem, dataset)

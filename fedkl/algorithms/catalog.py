@@ -7,8 +7,10 @@ from fedkl.algorithms import (  # noqa: F401  (each module registers its algorit
     dp_adaptive,
     dp_fedavg,
     fkt,
+    gll_phased,
     kl_methods,
     mean_output_pert,
+    noisy_fw,
     noisy_gd,
     p002,
 )

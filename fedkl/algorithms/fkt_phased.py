@@ -74,7 +74,7 @@ from fedkl.algorithms.fkt_common import (
     project,
     replace_factor,
 )
-from fedkl.federation.base import ClippedGradient, Federation, LocalRegularizedMinimizer
+from fedkl.federation.base import ClippedGradient, Federation, LocalRegularizedMinimizer, Query
 from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, Guarantee
 from fedkl.privacy.release import Releaser
 
@@ -336,7 +336,7 @@ class _Localization:
         only at the step that reads the differing user, by at most eta f L/b (its clipped term of the
         batch mean changes by <= f L/b); every iterate and any fixed convex combination of iterates
         (uniform or exponential weights) stays within f L eta/b."""
-        L, b, eta = self.setting.lipschitz, self.config.batch, ph.step
+        b, eta = self.config.batch, ph.step
         lam = self.setting.strong_convexity
         avg, failed = torch.zeros_like(w), 0
         for j in range(ph.solver_rounds):
@@ -345,10 +345,15 @@ class _Localization:
             # gamma_t/Gamma_t = eta lam / (1 - (1 - eta lam)^t) for Lemma 5.2's gamma_t = (1 - eta lam)^-t
             weight = eta * lam / -math.expm1((j + 1) * math.log1p(-eta * lam)) if self.weighted else 1.0 / (j + 1)
             avg += weight * (w - avg)
-            answers = federation.sum(ClippedGradient(w, L), users)
+            answers = federation.sum(self.gradient_query(w), users)
             failed += len(answers.failed)
             w = project(w - eta * answers.total().to(torch.float64) / b, self.setting.radius)
         return avg, failed
+
+    def gradient_query(self, w: torch.Tensor) -> Query:
+        """The psgd solver's per-user gradient query: ``clip_L(grad f_u(w))`` (inactive for an L-Lipschitz
+        loss; a subclass may ask for another oracle with the same norm bound L)."""
+        return ClippedGradient(w, self.setting.lipschitz)
 
     def _one_shot(self, federation: Federation, ph: Phase, center: torch.Tensor) -> tuple[torch.Tensor, int]:
         """w_{i-1} + (1/n_i) sum_u clip_C(prox_u - w_{i-1}), C = L/lam_i: one user's term changes by at

@@ -280,7 +280,7 @@ class StabilityDelta(AlgorithmParams):
 class Domain(AlgorithmParams):
     radius: float | None = param(
         None,
-        "paper-002 phased and paper-003 algorithms: the domain K = {||w|| <= RADIUS}; iterates and released "
+        "paper-002 phased, paper-003 and gll-phased-sgd: the domain K = {||w|| <= RADIUS}; iterates and released "
         "centres are projected onto K (paper 002's default: G0/reg when --reg > 0, the ball that holds every "
         "phase minimizer, else 10 for a loss Lipschitz on all of R^d; needed where the loss is Lipschitz only "
         "on a bounded domain, e.g. least squares without --reg)",
@@ -288,7 +288,7 @@ class Domain(AlgorithmParams):
     )
     distance: float | None = param(
         None,
-        "paper-002 phased and paper-003 algorithms: a public bound D >= ||w0 - w*|| (paper 002: in lambda*; "
+        "paper-002 phased, paper-003 and gll-phased-sgd: a public bound D >= ||w0 - w*|| (paper 002: in lambda*; "
         "paper 003: the step sizes) (default RADIUS + ||w0||)",
         "theorem",
     )

@@ -175,6 +175,67 @@ class ClippedGradient(Query):
 
 
 @dataclass(frozen=True)
+class ClampedGradient(Query):
+    """``clamp(grad f_u(w), -bound, bound)`` coordinatewise: the per-user gradient clipped in l_inf, the
+    dual norm of l1 (paper 001's noisy Frank–Wolfe over an l1 ball or a polytope). Every entry of the
+    answer is in ``[-bound, bound]``, so replacing one user moves a sum of answers by at most ``2 bound``
+    in l_inf, whatever the client computes."""
+
+    kind: ClassVar[str] = "clamped_gradient"
+    tensor_names: ClassVar[tuple[str, ...]] = ("w",)
+    scalar_names: ClassVar[tuple[str, ...]] = ("bound",)
+
+    w: torch.Tensor
+    bound: float
+
+    def __post_init__(self) -> None:
+        _check_clip(self.bound)
+
+    def wire_fields(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        return {"bound": float(self.bound)}, {"w": self.w}
+
+    @classmethod
+    def from_wire(cls, scalars: Mapping[str, Any], tensors: Mapping[str, torch.Tensor], num_params: int) -> Query:
+        return cls(**tensors, bound=wire_number(scalars, "bound"))
+
+    def check_answer(self, value: torch.Tensor) -> None:
+        largest = float(value.abs().max()) if value.numel() else 0.0
+        if not largest <= self.bound:
+            raise ValueError(f"answer entry {largest:.6g} exceeds the clamp bound {self.bound:g}")
+
+
+@dataclass(frozen=True)
+class FeatureClippedGradient(Query):
+    """``grad f_u(w)`` of the user's loss on its records with every feature vector clipped to l2 norm
+    ``feature_clip`` (``x -> x min(1, feature_clip/||x||)``), NOT clipped itself: the gradient of a
+    convex loss stays the gradient of a convex loss (paper 001's Phased-SGD needs convex gradient maps,
+    which gradient clipping breaks). The answer must have norm <= ``bound`` (the loss's Lipschitz
+    constant at that feature norm): an answer above it is invalid (the user contributes zero)."""
+
+    kind: ClassVar[str] = "feature_clipped_gradient"
+    tensor_names: ClassVar[tuple[str, ...]] = ("w",)
+    scalar_names: ClassVar[tuple[str, ...]] = ("feature_clip", "bound")
+
+    w: torch.Tensor
+    feature_clip: float
+    bound: float
+
+    def __post_init__(self) -> None:
+        _check_clip(self.feature_clip)
+        _check_clip(self.bound)
+
+    def wire_fields(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        return {"feature_clip": float(self.feature_clip), "bound": float(self.bound)}, {"w": self.w}
+
+    @classmethod
+    def from_wire(cls, scalars: Mapping[str, Any], tensors: Mapping[str, torch.Tensor], num_params: int) -> Query:
+        return cls(**tensors, feature_clip=wire_number(scalars, "feature_clip"), bound=wire_number(scalars, "bound"))
+
+    def check_answer(self, value: torch.Tensor) -> None:
+        _check_clipped_answer(value, self.bound)
+
+
+@dataclass(frozen=True)
 class GradientDifference(Query):
     """``clip_C(grad f_u(w_new) - grad f_u(w_old))`` (variance-reduced methods)."""
 

@@ -36,6 +36,23 @@ def clip_rows(values: torch.Tensor, clip: float) -> tuple[torch.Tensor, torch.Te
     return torch.where(norms > clip, scaled, values), bad
 
 
+def clamp_rows(values: torch.Tensor, bound: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clamp every entry to ``[-bound, bound]`` (l_inf clipping, the dual-norm clip of an l1 geometry);
+    non-finite rows become zero. Returns the clamped rows and the mask of the non-finite rows."""
+    bad = ~torch.isfinite(values).all(dim=1)
+    values = torch.where(bad.unsqueeze(1), torch.zeros_like(values), values)
+    return values.clamp(-bound, bound), bad
+
+
+def reject_rows_above(values: torch.Tensor, bound: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows that are non-finite or have L2 norm above ``bound`` (with :data:`CLIP_SLACK`) become zero and
+    are reported: the rule for UNCLIPPED answers whose norm a proof bounds (a larger one is invalid)."""
+    bad = ~torch.isfinite(values).all(dim=1)
+    values = torch.where(bad.unsqueeze(1), torch.zeros_like(values), values)
+    bad = bad | (row_norms(values) > bound * (1 + CLIP_SLACK))
+    return torch.where(bad.unsqueeze(1), torch.zeros_like(values), values), bad
+
+
 def zero_nonfinite_rows(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(values with every non-finite row set to zero, mask of those rows)``: row ``i`` is
     ``values[i]``, of any shape (a scalar per user, a vector, a ``(k, d)`` block)."""

@@ -21,8 +21,10 @@ from fedkl.data.base import FederatedDataset, UserData
 from fedkl.federation.base import (
     Answers,
     CertifiedLocalMinimizer,
+    ClampedGradient,
     ClippedGradient,
     ClippedLocalUpdate,
+    FeatureClippedGradient,
     Federation,
     GradientDifference,
     GradientsAtOwnPoints,
@@ -32,7 +34,7 @@ from fedkl.federation.base import (
     Query,
     check_local_query,
 )
-from fedkl.federation.clipping import clip_rows, zero_nonfinite_rows
+from fedkl.federation.clipping import clamp_rows, clip_rows, reject_rows_above, zero_nonfinite_rows
 from fedkl.problems.base import Problem
 
 AnswerMethod = Callable[["InProcessFederation", Query, list[int]], tuple[torch.Tensor, torch.Tensor]]
@@ -106,6 +108,21 @@ class InProcessFederation(Federation):
         data = self._data(users)
         grads = self.problem.per_user_gradients(self._params(query.w), data)
         return clip_rows(grads, query.clip)
+
+    @answers(ClampedGradient)
+    def _clamped_gradient(self, query: ClampedGradient, users: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        grads = self.problem.per_user_gradients(self._params(query.w), self._data(users))
+        return clamp_rows(grads, query.bound)
+
+    @answers(FeatureClippedGradient)
+    def _feature_clipped_gradient(
+        self, query: FeatureClippedGradient, users: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        data = self._data(users)
+        X, _ = clip_rows(data.X, query.feature_clip)
+        clipped = UserData(X, data.y, data.user_index, data.user_ids)
+        grads = self.problem.per_user_gradients(self._params(query.w), clipped)
+        return reject_rows_above(grads, query.bound)
 
     @answers(GradientDifference)
     def _gradient_difference(self, query: GradientDifference, users: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

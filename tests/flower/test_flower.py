@@ -25,7 +25,9 @@ from fedkl.data import load_dataset  # noqa: E402
 from fedkl.federation.base import (  # noqa: E402
     QUERY_KINDS,
     Answers,
+    ClampedGradient,
     ClippedGradient,
+    FeatureClippedGradient,
     Federation,
     GradientDifference,
     GradientsAtOwnPoints,
@@ -73,6 +75,8 @@ def _queries(w: torch.Tensor):
         ClippedGradient(w, 0.3),
         ClippedGradient(w, 1e6),
         GradientDifference(w, 2 * w, 0.2),
+        ClampedGradient(w, 0.05),
+        FeatureClippedGradient(w, 0.5, 10.0),
         LocalLoss(w),
         LocalLoss(w, "test"),
         LocalRegularizedMinimizer(w, 0.5),
