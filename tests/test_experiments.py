@@ -459,6 +459,37 @@ def test_variants_are_named_configurations_and_exclude_drops_points(tmp_path, fa
     assert {c.rounds for c in fake_runner} == {2, 20}
 
 
+def test_a_runner_declares_its_own_settings_as_sweep_keys(tmp_path):
+    """A plugin runner's own settings (beyond fedkl run's) are sweep keys and axes, checked against
+    their defaults' types, given to the runner at their defaults when unset, and part of the run key."""
+    seen = []
+
+    def runner(settings, log):
+        seen.append((settings.records, settings.scale, settings.label))
+        return {**_fake_runner(settings, log), "table_extra": {"fake_extra": settings.records * settings.scale}}
+
+    ex.register_runner("own-alg", runner, columns=("fake_extra",), settings={"records": 1, "scale": 0.5, "label": ""})
+    try:
+        with pytest.raises(ValueError, match="already a fedkl run setting"):
+            ex.register_runner("bad-alg", runner, settings={"rounds": 3})
+        table = tmp_path / "t.csv"
+        path = _write(
+            tmp_path / "s.toml", f'algorithm = "own-alg"\nscale = 2\n[sweep]\ntable = "{table}"\nrecords = [1, 10]\n'
+        )
+        spec = ex.load_sweep(path)
+        assert ex.run_sweep(spec, log=lambda s: None)["ran"] == 2
+        assert seen == [(1, 2.0, ""), (10, 2.0, "")]
+        rows = list(csv.DictReader(open(table)))
+        assert [(r["records"], r["fake_extra"]) for r in rows] == [("1", "2.0"), ("10", "20.0")]
+        assert len({ex.run_key(p) for p in spec.points()}) == 2
+        assert ex.run_key({"algorithm": "own-alg"}) == ex.run_key({"algorithm": "own-alg", "records": 1})
+        bad = _write(tmp_path / "b.toml", f'algorithm = "own-alg"\n[sweep]\ntable = "{table}"\nrecords = [1.5]\n')
+        with pytest.raises(ex.ConfigError, match="'records': expected int"):
+            ex.load_sweep(bad)
+    finally:
+        ex.EXTERNAL_RUNNERS.pop("own-alg", None)
+
+
 @pytest.mark.parametrize(
     "extra,needle",
     [
