@@ -6,7 +6,7 @@ descent at the same user-level (eps, delta), on synthetic data as m grows and on
 
 Writes ``simulations/results/paper002_sc_compare{,_quick}.{csv,json,md,png}`` (the markdown file holds
 the tables and the conclusion paragraph). (The phased algorithms against noisy GD on the
-mean-estimation family: simulations/paper002_compare.py.)
+mean-estimation family: simulations/studies/paper002_compare.toml.)
 
 Methods, all at the same user-level (eps, delta), replace-one, n public:
 

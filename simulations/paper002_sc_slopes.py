@@ -5,7 +5,7 @@ the number of users n and the records per user m.
     .venv/bin/python simulations/paper002_sc_slopes.py --quick    # < 1 min
 
 Writes ``simulations/results/paper002_sc_slopes{,_quick}.{csv,json,md,png}``. (The phased algorithms'
-slopes on the mean-estimation family are simulations/paper002_slopes.py.)
+slopes on the mean-estimation family are simulations/studies/paper002_slopes.toml.)
 
 What is measured
 ----------------
@@ -58,14 +58,16 @@ Phased-ERM (Alg. 3, Thm 4.1) is not swept here: with T phases each call runs at 
 so kappa' is ~T times larger and the theorem's regime needs n >= 8 kappa' users; at the theorem's
 T = ceil(ln(nm)) that is 8 kappa' = 752 users at (eps, delta) = (4, 1e-5) for nm = 64*256 (and more
 for larger nm), and its lambda* ∝ c sqrt(d)/(n sqrt m) with c ~ 1e3-1e4 exceeds G/R (a vacuous bound)
-until n sqrt(m) >> 1e4. The printout states these numbers; paper002_slopes.py runs the phased
+until n sqrt(m) >> 1e4. The printout states these numbers; studies/paper002_slopes.toml runs the phased
 algorithms where they can run (the mean-estimation family).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import hashlib
+import json
 import math
 import os
 import sys
@@ -425,9 +427,26 @@ def _summaries(rows: list[dict]) -> list[dict]:
     return out
 
 
-def write_outputs(result: dict, outdir: str) -> dict[str, str]:
-    from simulations.paper002_slopes import write_result_files
+def write_result_files(result: dict, outdir: str, name: str, summary: list, text: str, draw) -> dict[str, str]:
+    """``<name>[_quick].{csv,json,md,png}`` under outdir: the rows, the config plus ``summary``, the
+    markdown ``text`` and ``draw(result, png_path)``."""
+    base = os.path.join(outdir, name + ("_quick" if result["config"]["tag"] == "quick" else ""))
+    os.makedirs(outdir, exist_ok=True)
+    paths = {k: f"{base}.{k}" for k in ("csv", "json", "md", "png")}
+    rows = result["rows"]
+    with open(paths["csv"], "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    with open(paths["json"], "w") as f:
+        json.dump({k: v for k, v in result.items() if k != "rows"} | {"summary": summary}, f, indent=2)
+    with open(paths["md"], "w") as f:
+        f.write(text)
+    draw(result, paths["png"])
+    return paths
 
+
+def write_outputs(result: dict, outdir: str) -> dict[str, str]:
     return write_result_files(result, outdir, "paper002_sc_slopes", _summaries(result["rows"]), markdown(result), plot)
 
 

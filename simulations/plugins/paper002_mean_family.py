@@ -1,15 +1,24 @@
-"""External sweep runner ``paper002-mean-family`` for simulations/studies/paper002_slopes.toml: paper 002's
-phased algorithms (Alg 3-6) and one output perturbation (Alg 2) on the mean-estimation family, one
-algorithm on one draw of the users per point. No ``fedkl run`` dataset or problem is this family (user
-means drawn exactly from N(theta_pop, I/m), m up to 1e12), so its points are not ``fedkl run`` runs.
+"""External sweep runner ``paper002-mean-family`` for simulations/studies/paper002_slopes.toml and
+paper002_compare.toml: paper 002's phased algorithms (Alg 3-6), one output perturbation (Alg 2) and
+fedkl's noisy clipped-gradient descent on the mean-estimation family, one method on one draw of the
+users per point. No ``fedkl run`` dataset or problem is this family (user means drawn exactly from
+N(theta_pop, I/m), m up to 1e12), so its points are not ``fedkl run`` runs.
 
-Point settings: ``fedkl run``'s ``users`` (n), ``seed``, ``epsilon`` and ``delta``; the runner's own
-``method`` (one of ALGORITHMS), ``records`` (m) and ``along`` ("n" or "m": which sweep of the study the
-point belongs to; it enters the data and noise seeds, so the point (n, m) of both sweeps is two draws).
-The data of (along, n, m, seed) and the noise of (method, along, n, m, seed) come from fixed hashes
-(:func:`seed_of`), so every point is reproducible on its own and the same data serves every method.
-Columns: the exact excess risks, the prediction of the noise recursion, the derived convex bound and
-the regime diagnostics of the run (what simulations/reports/paper002_slopes.py fits and tabulates).
+Point settings: ``fedkl run``'s ``users`` (n), ``seed``, ``epsilon``, ``delta`` and, for noisy GD,
+``clip`` and ``rounds``; the runner's own ``method`` (one of METHODS), ``records`` (m), ``along`` ("n"
+or "m": which sweep of a study the point belongs to) and ``stream`` ("slopes" or "compare": which
+study's random streams). The data of (stream, along, n, m, seed) and the noise of (stream, method,
+along, n, m, seed) come from fixed hashes (:func:`seed_of`), so every point is reproducible on its own
+and the same data serves every method of a (stream, along, n, m, seed). Columns: ``outcome``
+(released, ⊥, or refused: the public n is below 4 kappa + 2 for some call, nothing is read), the
+exact excess risks, the prediction of the noise recursion, the derived convex bound and the regime
+diagnostics (noisy GD: the excess risks only).
+
+Noisy GD is :class:`fedkl.algorithms.noisy_gd.NoisyGradientDescent` (per-user clipping to C, Gaussian
+noise on the sum with replace-one sensitivity 2C, lr = 1 = 1/smoothness, iterates projected onto K),
+rho = Budget(eps, delta).rho (the CKS conversion the ledger uses), enforced by a ZCDPFilter. Charges go
+to in-memory recorders (the repetitions would exhaust a real ledger); the ledger tests are in
+tests/algorithms/test_phased_output_pert.py and tests/algorithms/test_noisy_gd.py.
 
 The family (note §7 T6(a); :mod:`fedkl.problems.quadratic_mean`)
 ----------------------------------------------------------------
@@ -50,22 +59,27 @@ from dataclasses import dataclass
 import torch
 
 from fedkl.algorithms.mean_type_inner import MeanTypeInner, gaussian_users_rule
+from fedkl.algorithms.noisy_gd import NoisyGDConfig, NoisyGradientDescent
 from fedkl.algorithms.phased_common import PhaseCall, kappa, setting_for_problem
 from fedkl.algorithms.phased_erm import PhasedConfig, PhasedERM
 from fedkl.algorithms.phased_sco import PhasedSCO
 from fedkl.algorithms.sc_phased import SCPhasedERM, SCPhasedSCO
 from fedkl.experiments import register_runner
 from fedkl.federation.means import MeanFederation
-from fedkl.privacy import NoiseSource, Releaser
+from fedkl.privacy import Budget, NoiseSource, Releaser, ZCDPFilter
 from fedkl.problems.quadratic_mean import QuadraticMean, draw_user_means
 
 NAME = "paper002-mean-family"
 THETA_POP = (1.0, -0.5, 0.25, 0.0)
 ALGORITHMS = ("alg2-output-pert", "phased-erm", "sc-phased-erm", "phased-sco", "sc-phased-sco")
 SCO = ("phased-sco", "sc-phased-sco")
+METHODS = (*ALGORITHMS, "noisy-gd")
+STREAMS = {"slopes": "", "compare": "compare-"}
+"""The prefix of a stream's seed keys (paper002_compare drew its own users and noise)."""
 COLUMNS = (
     "d",
     "calibration",
+    "outcome",
     "phases",
     "bottoms",
     "lam",
@@ -190,12 +204,37 @@ def derived_bound(fam: Family, name: str, n: int, m: int, details: dict | None) 
     return 2 * math.sqrt(2 * D * D * G * G * (16 + 8 * (T - 1) * d * c * c / n) / (n * m)) + last
 
 
-def run_method(fam: Family, name: str, sweep: str, n: int, m: int, seed: int) -> dict:
-    """One algorithm on the users of (sweep, n, m, seed): its excess risks, their predictions and its regime."""
+def draw(fam: Family, stream: str, sweep: str, n: int, m: int, seed: int) -> MeanFederation:
     c = fam.cfg
-    fed = MeanFederation(draw_user_means(n, m, c.d, fam.pop, c.s, seed_of("data", sweep, n, m, seed)))
+    return MeanFederation(
+        draw_user_means(n, m, c.d, fam.pop, c.s, seed_of(STREAMS[stream] + "data", sweep, n, m, seed))
+    )
+
+
+def noisy_gd(fam: Family, fed: MeanFederation, key: tuple, clip: float, rounds: int) -> dict:
+    """fedkl's noisy GD at (eps, delta) with clip C and T rounds, from w0 = 0: its excess empirical risk."""
+    c = fam.cfg
+    rho = Budget(c.eps, c.delta).rho
+    gd = NoisyGradientDescent(NoisyGDConfig(rounds=rounds, lr=1.0, clip=clip, radius=c.radius), rho)
+    filt = ZCDPFilter(rho)
+    res = gd.run(
+        fed, Releaser(Recorder(), NoiseSource(seed_of(*key, clip, rounds)), filt), torch.zeros(c.d, dtype=torch.float64)
+    )
+    if res.rho_spent > rho * (1 + 1e-9):
+        raise RuntimeError("noisy GD overspent its budget")
+    e = res.w - fed.means.mean(0)
+    return {"outcome": "released", "phases": rounds, "dist_emp": float(e.norm()), "excess_emp": 0.5 * float(e @ e)}
+
+
+def run_method(fam: Family, name: str, sweep: str, n: int, m: int, seed: int, stream: str = "slopes") -> dict:
+    """One algorithm on the users of (stream, sweep, n, m, seed): its excess risks, their predictions and
+    its regime."""
+    c = fam.cfg
+    fed = draw(fam, stream, sweep, n, m, seed)
     theta_star = fed.means.mean(0)
-    noise = NoiseSource(seed_of("noise", name, sweep, n, m, seed))
+    # paper002_compare named Alg 2 "alg2" in its noise keys
+    key_name = "alg2" if stream == "compare" and name == "alg2-output-pert" else name
+    noise = NoiseSource(seed_of(STREAMS[stream] + "noise", key_name, sweep, n, m, seed))
     details = None
     if name == "alg2-output-pert":
         out = fam.output_pert(fed, m, noise)
@@ -206,6 +245,7 @@ def run_method(fam: Family, name: str, sweep: str, n: int, m: int, seed: int) ->
         lam, const = details.get("lam"), details.get("noise_constant_c")
     regime = min(h["users"] / (8 * kappa(h["eps"], h["delta"])) for h in hist)
     row = {
+        "outcome": "released" if w is not None else "⊥",
         "phases": phases,
         "bottoms": bottoms,
         "lam": lam,
@@ -235,15 +275,24 @@ def run_method(fam: Family, name: str, sweep: str, n: int, m: int, seed: int) ->
 
 def run(settings, log) -> dict:
     torch.set_num_threads(1)
-    if settings.method not in ALGORITHMS:
-        raise ValueError(f"method must be one of {', '.join(ALGORITHMS)}, got {settings.method!r}")
-    if settings.along not in ("n", "m"):
-        raise ValueError(f"along must be 'n' or 'm', got {settings.along!r}")
+    if settings.method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}, got {settings.method!r}")
+    if settings.along not in ("n", "m") or settings.stream not in STREAMS:
+        raise ValueError(f"along must be n or m and stream one of {', '.join(STREAMS)}")
     if settings.delta is None:
         raise ValueError("this family needs an explicit delta")
     fam = Family(FamilyConfig(eps=float(settings.epsilon), delta=float(settings.delta)))
-    n, m = int(settings.users), int(settings.records)
-    row = run_method(fam, settings.method, settings.along, n, m, int(settings.seed))
+    n, m, seed, stream = int(settings.users), int(settings.records), int(settings.seed), settings.stream
+    if settings.method == "noisy-gd":
+        key = (STREAMS[stream] + "gd", settings.along, n, m, seed)
+        row = noisy_gd(fam, draw(fam, stream, settings.along, n, m, seed), key, settings.clip, int(settings.rounds))
+    else:
+        try:
+            row = run_method(fam, settings.method, settings.along, n, m, seed, stream)
+        except ValueError as exc:  # public n below 4 kappa + 2 for some call: refused, nothing read
+            if "4 kappa" not in str(exc):
+                raise
+            row = {"outcome": "refused", "phases": 0}
     log(f"{settings.method} along {settings.along}: n={n} m={m:.0e} seed={settings.seed}: {row}")
     return {
         "algorithm": NAME,
@@ -266,5 +315,5 @@ register_runner(
     run,
     columns=COLUMNS,
     description=__doc__.splitlines()[0],
-    settings={"method": "phased-erm", "records": 10**8, "along": "n"},
+    settings={"method": "phased-erm", "records": 10**8, "along": "n", "stream": "slopes"},
 )
