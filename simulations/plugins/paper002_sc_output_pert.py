@@ -267,11 +267,13 @@ def run(settings, log) -> dict:
     torch.set_num_threads(1)
     if settings.along not in ("n", "m") or settings.delta is None or not settings.reg > 0:
         raise ValueError("along must be n or m, delta explicit and reg > 0")
+    if settings.dataset != "synthetic-least-squares":
+        raise ValueError(f"{NAME} draws synthetic least squares (dataset = 'synthetic-least-squares')")
     row = run_point(settings)
     log(f"SCOutputPert along {settings.along}: n={settings.users} m={settings.records} seed={settings.seed}: {row}")
     return {
         "algorithm": NAME,
-        "dataset": "synthetic-least-squares",
+        "dataset": settings.dataset,
         "users": int(settings.users),
         "epsilon": float(settings.epsilon),
         "delta": float(settings.delta),
