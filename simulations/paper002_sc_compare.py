@@ -1,19 +1,21 @@
 """Paper 002 evidence: user-level output perturbation (SCOutputPert) against noisy clipped-gradient
 descent at the same user-level (eps, delta), on synthetic data as m grows and on MovieLens.
 
-    .venv/bin/python simulations/paper002_sc_compare.py            # about 3-5 min on 2 cores
-    .venv/bin/python simulations/paper002_sc_compare.py --quick    # about 1 min (smaller grids, 2 seeds)
+    .venv/bin/python -m simulations.paper002_sc_compare            # about 3-5 min on 2 cores
+    .venv/bin/python -m simulations.paper002_sc_compare --quick    # about 1 min (smaller grids, 2 seeds)
+
+(from the repository root: it imports the sc-output-pert plugin and the slopes report as modules).
 
 Writes ``simulations/results/paper002_sc_compare{,_quick}.{csv,json,md,png}`` (the markdown file holds
 the tables and the conclusion paragraph). (The phased algorithms against noisy GD on the
-mean-estimation family: simulations/paper002_compare.py.)
+mean-estimation family: simulations/studies/paper002_compare.toml.)
 
 Methods, all at the same user-level (eps, delta), replace-one, n public:
 
 * ``sc-output-pert``: paper 002 Alg. 2 (SCOutputPert, calibration "tight") with the public threshold
   Delta = a G/(mu n sqrt(m)) (synthetic; a in a small public grid) or Delta = b G/(mu n) (MovieLens,
   whose users hold different numbers of records). n is far above SCOutputPert.run's exact-fallback
-  limit (24 users), so it is evaluated through :func:`simulations.paper002_sc_slopes.certified_release`
+  limit (24 users), so it is evaluated through :func:`simulations.plugins.paper002_sc_output_pert.certified_release`
   (SCOutputPert's own solver, certificate and release path; exact output law wherever the
   certificate passes, "undetermined" where it does not; an evaluation harness, not a DP mechanism:
   see that module's docstring).
@@ -43,7 +45,6 @@ import json
 import math
 import os
 import shutil
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -51,29 +52,27 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-if __package__ in (None, ""):  # run as a script: make the repository root importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from fedkl.algorithms.noisy_gd import NoisyGDConfig, NoisyGradientDescent  # noqa: E402
-from fedkl.algorithms.sc_output_pert import SCOutputPert, SCOutputPertConfig  # noqa: E402
-from fedkl.data import load_dataset, synthetic_least_squares  # noqa: E402
-from fedkl.federation.inprocess import InProcessFederation  # noqa: E402
-from fedkl.privacy import Budget, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter  # noqa: E402
-from fedkl.privacy.mechanisms import GaussianMechanism  # noqa: E402
-from fedkl.problems import make_problem  # noqa: E402
-from fedkl.runner import RunConfig, default_delta, run_training  # noqa: E402
-from simulations.paper002_sc_slopes import (  # noqa: E402
-    RESULTS,
+from fedkl.algorithms.noisy_gd import NoisyGDConfig, NoisyGradientDescent
+from fedkl.algorithms.sc_output_pert import SCOutputPert, SCOutputPertConfig
+from fedkl.data import load_dataset, synthetic_least_squares
+from fedkl.federation.inprocess import InProcessFederation
+from fedkl.privacy import Budget, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter
+from fedkl.privacy.mechanisms import GaussianMechanism
+from fedkl.problems import make_problem
+from fedkl.runner import RunConfig, default_delta, run_training
+from simulations.plugins.paper002_sc_output_pert import (
     EvaluationRecorder,
     Undetermined,
     certified_release,
-    fit_slope,
     noise_seed,
     public_scale,
     public_train_records,
     ridge_erm,
     scaled_delta,
 )
+from simulations.reports.paper002_slopes import fit_slope
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
 @dataclass(frozen=True)
@@ -459,7 +458,7 @@ def markdown(result: dict) -> str:
     L = [
         f"# Paper 002: output perturbation vs noisy clipped-gradient descent ({cfg['tag']} run)",
         "",
-        "Regenerate: `.venv/bin/python simulations/paper002_sc_compare.py"
+        "Regenerate: `.venv/bin/python -m simulations.paper002_sc_compare"
         + (" --quick" if cfg["tag"] == "quick" else "")
         + "`. All methods at the same user-level (ε, δ), replace-one. Hyperparameters from small public grids; "
         "'best' = best mean over seeds (tuning is not private; it favours both methods equally).",

@@ -2,11 +2,10 @@
 script), its epsilon against dp-accounting, the ghost-clipping kernel (fedkl/federation/ghost_clipping.py)
 against fedkl's stock per-user gradients, the z-scored partition (fedkl.data.images.load_zscored) against
 fedkl's loader, and the epsilon-label arithmetic (fedkl/privacy/rdp_conversion.py on the schedule and
-labels that simulations/paper004_eps.py prints)."""
+labels of the study simulations/studies/paper004_eps.toml, read by fedkl's sweep loader)."""
 
 import csv
 import importlib.util
-import json
 import math
 import os
 import pathlib
@@ -193,12 +192,20 @@ def test_zscored_partition_is_fedkls_partition():
 
 
 def test_paper_labels_come_from_the_classic_rdp_conversion():
-    """The schedule and labels simulations/paper004_eps.py uses (printed by --schedule): fedkl's classic RDP
-    conversion reproduces every label to two decimals, the improved conversion is clearly below it."""
-    paper = json.loads(_script("simulations/paper004_eps.py", "--schedule"))
-    q, T = paper["sampling_rate"], paper["steps"]
-    assert T == 46_875 and q == 128 / 60_000 and paper["delta"] == 1e-5
-    labels = {float(sigma): label for sigma, label in paper["labels"].items()}
+    """The schedule and labels of the study simulations/studies/paper004_eps.toml (its record-level
+    points): fedkl's classic RDP conversion reproduces every label to two decimals, the improved
+    conversion is clearly below it."""
+    from fedkl.experiments import load_sweep
+
+    cwd = os.getcwd()
+    os.chdir(REPO)  # the study's plugin path is relative to the repository root
+    try:
+        points = [p for p in load_sweep("simulations/studies/paper004_eps.toml").points() if p.get("paper_label")]
+    finally:
+        os.chdir(cwd)
+    ((q, T, delta),) = {(p["expected_batch"] / p["users"], p["rounds"], p["delta"]) for p in points}
+    assert T == 46_875 and q == 128 / 60_000 and delta == 1e-5
+    labels = {p["sigma"]: p["paper_label"] for p in points}
     assert labels == {2.0: 1.22, 4.0: 0.57, 8.0: 0.28}
     for sigma, label in labels.items():
         # integer orders up to 128 hold the optima (20, 42, 84 for the classic conversion)

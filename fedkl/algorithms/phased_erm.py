@@ -40,7 +40,7 @@ runs in polynomial time; it needs n >= 8 kappa' + 2 users (matching score), or n
 vertex-cover search fits its work budget. So ``fedkl run --algorithm phased-erm`` runs on MovieLens
 (671 users). At the theorem's lambda* the noise constant c is ~1e5-1e6 at n < 1000 (note §4), so
 lam_i is large, the phases barely move the centre, and the model stays close to w0 (result.json
-says so). See simulations/paper002_slopes.py for the regime where the theorem applies.
+says so). See simulations/studies/paper002_slopes.toml for the regime where the theorem applies.
 """
 
 from __future__ import annotations

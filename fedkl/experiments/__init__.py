@@ -29,6 +29,10 @@
                              "mlp"`` (a list: any of its values; ``variant`` names a variant)
   any RunConfig field        a non-empty list of values (an axis of the product)
 
+  A plugin runner may declare its own settings (``register_runner(..., settings={name: default})``,
+  e.g. a simulated family's records per user): they are keys and axes of a sweep like RunConfig
+  fields, checked against the default's type, and part of the run key of that runner's points.
+
   A ``[report]`` table makes the sweep file a study: ``fedkl report FILE.toml`` writes its markdown
   and figures from the table (:mod:`fedkl.experiments.report`).
 

@@ -58,11 +58,20 @@ def coerce_value(
     actions: Mapping[str, argparse.Action] | None = None,
     fields: Mapping[str, dataclasses.Field] | None = None,
     extra_algorithms: Iterable[str] = (),
+    extra_settings: Mapping[str, Any] | None = None,
 ) -> Any:
     """``value`` (from TOML) checked and converted exactly as ``fedkl run``'s flag for field
-    ``name`` would check and convert its text. Raises :class:`ConfigError`."""
+    ``name`` would check and convert its text; ``extra_settings``: external runners' own settings,
+    name -> default, checked against the default's type. Raises :class:`ConfigError`."""
     fields = fields if fields is not None else run_fields()
     actions = actions if actions is not None else run_actions()
+    if extra_settings and name in extra_settings and name not in fields:
+        kind = type(extra_settings[name])
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        if type(value) is not kind:
+            raise ConfigError(f"key {name!r}: expected {kind.__name__}, got {value!r}")
+        return value
     flag = "--" + dest_of(name).replace("_", "-")
     if name not in fields:
         import difflib

@@ -13,7 +13,7 @@ import importlib.util
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fedkl.experiments.config import ConfigError, run_fields
@@ -25,11 +25,14 @@ class ExternalRunner:
     attribute (:func:`flat_settings`: the point's values, the rest at their defaults), returning a result like ``run_training``'s (at least
     algorithm, dataset, users, epsilon, delta, test_metric, test_metrics, nonprivate_reference,
     trivial_baseline, seed, rounds); ``columns``: extra result keys (``payload["table_extra"]``)
-    that become table columns."""
+    that become table columns; ``settings``: the runner's own settings beyond ``fedkl run``'s, name ->
+    default (an int, float, str or bool; a value is checked against the default's type), which a sweep
+    accepts as keys and axes for this runner's points (e.g. a simulated family's records per user)."""
 
     fn: Callable[..., dict]
     columns: tuple[str, ...] = ()
     description: str = ""
+    settings: Mapping[str, Any] = field(default_factory=dict)
 
 
 EXTERNAL_RUNNERS: dict[str, ExternalRunner] = {}
@@ -38,12 +41,34 @@ VARIANT = "variant"
 """The key (and table column) of a sweep point's ``[[sweep.variants]]`` name: a label, not a setting."""
 
 
-def register_runner(name: str, fn: Callable[..., dict], columns: Sequence[str] = (), description: str = "") -> None:
+def register_runner(
+    name: str,
+    fn: Callable[..., dict],
+    columns: Sequence[str] = (),
+    description: str = "",
+    settings: Mapping[str, Any] | None = None,
+) -> None:
     from fedkl.algorithms.catalog import REGISTRY
 
     if name in REGISTRY:
         raise ValueError(f"{name!r} is a fedkl algorithm; an external runner needs another name")
-    EXTERNAL_RUNNERS[name] = ExternalRunner(fn, tuple(columns), description)
+    settings = dict(settings or {})
+    fields = run_fields()
+    for key, default in settings.items():
+        if key in fields or key == VARIANT:
+            raise ValueError(f"runner {name!r}: setting {key!r} is already a fedkl run setting")
+        if not isinstance(default, (int, float, str, bool)):
+            raise ValueError(f"runner {name!r}: setting {key!r} needs an int, float, str or bool default")
+    EXTERNAL_RUNNERS[name] = ExternalRunner(fn, tuple(columns), description, settings)
+
+
+def runner_settings() -> dict[str, Any]:
+    """Every registered runner's own settings, name -> default (the keys a sweep accepts beyond
+    ``fedkl run``'s)."""
+    out: dict[str, Any] = {}
+    for runner in EXTERNAL_RUNNERS.values():
+        out.update(runner.settings)
+    return out
 
 
 def load_plugin(ref: str) -> None:
@@ -68,9 +93,11 @@ def load_plugin(ref: str) -> None:
 
 
 def flat_settings(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """``cfg`` with every other ``fedkl run`` setting at its default: what an external runner reads
-    (as attributes) and what identifies a row of one."""
-    return {**{name: f.default for name, f in run_fields().items()}, **cfg}
+    """``cfg`` with every other ``fedkl run`` setting, and every other setting of its runner, at its
+    default: what an external runner reads (as attributes) and what identifies a row of one."""
+    runner = EXTERNAL_RUNNERS.get(cfg.get("algorithm"))
+    own = dict(runner.settings) if runner is not None else {}
+    return {**{name: f.default for name, f in run_fields().items()}, **own, **cfg}
 
 
 def resolved_settings(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -82,7 +109,8 @@ def resolved_settings(cfg: Mapping[str, Any]) -> dict[str, Any]:
     point = {k: v for k, v in cfg.items() if k not in ("out", "ledger", VARIANT)}
     if point.get("algorithm") in EXTERNAL_RUNNERS:
         full = flat_settings(point)
-    else:
-        full = RunConfig.from_settings(strict=False, **point).settings()
+    else:  # another runner's own settings (in a sweep's base) do not apply to a fedkl algorithm
+        fields = run_fields()
+        full = RunConfig.from_settings(strict=False, **{k: v for k, v in point.items() if k in fields}).settings()
     full.pop("out", None), full.pop("ledger", None)
     return full

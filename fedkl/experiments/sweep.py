@@ -30,7 +30,14 @@ from fedkl.experiments.config import (
     run_fields,
     run_settings,
 )
-from fedkl.experiments.runners import EXTERNAL_RUNNERS, VARIANT, flat_settings, load_plugin, resolved_settings
+from fedkl.experiments.runners import (
+    EXTERNAL_RUNNERS,
+    VARIANT,
+    flat_settings,
+    load_plugin,
+    resolved_settings,
+    runner_settings,
+)
 from fedkl.experiments.table import BASE_COLUMNS, append_line, append_row, read_table, result_row
 
 SWEEP_OPTIONS = ("table", "noise_seed_offset", "runs_dir", "plugins", "when", "variants", "exclude")
@@ -132,7 +139,8 @@ def load_sweep(path: str, *, table: str | None = None, sets: Sequence[str] = ())
     extra_algs = tuple(EXTERNAL_RUNNERS)
     fields = run_fields()
     actions = run_actions()
-    kw = {"fields": fields, "actions": actions, "extra_algorithms": extra_algs}
+    own = runner_settings()
+    kw = {"fields": fields, "actions": actions, "extra_algorithms": extra_algs, "extra_settings": own}
     base = run_settings(data, path, **kw)
     for key in ("out", "ledger"):
         if key in base:
@@ -144,10 +152,10 @@ def load_sweep(path: str, *, table: str | None = None, sets: Sequence[str] = ())
     for key, values in sweep.items():
         if key in SWEEP_OPTIONS:
             continue
-        if key not in fields:
+        if key not in fields and key not in own:
             raise ConfigError(
-                f"{path}: [sweep] unknown key {key!r} (a RunConfig field with a list of values, or one "
-                f"of {', '.join(SWEEP_OPTIONS)})"
+                f"{path}: [sweep] unknown key {key!r} (a RunConfig field or a plugin runner's setting with a "
+                f"list of values, or one of {', '.join(SWEEP_OPTIONS)})"
             )
         if key in ("out", "ledger"):
             raise ConfigError(f"{path}: [sweep] {key!r} cannot be swept (every run gets its own folder and ledger)")
@@ -317,6 +325,7 @@ def run_sweep(
     appended and reports read only ``ok`` rows) or ``restart`` (delete it and run every point)."""
     from fedkl.runner import RunConfig, run_training
 
+    own = set(runner_settings()) - set(run_fields())
     if restart and (resume or retry_errors):
         raise ConfigError("--restart deletes the table; --resume/--retry-errors continue it: give one of them")
     columns = spec.columns()
@@ -401,7 +410,7 @@ def run_sweep(
                 settings = argparse.Namespace(**flat_settings(run_cfg))
                 payload = EXTERNAL_RUNNERS[alg].fn(settings, log if verbose else (lambda s: None))
             else:
-                rc = RunConfig.from_settings(strict=False, **run_cfg)
+                rc = RunConfig.from_settings(strict=False, **{k: v for k, v in run_cfg.items() if k not in own})
                 if rc.backend != "inprocess":
                     import fedkl.flower.backends  # noqa: F401  (registers the Flower backends)
                 payload = run_training(rc, log=log if verbose else (lambda s: None))

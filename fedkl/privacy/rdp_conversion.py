@@ -4,7 +4,7 @@ pyvacy / TF-privacy (2019) searched, and dp-accounting's improved one.
 fedkl's own accounting (:mod:`fedkl.privacy.accounting`) asks dp-accounting for a schedule's epsilon
 (its RDP accountant with the improved conversion, or its PLD accountant). These functions expose the
 steps underneath, so that an epsilon printed by older tools can be recomputed and compared (paper 004's
-labels 1.22 / 0.57 / 0.28 are the classic conversion: ``simulations/paper004_eps.py``). Every function
+labels 1.22 / 0.57 / 0.28 are the classic conversion: ``simulations/studies/paper004_eps.toml``). Every function
 here returns a valid upper bound on the schedule's epsilon at ``delta``; at every order above 1.01 the
 improved conversion is below the classic one (by ``ln(a)/(a - 1) - ln(1 - 1/a) > 0``).
 

@@ -8,6 +8,7 @@ larger cohorts, the exact mean-type DelOutputPert of fedkl/algorithms/mean_type_
 everywhere; sampled checks use tolerances of a few standard errors of their own sample.
 """
 
+import csv
 import hashlib
 import json
 import math
@@ -46,7 +47,7 @@ D = 4
 POP = torch.tensor([1.0, -0.5, 0.25, 0.0], dtype=torch.float64)
 X = 3.0  # public bound on ||x|| (feature bound) of the quadratic family
 RADIUS = 3.0  # K = B(0, 3) holds theta_pop and every phase minimizer used here
-REPO = pathlib.Path(__file__).resolve().parents[2]  # the simulations/ scripts run from the repository root
+REPO = pathlib.Path(__file__).resolve().parents[2]  # the simulations/ studies run from the repository root
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -525,20 +526,24 @@ def test_builders_read_hyperparameters(tmp_path):
         assert c.lam is None and c.beta is None and alg.setting.radius == RADIUS
 
 
-def test_slope_experiment_point_is_in_the_theorem_regime():
-    """One point of simulations/paper002_slopes.py (n = 4000, m = 1e8), run as the script: every algorithm
-    releases without ⊥, every call has >= 8 kappa users (Cor 3.7's regime) and the error is finite."""
+def test_slope_experiment_point_is_in_the_theorem_regime(tmp_path):
+    """One point of the study simulations/studies/paper002_slopes.toml (n = 4000, m = 1e8, seed 0), run by
+    `fedkl sweep`: every algorithm releases without ⊥, every call has >= 8 kappa users (Cor 3.7's
+    regime) and the error is finite."""
+    table = tmp_path / "slopes.csv"
+    sets = ["--set", "users=4000", "--set", f"records={10**8}", "--set", "seed=0"]
     proc = subprocess.run(
-        [sys.executable, "simulations/paper002_slopes.py", "--point", "n", "4000", str(10**8), "0"],
+        [sys.executable, "-m", "fedkl.cli", "sweep", "simulations/studies/paper002_slopes.toml", "--table", str(table)]
+        + sets,
         cwd=REPO,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr
-    rows = json.loads(proc.stdout)
-    assert [r["algorithm"] for r in rows] == [
+    rows = list(csv.DictReader(open(table)))
+    assert [r["method"] for r in rows] == [
         "alg2-output-pert",
         "phased-erm",
         "sc-phased-erm",
@@ -546,4 +551,5 @@ def test_slope_experiment_point_is_in_the_theorem_regime():
         "sc-phased-sco",
     ]
     for r in rows:
-        assert r["bottoms"] == 0 and r["theorem_regime"] and math.isfinite(r["excess_pop"]), r["algorithm"]
+        assert r["status"] == "ok" and r["outcome"] == "released", r
+        assert r["bottoms"] == "0" and r["theorem_regime"] == "True" and math.isfinite(float(r["excess_pop"])), r

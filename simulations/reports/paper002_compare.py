@@ -1,55 +1,21 @@
-"""Paper 002 evidence: the phased output-perturbation algorithms against noisy clipped-gradient descent
-(fedkl's ``noisy-gd``) at the same user-level (eps, delta), on the mean-estimation family.
-
-    .venv/bin/python simulations/paper002_compare.py            # full: about 2-3 min on 2 cores
-    .venv/bin/python simulations/paper002_compare.py --quick    # about 20 s
-
-Writes ``simulations/results/paper002_compare{,_quick}.{csv,json,md,png}``; the markdown file holds
-the tables and the "who wins where, and why" paragraph.
-
-Family and public constants: those of :mod:`simulations.paper002_slopes` (l = 0.5 ||theta - x||^2,
-d = 4, user means exactly N(theta_pop, I/m), K = B(0, 3), w0 = 0). Metric: the excess empirical risk
-0.5 ||theta^ - theta*||^2 (exact). Every method at user-level (eps, delta) = (4, 1e-5), replace-one:
-
-* ``alg2`` (one output perturbation, paper 002 Alg 2), ``phased-erm`` (Alg 3), ``sc-phased-erm``
-  (Alg 5): fedkl's classes with their THEOREM schedules and the exact mean-type inner release
-  (see paper002_slopes); no tuning. The threshold Delta comes from the public model of the users
-  (:func:`~fedkl.algorithms.mean_type_inner.gaussian_users_rule`). Where the public n is below
-  4 kappa + 2 for some call the algorithm refuses before reading data ("refused").
-* ``noisy-gd``: :class:`fedkl.algorithms.noisy_gd.NoisyGradientDescent` (per-user clipping to C,
-  Gaussian noise on the sum with replace-one sensitivity 2C, lr = 1 = 1/smoothness, iterates
-  projected onto K), rho = Budget(eps, delta).rho (the CKS conversion the ledger uses), enforced by a
-  ZCDPFilter. Reported twice: at fedkl's default clip and round count (C = 1, T = 10), and the best
-  of a grid C x T (4 x 3 configurations) chosen AFTER seeing the results - that choice is not private
-  (what a tuning budget would buy); it favours noisy GD.
-
-Charges go to in-memory recorders (the repetitions would exhaust a real ledger); the ledger tests are
-in tests/algorithms/test_phased_output_pert.py and tests/algorithms/test_noisy_gd.py.
-"""
+"""Report of simulations/studies/paper002_compare.toml: paper 002's algorithms against noisy GD on the
+mean-estimation family: mean ± sd of the excess empirical risk per point and method (noisy GD at its
+default and at the best of its grid, chosen after the fact: not private), the winners, the fitted slopes
+and the "who wins where, and why" paragraph, and the figure. Run by
+``fedkl report simulations/studies/paper002_compare.toml``."""
 
 from __future__ import annotations
 
-import argparse
-import csv
-import json
 import math
 import os
-import sys
-import time
-from dataclasses import asdict, dataclass, replace
 
 import numpy as np
-import torch
 
-if __package__ in (None, ""):  # run as a script: make the repository root importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from fedkl.algorithms.phased_common import noise_ratio
+from fedkl.experiments.report import load_function
 
-from fedkl.algorithms.noisy_gd import NoisyGDConfig, NoisyGradientDescent  # noqa: E402
-from fedkl.algorithms.phased_common import noise_ratio  # noqa: E402
-from fedkl.federation.means import MeanFederation  # noqa: E402
-from fedkl.privacy import Budget, NoiseSource, Releaser, ZCDPFilter  # noqa: E402
-from fedkl.problems.quadratic_mean import draw_user_means  # noqa: E402
-from simulations.paper002_slopes import RESULTS, Family, Recorder, SlopeConfig, fit_slope, seed_of  # noqa: E402
+# the log-log fit of the slopes study's report (loaded by path, as fedkl report loads both)
+fit_slope = load_function(os.path.join(os.path.dirname(os.path.abspath(__file__)), "paper002_slopes.py:fit_slope"))
 
 OURS = ("alg2", "phased-erm", "sc-phased-erm")
 LABELS = {
@@ -59,87 +25,6 @@ LABELS = {
     "noisy-gd-default": "noisy GD, C=1, T=10",
     "noisy-gd-best": "noisy GD, best of grid (non-private tuning)",
 }
-
-
-@dataclass(frozen=True)
-class CompareConfig:
-    m_grid: tuple[int, ...] = tuple(10**k for k in range(2, 13))
-    n_for_m: int = 8000
-    n_grid: tuple[int, ...] = (1000, 2000, 4000, 8000, 16000)
-    m_for_n: int = 10**4
-    seeds: int = 3
-    clip_grid: tuple[float, ...] = (1.0, 0.3, 0.1, 0.03)
-    rounds_grid: tuple[int, ...] = (10, 30, 100)
-    eps: float = 4.0
-    delta: float = 1e-5
-    tag: str = "full"
-
-
-FULL = CompareConfig()
-QUICK = CompareConfig(
-    m_grid=(10**2, 10**5, 10**8, 10**11),
-    n_grid=(1000, 4000),
-    seeds=2,
-    clip_grid=(1.0, 0.1),
-    rounds_grid=(10, 100),
-    tag="quick",
-)
-
-
-def family(cfg: CompareConfig) -> Family:
-    return Family(replace(SlopeConfig(), eps=cfg.eps, delta=cfg.delta))
-
-
-def run_point(cfg: CompareConfig, fam: Family, sweep: str, n: int, m: int, seed: int) -> list[dict]:
-    d = fam.cfg.d
-    fed = MeanFederation(draw_user_means(n, m, d, fam.pop, fam.cfg.s, seed_of("compare-data", sweep, n, m, seed)))
-    theta_star = fed.means.mean(0)
-    w0 = torch.zeros(d, dtype=torch.float64)
-    base = {"sweep": sweep, "n": n, "m": m, "seed": seed, "eps": cfg.eps, "delta": cfg.delta}
-
-    def excess(w):
-        return math.nan if w is None else 0.5 * float((w - theta_star) @ (w - theta_star))
-
-    rows = []
-    for name in OURS:
-        noise = NoiseSource(seed_of("compare-noise", name, sweep, n, m, seed))
-        try:
-            if name == "alg2":
-                w, phases = fam.output_pert(fed, m, noise)["w"], 1
-            else:
-                res = fam.algorithm(name, m).run(fed, Releaser(Recorder(), noise), w0)
-                w, phases = res.w, res.phases
-            status = "released" if w is not None else "⊥"
-        except ValueError as exc:  # public n below 4 kappa + 2 for some call: refused, nothing read
-            if "4 kappa" not in str(exc):
-                raise
-            w, phases, status = None, 0, "refused"
-        rows.append(
-            {**base, "method": name, "config": "theorem", "status": status, "phases": phases, "excess_emp": excess(w)}
-        )
-    rho = Budget(cfg.eps, cfg.delta).rho
-    grid = [(c, t) for c in cfg.clip_grid for t in cfg.rounds_grid]
-    if (1.0, 10) not in grid:
-        grid.append((1.0, 10))
-    for clip, rounds in grid:
-        gd = NoisyGradientDescent(NoisyGDConfig(rounds=rounds, lr=1.0, clip=clip, radius=fam.cfg.radius), rho)
-        filt = ZCDPFilter(rho)
-        res = gd.run(
-            fed, Releaser(Recorder(), NoiseSource(seed_of("compare-gd", sweep, n, m, seed, clip, rounds)), filt), w0
-        )
-        if res.rho_spent > rho * (1 + 1e-9):
-            raise RuntimeError("noisy GD overspent its budget")
-        rows.append(
-            {
-                **base,
-                "method": "noisy-gd",
-                "config": f"C={clip:g},T={rounds}",
-                "status": "released",
-                "phases": rounds,
-                "excess_emp": excess(res.w),
-            }
-        )
-    return rows
 
 
 def best(rows: list[dict], sweep: str, n: int, m: int, method: str) -> dict | None:
@@ -259,17 +144,17 @@ def conclusion(result: dict) -> str:
 
 def markdown(result: dict) -> str:
     cfg = result["config"]
-    q = " --quick" if cfg["tag"] == "quick" else ""
     L = [
         f"# Paper 002 vs noisy clipped-gradient descent ({cfg['tag']} run)",
         "",
-        f"Regenerate: `.venv/bin/python simulations/paper002_compare.py{q}` ({result['seconds']:.0f} s). "
+        f"Regenerate: `fedkl sweep` + `fedkl report simulations/studies/paper002_compare.toml` "
+        f"({result['seconds']:.0f} s). "
         f"ℓ = ½‖θ − x‖², d = 4, user means N(θ_pop, I/m) exactly; excess empirical risk ½‖θ̂ − θ*‖² (mean ± sd over "
         f"{cfg['seeds']} seeds: new data and noise each); user-level (ε, δ) = ({cfg['eps']}, {cfg['delta']:g}), "
         "replace-one, for every method. Paper 002's algorithms run with their theorem schedules (no tuning); "
         "'noisy GD best' is the best of "
         f"{len(cfg['clip_grid'])} clips × {len(cfg['rounds_grid'])} round counts chosen after the fact (not "
-        "private). Method: module docstring of `simulations/paper002_compare.py`.",
+        "private). Method: the study file and `simulations/plugins/paper002_mean_family.py`.",
         "",
     ]
     for title, tab, key in (
@@ -361,53 +246,53 @@ def plot(result: dict, path: str) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="smaller grids, 2 seeds")
-    p.add_argument("--out", default=RESULTS, help="output folder (default simulations/results)")
-    args = p.parse_args(argv)
-    cfg = QUICK if args.quick else FULL
-    torch.set_num_threads(1)
-    fam = family(cfg)
-    start = time.perf_counter()
-    rows = []
-    for sweep, pairs in (("m", [(cfg.n_for_m, m) for m in cfg.m_grid]), ("n", [(n, cfg.m_for_n) for n in cfg.n_grid])):
-        for n, m in pairs:
-            t = time.perf_counter()
-            for seed in range(cfg.seeds):
-                rows.extend(run_point(cfg, fam, sweep, n, m, seed))
-            print(f"  {sweep}-sweep n={n:6d} m={m:.0e} ({time.perf_counter() - t:.1f} s)", flush=True)
-    tm = table(rows, "m", [(cfg.n_for_m, m) for m in cfg.m_grid])
-    tn = table(rows, "n", [(n, cfg.m_for_n) for n in cfg.n_grid])
+def _rows(table_rows: list[dict]) -> list[dict]:
+    """The table's rows in the fields the tables read (Alg 2 as "alg2"; noisy GD's configuration "C=..,T=..")."""
+    out = []
+    for r in table_rows:
+        method = "alg2" if r["method"] == "alg2-output-pert" else r["method"]
+        config = f"C={float(r['clip']):g},T={r['phases']}" if method == "noisy-gd" else "theorem"
+        row = {"sweep": r["along"], "n": int(r["users"]), "m": int(r["records"]), "seed": int(r["seed"])}
+        row |= {"method": method, "config": config, "status": r["outcome"], "phases": int(r["phases"])}
+        row["excess_emp"] = float(r["excess_emp"]) if r["excess_emp"] != "" else math.nan
+        out.append(row)
+    return out
+
+
+def report(study) -> list[str]:
+    rows = _rows(study.rows)
+    (eps,) = {float(r["epsilon_target"]) for r in study.rows}
+    (delta,) = {float(r["delta"]) for r in study.rows}
+    ((calibration,),) = {(r["calibration"],) for r in study.rows}
+    (n_for_m,) = {r["n"] for r in rows if r["sweep"] == "m"}
+    (m_for_n,) = {r["m"] for r in rows if r["sweep"] == "n"}
+    gd = [r for r in study.rows if r["method"] == "noisy-gd"]
+    seeds = len({r["seed"] for r in rows})
+    cfg = {
+        "n_for_m": n_for_m,
+        "m_for_n": m_for_n,
+        "seeds": seeds,
+        "clip_grid": sorted({float(r["clip"]) for r in gd}, reverse=True),
+        "rounds_grid": sorted({int(r["phases"]) for r in gd}),
+        "eps": eps,
+        "delta": delta,
+        "tag": "full" if seeds >= 3 and len({r["m"] for r in rows}) >= 11 else "quick",
+    }
+    tm = table(rows, "m", [(n_for_m, m) for m in sorted({r["m"] for r in rows if r["sweep"] == "m"})])
+    tn = table(rows, "n", [(n, m_for_n) for n in sorted({r["n"] for r in rows if r["sweep"] == "n"})])
     phases = {k: [r["phases"] for r in rows if r["method"] == k and r["status"] == "released"] for k in OURS}
-    ratios = sorted({noise_ratio(cfg.eps / t, cfg.delta / t, fam.cfg.calibration) for t in phases["phased-erm"]})
+    ratios = sorted({noise_ratio(eps / t, delta / t, calibration) for t in phases["phased-erm"]})
     result = {
-        "config": asdict(cfg),
+        "config": cfg,
         "table_m": tm,
         "table_n": tn,
         "slopes": slopes(tm, tn),
         "phases_range": {k: [min(v), max(v)] for k, v in phases.items() if v},
-        "noise_ratios": {
-            "alg2": noise_ratio(cfg.eps, cfg.delta, fam.cfg.calibration),
-            "phased-erm": [ratios[0], ratios[-1]],
-        },
-        "seconds": time.perf_counter() - start,
+        "noise_ratios": {"alg2": noise_ratio(eps, delta, calibration), "phased-erm": [ratios[0], ratios[-1]]},
+        "seconds": sum(float(r["wall_s"]) for r in study.rows),
     }
-    base = os.path.join(args.out, "paper002_compare" + ("_quick" if cfg.tag == "quick" else ""))
-    os.makedirs(args.out, exist_ok=True)
-    with open(base + ".csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    with open(base + ".json", "w") as f:
-        json.dump(result, f, indent=2, default=str)
-    with open(base + ".md", "w") as f:
+    md, png = study.output("markdown"), study.output("figure")
+    with open(md, "w") as f:
         f.write(markdown(result))
-    plot(result, base + ".png")
-    print(conclusion(result))
-    print(f"wrote {base}.{{csv,json,md,png}} ({result['seconds']:.0f} s)")
-    return result
-
-
-if __name__ == "__main__":
-    main()
+    plot(result, png)
+    return [md, png]
