@@ -70,10 +70,10 @@ def count_scale(noise_multiplier: float, count_noise: float, neighbouring: str) 
         raise ValueError(f"the count noise must be finite and > 0, got {s}")
     need = z if neighbouring == "replace-one" else z / 2
     if not s > need:
+        what = f"z = {z:.4g}" if neighbouring == "replace-one" else f"z/2 = {need:.4g} (z = {z:.4g})"
         raise ValueError(
-            f"adaptive clipping: the count noise {s:g} must exceed {'z' if need == z else 'z/2'} = {need:.4g} "
-            f"(z = {z:.4g}, the schedule's noise multiplier at this budget) under {neighbouring}; "
-            "raise --clip-count-noise, the budget, or use the fixed clip"
+            f"adaptive clipping: the count noise {s:g} must exceed {what} under {neighbouring}, z being the "
+            "schedule's noise multiplier at this budget; raise --clip-count-noise or the budget, or use the fixed clip"
         )
     return (2 * z if neighbouring == "replace-one" else z) / math.sqrt(s * s - need * need)
 
