@@ -23,7 +23,9 @@ with z the schedule's noise multiplier and Delta the L2 sensitivity of sum_i x_i
     clip:   C_{t+1} = C_t * exp(-eta_C (b_bar - gamma))
 
 (q n: the public expected cohort, never the realised count; the clamp and the update are TF
-Privacy's). Everything after the release is post-processing.
+Privacy's). Before the clamp, b_bar is unbiased for the population's fraction F of update norms
+below C_t: E[sum_i c_i] = q n (F - 1/2) under Poisson sampling with rate q (failed users aside).
+Everything after the release is post-processing.
 
 Theorem (sensitivity). Let r = sqrt(1 + a^2/4). Then
 (i)  add-remove: Delta = r;  (ii) replace-one: Delta = 2 r = sqrt(4 + a^2); both tight.
