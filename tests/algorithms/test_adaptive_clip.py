@@ -203,3 +203,18 @@ def test_builder_default_count_noise_is_the_expected_cohort_over_20(tmp_path):
     with pytest.raises(ValueError, match="must exceed z/2"):
         build(cfg, 0.0, user_ids=fed.user_ids[:20], **kw)  # q n / 20 = 0.5
     assert ledger.num_releases() == 0
+
+
+def test_cli_refuses_a_cohort_too_small_for_the_default_count_noise(tmp_path, capsys):
+    """`fedkl run --adaptive-clip` on 20 users at q = 0.5: q n / 20 = 0.5 <= z/2, exit 2 with one line,
+    nothing charged."""
+    from fedkl import cli
+
+    out = tmp_path / "run"
+    argv = ["run", "--dataset", "synthetic-logistic", "--users", "20", "--algorithm", "dp-fedavg"]
+    argv += ["--adaptive-clip", "--neighbouring", "add-remove", "--sampling-rate", "0.5", "--accountant", "rdp"]
+    assert cli.main([*argv, "--no-reference", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "count noise 0.5 must exceed z/2" in err and len(err.strip().splitlines()) == 1
+    with PrivacyLedger(out / "ledger.sqlite") as ledger:
+        assert ledger.num_releases() == 0
