@@ -37,6 +37,7 @@ SMALL = {
     "dp-sgd": SCHEDULED,
     "dp-rmsprop": {**SCHEDULED, "lr": 0.05},
     "dp-adam": {**SCHEDULED, "lr": 0.05},
+    "dp-adambc": {**SCHEDULED, "lr": 0.05},
     "dp-fedavg": {**SCHEDULED, "local_steps": 2, "batch_size": 3},
     "sc-output-pert": {"reg": 0.5},
     "phased-erm": {"reg": 0.1, "p002_delta_rule": "fixed", "p002_phases": 2, "p002_lam": 0.05},

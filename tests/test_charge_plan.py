@@ -20,8 +20,8 @@ from fedkl.runner import RunConfig, load_run_dataset, run_training
 KEEP = ("label", "mechanism", "charge", "users", "cohort")
 
 
-def _config(name: str, out) -> RunConfig:
-    kw = dict(SMALL[name])
+def _config(name: str, out, **extra) -> RunConfig:
+    kw = {**SMALL[name], **extra}
     base = dict(dataset="synthetic-logistic", problem="logistic", algorithm=name, epsilon=3.0, rounds=3, lr=0.5,
                 clip=1.0, seed=2, noise_seed=5, reference=False, force=True, users=kw.pop("users", 12))  # fmt: skip
     return RunConfig.from_settings(strict=False, **{**base, **kw}, out=str(out))
@@ -29,7 +29,14 @@ def _config(name: str, out) -> RunConfig:
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_the_plan_is_the_runs_charges(tmp_path, name):
-    cfg = _config(name, tmp_path / "run")
+    _plan_equals_run(_config(name, tmp_path / "run"))
+
+
+def test_the_plan_is_the_runs_charges_with_adaptive_clipping(tmp_path):
+    _plan_equals_run(_config("dp-fedavg", tmp_path / "run", adaptive_clip=True, clip_count_noise=5.0))
+
+
+def _plan_equals_run(cfg: RunConfig) -> None:
     plan = charge_plan(cfg)
     result = run_training(cfg, log=lambda s: None)
     with PrivacyLedger(result["ledger"]["path"]) as ledger:

@@ -9,6 +9,18 @@ Round t:
     psi_t = 1 (SGD) or beta2 psi_{t-1} + (1 - beta2) g~_t^2 (RMSProp, Adam);  v_t = min(psi_t, cap)
     w_{t+1} = w_t - lr * m_t / (sqrt(v_t) + nu)
 
+**DP-AdamBC** (``dp-adambc``; Tang, Shpilevskiy, Lécuyer, AAAI 2024): Adam with both bias corrections,
+whose second moment has the DP noise's per-coordinate variance Phi = (sigma / (q n))^2 subtracted:
+
+    m^_t = m_t / (1 - beta1^t),  v^_t = psi_t / (1 - beta2^t)
+    w_{t+1} = w_t - lr * m^_t / sqrt(max(v^_t - Phi, gamma'))
+
+(E[g~^2] = E[g]^2 + Var + Phi per coordinate: without the correction the noise dominates v^ and
+DP-Adam behaves like DP-SGD with a rescaled step). sigma is the schedule's public noise std and
+q n the public denominator, so the correction is post-processing: dp-adambc has exactly the privacy
+guarantee below, the same schedule and charge as dp-adam. gamma' (``adambc_floor``) replaces nu and
+the cap.
+
 As in the paper's corrected Algorithm 1 (../shared/notes/seed-004.md): EMAs start from zero and are
 NOT bias-corrected by default (``bias_correction=True`` applies Adam's 1/(1 - beta^t) corrections,
 flagged in the result); the cap on v keeps accumulated noise from freezing the step; the step has
@@ -43,7 +55,7 @@ from fedkl.privacy.accounting import GaussianSchedule
 from fedkl.privacy.guarantee import Guarantee
 from fedkl.privacy.release import Releaser
 
-OPTIMIZERS = ("sgd", "rmsprop", "adam")
+OPTIMIZERS = ("sgd", "rmsprop", "adam", "adambc")
 
 
 @dataclass(frozen=True)
@@ -58,6 +70,7 @@ class AdaptiveDPConfig:
     nu: float = 1e-3
     cap: float = math.inf
     bias_correction: bool = False
+    adambc_floor: float = 1e-3
     neighbouring: str = "add-remove"
     accountant: str = "pld"
 
@@ -65,7 +78,7 @@ class AdaptiveDPConfig:
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         check_schedule_config(self.rounds, self.sampling_rate, self.neighbouring, self.accountant)
-        for name in ("lr", "clip", "nu", "cap"):
+        for name in ("lr", "clip", "nu", "cap", "adambc_floor"):
             v = getattr(self, name)
             if not v > 0 or math.isnan(v):
                 raise ValueError(f"{name} must be > 0, got {v}")
@@ -100,9 +113,16 @@ class AdaptiveDPOptimizer:
         return GaussianSchedule(z, cfg.sampling_rate, cfg.rounds)
 
     def _direction(self, g: torch.Tensor, state: dict, t: int) -> torch.Tensor:
+        """The step direction at round t from the released mean ``g``; ``state["noise_var"]`` is the
+        release's public per-coordinate noise variance (sigma / (q n))^2."""
         cfg = self.config
         if cfg.optimizer == "sgd":
             return g
+        if cfg.optimizer == "adambc":
+            state["m"] = cfg.beta1 * state["m"] + (1 - cfg.beta1) * g
+            state["psi"] = cfg.beta2 * state["psi"] + (1 - cfg.beta2) * g * g
+            m_hat, v_hat = state["m"] / (1 - cfg.beta1**t), state["psi"] / (1 - cfg.beta2**t)
+            return m_hat / torch.sqrt(torch.clamp(v_hat - state["noise_var"], min=cfg.adambc_floor))
         state["psi"] = cfg.beta2 * state["psi"] + (1 - cfg.beta2) * g * g
         psi = state["psi"] / (1 - cfg.beta2**t) if cfg.bias_correction else state["psi"]
         m = g
@@ -132,7 +152,7 @@ class AdaptiveDPOptimizer:
             accountant=cfg.accountant,
         )
         w = w0.clone()
-        state = {"m": torch.zeros_like(w), "psi": torch.zeros_like(w)}
+        state = {"m": torch.zeros_like(w), "psi": torch.zeros_like(w), "noise_var": (run.sigma / run.denominator) ** 2}
         history: list[dict] = []
         for t in range(1, cfg.rounds + 1):
             start = time.perf_counter()
@@ -152,14 +172,24 @@ class AdaptiveDPOptimizer:
         return run.result(
             w,
             history,
-            {"optimizer": cfg.optimizer, "bias_correction": cfg.bias_correction, "cap": cfg.cap, "nu": cfg.nu},
+            {"optimizer": cfg.optimizer, **self._details(state)},
         )
+
+    def _details(self, state: dict) -> dict:
+        cfg = self.config
+        if cfg.optimizer == "adambc":
+            return {"bias_correction": True, "adambc_floor": cfg.adambc_floor, "noise_variance": state["noise_var"]}
+        return {"bias_correction": cfg.bias_correction, "cap": cfg.cap, "nu": cfg.nu}
 
 
 @dataclass(frozen=True)
-class AdaptiveDPParams(Rounds, StepSize, Clip, PoissonSampling):
-    beta1: float = param(0.9, "dp-adam: first-moment decay", "heuristic")
-    beta2: float = param(0.999, "dp-rmsprop/adam: second-moment decay", "heuristic")
+class AdamMoments(Rounds, StepSize, Clip, PoissonSampling):
+    beta1: float = param(0.9, "dp-adam/adambc: first-moment decay", "heuristic")
+    beta2: float = param(0.999, "dp-rmsprop/adam/adambc: second-moment decay", "heuristic")
+
+
+@dataclass(frozen=True)
+class AdaptiveDPParams(AdamMoments):
     nu: float = param(1e-3, "dp-rmsprop/adam: denominator offset", "heuristic", positive=True)
     cap: float = param(
         math.inf,
@@ -170,23 +200,36 @@ class AdaptiveDPParams(Rounds, StepSize, Clip, PoissonSampling):
     bias_correction: bool = param(False, "dp-adam/rmsprop: Adam's bias correction (paper 004: off)", "heuristic")
 
 
+@dataclass(frozen=True)
+class DPAdamBCParams(AdamMoments):
+    adambc_floor: float = param(
+        1e-3,
+        "dp-adambc: floor gamma' on the noise-corrected second moment max(v - Phi, gamma'); a coordinate's "
+        "step is at most lr |m| / sqrt(gamma'), so choose it with --lr (1e-3 suits lr 0.05 at clip 1)",
+        "heuristic",
+        positive=True,
+    )
+
+
+def _config(optimizer: str, params: AdamMoments, ctx: BuildContext, **extra) -> AdaptiveDPConfig:
+    return AdaptiveDPConfig(
+        optimizer=optimizer,
+        rounds=params.rounds,
+        lr=params.lr,
+        clip=params.clip,
+        sampling_rate=params.sampling_rate,
+        beta1=params.beta1,
+        beta2=params.beta2,
+        neighbouring=ctx.neighbouring,
+        accountant=params.accountant,
+        **extra,
+    )
+
+
 def _adaptive(optimizer: str):
     def build(params: AdaptiveDPParams, ctx: BuildContext) -> AdaptiveDPOptimizer:
         eps, delta = ctx.approx_budget()
-        config = AdaptiveDPConfig(
-            optimizer=optimizer,
-            rounds=params.rounds,
-            lr=params.lr,
-            clip=params.clip,
-            sampling_rate=params.sampling_rate,
-            beta1=params.beta1,
-            beta2=params.beta2,
-            nu=params.nu,
-            cap=params.cap,
-            bias_correction=params.bias_correction,
-            neighbouring=ctx.neighbouring,
-            accountant=params.accountant,
-        )
+        config = _config(optimizer, params, ctx, nu=params.nu, cap=params.cap, bias_correction=params.bias_correction)
         return AdaptiveDPOptimizer(config, eps, delta)
 
     build.__name__ = f"build_dp_{optimizer}"
@@ -197,3 +240,10 @@ def _adaptive(optimizer: str):
 build_dp_sgd = _adaptive("sgd")
 build_dp_rmsprop = _adaptive("rmsprop")
 build_dp_adam = _adaptive("adam")
+
+
+@register("dp-adambc", DPAdamBCParams)
+def build_dp_adambc(params: DPAdamBCParams, ctx: BuildContext) -> AdaptiveDPOptimizer:
+    """DP-AdamBC (Tang et al. 2024): DP-Adam minus the noise variance in v; the same schedule as dp-adam."""
+    eps, delta = ctx.approx_budget()
+    return AdaptiveDPOptimizer(_config("adambc", params, ctx, adambc_floor=params.adambc_floor), eps, delta)

@@ -27,6 +27,16 @@ final model (post-processing). What a sampled client sees: the current model w_t
 output) and the local-training hyperparameters. The server sees each sampled user's clipped
 delta in the clear (central DP: the server is trusted; no secure aggregation here).
 
+Adaptive clipping (``adaptive_clip=True``, off by default): the clip follows a private
+``clip_quantile``-quantile of the update norms (Andrew et al. 2021), starting from ``clip``; the
+indicator count is released with the update in the same Gaussian of the same schedule, with its own
+effective noise ``clip_count_noise``; :mod:`fedkl.algorithms.adaptive_clip` states the release and proves
+its sensitivity. The privacy guarantee is the one above with per-user norm bound
+``r = sqrt(1 + a^2/4)`` in units of the round's clip (Delta = r add-remove, 2r replace-one).
+Settings where no count scale ``a`` exists (``clip_count_noise <= z/2``, ``<= z`` replace-one) are
+refused before anything is read or charged. The fixed clip stays the default: on MovieLens
+(logistic, eps = 2, the README's dp-fedavg settings) adaptive clipping was not better (README).
+
 Server-side re-clip: each per-user answer is clipped to C again on the server before summing. For
 an honest client this changes nothing (a row already inside the ball is returned bit for bit by
 ``clip_rows``); it keeps the sensitivity bound even if a transport does not check the norm of this
@@ -43,6 +53,7 @@ from typing import Callable
 
 import torch
 
+from fedkl.algorithms import adaptive_clip
 from fedkl.algorithms.poisson_schedule import (
     PoissonScheduledRun,
     ScheduleResult,
@@ -72,9 +83,26 @@ class DPFedAvgConfig:
     server_momentum: float = 0.0
     neighbouring: str = "add-remove"
     accountant: str = "pld"
+    adaptive_clip: bool = False
+    clip_quantile: float = 0.5
+    clip_lr: float = 0.2
+    clip_count_noise: float | None = None  # required with adaptive_clip (the builder: q n / 20)
 
     def __post_init__(self) -> None:
         check_schedule_config(self.rounds, self.sampling_rate, self.neighbouring, self.accountant)
+        if self.adaptive_clip:
+            if not 0 < self.clip_quantile < 1:
+                raise ValueError(f"clip_quantile must be in (0, 1), got {self.clip_quantile}")
+            if not (self.clip_lr > 0 and math.isfinite(self.clip_lr)):
+                raise ValueError(f"clip_lr must be finite and > 0, got {self.clip_lr}")
+            if self.clip_count_noise is None or not (
+                self.clip_count_noise > 0 and math.isfinite(self.clip_count_noise)
+            ):
+                raise ValueError(f"clip_count_noise must be finite and > 0, got {self.clip_count_noise}")
+            # the clip moves by at most a factor exp(clip_lr) per round: keep every C_t a positive float
+            span = self.clip_lr * self.rounds
+            if span > 600 or self.clip * math.exp(-span) == 0 or not math.isfinite(self.clip * math.exp(span)):
+                raise ValueError("clip_lr * rounds is too large: the adaptive clip could leave the float range")
         for name in ("clip", "local_lr", "server_lr"):
             v = getattr(self, name)
             if not (v > 0 and math.isfinite(v)):
@@ -86,7 +114,8 @@ class DPFedAvgConfig:
 
     @property
     def sensitivity(self) -> float:
-        """L2 sensitivity of the released sum under the configured relation."""
+        """L2 sensitivity of the released sum under the configured relation, with the fixed clip
+        (adaptive clipping releases a normalised vector: :mod:`fedkl.algorithms.adaptive_clip`)."""
         return sum_sensitivity(self.clip, self.neighbouring)
 
 
@@ -105,6 +134,10 @@ class DPFedAvg:
         self.config = config
         self.eps = eps
         self.delta = delta
+        self.count_scale = None
+        if config.adaptive_clip:  # refuse a setting without a count scale before anything is read
+            z = self.schedule().noise_multiplier
+            self.count_scale = adaptive_clip.count_scale(z, config.clip_count_noise, config.neighbouring)
 
     def schedule(self) -> GaussianSchedule:
         """The T-fold (subsampled) Gaussian schedule calibrated to (eps, delta) by dp-accounting."""
@@ -120,38 +153,57 @@ class DPFedAvg:
         progress: Callable[[dict], None] | None = None,
     ) -> DPFedAvgResult:
         cfg = self.config
+        scale = self.count_scale
+        adaptive = {} if scale is None else {"count_scale": scale, "clip_count_noise": cfg.clip_count_noise}
         run = PoissonScheduledRun(
             federation,
             releaser,
             name=self.name,
             eps=self.eps,
             delta=self.delta,
-            clip=cfg.clip,
+            # adaptive: each user's [h/C_t ; a c] has norm <= r (adaptive_clip's theorem), in units of C_t
+            clip=cfg.clip if scale is None else adaptive_clip.norm_bound(scale),
             sampling_rate=cfg.sampling_rate,
             rounds=cfg.rounds,
             neighbouring=cfg.neighbouring,
             accountant=cfg.accountant,
-            details={"local_steps": cfg.local_steps, "local_lr": cfg.local_lr},
+            details={"local_steps": cfg.local_steps, "local_lr": cfg.local_lr, **adaptive},
         )
         w = w0.clone()
         velocity = torch.zeros_like(w)
+        clip = cfg.clip
         history: list[dict] = []
         for t in range(1, cfg.rounds + 1):
             start = time.perf_counter()
             users = run.sample()
-            total = torch.zeros_like(w)
+            total = torch.zeros(len(w) + (scale is not None), dtype=w.dtype)
             failed = 0
             if users:
                 answers = federation.compute(
-                    ClippedLocalUpdate(w, cfg.clip, cfg.local_steps, cfg.local_lr, cfg.batch_size), users
+                    ClippedLocalUpdate(w, clip, cfg.local_steps, cfg.local_lr, cfg.batch_size), users
                 )
-                rows, _ = clip_rows(answers.values.to(w.dtype), cfg.clip)  # server-side re-clip (docstring)
+                values = answers.values.to(w.dtype)
+                if scale is None:
+                    rows, _ = clip_rows(values, clip)  # server-side re-clip (docstring)
+                else:
+                    lost = set(answers.failed)
+                    mask = torch.tensor([u in lost for u in answers.users], dtype=torch.bool)
+                    rows = adaptive_clip.contributions(values, clip, mask, scale)  # re-clipped there
                 total = rows.sum(0)
                 failed = len(answers.failed)
-            delta_t = run.release(total)
+            released = run.release(total)
+            extra = {}
+            if scale is None:
+                delta_t = released
+            else:
+                delta_t = clip * released[:-1]
+                extra["clip"] = clip
+                clip, extra["unclipped_fraction"] = adaptive_clip.next_clip(
+                    clip, float(released[-1]), scale, cfg.clip_quantile, cfg.clip_lr
+                )
             velocity = cfg.server_momentum * velocity + delta_t
             w = w + cfg.server_lr * velocity
-            record = run.record(t, users, failed, start, noisy_update_norm=float(delta_t.norm()))
+            record = run.record(t, users, failed, start, noisy_update_norm=float(delta_t.norm()), **extra)
             history.append(record)
             if progress is not None:
                 progress(record)
@@ -166,6 +218,18 @@ class DPFedAvg:
                 "server_lr": cfg.server_lr,
                 "server_momentum": cfg.server_momentum,
                 "fixed_denominator": run.denominator,
+                "adaptive_clip": cfg.adaptive_clip,
+                **(
+                    {}
+                    if scale is None
+                    else {
+                        **adaptive,
+                        "clip_quantile": cfg.clip_quantile,
+                        "clip_lr": cfg.clip_lr,
+                        "final_clip": clip,
+                        "sigma_unit": "the round's clip C_t (the model noise std is sigma * C_t)",
+                    }
+                ),
             },
         )
 
@@ -181,6 +245,20 @@ class DPFedAvgParams(Rounds, StepSize, Clip, PoissonSampling):
     )
     server_lr: float = param(1.0, "dp-fedavg: server step size on the noisy mean delta", "heuristic")
     server_momentum: float = param(0.0, "dp-fedavg: server momentum (0 = plain FedAvg)", "heuristic")
+    adaptive_clip: bool = param(
+        False,
+        "dp-fedavg: adapt the clip to a private quantile of the update norms (Andrew et al. 2021), "
+        "starting from --clip (default: the fixed clip)",
+        "heuristic",
+    )
+    clip_quantile: float = param(0.5, "dp-fedavg --adaptive-clip: target quantile gamma of the update norms")
+    clip_lr: float = param(0.2, "dp-fedavg --adaptive-clip: geometric clip learning rate eta_C", positive=True)
+    clip_count_noise: float | None = param(
+        None,
+        "dp-fedavg --adaptive-clip: noise std sigma_b of the count of unclipped updates "
+        "(default: expected cohort q n / 20, Andrew et al.)",
+        positive=True,
+    )
 
 
 @register("dp-fedavg", DPFedAvgParams)
@@ -188,7 +266,7 @@ def build_dp_fedavg(params: DPFedAvgParams, ctx: BuildContext) -> DPFedAvg:
     """DP-FedAvg: sampled users' clipped local updates, one (eps, delta) sampled-Gaussian schedule.
 
     The budget is what every user can still afford, charged up front as one (eps, delta) schedule;
-    ``local_lr`` None: the run's ``lr``."""
+    ``local_lr`` None: the run's ``lr``; ``clip_count_noise`` None: the expected cohort q n / 20."""
     eps, delta_left = ctx.approx_budget()
     config = DPFedAvgConfig(
         rounds=params.rounds,
@@ -201,5 +279,11 @@ def build_dp_fedavg(params: DPFedAvgParams, ctx: BuildContext) -> DPFedAvg:
         server_momentum=params.server_momentum,
         neighbouring=ctx.neighbouring,
         accountant=params.accountant,
+        adaptive_clip=params.adaptive_clip,
+        clip_quantile=params.clip_quantile,
+        clip_lr=params.clip_lr,
+        clip_count_noise=(
+            params.sampling_rate * ctx.num_users / 20 if params.clip_count_noise is None else params.clip_count_noise
+        ),
     )
     return DPFedAvg(config, eps, delta_left)

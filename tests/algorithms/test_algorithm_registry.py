@@ -226,6 +226,15 @@ def test_algorithm_over_flower_equals_inprocess(tmp_path, name):
     _flower_equals_inprocess(tmp_path, name, SMALL[name])
 
 
+def test_dp_fedavg_adaptive_clip_over_flower_equals_inprocess(tmp_path):
+    """--adaptive-clip: the server-side indicator count rides in the same release, bit for bit over Flower."""
+    ref = _flower_equals_inprocess(
+        tmp_path, "dp-fedavg", {**SMALL["dp-fedavg"], "adaptive_clip": True, "clip_count_noise": 5.0}
+    )
+    clips = [r["clip"] for r in ref["history"]]
+    assert clips[0] == 1.0 and len(set(clips)) == len(clips) == 3  # the clip adapted every round
+
+
 # paper 002 through the polynomial-time diameter test (CertifiedLocalMinimizer answers over Flower);
 # 60 users > 8 kappa at these budgets
 DIAMETER = {
