@@ -5,6 +5,8 @@ The public Python API (one screen; ``fedkl.api``'s docstring has a runnable exam
 * :func:`train` (``fedkl.train(data, algorithm="noisy-gd", epsilon=2.0, ...)``) trains one
   registered algorithm at a user-level (epsilon, delta) budget, charging a per-user ledger, and
   returns a :class:`TrainedModel` (model, epsilon, delta, metrics, the result.json payload);
+* :func:`load_model` (``fedkl.load_model("runs/.../model.pt")``) reads a run's released model and
+  its privacy receipt back as a :class:`SavedModel` (``.predict(X)``, ``.evaluate(dataset)``);
 * :func:`from_arrays` / :func:`from_dataframe` build a user-partitioned dataset from your records
   and a user-id column (:mod:`fedkl.data.custom`);
 * the layers below, for research use: :mod:`fedkl.privacy` (mechanisms, accountants, ledger,
@@ -20,6 +22,8 @@ from __future__ import annotations
 _LAZY = {
     "train": "fedkl.api",
     "TrainedModel": "fedkl.api",
+    "load_model": "fedkl.api",
+    "SavedModel": "fedkl.api",
     "from_arrays": "fedkl.data.custom",
     "from_dataframe": "fedkl.data.custom",
 }

@@ -17,6 +17,13 @@ charged per user to a durable ledger before each release, and ``run.result`` is 
 payload. ``data`` is a dataset name (``fedkl.data.DATASETS``) or a :class:`~fedkl.data.FederatedDataset`
 (:func:`fedkl.from_arrays`, :func:`fedkl.from_dataframe`); the algorithm's hyperparameters are the
 ``fedkl run`` flags as keywords (``rounds=20, clip=0.5``; ``fedkl run --help`` lists them).
+
+:func:`load_model` reads a run's ``model.pt`` back (:mod:`fedkl.saved_model`: the released
+parameters, the problem and the privacy receipt) as a :class:`SavedModel` that predicts
+(``.predict(X)``) and evaluates (``.evaluate(dataset)``)::
+
+    model = fedkl.load_model(run.result["model_path"])
+    model.receipt["epsilon"], model.predict(X[:5])
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import torch
 
 from fedkl.data.base import FederatedDataset
 from fedkl.runner import RunConfig, run_training, settings_fields
+from fedkl.saved_model import SavedModel, load_model
 
 
 @dataclass(frozen=True)
@@ -86,7 +94,7 @@ def train(
     if cfg.backend != "inprocess":
         import fedkl.flower.backends  # noqa: F401  (registers the Flower backends)
     result = run_training(cfg, log=log or (lambda _: None), dataset=dataset)
-    w = None if result["model_path"] is None else torch.load(result["model_path"])
+    w = None if result["model_path"] is None else load_model(result["model_path"]).params
     return TrainedModel(
         model=w,
         epsilon=float(result["epsilon"]),
@@ -97,4 +105,4 @@ def train(
     )
 
 
-__all__ = ["TrainedModel", "train"]
+__all__ = ["SavedModel", "TrainedModel", "load_model", "train"]

@@ -160,6 +160,38 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _predict(args: argparse.Namespace) -> int:
+    """``fedkl predict``: a saved model's metrics on a dataset (the model's own by default)."""
+    from fedkl.runner import RunConfig, load_run_data
+    from fedkl.saved_model import load_model, model_file
+
+    try:
+        model = load_model(model_file(args.model))
+        saved, spec = model.receipt["settings"], model.problem_spec
+        cfg = RunConfig(
+            dataset=args.dataset or saved["dataset"],
+            seed=saved["seed"] if args.seed is None else args.seed,
+            users=args.users if args.users is not None or args.dataset else saved.get("users"),
+            problem=spec["name"],
+            reg=spec["reg"],
+        )
+        dataset, _, _ = load_run_data(cfg)
+        metrics = model.evaluate(dataset, args.split)
+    except (ValueError, KeyError) as e:
+        print(f"fedkl predict: error: {e} (see 'fedkl predict --help')", file=sys.stderr)
+        return 2
+    r = model.receipt
+    if args.json:
+        print(json.dumps({"model": args.model, "dataset": cfg.dataset, "split": args.split, "metrics": metrics}))
+        return 0
+    print(
+        f"model {args.model}: {r['algorithm']} (run {r['run_id']}), user-level ({r['neighbouring']}) "
+        f"epsilon = {r['epsilon']:.4f}, delta = {r['delta']:.3g}"
+    )
+    print(f"{cfg.dataset} {args.split}: " + ", ".join(f"{k} = {v:.6g}" for k, v in metrics.items()))
+    return 0
+
+
 def _algorithm_in(argv: list[str]) -> str | None:
     """The ``--algorithm`` value of a ``fedkl run`` command line (for ``--help``), else None."""
     for i, arg in enumerate(argv):
@@ -185,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.subcommands["run"].error(f"--config: {e}")  # type: ignore[attr-defined]
     if args.command == "plan":
         return _plan(args)
+    if args.command == "predict":
+        return _predict(args)
     if args.command == "account":
         res = _account(args, parser.subcommands["account"])  # type: ignore[attr-defined]
         if args.json:
@@ -197,7 +231,14 @@ def main(argv: list[str] | None = None) -> int:
     from fedkl.runner import RunConfig, run_training
 
     try:
-        cfg = RunConfig.from_settings(**_run_settings(args))
+        settings = _run_settings(args)
+        if args.resume is not None:  # the resumed run's settings; the options given here on top
+            from fedkl.saved_model import resume_settings
+
+            run = parser.subcommands["run"]  # type: ignore[attr-defined]
+            given = {k: v for k, v in settings.items() if v != run.get_default(k) and k != "reference"}
+            settings = resume_settings(args.resume, {**given, "reference": settings["reference"]})
+        cfg = RunConfig.from_settings(**settings)
     except ValueError as e:
         print(f"fedkl run: error: {e} (see 'fedkl run --algorithm {args.algorithm} --help')", file=sys.stderr)
         return 2

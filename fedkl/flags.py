@@ -180,14 +180,35 @@ def _add_run_arguments(run: argparse.ArgumentParser, algorithm: str | None) -> N
         help="run an output-perturbation algorithm even when its public forecast says the noise would "
         "swamp the model (it is refused otherwise, before any data is read or budget spent)",
     )
-    run.add_argument("--users", type=_positive(int), default=None, help="number of users (synthetic datasets only)")
+    _add_data_arguments(run, d.dataset, d.seed)
+    run.add_argument(
+        "--resume",
+        default=None,
+        metavar="RUN_DIR",
+        help="start from the released model of RUN_DIR (its model.pt), on its ledger, with its settings "
+        "(options left at their default take the run's; one that differs is refused); the only value reused "
+        "is the released model",
+    )
     _add_hyperparameters(run, algorithm)
+
+
+def _add_data_arguments(parser: argparse.ArgumentParser, dataset: str | None, seed: int | None) -> None:
+    """The data options of ``fedkl run`` (``--dataset`` and ``--seed`` are added here for ``fedkl
+    predict``, whose defaults are the model's own)."""
+    from fedkl.data import DATASETS
+
+    if dataset is None:
+        parser.add_argument(
+            "--dataset", choices=DATASETS, default=None, help="user-partitioned dataset (default: the model's)"
+        )
+        parser.add_argument("--seed", type=int, default=None, help="seed of the data split (default: the model's)")
+    parser.add_argument("--users", type=_positive(int), default=None, help="number of users (synthetic datasets only)")
 
 
 def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
     """The ``fedkl`` parser; ``algorithm``: ``fedkl run --help`` lists that algorithm's flags only."""
     parser = _Parser(prog="fedkl", description="Federated learning with user-level differential privacy.")
-    sub = parser.add_subparsers(dest="command", metavar="{run,plan,account,sweep,plot}", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="{run,plan,account,predict,sweep,plot}", parser_class=_Parser)
     sub.required = True
 
     run = sub.add_parser(
@@ -212,6 +233,18 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
         help="the algorithms to compare (default: every registered one)",
     )
     plan.add_argument("--json", action="store_true", help="print one JSON object")
+
+    predict = sub.add_parser(
+        "predict",
+        help="metrics of a saved model (model.pt) on a dataset",
+        description="Load a model saved by `fedkl run` (RUN_DIR/model.pt: the released parameters, the problem and "
+        "the privacy receipt) and print its metrics on a dataset's split (NOT private: evaluation only). The data "
+        "options are fedkl run's; left out, they are the model's own run's.",
+    )
+    predict.add_argument("--model", required=True, metavar="PATH", help="a model.pt, or the run folder that holds it")
+    _add_data_arguments(predict, None, None)
+    predict.add_argument("--split", choices=("test", "train"), default="test", help="which split (default test)")
+    predict.add_argument("--json", action="store_true", help="print one JSON object")
 
     acc = sub.add_parser(
         "account",
@@ -290,5 +323,5 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
     plot.add_argument("--theory-label", default="theory", help="slope: legend label of the theory line")
     plot.add_argument("--title", default=None)
     plot.add_argument("--markdown", default=None, metavar="FILE.md", help="also write the plotted numbers as markdown")
-    parser.subcommands = {"run": run, "plan": plan, "account": acc, "sweep": sweep, "plot": plot}  # type: ignore[attr-defined]
+    parser.subcommands = {"run": run, "plan": plan, "account": acc, "predict": predict, "sweep": sweep, "plot": plot}  # type: ignore[attr-defined]
     return parser

@@ -27,26 +27,43 @@ _TASKS = {
 }
 
 
-def make_problem(name: str, dataset: FederatedDataset, reg: float = 0.0, **kw) -> Problem:
-    """The problem ``name`` sized for ``dataset`` (extra keyword arguments go to its constructor)."""
+def problem_spec(name: str, dataset: FederatedDataset, reg: float = 0.0) -> dict:
+    """The public description of problem ``name`` sized for ``dataset``: what
+    :func:`problem_from_spec` rebuilds it from without the data (a saved model keeps it)."""
     if name not in _TASKS:
         raise ValueError(f"unknown problem {name!r}; valid names: {', '.join(PROBLEMS)}")
     if dataset.task not in _TASKS[name]:
         raise ValueError(
             f"problem {name!r} needs a {' or '.join(_TASKS[name])} task, but dataset {dataset.name!r} is {dataset.task}"
         )
-    dim = dataset.train.dim
+    spec = {"name": name, "task": dataset.task, "dim": dataset.train.dim, "reg": float(reg)}
+    if name in ("softmax", "mlp"):
+        spec["num_classes"] = 2 if dataset.task == "binary" else dataset.num_classes
+    if name == "least-squares":
+        spec["label_bound"] = dataset.extra.get("label_bound")
+    return spec
+
+
+def problem_from_spec(spec: dict, **kw) -> Problem:
+    """The problem a :func:`problem_spec` describes (extra keyword arguments go to its constructor)."""
+    name, dim, reg = spec["name"], int(spec["dim"]), float(spec["reg"])
     if name == "logistic":
         return BinaryLogistic(dim, reg, **kw)
     if name == "smoothed-hinge":
         return SmoothedHinge(dim, reg, **kw)
     if name == "least-squares":
-        kw.setdefault("label_bound", dataset.extra.get("label_bound"))
+        kw.setdefault("label_bound", spec.get("label_bound"))
         return LeastSquares(dim, reg, **kw)
-    num_classes = 2 if dataset.task == "binary" else dataset.num_classes
     if name == "softmax":
-        return SoftmaxRegression(dim, num_classes, reg, **kw)
-    return MLP(dim, num_classes=num_classes, reg=reg, **kw)
+        return SoftmaxRegression(dim, spec["num_classes"], reg, **kw)
+    if name == "mlp":
+        return MLP(dim, num_classes=spec["num_classes"], reg=reg, **kw)
+    raise ValueError(f"unknown problem {name!r}; valid names: {', '.join(PROBLEMS)}")
+
+
+def make_problem(name: str, dataset: FederatedDataset, reg: float = 0.0, **kw) -> Problem:
+    """The problem ``name`` sized for ``dataset`` (extra keyword arguments go to its constructor)."""
+    return problem_from_spec(problem_spec(name, dataset, reg), **kw)
 
 
 __all__ = [
@@ -60,5 +77,7 @@ __all__ = [
     "SmoothedHinge",
     "SoftmaxRegression",
     "make_problem",
+    "problem_from_spec",
+    "problem_spec",
     "user_means",
 ]

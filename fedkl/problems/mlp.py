@@ -113,6 +113,11 @@ class MLP(Problem):
             lipschitz=float("inf"), smoothness=None, strong_convexity=None, domain="non-convex; rely on clipping"
         )
 
+    def predict(self, w: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+        self.check_params(w)
+        with torch.no_grad():
+            return self._logits(w.to(self.dtype), X.to(self.dtype)).argmax(dim=1)
+
     def metrics(self, w: torch.Tensor, data: UserData) -> dict[str, float]:
         w, X, y = self._prepare(w, data)
         with torch.no_grad():
