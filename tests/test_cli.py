@@ -329,3 +329,23 @@ def test_plan_ranks_the_algorithms_by_their_public_noise_without_spending(tmp_pa
         ]
         == next(r for r in out["ranked"] if r["algorithm"] == "noisy-gd")["ratio"]
     )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["account", "--noise-multiplier", "0.01", "--steps", "100000", "--delta", "1e-5"],
+        ["account", "--epsilon", "100000", "--steps", "10", "--delta", "1e-5", "--accountant", "pld"],
+        ["run", "--algorithm", "dp-sgd", "--epsilon", "100000", "--dataset", "synthetic-logistic", "--users", "30"],
+    ],
+)
+def test_work_that_cannot_finish_in_bounded_memory_is_refused_in_one_line(argv, tmp_path, capsys):
+    """Issue 20: these grew to 23 GB / asked for 72.8 TiB; now exit 2 with one line, before any PLD is built."""
+    if argv[0] == "run":
+        assert main([*argv, "--out", str(tmp_path / "run"), "--no-reference"]) == 2
+    else:
+        with pytest.raises(SystemExit) as exit_:  # argparse's error(): exit 2
+            main(argv)
+        assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no meaningful privacy" in err[0]
