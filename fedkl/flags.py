@@ -87,9 +87,8 @@ def _add_hyperparameters(run: argparse.ArgumentParser, algorithm: str | None) ->
     )
     group = run.add_argument_group(title + " ('theorem': the paper's value by default; 'heuristic': a tunable choice)")
     for name, f in hyperparameter_fields().items():
-        note = (
-            f"{f.metadata['help']} [{f.metadata['origin']}; default {f.default}; {', '.join(algorithms_using(name))}]"
-        )
+        shown = REGISTRY[algorithm].step_size if own is not None and name == "lr" else f.default
+        note = f"{f.metadata['help']} [{f.metadata['origin']}; default {shown}; {', '.join(algorithms_using(name))}]"
         note = argparse.SUPPRESS if own is not None and name not in own else note.replace("%", "%%")
         flag = "--" + name.replace("_", "-")
         kind = field_kind(f)

@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 
 from fedkl.algorithms.catalog import ALGORITHMS  # noqa: F401  (re-exported: the built-in algorithms)
+from fedkl.algorithms.forecast import LEARNS_LITTLE, gradient_forecast
 from fedkl.algorithms.registry import (
     AlgorithmParams,
     AlgorithmResult,
@@ -109,6 +110,7 @@ class RunConfig:
             object.__setattr__(self, "params", spec.params())
         elif type(self.params) is not spec.params:
             raise ValueError(f"{self.algorithm} takes {spec.params.__name__}, got {type(self.params).__name__}")
+        object.__setattr__(self, "params", spec.resolve(self.params))  # lr None: the algorithm's default
 
     @classmethod
     def from_settings(cls, *, strict: bool = True, **settings) -> "RunConfig":
@@ -271,6 +273,13 @@ def train_federation(
                     "was read or charged. noisy-gd learns here (--algorithm noisy-gd; `fedkl plan` ranks every "
                     "algorithm on these settings); --force runs it anyway"
                 )
+        grad = gradient_forecast(alg, cfg.params, federation.num_users, problem.num_params, cfg.neighbouring)
+        if grad is not None and grad[0] > LEARNS_LITTLE:  # before any budget is spent (`fedkl plan` ranks them)
+            log(
+                f"warning: predicted to learn little: the noise is {grad[0]:.3g}x the largest signal ({grad[1]}); "
+                f"at eps={cfg.epsilon} and n={federation.num_users} such runs score about the majority class: raise "
+                "eps, users or rounds, or see `fedkl plan`"
+            )
         try:
             # no run-wide filter for (eps, delta) releases, nor for algorithms whose users each take part in
             # one disjoint cohort (parallel composition: the per-user ledger enforces every user's budget)

@@ -108,7 +108,7 @@ def half_budget_gd():
         config = NoisyGDConfig(rounds=params.rounds, lr=params.lr, clip=params.clip, neighbouring=ctx.neighbouring)
         return Spy(config, ctx.rho_left / 2)
 
-    register("half-budget-gd", NoisyGDParams)(build)
+    register("half-budget-gd", NoisyGDParams, step_size=4.0)(build)
     yield starts
     unregister("half-budget-gd")
 

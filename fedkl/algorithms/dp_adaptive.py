@@ -170,7 +170,7 @@ class AdaptiveDPParams(Rounds, StepSize, Clip, PoissonSampling):
     bias_correction: bool = param(False, "dp-adam/rmsprop: Adam's bias correction (paper 004: off)", "heuristic")
 
 
-def _adaptive(optimizer: str):
+def _adaptive(optimizer: str, step_size: float):
     def build(params: AdaptiveDPParams, ctx: BuildContext) -> AdaptiveDPOptimizer:
         eps, delta = ctx.approx_budget()
         config = AdaptiveDPConfig(
@@ -191,9 +191,10 @@ def _adaptive(optimizer: str):
 
     build.__name__ = f"build_dp_{optimizer}"
     build.__doc__ = f"DP-{optimizer.upper()} (paper 004): Poisson-sampled users, one (eps, delta) Gaussian schedule."
-    return register(f"dp-{optimizer}", AdaptiveDPParams)(build)
+    return register(f"dp-{optimizer}", AdaptiveDPParams, step_size)(build)
 
 
-build_dp_sgd = _adaptive("sgd")
-build_dp_rmsprop = _adaptive("rmsprop")
-build_dp_adam = _adaptive("adam")
+# default step sizes: simulations/tune_step_sizes.py (public tuning data; README "Default step sizes")
+build_dp_sgd = _adaptive("sgd", 4.0)
+build_dp_rmsprop = _adaptive("rmsprop", 0.01)
+build_dp_adam = _adaptive("adam", 0.03)

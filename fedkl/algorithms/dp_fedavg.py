@@ -183,7 +183,7 @@ class DPFedAvgParams(Rounds, StepSize, Clip, PoissonSampling):
     server_momentum: float = param(0.0, "dp-fedavg: server momentum (0 = plain FedAvg)", "heuristic")
 
 
-@register("dp-fedavg", DPFedAvgParams)
+@register("dp-fedavg", DPFedAvgParams, step_size=4.0)
 def build_dp_fedavg(params: DPFedAvgParams, ctx: BuildContext) -> DPFedAvg:
     """DP-FedAvg: sampled users' clipped local updates, one (eps, delta) sampled-Gaussian schedule.
 

@@ -24,7 +24,7 @@ line in :mod:`fedkl.algorithms.catalog`::
     class MyParams(Rounds, StepSize, Clip):
         momentum: float = param(0.0, "server momentum", "heuristic")
 
-    @register("my-gd", MyParams)
+    @register("my-gd", MyParams, step_size=1.0)  # StepSize's lr: each algorithm names its default
     def build(params: MyParams, ctx: BuildContext):
         return MyGD(params, ctx.rho_left)
 """
@@ -161,6 +161,13 @@ class AlgorithmSpec:
     name: str
     params: type
     build: Callable[[Any, BuildContext], Any]
+    step_size: float | None = None  # the default ``lr`` of an algorithm whose Params have one
+
+    def resolve(self, params: Any) -> Any:
+        """``params`` with the step size left unset (``lr`` None) set to this algorithm's default."""
+        if self.step_size is not None and getattr(params, "lr", 0.0) is None:
+            return dataclasses.replace(params, lr=self.step_size)
+        return params
 
     @property
     def summary(self) -> str:
@@ -172,10 +179,17 @@ REGISTRY: dict[str, AlgorithmSpec] = {}
 _FIELDS: dict[str, dataclasses.Field] = {}  # every registered hyperparameter: one definition per name
 
 
-def register(name: str, params: type) -> Callable:
+def register(name: str, params: type, step_size: float | None = None) -> Callable:
     """Decorator: register ``build(params, ctx)`` as algorithm ``name`` with hyperparameters
     ``params`` (an :class:`AlgorithmParams` dataclass). Refuses a second algorithm of the same name
-    and a hyperparameter name already defined differently by another algorithm's Params."""
+    and a hyperparameter name already defined differently by another algorithm's Params.
+
+    ``step_size``: the algorithm's default ``lr`` (required when its Params have the shared
+    :class:`StepSize` field, whose own default None means "the algorithm's"); each algorithm's value
+    was chosen by simulations/tune_step_sizes.py on public tuning data."""
+    has_lr = any(f.name == "lr" for f in dataclasses.fields(params)) if dataclasses.is_dataclass(params) else False
+    if has_lr != (step_size is not None) or (step_size is not None and not step_size > 0):
+        raise TypeError(f"{name}: give register(..., step_size=lr > 0) exactly when its Params have a step size lr")
     if not (isinstance(params, type) and issubclass(params, AlgorithmParams) and dataclasses.is_dataclass(params)):
         raise TypeError(f"{name}: params must be a frozen dataclass deriving from AlgorithmParams, got {params!r}")
     for f in dataclasses.fields(params):
@@ -192,7 +206,7 @@ def register(name: str, params: type) -> Callable:
     def decorate(build: Callable) -> Callable:
         if name in REGISTRY and REGISTRY[name].build is not build:
             raise ValueError(f"algorithm {name!r} is already registered")
-        REGISTRY[name] = AlgorithmSpec(name, params, build)
+        REGISTRY[name] = AlgorithmSpec(name, params, build, step_size)
         for f in dataclasses.fields(params):
             _FIELDS.setdefault(f.name, f)
         return build
@@ -238,7 +252,13 @@ class Rounds(AlgorithmParams):
 
 @dataclass(frozen=True)
 class StepSize(AlgorithmParams):
-    lr: float = param(4.0, "step size", "heuristic", positive=True)
+    lr: float | None = param(
+        None,
+        "step size (default: the algorithm's own, chosen on public tuning data by simulations/tune_step_sizes.py; "
+        "`fedkl run --algorithm NAME --help` shows it)",
+        "heuristic",
+        positive=True,
+    )
 
 
 @dataclass(frozen=True)
