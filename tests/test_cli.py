@@ -337,10 +337,13 @@ def test_plan_ranks_the_algorithms_by_their_public_noise_without_spending(tmp_pa
         ["account", "--noise-multiplier", "0.01", "--steps", "100000", "--delta", "1e-5"],
         ["account", "--epsilon", "100000", "--steps", "10", "--delta", "1e-5", "--accountant", "pld"],
         ["run", "--algorithm", "dp-sgd", "--epsilon", "100000", "--dataset", "synthetic-logistic", "--users", "30"],
+        # the (eps, delta) calibrations of output perturbation evaluate e^eps (an OverflowError traceback before)
+        ["run", "--algorithm", "sc-output-pert", "--epsilon", "100000", "--reg", "0.1", "--dataset", "tv16"],
     ],
 )
 def test_work_that_cannot_finish_in_bounded_memory_is_refused_in_one_line(argv, tmp_path, capsys):
-    """Issue 20: these grew to 23 GB / asked for 72.8 TiB; now exit 2 with one line, before any PLD is built."""
+    """Issue 20: these grew to 23 GB / asked for 72.8 TiB / overflowed; now exit 2 with one line, before any
+    PLD is built or any budget is spent."""
     if argv[0] == "run":
         assert main([*argv, "--out", str(tmp_path / "run"), "--no-reference"]) == 2
     else:

@@ -39,6 +39,8 @@ from typing import Any, Callable
 from fedkl.privacy.ledger import BudgetExceeded
 
 ORIGINS = ("theorem", "heuristic", "safety limit")
+# the largest (eps, delta) budget a builder accepts: the calibrations evaluate e^eps (float64 overflows at ~709)
+MAX_APPROX_EPSILON = 700.0
 
 
 def param(
@@ -149,10 +151,16 @@ class BuildContext:
         return len(self.user_ids)
 
     def approx_budget(self) -> tuple[float, float]:
-        """``approx_left``, refusing a spent budget (BudgetExceeded before any data is read)."""
+        """``approx_left``, refusing a spent budget (BudgetExceeded before any data is read) and an
+        epsilon above :data:`MAX_APPROX_EPSILON` (ValueError: the calibrations need e^eps)."""
         eps, delta = self.approx_left
         if eps <= 0 or delta <= 0:
             raise BudgetExceeded("the users' (eps, delta) budget is spent; nothing to train with")
+        if eps > MAX_APPROX_EPSILON:
+            raise ValueError(
+                f"epsilon={eps:g} is beyond what the (eps, delta) calibrations compute (e^eps overflows above "
+                f"{MAX_APPROX_EPSILON:g}); noise this small gives no meaningful privacy: use a smaller epsilon"
+            )
         return eps, delta
 
 
