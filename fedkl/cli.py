@@ -141,7 +141,9 @@ def _experiments(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
 def _run_settings(args: argparse.Namespace) -> dict:
     """The flat ``fedkl run`` settings of parsed ``run``/``plan`` options."""
     settings = {
-        k: v for k, v in vars(args).items() if k not in ("command", "config", "no_reference", "algorithms", "json")
+        k: v
+        for k, v in vars(args).items()
+        if k not in ("command", "config", "no_reference", "algorithms", "json", "resume")  # resume: run only
     }
     settings["reference"] = not args.no_reference
     return settings
@@ -245,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if cfg.backend != "inprocess":
             import fedkl.flower.backends  # noqa: F401  (registers the Flower backends)
-        run_training(cfg, log=lambda s: print(s, flush=True))
+        run_training(cfg, log=lambda s: print(s, flush=True), resume=args.resume)
     except (BudgetExhausted, LedgerError) as e:
         print(f"fedkl run: error: {e}", file=sys.stderr)
         return 3

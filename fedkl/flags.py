@@ -180,14 +180,6 @@ def _add_run_arguments(run: argparse.ArgumentParser, algorithm: str | None) -> N
         "swamp the model (it is refused otherwise, before any data is read or budget spent)",
     )
     _add_data_arguments(run, d.dataset, d.seed)
-    run.add_argument(
-        "--resume",
-        default=None,
-        metavar="RUN_DIR",
-        help="start from the released model of RUN_DIR (its model.pt), on its ledger, with its settings "
-        "(options left at their default take the run's; one that differs is refused); the only value reused "
-        "is the released model",
-    )
     _add_hyperparameters(run, algorithm)
 
 
@@ -217,6 +209,14 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
         "unit of privacy) and write result.json and the privacy ledger.",
     )
     _add_run_arguments(run, algorithm)
+    run.add_argument(
+        "--resume",
+        default=None,
+        metavar="RUN_DIR",
+        help="start from the released model of RUN_DIR (its model.pt), on its ledger, with its settings "
+        "(options left at their default take the run's; one that differs is refused); the only value reused "
+        "is the released model",
+    )
     plan = sub.add_parser(
         "plan",
         help="before any budget is spent: each algorithm's noise against the signal, ranked",

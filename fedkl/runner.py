@@ -101,7 +101,6 @@ class RunConfig:
     ledger: str | None = None
     reference: bool = True
     users: int | None = None  # synthetic datasets: number of users
-    resume: str | None = None  # a run folder: start from its released model (model.pt), on its ledger
     params: AlgorithmParams | None = None
 
     def __post_init__(self) -> None:
@@ -327,7 +326,12 @@ def load_run_data(cfg: RunConfig) -> tuple:
     return dataset, make_problem(problem_name, dataset, reg=cfg.reg), problem_name
 
 
-def run_training(cfg: RunConfig, log: Callable[[str], None] = print, dataset: FederatedDataset | None = None) -> dict:
+def run_training(
+    cfg: RunConfig,
+    log: Callable[[str], None] = print,
+    dataset: FederatedDataset | None = None,
+    resume: str | None = None,
+) -> dict:
     """Train, write ``model.pt`` (the released model with its privacy receipt, when there is one:
     ``model_path``, else None; :mod:`fedkl.saved_model`), ``result.json`` (as soon as the model
     exists; rewritten when the non-private reference is done) and the ledger under ``cfg.out``;
@@ -335,7 +339,9 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print, dataset: Fe
 
     ``dataset``: your own :class:`FederatedDataset` (``fedkl.from_arrays``) instead of the one
     ``cfg.dataset`` names; it trains in-process (a Flower client loads a dataset by name).
-    ``cfg.resume``: a run folder whose released model this run starts from, on that run's ledger."""
+    ``resume``: a run folder (or its model.pt) whose released model this run starts from, on that
+    run's ledger and with its settings (:func:`fedkl.saved_model.check_resume`); not a setting of
+    the run, so a resumed run's settings (and a sweep's row keys) are those of a fresh one."""
     started = time.time()
     if dataset is None:
         dataset, problem, problem_name = load_run_data(cfg)
@@ -351,11 +357,11 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print, dataset: Fe
     evaluator = InProcessFederation(problem, dataset)  # non-private evaluation (research use)
     transport = transport_for(cfg.backend)
     w0 = None
-    if cfg.resume is not None:
+    if resume is not None:
         if transport is not None and transport.train is not None:
             raise ValueError(f"--resume trains through the ledger of this process; backend {cfg.backend} keeps its own")
         ledger = cfg.ledger or os.path.join(cfg.out or "", "ledger.sqlite")
-        w0 = check_resume(cfg.resume, cfg.settings(), ledger, spec).to(problem.dtype)
+        w0 = check_resume(resume, cfg.settings(), ledger, spec).to(problem.dtype)
     # the federation the algorithm trains through; a deployment (transport.train) trains elsewhere
     federation = evaluator if transport is None or transport.open is None else transport.open(cfg, dataset)
     n = federation.num_users
@@ -363,7 +369,7 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print, dataset: Fe
     log(
         f"fedkl run {run_id}: {cfg.algorithm} on {cfg.dataset} ({n} users, "
         f"{dataset.train.num_records} train records, {problem.num_params} parameters); "
-        f"noise: {noise.mode}" + (f"; resuming the released model of {cfg.resume}" if w0 is not None else "")
+        f"noise: {noise.mode}" + (f"; resuming the released model of {resume}" if w0 is not None else "")
     )
 
     if transport is not None and transport.train is not None:  # ledger + noise live in the deployment's ServerApp
@@ -396,7 +402,7 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print, dataset: Fe
         "clients_assumed": declared.clients.describe(),
         "ledger": {"path": os.path.abspath(summary.get("path") or ledger_path), "run_id": run_id},
         "dataset": cfg.dataset,
-        "resumed_from": cfg.resume,
+        "resumed_from": resume,
         "settings": public_settings(cfg.settings()),
     }
     model_path = None
@@ -435,7 +441,7 @@ def run_training(cfg: RunConfig, log: Callable[[str], None] = print, dataset: Fe
         "metrics_are_private": False,
         "out_dir": out,
         "model_path": model_path,
-        "resumed_from": cfg.resume,
+        "resumed_from": resume,
     }
     result_path = os.path.join(out, "result.json")
     write_json(result_path, payload)  # the private result first: an evaluation below cannot lose it
