@@ -164,12 +164,18 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _predict(args: argparse.Namespace) -> int:
     """``fedkl predict``: a saved model's metrics on a dataset (the model's own by default)."""
+    from fedkl.data import DATASETS
     from fedkl.runner import RunConfig, load_run_data
     from fedkl.saved_model import load_model, model_file
 
     try:
         model = load_model(model_file(args.model))
         saved, spec = model.receipt["settings"], model.problem_spec
+        if args.dataset is None and saved["dataset"] not in DATASETS:
+            raise ValueError(
+                f"the model was trained on your own data ({saved['dataset']!r}): give --dataset, or evaluate it "
+                "in Python with fedkl.load_model(PATH).evaluate(data)"
+            )
         cfg = RunConfig(
             dataset=args.dataset or saved["dataset"],
             seed=saved["seed"] if args.seed is None else args.seed,

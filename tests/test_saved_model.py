@@ -5,6 +5,7 @@ import json
 import os
 import sqlite3
 
+import numpy as np
 import pytest
 import torch
 
@@ -150,3 +151,17 @@ def test_resume_refuses_other_settings_or_another_ledger_in_one_line(tmp_path, m
     # noisy-gd spent the whole budget: nothing is left to continue with (exit 3, the budget code)
     assert cli.main(base) == 3
     assert "already spent" in capsys.readouterr().err
+
+
+def test_a_model_trained_on_your_own_arrays_predicts_in_python_and_the_cli_says_how(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(600, 3)) / 2
+    users = rng.integers(0, 40, size=600)
+    y = np.where(X[:, 0] > 0, 1, 0)
+    data = fedkl.from_arrays(X, y, users, task="binary")
+    run = fedkl.train(data, epsilon=2.0, noise_seed=1, rounds=3, out=str(tmp_path / "a"), log=None)
+    model = fedkl.load_model(run.result["model_path"])
+    assert model.evaluate(data) == run.metrics
+    assert torch.equal(model.predict(data.test.X), torch.where(data.test.X.double() @ run.model >= 0, 1.0, -1.0))
+    assert cli.main(["predict", "--model", str(tmp_path / "a")]) == 2
+    assert "fedkl.load_model(PATH).evaluate(data)" in capsys.readouterr().err
