@@ -7,6 +7,8 @@ The public Python API (one screen; ``fedkl.api``'s docstring has a runnable exam
   returns a :class:`TrainedModel` (model, epsilon, delta, metrics, the result.json payload);
 * :func:`algorithm` (``fedkl.algorithm("dp-sgd", rounds=30)``) is an algorithm with typed
   hyperparameters, checked before any data is read, for ``train(data, algorithm=...)``;
+* :func:`load_model` (``fedkl.load_model("runs/.../model.pt")``) reads a run's released model and
+  its privacy receipt back as a :class:`SavedModel` (``.predict(X)``, ``.evaluate(dataset)``);
 * :func:`from_arrays` / :func:`from_dataframe` build a user-partitioned dataset from your records
   and a user-id column (:mod:`fedkl.data.custom`);
 * the layers below, for research use: :mod:`fedkl.privacy` (mechanisms, accountants, ledger,
@@ -24,6 +26,8 @@ _LAZY = {
     "Algorithm": "fedkl.api",
     "train": "fedkl.api",
     "TrainedModel": "fedkl.api",
+    "load_model": "fedkl.api",
+    "SavedModel": "fedkl.api",
     "from_arrays": "fedkl.data.custom",
     "from_dataframe": "fedkl.data.custom",
 }

@@ -24,6 +24,13 @@ charged per user to a durable ledger before each release, and ``run.result`` is 
 payload. ``data`` is a dataset name (``fedkl.data.DATASETS``) or a :class:`~fedkl.data.FederatedDataset`
 (:func:`fedkl.from_arrays`, :func:`fedkl.from_dataframe`); the algorithm's hyperparameters are the
 ``fedkl run`` flags as keywords (``rounds=20, clip=0.5``; ``fedkl run --help`` lists them).
+
+:func:`load_model` reads a run's ``model.pt`` back (:mod:`fedkl.saved_model`: the released
+parameters, the problem and the privacy receipt) as a :class:`SavedModel` that predicts
+(``.predict(X)``) and evaluates (``.evaluate(dataset)``)::
+
+    model = fedkl.load_model(run.result["model_path"])
+    model.receipt["epsilon"], model.predict(X[:5])
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ import torch
 from fedkl.algorithms.registry import AlgorithmParams, algorithm_spec
 from fedkl.data.base import FederatedDataset
 from fedkl.runner import RunConfig, run_training, settings_fields
+from fedkl.saved_model import SavedModel, load_model
 
 
 @dataclass(frozen=True)
@@ -135,7 +143,7 @@ def train(
         import fedkl.flower.backends  # noqa: F401  (registers the Flower backends)
     network = None if model is None or isinstance(model, str) else model
     result = run_training(cfg, log=log or (lambda _: None), dataset=dataset, model=network)
-    w = None if result["model_path"] is None else torch.load(result["model_path"])
+    w = None if result["model_path"] is None else load_model(result["model_path"]).params
     return TrainedModel(
         model=w,
         epsilon=float(result["epsilon"]),
@@ -146,4 +154,4 @@ def train(
     )
 
 
-__all__ = ["Algorithm", "TrainedModel", "algorithm", "train"]
+__all__ = ["Algorithm", "SavedModel", "TrainedModel", "algorithm", "load_model", "train"]

@@ -170,7 +170,7 @@ def _run_settings(args: argparse.Namespace) -> dict:
     settings = {
         k: v
         for k, v in vars(args).items()
-        if k not in ("command", "config", "no_reference", "algorithms", "json", "charges")
+        if k not in ("command", "config", "no_reference", "algorithms", "json", "charges", "resume")  # resume: run only
     }
     settings["reference"] = not args.no_reference
     return settings
@@ -193,6 +193,44 @@ def _plan(args: argparse.Namespace) -> int:
         print(f"fedkl plan: error: {e} (see 'fedkl plan --help')", file=sys.stderr)
         return 2
     print(json.dumps(result, indent=2) if args.json else text)
+    return 0
+
+
+def _predict(args: argparse.Namespace) -> int:
+    """``fedkl predict``: a saved model's metrics on a dataset (the model's own by default)."""
+    from fedkl.data import DATASETS
+    from fedkl.runner import RunConfig, load_run_data
+    from fedkl.saved_model import load_model, model_file
+
+    try:
+        model = load_model(model_file(args.model))
+        saved, spec = model.receipt["settings"], model.problem_spec
+        if args.dataset is None and saved["dataset"] not in DATASETS:
+            raise ValueError(
+                f"the model was trained on your own data ({saved['dataset']!r}): give --dataset, or evaluate it "
+                "in Python with fedkl.load_model(PATH).evaluate(data)"
+            )
+        cfg = RunConfig(
+            dataset=args.dataset or saved["dataset"],
+            seed=saved["seed"] if args.seed is None else args.seed,
+            users=args.users if args.users is not None or args.dataset else saved.get("users"),
+            problem=spec["name"],
+            reg=spec["reg"],
+        )
+        dataset, _, _ = load_run_data(cfg)
+        metrics = model.evaluate(dataset, args.split)
+    except (ValueError, KeyError) as e:
+        print(f"fedkl predict: error: {e} (see 'fedkl predict --help')", file=sys.stderr)
+        return 2
+    r = model.receipt
+    if args.json:
+        print(json.dumps({"model": args.model, "dataset": cfg.dataset, "split": args.split, "metrics": metrics}))
+        return 0
+    print(
+        f"model {args.model}: {r['algorithm']} (run {r['run_id']}), user-level ({r['neighbouring']}) "
+        f"epsilon = {r['epsilon']:.4f}, delta = {r['delta']:.3g}"
+    )
+    print(f"{cfg.dataset} {args.split}: " + ", ".join(f"{k} = {v:.6g}" for k, v in metrics.items()))
     return 0
 
 
@@ -225,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         from fedkl.ledger_cli import ledger_command
 
         return ledger_command(args)
+    if args.command == "predict":
+        return _predict(args)
     if args.command == "account":
         res = _account(args, parser.subcommands["account"])  # type: ignore[attr-defined]
         if args.json:
@@ -236,14 +276,21 @@ def main(argv: list[str] | None = None) -> int:
     from fedkl.runner import RunConfig
 
     try:
-        cfg = RunConfig.from_settings(**_run_settings(args))
+        settings = _run_settings(args)
+        if args.resume is not None:  # the resumed run's settings; the options given here on top
+            from fedkl.saved_model import resume_settings
+
+            run = parser.subcommands["run"]  # type: ignore[attr-defined]
+            given = {k: v for k, v in settings.items() if v != run.get_default(k) and k != "reference"}
+            settings = resume_settings(args.resume, {**given, "reference": settings["reference"]})
+        cfg = RunConfig.from_settings(**settings)
     except ValueError as e:
         print(f"fedkl run: error: {e} (see 'fedkl run --algorithm {args.algorithm} --help')", file=sys.stderr)
         return 2
-    return _train(cfg)
+    return _train(cfg, args.resume)
 
 
-def _train(cfg) -> int:
+def _train(cfg, resume: str | None = None) -> int:
     """``fedkl run`` with its configuration parsed: train, with a progress bar on a terminal; a
     budget or ledger problem exits 3, Ctrl-C (or SIGTERM) one line and 128 + the signal."""
     from fedkl.privacy import BudgetExhausted, LedgerError
@@ -265,7 +312,7 @@ def _train(cfg) -> int:
     try:
         if cfg.backend != "inprocess":
             import fedkl.flower.backends  # noqa: F401  (registers the Flower backends)
-        run_training(cfg, log=lambda s: print(s, flush=True))
+        run_training(cfg, log=lambda s: print(s, flush=True), resume=resume)
     except KeyboardInterrupt:
         if main_thread:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the report short

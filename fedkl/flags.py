@@ -96,9 +96,8 @@ def _add_hyperparameters(run: argparse.ArgumentParser, algorithm: str | None) ->
         title + " ('theorem': the paper's value by default; 'heuristic': a tunable choice)", description=sees
     )
     for name, f in hyperparameter_fields().items():
-        note = (
-            f"{f.metadata['help']} [{f.metadata['origin']}; default {f.default}; {', '.join(algorithms_using(name))}]"
-        )
+        shown = REGISTRY[algorithm].step_size if own is not None and name == "lr" else f.default
+        note = f"{f.metadata['help']} [{f.metadata['origin']}; default {shown}; {', '.join(algorithms_using(name))}]"
         note = argparse.SUPPRESS if own is not None and name not in own else note.replace("%", "%%")
         flag = "--" + name.replace("_", "-")
         kind = field_kind(f)
@@ -198,15 +197,28 @@ def _add_run_arguments(run: argparse.ArgumentParser, algorithm: str | None) -> N
         help="run an output-perturbation algorithm even when its public forecast says the noise would "
         "swamp the model (it is refused otherwise, before any data is read or budget spent)",
     )
-    run.add_argument("--users", type=_positive(int), default=None, help="number of users (synthetic datasets only)")
+    _add_data_arguments(run, d.dataset, d.seed)
     _add_hyperparameters(run, algorithm)
+
+
+def _add_data_arguments(parser: argparse.ArgumentParser, dataset: str | None, seed: int | None) -> None:
+    """The data options of ``fedkl run`` (``--dataset`` and ``--seed`` are added here for ``fedkl
+    predict``, whose defaults are the model's own)."""
+    from fedkl.data import DATASETS
+
+    if dataset is None:
+        parser.add_argument(
+            "--dataset", choices=DATASETS, default=None, help="user-partitioned dataset (default: the model's)"
+        )
+        parser.add_argument("--seed", type=int, default=None, help="seed of the data split (default: the model's)")
+    parser.add_argument("--users", type=_positive(int), default=None, help="number of users (synthetic datasets only)")
 
 
 def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
     """The ``fedkl`` parser; ``algorithm``: ``fedkl run --help`` lists that algorithm's flags only."""
     parser = _Parser(prog="fedkl", description="Federated learning with user-level differential privacy.")
     sub = parser.add_subparsers(
-        dest="command", metavar="{run,plan,account,ledger,sweep,plot,report}", parser_class=_Parser
+        dest="command", metavar="{run,plan,account,predict,ledger,sweep,plot,report}", parser_class=_Parser
     )
     sub.required = True
 
@@ -217,6 +229,14 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
         "unit of privacy) and write result.json and the privacy ledger.",
     )
     _add_run_arguments(run, algorithm)
+    run.add_argument(
+        "--resume",
+        default=None,
+        metavar="RUN_DIR",
+        help="start from the released model of RUN_DIR (its model.pt), on its ledger, with its settings "
+        "(options left at their default take the run's; one that differs is refused); the only value reused "
+        "is the released model",
+    )
     plan = sub.add_parser(
         "plan",
         help="before any budget is spent: each algorithm's noise against the signal, ranked",
@@ -238,6 +258,18 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
         "code on a public stand-in of the users (their ids, zero records); nothing of yours is read or charged",
     )
     plan.add_argument("--json", action="store_true", help="print one JSON object")
+
+    predict = sub.add_parser(
+        "predict",
+        help="metrics of a saved model (model.pt) on a dataset",
+        description="Load a model saved by `fedkl run` (RUN_DIR/model.pt: the released parameters, the problem and "
+        "the privacy receipt) and print its metrics on a dataset's split (NOT private: evaluation only). The data "
+        "options are fedkl run's; left out, they are the model's own run's.",
+    )
+    predict.add_argument("--model", required=True, metavar="PATH", help="a model.pt, or the run folder that holds it")
+    _add_data_arguments(predict, None, None)
+    predict.add_argument("--split", choices=("test", "train"), default="test", help="which split (default test)")
+    predict.add_argument("--json", action="store_true", help="print one JSON object")
 
     acc = sub.add_parser(
         "account",
@@ -350,6 +382,7 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
         "run": run,
         "plan": plan,
         "account": acc,
+        "predict": predict,
         "ledger": ledger,
         "sweep": sweep,
         "plot": plot,

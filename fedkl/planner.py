@@ -7,9 +7,8 @@ For every algorithm asked (default: every registered one) the planner builds it 
   noise ``sigma sqrt(d)`` against the farthest the data could move the model (``G/(mu + lam)``):
   ``noise_over_signal``;
 * gradient methods (noisy GD, DP-SGD/RMSProp/Adam, DP-FedAvg): the norm of one round's noise on the
-  averaged clipped update, ``sigma_sum sqrt(d) / (expected cohort)``, against the largest update
-  the data could make (the clip C), divided by ``sqrt(rounds)`` (independent noise averages down
-  over the rounds; a heuristic, not a bound);
+  averaged clipped update against the clip, averaged over the rounds
+  (:func:`fedkl.algorithms.forecast.gradient_forecast`, which ``fedkl run`` warns with too);
 * others (papers 000 and 003): no comparable public forecast; listed, not ranked.
 
 Everything it reads is public: n, d, the feature bound the loader enforces, the problem's
@@ -24,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import tempfile
 from typing import Iterable
@@ -32,6 +30,7 @@ from typing import Iterable
 import torch
 
 from fedkl.algorithms.catalog import REGISTRY
+from fedkl.algorithms.forecast import gradient_forecast
 from fedkl.data.base import FederatedDataset, UserData
 from fedkl.federation.inprocess import InProcessFederation
 from fedkl.privacy import Budget, NoiseSource, PrivacyLedger
@@ -44,28 +43,6 @@ from fedkl.runner import (
     load_run_dataset,
     train_federation,
 )
-
-
-def _gradient_ratio(alg, params, n: int, dim: int, neighbouring: str) -> tuple[float, str] | None:
-    rounds = getattr(params, "rounds", None)
-    clip = getattr(params, "clip", None)
-    if rounds is None or clip is None:
-        return None
-    if alg.guarantee.charges == "schedule":  # Poisson-sampled schedules: z = sigma / sensitivity on the sum
-        z = alg.schedule().noise_multiplier
-        q = params.sampling_rate
-        sensitivity = clip if neighbouring == "add-remove" else 2 * clip
-        per_round = z * sensitivity * math.sqrt(dim) / (q * n) / clip
-        why = f"noise multiplier {z:.3g} on a cohort of ~{q * n:.0f} users"
-    elif isinstance(getattr(alg, "sigma", None), float):
-        per_round = alg.sigma * math.sqrt(dim) / n / clip
-        why = f"noise std {alg.sigma:.3g} on the sum of {n} clipped gradients"
-    else:
-        return None
-    return per_round / math.sqrt(rounds), (
-        f"per round the noise on the mean clipped update is {per_round:.3g}x "
-        f"the clip ({why}), averaged over {rounds} rounds"
-    )
 
 
 def plan(settings: dict, algorithms: Iterable[str] | None = None) -> dict:
@@ -92,7 +69,7 @@ def plan(settings: dict, algorithms: Iterable[str] | None = None) -> dict:
                     f"{f['signal_radius']:.3g} (sigma/Delta {f['sigma_over_Delta']:.3g})",
                 )
             else:
-                grad = _gradient_ratio(alg, cfg.params, n, dim, cfg.neighbouring)
+                grad = gradient_forecast(alg, cfg.params, n, dim, cfg.neighbouring)
                 if grad is None:
                     row.update(kind="other", why="no comparable public forecast")
                 else:

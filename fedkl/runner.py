@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
-import json
 import math
 import os
 import time
@@ -23,7 +22,7 @@ from typing import Callable
 import torch
 
 from fedkl.algorithms.catalog import ALGORITHMS  # noqa: F401  (re-exported: the built-in algorithms)
-from fedkl.algorithms.nonprivate import nonprivate_minimizer
+from fedkl.algorithms.forecast import LEARNS_LITTLE, gradient_forecast
 from fedkl.algorithms.registry import (
     AlgorithmParams,
     AlgorithmResult,
@@ -37,7 +36,9 @@ from fedkl.federation.base import Federation
 from fedkl.federation.inprocess import InProcessFederation
 from fedkl.privacy import Budget, BudgetExceeded, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter
 from fedkl.privacy.guarantee import RELATION_TEXT, Guarantee
-from fedkl.problems import DEFAULT_PROBLEM, make_problem
+from fedkl.problems import DEFAULT_PROBLEM, make_problem, problem_spec
+from fedkl.results import reference_metrics, write_json
+from fedkl.saved_model import SavedModel, check_resume, public_settings
 
 BACKENDS = ("inprocess", "flower-local", "flower-sim", "grpc")
 
@@ -110,6 +111,7 @@ class RunConfig:
             object.__setattr__(self, "params", spec.params())
         elif type(self.params) is not spec.params:
             raise ValueError(f"{self.algorithm} takes {spec.params.__name__}, got {type(self.params).__name__}")
+        object.__setattr__(self, "params", spec.resolve(self.params))  # lr None: the algorithm's default
 
     @classmethod
     def from_settings(cls, *, strict: bool = True, **settings) -> "RunConfig":
@@ -169,15 +171,6 @@ def default_delta(num_users: int) -> float:
     return 1.0 / num_users**1.1
 
 
-def _write_json(path: str, payload: dict) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(payload, f, indent=2, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def quality_metric(metrics: dict) -> str:
     return "accuracy" if "accuracy" in metrics else "mse" if "mse" in metrics else "loss"
 
@@ -231,9 +224,11 @@ def train_federation(
     run_id: str,
     noise: NoiseSource,
     log: Callable[[str], None],
+    w0=None,
 ):
-    """Train through ``federation`` with the ledger, filter and noise in this process. Returns the
-    algorithm's result, the ledger summary and the algorithm's declared :class:`Guarantee`."""
+    """Train through ``federation`` with the ledger, filter and noise in this process, from ``w0``
+    (default: the problem's initial parameters). Returns the algorithm's result, the ledger summary
+    and the algorithm's declared :class:`Guarantee`."""
     observer = RUN_OBSERVER.get() or RunObserver()
     with PrivacyLedger(ledger_path, Budget(cfg.epsilon, delta, cfg.conversion), run_id, cfg.settings()) as ledger:
         ledger.reserve(federation.user_ids)  # verifies the ledger; LedgerBusy while another run holds these users
@@ -302,11 +297,19 @@ def train_federation(
                     "was read or charged. noisy-gd learns here (--algorithm noisy-gd; `fedkl plan` ranks every "
                     "algorithm on these settings); --force runs it anyway"
                 )
+        grad = gradient_forecast(alg, cfg.params, federation.num_users, problem.num_params, cfg.neighbouring)
+        if grad is not None and grad[0] > LEARNS_LITTLE:  # before any budget is spent (`fedkl plan` ranks them)
+            log(
+                f"warning: predicted to learn little: the noise is {grad[0]:.3g}x the largest signal ({grad[1]}); "
+                f"at eps={cfg.epsilon} and n={federation.num_users} such runs score about the majority class: raise "
+                "eps, users or rounds, or see `fedkl plan`"
+            )
         try:
             # no run-wide filter for (eps, delta) releases, nor for algorithms whose users each take part in
             # one disjoint cohort (parallel composition: the per-user ledger enforces every user's budget)
             releaser = Releaser(ledger, noise, ZCDPFilter(rho_total) if declared.run_wide_filter else None)
-            result = alg.run(federation, releaser, problem.init_params(), progress)
+            start = problem.init_params() if w0 is None else w0
+            result = alg.run(federation, releaser, start, progress)
             if not isinstance(result, AlgorithmResult):
                 raise TypeError(
                     f"{cfg.algorithm}: run() must return an AlgorithmResult (fedkl.algorithms.registry), "
@@ -358,14 +361,20 @@ def run_training(
     log: Callable[[str], None] = print,
     dataset: FederatedDataset | None = None,
     model: Callable | torch.nn.Module | None = None,
+    resume: str | None = None,
 ) -> dict:
-    """Train, write ``result.json``, ``model.pt`` (the released parameters, when there are some:
-    ``model_path``, else None) and the ledger under ``cfg.out``; return the result dict.
+    """Train, write ``model.pt`` (the released model with its privacy receipt, when there is one:
+    ``model_path``, else None; :mod:`fedkl.saved_model`), ``result.json`` (as soon as the model
+    exists; rewritten when the non-private reference is done) and the ledger under ``cfg.out``;
+    return the result dict.
 
     ``dataset``: your own :class:`FederatedDataset` (``fedkl.from_arrays``) instead of the one
     ``cfg.dataset`` names; ``model``: your own network as a factory or a ``torch.nn.Module``
     (problem ``torch``) instead of ``cfg.model``'s import spec. Both train in-process only (a
-    Flower client builds its data and network from names)."""
+    Flower client builds its data and network from names).
+    ``resume``: a run folder (or its model.pt) whose released model this run starts from, on that
+    run's ledger and with its settings (:func:`fedkl.saved_model.check_resume`); not a setting of
+    the run, so a resumed run's settings (and a sweep's row keys) are those of a fresh one."""
     started = time.time()
     for what, given in (("a dataset", dataset), ("a model", model)):
         if given is not None and cfg.backend != "inprocess":
@@ -379,8 +388,15 @@ def run_training(
         dataset = dataset if dataset is not None else load_run_dataset(cfg)
         problem_name = cfg.problem or ("torch" if model is not None else DEFAULT_PROBLEM[dataset.task])
         problem = make_problem(problem_name, dataset, reg=cfg.reg, model=model if model is not None else cfg.model)
+    spec = problem_spec(problem_name, dataset, cfg.reg, model if model is not None else cfg.model)
     evaluator = InProcessFederation(problem, dataset)  # non-private evaluation (research use)
     transport = transport_for(cfg.backend)
+    w0 = None
+    if resume is not None:
+        if transport is not None and transport.train is not None:
+            raise ValueError(f"--resume trains through the ledger of this process; backend {cfg.backend} keeps its own")
+        ledger = cfg.ledger or os.path.join(cfg.out or "", "ledger.sqlite")
+        w0 = check_resume(resume, cfg.settings(), ledger, spec).to(problem.dtype)
     # the federation the algorithm trains through; a deployment (transport.train) trains elsewhere
     federation = evaluator if transport is None or transport.open is None else transport.open(cfg, dataset)
     n = federation.num_users
@@ -388,7 +404,7 @@ def run_training(
     log(
         f"fedkl run {run_id}: {cfg.algorithm} on {cfg.dataset} ({n} users, "
         f"{dataset.train.num_records} train records, {problem.num_params} parameters); "
-        f"noise: {noise.mode}"
+        f"noise: {noise.mode}" + (f"; resuming the released model of {resume}" if w0 is not None else "")
     )
 
     if transport is not None and transport.train is not None:  # ledger + noise live in the deployment's ServerApp
@@ -397,7 +413,7 @@ def run_training(
     else:
         try:
             result, summary, declared = train_federation(
-                cfg, federation, problem, dataset, delta, ledger_path, run_id, noise, log
+                cfg, federation, problem, dataset, delta, ledger_path, run_id, noise, log, w0
             )
         finally:
             close = getattr(federation, "close", None)
@@ -405,21 +421,30 @@ def run_training(
                 close()  # stops Ray for flower-sim
 
     trivial = problem.trivial_metrics(dataset.train, dataset.test)
-    reference = None
-    if cfg.reference:
-        w_ref = nonprivate_minimizer(problem, dataset.train)
-        reference = evaluator.evaluate(w_ref, "test")
-    if result.w is None:  # an algorithm may release "no output" (e.g. a failed stability test)
-        test = {}
-        key = quality_metric(reference or trivial)
-    else:
-        test = evaluator.evaluate(result.w, "test")
-        key = quality_metric(test)
+    test = {} if result.w is None else evaluator.evaluate(result.w, "test")
+    key = quality_metric(test or trivial)  # an algorithm may release "no output" (e.g. a failed stability test)
     eps = summary.get("max_user_epsilon_exact", summary["max_user_epsilon"])  # a deployment's older ServerApp: bound
+    receipt = {
+        "algorithm": cfg.algorithm,
+        "run_id": run_id,
+        "epsilon": eps,
+        "delta": delta,
+        "rho": summary["max_user_rho"],
+        "budget": {"epsilon": cfg.epsilon, "delta": delta, "conversion": cfg.conversion},
+        "neighbouring": cfg.neighbouring,
+        "accountant": declared.accountant(cfg.conversion, getattr(cfg.params, "accountant", None)),
+        "guarantee": declared.to_dict(),
+        "clients_assumed": declared.clients.describe(),
+        "clients_see": algorithm_spec(cfg.algorithm).clients_see(cfg.params).describe(),
+        "ledger": {"path": os.path.abspath(summary.get("path") or ledger_path), "run_id": run_id},
+        "dataset": cfg.dataset,
+        "resumed_from": resume,
+        "settings": public_settings(cfg.settings()),
+    }
     model_path = None
     if result.w is not None:  # the released model only (a private output): never the reference
         model_path = os.path.join(out, "model.pt")
-        torch.save(torch.as_tensor(result.w).detach().to(torch.float64).clone(), model_path)
+        SavedModel(torch.as_tensor(result.w), spec, receipt).save(model_path)
     payload = {
         "run_id": run_id,
         "algorithm": cfg.algorithm,
@@ -433,15 +458,15 @@ def run_training(
         "rho": summary["max_user_rho"],
         "neighbouring": cfg.neighbouring,
         "neighbouring_means": RELATION_TEXT[cfg.neighbouring],
-        "clients_assumed": declared.clients.describe(),
-        "clients_see": algorithm_spec(cfg.algorithm).clients_see(cfg.params).describe(),
-        "accountant": declared.accountant(cfg.conversion, getattr(cfg.params, "accountant", None)),
-        "guarantee": declared.to_dict(),
+        "clients_assumed": receipt["clients_assumed"],
+        "clients_see": receipt["clients_see"],
+        "accountant": receipt["accountant"],
+        "guarantee": receipt["guarantee"],
         "budget": {"epsilon": cfg.epsilon, "delta": delta},
         "backend": cfg.backend,
         "test_metric": {"name": key, "value": test.get(key)},
         "test_metrics": test,
-        "nonprivate_reference": reference,
+        "nonprivate_reference": "pending" if cfg.reference else None,
         "trivial_baseline": trivial,
         "seed": cfg.seed,
         **noise.describe(),
@@ -454,9 +479,10 @@ def run_training(
         "metrics_are_private": False,
         "out_dir": out,
         "model_path": model_path,
+        "resumed_from": resume,
     }
-    _write_json(os.path.join(out, "result.json"), payload)
-    ref_txt = f"{reference[key]:.4f}" if reference else "n/a"
+    result_path = os.path.join(out, "result.json")
+    write_json(result_path, payload)  # the private result first: an evaluation below cannot lose it
     how = (
         "(eps, delta) releases, basic composition"
         if not declared.zcdp
@@ -467,6 +493,14 @@ def run_training(
     )
     log(f"privacy: user-level ({cfg.neighbouring}) epsilon = {eps:.4f}, delta = {delta:.3g} ({how})")
     got = f"{test[key]:.4f}" if key in test else "n/a (the algorithm released no model)"
-    log(f"test {key} = {got}   (non-private reference {ref_txt}; trivial baseline {trivial.get(key, math.nan):.4f})")
-    log(f"wrote {os.path.join(out, 'result.json')} and ledger {ledger_path} ({payload['wall_time_s']:.1f} s)")
+    log(f"test {key} = {got}   (trivial baseline {trivial.get(key, math.nan):.4f})")
+    log(f"wrote {result_path}" + (f", {model_path}" if model_path else "") + f" and ledger {ledger_path}")
+    if cfg.reference:
+        payload["nonprivate_reference"] = reference_metrics(evaluator, spec, log)
+        payload["wall_time_s"] = time.time() - started
+        write_json(result_path, payload)
+        log(
+            f"non-private reference {key} = {payload['nonprivate_reference'].get(key, math.nan):.4f}; updated {result_path}"
+        )
+    log(f"done in {payload['wall_time_s']:.1f} s")
     return payload

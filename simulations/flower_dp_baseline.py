@@ -85,6 +85,7 @@ from flwr.serverapp import NeighboringRelation, PrivacyConfig, RdpAccountant, Sa
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg  # noqa: E402
 from flwr.supercore.privacy_accounting import GaussianPrivacyEvent  # noqa: E402
 
+from fedkl.algorithms.registry import algorithm_spec  # noqa: E402
 from fedkl.privacy.accounting import make_accountant  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -279,7 +280,9 @@ def train_with_flower(cfg, mode: str = "real", log=print) -> dict:
     z = noise_for(cfg.epsilon, mode, cfg.rounds, delta, n, m)
     eps_claimed = claimed_epsilon(round(z, 10), cfg.rounds, delta, n, m)
     eps_real = real_epsilon(round(z, 10), cfg.rounds, delta, n, m)
-    local_lr = cfg.local_lr if cfg.local_lr is not None else cfg.lr
+    # default: dp-fedavg's step size (the fedkl algorithm this baseline is compared with)
+    lr = cfg.lr if cfg.lr is not None else algorithm_spec("dp-fedavg").step_size
+    local_lr = cfg.local_lr if cfg.local_lr is not None else lr
     log(
         f"flower-dp-fixed ({mode}-calibrated) on {cfg.dataset}: N={n}, m={m}, z={z:.4f}, T={cfg.rounds}, "
         f"claimed eps {eps_claimed:.4f}, real eps {eps_real:.4f} at delta {delta:.3g}"

@@ -11,6 +11,15 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.unit)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _reference_cache(tmp_path_factory):
+    """The non-private reference's cache (fedkl.results) in a fresh folder, not the user's home."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("FEDKL_CACHE_DIR", str(tmp_path_factory.mktemp("fedkl-cache")))
+    yield
+    mp.undo()
+
+
 @pytest.fixture
 def dishonest_records(monkeypatch):
     """Records far outside every declared bound model DISHONEST clients: fedkl's datasets and ClientApp

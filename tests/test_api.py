@@ -38,7 +38,7 @@ def test_train_returns_the_model_the_budget_and_writes_the_model_file(tmp_path):
         data, "noisy-gd", epsilon=1.0, noise_seed=4, out=str(tmp_path / "a"), ledger=str(ledger), rounds=5, log=None
     )
     assert run.epsilon <= 1.0 * (1 + 1e-9) and run.delta == pytest.approx(1 / 60**1.1)
-    assert torch.equal(torch.load(run.result["model_path"]), run.model)
+    assert torch.equal(fedkl.load_model(run.result["model_path"]).params, run.model)
     saved = json.load(open(os.path.join(run.result["out_dir"], "result.json")))
     assert saved["dataset"] == "custom" and saved["model_path"] == run.result["model_path"]
     assert "model" not in saved  # result.json names the model by path

@@ -372,3 +372,26 @@ def test_account_under_replace_one_states_its_convention_and_skips_what_rdp_cann
     assert main(["account", "--epsilon", "2", *argv[3:], "--json"]) == 0  # the inverse, which used to fail
     res = json.loads(capsys.readouterr().out)
     assert set(res["noise_multiplier"]) == {"pld"} and res["noise_multiplier"]["pld"] > 0
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["account", "--noise-multiplier", "0.01", "--steps", "100000", "--delta", "1e-5"],
+        ["account", "--epsilon", "100000", "--steps", "10", "--delta", "1e-5", "--accountant", "pld"],
+        ["run", "--algorithm", "dp-sgd", "--epsilon", "100000", "--dataset", "synthetic-logistic", "--users", "30"],
+        # the (eps, delta) calibrations of output perturbation evaluate e^eps (an OverflowError traceback before)
+        ["run", "--algorithm", "sc-output-pert", "--epsilon", "100000", "--reg", "0.1", "--dataset", "tv16"],
+    ],
+)
+def test_work_that_cannot_finish_in_bounded_memory_is_refused_in_one_line(argv, tmp_path, capsys):
+    """Issue 20: these grew to 23 GB / asked for 72.8 TiB / overflowed; now exit 2 with one line, before any
+    PLD is built or any budget is spent."""
+    if argv[0] == "run":
+        assert main([*argv, "--out", str(tmp_path / "run"), "--no-reference"]) == 2
+    else:
+        with pytest.raises(SystemExit) as exit_:  # argparse's error(): exit 2
+            main(argv)
+        assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no meaningful privacy" in err[0]

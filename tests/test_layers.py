@@ -14,7 +14,7 @@ LAYERS = [
     ("fedkl.problems",),
     ("fedkl.federation",),
     ("fedkl.algorithms",),
-    ("fedkl.runner",),
+    ("fedkl.runner", "fedkl.saved_model", "fedkl.results"),
     ("fedkl.flower",),
     ("fedkl.experiments", "fedkl.cli", "fedkl.api", "fedkl"),
 ]

@@ -226,7 +226,7 @@ def _config(optimizer: str, params: AdamMoments, ctx: BuildContext, **extra) -> 
     )
 
 
-def _adaptive(optimizer: str):
+def _adaptive(optimizer: str, step_size: float):
     def build(params: AdaptiveDPParams, ctx: BuildContext) -> AdaptiveDPOptimizer:
         eps, delta = ctx.approx_budget()
         config = _config(optimizer, params, ctx, nu=params.nu, cap=params.cap, bias_correction=params.bias_correction)
@@ -234,15 +234,17 @@ def _adaptive(optimizer: str):
 
     build.__name__ = f"build_dp_{optimizer}"
     build.__doc__ = f"DP-{optimizer.upper()} (paper 004): Poisson-sampled users, one (eps, delta) Gaussian schedule."
-    return register(f"dp-{optimizer}", AdaptiveDPParams)(build)
+    return register(f"dp-{optimizer}", AdaptiveDPParams, step_size=step_size)(build)
 
 
-build_dp_sgd = _adaptive("sgd")
-build_dp_rmsprop = _adaptive("rmsprop")
-build_dp_adam = _adaptive("adam")
+# default step sizes: simulations/tune_step_sizes.py (public tuning data; README "Default step sizes")
+build_dp_sgd = _adaptive("sgd", 4.0)
+build_dp_rmsprop = _adaptive("rmsprop", 0.01)
+build_dp_adam = _adaptive("adam", 0.03)
 
 
-@register("dp-adambc", DPAdamBCParams)
+# step size: dp-adam's tuned value (dp-adambc was not tuned separately)
+@register("dp-adambc", DPAdamBCParams, step_size=0.03)
 def build_dp_adambc(params: DPAdamBCParams, ctx: BuildContext) -> AdaptiveDPOptimizer:
     """DP-AdamBC (Tang et al. 2024): DP-Adam minus the noise variance in v; the same schedule as dp-adam."""
     eps, delta = ctx.approx_budget()

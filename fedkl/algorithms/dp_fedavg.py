@@ -261,7 +261,7 @@ class DPFedAvgParams(Rounds, StepSize, Clip, PoissonSampling):
     )
 
 
-@register("dp-fedavg", DPFedAvgParams)
+@register("dp-fedavg", DPFedAvgParams, step_size=4.0)
 def build_dp_fedavg(params: DPFedAvgParams, ctx: BuildContext) -> DPFedAvg:
     """DP-FedAvg: sampled users' clipped local updates, one (eps, delta) sampled-Gaussian schedule.
 

@@ -6,6 +6,8 @@ privacy. It reads all training data directly and is NOT private.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import torch
 from scipy.optimize import minimize
@@ -15,9 +17,15 @@ from fedkl.problems.base import Problem
 
 
 def nonprivate_minimizer(
-    problem: Problem, data: UserData, w0: torch.Tensor | None = None, max_iter: int = 500, tol: float = 1e-9
+    problem: Problem,
+    data: UserData,
+    w0: torch.Tensor | None = None,
+    max_iter: int = 500,
+    tol: float = 1e-9,
+    progress: Callable[[int, int], None] | None = None,
 ) -> torch.Tensor:
-    """Minimize ``F(w) = mean_u f_u(w)`` with L-BFGS (full batch; the problem's dtype for the loss)."""
+    """Minimize ``F(w) = mean_u f_u(w)`` with L-BFGS (full batch; the problem's dtype for the loss).
+    ``progress(iteration, max_iter)`` is called after every L-BFGS iteration."""
     data = data.to(problem.dtype)
     start = problem.init_params() if w0 is None else w0
 
@@ -28,5 +36,19 @@ def nonprivate_minimizer(
         (grad,) = torch.autograd.grad(loss, w)
         return float(loss.detach()), grad.double().numpy()
 
-    res = minimize(fun, start.double().numpy(), jac=True, method="L-BFGS-B", options={"maxiter": max_iter, "gtol": tol})
+    iteration = [0]
+
+    def step(_: np.ndarray) -> None:
+        iteration[0] += 1
+        if progress is not None:
+            progress(iteration[0], max_iter)
+
+    res = minimize(
+        fun,
+        start.double().numpy(),
+        jac=True,
+        method="L-BFGS-B",
+        options={"maxiter": max_iter, "gtol": tol},
+        callback=step,
+    )
     return torch.from_numpy(res.x).to(problem.dtype)

@@ -24,7 +24,7 @@ line in :mod:`fedkl.algorithms.catalog`::
     class MyParams(Rounds, StepSize, Clip):
         momentum: float = param(0.0, "server momentum", "heuristic")
 
-    @register("my-gd", MyParams)
+    @register("my-gd", MyParams, step_size=1.0)  # StepSize's lr: each algorithm names its default
     def build(params: MyParams, ctx: BuildContext):
         return MyGD(params, ctx.rho_left)
 """
@@ -40,6 +40,8 @@ from fedkl.privacy.guarantee import RELEASED_MODELS, ClientView
 from fedkl.privacy.ledger import BudgetExceeded
 
 ORIGINS = ("theorem", "heuristic", "safety limit")
+# the largest (eps, delta) budget a builder accepts: the calibrations evaluate e^eps (float64 overflows at ~709)
+MAX_APPROX_EPSILON = 700.0
 
 
 def param(
@@ -150,10 +152,16 @@ class BuildContext:
         return len(self.user_ids)
 
     def approx_budget(self) -> tuple[float, float]:
-        """``approx_left``, refusing a spent budget (BudgetExceeded before any data is read)."""
+        """``approx_left``, refusing a spent budget (BudgetExceeded before any data is read) and an
+        epsilon above :data:`MAX_APPROX_EPSILON` (ValueError: the calibrations need e^eps)."""
         eps, delta = self.approx_left
         if eps <= 0 or delta <= 0:
             raise BudgetExceeded("the users' (eps, delta) budget is spent; nothing to train with")
+        if eps > MAX_APPROX_EPSILON:
+            raise ValueError(
+                f"epsilon={eps:g} is beyond what the (eps, delta) calibrations compute (e^eps overflows above "
+                f"{MAX_APPROX_EPSILON:g}); noise this small gives no meaningful privacy: use a smaller epsilon"
+            )
         return eps, delta
 
 
@@ -163,11 +171,18 @@ class AlgorithmSpec:
     params: type
     build: Callable[[Any, BuildContext], Any]
     client_view: ClientView | Callable[[Any], ClientView] = RELEASED_MODELS
+    step_size: float | None = None  # the default ``lr`` of an algorithm whose Params have one
 
     def clients_see(self, params: Any) -> ClientView:
         """What a participating client receives in a run with ``params`` (the one declaration that
         ``--help``, result.json's ``clients_see`` and the README state)."""
         return self.client_view if isinstance(self.client_view, ClientView) else self.client_view(params)
+
+    def resolve(self, params: Any) -> Any:
+        """``params`` with the step size left unset (``lr`` None) set to this algorithm's default."""
+        if self.step_size is not None and getattr(params, "lr", 0.0) is None:
+            return dataclasses.replace(params, lr=self.step_size)
+        return params
 
     @property
     def summary(self) -> str:
@@ -180,13 +195,24 @@ _FIELDS: dict[str, dataclasses.Field] = {}  # every registered hyperparameter: o
 
 
 def register(
-    name: str, params: type, client_view: ClientView | Callable[[Any], ClientView] = RELEASED_MODELS
+    name: str,
+    params: type,
+    client_view: ClientView | Callable[[Any], ClientView] = RELEASED_MODELS,
+    *,
+    step_size: float | None = None,
 ) -> Callable:
     """Decorator: register ``build(params, ctx)`` as algorithm ``name`` with hyperparameters
     ``params`` (an :class:`AlgorithmParams` dataclass) and what a participating client sees
     (``client_view``: a :class:`~fedkl.privacy.guarantee.ClientView`, or a function of the params;
     default: the released models only). Refuses a second algorithm of the same name and a
-    hyperparameter name already defined differently by another algorithm's Params."""
+    hyperparameter name already defined differently by another algorithm's Params.
+
+    ``step_size``: the algorithm's default ``lr`` (required when its Params have the shared
+    :class:`StepSize` field, whose own default None means "the algorithm's"); each algorithm's value
+    was chosen by simulations/tune_step_sizes.py on public tuning data."""
+    has_lr = any(f.name == "lr" for f in dataclasses.fields(params)) if dataclasses.is_dataclass(params) else False
+    if has_lr != (step_size is not None) or (step_size is not None and not step_size > 0):
+        raise TypeError(f"{name}: give register(..., step_size=lr > 0) exactly when its Params have a step size lr")
     if not (isinstance(params, type) and issubclass(params, AlgorithmParams) and dataclasses.is_dataclass(params)):
         raise TypeError(f"{name}: params must be a frozen dataclass deriving from AlgorithmParams, got {params!r}")
     for f in dataclasses.fields(params):
@@ -203,7 +229,7 @@ def register(
     def decorate(build: Callable) -> Callable:
         if name in REGISTRY and REGISTRY[name].build is not build:
             raise ValueError(f"algorithm {name!r} is already registered")
-        REGISTRY[name] = AlgorithmSpec(name, params, build, client_view)
+        REGISTRY[name] = AlgorithmSpec(name, params, build, client_view, step_size)
         for f in dataclasses.fields(params):
             _FIELDS.setdefault(f.name, f)
         return build
@@ -249,7 +275,13 @@ class Rounds(AlgorithmParams):
 
 @dataclass(frozen=True)
 class StepSize(AlgorithmParams):
-    lr: float = param(4.0, "step size", "heuristic", positive=True)
+    lr: float | None = param(
+        None,
+        "step size (default: the algorithm's own, chosen on public tuning data by simulations/tune_step_sizes.py; "
+        "`fedkl run --algorithm NAME --help` shows it)",
+        "heuristic",
+        positive=True,
+    )
 
 
 @dataclass(frozen=True)

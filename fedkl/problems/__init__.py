@@ -31,36 +31,62 @@ _TASKS = {
 }
 
 
-def make_problem(name: str, dataset: FederatedDataset, reg: float = 0.0, **kw) -> Problem:
-    """The problem ``name`` sized for ``dataset`` (extra keyword arguments go to its constructor;
-    ``torch`` needs ``model=``, and ``model=`` is refused for the other problems)."""
+def problem_spec(name: str, dataset: FederatedDataset, reg: float = 0.0, model=None) -> dict:
+    """The public description of problem ``name`` sized for ``dataset``: what
+    :func:`problem_from_spec` rebuilds it from without the data (a saved model keeps it). ``torch``
+    needs ``model`` (kept in the spec when it is an import spec; a factory or module object is not
+    serialisable, so :func:`problem_from_spec` then needs it again), and ``model`` is refused for
+    the other problems."""
     if name not in _TASKS:
         raise ValueError(f"unknown problem {name!r}; valid names: {', '.join(PROBLEMS)}")
     if dataset.task not in _TASKS[name]:
         raise ValueError(
             f"problem {name!r} needs a {' or '.join(_TASKS[name])} task, but dataset {dataset.name!r} is {dataset.task}"
         )
-    dim = dataset.train.dim
-    model = kw.pop("model", None)
     if (name == "torch") != (model is not None):
         raise ValueError(
             "problem 'torch' needs a model ('package.module:factory')"
             if name == "torch"
             else f"a model is given, but problem {name!r} is not 'torch' (use --problem torch)"
         )
+    spec = {"name": name, "task": dataset.task, "dim": dataset.train.dim, "reg": float(reg)}
+    if name in ("softmax", "mlp", "torch"):
+        spec["num_classes"] = 2 if dataset.task == "binary" else dataset.num_classes
+    if name == "torch":
+        spec["model"] = model if isinstance(model, str) else None
+    if name == "least-squares":
+        spec["label_bound"] = dataset.extra.get("label_bound")
+    return spec
+
+
+def problem_from_spec(spec: dict, model=None, **kw) -> Problem:
+    """The problem a :func:`problem_spec` describes (extra keyword arguments go to its constructor;
+    ``model``: a torch problem's network when its spec holds none)."""
+    name, dim, reg = spec["name"], int(spec["dim"]), float(spec["reg"])
     if name == "logistic":
         return BinaryLogistic(dim, reg, **kw)
     if name == "smoothed-hinge":
         return SmoothedHinge(dim, reg, **kw)
     if name == "least-squares":
-        kw.setdefault("label_bound", dataset.extra.get("label_bound"))
+        kw.setdefault("label_bound", spec.get("label_bound"))
         return LeastSquares(dim, reg, **kw)
-    num_classes = 2 if dataset.task == "binary" else dataset.num_classes
-    if name == "torch":
-        return TorchModel(model, dim, dataset.task, num_classes, reg, **kw)
     if name == "softmax":
-        return SoftmaxRegression(dim, num_classes, reg, **kw)
-    return MLP(dim, num_classes=num_classes, reg=reg, **kw)
+        return SoftmaxRegression(dim, spec["num_classes"], reg, **kw)
+    if name == "mlp":
+        return MLP(dim, num_classes=spec["num_classes"], reg=reg, **kw)
+    if name == "torch":
+        source = model if model is not None else spec.get("model")
+        if source is None:
+            raise ValueError("this torch problem's network was given as an object: pass model= to rebuild it")
+        return TorchModel(source, dim, spec["task"], spec["num_classes"], reg, **kw)
+    raise ValueError(f"unknown problem {name!r}; valid names: {', '.join(PROBLEMS)}")
+
+
+def make_problem(name: str, dataset: FederatedDataset, reg: float = 0.0, **kw) -> Problem:
+    """The problem ``name`` sized for ``dataset`` (extra keyword arguments go to its constructor;
+    ``torch`` needs ``model=``, and ``model=`` is refused for the other problems)."""
+    model = kw.pop("model", None)
+    return problem_from_spec(problem_spec(name, dataset, reg, model), model=model, **kw)
 
 
 __all__ = [
@@ -75,5 +101,7 @@ __all__ = [
     "SoftmaxRegression",
     "TorchModel",
     "make_problem",
+    "problem_from_spec",
+    "problem_spec",
     "user_means",
 ]

@@ -200,6 +200,11 @@ class Problem(ABC):
     def metrics(self, w: torch.Tensor, data: UserData) -> dict[str, float]:
         """Quality of ``w`` on ``data``: always ``loss``; ``accuracy`` for classification."""
 
+    def predict(self, w: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+        """The prediction of ``w`` for every row of ``X``, in the labels' encoding: ±1 for binary
+        linear models, class indices for softmax/MLP, real values for regression."""
+        raise NotImplementedError(f"{self.name} has no predict()")
+
     def trivial_metrics(self, train: UserData, test: UserData) -> dict[str, float]:
         """The same metrics for the best data-free-ish trivial predictor (e.g. the majority class
         of the training labels), the bar a private model must clear."""
@@ -244,8 +249,13 @@ def in_cyclic_batch(k: int, pos: torch.Tensor, m: torch.Tensor, batch_size: int)
     return torch.remainder(pos - k * batch_size, mm) < m.clamp(max=batch_size)
 
 
+def binary_predictions(scores: torch.Tensor) -> torch.Tensor:
+    """``sign(score)`` as ±1, a zero score predicting +1 (:func:`binary_accuracy`)."""
+    return torch.where(scores >= 0, 1.0, -1.0)
+
+
 def binary_accuracy(scores: torch.Tensor, labels: torch.Tensor) -> float:
     """Accuracy of predicting ``sign(score)`` for labels in {-1, +1}; a zero score predicts +1 (so the
     all-zero model is the constant +1 predictor, not a predictor that is always wrong)."""
-    predicted = torch.where(scores >= 0, 1.0, -1.0).to(labels.dtype)
+    predicted = binary_predictions(scores).to(labels.dtype)
     return float((predicted == labels).double().mean())

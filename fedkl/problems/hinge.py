@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from fedkl.data.base import UserData
-from fedkl.problems.base import Constants, Problem, binary_accuracy, user_means
+from fedkl.problems.base import Constants, Problem, binary_accuracy, binary_predictions, user_means
 from fedkl.problems.rowwise import row_matmul
 
 
@@ -55,6 +55,10 @@ class SmoothedHinge(Problem):
                 R + self.reg * param_bound, R * R / h + self.reg, self.reg, f"||x|| <= {R}, ||w|| <= {param_bound}"
             )
         return Constants(R, R * R / h, 0.0, f"||x|| <= {R}, any w")
+
+    def predict(self, w: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+        self.check_params(w)
+        return binary_predictions(row_matmul(X.to(w.dtype), w))
 
     def metrics(self, w: torch.Tensor, data: UserData) -> dict[str, float]:
         self.check_params(w)

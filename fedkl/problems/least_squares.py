@@ -62,6 +62,10 @@ class LeastSquares(GeneralizedLinear):
             R * (R * B + Y) + self.reg * B, R * R + self.reg, self.reg, f"||x|| <= {R}, ||w|| <= {B}, |y| <= {Y}"
         )
 
+    def predict(self, w: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+        self.check_params(w)
+        return row_matmul(X.to(w.dtype), w)
+
     def metrics(self, w: torch.Tensor, data: UserData) -> dict[str, float]:
         mse = float((self._residuals(w, data) ** 2).mean())
         return {"loss": self.loss(w, data), "mse": mse}

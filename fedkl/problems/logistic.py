@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from fedkl.data.base import UserData
-from fedkl.problems.base import Constants, binary_accuracy, user_means
+from fedkl.problems.base import Constants, binary_accuracy, binary_predictions, user_means
 from fedkl.problems.glm import GeneralizedLinear
 from fedkl.problems.rowwise import row_matmul, sigmoid, softplus
 
@@ -56,6 +56,10 @@ class BinaryLogistic(GeneralizedLinear):
                 R + self.reg * param_bound, R * R / 4 + self.reg, self.reg, f"||x|| <= {R}, ||w|| <= {param_bound}"
             )
         return Constants(R, R * R / 4, 0.0, f"||x|| <= {R}, any w")
+
+    def predict(self, w: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+        self.check_params(w)
+        return binary_predictions(row_matmul(X.to(w.dtype), w))
 
     def metrics(self, w: torch.Tensor, data: UserData) -> dict[str, float]:
         self.check_params(w)

@@ -72,6 +72,10 @@ class SoftmaxRegression(Problem):
             )
         return Constants(math.sqrt(2) * R, R * R / 2, 0.0, f"||x|| <= {R}, any w")
 
+    def predict(self, w: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+        self.check_params(w)
+        return row_matmul(X.to(w.dtype), w.view(self.num_classes, self.dim).T).argmax(dim=1)
+
     def metrics(self, w: torch.Tensor, data: UserData) -> dict[str, float]:
         pred = self._logits(w, data).argmax(dim=1)
         return {"loss": self.loss(w, data), "accuracy": float((pred == class_labels(data.y)).double().mean())}

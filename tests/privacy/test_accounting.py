@@ -12,10 +12,12 @@ import pytest
 from dp_accounting import pld, rdp
 
 from fedkl.privacy.accounting import (
+    PLD_MAX_POINTS,
     GaussianSchedule,
     describe_accountant,
     make_accountant,
     noise_multiplier_for,
+    pld_grid_points,
     schedule_epsilon,
 )
 from fedkl.privacy.charges import ExponentialCharge, GaussianCharge
@@ -392,3 +394,29 @@ def test_exact_gaussian_budget_is_refused_up_front_for_a_non_gaussian_release(tm
         RunConfig.from_settings(**common, out=str(tmp_path / "ok")), log=lambda _: None
     )  # last iterate: Gaussian only
     assert res["epsilon"] == pytest.approx(res["epsilon_by_budget_conversion"])
+
+
+@pytest.mark.parametrize(
+    "z,q,steps", [(1.0, 1.0, 10), (0.5, 1.0, 30), (1.0, 0.01, 1000), (2.0, 0.01, 10000), (1.0, 0.1, 100)]
+)
+def test_the_pld_size_estimate_tracks_dp_accounting(z, q, steps):
+    """The estimate that refuses huge schedules (issue 20) is at most 3x the pmf dp-accounting
+    actually builds, and never below half of it (its private ``_pld._pmf_remove``: the only place the size shows)."""
+    schedule = GaussianSchedule(z, q, steps)
+    acc = make_accountant("pld")
+    acc.compose(schedule.event())
+    actual = acc._pld._pmf_remove.size
+    assert 0.5 <= pld_grid_points(schedule) / actual <= 3.0
+
+
+def test_schedules_too_fine_for_the_pld_grid_are_refused_up_front_and_rdp_still_answers():
+    # issue 20: `fedkl account --noise-multiplier 0.01 --steps 100000` tried to allocate 72.8 TiB
+    huge = GaussianSchedule(0.01, 1.0, 100000)
+    assert pld_grid_points(huge) > PLD_MAX_POINTS
+    with pytest.raises(ValueError, match="PLD accountant would need .* no meaningful privacy"):
+        schedule_epsilon(huge, 1e-5, "pld")
+    assert schedule_epsilon(huge, 1e-5, "rdp") > 1e6
+    # a target epsilon so large that the noise would be negligible: refused before any PLD is built
+    with pytest.raises(ValueError, match="epsilon=100000 at delta=1e-05 needs a noise multiplier below"):
+        noise_multiplier_for(100000.0, 1e-5, 1.0, 10, "pld")
+    assert noise_multiplier_for(100000.0, 1e-5, 1.0, 10, "rdp") < 0.01

@@ -1,0 +1,45 @@
+"""The public noise-to-signal forecast of a gradient method, before any data is read.
+
+For gradient methods (noisy GD, DP-SGD/RMSProp/Adam, DP-FedAvg): the norm of one round's noise on the
+averaged clipped update, ``sigma_sum sqrt(d) / (expected cohort)``, against the largest update the
+data could make (the clip C), divided by ``sqrt(rounds)`` (independent noise averages down over the
+rounds; a heuristic, not a bound). ``fedkl plan`` ranks algorithms by it and ``fedkl run`` warns,
+before any budget is spent, when it is above :data:`LEARNS_LITTLE`. Output-perturbation algorithms
+have their own ``forecast`` method instead.
+"""
+
+from __future__ import annotations
+
+import math
+
+# above this ratio `fedkl run` warns that the model is predicted to learn little. A heuristic, read off
+# the public datasets of simulations/tune_step_sizes.py at eps = 2: on adult (ratio 0.52-0.60 for the
+# gradient methods) no step size beats the majority class; tv16 (0.18-0.21) and MovieLens (0.03) learn.
+LEARNS_LITTLE = 0.5
+
+
+def gradient_forecast(alg, params, n: int, dim: int, neighbouring: str) -> tuple[float, str] | None:
+    """``(ratio, why)`` for a built gradient method ``alg`` with ``params`` on ``n`` users and ``dim``
+    parameters (public values only), or None when ``alg`` is not one."""
+    rounds = getattr(params, "rounds", None)
+    clip = getattr(params, "clip", None)
+    if rounds is None or clip is None:
+        return None
+    if alg.guarantee.charges == "schedule":  # Poisson-sampled schedules: z = sigma / sensitivity on the sum
+        z = alg.schedule().noise_multiplier
+        q = params.sampling_rate
+        sensitivity = clip if neighbouring == "add-remove" else 2 * clip
+        per_round = z * sensitivity * math.sqrt(dim) / (q * n) / clip
+        why = f"noise multiplier {z:.3g} on a cohort of ~{q * n:.0f} users"
+    elif isinstance(getattr(alg, "sigma", None), float):
+        per_round = alg.sigma * math.sqrt(dim) / n / clip
+        why = f"noise std {alg.sigma:.3g} on the sum of {n} clipped gradients"
+    else:
+        return None
+    return per_round / math.sqrt(rounds), (
+        f"per round the noise on the mean clipped update is {per_round:.3g}x "
+        f"the clip ({why}), averaged over {rounds} rounds"
+    )
+
+
+__all__ = ["LEARNS_LITTLE", "gradient_forecast"]
