@@ -143,7 +143,7 @@ def train(
         import fedkl.flower.backends  # noqa: F401  (registers the Flower backends)
     network = None if model is None or isinstance(model, str) else model
     result = run_training(cfg, log=log or (lambda _: None), dataset=dataset, model=network)
-    w = None if result["model_path"] is None else load_model(result["model_path"]).params
+    w = None if result["model_path"] is None else load_model(result["model_path"], model=network).params
     return TrainedModel(
         model=w,
         epsilon=float(result["epsilon"]),

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -43,10 +44,11 @@ class SavedModel:
     params: torch.Tensor
     problem_spec: dict
     receipt: dict
+    network: Any = None  # problem "torch" trained with a network object (not in the file): give it again
 
     @property
     def problem(self) -> Problem:
-        return problem_from_spec(self.problem_spec)
+        return problem_from_spec(self.problem_spec, model=self.network)
 
     def predict(self, X) -> torch.Tensor:
         """Predictions for the rows of ``X`` (``(N, dim)``): ±1 for binary linear models, class
@@ -133,8 +135,10 @@ def check_resume(run: str, settings: dict, ledger_path: str, spec: dict) -> torc
     return model.params
 
 
-def load_model(path: str) -> SavedModel:
-    """The model a run saved at ``path`` (``fedkl-model/1``); ValueError on any other file."""
+def load_model(path: str, model: Any = None) -> SavedModel:
+    """The model a run saved at ``path`` (``fedkl-model/1``); ValueError on any other file.
+    ``model``: the network (factory or module) of a ``torch`` problem that was trained with a network
+    object rather than an import spec (the file cannot hold the object)."""
     try:
         payload = torch.load(path, weights_only=True)
     except FileNotFoundError:
@@ -144,10 +148,10 @@ def load_model(path: str) -> SavedModel:
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
         raise ValueError(f"{path} is not a {FORMAT} file (found {found!r}; runs before issue 20 saved a bare tensor)")
-    model = SavedModel(payload["state_dict"]["w"], payload["problem"], payload["receipt"])
-    if model.params.shape != (model.problem.num_params,):
-        raise ValueError(f"{path}: parameters of shape {tuple(model.params.shape)} do not fit {model.problem_spec}")
-    return model
+    saved = SavedModel(payload["state_dict"]["w"], payload["problem"], payload["receipt"], model)
+    if saved.params.shape != (saved.problem.num_params,):
+        raise ValueError(f"{path}: parameters of shape {tuple(saved.params.shape)} do not fit {saved.problem_spec}")
+    return saved
 
 
 __all__ = ["FORMAT", "RUN_LOCAL", "SavedModel", "check_resume", "load_model", "public_settings", "resume_settings"]

@@ -143,7 +143,10 @@ def test_a_model_file_trains_with_fedkl_train_and_fedkl_run(net_file, tmp_path, 
             "--out", str(tmp_path / "c"), "--no-reference"]  # fmt: skip
     assert cli.main(argv) == 0
     result = json.loads((tmp_path / "c" / "result.json").read_text())
-    assert torch.equal(torch.load(result["model_path"]), by_spec.model)
+    saved = fedkl.load_model(result["model_path"])  # the spec is in the file: the network is rebuilt
+    assert torch.equal(saved.params, by_spec.model) and saved.problem_spec["model"] == "nets.py:tiny"
+    X = torch.zeros(3, _dim())
+    assert saved.predict(X).shape == (3,)
     assert cli.main([*argv[:-3], "--model", f"{net_file}:with_batchnorm", "--out", str(tmp_path / "d")]) == 2
     assert "buffers" in capsys.readouterr().err
 
