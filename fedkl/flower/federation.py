@@ -81,11 +81,18 @@ class FlowerFederation(Federation):
         msgs = [self._message(codec.INFO, nid) for nid in nodes]
         replies = self.grid.send_and_receive(msgs, timeout=timeout)
         infos: dict[int, codec.NodeInfo] = {}
+        refused: list[str] = []
         for nid, reply in self._match(msgs, replies).items():
             try:
                 infos[nid] = codec.decode_info(reply)
-            except (codec.CodecError, codec.ReplyError) as exc:
+            except codec.ReplyError as exc:
+                if exc.code == codec.ERR_DATA:  # a site whose own data breaks the run's schema
+                    refused.append(exc.reason)
                 log.warning("node %s: invalid handshake reply (%s); it will not be asked", nid, exc)
+            except codec.CodecError as exc:
+                log.warning("node %s: invalid handshake reply (%s); it will not be asked", nid, exc)
+        if refused:
+            raise RuntimeError(f"{len(refused)} node(s) refused their own data: " + "; ".join(sorted(refused)))
         if not infos:
             raise RuntimeError(f"none of the {len(nodes)} Flower nodes answered the fedkl handshake")
         params = {i.num_params for i in infos.values()}
