@@ -1,0 +1,67 @@
+"""The repository is a Flower app (Flower 1.41): its pyproject.toml passes Flower's own validation, names
+loadable components (fedkl's ServerApp / ClientApp through server/app.py and client/app.py), builds into a
+small FAB, and its [tool.flwr.app.config] keys are `fedkl run` settings that train as they are."""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+from flwr.app import Context, RecordDict
+
+from fedkl import runner
+from fedkl.flower import client_app, codec, server_app
+from fedkl.flower.localgrid import LocalGrid
+
+pytestmark = pytest.mark.flower
+
+ROOT = Path(__file__).resolve().parents[2]
+EXTRA_KEYS = {"fedkl-wait-for-nodes", "fedkl-timeout"}  # the ServerApp's own keys (server_app._deployed_main)
+
+
+def _app_config() -> dict:
+    from flwr.cli.config_utils import load_and_validate
+
+    config, _warnings = load_and_validate(ROOT / "pyproject.toml", check_module=True)  # imports the components
+    return config
+
+
+def test_pyproject_is_a_valid_flower_app_naming_fedkls_apps():
+    import client.app
+    import server.app
+
+    config = _app_config()
+    components = config["tool"]["flwr"]["app"]["components"]
+    assert components == {"serverapp": "server.app:app", "clientapp": "client.app:app"}
+    assert server.app.app is server_app.app and client.app.app is client_app.app
+
+
+def test_the_fab_holds_the_entry_points_not_the_repository():
+    from flwr.cli.build import build_fab_from_disk
+    from flwr.common.constant import FAB_MAX_SIZE
+
+    fab = build_fab_from_disk(ROOT)
+    names = set(zipfile.ZipFile(io.BytesIO(fab)).namelist())
+    assert {"server/app.py", "client/app.py", "pyproject.toml"} <= names
+    assert not any(n.startswith(("fedkl/", "tests/")) for n in names) and len(fab) < FAB_MAX_SIZE
+
+
+def test_app_config_keys_are_run_settings_and_train_as_they_are(tmp_path):
+    rc = dict(_app_config()["tool"]["flwr"]["app"]["config"])
+    fields = runner.settings_fields()
+    unknown = [k for k in rc if k not in EXTRA_KEYS and k.removeprefix("fedkl-").replace("-", "_") not in fields]
+    assert unknown == []
+    rc["fedkl-out"] = str(tmp_path / "out")  # what `flwr run . --run-config "fedkl-out=..."` would set
+    rc["fedkl-noise-seed"] = 3
+    cfg = server_app._run_config_from_user_config(rc)
+    spec = codec.ClientSpec.from_user_config(rc)
+    users = spec.kwargs[0]["n_users"]
+    assert (cfg.dataset, cfg.users, cfg.params.rounds) == (rc["fedkl-dataset"], rc["fedkl-users"], rc["fedkl-rounds"])
+    grid = LocalGrid(client_app.app, users, run_config=rc)  # the nodes of `--federation-config num-supernodes=N`
+    server_app._deployed_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc))
+    res = json.loads((tmp_path / "out" / "flower_result.json").read_text())
+    assert res["users"] == users and res["failed_users"] == [0] * rc["fedkl-rounds"]
+    assert res["ledger"]["releases"] == rc["fedkl-rounds"]
