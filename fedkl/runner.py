@@ -387,12 +387,14 @@ def run_training(
     if transport is not None and transport.train is not None:  # ledger + noise live in the deployment's ServerApp
         result, summary = transport.train(cfg, dataset, out, log)
         declared = result.guarantee
+        failures = getattr(result, "failures", None)
     else:
         try:
             result, summary, declared = train_federation(
                 cfg, federation, problem, dataset, delta, ledger_path, run_id, noise, log
             )
         finally:
+            failures = federation.failure_report()  # per request, per user: why (Flower backends)
             close = getattr(federation, "close", None)
             if close is not None:
                 close()  # stops Ray for flower-sim
@@ -441,6 +443,7 @@ def run_training(
         "rounds": result.rounds,
         "sigma_sum": result.sigma,
         "algorithm_details": result.details or {},
+        "failures": failures,
         "ledger": summary,
         "config": cfg.settings(),
         "wall_time_s": time.time() - started,

@@ -503,6 +503,7 @@ def train_over_grpc(cfg: Any, dataset: Any, out: str, log=print, **kw: Any) -> t
         w=w,
         history=res.get("history", []),
         failed_users=res.get("failed_users"),
+        failures=res.get("failures"),
         rho_spent=res.get("rho_spent"),
         sigma=res.get("sigma"),
         workdir=res.get("workdir"),
