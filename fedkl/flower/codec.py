@@ -380,9 +380,9 @@ class ClientSpec:
             )
         ns = SimpleNamespace(
             dataset=dataset,
-            problem=user_config.get("fedkl-problem"),
-            seed=int(user_config.get("fedkl-seed", 0)),
-            reg=float(user_config.get("fedkl-reg", 0.0)),
+            problem=user_config.get("fedkl-problem") or None,  # "" (TOML's unset) is the default
+            seed=int(user_config.get("fedkl-seed") or 0),
+            reg=float(user_config.get("fedkl-reg") or 0.0),
             model=user_config.get("fedkl-model") or None,
             users=user_config.get("fedkl-users") or None,
             sites=user_config.get("fedkl-sites") or None,

@@ -19,7 +19,7 @@ from fedkl.flower.localgrid import LocalGrid
 pytestmark = pytest.mark.flower
 
 ROOT = Path(__file__).resolve().parents[2]
-EXTRA_KEYS = {"fedkl-wait-for-nodes", "fedkl-timeout"}  # the ServerApp's own keys (server_app._deployed_main)
+EXTRA_KEYS = {"fedkl-wait-for-nodes", "fedkl-timeout", "fedkl-sites"}  # the ServerApp's and ClientSpec's own
 
 
 def _app_config() -> dict:
@@ -59,9 +59,21 @@ def test_app_config_keys_are_run_settings_and_train_as_they_are(tmp_path):
     cfg = server_app._run_config_from_user_config(rc)
     spec = codec.ClientSpec.from_user_config(rc)
     users = spec.kwargs[0]["n_users"]
-    assert (cfg.dataset, cfg.users, cfg.params.rounds) == (rc["fedkl-dataset"], rc["fedkl-users"], rc["fedkl-rounds"])
+    rounds = cfg.params.rounds
+    assert (cfg.dataset, cfg.users, cfg.epsilon) == (rc["fedkl-dataset"], rc["fedkl-users"], runner.RunConfig().epsilon)
     grid = LocalGrid(client_app.app, users, run_config=rc)  # the nodes of `--federation-config num-supernodes=N`
     server_app._deployed_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc))
     res = json.loads((tmp_path / "out" / "flower_result.json").read_text())
-    assert res["users"] == users and res["failed_users"] == [0] * rc["fedkl-rounds"]
-    assert res["ledger"]["releases"] == rc["fedkl-rounds"]
+    assert res["users"] == users and res["failed_users"] == [0] * rounds
+    assert res["ledger"]["releases"] == rounds and res["failures"]["counts"] == {}
+
+
+def test_every_key_the_readme_sets_is_one_flower_accepts():
+    """Flower refuses a --run-config key the app's config does not list: every fedkl-* key README's
+    "Deploying" sets is listed."""
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Deploying") : readme.index("## The ledger")]
+    named = set(re.findall(r"(fedkl-[a-z][a-z-]*[a-z])=", section))
+    assert named and named <= set(_app_config()["tool"]["flwr"]["app"]["config"])
