@@ -77,3 +77,56 @@ def test_every_key_the_readme_sets_is_one_flower_accepts():
     section = readme[readme.index("## Deploying") : readme.index("## The ledger")]
     named = set(re.findall(r"(fedkl-[a-z][a-z-]*[a-z])=", section))
     assert named and named <= set(_app_config()["tool"]["flwr"]["app"]["config"])
+
+
+@pytest.mark.slow
+def test_flwr_run_dot_trains_on_the_local_simulation_engine(tmp_path):
+    """README's command, as a Flower user runs it: `flwr run .` on the local simulation engine (about 30-40 s).
+    Flower leaves its local SuperLink running in the background: stopped here with everything it started."""
+    import os
+    import subprocess
+    import sys
+
+    from fedkl.flower.deploy import _free_port, _proc_table, stop_processes
+
+    home = tmp_path / "flwr-home"
+    env = {
+        **os.environ,
+        "FLWR_HOME": str(home),
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(_free_port()),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(_free_port()),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+    }
+    out = tmp_path / "out"
+    cmd = ["flwr", "run", ".", "--federation-config", "num-supernodes=6", "--stream"]
+    cmd += ["--run-config", f"fedkl-out='{out}' fedkl-users=6 fedkl-rounds=2 fedkl-epsilon=8.0"]
+
+    class Found:  # a process we did not spawn directly (Flower detaches its local SuperLink)
+        def __init__(self, pid: int) -> None:
+            self.pid = pid
+
+        def poll(self) -> None:
+            return None
+
+        def wait(self, timeout: float | None = None) -> None:
+            return None
+
+    try:
+        r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        res = json.loads((out / "flower_result.json").read_text())
+        assert res["users"] == 6 and res["failed_users"] == [0, 0] and res["ledger"]["releases"] == 2
+    finally:
+        mine = []
+        for pid in _proc_table():
+            try:
+                if str(home).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    mine.append(Found(pid))
+            except OSError:
+                pass
+        stop_processes(mine)

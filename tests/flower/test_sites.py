@@ -159,3 +159,18 @@ def test_the_readme_node_config_parses_into_what_the_client_reads():
     node_config = parse_config_args([re.search(r'--node-config "([^"]+)"', readme).group(1)])
     assert node_config["partition-id"] == 7 and node_config["data-path"] == "/srv/site7/records.csv"
     assert Schema(label_column="y", feature_columns="age,bmi,dose").differences(node_config) == []
+
+
+def test_a_file_dataset_over_flower_local_is_the_inprocess_run(tmp_path):
+    """`fedkl run --dataset FILE --backend flower-local`: every client loads the file with the run's schema
+    and keeps its user's records; same seeds give the same released model as in-process."""
+    from fedkl.cli import main
+
+    frame = pd.concat([pd.read_csv(p).assign(id=SITES[i]) for i, p in _site_files(tmp_path).items()], ignore_index=True)
+    frame.to_csv(tmp_path / "all.csv", index=False)
+    argv = ["run", "--dataset", str(tmp_path / "all.csv"), "--user-column", "id", "--label-column", "y"]
+    argv += ["--feature-bound", "3", "--noise-seed", "1", "--no-reference", "--epsilon", "8"]
+    for backend in ("inprocess", "flower-local"):
+        assert main([*argv, "--backend", backend, "--out", str(tmp_path / backend)]) == 0
+    a, b = (torch.load(tmp_path / b / "model.pt") for b in ("inprocess", "flower-local"))
+    assert torch.equal(a, b)
