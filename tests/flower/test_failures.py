@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_flower import _cfg  # tests/flower/test_flower.py: the small least-squares run of the Flower tests
 
 import fedkl.flower.backends  # noqa: F401  (registers flower-local with the runner)
 from fedkl.flower import localgrid
@@ -26,24 +27,9 @@ FAULTS = {
 ABSENT = 11
 
 
-def _cfg(tmp_path, name, rounds=3):
-    return RunConfig.from_settings(
-        dataset="synthetic-least-squares",
-        problem="least-squares",
-        users=16,
-        rounds=rounds,
-        lr=0.5,
-        clip=0.5,
-        seed=4,
-        noise_seed=7,
-        out=str(tmp_path / name),
-        reference=False,
-    )
-
-
 def test_each_failure_is_saved_with_its_reason_per_request(tmp_path):
     res = run_flower_simulation(
-        _cfg(tmp_path, "faulty"),
+        _cfg(tmp_path, "faulty", users=16),
         "flower-local",
         log=lambda s: None,
         faults={p: make() for p, (make, _) in FAULTS.items()},
@@ -63,7 +49,9 @@ def test_each_failure_is_saved_with_its_reason_per_request(tmp_path):
 
 def test_result_json_carries_the_failures_of_a_flower_run(tmp_path):
     payload = run_training(
-        RunConfig.from_settings(**{**_cfg(tmp_path, "clean", rounds=2).settings(), "backend": "flower-local"}),
+        RunConfig.from_settings(
+            **{**_cfg(tmp_path, "clean", users=16, rounds=2).settings(), "backend": "flower-local"}
+        ),
         log=lambda s: None,
     )
     saved = json.loads((tmp_path / "clean" / "result.json").read_text())
