@@ -318,6 +318,7 @@ def run_grpc(
     timeout: float = 600.0,
     unregistered: tuple[int, ...] = (),
     connect_timeout: float = 120.0,
+    node_config: Mapping[int, Mapping[str, Any]] | None = None,
     log=print,
 ) -> dict:
     """Run the fedkl app on a fresh local SuperLink + ``num_users`` SuperNodes; return the parsed
@@ -326,6 +327,7 @@ def run_grpc(
 
     ``unregistered``: user positions whose SuperNode starts with a key that was NOT registered (a
     test of SuperNode authentication: the SuperLink must refuse them, so those users fail).
+    ``node_config``: extra node-config keys per user position (e.g. a site's own ``data-path``).
     The run is submitted once every registered SuperNode is online (``connect_timeout``)."""
     if num_users < 1:
         raise ValueError("num_users must be >= 1")
@@ -337,7 +339,9 @@ def run_grpc(
     rc.setdefault("fedkl-out", str(work / "out"))
     ok = False
     try:
-        res = _deploy(work, rc, num_users, tls, node_auth, timeout, unregistered, connect_timeout, log)
+        res = _deploy(
+            work, rc, num_users, tls, node_auth, timeout, unregistered, connect_timeout, dict(node_config or {}), log
+        )
         ok = True
         res["workdir"] = None if own_work else str(work)
         return res
@@ -359,6 +363,7 @@ def _deploy(
     timeout: float,
     unregistered: tuple[int, ...],
     connect_timeout: float,
+    node_config: dict,
     log,
 ) -> dict:
     """The body of :func:`run_grpc` in ``work``: start, submit, collect; every process stopped on exit."""
@@ -451,7 +456,10 @@ def _deploy(
                     "--superlink",
                     f"127.0.0.1:{port}",
                     "--node-config",
-                    f"partition-id={u} num-partitions={num_users}",
+                    " ".join(
+                        [f"partition-id={u} num-partitions={num_users}"]
+                        + [f"{k}={_toml_value(v)}" for k, v in node_config.get(u, {}).items()]
+                    ),
                     "--host",
                     "127.0.0.1",
                     "--port",

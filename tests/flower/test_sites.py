@@ -117,11 +117,8 @@ def test_a_site_without_a_data_path_says_so():
         FlowerFederation(grid, user_ids=SITES, wait_for_nodes=0.0)
 
 
-def test_the_deployed_server_knows_only_the_schema_and_enrolment(tmp_path, monkeypatch):
-    """The ServerApp's main, configured by run-config keys only (``fedkl-dataset = "sites"``,
-    ``fedkl-sites``, the schema keys), trains over nodes that load their own files; it never opens one."""
-    paths = _site_files(tmp_path)
-    rc = {
+def _sites_run_config(out) -> dict:
+    return {
         "fedkl-dataset": "sites",
         "fedkl-sites": ",".join(SITES),
         "fedkl-label-column": "y",
@@ -130,8 +127,15 @@ def test_the_deployed_server_knows_only_the_schema_and_enrolment(tmp_path, monke
         "fedkl-rounds": 2,
         "fedkl-epsilon": 4.0,
         "fedkl-noise-seed": 5,
-        "fedkl-out": str(tmp_path / "deployed"),
+        "fedkl-out": str(out),
     }
+
+
+def test_the_deployed_server_knows_only_the_schema_and_enrolment(tmp_path, monkeypatch):
+    """The ServerApp's main, configured by run-config keys only (``fedkl-dataset = "sites"``,
+    ``fedkl-sites``, the schema keys), trains over nodes that load their own files; it never opens one."""
+    paths = _site_files(tmp_path)
+    rc = _sites_run_config(tmp_path / "deployed")
     assert codec.ClientSpec.from_user_config(rc).kwargs[0]["sites"] == ",".join(SITES)
     server_reads = []
     import fedkl.data.files as files
@@ -174,3 +178,23 @@ def test_a_file_dataset_over_flower_local_is_the_inprocess_run(tmp_path):
         assert main([*argv, "--backend", backend, "--out", str(tmp_path / backend)]) == 0
     a, b = (torch.load(tmp_path / b / "model.pt") for b in ("inprocess", "flower-local"))
     assert torch.equal(a, b)
+
+
+@pytest.mark.slow
+def test_sites_over_grpc_with_tls_load_their_own_files(tmp_path):
+    """A loopback deployment (SuperLink with TLS and SuperNode auth, one SuperNode per site started with
+    its own ``data-path``, the app submitted with `flwr run`) releases the model the same nodes give over
+    the LocalGrid, with the same ledger."""
+    from fedkl.flower.deploy import run_grpc
+
+    paths = _site_files(tmp_path)
+    rc = _sites_run_config(tmp_path / "grpc-out")
+    node_config = {p: {"data-path": str(path)} for p, path in paths.items()}
+    res = run_grpc(rc, len(SITES), workdir=str(tmp_path / "grpc"), timeout=400, node_config=node_config, log=print)
+    local = _sites_run_config(tmp_path / "local")
+    ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=local)
+    server_app._deployed_main(_grid(paths, run_config=local), ctx)
+    ref = json.loads((tmp_path / "local" / "flower_result.json").read_text())
+    assert res["users"] == len(SITES) and res["failed_users"] == [0, 0] and res["failures"]["counts"] == {}
+    assert res["w"] == ref["w"] and res["ledger"]["max_user_rho"] == ref["ledger"]["max_user_rho"]
+    assert not (tmp_path / "grpc" / "certs").exists()  # the run's keys are gone
