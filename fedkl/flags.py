@@ -120,7 +120,7 @@ def _dataset_name(text: str) -> str:
     if text in DATASETS or is_data_file(text):
         return text
     raise argparse.ArgumentTypeError(
-        f"invalid choice: {text!r} (choose from {', '.join(DATASETS)}, or a .csv/.npz/.parquet file)"
+        f"invalid choice {text!r} (choose from {', '.join(DATASETS)}, or a .csv/.npz/.parquet file)"
     )
 
 

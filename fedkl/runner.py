@@ -326,11 +326,12 @@ def prepare_run(cfg: RunConfig, num_users: int, suffix: str = "") -> tuple[float
 def load_run_dataset(cfg: RunConfig) -> FederatedDataset:
     """The dataset of a run configuration (real datasets: split by ``seed``; synthetic ones: drawn
     with ``seed`` and ``users``; a data file: split by ``seed``, read with its schema settings)."""
+    schema = loader_kwargs({k: getattr(cfg, k, None) for k in SCHEMA_SETTINGS})  # cfg may be a plugin's namespace
     if is_data_file(cfg.dataset):
         if cfg.users is not None:
             raise ValueError(f"--users applies to synthetic datasets; {cfg.dataset} has the users of its user column")
-        return load_dataset(cfg.dataset, split_seed=cfg.seed, **loader_kwargs(cfg.settings()))
-    if loader_kwargs(cfg.settings()):
+        return load_dataset(cfg.dataset, split_seed=cfg.seed, **schema)
+    if schema:
         raise ValueError(f"{', '.join(SCHEMA_SETTINGS)} apply to --dataset FILE (a .csv/.npz/.parquet file)")
     if cfg.dataset in ("movielens", "tv16"):
         if cfg.users is not None:
