@@ -137,8 +137,13 @@ def read_table(path: str) -> Any:
             return pd.read_parquet(path)
     except DataError:
         raise
+    except ImportError:  # pandas needs an engine for parquet
+        raise DataError(
+            f"{path}: reading .parquet needs pyarrow (pip install pyarrow), or save the file as .csv"
+        ) from None
     except Exception as exc:
-        raise DataError(f"{path}: cannot read ({type(exc).__name__}: {exc})") from None
+        why = " ".join(str(exc).split())[:300]  # one line
+        raise DataError(f"{path}: cannot read ({type(exc).__name__}: {why})") from None
     raise DataError(f"{path}: unknown format; use one of {', '.join(SUFFIXES)}")
 
 

@@ -54,6 +54,22 @@ def test_npz_and_csv_give_the_same_dataset(tmp_path):
     assert a.train.user_ids == b.train.user_ids
 
 
+def test_parquet_reads_like_csv_or_says_what_it_needs(tmp_path):
+    frame = _frame()
+    path = tmp_path / "d.parquet"
+    try:
+        frame.to_parquet(path)
+    except ImportError:  # no parquet engine here: the refusal is what matters
+        path.write_bytes(b"PAR1")
+        with pytest.raises(DataError) as e:
+            load_file(str(path), **FILE_KW)
+        assert "needs pyarrow" in str(e.value) and "\n" not in str(e.value)
+        return
+    torch.testing.assert_close(
+        load_file(str(path), **FILE_KW).train.X, load_file(_csv(tmp_path, frame), **FILE_KW).train.X
+    )
+
+
 @pytest.mark.parametrize(
     "change, message",
     [
