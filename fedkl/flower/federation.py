@@ -153,7 +153,12 @@ class FlowerFederation(Federation):
                 "pass user_ids to run with them absent (they then always fail)"
             )
         if missing:
-            log.warning("%d enrolled users have no node; they contribute zero and are reported failed", len(missing))
+            log.warning(
+                "%d enrolled users have no node (%s%s); they contribute zero and are reported failed ('absent')",
+                len(missing),
+                ", ".join(repr(ids[u]) for u in missing[:10]),
+                ", ..." if len(missing) > 10 else "",
+            )
         self._user_ids = tuple(str(i) for i in ids)
         self._num_params = params.pop()
         self.node_of = node_of
