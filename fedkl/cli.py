@@ -199,25 +199,31 @@ def _plan(args: argparse.Namespace) -> int:
 def _predict(args: argparse.Namespace) -> int:
     """``fedkl predict``: a saved model's metrics on a dataset (the model's own by default)."""
     from fedkl.data import DATASETS
-    from fedkl.runner import RunConfig, load_run_data
+    from fedkl.data.files import SCHEMA_SETTINGS, is_data_file
+    from fedkl.runner import RunConfig, load_run_dataset
     from fedkl.saved_model import load_model, model_file
 
     try:
         model = load_model(model_file(args.model))
-        saved, spec = model.receipt["settings"], model.problem_spec
-        if args.dataset is None and saved["dataset"] not in DATASETS:
+        saved = model.receipt["settings"]
+        if args.dataset is None and saved["dataset"] not in DATASETS and not is_data_file(saved["dataset"]):
             raise ValueError(
                 f"the model was trained on your own data ({saved['dataset']!r}): give --dataset, or evaluate it "
                 "in Python with fedkl.load_model(PATH).evaluate(data)"
             )
+        dataset_name = args.dataset or saved["dataset"]
+        # a data file's schema: what is given here, else the model's own (the same file read the same way)
+        schema = {
+            k: getattr(args, k) if getattr(args, k) is not None or args.dataset else saved.get(k)
+            for k in SCHEMA_SETTINGS
+        }
         cfg = RunConfig(
-            dataset=args.dataset or saved["dataset"],
+            dataset=dataset_name,
             seed=saved["seed"] if args.seed is None else args.seed,
             users=args.users if args.users is not None or args.dataset else saved.get("users"),
-            problem=spec["name"],
-            reg=spec["reg"],
+            **(schema if is_data_file(dataset_name) else {}),
         )
-        dataset, _, _ = load_run_data(cfg)
+        dataset = load_run_dataset(cfg)
         metrics = model.evaluate(dataset, args.split)
     except (ValueError, KeyError) as e:
         print(f"fedkl predict: error: {e} (see 'fedkl predict --help')", file=sys.stderr)

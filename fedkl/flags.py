@@ -112,6 +112,17 @@ def _add_hyperparameters(run: argparse.ArgumentParser, algorithm: str | None) ->
             group.add_argument(flag, type=parse, default=f.default, help=note)
 
 
+def _dataset_name(text: str) -> str:
+    from fedkl.data import DATASETS
+    from fedkl.data.files import is_data_file
+
+    if text in DATASETS or is_data_file(text):
+        return text
+    raise argparse.ArgumentTypeError(
+        f"invalid choice {text!r} (choose from {', '.join(DATASETS)}, or a .csv/.npz/.parquet file)"
+    )
+
+
 def _add_run_arguments(run: argparse.ArgumentParser, algorithm: str | None) -> None:
     """The ``fedkl run`` settings (shared by ``fedkl plan``)."""
     from fedkl.algorithms.catalog import REGISTRY
@@ -129,7 +140,11 @@ def _add_run_arguments(run: argparse.ArgumentParser, algorithm: str | None) -> N
         "options given on the command line override the file",
     )
     run.add_argument(
-        "--dataset", choices=DATASETS, default=d.dataset, help="user-partitioned dataset (default %(default)s)"
+        "--dataset",
+        type=_dataset_name,
+        default=d.dataset,
+        help=f"user-partitioned dataset: one of {', '.join(DATASETS)} (default %(default)s), or your own "
+        ".csv/.npz/.parquet file with --user-column and --label-column",
     )
     run.add_argument(
         "--problem",
@@ -208,10 +223,33 @@ def _add_data_arguments(parser: argparse.ArgumentParser, dataset: str | None, se
 
     if dataset is None:
         parser.add_argument(
-            "--dataset", choices=DATASETS, default=None, help="user-partitioned dataset (default: the model's)"
+            "--dataset",
+            type=_dataset_name,
+            default=None,
+            help=f"one of {', '.join(DATASETS)} or a data file (default: the model's)",
         )
         parser.add_argument("--seed", type=int, default=None, help="seed of the data split (default: the model's)")
     parser.add_argument("--users", type=_positive(int), default=None, help="number of users (synthetic datasets only)")
+    data = parser.add_argument_group("your own data file (--dataset FILE; fedkl.data.files)")
+    data.add_argument("--user-column", default=None, help="the column naming each record's user (the privacy unit)")
+    data.add_argument("--label-column", default=None, help="the label column")
+    data.add_argument(
+        "--feature-columns", default=None, help="comma-separated feature columns (default: every other numeric one)"
+    )
+    data.add_argument("--task", choices=("binary", "multiclass", "regression"), default=None, help="default binary")
+    data.add_argument(
+        "--feature-bound",
+        type=_positive(),
+        default=None,
+        help="public bound B on every record's ||x||_2 (default 1); features are divided by B",
+    )
+    data.add_argument("--label-bound", type=_positive(), default=None, help="public bound on |y| (regression)")
+    data.add_argument(
+        "--on-bound",
+        choices=("refuse", "clip"),
+        default=None,
+        help="a record beyond a bound: refuse the file (default) or clip it (and say how many)",
+    )
 
 
 def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:

@@ -32,6 +32,7 @@ from fedkl.algorithms.registry import (
     hyperparameter_fields,
 )
 from fedkl.data import FederatedDataset, load_dataset
+from fedkl.data.files import SCHEMA_SETTINGS, is_data_file, loader_kwargs
 from fedkl.federation.base import Federation
 from fedkl.federation.inprocess import InProcessFederation
 from fedkl.privacy import Budget, BudgetExceeded, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter
@@ -103,6 +104,15 @@ class RunConfig:
     ledger: str | None = None
     reference: bool = True
     users: int | None = None  # synthetic datasets: number of users
+    # --dataset FILE (fedkl.data.files): its user and label columns, features (comma-separated; None: every
+    # other numeric column), task, public bounds (None: feature bound 1, no label bound) and refuse|clip
+    user_column: str | None = None
+    label_column: str | None = None
+    feature_columns: str | None = None
+    task: str | None = None
+    feature_bound: float | None = None
+    label_bound: float | None = None
+    on_bound: str | None = None
     params: AlgorithmParams | None = None
 
     def __post_init__(self) -> None:
@@ -341,7 +351,14 @@ def prepare_run(cfg: RunConfig, num_users: int, suffix: str = "") -> tuple[float
 
 def load_run_dataset(cfg: RunConfig) -> FederatedDataset:
     """The dataset of a run configuration (real datasets: split by ``seed``; synthetic ones: drawn
-    with ``seed`` and ``users``)."""
+    with ``seed`` and ``users``; a data file: split by ``seed``, read with its schema settings)."""
+    schema = loader_kwargs({k: getattr(cfg, k, None) for k in SCHEMA_SETTINGS})  # cfg may be a plugin's namespace
+    if is_data_file(cfg.dataset):
+        if cfg.users is not None:
+            raise ValueError(f"--users applies to synthetic datasets; {cfg.dataset} has the users of its user column")
+        return load_dataset(cfg.dataset, split_seed=cfg.seed, **schema)
+    if schema:
+        raise ValueError(f"{', '.join(SCHEMA_SETTINGS)} apply to --dataset FILE (a .csv/.npz/.parquet file)")
     if cfg.dataset in ("movielens", "tv16"):
         if cfg.users is not None:
             raise ValueError(f"--users applies to synthetic datasets; {cfg.dataset} has a fixed set of users")
@@ -410,12 +427,14 @@ def run_training(
     if transport is not None and transport.train is not None:  # ledger + noise live in the deployment's ServerApp
         result, summary = transport.train(cfg, dataset, out, log)
         declared = result.guarantee
+        failures = getattr(result, "failures", None)
     else:
         try:
             result, summary, declared = train_federation(
                 cfg, federation, problem, dataset, delta, ledger_path, run_id, noise, log, w0
             )
         finally:
+            failures = federation.failure_report()  # per request, per user: why (Flower backends)
             close = getattr(federation, "close", None)
             if close is not None:
                 close()  # stops Ray for flower-sim
@@ -473,6 +492,7 @@ def run_training(
         "rounds": result.rounds,
         "sigma_sum": result.sigma,
         "algorithm_details": result.details or {},
+        "failures": failures,
         "ledger": summary,
         "config": cfg.settings(),
         "wall_time_s": time.time() - started,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fedkl.data.adult import load_adult
 from fedkl.data.base import FederatedDataset, UserData
+from fedkl.data.files import DataError, is_data_file, load_file, sites_dataset
 from fedkl.data.flights import load_flights
 from fedkl.data.images import DataNotInstalled, load_fashion_mnist, load_mnist
 from fedkl.data.mortgages import load_mortgages
@@ -55,6 +56,12 @@ def load_dataset(name: str, **kw) -> FederatedDataset:
     hashed partition and fertility-partition's permutation have their own ``partition_seed``, the
     flights and mortgages per-user subsample its own ``sample_seed``), so that a caller can seed every
     dataset the same way."""
+    if is_data_file(name):  # your own user-partitioned file (fedkl.data.files)
+        if "seed" in kw:
+            kw["split_seed"] = kw.pop("seed")
+        return load_file(name, **kw)
+    if name == "sites":  # a deployment whose nodes load their own files: the schema, no records
+        return sites_dataset(**kw)
     if name == "movielens":
         return load_movielens(**kw)
     if name == "tv16":
@@ -70,11 +77,12 @@ def load_dataset(name: str, **kw) -> FederatedDataset:
         if name in _FIXED_USERS and kw.get("n_users") is not None:
             raise ValueError(f"{name} has a fixed set of users ({_FIXED_USERS[name]}); n_users does not apply")
         return _SPLIT_SEEDED[name](**kw)
-    raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASETS)}")
+    raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASETS)}, or a .csv/.npz/.parquet file")
 
 
 __all__ = [
     "DATASETS",
+    "DataError",
     "DataNotInstalled",
     "FederatedDataset",
     "UserData",

@@ -557,6 +557,11 @@ class Federation(ABC):
         (then ``values`` has one row). Algorithms that need only the sum call this."""
         return self.compute(query, users)
 
+    def failure_report(self) -> dict | None:
+        """Why users failed, per request (result.json's ``failures``); None for a backend that keeps
+        no such record (in-process: the only failure is a non-finite answer, counted in the history)."""
+        return None
+
     def _users(self, users: Sequence[int] | None) -> list[int]:
         """Validated user positions of a request (all users if None); each user at most once."""
         if users is None:

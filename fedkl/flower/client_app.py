@@ -3,7 +3,18 @@
 The node's user is its position ``node_config["partition-id"]`` in the dataset named by the
 :class:`fedkl.flower.codec.ClientSpec` (given to :func:`make_client_app`, or read from the run
 config keys ``fedkl-dataset`` / ``fedkl-problem`` / ``*-kwargs``). The client keeps only that user's
-records (``dataset.train.subset([u])`` / ``test.subset([u])``) and computes its answer with the
+records (``dataset.train.subset([u])`` / ``test.subset([u])``).
+
+A site that loads its own data: with the dataset ``"sites"`` (the run's public schema and enrolment
+list, :func:`fedkl.data.files.sites_dataset`), the node reads the file named by its node-config key
+``data-path`` (``.csv``, ``.npz``, ``.parquet``), checks it against the run's schema
+(:func:`fedkl.data.files.load_site`) and holds it as the one user ``sites[partition-id]``. A node may
+declare its own schema in its node-config (``label-column``, ``feature-columns``, ``task``,
+``feature-bound``); one that differs from the run's, or a file that breaks it, is refused: the node
+answers every request, the handshake included, with an :data:`~fedkl.flower.codec.ERR_DATA` error
+naming the problem. The server never reads a site's file.
+
+Either way the client computes its answer with the
 same code as :class:`fedkl.federation.inprocess.InProcessFederation` run on that one-user dataset
 (so clipping is ``clip_rows``, a non-finite answer is reported as failed, and so on).
 
@@ -40,19 +51,22 @@ _USERS: dict[tuple[codec.ClientSpec, int], "UserWorker"] = {}
 class UserWorker:
     """One user's records and the problem; answers decoded queries."""
 
-    def __init__(self, spec: codec.ClientSpec, partition_id: int) -> None:
-        dataset, problem = _load(spec)
-        if not 0 <= partition_id < dataset.train.num_users:
-            raise codec.CodecError(
-                f"partition-id {partition_id} is not a user position of {spec.dataset} "
-                f"({dataset.train.num_users} users)",
-                codec.ERR_NOT_CONFIGURED,
+    def __init__(self, spec: codec.ClientSpec, partition_id: int, node_config: Any = None) -> None:
+        if spec.dataset == "sites":  # this node's own file
+            one, problem, n = _load_site(spec, partition_id, node_config)
+        else:
+            dataset, problem = _load(spec)
+            n = dataset.train.num_users
+            if not 0 <= partition_id < n:
+                raise codec.CodecError(
+                    f"partition-id {partition_id} is not a user position of {spec.dataset} ({n} users)",
+                    codec.ERR_NOT_CONFIGURED,
+                )
+            one = dataclasses.replace(
+                dataset, train=dataset.train.subset([partition_id]), test=dataset.test.subset([partition_id])
             )
-        one = dataclasses.replace(
-            dataset, train=dataset.train.subset([partition_id]), test=dataset.test.subset([partition_id])
-        )
         self.partition_id = partition_id
-        self.num_partitions = dataset.train.num_users
+        self.num_partitions = n
         self.user_id = one.train.user_ids[0]
         self.problem = problem
         self._fed = InProcessFederation(problem, one)  # only this user's records
@@ -86,12 +100,38 @@ def _load(spec: codec.ClientSpec) -> tuple[Any, Any]:
         return _DATASETS[spec]
 
 
-def worker_for(spec: codec.ClientSpec, partition_id: int) -> UserWorker:
-    key = (spec, partition_id)
+def _load_site(spec: codec.ClientSpec, partition_id: int, node_config: Any) -> tuple[Any, Any, int]:
+    """``(one-user dataset, problem, enrolled users)`` from this node's own file (``data-path``),
+    checked against the run's schema (:data:`~fedkl.flower.codec.ERR_DATA` otherwise)."""
+    from fedkl.data.files import DataError, Schema, load_site, parse_sites
+
+    dkw, pkw = spec.kwargs
+    sites = parse_sites(dkw.get("sites"))
+    if not 0 <= partition_id < len(sites):
+        raise codec.CodecError(
+            f"partition-id {partition_id} is not a position of the run's {len(sites)} sites", codec.ERR_NOT_CONFIGURED
+        )
+    where = f"site {sites[partition_id]!r} (partition-id {partition_id})"
+    try:
+        path = (node_config or {}).get("data-path")
+        if not path:
+            raise DataError("no data-path in the node-config")
+        schema = Schema.from_settings({k: v for k, v in dkw.items() if k not in ("sites", "split_seed")})
+        differs = schema.differences(node_config)
+        if differs:
+            raise DataError("the node declares another schema: " + "; ".join(differs))
+        one = load_site(str(path), schema, sites[partition_id], split_seed=int(dkw.get("split_seed", 0)))
+    except DataError as exc:
+        raise codec.CodecError(f"{where}: {exc}", codec.ERR_DATA) from None
+    return one, make_problem(spec.problem, one, **pkw), len(sites)
+
+
+def worker_for(spec: codec.ClientSpec, partition_id: int, node_config: Any = None) -> UserWorker:
+    key = (spec, partition_id, str((node_config or {}).get("data-path", "")) if spec.dataset == "sites" else "")
     with _LOCK:
         w = _USERS.get(key)
     if w is None:
-        w = UserWorker(spec, partition_id)
+        w = UserWorker(spec, partition_id, node_config)
         with _LOCK:
             _USERS.setdefault(key, w)
     return w
@@ -108,7 +148,7 @@ def handle(message: Message, context: Context, spec: codec.ClientSpec | None = N
         pid = context.node_config.get("partition-id")
         if isinstance(pid, bool) or not isinstance(pid, int):
             raise codec.CodecError(f"node_config partition-id {pid!r} is not an integer", codec.ERR_NOT_CONFIGURED)
-        worker = worker_for(spec, pid)
+        worker = worker_for(spec, pid, context.node_config)
         query = codec.decode_request(message.content, worker.num_params)
         content = worker.answer(query)
     except codec.CodecError as exc:

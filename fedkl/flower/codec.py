@@ -43,6 +43,7 @@ ERR_BAD_REQUEST = 1  # unknown kind, wrong shape/dtype, NaN, oversize, bad scala
 ERR_NOT_FINITE = 2  # the user's own answer was not finite (in-process: "failed")
 ERR_INTERNAL = 3  # anything else on the client
 ERR_NOT_CONFIGURED = 4  # the node holds no valid user (partition-id out of range, no dataset)
+ERR_DATA = 5  # the node's own data file was refused (missing, wrong schema, out of bounds)
 
 # Slack for the .npy header on top of the raw float64 bytes of an expected array.
 NPY_HEADER_SLACK = 1024
@@ -328,7 +329,15 @@ class ClientSpec:
 
     @staticmethod
     def loader_kwargs(cfg: Any) -> dict:
-        """The loader kwargs ``fedkl run`` uses for a :class:`fedkl.runner.RunConfig`."""
+        """The loader kwargs ``fedkl run`` uses for a :class:`fedkl.runner.RunConfig` (a data file or a
+        ``"sites"`` deployment: its schema settings, and for sites the enrolment list ``cfg.sites``)."""
+        from fedkl.data.files import SCHEMA_SETTINGS, is_data_file, loader_kwargs
+
+        schema = loader_kwargs({k: getattr(cfg, k, None) for k in SCHEMA_SETTINGS})
+        if is_data_file(cfg.dataset):
+            return {"split_seed": cfg.seed, **schema}
+        if cfg.dataset == "sites":
+            return {"split_seed": cfg.seed, "sites": getattr(cfg, "sites", None), **schema}
         if cfg.dataset in ("movielens", "tv16"):
             return {"split_seed": cfg.seed}
         users = getattr(cfg, "users", None)
@@ -354,7 +363,10 @@ class ClientSpec:
     def from_user_config(cls, user_config: Mapping) -> "ClientSpec | None":
         """From run-config keys: ``fedkl-dataset``, ``fedkl-problem`` and either the explicit JSON
         ``fedkl-dataset-kwargs`` / ``fedkl-problem-kwargs`` or, like ``fedkl run``, ``fedkl-seed``,
-        ``fedkl-users``, ``fedkl-reg`` and ``fedkl-model``. None if no dataset is configured."""
+        ``fedkl-users``, ``fedkl-reg``, ``fedkl-model``, the data-file schema keys (``fedkl-label-column``,
+        ``fedkl-feature-columns``, ...) and ``fedkl-sites``. None if no dataset is configured."""
+        from fedkl.data.files import SCHEMA_SETTINGS
+
         if "fedkl-dataset" not in user_config:
             return None
         dataset = str(user_config["fedkl-dataset"])
@@ -368,11 +380,13 @@ class ClientSpec:
             )
         ns = SimpleNamespace(
             dataset=dataset,
-            problem=user_config.get("fedkl-problem"),
-            seed=int(user_config.get("fedkl-seed", 0)),
-            reg=float(user_config.get("fedkl-reg", 0.0)),
+            problem=user_config.get("fedkl-problem") or None,  # "" (TOML's unset) is the default
+            seed=int(user_config.get("fedkl-seed") or 0),
+            reg=float(user_config.get("fedkl-reg") or 0.0),
             model=user_config.get("fedkl-model") or None,
             users=user_config.get("fedkl-users") or None,
+            sites=user_config.get("fedkl-sites") or None,
+            **{k: user_config.get("fedkl-" + k.replace("_", "-")) or None for k in SCHEMA_SETTINGS},
         )
         return cls.from_run_config(ns)
 

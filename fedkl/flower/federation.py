@@ -11,6 +11,10 @@ shape/dtype, is not finite, or (for clipped queries) has a norm above the clip b
 the zero vector and is listed in ``failed``. Every contribution still has norm <= C, so the
 sensitivity of the sum, hence the noise, is unchanged; the algorithm charges every asked user.
 
+Every failure is recorded with its reason (:attr:`FlowerFederation.failures`, :meth:`failure_report`,
+saved as result.json's ``failures``): per request (noisy GD makes one per round) the failed users and why,
+in the categories of :data:`FAILURE_KINDS`, and the counts per category.
+
 Node ids are mapped to user positions by a handshake (``info`` request) at construction: each node
 reports its ``partition-id``, the number of partitions, its user id and the parameter count.
 """
@@ -30,6 +34,31 @@ from fedkl.federation.clipping import CLIP_SLACK as CLIP_SLACK  # re-exported (t
 from fedkl.flower import codec
 
 log = logging.getLogger(__name__)
+
+# Why a user's answer was not used (result.json's ``failures``):
+FAILURE_KINDS = {
+    "absent": "no node holds this user (never connected, refused at the handshake)",
+    "no-reply": "no reply within the request's timeout (dropped out, crashed, or too slow)",
+    "non-finite": "the answer (or the user's own computation) was NaN or infinite",
+    "wrong-shape": "an answer of another shape, dtype or size than the query's",
+    "out-of-bound": "an answer beyond the query's bound (e.g. a norm above the clip)",
+    "client-error": "the client answered with an error",
+    "bad-reply": "a reply that is not in the fedkl format",
+}
+
+
+def failure_kind(exc: Exception) -> str:
+    """The :data:`FAILURE_KINDS` category of a rejected reply."""
+    if isinstance(exc, codec.ReplyError):
+        return "non-finite" if exc.code == codec.ERR_NOT_FINITE else "client-error"
+    text = str(exc)
+    if isinstance(exc, codec.CodecError):
+        if "NaN or inf" in text:
+            return "non-finite"
+        if any(w in text for w in ("shape", "dtype", "payload", "exceeds")):
+            return "wrong-shape"
+        return "bad-reply"
+    return "out-of-bound"  # the query's own check_answer (ValueError)
 
 
 class FlowerFederation(Federation):
@@ -63,6 +92,7 @@ class FlowerFederation(Federation):
         self.dtype = dtype
         self._group = itertools.count()
         self.last_errors: dict[int, str] = {}  # user position -> why its answer was rejected (last request)
+        self.failures: list[dict] = []  # per request: {"request", "query", "asked", "failed": {user id: kind: why}}
         self._closers: list = []
         expected = len(user_ids) if user_ids is not None else num_users
         self._handshake(user_ids, expected, handshake_timeout, wait_for_nodes)
@@ -81,11 +111,18 @@ class FlowerFederation(Federation):
         msgs = [self._message(codec.INFO, nid) for nid in nodes]
         replies = self.grid.send_and_receive(msgs, timeout=timeout)
         infos: dict[int, codec.NodeInfo] = {}
+        refused: list[str] = []
         for nid, reply in self._match(msgs, replies).items():
             try:
                 infos[nid] = codec.decode_info(reply)
-            except (codec.CodecError, codec.ReplyError) as exc:
+            except codec.ReplyError as exc:
+                if exc.code == codec.ERR_DATA:  # a site whose own data breaks the run's schema
+                    refused.append(exc.reason)
                 log.warning("node %s: invalid handshake reply (%s); it will not be asked", nid, exc)
+            except codec.CodecError as exc:
+                log.warning("node %s: invalid handshake reply (%s); it will not be asked", nid, exc)
+        if refused:
+            raise RuntimeError(f"{len(refused)} node(s) refused their own data: " + "; ".join(sorted(refused)))
         if not infos:
             raise RuntimeError(f"none of the {len(nodes)} Flower nodes answered the fedkl handshake")
         params = {i.num_params for i in infos.values()}
@@ -116,7 +153,12 @@ class FlowerFederation(Federation):
                 "pass user_ids to run with them absent (they then always fail)"
             )
         if missing:
-            log.warning("%d enrolled users have no node; they contribute zero and are reported failed", len(missing))
+            log.warning(
+                "%d enrolled users have no node (%s%s); they contribute zero and are reported failed ('absent')",
+                len(missing),
+                ", ".join(repr(ids[u]) for u in missing[:10]),
+                ", ..." if len(missing) > 10 else "",
+            )
         self._user_ids = tuple(str(i) for i in ids)
         self._num_params = params.pop()
         self.node_of = node_of
@@ -142,10 +184,11 @@ class FlowerFederation(Federation):
         kind = codec.kind_of(query.for_user(0))  # TypeError for a query type that cannot travel
         values = torch.zeros((len(users),) + query.answer_shape(self.num_params), dtype=self.dtype)
         errors: dict[int, str] = {}
+        kinds: dict[int, str] = {}
         asked = [(row, u) for row, u in enumerate(users) if u in self.node_of]
         for row, u in enumerate(users):
             if u not in self.node_of:
-                errors[u] = "no node for this user"
+                errors[u], kinds[u] = "no node for this user", "absent"
         if asked:
             group = f"fedkl-{next(self._group)}"
             sent = {row: query.for_user(row) for row, _ in asked}
@@ -154,19 +197,49 @@ class FlowerFederation(Federation):
             for row, u in asked:
                 reply = replies.get(self.node_of[u])
                 if reply is None:
-                    errors[u] = "no reply (dropout or timeout)"
+                    errors[u], kinds[u] = "no reply (dropout or timeout)", "no-reply"
                     continue
                 try:
                     v = codec.decode_answer(reply, sent[row], self.num_params)
                     sent[row].check_answer(v)
                     values[row] = query.user_answer(v).to(self.dtype)
                 except (codec.CodecError, codec.ReplyError, ValueError) as exc:
-                    errors[u] = str(exc)
+                    errors[u], kinds[u] = str(exc), failure_kind(exc)
         self.last_errors = errors
+        self.failures.append(
+            {
+                "request": len(self.failures),
+                "query": kind,
+                "asked": len(users),
+                "failed": {self._user_ids[u]: f"{kinds[u]}: {errors[u]}" for u in users if u in errors},
+            }
+        )
         failed = [u for u in users if u in errors]
         if failed:
-            log.info("%s: %d of %d users failed", kind, len(failed), len(users))
+            log.warning(
+                "%s request %d: %d of %d users failed (%s)",
+                kind,
+                len(self.failures) - 1,
+                len(failed),
+                len(users),
+                ", ".join(f"{k} {list(kinds.values()).count(k)}" for k in sorted(set(kinds.values()))),
+            )
         return Answers(users=users, values=values, failed=failed)
+
+    def failure_report(self) -> dict:
+        """result.json's ``failures``: counts per :data:`FAILURE_KINDS` category over the run, and
+        every request that had failures with each failed user's reason."""
+        counts: dict[str, int] = {}
+        for rec in self.failures:
+            for why in rec["failed"].values():
+                k = why.split(":", 1)[0]
+                counts[k] = counts.get(k, 0) + 1
+        return {
+            "counts": counts,
+            "kinds": {k: FAILURE_KINDS[k] for k in counts},
+            "requests": len(self.failures),
+            "by_request": [r for r in self.failures if r["failed"]],
+        }
 
     # --- lifetime ------------------------------------------------------------------------------
     def on_close(self, fn) -> None:

@@ -69,9 +69,11 @@ class LocalGrid(Grid):
         faults: Mapping[int, Fault] | None = None,
         node_ids: Iterable[int] | None = None,
         absent: Iterable[int] = (),
+        node_config: Mapping[int, Mapping[str, Any]] | None = None,
     ) -> None:
         """``faults`` maps partition ids to their :class:`Fault`; ``absent`` partitions have no node
-        at all (never connected); ``node_ids`` overrides the (shuffled, deterministic) node ids."""
+        at all (never connected); ``node_ids`` overrides the (shuffled, deterministic) node ids;
+        ``node_config`` adds node-config keys per partition (e.g. a site's ``data-path``)."""
         self.app = client_app
         self.run_id = run_id
         _set_task_identity(run_id)
@@ -84,7 +86,7 @@ class LocalGrid(Grid):
             nid: Context(
                 run_id=run_id,
                 node_id=nid,
-                node_config={"partition-id": p, "num-partitions": num_nodes},
+                node_config={"partition-id": p, "num-partitions": num_nodes, **(node_config or {}).get(p, {})},
                 state=RecordDict(),
                 run_config=dict(run_config or {}),
             )

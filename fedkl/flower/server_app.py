@@ -256,6 +256,7 @@ def _train(
         result, summary, declared = runner.train_federation(
             cfg, federation, problem, dataset, delta, ledger_path, run_id, noise, log
         )
+        failures = federation.failure_report()
     history = result.history or []
     return {
         "w": result.w,
@@ -268,6 +269,7 @@ def _train(
         "guarantee": declared.to_dict(),
         "backend": label,
         "failed_users": [h.get("failed_users") for h in history],
+        "failures": failures,
     }
 
 

@@ -1,0 +1,39 @@
+"""`--backend grpc` within its means: a population the machine cannot hold is refused in one line before
+anything starts, and a deployment's key material is deleted whatever the outcome (no process spawned here
+beyond one that exits at once)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from fedkl.cli import main
+from fedkl.flower import deploy
+
+pytestmark = pytest.mark.flower
+
+
+def test_grpc_refuses_more_users_than_the_machine_holds_in_one_line(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(deploy, "_mem_available_bytes", lambda: deploy.RESERVED_BYTES + 10 * deploy.NODE_MEMORY_BYTES)
+    assert deploy.local_capacity() == 10
+    started = []
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: started.append(a) or pytest.fail("a process started"))
+    argv = ["run", "--backend", "grpc", "--dataset", "synthetic-logistic", "--out", str(tmp_path / "o")]
+    assert main([*argv, "--users", "11", "--no-reference"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "11 users do not fit, this machine can hold 10 now" in err and "\n" not in err
+    assert started == []
+    deploy.check_capacity(10)  # what fits is not refused
+
+
+def test_a_failed_deployment_deletes_its_keys_and_keeps_its_logs(monkeypatch, tmp_path):
+    monkeypatch.setattr(deploy, "_bin", lambda name: "/bin/false")  # the SuperLink exits at once
+    work = tmp_path / "grpc"
+    said = []
+    with pytest.raises(RuntimeError, match="exited with 1"):
+        deploy.run_grpc({"fedkl-dataset": "synthetic-logistic"}, 2, workdir=str(work), log=said.append)
+    assert not (work / "certs").exists() and not (work / "flwr-home").exists()  # CA and server keys gone
+    assert (work / "superlink.log").exists() and said == [
+        f"fedkl grpc: the run failed; its logs are in {work} (keys deleted)"
+    ]

@@ -1,0 +1,132 @@
+"""The repository is a Flower app (Flower 1.41): its pyproject.toml passes Flower's own validation, names
+loadable components (fedkl's ServerApp / ClientApp through server/app.py and client/app.py), builds into a
+small FAB, and its [tool.flwr.app.config] keys are `fedkl run` settings that train as they are."""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+from flwr.app import Context, RecordDict
+
+from fedkl import runner
+from fedkl.flower import client_app, codec, server_app
+from fedkl.flower.localgrid import LocalGrid
+
+pytestmark = pytest.mark.flower
+
+ROOT = Path(__file__).resolve().parents[2]
+EXTRA_KEYS = {"fedkl-wait-for-nodes", "fedkl-timeout", "fedkl-sites"}  # the ServerApp's and ClientSpec's own
+
+
+def _app_config() -> dict:
+    from flwr.cli.config_utils import load_and_validate
+
+    config, _warnings = load_and_validate(ROOT / "pyproject.toml", check_module=True)  # imports the components
+    return config
+
+
+def test_pyproject_is_a_valid_flower_app_naming_fedkls_apps():
+    import client.app
+    import server.app
+
+    config = _app_config()
+    components = config["tool"]["flwr"]["app"]["components"]
+    assert components == {"serverapp": "server.app:app", "clientapp": "client.app:app"}
+    assert server.app.app is server_app.app and client.app.app is client_app.app
+
+
+def test_the_fab_holds_the_entry_points_not_the_repository():
+    from flwr.cli.build import build_fab_from_disk
+    from flwr.common.constant import FAB_MAX_SIZE
+
+    fab = build_fab_from_disk(ROOT)
+    names = set(zipfile.ZipFile(io.BytesIO(fab)).namelist())
+    assert {"server/app.py", "client/app.py", "pyproject.toml"} <= names
+    assert not any(n.startswith(("fedkl/", "tests/")) for n in names) and len(fab) < FAB_MAX_SIZE
+
+
+def test_app_config_keys_are_run_settings_and_train_as_they_are(tmp_path):
+    rc = dict(_app_config()["tool"]["flwr"]["app"]["config"])
+    fields = runner.settings_fields()
+    unknown = [k for k in rc if k not in EXTRA_KEYS and k.removeprefix("fedkl-").replace("-", "_") not in fields]
+    assert unknown == []
+    rc["fedkl-out"] = str(tmp_path / "out")  # what `flwr run . --run-config "fedkl-out=..."` would set
+    rc["fedkl-noise-seed"] = 3
+    cfg = server_app._run_config_from_user_config(rc)
+    spec = codec.ClientSpec.from_user_config(rc)
+    users = spec.kwargs[0]["n_users"]
+    rounds = cfg.params.rounds
+    assert (cfg.dataset, cfg.users, cfg.epsilon) == (rc["fedkl-dataset"], rc["fedkl-users"], runner.RunConfig().epsilon)
+    grid = LocalGrid(client_app.app, users, run_config=rc)  # the nodes of `--federation-config num-supernodes=N`
+    server_app._deployed_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc))
+    res = json.loads((tmp_path / "out" / "flower_result.json").read_text())
+    assert res["users"] == users and res["failed_users"] == [0] * rounds
+    assert res["ledger"]["releases"] == rounds and res["failures"]["counts"] == {}
+
+
+def test_every_key_the_readme_sets_is_one_flower_accepts():
+    """Flower refuses a --run-config key the app's config does not list: every fedkl-* key README's
+    "Deploying" sets is listed."""
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Deploying") : readme.index("## The ledger")]
+    named = set(re.findall(r"(fedkl-[a-z][a-z-]*[a-z])=", section))
+    assert named and named <= set(_app_config()["tool"]["flwr"]["app"]["config"])
+
+
+@pytest.mark.slow
+def test_flwr_run_dot_trains_on_the_local_simulation_engine(tmp_path):
+    """README's command, as a Flower user runs it: `flwr run .` on the local simulation engine (about 30-40 s).
+    Flower leaves its local SuperLink running in the background: stopped here with everything it started."""
+    import os
+    import subprocess
+    import sys
+
+    from fedkl.flower.deploy import _free_port, _proc_table, stop_processes
+
+    home = tmp_path / "flwr-home"
+    env = {
+        **os.environ,
+        "FLWR_HOME": str(home),
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(_free_port()),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(_free_port()),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+    }
+    out = tmp_path / "out"
+    cmd = ["flwr", "run", ".", "--federation-config", "num-supernodes=6", "--stream"]
+    cmd += ["--run-config", f"fedkl-out='{out}' fedkl-users=6 fedkl-rounds=2 fedkl-epsilon=8.0"]
+
+    class Found:  # a process we did not spawn directly (Flower detaches its local SuperLink)
+        def __init__(self, pid: int) -> None:
+            self.pid = pid
+
+        def poll(self) -> None:
+            return None
+
+        def wait(self, timeout: float | None = None) -> None:
+            return None
+
+    try:
+        r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        res = json.loads((out / "flower_result.json").read_text())
+        assert res["users"] == 6 and res["failed_users"] == [0, 0] and res["ledger"]["releases"] == 2
+    finally:
+        mine = []
+        for pid in _proc_table():
+            try:
+                if str(home).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    mine.append(Found(pid))
+            except OSError:
+                pass
+        stop_processes(mine)
