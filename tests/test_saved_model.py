@@ -89,7 +89,7 @@ def test_predict_refuses_data_the_model_does_not_fit_in_one_line(tmp_path, monke
     capsys.readouterr()
     assert cli.main(["predict", "--model", str(tmp_path / "a"), "--dataset", "synthetic-least-squares"]) == 2
     err = capsys.readouterr().err
-    assert "needs a binary task" in err and len(err.strip().splitlines()) == 1
+    assert "binary task" in err and "is regression" in err and len(err.strip().splitlines()) == 1
     assert cli.main(["predict", "--model", str(tmp_path / "nothing")]) == 2
     assert "no such model file" in capsys.readouterr().err
 
