@@ -1,0 +1,246 @@
+"""``fedkl audit``: an empirical lower bound on an algorithm's user-level epsilon, against its claim.
+
+Two audits, both on whole users (the unit of privacy) and both running the algorithm exactly as
+``fedkl run`` does (:mod:`fedkl.audit.release`):
+
+* :func:`many_run_audit` — ``runs`` trainings on each dataset of the worst-case neighbouring pair
+  (:func:`fedkl.audit.worlds.neighbour_pair`); the statistic is the released model's coordinate on
+  the outlier's direction (⊥: NaN); the bound is :func:`fedkl.audit.bounds.two_sample_bound`.
+* :func:`one_run_audit` — ONE training with ``canaries`` canary users, each in or out (its mirror)
+  with probability 1/2; the score of canary i is the model's coordinate on its direction; the top
+  ``k`` are guessed in and the bottom ``k`` out; the bound is :func:`fedkl.audit.bounds.one_run_epsilon`.
+
+Verdict: "VIOLATION" when the lower bound exceeds the claimed epsilon (a correct algorithm gets it
+with probability at most ``1 - confidence``), else "consistent with claim" (which proves nothing:
+an audit's bound is only a lower bound). An algorithm that refuses the small setting is reported as
+"refused" with its own reason, never audited on something else.
+
+Output folder: ``statistics.jsonl`` (one line per run, appended as each finishes: a rerun with the
+same settings skips the runs it holds), ``audit.json`` and ``histogram.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from typing import Callable
+
+import numpy as np
+
+from fedkl.audit.bounds import one_run_epsilon, one_run_guesses, two_sample_bound
+from fedkl.audit.release import audit_config, claimed_delta, released_model
+from fedkl.audit.worlds import canary_world, neighbour_pair
+
+METHODS = ("many-run", "one-run")
+VIOLATION, CONSISTENT, REFUSED = "VIOLATION", "consistent with claim", "refused"
+
+
+def noise_seed(seed: int, world: int, run: int) -> int:
+    """The privacy-noise seed of run ``run`` on ``world``: distinct and independent across runs."""
+    return int(np.random.SeedSequence([seed, world, run]).generate_state(1, np.uint64)[0] >> 1)
+
+
+class _Statistics:
+    """``statistics.jsonl`` of an output folder: one JSON line per finished run, keyed by
+    (world, run); its first line records the audit's settings, and a folder written with other
+    settings is refused rather than mixed."""
+
+    def __init__(self, out: str, header: dict) -> None:
+        os.makedirs(out, exist_ok=True)
+        self.path = os.path.join(out, "statistics.jsonl")
+        self.done: dict[tuple[int, int], float] = {}
+        if os.path.exists(self.path):
+            with open(self.path) as f:
+                lines = [json.loads(line) for line in f if line.strip()]
+            if lines and lines[0].get("header") != header:
+                raise ValueError(
+                    f"{self.path} holds an audit with other settings ({lines[0].get('header')}); "
+                    "use another --out or delete it"
+                )
+            for rec in lines[1:]:
+                self.done[(rec["world"], rec["run"])] = math.nan if rec["stat"] is None else rec["stat"]
+        else:
+            with open(self.path, "w") as f:
+                f.write(json.dumps({"header": header}) + "\n")
+
+    def add(self, world: int, run: int, stat: float) -> None:
+        self.done[(world, run)] = stat
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"world": world, "run": run, "stat": None if math.isnan(stat) else stat}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _verdict(lower: float, claimed: float) -> str:
+    return VIOLATION if lower > claimed else CONSISTENT
+
+
+def _refused(out: str, report: dict, reason: str, log: Callable[[str], None]) -> dict:
+    report.update(verdict=REFUSED, reason=reason, epsilon_lower_bound=None)
+    log(f"{report['algorithm']}: refused the audit setting: {reason}")
+    _write(out, report)
+    return report
+
+
+def _write(out: str, report: dict) -> None:
+    with open(os.path.join(out, "audit.json"), "w") as f:
+        json.dump(report, f, indent=2, default=str)
+
+
+def _histogram(path: str, samples: dict[str, np.ndarray], xlabel: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    finite = [s[np.isfinite(s)] for s in samples.values()]
+    allv = np.concatenate(finite) if finite else np.zeros(0)
+    bins = np.histogram_bin_edges(allv, bins=40) if allv.size else 10
+    for (label, s), f in zip(samples.items(), finite):
+        bottoms = int(np.isnan(s).sum())
+        ax.hist(f, bins=bins, alpha=0.5, label=label + (f" (⊥: {bottoms})" if bottoms else ""))
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("count")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def many_run_audit(
+    algorithm: str,
+    epsilon: float,
+    out: str,
+    *,
+    runs: int = 100,
+    settings: dict | None = None,
+    confidence: float = 0.95,
+    seed: int = 0,
+    base: int = 40,
+    records: int = 10,
+    log: Callable[[str], None] = print,
+) -> dict:
+    """The many-run distinguishing audit (module docstring): ``runs`` trainings per dataset."""
+    cfg = audit_config(algorithm, epsilon, settings)
+    d0, d1 = neighbour_pair(base=base, records=records, seed=seed)
+    delta = claimed_delta(cfg, d1)
+    report = {
+        "method": "many-run",
+        "algorithm": algorithm,
+        "claimed": {"epsilon": epsilon, "delta": delta, "neighbouring": cfg.neighbouring},
+        "setting": {"users": d1.train.num_users, "records_per_user": records, "runs_per_dataset": runs, "seed": seed},
+        "settings": cfg.settings(),
+        "confidence": confidence,
+        "statistic": "released model's coordinate on the outlier's direction e_0 (⊥: NaN)",
+        "neighbours": "D0/D1 differ in one whole user: the outlier with labels -1 / +1 on x = e_0",
+    }
+    header = {k: report[k] for k in ("method", "algorithm", "claimed", "setting", "settings")}
+    stats = _Statistics(out, json.loads(json.dumps(header, default=str)))
+    started, total = time.time(), 2 * runs
+    todo = [(w, r) for r in range(runs) for w in (0, 1) if (w, r) not in stats.done]
+    if todo and len(todo) < total:
+        log(f"resuming: {total - len(todo)} of {total} runs already in {stats.path}")
+    for i, (world, run) in enumerate(todo):
+        try:
+            w = released_model(cfg, (d0, d1)[world], noise_seed(seed, world, run))
+        except ValueError as e:
+            return _refused(out, report, str(e), log)
+        stats.add(world, run, math.nan if w is None else float(w[0]))
+        if (i + 1) % max(1, len(todo) // 10) == 0 or i + 1 == len(todo):
+            log(f"  {algorithm}: run {total - len(todo) + i + 1}/{total} ({time.time() - started:.0f} s)")
+    s0 = np.array([stats.done[(0, r)] for r in range(runs)])
+    s1 = np.array([stats.done[(1, r)] for r in range(runs)])
+    bound = two_sample_bound(s0, s1, delta, confidence, seed=seed)
+    report.update(bound)
+    report["bottom_outputs"] = [int(np.isnan(s0).sum()), int(np.isnan(s1).sum())]
+    report["verdict"] = _verdict(bound["epsilon_lower_bound"], epsilon)
+    _histogram(
+        os.path.join(out, "histogram.png"),
+        {"D0 (outlier -1)": s0, "D1 (outlier +1)": s1},
+        "model coordinate on the outlier direction",
+        f"{algorithm}: claimed eps={epsilon:g}, audited lower bound {bound['epsilon_lower_bound']:.3g} "
+        f"({confidence:.0%} conf.)",
+    )
+    _write(out, report)
+    return report
+
+
+def one_run_audit(
+    algorithm: str,
+    epsilon: float,
+    out: str,
+    *,
+    canaries: int = 200,
+    guesses: int | None = None,
+    settings: dict | None = None,
+    confidence: float = 0.95,
+    seed: int = 0,
+    base: int = 40,
+    records: int = 10,
+    log: Callable[[str], None] = print,
+) -> dict:
+    """The one-run audit (module docstring): ``guesses`` in and ``guesses`` out (default canaries/10)."""
+    k = max(1, canaries // 10) if guesses is None else guesses
+    if not 0 < 2 * k <= canaries:
+        raise ValueError(f"guesses must be in 1..canaries/2 = {canaries // 2}, got {k}")
+    cfg = audit_config(algorithm, epsilon, settings)
+    included = np.random.default_rng([seed, 7]).random(canaries) < 0.5
+    world = canary_world(included, base=base, records=records, seed=seed)
+    delta = claimed_delta(cfg, world)
+    report = {
+        "method": "one-run",
+        "algorithm": algorithm,
+        "claimed": {"epsilon": epsilon, "delta": delta, "neighbouring": cfg.neighbouring},
+        "setting": {"users": world.train.num_users, "canaries": canaries, "guesses_each_way": k, "seed": seed},
+        "settings": cfg.settings(),
+        "confidence": confidence,
+        "statistic": "per canary: the released model's coordinate on the canary's direction (labels +1 in, -1 out)",
+    }
+    header = {k_: report[k_] for k_ in ("method", "algorithm", "claimed", "setting", "settings")}
+    stats = _Statistics(out, json.loads(json.dumps(header, default=str)))
+    if (0, 0) not in stats.done:
+        try:
+            w = released_model(cfg, world, noise_seed(seed, 0, 0))
+        except ValueError as e:
+            return _refused(out, report, str(e), log)
+        for i in range(canaries):
+            stats.add(0, i, math.nan if w is None else float(w[i]))
+    scores = np.array([stats.done[(0, i)] for i in range(canaries)])
+    if np.isnan(scores).all():  # ⊥: the auditor abstains on every canary
+        r, v = 0, 0
+    else:
+        r, v = one_run_guesses(scores, included, k, k)
+    lower = one_run_epsilon(canaries, r, v, delta, confidence)
+    report.update(
+        epsilon_lower_bound=lower,
+        guesses=r,
+        correct=v,
+        bottom_output=bool(np.isnan(scores).all()),
+        verdict=_verdict(lower, epsilon),
+    )
+    _histogram(
+        os.path.join(out, "histogram.png"),
+        {"canaries in": scores[included], "canaries out": scores[~included]},
+        "model coordinate on the canary's direction",
+        f"{algorithm}: claimed eps={epsilon:g}, one-run lower bound {lower:.3g} ({confidence:.0%} conf.)",
+    )
+    _write(out, report)
+    log(f"  {algorithm}: {v} of {r} guesses correct")
+    return report
+
+
+def format_report(report: dict) -> str:
+    c = report["claimed"]
+    head = f"{report['algorithm']} ({report['method']} audit): claimed user-level eps={c['epsilon']:g}, delta={c['delta']:.3g}"
+    if report["verdict"] == REFUSED:
+        return f"{head}\n  refused the audit setting (nothing audited): {report['reason']}"
+    lb = report["epsilon_lower_bound"]
+    return (
+        f"{head}\n  empirical lower bound eps >= {lb:.4g} at {report['confidence']:.0%} one-sided confidence"
+        + (f" (point estimate {report['point_estimate']:.4g})" if "point_estimate" in report else "")
+        + f"\n  verdict: {report['verdict']}"
+    )
