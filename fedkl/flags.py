@@ -186,8 +186,10 @@ def _add_run_arguments(run: argparse.ArgumentParser, algorithm: str | None) -> N
 
 def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
     """The ``fedkl`` parser; ``algorithm``: ``fedkl run --help`` lists that algorithm's flags only."""
+    from fedkl.algorithms.catalog import REGISTRY
+
     parser = _Parser(prog="fedkl", description="Federated learning with user-level differential privacy.")
-    sub = parser.add_subparsers(dest="command", metavar="{run,plan,account,sweep,plot}", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="{run,plan,account,sweep,plot,audit}", parser_class=_Parser)
     sub.required = True
 
     run = sub.add_parser(
@@ -290,5 +292,36 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
     plot.add_argument("--theory-label", default="theory", help="slope: legend label of the theory line")
     plot.add_argument("--title", default=None)
     plot.add_argument("--markdown", default=None, metavar="FILE.md", help="also write the plotted numbers as markdown")
-    parser.subcommands = {"run": run, "plan": plan, "account": acc, "sweep": sweep, "plot": plot}  # type: ignore[attr-defined]
+    audit = sub.add_parser(
+        "audit",
+        help="empirical lower bound on an algorithm's user-level epsilon from real runs, against its claim",
+        description="Audit a registered algorithm on a small synthetic federation (fedkl/audit/): many-run "
+        "(R trainings on each of two datasets that differ in one outlier user) or one-run (one training with "
+        "canary users, Steinke et al. 2023). Prints the claimed (eps, delta), the empirical lower bound at the "
+        "stated one-sided confidence and a verdict; writes audit.json, histogram.png and statistics.jsonl "
+        "(resumable) under --out.",
+    )
+    who = audit.add_mutually_exclusive_group(required=True)
+    who.add_argument("--algorithm", choices=tuple(REGISTRY), help="the algorithm to audit")
+    who.add_argument("--all", action="store_true", help="audit every registered algorithm (OUT/<algorithm>/)")
+    audit.add_argument("--method", choices=("many-run", "one-run"), default="many-run", help="default %(default)s")
+    audit.add_argument("--epsilon", type=_positive(), default=1.0, help="claimed user-level epsilon (default 1)")
+    audit.add_argument("--delta", type=_probability, default=None, help="claimed delta (default 1/n^1.1)")
+    audit.add_argument("--runs", type=_positive(int), default=100, help="many-run: trainings per dataset (default 100)")
+    audit.add_argument("--canaries", type=_positive(int), default=200, help="one-run: canary users (default 200)")
+    audit.add_argument(
+        "--guesses", type=_positive(int), default=None, help="one-run: guesses each way (default canaries/10)"
+    )
+    audit.add_argument("--users", type=_positive(int), default=40, help="ordinary users besides the audited ones")
+    audit.add_argument("--confidence", type=_probability, default=0.95, help="one-sided confidence (default 0.95)")
+    audit.add_argument("--seed", type=int, default=0, help="seed of the data, the split and the noise (default 0)")
+    audit.add_argument("--out", default="audit", help="output folder (default %(default)s)")
+    audit.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a `fedkl run` setting of the audited runs, e.g. --set clip=0.1 --set reg=0.1 (repeatable)",
+    )
+    parser.subcommands = {"run": run, "plan": plan, "account": acc, "sweep": sweep, "plot": plot, "audit": audit}  # type: ignore[attr-defined]
     return parser

@@ -52,7 +52,7 @@ def epsilon_from_rates(fpr: float, fnr: float, delta: float) -> float:
 
 @dataclass(frozen=True)
 class ThresholdTest:
-    """"Guess D1 when the oriented statistic is above ``threshold``": ``sign`` orients the statistic
+    """ "Guess D1 when the oriented statistic is above ``threshold``": ``sign`` orients the statistic
     (+1: large values point to D1), ``bottom`` is the value a ⊥ output takes (-inf or +inf)."""
 
     threshold: float

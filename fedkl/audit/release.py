@@ -15,7 +15,6 @@ from fedkl.privacy import NoiseSource
 from fedkl.problems import DEFAULT_PROBLEM, make_problem
 from fedkl.runner import RunConfig, default_delta, train_federation
 
-
 # the throw-away ledgers live in memory where the system offers a RAM disk (their fsyncs are most of a
 # small run's time); elsewhere in the default temporary folder
 _SCRATCH = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
