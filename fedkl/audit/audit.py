@@ -73,6 +73,12 @@ class _Statistics:
             os.fsync(f.fileno())
 
 
+def _audited_settings(cfg) -> dict:
+    """The audited runs' ``fedkl run`` settings, less those the audit sets itself (data, paths)."""
+    skip = ("dataset", "users", "out", "ledger", "noise_seed", "reference")
+    return {k: v for k, v in cfg.settings().items() if k not in skip}
+
+
 def _verdict(lower: float, claimed: float) -> str:
     return VIOLATION if lower > claimed else CONSISTENT
 
@@ -122,18 +128,27 @@ def many_run_audit(
     seed: int = 0,
     base: int = 40,
     records: int = 10,
+    outlier_records: int | None = None,
     log: Callable[[str], None] = print,
 ) -> dict:
-    """The many-run distinguishing audit (module docstring): ``runs`` trainings per dataset."""
+    """The many-run distinguishing audit (module docstring): ``runs`` trainings per dataset of
+    :func:`~fedkl.audit.worlds.neighbour_pair` (``base`` ordinary users of ``records`` records, the
+    outlier with ``outlier_records``)."""
     cfg = audit_config(algorithm, epsilon, settings)
-    d0, d1 = neighbour_pair(base=base, records=records, seed=seed)
+    d0, d1 = neighbour_pair(base=base, records=records, seed=seed, outlier_records=outlier_records)
     delta = claimed_delta(cfg, d1)
     report = {
         "method": "many-run",
         "algorithm": algorithm,
         "claimed": {"epsilon": epsilon, "delta": delta, "neighbouring": cfg.neighbouring},
-        "setting": {"users": d1.train.num_users, "records_per_user": records, "runs_per_dataset": runs, "seed": seed},
-        "settings": cfg.settings(),
+        "setting": {
+            "users": d1.train.num_users,
+            "records_per_user": records,
+            "outlier_records": outlier_records or records,
+            "runs_per_dataset": runs,
+            "seed": seed,
+        },
+        "settings": _audited_settings(cfg),
         "confidence": confidence,
         "statistic": "released model's coordinate on the outlier's direction e_0 (⊥: NaN)",
         "neighbours": "D0/D1 differ in one whole user: the outlier with labels -1 / +1 on x = e_0",
@@ -196,7 +211,7 @@ def one_run_audit(
         "algorithm": algorithm,
         "claimed": {"epsilon": epsilon, "delta": delta, "neighbouring": cfg.neighbouring},
         "setting": {"users": world.train.num_users, "canaries": canaries, "guesses_each_way": k, "seed": seed},
-        "settings": cfg.settings(),
+        "settings": _audited_settings(cfg),
         "confidence": confidence,
         "statistic": "per canary: the released model's coordinate on the canary's direction (labels +1 in, -1 out)",
     }

@@ -34,11 +34,16 @@ def _base_users(rng: np.random.Generator, users: int, records: int, d_total: int
     return X, y, owners
 
 
-def neighbour_pair(base: int = 40, records: int = 10, dim: int = 4, seed: int = 0) -> tuple:
-    """``(D0, D1)`` (module docstring); ``dim`` counts coordinate 0."""
+def neighbour_pair(
+    base: int = 40, records: int = 10, dim: int = 4, seed: int = 0, outlier_records: int | None = None
+) -> tuple:
+    """``(D0, D1)`` (module docstring); ``dim`` counts coordinate 0; the outlier holds
+    ``outlier_records`` records (default ``records``: a user-level guarantee covers a user whatever
+    their number of records, so a heavy outlier is a legitimate worst case too)."""
     if base < 1 or records < 2 or dim < 2:
         raise ValueError("need base >= 1 users, records >= 2 and dim >= 2")
     X, y, owners = _base_users(np.random.default_rng(seed), base, records, dim, 1)
+    records = records if outlier_records is None else outlier_records
     out = np.zeros((records, dim))
     out[:, 0] = 1.0
     pair = []
