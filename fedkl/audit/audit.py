@@ -10,6 +10,8 @@ Two audits, both on whole users (the unit of privacy) and both running the algor
   with probability 1/2; the score of canary i is the model's coordinate on its direction; the top
   ``k`` are guessed in and the bottom ``k`` out; the bound is :func:`fedkl.audit.bounds.one_run_epsilon`.
 
+``settings`` override the algorithm's small audit setting (:func:`fedkl.audit.settings.small_settings`).
+
 Verdict: "VIOLATION" when the lower bound exceeds the claimed epsilon (a correct algorithm gets it
 with probability at most ``1 - confidence``), else "consistent with claim" (which proves nothing:
 an audit's bound is only a lower bound). An algorithm that refuses the small setting is reported as
@@ -29,8 +31,15 @@ from typing import Callable
 
 import numpy as np
 
-from fedkl.audit.bounds import one_run_epsilon, one_run_guesses, two_sample_bound
+from fedkl.audit.bounds import (
+    clopper_pearson_upper,
+    epsilon_from_rates,
+    one_run_epsilon,
+    one_run_guesses,
+    two_sample_bound,
+)
 from fedkl.audit.release import audit_config, claimed_delta, released_model
+from fedkl.audit.settings import small_settings
 from fedkl.audit.worlds import canary_world, neighbour_pair
 
 METHODS = ("many-run", "one-run")
@@ -134,7 +143,7 @@ def many_run_audit(
     """The many-run distinguishing audit (module docstring): ``runs`` trainings per dataset of
     :func:`~fedkl.audit.worlds.neighbour_pair` (``base`` ordinary users of ``records`` records, the
     outlier with ``outlier_records``)."""
-    cfg = audit_config(algorithm, epsilon, settings)
+    cfg = audit_config(algorithm, epsilon, small_settings(algorithm, settings))
     d0, d1 = neighbour_pair(base=base, records=records, seed=seed, outlier_records=outlier_records)
     delta = claimed_delta(cfg, d1)
     report = {
@@ -171,6 +180,12 @@ def many_run_audit(
     s1 = np.array([stats.done[(1, r)] for r in range(runs)])
     bound = two_sample_bound(s0, s1, delta, confidence, seed=seed)
     report.update(bound)
+    ev = bound["evaluation"]
+    report["largest_attainable_bound"] = epsilon_from_rates(  # what error-free held-out runs would show
+        clopper_pearson_upper(0, ev["runs_d0"], (1 - confidence) / 2),
+        clopper_pearson_upper(0, ev["runs_d1"], (1 - confidence) / 2),
+        delta,
+    )
     report["bottom_outputs"] = [int(np.isnan(s0).sum()), int(np.isnan(s1).sum())]
     report["verdict"] = _verdict(bound["epsilon_lower_bound"], epsilon)
     _histogram(
@@ -202,7 +217,7 @@ def one_run_audit(
     k = max(1, canaries // 10) if guesses is None else guesses
     if not 0 < 2 * k <= canaries:
         raise ValueError(f"guesses must be in 1..canaries/2 = {canaries // 2}, got {k}")
-    cfg = audit_config(algorithm, epsilon, settings)
+    cfg = audit_config(algorithm, epsilon, small_settings(algorithm, settings))
     included = np.random.default_rng([seed, 7]).random(canaries) < 0.5
     world = canary_world(included, base=base, records=records, seed=seed)
     delta = claimed_delta(cfg, world)
@@ -234,6 +249,7 @@ def one_run_audit(
         epsilon_lower_bound=lower,
         guesses=r,
         correct=v,
+        largest_attainable_bound=one_run_epsilon(canaries, 2 * k, 2 * k, delta, confidence),
         bottom_output=bool(np.isnan(scores).all()),
         verdict=_verdict(lower, epsilon),
     )
@@ -257,5 +273,6 @@ def format_report(report: dict) -> str:
     return (
         f"{head}\n  empirical lower bound eps >= {lb:.4g} at {report['confidence']:.0%} one-sided confidence"
         + (f" (point estimate {report['point_estimate']:.4g})" if "point_estimate" in report else "")
+        + f"; the most this audit could show is {report['largest_attainable_bound']:.4g}"
         + f"\n  verdict: {report['verdict']}"
     )
