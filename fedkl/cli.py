@@ -161,7 +161,8 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
-    """``fedkl audit`` (fedkl/audit/): one algorithm or every registered one; exit 1 on a VIOLATION."""
+    """``fedkl audit`` (fedkl/audit/): one algorithm or every registered one; exit 1 on a VIOLATION
+    or an algorithm's error."""
     import tomllib
 
     from fedkl.algorithms.catalog import REGISTRY
@@ -205,7 +206,7 @@ def _audit(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
             sub.error(str(e))
         print(format_report(report), flush=True)
         verdicts.append(report["verdict"])
-    return 1 if "VIOLATION" in verdicts else 0
+    return 1 if {"VIOLATION", "failed"} & set(verdicts) else 0
 
 
 def _run_keys_of(algorithm: str) -> set[str]:

@@ -37,20 +37,22 @@ def _seconds_per_run(algorithm: str, eps: float) -> float | str:
     """One run's time on the many-run pair (its refusal message when it refuses)."""
     cfg = audit_config(algorithm, eps, small_settings(algorithm))
     _, d1 = neighbour_pair()
-    start = time.time()
     try:
-        released_model(cfg, d1, 0)
-        released_model(cfg, d1, 1)  # the second: without one-off set-up (noise calibration caches)
+        released_model(cfg, d1, 0)  # the first run pays one-off set-up (e.g. a cached noise calibration)
+        start = time.time()
+        released_model(cfg, d1, 1)
     except ValueError as e:
         return str(e)
-    return (time.time() - start) / 2
+    except Exception as e:  # an algorithm's crash: reported in the table
+        return f"FAILED: {type(e).__name__}: {e}"
+    return time.time() - start
 
 
 def _cell(report: dict | None, note: str = "") -> str:
     if report is None:
         return note
-    if report["verdict"] == "refused":
-        return "refused"
+    if report["verdict"] in ("refused", "failed"):
+        return report["verdict"].replace("failed", "FAILED")
     flag = " **VIOLATION**" if report["verdict"] == "VIOLATION" else ""
     return f"{report['epsilon_lower_bound']:.2f} (most {report['largest_attainable_bound']:.2f}){flag}"
 
@@ -75,8 +77,8 @@ def main() -> int:
             speed = _seconds_per_run(name, eps)
             many, note = None, ""
             if isinstance(speed, str):
-                note = "refused"
-                notes.append(f"- {tag}, many-run: refused: {speed}")
+                note = "FAILED" if speed.startswith("FAILED") else "refused"
+                notes.append(f"- {tag}, many-run: {note}: {speed.removeprefix('FAILED: ')}")
             elif speed > args.max_seconds:
                 note = f"skipped ({speed:.1f} s/run)"
             else:
@@ -92,8 +94,8 @@ def main() -> int:
                 settings={"delta": 1e-5},
                 log=quiet,
             )
-            if one["verdict"] == "refused":
-                notes.append(f"- {tag}, one-run: refused: {one['reason']}")
+            if one["verdict"] in ("refused", "failed"):
+                notes.append(f"- {tag}, one-run: {_cell(one)}: {one['reason']}")
             elif one.get("bottom_output"):
                 notes.append(f"- {tag}, one-run: the algorithm released ⊥ (no model): the audit abstains")
             if many is not None and many["bottom_outputs"] != [0, 0]:

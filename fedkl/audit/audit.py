@@ -43,7 +43,7 @@ from fedkl.audit.settings import small_settings
 from fedkl.audit.worlds import canary_world, neighbour_pair
 
 METHODS = ("many-run", "one-run")
-VIOLATION, CONSISTENT, REFUSED = "VIOLATION", "consistent with claim", "refused"
+VIOLATION, CONSISTENT, REFUSED, FAILED = "VIOLATION", "consistent with claim", "refused", "failed"
 
 
 def noise_seed(seed: int, world: int, run: int) -> int:
@@ -92,9 +92,10 @@ def _verdict(lower: float, claimed: float) -> str:
     return VIOLATION if lower > claimed else CONSISTENT
 
 
-def _refused(out: str, report: dict, reason: str, log: Callable[[str], None]) -> dict:
-    report.update(verdict=REFUSED, reason=reason, epsilon_lower_bound=None)
-    log(f"{report['algorithm']}: refused the audit setting: {reason}")
+def _refused(out: str, report: dict, reason: str, log: Callable[[str], None], verdict: str = REFUSED) -> dict:
+    report.update(verdict=verdict, reason=reason, epsilon_lower_bound=None)
+    what = "refused the audit setting" if verdict == REFUSED else "FAILED (an error in the algorithm)"
+    log(f"{report['algorithm']}: {what}: {reason}")
     _write(out, report)
     return report
 
@@ -173,6 +174,8 @@ def many_run_audit(
             w = released_model(cfg, (d0, d1)[world], noise_seed(seed, world, run))
         except ValueError as e:
             return _refused(out, report, str(e), log)
+        except Exception as e:  # an algorithm's crash is reported as such, never as a refusal or a pass
+            return _refused(out, report, f"{type(e).__name__}: {e}", log, verdict=FAILED)
         stats.add(world, run, math.nan if w is None else float(w[0]))
         if (i + 1) % max(1, len(todo) // 10) == 0 or i + 1 == len(todo):
             log(f"  {algorithm}: run {total - len(todo) + i + 1}/{total} ({time.time() - started:.0f} s)")
@@ -237,6 +240,8 @@ def one_run_audit(
             w = released_model(cfg, world, noise_seed(seed, 0, 0))
         except ValueError as e:
             return _refused(out, report, str(e), log)
+        except Exception as e:  # an algorithm's crash is reported as such, never as a refusal or a pass
+            return _refused(out, report, f"{type(e).__name__}: {e}", log, verdict=FAILED)
         for i in range(canaries):
             stats.add(0, i, math.nan if w is None else float(w[i]))
     scores = np.array([stats.done[(0, i)] for i in range(canaries)])
@@ -269,6 +274,8 @@ def format_report(report: dict) -> str:
     head = f"{report['algorithm']} ({report['method']} audit): claimed user-level eps={c['epsilon']:g}, delta={c['delta']:.3g}"
     if report["verdict"] == REFUSED:
         return f"{head}\n  refused the audit setting (nothing audited): {report['reason']}"
+    if report["verdict"] == FAILED:
+        return f"{head}\n  FAILED: the algorithm raised an error (nothing audited): {report['reason']}"
     lb = report["epsilon_lower_bound"]
     return (
         f"{head}\n  empirical lower bound eps >= {lb:.4g} at {report['confidence']:.0%} one-sided confidence"
