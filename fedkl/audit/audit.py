@@ -279,7 +279,6 @@ def format_report(report: dict) -> str:
     lb = report["epsilon_lower_bound"]
     return (
         f"{head}\n  empirical lower bound eps >= {lb:.4g} at {report['confidence']:.0%} one-sided confidence"
-        + (f" (point estimate {report['point_estimate']:.4g})" if "point_estimate" in report else "")
         + f"; the most this audit could show is {report['largest_attainable_bound']:.4g}"
         + f"\n  verdict: {report['verdict']}"
     )

@@ -23,7 +23,7 @@ from fedkl.federation.base import ClippedGradient
 from fedkl.privacy.charges import ApproxDPCharge
 from fedkl.privacy.guarantee import Guarantee
 
-SMALL = {"clip": 0.1}  # below the logistic gradient's 1/2 at w = 0: the outlier's term is at the clip
+SMALL = {"clip": 0.1, "reg": 0.0}  # below the logistic gradient's 1/2 at w = 0: the outlier's term is at the clip
 
 
 @dataclass(frozen=True)
