@@ -166,7 +166,7 @@ def _audit(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
     import tomllib
 
     from fedkl.algorithms.catalog import REGISTRY
-    from fedkl.audit import format_report, many_run_audit, one_run_audit
+    from fedkl.audit import format_report, many_run_audit, one_run_audit, one_shot_estimate
     from fedkl.experiments.config import ConfigError, field_name, run_settings
 
     raw = {}
@@ -198,6 +198,9 @@ def _audit(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
         try:
             if args.method == "many-run":
                 report = many_run_audit(name, args.epsilon, out, runs=args.runs, settings=own, **common)
+            elif args.method == "one-shot":
+                estimate = {k: v for k, v in common.items() if k != "confidence"}  # an estimate: no confidence
+                report = one_shot_estimate(name, args.epsilon, out, canaries=args.canaries, settings=own, **estimate)
             else:
                 report = one_run_audit(
                     name, args.epsilon, out, canaries=args.canaries, guesses=args.guesses, settings=own, **common

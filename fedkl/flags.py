@@ -304,11 +304,18 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
     who = audit.add_mutually_exclusive_group(required=True)
     who.add_argument("--algorithm", choices=tuple(REGISTRY), help="the algorithm to audit")
     who.add_argument("--all", action="store_true", help="audit every registered algorithm (OUT/<algorithm>/)")
-    audit.add_argument("--method", choices=("many-run", "one-run"), default="many-run", help="default %(default)s")
+    audit.add_argument(
+        "--method",
+        choices=("many-run", "one-run", "one-shot"),
+        default="many-run",
+        help="many-run / one-run: lower bounds; one-shot: Andrew et al.'s estimate (no confidence) (default %(default)s)",
+    )
     audit.add_argument("--epsilon", type=_positive(), default=1.0, help="claimed user-level epsilon (default 1)")
     audit.add_argument("--delta", type=_probability, default=None, help="claimed delta (default 1/n^1.1)")
     audit.add_argument("--runs", type=_positive(int), default=100, help="many-run: trainings per dataset (default 100)")
-    audit.add_argument("--canaries", type=_positive(int), default=200, help="one-run: canary users (default 200)")
+    audit.add_argument(
+        "--canaries", type=_positive(int), default=200, help="one-run, one-shot: canary users (default 200)"
+    )
     audit.add_argument(
         "--guesses", type=_positive(int), default=None, help="one-run: guesses each way (default canaries/10)"
     )

@@ -39,92 +39,21 @@ from fedkl.audit.bounds import (
     two_sample_bound,
 )
 from fedkl.audit.release import audit_config, claimed_delta, released_model
+from fedkl.audit.report import (
+    FAILED,
+    REFUSED,
+    Statistics,
+    audited_settings,
+    histogram,
+    noise_seed,
+    refused,
+    verdict,
+    write_report,
+)
 from fedkl.audit.settings import small_settings
 from fedkl.audit.worlds import canary_world, neighbour_pair
 
-METHODS = ("many-run", "one-run")
-VIOLATION, CONSISTENT, REFUSED, FAILED = "VIOLATION", "consistent with claim", "refused", "failed"
-
-
-def noise_seed(seed: int, world: int, run: int) -> int:
-    """The privacy-noise seed of run ``run`` on ``world``: distinct and independent across runs."""
-    return int(np.random.SeedSequence([seed, world, run]).generate_state(1, np.uint64)[0] >> 1)
-
-
-class _Statistics:
-    """``statistics.jsonl`` of an output folder: one JSON line per finished run, keyed by
-    (world, run); its first line records the audit's settings, and a folder written with other
-    settings is refused rather than mixed."""
-
-    def __init__(self, out: str, header: dict) -> None:
-        os.makedirs(out, exist_ok=True)
-        self.path = os.path.join(out, "statistics.jsonl")
-        self.done: dict[tuple[int, int], float] = {}
-        if os.path.exists(self.path):
-            with open(self.path) as f:
-                lines = [json.loads(line) for line in f if line.strip()]
-            if lines and lines[0].get("header") != header:
-                raise ValueError(
-                    f"{self.path} holds an audit with other settings ({lines[0].get('header')}); "
-                    "use another --out or delete it"
-                )
-            for rec in lines[1:]:
-                self.done[(rec["world"], rec["run"])] = math.nan if rec["stat"] is None else rec["stat"]
-        else:
-            with open(self.path, "w") as f:
-                f.write(json.dumps({"header": header}) + "\n")
-
-    def add(self, world: int, run: int, stat: float) -> None:
-        self.done[(world, run)] = stat
-        with open(self.path, "a") as f:
-            f.write(json.dumps({"world": world, "run": run, "stat": None if math.isnan(stat) else stat}) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-
-
-def _audited_settings(cfg) -> dict:
-    """The audited runs' ``fedkl run`` settings, less those the audit sets itself (data, paths)."""
-    skip = ("dataset", "users", "out", "ledger", "noise_seed", "reference")
-    return {k: v for k, v in cfg.settings().items() if k not in skip}
-
-
-def _verdict(lower: float, claimed: float) -> str:
-    return VIOLATION if lower > claimed else CONSISTENT
-
-
-def _refused(out: str, report: dict, reason: str, log: Callable[[str], None], verdict: str = REFUSED) -> dict:
-    report.update(verdict=verdict, reason=reason, epsilon_lower_bound=None)
-    what = "refused the audit setting" if verdict == REFUSED else "FAILED (an error in the algorithm)"
-    log(f"{report['algorithm']}: {what}: {reason}")
-    _write(out, report)
-    return report
-
-
-def _write(out: str, report: dict) -> None:
-    with open(os.path.join(out, "audit.json"), "w") as f:
-        json.dump(report, f, indent=2, default=str)
-
-
-def _histogram(path: str, samples: dict[str, np.ndarray], xlabel: str, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    finite = [s[np.isfinite(s)] for s in samples.values()]
-    allv = np.concatenate(finite) if finite else np.zeros(0)
-    bins = np.histogram_bin_edges(allv, bins=40) if allv.size else 10
-    for (label, s), f in zip(samples.items(), finite):
-        bottoms = int(np.isnan(s).sum())
-        ax.hist(f, bins=bins, alpha=0.5, label=label + (f" (⊥: {bottoms})" if bottoms else ""))
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("count")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+METHODS = ("many-run", "one-run", "one-shot")
 
 
 def many_run_audit(
@@ -158,13 +87,13 @@ def many_run_audit(
             "runs_per_dataset": runs,
             "seed": seed,
         },
-        "settings": _audited_settings(cfg),
+        "settings": audited_settings(cfg),
         "confidence": confidence,
         "statistic": "released model's coordinate on the outlier's direction e_0 (⊥: NaN)",
         "neighbours": "D0/D1 differ in one whole user: the outlier with labels -1 / +1 on x = e_0",
     }
     header = {k: report[k] for k in ("method", "algorithm", "claimed", "setting", "settings")}
-    stats = _Statistics(out, json.loads(json.dumps(header, default=str)))
+    stats = Statistics(out, json.loads(json.dumps(header, default=str)))
     started, total = time.time(), 2 * runs
     todo = [(w, r) for r in range(runs) for w in (0, 1) if (w, r) not in stats.done]
     if todo and len(todo) < total:
@@ -173,9 +102,9 @@ def many_run_audit(
         try:
             w = released_model(cfg, (d0, d1)[world], noise_seed(seed, world, run))
         except ValueError as e:
-            return _refused(out, report, str(e), log)
+            return refused(out, report, str(e), log)
         except Exception as e:  # an algorithm's crash is reported as such, never as a refusal or a pass
-            return _refused(out, report, f"{type(e).__name__}: {e}", log, verdict=FAILED)
+            return refused(out, report, f"{type(e).__name__}: {e}", log, verdict=FAILED)
         stats.add(world, run, math.nan if w is None else float(w[0]))
         if (i + 1) % max(1, len(todo) // 10) == 0 or i + 1 == len(todo):
             log(f"  {algorithm}: run {total - len(todo) + i + 1}/{total} ({time.time() - started:.0f} s)")
@@ -190,15 +119,15 @@ def many_run_audit(
         delta,
     )
     report["bottom_outputs"] = [int(np.isnan(s0).sum()), int(np.isnan(s1).sum())]
-    report["verdict"] = _verdict(bound["epsilon_lower_bound"], epsilon)
-    _histogram(
+    report["verdict"] = verdict(bound["epsilon_lower_bound"], epsilon)
+    histogram(
         os.path.join(out, "histogram.png"),
         {"D0 (outlier -1)": s0, "D1 (outlier +1)": s1},
         "model coordinate on the outlier direction",
         f"{algorithm}: claimed eps={epsilon:g}, audited lower bound {bound['epsilon_lower_bound']:.3g} "
         f"({confidence:.0%} conf.)",
     )
-    _write(out, report)
+    write_report(out, report)
     return report
 
 
@@ -229,19 +158,19 @@ def one_run_audit(
         "algorithm": algorithm,
         "claimed": {"epsilon": epsilon, "delta": delta, "neighbouring": cfg.neighbouring},
         "setting": {"users": world.train.num_users, "canaries": canaries, "guesses_each_way": k, "seed": seed},
-        "settings": _audited_settings(cfg),
+        "settings": audited_settings(cfg),
         "confidence": confidence,
         "statistic": "per canary: the released model's coordinate on the canary's direction (labels +1 in, -1 out)",
     }
     header = {k_: report[k_] for k_ in ("method", "algorithm", "claimed", "setting", "settings")}
-    stats = _Statistics(out, json.loads(json.dumps(header, default=str)))
+    stats = Statistics(out, json.loads(json.dumps(header, default=str)))
     if (0, 0) not in stats.done:
         try:
             w = released_model(cfg, world, noise_seed(seed, 0, 0))
         except ValueError as e:
-            return _refused(out, report, str(e), log)
+            return refused(out, report, str(e), log)
         except Exception as e:  # an algorithm's crash is reported as such, never as a refusal or a pass
-            return _refused(out, report, f"{type(e).__name__}: {e}", log, verdict=FAILED)
+            return refused(out, report, f"{type(e).__name__}: {e}", log, verdict=FAILED)
         for i in range(canaries):
             stats.add(0, i, math.nan if w is None else float(w[i]))
     scores = np.array([stats.done[(0, i)] for i in range(canaries)])
@@ -256,15 +185,15 @@ def one_run_audit(
         correct=v,
         largest_attainable_bound=one_run_epsilon(canaries, 2 * k, 2 * k, delta, confidence),
         bottom_output=bool(np.isnan(scores).all()),
-        verdict=_verdict(lower, epsilon),
+        verdict=verdict(lower, epsilon),
     )
-    _histogram(
+    histogram(
         os.path.join(out, "histogram.png"),
         {"canaries in": scores[included], "canaries out": scores[~included]},
         "model coordinate on the canary's direction",
         f"{algorithm}: claimed eps={epsilon:g}, one-run lower bound {lower:.3g} ({confidence:.0%} conf.)",
     )
-    _write(out, report)
+    write_report(out, report)
     log(f"  {algorithm}: {v} of {r} guesses correct")
     return report
 
@@ -276,6 +205,12 @@ def format_report(report: dict) -> str:
         return f"{head}\n  refused the audit setting (nothing audited): {report['reason']}"
     if report["verdict"] == FAILED:
         return f"{head}\n  FAILED: the algorithm raised an error (nothing audited): {report['reason']}"
+    if report["method"] == "one-shot":
+        return (
+            f"{head}\n  one-shot ESTIMATE (Andrew et al. 2023; no confidence level, not a bound): "
+            f"eps ~ {report['epsilon_estimate']:.4g} (Gaussian fit, mu = {report['gdp_mu']:.3g})\n"
+            f"  {report['verdict']}"
+        )
     lb = report["epsilon_lower_bound"]
     return (
         f"{head}\n  empirical lower bound eps >= {lb:.4g} at {report['confidence']:.0%} one-sided confidence"

@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.optimize
 import scipy.stats
 
 
@@ -164,3 +165,25 @@ def one_run_guesses(scores, included, k_plus: int, k_minus: int) -> tuple[int, i
     order = np.argsort(-np.nan_to_num(scores, nan=-np.inf), kind="stable")
     top, bottom = order[:k_plus], order[len(order) - k_minus :] if k_minus else order[:0]
     return k_plus + k_minus, int(included[top].sum() + (~included[bottom]).sum())
+
+
+def gaussian_epsilon(mu: float, delta: float) -> float:
+    """The exact eps at ``delta`` of the Gaussian mechanism whose shift over its noise is ``mu``
+    (mu-GDP; Balle and Wang 2018): ``delta = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)``."""
+    if mu <= 0:
+        return 0.0
+
+    def excess(eps: float) -> float:
+        return (
+            float(scipy.stats.norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * scipy.stats.norm.cdf(-eps / mu - mu / 2))
+            - delta
+        )
+
+    if excess(0.0) <= 0:
+        return 0.0
+    hi = 1.0
+    while excess(hi) > 0:
+        hi *= 2
+        if hi > 1e4:
+            return math.inf
+    return float(scipy.optimize.brentq(excess, 0.0, hi))

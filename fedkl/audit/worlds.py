@@ -23,13 +23,15 @@ from fedkl.data.base import FederatedDataset
 from fedkl.data.custom import from_arrays
 
 
-def _base_users(rng: np.random.Generator, users: int, records: int, d_total: int, first: int):
-    """Ordinary users: features on coordinates ``first..d_total-1`` only, a noisy linear label."""
-    d = d_total - first
+def _base_users(rng: np.random.Generator, users: int, records: int, d_total: int, first: int, last: int | None = None):
+    """Ordinary users: features on coordinates ``first..last-1`` only (default: to the end), a noisy
+    linear label."""
+    last = d_total if last is None else last
+    d = last - first
     w_true = rng.normal(size=d)
     X = np.zeros((users * records, d_total))
-    X[:, first:] = rng.normal(size=(users * records, d)) / (2 * np.sqrt(d))
-    y = np.where(X[:, first:] @ w_true + 0.3 * rng.normal(size=users * records) > 0, 1, -1)
+    X[:, first:last] = rng.normal(size=(users * records, d)) / (2 * np.sqrt(d))
+    y = np.where(X[:, first:last] @ w_true + 0.3 * rng.normal(size=users * records) > 0, 1, -1)
     owners = [f"b{u:05d}" for u in range(users) for _ in range(records)]
     return X, y, owners
 
@@ -79,4 +81,24 @@ def canary_world(
         task="binary",
         split_seed=seed,
         name="audit-canaries",
+    )
+
+
+def random_direction_canaries(
+    directions: np.ndarray, base: int = 40, records: int = 10, base_dim: int = 3, seed: int = 0
+) -> FederatedDataset:
+    """The one-shot estimate's federation (Andrew et al. 2023): one canary user per row of
+    ``directions`` (unit vectors in the last coordinates), all its records ``x = direction`` with label
+    +1, so its gradient lies along its direction; ``base`` ordinary users on the first ``base_dim``."""
+    k, d = directions.shape
+    X, y, owners = _base_users(np.random.default_rng(seed), base, records, base_dim + d, 0, base_dim)
+    Xc = np.zeros((k * records, base_dim + d))
+    Xc[:, base_dim:] = np.repeat(directions, records, axis=0)
+    return from_arrays(
+        np.vstack([X, Xc]),
+        np.concatenate([y, np.ones(k * records)]),
+        owners + [f"c{i:05d}" for i in range(k) for _ in range(records)],
+        task="binary",
+        split_seed=seed,
+        name="audit-random-canaries",
     )

@@ -18,7 +18,7 @@ import torch
 
 from fedkl.algorithms.noisy_gd import NoisyGDConfig, NoisyGDParams, NoisyGradientDescent, build_noisy_gd
 from fedkl.algorithms.registry import AlgorithmResult, Clip, register, unregister
-from fedkl.audit import many_run_audit, one_run_audit
+from fedkl.audit import many_run_audit, one_run_audit, one_shot_estimate
 from fedkl.federation.base import ClippedGradient
 from fedkl.privacy.charges import ApproxDPCharge
 from fedkl.privacy.guarantee import Guarantee
@@ -162,3 +162,14 @@ def test_one_run_audit_flags_the_quarter_noise_variant_at_a_tight_claim(tmp_path
     )
     assert good["verdict"] == "consistent with claim" and good["epsilon_lower_bound"] <= 0.5
     assert math.isfinite(report["epsilon_lower_bound"])
+
+
+def test_one_shot_estimate_sees_the_missing_noise(tmp_path):
+    """Andrew et al.'s estimate has no confidence level, so no verdict: it must only move the right way
+    (a 4x smaller noise gives a clearly larger estimate, above the claim; the real noise, below it)."""
+    kw = {"canaries": 100, "settings": SMALL, "log": lambda s: None}
+    good = one_shot_estimate("noisy-gd", 1.0, str(tmp_path / "good"), **kw)
+    bad = one_shot_estimate("broken-quarter-noise", 1.0, str(tmp_path / "bad"), **kw)
+    assert good["epsilon_estimate"] < 1.0 < bad["epsilon_estimate"]
+    assert bad["gdp_mu"] > 2 * good["gdp_mu"]
+    assert good["verdict"] == "estimate below claim" and bad["verdict"] == "estimate above claim"
