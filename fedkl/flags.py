@@ -297,7 +297,7 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
         help="empirical lower bound on an algorithm's user-level epsilon from real runs, against its claim",
         description="Audit a registered algorithm on a small synthetic federation (fedkl/audit/): many-run "
         "(R trainings on each of two datasets that differ in one outlier user) or one-run (one training with "
-        "canary users, Steinke et al. 2023). Prints the claimed (eps, delta), the empirical lower bound at the "
+        "canary users, Steinke et al. 2023), or the one-shot estimate (Andrew et al. 2023; no confidence). Prints the claimed (eps, delta), the empirical lower bound at the "
         "stated one-sided confidence and a verdict; writes audit.json, histogram.png and statistics.jsonl "
         "(resumable) under --out.",
     )
@@ -319,7 +319,9 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
     audit.add_argument(
         "--guesses", type=_positive(int), default=None, help="one-run: guesses each way (default canaries/10)"
     )
-    audit.add_argument("--users", type=_positive(int), default=40, help="ordinary users besides the audited ones")
+    audit.add_argument(
+        "--users", type=_positive(int), default=40, help="ordinary users besides the audited ones (default 40)"
+    )
     audit.add_argument("--confidence", type=_probability, default=0.95, help="one-sided confidence (default 0.95)")
     audit.add_argument("--seed", type=int, default=0, help="seed of the data, the split and the noise (default 0)")
     audit.add_argument("--out", default="audit", help="output folder (default %(default)s)")
@@ -328,7 +330,8 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="a `fedkl run` setting of the audited runs, e.g. --set clip=0.1 --set reg=0.1 (repeatable)",
+        help="a `fedkl run` setting of the audited runs over the small setting of fedkl/audit/settings.py "
+        "(reg 0.1, clip 0.1, radius 5), e.g. --set clip=0.5 (repeatable)",
     )
     parser.subcommands = {"run": run, "plan": plan, "account": acc, "sweep": sweep, "plot": plot, "audit": audit}  # type: ignore[attr-defined]
     return parser
