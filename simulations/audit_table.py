@@ -6,7 +6,8 @@ lower bounds of ``fedkl audit`` against the claim, written to simulations/result
 * many-run: ``--runs`` trainings on each dataset of the outlier pair (41 users, delta = 1/n^1.1),
   skipped for an algorithm whose one run takes longer than ``--max-seconds`` (the table says so);
 * one-run: one training with ``--canaries`` canary users (+40 ordinary ones) at delta = 1e-5
-  (the one-run bound pays 2 m delta, so it needs delta well below 1/m).
+  (the one-run bound pays 2 m delta, so it needs delta well below 1/m);
+* one-shot: Andrew et al.'s estimate (no confidence level) from ``--canaries``/2 random-direction canaries.
 
 Each bound is one-sided at 95% confidence; "most" is the largest bound that audit could show
 (error-free guesses): a claim above it cannot be refuted by that audit. Resumable: the per-run
@@ -24,7 +25,7 @@ import time
 import torch
 
 from fedkl.algorithms.catalog import ALGORITHMS
-from fedkl.audit import many_run_audit, one_run_audit
+from fedkl.audit import many_run_audit, one_run_audit, one_shot_estimate
 from fedkl.audit.release import audit_config, released_model
 from fedkl.audit.settings import small_settings
 from fedkl.audit.worlds import neighbour_pair
@@ -94,14 +95,27 @@ def main() -> int:
                 settings={"delta": 1e-5},
                 log=quiet,
             )
+            shot = one_shot_estimate(
+                name,
+                eps,
+                os.path.join(args.work, name, f"eps{eps:g}", "shot"),
+                canaries=args.canaries // 2,
+                settings={"delta": 1e-5},
+                log=quiet,
+            )
+            shot_cell = (
+                f"{shot['epsilon_estimate']:.2f}"
+                if "epsilon_estimate" in shot and shot["epsilon_estimate"] == shot["epsilon_estimate"]
+                else ("⊥" if "epsilon_estimate" in shot else _cell(shot))
+            )
             if one["verdict"] in ("refused", "failed"):
                 notes.append(f"- {tag}, one-run: {_cell(one)}: {one['reason']}")
             elif one.get("bottom_output"):
                 notes.append(f"- {tag}, one-run: the algorithm released ⊥ (no model): the audit abstains")
             if many is not None and many["bottom_outputs"] != [0, 0]:
                 notes.append(f"- {tag}, many-run: ⊥ in {many['bottom_outputs']} of the runs (D0, D1)")
-            rows.append((name, eps, _cell(many, note), _cell(one)))
-            print(f"[{time.time() - started:5.0f} s] {tag}: many-run {rows[-1][2]}; one-run {rows[-1][3]}", flush=True)
+            rows.append((name, eps, _cell(many, note), _cell(one), shot_cell))
+            print(f"[{time.time() - started:5.0f} s] {tag}: " + "; ".join(rows[-1][2:]), flush=True)
     lines = [
         "# Empirical user-level privacy audit (`fedkl audit`)",
         "",
@@ -111,11 +125,13 @@ def main() -> int:
         '"most" is the largest bound that audit could show, so a claim above it is not tested by it. '
         f"many-run: {args.runs} trainings on each of two datasets differing in one outlier user (41 users, "
         f"delta = 1/41^1.1); one-run: one training with {args.canaries} canary users + 40 others, delta = 1e-5. "
+        f"one-shot: Andrew et al. 2023's ESTIMATE (no confidence level, not a bound) from {args.canaries // 2} "
+        "random-direction canary users, delta = 1e-5. "
         "Settings: fedkl/audit/settings.py (reg 0.1, clip 0.1, radius 5); noise seeds fixed.",
         "",
-        "| algorithm | claimed eps | many-run lower bound | one-run lower bound |",
-        "|---|---|---|---|",
-        *[f"| {n} | {e:g} | {m} | {o} |" for n, e, m, o in rows],
+        "| algorithm | claimed eps | many-run lower bound | one-run lower bound | one-shot estimate |",
+        "|---|---|---|---|---|",
+        *[f"| {n} | {e:g} | {m} | {o} | {x} |" for n, e, m, o, x in rows],
         "",
         *(["Notes:", "", *notes, ""] if notes else []),
     ]

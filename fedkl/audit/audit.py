@@ -92,7 +92,9 @@ def many_run_audit(
         "statistic": "released model's coordinate on the outlier's direction e_0 (⊥: NaN)",
         "neighbours": "D0/D1 differ in one whole user: the outlier with labels -1 / +1 on x = e_0",
     }
-    header = {k: report[k] for k in ("method", "algorithm", "claimed", "setting", "settings")}
+    # the runs' number is not part of the header: a rerun with more runs extends the file, with fewer reads a prefix
+    header = {k: report[k] for k in ("method", "algorithm", "claimed", "settings")}
+    header["setting"] = {k: v for k, v in report["setting"].items() if k != "runs_per_dataset"}
     stats = Statistics(out, json.loads(json.dumps(header, default=str)))
     started, total = time.time(), 2 * runs
     todo = [(w, r) for r in range(runs) for w in (0, 1) if (w, r) not in stats.done]

@@ -8,6 +8,7 @@ import pytest
 from fedkl.algorithms.catalog import ALGORITHMS
 from fedkl.audit import audit as audit_module
 from fedkl.audit import many_run_audit, one_run_audit
+from fedkl.audit.report import noise_seed
 from fedkl.cli import main
 
 
@@ -33,6 +34,8 @@ def test_audit_resumes_from_its_statistics(tmp_path, monkeypatch):
     monkeypatch.setattr(audit_module, "released_model", lambda *a: calls.append(a) or real(*a))
     again = many_run_audit("noisy-gd", 1.0, str(tmp_path), runs=6, log=lambda s: None)
     assert calls == [] and again["epsilon_lower_bound"] == first["epsilon_lower_bound"]
+    many_run_audit("noisy-gd", 1.0, str(tmp_path), runs=8, log=lambda s: None)  # more runs: only the new ones
+    assert sorted(seed for _, _, seed in calls) == sorted(noise_seed(0, w, r) for w in (0, 1) for r in (6, 7))
 
 
 def test_audit_refuses_to_mix_statistics_of_other_settings(tmp_path):
