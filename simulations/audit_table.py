@@ -1,7 +1,7 @@
 """The audit benchmark: per registered algorithm and claimed eps in {1, 4, 8}, the empirical user-level
 lower bounds of ``fedkl audit`` against the claim, written to simulations/results/audit.md.
 
-    PYTHONPATH=. OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python simulations/audit_table.py [--runs 50] [--canaries 200]
+    PYTHONPATH=. OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python simulations/audit_table.py [--runs 100] [--canaries 200]
 
 * many-run: ``--runs`` trainings on each dataset of the outlier pair (41 users, delta = 1/n^1.1),
   skipped for an algorithm whose one run takes longer than ``--max-seconds`` (the table says so);
@@ -60,7 +60,7 @@ def _cell(report: dict | None, note: str = "") -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=50, help="many-run: trainings per dataset (default 50)")
+    ap.add_argument("--runs", type=int, default=100, help="many-run: trainings per dataset (default 100)")
     ap.add_argument("--canaries", type=int, default=200, help="one-run: canary users (default 200)")
     ap.add_argument("--max-seconds", type=float, default=0.5, help="many-run only for runs faster than this")
     ap.add_argument("--algorithms", default=None, help="comma-separated subset (default: every registered one)")

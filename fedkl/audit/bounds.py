@@ -170,8 +170,12 @@ def one_run_guesses(scores, included, k_plus: int, k_minus: int) -> tuple[int, i
 def gaussian_epsilon(mu: float, delta: float) -> float:
     """The exact eps at ``delta`` of the Gaussian mechanism whose shift over its noise is ``mu``
     (mu-GDP; Balle and Wang 2018): ``delta = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)``."""
+    if math.isnan(mu):
+        raise ValueError("mu is NaN")
     if mu <= 0:
         return 0.0
+    if math.isinf(mu):
+        return math.inf
 
     def excess(eps: float) -> float:
         return (

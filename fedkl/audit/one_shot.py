@@ -75,7 +75,9 @@ def one_shot_estimate(
     if np.isnan(inside).all():
         mu, est = math.nan, math.nan
     else:
-        mu = float((inside.mean() - unused.mean()) / unused.std(ddof=1))
+        gap, spread = float(inside.mean() - unused.mean()), float(unused.std(ddof=1))
+        # a model with nothing in the canaries' subspace: every cosine 0, the canaries invisible
+        mu = gap / spread if spread > 0 else (0.0 if gap == 0 else math.copysign(math.inf, gap))
         est = gaussian_epsilon(mu, delta)
     report.update(
         epsilon_estimate=est,
