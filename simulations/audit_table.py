@@ -108,6 +108,10 @@ def main() -> int:
                 if "epsilon_estimate" in shot and shot["epsilon_estimate"] == shot["epsilon_estimate"]
                 else ("⊥" if "epsilon_estimate" in shot else _cell(shot))
             )
+            if shot["verdict"] in ("refused", "failed"):
+                notes.append(f"- {tag}, one-shot: {_cell(shot)}: {shot['reason']}")
+            elif shot_cell == "⊥":
+                notes.append(f"- {tag}, one-shot: the algorithm released ⊥ (no model): no estimate")
             if one["verdict"] in ("refused", "failed"):
                 notes.append(f"- {tag}, one-run: {_cell(one)}: {one['reason']}")
             elif one.get("bottom_output"):
