@@ -20,7 +20,7 @@ import numpy as np
 
 from fedkl.audit.bounds import gaussian_epsilon
 from fedkl.audit.release import audit_config, claimed_delta, released_model
-from fedkl.audit.report import FAILED, Statistics, histogram, noise_seed, refused, write_report
+from fedkl.audit.report import FAILED, Statistics, audited_settings, histogram, noise_seed, refused, write_report
 from fedkl.audit.settings import small_settings
 from fedkl.audit.worlds import random_direction_canaries
 
@@ -50,9 +50,7 @@ def one_shot_estimate(
         "algorithm": algorithm,
         "claimed": {"epsilon": epsilon, "delta": delta, "neighbouring": cfg.neighbouring},
         "setting": {"users": world.train.num_users, "canaries": canaries, "canary_dim": canary_dim, "seed": seed},
-        "settings": {
-            k: v for k, v in cfg.settings().items() if k in (settings or {}) or k in small_settings(algorithm)
-        },
+        "settings": audited_settings(cfg),
         "statistic": "cosine of the released model with each inserted canary's direction vs with unused directions",
     }
     stats = Statistics(out, {k: report[k] for k in ("method", "algorithm", "claimed", "setting", "settings")})
