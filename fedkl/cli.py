@@ -240,6 +240,69 @@ def _predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def _audit(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
+    """``fedkl audit`` (fedkl/audit/): one algorithm or every registered one; exit 1 on a VIOLATION
+    or an algorithm's error."""
+    import tomllib
+
+    from fedkl.algorithms.catalog import REGISTRY
+    from fedkl.audit import format_report, many_run_audit, one_run_audit, one_shot_estimate
+    from fedkl.experiments.config import ConfigError, field_name, run_settings
+
+    raw = {}
+    for item in args.set:
+        key, sep, text = item.partition("=")
+        if not sep:
+            sub.error(f"--set {item!r}: expected KEY=VALUE")
+        try:
+            raw[field_name(key.strip())] = tomllib.loads(f"v = {text.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            raw[field_name(key.strip())] = text.strip()
+    try:
+        settings = run_settings(raw, "--set")
+    except ConfigError as e:
+        sub.error(str(e))
+    if args.delta is not None:
+        settings["delta"] = args.delta
+    names = list(REGISTRY) if args.all else [args.algorithm]
+    common = {
+        "confidence": args.confidence,
+        "seed": args.seed,
+        "base": args.users,
+        "log": lambda s: print(s, flush=True),
+    }
+    verdicts = []
+    for name in names:
+        out = os.path.join(args.out, name) if args.all else args.out
+        own = {k: v for k, v in settings.items() if not args.all or k in _run_keys_of(name)}
+        try:
+            if args.method == "many-run":
+                report = many_run_audit(name, args.epsilon, out, runs=args.runs, settings=own, **common)
+            elif args.method == "one-shot":
+                estimate = {k: v for k, v in common.items() if k != "confidence"}  # an estimate: no confidence
+                report = one_shot_estimate(name, args.epsilon, out, canaries=args.canaries, settings=own, **estimate)
+            else:
+                report = one_run_audit(
+                    name, args.epsilon, out, canaries=args.canaries, guesses=args.guesses, settings=own, **common
+                )
+        except ValueError as e:
+            sub.error(str(e))
+        print(format_report(report), flush=True)
+        verdicts.append(report["verdict"])
+    return 1 if {"VIOLATION", "failed"} & set(verdicts) else 0
+
+
+def _run_keys_of(algorithm: str) -> set[str]:
+    """The flat settings ``algorithm``'s runs take (run-level fields and its own hyperparameters)."""
+    import dataclasses
+
+    from fedkl.algorithms.catalog import REGISTRY
+    from fedkl.runner import RunConfig
+
+    run_level = {f.name for f in dataclasses.fields(RunConfig)} - {"params"}
+    return run_level | {f.name for f in dataclasses.fields(REGISTRY[algorithm].params)}
+
+
 def _algorithm_in(argv: list[str]) -> str | None:
     """The ``--algorithm`` value of a ``fedkl run`` command line (for ``--help``), else None."""
     for i, arg in enumerate(argv):
@@ -271,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
         return ledger_command(args)
     if args.command == "predict":
         return _predict(args)
+    if args.command == "audit":
+        return _audit(args, parser.subcommands["audit"])  # type: ignore[attr-defined]
     if args.command == "account":
         res = _account(args, parser.subcommands["account"])  # type: ignore[attr-defined]
         if args.json:

@@ -16,7 +16,7 @@ LAYERS = [
     ("fedkl.algorithms",),
     ("fedkl.runner", "fedkl.saved_model", "fedkl.results"),
     ("fedkl.flower",),
-    ("fedkl.experiments", "fedkl.cli", "fedkl.api", "fedkl"),
+    ("fedkl.experiments", "fedkl.audit", "fedkl.cli", "fedkl.api", "fedkl"),
 ]
 
 
