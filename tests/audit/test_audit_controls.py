@@ -10,6 +10,7 @@ Confidence: every bound is one-sided at 95%, so a correct algorithm is flagged w
 most 5% per audit; the seeds are fixed, so each assertion is deterministic.
 """
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -17,7 +18,7 @@ import pytest
 import torch
 
 from fedkl.algorithms.noisy_gd import NoisyGDConfig, NoisyGDParams, NoisyGradientDescent, build_noisy_gd
-from fedkl.algorithms.registry import AlgorithmResult, Clip, register, unregister
+from fedkl.algorithms.registry import REGISTRY, AlgorithmResult, Clip, register, unregister
 from fedkl.audit import many_run_audit, one_run_audit, one_shot_estimate
 from fedkl.federation.base import ClippedGradient
 from fedkl.privacy.charges import ApproxDPCharge
@@ -100,7 +101,8 @@ BROKEN = {
 @pytest.fixture(scope="module", autouse=True)
 def broken_variants():
     for name, (params, build) in BROKEN.items():
-        register(name, params)(build)
+        has_lr = any(f.name == "lr" for f in dataclasses.fields(params))
+        register(name, params, step_size=REGISTRY["noisy-gd"].step_size if has_lr else None)(build)
     yield
     for name in BROKEN:
         unregister(name)
