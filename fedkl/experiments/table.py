@@ -41,25 +41,10 @@ BASE_COLUMNS = (
 )
 
 
-OUTCOME_COLUMNS = frozenset(
-    (
-        "run_key",
-        "status",
-        "epsilon",
-        "delta",
-        "metric",
-        "test_metric",
-        "test_loss",
-        "reference_metric",
-        "reference_loss",
-        "excess_loss",
-        "trivial_metric",
-        "sigma_sum",
-        "noise_multiplier",
-        "wall_s",
-        "error",
-    )
+IDENTITY_COLUMNS = frozenset(
+    ("algorithm", "dataset", "users", "neighbouring", "seed", "noise_seed", "epsilon_target", "rounds")
 )
+OUTCOME_COLUMNS = frozenset(BASE_COLUMNS) - IDENTITY_COLUMNS
 """What a run measured; every other column is part of what identifies it (its configuration)."""
 
 
