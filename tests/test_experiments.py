@@ -628,6 +628,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         "paper002_compare",
         "paper002_sc_slopes",
         "paper004_repro",
+        "paper002_crossover_tuning",
+        "paper002_crossover",
+        "paper002_delta_selection",
     ],
 )
 def test_a_committed_study_report_reproduces_its_markdown(study, tmp_path, monkeypatch):
