@@ -63,7 +63,7 @@ import numpy as np
 import fedkl
 from fedkl.algorithms.sc_output_pert import delta_union_bound
 from fedkl.data import load_dataset
-from fedkl.experiments import register_runner
+from fedkl.experiments import register_runner, runner_result
 
 NAME = "paper002-crossover"
 MIN_RECORDS = 1000
@@ -342,20 +342,17 @@ def run(s, log) -> dict:
         eps_spent, test_loss = row.pop("eps_spent", None), row.pop("test_loss", None)
         extra.update(row)  # with the training's seconds
     log(f"{NAME} {s.phase} {s.source} m={m} eps={eps:g} seed={seed} {s.method}: {extra}")
-    return {
-        "algorithm": NAME,
-        "dataset": s.dataset,
-        "users": n,
-        "epsilon": eps_spent,
-        "delta": delta,
-        "test_metric": None,
-        "test_metrics": {} if s.phase == "diagnostics" or test_loss is None else {"loss": test_loss},
-        "nonprivate_reference": None,
-        "trivial_baseline": {},
-        "seed": seed,
-        "rounds": None,
-        "table_extra": extra,
-    }
+    return runner_result(
+        NAME,
+        s.dataset,
+        n,
+        eps_spent,
+        delta,
+        seed,
+        None,
+        extra,
+        test_metrics={} if s.phase == "diagnostics" or test_loss is None else {"loss": test_loss},
+    )
 
 
 DELTA_SELECTION = "paper002-delta-selection"
@@ -398,20 +395,17 @@ def run_delta_selection(s, log) -> dict:
         "scores": None if diag.get("nonprivate_scores") is None else str(diag["nonprivate_scores"]),
     }
     log(f"{DELTA_SELECTION} m={m} eps={eps:g} seed={seed} {s.method}: {extra}")
-    return {
-        "algorithm": DELTA_SELECTION,
-        "dataset": s.dataset,
-        "users": n,
-        "epsilon": r.epsilon,
-        "delta": delta,
-        "test_metric": None,
-        "test_metrics": {} if r.model is None else {"loss": r.metrics["loss"]},
-        "nonprivate_reference": None,
-        "trivial_baseline": {},
-        "seed": seed,
-        "rounds": None,
-        "table_extra": extra,
-    }
+    return runner_result(
+        DELTA_SELECTION,
+        s.dataset,
+        n,
+        r.epsilon,
+        delta,
+        seed,
+        None,
+        extra,
+        test_metrics={} if r.model is None else {"loss": r.metrics["loss"]},
+    )
 
 
 OWN = {"source": "fertility-partition", "records": 64, "method": "noisy-gd"}

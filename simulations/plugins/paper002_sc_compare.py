@@ -46,7 +46,7 @@ import torch
 from fedkl.algorithms.noisy_gd import NoisyGDConfig, NoisyGradientDescent
 from fedkl.algorithms.sc_output_pert import SCOutputPert, SCOutputPertConfig
 from fedkl.data import load_dataset, synthetic_least_squares
-from fedkl.experiments import register_runner
+from fedkl.experiments import register_runner, runner_result
 from fedkl.experiments.report import load_function
 from fedkl.federation.inprocess import InProcessFederation
 from fedkl.privacy import Budget, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter
@@ -224,20 +224,16 @@ def run(settings, log) -> dict:
     }
     row.setdefault("excess_risk", math.nan), row.setdefault("param_error", math.nan)
     log(f"{NAME} {settings.dataset} {settings.method} seed={settings.seed}: {row}")
-    return {
-        "algorithm": NAME,
-        "dataset": settings.dataset,
-        "users": users,
-        "epsilon": float(settings.epsilon),
-        "delta": delta,
-        "test_metric": None,
-        "test_metrics": {},
-        "nonprivate_reference": None,
-        "trivial_baseline": {},
-        "seed": settings.seed,
-        "rounds": int(settings.rounds) if settings.method == "noisy-gd" else 1,
-        "table_extra": row,
-    }
+    return runner_result(
+        NAME,
+        settings.dataset,
+        users,
+        float(settings.epsilon),
+        delta,
+        settings.seed,
+        int(settings.rounds) if settings.method == "noisy-gd" else 1,
+        row,
+    )
 
 
 register_runner(

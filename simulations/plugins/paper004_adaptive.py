@@ -67,7 +67,7 @@ import torch
 from fedkl.algorithms.dp_adaptive import AdaptiveDPConfig, AdaptiveDPOptimizer
 from fedkl.data.base import UserData
 from fedkl.data.images import load_fashion_mnist, load_mnist, load_zscored
-from fedkl.experiments import register_runner
+from fedkl.experiments import register_runner, runner_result
 from fedkl.federation.base import ClippedGradient, Federation
 from fedkl.federation.ghost_clipping import GhostClippedMLPFederation, record_metrics
 from fedkl.federation.inprocess import InProcessFederation
@@ -280,32 +280,31 @@ def run(settings, log) -> dict:
         f"T={s.rounds} eps={summary['epsilon']:.4f} test acc {last['test_accuracy']:.4f} "
         f"train loss {last['train_loss']:.4f}"
     )
-    return {
-        "algorithm": NAME,
-        "dataset": s.dataset,
-        "users": n,
-        "epsilon": summary["epsilon"],
-        "delta": DELTA,
-        "test_metric": {"name": "accuracy", "value": last["test_accuracy"]},
-        "test_metrics": {"accuracy": last["test_accuracy"], "loss": last["test_loss"]},
-        "nonprivate_reference": None,
-        "trivial_baseline": {},
-        "seed": s.seed,
-        "rounds": int(s.rounds),
-        "algorithm_details": {"noise_multiplier": summary["noise_multiplier"]},
-        "curve": curve,
-        "sampled_users_mean": summary["sampled_users_mean"],
-        "failed_users": summary["failed_users"],
-        "table_extra": {
-            "per_user": per_user,
-            "sampling_rate": s.batch / n,
-            "steps": int(s.rounds),
-            "noise_seed": noise_seed,
-            "noise_multiplier": summary["noise_multiplier"],
-            "test_accuracy": last["test_accuracy"],
-            "train_loss": last["train_loss"],
-        },
+    extra = {
+        "per_user": per_user,
+        "sampling_rate": s.batch / n,
+        "steps": int(s.rounds),
+        "noise_seed": noise_seed,
+        "noise_multiplier": summary["noise_multiplier"],
+        "test_accuracy": last["test_accuracy"],
+        "train_loss": last["train_loss"],
     }
+    return runner_result(
+        NAME,
+        s.dataset,
+        n,
+        summary["epsilon"],
+        DELTA,
+        s.seed,
+        int(s.rounds),
+        extra,
+        test_metric={"name": "accuracy", "value": last["test_accuracy"]},
+        test_metrics={"accuracy": last["test_accuracy"], "loss": last["test_loss"]},
+        algorithm_details={"noise_multiplier": summary["noise_multiplier"]},
+        curve=curve,
+        sampled_users_mean=summary["sampled_users_mean"],
+        failed_users=summary["failed_users"],
+    )
 
 
 def time_kernel(settings, log) -> dict:
@@ -329,20 +328,7 @@ def time_kernel(settings, log) -> dict:
         diff = max(diff, float((a - b).norm() / a.norm()))
     row = {"records": 128 * per, "stock_s": float(np.median(ts)), "ghost_s": float(np.median(tg)), "rel_diff": diff}
     log(f"{TIMING} {settings.level}: {row}")
-    return {
-        "algorithm": TIMING,
-        "dataset": "mnist",
-        "users": n,
-        "epsilon": None,
-        "delta": None,
-        "test_metric": None,
-        "test_metrics": {},
-        "nonprivate_reference": None,
-        "trivial_baseline": {},
-        "seed": 0,
-        "rounds": 1,
-        "table_extra": row,
-    }
+    return runner_result(TIMING, "mnist", n, None, None, 0, 1, row)
 
 
 SETTINGS = {
