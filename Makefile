@@ -67,14 +67,17 @@ BENCH_SPEED := --users 100 1000 10000 --rounds 3
 # the studies (fedkl sweep + fedkl report, into their committed tables): MeanOutputPert on MovieLens
 # (~5 min), every paper-002 algorithm on MovieLens through the diameter test (~5 min; its table goes
 # into the README), the optimizer comparison on MovieLens (~30 min), paper 004's epsilon labels (~1 min),
-# paper 002 on the mean-estimation family (slopes, vs noisy GD: ~3 min) and SCOutputPert's slopes (~2 min)
+# paper 002 on the mean-estimation family (slopes, vs noisy GD: ~3 min), SCOutputPert's slopes (~2 min)
+# and paper 004's curves (every variant, ~1 h)
+# (not in the bench, run them by hand: paper002_sc_compare, paper002_crossover_tuning then
+# paper002_crossover (~45 min), paper002_delta_selection; simulations/README.md)
 BENCH_STUDIES ?= simulations/studies/mean_output_pert_movielens.toml simulations/studies/paper002_movielens.toml \
 	simulations/studies/compare_optimizers.toml simulations/studies/paper004_eps.toml \
 	simulations/studies/paper002_slopes.toml simulations/studies/paper002_compare.toml \
-	simulations/studies/paper002_sc_slopes.toml
+	simulations/studies/paper002_sc_slopes.toml simulations/studies/paper004_repro.toml
 # the evidence scripts that are not sweeps (simulations/README.md says why; each writes its own
-# tables/figures under simulations/results/): paper 004's curves (~15 min)
-BENCH_EXTRA ?= simulations/paper004_repro.py
+# tables/figures under simulations/results/)
+BENCH_EXTRA ?=
 endif
 BENCH_RESTART := $(if $(filter 1,$(RESUME)),--resume,--restart)
 

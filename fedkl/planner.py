@@ -16,7 +16,7 @@ constants, (eps, delta) and the algorithms' settings. It reads no record's value
 and writes no ledger. The ranking is by that ratio, smallest first: a ratio above 1 means the
 noise alone moves the model farther than any data could. It is a comparison of noise, not a
 utility guarantee (heterogeneous users make the deletion test delete or output ⊥; the study
-simulations/paper002_crossover.py measures both).
+simulations/studies/paper002_crossover.toml measures both).
 """
 
 from __future__ import annotations

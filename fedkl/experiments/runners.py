@@ -62,6 +62,38 @@ def register_runner(
     EXTERNAL_RUNNERS[name] = ExternalRunner(fn, tuple(columns), description, settings)
 
 
+def runner_result(
+    algorithm: str,
+    dataset: str,
+    users: int,
+    epsilon: float | None,
+    delta: float | None,
+    seed: int,
+    rounds: int | None,
+    table_extra: Mapping[str, Any],
+    **more: Any,
+) -> dict:
+    """An external runner's result with run_training's keys and, unless ``more`` gives them, no test
+    metric, non-private reference or trivial baseline (a measurement that is not a trained model: an
+    accounting, a sampled law, an evaluation harness); ``table_extra`` becomes table columns, ``more``
+    adds or overrides keys (e.g. ``test_metric``, a learning curve kept in the JSON lines)."""
+    return {
+        "algorithm": algorithm,
+        "dataset": dataset,
+        "users": users,
+        "epsilon": epsilon,
+        "delta": delta,
+        "test_metric": None,
+        "test_metrics": {},
+        "nonprivate_reference": None,
+        "trivial_baseline": {},
+        "seed": seed,
+        "rounds": rounds,
+        "table_extra": dict(table_extra),
+        **more,
+    }
+
+
 def runner_settings() -> dict[str, Any]:
     """Every registered runner's own settings, name -> default (the keys a sweep accepts beyond
     ``fedkl run``'s)."""

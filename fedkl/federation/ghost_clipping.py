@@ -27,7 +27,7 @@ fedkl's :class:`InProcessFederation`. It returns the total as ONE row, which the
 A user whose gradient is not finite contributes zero and is reported failed, as ``clip_rows`` does.
 
 :func:`record_metrics` is the evaluation that goes with it: accuracy and the mean loss over RECORDS
-(not users). Used by ``simulations/paper004_repro.py`` (paper 004's MNIST figure), whose default kernel
+(not users). Used by the runner of simulations/studies/paper004_repro.toml (paper 004's MNIST figure), whose default kernel
 this is (about 50x faster than the stock one there).
 """
 

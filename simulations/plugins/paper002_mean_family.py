@@ -64,7 +64,7 @@ from fedkl.algorithms.phased_common import PhaseCall, kappa, setting_for_problem
 from fedkl.algorithms.phased_erm import PhasedConfig, PhasedERM
 from fedkl.algorithms.phased_sco import PhasedSCO
 from fedkl.algorithms.sc_phased import SCPhasedERM, SCPhasedSCO
-from fedkl.experiments import register_runner
+from fedkl.experiments import register_runner, runner_result
 from fedkl.federation.means import MeanFederation
 from fedkl.privacy import Budget, NoiseSource, Releaser, ZCDPFilter
 from fedkl.problems.quadratic_mean import QuadraticMean, draw_user_means
@@ -294,20 +294,16 @@ def run(settings, log) -> dict:
                 raise
             row = {"outcome": "refused", "phases": 0}
     log(f"{settings.method} along {settings.along}: n={n} m={m:.0e} seed={settings.seed}: {row}")
-    return {
-        "algorithm": NAME,
-        "dataset": settings.dataset,
-        "users": n,
-        "epsilon": fam.cfg.eps,
-        "delta": fam.cfg.delta,
-        "test_metric": None,
-        "test_metrics": {},
-        "nonprivate_reference": None,
-        "trivial_baseline": {},
-        "seed": settings.seed,
-        "rounds": row["phases"],
-        "table_extra": {"d": fam.cfg.d, "calibration": fam.cfg.calibration, **row},
-    }
+    return runner_result(
+        NAME,
+        settings.dataset,
+        n,
+        fam.cfg.eps,
+        fam.cfg.delta,
+        settings.seed,
+        row["phases"],
+        {"d": fam.cfg.d, "calibration": fam.cfg.calibration, **row},
+    )
 
 
 register_runner(

@@ -71,7 +71,7 @@ from fedkl.algorithms.del_output_pert import DelOutputPert, StabilityPlan
 from fedkl.algorithms.sc_output_pert import SCOutputPert, SCOutputPertConfig
 from fedkl.data import synthetic_least_squares
 from fedkl.data.base import FederatedDataset
-from fedkl.experiments import register_runner
+from fedkl.experiments import register_runner, runner_result
 from fedkl.federation.inprocess import InProcessFederation
 from fedkl.privacy import NoiseSource, Releaser
 from fedkl.problems import make_problem
@@ -271,20 +271,16 @@ def run(settings, log) -> dict:
         raise ValueError(f"{NAME} draws synthetic least squares (dataset = 'synthetic-least-squares')")
     row = run_point(settings)
     log(f"SCOutputPert along {settings.along}: n={settings.users} m={settings.records} seed={settings.seed}: {row}")
-    return {
-        "algorithm": NAME,
-        "dataset": settings.dataset,
-        "users": int(settings.users),
-        "epsilon": float(settings.epsilon),
-        "delta": float(settings.delta),
-        "test_metric": None,
-        "test_metrics": {},
-        "nonprivate_reference": None,
-        "trivial_baseline": {},
-        "seed": settings.seed,
-        "rounds": 1,
-        "table_extra": row,
-    }
+    return runner_result(
+        NAME,
+        settings.dataset,
+        int(settings.users),
+        float(settings.epsilon),
+        float(settings.delta),
+        settings.seed,
+        1,
+        row,
+    )
 
 
 register_runner(

@@ -37,7 +37,7 @@ import sys
 from scipy.optimize import brentq
 from scipy.stats import norm
 
-from fedkl.experiments import register_runner
+from fedkl.experiments import register_runner, runner_result
 from fedkl.privacy.accounting import GaussianSchedule, noise_multiplier_for, schedule_epsilon
 from fedkl.privacy.rdp_conversion import classic_eps, improved_eps, pyvacy_eps
 
@@ -122,20 +122,7 @@ def run(settings, log) -> dict:
         if not (math.isclose(acc["rdp"], r_eps, rel_tol=1e-9) and math.isclose(acc["pld"], p_eps, rel_tol=1e-9)):
             raise AssertionError(f"fedkl account disagrees with dp-accounting: {acc} vs rdp {r_eps}, pld {p_eps}")
     log(json.dumps({"users": n, "sigma": z, "steps": steps, **extra}))
-    return {
-        "algorithm": NAME,
-        "dataset": settings.dataset,
-        "users": n,
-        "epsilon": p_eps,
-        "delta": delta,
-        "test_metric": None,
-        "test_metrics": {},
-        "nonprivate_reference": None,
-        "trivial_baseline": {},
-        "seed": settings.seed,
-        "rounds": steps,
-        "table_extra": extra,
-    }
+    return runner_result(NAME, settings.dataset, n, p_eps, delta, settings.seed, steps, extra)
 
 
 register_runner(
