@@ -64,6 +64,7 @@ import time
 import numpy as np
 import torch
 
+from fedkl.algorithms.catalog import REGISTRY
 from fedkl.algorithms.dp_adaptive import AdaptiveDPConfig, AdaptiveDPOptimizer
 from fedkl.data.base import UserData
 from fedkl.data.images import load_fashion_mnist, load_mnist, load_zscored
@@ -194,9 +195,15 @@ def noise_seed_for(dataset: str, level: str, sigma: float, seed: int) -> int:
     return 1000 * seed + 100 * list(LOADERS).index(dataset) + 10 * list(LEVELS).index(level) + int(round(sigma))
 
 
+def step_size(s) -> float:
+    """The point's ``lr``, or (none given) fedkl's default step size of dp-<optimizer>."""
+    return float(s.lr) if s.lr is not None else float(REGISTRY[f"dp-{s.optimizer}"].step_size)
+
+
 def run_one(s, n: int, per_user: int, noise_seed: int, ledger_dir: str) -> tuple[list[dict], dict]:
     """One run: its curve (one entry per evaluation point) and its summary."""
-    sigma, lr, T, q = float(s.sigma), float(s.lr), int(s.rounds), s.batch / n
+    sigma, T, q = float(s.sigma), int(s.rounds), s.batch / n
+    lr = step_size(s)
     ds, problem = load(s.dataset, n, per_user, int(s.seed), s.features)
     eval_train, eval_test = eval_sets(ds, int(s.seed), int(s.train_eval), int(s.test_eval))
     fed = (InProcessFederation if s.kernel == "stock" else GhostClippedMLPFederation)(problem, ds)
@@ -276,7 +283,7 @@ def run(settings, log) -> dict:
         curve, summary = run_one(s, n, per_user, noise_seed, ledger_dir)
     last = curve[-1]
     log(
-        f"{s.dataset} {s.level} sigma={s.sigma:g} (z={summary['noise_multiplier']:.6f}) {s.optimizer} lr={s.lr:g}: "
+        f"{s.dataset} {s.level} sigma={s.sigma:g} (z={summary['noise_multiplier']:.6f}) {s.optimizer} lr={step_size(s):g}: "
         f"T={s.rounds} eps={summary['epsilon']:.4f} test acc {last['test_accuracy']:.4f} "
         f"train loss {last['train_loss']:.4f}"
     )
