@@ -70,7 +70,8 @@ BENCH_SPEED := --users 100 1000 10000 --rounds 3
 # paper 002 on the mean-estimation family (slopes, vs noisy GD: ~3 min), SCOutputPert's slopes (~2 min)
 # and paper 004's curves (every variant, ~1 h)
 # (not in the bench, run them by hand: paper002_sc_compare, paper002_crossover_tuning then
-# paper002_crossover (~45 min), paper002_delta_selection; simulations/README.md)
+# paper002_crossover (~45 min), paper002_delta_selection, tune_step_sizes (~1 h), p001_sparse_fw (~15 min),
+# audit (~5 min); simulations/README.md)
 BENCH_STUDIES ?= simulations/studies/mean_output_pert_movielens.toml simulations/studies/paper002_movielens.toml \
 	simulations/studies/compare_optimizers.toml simulations/studies/paper004_eps.toml \
 	simulations/studies/paper002_slopes.toml simulations/studies/paper002_compare.toml \

@@ -11,6 +11,8 @@ from fedkl.algorithms.forecast import LEARNS_LITTLE
 from fedkl.algorithms.registry import REGISTRY, algorithm_spec
 from fedkl.runner import RunConfig, run_training
 
+# the report of simulations/studies/tune_step_sizes.toml, written by `fedkl report` from the study's committed
+# table (tests/test_experiments.py::test_a_committed_study_report_reproduces_its_markdown checks it is)
 TUNING = os.path.join(os.path.dirname(__file__), "..", "simulations", "results", "tune_step_sizes.md")
 
 

@@ -631,6 +631,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         "paper002_crossover_tuning",
         "paper002_crossover",
         "paper002_delta_selection",
+        "tune_step_sizes",
+        "p001_sparse_fw",
+        "audit",
     ],
 )
 def test_a_committed_study_report_reproduces_its_markdown(study, tmp_path, monkeypatch):

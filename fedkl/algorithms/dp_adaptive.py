@@ -237,7 +237,7 @@ def _adaptive(optimizer: str, step_size: float):
     return register(f"dp-{optimizer}", AdaptiveDPParams, step_size=step_size)(build)
 
 
-# default step sizes: simulations/tune_step_sizes.py (public tuning data; README "Default step sizes")
+# default step sizes: simulations/studies/tune_step_sizes.toml (public tuning data; README "Default step sizes")
 build_dp_sgd = _adaptive("sgd", 4.0)
 build_dp_rmsprop = _adaptive("rmsprop", 0.01)
 build_dp_adam = _adaptive("adam", 0.03)

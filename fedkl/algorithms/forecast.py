@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 # above this ratio `fedkl run` warns that the model is predicted to learn little. A heuristic, read off
-# the public datasets of simulations/tune_step_sizes.py at eps = 2: on adult (ratio 0.52-0.60 for the
+# the public datasets of simulations/studies/tune_step_sizes.toml at eps = 2: on adult (ratio 0.52-0.60 for the
 # gradient methods) no step size beats the majority class; tv16 (0.18-0.21) and MovieLens (0.03) learn.
 LEARNS_LITTLE = 0.5
 

@@ -209,7 +209,7 @@ def register(
 
     ``step_size``: the algorithm's default ``lr`` (required when its Params have the shared
     :class:`StepSize` field, whose own default None means "the algorithm's"); each algorithm's value
-    was chosen by simulations/tune_step_sizes.py on public tuning data."""
+    was chosen by simulations/studies/tune_step_sizes.toml on public tuning data."""
     has_lr = any(f.name == "lr" for f in dataclasses.fields(params)) if dataclasses.is_dataclass(params) else False
     if has_lr != (step_size is not None) or (step_size is not None and not step_size > 0):
         raise TypeError(f"{name}: give register(..., step_size=lr > 0) exactly when its Params have a step size lr")
@@ -277,7 +277,7 @@ class Rounds(AlgorithmParams):
 class StepSize(AlgorithmParams):
     lr: float | None = param(
         None,
-        "step size (default: the algorithm's own, chosen on public tuning data by simulations/tune_step_sizes.py; "
+        "step size (default: the algorithm's own, chosen on public tuning data by simulations/studies/tune_step_sizes.toml; "
         "`fedkl run --algorithm NAME --help` shows it)",
         "heuristic",
         positive=True,

@@ -1,6 +1,6 @@
 """The audit's small setting per algorithm: ``fedkl run`` settings that make the synthetic audit
 federation (:mod:`fedkl.audit.worlds`) a setting the algorithm's theorem covers and a worst case
-for it. One place; ``fedkl audit`` and simulations/audit_table.py start from it and ``--set``
+for it. One place; ``fedkl audit`` and simulations/studies/audit.toml start from it and ``--set``
 overrides it.
 
 * ``reg = 0.1``: the strongly convex algorithms refuse a loss without it (and the others accept it);
