@@ -593,7 +593,7 @@ class PhasedMeanOutputPert:
                         "dist": d["dist"],
                         "deleted_users": d["deleted_users"],
                         "conflict_edges": d["conflict_edges"],
-                        "vc_calls": d["vc_calls"],
+                        "vc_calls": d.get("vc_calls"),  # the matching score makes no vertex-cover calls
                         "seconds": d["seconds"],
                     },
                 }

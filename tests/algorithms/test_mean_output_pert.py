@@ -564,3 +564,16 @@ def test_forecast_is_the_release_noise_against_the_local_radius(tmp_path):
     )
     first = LocalMeanOutputPert(phased.config.phase_config(1), prob, ds.feature_bound)
     assert phased.forecast(60, w0) == first.forecast(60, w0)  # the first phase moves the model the most
+
+
+def test_phased_mean_output_pert_runs_with_the_matching_score(tmp_path):
+    """The matching score makes no vertex-cover calls; reading a missing 'vc_calls' crashed the
+    phased run after its first charged release (found by fedkl audit)."""
+    import fedkl
+
+    run = fedkl.train(
+        "synthetic-logistic", "phased-mean-output-pert", epsilon=2.0, users=400, reg=0.1, mean_test="matching",
+        force=True, noise_seed=0, log=None, out=str(tmp_path / "run"),
+    )  # fmt: skip
+    phases = run.result["algorithm_details"]["phases"]
+    assert len(phases) == 2 and all(p["nonprivate"]["vc_calls"] is None for p in phases)
