@@ -71,7 +71,12 @@ class LeastSquares(GeneralizedLinear):
         return {"loss": self.loss(w, data), "mse": mse}
 
     def trivial_metrics(self, train: UserData, test: UserData) -> dict[str, float]:
-        """Predict the mean training label for every record."""
-        err = test.y.double() - float(train.y.double().mean())
-        loss = float(user_means(0.5 * err.unsqueeze(1) ** 2, test).mean())
-        return {"mse": float((err**2).mean()), "loss": loss}
+        return mean_label_metrics(train, test)
+
+
+def mean_label_metrics(train: UserData, test: UserData) -> dict[str, float]:
+    """The trivial regression predictor: the mean training label for every record (its mse, and
+    its squared loss averaged within and then over users, as :meth:`Problem.loss` does)."""
+    err = test.y.double() - float(train.y.double().mean())
+    loss = float(user_means(0.5 * err.unsqueeze(1) ** 2, test).mean())
+    return {"mse": float((err**2).mean()), "loss": loss}

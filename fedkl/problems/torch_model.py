@@ -27,7 +27,6 @@ from __future__ import annotations
 import copy
 import importlib
 import importlib.util
-import math
 import os
 from typing import Callable, Union
 
@@ -36,8 +35,9 @@ import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
 from fedkl.data.base import UserData
-from fedkl.problems.base import Constants, Problem, user_means
-from fedkl.problems.multiclass import class_labels
+from fedkl.problems.base import Constants, Problem
+from fedkl.problems.least_squares import mean_label_metrics
+from fedkl.problems.multiclass import class_labels, majority_class_metrics
 
 TASKS = ("binary", "multiclass", "regression")
 ModelSource = Union[str, Callable[[int, int], torch.nn.Module], torch.nn.Module]
@@ -225,14 +225,8 @@ class TorchModel(Problem):
 
     def trivial_metrics(self, train: UserData, test: UserData) -> dict[str, float]:
         if self.task == "regression":
-            err = test.y.double() - float(train.y.double().mean())
-            loss = float(user_means(0.5 * err.unsqueeze(1) ** 2, test).mean())
-            return {"mse": float((err**2).mean()), "loss": loss}
-        majority = int(torch.bincount(class_labels(train.y), minlength=self.num_classes).argmax())
-        return {
-            "accuracy": float((class_labels(test.y) == majority).double().mean()),
-            "loss": math.log(self.num_classes),
-        }
+            return mean_label_metrics(train, test)
+        return majority_class_metrics(train, test, self.num_classes)
 
 
 __all__ = ["ModelSource", "TASKS", "TorchModel", "load_factory"]
