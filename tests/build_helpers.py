@@ -39,6 +39,7 @@ SMALL = {
     "dp-adam": {**SCHEDULED, "lr": 0.05},
     "dp-adambc": {**SCHEDULED, "lr": 0.05},
     "dp-fedavg": {**SCHEDULED, "local_steps": 2, "batch_size": 3},
+    "dp-ftrl": {"neighbouring": "add-remove", "min_separation": 2, "max_participations": 2, "local_steps": 2},
     "sc-output-pert": {"reg": 0.5},
     "phased-erm": {"reg": 0.1, "p002_delta_rule": "fixed", "p002_phases": 2, "p002_lam": 0.05},
     "phased-sco": {"reg": 0.1, "p002_delta_rule": "fixed", "p002_phases": 1, "p002_min_cohort": 4, "p002_lam": 0.05},

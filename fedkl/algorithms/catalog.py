@@ -6,6 +6,7 @@ from __future__ import annotations
 from fedkl.algorithms import (  # noqa: F401  (each module registers its algorithms on import)
     dp_adaptive,
     dp_fedavg,
+    dp_ftrl,
     fkt,
     gll_phased,
     kl_methods,

@@ -61,7 +61,16 @@ from fedkl.algorithms.poisson_schedule import (
     check_schedule_config,
     sum_sensitivity,
 )
-from fedkl.algorithms.registry import BuildContext, Clip, PoissonSampling, Rounds, StepSize, param, register
+from fedkl.algorithms.registry import (
+    AlgorithmParams,
+    BuildContext,
+    Clip,
+    PoissonSampling,
+    Rounds,
+    StepSize,
+    param,
+    register,
+)
 from fedkl.federation.base import ClippedLocalUpdate, Federation
 from fedkl.federation.clipping import clip_rows
 from fedkl.privacy.accounting import GaussianSchedule
@@ -235,15 +244,21 @@ class DPFedAvg:
 
 
 @dataclass(frozen=True)
-class DPFedAvgParams(Rounds, StepSize, Clip, PoissonSampling):
+class LocalUpdates(AlgorithmParams):
+    """The clipped local-update query's settings (DP-FedAvg and DP-FTRL ask the same query)."""
+
     local_steps: int = param(
-        5, "dp-fedavg: local SGD steps K per sampled user (K = 1 with local lr 1 is DP-FedSGD)", "heuristic"
+        5, "dp-fedavg, dp-ftrl: local SGD steps K per asked user (K = 1 with local lr 1 is DP-FedSGD)", "heuristic"
     )
-    local_lr: float | None = param(None, "dp-fedavg: local step size (default --lr)", "heuristic")
+    local_lr: float | None = param(None, "dp-fedavg, dp-ftrl: local step size (default --lr)", "heuristic")
     batch_size: int | None = param(
-        None, "dp-fedavg: records per local step, cyclic mini-batches (default all records)", "heuristic"
+        None, "dp-fedavg, dp-ftrl: records per local step, cyclic mini-batches (default all records)", "heuristic"
     )
-    server_lr: float = param(1.0, "dp-fedavg: server step size on the noisy mean delta", "heuristic")
+    server_lr: float = param(1.0, "dp-fedavg, dp-ftrl: server step size on the noisy mean delta", "heuristic")
+
+
+@dataclass(frozen=True)
+class DPFedAvgParams(Rounds, StepSize, Clip, PoissonSampling, LocalUpdates):
     server_momentum: float = param(0.0, "dp-fedavg: server momentum (0 = plain FedAvg)", "heuristic")
     adaptive_clip: bool = param(
         False,
