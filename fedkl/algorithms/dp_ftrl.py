@@ -17,8 +17,10 @@ violate either is not asked (:meth:`ParticipationScheduler.admit`). Round t = 0.
                                                   public denominator: the mean cohort size)
 
 The factorization A = B C (:mod:`fedkl.privacy.matrix_mechanism`) is the binary tree
-(``--factorization tree``) or the banded square-root Toeplitz factor (``--factorization banded``,
-``--band``; band 1 is independent noise per round). BLT (buffered linear Toeplitz) is not built.
+(``--factorization tree``), the banded square-root Toeplitz factor (``--factorization banded``,
+``--band``; band 1 is independent noise per round), or a BLT (``--factorization blt``,
+``--blt-buffers``): the square-root factor's Gauss-Chebyshev rational approximation, NOT a BLT
+optimised for the participation pattern as in McMahan, Xu, Zhang 2024.
 
 Guarantee: the whole run is ONE Gaussian mechanism on ``C x`` (the S^_t are post-processing of
 ``C x + Z``) with L2 sensitivity ``Delta_K = c * max_pi ||C 1_pi||`` over every (b, k) pattern pi
@@ -114,6 +116,7 @@ class DPFTRLConfig:
     clip: float = 1.0
     factorization: str = "tree"
     band: int | None = None  # banded: default the min separation
+    blt_buffers: int = 4
     min_separation: int = 1
     max_participations: int | None = None  # default: as many as the rounds allow
     local_steps: int = 5
@@ -134,6 +137,8 @@ class DPFTRLConfig:
         max_participations(self.rounds, self.min_separation, self.participations)  # validates the integers
         if self.band is not None and (int(self.band) != self.band or self.band < 1):
             raise ValueError(f"band must be a positive integer, got {self.band}")
+        if int(self.blt_buffers) != self.blt_buffers or self.blt_buffers < 1:
+            raise ValueError(f"blt_buffers must be a positive integer, got {self.blt_buffers}")
         ClippedLocalUpdate(torch.zeros(1), self.clip, self.local_steps, self.local_lr, self.batch_size)
 
     @property
@@ -146,7 +151,7 @@ class DPFTRLConfig:
     @property
     def factor(self):
         band = self.min_separation if self.band is None else self.band
-        return make_factorization(self.factorization, self.rounds, band)
+        return make_factorization(self.factorization, self.rounds, band, self.blt_buffers)
 
     @property
     def answer_bound(self) -> float:
@@ -248,7 +253,8 @@ class DPFTRL:
             history=history,
             details={
                 "factorization": cfg.factorization,
-                "band": getattr(cfg.factor, "band", None),
+                "band": cfg.factor.band if cfg.factorization == "banded" else None,
+                "blt_buffers": cfg.blt_buffers if cfg.factorization == "blt" else None,
                 "min_separation": cfg.min_separation,
                 "max_participations": cfg.participations,
                 "sensitivity": self.sensitivity,
@@ -268,14 +274,15 @@ class DPFTRL:
 class DPFTRLParams(Rounds, StepSize, Clip, LocalUpdates):
     factorization: str = param(
         "tree",
-        "dp-ftrl: the correlated-noise factorization: binary tree (Kairouz et al. 2021) or the banded "
-        "square-root Toeplitz factor",
+        "dp-ftrl: the correlated-noise factorization: binary tree (Kairouz et al. 2021), the banded "
+        "square-root Toeplitz factor, or a BLT (buffered linear Toeplitz) approximation of the square-root factor",
         "heuristic",
         choices=FACTORIZATIONS,
     )
     band: int | None = param(
         None, "dp-ftrl --factorization banded: band width (default --min-separation)", positive=True
     )
+    blt_buffers: int = param(4, "dp-ftrl --factorization blt: number of buffers m (noise memory)", positive=True)
     min_separation: int = param(
         1, "dp-ftrl: minimum number of rounds b between two participations of one user", "heuristic", positive=True
     )
@@ -294,6 +301,7 @@ def build_dp_ftrl(params: DPFTRLParams, ctx: BuildContext) -> DPFTRL:
         clip=params.clip,
         factorization=params.factorization,
         band=params.band,
+        blt_buffers=params.blt_buffers,
         min_separation=params.min_separation,
         max_participations=params.max_participations,
         local_steps=params.local_steps,

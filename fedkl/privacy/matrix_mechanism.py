@@ -18,10 +18,11 @@ each term is at most ``G_st c^2`` (Cauchy-Schwarz), attained by g_t all equal, s
 
     Delta = c * max_pi sqrt(1_pi^T G 1_pi)        (Choquette-Choo et al. 2023, Thm 2 of arXiv 2211.06530)
 
-and adding a participation never lowers it (G >= 0). Both factorizations here have G >= 0 (their
+and adding a participation never lowers it (G >= 0). Every factorization here has G >= 0 (its
 entries are >= 0); :func:`max_participation_sensitivity` computes the max over patterns exactly:
 
-* :class:`BandedToeplitz` (C lower-triangular Toeplitz with coefficients c_0 >= c_1 >= ... >= 0):
+* :class:`Toeplitz` (:class:`BandedToeplitz`, :class:`BLT`: C lower-triangular Toeplitz with
+  coefficients c_0 >= c_1 >= ... >= 0):
   the max is at pi* = {0, b, 2b, ..., (K-1) b}, K = min(k, ceil(T/b)). Proof: G_st (s <= t) =
   h(t - s, T - 1 - t) with h(D, L) = sum_{j=0}^{L} c_j c_{j+D}, non-decreasing in L (terms >= 0)
   and non-increasing in D (h(D,L) - h(D+1,L) = sum_j c_j (c_{j+D} - c_{j+D+1}) >= 0). For any valid
@@ -34,11 +35,12 @@ entries are >= 0); :func:`max_participation_sensitivity` computes the max over p
   all the separation constraint between two subtrees looks at); ``1_pi^T G 1_pi`` is the sum over
   the tree nodes that are rows of C of (participations inside)^2, which adds up over the tree.
 
-Both are checked against :func:`brute_force_max` (every pattern) in tests/privacy/test_matrix_mechanism.py.
+All are checked against :func:`brute_force_max` (every pattern) in tests/privacy/test_matrix_mechanism.py.
 
 **Noise in small memory.** :class:`TreeNoise` keeps one noise vector per node of the current
 prefix's dyadic decomposition (at most floor(log2 T) + 1); :class:`ToeplitzNoise` keeps a ring
-buffer of the last band - 1 draws of ``C^{-1} Z`` and their running sum. Both return row t of
+buffer of the last band - 1 draws of ``C^{-1} Z`` and their running sum; :class:`BLTNoise` m geometric
+buffers. All return row t of
 ``B Z`` for the Z rows fed in order (tests: equal to the dense ``B Z``).
 """
 
@@ -72,32 +74,24 @@ def prefix_matrix(T: int) -> np.ndarray:
     return np.tril(np.ones((T, T)))
 
 
-class BandedToeplitz:
-    """C = lower-triangular Toeplitz of the first ``band`` coefficients of (1 - x)^(-1/2),
-    ``c_j = binom(2j, j) / 4^j`` (1, 1/2, 3/8, 5/16, ...: positive and decreasing), zero beyond the band.
-    ``band = T`` is the square-root factorization A = C^2 (Fichtenberger et al. 2023); ``band = 1`` is
-    C = I (independent noise on every round's sum). B = A C^{-1}."""
+class Toeplitz:
+    """C = lower-triangular Toeplitz with coefficients ``coeffs`` (c_0 > 0, then non-negative and
+    non-increasing: what the closed-form sensitivity's proof needs, checked), zero beyond them."""
 
-    name = "banded"
+    name = "toeplitz"
 
-    def __init__(self, T: int, band: int) -> None:
+    def __init__(self, T: int, coeffs: np.ndarray) -> None:
         _check_pattern_args(T, 1, 1)
-        if int(band) != band or not 1 <= band:
-            raise ValueError(f"band must be a positive integer, got {band}")
-        self.T, self.band = int(T), int(min(band, T))
-        c = np.ones(self.band)
-        for j in range(1, self.band):
-            c[j] = c[j - 1] * (2 * j - 1) / (2 * j)
-        self.coeffs = c
+        c = np.asarray(coeffs, dtype=float)[: int(T)]
+        if not (c[0] > 0 and (c >= 0).all() and (np.diff(c) <= 0).all()):
+            raise ValueError("a Toeplitz factor here needs coefficients c_0 > 0, then >= 0 and non-increasing")
+        self.T, self.coeffs, self.band = int(T), c, len(c)
 
     def matrix(self) -> np.ndarray:
         C = np.zeros((self.T, self.T))
         for j, cj in enumerate(self.coeffs):
             C += cj * np.eye(self.T, k=-j)
         return C
-
-    def noise(self) -> "ToeplitzNoise":
-        return ToeplitzNoise(self.coeffs)
 
     def sensitivity_squares(self, b: int, k: int) -> list[float]:
         """``[Delta_1^2, ..., Delta_K^2]`` per unit of c: the max over patterns with at most j
@@ -111,6 +105,61 @@ class BandedToeplitz:
             v[start : start + span] += self.coeffs[:span]
             out.append(float(v @ v))
         return out
+
+
+def sqrt_coefficients(n: int) -> np.ndarray:
+    """The first n coefficients of (1 - x)^(-1/2): ``binom(2j, j) / 4^j`` = 1, 1/2, 3/8, 5/16, ..."""
+    c = np.ones(n)
+    for j in range(1, n):
+        c[j] = c[j - 1] * (2 * j - 1) / (2 * j)
+    return c
+
+
+class BandedToeplitz(Toeplitz):
+    """The first ``band`` coefficients of (1 - x)^(-1/2) (positive and decreasing), zero beyond the
+    band. ``band = T`` is the square-root factorization A = C^2 (Fichtenberger et al. 2023); ``band = 1``
+    is C = I (independent noise on every round's sum). B = A C^{-1}; noise in O(band) memory."""
+
+    name = "banded"
+
+    def __init__(self, T: int, band: int) -> None:
+        if int(band) != band or not 1 <= band:
+            raise ValueError(f"band must be a positive integer, got {band}")
+        super().__init__(T, sqrt_coefficients(int(min(band, T))))
+
+    def noise(self) -> "ToeplitzNoise":
+        return ToeplitzNoise(self.coeffs)
+
+    @property
+    def memory(self) -> int:
+        return self.band - 1
+
+
+class BLT(Toeplitz):
+    """Buffered linear Toeplitz (McMahan, Xu, Zhang 2024; Dvijotham et al. 2024): ``c_n = sum_j w_j
+    t_j^n``, here the m-point Gauss-Chebyshev quadrature of ``binom(2n, n)/4^n = (1/pi) int_0^1 t^n
+    (t (1 - t))^(-1/2) dt``: t_j = cos^2((2j - 1) pi / (4m)), w_j = 1/m. It equals the square-root
+    factor's coefficients for n < 2m and decays geometrically after (a smooth band); positive and
+    decreasing, so the Toeplitz sensitivity holds. Not optimised for the participation pattern (the
+    papers' BLTs are). Noise in O(m) memory: m geometric buffers of y = C^{-1} Z."""
+
+    name = "blt"
+
+    def __init__(self, T: int, buffers: int) -> None:
+        if int(buffers) != buffers or buffers < 1:
+            raise ValueError(f"buffers must be a positive integer, got {buffers}")
+        m = int(buffers)
+        self.decays = np.cos((2 * np.arange(1, m + 1) - 1) * np.pi / (4 * m)) ** 2
+        self.weights = np.full(m, 1.0 / m)
+        n = np.arange(int(T))[:, None]
+        super().__init__(T, (self.weights * self.decays**n).sum(1))
+
+    def noise(self) -> "BLTNoise":
+        return BLTNoise(self.weights, self.decays)
+
+    @property
+    def memory(self) -> int:
+        return len(self.decays)
 
 
 class Tree:
@@ -142,6 +191,10 @@ class Tree:
     def noise(self) -> "TreeNoise":
         return TreeNoise()
 
+    @property
+    def memory(self) -> int:
+        return int(math.log2(self.T)) + 1
+
     def sensitivity_squares(self, b: int, k: int) -> list[float]:
         """``[Delta_1^2, ..., Delta_K^2]`` per unit of c, by the exact tree program."""
         K = max_participations(self.T, b, k)
@@ -149,20 +202,23 @@ class Tree:
         return [max(best[: j + 1]) for j in range(K)]
 
 
-FACTORIZATIONS = ("tree", "banded")
+FACTORIZATIONS = ("tree", "banded", "blt")
 
 
-def make_factorization(name: str, T: int, band: int | None = None) -> BandedToeplitz | Tree:
+def make_factorization(name: str, T: int, band: int | None = None, buffers: int = 4) -> Toeplitz | Tree:
+    """``tree``, ``banded`` (``band``) or ``blt`` (``buffers``)."""
     if name == "tree":
         return Tree(T)
     if name == "banded":
         if band is None:
             raise ValueError("the banded factorization needs a band")
         return BandedToeplitz(T, band)
+    if name == "blt":
+        return BLT(T, buffers)
     raise ValueError(f"factorization must be one of {FACTORIZATIONS}, got {name!r}")
 
 
-def max_participation_sensitivity(fact: BandedToeplitz | Tree, b: int, k: int) -> float:
+def max_participation_sensitivity(fact: Toeplitz | Tree, b: int, k: int) -> float:
     """Delta per unit of the per-round norm bound c: max over (b, k) patterns of ||C 1_pi||."""
     return math.sqrt(fact.sensitivity_squares(b, k)[-1])
 
@@ -300,8 +356,34 @@ class ToeplitzNoise:
         return self.total.clone()
 
 
+class BLTNoise:
+    """Row t of B Z for :class:`BLT`: z_t = (C y)_t = y_t + sum_j w_j t_j b_j with buffers
+    b_j = sum_{s < t} t_j^(t - 1 - s) y_s, so y_t = z_t - sum_j w_j t_j b_j, then b_j <- t_j b_j + y_t;
+    returns the running sum of y. Keeps the m buffers and the sum."""
+
+    def __init__(self, weights: np.ndarray, decays: np.ndarray) -> None:
+        self.weights = [float(w) for w in weights]
+        self.decays = [float(t) for t in decays]
+        self.buffers: list[torch.Tensor] | None = None
+        self.total: torch.Tensor | None = None
+
+    def step(self, z: torch.Tensor) -> torch.Tensor:
+        if self.buffers is None:
+            self.buffers = [torch.zeros_like(z) for _ in self.decays]
+            self.total = torch.zeros_like(z)
+        y = z
+        for w, t, buf in zip(self.weights, self.decays, self.buffers):
+            y = y - (w * t) * buf
+        self.buffers = [t * buf + y for t, buf in zip(self.decays, self.buffers)]
+        self.total = self.total + y
+        return self.total.clone()
+
+
 __all__ = [
+    "BLT",
+    "BLTNoise",
     "BandedToeplitz",
+    "Toeplitz",
     "FACTORIZATIONS",
     "Tree",
     "TreeNoise",

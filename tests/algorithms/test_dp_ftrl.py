@@ -68,7 +68,7 @@ def test_schedules_that_would_ask_nobody_are_refused(n, rounds, b, k, msg):
 
 
 @pytest.mark.parametrize("relation, factor", [("add-remove", 1.0), ("replace-one", 2.0)])
-@pytest.mark.parametrize("factorization, band", [("tree", None), ("banded", 2), ("banded", 5)])
+@pytest.mark.parametrize("factorization, band", [("tree", None), ("banded", 2), ("banded", 5), ("blt", None)])
 def test_noise_std_is_the_enumerated_worst_pattern_over_sqrt_2rho(relation, factor, factorization, band):
     cfg = DPFTRLConfig(
         rounds=9, clip=0.7, factorization=factorization, band=band, min_separation=2, max_participations=3,
@@ -99,7 +99,7 @@ class _DrawRecorder(NoiseSource):
 
 
 @pytest.mark.statistical
-@pytest.mark.parametrize("factorization", ["tree", "banded"])
+@pytest.mark.parametrize("factorization", ["tree", "banded", "blt"])
 def test_run_draws_the_calibrated_noise_and_charges_each_participation(tmp_path, factorization):
     """The Z rows drawn have std sigma (5 standard errors of the sample std; the wrong relation's scale,
     x2 or x0.5, is far outside); each release is charged to exactly its cohort; each user's ledger
@@ -139,7 +139,12 @@ def test_adversarial_neighbours_stay_within_the_calibrated_sensitivity(dishonest
     ds, fed = _fed(n_users=12, d=4, seed=5)
     tr = ds.train
     g = torch.Generator().manual_seed(0)
-    for factorization, relation in (("tree", "replace-one"), ("banded", "replace-one"), ("tree", "add-remove")):
+    for factorization, relation in (
+        ("tree", "replace-one"),
+        ("banded", "replace-one"),
+        ("blt", "replace-one"),
+        ("tree", "add-remove"),
+    ):
         cfg = DPFTRLConfig(rounds=8, clip=0.3, factorization=factorization, band=3, min_separation=2,
                            max_participations=4, neighbouring=relation, local_steps=2)  # fmt: skip
         alg = DPFTRL(cfg, rho=0.5, seed=1)
@@ -172,8 +177,8 @@ def test_adversarial_neighbours_stay_within_the_calibrated_sensitivity(dishonest
         assert worst >= 0.6 * alg.sensitivity > cfg.answer_bound * math.sqrt(cfg.factor.sensitivity_squares(2, 1)[0])
 
 
-def test_dp_ftrl_over_flower_equals_inprocess_for_both_factorizations(tmp_path):
-    for factorization in ("tree", "banded"):
+def test_dp_ftrl_over_flower_equals_inprocess_for_every_factorization(tmp_path):
+    for factorization in ("tree", "banded", "blt"):
         ref = _flower_equals_inprocess(
             tmp_path / factorization, "dp-ftrl", {**SMALL["dp-ftrl"], "factorization": factorization}
         )

@@ -21,6 +21,8 @@ FACTS = {
     "banded-3": lambda T: mm.BandedToeplitz(T, 3),
     "banded-full": lambda T: mm.BandedToeplitz(T, T),
     "banded-1": lambda T: mm.BandedToeplitz(T, 1),
+    "blt-2": lambda T: mm.BLT(T, 2),
+    "blt-5": lambda T: mm.BLT(T, 5),
 }
 
 
@@ -109,7 +111,7 @@ def test_banded_within_the_separation_has_no_cross_terms():
 @pytest.mark.parametrize("T", [1, 6, 37])
 def test_streamed_noise_is_B_Z_exactly(name, T):
     """Fed the rows of Z in order, the generator returns row t of B Z (B = A C^{-1}), keeping at most
-    floor(log2 T) + 1 vectors (tree) or band - 1 (banded)."""
+    floor(log2 T) + 1 vectors (tree), band - 1 (banded) or m (BLT) besides the running sum."""
     fact = FACTS[name](T)
     C = fact.matrix()
     B = mm.prefix_matrix(T) @ np.linalg.inv(C)
@@ -118,9 +120,19 @@ def test_streamed_noise_is_B_Z_exactly(name, T):
     rows = []
     for z in Z:
         rows.append(gen.step(torch.tensor(z)).numpy())
-        held = len(gen.stack) if isinstance(gen, mm.TreeNoise) else len(gen.recent)
-        assert held <= (int(math.log2(T)) + 1 if isinstance(gen, mm.TreeNoise) else fact.band - 1)
+        held = {mm.TreeNoise: "stack", mm.ToeplitzNoise: "recent", mm.BLTNoise: "buffers"}[type(gen)]
+        assert len(getattr(gen, held)) <= fact.memory
     np.testing.assert_allclose(np.stack(rows), B @ Z, rtol=0, atol=1e-12)
+
+
+def test_blt_is_the_square_root_factor_up_to_2m_and_decays_after():
+    """Gauss-Chebyshev with m nodes integrates t^n exactly for n < 2m: the BLT's first 2m coefficients
+    are binom(2n, n)/4^n; later ones fall below them (geometric decay), so its prefix noise is smaller."""
+    for m in (1, 3, 6):
+        blt = mm.BLT(50, m)
+        exact = mm.sqrt_coefficients(50)
+        np.testing.assert_allclose(blt.coeffs[: 2 * m], exact[: 2 * m], rtol=1e-12)
+        assert (blt.coeffs[2 * m :] < exact[2 * m :]).all()
 
 
 def test_the_dp_accounting_tree_anchor_through_the_factorization():
@@ -147,7 +159,11 @@ def test_production_rho_anchor():
 
 def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="factorization must be one of"):
-        mm.make_factorization("blt", 10, 2)
+        mm.make_factorization("optimal", 10, 2)
+    with pytest.raises(ValueError, match="non-increasing"):
+        mm.Toeplitz(5, [1.0, 0.5, 0.7])
+    with pytest.raises(ValueError, match="buffers must be a positive integer"):
+        mm.BLT(10, 0)
     with pytest.raises(ValueError, match="band must be a positive integer"):
         mm.BandedToeplitz(10, 0)
     with pytest.raises(ValueError, match="min separation b must be a positive integer"):
