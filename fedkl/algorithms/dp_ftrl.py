@@ -25,7 +25,10 @@ optimised for the participation pattern as in McMahan, Xu, Zhang 2024.
 Guarantee: the whole run is ONE Gaussian mechanism on ``C x`` (the S^_t are post-processing of
 ``C x + Z``) with L2 sensitivity ``Delta_K = c * max_pi ||C 1_pi||`` over every (b, k) pattern pi
 (c = C add-remove, 2C replace-one: the user's per-round answer changes by at most c), computed
-exactly (matrix_mechanism's proofs and DP). Hence ``rho = Delta_K^2 / (2 sigma^2)``-zCDP for every
+exactly (matrix_mechanism's proofs and DP). The inputs are adaptive (x_t depends on w_t, i.e. on
+earlier releases); for a square, invertible, lower-triangular C, as all three are, the Gaussian
+matrix mechanism has the same privacy under adaptively chosen inputs (Denisov et al. 2022, Thm 2.1),
+and S^_t = (A C^{-1} (C x + Z))_t needs only rows <= t of C x + Z. Hence ``rho = Delta_K^2 / (2 sigma^2)``-zCDP for every
 user and ``mu = Delta_K / sigma``-GDP: the exact (eps, delta) is the mu-GDP profile (the ledger's
 ``gaussian`` conversion). sigma is set so that rho is the budget every user can still afford.
 
