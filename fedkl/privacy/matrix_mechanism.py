@@ -271,6 +271,8 @@ def _tree_max(T: int, b: int, K: int) -> list[float]:
     (leaves >= T cannot take part). A subtree's table F[c][a, z]: the best value inside it with c
     participations, a (z) empty leaves before the first (after the last), capped at b - 1."""
     P = 1 << max(0, (T - 1).bit_length())
+    if b == 1:
+        return _tree_max_unseparated(T, P, K)
     cap = b - 1
     if 2.0 * P * K * K * (cap + 1) ** 2 > TREE_WORK_LIMIT:
         raise ValueError(
@@ -312,6 +314,32 @@ def _tree_max(T: int, b: int, K: int) -> list[float]:
         size *= 2
     root = level[0]
     return [float(root[j].max()) if j in root else -math.inf for j in range(1, K + 1)]
+
+
+def _tree_max_unseparated(T: int, P: int, K: int) -> list[float]:
+    """:func:`_tree_max` for b = 1 (no separation to track): a subtree's table is one vector over the
+    participation count, combined by a max-plus convolution."""
+    level = []
+    for t in range(P):
+        F = np.full(K + 1, -np.inf)
+        F[0] = 0.0
+        if t < T:
+            F[1] = 1.0 if t % 2 == 0 else 0.0
+        level.append(F)
+    size = 1
+    while len(level) > 1:
+        nxt = []
+        for m in range(len(level) // 2):
+            FL, FR = level[2 * m], level[2 * m + 1]
+            out = np.full(K + 1, -np.inf)
+            for cl in np.flatnonzero(np.isfinite(FL)):
+                out[cl:] = np.maximum(out[cl:], FL[cl] + FR[: K + 1 - cl])
+            if m % 2 == 0 and (2 * m + 2) * size <= T:
+                out = out + np.arange(K + 1) ** 2
+            nxt.append(out)
+        level = nxt
+        size *= 2
+    return [float(v) for v in level[0][1:]]
 
 
 class TreeNoise:

@@ -51,11 +51,14 @@ def test_sensitivity_equals_brute_force_over_every_pattern(name):
 
 
 def test_tree_sensitivity_against_enumeration_at_a_larger_size():
-    """T = 24 (patterns with up to 3 participations): the program, not a coincidence of tiny trees."""
+    """T = 24 (patterns with up to 3 participations): the programs, not a coincidence of tiny trees."""
     fact = mm.Tree(24)
-    for b in (3, 5, 7):
+    for b in (1, 3, 5, 7):
         brute = mm.brute_force_max(fact.matrix(), b, 3)
         assert fact.sensitivity_squares(b, 3) == pytest.approx([max(brute[: j + 1]) for j in range(3)])
+    # b = 1, every count (the unseparated program): all T leaves is the whole of 1^T G 1
+    G = fact.matrix().T @ fact.matrix()
+    assert fact.sensitivity_squares(1, 24)[-1] == pytest.approx(G.sum())
 
 
 def test_vector_valued_contributions_never_exceed_the_pattern_maximum():
