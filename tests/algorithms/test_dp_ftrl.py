@@ -199,3 +199,22 @@ def test_fedkl_run_on_movielens_learns_and_reports_the_exact_conversion(tmp_path
     )
     rho = details["mu_gdp"] ** 2 / 2
     assert res["epsilon"] == pytest.approx(eps_gaussian(rho, res["delta"]), rel=1e-9) and res["epsilon"] <= 2.0
+
+
+@pytest.mark.parametrize(
+    "extra, msg",
+    [
+        (["--min-separation", "20"], "more than the 12 users"),
+        (["--min-separation", "3", "--max-participations", "2", "--rounds", "7"], "the later rounds would ask nobody"),
+    ],
+)
+def test_fedkl_run_refuses_a_schedule_in_one_line_before_any_charge(tmp_path, capsys, extra, msg):
+    out = tmp_path / "run"
+    argv = ["run", "--algorithm", "dp-ftrl", "--dataset", "synthetic-logistic", "--users", "12", "--no-reference",
+            "--out", str(out), *extra]  # fmt: skip
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and msg in err[0]
+    if (out / "ledger.sqlite").exists():
+        with PrivacyLedger(out / "ledger.sqlite") as ledger:
+            assert ledger.releases() == []
