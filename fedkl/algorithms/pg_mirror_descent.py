@@ -10,8 +10,8 @@ C_r only, approximately solves the proximal subproblem
     F_r(w) = (1/m) sum_{u in C_r} f_u(w) + (beta/2) ||w - w_r||_p^2,     beta = 2 rho kappa,
 
 and its output is the next prox centre w_{r+1}. Rounds 1..R-1 run: the paper's round R computes
-w_{R+1}, which its output never uses, so cohort C_R is neither read nor charged. The released model is ONE prox centre w_{r*},
-r* uniform on {1..R}, drawn by the server from a seeded public RNG (``random.Random`` of the run's
+w_{R+1}, which its output never uses, so cohort C_R is neither read nor charged. The released model
+is ONE prox centre w_{r*}, r* uniform on {1..R}, drawn by the server from a seeded public RNG (``random.Random`` of the run's
 seed) before any data is read: the model is w_1 = w0 with probability 1/R, as the theorem's output
 (note pitfall 13: the centres, not the prox points).
 
@@ -20,7 +20,8 @@ pseudocode). With kappa = 1/(p-1) (the strong convexity of ||.||_p^2/2 in ||.||_
 is ``(beta/2)||w - w_r||_p^2 = 2 rho psi_r(w)``, ``psi_r = psi(. - w_r)`` the l_p mirror map centred at
 w_r (:mod:`fedkl.problems.mirror`), and F_r is mu = rho RELATIVELY strongly convex w.r.t. psi_r
 (weak convexity costs rho ||.||_p^2/2 <= rho D_psi). T rounds of noisy stochastic mirror descent on
-the ball X_r = {||w - w_r||_p <= 2 L0/beta}, which holds the prox point (from F_r(w^) <= F_r(w_r)):
+the ball X_r = {||w - w_r||_p <= 2 L0/beta}, which holds the prox point when every user's loss is
+L0-Lipschitz in ||.||_p (from F_r(w^) <= F_r(w_r)):
 
     g_t     = Releaser.gaussian( (1/m) sum_{u in C_r} clip_q(grad f_u(w_t)) ) + 2 rho grad psi(w_t - w_r)
     w_{t+1} = w_r + radial projection onto X_r of  grad psi*( grad psi(w_t - w_r) - eta_t g_t ),
