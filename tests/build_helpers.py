@@ -34,6 +34,7 @@ SMALL = {
     "noisy-gd": {},
     "noisy-fw": {"fw_rounds": 4},
     "gll-phased-sgd": {"radius": 2.0},
+    "pg-mirror-descent": {"pgmd_outer_rounds": 3, "pgmd_inner_rounds": 2},
     "dp-sgd": SCHEDULED,
     "dp-rmsprop": {**SCHEDULED, "lr": 0.05},
     "dp-adam": {**SCHEDULED, "lr": 0.05},

@@ -14,6 +14,7 @@ from fedkl.algorithms import (  # noqa: F401  (each module registers its algorit
     noisy_fw,
     noisy_gd,
     p002,
+    pg_mirror_descent,
 )
 from fedkl.algorithms.registry import REGISTRY, algorithm_spec
 

@@ -205,6 +205,39 @@ class ClampedGradient(Query):
 
 
 @dataclass(frozen=True)
+class DualClippedGradient(Query):
+    """``grad f_u(w)`` clipped in the l_q norm, ``v * min(1, clip/||v||_q)`` (q >= 2, the dual of the
+    l_p geometry, 1 < p <= 2, of paper 001's ``pg-mirror-descent``; q = 2 is :class:`ClippedGradient`'s
+    clip up to rounding). Every answer has ``||v||_q <= clip``, hence ``||v||_2 <= d^(1/2-1/q) clip``
+    (Hoelder): an answer above the l_q bound is invalid, whatever the client computes."""
+
+    kind: ClassVar[str] = "dual_clipped_gradient"
+    tensor_names: ClassVar[tuple[str, ...]] = ("w",)
+    scalar_names: ClassVar[tuple[str, ...]] = ("clip", "q")
+
+    w: torch.Tensor
+    clip: float
+    q: float
+
+    def __post_init__(self) -> None:
+        _check_clip(self.clip)
+        if isinstance(self.q, bool) or not isinstance(self.q, (int, float)) or not 2.0 <= self.q < math.inf:
+            raise ValueError(f"the dual exponent q must be finite and >= 2, got {self.q!r}")
+
+    def wire_fields(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        return {"clip": float(self.clip), "q": float(self.q)}, {"w": self.w}
+
+    @classmethod
+    def from_wire(cls, scalars: Mapping[str, Any], tensors: Mapping[str, torch.Tensor], num_params: int) -> Query:
+        return cls(**tensors, clip=wire_number(scalars, "clip"), q=wire_number(scalars, "q"))
+
+    def check_answer(self, value: torch.Tensor) -> None:
+        norm = float(torch.linalg.vector_norm(value.to(torch.float64), ord=self.q))
+        if not norm <= self.clip * (1 + CLIP_SLACK):
+            raise ValueError(f"answer l_{self.q:g} norm {norm:.6g} exceeds the clip bound {self.clip:g}")
+
+
+@dataclass(frozen=True)
 class FeatureClippedGradient(Query):
     """``grad f_u(w)`` of the user's loss on its records with every feature vector clipped to l2 norm
     ``feature_clip`` (``x -> x min(1, feature_clip/||x||)``), NOT clipped itself: the gradient of a

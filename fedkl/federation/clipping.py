@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from fedkl.problems.mirror import row_lp_norms
 from fedkl.problems.rowwise import row_norms
 
 # Relative slack on the clip bound accepted from a client: clip_rows' result can exceed C by a few
@@ -42,6 +43,17 @@ def clamp_rows(values: torch.Tensor, bound: float) -> tuple[torch.Tensor, torch.
     bad = ~torch.isfinite(values).all(dim=1)
     values = torch.where(bad.unsqueeze(1), torch.zeros_like(values), values)
     return values.clamp(-bound, bound), bad
+
+
+def clip_rows_dual(values: torch.Tensor, clip: float, q: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clip every row to l_q norm <= clip (q >= 2: the dual-norm clip of an l_p geometry, 1 < p <= 2;
+    norms by the batch-invariant :func:`~fedkl.problems.mirror.row_lp_norms`); non-finite rows become
+    zero. Rows already inside the ball are returned bit for bit. Returns the rows and the non-finite mask."""
+    bad = ~torch.isfinite(values).all(dim=1)
+    values = torch.where(bad.unsqueeze(1), torch.zeros_like(values), values)
+    norms = row_lp_norms(values, q).unsqueeze(1)
+    scaled = values * (clip / torch.clamp(norms, min=torch.finfo(values.dtype).tiny))
+    return torch.where(norms > clip, scaled, values), bad
 
 
 def reject_rows_above(values: torch.Tensor, bound: float) -> tuple[torch.Tensor, torch.Tensor]:

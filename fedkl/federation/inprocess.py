@@ -24,6 +24,7 @@ from fedkl.federation.base import (
     ClampedGradient,
     ClippedGradient,
     ClippedLocalUpdate,
+    DualClippedGradient,
     FeatureClippedGradient,
     Federation,
     GradientDifference,
@@ -34,7 +35,7 @@ from fedkl.federation.base import (
     Query,
     check_local_query,
 )
-from fedkl.federation.clipping import clamp_rows, clip_rows, reject_rows_above, zero_nonfinite_rows
+from fedkl.federation.clipping import clamp_rows, clip_rows, clip_rows_dual, reject_rows_above, zero_nonfinite_rows
 from fedkl.problems.base import Problem
 
 AnswerMethod = Callable[["InProcessFederation", Query, list[int]], tuple[torch.Tensor, torch.Tensor]]
@@ -113,6 +114,11 @@ class InProcessFederation(Federation):
     def _clamped_gradient(self, query: ClampedGradient, users: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         grads = self.problem.per_user_gradients(self._params(query.w), self._data(users))
         return clamp_rows(grads, query.bound)
+
+    @answers(DualClippedGradient)
+    def _dual_clipped_gradient(self, query: DualClippedGradient, users: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        grads = self.problem.per_user_gradients(self._params(query.w), self._data(users))
+        return clip_rows_dual(grads, query.clip, query.q)
 
     @answers(FeatureClippedGradient)
     def _feature_clipped_gradient(
