@@ -195,6 +195,16 @@ def handle_secure(message: Message, context: Context, spec: codec.ClientSpec | N
     return Message(worker_for(spec, pid, context.node_config).secure_answer(message.content), reply_to=message)
 
 
+def _protocol_train_only(message: Message, context: Context, call_next: Any) -> Message:
+    """A mod in front of Flower's ``secaggplus_mod``: a ``train`` message that is not a SecAgg+ step gets
+    fedkl's error reply (the mod would raise on it)."""
+    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+
+    if message.metadata.message_type == "train" and RECORD_KEY_CONFIGS not in message.content.config_records:
+        return _refuse(message, context)
+    return call_next(message, context)
+
+
 def _refuse(message: Message, context: Context) -> Message:
     return Message(
         codec.encode_error(
@@ -214,7 +224,7 @@ def make_client_app(spec: codec.ClientSpec | None = None, *, torch_threads: int 
     other). None leaves the process alone (in-process grids share it with the server)."""
     from flwr.client.mod import secaggplus_mod
 
-    app = ClientApp(mods=[secaggplus_mod])  # the mod handles SecAgg+ `train` messages only
+    app = ClientApp(mods=[_protocol_train_only, secaggplus_mod])  # the mod handles SecAgg+ `train` messages only
     action = codec.MESSAGE_TYPE.split(".", 1)[1]
 
     @app.query(action)
