@@ -6,6 +6,7 @@ refuse ``--secagg`` in one line before reading data."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -211,3 +212,43 @@ def test_cli_refuses_secagg_in_one_line_before_reading_data():
         )
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         assert proc.returncode == 2 and len(lines) == 1 and needle in lines[0], proc.stderr
+
+
+def test_deployed_server_app_sums_securely_with_the_run_config_key(tmp_path):
+    """`flwr run . --run-config "fedkl-secagg=true"`: the deployed ServerApp (fedkl.flower.client_app.app on
+    the nodes) trains through SecAgg+; a node that drops after the key exchange is reported, not fatal."""
+    from flwr.app import Context, RecordDict
+
+    from fedkl.flower import client_app, server_app
+
+    rc = {
+        "fedkl-dataset": "synthetic-least-squares",
+        "fedkl-users": 8,
+        "fedkl-rounds": 2,
+        "fedkl-secagg": True,
+        "fedkl-noise-seed": 3,
+        "fedkl-out": str(tmp_path / "out"),
+        "fedkl-wait-for-nodes": 0.0,
+    }
+    grid = Recording(localgrid.LocalGrid(client_app.app, 8, run_config=rc, faults={5: DropAtMaskedVectors()}))
+    server_app._deployed_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc))
+    res = json.loads((tmp_path / "out" / "flower_result.json").read_text())
+    assert res["failed_users"] == [1, 1] and res["failures"]["counts"] == {"secagg-dropped": 2}
+    assert res["ledger"]["releases"] == 2
+    assert all(r.metadata.message_type in ("query.fedkl", "train") for r in grid.replies)
+    assert sum(r.metadata.message_type == "train" for r in grid.replies) > 0
+    assert not any(
+        "answer" in r.content for r in grid.replies if not r.has_error() and r.metadata.message_type == "train"
+    )
+
+
+def test_secagg_over_flower_simulation_ray_gives_the_model_without_it(tmp_path):
+    users, lr = 6, 0.5
+    plain = run_flower_simulation(_cfg(tmp_path, "plain", users=users, rounds=1), "flower-local", log=lambda s: None)
+    secure = run_flower_simulation(
+        _cfg(tmp_path, "secure", users=users, rounds=1, secagg=True), "flower-sim", log=lambda s: None
+    )
+    d = plain["w"].numel()
+    bound = lr / users * secagg.error_bound(CLIP, d, secagg.quantization_range(users), users)
+    assert float((plain["w"] - secure["w"]).norm()) <= bound
+    assert secure["failures"]["requests"] == 1 and not secure["failures"]["by_request"]
