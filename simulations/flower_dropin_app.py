@@ -7,7 +7,7 @@ with its model. Run it on Flower's simulation engine::
 
     python simulations/flower_dropin_app.py --nodes 6 --rounds 3 --epsilon 2 --ledger /tmp/dropin.sqlite
 
-Then ``fedkl ledger show /tmp/dropin.sqlite`` lists each node's charges (``tests/flower/test_dropin.py``
+Then ``fedkl ledger users /tmp/dropin.sqlite`` lists each node's charges (``tests/flower/test_dropin.py``
 runs it and checks the ledger and the noise scale).
 """
 

@@ -45,7 +45,7 @@ the Renyi divergence of the mixture.)
 Quantization error (:func:`error_bound`): against the same users' answers clipped at ``C`` without
 SecAgg, each contribution differs by at most ``||clip_C(g) - clip_C'(g)|| + ||e|| <= (C - C') + Delta
 sqrt(d)``, so the sum by at most ``k ((C - C') + Delta sqrt(d))`` (about ``2 k Delta sqrt(d)``; with
-``T = 2^22``, ``d = 100`` and ``k = 100`` users: ``2e-4 C``).
+``T = 2^22``, ``d = 100`` and ``k = 100`` users: ``1e-3 C``).
 
 What SecAgg+ does NOT give: the server can no longer check an answer (its norm, finiteness), so the
 bound above needs every participating client to run fedkl's client (the clip and Flower's mod). A
