@@ -74,7 +74,7 @@ MODULUS_RANGE = 1 << 32  # Flower's default (masks are uniform on [0, M))
 MAX_WEIGHT = 1.0  # every answer has weight 1: a plain (unweighted) sum
 
 
-class SecAggError(RuntimeError):
+class SecAggError(ValueError):
     """Secure aggregation cannot be run as asked (a configuration problem, not a dropout)."""
 
 
