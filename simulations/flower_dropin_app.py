@@ -51,7 +51,7 @@ def make_server_app(*, ledger: str, epsilon: float, delta: float, clip: float, r
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        strategy = UserLevelDPStrategy(
+        with UserLevelDPStrategy(  # ends the run in the ledger (finished, refused, failed) on exit
             FedAvg(fraction_train=1.0, fraction_evaluate=0.0),  # the app's own strategy, unchanged
             ledger_path=ledger,
             epsilon=epsilon,
@@ -59,13 +59,10 @@ def make_server_app(*, ledger: str, epsilon: float, delta: float, clip: float, r
             clip=clip,
             rounds=rounds,
             noise_seed=noise_seed,
-        )
-        try:
+        ) as strategy:
             result = strategy.start(
                 grid, ArrayRecord({"w": Array(np.zeros(DIM))}), num_rounds=rounds, train_config=ConfigRecord()
             )
-        finally:
-            strategy.close()
         if out is not None:
             out.update(strategy=strategy, w=result.arrays["w"].numpy(), nodes=sorted(grid.get_node_ids()))
 

@@ -45,6 +45,7 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 import torch
@@ -213,6 +214,14 @@ class UserLevelDPStrategy(Strategy):
             self.ledger.finish_run(status)
             self.ledger.close()
             self.ledger = None  # type: ignore[assignment]
+
+    def __enter__(self) -> "UserLevelDPStrategy":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        """End the run in the ledger as finished, refused, failed or interrupted (:meth:`PrivacyLedger.end_status`)."""
+        if self.ledger is not None:
+            self.close(self.ledger.end_status(exc))
 
     def summary(self) -> None:
         from flwr.supercore import log

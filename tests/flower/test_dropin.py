@@ -112,11 +112,12 @@ def test_server_side_clip_bounds_a_misbehaving_client_and_a_spent_ledger_refuses
         np.testing.assert_allclose(value.numpy(), expected, rtol=1e-12)
         assert sensitivity == 1.0
 
-    again = _strategy(ledger)  # every user's budget is spent: the first release is refused, nothing drawn
-    with pytest.raises(BudgetExceeded):
-        again.start(grid, ArrayRecord({"w": Array(np.zeros(3))}), num_rounds=1, train_config=ConfigRecord())
-    again.close("refused")
+    with pytest.raises(BudgetExceeded):  # every user's budget is spent: the first release is refused, nothing drawn
+        with _strategy(ledger) as again:
+            again.start(grid, ArrayRecord({"w": Array(np.zeros(3))}), num_rounds=1, train_config=ConfigRecord())
     assert len(calls) == 2
+    with PrivacyLedger(ledger) as led:
+        assert [r["status"] for r in led.runs()] == ["finished", "refused"]
 
 
 def test_wrapper_refuses_bad_settings_and_keeps_evaluation_out_unless_asked(tmp_path):
