@@ -212,6 +212,12 @@ def _add_run_arguments(run: argparse.ArgumentParser, algorithm: str | None) -> N
         help="run an output-perturbation algorithm even when its public forecast says the noise would "
         "swamp the model (it is refused otherwise, before any data is read or budget spent)",
     )
+    run.add_argument(
+        "--secagg",
+        action="store_true",
+        help="Flower backends: aggregate the clipped answers through SecAgg+ so the server sees only their sum "
+        "(algorithms that need only sums; fedkl.flower.secagg)",
+    )
     _add_data_arguments(run, d.dataset, d.seed)
     _add_hyperparameters(run, algorithm)
 

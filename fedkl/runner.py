@@ -24,6 +24,7 @@ import torch
 from fedkl.algorithms.catalog import ALGORITHMS  # noqa: F401  (re-exported: the built-in algorithms)
 from fedkl.algorithms.forecast import LEARNS_LITTLE, gradient_forecast
 from fedkl.algorithms.registry import (
+    REGISTRY,
     AlgorithmParams,
     AlgorithmResult,
     BuildContext,
@@ -113,6 +114,7 @@ class RunConfig:
     feature_bound: float | None = None
     label_bound: float | None = None
     on_bound: str | None = None
+    secagg: bool = False  # Flower backends: sums through SecAgg+ (fedkl.flower.secagg), sum-only algorithms
     params: AlgorithmParams | None = None
 
     def __post_init__(self) -> None:
@@ -122,6 +124,12 @@ class RunConfig:
         elif type(self.params) is not spec.params:
             raise ValueError(f"{self.algorithm} takes {spec.params.__name__}, got {type(self.params).__name__}")
         object.__setattr__(self, "params", spec.resolve(self.params))  # lr None: the algorithm's default
+        if self.secagg and not spec.sums_only(self.params):
+            sums = ", ".join(n for n, s in REGISTRY.items() if s.sums_only(s.params()))
+            raise ValueError(
+                f"--secagg: {self.algorithm} (with these settings) needs per-user answers, which secure aggregation "
+                f"hides; it serves algorithms that need only sums: {sums}"
+            )
 
     @classmethod
     def from_settings(cls, *, strict: bool = True, **settings) -> "RunConfig":
@@ -393,6 +401,8 @@ def run_training(
     run's ledger and with its settings (:func:`fedkl.saved_model.check_resume`); not a setting of
     the run, so a resumed run's settings (and a sweep's row keys) are those of a fresh one."""
     started = time.time()
+    if cfg.secagg and cfg.backend == "inprocess":
+        raise ValueError("--secagg aggregates over Flower: use --backend flower-local, flower-sim or grpc")
     for what, given in (("a dataset", dataset), ("a model", model)):
         if given is not None and cfg.backend != "inprocess":
             raise ValueError(

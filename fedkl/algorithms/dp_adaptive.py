@@ -234,7 +234,7 @@ def _adaptive(optimizer: str, step_size: float):
 
     build.__name__ = f"build_dp_{optimizer}"
     build.__doc__ = f"DP-{optimizer.upper()} (paper 004): Poisson-sampled users, one (eps, delta) Gaussian schedule."
-    return register(f"dp-{optimizer}", AdaptiveDPParams, step_size=step_size)(build)
+    return register(f"dp-{optimizer}", AdaptiveDPParams, step_size=step_size, secagg=True)(build)
 
 
 # default step sizes: simulations/studies/tune_step_sizes.toml (public tuning data; README "Default step sizes")
@@ -244,7 +244,7 @@ build_dp_adam = _adaptive("adam", 0.03)
 
 
 # step size: dp-adam's tuned value (dp-adambc was not tuned separately)
-@register("dp-adambc", DPAdamBCParams, step_size=0.03)
+@register("dp-adambc", DPAdamBCParams, step_size=0.03, secagg=True)
 def build_dp_adambc(params: DPAdamBCParams, ctx: BuildContext) -> AdaptiveDPOptimizer:
     """DP-AdamBC (Tang et al. 2024): DP-Adam minus the noise variance in v; the same schedule as dp-adam."""
     eps, delta = ctx.approx_budget()

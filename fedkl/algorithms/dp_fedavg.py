@@ -187,10 +187,13 @@ class DPFedAvg:
             users = run.sample()
             total = torch.zeros(len(w) + (scale is not None), dtype=w.dtype)
             failed = 0
-            if users:
-                answers = federation.compute(
-                    ClippedLocalUpdate(w, clip, cfg.local_steps, cfg.local_lr, cfg.batch_size), users
-                )
+            query = ClippedLocalUpdate(w, clip, cfg.local_steps, cfg.local_lr, cfg.batch_size)
+            if users and federation.sums_only and scale is None:
+                # secure aggregation: the clients' clip bounds each user (fedkl.flower.secagg), no re-clip
+                answers = federation.sum(query, users)
+                total, failed = answers.total().to(w.dtype), len(answers.failed)
+            elif users:
+                answers = federation.compute(query, users)
                 values = answers.values.to(w.dtype)
                 if scale is None:
                     rows, _ = clip_rows(values, clip)  # server-side re-clip (docstring)
@@ -276,7 +279,7 @@ class DPFedAvgParams(Rounds, StepSize, Clip, PoissonSampling, LocalUpdates):
     )
 
 
-@register("dp-fedavg", DPFedAvgParams, step_size=4.0)
+@register("dp-fedavg", DPFedAvgParams, step_size=4.0, secagg=lambda p: not p.adaptive_clip)
 def build_dp_fedavg(params: DPFedAvgParams, ctx: BuildContext) -> DPFedAvg:
     """DP-FedAvg: sampled users' clipped local updates, one (eps, delta) sampled-Gaussian schedule.
 

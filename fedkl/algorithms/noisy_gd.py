@@ -154,7 +154,7 @@ class NoisyGDParams(Rounds, StepSize, Clip):
     """noisy-gd: every user every round; the run's zCDP budget split evenly over the rounds."""
 
 
-@register("noisy-gd", NoisyGDParams, step_size=4.0)
+@register("noisy-gd", NoisyGDParams, step_size=4.0, secagg=True)
 def build_noisy_gd(params: NoisyGDParams, ctx: BuildContext) -> NoisyGradientDescent:
     """Noisy full-batch gradient descent over users with per-user clipping (zCDP)."""
     return NoisyGradientDescent(

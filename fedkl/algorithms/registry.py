@@ -172,6 +172,14 @@ class AlgorithmSpec:
     build: Callable[[Any, BuildContext], Any]
     client_view: ClientView | Callable[[Any], ClientView] = RELEASED_MODELS
     step_size: float | None = None  # the default ``lr`` of an algorithm whose Params have one
+    # whether the algorithm needs only sums of clipped answers (``--secagg``), or a function of the params
+    secagg: bool | Callable[[Any], bool] = False
+
+    def sums_only(self, params: Any) -> bool:
+        """Whether a run with ``params`` needs nothing but sums of clipped answers, so that it can
+        aggregate through secure aggregation (``--secagg``); False for an algorithm that needs per-user
+        values (the deletion tests of paper 002, per-user norms, adaptive clipping's per-user flags)."""
+        return self.secagg if isinstance(self.secagg, bool) else bool(self.secagg(params))
 
     def clients_see(self, params: Any) -> ClientView:
         """What a participating client receives in a run with ``params`` (the one declaration that
@@ -200,6 +208,7 @@ def register(
     client_view: ClientView | Callable[[Any], ClientView] = RELEASED_MODELS,
     *,
     step_size: float | None = None,
+    secagg: bool | Callable[[Any], bool] = False,
 ) -> Callable:
     """Decorator: register ``build(params, ctx)`` as algorithm ``name`` with hyperparameters
     ``params`` (an :class:`AlgorithmParams` dataclass) and what a participating client sees
@@ -209,7 +218,11 @@ def register(
 
     ``step_size``: the algorithm's default ``lr`` (required when its Params have the shared
     :class:`StepSize` field, whose own default None means "the algorithm's"); each algorithm's value
-    was chosen by simulations/studies/tune_step_sizes.toml on public tuning data."""
+    was chosen by simulations/studies/tune_step_sizes.toml on public tuning data.
+
+    ``secagg``: True (or a function of the params) when the algorithm asks the federation only for
+    sums of clipped answers (``federation.sum`` and ``Answers.total()``), so ``--secagg`` may serve it
+    (:meth:`AlgorithmSpec.sums_only`)."""
     has_lr = any(f.name == "lr" for f in dataclasses.fields(params)) if dataclasses.is_dataclass(params) else False
     if has_lr != (step_size is not None) or (step_size is not None and not step_size > 0):
         raise TypeError(f"{name}: give register(..., step_size=lr > 0) exactly when its Params have a step size lr")
@@ -229,7 +242,7 @@ def register(
     def decorate(build: Callable) -> Callable:
         if name in REGISTRY and REGISTRY[name].build is not build:
             raise ValueError(f"algorithm {name!r} is already registered")
-        REGISTRY[name] = AlgorithmSpec(name, params, build, client_view, step_size)
+        REGISTRY[name] = AlgorithmSpec(name, params, build, client_view, step_size, secagg)
         for f in dataclasses.fields(params):
             _FIELDS.setdefault(f.name, f)
         return build

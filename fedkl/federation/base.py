@@ -567,6 +567,10 @@ class Answers:
 class Federation(ABC):
     """Per-user computation over a fixed population of users."""
 
+    # True for a backend with secure aggregation: :meth:`sum` returns one row (the total) and
+    # :meth:`compute` is refused (fedkl.flower.secagg)
+    sums_only: bool = False
+
     @property
     @abstractmethod
     def user_ids(self) -> tuple[str, ...]:

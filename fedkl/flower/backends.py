@@ -15,7 +15,10 @@ def _open(backend: str):
         from fedkl.flower.server_app import start_federation
 
         return start_federation(
-            backend, ClientSpec.from_run_config(cfg, task=dataset.task), user_ids=dataset.train.user_ids
+            backend,
+            ClientSpec.from_run_config(cfg, task=dataset.task),
+            user_ids=dataset.train.user_ids,
+            secagg=getattr(cfg, "secagg", False),
         )
 
     return open_federation

@@ -20,7 +20,10 @@ same code as :class:`fedkl.federation.inprocess.InProcessFederation` run on that
 
 Every request is a ``query.fedkl`` message (see :mod:`fedkl.flower.codec`). An unknown
 request, a wrong shape/dtype, NaN or an oversize payload gets an ``"error"`` reply, never an
-exception; other message types (``train``, ``evaluate``, ``query``) get an error reply too.
+exception; other message types (``evaluate``, ``query``) get an error reply too. ``train`` messages
+are the SecAgg+ protocol's (:mod:`fedkl.flower.secagg`): Flower's ``secaggplus_mod`` handles them and
+asks :func:`handle_secure` for the user's clipped answer, which leaves the node only quantized and
+masked; a ``train`` message outside the protocol is refused by the mod (an error reply).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from flwr.clientapp import ClientApp  # noqa: E402
 from fedkl.data import load_dataset  # noqa: E402
 from fedkl.federation.inprocess import InProcessFederation  # noqa: E402
 from fedkl.flower import codec  # noqa: E402
+from fedkl.flower.secagg import SUM_QUERIES  # noqa: E402
 from fedkl.problems import make_problem  # noqa: E402
 
 _LOCK = threading.Lock()
@@ -88,6 +92,27 @@ class UserWorker:
         if ans.failed:
             return codec.encode_error(codec.ERR_NOT_FINITE, "the answer of this user is not finite")
         return codec.encode_answer(kind, ans.values[0])
+
+    def secure_answer(self, content: Any) -> Any:
+        """The answer to the sum query in a SecAgg+ ``train`` message, as the ``FitRes`` record that
+        Flower's ``secaggplus_mod`` quantizes and masks (it never leaves the node as is; weight 1).
+        Anything but a sum query, or a non-finite answer, raises: the node drops out of the sum."""
+        from flwr.app import RecordDict
+        from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
+        from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+        from flwr.compat.common.recorddict_compat import fitres_to_recorddict
+
+        query = codec.decode_request(
+            RecordDict({k: v for k, v in content.items() if k != RECORD_KEY_CONFIGS}), self.num_params
+        )
+        if type(query) not in SUM_QUERIES:
+            raise codec.CodecError(f"secure aggregation sums clipped answers only, not {codec.kind_of(query)!r}")
+        query.check_request(self.num_params, 1)
+        ans = self._fed.compute(query, [0])
+        if ans.failed:
+            raise codec.CodecError("the answer of this user is not finite", codec.ERR_NOT_FINITE)
+        value = ans.values[0].detach().to(torch.float64).cpu().numpy()
+        return fitres_to_recorddict(FitRes(Status(Code.OK, ""), ndarrays_to_parameters([value]), 1, {}), False)
 
 
 def _load(spec: codec.ClientSpec) -> tuple[Any, Any]:
@@ -158,6 +183,28 @@ def handle(message: Message, context: Context, spec: codec.ClientSpec | None = N
     return Message(content, reply_to=message)
 
 
+def handle_secure(message: Message, context: Context, spec: codec.ClientSpec | None = None) -> Message:
+    """The ``train`` handler behind Flower's ``secaggplus_mod`` (:mod:`fedkl.flower.secagg`): called by
+    the mod in the protocol's masked-vector stage; an exception drops the node out of the sum."""
+    spec = spec or codec.ClientSpec.from_user_config(context.run_config)
+    if spec is None:
+        raise codec.CodecError("no fedkl dataset configured (run config key 'fedkl-dataset')", codec.ERR_NOT_CONFIGURED)
+    pid = context.node_config.get("partition-id")
+    if isinstance(pid, bool) or not isinstance(pid, int):
+        raise codec.CodecError(f"node_config partition-id {pid!r} is not an integer", codec.ERR_NOT_CONFIGURED)
+    return Message(worker_for(spec, pid, context.node_config).secure_answer(message.content), reply_to=message)
+
+
+def _protocol_train_only(message: Message, context: Context, call_next: Any) -> Message:
+    """A mod in front of Flower's ``secaggplus_mod``: a ``train`` message that is not a SecAgg+ step gets
+    fedkl's error reply (the mod would raise on it)."""
+    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+
+    if message.metadata.message_type == "train" and RECORD_KEY_CONFIGS not in message.content.config_records:
+        return _refuse(message, context)
+    return call_next(message, context)
+
+
 def _refuse(message: Message, context: Context) -> Message:
     return Message(
         codec.encode_error(
@@ -175,7 +222,9 @@ def make_client_app(spec: codec.ClientSpec | None = None, *, torch_threads: int 
     ``torch_threads``: set torch's intra-op threads of the client's process on first use (1 for
     a SuperNode or Ray actor: one user's tensors are tiny and extra threads only wait on each
     other). None leaves the process alone (in-process grids share it with the server)."""
-    app = ClientApp()
+    from flwr.client.mod import secaggplus_mod
+
+    app = ClientApp(mods=[_protocol_train_only, secaggplus_mod])  # the mod handles SecAgg+ `train` messages only
     action = codec.MESSAGE_TYPE.split(".", 1)[1]
 
     @app.query(action)
@@ -184,8 +233,13 @@ def make_client_app(spec: codec.ClientSpec | None = None, *, torch_threads: int 
             torch.set_num_threads(torch_threads)
         return handle(message, context, spec)
 
+    @app.train()
+    def _secure(message: Message, context: Context) -> Message:
+        if torch_threads is not None and torch.get_num_threads() != torch_threads:
+            torch.set_num_threads(torch_threads)
+        return handle_secure(message, context, spec)
+
     app.query()(_refuse)
-    app.train()(_refuse)
     app.evaluate()(_refuse)
     return app
 

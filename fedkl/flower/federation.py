@@ -44,6 +44,9 @@ FAILURE_KINDS = {
     "out-of-bound": "an answer beyond the query's bound (e.g. a norm above the clip)",
     "client-error": "the client answered with an error",
     "bad-reply": "a reply that is not in the fedkl format",
+    "secagg-dropped": "dropped out of a secure aggregation (its masks were removed; it contributes zero)",
+    "secagg-aborted": "a secure aggregation that could not complete (too few nodes left): nobody contributes",
+    "secagg-too-few": "a secure aggregation of fewer than 2 users is not run: nobody contributes",
 }
 
 
@@ -74,6 +77,8 @@ class FlowerFederation(Federation):
         handshake_timeout: the same for the handshake.
         wait_for_nodes: seconds to wait for the expected number of nodes to connect.
         dtype: dtype of the returned values (float64 on the wire).
+        secagg: aggregate :meth:`sum` requests through SecAgg+ (:mod:`fedkl.flower.secagg`): the server
+            learns only the sum of the answers, and :meth:`compute` (per-user answers) is refused.
     """
 
     def __init__(
@@ -86,8 +91,10 @@ class FlowerFederation(Federation):
         handshake_timeout: float | None = 120.0,
         wait_for_nodes: float = 120.0,
         dtype: torch.dtype = torch.float64,
+        secagg: bool = False,
     ) -> None:
         self.grid = grid
+        self.secagg = secagg
         self.timeout = timeout
         self.dtype = dtype
         self._group = itertools.count()
@@ -166,6 +173,10 @@ class FlowerFederation(Federation):
 
     # --- Federation interface ------------------------------------------------------------------
     @property
+    def sums_only(self) -> bool:  # type: ignore[override]
+        return self.secagg
+
+    @property
     def user_ids(self) -> tuple[str, ...]:
         return self._user_ids
 
@@ -177,6 +188,10 @@ class FlowerFederation(Federation):
         """Every asked user's answer, validated by the query itself: the request before it is sent
         (:meth:`~fedkl.federation.base.Query.check_request`, ValueError as in-process), each reply's
         shape by the codec and its content by :meth:`~fedkl.federation.base.Query.check_answer`."""
+        if self.secagg:
+            raise ValueError(
+                f"--secagg: this federation releases sums only; per-user answers ({type(query).__name__}) are refused"
+            )
         users = self._users(users)
         if not isinstance(query, Query):
             raise TypeError(f"unsupported query type {type(query).__name__}")
@@ -223,6 +238,52 @@ class FlowerFederation(Federation):
                 len(failed),
                 len(users),
                 ", ".join(f"{k} {list(kinds.values()).count(k)}" for k in sorted(set(kinds.values()))),
+            )
+        return Answers(users=users, values=values, failed=failed)
+
+    def sum(self, query: Query, users: Sequence[int] | None = None) -> Answers:
+        """Without ``secagg``: :meth:`compute`. With it: the SecAgg+ sum of the asked users' answers
+        (:func:`fedkl.flower.secagg.secure_sum`), one row; the users not in the sum are ``failed``
+        (they contribute zero, as a failed user does without SecAgg)."""
+        if not self.secagg:
+            return self.compute(query, users)
+        from fedkl.flower import secagg
+
+        users = self._users(users)
+        query.check_request(self.num_params, len(users))
+        kind = codec.kind_of(query)
+        qrange = secagg.quantization_range(max(len(users), 1))
+        sent = secagg.secure_query(query, self.num_params, qrange)
+        nodes = {self.node_of[u]: u for u in users if u in self.node_of}
+        out = secagg.secure_sum(
+            self.grid,
+            list(nodes),
+            codec.encode_request(sent),
+            num_params=self.num_params,
+            clip=query.clip,
+            qrange=qrange,
+            timeout=self.timeout,
+            group=f"fedkl-secagg-{next(self._group)}",
+        )
+        reasons = {u: "absent: no node for this user" for u in users if u not in self.node_of}
+        reasons.update({nodes[n]: why for n, why in out.dropped.items()})
+        values = torch.zeros((1, self.num_params), dtype=self.dtype)
+        if out.total is not None:
+            values[0] = torch.from_numpy(out.total).to(self.dtype)
+        failed = [u for u in users if u in reasons]
+        self.last_errors = {u: reasons[u] for u in failed}
+        self.failures.append(
+            {
+                "request": len(self.failures),
+                "query": kind,
+                "asked": len(users),
+                "secagg": {"included": len(out.included), "quantization_range": qrange},
+                "failed": {self._user_ids[u]: reasons[u] for u in failed},
+            }
+        )
+        if failed:
+            log.warning(
+                "%s secure sum %d: %d of %d users not in the sum", kind, len(self.failures) - 1, len(failed), len(users)
             )
         return Answers(users=users, values=values, failed=failed)
 

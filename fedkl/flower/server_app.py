@@ -157,12 +157,14 @@ def open_federation(
     num_users: int | None = None,
     inprocess: Federation | None = None,
     timeout: float | None = None,
+    secagg: bool = False,
     **grid_kw: Any,
 ) -> Iterator[Federation]:
     """A federation over ``backend`` (see the module docstring), closed on exit.
 
     ``inprocess`` is what ``"inprocess"`` yields (and where ``user_ids`` default from); ``spec``
-    says which dataset/problem the clients load; ``grid_kw`` goes to :class:`LocalGrid` (faults).
+    says which dataset/problem the clients load; ``grid_kw`` goes to :class:`LocalGrid` (faults);
+    ``secagg``: sums through SecAgg+ (:mod:`fedkl.flower.secagg`).
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
@@ -182,11 +184,16 @@ def open_federation(
     if backend == "flower-local":
         # a LocalGrid's nodes are all there at once: never wait for absent ones
         yield FlowerFederation(
-            LocalGrid(client_app, n, **grid_kw), user_ids=user_ids, num_users=n, timeout=timeout, wait_for_nodes=0.0
+            LocalGrid(client_app, n, **grid_kw),
+            user_ids=user_ids,
+            num_users=n,
+            timeout=timeout,
+            wait_for_nodes=0.0,
+            secagg=secagg,
         )
         return
     with _simulation(client_app, n, grid_kw.get("backend_config")) as relay:
-        yield FlowerFederation(relay, user_ids=user_ids, num_users=n, timeout=timeout)
+        yield FlowerFederation(relay, user_ids=user_ids, num_users=n, timeout=timeout, secagg=secagg)
 
 
 def start_federation(backend: str, spec: ClientSpec, **kw: Any) -> FlowerFederation:
@@ -230,6 +237,7 @@ def run_flower_simulation(
             return contextlib.nullcontext(InProcessFederation(make_problem(spec.problem, dataset, **pkw), dataset))
 
         return _train(cfg, backend, federation_for, log, spec)
+    open_kw.setdefault("secagg", getattr(cfg, "secagg", False))
     return _train(cfg, backend, lambda spec, ids: open_federation(backend, spec, user_ids=ids, **open_kw), log, spec)
 
 
@@ -299,7 +307,7 @@ def _deployed_main(grid: Grid, context: Context) -> None:
         cfg,
         "grpc",
         lambda spec, ids: contextlib.nullcontext(
-            FlowerFederation(grid, user_ids=ids, timeout=timeout, wait_for_nodes=wait)
+            FlowerFederation(grid, user_ids=ids, timeout=timeout, wait_for_nodes=wait, secagg=cfg.secagg)
         ),
         print,
         spec,

@@ -1,0 +1,239 @@
+"""Drop-in user-level DP for an existing Flower app: :class:`UserLevelDPStrategy`.
+
+Wrap the app's Message-API strategy (``flwr.serverapp.strategy.FedAvg`` or any strategy whose
+``configure_train`` sends the global model as an ArrayRecord and whose clients reply with their locally
+trained model) and the app's training gets fedkl's user-level accounting, durable ledger and noise::
+
+    strategy = UserLevelDPStrategy(
+        FedAvg(fraction_train=0.5), ledger_path="ledger.sqlite", epsilon=2.0, delta=1e-5, clip=1.0, rounds=10
+    )
+    result = strategy.start(grid, initial_arrays, num_rounds=10)
+
+(a complete app: ``simulations/flower_dropin_app.py``). One Flower node is one user (its id in the ledger
+is ``user_of(node_id)``, by default ``"node-<id>"``: pass a function giving stable ids when node ids
+change between runs).
+
+Each round, in ``aggregate_train``, the wrapper (not the wrapped strategy) builds the model update:
+
+1. every node the round configured is a participant (a public, server-side fact: the sample, not the
+   replies); a participant's update is its reply's arrays minus the model it was sent, flattened, and
+   clipped to l2 norm ``clip`` HERE, on the server (:func:`fedkl.federation.clipping.clip_rows`): nothing
+   a client says is trusted. A missing reply, an error, other array names/shapes or non-finite values
+   contribute the zero vector (the failure rule of fedkl);
+2. the sum of the clipped updates (unweighted: a weight such as ``num-examples`` is the client's data
+   and would change the sensitivity) is released through :class:`fedkl.privacy.release.Releaser`: every
+   participant's user is charged ``rho_round`` in the durable ledger, then ``N(0, sigma^2 I)`` is added,
+   ``sigma = sensitivity / sqrt(2 rho_round)`` with sensitivity ``2 clip`` (replace-one: one user's
+   update replaced) or ``clip`` (add-remove);
+3. the new model is ``model + server_lr * noisy_sum / cohort`` with ``cohort`` the number of
+   participants (public).
+
+Accounting: ``rho_round = Budget(epsilon, delta, conversion).rho / rounds``, so a user who takes part in
+every one of ``rounds`` rounds spends exactly its (epsilon, delta) budget (zCDP composition, converted by
+the ledger); the ledger refuses a release that would take any participant over the budget (its earlier
+runs on the same ledger count), before any noise is drawn. No amplification by sampling is claimed
+(Flower's samplers are not secret Poisson samples). The guarantee covers the sequence of released
+models; the clients' training metrics are NOT released (``aggregate_train`` returns no metrics) and
+federated evaluation is off unless ``evaluate_outside_guarantee=True`` (its metrics are the clients'
+un-noised data). Unlike Flower's ``DifferentialPrivacyServerSideFixedClipping`` (record-free noise
+multiplier, no durable per-user ledger, the noise on the mean of the replies), the epsilon here is
+user-level, charged before the noisy aggregate exists, and held per user across runs.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from fedkl.federation.clipping import clip_rows
+from fedkl.privacy import Budget, NoiseSource, PrivacyLedger, Releaser
+
+RELATIONS = {"replace-one": 2.0, "add-remove": 1.0}  # sensitivity of the sum, in units of the clip
+
+
+class UserLevelDPStrategy(Strategy):
+    """A Flower strategy wrapper with fedkl's user-level DP (module docstring).
+
+    Args:
+        strategy: the app's strategy (chooses the nodes and sends the model; its aggregation is replaced).
+        ledger_path: fedkl's SQLite ledger (created with the budget; an existing one must have the same budget).
+        epsilon, delta: each user's (epsilon, delta) budget over everything charged to the ledger.
+        clip: l2 bound of one user's model update per round.
+        rounds: the number of rounds the noise is sized for (more rounds are refused by the ledger once a
+            user's budget is spent).
+        neighbouring: ``"replace-one"`` (default) or ``"add-remove"``.
+        server_lr: step on the noisy mean update.
+        noise_seed: seed the noise (reproducible, NOT secure); None: OS randomness.
+        user_of: node id -> the user id charged in the ledger.
+        evaluate_outside_guarantee: let the wrapped strategy run federated evaluation (un-noised metrics).
+    """
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        *,
+        ledger_path: str,
+        epsilon: float,
+        delta: float,
+        clip: float,
+        rounds: int,
+        neighbouring: str = "replace-one",
+        conversion: str = "cks",
+        server_lr: float = 1.0,
+        noise_seed: int | None = None,
+        user_of: Callable[[int], str] | None = None,
+        evaluate_outside_guarantee: bool = False,
+    ) -> None:
+        super().__init__()
+        if not (clip > 0 and math.isfinite(clip)):
+            raise ValueError(f"clip must be finite and > 0, got {clip}")
+        if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+            raise ValueError(f"rounds must be a positive integer, got {rounds!r}")
+        if neighbouring not in RELATIONS:
+            raise ValueError(f"neighbouring must be one of {tuple(RELATIONS)}, got {neighbouring!r}")
+        if not (server_lr > 0 and math.isfinite(server_lr)):
+            raise ValueError(f"server_lr must be finite and > 0, got {server_lr}")
+        self.strategy = strategy
+        self.budget = Budget(epsilon, delta, conversion)
+        self.clip = float(clip)
+        self.rounds = rounds
+        self.neighbouring = neighbouring
+        self.server_lr = float(server_lr)
+        self.sensitivity = RELATIONS[neighbouring] * self.clip
+        self.rho_round = self.budget.rho / rounds
+        self.sigma = self.sensitivity / math.sqrt(2.0 * self.rho_round)  # noise std on the SUM of updates
+        self.user_of = user_of or (lambda node_id: f"node-{node_id}")
+        self.evaluate_outside_guarantee = evaluate_outside_guarantee
+        self.run_id = "flower-dropin-" + uuid.uuid4().hex[:8]
+        self.ledger = PrivacyLedger(ledger_path, self.budget, run_id=self.run_id, run_config=self._settings())
+        self.releaser = Releaser(self.ledger, NoiseSource(noise_seed))
+        self._sent: dict[int, tuple[ArrayRecord, list[int]]] = {}  # round -> (model sent, participants)
+
+    def _settings(self) -> dict:
+        return {
+            "wrapper": "fedkl.flower.dropin.UserLevelDPStrategy",
+            "epsilon": self.budget.epsilon,
+            "delta": self.budget.delta,
+            "clip": self.clip,
+            "rounds": self.rounds,
+            "neighbouring": self.neighbouring,
+        }
+
+    # --- training ------------------------------------------------------------------------------
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
+        nodes = sorted({m.metadata.dst_node_id for m in messages})
+        if len(nodes) != len(messages):
+            raise ValueError("the wrapped strategy sent a node two training messages in one round")
+        self._sent[server_round] = (arrays, nodes)
+        return messages
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        if server_round not in self._sent:
+            raise ValueError(f"round {server_round} was not configured by this strategy")
+        sent, nodes = self._sent.pop(server_round)
+        if not nodes:
+            return None, None
+        names = list(sent.keys())
+        base = [np.asarray(sent[k].numpy(), dtype=np.float64) for k in names]
+        flat0 = np.concatenate([b.ravel() for b in base])
+        rows = torch.zeros((len(nodes), flat0.size), dtype=torch.float64)
+        position = {n: i for i, n in enumerate(nodes)}
+        seen: set[int] = set()
+        for reply in replies:
+            n = reply.metadata.src_node_id
+            if n not in position or n in seen or reply.has_error():
+                continue
+            seen.add(n)
+            update = self._update(reply, names, base)
+            if update is not None:
+                rows[position[n]] = torch.from_numpy(update - flat0)
+        rows, _ = clip_rows(rows, self.clip)  # non-finite rows were already zero; the clip is the bound
+        noisy = self.releaser.gaussian(
+            rows.sum(0),
+            sensitivity=self.sensitivity,
+            rho=self.rho_round,
+            user_ids=[self.user_of(n) for n in nodes],
+            label=f"flower-dropin/round-{server_round}",
+            details={"round": server_round, "clip": self.clip, "cohort": len(nodes), "replies": len(seen)},
+        )
+        new = flat0 + self.server_lr * noisy.numpy() / len(nodes)
+        out, start = {}, 0
+        for k, b in zip(names, base):
+            out[k] = Array(new[start : start + b.size].reshape(b.shape).astype(b.dtype, copy=False))
+            start += b.size
+        return ArrayRecord(out), None
+
+    def _update(self, reply: Message, names: list[str], base: list[np.ndarray]) -> np.ndarray | None:
+        """The reply's model, flattened as the sent one, or None (contributes zero) if it is not one."""
+        records = list(reply.content.array_records.values())
+        if len(records) != 1 or list(records[0].keys()) != names:
+            return None
+        try:
+            arrays = [np.asarray(records[0][k].numpy(), dtype=np.float64) for k in names]
+        except Exception:
+            return None
+        if any(a.shape != b.shape for a, b in zip(arrays, base)):
+            return None
+        flat = np.concatenate([a.ravel() for a in arrays])
+        return flat if np.isfinite(flat).all() else None
+
+    # --- evaluation (outside the guarantee) --------------------------------------------------
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        if not self.evaluate_outside_guarantee:
+            return []
+        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        if not self.evaluate_outside_guarantee:
+            return None
+        return self.strategy.aggregate_evaluate(server_round, replies)
+
+    # --- reporting -----------------------------------------------------------------------------
+    def epsilon_spent(self, node_id: int) -> float:
+        """The user-level epsilon (at the budget's delta) spent by ``node_id``'s user in this ledger."""
+        return self.ledger.spend(self.user_of(node_id)).epsilon(self.budget.delta, self.budget.conversion)
+
+    def close(self, status: str = "finished") -> None:
+        """End this run in the ledger and close it (idempotent)."""
+        if self.ledger is not None:
+            self.ledger.finish_run(status)
+            self.ledger.close()
+            self.ledger = None  # type: ignore[assignment]
+
+    def __enter__(self) -> "UserLevelDPStrategy":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        """End the run in the ledger as finished, refused, failed or interrupted (:meth:`PrivacyLedger.end_status`)."""
+        if self.ledger is not None:
+            self.close(self.ledger.end_status(exc))
+
+    def summary(self) -> None:
+        from flwr.supercore import log
+
+        log(
+            20,
+            "\t├──> fedkl user-level DP: (eps %g, delta %g) per user, clip %g, %s, noise std %.4g on the sum, ledger %s",
+            self.budget.epsilon,
+            self.budget.delta,
+            self.clip,
+            self.neighbouring,
+            self.sigma,
+            self.ledger.path if self.ledger is not None else "closed",
+        )
+        self.strategy.summary()
