@@ -514,6 +514,8 @@ def train_over_grpc(cfg: Any, dataset: Any, out: str, log=print, **kw: Any) -> t
         failures=res.get("failures"),
         rho_spent=res.get("rho_spent"),
         sigma=res.get("sigma"),
+        rounds=res.get("rounds"),
+        details=res.get("details") or {},
         workdir=res.get("workdir"),
         guarantee=Guarantee.from_dict(res["guarantee"]),
     )

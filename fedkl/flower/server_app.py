@@ -270,6 +270,8 @@ def _train(
         "w": result.w,
         "rho_spent": result.rho_spent,
         "sigma": result.sigma,
+        "rounds": result.rounds,
+        "details": result.details or {},
         "history": history,
         "ledger": summary,
         "ledger_path": ledger_path,

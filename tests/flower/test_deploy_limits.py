@@ -37,3 +37,18 @@ def test_a_failed_deployment_deletes_its_keys_and_keeps_its_logs(monkeypatch, tm
     assert (work / "superlink.log").exists() and said == [
         f"fedkl grpc: the run failed; its logs are in {work} (keys deleted)"
     ]
+
+
+def test_fedkl_run_over_grpc_writes_its_result_and_model(tmp_path):
+    """`fedkl run --backend grpc` end to end (SuperLink + 3 SuperNodes): the run writes result.json and
+    model.pt from the deployed ServerApp's outcome (it used to crash after training, reading a
+    ``rounds`` the deployment did not report)."""
+    import json
+
+    out = tmp_path / "o"
+    argv = ["run", "--backend", "grpc", "--dataset", "synthetic-least-squares", "--problem", "least-squares"]
+    argv += ["--users", "3", "--rounds", "1", "--no-reference", "--out", str(out), "--seed", "3"]
+    assert main(argv) == 0
+    res = json.loads((out / "result.json").read_text())
+    assert res["rounds"] == 1 and res["backend"] == "grpc"
+    assert (out / "model.pt").exists()
