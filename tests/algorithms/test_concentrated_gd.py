@@ -237,3 +237,22 @@ def test_converges_and_beats_noisy_gd_when_users_hold_many_records(tmp_path):
     conc = _excess(tmp_path, "conc", 1000, 500, 1.0)
     assert conc < 0.05
     assert conc < 0.5 * gd, (conc, gd)
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [(["--conc-centre-share", "1.5"], "--conc-centre-share"), (["--conc-records", "0"], "--conc-records")],
+)
+def test_fedkl_run_refuses_bad_settings_in_one_line_before_any_charge(tmp_path, capsys, flags, message):
+    from fedkl.cli import main
+
+    out = tmp_path / "run"
+    argv = ["run", "--algorithm", "noisy-gd-conc", "--dataset", "synthetic-logistic", "--users", "20", *flags]
+    try:
+        code = main([*argv, "--out", str(out), "--no-reference"])
+    except SystemExit as exit_:  # argparse's own range check
+        code = exit_.code
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+    assert not (out / "ledger.sqlite").exists() or PrivacyLedger(out / "ledger.sqlite").num_releases() == 0
