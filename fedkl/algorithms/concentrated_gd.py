@@ -1,34 +1,41 @@
 """Noisy GD with a user-level winsorized mean of the gradients (Levy et al. 2021): users with m records
-each pay a clip radius ~ C/sqrt(m) instead of C (zCDP, user level).
+each pay a projection radius ~ C/sqrt(m) instead of the clip C (zCDP, user level).
 
 Round t, all n users, per-user mean gradients ``g_u = grad f_u(w_t)`` (one ``GradientsAtPoints``
 request; the server computes everything below from the answers):
 
-    stage 1 (private centre)  S1 = sum_u clip_C(g_u),     c_t = (S1 + N(0, s1^2 I)) / n
-    stage 2 (winsorized mean) S2 = sum_u clip_tau(g_u - c_t),  g~_t = c_t + (S2 + N(0, s2^2 I)) / n
+    centre c_t (public: a function of earlier releases)
+    S_t  = sum_u clip_tau_t(g_u - c_t),   g~_t = c_t + (S_t + N(0, s_t^2 I)) / n   (the winsorized mean)
     w_t+1 = w_t - lr * g~_t
 
 ``clip_r(v) = v min(1, r/||v||)``, so ``c_t + clip_tau(g_u - c_t)`` is the projection of ``g_u`` onto
 the ball B(c_t, tau) (Levy, Sun, Amin, Kale, Kulesza, Mohri, Suresh 2021, "Learning with user-level
-privacy": a private centre, then every user's mean projected onto a ball around it, then Gaussian
-noise). Stage 1's centre is the noisy-gd release (:mod:`fedkl.algorithms.noisy_gd`) at a share of the
-round's budget; Levy et al. use a coordinatewise private histogram instead (see "Missing" below).
+privacy", Alg 2/3: a private centre, every user's mean projected onto a ball around it, Gaussian
+noise). Two centres (``--conc-centre``):
 
-Privacy (user level, rho-zCDP with ``rho = sum_t (rho1_t + rho2_t)``; ``--conc-centre-share`` s splits
-each round's rho_t = rho/T into rho1 = s rho_t and rho2 = (1 - s) rho_t):
+* ``previous`` (default): c_0 = 0 with tau_0 = C (round 0 IS noisy-gd's round), then c_t = g~_(t-1),
+  the previous round's released estimate, and a public schedule tau_t (below). One release per round.
+* ``fresh``: c_t = (sum_u clip_C(g_u) + N(0, s1^2 I)) / n, noisy-gd's release at a share
+  ``--conc-centre-share`` of the round's budget, then the winsorized mean at the rest, with a constant
+  tau. Two releases per round (Levy et al.'s shape; they find the centre with a histogram).
 
-* Stage 1 is noisy-gd's round: every term has norm <= C, so replacing one user's records moves S1 by
-  at most ``Delta1 = 2C`` (add-remove: C); ``s1 = Delta1 / sqrt(2 rho1)``: rho1-zCDP.
-* Stage 2, given c_t. c_t is a function of stage 1's release only (post-processing), so for the
-  analysis of stage 2 it is a fixed public vector. Every term ``clip_tau(g_u - c_t)`` has norm <= tau
-  whatever g_u is, so replacing one user moves S2 by at most ``Delta2 = 2 tau`` (add-remove: tau; the
-  estimate divides by the public enrolled n, never by a count); ``s2 = Delta2 / sqrt(2 rho2)``:
-  rho2-zCDP. Adaptive composition of zCDP: the round is (rho1 + rho2)-zCDP; over T rounds rho. Both
-  releases are charged to the ledger before they are made (two ``GaussianCharge``, labels
-  ``noisy-gd-conc/round-t/centre`` and ``.../winsorized``).
-* tau is a public function of public values only (C, the declared m, beta, n, d, rho1): never of the
-  records, nor of any client's report. A missing or non-finite answer contributes 0 to S1 and the
-  zero displacement (the centre itself) to S2: both inside their balls.
+Privacy (user level, rho-zCDP with rho the sum of the round charges; each round gets rho_t = rho/T):
+
+* The winsorized release, given c_t. c_t is a function of earlier releases only (the previous
+  estimate, or this round's centre release): post-processing, so for the analysis of S_t it is a
+  fixed public vector. Every term ``clip_tau(g_u - c_t)`` has norm <= tau whatever g_u is, so replacing
+  one user's records moves S_t by at most ``Delta = 2 tau`` (add-remove: tau; the estimate divides by
+  the public enrolled n, never by a count); ``s_t = Delta / sqrt(2 rho_w)``: rho_w-zCDP, rho_w = rho_t
+  (previous) or (1 - share) rho_t (fresh).
+* fresh only, the centre release: noisy-gd's round at share * rho_t: every term clip_C(g_u) has norm
+  <= C, ``Delta1 = 2C`` (add-remove C).
+* Adaptive composition of zCDP over the releases: rho in total. Every release is charged to the
+  ledger before it is made (``GaussianCharge``, labels ``noisy-gd-conc/round-t/winsorized`` and, fresh,
+  ``.../centre``).
+* Every tau_t is a public function of public values only (C, the declared m, beta, n, d, rho, T):
+  never of the records, nor of any client's report, nor of earlier releases; so the charges are fixed
+  before any data is read (``fedkl plan --charges`` lists them). A missing or non-finite answer
+  contributes the zero displacement (the centre itself), inside the ball.
 * Any client behaviour: the clipping and the projection are done on the SERVER from the per-user
   answers, so a client that lies about its gradient can only choose its own point inside the ball;
   the sensitivities above hold for arbitrary answers (tests: adversarial replace-one neighbours
@@ -41,27 +48,33 @@ Utility (why tau ~ 1/sqrt(m)). If every record gradient has norm <= G (take G = 
 loss with the clip set at G, so clip_C changes nothing) and user u's m records are i.i.d. with mean
 mu, then E||g_u - mu|| <= G/sqrt(m) and, by McDiarmid (one record moves ||g_u - mu|| by <= 2G/m),
 ``||g_u - mu|| <= r = G (1 + sqrt(2 ln(n/beta))) / sqrt(m)`` for all n users with probability >= 1 - beta
-at a fixed w. The centre's noise satisfies ``||N(0, s1^2 I_d)|| / n <= e = s1 (sqrt(d) + sqrt(2 ln(1/beta))) / n``
-with probability >= 1 - beta (Gaussian norm concentration). Then
-``||g_u - c_t|| <= ||g_u - mu|| + ||mu - mean_u g_u|| + e <= 2r + e``: with
+at a fixed w; so ``||g_u - mean_v g_v|| <= 2r``. A Gaussian's norm satisfies
+``||N(0, s^2 I_d)|| <= s (sqrt(d) + sqrt(2 ln(1/beta)))`` with probability >= 1 - beta. Then no user is
+projected (the estimate is unbiased) when tau >= 2r + (the centre's error):
 
-    tau = k C / sqrt(m) + e,   k = 2 (1 + sqrt(2 ln(n/beta)))   (``--conc-scale`` overrides k)
+* fresh: the centre's error is its noise, ``e = s1 (sqrt(d) + sqrt(2 ln(1/beta))) / n``:
+  ``tau = k C / sqrt(m) + e``;
+* previous: the centre g~_(t-1) errs by the previous round's noise, ``a tau_(t-1)`` with
+  ``a = (Delta/tau) (sqrt(d) + sqrt(2 ln(1/beta))) / (n sqrt(2 rho_t))``, plus the drift of the gradients
+  between w_(t-1) and w_t (ignored: small for a small step; where it is not, users are projected):
+  ``tau_0 = C``, ``tau_t = k C / sqrt(m) + a tau_(t-1)`` (-> k C/sqrt(m) / (1 - a) when a < 1);
 
-no user is projected, the estimate is unbiased, and its noise is ``s2 sqrt(d)/n ~ tau sqrt(d)/(n sqrt(rho2))``,
-a factor ~ tau/C below noisy-gd's whenever the centre's error e is small against k C/sqrt(m) (many users).
-The bound is at a fixed w; the iterates depend on the data, so along the run it is a heuristic (the
-default k is the fixed-w theorem's constant; a smaller k is a tuning choice: tau never enters the
-privacy proof beyond being public).
+``k = 2 (1 + sqrt(2 ln(n/beta)))`` (``--conc-scale`` overrides it). The winsorized noise is then
+``s_t sqrt(d)/n ~ tau sqrt(d)/(n sqrt(rho_w))``, a factor ~ tau/C below noisy-gd's. The bounds are at a
+fixed w; the iterates depend on the data, so along the run it is a heuristic (the default k is the
+fixed-w theorem's constant; a smaller k is a tuning choice: tau never enters the privacy proof beyond
+being public). ``previous`` spends the whole round on one release and its centre error shrinks with
+tau, so it beats ``fresh`` wherever the gradients drift slowly (simulations/results/concentrated_gd.md).
 
-When concentration fails (non-IID users, fewer than m records, heavy-tailed gradients), users outside
-B(c_t, tau) are projected onto it: their pull is shortened, which BIASES the gradient estimate towards
-the centre; it never costs privacy (the sensitivity is 2 tau for any data). m is declared, public
-(``--conc-records``): a user with fewer records is not refused, it is just less concentrated.
+When concentration fails (non-IID users, fewer than m records, heavy-tailed gradients, a fast-moving
+gradient), users outside B(c_t, tau) are projected onto it: their pull is shortened, which BIASES the
+gradient estimate towards the centre; it never costs privacy (the sensitivity is 2 tau for any data).
+m is declared, public (``--conc-records``): a user with fewer records is not refused, it is just less
+concentrated.
 
 Missing: Levy et al.'s centre is a private coordinatewise histogram in a randomly rotated basis,
-whose error does not grow like sqrt(d)/n; the noisy-mean centre here needs n large enough that e is
-below the concentration radius (the regime where noisy-gd is already accurate), and then buys a
-further factor ~ sqrt(m) in noise.
+whose error does not grow like sqrt(d)/n; here the first centre is noisy-gd's estimate, so the gain
+needs n large enough that noisy-gd's noise is already below the clip, and then buys a factor ~ sqrt(m).
 """
 
 from __future__ import annotations
@@ -89,6 +102,7 @@ from fedkl.privacy.guarantee import Guarantee
 from fedkl.privacy.release import Releaser
 
 NAME = "noisy-gd-conc"
+CENTRES = ("fresh", "previous")
 
 
 def user_sum_sensitivity(bound: float, neighbouring: str) -> float:
@@ -116,6 +130,7 @@ class ConcentratedGDConfig:
     scale: float | None = None
     beta: float = 0.05
     centre_share: float = 0.5
+    centre: str = "previous"
     neighbouring: str = "replace-one"
 
     def __post_init__(self) -> None:
@@ -133,6 +148,8 @@ class ConcentratedGDConfig:
             raise ValueError(f"--conc-beta must be in (0, 1), got {self.beta}")
         if not 0 < self.centre_share < 1:
             raise ValueError(f"--conc-centre-share must be in (0, 1), got {self.centre_share}")
+        if self.centre not in CENTRES:
+            raise ValueError(f"--conc-centre must be one of {', '.join(CENTRES)}, got {self.centre!r}")
         user_sum_sensitivity(1.0, self.neighbouring)
 
 
@@ -210,6 +227,24 @@ class ConcentratedGD:
     def sigma_winsorized(self) -> float:
         return self.sensitivity_winsorized / math.sqrt(2.0 * self.rho_winsorized)
 
+    @property
+    def rho_round(self) -> float:
+        return self.rho_total / self.config.rounds
+
+    @property
+    def radii(self) -> list[float]:
+        """``--conc-centre previous``: the public radius of every round, tau_0 = C (centre 0: noisy-gd's
+        round) and tau_t = k C/sqrt(m) + a tau_(t-1), a tau_(t-1) the bound on the previous estimate's
+        noise norm / n (module docstring)."""
+        cfg = self.config
+        factor = user_sum_sensitivity(1.0, cfg.neighbouring)
+        tail = math.sqrt(self.dim) + math.sqrt(2.0 * math.log(1.0 / cfg.beta))
+        a = factor * tail / (self.num_users * math.sqrt(2.0 * self.rho_round))
+        radii = [cfg.clip]
+        while len(radii) < cfg.rounds:
+            radii.append(self.scale * cfg.clip / math.sqrt(cfg.records) + a * radii[-1])
+        return radii
+
     def run(
         self,
         federation: Federation,
@@ -226,36 +261,46 @@ class ConcentratedGD:
             )
         users = list(range(n))
         user_ids = federation.ids_of(users)
-        tau = self.tau
+        fresh = cfg.centre == "fresh"
+        radii = [self.tau] * cfg.rounds if fresh else self.radii
+        rho_winsorized = self.rho_winsorized if fresh else self.rho_round
         w = w0.clone()
+        previous = torch.zeros_like(w)  # --conc-centre previous: round 0's centre (tau_0 = C: noisy-gd's round)
         history: list[dict] = []
+        sigmas: list[float] = []
         spent = 0.0
-        for t in range(cfg.rounds):
+        for t, tau in enumerate(radii):
             start = time.perf_counter()
             answers = federation.compute(GradientsAtPoints(w.unsqueeze(0)), users)
             grads = answers.values[:, 0, :].to(w.dtype)
-            clipped, _ = clip_rows(grads, cfg.clip)
             common = {"round": t, "neighbouring": cfg.neighbouring, "failed": len(answers.failed)}
-            noisy_centre_sum = releaser.gaussian(
-                clipped.sum(0),
-                sensitivity=self.sensitivity_centre,
-                rho=self.rho_centre,
-                user_ids=user_ids,
-                label=f"{self.name}/round-{t}/centre",
-                details={**common, "clip": cfg.clip},
-            )
-            centre = noisy_centre_sum.to(w.dtype) / n  # a function of stage 1's release only
+            if fresh:
+                noisy_centre_sum = releaser.gaussian(
+                    clip_rows(grads, cfg.clip)[0].sum(0),
+                    sensitivity=self.sensitivity_centre,
+                    rho=self.rho_centre,
+                    user_ids=user_ids,
+                    label=f"{self.name}/round-{t}/centre",
+                    details={**common, "clip": cfg.clip},
+                )
+                spent += self.rho_centre
+                centre = noisy_centre_sum.to(w.dtype) / n  # a function of stage 1's release only
+            else:
+                centre = previous  # a function of earlier releases only
+            sensitivity = user_sum_sensitivity(tau, cfg.neighbouring)
             displacement, _ = winsorized_sum(grads, centre, tau)
             noisy_displacement = releaser.gaussian(
                 displacement,
-                sensitivity=self.sensitivity_winsorized,
-                rho=self.rho_winsorized,
+                sensitivity=sensitivity,
+                rho=rho_winsorized,
                 user_ids=user_ids,
                 label=f"{self.name}/round-{t}/winsorized",
                 details={**common, "tau": tau},
             )
-            spent += self.rho_centre + self.rho_winsorized
+            spent += rho_winsorized
+            sigmas.append(sensitivity / math.sqrt(2.0 * rho_winsorized))
             grad = centre + noisy_displacement.to(w.dtype) / n
+            previous = grad
             w = w - cfg.lr * grad
             record = {
                 "round": t + 1,
@@ -268,12 +313,14 @@ class ConcentratedGD:
             history.append(record)
             if progress is not None:
                 progress(record)
-        details = {"tau": tau, "scale": self.scale, "centre_error_bound": self.centre_error, "records": cfg.records}
+        details = {"tau": radii[-1], "scale": self.scale, "records": cfg.records, "centre": cfg.centre}
+        if fresh:
+            details["centre_error_bound"] = self.centre_error
         return ConcentratedGDResult(
             w=w,
             rho_spent=spent,
             rounds=cfg.rounds,
-            sigma=[self.sigma_centre, self.sigma_winsorized],
+            sigma=[self.sigma_centre, sigmas[0]] if fresh else sigmas,
             details=details,
             history=history,
         )
@@ -281,7 +328,7 @@ class ConcentratedGD:
 
 @dataclass(frozen=True)
 class ConcentratedGDParams(Rounds, StepSize, Clip):
-    """noisy-gd-conc: every user every round; two Gaussian releases per round (centre, winsorized mean)."""
+    """noisy-gd-conc: every user every round; one Gaussian release per round (two with fresh centres)."""
 
     conc_records: int = param(
         1,
@@ -300,7 +347,14 @@ class ConcentratedGDParams(Rounds, StepSize, Clip):
         0.05, "noisy-gd-conc: failure probability beta of the concentration and centre-noise bounds in tau", "theorem"
     )
     conc_centre_share: float = param(
-        0.5, "noisy-gd-conc: share of each round's zCDP budget spent on the private centre", "heuristic"
+        0.5, "noisy-gd-conc: share of each round's zCDP budget spent on the private centre (fresh centres)", "heuristic"
+    )
+    conc_centre: str = param(
+        "previous",
+        "noisy-gd-conc: the ball's centre: fresh (a private noisy mean each round, two releases per round) or "
+        "previous (the previous round's released estimate, free; round 0 is noisy-gd's; one release per round)",
+        "heuristic",
+        choices=CENTRES,
     )
 
 
@@ -315,6 +369,7 @@ def build_concentrated_gd(params: ConcentratedGDParams, ctx: BuildContext) -> Co
         scale=params.conc_scale,
         beta=params.conc_beta,
         centre_share=params.conc_centre_share,
+        centre=params.conc_centre,
         neighbouring=ctx.neighbouring,
     )
     return ConcentratedGD(config, ctx.rho_left, ctx.num_users, ctx.problem.num_params)
