@@ -5,7 +5,7 @@ synthetic logistic family (fedkl.data.synthetic, heterogeneity 0) with ``user_re
 20% held out, d = 10.
 
 Its own settings: ``method``, ``user_records`` (m) and ``conc_k`` (noisy-gd-conc's ``--conc-scale``; 0: the
-theorem's default). noisy-gd-conc declares ``--conc-records`` = the per-user train count, 0.8 m: a
+theorem's default); noisy-gd-conc also takes the point's ``conc_centre``. noisy-gd-conc declares ``--conc-records`` = the per-user train count, 0.8 m: a
 public design fact of the family (checked here against the draw). Both methods: the point's rounds, lr
 and clip. Table columns: ``excess`` = F(w) - F(w_opt) on the train records (the user-level empirical
 objective; w_opt the non-private minimizer), ``tau`` (noisy-gd-conc's projection radius, public), test
@@ -42,6 +42,7 @@ def run(settings, log) -> dict:
         if int(ds.train.counts().min()) < declared:
             raise ValueError(f"{NAME}: a user holds fewer than the declared {declared} train records")
         grid["conc_records"] = declared
+        grid["conc_centre"] = settings.conc_centre
         if float(settings.conc_k) > 0:
             grid["conc_scale"] = float(settings.conc_k)
     out = tempfile.mkdtemp(prefix="conc-gd-")
@@ -52,7 +53,7 @@ def run(settings, log) -> dict:
     problem = make_problem("logistic", ds)
     w_opt = nonprivate_minimizer(problem, ds.train)
     excess = float(problem.loss(r.model, ds.train) - problem.loss(w_opt, ds.train))
-    tau = (r.result.get("algorithm_details") or {}).get("tau")
+    tau = (r.result.get("algorithm_details") or {}).get("tau")  # previous centres: the last round's
     acc = r.metrics["accuracy"]
     log(f"{method} n={n} m={m} seed={seed} {grid}: excess {excess:.5f}, accuracy {acc:.4f}")
     return runner_result(
