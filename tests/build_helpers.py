@@ -32,6 +32,7 @@ def build(cfg, rho_total: float, *, problem, dataset, delta: float, ledger=None,
 SCHEDULED = {"neighbouring": "add-remove", "sampling_rate": 0.5, "accountant": "rdp"}
 SMALL = {
     "noisy-gd": {},
+    "noisy-gd-conc": {"conc_records": 20},
     "noisy-fw": {"fw_rounds": 4},
     "gll-phased-sgd": {"radius": 2.0},
     "pg-mirror-descent": {"pgmd_outer_rounds": 3, "pgmd_inner_rounds": 2},

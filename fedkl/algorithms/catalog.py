@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from fedkl.algorithms import (  # noqa: F401  (each module registers its algorithms on import)
+    concentrated_gd,
     dp_adaptive,
     dp_fedavg,
     dp_ftrl,
