@@ -16,6 +16,33 @@ def _setting(row: dict) -> str:
     return ", ".join(f"{k}={float(row[k]):g}" for k in SETTING[row["method"]])
 
 
+def _write_markdown(study, lines: list[str]) -> str:
+    path = study.output("markdown")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return path
+
+
+def _pyplot():
+    """matplotlib.pyplot on the Agg backend, or None where matplotlib is missing (the markdown alone)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def _save_figure(study, plt, fig) -> str:
+    fig.tight_layout()
+    figure = study.output("figure")
+    fig.savefig(figure, dpi=120)
+    plt.close(fig)
+    return figure
+
+
 def report(study) -> list[str]:
     summary: dict[tuple[int, str, str], list[dict]] = {}
     for r in study.rows:
@@ -42,16 +69,9 @@ def report(study) -> list[str]:
     lines += ["", "Best setting per algorithm:", "", "| n | algorithm | setting | accuracy |", "|---|---|---|---|"]
     for (n, alg), (acc, setting, std) in sorted(best.items()):
         lines.append(f"| {n} | {alg} | {setting} | {acc:.4f} ± {std:.4f} |")
-    path = study.output("markdown")
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    written = [path]
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    written = [_write_markdown(study, lines)]
+    plt = _pyplot()
+    if plt is None:
         return written
     ns = sorted({n for n, _ in best})
     fig, ax = plt.subplots(figsize=(5, 3.5))
@@ -64,11 +84,7 @@ def report(study) -> list[str]:
     ax.set_ylabel("test accuracy")
     ax.set_title(f"sparse logistic, d = {D}, eps = {eps}")
     ax.legend()
-    fig.tight_layout()
-    figure = study.output("figure")
-    fig.savefig(figure, dpi=120)
-    plt.close(fig)
-    return written + [figure]
+    return written + [_save_figure(study, plt, fig)]
 
 
 # --- the real-data companion: simulations/studies/p001_sparse_fw_movielens.toml --------------------------
@@ -145,16 +161,9 @@ def movielens_report(study) -> list[str]:
         "(log d instead of sqrt(d) in the rate) needs a good predictor INSIDE a small l1 ball; on the synthetic "
         "family with a 5-sparse w* (p001_sparse_fw.md) it has one and noisy-fw wins at n = 4000.",
     ]
-    path = study.output("markdown")
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    written = [path]
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    written = [_write_markdown(study, lines)]
+    plt = _pyplot()
+    if plt is None:
         return written
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for alg in ("noisy-fw", *L2_METHODS):
@@ -170,8 +179,4 @@ def movielens_report(study) -> list[str]:
     ax.set_ylabel("test accuracy (best variant)")
     ax.set_title("movielens-sparse, d = 2069, n = 671")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    figure = study.output("figure")
-    fig.savefig(figure, dpi=120)
-    plt.close(fig)
-    return written + [figure]
+    return written + [_save_figure(study, plt, fig)]
