@@ -162,8 +162,8 @@ def movielens_report(study) -> list[str]:
             "Measured reason (from the rows above): after T rounds noisy Frank-Wolfe's model is a combination of at "
             f"most T vertices +-r e_j, so it has at most T non-zero coordinates of d = 2069; Thm 9's T is "
             f"{theorem_t} here. Its best variant's mean accuracy is {gap:+.4f} from the majority class. "
-            "What the rows show about the signal: it is dense, not sparse: the non-private reference uses "
-            f"every coordinate and reaches {reference:.4f}, and the l2 methods, whose noise is spread over all "
+            "The rows point to a dense signal, not a sparse one: the unconstrained non-private reference "
+            f"(no l1 constraint, all 2069 coordinates free) reaches {reference:.4f}, and the l2 methods, whose noise is spread over all "
             "coordinates, recover part of it. Paper 001's advantage (log d instead of sqrt(d) in the rate) needs a "
             "good predictor inside a small l1 ball; the synthetic family with a 5-sparse w* (p001_sparse_fw.md) "
             "has one, and there noisy-fw wins at n = 4000.",
