@@ -189,10 +189,9 @@ def movielens_report(study) -> list[str]:
         )
     ax.axhline(trivial, color="grey", linestyle=":", label="majority")
     ax.axhline(reference, color="black", linestyle="--", label="non-private")
-    ax.set_xscale("log")
     ax.set_xticks(epsilons, [f"{e:g}" for e in epsilons])
     ax.set_xlabel("user-level eps")
     ax.set_ylabel("test accuracy (best variant)")
     ax.set_title("movielens-sparse, d = 2069, n = 671")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="lower right", ncol=2)
     return written + [_save_figure(study, plt, fig)]
