@@ -633,6 +633,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         "paper002_delta_selection",
         "tune_step_sizes",
         "p001_sparse_fw",
+        "p001_sparse_fw_movielens",
         "audit",
         "concentrated_gd",
     ],

@@ -10,7 +10,9 @@ reuses) with paper 001's oracle and schedule:
   (L = L0 R), beta-smooth function, so every SGD step stays non-expansive, which the sensitivity
   proof needs (gradient clipping would break it; note seed-001, pitfall 15). The Moreau smoothing of
   a non-smooth GLL is the problem's: ``smoothed-hinge`` IS the hinge's Moreau envelope
-  ``l_beta`` with ``beta = 1/smoothing`` (its closed-form prox, no bisection: alpha = 0), and
+  ``l_beta`` with ``beta = 1/smoothing`` (its closed-form prox, no bisection: alpha = 0), ``absolute``
+  (regression, ``|<w, x> - y|``) answers the gradient of its envelope (the Huber loss, closed-form prox,
+  ``beta = moreau_beta``: :mod:`fedkl.problems.robust_regression`), ``huber`` is smooth, and
   ``logistic`` needs none. An answer above the norm bound L is invalid (the user contributes zero,
   an identity step).
 * **Schedule (Thm 6, note pitfalls 3, 5, 6).** ``rho_p = sqrt(2 rho)`` (the paper's/FKT's rho);

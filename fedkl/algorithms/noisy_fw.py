@@ -33,7 +33,8 @@ Parameters (Thm 9, paper's natural logs): ``T = floor(n eps / (ln J ln n sqrt(ln
 least 1; ``ln n`` and ``ln J`` taken >= 1), with (eps, delta) the users' budget; the clamp
 ``G`` = the problem's Lipschitz bound L0 R (an l2 bound, hence an l_inf one) on W. The paper smooths
 a non-smooth GLL by its Moreau envelope; fedkl's GLLs are smooth already (``logistic``, and
-``smoothed-hinge``: the Moreau envelope of the hinge with ``beta = 1/smoothing``), so the oracle is
+``smoothed-hinge``: the Moreau envelope of the hinge with ``beta = 1/smoothing``; ``huber``; ``absolute``
+trains on its envelope, :mod:`fedkl.problems.robust_regression`), so the oracle is
 the exact gradient (alpha = 0). The model is the last iterate ``w_{T+1}`` (the paper returns w_T,
 leaving the last selection unused; both are post-processing). Rate (Thm 9, convex GLL, W an l1
 ball): ``O~(L0 R D sqrt(log d / (n eps)))``, with no polynomial dependence on d.

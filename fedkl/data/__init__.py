@@ -8,6 +8,7 @@ from fedkl.data.files import DataError, is_data_file, load_file, sites_dataset
 from fedkl.data.flights import load_flights
 from fedkl.data.images import DataNotInstalled, load_fashion_mnist, load_mnist
 from fedkl.data.mortgages import load_mortgages
+from fedkl.data.movielens_sparse import load_movielens_sparse
 from fedkl.data.partition import load_fertility_partition
 from fedkl.data.real import load_movielens, load_movielens_heavy, load_tv16
 from fedkl.data.shakespeare import load_shakespeare
@@ -26,6 +27,7 @@ DATASETS = (
     "mortgages",
     "fertility-partition",
     "movielens-heavy",
+    "movielens-sparse",
 )
 SYNTHETIC_DEFAULTS = {"n_users": 200, "m": 20, "d": 10}
 # loaders whose seed is the partition/split seed ``split_seed`` (``seed=`` is accepted as its alias)
@@ -38,6 +40,7 @@ _SPLIT_SEEDED = {
     "mortgages": load_mortgages,
     "fertility-partition": load_fertility_partition,
     "movielens-heavy": load_movielens_heavy,
+    "movielens-sparse": load_movielens_sparse,
 }
 # datasets whose users are fixed by the data (``n_users`` does not apply)
 _FIXED_USERS = {
@@ -45,13 +48,14 @@ _FIXED_USERS = {
     "flights": "one per destination airport",
     "mortgages": "one per birth state",
     "movielens-heavy": "the raters with >= min_records ratings",
+    "movielens-sparse": "one per rater",
 }
 
 
 def load_dataset(name: str, **kw) -> FederatedDataset:
     """Load dataset ``name`` (keyword arguments go to its loader; synthetic sets default to
     ``n_users=200, m=20, d=10``). For adult, shakespeare, mnist, fashion-mnist, flights, mortgages,
-    fertility-partition and movielens-heavy ``seed`` is an alias of the loader's ``split_seed`` (the
+    fertility-partition, movielens-heavy and movielens-sparse ``seed`` is an alias of the loader's ``split_seed`` (the
     seed of the per-user split, for mnist and fashion-mnist also of their synthetic partition; adult's
     hashed partition and fertility-partition's permutation have their own ``partition_seed``, the
     flights and mortgages per-user subsample its own ``sample_seed``), so that a caller can seed every
@@ -95,6 +99,7 @@ __all__ = [
     "load_mortgages",
     "load_movielens",
     "load_movielens_heavy",
+    "load_movielens_sparse",
     "load_shakespeare",
     "load_tv16",
     "synthetic_least_squares",

@@ -2,7 +2,8 @@
 
 Names: ``logistic`` and ``smoothed-hinge`` (binary ±1 labels), ``softmax`` and ``mlp`` (multiclass,
 or binary read as classes 0/1), ``least-squares`` (regression; its label bound comes from
-``dataset.extra["label_bound"]`` unless ``label_bound=`` is given), and ``torch``: your own
+``dataset.extra["label_bound"]`` unless ``label_bound=`` is given), ``huber`` and ``absolute`` (robust
+regression GLLs, :mod:`fedkl.problems.robust_regression`; ``absolute`` trains on its Moreau envelope), and ``torch``: your own
 ``torch.nn.Module`` (:mod:`fedkl.problems.torch_model`; ``model=`` an import spec
 ``"package.module:factory"``, a factory or a module) for any task.
 """
@@ -16,9 +17,10 @@ from fedkl.problems.least_squares import LeastSquares
 from fedkl.problems.logistic import BinaryLogistic
 from fedkl.problems.mlp import MLP
 from fedkl.problems.multiclass import SoftmaxRegression
+from fedkl.problems.robust_regression import AbsoluteLoss, Huber
 from fedkl.problems.torch_model import TorchModel
 
-PROBLEMS = ("logistic", "softmax", "least-squares", "smoothed-hinge", "mlp", "torch")
+PROBLEMS = ("logistic", "softmax", "least-squares", "smoothed-hinge", "mlp", "torch", "huber", "absolute")
 # the problem a run uses when none is named, per task (fedkl run, fedkl.train, the Flower clients)
 DEFAULT_PROBLEM = {"binary": "logistic", "multiclass": "softmax", "regression": "least-squares"}
 _TASKS = {
@@ -27,6 +29,8 @@ _TASKS = {
     "softmax": ("binary", "multiclass"),
     "mlp": ("binary", "multiclass"),
     "least-squares": ("regression",),
+    "huber": ("regression",),
+    "absolute": ("regression",),
     "torch": ("binary", "multiclass", "regression"),
 }
 
@@ -54,7 +58,7 @@ def problem_spec(name: str, dataset: FederatedDataset, reg: float = 0.0, model=N
         spec["num_classes"] = 2 if dataset.task == "binary" else dataset.num_classes
     if name == "torch":
         spec["model"] = model if isinstance(model, str) else None
-    if name == "least-squares":
+    if name in ("least-squares", "huber", "absolute"):
         spec["label_bound"] = dataset.extra.get("label_bound")
     return spec
 
@@ -70,6 +74,9 @@ def problem_from_spec(spec: dict, model=None, **kw) -> Problem:
     if name == "least-squares":
         kw.setdefault("label_bound", spec.get("label_bound"))
         return LeastSquares(dim, reg, **kw)
+    if name in ("huber", "absolute"):
+        kw.setdefault("label_bound", spec.get("label_bound"))
+        return (Huber if name == "huber" else AbsoluteLoss)(dim, reg, **kw)
     if name == "softmax":
         return SoftmaxRegression(dim, spec["num_classes"], reg, **kw)
     if name == "mlp":
@@ -90,9 +97,11 @@ def make_problem(name: str, dataset: FederatedDataset, reg: float = 0.0, **kw) -
 
 
 __all__ = [
+    "AbsoluteLoss",
     "BinaryLogistic",
     "Constants",
     "DEFAULT_PROBLEM",
+    "Huber",
     "LeastSquares",
     "MLP",
     "PROBLEMS",

@@ -264,16 +264,22 @@ def test_diameter_test_over_flower_equals_inprocess(tmp_path, case):
     assert out["w"] is not None  # the settings release a model (not only ⊥)
 
 
-def _flower_equals_inprocess(tmp_path, name, kw):
+@pytest.mark.parametrize("name,problem", [("gll-phased-sgd", "absolute"), ("noisy-fw", "huber")])
+def test_robust_regression_gll_over_flower_equals_inprocess(tmp_path, name, problem):
+    """The ClientApp rebuilds huber / absolute (its Moreau beta a public default) and answers like in-process."""
+    _flower_equals_inprocess(tmp_path, name, SMALL[name], "synthetic-least-squares", problem)
+
+
+def _flower_equals_inprocess(tmp_path, name, kw, dataset="synthetic-logistic", problem="logistic"):
     kw = dict(kw)
     users = kw.pop("users", 12)
     spec = codec.ClientSpec.build(
-        "synthetic-logistic", "logistic", {"n_users": users, "m": 6, "d": 3, "seed": 2}, {"reg": kw.get("reg", 0.0)}
+        dataset, problem, {"n_users": users, "m": 6, "d": 3, "seed": 2}, {"reg": kw.get("reg", 0.0)}
     )
     base = {
         **dict(
-            dataset="synthetic-logistic",
-            problem="logistic",
+            dataset=dataset,
+            problem=problem,
             algorithm=name,
             epsilon=3.0,
             rounds=3,

@@ -132,6 +132,7 @@ def test_load_dataset():
         "mortgages",
         "fertility-partition",
         "movielens-heavy",
+        "movielens-sparse",
     }
     ds = load_dataset("synthetic-logistic")
     assert ds.train.num_users == 200 and ds.train.dim == 10 and ds.train.num_records + ds.test.num_records == 4000

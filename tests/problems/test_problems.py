@@ -282,7 +282,9 @@ def test_make_problem():
     linear_net = lambda d, k: torch.nn.Linear(d, k)  # noqa: E731  (problem "torch": your own network)
     for name in PROBLEMS:
         kw = {"model": linear_net} if name == "torch" else {}
-        assert make_problem(name, regression if name == "least-squares" else binary, **kw).dim == D
+        assert (
+            make_problem(name, regression if name in ("least-squares", "huber", "absolute") else binary, **kw).dim == D
+        )
     assert make_problem("torch", regression, model=linear_net).num_params == D + 1
     with pytest.raises(ValueError, match="valid names: logistic, softmax, least-squares, smoothed-hinge, mlp"):
         make_problem("svm", binary)
