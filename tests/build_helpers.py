@@ -33,6 +33,8 @@ SCHEDULED = {"neighbouring": "add-remove", "sampling_rate": 0.5, "accountant": "
 SMALL = {
     "noisy-gd": {},
     "noisy-fw": {"fw_rounds": 4},
+    "vr-fw": {"vrfw_rounds": 2, "vrfw_batch": 4},  # 10 users in 3 slots: anchors and a (g, diff) pair
+    "vr-fw-lp": {"vrfw_rounds": 2, "vrfw_batch": 4},
     "gll-phased-sgd": {"radius": 2.0},
     "dp-sgd": SCHEDULED,
     "dp-rmsprop": {**SCHEDULED, "lr": 0.05},

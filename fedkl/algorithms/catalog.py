@@ -13,6 +13,7 @@ from fedkl.algorithms import (  # noqa: F401  (each module registers its algorit
     noisy_fw,
     noisy_gd,
     p002,
+    vr_frank_wolfe,
 )
 from fedkl.algorithms.registry import REGISTRY, algorithm_spec
 

@@ -149,6 +149,12 @@ def _check_clipped_answer(value: torch.Tensor, clip: float) -> None:
         raise ValueError(f"answer norm {norm:.6g} exceeds the clip bound {clip:g}")
 
 
+def _check_clamped_answer(value: torch.Tensor, bound: float) -> None:
+    largest = float(value.abs().max()) if value.numel() else 0.0
+    if not largest <= bound:
+        raise ValueError(f"answer entry {largest:.6g} exceeds the clamp bound {bound:g}")
+
+
 @dataclass(frozen=True)
 class ClippedGradient(Query):
     """``clip_C(grad f_u(w))``, ``clip_C(v) = v * min(1, C/||v||)`` (norm <= C, zero stays zero)."""
@@ -199,9 +205,7 @@ class ClampedGradient(Query):
         return cls(**tensors, bound=wire_number(scalars, "bound"))
 
     def check_answer(self, value: torch.Tensor) -> None:
-        largest = float(value.abs().max()) if value.numel() else 0.0
-        if not largest <= self.bound:
-            raise ValueError(f"answer entry {largest:.6g} exceeds the clamp bound {self.bound:g}")
+        _check_clamped_answer(value, self.bound)
 
 
 @dataclass(frozen=True)
@@ -259,6 +263,18 @@ class GradientDifference(Query):
 
     def check_answer(self, value: torch.Tensor) -> None:
         _check_clipped_answer(value, self.clip)
+
+
+@dataclass(frozen=True)
+class ClampedGradientDifference(GradientDifference):
+    """``clamp(grad f_u(w_new) - grad f_u(w_old), -clip, clip)`` coordinatewise: the difference clipped in
+    l_inf, the dual norm of l1 (paper 001's variance-reduced Frank–Wolfe over a polytope, ``vr-fw``).
+    Every entry of the answer is in ``[-clip, clip]``, whatever the client computes."""
+
+    kind: ClassVar[str] = "clamped_gradient_difference"
+
+    def check_answer(self, value: torch.Tensor) -> None:
+        _check_clamped_answer(value, self.clip)
 
 
 @dataclass(frozen=True)
