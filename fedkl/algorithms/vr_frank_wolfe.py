@@ -71,14 +71,15 @@ import hashlib
 import math
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from fedkl.algorithms.fkt_common import cohort_order, split_cohorts
 from fedkl.algorithms.kl_common import check_relation, sum_sensitivity
-from fedkl.algorithms.registry import AlgorithmParams, AlgorithmResult, BuildContext, param, register
+from fedkl.algorithms.noisy_fw import NoisyFWResult, refuse_unaffordable
+from fedkl.algorithms.registry import AlgorithmParams, BuildContext, param, register
 from fedkl.federation.base import (
     ClampedGradient,
     ClampedGradientDifference,
@@ -158,13 +159,7 @@ def fit_rounds(rounds: int, batch: int, n: int) -> int:
 # --------------------------------------------------------------------------------------------------
 # the shared driver
 # --------------------------------------------------------------------------------------------------
-@dataclass
-class VRFWResult(AlgorithmResult):
-    w: torch.Tensor
-    rounds: int
-    rho_spent: float
-    details: dict = field(default_factory=dict)
-    history: list[dict] = field(default_factory=list)
+VRFWResult = NoisyFWResult  # the same fields: model, rounds, rho spent, details, history
 
 
 class _VarianceReducedFW:
@@ -261,12 +256,7 @@ class _VarianceReducedFW:
             )
         cohorts = self.cohorts(federation.user_ids)
         ids = [[federation.ids_of(slot) for slot in round_] for round_ in cohorts]
-        left = releaser.rho_left([u for round_ in ids for slot in round_ for u in slot])
-        if left is not None and left < self.rho_total * (1 - 1e-9):
-            raise BudgetExceeded(
-                f"{self.name}: the users can afford rho {left:.4g} < the planned {self.rho_total:.4g} "
-                "(nothing was read or charged)"
-            )
+        refuse_unaffordable(self.name, releaser, [u for round_ in ids for slot in round_ for u in slot], self.rho_total)
         w = self.start().to(w0.dtype)
         points: list[torch.Tensor] = []  # w_r^t, t < 2^r: the iterates Thm 11/14 draw the output from
         history: list[dict] = []

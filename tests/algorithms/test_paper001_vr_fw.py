@@ -176,7 +176,12 @@ def _forced_selections(monkeypatch, alg, fed, tmp_path, tag):
         return 0 if kw["details"]["t"] % 2 == 0 else D  # vertex D is -r e_0
 
     monkeypatch.setattr(Releaser, "exponential", spy)
-    with PrivacyLedger(tmp_path / f"{tag}.sqlite", Budget(50.0, 1e-5)) as led:
+    return _run_and_undo(monkeypatch, alg, fed, tmp_path / f"{tag}.sqlite", seen)
+
+
+def _run_and_undo(monkeypatch, alg, fed, path, seen):
+    """Run ``alg`` on ``fed`` (a generous budget), undo the spies, return what they saw."""
+    with PrivacyLedger(path, Budget(50.0, 1e-5)) as led:
         alg.run(fed, Releaser(led, NoiseSource(0)), torch.zeros(D, dtype=torch.float64))
     monkeypatch.undo()
     return seen
@@ -269,10 +274,7 @@ def _gaussian_values(monkeypatch, alg, fed, tmp_path, tag):
         return v
 
     monkeypatch.setattr(ball, "lmo", lmo)
-    with PrivacyLedger(tmp_path / f"{tag}.sqlite", Budget(50.0, 1e-5)) as led:
-        alg.run(fed, Releaser(led, NoiseSource(0)), torch.zeros(D, dtype=torch.float64))
-    monkeypatch.undo()
-    return seen
+    return _run_and_undo(monkeypatch, alg, fed, tmp_path / f"{tag}.sqlite", seen)
 
 
 @pytest.mark.parametrize("slot", [(1, 0), (2, 2), (2, 3)])
