@@ -33,8 +33,8 @@ SCHEDULED = {"neighbouring": "add-remove", "sampling_rate": 0.5, "accountant": "
 SMALL = {
     "noisy-gd": {},
     "noisy-fw": {"fw_rounds": 4},
-    "vr-fw": {"vrfw_rounds": 2, "vrfw_batch": 4},  # 10 users in 3 slots: anchors and a (g, diff) pair
-    "vr-fw-lp": {"vrfw_rounds": 2, "vrfw_batch": 4},
+    "vr-fw": {"users": 20, "vrfw_rounds": 3, "vrfw_batch": 4},  # 18 users in 7 slots: anchors and (g, diff) pairs
+    "vr-fw-lp": {"users": 20, "vrfw_rounds": 3, "vrfw_batch": 4},
     "gll-phased-sgd": {"radius": 2.0},
     "dp-sgd": SCHEDULED,
     "dp-rmsprop": {**SCHEDULED, "lr": 0.05},
