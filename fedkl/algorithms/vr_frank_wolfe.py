@@ -89,7 +89,7 @@ from fedkl.federation.base import (
     Query,
 )
 from fedkl.privacy.charges import ExponentialCharge
-from fedkl.privacy.guarantee import Guarantee
+from fedkl.privacy.guarantee import RELEASED_MODELS, Guarantee
 from fedkl.privacy.ledger import BudgetExceeded
 from fedkl.privacy.release import Releaser
 from fedkl.problems.lp_ball import LpBall
@@ -525,7 +525,7 @@ def _common(
     return rounds, batch, clip, smooth
 
 
-@register("vr-fw", VRFWParams)
+@register("vr-fw", VRFWParams, RELEASED_MODELS)  # clients get w_t, w_{t-1}: post-processing of releases
 def build_vr_fw(params: VRFWParams, ctx: BuildContext) -> VRFrankWolfe:
     """Variance-reduced Frank-Wolfe, smooth non-convex, l1 ball / simplex, exact per-slot ledger (paper 001, Alg 4; zCDP)."""
     domain = make_domain(params.vrfw_domain, ctx.problem.num_params, params.vrfw_radius)
@@ -538,7 +538,7 @@ def build_vr_fw(params: VRFWParams, ctx: BuildContext) -> VRFrankWolfe:
     )
 
 
-@register("vr-fw-lp", VRFWLpParams)
+@register("vr-fw-lp", VRFWLpParams, RELEASED_MODELS)
 def build_vr_fw_lp(params: VRFWLpParams, ctx: BuildContext) -> VRFrankWolfeLp:
     """Variance-reduced Frank-Wolfe, smooth non-convex, l_p ball (1 < p <= 2), Gaussian pair releases (paper 001, Alg 5; zCDP)."""
     domain = LpBall(ctx.problem.num_params, params.vrfw_p, params.vrfw_radius)

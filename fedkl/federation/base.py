@@ -149,12 +149,6 @@ def _check_clipped_answer(value: torch.Tensor, clip: float) -> None:
         raise ValueError(f"answer norm {norm:.6g} exceeds the clip bound {clip:g}")
 
 
-def _check_clamped_answer(value: torch.Tensor, bound: float) -> None:
-    largest = float(value.abs().max()) if value.numel() else 0.0
-    if not largest <= bound:
-        raise ValueError(f"answer entry {largest:.6g} exceeds the clamp bound {bound:g}")
-
-
 @dataclass(frozen=True)
 class ClippedGradient(Query):
     """``clip_C(grad f_u(w))``, ``clip_C(v) = v * min(1, C/||v||)`` (norm <= C, zero stays zero)."""
@@ -205,7 +199,9 @@ class ClampedGradient(Query):
         return cls(**tensors, bound=wire_number(scalars, "bound"))
 
     def check_answer(self, value: torch.Tensor) -> None:
-        _check_clamped_answer(value, self.bound)
+        largest = float(value.abs().max()) if value.numel() else 0.0
+        if not largest <= self.bound:
+            raise ValueError(f"answer entry {largest:.6g} exceeds the clamp bound {self.bound:g}")
 
 
 @dataclass(frozen=True)
@@ -274,7 +270,9 @@ class ClampedGradientDifference(GradientDifference):
     kind: ClassVar[str] = "clamped_gradient_difference"
 
     def check_answer(self, value: torch.Tensor) -> None:
-        _check_clamped_answer(value, self.clip)
+        largest = float(value.abs().max()) if value.numel() else 0.0
+        if not largest <= self.clip:
+            raise ValueError(f"answer entry {largest:.6g} exceeds the clamp bound {self.clip:g}")
 
 
 @dataclass(frozen=True)
