@@ -34,6 +34,8 @@ SMALL = {
     "noisy-gd": {},
     "noisy-gd-conc": {"conc_records": 20},
     "noisy-fw": {"fw_rounds": 4},
+    "vr-fw": {"users": 20, "vrfw_rounds": 3, "vrfw_batch": 4},  # 18 users in 7 slots: anchors and (g, diff) pairs
+    "vr-fw-lp": {"users": 20, "vrfw_rounds": 3, "vrfw_batch": 4},
     "gll-phased-sgd": {"radius": 2.0},
     "pg-mirror-descent": {"pgmd_outer_rounds": 3, "pgmd_inner_rounds": 2},
     "dp-sgd": SCHEDULED,

@@ -16,6 +16,7 @@ from fedkl.algorithms import (  # noqa: F401  (each module registers its algorit
     noisy_gd,
     p002,
     pg_mirror_descent,
+    vr_frank_wolfe,
 )
 from fedkl.algorithms.registry import REGISTRY, algorithm_spec
 

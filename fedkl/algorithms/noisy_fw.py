@@ -73,6 +73,15 @@ def step_size(t: int) -> float:
     return min(1.0, 3.0 / (t + 2))
 
 
+def refuse_unaffordable(name: str, releaser: Releaser, user_ids: list[str], rho: float) -> None:
+    """BudgetExceeded (before any data is read) unless every listed user can afford ``rho``."""
+    left = releaser.rho_left(user_ids)
+    if left is not None and left < rho * (1 - 1e-9):
+        raise BudgetExceeded(
+            f"{name}: the users can afford rho {left:.4g} < the planned {rho:.4g} (nothing was read or charged)"
+        )
+
+
 @dataclass
 class NoisyFWResult(AlgorithmResult):
     w: torch.Tensor
@@ -133,12 +142,7 @@ class NoisyFrankWolfe:
         n = federation.num_users
         users = list(range(n))
         user_ids = federation.ids_of(users)
-        left = releaser.rho_left(user_ids)
-        if left is not None and left < self.rho_total * (1 - 1e-9):
-            raise BudgetExceeded(
-                f"{self.name}: the users can afford rho {left:.4g} < the planned {self.rho_total:.4g} "
-                "(nothing was read or charged)"
-            )
+        refuse_unaffordable(self.name, releaser, user_ids, self.rho_total)
         eps0, sens = self.eps_per_round, self.sensitivity
         w = self.domain.center.to(w0.dtype)  # public start in W (Alg 3: w_1 arbitrary in W)
         history: list[dict] = []

@@ -295,6 +295,20 @@ class GradientDifference(Query):
 
 
 @dataclass(frozen=True)
+class ClampedGradientDifference(GradientDifference):
+    """``clamp(grad f_u(w_new) - grad f_u(w_old), -clip, clip)`` coordinatewise: the difference clipped in
+    l_inf, the dual norm of l1 (paper 001's variance-reduced Frank–Wolfe over a polytope, ``vr-fw``).
+    Every entry of the answer is in ``[-clip, clip]``, whatever the client computes."""
+
+    kind: ClassVar[str] = "clamped_gradient_difference"
+
+    def check_answer(self, value: torch.Tensor) -> None:
+        largest = float(value.abs().max()) if value.numel() else 0.0
+        if not largest <= self.clip:
+            raise ValueError(f"answer entry {largest:.6g} exceeds the clamp bound {self.clip:g}")
+
+
+@dataclass(frozen=True)
 class LocalRegularizedMinimizer(Query):
     """``argmin_v f_u(v) + (strength/2)||v - center||^2``, solved locally to gradient norm ``tol``."""
 

@@ -22,6 +22,7 @@ from fedkl.federation.base import (
     Answers,
     CertifiedLocalMinimizer,
     ClampedGradient,
+    ClampedGradientDifference,
     ClippedGradient,
     ClippedLocalUpdate,
     DualClippedGradient,
@@ -132,11 +133,20 @@ class InProcessFederation(Federation):
 
     @answers(GradientDifference)
     def _gradient_difference(self, query: GradientDifference, users: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        return clip_rows(self._gradient_differences(query, users), query.clip)
+
+    @answers(ClampedGradientDifference)
+    def _clamped_gradient_difference(
+        self, query: ClampedGradientDifference, users: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return clamp_rows(self._gradient_differences(query, users), query.clip)
+
+    def _gradient_differences(self, query: GradientDifference, users: list[int]) -> torch.Tensor:
+        """``grad f_u(w_new) - grad f_u(w_old)`` (not yet clipped) of every asked user."""
         data = self._data(users)
-        diff = self.problem.per_user_gradients(self._params(query.w_new), data) - self.problem.per_user_gradients(
+        return self.problem.per_user_gradients(self._params(query.w_new), data) - self.problem.per_user_gradients(
             self._params(query.w_old), data
         )
-        return clip_rows(diff, query.clip)
 
     @answers(LocalLoss)
     def _local_loss(self, query: LocalLoss, users: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
