@@ -36,7 +36,7 @@ def test_the_plan_is_the_runs_charges_with_adaptive_clipping(tmp_path):
     _plan_equals_run(_config("dp-fedavg", tmp_path / "run", adaptive_clip=True, clip_count_noise=5.0))
 
 
-def _plan_equals_run(cfg: RunConfig) -> None:
+def _plan_equals_run(cfg: RunConfig) -> tuple[dict, dict]:
     plan = charge_plan(cfg)
     result = run_training(cfg, log=lambda s: None)
     with PrivacyLedger(result["ledger"]["path"]) as ledger:
@@ -49,6 +49,7 @@ def _plan_equals_run(cfg: RunConfig) -> None:
         assert max(rho) <= Budget(**result["ledger"]["budget"]).rho * (1 + 1e-9)
     else:
         assert real == plan["releases"]
+    return plan, result
 
 
 def test_the_standin_keeps_only_public_shape():
@@ -68,3 +69,28 @@ def test_fedkl_plan_charges_prints_and_writes_json(capsys):
     assert cli.main([*argv, "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert len(plan["releases"]) == 4 and plan["releases"][0]["charge"]["type"] == "GaussianCharge"
+
+
+@pytest.mark.parametrize("name", ["sc-output-pert", "phased-erm", "phased-sco", "sc-phased-erm", "sc-phased-sco"])
+def test_private_delta_selection_charges_every_call_twice_within_the_budget(tmp_path, name):
+    """--p002-delta-select sparse-vector: each release is preceded by its AboveThreshold charge
+    (eps_sel = 1/4 of the call's eps, delta 0) and every user's entries compose to at most the budget.
+    The plan lists the same entries (labels, mechanisms, (eps, delta), users); only the releases' noise
+    scale follows the privately chosen Delta (a private output: the later charge is adaptive)."""
+    cfg = _config(name, tmp_path / "run", p002_delta_select="sparse-vector", users=60, epsilon=16.0)
+    public = ("label", "mechanism", "users", "cohort")
+    plan = [({k: r[k] for k in public}, r["charge"]["eps"], r["charge"]["delta"]) for r in charge_plan(cfg)["releases"]]
+    result = run_training(cfg, log=lambda s: None)
+    with PrivacyLedger(result["ledger"]["path"]) as ledger:
+        rows = ledger.releases()
+        real = [({k: r[k] for k in public}, r["eps"], r["delta"]) for r in rows]
+        spent = [ledger.spend(u).eps for u in load_run_dataset(cfg).train.user_ids]
+    assert real and real == plan[: len(real)]  # the SC variants stop after a localisation ⊥ (post-processing)
+    assert len(real) == len(plan) or name.startswith("sc-phased")
+    assert [r["mechanism"] for r in rows] == ["above-threshold", "stability-gaussian"] * (len(rows) // 2)
+    for sel, rel in zip(rows[::2], rows[1::2]):
+        assert sel["label"] == rel["label"] + "/select-Delta" and sel["delta"] == 0.0
+        assert sel["eps"] == pytest.approx(0.25 * (sel["eps"] + rel["eps"]))
+    assert max(spent) <= 16.0 * (1 + 1e-9)
+    if len(real) == len(plan):  # the composed total is the budget (sco: for its cohorts' users)
+        assert max(spent) == pytest.approx(16.0) and (name.endswith("sco") or min(spent) == pytest.approx(16.0))

@@ -74,13 +74,34 @@ this needs ``n >= 4 kappa + 2`` (public; refused otherwise before any data is re
 
 Sensitivity and noise (the released value is f(x_{-S*}) + N(0, sigma^2 I_d))
 ----------------------------------------------------------------------------
-With eps_bar = eps/2, delta_bar = delta/(e^{eps_bar} + 2), kappa = 1 + ceil(ln(1/delta_bar)/eps_bar),
+For "paper" and "tight": eps_bar = eps/2, delta_bar = delta/(e^{eps_bar} + 2), kappa = 1 + ceil(ln(1/delta_bar)/eps_bar),
 Delta = rho/(n - 4 kappa - 1):
 
-* ``calibration="tight"`` (default here): sensitivity (4 kappa + 1) Delta (the chains have at most
+* ``calibration="profile"`` (default here): no split of (eps, delta) between the two steps. R1's law
+  TDLap(eps_r, delta_r), its kappa and sigma/Delta come from :func:`fedkl.algorithms.stability_profile.calibrate`
+  at (eps, delta) with chain factor c = 1 (vertex-cover score, depth 4 kappa) or c = 2 (matching score,
+  depth 8 kappa), and Delta = rho/(n - depth - 1) with THAT kappa (see the theorem below);
+* ``calibration="tight"``: sensitivity (4 kappa + 1) Delta (the chains have at most
   2 r1 + 3 <= 4 kappa + 1 steps, re-counted in del_output_pert.py), sigma = the analytic Gaussian
   (Balle & Wang 2018) at (eps_bar, delta_bar) for that sensitivity;
 * ``calibration="paper"``: sensitivity 8 kappa Delta, sigma = 2 sqrt(ln(2/delta_bar)) 8 kappa Delta / eps_bar.
+
+Theorem (profile calibration of this mechanism). With (eps_r, delta_r, sigma/Delta) =
+``calibrate(eps, delta, "exact" | "matching")``, kappa = 1 + ceil(ln(1/delta_r)/eps_r), depth =
+4 kappa (vertex cover) or 8 kappa (matching), Delta = rho/(n - depth - 1) and n >= depth + 2, the
+release is (eps, delta)-DP, user level, replace-one. Proof: the stability_profile theorem holds for
+every test whose score moves by <= 1 between neighbours and whose chains (the single deletions from
+x_{-S} and from x'_{-S'} down to x_{-U}, U = S ∪ S' ∪ {i}, when c (d + d') <= depth) each move f by
+<= Delta; its proof uses nothing else. Both facts hold here with kappa the PROFILE's kappa:
+(score) tau(C) (vertex cover; (H) above, Obs 3.5) and nu(C) (matching: C(x) - i = C(x') - i) move by
+<= 1; (chain, c = 1) a step from z = x_{-S} minus j <= d' users, d + d' <= 4 kappa, is bounded by
+P(x_{-S}, 4 kappa - d) and (S): ||f(z) - f(z - u)|| <= diam(x_{-S}) / (|z| - 1) <= rho/(n - 4 kappa - 1)
+= Delta; (chain, c = 2) |S| <= 2 d, |S'| <= 2 d', so every step starts from a subset z of the
+conflict-free kept set x_{-S} with |z| >= n - |U| + 1 >= n - 2 (d + d'), and 2 (d + d') <= 8 kappa
+gives ||f(z) - f(z - u)|| <= rho/(|z| - 1) <= rho/(n - 8 kappa - 1) = Delta. The kept sets do not
+depend on R1. So the output law on x, x' is the theorem's P_{d, .} vs P_{d', .} with Gaussian means at
+most gap(d, d') apart, and calibrate() chose sigma with max H <= delta. ∎ The exact audits in
+tests/algorithms/test_mean_output_pert.py (both scores) compute the released law on neighbours.
 
 (For a mean one can also bound ||f(x_{-S}) - f(x'_{-S'})|| directly by
 ((r1+2)/(n-r1) + (r1+1)/(n-r1-1)) rho <= (4 kappa + 1) rho / (n - 2 kappa): 3-7% smaller at the sizes
@@ -146,6 +167,7 @@ from fedkl.algorithms.del_output_pert import (
 )
 from fedkl.algorithms.matching import deletion_set
 from fedkl.algorithms.registry import AlgorithmParams, AlgorithmResult, BuildContext, param, register
+from fedkl.algorithms.stability_profile import ProfileCalibration, calibrate
 from fedkl.algorithms.vertex_cover import (
     DEFAULT_MAX_VC_CALLS,
     TESTS,
@@ -162,9 +184,7 @@ _FP_PAD = 1e-9
 _DIST_CHUNK = 256
 
 
-# the whole-release "profile" calibration changes kappa, which this mechanism's own depth and checks
-# use (DeletionBudget): not offered here until they follow it
-MEAN_CALIBRATIONS = ("paper", "tight")
+MEAN_CALIBRATIONS = ("profile", "tight", "paper")  # the first is the default
 
 
 @functools.lru_cache(maxsize=256)
@@ -185,14 +205,16 @@ class MeanOutputPertConfig(DeletionBudget):
     Args:
         eps, delta: the release is (eps, delta)-DP (any eps > 0, 0 < delta < 1).
         rho: the diameter threshold: users whose v_u are pairwise within rho pass the test.
-        calibration: "tight" ((4 kappa + 1) Delta, analytic Gaussian) or "paper" (8 kappa Delta).
+        calibration: "profile" (the whole release's exact profile: R1's law, kappa and sigma from
+            :mod:`fedkl.algorithms.stability_profile`), "tight" ((4 kappa + 1) Delta, analytic
+            Gaussian) or "paper" (8 kappa Delta).
         max_vc_calls: the work budget; configurations whose worst case exceeds it are refused.
     """
 
     eps: float
     delta: float
     rho: float
-    calibration: str = "tight"
+    calibration: str = MEAN_CALIBRATIONS[0]
     max_vc_calls: int = DEFAULT_MAX_VC_CALLS
     test: str = "auto"
 
@@ -208,6 +230,31 @@ class MeanOutputPertConfig(DeletionBudget):
         if isinstance(self.max_vc_calls, bool) or int(self.max_vc_calls) != self.max_vc_calls or self.max_vc_calls < 1:
             raise ValueError(f"max_vc_calls must be a positive integer, got {self.max_vc_calls!r}")
 
+    def _profile(self, score: str) -> ProfileCalibration:
+        return calibrate(self.eps, self.delta, "matching" if score == "matching" else "exact")
+
+    @property
+    def eps_bar(self) -> float:
+        """TDLap's eps: eps/2 (paper, tight) or the profile's eps_r for the resolved score."""
+        if self.calibration == "profile":
+            return self._profile(self._resolved_test).eps_r
+        return self.eps / 2.0
+
+    @property
+    def delta_bar(self) -> float:
+        if self.calibration == "profile":
+            return self._profile(self._resolved_test).delta_r
+        return self.delta / (math.exp(self.eps / 2.0) + 2.0)
+
+    @property
+    def _resolved_test(self) -> str:
+        """The concrete score; "auto" decides with the exact score's kappa (public; n does not enter,
+        see :func:`~fedkl.algorithms.vertex_cover.resolve_test`)."""
+        if self.test != "auto":
+            return self.test
+        k_cover = self._profile("vertex-cover").kappa if self.calibration == "profile" else self.kappa
+        return resolve_test(self.test, 0, k_cover, self.max_vc_calls)
+
     @property
     def max_deletions(self) -> int:
         """2 kappa: the largest R1, hence the vertex-cover parameter k."""
@@ -215,7 +262,7 @@ class MeanOutputPertConfig(DeletionBudget):
 
     def score(self, n: int) -> str:
         """ "vertex-cover" (exact minimum cover) or "matching" at n users (public; see ``test``)."""
-        return resolve_test(self.test, n, self.kappa, self.max_vc_calls)
+        return self._resolved_test
 
     def depth(self, n: int) -> int:
         """4 kappa (vertex cover) or 8 kappa (matching): every deletion step of the proof starts from a
@@ -384,7 +431,7 @@ class LocalMeanOutputPertConfig:
     delta: float
     lam: float
     rho_fraction: float = 0.25
-    calibration: str = "tight"
+    calibration: str = MEAN_CALIBRATIONS[0]
     max_vc_calls: int = DEFAULT_MAX_VC_CALLS
     local_tol: float = 1e-10
     local_max_iter: int = 500
@@ -488,7 +535,7 @@ class PhasedMeanOutputPertConfig:
     lam: float
     phases: int
     rho_fraction: float = 0.25
-    calibration: str = "tight"
+    calibration: str = MEAN_CALIBRATIONS[0]
     max_vc_calls: int = DEFAULT_MAX_VC_CALLS
     local_tol: float = 1e-10
     local_max_iter: int = 500
@@ -638,11 +685,12 @@ class MeanOutputPertParams(AlgorithmParams):
         "heuristic",
     )
     mean_calibration: str = param(
-        "tight",
-        "mean-output-pert noise: tight (analytic Gaussian, sensitivity (4 kappa + 1) Delta) or paper "
-        "(Alg 1's 2 sqrt(ln(2/delta)) 8 kappa Delta/eps)",
+        MEAN_CALIBRATIONS[0],
+        "mean-output-pert noise: profile (the whole release's exact privacy profile, no (eps, delta) split), "
+        "tight (analytic Gaussian, sensitivity (4 kappa + 1) Delta) or paper (Alg 1's 2 sqrt(ln(2/delta)) "
+        "8 kappa Delta/eps)",
         "theorem",
-        choices=("tight", "paper"),
+        choices=MEAN_CALIBRATIONS,
     )
     mean_test: str = param(
         "auto",

@@ -23,7 +23,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedkl.algorithms.diameter_output_pert import DiameterSCOutputPert, DiameterTestConfig, SelectedDeltaSCOutputPert
-from fedkl.algorithms.phased_common import DELTA_RULES, INNER_TESTS, SCInnerRelease, setting_from_run_config
+from fedkl.algorithms.phased_common import (
+    DELTA_RULES,
+    DELTA_SELECTIONS,
+    INNER_TESTS,
+    SCInnerRelease,
+    setting_from_run_config,
+)
 from fedkl.algorithms.phased_erm import PhasedConfig, PhasedERM
 from fedkl.algorithms.phased_sco import PhasedSCO
 from fedkl.algorithms.registry import BuildContext, Domain, StabilityDelta, param, register
@@ -55,26 +61,27 @@ class P002Release(StabilityDelta):
         "theorem",
         choices=("profile", "tight", "paper"),
     )
+    p002_delta_select: str = param(
+        "fixed",
+        "paper-002 algorithms: Delta of every release = its threshold (fixed: STABILITY_DELTA for sc-output-pert, "
+        "the rule's Delta_i in each phase), or chosen by the sparse vector technique from the public grid "
+        "Delta / 2^k, k = 11..0 (sparse-vector: the smallest Delta whose deletion score is at most about "
+        "kappa/2; costs P002_SELECT_FRACTION of each release's eps; the diameter test)",
+        "heuristic",
+        choices=DELTA_SELECTIONS,
+    )
+    p002_select_fraction: float = param(
+        0.25,
+        "paper-002 algorithms with --p002-delta-select sparse-vector: the share of each release's eps spent "
+        "choosing its Delta",
+        "heuristic",
+        positive=True,
+    )
 
 
 @dataclass(frozen=True)
 class SCOutputPertParams(P002Release):
     """sc-output-pert: Delta = ``stability_delta``, or chosen privately below it."""
-
-    p002_delta_select: str = param(
-        "fixed",
-        "sc-output-pert: Delta = STABILITY_DELTA (fixed), or chosen by the sparse vector technique from the "
-        "public grid STABILITY_DELTA / 2^k, k = 11..0 (sparse-vector: the smallest Delta whose deletion score "
-        "is at most about kappa/2; costs P002_SELECT_FRACTION of eps; the diameter test)",
-        "heuristic",
-        choices=("fixed", "sparse-vector"),
-    )
-    p002_select_fraction: float = param(
-        0.25,
-        "sc-output-pert with --p002-delta-select sparse-vector: the share of eps spent choosing Delta",
-        "heuristic",
-        positive=True,
-    )
 
 
 @dataclass(frozen=True)
@@ -133,6 +140,8 @@ def phased_config(params: PhasedParams, eps: float, delta: float, seed: int) -> 
         min_cohort=params.p002_min_cohort,
         seed=int(seed),
         test=params.p002_test,
+        delta_select=params.p002_delta_select,
+        select_fraction=float(params.p002_select_fraction),
     )
 
 

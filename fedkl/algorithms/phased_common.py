@@ -71,7 +71,12 @@ from typing import Callable, Sequence, Union
 import torch
 
 from fedkl.algorithms.del_output_pert import DelOutputPertConfig, deletion_depth
-from fedkl.algorithms.diameter_output_pert import DiameterSCOutputPert, DiameterTestConfig, resolve_test
+from fedkl.algorithms.diameter_output_pert import (
+    DiameterSCOutputPert,
+    DiameterTestConfig,
+    SelectedDeltaSCOutputPert,
+    resolve_test,
+)
 from fedkl.algorithms.registry import AlgorithmResult
 from fedkl.algorithms.sc_output_pert import SCOutputPert, SCOutputPertConfig, delta_union_bound
 from fedkl.algorithms.vertex_cover import require_work_budget
@@ -224,8 +229,88 @@ class SCInnerRelease:
         return InnerOutcome(res.theta, float(res.sigma), dict(getattr(res, "diagnostics", {}) or {}))
 
 
-def sc_output_pert_inner(problem: Problem, feature_bound: float, **kw) -> SCInnerRelease:
-    """The default inner release (:class:`SCInnerRelease`; keyword arguments as its constructor)."""
+DELTA_SELECTIONS = ("fixed", "sparse-vector")
+
+
+class SelectedDeltaInnerRelease(SCInnerRelease):
+    """:class:`SCInnerRelease` whose every call chooses its Delta privately (issue 13 §2): the call
+    (eps_i, delta_i, Delta_i) runs :class:`~fedkl.algorithms.diameter_output_pert.SelectedDeltaSCOutputPert`
+    over the public grid Delta_i / ratio^k, k = size-1..0 (ending at the rule's Delta_i): AboveThreshold
+    at eps_sel = ``select_fraction`` eps_i on the capped deletion scores, then the diameter-test release of
+    the chosen Delta at (eps_i - eps_sel, delta_i).
+
+    Guarantee of one call: **(eps_i, delta_i)-DP, user level, replace-one, n public** (proof in
+    SelectedDeltaSCOutputPert: the selection is eps_sel-DP, the release (eps_i - eps_sel, delta_i)-DP for
+    every fixed grid value, adaptive basic composition). So the phased algorithms' composition is
+    unchanged: every call is an (eps_i, delta_i)-DP inner release charged to its users before it is made
+    (here as two ledger entries, ``<label>/select-Delta`` (eps_sel, 0) then ``<label>`` (eps_i - eps_sel,
+    delta_i)), and Phased-ERM's T calls compose to (sum eps_i, sum delta_i) = (eps, delta), Phased-SCO's
+    disjoint cohorts in parallel, the SC variants' localisation + phases to (eps, delta). The grid, its
+    order, the threshold and eps_sel are functions of the call's public (eps_i, delta_i, Delta_i) only.
+
+    Always the diameter test (the enumeration test has no capped score): ``test`` "exact" is refused;
+    "auto" is the diameter test's own auto score at every n. The public helpers (:meth:`check`,
+    :meth:`noise_ratio`, :meth:`min_users`) take the call's TOTAL eps and answer for the release at
+    eps_i - eps_sel (noise_ratio at the largest grid Delta: the chosen one scales it by Delta_j / Delta_i).
+    """
+
+    def __init__(
+        self,
+        problem: Problem,
+        feature_bound: float,
+        *,
+        select_fraction: float = 0.25,
+        grid_ratio: float = 2.0,
+        grid_size: int = 12,
+        **kw,
+    ) -> None:
+        super().__init__(problem, feature_bound, **kw)
+        if self.test == "exact":
+            raise ValueError(
+                "the private Delta selection uses the diameter test: give test auto, vertex-cover or matching"
+            )
+        if not 0 < select_fraction < 1:
+            raise ValueError(f"select_fraction must be in (0, 1), got {select_fraction}")
+        self.select_fraction, self.grid_ratio, self.grid_size = float(select_fraction), grid_ratio, grid_size
+
+    def release_eps(self, eps: float) -> float:
+        """eps_i - eps_sel, computed as SelectedDeltaSCOutputPert does."""
+        return eps - eps * self.select_fraction
+
+    def kind(self, n: int, eps: float, delta: float) -> str:
+        """The diameter score of a release at (eps, delta) (eps: the RELEASE's)."""
+        return resolve_test(self.test, n, kappa(eps, delta, self.calibration), self.diameter.max_vc_calls)
+
+    def noise_ratio(self, n: int, eps: float, delta: float) -> float:
+        return super().noise_ratio(n, self.release_eps(eps), delta)
+
+    def min_users(self, eps: float, delta: float) -> int:
+        return super().min_users(self.release_eps(eps), delta)
+
+    def check(self, n: int, eps: float, delta: float) -> None:
+        super().check(n, self.release_eps(eps), delta)
+
+    def mechanism(self, n: int, call: "PhaseCall") -> SelectedDeltaSCOutputPert:
+        """The call's whole mechanism (selection + release) over n users (public values only)."""
+        kind = self.kind(n, self.release_eps(call.eps), call.delta)
+        return SelectedDeltaSCOutputPert(
+            self.config(call), replace(self.diameter, test=kind), self.select_fraction, self.grid_ratio, self.grid_size
+        )
+
+    def __call__(self, federation: Federation, releaser: Releaser, call: "PhaseCall") -> InnerOutcome:
+        res = self.mechanism(federation.num_users, call).run(federation, releaser, call.center, label=call.label)
+        return InnerOutcome(res.theta, float(res.sigma), dict(res.diagnostics))
+
+
+def sc_output_pert_inner(
+    problem: Problem, feature_bound: float, *, delta_select: str = "fixed", select_fraction: float = 0.25, **kw
+) -> SCInnerRelease:
+    """The default inner release: :class:`SCInnerRelease` (``delta_select="fixed"``: Delta = the rule's) or
+    :class:`SelectedDeltaInnerRelease` (``"sparse-vector"``); other keyword arguments as SCInnerRelease's."""
+    if delta_select not in DELTA_SELECTIONS:
+        raise ValueError(f"delta_select must be one of {DELTA_SELECTIONS}, got {delta_select!r}")
+    if delta_select == "sparse-vector":
+        return SelectedDeltaInnerRelease(problem, feature_bound, select_fraction=select_fraction, **kw)
     return SCInnerRelease(problem, feature_bound, **kw)
 
 
@@ -593,6 +678,8 @@ def run_phases(
             "clipped": False,
             "projected": False,
         }
+        if "Delta_selected" in out.diagnostics:  # a privately chosen Delta (released, charged: public)
+            rec["Delta_selected"] = out.diagnostics["Delta_selected"]
         if out.theta is not None:
             theta = out.theta.to(torch.float64)
             clipped = project_ball(theta, center, radius_i if math.isfinite(radius_i) else None)

@@ -17,7 +17,10 @@ its deletion test, not from a norm bound on the users' answers, kappa' = kappa(e
 centre theta^_{i-1}, lam_i and Delta_i are public (earlier private outputs or functions of public
 constants); the clip/projection and the ⊥ rule are post-processing; basic composition of T releases
 gives (eps, delta). Every release is charged to every user through the Releaser before it is made
-(the ledger shows T x (eps/T, delta/T) per user), and :meth:`PhasedERM.run` refuses, before reading
+(the ledger shows T x (eps/T, delta/T) per user; with ``delta_select="sparse-vector"`` each call is
+:class:`~fedkl.algorithms.phased_common.SelectedDeltaInnerRelease`, itself (eps/T, delta/T)-DP by adaptive
+composition of its eps_sel-DP AboveThreshold and its (eps/T - eps_sel, delta/T) release, charged as those
+two entries, so the composition above is unchanged), and :meth:`PhasedERM.run` refuses, before reading
 any data, a run that some user cannot afford in full.
 
 Parameters (defaults are the theorem's; pitfalls of note §6)
@@ -53,6 +56,7 @@ import torch
 
 from fedkl.algorithms.phased_common import (
     DELTA_RULES,
+    DELTA_SELECTIONS,
     INNER_TESTS,
     DeltaRule,
     InnerRelease,
@@ -97,6 +101,9 @@ class PhasedConfig:
         seed: the public seed of Phased-SCO's cohort hash.
         test: the default inner release's deletion test (:class:`~fedkl.algorithms.phased_common.SCInnerRelease`):
             "auto", "exact", "vertex-cover" or "matching".
+        delta_select, select_fraction: "fixed" (every call at its rule's Delta) or "sparse-vector" (every
+            call chooses its Delta privately below the rule's, spending select_fraction of its eps:
+            :class:`~fedkl.algorithms.phased_common.SelectedDeltaInnerRelease`).
     """
 
     eps: float
@@ -114,6 +121,8 @@ class PhasedConfig:
     min_cohort: int | None = None
     seed: int = 0
     test: str = "auto"
+    delta_select: str = "fixed"
+    select_fraction: float = 0.25
 
     def __post_init__(self) -> None:
         if not (self.eps > 0 and math.isfinite(self.eps) and 0 < self.delta < 1):
@@ -134,6 +143,10 @@ class PhasedConfig:
             raise ValueError(f"min_cohort must be an integer >= 2, got {self.min_cohort}")
         if self.test not in INNER_TESTS:
             raise ValueError(f"test must be one of {INNER_TESTS}, got {self.test!r}")
+        if self.delta_select not in DELTA_SELECTIONS:
+            raise ValueError(f"delta_select must be one of {DELTA_SELECTIONS}, got {self.delta_select!r}")
+        if not 0 < self.select_fraction < 1:
+            raise ValueError(f"select_fraction must be in (0, 1), got {self.select_fraction}")
         rule = self.rule
         if not callable(rule) and rule not in DELTA_RULES:
             raise ValueError(f"delta_rule must be one of {DELTA_RULES} or a function, got {rule!r}")
@@ -237,6 +250,8 @@ class PhasedERM:
                 max_exact_users=config.max_exact_users,
                 use_certificate=config.use_certificate,
                 test=config.test,
+                delta_select=config.delta_select,
+                select_fraction=config.select_fraction,
             )
         self.inner = inner
 

@@ -188,6 +188,8 @@ class _StronglyConvexPhased:
             "clipped": False,
             "projected": False,
         }
+        if "Delta_selected" in out.diagnostics:  # a privately chosen Delta (released, charged: public)
+            local["Delta_selected"] = out.diagnostics["Delta_selected"]
         if progress is not None:
             progress({"round": 1, "rounds": total, "released": out.theta is not None, "sigma": out.sigma, "phase": 0})
         base = {

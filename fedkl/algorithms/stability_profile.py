@@ -36,7 +36,20 @@ x'_{-S'}. Hence D <= (|S| + |S'| + 2) Delta <= gap(d, d'); outside the depth no 
 are covered because the pair set is symmetric. ∎
 
 :func:`calibrate` searches a public grid of (eps_r, delta_r) for the smallest sigma/Delta meeting
-the theorem, by bisection on sigma (H decreases in sigma), and returns it with kappa. Everything is
+the theorem, by bisection on sigma (H decreases in sigma), and returns it with kappa.
+
+Budget-split rule. Every split (eps_r, delta_r) that meets the theorem gives (eps, delta) for the
+whole release (it is the theorem's hypothesis, not a composition of two budgets), so the split is
+free to be chosen for utility: the rule is "the grid split of least sigma/Delta". Every error bound
+of the algorithms built on this release grows with sigma at fixed Delta (the single release's error
+is sigma sqrt(d); the phased algorithms' noise constant is c = (sigma/Delta) f_i, phased_common), so
+this is the split that minimises the final error bound on the grid, ties and all (a larger kappa
+only deepens the test, which the noise already pays for). At the chosen sigma the worst case equals
+delta to the bisection's tolerance: the whole budget is spent, nothing more
+(tests/algorithms/test_output_pert.py::test_profile_split_is_the_grid_split_of_least_noise_and_spends_the_whole_budget).
+The other two splits fedkl makes are fixed public rules, not yet optimised: the AboveThreshold share
+of a privately chosen Delta (``--p002-select-fraction``, default 1/4: eps_sel + eps_release = eps,
+basic composition) and the phases' equal (eps/T, delta/T) (basic composition). Everything is
 a function of (eps, delta, score) only: public. The audits in tests/algorithms/test_output_pert.py and
 tests/algorithms/test_diameter_output_pert.py compute the released law on real neighbouring datasets and check
 HS <= delta in both directions.

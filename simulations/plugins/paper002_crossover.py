@@ -36,7 +36,8 @@ Gaussian): ``sc-output-pert`` (Alg 2) with Delta = Delta_uc (Cor 3.7 with its un
 G = 1, mu = reg, n, m, kappa, beta = 1/(2 n^2 m)); ``phased-sco``, ``sc-phased-sco``, ``sc-phased-erm``,
 ``phased-erm`` with ``p002_records = m``; ``mean-output-pert`` (Alg 1 on the mean of the local
 minimizers) with mean_lam = 1 and the diameter threshold ``mean_rho_fraction = min(0.5, 2/sqrt(m))``, a
-public rule fixed before any run. Output-perturbation runs are FORCED; the public forecast's
+public rule fixed before any run, and ``mean_calibration="tight"`` (the committed table's; fedkl's default
+became "profile"). Output-perturbation runs are FORCED; the public forecast's
 ``noise_over_signal`` (result.json's ``algorithm_details.forecast``, or the forecast line of the run log
 when the details lack it) is reported next to every result. A configuration the algorithm's public
 checks refuse before reading data is an outcome (``status = refused``), not an error.
@@ -209,7 +210,7 @@ def settings_for(alg: str, m: int, n: int, eps: float, delta: float, hyper: dict
             Delta = 1.0
         return {"stability_delta": Delta, "p002_calibration": "tight"}
     if alg == "mean-output-pert":
-        return {"mean_rho_fraction": min(0.5, 2.0 / math.sqrt(m))}
+        return {"mean_rho_fraction": min(0.5, 2.0 / math.sqrt(m)), "mean_calibration": "tight"}
     return {"p002_records": m, "p002_calibration": "tight"}
 
 

@@ -423,7 +423,8 @@ def test_iid_users_pass_the_diameter_test_at_delta_uc():
 
 
 # --- the matching score for the mean of user vectors (mean-output-pert) -------------------------------------
-def test_mean_output_pert_matching_score_exact_audit():
+@pytest.mark.parametrize("calibration", ["profile", "tight"])
+def test_mean_output_pert_matching_score_exact_audit(calibration):
     """MeanOutputPert with the matching score on random 2-D user vectors with outliers: for random and
     adversarial replace-one neighbours, the score moves by <= 1, the two released means are within the
     sensitivity (8 kappa + 2) Delta, and the exact hockey-stick divergence is <= delta both ways."""
@@ -431,7 +432,7 @@ def test_mean_output_pert_matching_score_exact_audit():
 
     rng = np.random.default_rng(7)
     n = 40
-    cfg = MeanOutputPertConfig(EPS, DELTA, rho=0.5, test="matching")
+    cfg = MeanOutputPertConfig(EPS, DELTA, rho=0.5, calibration=calibration, test="matching")
     dop = cfg.dop(n)
     assert cfg.score(n) == "matching" and dop.score == "matching"
     assert cfg.Delta(n) == pytest.approx(0.5 / (n - 8 * cfg.kappa - 1))

@@ -265,7 +265,7 @@ def _hockey_stick(law_a, law_b, sigma, eps):
     return out
 
 
-@pytest.mark.parametrize("calibration", ["tight", "paper"])
+@pytest.mark.parametrize("calibration", ["profile", "tight", "paper"])
 def test_bottom_frequencies_and_privacy_profile_on_neighbours(calibration):
     """Replace-one neighbours (a typical user replaced by an outlier, or an outlier by a typical
     user): sampled ⊥ frequencies within e^eps p' + delta, and the exact (eps, delta) profile of the
@@ -281,7 +281,7 @@ def test_bottom_frequencies_and_privacy_profile_on_neighbours(calibration):
         swap[k] = w
     plans = {("out", k): mean_stability_plan(v, cfg)[0] for k, v in data.items()}
     plans.update({("swap", k): mean_stability_plan(v, cfg)[0] for k, v in swap.items()})
-    assert [plans[("out", k)].dist for k in range(8)] == [0, 1, 2, 3, 4, 5, 6, None]
+    assert [plans[("out", k)].dist for k in range(8)] == [k if k <= 2 * cfg.kappa else None for k in range(8)]
     law = {
         key: ((float(pmf[: p.dist].sum()), p.value) if p.dist is not None else (1.0, None)) for key, p in plans.items()
     }
@@ -312,6 +312,55 @@ def test_bottom_frequencies_and_privacy_profile_on_neighbours(calibration):
     # negative control: "⊥ unless x itself passes" (no noisy budget) violates (eps, delta)
     bad = {k: 1.0 if plans[("out", k)].dist else 0.0 for k in (0, 1)}  # its Pr[⊥] on out0, out1
     assert bad[1] - math.exp(cfg.eps) * bad[0] > cfg.delta
+
+
+@pytest.mark.parametrize("test", ["vertex-cover", "matching"])
+def test_profile_calibration_exact_audit_on_neighbours(test):
+    """The default (profile) calibration, both scores: on random and adversarial replace-one neighbours
+    (0 to 2 kappa + 2 outliers: the edge where the score leaves the support), the score moves by <= 1,
+    the two kept means are within the theorem's gap(d, d') Delta, and the exact hockey-stick divergence
+    of the whole released law (⊥ atom + Gaussian) is <= delta at eps in both directions. sigma/Delta is
+    calibrate()'s for the score, and 1% less noise breaks the theorem's worst case."""
+    from fedkl.algorithms.stability_profile import calibrate, chain_factor, worst_case_divergence
+
+    n, rho = 30, 0.5
+    cfg = MeanOutputPertConfig(EPS, DELTA, rho, test=test)
+    assert cfg.calibration == "profile"  # the default
+    score = "matching" if test == "matching" else "exact"
+    p, dop = calibrate(EPS, DELTA, score), cfg.dop(n)
+    c, k = chain_factor(score), cfg.kappa
+    assert (k, dop.kappa, dop.eps_bar, dop.delta_bar) == (p.kappa, p.kappa, p.eps_r, p.delta_r)
+    assert cfg.Delta(n) == pytest.approx(rho / (n - 4 * c * k - 1)) and dop.Delta == cfg.Delta(n)
+    assert cfg.sigma(n) == pytest.approx(p.sigma_over_Delta * cfg.Delta(n), rel=1e-12)
+    assert worst_case_divergence(EPS, 0.99 * p.sigma_over_Delta, p.deletion_budget, score) > DELTA
+    tight = MeanOutputPertConfig(EPS, DELTA, rho, "tight", test=test)
+    assert cfg.sigma(n) / cfg.Delta(n) < 0.6 * tight.sigma(n) / tight.Delta(n)
+    pmf = p.deletion_budget.pmf()
+
+    def law(V):
+        plan, _ = mean_stability_plan(torch.as_tensor(V), cfg)
+        return plan, ((float(pmf[: plan.dist].sum()), plan.value) if plan.dist is not None else (1.0, None))
+
+    rng = np.random.default_rng(11)
+    worst, deletions, edge = 0.0, 0, 0
+    for trial in range(200):
+        V = rng.uniform(-0.2, 0.2, size=(n, 2))
+        m = int(rng.integers(0, 2 * k + 3))
+        V[:m] = rng.uniform(-3, 3, size=(m, 2))  # outliers
+        W = V.copy()
+        i = int(rng.integers(0, n))
+        W[i] = [rng.uniform(-0.2, 0.2, 2), rng.uniform(-3, 3, 2), np.array([0.45, 0.0])][trial % 3]
+        (px, lx), (py, ly) = law(V), law(W)
+        deletions += bool(px.deleted)
+        edge += (px.dist is None) != (py.dist is None)
+        if px.dist is not None and py.dist is not None:
+            assert abs(px.dist - py.dist) <= 1
+            gap = (c * (px.dist + py.dist) + 2) * cfg.Delta(n)
+            assert float((px.value - py.value).norm()) <= gap * (1 + 1e-12)
+        for a, b in ((lx, ly), (ly, lx)):
+            worst = max(worst, _hockey_stick(a, b, cfg.sigma(n), EPS))
+    assert worst <= DELTA * (1 + 1e-9)
+    assert deletions > 20 and edge > 0  # the instances reach deletions and the support's edge
 
 
 # --- the noise ---------------------------------------------------------------------------------
@@ -443,30 +492,40 @@ def test_phased_charges_each_phase_once_per_user_and_keeps_the_centre_on_bottom(
 
 
 def test_refusals_happen_before_any_data_is_read(tmp_path):
+    """The tight calibration's kappa = 3 at (4, 0.2) (the profile's refusals: test_profile_* below)."""
     events = []
     ds, prob, fed = _logistic(13)  # 13 < 4 kappa + 2 = 14
     _spy_federation(fed, events)
     w0 = torch.zeros(prob.num_params, dtype=torch.float64)
     rel = Releaser(_CountingLedger(), NoiseSource(0))
     with pytest.raises(ValueError, match="4 kappa \\+ 2 = 14"):
-        LocalMeanOutputPert(LocalMeanOutputPertConfig(EPS, DELTA, 1.0), prob, ds.feature_bound).run(fed, rel, w0)
+        LocalMeanOutputPert(
+            LocalMeanOutputPertConfig(EPS, DELTA, 1.0, calibration="tight"), prob, ds.feature_bound
+        ).run(fed, rel, w0)
     ds, prob, fed = _logistic(30)
     _spy_federation(fed, events)
-    tiny = LocalMeanOutputPertConfig(EPS, DELTA, 1.0, max_vc_calls=10, test="vertex-cover")  # k = 6: 45 calls
+    tiny = LocalMeanOutputPertConfig(
+        EPS, DELTA, 1.0, calibration="tight", max_vc_calls=10, test="vertex-cover"
+    )  # k = 6: 45 calls
     with pytest.raises(ValueError, match="work budget"):
         LocalMeanOutputPert(tiny, prob, ds.feature_bound).run(fed, rel, w0)
     # "auto" (the default) takes the matching score instead, which needs n >= 8 kappa + 2 = 26 <= 30: no refusal
-    assert LocalMeanOutputPertConfig(EPS, DELTA, 1.0, max_vc_calls=10).mechanism(1.0).score(30) == "matching"
+    assert (
+        LocalMeanOutputPertConfig(EPS, DELTA, 1.0, calibration="tight", max_vc_calls=10).mechanism(1.0).score(30)
+        == "matching"
+    )
     # Phased: (eps/T, delta/T) per phase; T = 4 at (4, 0.2) gives kappa = 10: 2 kappa = 20 -> 5,911 calls
     ds, prob, fed = _logistic(45)  # >= 4 kappa + 2 = 42
     _spy_federation(fed, events)
-    phased = PhasedMeanOutputPertConfig(EPS, DELTA, 1.0, phases=4, max_vc_calls=5000, test="vertex-cover")
+    phased = PhasedMeanOutputPertConfig(
+        EPS, DELTA, 1.0, phases=4, calibration="tight", max_vc_calls=5000, test="vertex-cover"
+    )
     with pytest.raises(ValueError, match="work budget"):
         PhasedMeanOutputPert(phased, prob, ds.feature_bound).run(fed, rel, w0)
     with pytest.raises(ValueError, match="8 kappa \\+ 2"):  # auto: matching, which needs 82 users here
         PhasedMeanOutputPert(replace(phased, test="auto"), prob, ds.feature_bound).run(fed, rel, w0)
     with pytest.raises(ValueError, match="users"):
-        mean_stability_plan(torch.zeros(10, 2), MeanOutputPertConfig(EPS, DELTA, 1.0))
+        mean_stability_plan(torch.zeros(10, 2), MeanOutputPertConfig(EPS, DELTA, 1.0, "tight"))
     assert events == [] and rel.ledger.charges == []
     # the builders refuse from the public n alone, reading the RunConfig fields
     ledger = PrivacyLedger(tmp_path / "l.sqlite", Budget(epsilon=EPS, delta=DELTA))

@@ -467,3 +467,31 @@ def test_profile_calibration_is_the_smallest_noise_its_theorem_allows(eps, delta
     tight = DelOutputPertConfig(eps, delta, 1.0, "tight", score=score)
     assert prof.sigma == p.sigma_over_Delta and prof.kappa == p.kappa <= tight.kappa
     assert prof.sigma < 0.6 * tight.sigma
+
+
+def test_profile_split_is_the_grid_split_of_least_noise_and_spends_the_whole_budget():
+    """The budget-split rule (stability_profile's docstring): the split (eps_r, delta_r) between the TDLap
+    test and the Gaussian is the public-grid point of least sigma/Delta (every error bound of the
+    algorithms grows with sigma), and at the chosen sigma the whole release's worst case IS delta:
+    the composed total equals the budget (nothing left unspent, nothing over)."""
+    from fedkl.algorithms.stability_profile import (
+        DELTA_FRACTIONS,
+        EPS_FRACTIONS,
+        _smallest_ratio,
+        calibrate,
+        worst_case_divergence,
+    )
+    from fedkl.privacy.mechanisms import TruncatedDiscreteLaplace
+
+    eps, delta = 4.0, 0.2
+    p = calibrate(eps, delta)
+    ratios = {}
+    for fe in EPS_FRACTIONS:
+        for fd in DELTA_FRACTIONS:
+            law = TruncatedDiscreteLaplace(float(fe) * eps, fd * delta)
+            ratios[(law.eps, law.delta)] = _smallest_ratio(eps, delta, law, "exact")
+    best = min(ratios, key=ratios.get)
+    assert (p.eps_r, p.delta_r) == best and p.sigma_over_Delta == ratios[best]
+    finite = [r for r in ratios.values() if math.isfinite(r)]
+    assert max(finite) > 1.2 * p.sigma_over_Delta  # the choice matters on this grid
+    assert worst_case_divergence(eps, p.sigma_over_Delta, p.deletion_budget) == pytest.approx(delta, rel=1e-6)
