@@ -634,6 +634,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         "tune_step_sizes",
         "p001_sparse_fw",
         "audit",
+        "correlated_noise_adaptive",
     ],
 )
 def test_a_committed_study_report_reproduces_its_markdown(study, tmp_path, monkeypatch):
