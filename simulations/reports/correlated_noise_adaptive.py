@@ -105,6 +105,11 @@ def verdicts(summary: dict) -> list[str]:
     return lines
 
 
+def _header(first: list[str], cols: list[tuple[str, float]]) -> list[str]:
+    names = first + [_title(c) for c in cols]
+    return ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
+
+
 def write_markdown(path: str, rows: list[dict], summary: dict, trivial: dict, findings: list[str]) -> None:
     cols = columns(summary)
     seeds = sorted({r["noise_seed"] for r in rows})
@@ -116,8 +121,7 @@ def write_markdown(path: str, rows: list[dict], summary: dict, trivial: dict, fi
         f"accuracy, mean ± std over {len(seeds)} noise seeds ({', '.join(seeds)}); each run is a row of the "
         "table. With 2 seeds, a difference smaller than about twice the larger std is not evidence.",
         "",
-        "| comparison | variant | " + " | ".join(_title(c) for c in cols) + " |",
-        "|---|---|" + "---|" * len(cols),
+        *_header(["comparison", "variant"], cols),
     ]
     for title, variants in GROUPS:
         for v in variants:
@@ -138,8 +142,7 @@ def write_markdown(path: str, rows: list[dict], summary: dict, trivial: dict, fi
         "Test loss (cross-entropy), mean ± std: it separates variants where accuracy cannot (on the "
         "Shakespeare subset every variant still predicts the majority symbol, the space, after 6 rounds).",
         "",
-        "| variant | " + " | ".join(_title(c) for c in cols) + " |",
-        "|---|" + "---|" * len(cols),
+        *_header(["variant"], cols),
     ]
     for _, variants in GROUPS:
         for v in variants:
