@@ -70,7 +70,7 @@ def majority(rows: list[dict]) -> dict[str, float]:
 
 def best(summary: dict, col: tuple[str, float], variants) -> str:
     have = [(summary[(col, v)]["mean"], v) for v in variants if (col, v) in summary and summary[(col, v)]["accs"]]
-    return max(have)[1] if have else "-"
+    return max(have)[1] if len({m for m, _ in have}) > 1 else "-"  # no bold for a tie of every variant
 
 
 def verdicts(summary: dict) -> list[str]:
