@@ -32,3 +32,35 @@ def small_cnn(input_dim: int, num_outputs: int) -> torch.nn.Module:
             return self.body(x.view(-1, 1, side, side))
 
     return SmallCNN()
+
+
+def small_gru(input_dim: int, num_outputs: int) -> torch.nn.Module:
+    """A one-layer GRU (hidden 32, 16-dim symbol embedding) over the context positions of
+    ``fedkl.data.shakespeare``'s features (an intercept, then one one-hot block of ``num_outputs``
+    symbols per position, oldest first), and a linear head on the last hidden state. The GRU cell is
+    written from Linear layers (standard GRU equations), so torch.func's per-record vmap applies."""
+    blocks, rest = divmod(input_dim - 1, num_outputs)
+    if rest or blocks < 1:
+        raise ValueError(f"small_gru needs 1 + {num_outputs} * context features, got {input_dim}")
+
+    class SmallGRU(torch.nn.Module):
+        def __init__(self, embed: int = 16, hidden: int = 32) -> None:
+            super().__init__()
+            self.hidden = hidden
+            self.embed = torch.nn.Linear(num_outputs, embed, bias=False)
+            self.gates_x = torch.nn.Linear(embed, 3 * hidden)
+            self.gates_h = torch.nn.Linear(hidden, 3 * hidden)
+            self.head = torch.nn.Linear(hidden, num_outputs)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = x.reshape(-1, input_dim)
+            steps = x[:, 1:].reshape(-1, blocks, num_outputs) * math.sqrt(blocks + 1)  # undo the row scaling
+            h = x.new_zeros(x.shape[0], self.hidden)
+            for t in range(blocks):
+                xr, xz, xn = self.gates_x(self.embed(steps[:, t])).chunk(3, dim=-1)
+                hr, hz, hn = self.gates_h(h).chunk(3, dim=-1)
+                r, z = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
+                h = (1 - z) * torch.tanh(xn + r * hn) + z * h
+            return self.head(h)
+
+    return SmallGRU()

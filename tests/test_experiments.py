@@ -635,6 +635,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         "p001_sparse_fw",
         "p001_sparse_fw_movielens",
         "audit",
+        "correlated_noise_adaptive",
         "concentrated_gd",
     ],
 )
