@@ -17,7 +17,23 @@ from scipy.stats import chi2
 from fedkl.flower.dropin import UserLevelDPStrategy
 from fedkl.flower.localgrid import LocalGrid
 from fedkl.privacy import Budget, BudgetExceeded, PrivacyLedger, Releaser
-from simulations import flower_dropin_app
+
+
+def _load_example_app():
+    """The example app, loaded by path (the library and tests never import simulations/ as a package)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "simulations" / "flower_dropin_app.py"
+    spec = importlib.util.spec_from_file_location("flower_dropin_app", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # the simulation engine pickles the apps by module name
+    spec.loader.exec_module(module)
+    return module
+
+
+flower_dropin_app = _load_example_app()
 
 pytestmark = pytest.mark.flower
 
