@@ -247,6 +247,7 @@ def _audit(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
 
     from fedkl.algorithms.catalog import REGISTRY
     from fedkl.audit import format_report, many_run_audit, one_run_audit, one_shot_estimate
+    from fedkl.audit.settings import small_audit
     from fedkl.experiments.config import ConfigError, field_name, run_settings
 
     raw = {}
@@ -268,22 +269,24 @@ def _audit(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
     common = {
         "confidence": args.confidence,
         "seed": args.seed,
-        "base": args.users,
         "log": lambda s: print(s, flush=True),
     }
+    if args.users is not None:  # else each audit's own (many-run: the algorithm's small audit)
+        common["base"] = args.users
     verdicts = []
     for name in names:
         out = os.path.join(args.out, name) if args.all else args.out
         own = {k: v for k, v in settings.items() if not args.all or k in _run_keys_of(name)}
+        eps = small_audit(name).epsilon if args.epsilon is None else args.epsilon
         try:
             if args.method == "many-run":
-                report = many_run_audit(name, args.epsilon, out, runs=args.runs, settings=own, **common)
+                report = many_run_audit(name, eps, out, runs=args.runs, settings=own, **common)
             elif args.method == "one-shot":
                 estimate = {k: v for k, v in common.items() if k != "confidence"}  # an estimate: no confidence
-                report = one_shot_estimate(name, args.epsilon, out, canaries=args.canaries, settings=own, **estimate)
+                report = one_shot_estimate(name, eps, out, canaries=args.canaries, settings=own, **estimate)
             else:
                 report = one_run_audit(
-                    name, args.epsilon, out, canaries=args.canaries, guesses=args.guesses, settings=own, **common
+                    name, eps, out, canaries=args.canaries, guesses=args.guesses, settings=own, **common
                 )
         except ValueError as e:
             sub.error(str(e))

@@ -442,7 +442,12 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
         default="many-run",
         help="many-run / one-run: lower bounds; one-shot: Andrew et al.'s estimate (no confidence) (default %(default)s)",
     )
-    audit.add_argument("--epsilon", type=_positive(), default=1.0, help="claimed user-level epsilon (default 1)")
+    audit.add_argument(
+        "--epsilon",
+        type=_positive(),
+        default=None,
+        help="claimed user-level epsilon (default: the algorithm's small audit in fedkl/audit/settings.py)",
+    )
     audit.add_argument("--delta", type=_probability, default=None, help="claimed delta (default 1/n^1.1)")
     audit.add_argument("--runs", type=_positive(int), default=100, help="many-run: trainings per dataset (default 100)")
     audit.add_argument(
@@ -452,7 +457,10 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
         "--guesses", type=_positive(int), default=None, help="one-run: guesses each way (default canaries/10)"
     )
     audit.add_argument(
-        "--users", type=_positive(int), default=40, help="ordinary users besides the audited ones (default 40)"
+        "--users",
+        type=_positive(int),
+        default=None,
+        help="ordinary users besides the audited ones (default: many-run the small audit's, else 40)",
     )
     audit.add_argument("--confidence", type=_probability, default=0.95, help="one-sided confidence (default 0.95)")
     audit.add_argument("--seed", type=int, default=0, help="seed of the data, the split and the noise (default 0)")

@@ -2,7 +2,7 @@
 models of real runs, against the claimed (eps, delta). See :mod:`fedkl.audit.audit`."""
 
 from fedkl.audit.audit import METHODS, format_report, many_run_audit, one_run_audit
-from fedkl.audit.bounds import clopper_pearson_upper, epsilon_from_rates, one_run_epsilon, two_sample_bound
+from fedkl.audit.bounds import clopper_pearson_upper, epsilon_from_rates, gdp_bound, one_run_epsilon, two_sample_bound
 from fedkl.audit.one_shot import one_shot_estimate
 
 __all__ = [
@@ -10,6 +10,7 @@ __all__ = [
     "clopper_pearson_upper",
     "epsilon_from_rates",
     "format_report",
+    "gdp_bound",
     "many_run_audit",
     "one_run_audit",
     "one_run_epsilon",

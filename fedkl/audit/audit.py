@@ -5,7 +5,9 @@ Two audits, both on whole users (the unit of privacy) and both running the algor
 
 * :func:`many_run_audit` — ``runs`` trainings on each dataset of the worst-case neighbouring pair
   (:func:`fedkl.audit.worlds.neighbour_pair`); the statistic is the released model's coordinate on
-  the outlier's direction (⊥: NaN); the bound is :func:`fedkl.audit.bounds.two_sample_bound`.
+  the outlier's direction (⊥: NaN); the bound is :func:`fedkl.audit.bounds.two_sample_bound`, and
+  the report adds its Gaussian-DP reading :func:`fedkl.audit.bounds.gdp_bound` (``gaussian_dp``: a
+  bound on mu for any mechanism, on eps for those whose trade-off curve is Gaussian; never the verdict).
 * :func:`one_run_audit` — ONE training with ``canaries`` canary users, each in or out (its mirror)
   with probability 1/2; the score of canary i is the model's coordinate on its direction; the top
   ``k`` are guessed in and the bottom ``k`` out; the bound is :func:`fedkl.audit.bounds.one_run_epsilon`.
@@ -34,11 +36,12 @@ import numpy as np
 from fedkl.audit.bounds import (
     clopper_pearson_upper,
     epsilon_from_rates,
+    gdp_bound,
     one_run_epsilon,
     one_run_guesses,
     two_sample_bound,
 )
-from fedkl.audit.release import audit_config, claimed_delta, released_model
+from fedkl.audit.release import audit_config, audit_federation, claimed_delta, released_model
 from fedkl.audit.report import (
     FAILED,
     REFUSED,
@@ -50,7 +53,7 @@ from fedkl.audit.report import (
     verdict,
     write_report,
 )
-from fedkl.audit.settings import small_settings
+from fedkl.audit.settings import small_audit, small_settings
 from fedkl.audit.worlds import canary_world, neighbour_pair
 
 METHODS = ("many-run", "one-run", "one-shot")
@@ -65,14 +68,17 @@ def many_run_audit(
     settings: dict | None = None,
     confidence: float = 0.95,
     seed: int = 0,
-    base: int = 40,
-    records: int = 10,
+    base: int | None = None,
+    records: int | None = None,
     outlier_records: int | None = None,
     log: Callable[[str], None] = print,
 ) -> dict:
     """The many-run distinguishing audit (module docstring): ``runs`` trainings per dataset of
     :func:`~fedkl.audit.worlds.neighbour_pair` (``base`` ordinary users of ``records`` records, the
-    outlier with ``outlier_records``)."""
+    outlier with ``outlier_records``; default: the algorithm's :func:`~fedkl.audit.settings.small_audit`)."""
+    small = small_audit(algorithm)
+    base = small.users if base is None else base
+    records = small.records if records is None else records
     cfg = audit_config(algorithm, epsilon, small_settings(algorithm, settings))
     d0, d1 = neighbour_pair(base=base, records=records, seed=seed, outlier_records=outlier_records)
     delta = claimed_delta(cfg, d1)
@@ -100,9 +106,11 @@ def many_run_audit(
     todo = [(w, r) for r in range(runs) for w in (0, 1) if (w, r) not in stats.done]
     if todo and len(todo) < total:
         log(f"resuming: {total - len(todo)} of {total} runs already in {stats.path}")
+    pair = (d0, d1)
+    federations = [audit_federation(cfg, d) for d in pair]  # remember the deterministic solves (release.py)
     for i, (world, run) in enumerate(todo):
         try:
-            w = released_model(cfg, (d0, d1)[world], noise_seed(seed, world, run))
+            w = released_model(cfg, pair[world], noise_seed(seed, world, run), federations[world])
         except ValueError as e:
             return refused(out, report, str(e), log)
         except Exception as e:  # an algorithm's crash is reported as such, never as a refusal or a pass
@@ -114,6 +122,9 @@ def many_run_audit(
     s1 = np.array([stats.done[(1, r)] for r in range(runs)])
     bound = two_sample_bound(s0, s1, delta, confidence, seed=seed)
     report.update(bound)
+    report["gaussian_dp"] = gdp_bound(
+        s0, s1, delta, confidence, seed=seed
+    )  # its own bound (bounds.py), not the verdict's
     ev = bound["evaluation"]
     report["largest_attainable_bound"] = epsilon_from_rates(  # what error-free held-out runs would show
         clopper_pearson_upper(0, ev["runs_d0"], (1 - confidence) / 2),
@@ -214,8 +225,16 @@ def format_report(report: dict) -> str:
             f"  {report['verdict']}"
         )
     lb = report["epsilon_lower_bound"]
+    gdp = report.get("gaussian_dp")
     return (
         f"{head}\n  empirical lower bound eps >= {lb:.4g} at {report['confidence']:.0%} one-sided confidence"
         + f"; the most this audit could show is {report['largest_attainable_bound']:.4g}"
+        + (
+            f"\n  Gaussian-DP reading (same confidence): not mu-GDP for mu < {gdp['mu_lower_bound']:.3g}; "
+            f"eps >= {gdp['epsilon_lower_bound']:.4g} IF the mechanism's trade-off curve is Gaussian "
+            f"(most {gdp['largest_attainable_bound']:.4g})"
+            if gdp
+            else ""
+        )
         + f"\n  verdict: {report['verdict']}"
     )

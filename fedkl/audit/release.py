@@ -1,6 +1,15 @@
 """One audited training run: the algorithm exactly as ``fedkl run`` trains it (builder, forecast,
 ledger, releaser: :func:`fedkl.runner.train_federation`), on a given dataset with a given noise seed,
-returning only the released model (None for ⊥). Every run charges its own throw-away ledger."""
+returning only the released model (None for ⊥). Every run charges its own throw-away ledger.
+
+Many runs on one dataset share one :class:`AuditFederation`, which remembers the answers to the
+local-minimizer queries (the expensive part of the output-perturbation and phased algorithms). That is
+sound because those answers are a deterministic function of the dataset and the query (the same
+L-BFGS from the same centre on the same records, no randomness): a repeated query, e.g. the first
+phase's solve from the public start, gets the bit-identical answer a fresh federation computes, and a
+query at a noise-dependent centre simply misses. The noise is drawn afresh in every run
+(tests/audit/test_audit_run.py checks the released models are bit-identical with and without it).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +19,7 @@ import tempfile
 import torch
 
 from fedkl.data.base import FederatedDataset
+from fedkl.federation.base import Answers, LocalRegularizedMinimizer, Query
 from fedkl.federation.inprocess import InProcessFederation
 from fedkl.privacy import NoiseSource
 from fedkl.problems import DEFAULT_PROBLEM, make_problem
@@ -18,6 +28,34 @@ from fedkl.runner import RunConfig, default_delta, train_federation
 # the throw-away ledgers live in memory where the system offers a RAM disk (their fsyncs are most of a
 # small run's time); elsewhere in the default temporary folder
 _SCRATCH = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+# queries whose in-process answer is a deterministic function of (data, query, users) and costly
+_REMEMBERED = (LocalRegularizedMinimizer,)  # and its subclass CertifiedLocalMinimizer
+
+
+class AuditFederation(InProcessFederation):
+    """:class:`InProcessFederation` that remembers its local-minimizer answers (module docstring)."""
+
+    def __init__(self, problem, dataset: FederatedDataset) -> None:
+        super().__init__(problem, dataset)
+        self._memo: dict[tuple, Answers] = {}
+
+    def compute(self, query: Query, users=None) -> Answers:
+        if not isinstance(query, _REMEMBERED):
+            return super().compute(query, users)
+        scalars, tensors = query.wire_fields()
+        key = (
+            type(query),
+            tuple(sorted(scalars.items())),
+            tuple(
+                (k, str(t.dtype), tuple(t.shape), t.detach().cpu().numpy().tobytes())
+                for k, t in sorted(tensors.items())
+            ),
+            None if users is None else tuple(users),
+        )
+        if key not in self._memo:
+            self._memo[key] = super().compute(query, users)
+        got = self._memo[key]
+        return Answers(users=list(got.users), values=got.values.clone(), failed=list(got.failed))
 
 
 def audit_config(algorithm: str, epsilon: float, settings: dict | None = None) -> RunConfig:
@@ -33,15 +71,25 @@ def claimed_delta(cfg: RunConfig, dataset: FederatedDataset) -> float:
     return cfg.delta if cfg.delta is not None else default_delta(dataset.train.num_users)
 
 
-def released_model(cfg: RunConfig, dataset: FederatedDataset, noise_seed: int) -> torch.Tensor | None:
-    """Train ``cfg`` on ``dataset`` with privacy noise seeded by ``noise_seed``; the released model."""
+def audit_federation(cfg: RunConfig, dataset: FederatedDataset) -> AuditFederation:
+    """The federation of ``cfg``'s runs on ``dataset`` (one per dataset, shared by its runs)."""
     problem = make_problem(cfg.problem or DEFAULT_PROBLEM[dataset.task], dataset, reg=cfg.reg)
-    federation = InProcessFederation(problem, dataset)
+    return AuditFederation(problem, dataset)
+
+
+def released_model(
+    cfg: RunConfig, dataset: FederatedDataset, noise_seed: int, federation: AuditFederation | None = None
+) -> torch.Tensor | None:
+    """Train ``cfg`` on ``dataset`` with privacy noise seeded by ``noise_seed``; the released model.
+    ``federation``: the dataset's shared :func:`audit_federation` (default: a fresh one)."""
+    federation = federation or audit_federation(cfg, dataset)
+    if federation.dataset is not dataset:
+        raise ValueError("the federation serves another dataset")
     with tempfile.TemporaryDirectory(prefix="fedkl-audit-", dir=_SCRATCH) as tmp:
         result, _, _ = train_federation(
             cfg,
             federation,
-            problem,
+            federation.problem,
             dataset,
             claimed_delta(cfg, dataset),
             os.path.join(tmp, "ledger.sqlite"),

@@ -2,9 +2,11 @@
 audits of ``fedkl audit`` (fedkl.audit's functions) for one registered algorithm (``audited``) at one
 claimed eps (the point's ``epsilon``); no training of its own beyond the audits' runs.
 
-* many-run: ``runs`` trainings on each dataset of the outlier pair (41 users, delta = 1/n^1.1), skipped
-  for an algorithm whose one run takes longer than ``max_seconds`` (``many_verdict = "skipped"``,
-  ``many_seconds`` its time per run);
+* many-run: ``runs`` trainings on each dataset of the outlier pair (the algorithm's small audit in
+  fedkl/audit/settings.py: 41 users, 101-261 for paper 002; delta = 1/n^1.1), skipped for an algorithm
+  whose one run takes longer than ``max_seconds`` (``many_verdict = "skipped"``, ``many_seconds`` its
+  time per run); ``many_gdp_*``: the same runs' Gaussian-DP reading (``gaussian_dp`` of the report: the
+  mu lower bound, and the eps bound valid for a mechanism whose trade-off curve is Gaussian);
 * one-run: one training with ``canaries`` canary users (+40 ordinary ones) at delta = 1e-5 (the one-run
   bound pays 2 m delta, so it needs delta well below 1/m), ``canaries`` / 10 guesses;
 * one-shot: Andrew et al.'s estimate (no confidence level) from ``canaries`` / 2 random-direction canaries.
@@ -24,8 +26,8 @@ import os
 import time
 
 from fedkl.audit import many_run_audit, one_run_audit, one_shot_estimate
-from fedkl.audit.release import audit_config, released_model
-from fedkl.audit.settings import small_settings
+from fedkl.audit.release import audit_config, audit_federation, released_model
+from fedkl.audit.settings import small_audit, small_settings
 from fedkl.audit.worlds import neighbour_pair
 from fedkl.experiments import register_runner, runner_result
 
@@ -41,6 +43,10 @@ COLUMNS = (
     "many_reason",
     "many_bottom_d0",
     "many_bottom_d1",
+    "many_users",
+    "many_gdp_mu",
+    "many_gdp_bound",
+    "many_gdp_most",
     "one_verdict",
     "one_bound",
     "one_most",
@@ -56,11 +62,13 @@ COLUMNS = (
 def seconds_per_run(algorithm: str, eps: float) -> float | tuple[str, str]:
     """One run's time on the many-run pair, or (verdict, reason) when the algorithm refuses or fails."""
     cfg = audit_config(algorithm, eps, small_settings(algorithm))
-    _, d1 = neighbour_pair()
+    small = small_audit(algorithm)
+    _, d1 = neighbour_pair(base=small.users, records=small.records)
     try:
-        released_model(cfg, d1, 0)  # the first run pays one-off set-up (e.g. a cached noise calibration)
+        shared = audit_federation(cfg, d1)  # as the audit's runs share it
+        released_model(cfg, d1, 0, shared)  # the first run pays one-off set-up (a calibration, the solves)
         start = time.time()
-        released_model(cfg, d1, 1)
+        released_model(cfg, d1, 1, shared)
     except ValueError as e:
         return "refused", str(e)
     except Exception as e:  # an algorithm's crash: reported in the table
@@ -92,6 +100,13 @@ def run(settings, log) -> dict:
         many = many_run_audit(name, eps, os.path.join(work, "many"), runs=settings.runs, log=quiet)
         extra.update(_audit("many", many), many_seconds=speed)
         extra["many_bottom_d0"], extra["many_bottom_d1"] = many.get("bottom_outputs", [None, None])
+        extra["many_users"] = many["setting"]["users"]
+        gdp = many.get("gaussian_dp") or {}
+        extra.update(
+            many_gdp_mu=gdp.get("mu_lower_bound"),
+            many_gdp_bound=gdp.get("epsilon_lower_bound"),
+            many_gdp_most=gdp.get("largest_attainable_bound"),
+        )
     one = one_run_audit(
         name,
         eps,

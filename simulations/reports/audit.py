@@ -18,6 +18,13 @@ def _cell(row: dict, prefix: str) -> str:
     return f"{float(row[f'{prefix}_bound']):.2f} (most {float(row[f'{prefix}_most']):.2f}){flag}"
 
 
+def _gdp(row: dict) -> str:
+    """The many-run audit's Gaussian-DP reading: eps bound (mu bound), or nothing when not audited."""
+    if row["many_verdict"] in (REFUSED, FAILED, "skipped") or row.get("many_gdp_bound", "") == "":
+        return "–"
+    return f"{float(row['many_gdp_bound']):.2f} (mu {float(row['many_gdp_mu']):.2f})"
+
+
 def _shot(row: dict) -> str:
     if row["shot_verdict"] in (REFUSED, FAILED):
         return _cell(row, "shot")
@@ -51,7 +58,10 @@ def report(study) -> list[str]:
     lines, notes = [], []
     for r in rows:
         eps = float(r["epsilon_target"])
-        lines.append(f"| {r['audited']} | {eps:g} | {_cell(r, 'many')} | {_cell(r, 'one')} | {_shot(r)} |")
+        users = r.get("many_users") or "–"
+        lines.append(
+            f"| {r['audited']} | {eps:g} | {users} | {_cell(r, 'many')} | {_gdp(r)} | {_cell(r, 'one')} | {_shot(r)} |"
+        )
         notes += _notes(r, f"{r['audited']} eps={eps:g}")
     out = [
         "# Empirical user-level privacy audit (`fedkl audit`)",
@@ -60,14 +70,21 @@ def report(study) -> list[str]:
         f"{canaries}; {seconds}). Every number is an empirical LOWER bound on the user-level eps "
         "at 95% one-sided confidence (a correct algorithm exceeds its claim with probability <= 5%); "
         '"most" is the largest bound that audit could show, so a claim above it is not tested by it. '
-        f"many-run: {runs} trainings on each of two datasets differing in one outlier user (41 users, "
-        f"delta = 1/41^1.1); one-run: one training with {canaries} canary users + 40 others, delta = 1e-5. "
+        f"many-run: {runs} trainings on each of two datasets differing in one outlier user (users: the "
+        "column; 41, or the paper-002 algorithms' small audit; delta = 1/users^1.1). Gaussian-DP: the same "
+        "runs read through the Gaussian trade-off curve (Nasr et al. 2023) at the same confidence: mu is a "
+        "lower bound on the mu-GDP parameter of ANY mechanism; the eps bound holds for mechanisms whose "
+        "trade-off curve is Gaussian (the Gaussian mechanism and compositions of Gaussian releases, e.g. "
+        "noisy-gd), not for subsampled or thresholded ones, and is never a verdict. "
+        f"one-run: one training with {canaries} canary users + 40 others, delta = 1e-5. "
         f"one-shot: Andrew et al. 2023's ESTIMATE (no confidence level, not a bound) from {canaries // 2} "
         "random-direction canary users, delta = 1e-5. "
-        "Settings: fedkl/audit/settings.py (reg 0.1, clip 0.1, radius 5); noise seeds fixed.",
+        "Settings: fedkl/audit/settings.py (reg 0.1, clip 0.1, radius 5; per algorithm its pair's size and "
+        "own settings); noise seeds fixed.",
         "",
-        "| algorithm | claimed eps | many-run lower bound | one-run lower bound | one-shot estimate |",
-        "|---|---|---|---|---|",
+        "| algorithm | claimed eps | users | many-run lower bound | many-run Gaussian-DP eps (mu) | one-run lower bound "
+        "| one-shot estimate |",
+        "|---|---|---|---|---|---|---|",
         *lines,
         "",
         *(["Notes:", "", *notes, ""] if notes else []),

@@ -6,11 +6,14 @@ import math
 
 import numpy as np
 import pytest
+import scipy.optimize
 import scipy.stats
 
 from fedkl.audit.bounds import (
     clopper_pearson_upper,
     epsilon_from_rates,
+    gdp_bound,
+    gdp_mu_from_rates,
     one_run_epsilon,
     one_run_guesses,
     one_run_p_value,
@@ -94,6 +97,51 @@ def test_many_run_bound_handles_bottom_outputs():
     res = two_sample_bound(s0, s1, 0.0, 0.95)
     assert res["evaluation"]["false_positives"] == res["evaluation"]["false_negatives"] == 0
     assert res["epsilon_lower_bound"] > 1.5
+
+
+def test_gdp_mu_from_rates_is_the_gaussian_trade_off_curve():
+    """On the Gaussian pair N(0, 1) vs N(mu, 1) every threshold test's rates give back exactly mu; a coin
+    flip gives 0; larger error rates give a smaller mu."""
+    mu = 1.7
+    for t in (-1.0, 0.3, 0.85, 2.5):
+        fpr, fnr = scipy.stats.norm.sf(t), scipy.stats.norm.cdf(t - mu)
+        assert gdp_mu_from_rates(fpr, fnr) == pytest.approx(mu, abs=1e-9)
+    assert gdp_mu_from_rates(0.5, 0.5) == 0.0 and gdp_mu_from_rates(0.7, 0.6) == 0.0
+    assert gdp_mu_from_rates(0.1, 0.2) > gdp_mu_from_rates(0.12, 0.2) > gdp_mu_from_rates(0.12, 0.25)
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("true_eps", [1.0, 4.0])
+def test_gdp_bound_on_the_gaussian_mechanism_is_valid_and_close(true_eps):
+    """The Gaussian mechanism with eps(delta) = true_eps (delta = 1/41^1.1, the audit's), 1000 runs a side,
+    20 audits: the Gaussian-DP bound never exceeds true_eps (nor its mu the true mu: 95% confidence
+    each, so 20 audits all below has probability >= 0.95^20 only if it were exact; Clopper-Pearson and
+    the split make it conservative), reaches 0.6 true_eps at eps = 4 in the median (0.3 at eps = 1), and beats
+    the threshold bound on the same runs."""
+    delta = 1 / 41**1.1
+    mu = scipy.optimize.brentq(lambda m: gaussian_epsilon(m, delta) - true_eps, 0.3, 6.0)
+    rng = np.random.default_rng(3)
+    gdp, mus, thr = [], [], []
+    for i in range(20):
+        s0, s1 = rng.normal(size=1000), mu + rng.normal(size=1000)
+        g = gdp_bound(s0, s1, delta, 0.95, seed=i)
+        gdp.append(g["epsilon_lower_bound"])
+        mus.append(g["mu_lower_bound"])
+        thr.append(two_sample_bound(s0, s1, delta, 0.95, seed=i)["epsilon_lower_bound"])
+    assert max(gdp) <= true_eps and max(mus) <= mu and max(thr) <= true_eps
+    assert np.median(gdp) >= (0.6 if true_eps >= 4 else 0.3) * true_eps
+    assert np.median(gdp) > np.median(thr)
+
+
+def test_gdp_bound_flags_a_false_claim_and_reports_its_reach():
+    rng = np.random.default_rng(0)
+    delta = 1e-5
+    res = gdp_bound(rng.normal(size=100), 4 + rng.normal(size=100), delta, 0.95)  # mu = 4: eps ~ 16.6
+    assert 8.0 < res["epsilon_lower_bound"] <= res["largest_attainable_bound"] < gaussian_epsilon(4.0, delta)
+    cap = float(gdp_mu_from_rates(*(2 * [clopper_pearson_upper(0, 50, 0.025)])))
+    assert res["largest_attainable_mu"] == pytest.approx(cap) and res["mu_lower_bound"] <= cap
+    same = gdp_bound(rng.normal(size=100), rng.normal(size=100), delta, 0.95)  # one dataset twice
+    assert same["mu_lower_bound"] == 0.0 and same["epsilon_lower_bound"] == 0.0
 
 
 def _reference_p_value(m, r, v, eps, delta):
