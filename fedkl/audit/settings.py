@@ -65,8 +65,14 @@ SMALL_AUDITS: dict[str, SmallAudit] = {
             "kl-prox-point",
             "noisy-fw",
             "noisy-gd",
+            "noisy-gd-conc",
+            "dp-ftrl",
+            "vr-fw",
+            "vr-fw-lp",
         )
     },
+    # paper 001 Alg 6 needs a globally Lipschitz loss (no ridge term)
+    "pg-mirror-descent": SmallAudit(settings={"reg": 0.0}),
     # paper 002 (module docstring): n >= 4 kappa + 2 (uc threshold), 8 kappa + 2 (matching), 2 N0 (SCO)
     "phased-erm": SmallAudit(**_P002, users=130, records=2, settings={"p002_phases": 2}),
     "phased-sco": SmallAudit(**_P002, users=100, records=2),
