@@ -174,11 +174,12 @@ class BufferedToeplitz(Toeplitz):
 
 
 def blt_coefficients(T: int, omegas: np.ndarray, decays: np.ndarray) -> np.ndarray:
-    """c_0 = 1, c_j = sum_i omega_i theta_i^(j - 1): powers as running products (monotone in rounding)."""
+    """c_0 = 1, c_j = sum_i omega_i theta_i^(j - 1): powers as running products and every row summed in the
+    same order, so that rounding keeps c non-increasing."""
     c = np.ones(T)
     if T > 1:
         powers = np.vstack([np.ones(len(decays)), np.cumprod(np.tile(decays, (T - 2, 1)), axis=0)])
-        c[1:] = powers @ omegas
+        c[1:] = (powers * omegas).sum(axis=1)
     return c
 
 
@@ -267,8 +268,9 @@ def optimized_blt_parameters(T: int, b: int, k: int, buffers: int) -> tuple[np.n
     """(omega, theta) minimising :func:`prefix_sum_error` of the m-buffer BLT for (T, b, k): L-BFGS-B over
     the smooth reparameterisation (:func:`_blt_from_free`, logits bounded by +-30) from the
     Gauss-Chebyshev start, at most ``BLT_OPT_MAXITER`` iterations; never worse than the start.
-    Deterministic (fixed start, no randomness): anyone gets the same C from the public (T, b, k, m).
-    Cached by (T, b, k, m)."""
+    Deterministic (fixed start, no randomness): anyone gets the same C from the public (T, b, k, m) on the
+    same numpy/scipy build. Privacy never rests on the optimiser: the sensitivity is computed from the C
+    it returns. Cached by (T, b, k, m)."""
     from scipy.optimize import minimize
 
     _check_pattern_args(T, b, k)
