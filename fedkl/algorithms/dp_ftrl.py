@@ -18,9 +18,11 @@ violate either is not asked (:meth:`ParticipationScheduler.admit`). Round t = 0.
 
 The factorization A = B C (:mod:`fedkl.privacy.matrix_mechanism`) is the binary tree
 (``--factorization tree``), the banded square-root Toeplitz factor (``--factorization banded``,
-``--band``; band 1 is independent noise per round), or a BLT (``--factorization blt``,
-``--blt-buffers``): the square-root factor's Gauss-Chebyshev rational approximation, NOT a BLT
-optimised for the participation pattern as in McMahan, Xu, Zhang 2024.
+``--band``; band 1 is independent noise per round), or an m-buffer BLT (``--blt-buffers``):
+``--factorization blt`` is the square-root factor's Gauss-Chebyshev rational approximation,
+``--factorization blt-opt`` a BLT optimised for this run's public (T, b, k) as in McMahan, Xu, Zhang
+2024 (mean squared prefix-sum error; constrained so that its coefficients stay non-negative and
+non-increasing and the closed-form sensitivity holds; deterministic, so anyone recomputes C).
 
 Guarantee: the whole run is ONE Gaussian mechanism on ``C x`` (the S^_t are post-processing of
 ``C x + Z``) with L2 sensitivity ``Delta_K = c * max_pi ||C 1_pi||`` over every (b, k) pattern pi
@@ -61,7 +63,7 @@ from fedkl.federation.base import ClippedLocalUpdate, Federation
 from fedkl.federation.clipping import clip_rows
 from fedkl.privacy.charges import GaussianCharge
 from fedkl.privacy.guarantee import RELATIONS, Guarantee
-from fedkl.privacy.matrix_mechanism import FACTORIZATIONS, make_factorization, max_participations
+from fedkl.privacy.matrix_mechanism import FACTORIZATIONS, BufferedToeplitz, make_factorization, max_participations
 from fedkl.privacy.release import Releaser
 
 
@@ -154,7 +156,9 @@ class DPFTRLConfig:
     @property
     def factor(self):
         band = self.min_separation if self.band is None else self.band
-        return make_factorization(self.factorization, self.rounds, band, self.blt_buffers)
+        return make_factorization(
+            self.factorization, self.rounds, band, self.blt_buffers, self.min_separation, self.participations
+        )
 
     @property
     def answer_bound(self) -> float:
@@ -209,7 +213,8 @@ class DPFTRL:
         n = federation.num_users
         ids = federation.ids_of(list(range(n)))
         scheduler = ParticipationScheduler(ids, cfg.rounds, cfg.min_separation, cfg.participations, self.seed)
-        noise = cfg.factor.noise()
+        factor = cfg.factor
+        noise = factor.noise()
         denominator = n / cfg.min_separation
         w = w0.clone()
         prefix = torch.zeros_like(w)
@@ -256,8 +261,13 @@ class DPFTRL:
             history=history,
             details={
                 "factorization": cfg.factorization,
-                "band": cfg.factor.band if cfg.factorization == "banded" else None,
-                "blt_buffers": cfg.blt_buffers if cfg.factorization == "blt" else None,
+                "band": factor.band if cfg.factorization == "banded" else None,
+                "blt_buffers": cfg.blt_buffers if cfg.factorization.startswith("blt") else None,
+                "blt_parameters": (
+                    {"omega": factor.omegas.tolist(), "theta": factor.decays.tolist()}
+                    if isinstance(factor, BufferedToeplitz)
+                    else None
+                ),
                 "min_separation": cfg.min_separation,
                 "max_participations": cfg.participations,
                 "sensitivity": self.sensitivity,
@@ -278,14 +288,17 @@ class DPFTRLParams(Rounds, StepSize, Clip, LocalUpdates):
     factorization: str = param(
         "tree",
         "dp-ftrl: the correlated-noise factorization: binary tree (Kairouz et al. 2021), the banded "
-        "square-root Toeplitz factor, or a BLT (buffered linear Toeplitz) approximation of the square-root factor",
+        "square-root Toeplitz factor, a BLT (buffered linear Toeplitz) approximation of the square-root factor, "
+        "or a BLT optimised for the participation pattern (blt-opt)",
         "heuristic",
         choices=FACTORIZATIONS,
     )
     band: int | None = param(
         None, "dp-ftrl --factorization banded: band width (default --min-separation)", positive=True
     )
-    blt_buffers: int = param(4, "dp-ftrl --factorization blt: number of buffers m (noise memory)", positive=True)
+    blt_buffers: int = param(
+        4, "dp-ftrl --factorization blt|blt-opt: number of buffers m (noise memory)", positive=True
+    )
     min_separation: int = param(
         1, "dp-ftrl: minimum number of rounds b between two participations of one user", "heuristic", positive=True
     )

@@ -21,8 +21,9 @@ each term is at most ``G_st c^2`` (Cauchy-Schwarz), attained by g_t all equal, s
 and adding a participation never lowers it (G >= 0). Every factorization here has G >= 0 (its
 entries are >= 0); :func:`max_participation_sensitivity` computes the max over patterns exactly:
 
-* :class:`Toeplitz` (:class:`BandedToeplitz`, :class:`BLT`: C lower-triangular Toeplitz with
-  coefficients c_0 >= c_1 >= ... >= 0):
+* :class:`Toeplitz` (:class:`BandedToeplitz`, the BLTs :class:`BLT` and :class:`OptimizedBLT`: C
+  lower-triangular Toeplitz with coefficients c_0 >= c_1 >= ... >= 0, checked on construction; a
+  BLT keeps them so by its constraints theta in [0, 1), omega >= 0, sum omega <= 1):
   the max is at pi* = {0, b, 2b, ..., (K-1) b}, K = min(k, ceil(T/b)). Proof: G_st (s <= t) =
   h(t - s, T - 1 - t) with h(D, L) = sum_{j=0}^{L} c_j c_{j+D}, non-decreasing in L (terms >= 0)
   and non-increasing in D (h(D,L) - h(D+1,L) = sum_j c_j (c_{j+D} - c_{j+D+1}) >= 0). For any valid
@@ -40,8 +41,14 @@ All are checked against :func:`brute_force_max` (every pattern) in tests/privacy
 **Noise in small memory.** :class:`TreeNoise` keeps one noise vector per node of the current
 prefix's dyadic decomposition (at most floor(log2 T) + 1); :class:`ToeplitzNoise` keeps a ring
 buffer of the last band - 1 draws of ``C^{-1} Z`` and their running sum; :class:`BLTNoise` m geometric
-buffers. All return row t of
+buffers (both BLTs). All return row t of
 ``B Z`` for the Z rows fed in order (tests: equal to the dense ``B Z``).
+
+**Optimised BLT.** :class:`OptimizedBLT` chooses its m buffers' (theta, omega) for the run's public
+(T, b, k) by minimising the mean squared error of the prefix sums at unit noise multiplier,
+``Delta_K^2 ||A C^{-1}||_F^2 / T`` (:func:`prefix_sum_error`), deterministically
+(:func:`optimized_blt_parameters`), inside the constraints above, so its sensitivity is the same exact
+closed form.
 """
 
 from __future__ import annotations
@@ -135,31 +142,180 @@ class BandedToeplitz(Toeplitz):
         return self.band - 1
 
 
-class BLT(Toeplitz):
-    """Buffered linear Toeplitz (McMahan, Xu, Zhang 2024; Dvijotham et al. 2024): ``c_n = sum_j w_j
-    t_j^n``, here the m-point Gauss-Chebyshev quadrature of ``binom(2n, n)/4^n = (1/pi) int_0^1 t^n
-    (t (1 - t))^(-1/2) dt``: t_j = cos^2((2j - 1) pi / (4m)), w_j = 1/m. It equals the square-root
-    factor's coefficients for n < 2m and decays geometrically after (a smooth band); positive and
-    decreasing, so the Toeplitz sensitivity holds. Not optimised for the participation pattern (the
-    papers' BLTs are). Noise in O(m) memory: m geometric buffers of y = C^{-1} Z."""
+class BufferedToeplitz(Toeplitz):
+    """A BLT factor (buffered linear Toeplitz; McMahan, Xu, Zhang 2024; Dvijotham et al. 2024) from its
+    m buffer parameters: ``c_0 = 1``, ``c_j = sum_i omega_i theta_i^(j - 1)`` (j >= 1), with
+    ``theta_i in [0, 1)``, ``omega_i >= 0`` and ``sum_i omega_i <= 1``. These constraints make c
+    non-negative and non-increasing (c_1 = sum omega <= 1 = c_0; every term decays after), which the
+    Toeplitz sensitivity's proof (worst pattern {0, b, ..., (K-1) b}) needs: asserted here, and c is
+    built by running products so that rounding keeps it monotone. Noise in O(m) memory:
+    :class:`BLTNoise`, m geometric buffers of y = C^{-1} Z."""
 
-    name = "blt"
-
-    def __init__(self, T: int, buffers: int) -> None:
-        if int(buffers) != buffers or buffers < 1:
-            raise ValueError(f"buffers must be a positive integer, got {buffers}")
-        m = int(buffers)
-        self.decays = np.cos((2 * np.arange(1, m + 1) - 1) * np.pi / (4 * m)) ** 2
-        self.weights = np.full(m, 1.0 / m)
-        n = np.arange(int(T))[:, None]
-        super().__init__(T, (self.weights * self.decays**n).sum(1))
+    def __init__(self, T: int, omegas: np.ndarray, decays: np.ndarray) -> None:
+        _check_pattern_args(T, 1, 1)
+        self.omegas = np.asarray(omegas, dtype=float)
+        self.decays = np.asarray(decays, dtype=float)
+        if not (
+            self.omegas.shape == self.decays.shape
+            and (self.decays >= 0).all()
+            and (self.decays < 1).all()
+            and (self.omegas >= 0).all()
+            and self.omegas.sum() <= 1
+        ):
+            raise ValueError("BLT parameters need theta in [0, 1), omega >= 0 and sum(omega) <= 1")
+        super().__init__(T, blt_coefficients(int(T), self.omegas, self.decays))
 
     def noise(self) -> "BLTNoise":
-        return BLTNoise(self.weights, self.decays)
+        return BLTNoise(self.omegas, self.decays)
 
     @property
     def memory(self) -> int:
         return len(self.decays)
+
+
+def blt_coefficients(T: int, omegas: np.ndarray, decays: np.ndarray) -> np.ndarray:
+    """c_0 = 1, c_j = sum_i omega_i theta_i^(j - 1): powers as running products and every row summed in the
+    same order, so that rounding keeps c non-increasing."""
+    c = np.ones(T)
+    if T > 1:
+        powers = np.vstack([np.ones(len(decays)), np.cumprod(np.tile(decays, (T - 2, 1)), axis=0)])
+        c[1:] = (powers * omegas).sum(axis=1)
+    return c
+
+
+def _check_buffers(buffers: int) -> int:
+    if int(buffers) != buffers or buffers < 1:
+        raise ValueError(f"buffers must be a positive integer, got {buffers}")
+    return int(buffers)
+
+
+def chebyshev_blt_parameters(m: int) -> tuple[np.ndarray, np.ndarray]:
+    """(omega, theta) of the m-point Gauss-Chebyshev quadrature of ``binom(2n, n)/4^n = (1/pi)
+    int_0^1 t^n (t (1 - t))^(-1/2) dt``: theta_j = cos^2((2j - 1) pi / (4m)), c_n = sum_j theta_j^n / m,
+    i.e. omega_j = theta_j / m."""
+    decays = np.cos((2 * np.arange(1, m + 1) - 1) * np.pi / (4 * m)) ** 2
+    return decays / m, decays
+
+
+class BLT(BufferedToeplitz):
+    """The square-root factor's m-buffer Gauss-Chebyshev approximation (:func:`chebyshev_blt_parameters`):
+    equal to the square-root factor's coefficients for n < 2m, geometric decay after (a smooth band).
+    Not optimised for the participation pattern (:class:`OptimizedBLT` is)."""
+
+    name = "blt"
+
+    def __init__(self, T: int, buffers: int) -> None:
+        super().__init__(T, *chebyshev_blt_parameters(_check_buffers(buffers)))
+
+
+# L-BFGS-B iteration cap of the BLT optimisation (the loss is smooth and 2m + 1-dimensional)
+BLT_OPT_MAXITER = 200
+_LOGIT_BOUND = 30.0  # sigmoid(30) = 1 - 9e-14 < 1: theta and sum(omega) stay strictly below 1
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _blt_from_free(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The smooth reparameterisation: theta = sigmoid(a), omega = sigmoid(s) * softmax(u)."""
+    m = (len(x) - 1) // 2
+    a, u, s = x[:m], x[m : 2 * m], x[2 * m]
+    soft = np.exp(u - u.max())
+    soft = soft / soft.sum()
+    omegas = _sigmoid(s) * soft
+    total = omegas.sum()
+    if total > 1.0:  # rounding guard (sigmoid(s) < 1)
+        omegas = omegas / total
+    return omegas, _sigmoid(a)
+
+
+def _blt_loss_fast(omegas: np.ndarray, decays: np.ndarray, T: int, b: int, K: int) -> float:
+    """``Delta_K^2 * ||A C^{-1}||_F^2 / T`` in O(T m): C(x) = P(x) / Q(x), Q = prod (1 - theta_i x),
+    P = Q + x sum_i omega_i prod_{j != i} (1 - theta_j x); C^{-1}'s coefficients are the impulse
+    response of Q / P, the worst pattern's column C 1_pi* the comb {0, b, .., (K-1) b} filtered by P / Q."""
+    from scipy.signal import lfilter
+
+    q = _series(decays)
+    p = q.copy()
+    for i in range(len(decays)):
+        others = _series(np.delete(decays, i))
+        p[1 : 1 + len(others)] += omegas[i] * others
+    impulse = np.zeros(T)
+    impulse[0] = 1.0
+    with np.errstate(all="ignore"):
+        d = lfilter(q, p, impulse)
+        comb = np.zeros(T)
+        comb[: (K - 1) * b + 1 : b] = 1.0
+        column = lfilter(p, q, comb)
+        e = np.cumsum(d)
+        loss = float(column @ column) * float((T - np.arange(T)) @ (e * e)) / T
+    return loss if math.isfinite(loss) else 1e300
+
+
+def _series(roots: np.ndarray) -> np.ndarray:
+    """Coefficients (ascending powers of x) of prod_i (1 - r_i x)."""
+    out = np.ones(1)
+    for r in roots:
+        out = np.append(out, 0.0) - r * np.insert(out, 0, 0.0)
+    return out
+
+
+_BLT_CACHE: dict[tuple[int, int, int, int], tuple[np.ndarray, np.ndarray]] = {}
+
+
+def optimized_blt_parameters(T: int, b: int, k: int, buffers: int) -> tuple[np.ndarray, np.ndarray]:
+    """(omega, theta) minimising :func:`prefix_sum_error` of the m-buffer BLT for (T, b, k): L-BFGS-B over
+    the smooth reparameterisation (:func:`_blt_from_free`, logits bounded by +-30) from the
+    Gauss-Chebyshev start, at most ``BLT_OPT_MAXITER`` iterations; never worse than the start.
+    Deterministic (fixed start, no randomness): anyone gets the same C from the public (T, b, k, m) on the
+    same numpy/scipy build. Privacy never rests on the optimiser: the sensitivity is computed from the C
+    it returns. Cached by (T, b, k, m)."""
+    from scipy.optimize import minimize
+
+    _check_pattern_args(T, b, k)
+    m = _check_buffers(buffers)
+    key = (int(T), int(b), int(k), m)
+    if key not in _BLT_CACHE:
+        K = max_participations(T, b, k)
+        omega0, theta0 = chebyshev_blt_parameters(m)
+        total0 = omega0.sum()
+        x0 = np.concatenate([np.log(theta0 / (1 - theta0)), np.log(omega0 / total0), [np.log(total0 / (1 - total0))]])
+        x0 = np.clip(x0, -_LOGIT_BOUND, _LOGIT_BOUND)
+
+        def loss(x: np.ndarray) -> float:
+            return _blt_loss_fast(*_blt_from_free(x), key[0], key[1], K)
+
+        res = minimize(
+            loss,
+            x0,
+            method="L-BFGS-B",
+            bounds=[(-_LOGIT_BOUND, _LOGIT_BOUND)] * len(x0),
+            options={"maxiter": BLT_OPT_MAXITER},
+        )
+        best = res.x if res.fun <= loss(x0) else x0
+        _BLT_CACHE[key] = _blt_from_free(best)
+    omegas, decays = _BLT_CACHE[key]
+    return omegas.copy(), decays.copy()
+
+
+class OptimizedBLT(BufferedToeplitz):
+    """An m-buffer BLT optimised for the run's participation pattern (T, b, k) as in McMahan, Xu, Zhang
+    2024 / Dvijotham et al. 2024: (omega, theta) from :func:`optimized_blt_parameters` (mean squared
+    error of the noisy prefix sums, ``Delta_K^2 ||A C^{-1}||_F^2 / T``), within the constraints that keep
+    the closed-form Toeplitz sensitivity exact (the papers' BLTs are not constrained so)."""
+
+    name = "blt-opt"
+
+    def __init__(self, T: int, buffers: int, b: int, k: int) -> None:
+        super().__init__(T, *optimized_blt_parameters(T, b, k, buffers))
+
+
+def prefix_sum_error(fact: "Toeplitz | Tree", b: int, k: int) -> float:
+    """The mean squared error of the noisy prefix sums per unit of c and of the noise multiplier
+    sigma / Delta: ``Delta_K^2 * ||A C^{-1}||_F^2 / T`` (dense, for tests and reports)."""
+    B = prefix_matrix(fact.T) @ np.linalg.inv(fact.matrix())
+    return fact.sensitivity_squares(b, k)[-1] * float((B * B).sum()) / fact.T
 
 
 class Tree:
@@ -202,11 +358,14 @@ class Tree:
         return [max(best[: j + 1]) for j in range(K)]
 
 
-FACTORIZATIONS = ("tree", "banded", "blt")
+FACTORIZATIONS = ("tree", "banded", "blt", "blt-opt")
 
 
-def make_factorization(name: str, T: int, band: int | None = None, buffers: int = 4) -> Toeplitz | Tree:
-    """``tree``, ``banded`` (``band``) or ``blt`` (``buffers``)."""
+def make_factorization(
+    name: str, T: int, band: int | None = None, buffers: int = 4, b: int = 1, k: int | None = None
+) -> Toeplitz | Tree:
+    """``tree``, ``banded`` (``band``), ``blt`` (``buffers``) or ``blt-opt`` (``buffers``, optimised for
+    the pattern (T, b, k); k None: every round)."""
     if name == "tree":
         return Tree(T)
     if name == "banded":
@@ -215,6 +374,8 @@ def make_factorization(name: str, T: int, band: int | None = None, buffers: int 
         return BandedToeplitz(T, band)
     if name == "blt":
         return BLT(T, buffers)
+    if name == "blt-opt":
+        return OptimizedBLT(T, buffers, b, T if k is None else k)
     raise ValueError(f"factorization must be one of {FACTORIZATIONS}, got {name!r}")
 
 
@@ -385,12 +546,13 @@ class ToeplitzNoise:
 
 
 class BLTNoise:
-    """Row t of B Z for :class:`BLT`: z_t = (C y)_t = y_t + sum_j w_j t_j b_j with buffers
-    b_j = sum_{s < t} t_j^(t - 1 - s) y_s, so y_t = z_t - sum_j w_j t_j b_j, then b_j <- t_j b_j + y_t;
-    returns the running sum of y. Keeps the m buffers and the sum."""
+    """Row t of B Z for a :class:`BufferedToeplitz` C (c_0 = 1, c_j = sum_i omega_i theta_i^(j-1)):
+    z_t = (C y)_t = y_t + sum_i omega_i b_i with buffers b_i = sum_{s < t} theta_i^(t - 1 - s) y_s, so
+    y_t = z_t - sum_i omega_i b_i, then b_i <- theta_i b_i + y_t; returns the running sum of y. Keeps
+    the m buffers and the sum."""
 
-    def __init__(self, weights: np.ndarray, decays: np.ndarray) -> None:
-        self.weights = [float(w) for w in weights]
+    def __init__(self, omegas: np.ndarray, decays: np.ndarray) -> None:
+        self.omegas = [float(w) for w in omegas]
         self.decays = [float(t) for t in decays]
         self.buffers: list[torch.Tensor] | None = None
         self.total: torch.Tensor | None = None
@@ -400,8 +562,8 @@ class BLTNoise:
             self.buffers = [torch.zeros_like(z) for _ in self.decays]
             self.total = torch.zeros_like(z)
         y = z
-        for w, t, buf in zip(self.weights, self.decays, self.buffers):
-            y = y - (w * t) * buf
+        for w, buf in zip(self.omegas, self.buffers):
+            y = y - w * buf
         self.buffers = [t * buf + y for t, buf in zip(self.decays, self.buffers)]
         self.total = self.total + y
         return self.total.clone()
@@ -411,6 +573,8 @@ __all__ = [
     "BLT",
     "BLTNoise",
     "BandedToeplitz",
+    "BufferedToeplitz",
+    "OptimizedBLT",
     "Toeplitz",
     "FACTORIZATIONS",
     "Tree",
@@ -420,5 +584,7 @@ __all__ = [
     "make_factorization",
     "max_participation_sensitivity",
     "max_participations",
+    "optimized_blt_parameters",
     "prefix_matrix",
+    "prefix_sum_error",
 ]

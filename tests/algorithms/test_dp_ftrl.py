@@ -68,7 +68,9 @@ def test_schedules_that_would_ask_nobody_are_refused(n, rounds, b, k, msg):
 
 
 @pytest.mark.parametrize("relation, factor", [("add-remove", 1.0), ("replace-one", 2.0)])
-@pytest.mark.parametrize("factorization, band", [("tree", None), ("banded", 2), ("banded", 5), ("blt", None)])
+@pytest.mark.parametrize(
+    "factorization, band", [("tree", None), ("banded", 2), ("banded", 5), ("blt", None), ("blt-opt", None)]
+)
 def test_noise_std_is_the_enumerated_worst_pattern_over_sqrt_2rho(relation, factor, factorization, band):
     cfg = DPFTRLConfig(
         rounds=9, clip=0.7, factorization=factorization, band=band, min_separation=2, max_participations=3,
@@ -99,7 +101,7 @@ class _DrawRecorder(NoiseSource):
 
 
 @pytest.mark.statistical
-@pytest.mark.parametrize("factorization", ["tree", "banded", "blt"])
+@pytest.mark.parametrize("factorization", ["tree", "banded", "blt", "blt-opt"])
 def test_run_draws_the_calibrated_noise_and_charges_each_participation(tmp_path, factorization):
     """The Z rows drawn have std sigma (5 standard errors of the sample std; the wrong relation's scale,
     x2 or x0.5, is far outside); each release is charged to exactly its cohort; each user's ledger
@@ -143,6 +145,7 @@ def test_adversarial_neighbours_stay_within_the_calibrated_sensitivity(dishonest
         ("tree", "replace-one"),
         ("banded", "replace-one"),
         ("blt", "replace-one"),
+        ("blt-opt", "replace-one"),
         ("tree", "add-remove"),
     ):
         cfg = DPFTRLConfig(rounds=8, clip=0.3, factorization=factorization, band=3, min_separation=2,
@@ -178,25 +181,31 @@ def test_adversarial_neighbours_stay_within_the_calibrated_sensitivity(dishonest
 
 
 def test_dp_ftrl_over_flower_equals_inprocess_for_every_factorization(tmp_path):
-    for factorization in ("tree", "banded", "blt"):
+    for factorization in ("tree", "banded", "blt", "blt-opt"):
         ref = _flower_equals_inprocess(
             tmp_path / factorization, "dp-ftrl", {**SMALL["dp-ftrl"], "factorization": factorization}
         )
         assert ref["w"] is not None
 
 
-def test_fedkl_run_on_movielens_learns_and_reports_the_exact_conversion(tmp_path, capsys):
+@pytest.mark.parametrize("factorization", ["banded", "blt-opt"])
+def test_fedkl_run_on_movielens_learns_and_reports_the_exact_conversion(tmp_path, capsys, factorization):
     out = tmp_path / "run"
     argv = ["run", "--algorithm", "dp-ftrl", "--dataset", "movielens", "--epsilon", "2", "--rounds", "20",
-            "--min-separation", "4", "--factorization", "banded", "--conversion", "gaussian", "--noise-seed", "0",
+            "--min-separation", "4", "--factorization", factorization, "--conversion", "gaussian", "--noise-seed", "0",
             "--no-reference", "--out", str(out)]  # fmt: skip
     assert cli.main(argv) == 0
     res = json.loads((out / "result.json").read_text())
     assert res["test_metrics"]["accuracy"] > res["trivial_baseline"]["accuracy"] + 0.05
     details = res["algorithm_details"]
     assert (
-        details["factorization"] == "banded" and details["min_separation"] == 4 and details["max_participations"] == 5
+        details["factorization"] == factorization
+        and details["min_separation"] == 4
+        and details["max_participations"] == 5
     )
+    if factorization == "blt-opt":  # the public C, recomputable from (T, b, k, m)
+        omegas, decays = mm.optimized_blt_parameters(20, 4, 5, 4)
+        assert details["blt_parameters"] == {"omega": omegas.tolist(), "theta": decays.tolist()}
     rho = details["mu_gdp"] ** 2 / 2
     assert res["epsilon"] == pytest.approx(eps_gaussian(rho, res["delta"]), rel=1e-9) and res["epsilon"] <= 2.0
 

@@ -23,6 +23,7 @@ FACTS = {
     "banded-1": lambda T: mm.BandedToeplitz(T, 1),
     "blt-2": lambda T: mm.BLT(T, 2),
     "blt-5": lambda T: mm.BLT(T, 5),
+    "blt-opt": lambda T: mm.OptimizedBLT(T, 3, 2, 3),  # optimised for (b, k) = (2, 3), checked at every (b, k)
 }
 
 
@@ -138,6 +139,41 @@ def test_blt_is_the_square_root_factor_up_to_2m_and_decays_after():
         assert (blt.coeffs[2 * m :] < exact[2 * m :]).all()
 
 
+@pytest.mark.parametrize("T, b, k, m", [(60, 3, 20, 3), (100, 10, 10, 4), (256, 1, 1, 4), (30, 1, 30, 2)])
+def test_optimized_blt_beats_its_chebyshev_start_the_tree_and_keeps_the_sensitivity_constraints(T, b, k, m):
+    """The optimised m-buffer BLT's mean squared prefix-sum error (dense Delta_K^2 ||A C^{-1}||_F^2 / T) is at
+    most the Gauss-Chebyshev start's and the tree's; its parameters keep c_0 = 1 >= c_1 >= ... >= 0
+    (theta in [0, 1), omega >= 0, sum omega <= 1); the optimiser's O(T m) loss equals the dense one."""
+    opt = mm.OptimizedBLT(T, m, b, k)
+    loss = mm.prefix_sum_error(opt, b, k)
+    assert loss < mm.prefix_sum_error(mm.BLT(T, m), b, k)
+    assert loss < mm.prefix_sum_error(mm.Tree(T), b, k)
+    assert ((opt.decays >= 0) & (opt.decays < 1)).all() and (opt.omegas >= 0).all() and opt.omegas.sum() <= 1
+    c = opt.coeffs
+    assert c[0] == 1 and (c >= 0).all() and (np.diff(c) <= 0).all()
+    fast = mm._blt_loss_fast(opt.omegas, opt.decays, T, b, mm.max_participations(T, b, k))
+    assert fast == pytest.approx(loss, rel=1e-9)
+
+
+def test_optimized_blt_beats_the_square_root_factor_in_a_single_epoch():
+    """k = 1 (each user once): the 4-buffer optimised BLT has lower error than the full square-root
+    factor (band T) and than the banded factor at band b."""
+    for T, b in ((256, 1), (200, 8)):
+        loss = mm.prefix_sum_error(mm.OptimizedBLT(T, 4, b, 1), b, 1)
+        assert loss < mm.prefix_sum_error(mm.BandedToeplitz(T, T), b, 1)
+        assert loss < mm.prefix_sum_error(mm.BandedToeplitz(T, b), b, 1)
+
+
+def test_optimized_blt_is_deterministic_and_cached():
+    """The same public (T, b, k, m) gives bit-for-bit the same C, recomputed from scratch (no randomness)."""
+    first = mm.OptimizedBLT(80, 3, 4, 20)
+    mm._BLT_CACHE.clear()
+    again = mm.OptimizedBLT(80, 3, 4, 20)
+    assert np.array_equal(first.omegas, again.omegas) and np.array_equal(first.decays, again.decays)
+    assert (80, 4, 20, 3) in mm._BLT_CACHE
+    assert not np.array_equal(mm.OptimizedBLT(80, 3, 8, 10).coeffs, first.coeffs)  # another pattern, another C
+
+
 def test_the_dp_accounting_tree_anchor_through_the_factorization():
     """dp-accounting's tree test (StackOverflow, 1,600 steps, delta 1e-6): noise 8.83 -> eps < 2.04.
     The factorization's own sensitivity (one participation) and the exact mu-GDP profile of
@@ -167,6 +203,11 @@ def test_bad_arguments_are_refused():
         mm.Toeplitz(5, [1.0, 0.5, 0.7])
     with pytest.raises(ValueError, match="buffers must be a positive integer"):
         mm.BLT(10, 0)
+    with pytest.raises(ValueError, match="buffers must be a positive integer"):
+        mm.OptimizedBLT(10, 0, 1, 1)
+    for omegas, decays in (([0.5], [1.0]), ([0.6, 0.6], [0.5, 0.5]), ([-0.1], [0.5]), ([0.5], [-0.1])):
+        with pytest.raises(ValueError, match="BLT parameters need"):
+            mm.BufferedToeplitz(10, omegas, decays)
     with pytest.raises(ValueError, match="band must be a positive integer"):
         mm.BandedToeplitz(10, 0)
     with pytest.raises(ValueError, match="min separation b must be a positive integer"):
