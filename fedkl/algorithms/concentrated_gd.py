@@ -86,7 +86,7 @@ from typing import Callable
 
 import torch
 
-from fedkl.algorithms.noisy_gd import RELATIONS
+from fedkl.algorithms.kl_common import sum_sensitivity
 from fedkl.algorithms.registry import (
     AlgorithmResult,
     BuildContext,
@@ -103,14 +103,6 @@ from fedkl.privacy.release import Releaser
 
 NAME = "noisy-gd-conc"
 CENTRES = ("fresh", "previous")
-
-
-def user_sum_sensitivity(bound: float, neighbouring: str) -> float:
-    """L2 sensitivity of a sum of per-user terms of norm <= ``bound``: 2 bound (replace-one), bound
-    (add-remove)."""
-    if neighbouring not in RELATIONS:
-        raise ValueError(f"neighbouring must be one of {RELATIONS}, got {neighbouring!r}")
-    return 2.0 * bound if neighbouring == "replace-one" else bound
 
 
 def winsorized_sum(grads: torch.Tensor, centre: torch.Tensor, tau: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,7 +142,7 @@ class ConcentratedGDConfig:
             raise ValueError(f"--conc-centre-share must be in (0, 1), got {self.centre_share}")
         if self.centre not in CENTRES:
             raise ValueError(f"--conc-centre must be one of {', '.join(CENTRES)}, got {self.centre!r}")
-        user_sum_sensitivity(1.0, self.neighbouring)
+        sum_sensitivity(1.0, self.neighbouring)
 
 
 @dataclass
@@ -190,7 +182,7 @@ class ConcentratedGD:
 
     @property
     def sensitivity_centre(self) -> float:
-        return user_sum_sensitivity(self.config.clip, self.config.neighbouring)
+        return sum_sensitivity(self.config.clip, self.config.neighbouring)
 
     @property
     def sigma_centre(self) -> float:
@@ -221,7 +213,7 @@ class ConcentratedGD:
 
     @property
     def sensitivity_winsorized(self) -> float:
-        return user_sum_sensitivity(self.tau, self.config.neighbouring)
+        return sum_sensitivity(self.tau, self.config.neighbouring)
 
     @property
     def sigma_winsorized(self) -> float:
@@ -237,7 +229,7 @@ class ConcentratedGD:
         round) and tau_t = k C/sqrt(m) + a tau_(t-1), a tau_(t-1) the bound on the previous estimate's
         noise norm / n (module docstring)."""
         cfg = self.config
-        factor = user_sum_sensitivity(1.0, cfg.neighbouring)
+        factor = sum_sensitivity(1.0, cfg.neighbouring)
         tail = math.sqrt(self.dim) + math.sqrt(2.0 * math.log(1.0 / cfg.beta))
         a = factor * tail / (self.num_users * math.sqrt(2.0 * self.rho_round))
         radii = [cfg.clip]
@@ -287,7 +279,7 @@ class ConcentratedGD:
                 centre = noisy_centre_sum.to(w.dtype) / n  # a function of stage 1's release only
             else:
                 centre = previous  # a function of earlier releases only
-            sensitivity = user_sum_sensitivity(tau, cfg.neighbouring)
+            sensitivity = sum_sensitivity(tau, cfg.neighbouring)
             displacement, _ = winsorized_sum(grads, centre, tau)
             noisy_displacement = releaser.gaussian(
                 displacement,
@@ -380,6 +372,5 @@ __all__ = [
     "ConcentratedGDConfig",
     "ConcentratedGDParams",
     "ConcentratedGDResult",
-    "user_sum_sensitivity",
     "winsorized_sum",
 ]

@@ -57,7 +57,7 @@ from typing import Callable, Sequence
 import torch
 
 from fedkl.algorithms.dp_fedavg import LocalUpdates
-from fedkl.algorithms.poisson_schedule import sum_sensitivity
+from fedkl.algorithms.kl_common import sum_sensitivity
 from fedkl.algorithms.registry import AlgorithmResult, BuildContext, Clip, Rounds, StepSize, param, register
 from fedkl.federation.base import ClippedLocalUpdate, Federation
 from fedkl.federation.clipping import clip_rows

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from fedkl.algorithms.kl_common import sum_sensitivity
 from fedkl.algorithms.registry import AlgorithmResult
 from fedkl.federation.base import Federation
 from fedkl.privacy.accounting import ACCOUNTANTS, GaussianSchedule, noise_multiplier_for, schedule_epsilon
@@ -46,11 +47,6 @@ def check_schedule_config(rounds, sampling_rate: float, neighbouring: str, accou
         )
     if accountant not in ACCOUNTANTS:
         raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
-
-
-def sum_sensitivity(clip: float, neighbouring: str) -> float:
-    """L2 sensitivity of a sum of answers of norm <= clip: 2 clip (replace-one), clip (add-remove)."""
-    return 2.0 * clip if neighbouring == "replace-one" else clip
 
 
 @functools.lru_cache(maxsize=512)
