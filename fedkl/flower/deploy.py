@@ -40,6 +40,7 @@ from typing import Any, Mapping
 import torch
 
 from fedkl.flower.codec import ClientSpec
+from fedkl.flower.federation import connect_deadline
 from fedkl.privacy.guarantee import Guarantee
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout holding fedkl/ (on the nodes' PYTHONPATH)
@@ -315,9 +316,9 @@ def run_grpc(
     workdir: str | None = None,
     tls: bool = True,
     node_auth: bool = True,
-    timeout: float = 600.0,
+    timeout: float | None = None,
     unregistered: tuple[int, ...] = (),
-    connect_timeout: float = 120.0,
+    connect_timeout: float | None = None,
     node_config: Mapping[int, Mapping[str, Any]] | None = None,
     log=print,
 ) -> dict:
@@ -328,7 +329,10 @@ def run_grpc(
     ``unregistered``: user positions whose SuperNode starts with a key that was NOT registered (a
     test of SuperNode authentication: the SuperLink must refuse them, so those users fail).
     ``node_config``: extra node-config keys per user position (e.g. a site's own ``data-path``).
-    The run is submitted once every registered SuperNode is online (``connect_timeout``)."""
+    The run is submitted once every registered SuperNode is online (polled; ``connect_timeout``, default
+    :func:`fedkl.flower.federation.connect_deadline` of ``num_users``, scaling with the federation);
+    ``timeout`` bounds ``flwr run`` (default :func:`run_deadline`). A run whose ServerApp failed raises
+    RuntimeError with the ServerApp's one-line reason (``flower_error.json``)."""
     if num_users < 1:
         raise ValueError("num_users must be >= 1")
     check_capacity(num_users)
@@ -354,6 +358,12 @@ def run_grpc(
             log(f"fedkl grpc: the run failed; its logs are in {work} (keys deleted)")
 
 
+def run_deadline(num_users: int) -> float:
+    """Default seconds for ``flwr run`` of ``num_users`` local SuperNodes: 600 + 30 per user (their
+    ClientApps start concurrently on this machine; the run returns when it is done)."""
+    return 600.0 + 30.0 * num_users
+
+
 def _deploy(
     work: Path,
     rc: dict,
@@ -362,7 +372,7 @@ def _deploy(
     node_auth: bool,
     timeout: float,
     unregistered: tuple[int, ...],
-    connect_timeout: float,
+    connect_timeout: float | None,
     node_config: dict,
     log,
 ) -> dict:
@@ -440,7 +450,7 @@ def _deploy(
             ],
             "superlink",
         )
-        _wait_port(port, 60, procs)
+        _wait_port(port, connect_deadline(1), procs)
         for u in range(num_users):
             auth: list[str] = []
             if node_auth:
@@ -472,6 +482,7 @@ def _deploy(
             f"{'SuperNode auth' if node_auth else 'no node auth'}), {num_users} SuperNodes; logs in {work}"
         )
         expected = num_users - (len(set(unregistered)) if node_auth else 0)
+        connect_timeout = connect_deadline(num_users) if connect_timeout is None else connect_timeout
         deadline = time.monotonic() + connect_timeout
         while True:
             nodes = json.loads(cli(["supernode", "list", "fedkl", "--format", "json"], 60)).get("nodes", [])
@@ -487,9 +498,14 @@ def _deploy(
                     raise RuntimeError(f"the SuperLink exited with {p.returncode}; see {logf}")
             time.sleep(0.5)
         start_t = time.monotonic()
-        out = cli(["run", str(work / "app"), "fedkl", "--stream"], timeout)
-        (work / "flwr-run.log").write_text(out)
         result_path = Path(rc["fedkl-out"]) / "flower_result.json"
+        error_path = Path(rc["fedkl-out"]) / "flower_error.json"
+        error_path.unlink(missing_ok=True)  # a previous run's
+        limit = run_deadline(num_users) if timeout is None else timeout
+        out = cli(["run", str(work / "app"), "fedkl", "--stream"], limit)
+        (work / "flwr-run.log").write_text(out)
+        if error_path.exists():  # `flwr run` exits 0 when the ServerApp fails: this is how we know
+            raise RuntimeError(f"the fedkl ServerApp failed: {json.loads(error_path.read_text())['error']}")
         if not result_path.exists():
             raise RuntimeError(f"the run ended without {result_path}; see {work}/flwr-run.log")
         res = json.loads(result_path.read_text())

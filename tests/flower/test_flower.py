@@ -387,8 +387,10 @@ def test_handshake_needs_all_users_unless_enrolment_is_given():
         FlowerFederation(grid, num_users=N, wait_for_nodes=0.0)
     full = FlowerFederation(LocalGrid(make_client_app(LS), N), wait_for_nodes=0.0)
     assert full.user_ids == _inprocess(LS).user_ids
-    with pytest.raises(RuntimeError, match="expected"):
-        FlowerFederation(LocalGrid(make_client_app(LS), N), user_ids=["someone"] + list(full.user_ids[1:]))
+    # a node holding another user than the enrolment says is refused alone; that user fails 'absent'
+    other = FlowerFederation(LocalGrid(make_client_app(LS), N), user_ids=["someone"] + list(full.user_ids[1:]))
+    assert other.missing == [0] and 0 not in other.node_of and len(other.node_of) == N - 1
+    assert "enrolled there: 'someone'" in next(iter(other.handshake["refused_nodes"].values()))
 
 
 def _noisy_gd_with(federation, tmp_path, name, rounds=4, rho=0.5):
