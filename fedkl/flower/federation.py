@@ -159,6 +159,11 @@ class FlowerFederation(Federation):
         bindings: Mapping[str, int] | None,
     ) -> None:
         infos, waited = self._gather_infos(expected, timeout, wait)
+        if not infos:
+            raise RuntimeError(
+                f"no Flower node connected within {waited:.0f} s"
+                + (f" (expected {expected})" if expected is not None else "")
+            )
         refused: list[str] = []
         ok: dict[int, codec.NodeInfo] = {}
         self.refused_nodes: dict[int, str] = {}  # node id -> why it is never asked
