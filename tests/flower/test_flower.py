@@ -625,7 +625,8 @@ def test_grpc_deployment_with_tls_and_node_auth(tmp_path):
     # loaded machine, still get the scaled handshake deadline, and the wait ends on their last reply.
     # No fixed deadline here: run_grpc's waits scale with the 8 users too (deploy.run_deadline).
     rc = {**run_config_for(cfg, spec), "fedkl-wait-for-nodes": 0.0}
-    res = run_grpc(rc, 8, workdir=str(tmp_path / "grpc"), unregistered=(5,), log=lambda s: None)
+    ids = _inprocess(spec).user_ids  # the enrolment: each user bound to its registered node id
+    res = run_grpc(rc, 8, workdir=str(tmp_path / "grpc"), unregistered=(5,), user_ids=ids, log=lambda s: None)
     ref = run_flower_simulation(
         _cfg(tmp_path, "ref", rounds=1), "flower-local", log=lambda s: None, spec=spec, absent=[5]
     )

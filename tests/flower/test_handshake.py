@@ -134,3 +134,21 @@ def test_a_failed_deployed_run_leaves_its_one_line_reason_for_run_grpc(tmp_path)
     err = json.loads((tmp_path / "out" / "flower_error.json").read_text())["error"]
     assert err.startswith("RuntimeError: no Flower node connected within 0 s") and "\n" not in err
     assert not (tmp_path / "out" / "flower_result.json").exists()
+    from fedkl.flower.deploy import read_outcome
+
+    with pytest.raises(RuntimeError, match="^the fedkl ServerApp failed: RuntimeError: no Flower node connected"):
+        read_outcome(tmp_path / "out", tmp_path / "flwr-run.log")  # what run_grpc raises after `flwr run` exits 0
+
+
+def test_fedkl_run_over_grpc_exits_non_zero_in_one_line_when_the_deployment_fails(monkeypatch, capsys, tmp_path):
+    from fedkl.cli import main
+    from fedkl.flower import deploy
+
+    def failed(*a, **k):
+        raise RuntimeError("the fedkl ServerApp failed: RuntimeError: no Flower node connected within 76 s")
+
+    monkeypatch.setattr(deploy, "run_grpc", failed)
+    argv = ["run", "--backend", "grpc", "--dataset", "synthetic-least-squares", "--problem", "least-squares"]
+    assert main([*argv, "--users", "3", "--no-reference", "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "fedkl run: error: the fedkl ServerApp failed: RuntimeError: no Flower node connected within 76 s"
