@@ -45,8 +45,22 @@ print(json.dumps({
     "first_answer_s": t_first,
     "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     "algorithms_loaded": sorted(m for m in sys.modules if m.startswith("fedkl.algorithms")),
+    "top_level_modules": sorted({m.split(".")[0] for m in sys.modules} - set(sys.stdlib_module_names)),
 }))
 """
+
+
+def measure(repo: Path) -> dict:
+    """One fresh client process's numbers (see the module docstring)."""
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -54,17 +68,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     repo = Path(__file__).resolve().parents[1]
-    runs = []
-    for _ in range(args.repeats):
-        out = subprocess.run(
-            [sys.executable, "-c", CHILD],
-            cwd=repo,
-            capture_output=True,
-            text=True,
-            check=True,
-            env={"PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
-        )
-        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    runs = [measure(repo) for _ in range(args.repeats)]
     med = {k: statistics.median(r[k] for r in runs) for k in ("import_s", "first_answer_s", "peak_rss_mb")}
     print(
         f"fedkl client (median of {len(runs)} fresh processes): import {med['import_s']:.2f} s, "
