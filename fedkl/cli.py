@@ -399,6 +399,11 @@ def _train(cfg, resume: str | None = None) -> int:
     except ValueError as e:
         print(f"fedkl run: error: {e} (see 'fedkl run --help')", file=sys.stderr)
         return 2
+    except RuntimeError as e:  # a deployment that failed (e.g. the ServerApp's reason): one line, non-zero
+        if cfg.backend != "grpc":
+            raise
+        print(f"fedkl run: error: {e}", file=sys.stderr)
+        return 1
     finally:
         observer.close()
         RUN_OBSERVER.reset(token)

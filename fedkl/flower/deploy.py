@@ -35,11 +35,12 @@ import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 
 from fedkl.flower.codec import ClientSpec
+from fedkl.flower.federation import connect_deadline
 from fedkl.privacy.guarantee import Guarantee
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout holding fedkl/ (on the nodes' PYTHONPATH)
@@ -315,10 +316,11 @@ def run_grpc(
     workdir: str | None = None,
     tls: bool = True,
     node_auth: bool = True,
-    timeout: float = 600.0,
+    timeout: float | None = None,
     unregistered: tuple[int, ...] = (),
-    connect_timeout: float = 120.0,
+    connect_timeout: float | None = None,
     node_config: Mapping[int, Mapping[str, Any]] | None = None,
+    user_ids: Sequence[str] | None = None,
     log=print,
 ) -> dict:
     """Run the fedkl app on a fresh local SuperLink + ``num_users`` SuperNodes; return the parsed
@@ -328,7 +330,12 @@ def run_grpc(
     ``unregistered``: user positions whose SuperNode starts with a key that was NOT registered (a
     test of SuperNode authentication: the SuperLink must refuse them, so those users fail).
     ``node_config``: extra node-config keys per user position (e.g. a site's own ``data-path``).
-    The run is submitted once every registered SuperNode is online (``connect_timeout``)."""
+    ``user_ids`` (the enrolment, in position order) with ``node_auth``: each user is bound to the node id its
+    key was registered under (``fedkl-node-bindings``), so a node claiming another's user is refused alone.
+    The run is submitted once every registered SuperNode is online (polled; ``connect_timeout``, default
+    :func:`fedkl.flower.federation.connect_deadline` of ``num_users``, scaling with the federation);
+    ``timeout`` bounds ``flwr run`` (default :func:`run_deadline`). A run whose ServerApp failed raises
+    RuntimeError with the ServerApp's one-line reason (``flower_error.json``)."""
     if num_users < 1:
         raise ValueError("num_users must be >= 1")
     check_capacity(num_users)
@@ -340,7 +347,17 @@ def run_grpc(
     ok = False
     try:
         res = _deploy(
-            work, rc, num_users, tls, node_auth, timeout, unregistered, connect_timeout, dict(node_config or {}), log
+            work,
+            rc,
+            num_users,
+            tls,
+            node_auth,
+            timeout,
+            unregistered,
+            connect_timeout,
+            dict(node_config or {}),
+            user_ids,
+            log,
         )
         ok = True
         res["workdir"] = None if own_work else str(work)
@@ -354,6 +371,24 @@ def run_grpc(
             log(f"fedkl grpc: the run failed; its logs are in {work} (keys deleted)")
 
 
+def run_deadline(num_users: int) -> float:
+    """Default seconds for ``flwr run`` of ``num_users`` local SuperNodes: 600 + 30 per user (their
+    ClientApps start concurrently on this machine; the run returns when it is done)."""
+    return 600.0 + 30.0 * num_users
+
+
+def read_outcome(out: Path, run_log: Path) -> dict:
+    """The ServerApp's ``flower_result.json`` in ``out``; RuntimeError with its one-line reason where it
+    wrote ``flower_error.json`` (``flwr run`` exits 0 when the ServerApp fails), or when it wrote neither."""
+    if (out / "flower_error.json").exists():
+        raise RuntimeError(
+            f"the fedkl ServerApp failed: {json.loads((out / 'flower_error.json').read_text())['error']}"
+        )
+    if not (out / "flower_result.json").exists():
+        raise RuntimeError(f"the run ended without {out / 'flower_result.json'}; see {run_log}")
+    return json.loads((out / "flower_result.json").read_text())
+
+
 def _deploy(
     work: Path,
     rc: dict,
@@ -362,8 +397,9 @@ def _deploy(
     node_auth: bool,
     timeout: float,
     unregistered: tuple[int, ...],
-    connect_timeout: float,
+    connect_timeout: float | None,
     node_config: dict,
+    user_ids: Sequence[str] | None,
     log,
 ) -> dict:
     """The body of :func:`run_grpc` in ``work``: start, submit, collect; every process stopped on exit."""
@@ -400,7 +436,6 @@ def _deploy(
     else:
         conn.append("insecure = true")
     (home / "config.toml").write_text("\n".join(conn) + "\n")
-    _write_app(work / "app", rc)
     procs: list[tuple[subprocess.Popen, Path]] = []
 
     def start(args: list[str], name: str) -> subprocess.Popen:
@@ -440,13 +475,18 @@ def _deploy(
             ],
             "superlink",
         )
-        _wait_port(port, 60, procs)
+        _wait_port(port, connect_deadline(1), procs)
+        bindings: dict[str, int] = {}
         for u in range(num_users):
             auth: list[str] = []
             if node_auth:
                 priv, pub = make_node_keys(work / "certs", f"node-{u}")
                 if u not in unregistered:
-                    cli(["supernode", "register", str(pub), "fedkl"], 120)
+                    reg = cli(["supernode", "register", str(pub), "fedkl", "--format", "json"], 120)
+                    if user_ids is not None:
+                        bindings[str(user_ids[u])] = int(
+                            json.loads(reg[reg.index("{") : reg.rindex("}") + 1])["node-id"]
+                        )
                 auth = ["--auth-supernode-private-key", str(priv)]
             start(
                 [
@@ -471,7 +511,12 @@ def _deploy(
             f"fedkl grpc: SuperLink on 127.0.0.1:{port} ({'TLS' if tls else 'insecure'}, "
             f"{'SuperNode auth' if node_auth else 'no node auth'}), {num_users} SuperNodes; logs in {work}"
         )
+        if bindings:
+            (work / "node-bindings.json").write_text(json.dumps(bindings))
+            rc["fedkl-node-bindings"] = str(work / "node-bindings.json")
+        _write_app(work / "app", rc)
         expected = num_users - (len(set(unregistered)) if node_auth else 0)
+        connect_timeout = connect_deadline(num_users) if connect_timeout is None else connect_timeout
         deadline = time.monotonic() + connect_timeout
         while True:
             nodes = json.loads(cli(["supernode", "list", "fedkl", "--format", "json"], 60)).get("nodes", [])
@@ -487,12 +532,12 @@ def _deploy(
                     raise RuntimeError(f"the SuperLink exited with {p.returncode}; see {logf}")
             time.sleep(0.5)
         start_t = time.monotonic()
-        out = cli(["run", str(work / "app"), "fedkl", "--stream"], timeout)
+        for stale in ("flower_result.json", "flower_error.json"):  # a previous run's in the same folder
+            (Path(rc["fedkl-out"]) / stale).unlink(missing_ok=True)
+        limit = run_deadline(num_users) if timeout is None else timeout
+        out = cli(["run", str(work / "app"), "fedkl", "--stream"], limit)
         (work / "flwr-run.log").write_text(out)
-        result_path = Path(rc["fedkl-out"]) / "flower_result.json"
-        if not result_path.exists():
-            raise RuntimeError(f"the run ended without {result_path}; see {work}/flwr-run.log")
-        res = json.loads(result_path.read_text())
+        res = read_outcome(Path(rc["fedkl-out"]), work / "flwr-run.log")
         res["wall_s"] = time.monotonic() - start_t
         return res
     finally:
@@ -505,7 +550,8 @@ def train_over_grpc(cfg: Any, dataset: Any, out: str, log=print, **kw: Any) -> t
     ``<out>/ledger.sqlite``. Returns ``(result, ledger_summary)`` where ``result`` has ``.w`` (a
     float64 tensor, or None for "no output"), ``.history`` and ``.failed_users``."""
     spec = ClientSpec.from_run_config(cfg, task=dataset.task)
-    res = run_grpc(run_config_for(cfg, spec, out=out), dataset.train.num_users, log=log, **kw)
+    ids = dataset.train.user_ids
+    res = run_grpc(run_config_for(cfg, spec, out=out), len(ids), user_ids=ids, log=log, **kw)
     w = None if res.get("w") is None else torch.tensor(res["w"], dtype=torch.float64)
     result = SimpleNamespace(
         w=w,

@@ -16,7 +16,12 @@ saved as result.json's ``failures``): per request (noisy GD makes one per round)
 in the categories of :data:`FAILURE_KINDS`, and the counts per category.
 
 Node ids are mapped to user positions by a handshake (``info`` request) at construction: each node
-reports its ``partition-id``, the number of partitions, its user id and the parameter count.
+reports its ``partition-id``, the number of partitions, its user id and the parameter count. The
+handshake waits on events (:meth:`FlowerFederation._gather_infos`) with deadlines that scale with the
+federation (:func:`connect_deadline`, :func:`answer_deadline`); users with no node at the deadline are
+named in one line and, with an enrolment, fail 'absent' every request (charged, zero); without one the
+run is refused. Duplicate claims of a user follow :data:`DUPLICATE_RULE`; refused nodes and unserved
+users are saved in ``failures["handshake"]``.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -37,7 +42,8 @@ log = logging.getLogger(__name__)
 
 # Why a user's answer was not used (result.json's ``failures``):
 FAILURE_KINDS = {
-    "absent": "no node holds this user (never connected, refused at the handshake)",
+    "absent": "no node holds this user (never connected, no handshake reply in time, or its claimant refused)",
+    "duplicate-claim": "several nodes claimed this user and the enrolment binds none of them: none is asked",
     "no-reply": "no reply within the request's timeout (dropped out, crashed, or too slow)",
     "non-finite": "the answer (or the user's own computation) was NaN or infinite",
     "wrong-shape": "an answer of another shape, dtype or size than the query's",
@@ -48,6 +54,35 @@ FAILURE_KINDS = {
     "secagg-aborted": "a secure aggregation that could not complete (too few nodes left): nobody contributes",
     "secagg-too-few": "a secure aggregation of fewer than 2 users is not run: nobody contributes",
 }
+
+
+# The handshake's deadlines when not given (seconds): they scale with the federation, because the nodes'
+# ClientApps start concurrently (on one loaded machine in a local deployment). The waits return on the
+# event (every expected node answered); the deadlines only bound how long a missing node is waited for.
+CONNECT_BASE_S, CONNECT_PER_NODE_S = 60.0, 2.0  # for the expected nodes to connect
+ANSWER_BASE_S, ANSWER_PER_NODE_S = 120.0, 10.0  # for a connected node to answer its handshake
+POLL_S = 0.5  # how often the nodes and the replies are polled
+
+DUPLICATE_RULE = (
+    "a user position claimed by several nodes: the node the enrolment binds to the user serves it and the "
+    "others are refused; without a binding none is asked and the user fails 'duplicate-claim' (charged, zero)"
+)
+
+
+def connect_deadline(num_nodes: int) -> float:
+    """Seconds to wait for ``num_nodes`` expected nodes to connect: :data:`CONNECT_BASE_S` + :data:`CONNECT_PER_NODE_S` each."""
+    return CONNECT_BASE_S + CONNECT_PER_NODE_S * num_nodes
+
+
+def answer_deadline(num_nodes: int) -> float:
+    """Seconds for the handshake replies of ``num_nodes`` asked nodes: :data:`ANSWER_BASE_S` + :data:`ANSWER_PER_NODE_S` each."""
+    return ANSWER_BASE_S + ANSWER_PER_NODE_S * num_nodes
+
+
+def _first(names: Sequence[Any], k: int = 5) -> str:
+    """``'a', 'b', ... (+N more)``: the first ``k`` names and how many others."""
+    head = ", ".join(repr(x) for x in names[:k])
+    return head + (f", ... (+{len(names) - k} more)" if len(names) > k else "")
 
 
 def failure_kind(exc: Exception) -> str:
@@ -74,8 +109,15 @@ class FlowerFederation(Federation):
             it every partition must answer the handshake.
         num_users: the expected number of users (if ``user_ids`` is not given).
         timeout: seconds to wait for the replies of one request (None: wait for all).
-        handshake_timeout: the same for the handshake.
-        wait_for_nodes: seconds to wait for the expected number of nodes to connect.
+        handshake_timeout: seconds a connected node has to answer the handshake (None: :func:`answer_deadline`
+            of the nodes asked, which scales with the federation).
+        wait_for_nodes: seconds to wait for the expected nodes to connect (None: :func:`connect_deadline`).
+            Both waits end as soon as every expected node answered; at the deadline the missing users are
+            named (first few + count) and, with ``user_ids``, fail ('absent') and are charged every request.
+        bindings: user id -> the node id the enrolment binds it to (decides duplicate claims:
+            :data:`DUPLICATE_RULE`).
+        clock: ``monotonic()`` and ``sleep()`` for the waits (default: the grid's ``clock`` if it has one,
+            e.g. a LocalGrid in simulated time, else :mod:`time`).
         dtype: dtype of the returned values (float64 on the wire).
         secagg: aggregate :meth:`sum` requests through SecAgg+ (:mod:`fedkl.flower.secagg`): the server
             learns only the sum of the answers, and :meth:`compute` (per-user answers) is refused.
@@ -88,12 +130,15 @@ class FlowerFederation(Federation):
         user_ids: Sequence[str] | None = None,
         num_users: int | None = None,
         timeout: float | None = None,
-        handshake_timeout: float | None = 120.0,
-        wait_for_nodes: float = 120.0,
+        handshake_timeout: float | None = None,
+        wait_for_nodes: float | None = None,
         dtype: torch.dtype = torch.float64,
         secagg: bool = False,
+        bindings: Mapping[str, int] | None = None,
+        clock: Any = None,
     ) -> None:
         self.grid = grid
+        self.clock = clock if clock is not None else getattr(grid, "clock", time)
         self.secagg = secagg
         self.timeout = timeout
         self.dtype = dtype
@@ -102,74 +147,172 @@ class FlowerFederation(Federation):
         self.failures: list[dict] = []  # per request: {"request", "query", "asked", "failed": {user id: kind: why}}
         self._closers: list = []
         expected = len(user_ids) if user_ids is not None else num_users
-        self._handshake(user_ids, expected, handshake_timeout, wait_for_nodes)
+        self._handshake(user_ids, expected, handshake_timeout, wait_for_nodes, bindings)
 
     # --- handshake -----------------------------------------------------------------------------
     def _handshake(
-        self, user_ids: Sequence[str] | None, expected: int | None, timeout: float | None, wait: float
+        self,
+        user_ids: Sequence[str] | None,
+        expected: int | None,
+        timeout: float | None,
+        wait: float | None,
+        bindings: Mapping[str, int] | None,
     ) -> None:
-        deadline = time.monotonic() + wait
-        nodes = sorted(self.grid.get_node_ids())
-        while expected is not None and len(nodes) < expected and time.monotonic() < deadline:
-            time.sleep(0.2)
-            nodes = sorted(self.grid.get_node_ids())
-        if not nodes:
-            raise RuntimeError("no Flower node is connected")
-        msgs = [self._message(codec.INFO, nid) for nid in nodes]
-        replies = self.grid.send_and_receive(msgs, timeout=timeout)
-        infos: dict[int, codec.NodeInfo] = {}
+        infos, waited = self._gather_infos(expected, timeout, wait)
+        if not infos:
+            raise RuntimeError(
+                f"no Flower node connected within {waited:.0f} s"
+                + (f" (expected {expected})" if expected is not None else "")
+            )
         refused: list[str] = []
-        for nid, reply in self._match(msgs, replies).items():
+        ok: dict[int, codec.NodeInfo] = {}
+        self.refused_nodes: dict[int, str] = {}  # node id -> why it is never asked
+        for nid, reply in sorted(infos.items()):
+            if reply is None:
+                self.refused_nodes[nid] = "no handshake reply before the deadline"
+                continue
             try:
-                infos[nid] = codec.decode_info(reply)
+                ok[nid] = codec.decode_info(reply)
             except codec.ReplyError as exc:
                 if exc.code == codec.ERR_DATA:  # a site whose own data breaks the run's schema
                     refused.append(exc.reason)
-                log.warning("node %s: invalid handshake reply (%s); it will not be asked", nid, exc)
+                self.refused_nodes[nid] = f"invalid handshake reply ({exc})"
             except codec.CodecError as exc:
-                log.warning("node %s: invalid handshake reply (%s); it will not be asked", nid, exc)
+                self.refused_nodes[nid] = f"invalid handshake reply ({exc})"
         if refused:
             raise RuntimeError(f"{len(refused)} node(s) refused their own data: " + "; ".join(sorted(refused)))
-        if not infos:
-            raise RuntimeError(f"none of the {len(nodes)} Flower nodes answered the fedkl handshake")
-        params = {i.num_params for i in infos.values()}
-        parts = {i.num_partitions for i in infos.values()}
+        if not ok:
+            raise RuntimeError(
+                f"none of the {len(infos)} Flower nodes answered the fedkl handshake within {waited:.0f} s"
+                + (f" (expected {expected})" if expected is not None else "")
+            )
+        params = {i.num_params for i in ok.values()}
+        parts = {i.num_partitions for i in ok.values()}
         if len(params) != 1 or len(parts) != 1:
             raise RuntimeError(
                 f"nodes disagree on the problem: num_params {sorted(params)}, num_partitions {sorted(parts)}"
             )
         n = expected if expected is not None else parts.pop()
-        node_of: dict[int, int] = {}
         ids: list[str | None] = list(user_ids) if user_ids is not None else [None] * n
-        for nid, info in sorted(infos.items()):
+        claims: dict[int, list[int]] = {}  # user position -> the nodes claiming it
+        for nid, info in ok.items():
             if info.num_partitions != n:
-                raise RuntimeError(f"node {nid} holds a dataset of {info.num_partitions} users, expected {n}")
-            if info.partition_id in node_of:
-                raise RuntimeError(f"two nodes claim user position {info.partition_id}")
-            if user_ids is not None and info.user_id != user_ids[info.partition_id]:
-                raise RuntimeError(
-                    f"node {nid} holds user {info.user_id!r} at position {info.partition_id}, "
-                    f"expected {user_ids[info.partition_id]!r}"
+                self.refused_nodes[nid] = f"holds a dataset of {info.num_partitions} users, expected {n}"
+            elif user_ids is not None and info.user_id != user_ids[info.partition_id]:
+                self.refused_nodes[nid] = (
+                    f"claims user {info.user_id!r} at position {info.partition_id}, "
+                    f"enrolled there: {user_ids[info.partition_id]!r}"
                 )
-            node_of[info.partition_id] = nid
-            ids[info.partition_id] = info.user_id
-        missing = [u for u in range(n) if u not in node_of]
-        if user_ids is None and missing:
+            else:
+                claims.setdefault(info.partition_id, []).append(nid)
+        node_of, self.unserved = self._resolve_claims(claims, ok, ids, bindings, n)
+        if user_ids is None and self.unserved:
             raise RuntimeError(
-                f"{len(missing)} user positions have no node (e.g. {missing[:5]}); "
-                "pass user_ids to run with them absent (they then always fail)"
-            )
-        if missing:
-            log.warning(
-                "%d enrolled users have no node (%s%s); they contribute zero and are reported failed ('absent')",
-                len(missing),
-                ", ".join(repr(ids[u]) for u in missing[:10]),
-                ", ..." if len(missing) > 10 else "",
+                f"{len(self.unserved)} user positions have no node after {waited:.0f} s "
+                f"({_first(sorted(self.unserved))}); pass user_ids (the enrolment) to run with them failed"
             )
         self._user_ids = tuple(str(i) for i in ids)
         self._num_params = params.pop()
         self.node_of = node_of
-        self.missing = missing
+        self.missing = sorted(u for u, (kind, _) in self.unserved.items() if kind == "absent")
+        for nid, why in sorted(self.refused_nodes.items()):
+            log.warning("node %s is refused: %s", nid, why)
+        if self.unserved:
+            log.warning(
+                "%d of %d enrolled users have no node after %.0f s (%s); they contribute zero, are charged, "
+                "and are reported failed",
+                len(self.unserved),
+                n,
+                waited,
+                _first([self._user_ids[u] for u in sorted(self.unserved)]),
+            )
+        self.handshake = {
+            "waited_s": round(waited, 3),
+            "nodes": len(node_of),
+            "unserved": {self._user_ids[u]: f"{k}: {why}" for u, (k, why) in sorted(self.unserved.items())},
+            "refused_nodes": {str(nid): why for nid, why in sorted(self.refused_nodes.items())},
+        }
+
+    def _gather_infos(
+        self, expected: int | None, timeout: float | None, wait: float | None
+    ) -> tuple[dict[int, Any], float]:
+        """Ask every node that connects for its info, on events: poll ``get_node_ids()`` and the replies
+        every :data:`POLL_S` and return as soon as ``expected`` nodes answered (or, when ``expected`` is
+        unknown, every connected node answered). Nodes are admitted until the connect deadline
+        (``wait``, default :func:`connect_deadline`); a node asked at time t must answer by t plus the
+        answer deadline (``timeout``, default :func:`answer_deadline` of the nodes asked so far).
+        Returns node id -> reply (None: no reply in time) and the seconds waited."""
+        clock = self.clock
+        start = clock.monotonic()
+        connect_by = start + (connect_deadline(expected or 0) if wait is None else wait)
+        answer_by = start
+        pending: dict[str, int] = {}  # message id -> node id
+        replies: dict[int, Any] = {}
+        first = True
+        while True:
+            now = clock.monotonic()
+            if first or now < connect_by:
+                new = [nid for nid in sorted(self.grid.get_node_ids()) if nid not in replies]
+                if new:
+                    msgs = [self._message(codec.INFO, nid) for nid in new]
+                    for mid, nid in zip(self.grid.push_messages(msgs), new):
+                        pending[mid] = nid
+                        replies[nid] = None
+                    allowance = answer_deadline(len(replies)) if timeout is None else timeout
+                    answer_by = max(answer_by, now + allowance)
+            first = False
+            for r in self.grid.pull_messages(list(pending)):
+                nid = pending.pop(r.metadata.reply_to_message_id, None)
+                if nid is not None:
+                    replies[nid] = r
+            answered = len(replies) - len(pending)
+            enough = expected is not None and answered >= expected
+            if not pending and (enough or expected is None or now >= connect_by):
+                break
+            if pending and now >= answer_by and now >= connect_by:
+                break
+            clock.sleep(POLL_S)
+        return replies, clock.monotonic() - start
+
+    def _resolve_claims(
+        self,
+        claims: dict[int, list[int]],
+        infos: dict[int, codec.NodeInfo],
+        ids: list[str | None],
+        bindings: Mapping[str, int] | None,
+        n: int,
+    ) -> tuple[dict[int, int], dict[int, tuple[str, str]]]:
+        """The node serving each user position, and the unserved positions with (kind, why).
+
+        The rule for a position claimed by several nodes (:data:`DUPLICATE_RULE`): if the enrolment binds
+        the user to a node id (``bindings``), that node serves it and every other claimant is refused;
+        otherwise none of the claimants is asked and the user fails ``duplicate-claim`` (charged,
+        contributes zero). A bound user whose claimant is not its bound node is not served by it either."""
+        node_of: dict[int, int] = {}
+        unserved: dict[int, tuple[str, str]] = {}
+        bindings = dict(bindings or {})
+        for p in range(n):
+            nodes = sorted(claims.get(p, []))
+            uid = ids[p] if ids[p] is not None else (infos[nodes[0]].user_id if nodes else None)
+            bound = bindings.get(str(uid)) if uid is not None else None
+            if bound is not None:
+                for nid in nodes:
+                    if nid != bound:
+                        self.refused_nodes[nid] = f"claims user {uid!r}, bound by the enrolment to node {bound}"
+                nodes = [nid for nid in nodes if nid == bound]
+            if len(nodes) == 1:
+                node_of[p] = nodes[0]
+                ids[p] = infos[nodes[0]].user_id
+            elif len(nodes) > 1:
+                if len({infos[nid].user_id for nid in nodes}) > 1 and ids[p] is None:
+                    raise RuntimeError(f"nodes {nodes} claim user position {p} with different user ids")
+                for nid in nodes:
+                    self.refused_nodes[nid] = f"claims user {uid!r} as {len(nodes) - 1} other node(s) do"
+                ids[p] = uid
+                unserved[p] = ("duplicate-claim", f"claimed by nodes {nodes}; none is bound to it, none is asked")
+            else:
+                unserved[p] = ("absent", "no node answered the handshake for this user")
+        return node_of, unserved
 
     # --- Federation interface ------------------------------------------------------------------
     @property
@@ -203,7 +346,7 @@ class FlowerFederation(Federation):
         asked = [(row, u) for row, u in enumerate(users) if u in self.node_of]
         for row, u in enumerate(users):
             if u not in self.node_of:
-                errors[u], kinds[u] = "no node for this user", "absent"
+                kinds[u], errors[u] = self.unserved[u]
         if asked:
             group = f"fedkl-{next(self._group)}"
             sent = {row: query.for_user(row) for row, _ in asked}
@@ -265,7 +408,7 @@ class FlowerFederation(Federation):
             timeout=self.timeout,
             group=f"fedkl-secagg-{next(self._group)}",
         )
-        reasons = {u: "absent: no node for this user" for u in users if u not in self.node_of}
+        reasons = {u: "{}: {}".format(*self.unserved[u]) for u in users if u not in self.node_of}
         reasons.update({nodes[n]: why for n, why in out.dropped.items()})
         values = torch.zeros((1, self.num_params), dtype=self.dtype)
         if out.total is not None:
@@ -300,6 +443,7 @@ class FlowerFederation(Federation):
             "kinds": {k: FAILURE_KINDS[k] for k in counts},
             "requests": len(self.failures),
             "by_request": [r for r in self.failures if r["failed"]],
+            "handshake": self.handshake,
         }
 
     # --- lifetime ------------------------------------------------------------------------------

@@ -11,6 +11,11 @@ each reply after it, and may change or withhold them. Helpers: :func:`drop`, :fu
 :func:`wrong_shape`, :func:`garbage`, :func:`oversize`, :func:`unknown_request`, :func:`delay`.
 A delay is simulated (no sleep): a reply delayed by more than the ``timeout`` given to
 ``send_and_receive`` is not returned, so tests are deterministic and fast.
+
+Time is simulated too (:class:`SimClock`, the grid's ``clock``): a node listed in ``connect_at`` appears
+in ``get_node_ids()`` only once the clock reaches its time, and a reply pushed at t with a delay d is
+returned by ``pull_messages`` from t + d on. Who waits on the grid (the handshake) sleeps on that clock,
+so a load that makes nodes connect late or answer slowly is replayed exactly, without waiting.
 """
 
 from __future__ import annotations
@@ -56,6 +61,21 @@ class Fault:
         return 0.0
 
 
+class SimClock:
+    """Simulated time: ``sleep`` advances ``monotonic()`` at once (and counts the sleeps)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps = 0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        self.sleeps += 1
+
+
 class LocalGrid(Grid):
     """Synchronous in-process Grid over ``client_app`` with ``num_nodes`` nodes."""
 
@@ -70,10 +90,13 @@ class LocalGrid(Grid):
         node_ids: Iterable[int] | None = None,
         absent: Iterable[int] = (),
         node_config: Mapping[int, Mapping[str, Any]] | None = None,
+        connect_at: Mapping[int, float] | None = None,
+        clock: SimClock | None = None,
     ) -> None:
         """``faults`` maps partition ids to their :class:`Fault`; ``absent`` partitions have no node
         at all (never connected); ``node_ids`` overrides the (shuffled, deterministic) node ids;
-        ``node_config`` adds node-config keys per partition (e.g. a site's ``data-path``)."""
+        ``node_config`` adds node-config keys per partition (e.g. a site's ``data-path``);
+        ``connect_at`` maps partitions to the simulated time their node connects (default 0)."""
         self.app = client_app
         self.run_id = run_id
         _set_task_identity(run_id)
@@ -93,7 +116,9 @@ class LocalGrid(Grid):
             for nid, p in self.partition_of.items()
         }
         self.faults = dict(faults or {})
-        self._replies: dict[str, tuple[Message, float]] = {}
+        self.clock = clock or SimClock()
+        self.connect_at = {nid: float((connect_at or {}).get(p, 0.0)) for nid, p in self.partition_of.items()}
+        self._replies: dict[str, tuple[Message, float, float]] = {}  # message id -> (reply, delay, pushed at)
         self.calls: list[tuple[int, str]] = []  # (partition, message type) of every delivered request
 
     # --- Grid interface ------------------------------------------------------------------------
@@ -110,7 +135,7 @@ class LocalGrid(Grid):
         return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
 
     def get_node_ids(self) -> list[int]:
-        return list(self.contexts)
+        return [nid for nid in self.contexts if self.connect_at[nid] <= self.clock.now]
 
     def push_messages(self, messages: Iterable[Message]) -> list[str]:
         # One user's tensors are tiny: torch's intra-op threads only add OpenMP barrier waits (20x
@@ -129,8 +154,8 @@ class LocalGrid(Grid):
             m.metadata.__dict__["_message_id"] = mid
             ids.append(mid)
             nid = m.metadata.dst_node_id
-            if nid not in self.contexts:
-                continue  # unknown node: the message is never answered
+            if nid not in self.contexts or self.connect_at[nid] > self.clock.now:
+                continue  # unknown (or not yet connected) node: the message is never answered
             pid = self.partition_of[nid]
             fault = self.faults.get(pid, Fault())
             req = fault.request(pid, m)
@@ -141,19 +166,24 @@ class LocalGrid(Grid):
                 reply = Message(Error(CLIENT_APP_RAISED_EXCEPTION, f"{type(exc).__name__}: {exc}"), reply_to=req)
             reply = fault.reply(pid, req, reply)
             if reply is not None:
-                self._replies[mid] = (reply, fault.delay(pid, req))
+                self._replies[mid] = (reply, fault.delay(pid, req), self.clock.now)
         return ids
 
     def pull_messages(self, message_ids: Iterable[str], *, deadline: float | None = None) -> list[Message]:
+        """The replies that have arrived: by the clock (pushed at + delay <= now), or, given a
+        ``deadline``, those delayed by at most ``deadline`` seconds."""
         out = []
         for i in message_ids:
-            if i in self._replies and (deadline is None or self._replies[i][1] <= deadline):
+            if i not in self._replies:
+                continue
+            _, late, at = self._replies[i]
+            if (late <= deadline) if deadline is not None else (at + late <= self.clock.now):
                 out.append(self._replies.pop(i)[0])
         return out
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
         ids = self.push_messages(messages)
-        out = self.pull_messages(ids, deadline=timeout)
+        out = self.pull_messages(ids, deadline=float("inf") if timeout is None else timeout)
         for i in ids:  # late replies are gone (as after a real timeout)
             self._replies.pop(i, None)
         return out
@@ -299,13 +329,15 @@ def oversize_request(nbytes: int = 1 << 20) -> Fault:
 
 
 class _Delay(Fault):
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, handshake: bool) -> None:
         self.seconds = seconds
+        self.handshake = handshake
 
     def delay(self, partition_id: int, request: Message) -> float:
-        return 0.0 if _kind(request) == "info" else self.seconds
+        return self.seconds if self.handshake or _kind(request) != "info" else 0.0
 
 
-def delay(seconds: float) -> Fault:
-    """The node's replies arrive ``seconds`` late (simulated): lost if that exceeds the timeout."""
-    return _Delay(seconds)
+def delay(seconds: float, *, handshake: bool = False) -> Fault:
+    """The node's replies arrive ``seconds`` late (simulated): lost if that exceeds the timeout.
+    ``handshake``: its handshake reply too (a ClientApp slow to start)."""
+    return _Delay(seconds, handshake)

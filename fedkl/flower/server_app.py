@@ -93,6 +93,12 @@ class _RelayGrid:
     def send_and_receive(self, messages: Any, *, timeout: float | None = None) -> list[Any]:
         return self._call("send_and_receive", list(messages), timeout=timeout)
 
+    def push_messages(self, messages: Any) -> list[str]:
+        return self._call("push_messages", list(messages))
+
+    def pull_messages(self, message_ids: Any) -> list[Any]:
+        return self._call("pull_messages", list(message_ids))
+
     def serve(self, grid: Grid) -> None:
         """The ServerApp's main: relay calls until stopped."""
         while True:
@@ -299,17 +305,54 @@ def _deployed_main(grid: Grid, context: Context) -> None:
     """Training with the ledger and noise here; the SuperNodes run ``fedkl.flower.client_app:app`` with the
     same ``fedkl-*`` run config. Runs in the ServerApp's thread (the ledger is opened there).
     Extra keys: ``fedkl-timeout`` (seconds per request), ``fedkl-wait-for-nodes`` (seconds to wait
-    for all enrolled users' nodes before the handshake; default 120)."""
-    cfg = _run_config_from_user_config(context.run_config)
+    for the enrolled users' nodes to connect) and ``fedkl-handshake-timeout`` (seconds a node has to
+    answer the handshake), both by default scaling with the number of users
+    (:func:`fedkl.flower.federation.connect_deadline`, :func:`~fedkl.flower.federation.answer_deadline`);
+    ``fedkl-node-bindings``: a JSON file ``{user id: node id}`` binding users to Flower node ids (decides
+    duplicate claims, :data:`fedkl.flower.federation.DUPLICATE_RULE`).
+    A run that fails writes ``flower_error.json`` (``{"error": one line}``) before raising, so that
+    ``fedkl run --backend grpc`` reports it and exits non-zero."""
     rc = context.run_config
-    timeout = float(rc["fedkl-timeout"]) if rc.get("fedkl-timeout") not in (None, "") else None
-    wait = float(rc.get("fedkl-wait-for-nodes", 120.0))
+    out = rc.get("fedkl-out") or None
+    try:
+        _deployed_train(grid, rc)
+    except Exception as exc:
+        if out:
+            _write_json(os.path.join(out, "flower_error.json"), {"error": f"{type(exc).__name__}: {exc}"})
+        raise
+
+
+def _seconds(rc: Any, key: str) -> float | None:
+    return float(rc[key]) if rc.get(key) not in (None, "") else None
+
+
+def _write_json(path: str, payload: dict) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(payload, f, indent=2, default=str)
+    os.replace(path + ".tmp", path)
+
+
+def _deployed_train(grid: Grid, rc: Any) -> None:
+    cfg = _run_config_from_user_config(rc)
+    bindings = None
+    if rc.get("fedkl-node-bindings") not in (None, ""):
+        with open(rc["fedkl-node-bindings"]) as f:
+            bindings = {str(k): int(v) for k, v in json.load(f).items()}
     spec = ClientSpec.from_user_config(rc)  # exactly what the clients load
     res = _train(
         cfg,
         "grpc",
         lambda spec, ids: contextlib.nullcontext(
-            FlowerFederation(grid, user_ids=ids, timeout=timeout, wait_for_nodes=wait, secagg=cfg.secagg)
+            FlowerFederation(
+                grid,
+                user_ids=ids,
+                timeout=_seconds(rc, "fedkl-timeout"),
+                wait_for_nodes=_seconds(rc, "fedkl-wait-for-nodes"),
+                handshake_timeout=_seconds(rc, "fedkl-handshake-timeout"),
+                bindings=bindings,
+                secagg=cfg.secagg,
+            )
         ),
         print,
         spec,
@@ -318,10 +361,7 @@ def _deployed_main(grid: Grid, context: Context) -> None:
     payload = {k: v for k, v in res.items() if k not in ("w", "user_ids")}
     payload["w"] = None if res["w"] is None else [float(x) for x in res["w"]]
     payload["users"] = len(res["user_ids"])
-    tmp = os.path.join(out, "flower_result.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(payload, f, indent=2, default=str)
-    os.replace(tmp, os.path.join(out, "flower_result.json"))
+    _write_json(os.path.join(out, "flower_result.json"), payload)
 
 
 app = make_server_app(_deployed_main)

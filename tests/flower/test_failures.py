@@ -55,4 +55,6 @@ def test_result_json_carries_the_failures_of_a_flower_run(tmp_path):
         log=lambda s: None,
     )
     saved = json.loads((tmp_path / "clean" / "result.json").read_text())
-    assert saved["failures"] == payload["failures"] == {"counts": {}, "kinds": {}, "requests": 2, "by_request": []}
+    handshake = {"waited_s": 0.0, "nodes": 16, "unserved": {}, "refused_nodes": {}}
+    assert saved["failures"] == payload["failures"]
+    assert saved["failures"] == {"counts": {}, "kinds": {}, "requests": 2, "by_request": [], "handshake": handshake}

@@ -19,7 +19,13 @@ from fedkl.flower.localgrid import LocalGrid
 pytestmark = pytest.mark.flower
 
 ROOT = Path(__file__).resolve().parents[2]
-EXTRA_KEYS = {"fedkl-wait-for-nodes", "fedkl-timeout", "fedkl-sites"}  # the ServerApp's and ClientSpec's own
+EXTRA_KEYS = {
+    "fedkl-wait-for-nodes",
+    "fedkl-handshake-timeout",
+    "fedkl-timeout",
+    "fedkl-node-bindings",
+    "fedkl-sites",
+}  # the ServerApp's and ClientSpec's own
 
 
 def _app_config() -> dict:

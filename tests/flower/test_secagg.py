@@ -61,6 +61,14 @@ class Recording:
         self.replies.extend(out)
         return out
 
+    def push_messages(self, messages):
+        return self.grid.push_messages(messages)
+
+    def pull_messages(self, message_ids):
+        out = list(self.grid.pull_messages(message_ids))
+        self.replies.extend(out)
+        return out
+
     def arrays(self) -> list[np.ndarray]:
         """Every numeric array in every reply: ArrayRecords, and bytes in ConfigRecords that decode as arrays."""
         found = []

@@ -1,0 +1,154 @@
+"""The handshake under load, in simulated time (a LocalGrid whose nodes connect late and whose ClientApps
+answer slowly): the wait returns on the event (the last expected reply), not at a deadline; at the
+deadline (which scales with the federation) the missing users are named in one line and, with an
+enrolment, fail 'absent' and are charged; a user claimed by two nodes costs only the claimants
+(the bound node wins; without a binding the user fails 'duplicate-claim'), never the run."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+from test_flower import LS, N, _inprocess, _noisy_gd_with, _w
+
+from fedkl.federation.base import ClippedGradient
+from fedkl.flower import localgrid
+from fedkl.flower.client_app import make_client_app
+from fedkl.flower.federation import POLL_S, FlowerFederation, answer_deadline, connect_deadline
+from fedkl.flower.localgrid import LocalGrid
+
+pytestmark = pytest.mark.flower
+
+IDS = _inprocess(LS).user_ids
+
+
+def _grid(**kw) -> LocalGrid:
+    return LocalGrid(make_client_app(LS), N, **kw)
+
+
+def _node(grid: LocalGrid, p: int) -> int:
+    return next(nid for nid, q in grid.partition_of.items() if q == p)
+
+
+def test_the_wait_returns_on_the_last_reply_of_late_nodes_and_slow_clientapps():
+    connect_at = {p: 3.0 * p for p in range(N)}  # the last node connects after 45 s
+    slow = {p: 20.0 + p for p in range(0, N, 2)}  # their ClientApps take 20-34 s to answer
+    grid = _grid(connect_at=connect_at, faults={p: localgrid.delay(s, handshake=True) for p, s in slow.items()})
+    fed = FlowerFederation(grid, user_ids=IDS)
+    last = max(connect_at[p] + slow.get(p, 0.0) for p in range(N))
+    assert last <= grid.clock.now <= last + POLL_S  # the event, one poll at most
+    assert grid.clock.now < min(connect_deadline(N), answer_deadline(1))  # long before any deadline
+    assert fed.missing == [] and fed.handshake["unserved"] == {} and fed.handshake["refused_nodes"] == {}
+    assert sorted(fed.node_of) == list(range(N))
+    assert fed.compute(ClippedGradient(_w(0), 1.0)).failed == []
+
+
+def test_at_the_deadline_the_missing_users_are_named_in_one_line_and_charged(tmp_path, caplog):
+    never = [2, 5, 7, 8, 9, 11, 13]  # never connect
+    too_slow = 14  # answers the handshake long after the deadline
+    grid = _grid(absent=never, faults={too_slow: localgrid.delay(10_000.0, handshake=True)})
+    with caplog.at_level(logging.WARNING, logger="fedkl.flower.federation"):
+        fed = FlowerFederation(grid, user_ids=IDS)
+    asked = N - len(never)
+    assert answer_deadline(asked) <= grid.clock.now <= answer_deadline(asked) + POLL_S  # waited the deadline
+    missing = sorted(never + [too_slow])
+    assert fed.missing == missing
+    lines = [r.getMessage() for r in caplog.records if "enrolled users have no node" in r.getMessage()]
+    names = ", ".join(repr(IDS[p]) for p in missing[:5])
+    assert lines == [
+        f"8 of {N} enrolled users have no node after {grid.clock.now:.0f} s ({names}, ... (+3 more)); "
+        "they contribute zero, are charged, and are reported failed"
+    ]
+    assert fed.handshake["refused_nodes"] == {str(_node(grid, too_slow)): "no handshake reply before the deadline"}
+    assert set(fed.handshake["unserved"]) == {IDS[p] for p in missing}
+
+    res, ledger, _ = _noisy_gd_with(fed, tmp_path, "late")
+    assert [h["failed_users"] for h in res.history] == [len(missing)] * 4
+    for uid in IDS:  # every enrolled user charged, missing or not
+        assert ledger.spend(uid).releases == 4
+    report = fed.failure_report()
+    assert report["counts"] == {"absent": 4 * len(missing)}
+    assert json.loads(json.dumps(report))["handshake"]["unserved"][IDS[2]].startswith("absent: ")
+
+
+def test_without_an_enrolment_missing_users_refuse_the_run_in_one_line():
+    grid = _grid(absent=[3, 4])
+    with pytest.raises(RuntimeError, match=r"^2 user positions have no node after \d+ s \(3, 4\); pass user_ids"):
+        FlowerFederation(grid, num_users=N)
+    assert connect_deadline(N) <= grid.clock.now <= connect_deadline(N) + POLL_S
+
+
+def test_an_explicit_short_connect_wait_still_gives_connected_nodes_the_answer_allowance():
+    """What a local deployment sets (``fedkl-wait-for-nodes``) when a node is known never to come: the
+    connected nodes' ClientApps still have the scaled answer deadline, and the wait ends on their replies."""
+    grid = _grid(absent=[5], faults={p: localgrid.delay(150.0, handshake=True) for p in range(N)})
+    fed = FlowerFederation(grid, user_ids=IDS, wait_for_nodes=1.0)
+    assert fed.missing == [5] and 150.0 <= grid.clock.now <= 150.0 + POLL_S
+
+
+@pytest.mark.parametrize("bound", [False, True], ids=["unbound", "bound"])
+def test_a_duplicate_claim_is_refused_for_the_impostor_only(tmp_path, bound):
+    """Node 3 claims user position 2. Unbound: neither claimant is asked, user 2 fails 'duplicate-claim'
+    (charged, zero) and user 3 (whose node is busy impersonating) 'absent'; the run goes on. Bound by the
+    enrolment to the genuine node: that node serves user 2, only the impostor is refused."""
+    grid = _grid(node_config={3: {"partition-id": 2}})
+    bindings = {IDS[2]: _node(grid, 2)} if bound else None
+    fed = FlowerFederation(grid, user_ids=IDS, wait_for_nodes=0.0, bindings=bindings)
+    impostor = str(_node(grid, 3))
+    if bound:
+        assert fed.node_of[2] == _node(grid, 2)
+        assert fed.handshake["refused_nodes"] == {
+            impostor: f"claims user {IDS[2]!r}, bound by the enrolment to node {_node(grid, 2)}"
+        }
+        failed = [3]
+    else:
+        assert 2 not in fed.node_of and set(fed.handshake["refused_nodes"]) == {str(_node(grid, 2)), impostor}
+        assert fed.handshake["unserved"][IDS[2]].startswith("duplicate-claim: claimed by nodes")
+        failed = [2, 3]
+    q = ClippedGradient(_w(1, 2.0), 0.4)
+    a, ref = fed.compute(q), _inprocess(LS).compute(q)
+    assert a.failed == failed
+    assert torch.equal(a.values[failed], torch.zeros(len(failed), a.values.shape[1], dtype=a.values.dtype))
+    good = [u for u in range(N) if u not in failed]
+    assert torch.allclose(a.values[good], ref.values[good], rtol=0, atol=1e-12)
+    kinds = {uid: why.split(":", 1)[0] for uid, why in fed.failures[-1]["failed"].items()}
+    assert kinds == ({IDS[3]: "absent"} if bound else {IDS[2]: "duplicate-claim", IDS[3]: "absent"})
+
+    res, ledger, _ = _noisy_gd_with(fed, tmp_path, f"dup-{bound}")
+    assert [h["failed_users"] for h in res.history] == [len(failed)] * 4
+    assert all(ledger.spend(uid).releases == 4 for uid in IDS)  # the claimed user charged too
+
+
+def test_a_failed_deployed_run_leaves_its_one_line_reason_for_run_grpc(tmp_path):
+    from flwr.app import Context, RecordDict
+
+    from fedkl.flower import client_app, server_app
+
+    rc = {"fedkl-dataset": "synthetic-least-squares", "fedkl-seed": 3, "fedkl-rounds": 1}
+    rc |= {"fedkl-out": str(tmp_path / "out"), "fedkl-reference": False, "fedkl-wait-for-nodes": 0.0}
+    grid = LocalGrid(client_app.app, 4, run_config=rc, absent=range(4))  # nobody comes
+    with pytest.raises(RuntimeError, match="no Flower node connected within 0 s"):
+        server_app._deployed_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc))
+    err = json.loads((tmp_path / "out" / "flower_error.json").read_text())["error"]
+    assert err.startswith("RuntimeError: no Flower node connected within 0 s") and "\n" not in err
+    assert not (tmp_path / "out" / "flower_result.json").exists()
+    from fedkl.flower.deploy import read_outcome
+
+    with pytest.raises(RuntimeError, match="^the fedkl ServerApp failed: RuntimeError: no Flower node connected"):
+        read_outcome(tmp_path / "out", tmp_path / "flwr-run.log")  # what run_grpc raises after `flwr run` exits 0
+
+
+def test_fedkl_run_over_grpc_exits_non_zero_in_one_line_when_the_deployment_fails(monkeypatch, capsys, tmp_path):
+    from fedkl.cli import main
+    from fedkl.flower import deploy
+
+    def failed(*a, **k):
+        raise RuntimeError("the fedkl ServerApp failed: RuntimeError: no Flower node connected within 76 s")
+
+    monkeypatch.setattr(deploy, "run_grpc", failed)
+    argv = ["run", "--backend", "grpc", "--dataset", "synthetic-least-squares", "--problem", "least-squares"]
+    assert main([*argv, "--users", "3", "--no-reference", "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "fedkl run: error: the fedkl ServerApp failed: RuntimeError: no Flower node connected within 76 s"
