@@ -14,6 +14,7 @@ hurt utility but never privacy.
 from __future__ import annotations
 
 import math
+import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 
 from fedkl.data.base import UserData
+from fedkl.problems.rowwise import fast_kernels
 
 
 @dataclass(frozen=True)
@@ -220,6 +222,30 @@ def user_means(values: torch.Tensor, data: UserData) -> torch.Tensor:
     sums.index_add_(0, data.user_index, values)
     counts = data.counts().clamp_min(1).to(values.dtype)
     return sums / counts.unsqueeze(1)
+
+
+def user_weighted_means(coef: torch.Tensor, X: torch.Tensor, data: UserData) -> torch.Tensor:
+    """``user_means(coef[:, None] * X, data)``: the per-user mean of the records' rows ``coef_i x_i``
+    (a GLM's per-user gradient). Reproducible kernels: exactly that (``index_add_`` in record order).
+    Fast kernels (:func:`fedkl.problems.rowwise.kernels`), records grouped by user (the datasets'
+    layout): one segment matmul with no ``(N, d)`` temporary: a batched ``(1, m) @ (m, d)`` when every
+    user has ``m`` records, else a CSR ``(users, N) @ (N, d)`` product; ungrouped records fall back to
+    ``index_add_``."""
+    idx = data.user_index
+    U, N = data.num_users, idx.shape[0]
+    if not fast_kernels() or N == 0 or bool((idx[1:] < idx[:-1]).any()):
+        return user_means(coef.unsqueeze(1) * X, data)
+    counts = data.counts()
+    m = N // U if U else 0
+    if U and N == U * m and bool((counts == m).all()):
+        sums = torch.bmm(coef.view(U, 1, m), X.view(U, m, X.shape[1])).squeeze(1)
+    else:
+        crow = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
+        with warnings.catch_warnings():  # "sparse CSR support is in beta"
+            warnings.simplefilter("ignore", UserWarning)
+            S = torch.sparse_csr_tensor(crow, torch.arange(N), coef, (U, N), check_invariants=False)
+            sums = S @ X
+    return sums / counts.clamp_min(1).to(X.dtype).unsqueeze(1)
 
 
 def cyclic_batches(
