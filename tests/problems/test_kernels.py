@@ -11,7 +11,7 @@ from fedkl.data import load_dataset
 from fedkl.data.base import UserData
 from fedkl.federation.clipping import clip_rows
 from fedkl.problems import make_problem
-from fedkl.problems.base import user_means, user_weighted_means
+from fedkl.problems.base import user_means, user_row_dots, user_weighted_means
 from fedkl.problems.rowwise import kernel_mode, kernels, row_dots, row_norms, sigmoid, softplus
 from fedkl.runner import RunConfig
 
@@ -48,6 +48,17 @@ def test_fast_per_user_gradients_and_clip_match_reproducible(problem, dataset):
     torch.testing.assert_close(cf.sum(0), cs.sum(0), **TOL)
 
 
+@pytest.mark.parametrize("batch_size", [None, 3])
+def test_fast_local_updates_match_reproducible(batch_size):
+    """DP-FedAvg's local SGD (ClippedLocalUpdate): per-record dots and per-user sums by segment matmuls."""
+    data = load_dataset("synthetic-logistic", n_users=30, seed=2)
+    p = make_problem("logistic", data)
+    w = torch.linspace(-0.5, 0.5, p.num_params, dtype=p.dtype)
+    slow, fast = _both(lambda: p.local_updates(w, data.train.to(p.dtype), 4, 0.5, batch_size))
+    assert not torch.equal(slow, torch.zeros_like(slow))
+    torch.testing.assert_close(fast, slow, **TOL)
+
+
 def _records(order: torch.Tensor, counts: list[int], d: int = 7) -> UserData:
     gen = torch.Generator().manual_seed(0)
     idx = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))[order]
@@ -65,9 +76,13 @@ def test_segment_sums_every_layout(layout):
     data = _records(order, counts)
     coef = torch.linspace(-2, 3, n, dtype=torch.float64)
     expected = user_means(coef.unsqueeze(1) * data.X, data)
+    W = torch.linspace(-1, 1, len(counts) * data.X.shape[1], dtype=torch.float64).view(len(counts), -1)
+    dots = (data.X * W[data.user_index]).sum(1)
     with kernels("fast"):
         got = user_weighted_means(coef, data.X, data)
+        got_dots = user_row_dots(data.X, W, data)
     torch.testing.assert_close(got, expected, **TOL)
+    torch.testing.assert_close(got_dots, dots, **TOL)
     if 0 in counts:
         assert torch.equal(got[counts.index(0)], torch.zeros(data.X.shape[1], dtype=torch.float64))
 
