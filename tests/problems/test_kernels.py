@@ -87,6 +87,16 @@ def test_segment_sums_every_layout(layout):
         assert torch.equal(got[counts.index(0)], torch.zeros(data.X.shape[1], dtype=torch.float64))
 
 
+def test_fast_clip_zeroes_nonfinite_rows_and_rescues_overflow():
+    V = torch.tensor(
+        [[3.0, 4.0], [float("nan"), 1.0], [1e200, 1e200], [0.0, float("inf")], [0.1, 0.0]], dtype=torch.float64
+    )
+    (cs, bs), (cf, bf) = _both(lambda: clip_rows(V, 1.0))
+    assert bf.tolist() == [False, True, False, True, False] and torch.equal(bs, bf)
+    torch.testing.assert_close(cf, cs, **TOL)
+    assert torch.equal(cf[4], V[4])  # a row inside the ball is returned bit for bit
+
+
 def test_fast_row_kernels_match_and_keep_the_overflow_rescue():
     V = torch.tensor([[3.0, 4.0], [1e200, 1e200], [0.0, 0.0], [-1e-300, 2e-300]], dtype=torch.float64)
     slow, fast = _both(lambda: row_norms(V))
