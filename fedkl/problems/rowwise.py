@@ -34,6 +34,7 @@ every user's row whatever its rounding.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from typing import Iterator
 
 import numpy as np
@@ -41,30 +42,31 @@ import torch
 import torch.nn.functional as F
 
 KERNEL_MODES = ("reproducible", "fast")
-_mode = "reproducible"
+# a context variable, not a global: a thread starts in the default (reproducible) mode, so a Flower
+# client running in a thread of a process that trains in fast mode still computes bit for bit
+_MODE: contextvars.ContextVar[str] = contextvars.ContextVar("fedkl_kernels", default="reproducible")
 
 
 def kernel_mode() -> str:
     """The kernel mode in force: ``"reproducible"`` (batch-invariant, the default) or ``"fast"``."""
-    return _mode
+    return _MODE.get()
 
 
 def fast_kernels() -> bool:
-    return _mode == "fast"
+    return _MODE.get() == "fast"
 
 
 @contextlib.contextmanager
 def kernels(mode: str) -> Iterator[None]:
     """Run the body with kernel mode ``mode`` (one of :data:`KERNEL_MODES`); the previous mode is
-    restored on exit. A process-wide setting (the run layer sets it for one run)."""
-    global _mode
+    restored on exit (the run layer sets it for one run: ``fedkl run --kernels``)."""
     if mode not in KERNEL_MODES:
         raise ValueError(f"kernels must be one of {', '.join(KERNEL_MODES)}, got {mode!r}")
-    previous, _mode = _mode, mode
+    token = _MODE.set(mode)
     try:
         yield
     finally:
-        _mode = previous
+        _MODE.reset(token)
 
 
 # ATen's bmm uses its naive kernel (one sequential multiply-add loop per output entry, the same code
@@ -80,7 +82,7 @@ def row_matmul(X: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     multiply-adds by ATen's naive batched kernel, the blocks added in a fixed order: the result of a
     row depends only on that row and ``W``.
     """
-    if _mode == "fast":
+    if fast_kernels():
         return X @ W
     vector = W.dim() == 1
     Wm = W.unsqueeze(1) if vector else W
@@ -139,12 +141,12 @@ class _Softplus(torch.autograd.Function):
 
 def sigmoid(t: torch.Tensor) -> torch.Tensor:
     """``1 / (1 + exp(-t))`` elementwise, position-invariant, differentiable."""
-    return torch.sigmoid(t) if _mode == "fast" else _Sigmoid.apply(t)
+    return torch.sigmoid(t) if fast_kernels() else _Sigmoid.apply(t)
 
 
 def softplus(t: torch.Tensor) -> torch.Tensor:
     """``log(1 + exp(t))`` elementwise (stable form), position-invariant, differentiable."""
-    return torch.logaddexp(t, torch.zeros_like(t)) if _mode == "fast" else _Softplus.apply(t)
+    return torch.logaddexp(t, torch.zeros_like(t)) if fast_kernels() else _Softplus.apply(t)
 
 
 def _softmax_parts(Z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -159,7 +161,7 @@ def _softmax_parts(Z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def softmax_rows(Z: torch.Tensor) -> torch.Tensor:
     """Row softmax of ``(N, K)`` scores (no gradient), position-invariant."""
-    if _mode == "fast":
+    if fast_kernels():
         return torch.softmax(Z.detach(), dim=1)
     _, E, S = _softmax_parts(_np(Z))
     return torch.from_numpy(E / S[:, None]).to(Z.dtype)
@@ -186,7 +188,7 @@ class _CrossEntropyRows(torch.autograd.Function):
 
 def cross_entropy_rows(Z: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Per-record ``logsumexp(Z_i) - Z_i[y_i]`` for ``(N, K)`` scores and int64 labels; differentiable in Z."""
-    if _mode == "fast":
+    if fast_kernels():
         return F.cross_entropy(Z, labels.long(), reduction="none")
     return _CrossEntropyRows.apply(Z, labels.long())
 
@@ -196,7 +198,7 @@ def row_norms(V: torch.Tensor) -> torch.Tensor:
     whose squared norm overflows is rescaled by its largest entry first (its norm is finite)."""
     if V.shape[0] == 0:
         return V.new_zeros(0)
-    if _mode == "fast":
+    if fast_kernels():
         norms = torch.linalg.vector_norm(V, dim=1)
     else:
         norms = torch.sqrt(row_matmul(V * V, torch.ones(V.shape[1], dtype=V.dtype)))
@@ -212,7 +214,7 @@ def row_norms(V: torch.Tensor) -> torch.Tensor:
 def row_dots(X: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
     """``<X_i, V_i>`` for every row ``i`` of two ``(N, d)`` tensors, in blocks of fewer than 400
     multiply-adds (ATen's naive batched kernel): a row's result depends only on that row."""
-    if _mode == "fast":
+    if fast_kernels():
         return torch.linalg.vecdot(X, V)
     out = X.new_zeros(X.shape[0])
     for c0 in range(0, X.shape[1], _NAIVE_BMM_LIMIT):

@@ -122,6 +122,18 @@ def test_kernel_mode_is_scoped_and_checked():
     assert kernel_mode() == "reproducible"
 
 
+def test_a_new_thread_starts_reproducible():
+    """A Flower client in a thread of a process training in fast mode still computes bit for bit."""
+    import threading
+
+    seen = []
+    with kernels("fast"):
+        t = threading.Thread(target=lambda: seen.append(kernel_mode()))
+        t.start()
+        t.join()
+    assert seen == ["reproducible"]
+
+
 def test_run_config_kernels_and_fast_is_inprocess_only():
     assert RunConfig().kernels == "reproducible"
     assert RunConfig(kernels="fast").kernels == "fast"
