@@ -129,7 +129,7 @@ def _add_run_arguments(run: argparse.ArgumentParser, algorithm: str | None) -> N
     from fedkl.data import DATASETS
     from fedkl.privacy.zcdp import CONVERSIONS
     from fedkl.problems import PROBLEMS
-    from fedkl.runner import BACKENDS, RunConfig
+    from fedkl.runner import BACKENDS, KERNEL_MODES, RunConfig
 
     d = RunConfig()
     run.add_argument(
@@ -217,6 +217,13 @@ def _add_run_arguments(run: argparse.ArgumentParser, algorithm: str | None) -> N
         action="store_true",
         help="Flower backends: aggregate the clipped answers through SecAgg+ so the server sees only their sum "
         "(algorithms that need only sums; fedkl.flower.secagg)",
+    )
+    run.add_argument(
+        "--kernels",
+        choices=KERNEL_MODES,
+        default=d.kernels,
+        help="numeric kernels (default %(default)s: batch-invariant, every backend releases the same bits; "
+        "fast: plain torch kernels, several times faster per round, in-process only, equal to float64 rounding)",
     )
     _add_data_arguments(run, d.dataset, d.seed)
     _add_hyperparameters(run, algorithm)

@@ -39,6 +39,7 @@ from fedkl.federation.inprocess import InProcessFederation
 from fedkl.privacy import Budget, BudgetExceeded, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter
 from fedkl.privacy.guarantee import RELATION_TEXT, Guarantee
 from fedkl.problems import DEFAULT_PROBLEM, make_problem, problem_spec
+from fedkl.problems.rowwise import KERNEL_MODES, kernels
 from fedkl.results import reference_metrics, write_json
 from fedkl.saved_model import SavedModel, check_resume, public_settings
 
@@ -115,6 +116,9 @@ class RunConfig:
     label_bound: float | None = None
     on_bound: str | None = None
     secagg: bool = False  # Flower backends: sums through SecAgg+ (fedkl.flower.secagg), sum-only algorithms
+    # numeric kernels (fedkl.problems.rowwise): reproducible = batch-invariant, bit for bit what a Flower
+    # client computes alone (the default: every backend agrees exactly); fast = plain torch, in-process only
+    kernels: str = "reproducible"
     params: AlgorithmParams | None = None
 
     def __post_init__(self) -> None:
@@ -124,6 +128,13 @@ class RunConfig:
         elif type(self.params) is not spec.params:
             raise ValueError(f"{self.algorithm} takes {spec.params.__name__}, got {type(self.params).__name__}")
         object.__setattr__(self, "params", spec.resolve(self.params))  # lr None: the algorithm's default
+        if self.kernels not in KERNEL_MODES:
+            raise ValueError(f"kernels must be one of {', '.join(KERNEL_MODES)}, got {self.kernels!r}")
+        if self.kernels == "fast" and self.backend != "inprocess":
+            raise ValueError(
+                "--kernels fast is in-process only: Flower clients compute with the reproducible kernels, "
+                "which is what lets the backends agree bit for bit"
+            )
         if self.secagg and not spec.sums_only(self.params):
             sums = ", ".join(n for n, s in REGISTRY.items() if s.sums_only(s.params()))
             raise ValueError(
@@ -382,6 +393,18 @@ def load_run_data(cfg: RunConfig) -> tuple:
 
 
 def run_training(
+    cfg: RunConfig,
+    log: Callable[[str], None] = print,
+    dataset: FederatedDataset | None = None,
+    model: Callable | torch.nn.Module | None = None,
+    resume: str | None = None,
+) -> dict:
+    """Train with ``cfg.kernels`` in force (:func:`fedkl.problems.rowwise.kernels`); see :func:`_run_training`."""
+    with kernels(cfg.kernels):
+        return _run_training(cfg, log, dataset, model, resume)
+
+
+def _run_training(
     cfg: RunConfig,
     log: Callable[[str], None] = print,
     dataset: FederatedDataset | None = None,

@@ -94,8 +94,8 @@ def public_settings(settings: dict) -> dict:
     return {k: v for k, v in settings.items() if k not in _PRIVATE_SETTINGS}
 
 
-# what a resumed run may change: where it writes, its evaluation, its noise seed
-RUN_LOCAL = ("out", "ledger", "reference", "force", "noise_seed")
+# what a resumed run may change: where it writes, its evaluation, its noise seed, its kernels
+RUN_LOCAL = ("out", "ledger", "reference", "force", "noise_seed", "kernels")
 
 
 def model_file(path: str) -> str:

@@ -121,6 +121,7 @@ def test_account_zcdp_conversions(capsys):
         (["run", "--epsilon", "0"], "--epsilon"),
         (["run", "--dataset", "nope"], "--dataset"),
         (["run", "--rounds", "1.5"], "--rounds"),
+        (["run", "--kernels", "turbo"], "--kernels"),
         (["frobnicate"], "invalid choice"),
         (["ledger", "inspect", "x.sqlite"], "invalid choice"),
     ],

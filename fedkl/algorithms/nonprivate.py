@@ -10,7 +10,6 @@ from typing import Callable
 
 import numpy as np
 import torch
-from scipy.optimize import minimize
 
 from fedkl.data.base import UserData
 from fedkl.problems.base import Problem
@@ -26,6 +25,8 @@ def nonprivate_minimizer(
 ) -> torch.Tensor:
     """Minimize ``F(w) = mean_u f_u(w)`` with L-BFGS (full batch; the problem's dtype for the loss).
     ``progress(iteration, max_iter)`` is called after every L-BFGS iteration."""
+    from scipy.optimize import minimize  # here, not at import: `fedkl --help` need not load scipy
+
     data = data.to(problem.dtype)
     start = problem.init_params() if w0 is None else w0
 

@@ -62,7 +62,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
 from fedkl.privacy.mechanisms import TruncatedDiscreteLaplace
 
@@ -92,6 +91,8 @@ def worst_case_divergence(
     eps: float, sigma_over_Delta: float, deletion_budget: TruncatedDiscreteLaplace, score: str = "exact"
 ) -> float:
     """max over reachable (d, d') of H(d, d') (module docstring) at ``sigma = sigma_over_Delta Delta``."""
+    from scipy import stats  # here, not at import: `fedkl --help` need not load scipy.stats
+
     k = deletion_budget.kappa
     pmf = deletion_budget.pmf()
     tail = np.r_[np.cumsum(pmf[::-1])[::-1], 0.0]  # Pr[R1 >= d], d = 0 .. 2 kappa + 1

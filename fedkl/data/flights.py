@@ -40,9 +40,12 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 from fedkl.data.base import FederatedDataset
 from fedkl.data.partition import cap_per_user, rdata, records_per_user_summary
@@ -65,6 +68,8 @@ FLIGHTS_DELAY_FEATURES = ("clip(dep_delay,-60,240)/240", "dep_delay>15")
 
 def one_hot(values: pd.Series | np.ndarray, vocab: tuple) -> np.ndarray:
     """``(n, len(vocab))`` one-hots of ``values`` over a fixed vocabulary (unknown values: all zero)."""
+    import pandas as pd  # here, not at import: `fedkl --help` need not load pandas
+
     codes = pd.Categorical(values, categories=list(vocab)).codes
     out = np.zeros((len(codes), len(vocab)))
     known = codes >= 0

@@ -38,9 +38,12 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 from fedkl.data.base import FederatedDataset
 from fedkl.data.flights import one_hot, silos

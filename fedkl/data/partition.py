@@ -40,9 +40,12 @@ from __future__ import annotations
 import functools
 import math
 import operator
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 from fedkl.data.base import FederatedDataset
 from fedkl.data.real import _describe, make_federated, project_rows, split_by_user

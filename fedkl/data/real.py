@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 import torch
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 from fedkl.data.base import FederatedDataset, UserData
 
@@ -114,6 +117,8 @@ def project_rows(X: np.ndarray, radius: float = 1.0) -> np.ndarray:
 def movielens_genre_matrix(frame: pd.DataFrame) -> np.ndarray:
     """``(n, 20)`` genre one-hots of raw rows (fixed vocabulary; a lookup per distinct genre string,
     so still a function of the row alone)."""
+    import pandas as pd  # here, not at import: `fedkl --help` need not load pandas
+
     codes, strings = pd.factorize(frame["genres"].fillna("").astype(str))
     vocab = {g: i for i, g in enumerate(MOVIELENS_GENRES)}
     table = np.zeros((len(strings), len(MOVIELENS_GENRES)))
@@ -143,6 +148,8 @@ def movielens_features(frame: pd.DataFrame) -> np.ndarray:
 def tv16_features(frame: pd.DataFrame) -> np.ndarray:
     """Row-wise features of complete raw TV16 rows, ``(n, 19)``: intercept, each column of
     :data:`TV16_SCALES` divided by its fixed maximum, 8 race one-hots; rows projected onto the unit ball."""
+    import pandas as pd  # here, not at import: `fedkl --help` need not load pandas
+
     races = pd.Categorical(frame["racef"], categories=list(TV16_RACES))
     R = np.zeros((len(frame), len(TV16_RACES)))
     known = races.codes >= 0

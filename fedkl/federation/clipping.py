@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from fedkl.problems.mirror import row_lp_norms
-from fedkl.problems.rowwise import row_norms
+from fedkl.problems.rowwise import fast_kernels, row_norms
 
 # Relative slack on the clip bound accepted from a client: clip_rows' result can exceed C by a few
 # ulps (the in-process backend has the same excess); anything larger is an invalid answer.
@@ -29,6 +29,11 @@ def clip_rows(values: torch.Tensor, clip: float) -> tuple[torch.Tensor, torch.Te
     Returns the clipped rows and a boolean mask of the rows that were non-finite. A zero row stays
     zero (no division by its norm).
     """
+    if fast_kernels() and values.shape[0]:
+        norms = torch.linalg.vector_norm(values, dim=1, keepdim=True)
+        if bool(torch.isfinite(norms).all()):  # then every entry is finite: no row to zero, no overflow to rescue
+            scaled = values * (clip / torch.clamp(norms, min=torch.finfo(values.dtype).tiny))
+            return torch.where(norms > clip, scaled, values), torch.zeros(values.shape[0], dtype=torch.bool)
     bad = ~torch.isfinite(values).all(dim=1)
     values = torch.where(bad.unsqueeze(1), torch.zeros_like(values), values)
     norms = row_norms(values).unsqueeze(1)

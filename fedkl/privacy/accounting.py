@@ -27,15 +27,13 @@ import importlib.metadata
 import logging
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import dp_accounting
-from dp_accounting import pld, rdp
+if TYPE_CHECKING:  # imported where used: dp-accounting (with scipy) costs ~0.6 s, `fedkl --help` needs none of it
+    import dp_accounting
 
 ACCOUNTANTS = ("pld", "rdp")
-RELATIONS = {
-    "add-remove": dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
-    "replace-one": dp_accounting.NeighboringRelation.REPLACE_ONE,
-}
+RELATIONS = ("add-remove", "replace-one")  # dp-accounting's ADD_OR_REMOVE_ONE and REPLACE_ONE
 MULTIPLIER_CONVENTION = (
     "z = sigma / Delta, Delta the L2 sensitivity of the released sum under the relation "
     "(clip C: Delta = C under add-remove, 2C under replace-one)"
@@ -76,6 +74,8 @@ class GaussianSchedule:
         """The schedule as a dp-accounting event, in dp-accounting's multiplier convention: ``z``
         (add-remove, or any unsampled schedule), ``2z`` for a Poisson-sampled replace-one schedule
         (dp-accounting's multiplier is ``sigma / C``, and here ``Delta = 2C``)."""
+        import dp_accounting
+
         doubled = self.dp_accounting_relation == "replace-one"
         step = dp_accounting.GaussianDpEvent(self.noise_multiplier * (2.0 if doubled else 1.0))
         if self.sampling_rate < 1:
@@ -113,9 +113,15 @@ def _check_pld_size(schedule: GaussianSchedule) -> None:
 def make_accountant(name: str, neighbouring: str = "add-remove") -> dp_accounting.PrivacyAccountant:
     """A dp-accounting accountant under ``neighbouring`` as dp-accounting reads it (pass a schedule's
     :attr:`GaussianSchedule.dp_accounting_relation`)."""
+    import dp_accounting
+    from dp_accounting import pld, rdp
+
     if name not in ACCOUNTANTS:
         raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {name!r}")
-    relation = RELATIONS[neighbouring]
+    relation = {
+        "add-remove": dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
+        "replace-one": dp_accounting.NeighboringRelation.REPLACE_ONE,
+    }[neighbouring]
     if name == "pld":
         return pld.PLDAccountant(relation, value_discretization_interval=PLD_DISCRETIZATION)
     return rdp.RdpAccountant(neighboring_relation=relation)
@@ -193,6 +199,8 @@ def noise_multiplier_for(
         lo /= 2.0
     if eps_at(lo, accountant) <= eps:
         return lo
+    import dp_accounting
+
     return float(
         dp_accounting.calibrate_dp_mechanism(
             lambda: make_accountant(accountant, unit.dp_accounting_relation),

@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import dp_accounting
 import numpy as np
 import torch
 
@@ -72,6 +71,8 @@ class GaussianMechanism:
         _check_positive("eps", eps)
         if not 0 < delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {delta}")
+        import dp_accounting  # here, not at import: ~0.6 s that `fedkl --help` does not need
+
         return cls(sensitivity, sensitivity * dp_accounting.get_sigma_gaussian(eps, delta))
 
     @property
@@ -84,6 +85,8 @@ class GaussianMechanism:
 
     def epsilon(self, delta: float) -> float:
         """Exact (analytic) eps of ONE release at delta."""
+        import dp_accounting
+
         return dp_accounting.get_epsilon_gaussian(self.noise_multiplier, delta)
 
     def privatize(self, value: torch.Tensor, noise: NoiseSource) -> torch.Tensor:

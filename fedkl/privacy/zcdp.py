@@ -26,8 +26,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.optimize import brentq, minimize_scalar
-from scipy.stats import norm
+
+# scipy is imported inside the functions that use it: `fedkl --help` and argument errors need none of it
 
 CONVERSIONS = ("cks", "bun_steinke", "gaussian")
 
@@ -52,6 +52,8 @@ def eps_bun_steinke(rho: float, delta: float) -> float:
 
 def eps_cks(rho: float, delta: float) -> float:
     """eps of rho-zCDP at delta by Canonne-Kamath-Steinke (2020), minimized over real alpha > 1."""
+    from scipy.optimize import minimize_scalar
+
     _check_rho_delta(rho, delta)
     if rho == 0:
         return 0.0
@@ -83,6 +85,8 @@ def zcdp_to_eps(rho: float, delta: float, conversion: str = "cks") -> float:
 
 def delta_cks(rho: float, eps: float) -> float:
     """delta such that rho-zCDP implies (eps, delta)-DP (CKS 2020, Prop. 12), min over alpha > 1."""
+    from scipy.optimize import minimize_scalar
+
     if not (rho >= 0 and math.isfinite(rho)) or not (eps >= 0):
         raise ValueError(f"need rho >= 0 and eps >= 0, got rho={rho}, eps={eps}")
     if rho == 0:
@@ -108,6 +112,8 @@ def rho_for_eps_delta(eps: float, delta: float, conversion: str = "cks") -> floa
     bisect (eps_cks is increasing in rho) and return the lower end of the final bracket, so the
     returned rho never converts to more than eps.
     """
+    from scipy.optimize import brentq
+
     if not (eps > 0 and math.isfinite(eps)):
         raise ValueError(f"eps must be finite and > 0, got {eps}")
     _check_rho_delta(0.0, delta)
@@ -156,6 +162,8 @@ class ZCDPAccountant:
 def _gaussian_delta(mu: float, eps: float) -> float:
     """delta(eps) of mu-GDP, i.e. of the Gaussian mechanism with sensitivity/sigma = mu (Balle & Wang
     2018, Thm 8; Dong, Roth & Su 2022, Cor. 2.13): Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)."""
+    from scipy.stats import norm
+
     if mu == 0:
         return 0.0
     a, b = -eps / mu + mu / 2, -eps / mu - mu / 2
@@ -173,6 +181,8 @@ def eps_gaussian(rho: float, delta: float) -> float:
     ONLY when every zCDP charge is a Gaussian release: the ledger checks the mechanism of each charge.
     For rho = 0.15 at delta = 1e-10: 3.416 (CKS: 3.574, Bun-Steinke: 3.867; tests/privacy/test_accounting.py).
     """
+    from scipy.optimize import brentq
+
     _check_rho_delta(rho, delta)
     if rho == 0:
         return 0.0
@@ -190,6 +200,8 @@ def eps_gaussian(rho: float, delta: float) -> float:
 
 def _rho_gaussian(eps: float, delta: float) -> float:
     """The largest rho = mu^2/2 whose Gaussian profile has delta(eps) <= delta (delta increases with mu)."""
+    from scipy.optimize import brentq
+
     lo, hi = 0.0, 1.0
     while _gaussian_delta(hi, eps) <= delta:
         hi *= 2.0

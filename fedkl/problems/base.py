@@ -14,6 +14,7 @@ hurt utility but never privacy.
 from __future__ import annotations
 
 import math
+import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 
 from fedkl.data.base import UserData
+from fedkl.problems.rowwise import fast_kernels, row_dots
 
 
 @dataclass(frozen=True)
@@ -220,6 +222,56 @@ def user_means(values: torch.Tensor, data: UserData) -> torch.Tensor:
     sums.index_add_(0, data.user_index, values)
     counts = data.counts().clamp_min(1).to(values.dtype)
     return sums / counts.unsqueeze(1)
+
+
+def _grouped_layout(data: UserData) -> int | torch.Tensor | None:
+    """Fast kernels only: how the records are grouped by user. ``m`` (int) when every user has ``m``
+    records in user order, the CSR row pointer ``(U + 1,)`` when records are in user order with unequal
+    counts, None when they are not grouped (or the kernels are the reproducible ones)."""
+    idx = data.user_index
+    U, N = data.num_users, idx.shape[0]
+    if not fast_kernels() or N == 0 or bool((idx[1:] < idx[:-1]).any()):
+        return None
+    counts = data.counts()
+    m = N // U
+    if N == U * m and bool((counts == m).all()):
+        return m
+    return torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
+
+
+def user_weighted_sums(coef: torch.Tensor, X: torch.Tensor, data: UserData) -> torch.Tensor:
+    """Per-user sums of the records' rows ``coef_i x_i``, ``(num_users, d)``. Reproducible kernels:
+    ``index_add_`` in record order (what a client computes alone). Fast kernels
+    (:func:`fedkl.problems.rowwise.kernels`), records grouped by user (the datasets' layout): one segment
+    matmul with no ``(N, d)`` temporary, a batched ``(1, m) @ (m, d)`` when every user has ``m``
+    records, else a CSR ``(users, N) @ (N, d)`` product; ungrouped records fall back to ``index_add_``."""
+    U, N, d = data.num_users, X.shape[0], X.shape[1]
+    layout = _grouped_layout(data)
+    if layout is None:
+        return torch.zeros(U, d, dtype=X.dtype).index_add_(0, data.user_index, coef.unsqueeze(1) * X)
+    if isinstance(layout, int):
+        return torch.bmm(coef.view(U, 1, layout), X.view(U, layout, d)).squeeze(1)
+    with warnings.catch_warnings():  # "sparse CSR support is in beta"
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(layout, torch.arange(N), coef, (U, N), check_invariants=False) @ X
+
+
+def user_weighted_means(coef: torch.Tensor, X: torch.Tensor, data: UserData) -> torch.Tensor:
+    """``user_means(coef[:, None] * X, data)`` (a GLM's per-user gradient), by :func:`user_weighted_sums`:
+    the same operations as :func:`user_means` with the reproducible kernels."""
+    counts = data.counts().clamp_min(1).to(X.dtype)
+    return user_weighted_sums(coef, X, data) / counts.unsqueeze(1)
+
+
+def user_row_dots(X: torch.Tensor, W: torch.Tensor, data: UserData) -> torch.Tensor:
+    """``<x_i, W[user(i)]>`` for every record ``i`` (``W`` is ``(num_users, d)``): the reproducible
+    :func:`~fedkl.problems.rowwise.row_dots`; fast kernels with ``m`` records per user in user order:
+    one batched ``(m, d) @ (d, 1)`` per user, no ``(N, d)`` gather of ``W``."""
+    layout = _grouped_layout(data)
+    if isinstance(layout, int):
+        U, d = W.shape
+        return torch.bmm(X.view(U, layout, d), W.unsqueeze(2)).reshape(-1)
+    return row_dots(X, W[data.user_index])
 
 
 def cyclic_batches(

@@ -23,8 +23,15 @@ from abc import abstractmethod
 import torch
 
 from fedkl.data.base import UserData
-from fedkl.problems.base import Problem, cyclic_batches, in_cyclic_batch, user_means
-from fedkl.problems.rowwise import row_dots, row_matmul, row_norms
+from fedkl.problems.base import (
+    Problem,
+    cyclic_batches,
+    in_cyclic_batch,
+    user_means,
+    user_row_dots,
+    user_weighted_sums,
+)
+from fedkl.problems.rowwise import row_matmul, row_norms
 
 
 class GeneralizedLinear(Problem):
@@ -178,10 +185,10 @@ class GeneralizedLinear(Problem):
         X, y = data.X.to(w.dtype), data.y.to(w.dtype)
         W = w.unsqueeze(0).expand(U, d).clone()
         for k in range(local_steps):
-            z = row_dots(X, W[idx])
+            z = user_row_dots(X, W, data)
             coef = self.score_derivative(z, y)
             if cyclic:
                 coef = torch.where(in_cyclic_batch(k, pos, counts[idx], batch_size), coef, torch.zeros_like(coef))
-            sums = torch.zeros(U, d, dtype=w.dtype).index_add_(0, idx, coef.unsqueeze(1) * X)
+            sums = user_weighted_sums(coef, X, data)
             W = W - local_lr * (sums / denom.unsqueeze(1) + self.reg * W)
         return W - w

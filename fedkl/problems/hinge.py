@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from fedkl.data.base import UserData
-from fedkl.problems.base import Constants, Problem, binary_accuracy, binary_predictions, user_means
+from fedkl.problems.base import Constants, Problem, binary_accuracy, binary_predictions, user_weighted_means
 from fedkl.problems.rowwise import row_matmul
 
 
@@ -44,7 +44,7 @@ class SmoothedHinge(Problem):
         t = self._margins(w, data)
         dldt = -((1 - t) / self.smoothing).clamp(0.0, 1.0)
         coef = dldt * data.y.to(w.dtype)
-        return user_means(coef.unsqueeze(1) * data.X.to(w.dtype), data) + self.reg * w
+        return user_weighted_means(coef, data.X.to(w.dtype), data) + self.reg * w
 
     def constants(self, feature_bound: float, param_bound: float | None = None) -> Constants:
         R, h = float(feature_bound), self.smoothing

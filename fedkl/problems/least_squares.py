@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from fedkl.data.base import UserData
-from fedkl.problems.base import Constants, user_means
+from fedkl.problems.base import Constants, user_means, user_weighted_means
 from fedkl.problems.glm import GeneralizedLinear
 from fedkl.problems.rowwise import row_matmul
 
@@ -50,7 +50,7 @@ class LeastSquares(GeneralizedLinear):
 
     def per_user_gradients(self, w: torch.Tensor, data: UserData) -> torch.Tensor:
         r = self._residuals(w, data)
-        return user_means(r.unsqueeze(1) * data.X.to(w.dtype), data) + self.reg * w
+        return user_weighted_means(r, data.X.to(w.dtype), data) + self.reg * w
 
     def constants(self, feature_bound: float, param_bound: float | None = None) -> Constants:
         if param_bound is None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from fedkl.data.base import UserData
-from fedkl.problems.base import Constants, binary_accuracy, binary_predictions, user_means
+from fedkl.problems.base import Constants, binary_accuracy, binary_predictions, user_weighted_means
 from fedkl.problems.glm import GeneralizedLinear
 from fedkl.problems.rowwise import row_matmul, sigmoid, softplus
 
@@ -44,7 +44,7 @@ class BinaryLogistic(GeneralizedLinear):
         margins = self._margins(w, data)
         # d/dz log(1+exp(-y z)) = -y * sigmoid(-y z)
         coef = -data.y.to(w.dtype) * sigmoid(-margins)
-        grads = user_means(coef.unsqueeze(1) * data.X.to(w.dtype), data)
+        grads = user_weighted_means(coef, data.X.to(w.dtype), data)
         return grads + self.reg * w
 
     def constants(self, feature_bound: float, param_bound: float | None = None) -> Constants:

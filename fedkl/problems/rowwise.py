@@ -20,12 +20,54 @@ kernels make the two backends release BIT-IDENTICAL models for the same seed (te
 Per-user reductions (``index_add_`` in :func:`fedkl.problems.base.user_means`) add a user's records
 one after another in record order, the same order as the client's. Cost: about the speed of the
 batched BLAS path for the problems' sizes (see ``tests/problems/test_rowwise.py`` for the invariance checks).
+
+**Kernel modes.** The above is the ``reproducible`` mode (the default). ``fast`` mode
+(:func:`kernels`, ``fedkl run --kernels fast``, in-process backend only) replaces every kernel by the
+plain torch one (BLAS ``X @ W``, ``torch.sigmoid``, ``torch.linalg.vector_norm``, ...) and per-user
+gradient sums by one segment matmul (:func:`fedkl.problems.base.user_weighted_means`): the same
+values up to float64 rounding (a user's row may then differ in the last bits with the batch it shares;
+``tests/problems/test_kernels.py`` states the tolerance), several times faster per round
+(``simulations/bench_inprocess.py``). The privacy guarantee does not depend on the mode: the clip bounds
+every user's row whatever its rounding.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from typing import Iterator
+
 import numpy as np
 import torch
+import torch.nn.functional as F
+
+KERNEL_MODES = ("reproducible", "fast")
+# a context variable, not a global: a thread starts in the default (reproducible) mode, so a Flower
+# client running in a thread of a process that trains in fast mode still computes bit for bit
+_MODE: contextvars.ContextVar[str] = contextvars.ContextVar("fedkl_kernels", default="reproducible")
+
+
+def kernel_mode() -> str:
+    """The kernel mode in force: ``"reproducible"`` (batch-invariant, the default) or ``"fast"``."""
+    return _MODE.get()
+
+
+def fast_kernels() -> bool:
+    return _MODE.get() == "fast"
+
+
+@contextlib.contextmanager
+def kernels(mode: str) -> Iterator[None]:
+    """Run the body with kernel mode ``mode`` (one of :data:`KERNEL_MODES`); the previous mode is
+    restored on exit (the run layer sets it for one run: ``fedkl run --kernels``)."""
+    if mode not in KERNEL_MODES:
+        raise ValueError(f"kernels must be one of {', '.join(KERNEL_MODES)}, got {mode!r}")
+    token = _MODE.set(mode)
+    try:
+        yield
+    finally:
+        _MODE.reset(token)
+
 
 # ATen's bmm uses its naive kernel (one sequential multiply-add loop per output entry, the same code
 # for every batch entry) when contraction * rows * cols < 400; above that it may call BLAS, whose
@@ -40,6 +82,8 @@ def row_matmul(X: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     multiply-adds by ATen's naive batched kernel, the blocks added in a fixed order: the result of a
     row depends only on that row and ``W``.
     """
+    if fast_kernels():
+        return X @ W
     vector = W.dim() == 1
     Wm = W.unsqueeze(1) if vector else W
     n, (d, k) = X.shape[0], Wm.shape
@@ -97,12 +141,12 @@ class _Softplus(torch.autograd.Function):
 
 def sigmoid(t: torch.Tensor) -> torch.Tensor:
     """``1 / (1 + exp(-t))`` elementwise, position-invariant, differentiable."""
-    return _Sigmoid.apply(t)
+    return torch.sigmoid(t) if fast_kernels() else _Sigmoid.apply(t)
 
 
 def softplus(t: torch.Tensor) -> torch.Tensor:
     """``log(1 + exp(t))`` elementwise (stable form), position-invariant, differentiable."""
-    return _Softplus.apply(t)
+    return torch.logaddexp(t, torch.zeros_like(t)) if fast_kernels() else _Softplus.apply(t)
 
 
 def _softmax_parts(Z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -117,6 +161,8 @@ def _softmax_parts(Z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def softmax_rows(Z: torch.Tensor) -> torch.Tensor:
     """Row softmax of ``(N, K)`` scores (no gradient), position-invariant."""
+    if fast_kernels():
+        return torch.softmax(Z.detach(), dim=1)
     _, E, S = _softmax_parts(_np(Z))
     return torch.from_numpy(E / S[:, None]).to(Z.dtype)
 
@@ -142,6 +188,8 @@ class _CrossEntropyRows(torch.autograd.Function):
 
 def cross_entropy_rows(Z: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Per-record ``logsumexp(Z_i) - Z_i[y_i]`` for ``(N, K)`` scores and int64 labels; differentiable in Z."""
+    if fast_kernels():
+        return F.cross_entropy(Z, labels.long(), reduction="none")
     return _CrossEntropyRows.apply(Z, labels.long())
 
 
@@ -150,20 +198,24 @@ def row_norms(V: torch.Tensor) -> torch.Tensor:
     whose squared norm overflows is rescaled by its largest entry first (its norm is finite)."""
     if V.shape[0] == 0:
         return V.new_zeros(0)
-    ones = torch.ones(V.shape[1], dtype=V.dtype)
-    norms = torch.sqrt(row_matmul(V * V, ones))
+    if fast_kernels():
+        norms = torch.linalg.vector_norm(V, dim=1)
+    else:
+        norms = torch.sqrt(row_matmul(V * V, torch.ones(V.shape[1], dtype=V.dtype)))
     big = torch.isinf(norms) & torch.isfinite(V).all(dim=1)
     if big.any():
         scale = V[big].abs().amax(dim=1)
         U = V[big] / scale.unsqueeze(1)
         norms = norms.clone()
-        norms[big] = scale * torch.sqrt(row_matmul(U * U, ones))
+        norms[big] = scale * row_norms(U)
     return norms
 
 
 def row_dots(X: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
     """``<X_i, V_i>`` for every row ``i`` of two ``(N, d)`` tensors, in blocks of fewer than 400
     multiply-adds (ATen's naive batched kernel): a row's result depends only on that row."""
+    if fast_kernels():
+        return torch.linalg.vecdot(X, V)
     out = X.new_zeros(X.shape[0])
     for c0 in range(0, X.shape[1], _NAIVE_BMM_LIMIT):
         blk = slice(c0, c0 + _NAIVE_BMM_LIMIT)

@@ -46,6 +46,7 @@ from fedkl.flower.localgrid import LocalGrid  # noqa: E402
 from fedkl.flower.server_app import run_flower_simulation  # noqa: E402
 from fedkl.privacy import Budget, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter  # noqa: E402
 from fedkl.problems import make_problem  # noqa: E402
+from fedkl.problems.rowwise import kernels  # noqa: E402
 from fedkl.runner import RunConfig  # noqa: E402
 
 pytestmark = pytest.mark.flower
@@ -525,6 +526,18 @@ def test_noisy_gd_over_flower_local_matches_batched_inprocess(tmp_path, problem,
     assert fl["failed_users"] == [0, 0, 0]
     assert fl["ledger"]["releases"] == ref["ledger"]["releases"] == 3
     _same_ledgers(fl, ref, ref["user_ids"])
+
+
+def test_fast_kernels_inprocess_match_flower_to_rounding(tmp_path):
+    """``--kernels fast`` (in-process only; Flower clients keep the reproducible kernels): same seeds,
+    the model agrees with Flower's to 1e-9 (float64 rounding through 3 rounds), not bit for bit, and
+    the ledger is the same exactly (the charges never depend on the kernels)."""
+    kw = dict(dataset="synthetic-logistic", problem="logistic")
+    with kernels("fast"):
+        fast = run_flower_simulation(_cfg(tmp_path, "fast", **kw), "inprocess", log=lambda s: None)
+    fl = run_flower_simulation(_cfg(tmp_path, "fl", **kw), "flower-local", log=lambda s: None)
+    torch.testing.assert_close(fast["w"], fl["w"], rtol=1e-9, atol=1e-12)
+    _same_ledgers(fl, fast, fast["user_ids"])
 
 
 def test_output_perturbation_algorithm_runs_unchanged_over_flower(tmp_path):

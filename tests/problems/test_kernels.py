@@ -1,0 +1,176 @@
+"""The two kernel modes (fedkl.problems.rowwise.kernels): fast agrees with reproducible to float64
+rounding. Stated tolerance: per-user gradients, norms and clipped sums within rtol 1e-12 (plus atol
+1e-14 for entries near zero) of the reproducible values; a whole noisy-GD run's model within 1e-9."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedkl.data import load_dataset
+from fedkl.data.base import UserData
+from fedkl.federation.clipping import clip_rows
+from fedkl.problems import make_problem
+from fedkl.problems.base import user_means, user_row_dots, user_weighted_means
+from fedkl.problems.rowwise import kernel_mode, kernels, row_dots, row_norms, sigmoid, softplus
+from fedkl.runner import RunConfig
+
+TOL = dict(rtol=1e-12, atol=1e-14)
+
+
+def _both(fn):
+    with kernels("reproducible"):
+        slow = fn()
+    with kernels("fast"):
+        fast = fn()
+    return slow, fast
+
+
+@pytest.mark.parametrize(
+    "problem,dataset",
+    [
+        ("logistic", "synthetic-logistic"),
+        ("least-squares", "synthetic-least-squares"),
+        ("smoothed-hinge", "synthetic-logistic"),
+    ],
+)
+def test_fast_per_user_gradients_and_clip_match_reproducible(problem, dataset):
+    data = load_dataset(dataset, n_users=40, seed=3)
+    p = make_problem(problem, data)
+    train = data.train.to(p.dtype)
+    w = torch.linspace(-1, 1, p.num_params, dtype=p.dtype)
+    slow, fast = _both(lambda: p.per_user_gradients(w, train))
+    assert not torch.equal(slow, torch.zeros_like(slow))
+    torch.testing.assert_close(fast, slow, **TOL)
+    (cs, bs), (cf, bf) = _both(lambda: clip_rows(slow, 0.05))
+    assert torch.equal(bs, bf)
+    torch.testing.assert_close(cf, cs, **TOL)
+    torch.testing.assert_close(cf.sum(0), cs.sum(0), **TOL)
+
+
+@pytest.mark.parametrize("batch_size", [None, 3])
+def test_fast_local_updates_match_reproducible(batch_size):
+    """DP-FedAvg's local SGD (ClippedLocalUpdate): per-record dots and per-user sums by segment matmuls."""
+    data = load_dataset("synthetic-logistic", n_users=30, seed=2)
+    p = make_problem("logistic", data)
+    w = torch.linspace(-0.5, 0.5, p.num_params, dtype=p.dtype)
+    slow, fast = _both(lambda: p.local_updates(w, data.train.to(p.dtype), 4, 0.5, batch_size))
+    assert not torch.equal(slow, torch.zeros_like(slow))
+    torch.testing.assert_close(fast, slow, **TOL)
+
+
+def _records(order: torch.Tensor, counts: list[int], d: int = 7) -> UserData:
+    gen = torch.Generator().manual_seed(0)
+    idx = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))[order]
+    X = torch.randn(len(idx), d, generator=gen, dtype=torch.float64)
+    return UserData(X, torch.ones(len(idx), dtype=torch.float64), idx, tuple(f"u{i}" for i in range(len(counts))))
+
+
+@pytest.mark.parametrize("layout", ["equal", "unequal", "ungrouped"])
+def test_segment_sums_every_layout(layout):
+    """Equal counts (one bmm), grouped unequal counts with an empty user (CSR), records not grouped by
+    user (index_add_ fallback): all equal the reproducible per-user means."""
+    counts = [5, 5, 5, 5] if layout == "equal" else [3, 0, 6, 1]
+    n = sum(counts)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(1)) if layout == "ungrouped" else torch.arange(n)
+    data = _records(order, counts)
+    coef = torch.linspace(-2, 3, n, dtype=torch.float64)
+    expected = user_means(coef.unsqueeze(1) * data.X, data)
+    W = torch.linspace(-1, 1, len(counts) * data.X.shape[1], dtype=torch.float64).view(len(counts), -1)
+    dots = (data.X * W[data.user_index]).sum(1)
+    with kernels("fast"):
+        got = user_weighted_means(coef, data.X, data)
+        got_dots = user_row_dots(data.X, W, data)
+    torch.testing.assert_close(got, expected, **TOL)
+    torch.testing.assert_close(got_dots, dots, **TOL)
+    if 0 in counts:
+        assert torch.equal(got[counts.index(0)], torch.zeros(data.X.shape[1], dtype=torch.float64))
+
+
+def test_fast_clip_zeroes_nonfinite_rows_and_rescues_overflow():
+    V = torch.tensor(
+        [[3.0, 4.0], [float("nan"), 1.0], [1e200, 1e200], [0.0, float("inf")], [0.1, 0.0]], dtype=torch.float64
+    )
+    (cs, bs), (cf, bf) = _both(lambda: clip_rows(V, 1.0))
+    assert bf.tolist() == [False, True, False, True, False] and torch.equal(bs, bf)
+    torch.testing.assert_close(cf, cs, **TOL)
+    assert torch.equal(cf[4], V[4])  # a row inside the ball is returned bit for bit
+
+
+def test_fast_row_kernels_match_and_keep_the_overflow_rescue():
+    V = torch.tensor([[3.0, 4.0], [1e200, 1e200], [0.0, 0.0], [-1e-300, 2e-300]], dtype=torch.float64)
+    slow, fast = _both(lambda: row_norms(V))
+    assert torch.isfinite(fast).all()  # ||(1e200, 1e200)|| is finite though its square overflows
+    torch.testing.assert_close(fast, slow, **TOL)
+    t = torch.linspace(-800, 800, 101, dtype=torch.float64, requires_grad=True)
+    for f in (sigmoid, softplus):
+        (a, ga), (b, gb) = _both(lambda: (lambda v: (v, torch.autograd.grad(v.sum(), t)[0]))(f(t)))
+        torch.testing.assert_close(b, a, **TOL)
+        torch.testing.assert_close(gb, ga, **TOL)
+    X, Y = torch.randn(9, 5, dtype=torch.float64), torch.randn(9, 5, dtype=torch.float64)
+    torch.testing.assert_close(*_both(lambda: row_dots(X, Y)), **TOL)
+
+
+def test_kernel_mode_is_scoped_and_checked():
+    assert kernel_mode() == "reproducible"  # the default
+    with kernels("fast"):
+        assert kernel_mode() == "fast"
+        with pytest.raises(ValueError, match="kernels must be one of"):
+            with kernels("turbo"):
+                pass
+        assert kernel_mode() == "fast"
+    assert kernel_mode() == "reproducible"
+
+
+def test_a_new_thread_starts_reproducible():
+    """A Flower client in a thread of a process training in fast mode still computes bit for bit."""
+    import threading
+
+    seen = []
+    with kernels("fast"):
+        t = threading.Thread(target=lambda: seen.append(kernel_mode()))
+        t.start()
+        t.join()
+    assert seen == ["reproducible"]
+
+
+def test_run_config_kernels_and_fast_is_inprocess_only():
+    assert RunConfig().kernels == "reproducible"
+    assert RunConfig(kernels="fast").kernels == "fast"
+    with pytest.raises(ValueError, match="kernels must be one of"):
+        RunConfig(kernels="turbo")
+    with pytest.raises(ValueError, match="in-process only"):
+        RunConfig(kernels="fast", backend="flower-local")
+
+
+def test_run_training_uses_the_configured_kernels(tmp_path, monkeypatch):
+    """``fedkl run --kernels fast`` end to end: the mode is in force while training (and restored after),
+    the model equals the reproducible run's to 1e-9, the settings record the mode."""
+    import fedkl.runner as runner
+    from fedkl.saved_model import load_model
+
+    seen = []
+    train = runner.train_federation
+
+    def spy(*args, **kw):
+        seen.append(kernel_mode())
+        return train(*args, **kw)
+
+    monkeypatch.setattr(runner, "train_federation", spy)
+    results = {}
+    for mode in ("reproducible", "fast"):
+        cfg = RunConfig.from_settings(
+            dataset="synthetic-logistic",
+            users=30,
+            rounds=3,
+            noise_seed=5,
+            reference=False,
+            out=str(tmp_path / mode),
+            kernels=mode,
+        )
+        results[mode] = runner.run_training(cfg, log=lambda s: None)
+    assert seen == ["reproducible", "fast"] and kernel_mode() == "reproducible"
+    assert results["fast"]["config"]["kernels"] == "fast"
+    slow, fast = (load_model(results[m]["model_path"]).params for m in ("reproducible", "fast"))
+    assert not torch.equal(slow, torch.zeros_like(slow))
+    torch.testing.assert_close(fast, slow, rtol=1e-9, atol=1e-12)
