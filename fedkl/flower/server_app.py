@@ -298,6 +298,8 @@ def _run_config_from_user_config(rc: Any) -> Any:
         key = "fedkl-" + name.replace("_", "-")
         if key in rc and rc[key] != "":  # "" stands for None (TOML has no null)
             kw[name] = rc[key]
+    if kw.get("kernels", "reproducible") != "reproducible":  # the clients always compute reproducibly
+        raise ValueError(f"fedkl-kernels = {kw['kernels']!r}: a Flower deployment runs the reproducible kernels only")
     return RunConfig.from_settings(**kw)
 
 

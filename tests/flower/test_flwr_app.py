@@ -136,3 +136,13 @@ def test_flwr_run_dot_trains_on_the_local_simulation_engine(tmp_path):
             except OSError:
                 pass
         stop_processes(mine)
+
+
+def test_a_deployment_refuses_fast_kernels_in_one_line():
+    """The deployed ServerApp's clients compute with the reproducible kernels: a run config asking for
+    `fedkl-kernels = "fast"` is refused, not silently run differently."""
+    from fedkl.flower.server_app import _run_config_from_user_config
+
+    with pytest.raises(ValueError, match="reproducible kernels only"):
+        _run_config_from_user_config({"fedkl-kernels": "fast"})
+    assert _run_config_from_user_config({"fedkl-kernels": "reproducible"}).kernels == "reproducible"
