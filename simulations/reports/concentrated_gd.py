@@ -32,22 +32,15 @@ def report(study) -> list[str]:
         "Regenerate: `fedkl report simulations/studies/concentrated_gd.toml` (runs: `fedkl sweep`, the same file).",
     ]
     for eps in epsilons:
-        lines += ["", f"## eps = {eps:g}", "", "| method | " + " | ".join(f"m = {m}" for m in ms) + " |"]
-        lines.append("|---|" + "---|" * len(ms))
         base = {m: np.mean([float(r["excess"]) for r in summary.get((eps, "noisy-gd", m), [])] or [np.nan]) for m in ms}
-        for v in variants:
-            cells = []
-            for m in ms:
-                rs = summary.get((eps, v, m), [])
-                if not rs:
-                    cells.append("-")
-                    continue
-                x = np.array([float(r["excess"]) for r in rs])
-                cell = f"{x.mean():.4f} ± {x.std():.4f}"
-                if v != "noisy-gd":
-                    cell += f" (tau {float(rs[0]['tau']):.2f}; x{x.mean() / base[m]:.2f})"
-                cells.append(cell)
-            lines.append(f"| {v} | " + " | ".join(cells) + " |")
+
+        def cell(v, m, rs, x, base=base):
+            cell = f"{x.mean():.4f} ± {x.std():.4f}"
+            if v != "noisy-gd":
+                cell += f" (tau {float(rs[0]['tau']):.2f}; x{x.mean() / base[m]:.2f})"
+            return cell
+
+        lines += _table(summary, eps, variants, ms, cell)
     lines += ["", "Where noisy-gd-conc's mean excess is below noisy-gd's (same eps, same m):", ""]
     for eps in epsilons:
         for v in variants[1:]:
@@ -62,6 +55,20 @@ def report(study) -> list[str]:
                     wins.append(str(m))
             lines.append(f"* eps = {eps:g}, {v}: m = {', '.join(wins) if wins else 'none of the grid'}")
     return _write(study, lines, summary, epsilons, variants, ms, n)
+
+
+def _table(summary, eps, variants, ms, cell) -> list[str]:
+    """One eps's markdown table of the excess: a row per variant, a column per m; ``cell(v, m, rows,
+    excesses)`` formats a cell that has rows ("-" where none)."""
+    lines = ["", f"## eps = {eps:g}", "", "| method | " + " | ".join(f"m = {m}" for m in ms) + " |"]
+    lines.append("|---|" + "---|" * len(ms))
+    for v in variants:
+        cells = []
+        for m in ms:
+            rs = summary.get((eps, v, m), [])
+            cells.append(cell(v, m, rs, np.array([float(r["excess"]) for r in rs])) if rs else "-")
+        lines.append(f"| {v} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _write(study, lines, summary, epsilons, variants, ms, n) -> list[str]:
@@ -126,6 +133,15 @@ def _why(p002_rows, conc_rows) -> str:
     return "; ".join(parts)
 
 
+def _vs_p002_cell(v, m, rs, x) -> str:
+    cell = f"{x.mean():.3g} ± {x.std():.2g}"
+    if v == CONC:
+        cell += f" (tau {float(rs[0]['tau']):.2f})"
+    elif v in P002:
+        cell += f" (⊥ {sum(int(float(r['bottom'])) for r in rs)}/{len(rs)}; sigma {_mean(rs, 'sigma'):.3g})"
+    return cell
+
+
 def report_vs_p002(study) -> list[str]:
     """Report of simulations/studies/concentrated_vs_p002.toml: noisy-gd-conc (previous centre, k = 2) and
     noisy-gd against paper 002's sc-output-pert and mean-output-pert at equal user-level (eps, delta) as m
@@ -153,23 +169,7 @@ def report_vs_p002(study) -> list[str]:
         "Regenerate: `fedkl report simulations/studies/concentrated_vs_p002.toml` (runs: `fedkl sweep`, the same file).",
     ]
     for eps in epsilons:
-        lines += ["", f"## eps = {eps:g}", "", "| method | " + " | ".join(f"m = {m}" for m in ms) + " |"]
-        lines.append("|---|" + "---|" * len(ms))
-        for v in variants:
-            cells = []
-            for m in ms:
-                rs = summary.get((eps, v, m), [])
-                if not rs:
-                    cells.append("-")
-                    continue
-                x = np.array([float(r["excess"]) for r in rs])
-                cell = f"{x.mean():.3g} ± {x.std():.2g}"
-                if v == CONC:
-                    cell += f" (tau {float(rs[0]['tau']):.2f})"
-                elif v in P002:
-                    cell += f" (⊥ {sum(int(float(r['bottom'])) for r in rs)}/{len(rs)}; sigma {_mean(rs, 'sigma'):.3g})"
-                cells.append(cell)
-            lines.append(f"| {v} | " + " | ".join(cells) + " |")
+        lines += _table(summary, eps, variants, ms, _vs_p002_cell)
     lines += ["", f"Output perturbation against {CONC} (same eps, same m; mean excess):", ""]
     verdicts = []
     for eps in epsilons:
