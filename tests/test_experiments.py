@@ -637,6 +637,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         "audit",
         "correlated_noise_adaptive",
         "concentrated_gd",
+        "concentrated_vs_p002",
     ],
 )
 def test_a_committed_study_report_reproduces_its_markdown(study, tmp_path, monkeypatch):
