@@ -133,3 +133,27 @@ def test_batched_federation_equals_each_user_alone(problem, dataset, extra):
             if isinstance(q, GradientsAtOwnPoints):
                 alone = alone[0]
             assert torch.equal(batched[u], alone), (type(q).__name__, u)
+
+
+@pytest.mark.parametrize(
+    "problem,dataset",
+    [
+        ("logistic", "synthetic-logistic"),
+        ("least-squares", "synthetic-least-squares"),
+        ("huber", "synthetic-least-squares"),
+    ],
+)
+@pytest.mark.parametrize("d", [3, 450])  # 450 > the naive-kernel block of 399: two blocks per margin
+def test_glm_gradients_at_own_points_equal_the_per_user_loop(problem, dataset, d):
+    """The GLMs' batched gradients_at_own_points equal, bit for bit, the generic loop (one one-point
+    gradients_at_points call per user on its records alone)."""
+    from fedkl.problems.base import Problem
+    from fedkl.problems.glm import GeneralizedLinear
+
+    ds = load_dataset(dataset, seed=3, n_users=9, m=6, d=d)
+    prob = make_problem(problem, ds, reg=0.05)
+    assert isinstance(prob, GeneralizedLinear)
+    data = ds.train
+    P = torch.randn(data.num_users, prob.num_params, dtype=torch.float64, generator=GEN)
+    batched = prob.gradients_at_own_points(P, data)
+    assert torch.equal(batched, Problem.gradients_at_own_points(prob, P, data))
