@@ -157,3 +157,18 @@ def test_glm_gradients_at_own_points_equal_the_per_user_loop(problem, dataset, d
     P = torch.randn(data.num_users, prob.num_params, dtype=torch.float64, generator=GEN)
     batched = prob.gradients_at_own_points(P, data)
     assert torch.equal(batched, Problem.gradients_at_own_points(prob, P, data))
+
+
+@pytest.mark.parametrize("d", [1, 3, 10, 50])
+def test_batched_solve_equals_one_solve_per_matrix(d):
+    """The certified Newton solver (GeneralizedLinear.newton_local_minimizers) solves every active user's
+    system in one batched call: each solution must be bit for bit the one-matrix solve (what a client
+    alone computes), whichever users share the batch."""
+    U = 200
+    A = torch.randn(U, d, d, dtype=torch.float64, generator=GEN)
+    H = A @ A.transpose(1, 2) / d + 0.1 * torch.eye(d, dtype=torch.float64)
+    g = torch.randn(U, d, dtype=torch.float64, generator=GEN)
+    active = torch.rand(U, generator=GEN) < 0.6
+    batched = torch.linalg.solve(H[active], g[active].unsqueeze(-1)).squeeze(-1)
+    alone = torch.stack([torch.linalg.solve(H[u], g[u]) for u in torch.nonzero(active).flatten().tolist()])
+    assert torch.equal(batched, alone)
