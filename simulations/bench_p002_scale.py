@@ -2,7 +2,7 @@
 
     .venv/bin/python simulations/bench_p002_scale.py [--users 1000 4000 16000 100000] [--before /work/main]
 
-Each point is one full ``fedkl.train`` run (synthetic-logistic, the loader's default records per user
+Each point is one full ``fedkl.train`` run (imports excluded from its time) (synthetic-logistic, the loader's default records per user
 and dimension, eps = 2, in-process backend, one thread) in its own subprocess, so the peak RSS is that
 run's. It prints wall time and peak RSS per algorithm and population:
 
@@ -33,10 +33,10 @@ _CHILD = """
 import json, resource, sys, tempfile, time
 import torch
 torch.set_num_threads(1)
-import fedkl
+from fedkl.api import train  # imports outside the timed region
 alg, n, extra = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
 start = time.perf_counter()
-run = fedkl.train("synthetic-logistic", alg, epsilon=2.0, users=n, force=True, noise_seed=0, log=None,
+run = train("synthetic-logistic", alg, epsilon=2.0, users=n, force=True, noise_seed=0, log=None,
                   out=tempfile.mkdtemp(), **extra)
 seconds = time.perf_counter() - start
 print(json.dumps({"seconds": seconds, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
