@@ -67,7 +67,9 @@ every deletion step then starts from >= 2 users, as the lemma requires. It also 
   The proof is in :class:`~fedkl.algorithms.del_output_pert.DelOutputPertConfig` ("The matching
   score"). It needs every deletion step of its chains, which start from kept sets and from sets of
   >= n - 8 kappa users, to move f~ by <= Delta. That is the lemma with k >= n - depth, plus 2 tau.
-  Sensitivity is (8 kappa + 2) Delta, and it costs O(n^2 d) distances plus one blossom matching.
+  Sensitivity is (8 kappa + 2) Delta, and it costs at most O(n^2 d) distances (blocked and pruned,
+  never an n x n matrix: O(n d) when no two users are far apart, :mod:`fedkl.algorithms.conflict_graph`)
+  plus one blossom matching on the conflict edges.
 * ``auto``: ``vertex-cover`` when its proven work bound fits ``max_vc_calls``, else
   ``matching``. The choice is made from public (eps, delta) only.
 

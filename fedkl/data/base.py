@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
@@ -65,16 +66,31 @@ class UserData:
         """Records per user, ``(num_users,)`` int64."""
         return torch.bincount(self.user_index, minlength=self.num_users)
 
+    @cached_property
+    def _records_by_user(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(order, starts)``: record positions grouped by user (record order kept within a user) and
+        each user's offset into them, ``starts[u]:starts[u + 1]``. Built once (O(N log N)) so that
+        :meth:`subset` costs O(its records), not a scan of all N records per call."""
+        order = torch.argsort(self.user_index, stable=True)
+        starts = torch.zeros(self.num_users + 1, dtype=torch.int64)
+        starts[1:] = torch.cumsum(self.counts(), 0)
+        return order, starts
+
     def subset(self, users: torch.Tensor | list[int]) -> "UserData":
-        """The records of the given users (positions 0..num_users-1), users renumbered in that order."""
-        users = torch.as_tensor(users, dtype=torch.int64)
-        remap = torch.full((self.num_users,), -1, dtype=torch.int64)
-        remap[users] = torch.arange(len(users))
-        keep = remap[self.user_index] >= 0
+        """The records of the given users (positions 0..num_users-1), users renumbered in that order.
+        Records keep their relative order (the per-user reductions add them in the same order)."""
+        users = torch.as_tensor(users, dtype=torch.int64).reshape(-1)
+        if len(users) and (int(users.min()) < 0 or int(users.max()) >= self.num_users):
+            raise ValueError(f"user positions must be in 0..{self.num_users - 1}")
+        order, starts = self._records_by_user
+        lo, lens = starts[users], starts[users + 1] - starts[users]
+        offsets = torch.cumsum(lens, 0) - lens
+        within = torch.arange(int(lens.sum())) - torch.repeat_interleave(offsets, lens)
+        rec, perm = order[torch.repeat_interleave(lo, lens) + within].sort()
         return UserData(
-            X=self.X[keep],
-            y=self.y[keep],
-            user_index=remap[self.user_index[keep]],
+            X=self.X[rec],
+            y=self.y[rec],
+            user_index=torch.repeat_interleave(torch.arange(len(users)), lens)[perm],
             user_ids=tuple(self.user_ids[int(u)] for u in users),
         )
 

@@ -86,7 +86,7 @@ class InProcessFederation(Federation):
         data = {"train": self._train, "test": self._test}.get(split)
         if data is None:
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-        if users == list(range(self.num_users)):
+        if len(users) == self.num_users and users == list(range(self.num_users)):  # O(1) for a one-user request
             return data
         return data.subset(users)
 
@@ -201,18 +201,18 @@ class InProcessFederation(Federation):
     def _gradients_at_own_points(self, points: torch.Tensor, users: list[int]) -> torch.Tensor:
         """Row i: the mean gradient of user ``users[i]`` at ``points[i]``, ``(len(users), d)``.
 
-        Each user is one one-point :meth:`_gradients_at_points` call on its records alone: exactly
-        what a Flower client computes for the one-point ``GradientsAtPoints`` request it receives."""
+        The problem's :meth:`~fedkl.problems.base.Problem.gradients_at_own_points` (one batched call for
+        the GLMs): each row is bit for bit the one-point ``GradientsAtPoints`` answer that user's Flower
+        client computes on its records alone."""
         points = torch.as_tensor(points).to(self.problem.dtype)
         if points.shape != (len(users), self.num_params):
             raise ValueError(
                 f"points must have one row of {self.num_params} per asked user ({len(users)}), "
                 f"got shape {tuple(points.shape)}"
             )
-        out = torch.empty(len(users), self.num_params, dtype=points.dtype)
-        for row, u in enumerate(users):
-            out[row] = self._gradients_at_points(points[row : row + 1], [u])[0, 0]
-        return out
+        if not torch.isfinite(points).all():
+            raise ValueError(f"points must be finite with {self.num_params} columns")
+        return self.problem.gradients_at_own_points(points, self._data(users))
 
     def _local_updates(self, query: ClippedLocalUpdate, users: list[int]) -> torch.Tensor:
         """``w_K - w`` (not yet clipped) of every asked user after the query's local SGD steps: the

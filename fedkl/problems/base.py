@@ -166,6 +166,15 @@ class Problem(ABC):
             out[:, j] = self.per_user_gradients(points[j], data)
         return out
 
+    def gradients_at_own_points(self, points: torch.Tensor, data: UserData) -> torch.Tensor:
+        """Row u: ``grad f_u(points[u])`` (regularizer included), ``(num_users, d)``, bit for bit what user u
+        computes alone for a one-point :meth:`gradients_at_points` request. Generic: that call per user."""
+        out = torch.empty(data.num_users, self.num_params, dtype=points.dtype)
+        for u in range(data.num_users):
+            one = data if data.num_users == 1 else data.subset([u])
+            out[u] = self.gradients_at_points(points[u : u + 1], one)[0, 0]
+        return out
+
     def local_updates(
         self, w: torch.Tensor, data: UserData, local_steps: int, local_lr: float, batch_size: int | None
     ) -> torch.Tensor:

@@ -42,7 +42,7 @@ from fedkl.algorithms.vertex_cover import (
     worst_case_calls,
 )
 from fedkl.data import load_dataset
-from fedkl.federation.base import LocalRegularizedMinimizer
+from fedkl.federation.base import CertifiedLocalMinimizer, LocalRegularizedMinimizer
 from fedkl.federation.inprocess import InProcessFederation
 from fedkl.privacy import Budget, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter
 from fedkl.privacy.mechanisms import GaussianMechanism
@@ -636,3 +636,52 @@ def test_phased_mean_output_pert_runs_with_the_matching_score(tmp_path):
     )  # fmt: skip
     phases = run.result["algorithm_details"]["phases"]
     assert len(phases) == 2 and all(p["nonprivate"]["vc_calls"] is None for p in phases)
+
+
+@pytest.mark.parametrize("reg", [0.0, 0.1])
+def test_newton_local_solver_matches_lbfgs_and_is_per_user(reg):
+    """local_solver="newton" (batched over users) gives the L-BFGS vectors to the solver tolerance, and each
+    user's vector is what that user computes alone (no dependence on the other users in the batch)."""
+    n = 16
+    ds, prob, fed = _logistic(n, reg=reg)
+    w0 = torch.full((prob.num_params,), 0.1, dtype=torch.float64)
+    vectors = {}
+    for solver in ("lbfgs", "newton"):
+        cfg = LocalMeanOutputPertConfig(EPS, DELTA, lam=1.0, local_solver=solver)
+        vectors[solver], substituted = LocalMeanOutputPert(cfg, prob, ds.feature_bound).user_vectors(fed, w0)
+        assert substituted == 0
+    assert not torch.equal(vectors["lbfgs"], vectors["newton"])  # two solvers, not one aliased twice
+    torch.testing.assert_close(vectors["newton"], vectors["lbfgs"], rtol=0, atol=1e-8)
+    for u in (0, 7, 15):
+        alone = fed.compute(CertifiedLocalMinimizer(w0, 1.0, 1e-10, 500), [u]).values[0, : prob.num_params]
+        assert torch.equal(alone.to(torch.float64), vectors["newton"][u])
+    with pytest.raises(ValueError, match="local_solver"):
+        LocalMeanOutputPertConfig(EPS, DELTA, lam=1.0, local_solver="sgd")
+
+
+def test_newton_local_solver_is_a_flag(tmp_path):
+    import fedkl
+
+    runs = [
+        fedkl.train(
+            "synthetic-logistic",
+            "mean-output-pert",
+            epsilon=2.0,
+            users=60,
+            reg=0.1,
+            mean_local_solver=solver,
+            force=True,
+            noise_seed=0,
+            log=None,
+            out=str(tmp_path / solver),
+        )  # fmt: skip
+        for solver in ("lbfgs", "newton")
+    ]
+    assert [r.result["config"]["mean_local_solver"] for r in runs] == ["lbfgs", "newton"]
+    diag = [r.result["algorithm_details"]["nonprivate_diagnostics"] for r in runs]
+    assert diag[0]["dist"] == diag[1]["dist"] == 0 and not any(r.result["algorithm_details"]["bottom"] for r in runs)
+    # same noise seed, vectors equal to the solver tolerance: the same release up to ~1e-8
+    models = [torch.load(r.result["model_path"])["state_dict"] for r in runs]
+    assert models[0].keys() == models[1].keys()
+    for k in models[0]:
+        torch.testing.assert_close(models[0][k], models[1][k], rtol=0, atol=1e-6)

@@ -223,3 +223,31 @@ def test_tv16_fixed_scales_and_locality():
     keep = raw["state"].isin(["Ohio", "Vermont"]).to_numpy()
     np.testing.assert_array_equal(tv16_features(raw[keep]), full[keep])
     np.testing.assert_array_equal(tv16_features(raw.iloc[[5]]), full[[5]])
+
+
+def test_subset_equals_a_scan_of_all_records():
+    """UserData.subset reads a per-user index (O(its records)); it returns exactly what scanning every
+    record for the chosen users returns: same records in the same order, users renumbered."""
+    from fedkl.data.base import UserData
+
+    def scanned(data, users):
+        users = torch.as_tensor(users, dtype=torch.int64)
+        remap = torch.full((data.num_users,), -1, dtype=torch.int64)
+        remap[users] = torch.arange(len(users))
+        keep = remap[data.user_index] >= 0
+        return data.X[keep], data.y[keep], remap[data.user_index[keep]]
+
+    g = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        n, N = int(torch.randint(1, 30, (1,), generator=g)), int(torch.randint(0, 200, (1,), generator=g))
+        data = UserData(
+            torch.randn(N, 3, generator=g), torch.randn(N, generator=g), torch.randint(0, n, (N,), generator=g),
+            tuple(f"u{i}" for i in range(n)),
+        )  # fmt: skip
+        users = torch.randperm(n, generator=g)[: int(torch.randint(0, n + 1, (1,), generator=g))].tolist()
+        got = data.subset(users)
+        for a, b in zip((got.X, got.y, got.user_index), scanned(data, users)):
+            assert torch.equal(a, b)
+        assert got.user_ids == tuple(f"u{u}" for u in users)
+    with pytest.raises(ValueError, match="user positions"):
+        data.subset([n])

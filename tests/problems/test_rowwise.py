@@ -133,3 +133,42 @@ def test_batched_federation_equals_each_user_alone(problem, dataset, extra):
             if isinstance(q, GradientsAtOwnPoints):
                 alone = alone[0]
             assert torch.equal(batched[u], alone), (type(q).__name__, u)
+
+
+@pytest.mark.parametrize(
+    "problem,dataset",
+    [
+        ("logistic", "synthetic-logistic"),
+        ("least-squares", "synthetic-least-squares"),
+        ("huber", "synthetic-least-squares"),
+    ],
+)
+@pytest.mark.parametrize("d", [3, 450])  # 450 > the naive-kernel block of 399: two blocks per margin
+def test_glm_gradients_at_own_points_equal_the_per_user_loop(problem, dataset, d):
+    """The GLMs' batched gradients_at_own_points equal, bit for bit, the generic loop (one one-point
+    gradients_at_points call per user on its records alone)."""
+    from fedkl.problems.base import Problem
+    from fedkl.problems.glm import GeneralizedLinear
+
+    ds = load_dataset(dataset, seed=3, n_users=9, m=6, d=d)
+    prob = make_problem(problem, ds, reg=0.05)
+    assert isinstance(prob, GeneralizedLinear)
+    data = ds.train
+    P = torch.randn(data.num_users, prob.num_params, dtype=torch.float64, generator=GEN)
+    batched = prob.gradients_at_own_points(P, data)
+    assert torch.equal(batched, Problem.gradients_at_own_points(prob, P, data))
+
+
+@pytest.mark.parametrize("d", [1, 3, 10, 50])
+def test_batched_solve_equals_one_solve_per_matrix(d):
+    """The certified Newton solver (GeneralizedLinear.newton_local_minimizers) solves every active user's
+    system in one batched call: each solution must be bit for bit the one-matrix solve (what a client
+    alone computes), whichever users share the batch."""
+    U = 200
+    A = torch.randn(U, d, d, dtype=torch.float64, generator=GEN)
+    H = A @ A.transpose(1, 2) / d + 0.1 * torch.eye(d, dtype=torch.float64)
+    g = torch.randn(U, d, dtype=torch.float64, generator=GEN)
+    active = torch.rand(U, generator=GEN) < 0.6
+    batched = torch.linalg.solve(H[active], g[active].unsqueeze(-1)).squeeze(-1)
+    alone = torch.stack([torch.linalg.solve(H[u], g[u]) for u in torch.nonzero(active).flatten().tolist()])
+    assert torch.equal(batched, alone)
