@@ -326,6 +326,12 @@ def train_federation(
                     "was read or charged. noisy-gd learns here (--algorithm noisy-gd; `fedkl plan` ranks every "
                     "algorithm on these settings); --force runs it anyway"
                 )
+            if forecast["noise_over_signal"] > LEARNS_LITTLE:  # before any budget is spent
+                log(
+                    f"warning: predicted to learn little: the first release's noise is "
+                    f"{forecast['noise_over_signal']:.3g}x the farthest the model can move; such runs can land "
+                    "below the majority class: raise eps or users, or see `fedkl plan`"
+                )
         grad = gradient_forecast(alg, cfg.params, federation.num_users, problem.num_params, cfg.neighbouring)
         if grad is not None and grad[0] > LEARNS_LITTLE:  # before any budget is spent (`fedkl plan` ranks them)
             log(

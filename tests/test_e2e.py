@@ -77,7 +77,6 @@ P002_RUNS = {
         ["--algorithm", "phased-erm"],
         ["--algorithm", "sc-output-pert", "--reg", "0.01"],
         ["--algorithm", "sc-phased-sco", "--reg", "0.01"],
-        ["--algorithm", "phased-mean-output-pert"],
     ],
 )
 def test_output_perturbation_whose_noise_swamps_the_model_is_refused_before_any_data(tmp_path, args):
@@ -99,6 +98,25 @@ def test_output_perturbation_whose_noise_swamps_the_model_is_refused_before_any_
     with sqlite3.connect(out / "ledger.sqlite") as db:
         assert db.execute("SELECT COUNT(*) FROM releases").fetchone() == (0,)
         assert db.execute("SELECT status FROM runs").fetchall() == [("refused",)]
+
+
+def test_output_perturbation_near_the_refusal_line_warns_before_any_budget_is_spent(tmp_path):
+    """MovieLens at eps = 2: the whole-release profile calibration (issue 13) brings phased-mean-output-pert's
+    first-release noise below the signal radius (it was refused with the tight calibration), but not far
+    below: such runs land on either side of the majority class, so fedkl run says so before the first
+    release is charged."""
+    import json
+
+    out = tmp_path / "pmop"
+    argv = ["run", "--algorithm", "phased-mean-output-pert", "--noise-seed", "0", "--no-reference", "--out", str(out)]
+    proc = subprocess.run([sys.executable, "-m", "fedkl.cli", *argv], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    ratio = json.loads((out / "result.json").read_text())["algorithm_details"]["forecast"]["noise_over_signal"]
+    assert 0.5 < ratio < 1
+    lines = proc.stdout.splitlines()
+    warned = [i for i, line in enumerate(lines) if line.startswith("warning: predicted to learn little")]
+    first_round = next(i for i, line in enumerate(lines) if "round" in line and "/" in line)
+    assert len(warned) == 1 and warned[0] < first_round
 
 
 @pytest.mark.parametrize("algorithm", sorted(P002_RUNS))

@@ -5,7 +5,10 @@ averaged clipped update, ``sigma_sum sqrt(d) / (expected cohort)``, against the 
 data could make (the clip C), divided by ``sqrt(rounds)`` (independent noise averages down over the
 rounds; a heuristic, not a bound). ``fedkl plan`` ranks algorithms by it and ``fedkl run`` warns,
 before any budget is spent, when it is above :data:`LEARNS_LITTLE`. Output-perturbation algorithms
-have their own ``forecast`` method instead.
+have their own ``forecast`` method instead (``noise_over_signal``: the first release's noise norm over
+the farthest the data could move the model); ``fedkl run`` refuses it above 1 (unless forced) and warns
+above :data:`LEARNS_LITTLE` (phased-mean-output-pert on MovieLens at eps = 2 forecasts 0.91, and two of
+four noise seeds land below the majority class).
 """
 
 from __future__ import annotations
