@@ -31,7 +31,7 @@ from fedkl.problems.base import (
     user_row_dots,
     user_weighted_sums,
 )
-from fedkl.problems.rowwise import _NAIVE_BMM_LIMIT, row_matmul, row_norms
+from fedkl.problems.rowwise import row_dots, row_matmul, row_norms
 
 
 class GeneralizedLinear(Problem):
@@ -172,18 +172,12 @@ class GeneralizedLinear(Problem):
         return grads + self.reg * points.unsqueeze(0)
 
     def gradients_at_own_points(self, points: torch.Tensor, data: UserData) -> torch.Tensor:
-        """Vectorized over users: each record's margin against its own user's point, by the same naive-bmm
-        blocks :func:`~fedkl.problems.rowwise.row_matmul` uses for one point (so a row is bit for bit the
+        """Vectorized over users: each record's margin against its own user's point by
+        :func:`~fedkl.problems.rowwise.row_dots` (the naive-bmm blocks
+        :func:`~fedkl.problems.rowwise.row_matmul` uses for one point, so a row is bit for bit the
         one-point :meth:`gradients_at_points` answer of that user alone), reduced with ``index_add_``."""
         X = data.X.to(points.dtype)
-        P = points[data.user_index]
-        z = X.new_zeros(X.shape[0])
-        if X.shape[0] and X.shape[1]:
-            z = None
-            for r0 in range(0, X.shape[1], _NAIVE_BMM_LIMIT):  # row_matmul's blocks at k = 1 column
-                cols = slice(r0, r0 + _NAIVE_BMM_LIMIT)
-                part = torch.bmm(X[:, None, cols], P[:, cols, None]).reshape(-1)
-                z = part if z is None else z + part
+        z = row_dots(X, points[data.user_index])
         coef = self.score_derivative(z, data.y.to(points.dtype))
         return user_means(coef.unsqueeze(1) * X, data) + self.reg * points
 
