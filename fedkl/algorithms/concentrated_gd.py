@@ -86,7 +86,6 @@ from typing import Callable
 
 import torch
 
-from fedkl.algorithms.kl_common import sum_sensitivity
 from fedkl.algorithms.registry import (
     AlgorithmResult,
     BuildContext,
@@ -98,7 +97,7 @@ from fedkl.algorithms.registry import (
 )
 from fedkl.federation.base import Federation, GradientsAtPoints
 from fedkl.federation.clipping import clip_rows
-from fedkl.privacy.guarantee import Guarantee
+from fedkl.privacy.guarantee import Guarantee, sum_sensitivity
 from fedkl.privacy.release import Releaser
 
 NAME = "noisy-gd-conc"

@@ -57,12 +57,11 @@ from typing import Callable, Sequence
 import torch
 
 from fedkl.algorithms.dp_fedavg import LocalUpdates
-from fedkl.algorithms.kl_common import sum_sensitivity
 from fedkl.algorithms.registry import AlgorithmResult, BuildContext, Clip, Rounds, StepSize, param, register
 from fedkl.federation.base import ClippedLocalUpdate, Federation
 from fedkl.federation.clipping import clip_rows
 from fedkl.privacy.charges import GaussianCharge
-from fedkl.privacy.guarantee import RELATIONS, Guarantee
+from fedkl.privacy.guarantee import RELATIONS, Guarantee, sum_sensitivity
 from fedkl.privacy.matrix_mechanism import FACTORIZATIONS, BufferedToeplitz, make_factorization, max_participations
 from fedkl.privacy.release import Releaser
 

@@ -51,10 +51,10 @@ from typing import Callable
 
 import torch
 
-from fedkl.algorithms.kl_common import KLResult, check_count, check_positive, check_relation, sum_sensitivity
+from fedkl.algorithms.kl_common import KLResult, check_count, check_positive
 from fedkl.federation.base import ClippedGradient, Federation
 from fedkl.privacy.filter import BudgetExhausted
-from fedkl.privacy.guarantee import Guarantee
+from fedkl.privacy.guarantee import Guarantee, check_relation, sum_sensitivity
 from fedkl.privacy.release import Releaser
 
 SELECTIONS = ("last", "exponential")

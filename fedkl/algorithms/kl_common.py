@@ -23,8 +23,6 @@ import torch
 
 from fedkl.algorithms.registry import AlgorithmResult
 
-RELATIONS = ("replace-one", "add-remove")
-
 
 def check_positive(name: str, value: float) -> None:
     if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
@@ -35,18 +33,6 @@ def check_count(name: str, value: int | None) -> None:
     """``None`` or a positive integer."""
     if value is not None and (int(value) != value or value < 1):
         raise ValueError(f"{name} must be a positive integer (or None), got {value!r}")
-
-
-def check_relation(neighbouring: str) -> None:
-    if neighbouring not in RELATIONS:
-        raise ValueError(f"neighbouring must be one of {RELATIONS}, got {neighbouring!r}")
-
-
-def sum_sensitivity(bound: float, neighbouring: str) -> float:
-    """L2 sensitivity of ``sum_u v_u`` when every ``||v_u|| <= bound``: replacing one user's records
-    moves one term by at most ``2 bound``; adding / removing one user moves the sum by ``bound``."""
-    check_relation(neighbouring)
-    return 2.0 * bound if neighbouring == "replace-one" else bound
 
 
 def log_bracket(f0: float, kappa: float, n: int, rho: float, gamma: float, lipschitz: float, d: int) -> float:

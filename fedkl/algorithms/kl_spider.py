@@ -58,12 +58,10 @@ from fedkl.algorithms.kl_common import (
     KLResult,
     check_count,
     check_positive,
-    check_relation,
     log_bracket,
-    sum_sensitivity,
 )
 from fedkl.federation.base import ClippedGradient, Federation, GradientDifference
-from fedkl.privacy.guarantee import Guarantee
+from fedkl.privacy.guarantee import Guarantee, check_relation, sum_sensitivity
 from fedkl.privacy.release import Releaser
 
 ANCHOR_WEIGHT = 16.0  # paper's per-release costs, anchor : difference = 1/(2K) : 1/(32 T_k K) = 16 : 1/T_k

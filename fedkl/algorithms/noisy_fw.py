@@ -49,11 +49,10 @@ from typing import Callable
 
 import torch
 
-from fedkl.algorithms.kl_common import check_relation, sum_sensitivity
 from fedkl.algorithms.registry import AlgorithmParams, AlgorithmResult, BuildContext, param, register
 from fedkl.federation.base import ClampedGradient, Federation
 from fedkl.privacy.charges import ExponentialCharge
-from fedkl.privacy.guarantee import Guarantee
+from fedkl.privacy.guarantee import Guarantee, check_relation, sum_sensitivity
 from fedkl.privacy.ledger import BudgetExceeded
 from fedkl.privacy.release import Releaser
 from fedkl.problems.polytope import DOMAINS, PolytopeDomain, make_domain

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from fedkl.algorithms.kl_common import sum_sensitivity
 from fedkl.algorithms.registry import AlgorithmResult
 from fedkl.federation.base import Federation
 from fedkl.privacy.accounting import ACCOUNTANTS, GaussianSchedule, noise_multiplier_for, schedule_epsilon
+from fedkl.privacy.guarantee import sum_sensitivity
 from fedkl.privacy.release import Releaser
 
 

@@ -47,13 +47,11 @@ from fedkl.algorithms.kl_common import (
     KLResult,
     check_count,
     check_positive,
-    check_relation,
     log_bracket,
     project_ball,
-    sum_sensitivity,
 )
 from fedkl.federation.base import ClippedGradient, Federation
-from fedkl.privacy.guarantee import Guarantee
+from fedkl.privacy.guarantee import Guarantee, check_relation, sum_sensitivity
 from fedkl.privacy.release import Releaser
 
 

@@ -77,7 +77,6 @@ from typing import Callable
 import torch
 
 from fedkl.algorithms.fkt_common import cohort_order, split_cohorts
-from fedkl.algorithms.kl_common import check_relation, sum_sensitivity
 from fedkl.algorithms.noisy_fw import NoisyFWResult, refuse_unaffordable
 from fedkl.algorithms.registry import AlgorithmParams, BuildContext, param, register
 from fedkl.federation.base import (
@@ -89,7 +88,7 @@ from fedkl.federation.base import (
     Query,
 )
 from fedkl.privacy.charges import ExponentialCharge
-from fedkl.privacy.guarantee import RELEASED_MODELS, Guarantee
+from fedkl.privacy.guarantee import RELEASED_MODELS, Guarantee, check_relation, sum_sensitivity
 from fedkl.privacy.ledger import BudgetExceeded
 from fedkl.privacy.release import Releaser
 from fedkl.problems.lp_ball import LpBall

@@ -55,8 +55,7 @@ from flwr.serverapp.strategy import Strategy
 
 from fedkl.federation.clipping import clip_rows
 from fedkl.privacy import Budget, NoiseSource, PrivacyLedger, Releaser
-
-RELATIONS = {"replace-one": 2.0, "add-remove": 1.0}  # sensitivity of the sum, in units of the clip
+from fedkl.privacy.guarantee import sum_sensitivity
 
 
 class UserLevelDPStrategy(Strategy):
@@ -97,8 +96,7 @@ class UserLevelDPStrategy(Strategy):
             raise ValueError(f"clip must be finite and > 0, got {clip}")
         if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
             raise ValueError(f"rounds must be a positive integer, got {rounds!r}")
-        if neighbouring not in RELATIONS:
-            raise ValueError(f"neighbouring must be one of {tuple(RELATIONS)}, got {neighbouring!r}")
+        self.sensitivity = sum_sensitivity(float(clip), neighbouring)  # of the sum of clipped updates
         if not (server_lr > 0 and math.isfinite(server_lr)):
             raise ValueError(f"server_lr must be finite and > 0, got {server_lr}")
         self.strategy = strategy
@@ -107,7 +105,6 @@ class UserLevelDPStrategy(Strategy):
         self.rounds = rounds
         self.neighbouring = neighbouring
         self.server_lr = float(server_lr)
-        self.sensitivity = RELATIONS[neighbouring] * self.clip
         self.rho_round = self.budget.rho / rounds
         self.sigma = self.sensitivity / math.sqrt(2.0 * self.rho_round)  # noise std on the SUM of updates
         self.user_of = user_of or (lambda node_id: f"node-{node_id}")

@@ -39,6 +39,21 @@ from fedkl.privacy.clients import ANY_CLIENTS, IN_CLASS_CLIENTS, ClientModel
 
 CHARGES = ("zcdp", "approx-dp", "schedule")
 RELATIONS = ("replace-one", "add-remove")
+
+
+def check_relation(neighbouring: str) -> None:
+    """One-line ValueError unless ``neighbouring`` is one of :data:`RELATIONS`."""
+    if neighbouring not in RELATIONS:
+        raise ValueError(f"neighbouring must be one of {RELATIONS}, got {neighbouring!r}")
+
+
+def sum_sensitivity(bound: float, neighbouring: str) -> float:
+    """L2 sensitivity of ``sum_u v_u`` when every ``||v_u|| <= bound``: replacing one user's records
+    moves one term by at most ``2 bound``; adding / removing one user moves the sum by ``bound``."""
+    check_relation(neighbouring)
+    return 2.0 * bound if neighbouring == "replace-one" else bound
+
+
 # paper 002's deletion-stability test (and fedkl's diameter test and whole-release profile) is proven for
 # replace-one (seed-002 note §1); under add-remove the test's deletion budget would have to be defined
 # by the remaining users against a public enrolment count, which no proof here covers: refused
@@ -145,6 +160,8 @@ class Guarantee:
 
 
 __all__ = [
+    "check_relation",
+    "sum_sensitivity",
     "ANY_CLIENTS",
     "ClientView",
     "PUBLIC_CENTRES",

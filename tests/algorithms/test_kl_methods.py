@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from fedkl.algorithms.kl_adaptive_gd import AdaptiveKLGD, AdaptiveKLGDConfig
-from fedkl.algorithms.kl_common import KLConstants, sum_sensitivity
+from fedkl.algorithms.kl_common import KLConstants
 from fedkl.algorithms.kl_spider import ANCHOR_WEIGHT, KLSpider, KLSpiderConfig
 from fedkl.algorithms.prox_point import PrivateProxPoint, ProxPointConfig
 from fedkl.data import load_dataset
@@ -40,6 +40,7 @@ from fedkl.privacy import (
     Releaser,
     ZCDPFilter,
 )
+from fedkl.privacy.guarantee import sum_sensitivity
 from fedkl.problems import make_problem
 from fedkl.runner import RunConfig
 
