@@ -37,6 +37,7 @@ from fedkl.data.files import SCHEMA_SETTINGS, is_data_file, loader_kwargs
 from fedkl.federation.base import Federation
 from fedkl.federation.inprocess import InProcessFederation
 from fedkl.privacy import Budget, BudgetExceeded, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter
+from fedkl.privacy.clients import FEDKL_CLIENTS
 from fedkl.privacy.guarantee import RELATION_TEXT, Guarantee
 from fedkl.problems import DEFAULT_PROBLEM, make_problem, problem_spec
 from fedkl.problems.rowwise import KERNEL_MODES, kernels
@@ -273,6 +274,8 @@ def train_federation(
         alg = build_algorithm(cfg, problem, dataset.feature_bound, federation.user_ids, delta, ledger)
         sigma = getattr(alg, "sigma", None)
         declared: Guarantee = alg.guarantee
+        if cfg.secagg:  # the server no longer sees (nor bounds) each answer: fedkl/flower/secagg.py
+            declared = dataclasses.replace(declared, clients=FEDKL_CLIENTS)
         if not declared.zcdp:  # zCDP rho, rounds and clip are not what these algorithms use
             log(
                 f"budget: user-level ({cfg.neighbouring}) eps={cfg.epsilon}, delta={delta:.3g}, spent as (eps, delta) "

@@ -20,6 +20,10 @@ result.json (``clients_assumed``).
   gradient answers, never trusted. The proofs use convexity or smoothness of every user's loss
   (amplification by iteration, strongly convex minimizer stability, the deletion-jump lemma), which
   no server-side check of finitely many answers can establish.
+* :data:`FEDKL_CLIENTS` (any algorithm run with ``--secagg``): the server sees only the masked sum
+  (:mod:`fedkl.flower.secagg`), so it can no longer bound each answer; the sensitivity holds when every
+  participating client runs fedkl's ClientApp (its clip and Flower's SecAgg+ mod). A deviating client
+  can make the modular sum wrap around.
 """
 
 from __future__ import annotations
@@ -50,4 +54,10 @@ IN_CLASS_CLIENTS = ClientModel(
     "residuals and certificate norms are recomputed by the server, never trusted",
 )
 
-__all__ = ["ANY_CLIENTS", "IN_CLASS_CLIENTS", "ClientModel"]
+FEDKL_CLIENTS = ClientModel(
+    "fedkl clients (secure aggregation)",
+    "holds when every participating client runs fedkl's ClientApp (its clip and the SecAgg+ mod): under "
+    "--secagg the server sees only the masked sum and cannot bound an answer",
+)
+
+__all__ = ["ANY_CLIENTS", "FEDKL_CLIENTS", "IN_CLASS_CLIENTS", "ClientModel"]

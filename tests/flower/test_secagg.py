@@ -178,6 +178,9 @@ def test_released_model_and_ledger_with_secagg_equal_those_without_up_to_quantiz
     assert diff <= bound and bound < 1e-4 * float(plain["w"].norm())
     assert _ledger_view(plain["ledger_path"])[0] == _ledger_view(secure["ledger_path"])[0]
     assert plain["rho_spent"] == secure["rho_spent"] and plain["sigma"] == secure["sigma"]
+    # what the guarantee assumes of clients changes: the server can no longer bound a masked answer
+    assert plain["guarantee"]["clients"]["name"] == "any"
+    assert secure["guarantee"]["clients"]["name"] == "fedkl clients (secure aggregation)"
 
 
 def test_dp_fedavg_sums_securely_without_per_user_answers(tmp_path):
