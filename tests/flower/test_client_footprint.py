@@ -27,3 +27,20 @@ def test_a_client_answers_without_the_server_code_and_needs_only_the_client_extr
     assert {"torch", "flwr"} <= set(got["top_level_modules"])  # it did run a ClientApp
     dist = {"torch": "torch", "numpy": "numpy", "pandas": "pandas", "flwr": "flwr", "grpc": "grpcio"}
     assert {dist[m] for m in set(dist) & set(got["top_level_modules"])} <= listed
+
+
+def test_the_client_extra_pins_the_same_versions_as_the_base_dependencies():
+    """The ``client`` extra repeats base pins (a device installs ``--no-deps``): bumping one place alone
+    would give devices another torch/flwr than the server. One source of truth, checked here."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+
+    def pins(reqs):
+        out = {}
+        for req in reqs:
+            name, version = req.split("==")
+            out[name.split("[")[0].strip()] = version.strip()
+        return out
+
+    base, client = pins(project["dependencies"]), pins(project["optional-dependencies"]["client"])
+    assert client, "the client extra lists nothing"
+    assert {name: base.get(name) for name in client} == client
