@@ -186,6 +186,18 @@ class ConcentratedGD:
         self.num_users = int(num_users)
         self.dim = int(dim)
 
+    def warnings(self) -> list[str]:
+        """Public settings that make this run a worse noisy-gd, said by ``fedkl run`` before any budget
+        is spent: ``--conc-records`` left at 1 makes tau = k C + ... > C (no concentration is claimed)."""
+        if self.config.records > 1:
+            return []
+        tau = self.tau_histogram if self.config.centre == "histogram" else self.tau
+        return [
+            f"{self.name} with --conc-records 1 (the default) claims no concentration: its projection radius "
+            f"{tau:.3g} is above the clip {self.config.clip:g}, so it is a noisier noisy-gd; declare the public "
+            "number of records every user holds (--conc-records m)"
+        ]
+
     @property
     def rho_centre(self) -> float:
         return self.config.centre_share * self.rho_total / self.config.rounds

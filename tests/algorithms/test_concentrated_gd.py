@@ -454,3 +454,27 @@ def test_histogram_centre_beats_noisy_gd_once_users_hold_many_records(tmp_path):
     h500 = _excess(tmp_path / "histogram-500", "histogram", 1000, 500, 4.0, seeds=1, root=True)
     h2000 = _excess(tmp_path / "histogram-2000", "histogram", 1000, 2000, 4.0, seeds=1, root=True)
     assert h2000 < 0.6 * gd and h2000 < 0.4 * h500, (h2000, gd, h500)
+
+
+@pytest.mark.parametrize("centre", ["previous", "histogram"])
+def test_conc_records_left_at_one_is_warned_before_any_budget_is_spent(tmp_path, centre):
+    """--conc-records 1 (the default) claims no concentration (tau > C: a noisier noisy-gd): fedkl run says
+    so before the first release; a declared m says nothing."""
+    from fedkl.runner import RunConfig, run_training
+
+    for records, warned in ((1, True), (20, False)):
+        out = tmp_path / f"{centre}-{records}"
+        base = dict(dataset="synthetic-logistic", problem="logistic", algorithm="noisy-gd-conc", users=30)
+        cfg = RunConfig.from_settings(strict=False, **base, rounds=2, conc_records=records, conc_centre=centre,
+                                      reference=False, force=True, out=str(out))  # fmt: skip
+        lines: list[str] = []
+        charged_at_warning = []
+
+        def log(line, out=out):
+            if line.startswith("warning: noisy-gd-conc with --conc-records 1"):
+                with PrivacyLedger(out / "ledger.sqlite") as ledger:
+                    charged_at_warning.append(ledger.num_releases())
+            lines.append(line)
+
+        run_training(cfg, log)
+        assert len(charged_at_warning) == int(warned) and all(c == 0 for c in charged_at_warning), lines
