@@ -102,6 +102,7 @@ from fedkl.algorithms.histogram_centre import (
     rotation_signs,
 )
 from fedkl.algorithms.registry import (
+    AlgorithmParams,
     AlgorithmResult,
     BuildContext,
     Clip,
@@ -221,10 +222,7 @@ class ConcentratedGD:
     @property
     def scale(self) -> float:
         """k in tau = k C / sqrt(m) + e: ``--conc-scale``, else the fixed-w theorem's 2 (1 + sqrt(2 ln(n/beta)))."""
-        cfg = self.config
-        if cfg.scale is not None:
-            return cfg.scale
-        return 2.0 * (1.0 + math.sqrt(2.0 * math.log(self.num_users / cfg.beta)))
+        return concentration_scale(self.config.scale, self.num_users, self.config.beta)
 
     @property
     def centre_error(self) -> float:
@@ -390,25 +388,40 @@ class ConcentratedGD:
 
 
 @dataclass(frozen=True)
-class ConcentratedGDParams(Rounds, StepSize, Clip):
-    """noisy-gd-conc: every user every round; one Gaussian release per round (two with fresh centres)."""
+class Concentration(AlgorithmParams):
+    """The public concentration claim shared by noisy-gd-conc and noisy-gd-outlier."""
 
     conc_records: int = param(
         1,
-        "noisy-gd-conc: the public number m of records every user holds (declared, never read from the data; "
-        "a user with fewer is less concentrated: bias, not privacy loss); the projection radius is ~ C/sqrt(m)",
+        "noisy-gd-conc, noisy-gd-outlier: the public number m of records every user holds (declared, never read from "
+        "the data; a user with fewer is less concentrated: bias, not privacy loss); the radius is ~ C/sqrt(m)",
         "heuristic",
         positive=True,
     )
     conc_scale: float | None = param(
         None,
-        "noisy-gd-conc: k in the projection radius tau = k C/sqrt(m) + (centre noise bound) (default: the "
-        "concentration theorem's 2 (1 + sqrt(2 ln(n/beta))) at a fixed model)",
+        "noisy-gd-conc, noisy-gd-outlier: k in the radius k C/sqrt(m) (default: the concentration theorem's "
+        "2 (1 + sqrt(2 ln(n/beta))) at a fixed model)",
         "theorem",
     )
     conc_beta: float = param(
-        0.05, "noisy-gd-conc: failure probability beta of the concentration and centre-noise bounds in tau", "theorem"
+        0.05,
+        "noisy-gd-conc, noisy-gd-outlier: failure probability beta of the concentration (and noise) bounds",
+        "theorem",
     )
+
+
+def concentration_scale(scale: float | None, num_users: int, beta: float) -> float:
+    """k: ``--conc-scale``, else the fixed-model theorem's 2 (1 + sqrt(2 ln(n/beta))) (module docstring)."""
+    if scale is not None:
+        return scale
+    return 2.0 * (1.0 + math.sqrt(2.0 * math.log(num_users / beta)))
+
+
+@dataclass(frozen=True)
+class ConcentratedGDParams(Rounds, StepSize, Clip, Concentration):
+    """noisy-gd-conc: every user every round; one Gaussian release per round (two with fresh centres)."""
+
     conc_centre_share: float = param(
         0.5,
         "noisy-gd-conc: share of each round's zCDP budget spent on the private centre (fresh and histogram)",
@@ -446,5 +459,7 @@ __all__ = [
     "ConcentratedGDConfig",
     "ConcentratedGDParams",
     "ConcentratedGDResult",
+    "Concentration",
+    "concentration_scale",
     "winsorized_sum",
 ]
