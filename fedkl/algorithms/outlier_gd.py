@@ -184,8 +184,8 @@ class OutlierGD:
         self.dim = int(dim)
         if self.min_weight < 1:
             raise ValueError(
-                f"{NAME}: at this budget the PTR test (noise {self.sigma_test:.3g} on the kept weight) would need "
-                f"the kept weight W >= {self.num_users - self.min_weight + 1:.3g} > n = {self.num_users}: more users, "
+                f"{NAME}: at this budget the PTR test's noise ({self.sigma_test:.3g} on the kept weight) leaves "
+                f"W_min = {self.min_weight:.3g} < 1 of n = {self.num_users} users: more users, "
                 "budget or fewer rounds (nothing was read or charged)"
             )
 
