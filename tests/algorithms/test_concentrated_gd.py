@@ -478,3 +478,16 @@ def test_conc_records_left_at_one_is_warned_before_any_budget_is_spent(tmp_path,
 
         run_training(cfg, log)
         assert len(charged_at_warning) == int(warned) and all(c == 0 for c in charged_at_warning), lines
+
+
+def test_histogram_centres_plan_equals_the_run(tmp_path):
+    from test_charge_plan import _config, _plan_equals_run
+
+    _plan_equals_run(_config("noisy-gd-conc", tmp_path / "run", conc_centre="histogram"))
+
+
+@pytest.mark.flower
+def test_histogram_centres_over_flower_equal_inprocess(tmp_path):
+    from test_algorithm_registry import _flower_equals_inprocess
+
+    _flower_equals_inprocess(tmp_path, "noisy-gd-conc", {"conc_records": 20, "conc_centre": "histogram"})
