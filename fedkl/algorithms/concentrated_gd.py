@@ -128,6 +128,32 @@ def winsorized_sum(grads: torch.Tensor, centre: torch.Tensor, tau: float) -> tup
     return displacements.sum(0), bad
 
 
+def check_built_for(alg, federation: Federation) -> None:
+    """Refuse, before any data is read, a federation of another size than ``alg`` was built for."""
+    if federation.num_users != alg.num_users or federation.num_params != alg.dim:
+        raise ValueError(
+            f"{alg.name} was built for n={alg.num_users}, d={alg.dim}; the federation has "
+            f"n={federation.num_users}, d={federation.num_params} (nothing was read or charged)"
+        )
+
+
+def check_concentration_settings(cfg) -> None:
+    """The one-line refusals shared by noisy-gd-conc's and noisy-gd-outlier's configs (rounds, lr, clip,
+    the declared m, k, beta)."""
+    if int(cfg.rounds) != cfg.rounds or cfg.rounds < 1:
+        raise ValueError(f"rounds must be a positive integer, got {cfg.rounds}")
+    for name in ("lr", "clip"):
+        v = getattr(cfg, name)
+        if not (v > 0 and math.isfinite(v)):
+            raise ValueError(f"{name} must be finite and > 0, got {v}")
+    if int(cfg.records) != cfg.records or cfg.records < 1:
+        raise ValueError(f"--conc-records must be a positive integer, got {cfg.records}")
+    if cfg.scale is not None and not (cfg.scale > 0 and math.isfinite(cfg.scale)):
+        raise ValueError(f"--conc-scale must be finite and > 0, got {cfg.scale}")
+    if not 0 < cfg.beta < 1:
+        raise ValueError(f"--conc-beta must be in (0, 1), got {cfg.beta}")
+
+
 @dataclass(frozen=True)
 class ConcentratedGDConfig:
     rounds: int = 30
@@ -141,18 +167,7 @@ class ConcentratedGDConfig:
     neighbouring: str = "replace-one"
 
     def __post_init__(self) -> None:
-        if int(self.rounds) != self.rounds or self.rounds < 1:
-            raise ValueError(f"rounds must be a positive integer, got {self.rounds}")
-        for name in ("lr", "clip"):
-            v = getattr(self, name)
-            if not (v > 0 and math.isfinite(v)):
-                raise ValueError(f"{name} must be finite and > 0, got {v}")
-        if int(self.records) != self.records or self.records < 1:
-            raise ValueError(f"--conc-records must be a positive integer, got {self.records}")
-        if self.scale is not None and not (self.scale > 0 and math.isfinite(self.scale)):
-            raise ValueError(f"--conc-scale must be finite and > 0, got {self.scale}")
-        if not 0 < self.beta < 1:
-            raise ValueError(f"--conc-beta must be in (0, 1), got {self.beta}")
+        check_concentration_settings(self)
         if not 0 < self.centre_share < 1:
             raise ValueError(f"--conc-centre-share must be in (0, 1), got {self.centre_share}")
         if self.centre not in CENTRES:
@@ -294,11 +309,7 @@ class ConcentratedGD:
     ) -> ConcentratedGDResult:
         cfg = self.config
         n = federation.num_users
-        if n != self.num_users or federation.num_params != self.dim:
-            raise ValueError(
-                f"{self.name} was built for n={self.num_users}, d={self.dim}; the federation has "
-                f"n={n}, d={federation.num_params} (nothing was read or charged)"
-            )
+        check_built_for(self, federation)
         users = list(range(n))
         user_ids = federation.ids_of(users)
         fresh = cfg.centre == "fresh"
@@ -460,6 +471,8 @@ __all__ = [
     "ConcentratedGDParams",
     "ConcentratedGDResult",
     "Concentration",
+    "check_built_for",
+    "check_concentration_settings",
     "concentration_scale",
     "winsorized_sum",
 ]

@@ -72,7 +72,12 @@ from typing import Callable
 
 import torch
 
-from fedkl.algorithms.concentrated_gd import Concentration, concentration_scale
+from fedkl.algorithms.concentrated_gd import (
+    Concentration,
+    check_built_for,
+    check_concentration_settings,
+    concentration_scale,
+)
 from fedkl.algorithms.registry import (
     AlgorithmResult,
     BuildContext,
@@ -131,18 +136,7 @@ class OutlierGDConfig:
     neighbouring: str = "replace-one"
 
     def __post_init__(self) -> None:
-        if int(self.rounds) != self.rounds or self.rounds < 1:
-            raise ValueError(f"rounds must be a positive integer, got {self.rounds}")
-        for name in ("lr", "clip"):
-            v = getattr(self, name)
-            if not (v > 0 and math.isfinite(v)):
-                raise ValueError(f"{name} must be finite and > 0, got {v}")
-        if int(self.records) != self.records or self.records < 1:
-            raise ValueError(f"--conc-records must be a positive integer, got {self.records}")
-        if self.scale is not None and not (self.scale > 0 and math.isfinite(self.scale)):
-            raise ValueError(f"--conc-scale must be finite and > 0, got {self.scale}")
-        if not 0 < self.beta < 1:
-            raise ValueError(f"--conc-beta must be in (0, 1), got {self.beta}")
+        check_concentration_settings(self)
         if not 0 < self.test_share < 1:
             raise ValueError(f"--outlier-test-share must be in (0, 1), got {self.test_share}")
         if not 0 < self.delta_share < 1:
@@ -243,11 +237,7 @@ class OutlierGD:
     ) -> OutlierGDResult:
         cfg = self.config
         n = federation.num_users
-        if n != self.num_users or federation.num_params != self.dim:
-            raise ValueError(
-                f"{self.name} was built for n={self.num_users}, d={self.dim}; the federation has "
-                f"n={n}, d={federation.num_params} (nothing was read or charged)"
-            )
+        check_built_for(self, federation)
         releaser.require(self.guarantee.charges, self.name)
         users = list(range(n))
         user_ids = federation.ids_of(users)
