@@ -11,7 +11,7 @@ request; the server computes everything below from the answers):
 ``clip_r(v) = v min(1, r/||v||)``, so ``c_t + clip_tau(g_u - c_t)`` is the projection of ``g_u`` onto
 the ball B(c_t, tau) (Levy, Sun, Amin, Kale, Kulesza, Mohri, Suresh 2021, "Learning with user-level
 privacy", Alg 2/3: a private centre, every user's mean projected onto a ball around it, Gaussian
-noise). Two centres (``--conc-centre``):
+noise). Three centres (``--conc-centre``; ``histogram`` below):
 
 * ``previous`` (default): c_0 = 0 with tau_0 = C (round 0 IS noisy-gd's round), then c_t = g~_(t-1),
   the previous round's released estimate, and a public schedule tau_t (below). One release per round.
