@@ -224,8 +224,9 @@ class OutlierGD:
         """B = 7 Dm / W_min = 14 R / W_min: the weighted mean's sensitivity where the test is passed."""
         return MEAN_FACTOR * 2.0 * self.radius / self.min_weight
 
+    # (not ``sigma``: fedkl/algorithms/forecast.py reads that as the noise on a SUM of clipped gradients)
     @property
-    def sigma(self) -> float:
+    def sigma_mean(self) -> float:
         return self.sensitivity / math.sqrt(2.0 * self.rho_mean)
 
     def run(
@@ -312,7 +313,7 @@ class OutlierGD:
             w=w,
             rho_spent=spent,
             rounds=cfg.rounds,
-            sigma=[self.sigma_test, self.sigma],
+            sigma=[self.sigma_test, self.sigma_mean],
             details=details,
             history=history,
         )

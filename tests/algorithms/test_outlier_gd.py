@@ -132,7 +132,7 @@ def test_public_values_are_the_docstring_formulas(tmp_path):
     assert alg.min_weight == pytest.approx(w_min, rel=1e-12)
     assert alg.radius == pytest.approx(2.0 / 4, rel=1e-12)
     assert alg.sensitivity == pytest.approx(14 * 0.5 / w_min, rel=1e-12)
-    assert alg.sigma == pytest.approx(alg.sensitivity / math.sqrt(2 * 0.8 * rho / 5), rel=1e-12)
+    assert alg.sigma_mean == pytest.approx(alg.sensitivity / math.sqrt(2 * 0.8 * rho / 5), rel=1e-12)
 
 
 def test_every_round_charges_ptr_test_and_mean_to_every_user_within_budget(tmp_path):
@@ -172,7 +172,7 @@ def test_test_and_mean_noise_match_their_sensitivities(tmp_path):
     alg = _alg(fed, ledger, rounds=rounds, conc_records=16, conc_scale=2.0, lr=0.1)
     rel = _Recorder(ledger, NoiseSource(5))
     alg.run(fed, rel, fed.problem.init_params())
-    for stage, sigma in (("test", alg.sigma_test), ("mean", alg.sigma)):
+    for stage, sigma in (("test", alg.sigma_test), ("mean", alg.sigma_mean)):
         rs = [r for r in rel.releases if r[0].endswith("/" + stage)]
         assert len(rs) == rounds if stage == "test" else len(rs) >= 30  # a failed test releases no mean
         noise = torch.cat([(out - exact).flatten() for _, exact, out, _, _ in rs])
