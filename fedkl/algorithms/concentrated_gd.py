@@ -128,6 +128,18 @@ def winsorized_sum(grads: torch.Tensor, centre: torch.Tensor, tau: float) -> tup
     return displacements.sum(0), bad
 
 
+def records_warning(name: str, records: int, radius: float, clip: float) -> list[str]:
+    """``--conc-records`` left at 1 claims no concentration: the radius k C/sqrt(1) (+ ...) is above the clip,
+    so the method is a noisier noisy-gd (``fedkl run`` logs this before any budget is spent)."""
+    if records > 1:
+        return []
+    return [
+        f"{name} with --conc-records 1 (the default) claims no concentration: its radius {radius:.3g} is above "
+        f"the clip {clip:g}, so it is a noisier noisy-gd; declare the public number of records every user holds "
+        "(--conc-records m)"
+    ]
+
+
 def check_built_for(alg, federation: Federation) -> None:
     """Refuse, before any data is read, a federation of another size than ``alg`` was built for."""
     if federation.num_users != alg.num_users or federation.num_params != alg.dim:
@@ -203,16 +215,9 @@ class ConcentratedGD:
         self.dim = int(dim)
 
     def warnings(self) -> list[str]:
-        """Public settings that make this run a worse noisy-gd, said by ``fedkl run`` before any budget
-        is spent: ``--conc-records`` left at 1 makes tau = k C + ... > C (no concentration is claimed)."""
-        if self.config.records > 1:
-            return []
+        """Public settings that make this run a worse noisy-gd, said by ``fedkl run`` before any budget is spent."""
         tau = self.tau_histogram if self.config.centre == "histogram" else self.tau
-        return [
-            f"{self.name} with --conc-records 1 (the default) claims no concentration: its projection radius "
-            f"{tau:.3g} is above the clip {self.config.clip:g}, so it is a noisier noisy-gd; declare the public "
-            "number of records every user holds (--conc-records m)"
-        ]
+        return records_warning(self.name, self.config.records, tau, self.config.clip)
 
     @property
     def rho_centre(self) -> float:
@@ -472,6 +477,7 @@ __all__ = [
     "ConcentratedGDResult",
     "Concentration",
     "check_built_for",
+    "records_warning",
     "check_concentration_settings",
     "concentration_scale",
     "winsorized_sum",

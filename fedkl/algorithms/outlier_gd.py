@@ -77,6 +77,7 @@ from fedkl.algorithms.concentrated_gd import (
     check_built_for,
     check_concentration_settings,
     concentration_scale,
+    records_warning,
 )
 from fedkl.algorithms.registry import (
     AlgorithmResult,
@@ -102,7 +103,9 @@ def neighbour_scores(points: torch.Tensor, radius: float, block: int = 1024) -> 
     n = points.shape[0]
     scores = torch.empty(n, dtype=torch.float64)
     for start in range(0, n, block):
-        d = torch.cdist(points[start : start + block], points)
+        # the direct difference norms (no |x|^2 + |y|^2 - 2xy shortcut): each pair's distance to the ulp, and
+        # a function of that pair's two points only, as the proof's "only the pairs (v, u) change" needs
+        d = torch.cdist(points[start : start + block], points, compute_mode="donot_use_mm_for_euclid_dist")
         scores[start : start + block] = (d <= radius).sum(1).to(torch.float64)
     return scores
 
@@ -182,6 +185,10 @@ class OutlierGD:
                 f"W_min = {self.min_weight:.3g} < 1 of n = {self.num_users} users: more users, "
                 "budget or fewer rounds (nothing was read or charged)"
             )
+
+    def warnings(self) -> list[str]:
+        """Public settings that make this run a worse noisy-gd, said by ``fedkl run`` before any budget is spent."""
+        return records_warning(self.name, self.config.records, self.radius, self.config.clip)
 
     @property
     def rho_round(self) -> float:

@@ -456,22 +456,25 @@ def test_histogram_centre_beats_noisy_gd_once_users_hold_many_records(tmp_path):
     assert h2000 < 0.6 * gd and h2000 < 0.4 * h500, (h2000, gd, h500)
 
 
-@pytest.mark.parametrize("centre", ["previous", "histogram"])
-def test_conc_records_left_at_one_is_warned_before_any_budget_is_spent(tmp_path, centre):
-    """--conc-records 1 (the default) claims no concentration (tau > C: a noisier noisy-gd): fedkl run says
-    so before the first release; a declared m says nothing."""
+@pytest.mark.parametrize(
+    "algorithm,centre", [("noisy-gd-conc", "previous"), ("noisy-gd-conc", "histogram"), ("noisy-gd-outlier", None)]
+)
+def test_conc_records_left_at_one_is_warned_before_any_budget_is_spent(tmp_path, algorithm, centre):
+    """--conc-records 1 (the default) claims no concentration (tau or R > C: a noisier noisy-gd): fedkl run
+    says so before the first release, for both concentration methods; a declared m says nothing."""
     from fedkl.runner import RunConfig, run_training
 
     for records, warned in ((1, True), (20, False)):
         out = tmp_path / f"{centre}-{records}"
-        base = dict(dataset="synthetic-logistic", problem="logistic", algorithm="noisy-gd-conc", users=30)
-        cfg = RunConfig.from_settings(strict=False, **base, rounds=2, conc_records=records, conc_centre=centre,
+        extra = {"conc_centre": centre} if centre else {"users": 400, "epsilon": 4.0}
+        base = dict(dataset="synthetic-logistic", problem="logistic", algorithm=algorithm, users=30)
+        cfg = RunConfig.from_settings(strict=False, **{**base, **extra}, rounds=2, conc_records=records,
                                       reference=False, force=True, out=str(out))  # fmt: skip
         lines: list[str] = []
         charged_at_warning = []
 
         def log(line, out=out):
-            if line.startswith("warning: noisy-gd-conc with --conc-records 1"):
+            if line.startswith(f"warning: {algorithm} with --conc-records 1"):
                 with PrivacyLedger(out / "ledger.sqlite") as ledger:
                     charged_at_warning.append(ledger.num_releases())
             lines.append(line)
