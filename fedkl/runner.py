@@ -342,6 +342,8 @@ def train_federation(
                 f"at eps={cfg.epsilon} and n={federation.num_users} such runs score about the majority class: raise "
                 "eps, users or rounds, or see `fedkl plan`"
             )
+        for line in alg.warnings() if hasattr(alg, "warnings") else ():  # public settings, before any budget is spent
+            log(f"warning: {line}")
         try:
             # no run-wide filter for (eps, delta) releases, nor for algorithms whose users each take part in
             # one disjoint cohort (parallel composition: the per-user ledger enforces every user's budget)

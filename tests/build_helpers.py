@@ -33,6 +33,7 @@ SCHEDULED = {"neighbouring": "add-remove", "sampling_rate": 0.5, "accountant": "
 SMALL = {
     "noisy-gd": {},
     "noisy-gd-conc": {"conc_records": 20},
+    "noisy-gd-outlier": {"users": 300, "conc_records": 10, "outlier_test_share": 0.5},  # its PTR test needs n >> noise
     "noisy-fw": {"fw_rounds": 4},
     "vr-fw": {"users": 20, "vrfw_rounds": 3, "vrfw_batch": 4},  # 18 users in 7 slots: anchors and (g, diff) pairs
     "vr-fw-lp": {"users": 20, "vrfw_rounds": 3, "vrfw_batch": 4},

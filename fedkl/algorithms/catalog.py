@@ -14,6 +14,7 @@ from fedkl.algorithms import (  # noqa: F401  (each module registers its algorit
     mean_output_pert,
     noisy_fw,
     noisy_gd,
+    outlier_gd,
     p002,
     pg_mirror_descent,
     vr_frank_wolfe,

@@ -11,7 +11,7 @@ request; the server computes everything below from the answers):
 ``clip_r(v) = v min(1, r/||v||)``, so ``c_t + clip_tau(g_u - c_t)`` is the projection of ``g_u`` onto
 the ball B(c_t, tau) (Levy, Sun, Amin, Kale, Kulesza, Mohri, Suresh 2021, "Learning with user-level
 privacy", Alg 2/3: a private centre, every user's mean projected onto a ball around it, Gaussian
-noise). Two centres (``--conc-centre``):
+noise). Three centres (``--conc-centre``; ``histogram`` below):
 
 * ``previous`` (default): c_0 = 0 with tau_0 = C (round 0 IS noisy-gd's round), then c_t = g~_(t-1),
   the previous round's released estimate, and a public schedule tau_t (below). One release per round.
@@ -72,9 +72,15 @@ gradient estimate towards the centre; it never costs privacy (the sensitivity is
 m is declared, public (``--conc-records``): a user with fewer records is not refused, it is just less
 concentrated.
 
-Missing: Levy et al.'s centre is a private coordinatewise histogram in a randomly rotated basis,
-whose error does not grow like sqrt(d)/n; here the first centre is noisy-gd's estimate, so the gain
-needs n large enough that noisy-gd's noise is already below the clip, and then buys a factor ~ sqrt(m).
+``histogram`` (Levy et al.'s coarse centre, :mod:`fedkl.algorithms.histogram_centre`): every round a
+private per-coordinate histogram of the users' gradients in a publicly, randomly rotated basis (the
+released table is charged as a Gaussian of L2 sensitivity sqrt(2 D), add-remove sqrt(D), D = d padded
+to a power of two: every user adds one count per coordinate) at ``--conc-centre-share`` of the round,
+the fullest bin's midpoint per coordinate as the centre (post-processing), then the winsorized mean
+at the rest with the constant public ``tau = r + sqrt(D) w = r (1 + 2 L)``, r = k C/sqrt(m), bin width
+``w = 2 r L/sqrt(D)``, ``L = sqrt(2 ln(2 n D/beta))`` (the centre's error bound does not grow like
+sqrt(d)/n as the noisy mean's does, but carries the factor 1 + 2L ~ 10: it pays off where d is large
+against n). Labels ``.../histogram`` and ``.../winsorized``.
 """
 
 from __future__ import annotations
@@ -86,7 +92,17 @@ from typing import Callable
 
 import torch
 
+from fedkl.algorithms.histogram_centre import (
+    ROTATION_SEED,
+    bin_width,
+    centre_from_counts,
+    histogram_counts,
+    histogram_sensitivity,
+    padded_dim,
+    rotation_signs,
+)
 from fedkl.algorithms.registry import (
+    AlgorithmParams,
     AlgorithmResult,
     BuildContext,
     Clip,
@@ -101,7 +117,7 @@ from fedkl.privacy.guarantee import Guarantee, sum_sensitivity
 from fedkl.privacy.release import Releaser
 
 NAME = "noisy-gd-conc"
-CENTRES = ("fresh", "previous")
+CENTRES = ("fresh", "histogram", "previous")
 
 
 def winsorized_sum(grads: torch.Tensor, centre: torch.Tensor, tau: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,6 +126,44 @@ def winsorized_sum(grads: torch.Tensor, centre: torch.Tensor, tau: float) -> tup
     at the centre). Each term has norm <= tau whatever the row is."""
     displacements, bad = clip_rows(grads - centre.unsqueeze(0), tau)
     return displacements.sum(0), bad
+
+
+def records_warning(name: str, records: int, radius: float, clip: float) -> list[str]:
+    """``--conc-records`` left at 1 claims no concentration: the radius k C/sqrt(1) (+ ...) is above the clip,
+    so the method is a noisier noisy-gd (``fedkl run`` logs this before any budget is spent)."""
+    if records > 1:
+        return []
+    return [
+        f"{name} with --conc-records 1 (the default) claims no concentration: its radius {radius:.3g} is above "
+        f"the clip {clip:g}, so it is a noisier noisy-gd; declare the public number of records every user holds "
+        "(--conc-records m)"
+    ]
+
+
+def check_built_for(alg, federation: Federation) -> None:
+    """Refuse, before any data is read, a federation of another size than ``alg`` was built for."""
+    if federation.num_users != alg.num_users or federation.num_params != alg.dim:
+        raise ValueError(
+            f"{alg.name} was built for n={alg.num_users}, d={alg.dim}; the federation has "
+            f"n={federation.num_users}, d={federation.num_params} (nothing was read or charged)"
+        )
+
+
+def check_concentration_settings(cfg) -> None:
+    """The one-line refusals shared by noisy-gd-conc's and noisy-gd-outlier's configs (rounds, lr, clip,
+    the declared m, k, beta)."""
+    if int(cfg.rounds) != cfg.rounds or cfg.rounds < 1:
+        raise ValueError(f"rounds must be a positive integer, got {cfg.rounds}")
+    for name in ("lr", "clip"):
+        v = getattr(cfg, name)
+        if not (v > 0 and math.isfinite(v)):
+            raise ValueError(f"{name} must be finite and > 0, got {v}")
+    if int(cfg.records) != cfg.records or cfg.records < 1:
+        raise ValueError(f"--conc-records must be a positive integer, got {cfg.records}")
+    if cfg.scale is not None and not (cfg.scale > 0 and math.isfinite(cfg.scale)):
+        raise ValueError(f"--conc-scale must be finite and > 0, got {cfg.scale}")
+    if not 0 < cfg.beta < 1:
+        raise ValueError(f"--conc-beta must be in (0, 1), got {cfg.beta}")
 
 
 @dataclass(frozen=True)
@@ -125,18 +179,7 @@ class ConcentratedGDConfig:
     neighbouring: str = "replace-one"
 
     def __post_init__(self) -> None:
-        if int(self.rounds) != self.rounds or self.rounds < 1:
-            raise ValueError(f"rounds must be a positive integer, got {self.rounds}")
-        for name in ("lr", "clip"):
-            v = getattr(self, name)
-            if not (v > 0 and math.isfinite(v)):
-                raise ValueError(f"{name} must be finite and > 0, got {v}")
-        if int(self.records) != self.records or self.records < 1:
-            raise ValueError(f"--conc-records must be a positive integer, got {self.records}")
-        if self.scale is not None and not (self.scale > 0 and math.isfinite(self.scale)):
-            raise ValueError(f"--conc-scale must be finite and > 0, got {self.scale}")
-        if not 0 < self.beta < 1:
-            raise ValueError(f"--conc-beta must be in (0, 1), got {self.beta}")
+        check_concentration_settings(self)
         if not 0 < self.centre_share < 1:
             raise ValueError(f"--conc-centre-share must be in (0, 1), got {self.centre_share}")
         if self.centre not in CENTRES:
@@ -171,6 +214,11 @@ class ConcentratedGD:
         self.num_users = int(num_users)
         self.dim = int(dim)
 
+    def warnings(self) -> list[str]:
+        """Public settings that make this run a worse noisy-gd, said by ``fedkl run`` before any budget is spent."""
+        tau = self.tau_histogram if self.config.centre == "histogram" else self.tau
+        return records_warning(self.name, self.config.records, tau, self.config.clip)
+
     @property
     def rho_centre(self) -> float:
         return self.config.centre_share * self.rho_total / self.config.rounds
@@ -188,12 +236,13 @@ class ConcentratedGD:
         return self.sensitivity_centre / math.sqrt(2.0 * self.rho_centre)
 
     @property
+    def sigma_histogram(self) -> float:
+        return self.sensitivity_histogram / math.sqrt(2.0 * self.rho_centre)
+
+    @property
     def scale(self) -> float:
         """k in tau = k C / sqrt(m) + e: ``--conc-scale``, else the fixed-w theorem's 2 (1 + sqrt(2 ln(n/beta)))."""
-        cfg = self.config
-        if cfg.scale is not None:
-            return cfg.scale
-        return 2.0 * (1.0 + math.sqrt(2.0 * math.log(self.num_users / cfg.beta)))
+        return concentration_scale(self.config.scale, self.num_users, self.config.beta)
 
     @property
     def centre_error(self) -> float:
@@ -211,8 +260,28 @@ class ConcentratedGD:
         return self.scale * cfg.clip / math.sqrt(cfg.records) + self.centre_error
 
     @property
+    def concentration_radius(self) -> float:
+        """r = k C / sqrt(m): the users' spread around their mean (module docstring)."""
+        return self.scale * self.config.clip / math.sqrt(self.config.records)
+
+    @property
+    def bin_width(self) -> float:
+        """``--conc-centre histogram``: the public bin width w = 2 r L / sqrt(D) (histogram_centre)."""
+        return bin_width(self.concentration_radius, self.num_users, self.dim, self.config.beta)
+
+    @property
+    def tau_histogram(self) -> float:
+        """``--conc-centre histogram``: tau = r + sqrt(D) w, the spread plus the centre's error bound."""
+        return self.concentration_radius + math.sqrt(padded_dim(self.dim)) * self.bin_width
+
+    @property
+    def sensitivity_histogram(self) -> float:
+        return histogram_sensitivity(self.dim, self.config.neighbouring)
+
+    @property
     def sensitivity_winsorized(self) -> float:
-        return sum_sensitivity(self.tau, self.config.neighbouring)
+        tau = self.tau_histogram if self.config.centre == "histogram" else self.tau
+        return sum_sensitivity(tau, self.config.neighbouring)
 
     @property
     def sigma_winsorized(self) -> float:
@@ -245,15 +314,16 @@ class ConcentratedGD:
     ) -> ConcentratedGDResult:
         cfg = self.config
         n = federation.num_users
-        if n != self.num_users or federation.num_params != self.dim:
-            raise ValueError(
-                f"{self.name} was built for n={self.num_users}, d={self.dim}; the federation has "
-                f"n={n}, d={federation.num_params} (nothing was read or charged)"
-            )
+        check_built_for(self, federation)
         users = list(range(n))
         user_ids = federation.ids_of(users)
         fresh = cfg.centre == "fresh"
-        radii = [self.tau] * cfg.rounds if fresh else self.radii
+        histogram = cfg.centre == "histogram"
+        if histogram:
+            radii = [self.tau_histogram] * cfg.rounds
+        else:
+            radii = [self.tau] * cfg.rounds if fresh else self.radii
+        fresh = fresh or histogram  # a private centre every round, at the centre share
         rho_winsorized = self.rho_winsorized if fresh else self.rho_round
         w = w0.clone()
         previous = torch.zeros_like(w)  # --conc-centre previous: round 0's centre (tau_0 = C: noisy-gd's round)
@@ -265,7 +335,20 @@ class ConcentratedGD:
             answers = federation.compute(GradientsAtPoints(w.unsqueeze(0)), users)
             grads = answers.values[:, 0, :].to(w.dtype)
             common = {"round": t, "neighbouring": cfg.neighbouring, "failed": len(answers.failed)}
-            if fresh:
+            if histogram:
+                signs = rotation_signs(self.dim, ROTATION_SEED + t)  # public randomness
+                noisy_counts = releaser.gaussian(
+                    histogram_counts(grads, signs, cfg.clip, self.bin_width),
+                    sensitivity=self.sensitivity_histogram,
+                    rho=self.rho_centre,
+                    user_ids=user_ids,
+                    label=f"{self.name}/round-{t}/histogram",
+                    details={**common, "bin_width": self.bin_width},
+                )
+                spent += self.rho_centre
+                # a function of the released counts only
+                centre = centre_from_counts(noisy_counts, signs, cfg.clip, self.bin_width, self.dim).to(w.dtype)
+            elif fresh:
                 noisy_centre_sum = releaser.gaussian(
                     clip_rows(grads, cfg.clip)[0].sum(0),
                     sensitivity=self.sensitivity_centre,
@@ -305,45 +388,66 @@ class ConcentratedGD:
             if progress is not None:
                 progress(record)
         details = {"tau": radii[-1], "scale": self.scale, "records": cfg.records, "centre": cfg.centre}
-        if fresh:
+        if histogram:
+            details["bin_width"] = self.bin_width
+            details["centre_error_bound"] = self.tau_histogram - self.concentration_radius
+        elif fresh:
             details["centre_error_bound"] = self.centre_error
         return ConcentratedGDResult(
             w=w,
             rho_spent=spent,
             rounds=cfg.rounds,
-            sigma=[self.sigma_centre, sigmas[0]] if fresh else sigmas,
+            sigma=[self.sigma_histogram if histogram else self.sigma_centre, sigmas[0]] if fresh else sigmas,
             details=details,
             history=history,
         )
 
 
 @dataclass(frozen=True)
-class ConcentratedGDParams(Rounds, StepSize, Clip):
-    """noisy-gd-conc: every user every round; one Gaussian release per round (two with fresh centres)."""
+class Concentration(AlgorithmParams):
+    """The public concentration claim shared by noisy-gd-conc and noisy-gd-outlier."""
 
     conc_records: int = param(
         1,
-        "noisy-gd-conc: the public number m of records every user holds (declared, never read from the data; "
-        "a user with fewer is less concentrated: bias, not privacy loss); the projection radius is ~ C/sqrt(m)",
+        "noisy-gd-conc, noisy-gd-outlier: the public number m of records every user holds (declared, never read from "
+        "the data; a user with fewer is less concentrated: bias, not privacy loss); the radius is ~ C/sqrt(m)",
         "heuristic",
         positive=True,
     )
     conc_scale: float | None = param(
         None,
-        "noisy-gd-conc: k in the projection radius tau = k C/sqrt(m) + (centre noise bound) (default: the "
-        "concentration theorem's 2 (1 + sqrt(2 ln(n/beta))) at a fixed model)",
+        "noisy-gd-conc, noisy-gd-outlier: k in the radius k C/sqrt(m) (default: the concentration theorem's "
+        "2 (1 + sqrt(2 ln(n/beta))) at a fixed model)",
         "theorem",
     )
     conc_beta: float = param(
-        0.05, "noisy-gd-conc: failure probability beta of the concentration and centre-noise bounds in tau", "theorem"
+        0.05,
+        "noisy-gd-conc, noisy-gd-outlier: failure probability beta of the concentration (and noise) bounds",
+        "theorem",
     )
+
+
+def concentration_scale(scale: float | None, num_users: int, beta: float) -> float:
+    """k: ``--conc-scale``, else the fixed-model theorem's 2 (1 + sqrt(2 ln(n/beta))) (module docstring)."""
+    if scale is not None:
+        return scale
+    return 2.0 * (1.0 + math.sqrt(2.0 * math.log(num_users / beta)))
+
+
+@dataclass(frozen=True)
+class ConcentratedGDParams(Rounds, StepSize, Clip, Concentration):
+    """noisy-gd-conc: every user every round; one Gaussian release per round (two with fresh centres)."""
+
     conc_centre_share: float = param(
-        0.5, "noisy-gd-conc: share of each round's zCDP budget spent on the private centre (fresh centres)", "heuristic"
+        0.5,
+        "noisy-gd-conc: share of each round's zCDP budget spent on the private centre (fresh and histogram)",
+        "heuristic",
     )
     conc_centre: str = param(
         "previous",
-        "noisy-gd-conc: the ball's centre: fresh (a private noisy mean each round, two releases per round) or "
-        "previous (the previous round's released estimate, free; round 0 is noisy-gd's; one release per round)",
+        "noisy-gd-conc: the ball's centre: fresh (a private noisy mean each round, two releases per round), "
+        "histogram (Levy et al.'s private per-coordinate histogram in a random rotation, two releases per round) "
+        "or previous (the previous round's released estimate, free; round 0 is noisy-gd's; one release per round)",
         "heuristic",
         choices=CENTRES,
     )
@@ -371,5 +475,10 @@ __all__ = [
     "ConcentratedGDConfig",
     "ConcentratedGDParams",
     "ConcentratedGDResult",
+    "Concentration",
+    "check_built_for",
+    "records_warning",
+    "check_concentration_settings",
+    "concentration_scale",
     "winsorized_sum",
 ]

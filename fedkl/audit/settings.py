@@ -81,6 +81,10 @@ SMALL_AUDITS: dict[str, SmallAudit] = {
     "mean-output-pert": SmallAudit(**_P002, users=100, records=10, settings={"mean_test": "matching"}),
     "phased-mean-output-pert": SmallAudit(**_P002, users=150, records=2, settings={"mean_test": "matching"}),
     "sc-output-pert": SmallAudit(**_P002, users=100, records=10),
+    # its PTR test needs the kept weight's noise well below n (module docstring): one round, 300 users, eps 2
+    "noisy-gd-outlier": SmallAudit(
+        **_P002, users=300, records=2, settings={"rounds": 1, "outlier_test_share": 0.5, "conc_records": 2}
+    ),
 }
 
 

@@ -4,8 +4,9 @@ in a temporary folder, replace-one, the point's eps, delta = 1/n^1.1) on one dra
 synthetic logistic family (fedkl.data.synthetic, heterogeneity 0) with ``user_records`` = m records per user,
 20% held out, d = 10.
 
-Its own settings: ``method``, ``user_records`` (m) and ``conc_k`` (noisy-gd-conc's ``--conc-scale``; 0: the
-theorem's default); noisy-gd-conc also takes the point's ``conc_centre``. noisy-gd-conc declares ``--conc-records`` = the per-user train count, 0.8 m: a
+Its own settings: ``method``, ``user_records`` (m) and ``conc_k`` (noisy-gd-conc's and noisy-gd-outlier's
+``--conc-scale``; 0: the theorem's default); noisy-gd-conc also takes the point's ``conc_centre``; the
+``tau`` column holds noisy-gd-outlier's neighbourhood radius R. Both concentration methods declare ``--conc-records`` = the per-user train count, 0.8 m: a
 public design fact of the family (checked here against the draw). Both methods: the point's rounds, lr
 and clip. Table columns: ``excess`` = F(w) - F(w_opt) on the train records (the user-level empirical
 objective; w_opt the non-private minimizer), ``tau`` (noisy-gd-conc's projection radius, public), test
@@ -35,7 +36,7 @@ from fedkl.problems import make_problem
 
 NAME = "conc-gd-synthetic"
 D = 10
-METHODS = ("noisy-gd", "noisy-gd-conc", "sc-output-pert", "mean-output-pert")
+METHODS = ("noisy-gd", "noisy-gd-conc", "noisy-gd-outlier", "sc-output-pert", "mean-output-pert")
 P002 = ("sc-output-pert", "mean-output-pert")
 
 
@@ -54,12 +55,13 @@ def run(settings, log) -> dict:
         grid = {"reg": reg, "force": True, "stability_delta": float(settings.sc_delta_a) / (reg * n * m_train**0.5)}
     elif method == "mean-output-pert":
         grid = {"reg": float(settings.reg), "force": True, "mean_lam": float(settings.mean_lam)}
-    if method == "noisy-gd-conc":
+    if method in ("noisy-gd-conc", "noisy-gd-outlier"):
         declared = int(0.8 * m)
         if int(ds.train.counts().min()) < declared:
             raise ValueError(f"{NAME}: a user holds fewer than the declared {declared} train records")
         grid["conc_records"] = declared
-        grid["conc_centre"] = settings.conc_centre
+        if method == "noisy-gd-conc":
+            grid["conc_centre"] = settings.conc_centre
         if float(settings.conc_k) > 0:
             grid["conc_scale"] = float(settings.conc_k)
     out = tempfile.mkdtemp(prefix="conc-gd-")
@@ -72,7 +74,7 @@ def run(settings, log) -> dict:
     details = r.result.get("algorithm_details") or {}
     model = r.model if r.model is not None else problem.init_params()  # ⊥: the server keeps w0
     excess = float(problem.loss(model, ds.train) - problem.loss(w_opt, ds.train))
-    tau = details.get("tau")  # previous centres: the last round's
+    tau = details.get("tau", details.get("radius"))  # previous centres: the last round's; outlier: its radius R
     acc = r.metrics["accuracy"] if r.model is not None else problem.metrics(model, ds.test)["accuracy"]
     extra = {"excess": excess, "tau": tau if tau is not None else ""}
     if method in P002:

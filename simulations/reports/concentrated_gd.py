@@ -110,6 +110,8 @@ def _write(study, lines, summary, epsilons, variants, ms, n) -> list[str]:
 
 
 CONC = "conc previous (k = 2)"
+HIST = "conc histogram (k = 2)"  # Levy et al.'s private-histogram centre (added later: seed 0 only)
+OUTLIER = "outlier-removal (k = 2)"  # noisy-gd-outlier, Asi & Liu-style (added later: seed 0 only)
 P002 = ("sc-output-pert", "mean-output-pert")
 
 
@@ -135,8 +137,10 @@ def _why(p002_rows, conc_rows) -> str:
 
 def _vs_p002_cell(v, m, rs, x) -> str:
     cell = f"{x.mean():.3g} ± {x.std():.2g}"
-    if v == CONC:
+    if v in (CONC, HIST):
         cell += f" (tau {float(rs[0]['tau']):.2f})"
+    elif v == OUTLIER:
+        cell += f" (R {float(rs[0]['tau']):.2f})"
     elif v in P002:
         cell += f" (⊥ {sum(int(float(r['bottom'])) for r in rs)}/{len(rs)}; sigma {_mean(rs, 'sigma'):.3g})"
     return cell
@@ -149,7 +153,7 @@ def report_vs_p002(study) -> list[str]:
     from the rows, where output perturbation wins or loses against the concentration method and why."""
     summary = _summary(study.rows)
     epsilons = sorted({e for e, _, _ in summary})
-    order = ["noisy-gd", CONC, *P002]
+    order = ["noisy-gd", CONC, HIST, OUTLIER, *P002]
     variants = [v for v in order if any(k[1] == v for k in summary)]
     ms = sorted({m for _, _, m in summary})
     seeds = sorted({int(r["seed"]) for r in study.rows})
@@ -167,6 +171,10 @@ def report_vs_p002(study) -> list[str]:
         "conc: its tau; p002: ⊥ count, sigma per coordinate and Delta (sc-output-pert: and its reg bias, the",
         "excess of the non-private regularized minimizer). F(0) - F(w_opt), the ⊥ model, is about 0.08.",
         "Regenerate: `fedkl report simulations/studies/concentrated_vs_p002.toml` (runs: `fedkl sweep`, the same file).",
+        f"Rows added later on seed 0 only (± 0): `{HIST}` (noisy-gd-conc --conc-centre histogram, Levy et al.'s",
+        "private per-coordinate histogram centre, tau = r (1 + 2L)) and",
+        f"`{OUTLIER}` (noisy-gd-outlier, Asi & Liu-style outlier-removal mean, neighbourhood radius R; PTR",
+        "test per round). '-': no run at that m.",
     ]
     for eps in epsilons:
         lines += _table(summary, eps, variants, ms, _vs_p002_cell)

@@ -214,10 +214,12 @@ def test_refusals_come_before_any_data_is_read(tmp_path):
     assert fed.calls == 0 and ledger.num_releases() == 0
 
 
-def _excess(tmp_path, algorithm, n_users, m, eps, seeds=2):
+def _excess(tmp_path, algorithm, n_users, m, eps, seeds=2, root=False):
     out = []
     for s in range(seeds):
-        ds, fed, ledger = _setup(tmp_path / algorithm, n_users=n_users, m=m, d=10, seed=200 + s, eps=eps)
+        ds, fed, ledger = _setup(
+            tmp_path if root else tmp_path / algorithm, n_users=n_users, m=m, d=10, seed=200 + s, eps=eps
+        )
         w_opt = nonprivate_minimizer(fed.problem, ds.train)
         rho = ledger.budget.rho
         if algorithm == "noisy-gd":
@@ -317,3 +319,178 @@ def test_fedkl_run_refuses_bad_settings_in_one_line_before_any_charge(tmp_path, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
     assert not (out / "ledger.sqlite").exists() or PrivacyLedger(out / "ledger.sqlite").num_releases() == 0
+
+
+# --conc-centre histogram (Levy et al.'s coarse centre: fedkl/algorithms/histogram_centre.py)
+
+
+def test_the_rotation_is_orthogonal_and_public():
+    from fedkl.algorithms.histogram_centre import padded_dim, rotate, rotation_signs, unrotate
+
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(7, 11, generator=g, dtype=torch.float64)
+    signs = rotation_signs(11, 123)
+    assert padded_dim(11) == 16 and signs.numel() == 16 and torch.equal(signs, rotation_signs(11, 123))
+    z = rotate(x, signs)
+    assert torch.allclose(z.norm(dim=1), x.norm(dim=1), rtol=1e-12)
+    assert torch.allclose(unrotate(z, signs, 11), x, rtol=0, atol=1e-12)
+    assert not torch.allclose(z[:, :11], x)  # it does rotate
+
+
+@pytest.mark.parametrize("relation,factor", [("replace-one", 2.0), ("add-remove", 1.0)])
+def test_histogram_sensitivity_is_attained_and_never_exceeded(relation, factor):
+    """Every user adds one count per rotated coordinate, so replacing user 0's vector by ANY other
+    (huge, non-finite, anywhere) changes the table by <= sqrt(2 D) (zero-out: sqrt(D)); the pair that
+    sends user 0 to opposite end bins on every coordinate attains it."""
+    from fedkl.algorithms.histogram_centre import histogram_counts, histogram_sensitivity, rotation_signs, unrotate
+
+    n, d, clip, width = 30, 11, 1.0, 0.3
+    D = 16
+    bound = histogram_sensitivity(d, relation)
+    assert bound == pytest.approx(math.sqrt(factor * D), rel=1e-15)
+    g = torch.Generator().manual_seed(9)
+    signs = rotation_signs(d, 77)
+    rows = torch.randn(n, d, generator=g, dtype=torch.float64) * 0.2
+    base = histogram_counts(rows, signs, clip, width)
+    assert torch.equal(base.sum(1), torch.full((D,), float(n), dtype=torch.float64))
+    for trial in range(40):
+        other = rows.clone()
+        other[0] = torch.randn(d, generator=g, dtype=torch.float64) * 10 ** (trial % 5 - 1)
+        if trial % 7 == 0:
+            other[0, trial % d] = float("inf") if trial % 2 else float("nan")
+        if relation == "replace-one":
+            diff = histogram_counts(other, signs, clip, width) - base
+        else:  # zero-out: the absent user adds no count
+            diff = histogram_counts(other, signs, clip, width) - histogram_counts(rows[1:], signs, clip, width)
+        assert float(diff.norm()) <= bound * (1 + 1e-12)
+    # the attaining pair: rotated coordinates all +5 (top bin) vs all -5 (bottom bin)
+    # a vector whose rotation is all +-5 needs d = D: the attaining pair lives in R^16
+    ones = torch.full((1, D), 5.0, dtype=torch.float64)
+    signs16 = rotation_signs(D, 77)
+    rows16 = torch.randn(n, D, generator=g, dtype=torch.float64) * 0.2
+    plus, minus = rows16.clone(), rows16.clone()
+    plus[0], minus[0] = unrotate(ones, signs16, D)[0], unrotate(-ones, signs16, D)[0]
+    if relation == "replace-one":
+        diff = histogram_counts(plus, signs16, clip, width) - histogram_counts(minus, signs16, clip, width)
+    else:
+        diff = histogram_counts(plus, signs16, clip, width) - histogram_counts(rows16[1:], signs16, clip, width)
+    assert float(diff.norm()) == pytest.approx(histogram_sensitivity(D, relation), rel=1e-12)
+
+
+def test_histogram_centre_is_within_its_error_bound_of_concentrated_users():
+    """Users within r of their mean: the noiseless table's centre lies within sqrt(D) w = 2 r L of the mean
+    (the module's bound), far inside the clip."""
+    from fedkl.algorithms.histogram_centre import bin_width, centre_from_counts, histogram_counts, rotation_signs
+
+    n, d, clip, r = 400, 10, 1.0, 0.05
+    g = torch.Generator().manual_seed(2)
+    mean = torch.randn(d, generator=g, dtype=torch.float64)
+    mean = 0.5 * mean / mean.norm()
+    dev = torch.randn(n, d, generator=g, dtype=torch.float64)
+    rows = mean + r * dev / dev.norm(dim=1, keepdim=True) * torch.rand(n, 1, generator=g, dtype=torch.float64)
+    w = bin_width(r, n, d, 0.05)
+    signs = rotation_signs(d, 5)
+    centre = centre_from_counts(histogram_counts(rows, signs, clip, w), signs, clip, w, d)
+    err = float((centre - rows.mean(0)).norm())
+    assert err <= 4 * w  # sqrt(D) w = 4 w
+    assert err < 0.5
+
+
+def test_histogram_centres_charge_histogram_and_winsorized_mean_every_round(tmp_path):
+    ds, fed, ledger = _setup(tmp_path)
+    rho, rounds = ledger.budget.rho, 3
+    cfg = ConcentratedGDConfig(rounds=rounds, clip=0.5, records=20, centre="histogram")
+    alg = ConcentratedGD(cfg, rho, fed.num_users, fed.num_params)
+    r = alg.scale * 0.5 / math.sqrt(20)
+    D = 8  # d = 8 is a power of two
+    L = math.sqrt(2 * math.log(2 * fed.num_users * D / 0.05))
+    assert alg.bin_width == pytest.approx(2 * r * L / math.sqrt(D), rel=1e-12)
+    assert alg.tau_histogram == pytest.approx(r * (1 + 2 * L), rel=1e-12)
+    rel = _Recorder(ledger, NoiseSource(0), ZCDPFilter(rho))
+    res = alg.run(fed, rel, fed.problem.init_params())
+    releases = ledger.releases()
+    assert [x["label"] for x in releases] == [
+        f"noisy-gd-conc/round-{t}/{stage}" for t in range(rounds) for stage in ("histogram", "winsorized")
+    ]
+    for x in releases:
+        hist = x["label"].endswith("/histogram")
+        assert x["charge"]["rho"] == pytest.approx(rho / rounds / 2, rel=1e-12)
+        assert x["charge"]["sensitivity"] == pytest.approx(
+            math.sqrt(2 * D) if hist else 2 * alg.tau_histogram, rel=1e-12
+        )
+    counts = rel.releases[0][0]
+    assert counts.shape[0] == D and torch.equal(
+        counts.sum(1), torch.full((D,), float(fed.num_users), dtype=counts.dtype)
+    )
+    for uid in fed.user_ids:
+        assert ledger.spend(uid).rho == pytest.approx(rho, rel=1e-12)
+    assert res.rho_spent == pytest.approx(rho, rel=1e-12)
+    ledger.verify()
+
+
+@pytest.mark.statistical
+def test_histogram_noise_matches_its_sensitivity(tmp_path):
+    """The released table's noise has std sqrt(2 D)/sqrt(2 rho_centre): 20 rounds x 32 x ~20 cells; the
+    sample std's standard error is < 1%, 5 of them far inside the sqrt(2) of the wrong relation."""
+    ds, fed, ledger = _setup(tmp_path, d=30)
+    rho, rounds = ledger.budget.rho, 20
+    cfg = ConcentratedGDConfig(rounds=rounds, lr=0.5, records=25, scale=0.3, centre="histogram")  # ~20 bins
+    alg = ConcentratedGD(cfg, rho, fed.num_users, fed.num_params)
+    rel = _Recorder(ledger, NoiseSource(8), ZCDPFilter(rho))
+    alg.run(fed, rel, fed.problem.init_params())
+    sigma = math.sqrt(2 * 32) / math.sqrt(2 * rho / rounds / 2)
+    noise = torch.cat([(out - exact).flatten() for exact, out, _, _ in rel.releases[0::2]])
+    tol = 5 / math.sqrt(2 * noise.numel())
+    assert abs(float(noise.std()) / sigma - 1) < tol < 0.1
+
+
+@pytest.mark.slow
+def test_histogram_centre_beats_noisy_gd_once_users_hold_many_records(tmp_path):
+    """n = 1000, d = 10, eps = 4, 30 rounds, k = 2: tau = r (1 + 2L) with L ~ 5.2 shrinks like 1/sqrt(m)
+    but starts above the clip; measured (2 seeds): m = 500 -> 0.020 (noisy-gd 0.0086), m = 2000 -> 0.0035."""
+    for name in ("noisy-gd", "histogram-500", "histogram-2000"):
+        (tmp_path / name).mkdir()
+    gd = _excess(tmp_path / "noisy-gd", "noisy-gd", 1000, 2000, 4.0, seeds=1, root=True)
+    h500 = _excess(tmp_path / "histogram-500", "histogram", 1000, 500, 4.0, seeds=1, root=True)
+    h2000 = _excess(tmp_path / "histogram-2000", "histogram", 1000, 2000, 4.0, seeds=1, root=True)
+    assert h2000 < 0.6 * gd and h2000 < 0.4 * h500, (h2000, gd, h500)
+
+
+@pytest.mark.parametrize(
+    "algorithm,centre", [("noisy-gd-conc", "previous"), ("noisy-gd-conc", "histogram"), ("noisy-gd-outlier", None)]
+)
+def test_conc_records_left_at_one_is_warned_before_any_budget_is_spent(tmp_path, algorithm, centre):
+    """--conc-records 1 (the default) claims no concentration (tau or R > C: a noisier noisy-gd): fedkl run
+    says so before the first release, for both concentration methods; a declared m says nothing."""
+    from fedkl.runner import RunConfig, run_training
+
+    for records, warned in ((1, True), (20, False)):
+        out = tmp_path / f"{centre}-{records}"
+        extra = {"conc_centre": centre} if centre else {"users": 400, "epsilon": 4.0}
+        base = dict(dataset="synthetic-logistic", problem="logistic", algorithm=algorithm, users=30)
+        cfg = RunConfig.from_settings(strict=False, **{**base, **extra}, rounds=2, conc_records=records,
+                                      reference=False, force=True, out=str(out))  # fmt: skip
+        lines: list[str] = []
+        charged_at_warning = []
+
+        def log(line, out=out):
+            if line.startswith(f"warning: {algorithm} with --conc-records 1"):
+                with PrivacyLedger(out / "ledger.sqlite") as ledger:
+                    charged_at_warning.append(ledger.num_releases())
+            lines.append(line)
+
+        run_training(cfg, log)
+        assert len(charged_at_warning) == int(warned) and all(c == 0 for c in charged_at_warning), lines
+
+
+def test_histogram_centres_plan_equals_the_run(tmp_path):
+    from test_charge_plan import _config, _plan_equals_run
+
+    _plan_equals_run(_config("noisy-gd-conc", tmp_path / "run", conc_centre="histogram"))
+
+
+@pytest.mark.flower
+def test_histogram_centres_over_flower_equal_inprocess(tmp_path):
+    from test_algorithm_registry import _flower_equals_inprocess
+
+    _flower_equals_inprocess(tmp_path, "noisy-gd-conc", {"conc_records": 20, "conc_centre": "histogram"})
