@@ -340,6 +340,8 @@ def ghost_clipped_sum(
     """``(sum_u clip_C(grad f_u(w)), bad)`` over every user of ``data`` (see the module docstring);
     ``bad[u]``: user u's gradient was not finite (it contributes zero). One-line ``ValueError`` for a
     model this does not cover."""
+    if data.num_records == 0:
+        return torch.zeros(problem.num_params, dtype=problem.dtype), torch.zeros(data.num_users, dtype=torch.bool)
     norms, terms = user_gradient_norms(problem, w, data)
     bad = ~torch.isfinite(norms)
     scale = torch.where(
