@@ -44,7 +44,9 @@ per-record path (:class:`~fedkl.federation.inprocess.InProcessFederation`, ``cli
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -109,29 +111,33 @@ def unsupported_reason(problem: TorchModel) -> str | None:
 
 @dataclass
 class _Term:
-    """One parametrised layer's per-record quantities.
+    """One parametrised layer's per-record quantities (``names``: its parameters, in order).
 
-    ``kind`` "factor": rows ``A (N, T, p)`` and ``D (N, T, q)``, weight gradient ``sum_t D_t A_t^T``,
-    plus a bias ``sum_t D_t`` when ``bias``; "index": ``A (N, T)`` embedding indices; "small":
-    ``G (N, P)`` the record's gradient of the layer's parameters (``names`` in order)."""
+    ``kind`` "small": ``G (N, P)``, every record's gradient of the layer's parameters (formed when it is
+    no larger than the record's rows: norm layers, most convolutions). "factor": ``rows(sel)`` gives the
+    selected records' ``A (k, T, p)`` and ``D (k, T, q)``; the weight gradient is ``sum_t D_t A_t^T``,
+    plus a bias ``sum_t D_t`` when ``bias``. "index" (Embedding): ``rows(sel)`` gives indices ``(k, T)``
+    and ``D (k, T, q)``; ``num_rows`` rows of the table."""
 
     kind: str
     names: list[str]
-    A: torch.Tensor | None = None
-    D: torch.Tensor | None = None
-    bias: bool = False
     G: torch.Tensor | None = None
-    num_rows: int = 0  # for "index": the embedding's number of rows
+    rows: Callable[[slice | torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
+    T: int = 0
+    p: int = 0
+    q: int = 0
+    bias: bool = False
+    num_rows: int = 0
 
 
 def _rows(x: torch.Tensor, n: int, what: str) -> torch.Tensor:
-    if x.dim() < 1 or x.shape[0] != n:
+    if x.dim() < 2 or x.shape[0] != n:
         raise ValueError(f"{what} is called on {tuple(x.shape)} instead of the {n} records on its first axis")
     return x
 
 
 def _unfold(mod: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """Patches of a conv input, ``(N, L, C_in * prod(kernel))`` in the order of ``weight.view(C_out, -1)``."""
+    """Patches of a conv input, ``(k, L, C_in * prod(kernel))`` in the order of ``weight.view(C_out, -1)``."""
     pad = _conv_padding(mod)
     if isinstance(mod, torch.nn.Conv1d):
         cols = F.unfold(
@@ -146,47 +152,95 @@ def _unfold(mod: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     return cols.transpose(1, 2)
 
 
+def _conv_record_grads(mod: torch.nn.Module, x: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """Every record's weight gradient of one conv call, ``(k, C_out * C_in * prod(kernel))``: the
+    records stacked as the groups of one convolution's weight-gradient (no patch matrix)."""
+    k, dims = x.shape[0], len(mod.kernel_size)
+    weight_shape = (k * mod.out_channels, mod.in_channels, *mod.kernel_size)
+    _, grad_w, _ = torch.ops.aten.convolution_backward(
+        d.reshape(1, k * mod.out_channels, *d.shape[2:]),
+        x.reshape(1, k * mod.in_channels, *x.shape[2:]),
+        x.new_empty(()).expand(weight_shape),
+        None,
+        list(mod.stride),
+        list(_conv_padding(mod)),
+        list(mod.dilation),
+        False,
+        [0] * dims,
+        k,
+        [False, True, False],
+    )
+    return grad_w.reshape(k, -1)
+
+
+def _norm_layer_grads(mod: torch.nn.Module, x: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """Every record's (weight, bias) gradient of a LayerNorm/GroupNorm call: ``(N, P)``."""
+    n = x.shape[0]
+    if isinstance(mod, torch.nn.LayerNorm):
+        xhat = F.layer_norm(x, mod.normalized_shape, eps=mod.eps)
+        dims = tuple(range(1, x.dim() - len(mod.normalized_shape)))
+    else:
+        xhat = F.group_norm(x, mod.num_groups, eps=mod.eps)
+        dims = tuple(range(2, x.dim()))
+    parts = []
+    if mod.weight is not None:
+        parts.append((d * xhat).sum(dims) if dims else d * xhat)
+    if mod.bias is not None:
+        parts.append(d.sum(dims) if dims else d)
+    return torch.cat([p.reshape(n, -1) for p in parts], 1)
+
+
 def _terms(name: str, mod: torch.nn.Module, calls: list[tuple[torch.Tensor, torch.Tensor]], n: int) -> _Term:
     """The per-record quantities of module ``name`` from its calls ``(input, d loss / d output)``."""
     what = f"layer {name} ({type(mod).__name__})"
     names = [f"{name}.{k}" for k, p in mod._parameters.items() if p is not None]
+    if isinstance(mod, (torch.nn.LayerNorm, torch.nn.GroupNorm)):
+        G = sum(_norm_layer_grads(mod, _rows(x, n, what), d) for x, d in calls)
+        return _Term("small", names, G=G)
     if isinstance(mod, torch.nn.Embedding):
         idx = torch.cat([_rows(x, n, what).reshape(n, -1) for x, _ in calls], 1)
         D = torch.cat([d.reshape(n, -1, mod.embedding_dim) for _, d in calls], 1)
         if mod.padding_idx is not None:
             D = torch.where((idx == mod.padding_idx).unsqueeze(2), torch.zeros_like(D), D)
-        return _Term("index", names, A=idx, D=D, num_rows=mod.num_embeddings)
-    if isinstance(mod, (torch.nn.LayerNorm, torch.nn.GroupNorm)):
-        G = 0
+        T, q = idx.shape[1], mod.embedding_dim
+        return _Term("index", names, rows=lambda sel: (idx[sel], D[sel]), T=T, q=q, num_rows=mod.num_embeddings)
+    conv = not isinstance(mod, torch.nn.Linear)
+    for x, _ in calls:
+        if _rows(x, n, what).dim() != (3 if isinstance(mod, torch.nn.Conv1d) else 4) and conv:
+            raise ValueError(f"{what} is called on {tuple(x.shape)}: a batch of records is needed")
+    if conv:
+        p, q = mod.in_channels * math.prod(mod.kernel_size), mod.out_channels
+        T = sum(d[0].numel() // q for _, d in calls)
+    else:
+        p, q = mod.in_features, mod.out_features
+        T = sum(x[0].numel() // p for x, _ in calls)
+
+    def rows(sel: slice | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        A, D = [], []
         for x, d in calls:
-            x = _rows(x, n, what)
-            if isinstance(mod, torch.nn.LayerNorm):
-                xhat = F.layer_norm(x, mod.normalized_shape, eps=mod.eps)
-                lead = x.dim() - len(mod.normalized_shape)
-                dims = tuple(range(1, lead))
-                parts = [(d * xhat).sum(dims) if dims else d * xhat, d.sum(dims) if dims else d]
-            else:
-                xhat = F.group_norm(x, mod.num_groups, eps=mod.eps)
-                dims = tuple(range(2, x.dim()))
-                parts = [(d * xhat).sum(dims) if dims else d * xhat, d.sum(dims) if dims else d]
-            if mod.weight is None:
-                parts = parts[1:]
-            if mod.bias is None:
-                parts = parts[:1]
-            G = G + torch.cat([p.reshape(n, -1) for p in parts], 1)
-        return _Term("small", names, G=G)
-    A, D = [], []
-    for x, d in calls:
-        x = _rows(x, n, what)
-        if isinstance(mod, torch.nn.Linear):
-            A.append(x.reshape(n, -1, mod.in_features))
-            D.append(d.reshape(n, -1, mod.out_features))
-        else:
-            if x.dim() != (3 if isinstance(mod, torch.nn.Conv1d) else 4):
-                raise ValueError(f"{what} is called on {tuple(x.shape)}: a batch of records is needed")
-            A.append(_unfold(mod, x))
-            D.append(d.reshape(n, mod.out_channels, -1).transpose(1, 2))
-    return _Term("factor", names, A=torch.cat(A, 1), D=torch.cat(D, 1), bias=mod.bias is not None)
+            x, d = x[sel], d[sel]
+            A.append(_unfold(mod, x) if conv else x.reshape(x.shape[0], -1, p))
+            D.append(d.reshape(d.shape[0], q, -1).transpose(1, 2) if conv else d.reshape(d.shape[0], -1, q))
+        return (A[0], D[0]) if len(calls) == 1 else (torch.cat(A, 1), torch.cat(D, 1))
+
+    bias = mod.bias is not None
+    if q * p + q * bias > T * (p + q):  # a record's gradient is larger than its rows: keep the rows
+        return _Term("factor", names, rows=rows, T=T, p=p, q=q, bias=bias)
+    G = torch.empty(n, q * p + q * bias, dtype=calls[0][1].dtype)
+    chunk = max(1, BLOCK_ELEMENTS // (T * (p + q)))
+    for s in range(0, n, chunk):
+        if conv:  # no patches: a grouped convolution backward, one group per record
+            G[s : s + chunk, : q * p] = sum(
+                _conv_record_grads(mod, x[s : s + chunk], d[s : s + chunk]) for x, d in calls
+            )
+            if bias:
+                G[s : s + chunk, q * p :] = sum(d[s : s + chunk].flatten(2).sum(2) for _, d in calls)
+            continue
+        A, D = rows(slice(s, s + chunk))
+        G[s : s + chunk, : q * p] = torch.bmm(D.transpose(1, 2), A).reshape(A.shape[0], -1)
+        if bias:
+            G[s : s + chunk, q * p :] = D.sum(1)
+    return _Term("small", names, G=G)
 
 
 def _forward_backward(problem: TorchModel, w: torch.Tensor, data: UserData) -> list[_Term]:
@@ -217,19 +271,18 @@ def _forward_backward(problem: TorchModel, w: torch.Tensor, data: UserData) -> l
             h.remove()
     outputs = [o for name in modules for _, o, _ in calls[name]]
     for name in modules:
+        if not calls[name]:
+            raise ValueError(f"layer {name} ({type(modules[name]).__name__}) is never called in forward")
         for _, o, version in calls[name]:
             if o._version != version:
                 raise ValueError(f"the output of layer {name} is modified in place (e.g. ReLU(inplace=True))")
-    grads = torch.autograd.grad(loss, outputs, allow_unused=True) if outputs else ()
-    it = iter(grads)
+    grads = iter(torch.autograd.grad(loss, outputs, allow_unused=True))
     terms = []
     for name, mod in modules.items():
         pairs = []
         for x, o, _ in calls[name]:
-            d = next(it)
-            pairs.append((x, torch.zeros_like(o) if d is None else d.detach()))
-        if not pairs:
-            raise ValueError(f"layer {name} ({type(mod).__name__}) is never called in forward")
+            d = next(grads)
+            pairs.append((x, torch.zeros_like(o) if d is None else d))
         terms.append(_terms(name, mod, pairs, n))
     return terms
 
@@ -250,47 +303,48 @@ def _user_blocks(counts: torch.Tensor, row_cost: int) -> list[torch.Tensor]:
     return blocks
 
 
-def _padded(values: torch.Tensor, rec: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``values[rec]`` with padded positions zero: ``(users, M, ...)``."""
-    out = values[rec]
-    return torch.where(mask.view(mask.shape + (1,) * (out.dim() - 2)), out, torch.zeros((), dtype=out.dtype))
-
-
-def _norms_sq(terms: list[_Term], data: UserData) -> torch.Tensor:
+def _norms_sq(terms: list[_Term], data: UserData, dtype: torch.dtype) -> torch.Tensor:
     """``||sum_{j in u} g_j||^2`` of every user (not yet divided by m_u^2)."""
     U, idx = data.num_users, data.user_index
     counts = torch.bincount(idx, minlength=U)
-    dtype = terms[0].D.dtype if terms[0].D is not None else terms[0].G.dtype
     out = torch.zeros(U, dtype=dtype)
-    factor = [t for t in terms if t.kind != "small"]
     for t in terms:
         if t.kind == "small":
             out += torch.zeros(U, t.G.shape[1], dtype=dtype).index_add_(0, idx, t.G).pow(2).sum(1)
+    factor = [t for t in terms if t.kind != "small"]
     if not factor:
         return out
-    by_user = torch.sort(idx, stable=True).indices
+    grouped = bool((idx[1:] >= idx[:-1]).all())  # records in user order: a block of equal users is a slice
+    by_user = torch.arange(len(idx)) if grouped else torch.sort(idx, stable=True).indices
     starts = torch.cumsum(counts, 0) - counts
-    row_cost = max(t.D.shape[1] * (t.D.shape[2] + (t.A.shape[2] if t.kind == "factor" else 1)) for t in factor)
+    row_cost = max(t.T * (t.q + (t.p if t.kind == "factor" else 1)) for t in factor)
     for users in _user_blocks(counts, row_cost):
-        M = int(counts[users].max())
-        slot = torch.arange(M)
-        mask = slot.unsqueeze(0) < counts[users].unsqueeze(1)
-        rec = by_user[(starts[users].unsqueeze(1) + slot).clamp(max=len(idx) - 1)]
+        k, M = len(users), int(counts[users].max())
+        first = int(starts[users[0]])
+        if grouped and bool((counts[users] == M).all()) and bool((users[1:] == users[:-1] + 1).all()):
+            sel, mask = slice(first, first + k * M), None
+        else:
+            slot = torch.arange(M)
+            mask = (slot.unsqueeze(0) < counts[users].unsqueeze(1)).reshape(-1)
+            sel = by_user[(starts[users].unsqueeze(1) + slot).clamp(max=len(idx) - 1).reshape(-1)]
         for t in factor:
-            T, q = t.D.shape[1], t.D.shape[2]
-            R = M * T  # rows of a user in this block
-            Dp = _padded(t.D, rec, mask).reshape(len(users), R, q)
+            A, D = t.rows(sel)
+            if mask is not None:  # padding records: zero rows (an index row needs only its zero D)
+                D = torch.where(mask.view(-1, 1, 1), D, torch.zeros((), dtype=D.dtype))
+                if t.kind == "factor":
+                    A = torch.where(mask.view(-1, 1, 1), A, torch.zeros((), dtype=A.dtype))
+            R = M * t.T  # rows of a user in this block
+            Dp = D.reshape(k, R, t.q)
             if t.kind == "index":
-                Ip = t.A[rec].reshape(len(users), R)
+                Ip = A.reshape(k, R)
                 same = (Ip.unsqueeze(2) == Ip.unsqueeze(1)).to(dtype)
                 out[users] += (torch.bmm(Dp, Dp.transpose(1, 2)) * same).sum((1, 2))
                 continue
-            p = t.A.shape[2]
-            Ap = _padded(t.A, rec, mask).reshape(len(users), R, p)
-            if R * (p + q) < p * q:  # Gram form
+            Ap = A.reshape(k, R, t.p)
+            if R * (t.p + t.q) < t.p * t.q:  # Gram form
                 gram_a = torch.bmm(Ap, Ap.transpose(1, 2))
                 if t.bias:
-                    gram_a = gram_a + 1
+                    gram_a += 1
                 out[users] += (torch.bmm(Dp, Dp.transpose(1, 2)) * gram_a).sum((1, 2))
             else:  # the user's gradient of this layer
                 out[users] += torch.bmm(Dp.transpose(1, 2), Ap).pow(2).sum((1, 2))
@@ -300,27 +354,41 @@ def _norms_sq(terms: list[_Term], data: UserData) -> torch.Tensor:
 
 
 def _weighted_sum(terms: list[_Term], coef: torch.Tensor, problem: TorchModel) -> torch.Tensor:
-    """``sum_j coef_j g_j`` as one flat vector in ``named_parameters()`` order (``coef_j = 0``: record j's
-    terms are zeroed first, so a non-finite record adds nothing)."""
-    keep = coef != 0
+    """``sum_j coef_j g_j`` as one flat vector in ``named_parameters()`` order (a record with
+    ``coef_j = 0`` has its terms zeroed first, so a non-finite record adds nothing)."""
+    keep = None if bool((coef != 0).all()) else coef != 0
+    n = len(coef)
     grads: dict[str, torch.Tensor] = {}
     for t in terms:
         if t.kind == "small":
-            G = torch.where(keep.unsqueeze(1), t.G, torch.zeros((), dtype=t.G.dtype))
+            G = t.G if keep is None else torch.where(keep.unsqueeze(1), t.G, torch.zeros((), dtype=t.G.dtype))
             flat = coef @ G
-            sizes = [n for name, _, n in problem._shapes if name in t.names]
+            sizes = [size for name, _, size in problem._shapes if name in t.names]
             grads.update(zip(t.names, flat.split(sizes)))
             continue
-        D = torch.where(keep.view(-1, 1, 1), t.D, torch.zeros((), dtype=t.D.dtype)) * coef.view(-1, 1, 1)
-        D2 = D.reshape(-1, D.shape[2])
         if t.kind == "index":
-            idx = t.A.reshape(-1)
-            grads[t.names[0]] = torch.zeros(t.num_rows, D.shape[2], dtype=D.dtype).index_add_(0, idx, D2)
+            idx, D = t.rows(slice(None))
+            D = D if keep is None else torch.where(keep.view(-1, 1, 1), D, torch.zeros((), dtype=D.dtype))
+            D = (D * coef.view(-1, 1, 1)).reshape(-1, t.q)
+            grads[t.names[0]] = torch.zeros(t.num_rows, t.q, dtype=D.dtype).index_add_(0, idx.reshape(-1), D)
             continue
-        A = torch.where(keep.view(-1, 1, 1), t.A, torch.zeros((), dtype=t.A.dtype))
-        grads[t.names[0]] = D2.T @ A.reshape(-1, A.shape[2])
+        weight = torch.zeros(t.q, t.p, dtype=coef.dtype)
+        bias = torch.zeros(t.q, dtype=coef.dtype)
+        chunk = max(1, BLOCK_ELEMENTS // (t.T * (t.p + t.q)))
+        for s in range(0, n, chunk):
+            A, D = t.rows(slice(s, s + chunk))
+            c = coef[s : s + chunk]
+            if keep is not None:
+                k = keep[s : s + chunk].view(-1, 1, 1)
+                A = torch.where(k, A, torch.zeros((), dtype=A.dtype))
+                D = torch.where(k, D, torch.zeros((), dtype=D.dtype))
+            D = (D * c.view(-1, 1, 1)).reshape(-1, t.q)
+            weight += D.T @ A.reshape(-1, t.p)
+            if t.bias:
+                bias += D.sum(0)
+        grads[t.names[0]] = weight
         if t.bias:
-            grads[t.names[1]] = D2.sum(0)
+            grads[t.names[1]] = bias
     return torch.cat([grads[name].reshape(-1) for name, _, _ in problem._shapes])
 
 
@@ -331,7 +399,7 @@ def user_gradient_norms(problem: TorchModel, w: torch.Tensor, data: UserData) ->
         raise ValueError(f"ghost clipping does not cover this model: {reason}")
     terms = _forward_backward(problem, w, data)
     counts = torch.bincount(data.user_index, minlength=data.num_users).clamp_min(1)
-    return torch.sqrt(_norms_sq(terms, data)) / counts.to(problem.dtype), terms
+    return torch.sqrt(_norms_sq(terms, data, problem.dtype)) / counts.to(problem.dtype), terms
 
 
 def ghost_clipped_sum(
