@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from fedkl.data.base import FederatedDataset, UserData
+from fedkl.federation import ghost_clipping
 from fedkl.federation.base import ClippedGradient
 from fedkl.federation.ghost_clipping import ghost_clipped_sum, unsupported_reason
 from fedkl.federation.inprocess import InProcessFederation
@@ -23,17 +24,22 @@ SIDE = 6
 
 
 class CNN(torch.nn.Module):
-    """Conv2d (stride, padding) + GroupNorm, Conv1d over the rows ('same' padding), a linear head."""
+    """Conv2d (stride, padding) + GroupNorm, two more Conv2d with many channels on few positions
+    (their per-user norms by materialised user gradients and by Gram matrices), Conv1d over the rows
+    ('same' padding), a linear head."""
 
     def __init__(self, dim: int, k: int) -> None:
         super().__init__()
-        self.conv = torch.nn.Conv2d(1, 4, 3, stride=2, padding=1)
+        self.conv = torch.nn.Conv2d(1, 4, 3, stride=2, padding=1)  # 6x6 -> 3x3
         self.norm = torch.nn.GroupNorm(2, 4)
+        self.wide = torch.nn.Conv2d(4, 8, 2)  # 3x3 -> 2x2
+        self.wider = torch.nn.Conv2d(8, 16, 2)  # 2x2 -> 1x1
         self.conv1 = torch.nn.Conv1d(SIDE, 3, 3, padding="same", bias=False)
-        self.head = torch.nn.Linear(4 * 3 * 3 + 3 * SIDE, k)
+        self.head = torch.nn.Linear(16 + 3 * SIDE, k)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = torch.relu(self.norm(self.conv(x.view(-1, 1, SIDE, SIDE)))).flatten(1)
+        h = torch.relu(self.norm(self.conv(x.view(-1, 1, SIDE, SIDE))))
+        h = self.wider(torch.tanh(self.wide(h))).flatten(1)
         r = torch.tanh(self.conv1(x.view(-1, SIDE, SIDE))).flatten(1)
         return self.head(torch.cat([h, r], 1))
 
@@ -66,16 +72,17 @@ class Recurrent(torch.nn.Module):
         return self.head(h)
 
 
-def _data(dim: int, classes: int, tokens: bool = False, seed: int = 0) -> UserData:
+def _data(dim: int, classes: int, tokens: bool = False, seed: int = 0, counts=COUNTS, grouped=False) -> UserData:
     g = torch.Generator().manual_seed(seed)
-    idx = torch.cat([torch.full((c,), u) for u, c in enumerate(COUNTS)])
-    idx = idx[torch.randperm(len(idx), generator=g)]  # records not grouped by user
+    idx = torch.cat([torch.full((c,), u) for u, c in enumerate(counts)])
+    if not grouped:
+        idx = idx[torch.randperm(len(idx), generator=g)]  # records not grouped by user
     if tokens:
         X = torch.randint(0, 7, (len(idx), dim), generator=g).double()
     else:
         X = torch.randn(len(idx), dim, generator=g, dtype=torch.float64)
     y = torch.randint(0, classes, (len(idx),), generator=g)
-    return UserData(X, y, idx, tuple(f"u{u}" for u in range(len(COUNTS))))
+    return UserData(X, y, idx, tuple(f"u{u}" for u in range(len(counts))))
 
 
 def _per_record_clipped_sum(problem, w, data, clip):
@@ -85,7 +92,7 @@ def _per_record_clipped_sum(problem, w, data, clip):
 
 
 MODELS = {
-    "mlp": lambda dtype: (MLP(10, (8, 6), 4, seed=3, dtype=dtype), _data(10, 4)),
+    "mlp": lambda dtype: (MLP(40, (32, 6), 4, seed=3, dtype=dtype), _data(40, 4)),
     "cnn": lambda dtype: (TorchModel(CNN, SIDE * SIDE, "multiclass", 3, dtype=dtype), _data(SIDE * SIDE, 3)),
     "embedding": lambda dtype: (TorchModel(EmbedNorm, 6, "multiclass", 3, dtype=dtype), _data(6, 3, tokens=True)),
     "recurrent": lambda dtype: (TorchModel(Recurrent, 9, "regression", dtype=dtype), _data(9, 3)),
@@ -120,6 +127,23 @@ class Sqrt(torch.nn.Module):
 
     def forward(self, x):
         return self.head(self.norm(torch.tanh(self.fc(x))) * torch.sqrt(x[:, :1] + 100))
+
+
+@pytest.mark.parametrize("model", ["mlp", "cnn"])
+def test_small_blocks_and_grouped_equal_users_give_the_same_sum(model, monkeypatch):
+    problem, _ = MODELS[model](torch.float64)
+    dim = problem.dim
+    w = problem.init_params()
+    for data in (_data(dim, 3, counts=[4] * 6, grouped=True), _data(dim, 3)):  # slices; gathered padded blocks
+        expected, norms = _per_record_clipped_sum(problem, w, data, 1.0)
+        clip = float(norms[norms > 0].median())
+        expected, _ = _per_record_clipped_sum(problem, w, data, clip)
+        whole, _ = ghost_clipped_sum(problem, w, data, clip)
+        monkeypatch.setattr(ghost_clipping, "BLOCK_ELEMENTS", 64)  # one user / one record per block
+        blocks, _ = ghost_clipped_sum(problem, w, data, clip)
+        monkeypatch.undo()
+        torch.testing.assert_close(whole, expected, rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(blocks, expected, rtol=1e-12, atol=1e-14)
 
 
 def test_a_non_finite_user_adds_zero_and_is_reported():
@@ -212,3 +236,45 @@ def test_the_inprocess_sum_is_ghost_clipping_by_default():
     torch.testing.assert_close(got.total(), ref.total(), rtol=1e-12, atol=1e-14)
     # per-user answers (what a Flower client sends) stay the per-record path
     assert fed.compute(ClippedGradient(w, 0.05), users).values.shape == (len(users), fed.num_params)
+
+
+class Tied(torch.nn.Module):
+    def __init__(self, dim: int, k: int) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(dim, dim), torch.nn.Linear(dim, dim)
+        self.b.weight = self.a.weight
+        self.head = torch.nn.Linear(dim, k)
+
+    def forward(self, x):
+        return self.head(self.b(torch.tanh(self.a(x))))
+
+
+@pytest.mark.parametrize(
+    "net,reg,reason",
+    [
+        (Tied, 0.0, "layer b (Linear) shares a parameter with layer a"),
+        (
+            lambda d, k: torch.nn.Sequential(
+                torch.nn.Unflatten(1, (2, 5)),
+                torch.nn.Conv1d(2, 4, 3, groups=2),
+                torch.nn.Flatten(),
+                torch.nn.Linear(12, k),
+            ),
+            0.0,
+            "layer 1 (Conv1d): Conv1d with groups=2",
+        ),  # fmt: skip
+        (
+            lambda d, k: torch.nn.Sequential(
+                torch.nn.Unflatten(1, (1, 10)),
+                torch.nn.Conv1d(1, 2, 2, padding="same"),
+                torch.nn.Flatten(),
+                torch.nn.Linear(20, k),
+            ),
+            0.0,
+            "layer 1 (Conv1d): Conv1d with asymmetric 'same' padding",
+        ),  # fmt: skip
+        (lambda d, k: torch.nn.Sequential(torch.nn.Linear(d, k)), 0.1, "a regularised problem (reg != 0)"),
+    ],
+)
+def test_what_is_not_covered_is_named(net, reg, reason):
+    assert unsupported_reason(TorchModel(net, 10, "multiclass", 3, reg=reg)) == reason
