@@ -31,7 +31,7 @@ What is covered (:func:`unsupported_reason`): every parametrised module is exact
 :data:`SUPPORTED` (not a subclass, which may change ``forward``), no parameter is shared between
 modules, Conv without groups and with zero padding, Embedding without ``max_norm`` or
 ``scale_grad_by_freq``, and every layer call keeps the records on its first axis (checked per call)
-and leaves its output unmodified (an in-place op on it is detected and refused). BatchNorm is refused
+(an in-place op on a layer's output, ``ReLU(inplace=True)``, is fine). BatchNorm is refused
 by :class:`TorchModel` itself (batch statistics mix users' records); a regularised problem
 (``reg != 0``) is not covered. Parameters used outside their module's call (``F.linear(x, self.fc.weight)``)
 cannot be seen by hooks: :func:`check_against_per_record` compares the norms with the per-record path
@@ -190,101 +190,139 @@ def _norm_layer_grads(mod: torch.nn.Module, x: torch.Tensor, d: torch.Tensor) ->
     return torch.cat([p.reshape(n, -1) for p in parts], 1)
 
 
-def _terms(name: str, mod: torch.nn.Module, calls: list[tuple[torch.Tensor, torch.Tensor]], n: int) -> _Term:
-    """The per-record quantities of module ``name`` from its calls ``(input, d loss / d output)``."""
-    what = f"layer {name} ({type(mod).__name__})"
-    names = [f"{name}.{k}" for k, p in mod._parameters.items() if p is not None]
+def _record_grads(mod: torch.nn.Module, x: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """Every record's gradient of one call's parameters (weight, then bias): ``(k, P)``, in record chunks
+    whose temporaries hold at most :data:`BLOCK_ELEMENTS` floats."""
+    k = x.shape[0]
+    chunk = max(1, BLOCK_ELEMENTS // max(1, x[0].numel() + d[0].numel()))
+    if chunk < k:
+        return torch.cat([_record_grads(mod, x[s : s + chunk], d[s : s + chunk]) for s in range(0, k, chunk)])
     if isinstance(mod, (torch.nn.LayerNorm, torch.nn.GroupNorm)):
-        G = sum(_norm_layer_grads(mod, _rows(x, n, what), d) for x, d in calls)
-        return _Term("small", names, G=G)
-    if isinstance(mod, torch.nn.Embedding):
-        idx = torch.cat([_rows(x, n, what).reshape(n, -1) for x, _ in calls], 1)
-        D = torch.cat([d.reshape(n, -1, mod.embedding_dim) for _, d in calls], 1)
-        if mod.padding_idx is not None:
-            D = torch.where((idx == mod.padding_idx).unsqueeze(2), torch.zeros_like(D), D)
-        T, q = idx.shape[1], mod.embedding_dim
-        return _Term("index", names, rows=lambda sel: (idx[sel], D[sel]), T=T, q=q, num_rows=mod.num_embeddings)
-    conv = not isinstance(mod, torch.nn.Linear)
-    for x, _ in calls:
-        if _rows(x, n, what).dim() != (3 if isinstance(mod, torch.nn.Conv1d) else 4) and conv:
-            raise ValueError(f"{what} is called on {tuple(x.shape)}: a batch of records is needed")
-    if conv:
-        p, q = mod.in_channels * math.prod(mod.kernel_size), mod.out_channels
+        return _norm_layer_grads(mod, x, d)
+    if isinstance(mod, torch.nn.Linear):
+        D = d.reshape(k, -1, mod.out_features)
+        parts = [torch.bmm(D.transpose(1, 2), x.reshape(k, -1, mod.in_features)).reshape(k, -1)]
+        if mod.bias is not None:
+            parts.append(D.sum(1))
+    else:  # no patch matrix: a grouped convolution backward, one group per record
+        parts = [_conv_record_grads(mod, x, d)]
+        if mod.bias is not None:
+            parts.append(d.flatten(2).sum(2))
+    return torch.cat(parts, 1) if len(parts) > 1 else parts[0]
+
+
+class _Layer:
+    """Collects one parametrised layer's calls during the forward pass (its input) and the backward pass
+    (``d``, the loss gradient at its output), and turns them into a :class:`_Term`. A layer whose
+    per-record gradient is small ("small": norm layers, most convolutions) folds every call into ``G``
+    as soon as its ``d`` exists, so neither is kept; the others keep ``(input, d)`` of every call."""
+
+    def __init__(self, name: str, mod: torch.nn.Module, n: int) -> None:
+        self.name, self.mod, self.n = name, mod, n
+        self.what = f"layer {name} ({type(mod).__name__})"
+        self.names = [f"{name}.{k}" for k, p in mod._parameters.items() if p is not None]
+        self.size = sum(p.numel() for p in mod._parameters.values() if p is not None)
+        self.conv = isinstance(mod, (torch.nn.Conv1d, torch.nn.Conv2d))
+        self.kind: str | None = None
+        self.calls: list[list] = []  # [input, d] of every call ("factor", "index")
+        self.G: torch.Tensor | None = None
+        self.p = self.q = 0
+        if isinstance(mod, torch.nn.Linear):
+            self.p, self.q = mod.in_features, mod.out_features
+        elif self.conv:
+            self.p, self.q = mod.in_channels * math.prod(mod.kernel_size), mod.out_channels
+        elif isinstance(mod, torch.nn.Embedding):
+            self.q = mod.embedding_dim
+
+    def forward(self, x: torch.Tensor, out: torch.Tensor) -> Callable[[torch.Tensor], None]:
+        """Record one call; returns what to do with its ``d``."""
+        if x.dim() < 2 or x.shape[0] != self.n:
+            raise ValueError(f"{self.what} is called on {tuple(x.shape)}, not on the {self.n} records")
+        if self.conv and x.dim() != (3 if isinstance(self.mod, torch.nn.Conv1d) else 4):
+            raise ValueError(f"{self.what} is called on {tuple(x.shape)}: a batch of records is needed")
+        if self.kind is None:
+            if isinstance(self.mod, torch.nn.Embedding):
+                self.kind = "index"
+            elif self.q == 0:  # a norm layer
+                self.kind = "small"
+            else:
+                T = out[0].numel() // self.q
+                self.kind = "small" if self.size <= T * (self.p + self.q) else "factor"
+        if self.kind == "small":
+            held = [x]
+
+            def fold(d: torch.Tensor) -> None:
+                g = _record_grads(self.mod, held.pop(), d)
+                self.G = g if self.G is None else self.G + g
+
+            return fold
+        entry = [x, None]
+        self.calls.append(entry)
+        return lambda d: entry.__setitem__(1, d)
+
+    def term(self) -> _Term:
+        calls = [(x, d) for x, d in self.calls if d is not None]  # a call whose output the loss ignores adds 0
+        if self.kind == "small" or not calls:
+            G = self.G if self.G is not None else torch.zeros(self.n, self.size)
+            return _Term("small", self.names, G=G)
+        n, p, q, mod = self.n, self.p, self.q, self.mod
+        if self.kind == "index":
+            idx = torch.cat([x.reshape(n, -1) for x, _ in calls], 1)
+            D = torch.cat([d.reshape(n, -1, q) for _, d in calls], 1)
+            if mod.padding_idx is not None:
+                D = torch.where((idx == mod.padding_idx).unsqueeze(2), torch.zeros((), dtype=D.dtype), D)
+            return _Term("index", self.names, rows=lambda sel: (idx[sel], D[sel]), T=idx.shape[1], q=q,
+                         num_rows=mod.num_embeddings)  # fmt: skip
+
+        def rows(sel: slice | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            A, D = [], []
+            for x, d in calls:
+                x, d = x[sel], d[sel]
+                A.append(_unfold(mod, x) if self.conv else x.reshape(x.shape[0], -1, p))
+                D.append(d.reshape(d.shape[0], q, -1).transpose(1, 2) if self.conv else d.reshape(d.shape[0], -1, q))
+            return (A[0], D[0]) if len(calls) == 1 else (torch.cat(A, 1), torch.cat(D, 1))
+
         T = sum(d[0].numel() // q for _, d in calls)
-    else:
-        p, q = mod.in_features, mod.out_features
-        T = sum(x[0].numel() // p for x, _ in calls)
-
-    def rows(sel: slice | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        A, D = [], []
-        for x, d in calls:
-            x, d = x[sel], d[sel]
-            A.append(_unfold(mod, x) if conv else x.reshape(x.shape[0], -1, p))
-            D.append(d.reshape(d.shape[0], q, -1).transpose(1, 2) if conv else d.reshape(d.shape[0], -1, q))
-        return (A[0], D[0]) if len(calls) == 1 else (torch.cat(A, 1), torch.cat(D, 1))
-
-    bias = mod.bias is not None
-    if q * p + q * bias > T * (p + q):  # a record's gradient is larger than its rows: keep the rows
-        return _Term("factor", names, rows=rows, T=T, p=p, q=q, bias=bias)
-    G = torch.empty(n, q * p + q * bias, dtype=calls[0][1].dtype)
-    chunk = max(1, BLOCK_ELEMENTS // (T * (p + q)))
-    for s in range(0, n, chunk):
-        if conv:  # no patches: a grouped convolution backward, one group per record
-            G[s : s + chunk, : q * p] = sum(
-                _conv_record_grads(mod, x[s : s + chunk], d[s : s + chunk]) for x, d in calls
-            )
-            if bias:
-                G[s : s + chunk, q * p :] = sum(d[s : s + chunk].flatten(2).sum(2) for _, d in calls)
-            continue
-        A, D = rows(slice(s, s + chunk))
-        G[s : s + chunk, : q * p] = torch.bmm(D.transpose(1, 2), A).reshape(A.shape[0], -1)
-        if bias:
-            G[s : s + chunk, q * p :] = D.sum(1)
-    return _Term("small", names, G=G)
+        return _Term("factor", self.names, rows=rows, T=T, p=p, q=q, bias=mod.bias is not None)
 
 
 def _forward_backward(problem: TorchModel, w: torch.Tensor, data: UserData) -> list[_Term]:
-    """One forward pass with hooks and one backward pass to the layer outputs: every layer's terms."""
+    """One forward pass with hooks and one backward pass to the layer outputs: every layer's terms.
+
+    No parameter gradient is computed: every hooked output gets ``+ probe`` (a zero scalar leaf), and the
+    backward pass asks for the probe's gradient, which needs exactly the gradients at the layer outputs
+    (read by tensor hooks as they are formed; a hook registered before an in-place op on the output,
+    ``ReLU(inplace=True)``, still gets the gradient at the layer's own output)."""
     w, X, y = problem._prepare(w, data)
-    n = X.shape[0]
-    params = {k: v.detach().requires_grad_(True) for k, v in problem._unflatten(w).items()}
-    modules = {
-        name: mod
+    params = {k: v.detach() for k, v in problem._unflatten(w).items()}
+    layers = {
+        name: _Layer(name, mod, X.shape[0])
         for name, mod in problem.module.named_modules()
         if any(p is not None for p in mod._parameters.values())
     }
-    calls: dict[str, list[tuple[torch.Tensor, torch.Tensor, int]]] = {name: [] for name in modules}
+    probe = torch.zeros((), dtype=problem.dtype, requires_grad=True)
 
-    def keep(name: str):
+    def keep(layer: _Layer):
         def hook(mod, inputs, output):
-            calls[name].append((inputs[0].detach(), output, output._version))
+            out = output + probe
+            out.register_hook(layer.forward(inputs[0].detach(), out))
+            return out
 
         return hook
 
-    handles = [mod.register_forward_hook(keep(name)) for name, mod in modules.items()]
+    handles = [layer.mod.register_forward_hook(keep(layer)) for layer in layers.values()]
     try:
         with torch.enable_grad():
-            out = torch.func.functional_call(problem.module, params, (X,))
-            loss = problem._losses(out, y).sum()
+            loss = problem._losses(torch.func.functional_call(problem.module, params, (X,)), y).sum()
     finally:
         for h in handles:
             h.remove()
-    outputs = [o for name in modules for _, o, _ in calls[name]]
-    for name in modules:
-        if not calls[name]:
-            raise ValueError(f"layer {name} ({type(modules[name]).__name__}) is never called in forward")
-        for _, o, version in calls[name]:
-            if o._version != version:
-                raise ValueError(f"the output of layer {name} is modified in place (e.g. ReLU(inplace=True))")
-    grads = iter(torch.autograd.grad(loss, outputs, allow_unused=True))
-    terms = []
-    for name, mod in modules.items():
-        pairs = []
-        for x, o, _ in calls[name]:
-            d = next(grads)
-            pairs.append((x, torch.zeros_like(o) if d is None else d))
-        terms.append(_terms(name, mod, pairs, n))
-    return terms
+    for layer in layers.values():
+        if layer.kind is None:
+            raise ValueError(f"{layer.what} is never called in forward")
+    if loss.requires_grad:
+        torch.autograd.grad(loss, probe, allow_unused=True)
+    return [layer.term() for layer in layers.values()]
 
 
 def _user_blocks(counts: torch.Tensor, row_cost: int) -> list[torch.Tensor]:

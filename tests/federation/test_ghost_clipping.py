@@ -95,6 +95,7 @@ MODELS = {
     "mlp": lambda dtype: (MLP(40, (32, 6), 4, seed=3, dtype=dtype), _data(40, 4)),
     "cnn": lambda dtype: (TorchModel(CNN, SIDE * SIDE, "multiclass", 3, dtype=dtype), _data(SIDE * SIDE, 3)),
     "embedding": lambda dtype: (TorchModel(EmbedNorm, 6, "multiclass", 3, dtype=dtype), _data(6, 3, tokens=True)),
+    "inplace-relu": lambda dtype: (TorchModel(InPlace, 10, "multiclass", 3, dtype=dtype), _data(10, 3)),
     "recurrent": lambda dtype: (TorchModel(Recurrent, 9, "regression", dtype=dtype), _data(9, 3)),
 }
 
@@ -182,7 +183,21 @@ class Functional(torch.nn.Module):
         return self.head(torch.tanh(self.fc(x)) + x @ self.fc.weight)
 
 
+class Positions(torch.nn.Module):
+    """Calls a layer with positions folded into the batch axis."""
+
+    def __init__(self, dim: int, k: int) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(2, 3)
+        self.head = torch.nn.Linear(3 * dim // 2, k)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.fc(x.reshape(-1, 2))).reshape(x.shape[0], -1))
+
+
 class InPlace(torch.nn.Module):
+    """ReLU(inplace=True) overwrites the first Linear layer's output (the hooks still see its gradient)."""
+
     def __init__(self, dim: int, k: int) -> None:
         super().__init__()
         self.body = torch.nn.Sequential(torch.nn.Linear(dim, 5), torch.nn.ReLU(inplace=True), torch.nn.Linear(5, k))
@@ -202,7 +217,7 @@ def _federation(net) -> tuple[InProcessFederation, InProcessFederation]:
     "net,message",
     [
         (WithPReLU, "ghost clipping does not cover this model: layer body.1 (PReLU) has parameters; covered: Linear,"),
-        (InPlace, "the output of layer body.0 is modified in place"),
+        (Positions, "layer fc (Linear) is called on (110, 2), not on the 22 records"),
     ],
 )
 def test_an_uncovered_model_is_refused_in_one_line_and_the_backend_falls_back(net, message):
