@@ -1,31 +1,34 @@
 """The clipped per-user gradient SUM of any :class:`~fedkl.problems.torch_model.TorchModel` (the
 built-in MLP included) without per-record or per-user gradients of the whole network in memory.
 
-The stock path (:meth:`TorchModel.per_user_gradients`) builds every per-RECORD gradient
+The per-record path (:meth:`TorchModel.per_user_gradients`) builds every per-RECORD gradient
 (``vmap(grad(...))``: records x parameters floats), sums them into users and clips the rows. Here the
 same clipped sum ``sum_u clip_C(g_u)`` comes from one forward and one backward pass of the batch
 ("ghost clipping", Goodfellow 2015, Li et al. 2022; "book-keeping", Bu et al. 2023), generalised
-from records to users. Forward hooks keep every layer call's input ``a``, and ``torch.autograd.grad``
-of the summed per-record losses w.r.t. every layer call's output gives ``d`` (no parameter gradient
-is formed). User u's gradient is the mean of its records' gradients, ``g_u = (1/m_u) sum_{j in u} g_j``.
+from records to users. Forward hooks keep every layer call's input ``a``; the backward pass of the
+summed per-record losses gives ``d``, the loss gradient at every layer call's output (read by tensor
+hooks; no parameter gradient is formed). User u's gradient is the mean of its records' gradients,
+``g_u = (1/m_u) sum_{j in u} g_j``.
 
-* **Linear, Conv1d, Conv2d** (conv inputs unfolded into patches): a record's weight gradient is
-  ``sum_t d_t a_t^T`` over its positions t (one position for a Linear on flat rows; the same layer
-  called several times adds positions), bias ``sum_t d_t``. Per user, either the Gram form
+* **Linear, Conv1d, Conv2d**: a record's weight gradient is ``sum_t d_t a_t^T`` over its positions t
+  (one position for a Linear on flat rows; conv patches; the same layer called several times adds
+  positions), bias ``sum_t d_t``. Where that gradient is no larger than the record's rows (most
+  convolutions) it is formed per record (a conv: one grouped convolution backward, one group per
+  record) during the backward pass. Otherwise, per user, either the Gram form
   ``||.||^2 = sum_{r,s in u} (d_r . d_s)(a_r . a_s + 1)`` (batched matmuls of each user's own rows) or
-  the user's gradient of that layer ``sum_r d_r a_r^T`` materialised (``out x in`` floats per user),
-  whichever needs fewer operations (rows R of a user: Gram if ``R (in + out) < in * out``).
+  the user's gradient of that layer ``sum_r d_r a_r^T`` (``out x in`` floats per user), whichever needs
+  fewer operations (R rows per user: Gram if ``R (in + out) < in * out``).
 * **Embedding**: ``sum_{r,s in u} [i_r = i_s] (d_r . d_s)`` (rows at ``padding_idx`` have no gradient).
 * **LayerNorm, GroupNorm**: their per-record weight/bias gradients are small (``d * x_hat`` summed over
-  positions); they are formed and summed into users.
+  positions) and formed per record.
 * The squared norms of all layers add up to ``||g_u||^2``; ``c_u = min(1, C/||g_u||)`` (a user inside
   the ball is not scaled, as :func:`~fedkl.federation.clipping.clip_rows`) and the clipped sum is
   ``sum_j (c_u(j)/m_u(j)) g_j``: one weighted matmul (or ``index_add``) per layer from the kept ``a``, ``d``.
 
-Users are processed in blocks of similar record counts padded to ``(users, max records, .)`` with at
-most :data:`BLOCK_ELEMENTS` floats per temporary: the memory of the batch's activations, never
-``records x parameters``. A user whose gradient norm is not finite contributes zero and is reported
-(``bad``), as ``clip_rows`` does.
+Users are processed in blocks of similar record counts padded to ``(users, max records, .)``, records in
+chunks, with at most :data:`BLOCK_ELEMENTS` floats per temporary: about the memory of the batch's
+activations, never ``records x parameters`` (simulations/bench_torch_models.py). A user whose gradient
+norm is not finite contributes zero and is reported (``bad``), as ``clip_rows`` does.
 
 What is covered (:func:`unsupported_reason`): every parametrised module is exactly one of
 :data:`SUPPORTED` (not a subclass, which may change ``forward``), no parameter is shared between
@@ -130,12 +133,6 @@ class _Term:
     num_rows: int = 0
 
 
-def _rows(x: torch.Tensor, n: int, what: str) -> torch.Tensor:
-    if x.dim() < 2 or x.shape[0] != n:
-        raise ValueError(f"{what} is called on {tuple(x.shape)} instead of the {n} records on its first axis")
-    return x
-
-
 def _unfold(mod: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """Patches of a conv input, ``(k, L, C_in * prod(kernel))`` in the order of ``weight.view(C_out, -1)``."""
     pad = _conv_padding(mod)
@@ -217,8 +214,8 @@ class _Layer:
     per-record gradient is small ("small": norm layers, most convolutions) folds every call into ``G``
     as soon as its ``d`` exists, so neither is kept; the others keep ``(input, d)`` of every call."""
 
-    def __init__(self, name: str, mod: torch.nn.Module, n: int) -> None:
-        self.name, self.mod, self.n = name, mod, n
+    def __init__(self, name: str, mod: torch.nn.Module, n: int, dtype: torch.dtype) -> None:
+        self.name, self.mod, self.n, self.dtype = name, mod, n, dtype
         self.what = f"layer {name} ({type(mod).__name__})"
         self.names = [f"{name}.{k}" for k, p in mod._parameters.items() if p is not None]
         self.size = sum(p.numel() for p in mod._parameters.values() if p is not None)
@@ -263,7 +260,7 @@ class _Layer:
     def term(self) -> _Term:
         calls = [(x, d) for x, d in self.calls if d is not None]  # a call whose output the loss ignores adds 0
         if self.kind == "small" or not calls:
-            G = self.G if self.G is not None else torch.zeros(self.n, self.size)
+            G = self.G if self.G is not None else torch.zeros(self.n, self.size, dtype=self.dtype)
             return _Term("small", self.names, G=G)
         n, p, q, mod = self.n, self.p, self.q, self.mod
         if self.kind == "index":
@@ -296,7 +293,7 @@ def _forward_backward(problem: TorchModel, w: torch.Tensor, data: UserData) -> l
     w, X, y = problem._prepare(w, data)
     params = {k: v.detach() for k, v in problem._unflatten(w).items()}
     layers = {
-        name: _Layer(name, mod, X.shape[0])
+        name: _Layer(name, mod, X.shape[0], problem.dtype)
         for name, mod in problem.module.named_modules()
         if any(p is not None for p in mod._parameters.values())
     }
