@@ -293,3 +293,22 @@ class Tied(torch.nn.Module):
 )
 def test_what_is_not_covered_is_named(net, reg, reason):
     assert unsupported_reason(TorchModel(net, 10, "multiclass", 3, reg=reg)) == reason
+
+
+@pytest.mark.slow
+def test_a_dp_sgd_run_with_ghost_clipping_equals_the_per_record_run(tmp_path, monkeypatch):
+    """Through the runner: the same sampling, noise and ledger; the model equal to float32 rounding."""
+    from fedkl.runner import RunConfig, run_training  # the run layer, above this one: only the test uses it
+    from fedkl.saved_model import load_model
+
+    settings = dict(dataset="synthetic-logistic", users=16, algorithm="dp-sgd", rounds=3, lr=0.5, problem="mlp",
+                    noise_seed=3, reference=False)  # fmt: skip
+    ghost = run_training(RunConfig.from_settings(**settings, out=str(tmp_path / "ghost")), log=lambda s: None)
+    used = []
+    monkeypatch.setattr(InProcessFederation, "_ghost_covers", lambda self, w: used.append(1) and False)
+    stock = run_training(RunConfig.from_settings(**settings, out=str(tmp_path / "stock")), log=lambda s: None)
+    assert used  # the second run asked for clipped sums and got the per-record path
+    w_ghost, w_stock = (load_model(r["model_path"]).params for r in (ghost, stock))
+    torch.testing.assert_close(w_ghost, w_stock, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(w_ghost, w_stock)  # two different computations (float32 rounding differs)
+    assert {**ghost["ledger"], "path": None} == {**stock["ledger"], "path": None}
