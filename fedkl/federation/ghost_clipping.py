@@ -116,8 +116,8 @@ def unsupported_reason(problem: TorchModel) -> str | None:
 class _Term:
     """One parametrised layer's per-record quantities (``names``: its parameters, in order).
 
-    ``kind`` "small": ``G (N, P)``, every record's gradient of the layer's parameters (formed when it is
-    no larger than the record's rows: norm layers, most convolutions). "factor": ``rows(sel)`` gives the
+    ``kind`` "small": ``G (N / group, P)``, every record's (``group`` 1) or every user's gradient of the
+    layer's parameters (formed when a record's is no larger than its rows: norm layers, most convolutions). "factor": ``rows(sel)`` gives the
     selected records' ``A (k, T, p)`` and ``D (k, T, q)``; the weight gradient is ``sum_t D_t A_t^T``,
     plus a bias ``sum_t D_t`` when ``bias``. "index" (Embedding): ``rows(sel)`` gives indices ``(k, T)``
     and ``D (k, T, q)``; ``num_rows`` rows of the table."""
@@ -131,6 +131,7 @@ class _Term:
     q: int = 0
     bias: bool = False
     num_rows: int = 0
+    group: int = 1  # "small": G's rows sum this many consecutive records (one user's when > 1)
 
 
 def _unfold(mod: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -149,14 +150,18 @@ def _unfold(mod: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     return cols.transpose(1, 2)
 
 
-def _conv_record_grads(mod: torch.nn.Module, x: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-    """Every record's weight gradient of one conv call, ``(k, C_out * C_in * prod(kernel))``: the
-    records stacked as the groups of one convolution's weight-gradient (no patch matrix)."""
-    k, dims = x.shape[0], len(mod.kernel_size)
+def _conv_group_grads(mod: torch.nn.Module, x: torch.Tensor, d: torch.Tensor, m: int) -> torch.Tensor:
+    """The weight gradient of one conv call summed over every ``m`` consecutive records (one user's),
+    ``(k / m, C_out * C_in * prod(kernel))``: the users as the groups of one grouped convolution's weight
+    gradient, each user's records its batch (no patch matrix)."""
+    k, dims = x.shape[0] // m, len(mod.kernel_size)
     weight_shape = (k * mod.out_channels, mod.in_channels, *mod.kernel_size)
+    if m > 1:  # records of a user on the batch axis, users on the channel axis
+        x = x.reshape(k, m, *x.shape[1:]).transpose(0, 1)
+        d = d.reshape(k, m, *d.shape[1:]).transpose(0, 1)
     _, grad_w, _ = torch.ops.aten.convolution_backward(
-        d.reshape(1, k * mod.out_channels, *d.shape[2:]),
-        x.reshape(1, k * mod.in_channels, *x.shape[2:]),
+        d.reshape(m, k * mod.out_channels, *d.shape[-dims:]),
+        x.reshape(m, k * mod.in_channels, *x.shape[-dims:]),
         x.new_empty(()).expand(weight_shape),
         None,
         list(mod.stride),
@@ -187,24 +192,26 @@ def _norm_layer_grads(mod: torch.nn.Module, x: torch.Tensor, d: torch.Tensor) ->
     return torch.cat([p.reshape(n, -1) for p in parts], 1)
 
 
-def _record_grads(mod: torch.nn.Module, x: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-    """Every record's gradient of one call's parameters (weight, then bias): ``(k, P)``, in record chunks
-    whose temporaries hold at most :data:`BLOCK_ELEMENTS` floats."""
+def _record_grads(mod: torch.nn.Module, x: torch.Tensor, d: torch.Tensor, m: int = 1) -> torch.Tensor:
+    """The gradient of one call's parameters (weight, then bias) summed over every ``m`` consecutive
+    records: ``(k / m, P)`` (``m = 1``: every record's), in chunks whose temporaries hold at most
+    :data:`BLOCK_ELEMENTS` floats."""
     k = x.shape[0]
-    chunk = max(1, BLOCK_ELEMENTS // max(1, x[0].numel() + d[0].numel()))
+    chunk = max(m, BLOCK_ELEMENTS // max(1, x[0].numel() + d[0].numel()) // m * m)
     if chunk < k:
-        return torch.cat([_record_grads(mod, x[s : s + chunk], d[s : s + chunk]) for s in range(0, k, chunk)])
+        return torch.cat([_record_grads(mod, x[s : s + chunk], d[s : s + chunk], m) for s in range(0, k, chunk)])
     if isinstance(mod, (torch.nn.LayerNorm, torch.nn.GroupNorm)):
-        return _norm_layer_grads(mod, x, d)
+        g = _norm_layer_grads(mod, x, d)
+        return g if m == 1 else g.reshape(k // m, m, -1).sum(1)
     if isinstance(mod, torch.nn.Linear):
-        D = d.reshape(k, -1, mod.out_features)
-        parts = [torch.bmm(D.transpose(1, 2), x.reshape(k, -1, mod.in_features)).reshape(k, -1)]
+        D = d.reshape(k // m, -1, mod.out_features)
+        parts = [torch.bmm(D.transpose(1, 2), x.reshape(k // m, -1, mod.in_features)).reshape(k // m, -1)]
         if mod.bias is not None:
             parts.append(D.sum(1))
-    else:  # no patch matrix: a grouped convolution backward, one group per record
-        parts = [_conv_record_grads(mod, x, d)]
+    else:
+        parts = [_conv_group_grads(mod, x, d, m)]
         if mod.bias is not None:
-            parts.append(d.flatten(2).sum(2))
+            parts.append(d.reshape(k // m, m, mod.out_channels, -1).sum((1, 3)))
     return torch.cat(parts, 1) if len(parts) > 1 else parts[0]
 
 
@@ -214,8 +221,9 @@ class _Layer:
     per-record gradient is small ("small": norm layers, most convolutions) folds every call into ``G``
     as soon as its ``d`` exists, so neither is kept; the others keep ``(input, d)`` of every call."""
 
-    def __init__(self, name: str, mod: torch.nn.Module, n: int, dtype: torch.dtype) -> None:
+    def __init__(self, name: str, mod: torch.nn.Module, n: int, dtype: torch.dtype, group: int) -> None:
         self.name, self.mod, self.n, self.dtype = name, mod, n, dtype
+        self.group = group  # records per user when every user has that many, in order; else 1
         self.what = f"layer {name} ({type(mod).__name__})"
         self.names = [f"{name}.{k}" for k, p in mod._parameters.items() if p is not None]
         self.size = sum(p.numel() for p in mod._parameters.values() if p is not None)
@@ -249,7 +257,7 @@ class _Layer:
             held = [x]
 
             def fold(d: torch.Tensor) -> None:
-                g = _record_grads(self.mod, held.pop(), d)
+                g = _record_grads(self.mod, held.pop(), d, self.group)
                 self.G = g if self.G is None else self.G + g
 
             return fold
@@ -260,8 +268,8 @@ class _Layer:
     def term(self) -> _Term:
         calls = [(x, d) for x, d in self.calls if d is not None]  # a call whose output the loss ignores adds 0
         if self.kind == "small" or not calls:
-            G = self.G if self.G is not None else torch.zeros(self.n, self.size, dtype=self.dtype)
-            return _Term("small", self.names, G=G)
+            G = self.G if self.G is not None else torch.zeros(self.n // self.group, self.size, dtype=self.dtype)
+            return _Term("small", self.names, G=G, group=self.group)
         n, p, q, mod = self.n, self.p, self.q, self.mod
         if self.kind == "index":
             idx = torch.cat([x.reshape(n, -1) for x, _ in calls], 1)
@@ -292,8 +300,11 @@ def _forward_backward(problem: TorchModel, w: torch.Tensor, data: UserData) -> l
     ``ReLU(inplace=True)``, still gets the gradient at the layer's own output)."""
     w, X, y = problem._prepare(w, data)
     params = {k: v.detach() for k, v in problem._unflatten(w).items()}
+    idx, counts = data.user_index, data.counts()
+    equal = bool((counts == counts[0]).all()) and bool((idx[1:] >= idx[:-1]).all())
+    group = int(counts[0]) if equal and len(idx) else 1  # users' records consecutive, all as many
     layers = {
-        name: _Layer(name, mod, X.shape[0], problem.dtype)
+        name: _Layer(name, mod, X.shape[0], problem.dtype, group)
         for name, mod in problem.module.named_modules()
         if any(p is not None for p in mod._parameters.values())
     }
@@ -344,7 +355,9 @@ def _norms_sq(terms: list[_Term], data: UserData, dtype: torch.dtype) -> torch.T
     counts = torch.bincount(idx, minlength=U)
     out = torch.zeros(U, dtype=dtype)
     for t in terms:
-        if t.kind == "small":
+        if t.kind == "small" and t.group > 1:  # already per user
+            out += t.G.pow(2).sum(1)
+        elif t.kind == "small":
             out += torch.zeros(U, t.G.shape[1], dtype=dtype).index_add_(0, idx, t.G).pow(2).sum(1)
     factor = [t for t in terms if t.kind != "small"]
     if not factor:
@@ -395,9 +408,10 @@ def _weighted_sum(terms: list[_Term], coef: torch.Tensor, problem: TorchModel) -
     n = len(coef)
     grads: dict[str, torch.Tensor] = {}
     for t in terms:
-        if t.kind == "small":
-            G = t.G if keep is None else torch.where(keep.unsqueeze(1), t.G, torch.zeros((), dtype=t.G.dtype))
-            flat = coef @ G
+        if t.kind == "small":  # coef and keep are constant over a user's (consecutive) records
+            k = None if keep is None else keep[:: t.group].unsqueeze(1)
+            G = t.G if k is None else torch.where(k, t.G, torch.zeros((), dtype=t.G.dtype))
+            flat = coef[:: t.group] @ G
             sizes = [size for name, _, size in problem._shapes if name in t.names]
             grads.update(zip(t.names, flat.split(sizes)))
             continue
