@@ -147,16 +147,20 @@ def test_small_blocks_and_grouped_equal_users_give_the_same_sum(model, monkeypat
         torch.testing.assert_close(blocks, expected, rtol=1e-12, atol=1e-14)
 
 
-def test_a_non_finite_user_adds_zero_and_is_reported():
-    problem, data = TorchModel(Sqrt, 10, "multiclass", 3, dtype=torch.float64), _data(10, 3)
+@pytest.mark.parametrize("counts,grouped", [(COUNTS, False), ([3] * 8, True)])  # per record; per user
+def test_a_non_finite_user_adds_zero_and_is_reported(counts, grouped):
+    problem, data = (
+        TorchModel(Sqrt, 10, "multiclass", 3, dtype=torch.float64),
+        _data(10, 3, counts=counts, grouped=grouped),
+    )
     w = problem.init_params()
     X = data.X.clone()
     X[(data.user_index == 1).nonzero()[0, 0], 0] = -1000.0  # one record of user 1: its output is NaN
     poisoned = UserData(X, data.y, data.user_index, data.user_ids)
     assert torch.isfinite(problem.per_user_gradients(w, poisoned)).all(1).tolist() == [u != 1 for u in range(8)]
     got, bad = ghost_clipped_sum(problem, w, poisoned, 0.5)
-    assert bad.tolist() == [u == 1 for u in range(len(COUNTS))]
-    rest = [u for u in range(len(COUNTS)) if u != 1]
+    assert bad.tolist() == [u == 1 for u in range(len(counts))]
+    rest = [u for u in range(len(counts)) if u != 1]
     expected, _ = _per_record_clipped_sum(problem, w, data.subset(rest), 0.5)
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-14)
