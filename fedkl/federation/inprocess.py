@@ -37,6 +37,7 @@ from fedkl.federation.base import (
     check_local_query,
 )
 from fedkl.federation.clipping import clamp_rows, clip_rows, clip_rows_dual, reject_rows_above, zero_nonfinite_rows
+from fedkl.federation.ghost_clipping import check_against_per_record, ghost_clipped_sum, unsupported_reason
 from fedkl.problems.base import Problem
 
 AnswerMethod = Callable[["InProcessFederation", Query, list[int]], tuple[torch.Tensor, torch.Tensor]]
@@ -66,13 +67,32 @@ class InProcessFederation(Federation):
     """All users of ``dataset`` in this process, computing ``problem``'s per-user quantities.
 
     Each query type is answered by one method registered with :func:`answers`; the per-user
-    numerics (gradients, local solvers) are the problem's own (:class:`fedkl.problems.base.Problem`)."""
+    numerics (gradients, local solvers) are the problem's own (:class:`fedkl.problems.base.Problem`).
 
-    def __init__(self, problem: Problem, dataset: FederatedDataset) -> None:
+    :meth:`sum` of a :class:`ClippedGradient` on a torch model (:class:`~fedkl.problems.torch_model.TorchModel`,
+    the MLP included) is the total from :func:`~fedkl.federation.ghost_clipping.ghost_clipped_sum`
+    (one row; no per-record gradients) when ``ghost`` (the default) and the model is covered; otherwise,
+    and for :meth:`compute`, the per-record path. ``clipped_sum_path`` says which, and why (set at the first
+    such sum, after comparing both paths' norms on three records)."""
+
+    def __init__(self, problem: Problem, dataset: FederatedDataset, ghost: bool = True) -> None:
         self.problem = problem
         self.dataset = dataset
         self._train = dataset.train.to(problem.dtype)
         self._test = dataset.test.to(problem.dtype)
+        self.ghost = ghost
+        self.clipped_sum_path: str | None = None  # "ghost" or "per-record (why)", once decided
+
+    def _ghost_covers(self, w: torch.Tensor) -> bool:
+        """Whether :meth:`sum` answers ClippedGradient by ghost clipping (decided once, at the first call)."""
+        if self.clipped_sum_path is None:
+            try:
+                reason = unsupported_reason(self.problem) if self.ghost else "ghost clipping off"
+                reason = reason or check_against_per_record(self.problem, w, self._train)
+            except ValueError as e:  # a layer call ghost clipping cannot read (one line)
+                reason = str(e)
+            self.clipped_sum_path = "ghost" if reason is None else f"per-record ({reason})"
+        return self.clipped_sum_path == "ghost"
 
     @property
     def user_ids(self) -> tuple[str, ...]:
@@ -94,6 +114,14 @@ class InProcessFederation(Federation):
         w = torch.as_tensor(w).to(self.problem.dtype)
         self.problem.check_params(w)
         return w
+
+    def sum(self, query: Query, users: Sequence[int] | None = None) -> Answers:
+        if type(query) is not ClippedGradient or not self._ghost_covers(self._params(query.w)):
+            return super().sum(query, users)
+        users = self._users(users)
+        total, bad = ghost_clipped_sum(self.problem, self._params(query.w), self._data(users), query.clip)
+        failed = [users[i] for i in torch.nonzero(bad).flatten().tolist()]
+        return Answers(users=users, values=total.unsqueeze(0), failed=failed)
 
     def compute(self, query: Query, users: Sequence[int] | None = None) -> Answers:
         users = self._users(users)

@@ -45,9 +45,9 @@ Calibration: fedkl's ``noise_multiplier_for`` is memoised per (eps, delta, q, T)
 :class:`CachedCalibrationOptimizer` overrides only ``schedule``), since runs share schedules.
 
 Gradient kernel (``kernel``): ``ghost`` (default) computes the clipped per-user gradient sum with
-:class:`fedkl.federation.ghost_clipping.GhostClippedMLPFederation` (fedkl's InProcessFederation with a
-ghost-clipping ``sum``; same mathematics, ~1e-7 relative float32 difference, about 50x faster here);
-``stock`` uses fedkl's stock InProcessFederation/MLP.per_user_gradients (what ``fedkl run`` does).
+:func:`fedkl.federation.ghost_clipping.ghost_clipped_sum` (fedkl's InProcessFederation default, what
+``fedkl run`` does; same mathematics, ~1e-7 relative float32 difference, about 50x faster here);
+``stock`` uses ``InProcessFederation(..., ghost=False)``: per-record gradients (MLP.per_user_gradients).
 
 Evaluation: the iterate after every T/evals steps (and the last one) on a fixed subsample of
 ``train_eval`` training records and on the test set; post-processing of released noisy sums, but the
@@ -70,7 +70,7 @@ from fedkl.data.base import UserData
 from fedkl.data.images import load_fashion_mnist, load_mnist, load_zscored
 from fedkl.experiments import register_runner, runner_result
 from fedkl.federation.base import ClippedGradient, Federation
-from fedkl.federation.ghost_clipping import GhostClippedMLPFederation, record_metrics
+from fedkl.federation.ghost_clipping import record_metrics
 from fedkl.federation.inprocess import InProcessFederation
 from fedkl.privacy import Budget, NoiseSource, PrivacyLedger, Releaser
 from fedkl.privacy.accounting import GaussianSchedule, noise_multiplier_for, schedule_epsilon
@@ -206,7 +206,7 @@ def run_one(s, n: int, per_user: int, noise_seed: int, ledger_dir: str) -> tuple
     lr = step_size(s)
     ds, problem = load(s.dataset, n, per_user, int(s.seed), s.features)
     eval_train, eval_test = eval_sets(ds, int(s.seed), int(s.train_eval), int(s.test_eval))
-    fed = (InProcessFederation if s.kernel == "stock" else GhostClippedMLPFederation)(problem, ds)
+    fed = InProcessFederation(problem, ds, ghost=s.kernel != "stock")
     # the budget that makes fedkl's calibration return z = sigma for this schedule (dp-accounting PLD)
     eps_budget = schedule_epsilon(GaussianSchedule(sigma, q, T), DELTA, "pld")
     ledger_path = os.path.join(ledger_dir, "ledger.sqlite")
@@ -320,7 +320,7 @@ def time_kernel(settings, log) -> dict:
     n, per = LEVELS[settings.level]
     ds = load_mnist("iid", n, per, split_seed=0)
     problem = MLP(784, HIDDEN, 10, seed=0)
-    stock, ghost = InProcessFederation(problem, ds), GhostClippedMLPFederation(problem, ds)
+    stock, ghost = InProcessFederation(problem, ds, ghost=False), InProcessFederation(problem, ds)
     w = problem.init_params()
     rng = np.random.default_rng(0)
     ts, tg, diff = [], [], 0.0
