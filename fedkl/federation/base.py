@@ -126,6 +126,11 @@ class Query:
         """The user's row of :attr:`Answers.values` from its answer to :meth:`for_user` (default: as is)."""
         return value
 
+    def for_rows(self, rows: Sequence[int]) -> "Query":
+        """The request for the asked users at ``rows`` of the asked list, as one block (a shard of
+        :mod:`fedkl.federation.ray_shards`); default: this query, the same for all."""
+        return self
+
 
 def wire_number(scalars: Mapping[str, Any], key: str) -> float:
     """A finite number received on the wire (ValueError otherwise; booleans are not numbers)."""
@@ -497,6 +502,9 @@ class GradientsAtOwnPoints(Query):
 
     def user_answer(self, value: torch.Tensor) -> torch.Tensor:
         return value[0]
+
+    def for_rows(self, rows: Sequence[int]) -> Query:
+        return GradientsAtOwnPoints(torch.as_tensor(self.points)[list(rows)])
 
 
 @dataclass(frozen=True)
