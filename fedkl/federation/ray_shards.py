@@ -34,6 +34,7 @@ charge made).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import time
 from typing import Any, Callable, Sequence
@@ -60,14 +61,20 @@ def blocks(num_users: int, shards: int) -> list[range]:
     return [range(cuts[k], cuts[k + 1]) for k in range(shards)]
 
 
+def digest(user_ids: Sequence[str]) -> str:
+    """A fingerprint of a block's user ids, in order: what a shard checks its data against (the
+    actor's arguments stay small, so Ray keeps them inline and can restart it)."""
+    return hashlib.sha256("\n".join(user_ids).encode()).hexdigest()
+
+
 class Shard:
     """One Ray actor's block of users (run as ``ray.remote(Shard)``): an in-process federation over
     the users at ``positions`` of the dataset that ``build()`` returns as ``(dataset, problem, ...)``."""
 
-    def __init__(self, build: Callable[[], tuple], positions: list[int], user_ids: tuple[str, ...], mode: str) -> None:
+    def __init__(self, build: Callable[[], tuple], block: range, ids_digest: str, mode: str) -> None:
         dataset, problem = build()[:2]
-        got = tuple(dataset.train.user_ids[p] for p in positions)
-        if got != tuple(user_ids):
+        positions = list(block)
+        if ids_digest != digest(dataset.train.user_ids[block.start : block.stop]):
             raise ValueError("the shard's dataset lists other users than the server's (same loader and seed?)")
         train, test = dataset.train.subset(positions), dataset.test.subset(positions)
         self.federation = InProcessFederation(problem, dataclasses.replace(dataset, train=train, test=test))
@@ -133,7 +140,7 @@ class RayShardFederation(Federation):
             **(actor_options or {}),
         }
         actor = ray.remote(Shard).options(**options)
-        self.actors = [actor.remote(build, list(b), self._user_ids[b.start : b.stop], mode) for b in self._blocks]
+        self.actors = [actor.remote(build, b, digest(self._user_ids[b.start : b.stop]), mode) for b in self._blocks]
         try:
             infos = ray.get([a.info.remote() for a in self.actors])
         except ray.exceptions.RayError as exc:

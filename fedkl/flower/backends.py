@@ -4,9 +4,12 @@ run asks for one of them; the run layer itself never imports Flower or Ray."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import os
 from typing import Any
 
+from fedkl.data.files import is_data_file
 from fedkl.flower.codec import ClientSpec
 from fedkl.problems.rowwise import kernel_mode
 from fedkl.runner import Transport, load_run_data, register_transport
@@ -33,9 +36,12 @@ def _train_over_grpc(cfg: Any, dataset: Any, out: str, log: Any):
 
 
 def _open_ray_shards(cfg: Any, dataset: Any):
-    """Every shard builds the run's data and problem itself from ``cfg`` (same loader, same seed)."""
+    """Every shard builds the run's data and problem itself from ``cfg`` (same loader, same seed; a
+    data file by its absolute path, whatever the actor's working directory)."""
     from fedkl.federation.ray_shards import RayShardFederation
 
+    if is_data_file(cfg.dataset):
+        cfg = dataclasses.replace(cfg, dataset=os.path.abspath(cfg.dataset))
     build = functools.partial(load_run_data, cfg)
     return RayShardFederation(build, dataset.train.user_ids, cfg.shards, mode=kernel_mode())
 

@@ -9,6 +9,7 @@ One module-scoped local Ray instance (2 CPUs); every federation here uses it and
 from __future__ import annotations
 
 import functools
+import json
 import os
 
 import pytest
@@ -206,3 +207,21 @@ def test_a_shard_killed_mid_run_fails_its_users_that_round_charged_and_the_run_g
     assert [r["request"] for r in failures["by_request"]] == [1]
     assert sorted(failures["by_request"][0]["failed"]) == sorted(load_run_data(_cfg())[0].train.user_ids[:15])
     _same_ledgers(sh, ref)  # the failed users were charged like everyone: the same ledger
+
+
+def test_fedkl_run_backend_ray_shards_on_the_command_line(tmp_path, capsys):
+    """``fedkl run --backend ray-shards --shards 2`` (the CLI registers the backend); --shards 0 and
+    --secagg (sums through Flower's SecAgg+) are refused with exit 2 before anything starts."""
+    from fedkl.cli import main
+
+    base = ["run", "--dataset", "synthetic-logistic", "--users", "30", "--no-reference", "--noise-seed", "1"]
+    with pytest.raises(SystemExit) as exc:
+        main([*base, "--backend", "ray-shards", "--shards", "0"])
+    assert exc.value.code == 2
+    assert main([*base, "--backend", "ray-shards", "--secagg", "--out", str(tmp_path / "no")]) == 2
+    assert "--secagg aggregates over Flower" in capsys.readouterr().err
+    out = tmp_path / "cli"
+    assert main([*base, "--backend", "ray-shards", "--shards", "2", "--rounds", "2", "--out", str(out)]) == 0
+    result = json.loads((out / "result.json").read_text())
+    assert result["backend"] == "ray-shards" and result["config"]["shards"] == 2
+    assert result["ledger"]["releases"] == 2 and result["failures"]["shard_deaths"] == [0, 0]
