@@ -134,7 +134,7 @@ class RunConfig:
             raise ValueError(f"kernels must be one of {', '.join(KERNEL_MODES)}, got {self.kernels!r}")
         if self.kernels == "fast" and self.backend not in ("inprocess", "ray-shards"):
             raise ValueError(
-                "--kernels fast is for the inprocess and ray-shards backends: Flower clients compute with the reproducible kernels, "
+                "--kernels fast is in-process only (backends inprocess, ray-shards): Flower clients compute with the reproducible kernels, "
                 "which is what lets the backends agree bit for bit"
             )
         if self.secagg and not spec.sums_only(self.params):
