@@ -586,6 +586,23 @@ class Answers:
         return self.values.sum(0)
 
 
+def failure_summary(records: list[dict], kinds: Mapping[str, str]) -> dict:
+    """result.json's ``failures`` from a backend's per-request records (``{"failed": {user id: "kind:
+    reason"}, ...}``): counts per kind, the kinds' descriptions (from ``kinds``), the number of requests
+    and every request that had failures."""
+    counts: dict[str, int] = {}
+    for rec in records:
+        for why in rec["failed"].values():
+            kind = why.split(":", 1)[0]
+            counts[kind] = counts.get(kind, 0) + 1
+    return {
+        "counts": counts,
+        "kinds": {k: kinds[k] for k in counts},
+        "requests": len(records),
+        "by_request": [r for r in records if r["failed"]],
+    }
+
+
 class Federation(ABC):
     """Per-user computation over a fixed population of users."""
 

@@ -41,7 +41,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from fedkl.federation.base import Answers, Federation, Query
+from fedkl.federation.base import Answers, Federation, Query, failure_summary
 from fedkl.federation.inprocess import InProcessFederation
 from fedkl.problems.rowwise import kernels
 
@@ -234,20 +234,9 @@ class RayShardFederation(Federation):
                 return  # not back: the next request finds it dead and counts that
 
     def failure_report(self) -> dict:
-        """result.json's ``failures``: counts per :data:`FAILURE_KINDS` category, deaths per shard, and
-        every request that had failures with each failed user's reason."""
-        counts: dict[str, int] = {}
-        for rec in self.failures:
-            for why in rec["failed"].values():
-                kind = why.split(":", 1)[0]
-                counts[kind] = counts.get(kind, 0) + 1
-        return {
-            "counts": counts,
-            "kinds": {k: FAILURE_KINDS[k] for k in counts},
-            "requests": len(self.failures),
-            "by_request": [r for r in self.failures if r["failed"]],
-            "shard_deaths": list(self.deaths),
-        }
+        """result.json's ``failures``: counts per :data:`FAILURE_KINDS` kind, every request that had
+        failures with each failed user's reason, and the deaths per shard."""
+        return {**failure_summary(self.failures, FAILURE_KINDS), "shard_deaths": list(self.deaths)}
 
     def close(self) -> None:
         """Stop the shards (and the local Ray instance this federation started); idempotent."""
