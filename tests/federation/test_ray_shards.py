@@ -113,6 +113,8 @@ class TestOneShardedFederation:
         bad = torch.full((ref.num_params,), float("nan"), dtype=torch.float64)
         with pytest.raises(ValueError, match="NaN"):
             fed.sum(ClippedGradient(bad, 1.0))
+        with pytest.raises(ValueError, match="one row of 10 per asked user"):
+            fed.compute(GradientsAtOwnPoints(torch.zeros(2, ref.num_params, dtype=torch.float64)), [0, 1, 20])
         with pytest.raises(ValueError, match="each user may be asked once"):
             fed.compute(LocalLoss(bad[:0].new_zeros(ref.num_params)), [1, 1])
 
