@@ -219,6 +219,13 @@ def _add_run_arguments(run: argparse.ArgumentParser, algorithm: str | None) -> N
         "(algorithms that need only sums; fedkl.flower.secagg)",
     )
     run.add_argument(
+        "--shards",
+        type=_positive(int),
+        default=d.shards,
+        help="--backend ray-shards: Ray actors, each holding a block of users (default %(default)s; "
+        "RAY_ADDRESS or ray.init(address=...) spreads them over a cluster)",
+    )
+    run.add_argument(
         "--kernels",
         choices=KERNEL_MODES,
         default=d.kernels,

@@ -44,7 +44,7 @@ from fedkl.problems.rowwise import KERNEL_MODES, kernels
 from fedkl.results import reference_metrics, write_json
 from fedkl.saved_model import SavedModel, check_resume, public_settings
 
-BACKENDS = ("inprocess", "flower-local", "flower-sim", "grpc")
+BACKENDS = ("inprocess", "flower-local", "flower-sim", "grpc", "ray-shards")
 
 
 @dataclass(frozen=True)
@@ -120,6 +120,7 @@ class RunConfig:
     # numeric kernels (fedkl.problems.rowwise): reproducible = batch-invariant, bit for bit what a Flower
     # client computes alone (the default: every backend agrees exactly); fast = plain torch, in-process only
     kernels: str = "reproducible"
+    shards: int = 2  # --backend ray-shards: Ray actors, each holding a block of users (fedkl.federation.ray_shards)
     params: AlgorithmParams | None = None
 
     def __post_init__(self) -> None:
@@ -131,9 +132,9 @@ class RunConfig:
         object.__setattr__(self, "params", spec.resolve(self.params))  # lr None: the algorithm's default
         if self.kernels not in KERNEL_MODES:
             raise ValueError(f"kernels must be one of {', '.join(KERNEL_MODES)}, got {self.kernels!r}")
-        if self.kernels == "fast" and self.backend != "inprocess":
+        if self.kernels == "fast" and self.backend not in ("inprocess", "ray-shards"):
             raise ValueError(
-                "--kernels fast is in-process only: Flower clients compute with the reproducible kernels, "
+                "--kernels fast is in-process only (backends inprocess, ray-shards): Flower clients compute with the reproducible kernels, "
                 "which is what lets the backends agree bit for bit"
             )
         if self.secagg and not spec.sums_only(self.params):
@@ -142,6 +143,8 @@ class RunConfig:
                 f"--secagg: {self.algorithm} (with these settings) needs per-user answers, which secure aggregation "
                 f"hides; it serves algorithms that need only sums: {sums}"
             )
+        if isinstance(self.shards, bool) or not isinstance(self.shards, int) or self.shards < 1:
+            raise ValueError(f"--shards must be an integer >= 1, got {self.shards!r}")
 
     @classmethod
     def from_settings(cls, *, strict: bool = True, **settings) -> "RunConfig":
@@ -435,7 +438,7 @@ def _run_training(
     run's ledger and with its settings (:func:`fedkl.saved_model.check_resume`); not a setting of
     the run, so a resumed run's settings (and a sweep's row keys) are those of a fresh one."""
     started = time.time()
-    if cfg.secagg and cfg.backend == "inprocess":
+    if cfg.secagg and cfg.backend in ("inprocess", "ray-shards"):
         raise ValueError("--secagg aggregates over Flower: use --backend flower-local, flower-sim or grpc")
     for what, given in (("a dataset", dataset), ("a model", model)):
         if given is not None and cfg.backend != "inprocess":

@@ -126,6 +126,11 @@ class Query:
         """The user's row of :attr:`Answers.values` from its answer to :meth:`for_user` (default: as is)."""
         return value
 
+    def for_rows(self, rows: Sequence[int]) -> "Query":
+        """The request for the asked users at ``rows`` of the asked list, as one block (a shard of
+        :mod:`fedkl.federation.ray_shards`); default: this query, the same for all."""
+        return self
+
 
 def wire_number(scalars: Mapping[str, Any], key: str) -> float:
     """A finite number received on the wire (ValueError otherwise; booleans are not numbers)."""
@@ -498,6 +503,9 @@ class GradientsAtOwnPoints(Query):
     def user_answer(self, value: torch.Tensor) -> torch.Tensor:
         return value[0]
 
+    def for_rows(self, rows: Sequence[int]) -> Query:
+        return GradientsAtOwnPoints(torch.as_tensor(self.points)[list(rows)])
+
 
 @dataclass(frozen=True)
 class ClippedLocalUpdate(Query):
@@ -576,6 +584,23 @@ class Answers:
 
     def total(self) -> torch.Tensor:
         return self.values.sum(0)
+
+
+def failure_summary(records: list[dict], kinds: Mapping[str, str]) -> dict:
+    """result.json's ``failures`` from a backend's per-request records (``{"failed": {user id: "kind:
+    reason"}, ...}``): counts per kind, the kinds' descriptions (from ``kinds``), the number of requests
+    and every request that had failures."""
+    counts: dict[str, int] = {}
+    for rec in records:
+        for why in rec["failed"].values():
+            kind = why.split(":", 1)[0]
+            counts[kind] = counts.get(kind, 0) + 1
+    return {
+        "counts": counts,
+        "kinds": {k: kinds[k] for k in counts},
+        "requests": len(records),
+        "by_request": [r for r in records if r["failed"]],
+    }
 
 
 class Federation(ABC):

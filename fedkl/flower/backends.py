@@ -1,13 +1,18 @@
-"""The Flower backends of ``fedkl run`` (``--backend flower-local | flower-sim | grpc``), registered
-with :mod:`fedkl.runner` on import. The CLI and :func:`fedkl.train` import this module when a run
-asks for one of them; the run layer itself never imports Flower."""
+"""The transport backends of ``fedkl run`` (``--backend flower-local | flower-sim | grpc | ray-shards``),
+registered with :mod:`fedkl.runner` on import. The CLI and :func:`fedkl.train` import this module when a
+run asks for one of them; the run layer itself never imports Flower or Ray."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import os
 from typing import Any
 
+from fedkl.data.files import is_data_file
 from fedkl.flower.codec import ClientSpec
-from fedkl.runner import Transport, register_transport
+from fedkl.problems.rowwise import kernel_mode
+from fedkl.runner import Transport, load_run_data, register_transport
 
 
 def _open(backend: str):
@@ -30,6 +35,18 @@ def _train_over_grpc(cfg: Any, dataset: Any, out: str, log: Any):
     return train_over_grpc(cfg, dataset, out, log=log)
 
 
+def _open_ray_shards(cfg: Any, dataset: Any):
+    """Every shard builds the run's data and problem itself from ``cfg`` (same loader, same seed; a
+    data file by its absolute path, whatever the actor's working directory)."""
+    from fedkl.federation.ray_shards import RayShardFederation
+
+    if is_data_file(cfg.dataset):
+        cfg = dataclasses.replace(cfg, dataset=os.path.abspath(cfg.dataset))
+    build = functools.partial(load_run_data, cfg)
+    return RayShardFederation(build, dataset.train.user_ids, cfg.shards, mode=kernel_mode())
+
+
 register_transport("flower-local", Transport(open=_open("flower-local")))
 register_transport("flower-sim", Transport(open=_open("flower-sim")))
 register_transport("grpc", Transport(train=_train_over_grpc))
+register_transport("ray-shards", Transport(open=_open_ray_shards))

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from fedkl.federation.base import Answers, Federation, Query
+from fedkl.federation.base import Answers, Federation, Query, failure_summary
 from fedkl.federation.clipping import CLIP_SLACK as CLIP_SLACK  # re-exported (the accepted excess over a clip)
 from fedkl.flower import codec
 
@@ -433,18 +433,7 @@ class FlowerFederation(Federation):
     def failure_report(self) -> dict:
         """result.json's ``failures``: counts per :data:`FAILURE_KINDS` category over the run, and
         every request that had failures with each failed user's reason."""
-        counts: dict[str, int] = {}
-        for rec in self.failures:
-            for why in rec["failed"].values():
-                k = why.split(":", 1)[0]
-                counts[k] = counts.get(k, 0) + 1
-        return {
-            "counts": counts,
-            "kinds": {k: FAILURE_KINDS[k] for k in counts},
-            "requests": len(self.failures),
-            "by_request": [r for r in self.failures if r["failed"]],
-            "handshake": self.handshake,
-        }
+        return {**failure_summary(self.failures, FAILURE_KINDS), "handshake": self.handshake}
 
     # --- lifetime ------------------------------------------------------------------------------
     def on_close(self, fn) -> None:
