@@ -57,7 +57,12 @@ from fedkl.privacy.charges import Charge, from_record, to_record
 from fedkl.privacy.filter import BudgetExhausted
 from fedkl.privacy.zcdp import CONVERSIONS, rho_for_eps_delta, zcdp_to_eps
 
-SCHEMA_VERSION = 3  # 2: releases.charge holds the typed charge; 3: runs' pid/host, reservations. Older: upgraded
+SCHEMA_VERSION = 4  # 2: releases.charge holds the typed charge; 3: runs' pid/host, reservations; 4: releases' seq
+# and state (prepaid releases). Older: upgraded
+# A release row's state: NULL charged when it was made; 'prepaid' charged ahead with a batch (PrivacyLedger.prepay)
+# and made, or not yet made by a run still going; 'unused' charged ahead and never made (the run ended first): it
+# stays charged (over-charging is safe), the mark only says why
+RELEASE_STATES = (None, "prepaid", "unused")
 _REL_TOL = 1e-12
 # What is left of a budget (rho, or an (eps, delta) part) below this fraction of the budget counts as spent.
 # Derived from two facts: (1) the ledger's own slack is far below it -- approx_left leaves 1e-9 of delta
@@ -79,7 +84,8 @@ CREATE TABLE IF NOT EXISTS cohorts (
 CREATE TABLE IF NOT EXISTS releases (
     id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT, label TEXT NOT NULL, mechanism TEXT NOT NULL,
     sensitivity REAL, noise_scale REAL, rho REAL NOT NULL, eps REAL NOT NULL, delta REAL NOT NULL,
-    cohort_id INTEGER NOT NULL REFERENCES cohorts(id), created REAL NOT NULL, details TEXT, charge TEXT);
+    cohort_id INTEGER NOT NULL REFERENCES cohorts(id), created REAL NOT NULL, details TEXT, charge TEXT,
+    seq INTEGER, state TEXT);
 CREATE TABLE IF NOT EXISTS users (
     user_id TEXT PRIMARY KEY, rho REAL NOT NULL, eps REAL NOT NULL, delta REAL NOT NULL,
     releases INTEGER NOT NULL);
@@ -87,6 +93,7 @@ CREATE TABLE IF NOT EXISTS users (
 
 
 _RUN_COLUMNS_V3 = ("pid INTEGER", "host TEXT", "proc_start TEXT", "ended REAL", "note TEXT")
+_RELEASE_COLUMNS_V4 = ("charge TEXT", "seq INTEGER", "state TEXT")
 
 
 def _process_start(pid: int) -> str | None:
@@ -256,9 +263,12 @@ class PrivacyLedger:
             self._db.execute("INSERT OR IGNORE INTO meta VALUES ('budget', ?)", (json.dumps(asdict(budget)),))
             self._db.execute("COMMIT")
             rows = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
-        if int(rows["schema"]) in (1, 2):  # an older ledger: add the new columns, keep every row
+        if int(rows["schema"]) in (1, 2, 3):  # an older ledger: add the new columns, keep every row
             self._db.execute("BEGIN IMMEDIATE")
-            for table, column in (("releases", "charge TEXT"), *(("runs", c) for c in _RUN_COLUMNS_V3)):
+            for table, column in (
+                *(("releases", c) for c in _RELEASE_COLUMNS_V4),
+                *(("runs", c) for c in _RUN_COLUMNS_V3),
+            ):
                 if column.split()[0] not in {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}:
                     self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
             self._db.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (str(SCHEMA_VERSION),))
@@ -362,6 +372,59 @@ class PrivacyLedger:
         if holder is not None:
             self.finish_run("refused", f"users held by run {holder[0]}")
             raise LedgerBusy(self._busy_message(holder, "nothing was charged or reserved"))
+
+    def take_over(self, user_ids: Iterable[str]) -> None:
+        """Continue this handle's run (``run_id``) after its process died: the crash recovery of
+        ``fedkl run --recover``. Refused (LedgerError, nothing changed) unless the run exists, was
+        started on this host and its process is gone (``running`` with a dead pid, or already ended
+        ``interrupted``/``failed`` by its own handler or by ``release-stale``), and while another
+        running run holds any of its users (LedgerBusy). Then, after :meth:`verify`, atomically:
+        the run is ``running`` again under this process and holds its users' budget."""
+        if self.run_id is None:
+            raise ValueError("take_over() needs a handle opened with a run_id")
+        members = sorted(set(map(str, user_ids)))
+        with self._transaction() as db:
+            row = db.execute(
+                "SELECT status, pid, host, proc_start FROM runs WHERE run_id = ?", (self.run_id,)
+            ).fetchone()
+            if row is None:
+                raise LedgerError(f"ledger {self.path} has no run {self.run_id} to recover (nothing was charged)")
+            status, pid, host, proc_start = row
+            mine = pid == os.getpid() and proc_start == _process_start(os.getpid())
+            if status not in ("running", "interrupted", "failed"):
+                raise LedgerError(
+                    f"run {self.run_id} ended {status}: there is nothing to recover (nothing was charged)"
+                )
+            if host != socket.gethostname():
+                raise LedgerError(f"run {self.run_id} ran on host {host}: recover it there (nothing was charged)")
+            if status == "running" and not mine and _alive(pid, proc_start):
+                raise LedgerBusy(f"run {self.run_id} is still running (pid {pid}); stop it before recovering it")
+            self.verify()
+            self._fill_cohort(members)
+            holder = self._holder()
+            if holder is not None:
+                raise LedgerBusy(self._busy_message(holder, "nothing was charged or reserved"))
+            db.execute(
+                "UPDATE runs SET status = 'running', pid = ?, proc_start = ?, ended = NULL, note = ? WHERE run_id = ?",
+                (os.getpid(), _process_start(os.getpid()), f"recovered after pid {pid}", self.run_id),
+            )
+            db.execute("DELETE FROM reservations WHERE run_id = ?", (self.run_id,))
+            db.execute("INSERT INTO reservations SELECT user_id, ? FROM temp.cohort WHERE true", (self.run_id,))
+
+    def run_releases(self) -> list[dict]:
+        """This handle's run's releases, in order: ``id``, ``seq``, ``state``, ``label``, ``charge``
+        (the stored typed-charge record) and ``cohort`` (the digest of the users charged)."""
+        keys = ("id", "seq", "state", "label", "charge", "cohort")
+        rows = self._db.execute(
+            "SELECT r.id, r.seq, r.state, r.label, r.charge, c.digest FROM releases r "
+            "JOIN cohorts c ON c.id = r.cohort_id WHERE r.run_id IS ? ORDER BY r.id",
+            (self.run_id,),
+        ).fetchall()
+        return [{**dict(zip(keys, r)), "charge": json.loads(r[4]) if r[4] else None} for r in rows]
+
+    def cohorts(self) -> dict[str, list[str]]:
+        """Every cohort charged so far: its digest -> its user ids."""
+        return {d: json.loads(m) for d, m in self._db.execute("SELECT digest, members FROM cohorts")}
 
     def _holder(self) -> tuple | None:
         """(run_id, pid, host, proc_start, started, users) of another running run that holds users
@@ -478,13 +541,54 @@ class PrivacyLedger:
                     "or use a new ledger for new data."
                 )
 
-    def charge(self, user_ids: Sequence[str], charge: Charge, *, label: str, details: dict | None = None) -> int:
+    def charge(
+        self,
+        user_ids: Sequence[str],
+        charge: Charge,
+        *,
+        label: str,
+        details: dict | None = None,
+        seq: int | None = None,
+    ) -> int:
         """Charge every user in ``user_ids`` the cost of ``charge`` (a typed charge of
-        :mod:`fedkl.privacy.charges`) and return the release id. Atomic and durable.
+        :mod:`fedkl.privacy.charges`) and return the release id. Atomic and durable. ``seq``: the
+        release's number in its run (:class:`fedkl.privacy.release.Releaser`), recorded with it.
 
         Raises :class:`BudgetExceeded` (nothing written) if any user would exceed the budget,
         :class:`LedgerBusy` if another running run holds any of them (:meth:`reserve`).
         """
+        return self.prepay([(user_ids, charge, label, details, seq)], state=None)[0]
+
+    def prepay(self, entries: Sequence[tuple], *, state: str | None = "prepaid") -> list[int]:
+        """Charge a batch of planned releases, each ``(user_ids, charge, label, details, seq)``, in ONE
+        durable transaction (one fsync for the batch), marked ``state`` (``'prepaid'``: charged before
+        the release is made; see :data:`RELEASE_STATES`). All or nothing: if any entry would take a
+        user over budget (the entries' costs add up, in order), nothing is written. Returns the
+        release ids, in order."""
+        prepared = [
+            (self._members(user_ids), charge, label, details, seq) for user_ids, charge, label, details, seq in entries
+        ]
+        with self._transaction() as db:
+            ids = []
+            for members, charge, label, details, seq in prepared:
+                self._fill_cohort(members)
+                holder = self._holder()
+                if holder is not None:
+                    raise LedgerBusy(self._busy_message(holder, "nothing was charged or released"))
+                ids.append(self._insert(db, members, charge, label, details, seq, state))
+        return ids
+
+    def _members(self, user_ids: Sequence[str]) -> list[str]:
+        members = sorted(set(map(str, user_ids)))
+        if len(members) != len(user_ids):
+            raise ValueError("a release charges each user once: user_ids has duplicates")
+        if not members:
+            raise ValueError("a release must charge at least one user")
+        return members
+
+    def _insert(self, db, members, charge: Charge, label: str, details, seq, state) -> int:
+        """Inside a write transaction whose temp.cohort holds ``members``: refuse a charge over budget,
+        else write the release row and add its cost to every member's totals."""
         record = to_record(charge)  # TypeError for anything but a typed charge
         rho, eps, delta = charge.cost()
         mechanism = charge.mechanism
@@ -494,49 +598,51 @@ class PrivacyLedger:
                 f"holds only for Gaussian releases; a {mechanism!r} zCDP charge is refused (nothing was "
                 "charged or released). Use conversion 'cks' for this algorithm."
             )
-        members = sorted(set(map(str, user_ids)))
-        if len(members) != len(user_ids):
-            raise ValueError("a release charges each user once: user_ids has duplicates")
-        if not members:
-            raise ValueError("a release must charge at least one user")
-        with self._transaction() as db:
-            self._fill_cohort(members)
-            holder = self._holder()
-            if holder is not None:
-                raise LedgerBusy(self._busy_message(holder, "nothing was charged or released"))
-            self._check_fits(rho, eps, delta)
-            digest = _digest(members)
-            db.execute(
-                "INSERT OR IGNORE INTO cohorts (digest, size, members) VALUES (?, ?, ?)",
-                (digest, len(members), json.dumps(members)),
-            )
-            cohort_id = db.execute("SELECT id FROM cohorts WHERE digest = ?", (digest,)).fetchone()[0]
-            cur = db.execute(
-                "INSERT INTO releases (run_id, label, mechanism, sensitivity, noise_scale, rho, eps, delta, "
-                "cohort_id, created, details, charge) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    self.run_id,
-                    label,
-                    charge.mechanism,
-                    charge.sensitivity,
-                    charge.noise_scale,
-                    rho,
-                    eps,
-                    delta,
-                    cohort_id,
-                    time.time(),
-                    json.dumps(details or {}, default=str),
-                    json.dumps(record),
-                ),
-            )
-            db.execute(
-                "INSERT INTO users (user_id, rho, eps, delta, releases) "
-                "SELECT user_id, ?, ?, ?, 1 FROM temp.cohort WHERE true "
-                "ON CONFLICT(user_id) DO UPDATE SET rho = rho + excluded.rho, eps = eps + excluded.eps, "
-                "delta = delta + excluded.delta, releases = releases + 1",
-                (rho, eps, delta),
-            )
+        self._check_fits(rho, eps, delta)
+        digest = _digest(members)
+        db.execute(
+            "INSERT OR IGNORE INTO cohorts (digest, size, members) VALUES (?, ?, ?)",
+            (digest, len(members), json.dumps(members)),
+        )
+        cohort_id = db.execute("SELECT id FROM cohorts WHERE digest = ?", (digest,)).fetchone()[0]
+        cur = db.execute(
+            "INSERT INTO releases (run_id, label, mechanism, sensitivity, noise_scale, rho, eps, delta, "
+            "cohort_id, created, details, charge, seq, state) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                self.run_id,
+                label,
+                charge.mechanism,
+                charge.sensitivity,
+                charge.noise_scale,
+                rho,
+                eps,
+                delta,
+                cohort_id,
+                time.time(),
+                json.dumps(details or {}, default=str),
+                json.dumps(record),
+                seq,
+                state,
+            ),
+        )
+        db.execute(
+            "INSERT INTO users (user_id, rho, eps, delta, releases) "
+            "SELECT user_id, ?, ?, ?, 1 FROM temp.cohort WHERE true "
+            "ON CONFLICT(user_id) DO UPDATE SET rho = rho + excluded.rho, eps = eps + excluded.eps, "
+            "delta = delta + excluded.delta, releases = releases + 1",
+            (rho, eps, delta),
+        )
         return int(cur.lastrowid)
+
+    def mark_unused(self, release_ids: Iterable[int]) -> None:
+        """Mark prepaid releases of this handle's run that were never made ``'unused'`` (one
+        transaction). They stay charged: nothing is refunded."""
+        ids = [(int(i), self.run_id) for i in release_ids]
+        if ids:
+            with self._transaction() as db:
+                db.executemany(
+                    "UPDATE releases SET state = 'unused' WHERE id = ? AND run_id IS ? AND state = 'prepaid'", ids
+                )
 
     # --- reading -----------------------------------------------------------------------------
     def spend(self, user_id: str) -> UserSpend:
@@ -610,17 +716,25 @@ class PrivacyLedger:
 
     def releases(self, run_id: str | None = None) -> list[dict]:
         """The release log in order: one dict per release, with ``users`` (how many were charged),
-        ``cohort`` (the digest of who) and ``charge`` (the typed charge's stored record)."""
+        ``cohort`` (the digest of who), ``charge`` (the typed charge's stored record), ``seq`` (its
+        number in its run) and ``state`` (:data:`RELEASE_STATES`)."""
         q = (
             "SELECT r.id, r.run_id, r.label, r.mechanism, r.sensitivity, r.noise_scale, r.rho, r.eps, "
-            "r.delta, c.size, c.digest, r.charge FROM releases r JOIN cohorts c ON c.id = r.cohort_id"
+            "r.delta, c.size, c.digest, r.charge, r.seq, r.state FROM releases r JOIN cohorts c ON c.id = r.cohort_id"
         )
         rows = self._db.execute(
             q + (" WHERE r.run_id = ?" if run_id else "") + " ORDER BY r.id", (run_id,) if run_id else ()
         ).fetchall()
         keys = ("id", "run_id", "label", "mechanism", "sensitivity", "noise_scale", "rho", "eps", "delta", "users")
         return [
-            {**dict(zip(keys, r[:10])), "cohort": r[10], "charge": json.loads(r[11]) if r[11] else None} for r in rows
+            {
+                **dict(zip(keys, r[:10])),
+                "cohort": r[10],
+                "charge": json.loads(r[11]) if r[11] else None,
+                "seq": r[12],
+                "state": r[13],
+            }
+            for r in rows
         ]
 
     def _non_gaussian_zcdp_users(self) -> set[str]:
@@ -724,3 +838,8 @@ class PrivacyLedger:
             t = totals[u]
             if n != t[3] or any(not math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15) for a, b in zip((r, e, d), t)):
                 raise LedgerError(f"ledger totals of user {u!r} do not match its release log")
+
+
+def cohort_digest(user_ids: Iterable[str]) -> str:
+    """The digest the ledger stores for the cohort of ``user_ids`` (order and repeats ignored)."""
+    return _digest(sorted(set(map(str, user_ids))))
