@@ -498,18 +498,21 @@ def run_training(
 JOURNAL_FILE = "journal.sqlite"  # in the run folder: the release journal (fedkl.privacy.journal)
 
 
-def recover_run(run_dir: str, log: Callable[[str], None] = print) -> dict:
+def recover_run(run_dir: str, log: Callable[[str], None] = print, before: Callable | None = None) -> dict:
     """``fedkl run --recover RUN_DIR``: finish the run of ``RUN_DIR`` whose process died (kill -9,
     power loss, OOM ...), from its release journal and its ledger, without charging any release twice
     (:class:`fedkl.privacy.release.Releaser`). The run is re-executed with its own settings, seed and
     data; what it released before the crash is returned from the journal. Not ``--resume`` (a new run
-    warm-started from a finished run's released model)."""
+    warm-started from a finished run's released model). ``before(cfg)``: called with the run's
+    configuration before it trains (``fedkl run`` registers a Flower backend there)."""
     journal = ReleaseJournal.open(os.path.join(run_dir, JOURNAL_FILE))
     try:
         header = journal.header()
         cfg = RunConfig.from_settings(**header["settings"])
         if json.loads(json.dumps(cfg.settings(), default=str)) != header["settings"]:
             raise JournalError(f"{journal.path}: its settings do not rebuild the same run (nothing was charged)")
+        if before is not None:
+            before(cfg)
     except BaseException:
         journal.close()
         raise
