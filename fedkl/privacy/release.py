@@ -235,12 +235,24 @@ class Releaser:
         """The (eps, delta) every listed user can still afford, for a plan's check before any data
         is read (None: a stand-in ledger that keeps no budget). Algorithms ask here, never the ledger."""
         left = getattr(self.ledger, "approx_left", None)
-        return None if left is None else left(list(user_ids))
+        if left is None:
+            return None
+        ahead = self._charged_ahead()
+        return left(list(user_ids), ahead) if ahead else left(list(user_ids))
 
     def rho_left(self, user_ids: Sequence[str]) -> float | None:
         """The zCDP rho every listed user can still afford (None: a stand-in ledger without a budget)."""
         left = getattr(self.ledger, "rho_left", None)
-        return None if left is None else left(list(user_ids))
+        if left is None:
+            return None
+        ahead = self._charged_ahead()
+        return left(list(user_ids), ahead) if ahead else left(list(user_ids))
+
+    def _charged_ahead(self) -> list[int]:
+        """In recovery: the ledger rows that the first process charged at a release (not prepaid)
+        that this replay has not reached yet. Budget questions do not count them, so that the replay
+        sees the budget as the first process saw it at the same point."""
+        return [row["id"] for rows in self._backing.values() for row in rows if row["state"] is None]
 
     def require(self, notion: str, who: str) -> None:
         """Refuse, before any data is read, an algorithm whose releases this Releaser cannot account."""

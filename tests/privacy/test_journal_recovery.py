@@ -202,3 +202,33 @@ def test_a_plan_that_does_not_match_the_first_release_prepays_nothing(tmp_path):
     rel.plan(PLAN)
     _release(rel, 0, users=("a",))  # another cohort than planned
     assert [(r["seq"], r["state"]) for r in led.releases()] == [(0, None)]
+
+
+# every kind of release: scheduled Gaussian steps (dp-fedavg), the exponential mechanism (noisy-fw),
+# releases chosen from earlier ones (kl-adaptive-gd), a stability test with (eps, delta) charges
+# (mean-output-pert), charge-only releases (vr-fw)
+KINDS = ["dp-fedavg", "noisy-fw", "kl-adaptive-gd", "mean-output-pert", "vr-fw"]
+
+
+@pytest.mark.parametrize("name", KINDS)
+def test_recovery_of_every_kind_of_release(tmp_path, monkeypatch, name):
+    from build_helpers import SMALL  # tests/build_helpers.py
+
+    def cfg(out):
+        kw = {**SMALL[name]}
+        base = dict(dataset="synthetic-logistic", problem="logistic", algorithm=name, epsilon=3.0, rounds=3, lr=0.5,
+                    clip=1.0, seed=2, noise_seed=5, reference=False, force=True, users=kw.pop("users", 12))  # fmt: skip
+        return RunConfig.from_settings(strict=False, **{**base, **kw}, out=str(out))
+
+    clean = run_training(cfg(tmp_path / "clean"), log=lambda s: None)
+    with monkeypatch.context() as m:
+        _crash_after(m, min(1, len(_ledger_rows(clean["ledger"]["path"])) - 1))  # one replayed where it can
+        with pytest.raises(Crash):
+            run_training(cfg(tmp_path / "crashed"), log=lambda s: None)
+    recovered = recover_run(str(tmp_path / "crashed"), log=lambda s: None)
+    ledger = tmp_path / "crashed" / "ledger.sqlite"
+    assert _ledger_rows(ledger) == _ledger_rows(clean["ledger"]["path"])
+    assert _spends(ledger) == _spends(clean["ledger"]["path"])
+    assert (recovered["model_path"] is None) == (clean["model_path"] is None)
+    if clean["model_path"]:
+        assert torch.equal(_model(tmp_path / "crashed"), _model(tmp_path / "clean"))
