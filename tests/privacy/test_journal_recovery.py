@@ -154,6 +154,23 @@ def test_prepay_charges_the_plan_in_one_transaction_and_equals_per_release_charg
     assert prepaid["ledger"]["max_user_epsilon"] == clean["ledger"]["max_user_epsilon"]
 
 
+def test_a_prepaid_run_killed_mid_run_recovers_to_the_prepaid_ledger(tmp_path, monkeypatch):
+    """Recovery treats prepaid rows like charged ones: each backs one release, none is charged again."""
+    clean = run_training(_cfg(tmp_path / "clean"), log=lambda s: None, prepay=True)
+    with monkeypatch.context() as m:
+        _crash_after(m, 2)
+        with pytest.raises(Crash):
+            run_training(_cfg(tmp_path / "crashed"), log=lambda s: None, prepay=True)
+    ledger = tmp_path / "crashed" / "ledger.sqlite"
+    assert [r["state"] for r in _ledger_rows(ledger)] == ["prepaid"] * ROUNDS  # all charged before the crash
+    lines = []
+    recover_run(str(tmp_path / "crashed"), log=lines.append)
+    assert "2 releases replayed" in " ".join(lines)
+    assert torch.equal(_model(tmp_path / "crashed"), _model(tmp_path / "clean"))
+    assert _ledger_rows(ledger) == _ledger_rows(clean["ledger"]["path"])
+    assert _spends(ledger) == _spends(clean["ledger"]["path"])
+
+
 def _bare_releaser(tmp_path, journal=True):
     led = PrivacyLedger(tmp_path / "l.sqlite", Budget(5.0, 1e-6), run_id="r")
     j = ReleaseJournal.create(tmp_path / "j.sqlite", {"run_id": "r"}) if journal else None
