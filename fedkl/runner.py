@@ -273,6 +273,7 @@ def train_federation(
     journal: str | ReleaseJournal | None = None,
     plan: list[dict] | None = None,
     journal_header: dict | None = None,
+    scratch: bool = False,
 ):
     """Train through ``federation`` with the ledger, filter and noise in this process, from ``w0``
     (default: the problem's initial parameters). Returns the algorithm's result, the ledger summary
@@ -281,12 +282,13 @@ def train_federation(
     ``journal``: a path, where this run's release journal is created (what ``--recover`` needs), or
     an open :class:`ReleaseJournal` of a run whose process died: then this call recovers that run
     (``run_id`` must be its id; :class:`fedkl.privacy.release.Releaser`); ``journal_header``: more
-    header entries for a new journal. ``plan``: the run's planned
+    header entries for a new journal; ``scratch``: ``ledger_path`` is a throw-away ledger (no fsync). ``plan``: the run's planned
     releases (:func:`planned_releases`), prepaid in one ledger transaction unless the algorithm is
     adaptive."""
     observer = RUN_OBSERVER.get() or RunObserver()
     recovering = isinstance(journal, ReleaseJournal)
-    with PrivacyLedger(ledger_path, Budget(cfg.epsilon, delta, cfg.conversion), run_id, cfg.settings()) as ledger:
+    budget = Budget(cfg.epsilon, delta, cfg.conversion)
+    with PrivacyLedger(ledger_path, budget, run_id, cfg.settings(), scratch=scratch) as ledger:
         if recovering:  # the run of a process that died: same run id, its users' budget as it had it
             ledger.take_over(federation.user_ids)
             header = journal.header()
@@ -432,7 +434,9 @@ def planned_releases(cfg: RunConfig, dataset: FederatedDataset, records_per_user
         path = os.path.join(tmp, "plan.sqlite")
         noise = NoiseSource(cfg.noise_seed if cfg.noise_seed is not None else 0)
         federation = InProcessFederation(problem, standin)
-        _, _, declared = train_federation(cfg, federation, problem, standin, delta, path, "plan", noise, lambda _: None)
+        _, _, declared = train_federation(
+            cfg, federation, problem, standin, delta, path, "plan", noise, lambda _: None, scratch=True
+        )
         with PrivacyLedger(path) as ledger:
             cohorts = ledger.cohorts()
             releases = [{**r, "members": cohorts[r["cohort"]]} for r in ledger.releases()]

@@ -190,6 +190,8 @@ class PrivacyLedger:
         budget: required when the file is new; when the file exists it must equal the stored one
             (``None`` reads the stored budget).
         run_id: tag written on every release made through this handle.
+        scratch: a throw-away ledger (a plan's dry run on a temporary file): no fsync
+            (``synchronous=OFF``); never for a ledger that protects anyone's budget.
     """
 
     def __init__(
@@ -199,6 +201,7 @@ class PrivacyLedger:
         run_id: str | None = None,
         run_config: dict | None = None,
         timeout: float = 60.0,
+        scratch: bool = False,
     ) -> None:
         self.path = os.fspath(path)
         self.run_id = run_id
@@ -216,7 +219,7 @@ class PrivacyLedger:
                     f"ledger {self.path} is in {mode} mode and open in another process (an older fedkl?); "
                     "close it there and retry (nothing was charged or released)"
                 )
-            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA synchronous=" + ("OFF" if scratch else "FULL"))
             self._db.execute("PRAGMA foreign_keys=ON")
             self._db.executescript(_SCHEMA)
             self._db.execute("CREATE TEMP TABLE IF NOT EXISTS cohort (user_id TEXT PRIMARY KEY)")
