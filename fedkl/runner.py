@@ -287,10 +287,17 @@ def train_federation(
     adaptive."""
     observer = RUN_OBSERVER.get() or RunObserver()
     recovering = isinstance(journal, ReleaseJournal)
-    budget = Budget(cfg.epsilon, delta, cfg.conversion)
-    with PrivacyLedger(ledger_path, budget, run_id, cfg.settings(), scratch=scratch) as ledger:
-        if recovering:  # the run of a process that died: same run id, its users' budget as it had it
+    ledger = PrivacyLedger(
+        ledger_path, Budget(cfg.epsilon, delta, cfg.conversion), run_id, cfg.settings(), scratch=scratch
+    )
+    if recovering:  # the run of a process that died: same run id; a refusal leaves that run as it is (not ended here)
+        try:
             ledger.take_over(federation.user_ids)
+        except BaseException:
+            ledger.close()
+            raise
+    with ledger:
+        if recovering:  # its users' budget as it had it
             header = journal.header()
             rho_total, approx_left = header["rho_left"], tuple(header["approx_left"])
         else:
@@ -520,7 +527,10 @@ def recover_run(run_dir: str, log: Callable[[str], None] = print, before: Callab
     except BaseException:
         journal.close()
         raise
-    return run_training(cfg, log, resume=header.get("resumed_from"), recover=journal)
+    try:
+        return run_training(cfg, log, resume=header.get("resumed_from"), recover=journal)
+    finally:
+        journal.close()
 
 
 def _run_training(

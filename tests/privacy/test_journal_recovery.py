@@ -249,3 +249,73 @@ def test_recovery_of_every_kind_of_release(tmp_path, monkeypatch, name):
     assert (recovered["model_path"] is None) == (clean["model_path"] is None)
     if clean["model_path"]:
         assert torch.equal(_model(tmp_path / "crashed"), _model(tmp_path / "clean"))
+
+
+def test_take_over_refuses_a_live_run_and_a_finished_one(tmp_path):
+    import subprocess
+    import sys
+
+    from fedkl.privacy import LedgerBusy, LedgerError
+    from fedkl.privacy.ledger import _process_start
+
+    path = tmp_path / "l.sqlite"
+    with PrivacyLedger(path, Budget(5.0, 1e-6), run_id="r") as led:
+        led.reserve(["a", "b"])
+        led.charge(["a", "b"], GaussianCharge(0.01, 1.0), label="x", seq=0)
+        child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+        try:
+            led._db.execute("UPDATE runs SET pid = ?, proc_start = ?", (child.pid, _process_start(child.pid)))
+            other = PrivacyLedger(path, run_id="r")  # (not `with`: its exit would end run r)
+            with pytest.raises(LedgerBusy, match="still running"):
+                other.take_over(["a", "b"])
+            other.close()
+            assert [r["status"] for r in led.runs()] == ["running"]
+        finally:
+            child.stdin.close()
+            child.wait()
+        with PrivacyLedger(path, run_id="r") as again:  # its process is gone now: taken over
+            again.take_over(["a", "b"])
+            assert [(r["status"], r["pid"], r["reserved_users"]) for r in again.runs()] == [("running", os.getpid(), 2)]
+            again.finish_run("finished")
+            with pytest.raises(LedgerError, match="ended finished: there is nothing to recover"):
+                again.take_over(["a", "b"])
+
+
+def test_fedkl_run_recover_refuses_other_options_and_a_folder_without_journal(tmp_path, capsys):
+    from fedkl.cli import main
+
+    assert main(["run", "--recover", str(tmp_path), "--epsilon", "3"]) == 2
+    assert "--recover takes no other option" in capsys.readouterr().err
+    assert main(["run", "--recover", str(tmp_path)]) == 3
+    err = capsys.readouterr().err.strip()
+    assert "no release journal there" in err and len(err.splitlines()) == 1
+
+
+def test_recover_of_a_run_whose_process_lives_is_refused_and_leaves_it_running(tmp_path, monkeypatch):
+    import sqlite3
+    import subprocess
+    import sys
+
+    from fedkl.privacy import LedgerBusy
+    from fedkl.privacy.ledger import _process_start
+
+    with monkeypatch.context() as m:
+        _crash_after(m, 2)
+        with pytest.raises(Crash):
+            run_training(_cfg(tmp_path / "run"), log=lambda s: None)
+    ledger = tmp_path / "run" / "ledger.sqlite"
+    before = _ledger_rows(ledger)
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        with sqlite3.connect(ledger) as db:  # as if the run were still going in another process
+            db.execute(
+                "UPDATE runs SET status = 'running', pid = ?, proc_start = ?", (child.pid, _process_start(child.pid))
+            )
+        with pytest.raises(LedgerBusy, match="still running"):
+            recover_run(str(tmp_path / "run"), log=lambda s: None)
+        with PrivacyLedger(ledger) as led:
+            assert [(r["status"], r["pid"]) for r in led.runs()] == [("running", child.pid)]
+        assert _ledger_rows(ledger) == before
+    finally:
+        child.stdin.close()
+        child.wait()
