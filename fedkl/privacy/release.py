@@ -176,6 +176,8 @@ class Releaser:
         end = seq
         while end < min(len(plan), seq + self._batch) and not self._backing.get(end):
             end += 1
+        if end == seq:
+            return
         entries = [
             (p["members"], from_record(p["charge"]), p["label"], {"prepaid": True}, s)
             for s, p in enumerate(plan[seq:end], start=seq)
@@ -249,10 +251,11 @@ class Releaser:
         return left(list(user_ids), ahead) if ahead else left(list(user_ids))
 
     def _charged_ahead(self) -> list[int]:
-        """In recovery: the ledger rows that the first process charged at a release (not prepaid)
-        that this replay has not reached yet. Budget questions do not count them, so that the replay
-        sees the budget as the first process saw it at the same point."""
-        return [row["id"] for rows in self._backing.values() for row in rows if row["state"] is None]
+        """The ledger rows of this run charged ahead of the releases made so far: prepaid rows not
+        used yet, and in recovery the rows the first process charged that the replay has not reached.
+        Budget questions do not count them, so that an algorithm sees the budget as a run charged
+        per release sees it at the same point (and a replay as its first process saw it)."""
+        return [row["id"] for rows in self._backing.values() for row in rows]
 
     def require(self, notion: str, who: str) -> None:
         """Refuse, before any data is read, an algorithm whose releases this Releaser cannot account."""
