@@ -34,6 +34,11 @@ A user's guarantee at the budget's delta is ``eps(u) = zcdp_to_eps(rho_u, delta 
 take any participating user's ``eps(u)`` above the budget's epsilon. The refusal is computed from
 the ledger alone (public bookkeeping), never from the users' data.
 
+Each release row carries its number in its run (``seq``, :class:`fedkl.privacy.release.Releaser`)
+and a ``state`` (:data:`RELEASE_STATES`): :meth:`PrivacyLedger.prepay` charges a batch of planned
+releases in one transaction, ahead of the releases; :meth:`PrivacyLedger.take_over` hands a run whose
+process died to the process that recovers it (``fedkl run --recover``).
+
 Cohorts (the list of users a release charged) are stored once per distinct cohort, so full
 participation over many rounds costs one row per round, and :meth:`PrivacyLedger.verify` can
 recompute every user's total from the release log.
