@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 
 from fedkl.privacy import PrivacyLedger
@@ -24,8 +25,8 @@ SETTINGS = dict(dataset="synthetic-logistic", users=12, algorithm="noisy-gd", ep
                 clip=1.0, seed=3, noise_seed=11)  # fmt: skip
 
 
-def _argv(out) -> list[str]:
-    flags = [f"--{k.replace('_', '-')}={v}" for k, v in SETTINGS.items()]
+def _argv(out, prepay: bool) -> list[str]:
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in SETTINGS.items()] + (["--prepay"] if prepay else [])
     return [sys.executable, "-m", "fedkl.cli", "run", *flags, "--no-reference", f"--out={out}"]
 
 
@@ -46,10 +47,13 @@ def _model(out) -> torch.Tensor:
     return torch.load(os.path.join(out, "model.pt"), weights_only=False)["state_dict"]["w"]
 
 
-def test_kill_9_then_recover_equals_the_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("prepay", [False, True], ids=["charged-per-release", "prepaid"])
+def test_kill_9_then_recover_equals_the_uninterrupted_run(tmp_path, prepay):
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
     out = tmp_path / "killed"
-    proc = subprocess.Popen(_argv(out), cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        _argv(out, prepay), cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     deadline = time.monotonic() + GUARD_S
     try:
         while _journalled(out / JOURNAL_FILE) < K:  # the event: K releases journalled
@@ -67,7 +71,8 @@ def test_kill_9_then_recover_equals_the_uninterrupted_run(tmp_path):
     ledger = out / "ledger.sqlite"
     with PrivacyLedger(ledger) as led:
         assert [r["status"] for r in led.runs()] == ["running"]  # nobody ended it
-        assert killed_at <= led.num_releases() <= killed_at + 1  # at most one charged, not journalled
+        charged = led.num_releases()  # prepaid: the whole plan; else at most one charged, not journalled
+        assert charged == ROUNDS if prepay else killed_at <= charged <= killed_at + 1
 
     rec = subprocess.run(
         [sys.executable, "-m", "fedkl.cli", "run", f"--recover={out}"], cwd=tmp_path, env=env, capture_output=True
@@ -76,7 +81,9 @@ def test_kill_9_then_recover_equals_the_uninterrupted_run(tmp_path):
     assert f"{killed_at} releases replayed from its journal" in rec.stdout.decode()
 
     clean = tmp_path / "clean"
-    run_training(RunConfig.from_settings(**SETTINGS, reference=False, out=str(clean)), log=lambda s: None)
+    run_training(
+        RunConfig.from_settings(**SETTINGS, reference=False, out=str(clean)), log=lambda s: None, prepay=prepay
+    )
     assert torch.equal(_model(out), _model(clean))  # bit for bit
     rows = _rows(ledger)
     assert rows == _rows(clean / "ledger.sqlite") and [r["seq"] for r in rows] == list(range(ROUNDS))
