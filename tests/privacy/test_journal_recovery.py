@@ -12,6 +12,7 @@ import os
 
 import pytest
 import torch
+from build_helpers import small_config  # tests/build_helpers.py
 
 from fedkl.privacy import Budget, NoiseSource, PrivacyLedger
 from fedkl.privacy.charges import GaussianCharge
@@ -229,13 +230,8 @@ KINDS = ["dp-fedavg", "noisy-fw", "kl-adaptive-gd", "mean-output-pert", "vr-fw"]
 
 @pytest.mark.parametrize("name", KINDS)
 def test_recovery_of_every_kind_of_release(tmp_path, monkeypatch, name):
-    from build_helpers import SMALL  # tests/build_helpers.py
-
     def cfg(out):
-        kw = {**SMALL[name]}
-        base = dict(dataset="synthetic-logistic", problem="logistic", algorithm=name, epsilon=3.0, rounds=3, lr=0.5,
-                    clip=1.0, seed=2, noise_seed=5, reference=False, force=True, users=kw.pop("users", 12))  # fmt: skip
-        return RunConfig.from_settings(strict=False, **{**base, **kw}, out=str(out))
+        return small_config(name, out)
 
     clean = run_training(cfg(tmp_path / "clean"), log=lambda s: None)
     with monkeypatch.context() as m:
@@ -330,13 +326,9 @@ PREPAID = [*KINDS, "noisy-gd", "dp-ftrl", "fkt-snowball", "phased-erm"]
 def test_prepaid_run_of_every_algorithm_charges_what_it_makes(tmp_path, name):
     """--prepay on every kind of algorithm: the same releases as charged one by one (same seq, label,
     typed charge, cohort), all prepaid for a non-adaptive algorithm, and the same model."""
-    from build_helpers import SMALL  # tests/build_helpers.py
 
     def cfg(out):
-        kw = {**SMALL[name]}
-        base = dict(dataset="synthetic-logistic", problem="logistic", algorithm=name, epsilon=3.0, rounds=3, lr=0.5,
-                    clip=1.0, seed=2, noise_seed=5, reference=False, force=True, users=kw.pop("users", 12))  # fmt: skip
-        return RunConfig.from_settings(strict=False, **{**base, **kw}, out=str(out))
+        return small_config(name, out)
 
     clean = run_training(cfg(tmp_path / "clean"), log=lambda s: None)
     prepaid = run_training(cfg(tmp_path / "prepaid"), log=lambda s: None, prepay=True)
