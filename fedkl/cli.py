@@ -170,7 +170,8 @@ def _run_settings(args: argparse.Namespace) -> dict:
     settings = {
         k: v
         for k, v in vars(args).items()
-        if k not in ("command", "config", "no_reference", "algorithms", "json", "charges", "resume")  # resume: run only
+        if k
+        not in ("command", "config", "no_reference", "algorithms", "json", "charges", "resume", "recover", "prepay")
     }
     settings["reference"] = not args.no_reference
     return settings
@@ -349,6 +350,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from fedkl.runner import RunConfig
 
+    if args.recover is not None:
+        if [a for a in argv[1:] if a.startswith("--") and a.split("=")[0] != "--recover"]:
+            print("fedkl run: error: --recover takes no other option (the run keeps its own settings)", file=sys.stderr)
+            return 2
+        return _train(None, recover=args.recover)
     try:
         settings = _run_settings(args)
         if args.resume is not None:  # the resumed run's settings; the options given here on top
@@ -361,15 +367,21 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"fedkl run: error: {e} (see 'fedkl run --algorithm {args.algorithm} --help')", file=sys.stderr)
         return 2
-    return _train(cfg, args.resume)
+    return _train(cfg, args.resume, prepay=args.prepay)
 
 
-def _train(cfg, resume: str | None = None) -> int:
+def _register_backend(cfg) -> None:
+    if cfg.backend != "inprocess":
+        import fedkl.flower.backends  # noqa: F401  (registers the Flower backends)
+
+
+def _train(cfg, resume: str | None = None, prepay: bool = False, recover: str | None = None) -> int:
     """``fedkl run`` with its configuration parsed: train, with a progress bar on a terminal; a
     budget or ledger problem exits 3, Ctrl-C (or SIGTERM) one line and 128 + the signal."""
     from fedkl.privacy import BudgetExhausted, LedgerError
+    from fedkl.privacy.journal import JournalError
     from fedkl.run_progress import make_observer
-    from fedkl.runner import RUN_OBSERVER, run_training
+    from fedkl.runner import RUN_OBSERVER, recover_run, run_training
 
     observer = make_observer(sys.stderr)
     token = RUN_OBSERVER.set(observer)
@@ -384,23 +396,25 @@ def _train(cfg, resume: str | None = None) -> int:
     if main_thread:
         signal.signal(signal.SIGTERM, terminate)
     try:
-        if cfg.backend != "inprocess":
-            import fedkl.flower.backends  # noqa: F401  (registers the Flower backends)
-        run_training(cfg, log=lambda s: print(s, flush=True), resume=resume)
+        if recover is not None:
+            recover_run(recover, log=lambda s: print(s, flush=True), before=_register_backend)
+            return 0
+        _register_backend(cfg)
+        run_training(cfg, log=lambda s: print(s, flush=True), resume=resume, prepay=prepay)
     except KeyboardInterrupt:
         if main_thread:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the report short
         observer.close()
         print(observer.interrupted_line(), file=sys.stderr, flush=True)
         return 128 + (received[0] if received else signal.SIGINT)
-    except (BudgetExhausted, LedgerError) as e:
+    except (BudgetExhausted, LedgerError, JournalError) as e:
         print(f"fedkl run: error: {e}", file=sys.stderr)
         return 3
     except ValueError as e:
         print(f"fedkl run: error: {e} (see 'fedkl run --help')", file=sys.stderr)
         return 2
     except RuntimeError as e:  # a deployment that failed (e.g. the ServerApp's reason): one line, non-zero
-        if cfg.backend != "grpc":
+        if cfg is None or cfg.backend != "grpc":
             raise
         print(f"fedkl run: error: {e}", file=sys.stderr)
         return 1

@@ -297,6 +297,21 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
         "(options left at their default take the run's; one that differs is refused); the only value reused "
         "is the released model",
     )
+    run.add_argument(
+        "--recover",
+        default=None,
+        metavar="RUN_DIR",
+        help="finish the run of RUN_DIR whose process died (kill -9, power loss): re-run it with its own settings "
+        "from its release journal and ledger; what it released before is returned from the journal and nothing is "
+        "charged twice (not --resume: that starts a new run from a finished run's model); takes no other option",
+    )
+    run.add_argument(
+        "--prepay",
+        action="store_true",
+        help="charge the run's planned releases (`fedkl plan --charges`) in one ledger transaction up front instead of "
+        "one per release; a release off the plan is charged on its own, prepaid releases never made stay charged "
+        "(marked unused); ignored for adaptive algorithms",
+    )
     plan = sub.add_parser(
         "plan",
         help="before any budget is spent: each algorithm's noise against the signal, ranked",

@@ -99,7 +99,20 @@ def _print_report(action: str, res: dict) -> None:
         cols = ["user_id", "releases", "rho", "eps", "delta", "epsilon", "epsilon_exact"]
         print(format_table(res["users"], cols))
     elif action == "releases":
-        cols = ["id", "run_id", "label", "mechanism", "sensitivity", "noise_scale", "rho", "eps", "delta", "users"]
+        cols = [
+            "id",
+            "run_id",
+            "seq",
+            "label",
+            "mechanism",
+            "sensitivity",
+            "noise_scale",
+            "rho",
+            "eps",
+            "delta",
+            "users",
+        ]
+        cols.append("state")  # prepaid: charged ahead in a batch; unused: charged ahead, never made (still charged)
         print(format_table(res["releases"], cols))
     elif action == "runs":
         cols = ["run_id", "status", "started", "ended", "pid", "host", "releases", "reserved_users", "note"]

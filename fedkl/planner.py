@@ -21,27 +21,20 @@ simulations/studies/paper002_crossover.toml measures both).
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import os
-import tempfile
 from typing import Iterable
-
-import torch
 
 from fedkl.algorithms.catalog import REGISTRY
 from fedkl.algorithms.forecast import gradient_forecast
-from fedkl.data.base import FederatedDataset, UserData
-from fedkl.federation.inprocess import InProcessFederation
-from fedkl.privacy import Budget, NoiseSource, PrivacyLedger
-from fedkl.problems import DEFAULT_PROBLEM, make_problem
+from fedkl.data.standin import STANDIN_RECORDS, public_standin
+from fedkl.privacy import Budget, PrivacyLedger
 from fedkl.runner import (
     RunConfig,
     build_algorithm,
     default_delta,
     load_run_data,
     load_run_dataset,
-    train_federation,
+    planned_releases,
 )
 
 
@@ -117,29 +110,6 @@ def format_plan(result: dict) -> str:
 
 # ---- the charges a run will make ------------------------------------------------------------------
 
-STANDIN_RECORDS = 2  # records per user of the public stand-in (a public constant, not the real counts)
-
-
-def public_standin(dataset: FederatedDataset, records_per_user: int = STANDIN_RECORDS) -> FederatedDataset:
-    """A dataset with ``dataset``'s public shape (user ids, dimension, task, classes, feature bound)
-    and public records: every user holds ``records_per_user`` zero feature rows with the task's
-    first label (+1, class 0, or 0.0). No value of ``dataset``'s records enters it."""
-    ids = dataset.train.user_ids
-    n, d = len(ids), dataset.train.dim
-    owner = torch.arange(n).repeat_interleave(records_per_user)
-    X = torch.zeros(n * records_per_user, d, dtype=dataset.train.X.dtype)
-    label = {"binary": 1, "multiclass": 0, "regression": 0.0}[dataset.task]
-    y = torch.full((n * records_per_user,), label, dtype=dataset.train.y.dtype)
-    split = UserData(X, y, owner, ids)
-    return dataclasses.replace(
-        dataset,
-        name=f"{dataset.name} (public stand-in)",
-        train=split,
-        test=split,
-        description=f"public stand-in: {n} users x {records_per_user} zero records",
-        optimum=None,
-    )
-
 
 def charge_plan(cfg: RunConfig, records_per_user: int = STANDIN_RECORDS) -> dict:
     """The charges ``fedkl run`` of ``cfg`` will make on a fresh ledger, in order, from
@@ -158,35 +128,12 @@ def charge_plan(cfg: RunConfig, records_per_user: int = STANDIN_RECORDS) -> dict
 
     Returns ``{"algorithm", "users", "delta", "releases": [{label, mechanism, charge, users,
     cohort}], "per_user_max": {rho, eps, delta}, "adaptive": bool}``."""
-    dataset = load_run_dataset(cfg)  # public metadata only: ids, dimension, task, bound
-    standin = public_standin(dataset, records_per_user)
-    problem = make_problem(cfg.problem or DEFAULT_PROBLEM[dataset.task], standin, reg=cfg.reg, model=cfg.model)
-    n = len(standin.train.user_ids)
-    delta = cfg.delta if cfg.delta is not None else default_delta(n)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "plan.sqlite")
-        _, _, declared = train_federation(
-            cfg,
-            InProcessFederation(problem, standin),
-            problem,
-            standin,
-            delta,
-            path,
-            "plan",
-            NoiseSource(cfg.noise_seed if cfg.noise_seed is not None else 0),
-            lambda _: None,
-        )
-        with PrivacyLedger(path) as ledger:
-            releases = ledger.releases()
-            spend = [ledger.spend(u) for u in standin.train.user_ids]
+    plan = planned_releases(cfg, load_run_dataset(cfg), records_per_user)  # public metadata only: ids, dimension, ...
     keep = ("label", "mechanism", "charge", "users", "cohort")
     return {
         "algorithm": cfg.algorithm,
-        "users": n,
-        "delta": delta,
-        "releases": [{k: r[k] for k in keep} for r in releases],
-        "per_user_max": {k: max(getattr(s, k) for s in spend) for k in ("rho", "eps", "delta")},
-        "adaptive": declared.adaptive,
+        **plan,
+        "releases": [{k: r[k] for k in keep} for r in plan["releases"]],
     }
 
 

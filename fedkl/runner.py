@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import json
 import math
 import os
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -34,11 +36,13 @@ from fedkl.algorithms.registry import (
 )
 from fedkl.data import FederatedDataset, load_dataset
 from fedkl.data.files import SCHEMA_SETTINGS, is_data_file, loader_kwargs
+from fedkl.data.standin import STANDIN_RECORDS, public_standin
 from fedkl.federation.base import Federation
 from fedkl.federation.inprocess import InProcessFederation
 from fedkl.privacy import Budget, BudgetExceeded, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter
 from fedkl.privacy.clients import FEDKL_CLIENTS
 from fedkl.privacy.guarantee import RELATION_TEXT, Guarantee
+from fedkl.privacy.journal import JournalError, ReleaseJournal
 from fedkl.problems import DEFAULT_PROBLEM, make_problem, problem_spec
 from fedkl.problems.rowwise import KERNEL_MODES, kernels
 from fedkl.results import reference_metrics, write_json
@@ -208,16 +212,27 @@ def quality_metric(metrics: dict) -> str:
     return "accuracy" if "accuracy" in metrics else "mse" if "mse" in metrics else "loss"
 
 
-def build_algorithm(cfg: RunConfig, problem, feature_bound: float, user_ids, delta: float, ledger: PrivacyLedger):
+def build_algorithm(
+    cfg: RunConfig,
+    problem,
+    feature_bound: float,
+    user_ids,
+    delta: float,
+    ledger: PrivacyLedger,
+    left: tuple[float, tuple[float, float]] | None = None,
+):
     """``cfg``'s algorithm sized to what ``ledger`` says every listed user can still afford: the budget
-    flows one way (ledger -> builder -> algorithm); the algorithm never reads the ledger."""
+    flows one way (ledger -> builder -> algorithm); the algorithm never reads the ledger. ``left``:
+    ``(rho_left, approx_left)`` to size it to instead (a recovered run: what its users had left when it
+    first started, from its journal)."""
+    rho_left, approx_left = left if left is not None else (ledger.rho_left(user_ids), ledger.approx_left(user_ids))
     context = BuildContext(
         problem=problem,
         feature_bound=feature_bound,
         user_ids=tuple(user_ids),
         delta=delta,
-        rho_left=ledger.rho_left(user_ids),
-        approx_left=ledger.approx_left(user_ids),
+        rho_left=rho_left,
+        approx_left=tuple(approx_left),
         conversion=ledger.budget.conversion,
         neighbouring=cfg.neighbouring,
         seed=cfg.seed,
@@ -258,15 +273,40 @@ def train_federation(
     noise: NoiseSource,
     log: Callable[[str], None],
     w0=None,
+    journal: str | ReleaseJournal | None = None,
+    plan: list[dict] | None = None,
+    journal_header: dict | None = None,
+    scratch: bool = False,
 ):
     """Train through ``federation`` with the ledger, filter and noise in this process, from ``w0``
     (default: the problem's initial parameters). Returns the algorithm's result, the ledger summary
-    and the algorithm's declared :class:`Guarantee`."""
+    and the algorithm's declared :class:`Guarantee`.
+
+    ``journal``: a path, where this run's release journal is created (what ``--recover`` needs), or
+    an open :class:`ReleaseJournal` of a run whose process died: then this call recovers that run
+    (``run_id`` must be its id; :class:`fedkl.privacy.release.Releaser`); ``journal_header``: more
+    header entries for a new journal; ``scratch``: ``ledger_path`` is a throw-away ledger (no fsync). ``plan``: the run's planned
+    releases (:func:`planned_releases`), prepaid in one ledger transaction unless the algorithm is
+    adaptive."""
     observer = RUN_OBSERVER.get() or RunObserver()
-    with PrivacyLedger(ledger_path, Budget(cfg.epsilon, delta, cfg.conversion), run_id, cfg.settings()) as ledger:
-        ledger.reserve(federation.user_ids)  # verifies the ledger; LedgerBusy while another run holds these users
+    recovering = isinstance(journal, ReleaseJournal)
+    ledger = PrivacyLedger(
+        ledger_path, Budget(cfg.epsilon, delta, cfg.conversion), run_id, cfg.settings(), scratch=scratch
+    )
+    if recovering:  # the run of a process that died: same run id; a refusal leaves that run as it is (not ended here)
+        try:
+            ledger.take_over(federation.user_ids)
+        except BaseException:
+            ledger.close()
+            raise
+    with ledger:
+        if recovering:  # its users' budget as it had it
+            header = journal.header()
+            rho_total, approx_left = header["rho_left"], tuple(header["approx_left"])
+        else:
+            ledger.reserve(federation.user_ids)  # verifies the ledger; LedgerBusy while another run holds these users
+            rho_total, approx_left = ledger.rho_left(federation.user_ids), ledger.approx_left(federation.user_ids)
         observer.started(run_id, ledger_path)
-        rho_total = ledger.rho_left(federation.user_ids)
         if rho_total <= 0:
             raise BudgetExceeded(
                 f"ledger {ledger_path}: the users' budget (eps={cfg.epsilon}, delta={delta:g}) "
@@ -274,7 +314,8 @@ def train_federation(
             )
         if rho_total < ledger.budget.rho * (1 - 1e-9):
             log(f"resuming ledger {ledger_path}: rho {rho_total:.4g} of {ledger.budget.rho:.4g} left")
-        alg = build_algorithm(cfg, problem, dataset.feature_bound, federation.user_ids, delta, ledger)
+        left = (rho_total, approx_left)
+        alg = build_algorithm(cfg, problem, dataset.feature_bound, federation.user_ids, delta, ledger, left)
         sigma = getattr(alg, "sigma", None)
         declared: Guarantee = alg.guarantee
         if cfg.secagg:  # the server no longer sees (nor bounds) each answer: fedkl/flower/secagg.py
@@ -350,9 +391,26 @@ def train_federation(
         try:
             # no run-wide filter for (eps, delta) releases, nor for algorithms whose users each take part in
             # one disjoint cohort (parallel composition: the per-user ledger enforces every user's budget)
-            releaser = Releaser(ledger, noise, ZCDPFilter(rho_total) if declared.run_wide_filter else None)
+            if isinstance(journal, str):
+                header = {**(journal_header or {}), "run_id": run_id, "settings": cfg.settings(), "delta": delta}
+                header["ledger"] = os.path.abspath(ledger_path)
+                journal = ReleaseJournal.create(journal, {**header, "rho_left": rho_total, "approx_left": approx_left})
+            releaser = Releaser(
+                ledger,
+                noise,
+                ZCDPFilter(rho_total) if declared.run_wide_filter else None,
+                journal=journal,
+                replay=recovering,
+            )
+            if plan is not None and not declared.adaptive:
+                releaser.plan(plan)
             start = problem.init_params() if w0 is None else w0
             result = alg.run(federation, releaser, start, progress)
+            releaser.finish()
+            if recovering:
+                log(
+                    f"recovered run {run_id}: {releaser.replayed} releases replayed from its journal, none charged twice"
+                )
             if not isinstance(result, AlgorithmResult):
                 raise TypeError(
                     f"{cfg.algorithm}: run() must return an AlgorithmResult (fedkl.algorithms.registry), "
@@ -363,12 +421,45 @@ def train_federation(
         except BaseException as e:
             ledger.finish_run(ledger.end_status(e))  # interrupted (Ctrl-C) or failed
             raise
+        finally:
+            if journal is not None and not isinstance(journal, str):
+                journal.close()
         ledger.finish_run("finished")
         observer.trained(result.w is not None)
         ledger.verify()
         summary = ledger.summary()
 
     return result, summary, declared
+
+
+def planned_releases(cfg: RunConfig, dataset: FederatedDataset, records_per_user: int = STANDIN_RECORDS) -> dict:
+    """The releases ``fedkl run`` of ``cfg`` makes on a fresh ledger, in order, from public values
+    only: this run's own code on :func:`fedkl.data.standin.public_standin` of ``dataset`` (its user ids
+    and shape, zero records) with a temporary ledger (why that is the real run's plan:
+    :func:`fedkl.planner.charge_plan`). Returns ``{"users", "delta", "releases": [{label, mechanism,
+    charge, users, cohort, members}], "per_user_max": {rho, eps, delta}, "adaptive"}``."""
+    standin = public_standin(dataset, records_per_user)
+    problem = make_problem(cfg.problem or DEFAULT_PROBLEM[dataset.task], standin, reg=cfg.reg, model=cfg.model)
+    n = len(standin.train.user_ids)
+    delta = cfg.delta if cfg.delta is not None else default_delta(n)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "plan.sqlite")
+        noise = NoiseSource(cfg.noise_seed if cfg.noise_seed is not None else 0)
+        federation = InProcessFederation(problem, standin)
+        _, _, declared = train_federation(
+            cfg, federation, problem, standin, delta, path, "plan", noise, lambda _: None, scratch=True
+        )
+        with PrivacyLedger(path) as ledger:
+            cohorts = ledger.cohorts()
+            releases = [{**r, "members": cohorts[r["cohort"]]} for r in ledger.releases()]
+            spend = [ledger.spend(u) for u in standin.train.user_ids]
+    return {
+        "users": n,
+        "delta": delta,
+        "releases": releases,
+        "per_user_max": {k: max(getattr(s, k) for s in spend) for k in ("rho", "eps", "delta")},
+        "adaptive": declared.adaptive,
+    }
 
 
 def prepare_run(cfg: RunConfig, num_users: int, suffix: str = "") -> tuple[float, str, str, str, NoiseSource]:
@@ -412,10 +503,39 @@ def run_training(
     dataset: FederatedDataset | None = None,
     model: Callable | torch.nn.Module | None = None,
     resume: str | None = None,
+    prepay: bool = False,
+    recover: ReleaseJournal | None = None,
 ) -> dict:
     """Train with ``cfg.kernels`` in force (:func:`fedkl.problems.rowwise.kernels`); see :func:`_run_training`."""
     with kernels(cfg.kernels):
-        return _run_training(cfg, log, dataset, model, resume)
+        return _run_training(cfg, log, dataset, model, resume, prepay, recover)
+
+
+JOURNAL_FILE = "journal.sqlite"  # in the run folder: the release journal (fedkl.privacy.journal)
+
+
+def recover_run(run_dir: str, log: Callable[[str], None] = print, before: Callable | None = None) -> dict:
+    """``fedkl run --recover RUN_DIR``: finish the run of ``RUN_DIR`` whose process died (kill -9,
+    power loss, OOM ...), from its release journal and its ledger, without charging any release twice
+    (:class:`fedkl.privacy.release.Releaser`). The run is re-executed with its own settings, seed and
+    data; what it released before the crash is returned from the journal. Not ``--resume`` (a new run
+    warm-started from a finished run's released model). ``before(cfg)``: called with the run's
+    configuration before it trains (``fedkl run`` registers a Flower backend there)."""
+    journal = ReleaseJournal.open(os.path.join(run_dir, JOURNAL_FILE))
+    try:
+        header = journal.header()
+        cfg = RunConfig.from_settings(**header["settings"])
+        if json.loads(json.dumps(cfg.settings(), default=str)) != header["settings"]:
+            raise JournalError(f"{journal.path}: its settings do not rebuild the same run (nothing was charged)")
+        if before is not None:
+            before(cfg)
+    except BaseException:
+        journal.close()
+        raise
+    try:
+        return run_training(cfg, log, resume=header.get("resumed_from"), recover=journal)
+    finally:
+        journal.close()
 
 
 def _run_training(
@@ -424,6 +544,8 @@ def _run_training(
     dataset: FederatedDataset | None = None,
     model: Callable | torch.nn.Module | None = None,
     resume: str | None = None,
+    prepay: bool = False,
+    recover: ReleaseJournal | None = None,
 ) -> dict:
     """Train, write ``model.pt`` (the released model with its privacy receipt, when there is one:
     ``model_path``, else None; :mod:`fedkl.saved_model`), ``result.json`` (as soon as the model
@@ -436,7 +558,10 @@ def _run_training(
     Flower client builds its data and network from names).
     ``resume``: a run folder (or its model.pt) whose released model this run starts from, on that
     run's ledger and with its settings (:func:`fedkl.saved_model.check_resume`); not a setting of
-    the run, so a resumed run's settings (and a sweep's row keys) are those of a fresh one."""
+    the run, so a resumed run's settings (and a sweep's row keys) are those of a fresh one.
+    ``prepay``: charge the run's planned releases (:func:`planned_releases`, a dry run on a public
+    stand-in) in one ledger transaction; ``recover``: the journal of a run to recover (:func:`recover_run`).
+    A run trained in this process keeps its release journal in ``out/journal.sqlite``."""
     started = time.time()
     if cfg.secagg and cfg.backend in ("inprocess", "ray-shards"):
         raise ValueError("--secagg aggregates over Flower: use --backend flower-local, flower-sim or grpc")
@@ -465,6 +590,11 @@ def _run_training(
     federation = evaluator if transport is None or transport.open is None else transport.open(cfg, dataset)
     n = federation.num_users
     delta, run_id, out, ledger_path, noise = prepare_run(cfg, n)
+    if recover is not None:  # the recovered run's own id, folder and ledger
+        if transport is not None and transport.train is not None:
+            raise ValueError(f"--recover replays the releases of this process; backend {cfg.backend} keeps its own")
+        header = recover.header()
+        run_id, out, ledger_path, delta = header["run_id"], header["out"], header["ledger"], header["delta"]
     log(
         f"fedkl run {run_id}: {cfg.algorithm} on {cfg.dataset} ({n} users, "
         f"{dataset.train.num_records} train records, {problem.num_params} parameters); "
@@ -477,8 +607,22 @@ def _run_training(
         failures = getattr(result, "failures", None)
     else:
         try:
+            journal = recover if recover is not None else os.path.join(out, JOURNAL_FILE)
+            plan = planned_releases(cfg, dataset)["releases"] if prepay and recover is None else None
             result, summary, declared = train_federation(
-                cfg, federation, problem, dataset, delta, ledger_path, run_id, noise, log, w0
+                cfg,
+                federation,
+                problem,
+                dataset,
+                delta,
+                ledger_path,
+                run_id,
+                noise,
+                log,
+                w0,
+                journal,
+                plan,
+                journal_header={"out": os.path.abspath(out), "resumed_from": resume},
             )
         finally:
             failures = federation.failure_report()  # per request, per user: why (Flower backends)

@@ -77,3 +77,14 @@ def counting_federation(problem, dataset):
             return super().compute(query, users)
 
     return Counting(problem, dataset)
+
+
+def small_config(name: str, out, **extra):
+    """A RunConfig of ``name`` at its SMALL setting on synthetic-logistic (seeded, no reference),
+    writing to ``out``."""
+    from fedkl.runner import RunConfig
+
+    kw = {**SMALL[name], **extra}
+    base = dict(dataset="synthetic-logistic", problem="logistic", algorithm=name, epsilon=3.0, rounds=3, lr=0.5,
+                clip=1.0, seed=2, noise_seed=5, reference=False, force=True, users=kw.pop("users", 12))  # fmt: skip
+    return RunConfig.from_settings(strict=False, **{**base, **kw}, out=str(out))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from build_helpers import SMALL  # tests/build_helpers.py
+from build_helpers import small_config  # tests/build_helpers.py
 
 from fedkl import cli
 from fedkl.algorithms.registry import REGISTRY
@@ -20,11 +20,7 @@ from fedkl.runner import RunConfig, load_run_dataset, run_training
 KEEP = ("label", "mechanism", "charge", "users", "cohort")
 
 
-def _config(name: str, out, **extra) -> RunConfig:
-    kw = {**SMALL[name], **extra}
-    base = dict(dataset="synthetic-logistic", problem="logistic", algorithm=name, epsilon=3.0, rounds=3, lr=0.5,
-                clip=1.0, seed=2, noise_seed=5, reference=False, force=True, users=kw.pop("users", 12))  # fmt: skip
-    return RunConfig.from_settings(strict=False, **{**base, **kw}, out=str(out))
+_config = small_config
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))

@@ -34,6 +34,11 @@ A user's guarantee at the budget's delta is ``eps(u) = zcdp_to_eps(rho_u, delta 
 take any participating user's ``eps(u)`` above the budget's epsilon. The refusal is computed from
 the ledger alone (public bookkeeping), never from the users' data.
 
+Each release row carries its number in its run (``seq``, :class:`fedkl.privacy.release.Releaser`)
+and a ``state`` (:data:`RELEASE_STATES`): :meth:`PrivacyLedger.prepay` charges a batch of planned
+releases in one transaction, ahead of the releases; :meth:`PrivacyLedger.take_over` hands a run whose
+process died to the process that recovers it (``fedkl run --recover``).
+
 Cohorts (the list of users a release charged) are stored once per distinct cohort, so full
 participation over many rounds costs one row per round, and :meth:`PrivacyLedger.verify` can
 recompute every user's total from the release log.
@@ -57,7 +62,12 @@ from fedkl.privacy.charges import Charge, from_record, to_record
 from fedkl.privacy.filter import BudgetExhausted
 from fedkl.privacy.zcdp import CONVERSIONS, rho_for_eps_delta, zcdp_to_eps
 
-SCHEMA_VERSION = 3  # 2: releases.charge holds the typed charge; 3: runs' pid/host, reservations. Older: upgraded
+SCHEMA_VERSION = 4  # 2: releases.charge holds the typed charge; 3: runs' pid/host, reservations; 4: releases' seq
+# and state (prepaid releases). Older: upgraded
+# A release row's state: NULL charged when it was made; 'prepaid' charged ahead with a batch (PrivacyLedger.prepay)
+# and made, or not yet made by a run still going; 'unused' charged ahead and never made (the run ended first): it
+# stays charged (over-charging is safe), the mark only says why
+RELEASE_STATES = (None, "prepaid", "unused")
 _REL_TOL = 1e-12
 # What is left of a budget (rho, or an (eps, delta) part) below this fraction of the budget counts as spent.
 # Derived from two facts: (1) the ledger's own slack is far below it -- approx_left leaves 1e-9 of delta
@@ -79,7 +89,8 @@ CREATE TABLE IF NOT EXISTS cohorts (
 CREATE TABLE IF NOT EXISTS releases (
     id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT, label TEXT NOT NULL, mechanism TEXT NOT NULL,
     sensitivity REAL, noise_scale REAL, rho REAL NOT NULL, eps REAL NOT NULL, delta REAL NOT NULL,
-    cohort_id INTEGER NOT NULL REFERENCES cohorts(id), created REAL NOT NULL, details TEXT, charge TEXT);
+    cohort_id INTEGER NOT NULL REFERENCES cohorts(id), created REAL NOT NULL, details TEXT, charge TEXT,
+    seq INTEGER, state TEXT);
 CREATE TABLE IF NOT EXISTS users (
     user_id TEXT PRIMARY KEY, rho REAL NOT NULL, eps REAL NOT NULL, delta REAL NOT NULL,
     releases INTEGER NOT NULL);
@@ -87,6 +98,7 @@ CREATE TABLE IF NOT EXISTS users (
 
 
 _RUN_COLUMNS_V3 = ("pid INTEGER", "host TEXT", "proc_start TEXT", "ended REAL", "note TEXT")
+_RELEASE_COLUMNS_V4 = ("charge TEXT", "seq INTEGER", "state TEXT")
 
 
 def _process_start(pid: int) -> str | None:
@@ -183,6 +195,8 @@ class PrivacyLedger:
         budget: required when the file is new; when the file exists it must equal the stored one
             (``None`` reads the stored budget).
         run_id: tag written on every release made through this handle.
+        scratch: a throw-away ledger (a plan's dry run on a temporary file): no fsync
+            (``synchronous=OFF``); never for a ledger that protects anyone's budget.
     """
 
     def __init__(
@@ -192,6 +206,7 @@ class PrivacyLedger:
         run_id: str | None = None,
         run_config: dict | None = None,
         timeout: float = 60.0,
+        scratch: bool = False,
     ) -> None:
         self.path = os.fspath(path)
         self.run_id = run_id
@@ -209,7 +224,7 @@ class PrivacyLedger:
                     f"ledger {self.path} is in {mode} mode and open in another process (an older fedkl?); "
                     "close it there and retry (nothing was charged or released)"
                 )
-            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA synchronous=" + ("OFF" if scratch else "FULL"))
             self._db.execute("PRAGMA foreign_keys=ON")
             self._db.executescript(_SCHEMA)
             self._db.execute("CREATE TEMP TABLE IF NOT EXISTS cohort (user_id TEXT PRIMARY KEY)")
@@ -256,9 +271,12 @@ class PrivacyLedger:
             self._db.execute("INSERT OR IGNORE INTO meta VALUES ('budget', ?)", (json.dumps(asdict(budget)),))
             self._db.execute("COMMIT")
             rows = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
-        if int(rows["schema"]) in (1, 2):  # an older ledger: add the new columns, keep every row
+        if int(rows["schema"]) in (1, 2, 3):  # an older ledger: add the new columns, keep every row
             self._db.execute("BEGIN IMMEDIATE")
-            for table, column in (("releases", "charge TEXT"), *(("runs", c) for c in _RUN_COLUMNS_V3)):
+            for table, column in (
+                *(("releases", c) for c in _RELEASE_COLUMNS_V4),
+                *(("runs", c) for c in _RUN_COLUMNS_V3),
+            ):
                 if column.split()[0] not in {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}:
                     self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
             self._db.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (str(SCHEMA_VERSION),))
@@ -362,6 +380,59 @@ class PrivacyLedger:
         if holder is not None:
             self.finish_run("refused", f"users held by run {holder[0]}")
             raise LedgerBusy(self._busy_message(holder, "nothing was charged or reserved"))
+
+    def take_over(self, user_ids: Iterable[str]) -> None:
+        """Continue this handle's run (``run_id``) after its process died: the crash recovery of
+        ``fedkl run --recover``. Refused (LedgerError, nothing changed) unless the run exists, was
+        started on this host and its process is gone (``running`` with a dead pid, or already ended
+        ``interrupted``/``failed`` by its own handler or by ``release-stale``), and while another
+        running run holds any of its users (LedgerBusy). Then, after :meth:`verify`, atomically:
+        the run is ``running`` again under this process and holds its users' budget."""
+        if self.run_id is None:
+            raise ValueError("take_over() needs a handle opened with a run_id")
+        members = sorted(set(map(str, user_ids)))
+        with self._transaction() as db:
+            row = db.execute(
+                "SELECT status, pid, host, proc_start FROM runs WHERE run_id = ?", (self.run_id,)
+            ).fetchone()
+            if row is None:
+                raise LedgerError(f"ledger {self.path} has no run {self.run_id} to recover (nothing was charged)")
+            status, pid, host, proc_start = row
+            mine = pid == os.getpid() and proc_start == _process_start(os.getpid())
+            if status not in ("running", "interrupted", "failed"):
+                raise LedgerError(
+                    f"run {self.run_id} ended {status}: there is nothing to recover (nothing was charged)"
+                )
+            if host != socket.gethostname():
+                raise LedgerError(f"run {self.run_id} ran on host {host}: recover it there (nothing was charged)")
+            if status == "running" and not mine and _alive(pid, proc_start):
+                raise LedgerBusy(f"run {self.run_id} is still running (pid {pid}); stop it before recovering it")
+            self.verify()
+            self._fill_cohort(members)
+            holder = self._holder()
+            if holder is not None:
+                raise LedgerBusy(self._busy_message(holder, "nothing was charged or reserved"))
+            db.execute(
+                "UPDATE runs SET status = 'running', pid = ?, proc_start = ?, ended = NULL, note = ? WHERE run_id = ?",
+                (os.getpid(), _process_start(os.getpid()), f"recovered after pid {pid}", self.run_id),
+            )
+            db.execute("DELETE FROM reservations WHERE run_id = ?", (self.run_id,))
+            db.execute("INSERT INTO reservations SELECT user_id, ? FROM temp.cohort WHERE true", (self.run_id,))
+
+    def run_releases(self) -> list[dict]:
+        """This handle's run's releases, in order: ``id``, ``seq``, ``state``, ``label``, ``charge``
+        (the stored typed-charge record) and ``cohort`` (the digest of the users charged)."""
+        keys = ("id", "seq", "state", "label", "charge", "cohort")
+        rows = self._db.execute(
+            "SELECT r.id, r.seq, r.state, r.label, r.charge, c.digest FROM releases r "
+            "JOIN cohorts c ON c.id = r.cohort_id WHERE r.run_id IS ? ORDER BY r.id",
+            (self.run_id,),
+        ).fetchall()
+        return [{**dict(zip(keys, r)), "charge": json.loads(r[4]) if r[4] else None} for r in rows]
+
+    def cohorts(self) -> dict[str, list[str]]:
+        """Every cohort charged so far: its digest -> its user ids."""
+        return {d: json.loads(m) for d, m in self._db.execute("SELECT digest, members FROM cohorts")}
 
     def _holder(self) -> tuple | None:
         """(run_id, pid, host, proc_start, started, users) of another running run that holds users
@@ -478,13 +549,54 @@ class PrivacyLedger:
                     "or use a new ledger for new data."
                 )
 
-    def charge(self, user_ids: Sequence[str], charge: Charge, *, label: str, details: dict | None = None) -> int:
+    def charge(
+        self,
+        user_ids: Sequence[str],
+        charge: Charge,
+        *,
+        label: str,
+        details: dict | None = None,
+        seq: int | None = None,
+    ) -> int:
         """Charge every user in ``user_ids`` the cost of ``charge`` (a typed charge of
-        :mod:`fedkl.privacy.charges`) and return the release id. Atomic and durable.
+        :mod:`fedkl.privacy.charges`) and return the release id. Atomic and durable. ``seq``: the
+        release's number in its run (:class:`fedkl.privacy.release.Releaser`), recorded with it.
 
         Raises :class:`BudgetExceeded` (nothing written) if any user would exceed the budget,
         :class:`LedgerBusy` if another running run holds any of them (:meth:`reserve`).
         """
+        return self.prepay([(user_ids, charge, label, details, seq)], state=None)[0]
+
+    def prepay(self, entries: Sequence[tuple], *, state: str | None = "prepaid") -> list[int]:
+        """Charge a batch of planned releases, each ``(user_ids, charge, label, details, seq)``, in ONE
+        durable transaction (one fsync for the batch), marked ``state`` (``'prepaid'``: charged before
+        the release is made; see :data:`RELEASE_STATES`). All or nothing: if any entry would take a
+        user over budget (the entries' costs add up, in order), nothing is written. Returns the
+        release ids, in order."""
+        prepared = [
+            (self._members(user_ids), charge, label, details, seq) for user_ids, charge, label, details, seq in entries
+        ]
+        with self._transaction() as db:
+            ids = []
+            for members, charge, label, details, seq in prepared:
+                self._fill_cohort(members)
+                holder = self._holder()
+                if holder is not None:
+                    raise LedgerBusy(self._busy_message(holder, "nothing was charged or released"))
+                ids.append(self._insert(db, members, charge, label, details, seq, state))
+        return ids
+
+    def _members(self, user_ids: Sequence[str]) -> list[str]:
+        members = sorted(set(map(str, user_ids)))
+        if len(members) != len(user_ids):
+            raise ValueError("a release charges each user once: user_ids has duplicates")
+        if not members:
+            raise ValueError("a release must charge at least one user")
+        return members
+
+    def _insert(self, db, members, charge: Charge, label: str, details, seq, state) -> int:
+        """Inside a write transaction whose temp.cohort holds ``members``: refuse a charge over budget,
+        else write the release row and add its cost to every member's totals."""
         record = to_record(charge)  # TypeError for anything but a typed charge
         rho, eps, delta = charge.cost()
         mechanism = charge.mechanism
@@ -494,49 +606,51 @@ class PrivacyLedger:
                 f"holds only for Gaussian releases; a {mechanism!r} zCDP charge is refused (nothing was "
                 "charged or released). Use conversion 'cks' for this algorithm."
             )
-        members = sorted(set(map(str, user_ids)))
-        if len(members) != len(user_ids):
-            raise ValueError("a release charges each user once: user_ids has duplicates")
-        if not members:
-            raise ValueError("a release must charge at least one user")
-        with self._transaction() as db:
-            self._fill_cohort(members)
-            holder = self._holder()
-            if holder is not None:
-                raise LedgerBusy(self._busy_message(holder, "nothing was charged or released"))
-            self._check_fits(rho, eps, delta)
-            digest = _digest(members)
-            db.execute(
-                "INSERT OR IGNORE INTO cohorts (digest, size, members) VALUES (?, ?, ?)",
-                (digest, len(members), json.dumps(members)),
-            )
-            cohort_id = db.execute("SELECT id FROM cohorts WHERE digest = ?", (digest,)).fetchone()[0]
-            cur = db.execute(
-                "INSERT INTO releases (run_id, label, mechanism, sensitivity, noise_scale, rho, eps, delta, "
-                "cohort_id, created, details, charge) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    self.run_id,
-                    label,
-                    charge.mechanism,
-                    charge.sensitivity,
-                    charge.noise_scale,
-                    rho,
-                    eps,
-                    delta,
-                    cohort_id,
-                    time.time(),
-                    json.dumps(details or {}, default=str),
-                    json.dumps(record),
-                ),
-            )
-            db.execute(
-                "INSERT INTO users (user_id, rho, eps, delta, releases) "
-                "SELECT user_id, ?, ?, ?, 1 FROM temp.cohort WHERE true "
-                "ON CONFLICT(user_id) DO UPDATE SET rho = rho + excluded.rho, eps = eps + excluded.eps, "
-                "delta = delta + excluded.delta, releases = releases + 1",
-                (rho, eps, delta),
-            )
+        self._check_fits(rho, eps, delta)
+        digest = _digest(members)
+        db.execute(
+            "INSERT OR IGNORE INTO cohorts (digest, size, members) VALUES (?, ?, ?)",
+            (digest, len(members), json.dumps(members)),
+        )
+        cohort_id = db.execute("SELECT id FROM cohorts WHERE digest = ?", (digest,)).fetchone()[0]
+        cur = db.execute(
+            "INSERT INTO releases (run_id, label, mechanism, sensitivity, noise_scale, rho, eps, delta, "
+            "cohort_id, created, details, charge, seq, state) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                self.run_id,
+                label,
+                charge.mechanism,
+                charge.sensitivity,
+                charge.noise_scale,
+                rho,
+                eps,
+                delta,
+                cohort_id,
+                time.time(),
+                json.dumps(details or {}, default=str),
+                json.dumps(record),
+                seq,
+                state,
+            ),
+        )
+        db.execute(
+            "INSERT INTO users (user_id, rho, eps, delta, releases) "
+            "SELECT user_id, ?, ?, ?, 1 FROM temp.cohort WHERE true "
+            "ON CONFLICT(user_id) DO UPDATE SET rho = rho + excluded.rho, eps = eps + excluded.eps, "
+            "delta = delta + excluded.delta, releases = releases + 1",
+            (rho, eps, delta),
+        )
         return int(cur.lastrowid)
+
+    def mark_unused(self, release_ids: Iterable[int]) -> None:
+        """Mark prepaid releases of this handle's run that were never made ``'unused'`` (one
+        transaction). They stay charged: nothing is refunded."""
+        ids = [(int(i), self.run_id) for i in release_ids]
+        if ids:
+            with self._transaction() as db:
+                db.executemany(
+                    "UPDATE releases SET state = 'unused' WHERE id = ? AND run_id IS ? AND state = 'prepaid'", ids
+                )
 
     # --- reading -----------------------------------------------------------------------------
     def spend(self, user_id: str) -> UserSpend:
@@ -548,26 +662,50 @@ class PrivacyLedger:
     def epsilon(self, user_id: str) -> float:
         return self.spend(user_id).epsilon(self.budget.delta, self.budget.conversion)
 
-    def _distinct_spends(self, user_ids: Iterable[str]) -> list[tuple[float, float, float]] | None:
+    def _distinct_spends(
+        self, user_ids: Iterable[str], without: Sequence[int] = ()
+    ) -> list[tuple[float, float, float]] | None:
         """The distinct (rho, eps, delta) totals among the listed users (unknown users: zeros); None
-        when another running run holds any of them (nothing is left to this handle)."""
+        when another running run holds any of them (nothing is left to this handle). ``without``:
+        release ids whose costs are not counted (a recovered run's view of the budget as its first
+        process had it, :meth:`fedkl.privacy.release.Releaser.rho_left`)."""
         self._db.execute("BEGIN")
         try:
             self._fill_cohort(sorted(set(map(str, user_ids))))
             if self._holder() is not None:
                 return None
-            return self._db.execute(
-                "SELECT DISTINCT COALESCE(u.rho, 0), COALESCE(u.eps, 0), COALESCE(u.delta, 0) "
-                "FROM temp.cohort c LEFT JOIN users u ON u.user_id = c.user_id"
-            ).fetchall()
+            if not without:
+                return self._db.execute(
+                    "SELECT DISTINCT COALESCE(u.rho, 0), COALESCE(u.eps, 0), COALESCE(u.delta, 0) "
+                    "FROM temp.cohort c LEFT JOIN users u ON u.user_id = c.user_id"
+                ).fetchall()
+            spends = {
+                user: [r, e, d]
+                for user, r, e, d in self._db.execute(
+                    "SELECT c.user_id, COALESCE(u.rho, 0), COALESCE(u.eps, 0), COALESCE(u.delta, 0) "
+                    "FROM temp.cohort c LEFT JOIN users u ON u.user_id = c.user_id"
+                )
+            }
+            for rid in without:
+                rho, eps, delta, members = self._db.execute(
+                    "SELECT r.rho, r.eps, r.delta, c.members FROM releases r JOIN cohorts c ON c.id = r.cohort_id "
+                    "WHERE r.id = ?",
+                    (int(rid),),
+                ).fetchone()
+                for m in json.loads(members):
+                    if m in spends:
+                        t = spends[m]
+                        t[0], t[1], t[2] = max(t[0] - rho, 0.0), max(t[1] - eps, 0.0), max(t[2] - delta, 0.0)
+            return sorted({tuple(t) for t in spends.values()})
         finally:
             if self._db.in_transaction:
                 self._db.execute("COMMIT")
 
-    def rho_left(self, user_ids: Iterable[str]) -> float:
+    def rho_left(self, user_ids: Iterable[str], without: Sequence[int] = ()) -> float:
         """The largest zCDP charge every listed user can still afford (0 below :data:`SPENT_BELOW`
-        of the budget's rho, and for users another running run holds)."""
-        groups = self._distinct_spends(user_ids)
+        of the budget's rho, and for users another running run holds); ``without``: release ids not
+        counted (:meth:`_distinct_spends`)."""
+        groups = self._distinct_spends(user_ids, without)
         b = self.budget
         left = min(
             (max(_rho_cap(b.epsilon - e, b.delta - d, b.conversion) - r, 0.0) for r, e, d in groups or ()),
@@ -575,7 +713,7 @@ class PrivacyLedger:
         )
         return left if left >= SPENT_BELOW * b.rho else 0.0
 
-    def approx_left(self, user_ids: Iterable[str]) -> tuple[float, float]:
+    def approx_left(self, user_ids: Iterable[str], without: Sequence[int] = ()) -> tuple[float, float]:
         """An (eps, delta) charge that every listed user can still afford (conservative).
 
         A user with zCDP spend rho_u keeps half of its remaining delta for the zCDP conversion; the
@@ -583,7 +721,7 @@ class PrivacyLedger:
         below the budget) is offered. Returns (0, 0) when nothing is left: when the eps or the delta
         left is below :data:`SPENT_BELOW` of the budget's, or another running run holds these users.
         """
-        groups = self._distinct_spends(user_ids)
+        groups = self._distinct_spends(user_ids, without)
         if groups is None:
             return 0.0, 0.0
         b = self.budget
@@ -610,17 +748,25 @@ class PrivacyLedger:
 
     def releases(self, run_id: str | None = None) -> list[dict]:
         """The release log in order: one dict per release, with ``users`` (how many were charged),
-        ``cohort`` (the digest of who) and ``charge`` (the typed charge's stored record)."""
+        ``cohort`` (the digest of who), ``charge`` (the typed charge's stored record), ``seq`` (its
+        number in its run) and ``state`` (:data:`RELEASE_STATES`)."""
         q = (
             "SELECT r.id, r.run_id, r.label, r.mechanism, r.sensitivity, r.noise_scale, r.rho, r.eps, "
-            "r.delta, c.size, c.digest, r.charge FROM releases r JOIN cohorts c ON c.id = r.cohort_id"
+            "r.delta, c.size, c.digest, r.charge, r.seq, r.state FROM releases r JOIN cohorts c ON c.id = r.cohort_id"
         )
         rows = self._db.execute(
             q + (" WHERE r.run_id = ?" if run_id else "") + " ORDER BY r.id", (run_id,) if run_id else ()
         ).fetchall()
         keys = ("id", "run_id", "label", "mechanism", "sensitivity", "noise_scale", "rho", "eps", "delta", "users")
         return [
-            {**dict(zip(keys, r[:10])), "cohort": r[10], "charge": json.loads(r[11]) if r[11] else None} for r in rows
+            {
+                **dict(zip(keys, r[:10])),
+                "cohort": r[10],
+                "charge": json.loads(r[11]) if r[11] else None,
+                "seq": r[12],
+                "state": r[13],
+            }
+            for r in rows
         ]
 
     def _non_gaussian_zcdp_users(self) -> set[str]:
@@ -724,3 +870,8 @@ class PrivacyLedger:
             t = totals[u]
             if n != t[3] or any(not math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15) for a, b in zip((r, e, d), t)):
                 raise LedgerError(f"ledger totals of user {u!r} do not match its release log")
+
+
+def cohort_digest(user_ids: Iterable[str]) -> str:
+    """The digest the ledger stores for the cohort of ``user_ids`` (order and repeats ignored)."""
+    return _digest(sorted(set(map(str, user_ids))))

@@ -13,24 +13,78 @@ only safe order:
 
 If step 3 raises, nothing is released; if the process dies after step 3, the charge is already on
 disk. Algorithms never add noise themselves: they call this class.
+
+Numbered releases, the journal, prepaid charges and crash recovery
+------------------------------------------------------------------
+A Releaser numbers its releases 0, 1, 2 ... (``seq``, in call order; the steps of a
+:class:`ScheduledGaussian` too) and records ``seq`` with each ledger row. With a
+:class:`~fedkl.privacy.journal.ReleaseJournal` it commits each drawn value (with its seq, label,
+charge and cohort digest) durably right after step 5 and before returning it: no value leaves the
+process unjournalled.
+
+Prepaid (:meth:`Releaser.plan`): where the whole list of a run's charges is known before any data is
+read (a non-adaptive algorithm's public plan, :func:`fedkl.runner.planned_releases`), the Releaser
+charges a batch of planned releases in ONE ledger transaction when a release matches the plan's
+next entry, and later releases consume those rows in order (no ledger write each). A release is
+backed by a ledger row only if the row has exactly its seq, label, typed charge and cohort, and each
+row backs at most one drawn value: so every drawn value is charged, before it is drawn, exactly its
+own cost (never under-charged). A release that does not match the plan is charged as usual (and the
+plan is dropped); prepaid rows never used stay charged and are marked ``unused`` when the run
+finishes (over-charging is safe; nothing is refunded, since a row cannot be proven unused by a run
+that died).
+
+Recovery (``replay``: the journal of a run whose process died, and the ledger rows of that run): the
+same deterministic run is re-executed. For seq i:
+
+* journalled: the label, charge and cohort must equal the journal's (else :class:`RecoveryMismatch`,
+  nothing released); nothing is charged (its ledger row backs it); the noise is drawn as before (so a
+  seeded noise stream stays in step) and thrown away, and the JOURNALLED value is returned. Never a
+  recomputed one: if a user's data had changed, ``f(D') + Z`` with the first run's ``Z`` would
+  reveal ``f(D) - f(D')``. The value returned is one already released, so this is post-processing;
+  the algorithm continues from exactly the state the first run had;
+* charged (a ledger row of the run backs it) but not journalled: the first process died between
+  the charge and the journal's commit, so that value never left it (it is returned only after the
+  commit); the row backs the new draw, which is charged once;
+* neither: an ordinary release.
+
+Each ledger row therefore backs at most one value that ever left a process, and every such value
+was charged before it was drawn: after recovery the ledger holds each release once, and with a
+seeded noise stream the run's releases and model equal the uninterrupted run's bit for bit.
+A row of the run that is not prepaid and does not match the release at its seq means the recovery
+is not the same run (other settings): refused. The run-wide zCDP filter is spent for replayed
+releases as for new ones.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Callable, Sequence, TypeVar
 
 import numpy as np
 import torch
 
-from fedkl.privacy.charges import ApproxDPCharge, Charge, ExponentialCharge, GaussianCharge
+from fedkl.privacy.charges import ApproxDPCharge, Charge, ExponentialCharge, GaussianCharge, from_record, to_record
 from fedkl.privacy.filter import BudgetExhausted, ZCDPFilter
-from fedkl.privacy.ledger import PrivacyLedger
+from fedkl.privacy.journal import JournalEntry, ReleaseJournal
+from fedkl.privacy.ledger import BudgetExceeded, PrivacyLedger, cohort_digest
 from fedkl.privacy.mechanisms import ExponentialMechanism, GaussianMechanism, TruncatedDiscreteLaplace
 from fedkl.privacy.rng import NoiseSource
 from fedkl.privacy.sparse_vector import AboveThreshold
 
 T = TypeVar("T")
+_STEP = {
+    "type": "scheduled-step"
+}  # the charge record journalled for a ScheduledGaussian step (charged with its schedule)
+
+
+class RecoveryMismatch(ValueError):
+    """A recovered run asked for a release other than the one its first run made at that seq."""
+
+
+def _canonical(record: dict) -> dict:
+    """A charge record as stored (JSON round trip: tuples become lists), for comparisons."""
+    return json.loads(json.dumps(record, sort_keys=True))
 
 
 class Releaser:
@@ -38,10 +92,141 @@ class Releaser:
     goes through :meth:`release`, the one path: validate -> filter check (zCDP charges; a filtered
     Releaser refuses an (eps, delta) charge) -> ledger charge -> filter spend -> sample."""
 
-    def __init__(self, ledger: PrivacyLedger, noise: NoiseSource, zcdp_filter: ZCDPFilter | None = None) -> None:
+    def __init__(
+        self,
+        ledger: PrivacyLedger,
+        noise: NoiseSource,
+        zcdp_filter: ZCDPFilter | None = None,
+        journal: ReleaseJournal | None = None,
+        replay: bool = False,
+    ) -> None:
+        """``journal``: where each drawn value is committed before it is returned; ``replay``: recover
+        the run of ``ledger.run_id`` from ``journal`` (see the module docstring)."""
         self.ledger = ledger
         self.noise = noise
         self.filter = zcdp_filter
+        self.journal = journal
+        self.seq = 0  # the next release's number
+        self.replayed = 0  # releases answered from the journal
+        self.ledger_writes = 0  # ledger transactions made by this Releaser (charges and prepaid batches)
+        self._journalled: dict[int, JournalEntry] = {}
+        self._backing: dict[int, list[dict]] = {}  # seq -> ledger rows of this run not yet backing a value
+        self._plan: list[dict] | None = None
+        self._batch = 0
+        if replay:
+            if journal is None or getattr(ledger, "run_id", None) is None:
+                raise ValueError("recovery needs the run's journal and a ledger opened with its run_id")
+            self._journalled = journal.entries()
+            for row in ledger.run_releases():
+                if row["seq"] is not None:
+                    self._backing.setdefault(row["seq"], []).append(row)
+
+    def plan(self, releases: Sequence[dict], batch: int | None = None) -> None:
+        """Prepay from ``releases``, the run's planned releases in order (each ``label``, ``charge``:
+        the typed-charge record, ``members``: the user ids): when a release matches the plan's entry
+        at its seq, the next ``batch`` planned releases (None: all the rest) are charged in one
+        ledger transaction. Call before the first release."""
+        if batch is not None and batch < 1:
+            raise ValueError(f"a prepaid batch holds at least one release, got {batch}")
+        self._plan = [{**r, "charge": _canonical(r["charge"]), "cohort": cohort_digest(r["members"])} for r in releases]
+        self._batch = batch or len(self._plan)
+
+    def unused_prepaid(self) -> list[int]:
+        """Ids of the prepaid ledger rows that backed no value (yet)."""
+        return [row["id"] for rows in self._backing.values() for row in rows if row["state"] == "prepaid"]
+
+    def finish(self) -> None:
+        """At the end of a run that completed: mark its prepaid rows that backed no value ``unused``
+        (they stay charged)."""
+        unused = self.unused_prepaid()
+        if unused:
+            self.ledger.mark_unused(unused)
+            self.ledger_writes += 1
+        self._backing.clear()
+
+    def _take_backing(self, seq: int, label: str, record: dict, cohort: str) -> bool:
+        """Consume the ledger row that backs release ``seq`` (True), if one matches it; a charged
+        (not prepaid) row that does not match is a different run: refused."""
+        rows = self._backing.get(seq, [])
+        for row in rows:
+            if (row["label"], _canonical(row["charge"]), row["cohort"]) == (label, record, cohort):
+                rows.remove(row)
+                return True
+        for row in rows:
+            if row["state"] is None:
+                raise RecoveryMismatch(
+                    f"recovery: release {seq} is {label!r} {record}, but the run charged {row['label']!r} "
+                    f"{row['charge']} there: not the same run (same settings, data and code?); nothing was released"
+                )
+        return False
+
+    def _prepay(self, seq: int, label: str, record: dict, cohort: str) -> None:
+        """Charge the next batch of the plan in one transaction if release ``seq`` is its next entry;
+        drop the plan otherwise (or when the batch does not fit the budget)."""
+        plan = self._plan
+        if plan is None:
+            return
+        if seq >= len(plan) or (plan[seq]["label"], plan[seq]["charge"], plan[seq]["cohort"]) != (
+            label,
+            record,
+            cohort,
+        ):
+            self._plan = None
+            return
+        end = seq
+        while end < min(len(plan), seq + self._batch) and not self._backing.get(end):
+            end += 1
+        if end == seq:
+            return
+        entries = [
+            (p["members"], from_record(p["charge"]), p["label"], {"prepaid": True}, s)
+            for s, p in enumerate(plan[seq:end], start=seq)
+        ]
+        try:
+            ids = self.ledger.prepay(entries)
+        except BudgetExceeded:
+            self._plan = None  # the release itself is charged (or refused) on its own
+            return
+        self.ledger_writes += 1
+        for (_, _, _, _, s), rid, p in zip(entries, ids, plan[seq:end]):
+            self._backing.setdefault(s, []).append(
+                {
+                    "id": rid,
+                    "seq": s,
+                    "state": "prepaid",
+                    "label": p["label"],
+                    "charge": p["charge"],
+                    "cohort": p["cohort"],
+                }
+            )
+
+    def _emit(self, seq: int, label: str, record: dict, cohort: str, sample: Callable[[], T]) -> T:
+        """Draw release ``seq`` (already charged) and journal it before returning it; in recovery,
+        return the journalled value instead (the draw still happens, to keep the noise in step)."""
+        self.seq = seq + 1
+        value = sample()
+        entry = self._journalled.pop(seq, None)
+        if entry is not None:
+            self.replayed += 1
+            return value if isinstance(value, ScheduledGaussian) else entry.value()
+        if self.journal is not None:
+            self.journal.record(seq, label, record, cohort, None if isinstance(value, ScheduledGaussian) else value)
+        return value
+
+    def _check_journal(self, seq: int, label: str, record: dict, cohort: str) -> None:
+        entry = self._journalled.get(seq)
+        if entry is not None and (entry.label, entry.charge, entry.cohort) != (label, record, cohort):
+            raise RecoveryMismatch(
+                f"recovery: release {seq} is {label!r} {record}, but the journal holds {entry.label!r} "
+                f"{entry.charge}: not the same run (same settings, data and code?); nothing was released"
+            )
+
+    def scheduled_step(self, label: str, sample: Callable[[], T]) -> T:
+        """One release of a schedule already charged as a whole (:class:`ScheduledGaussian`):
+        numbered and journalled like any release, charged nothing more."""
+        seq = self.seq
+        self._check_journal(seq, label, _STEP, "")
+        return self._emit(seq, label, _STEP, "", sample)
 
     def accepts(self, notion: str) -> bool:
         """Whether this Releaser can account a charge stated in ``notion`` ("zcdp" or "approx-dp"):
@@ -52,12 +237,25 @@ class Releaser:
         """The (eps, delta) every listed user can still afford, for a plan's check before any data
         is read (None: a stand-in ledger that keeps no budget). Algorithms ask here, never the ledger."""
         left = getattr(self.ledger, "approx_left", None)
-        return None if left is None else left(list(user_ids))
+        if left is None:
+            return None
+        ahead = self._charged_ahead()
+        return left(list(user_ids), ahead) if ahead else left(list(user_ids))
 
     def rho_left(self, user_ids: Sequence[str]) -> float | None:
         """The zCDP rho every listed user can still afford (None: a stand-in ledger without a budget)."""
         left = getattr(self.ledger, "rho_left", None)
-        return None if left is None else left(list(user_ids))
+        if left is None:
+            return None
+        ahead = self._charged_ahead()
+        return left(list(user_ids), ahead) if ahead else left(list(user_ids))
+
+    def _charged_ahead(self) -> list[int]:
+        """The ledger rows of this run charged ahead of the releases made so far: prepaid rows not
+        used yet, and in recovery the rows the first process charged that the replay has not reached.
+        Budget questions do not count them, so that an algorithm sees the budget as a run charged
+        per release sees it at the same point (and a replay as its first process saw it)."""
+        return [row["id"] for rows in self._backing.values() for row in rows]
 
     def require(self, notion: str, who: str) -> None:
         """Refuse, before any data is read, an algorithm whose releases this Releaser cannot account."""
@@ -87,10 +285,21 @@ class Releaser:
         rho = charge.cost()[0]
         if self.filter is not None and not self.filter.admits(rho):
             self.filter.spend(rho)  # raises BudgetExhausted with the explanation
-        self.ledger.charge(user_ids, charge, label=label, details=details)
+        seq, record, cohort = self.seq, _canonical(to_record(charge)), cohort_digest(user_ids)
+        self._check_journal(seq, label, record, cohort)
+        if not self._take_backing(seq, label, record, cohort):
+            if seq in self._journalled:
+                raise RecoveryMismatch(
+                    f"recovery: release {seq} ({label}) is journalled but the ledger has no charge of this run for "
+                    "it: not the ledger of that run; nothing was released"
+                )
+            self._prepay(seq, label, record, cohort)
+            if not self._take_backing(seq, label, record, cohort):
+                self.ledger.charge(user_ids, charge, label=label, details=details, seq=seq)
+                self.ledger_writes += 1
         if self.filter is not None:
             self.filter.spend(rho)
-        return sample()
+        return self._emit(seq, label, record, cohort, sample)
 
     def gaussian(
         self,
@@ -203,7 +412,7 @@ class Releaser:
         charge = ApproxDPCharge(eps, delta, "gaussian-schedule", sensitivity, sigma)
         return self.release(
             charge,
-            lambda: ScheduledGaussian(sigma, int(releases), self.noise, label),
+            lambda: ScheduledGaussian(sigma, int(releases), self.noise, label, self),
             user_ids=user_ids,
             label=label,
             details={**(details or {}), "releases": int(releases)},
@@ -262,12 +471,15 @@ class ScheduledGaussian:
     and refuses any more. A run that stops early was over-charged, never under-charged.
     """
 
-    def __init__(self, sigma: float, releases: int, noise: NoiseSource, label: str) -> None:
+    def __init__(
+        self, sigma: float, releases: int, noise: NoiseSource, label: str, releaser: Releaser | None = None
+    ) -> None:
         self.sigma = sigma
         self.releases = releases
         self.used = 0
         self._noise = noise
         self._label = label
+        self._releaser = releaser  # numbers and journals each release (Releaser.scheduled_step)
 
     def release(self, value: torch.Tensor) -> torch.Tensor:
         if self.used >= self.releases:
@@ -275,4 +487,10 @@ class ScheduledGaussian:
         if not torch.is_tensor(value) or not torch.isfinite(value).all():
             raise ValueError(f"{self._label}: refusing to release a non-finite value")
         self.used += 1
-        return value + self._noise.gaussian(tuple(value.shape), self.sigma).to(value.dtype)
+
+        def sample() -> torch.Tensor:
+            return value + self._noise.gaussian(tuple(value.shape), self.sigma).to(value.dtype)
+
+        if self._releaser is None:
+            return sample()
+        return self._releaser.scheduled_step(f"{self._label}#{self.used}", sample)

@@ -18,7 +18,7 @@ import pytest
 
 from fedkl.privacy.charges import ApproxDPCharge, ExponentialCharge, GaussianCharge
 from fedkl.privacy.filter import BudgetExhausted
-from fedkl.privacy.ledger import Budget, BudgetExceeded, LedgerError, PrivacyLedger, UserSpend
+from fedkl.privacy.ledger import SCHEMA_VERSION, Budget, BudgetExceeded, LedgerError, PrivacyLedger, UserSpend
 from fedkl.privacy.zcdp import rho_for_eps_delta, zcdp_to_eps
 
 BUDGET = Budget(epsilon=2.0, delta=1e-5)
@@ -377,7 +377,7 @@ def test_a_wal_ledger_is_checkpointed_and_switched_at_first_open(tmp_path):
         assert led.num_releases() == 2 and led.spend("a").rho == pytest.approx(0.03)
         led.verify()
         assert [(r["run_id"], r["status"], r["pid"]) for r in led.runs()] == [("old-run", "finished", None)]
-        assert led._db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone() == ("3",)
+        assert led._db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone() == (str(SCHEMA_VERSION),)
     assert not os.path.exists(crashed / "old.db-wal")
 
 

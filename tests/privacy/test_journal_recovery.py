@@ -1,0 +1,343 @@
+"""Crash recovery (``fedkl run --recover``) and prepaid charges (``fedkl run --prepay``).
+
+A run dies after k releases (a crash injected into the journal's commit, so the k-th release is
+charged but never journalled: the hardest spot); recovering it gives the model and the ledger of the
+uninterrupted run, bit for bit, with every release charged once. The real kill -9 is in
+tests/test_recover_kill.py."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from build_helpers import small_config  # tests/build_helpers.py
+
+from fedkl.privacy import Budget, NoiseSource, PrivacyLedger
+from fedkl.privacy.charges import GaussianCharge
+from fedkl.privacy.journal import ReleaseJournal
+from fedkl.privacy.release import RecoveryMismatch, Releaser
+from fedkl.runner import JOURNAL_FILE, RunConfig, recover_run, run_training
+
+ROUNDS = 6
+
+
+class Crash(BaseException):
+    """Stands for the process dying (not an Exception: nothing may catch it)."""
+
+
+def _cfg(out, **kw) -> RunConfig:
+    base = dict(dataset="synthetic-logistic", users=12, algorithm="noisy-gd", epsilon=2.0, rounds=ROUNDS, lr=0.5,
+                clip=1.0, seed=3, noise_seed=11, reference=False)  # fmt: skip
+    return RunConfig.from_settings(**{**base, **kw}, out=str(out))
+
+
+def _crash_after(monkeypatch, k: int) -> None:
+    """The process 'dies' at the (k+1)-th journal commit: releases 0..k-1 are journalled, release k
+    is charged and drawn but not journalled."""
+    original = ReleaseJournal.record
+    seen = []
+
+    def record(self, *a, **kw):
+        if len(seen) == k:
+            raise Crash
+        seen.append(a[0])
+        return original(self, *a, **kw)
+
+    monkeypatch.setattr(ReleaseJournal, "record", record)
+
+
+def _ledger_rows(path) -> list[dict]:
+    with PrivacyLedger(path) as led:
+        return [{k: r[k] for k in ("seq", "label", "charge", "cohort", "state")} for r in led.releases()]
+
+
+def _model(out) -> torch.Tensor:
+    return torch.load(os.path.join(out, "model.pt"), weights_only=False)["state_dict"]["w"]
+
+
+def _spends(path) -> list[dict]:
+    with PrivacyLedger(path) as led:
+        return led.user_spends()
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_recovery_gives_the_uninterrupted_run_bit_for_bit(tmp_path, monkeypatch, k):
+    clean = run_training(_cfg(tmp_path / "clean"), log=lambda s: None)
+    with monkeypatch.context() as m:
+        _crash_after(m, k)
+        with pytest.raises(Crash):
+            run_training(_cfg(tmp_path / "crashed"), log=lambda s: None)
+    ledger = tmp_path / "crashed" / "ledger.sqlite"
+    assert len(_ledger_rows(ledger)) == k + 1  # release k was charged, never journalled
+    lines = []
+    recovered = recover_run(str(tmp_path / "crashed"), log=lines.append)
+    assert f"{k} releases replayed" in " ".join(lines)
+    assert recovered["run_id"] != clean["run_id"]
+    assert torch.equal(_model(tmp_path / "crashed"), _model(tmp_path / "clean"))
+    rows, clean_rows = _ledger_rows(ledger), _ledger_rows(tmp_path / "clean" / "ledger.sqlite")
+    assert rows == clean_rows and [r["seq"] for r in rows] == list(range(ROUNDS))  # each release charged once
+    assert _spends(ledger) == _spends(tmp_path / "clean" / "ledger.sqlite")
+    with PrivacyLedger(ledger) as led:
+        (run,) = led.runs()
+        assert run["status"] == "finished" and run["reserved_users"] == 0
+        led.verify()
+
+
+def test_recovery_returns_the_journalled_value_not_a_recomputed_one(tmp_path, monkeypatch):
+    """What left the process is what the recovered run continues from: a journalled value that differs
+    from what the replayed noise would give (as if a user's data had changed) is the one returned."""
+    with monkeypatch.context() as m:
+        _crash_after(m, 2)
+        with pytest.raises(Crash):
+            run_training(_cfg(tmp_path / "run"), log=lambda s: None)
+    path = tmp_path / "run" / JOURNAL_FILE
+    journal = ReleaseJournal.open(path)
+    entries = journal.entries()
+    journal.close()
+    led = PrivacyLedger(tmp_path / "run" / "ledger.sqlite", run_id=json.loads(_header(path)["run_id"]))
+    journal = ReleaseJournal.open(path)
+    rel = Releaser(led, NoiseSource(999), journal=journal, replay=True)
+    zeros = torch.zeros_like(entries[0].value())
+    users = led.cohorts()[entries[0].cohort]
+    got = rel.gaussian(
+        zeros,
+        sensitivity=entries[0].charge["sensitivity"],
+        rho=entries[0].charge["rho"],
+        user_ids=users,
+        label=entries[0].label,
+    )
+    assert torch.equal(got, entries[0].value()) and not torch.equal(got, zeros)
+    journal.close()
+    led.close()
+
+
+def _header(path) -> dict:
+    import sqlite3
+
+    with sqlite3.connect(path) as db:
+        return dict(db.execute("SELECT key, value FROM header"))
+
+
+def test_recovery_refuses_a_different_run(tmp_path, monkeypatch):
+    """A recovered run that asks for another release than the journal holds at that seq is refused
+    in one line, before anything is drawn or charged."""
+    with monkeypatch.context() as m:
+        _crash_after(m, 2)
+        with pytest.raises(Crash):
+            run_training(_cfg(tmp_path / "run"), log=lambda s: None)
+    path = tmp_path / "run" / JOURNAL_FILE
+    run_id = json.loads(_header(path)["run_id"])
+    before = _ledger_rows(tmp_path / "run" / "ledger.sqlite")
+    led = PrivacyLedger(tmp_path / "run" / "ledger.sqlite", run_id=run_id)
+    journal = ReleaseJournal.open(path)
+    rel = Releaser(led, NoiseSource(0), journal=journal, replay=True)
+    drawn = []
+    with pytest.raises(RecoveryMismatch, match="not the same run"):
+        rel.release(GaussianCharge(0.01, 1.0), lambda: drawn.append(1), user_ids=["0", "1"], label="other")
+    assert drawn == [] and _ledger_rows(tmp_path / "run" / "ledger.sqlite") == before
+    journal.close()
+    led.close()
+
+
+def test_prepay_charges_the_plan_in_one_transaction_and_equals_per_release_charging(tmp_path):
+    clean = run_training(_cfg(tmp_path / "clean"), log=lambda s: None)
+    prepaid = run_training(_cfg(tmp_path / "prepaid"), log=lambda s: None, prepay=True)
+    assert torch.equal(_model(tmp_path / "prepaid"), _model(tmp_path / "clean"))
+    rows = _ledger_rows(tmp_path / "prepaid" / "ledger.sqlite")
+    assert [r["state"] for r in rows] == ["prepaid"] * ROUNDS
+    strip = [{k: r[k] for k in ("seq", "label", "charge", "cohort")} for r in rows]
+    assert strip == [
+        {k: r[k] for k in ("seq", "label", "charge", "cohort")} for r in _ledger_rows(clean["ledger"]["path"])
+    ]
+    assert _spends(prepaid["ledger"]["path"]) == _spends(clean["ledger"]["path"])
+    assert prepaid["ledger"]["max_user_epsilon"] == clean["ledger"]["max_user_epsilon"]
+
+
+def test_a_prepaid_run_killed_mid_run_recovers_to_the_prepaid_ledger(tmp_path, monkeypatch):
+    """Recovery treats prepaid rows like charged ones: each backs one release, none is charged again."""
+    clean = run_training(_cfg(tmp_path / "clean"), log=lambda s: None, prepay=True)
+    with monkeypatch.context() as m:
+        _crash_after(m, 2)
+        with pytest.raises(Crash):
+            run_training(_cfg(tmp_path / "crashed"), log=lambda s: None, prepay=True)
+    ledger = tmp_path / "crashed" / "ledger.sqlite"
+    assert [r["state"] for r in _ledger_rows(ledger)] == ["prepaid"] * ROUNDS  # all charged before the crash
+    lines = []
+    recover_run(str(tmp_path / "crashed"), log=lines.append)
+    assert "2 releases replayed" in " ".join(lines)
+    assert torch.equal(_model(tmp_path / "crashed"), _model(tmp_path / "clean"))
+    assert _ledger_rows(ledger) == _ledger_rows(clean["ledger"]["path"])
+    assert _spends(ledger) == _spends(clean["ledger"]["path"])
+
+
+def _bare_releaser(tmp_path, journal=True):
+    led = PrivacyLedger(tmp_path / "l.sqlite", Budget(5.0, 1e-6), run_id="r")
+    j = ReleaseJournal.create(tmp_path / "j.sqlite", {"run_id": "r"}) if journal else None
+    return led, Releaser(led, NoiseSource(0), journal=j)
+
+
+PLAN = [{"label": f"round-{i}", "charge": {"type": "GaussianCharge", "rho": 0.01, "sensitivity": 1.0},
+         "members": ["a", "b"]} for i in range(5)]  # fmt: skip
+
+
+def _release(rel, i, rho=0.01, users=("a", "b")):
+    return rel.gaussian(torch.zeros(2), sensitivity=1.0, rho=rho, user_ids=list(users), label=f"round-{i}")
+
+
+def test_a_run_stopped_early_is_never_under_charged_and_marks_the_unused_rows(tmp_path):
+    led, rel = _bare_releaser(tmp_path)
+    rel.plan(PLAN)
+    for i in range(2):
+        _release(rel, i)
+    assert rel.ledger_writes == 1  # the whole plan in one transaction
+    assert led.spend("a").rho == pytest.approx(0.05)  # stopped after 2 of 5: charged for all 5
+    rel.finish()
+    assert [r["state"] for r in led.releases()] == ["prepaid"] * 2 + ["unused"] * 3
+    assert led.spend("a").rho == pytest.approx(0.05)  # nothing refunded
+    led.verify()
+
+
+def test_a_release_off_the_plan_is_charged_on_its_own(tmp_path):
+    led, rel = _bare_releaser(tmp_path)
+    rel.plan(PLAN)
+    _release(rel, 0)
+    _release(rel, 1, rho=0.02)  # not the planned charge: charged at release, the plan dropped
+    _release(rel, 2)  # the prepaid row for seq 2 matches: it backs this release
+    assert [(r["seq"], r["state"], r["rho"]) for r in led.releases()] == [
+        (0, "prepaid", 0.01), (1, "prepaid", 0.01), (2, "prepaid", 0.01), (3, "prepaid", 0.01), (4, "prepaid", 0.01),
+        (1, None, 0.02),
+    ]  # fmt: skip
+    rel.finish()
+    assert [r["state"] for r in led.releases()] == ["prepaid", "unused", "prepaid", "unused", "unused", None]
+    assert led.spend("b").rho == pytest.approx(0.07)
+    assert led.spend("b").releases == 6
+
+
+def test_a_plan_that_does_not_match_the_first_release_prepays_nothing(tmp_path):
+    led, rel = _bare_releaser(tmp_path)
+    rel.plan(PLAN)
+    _release(rel, 0, users=("a",))  # another cohort than planned
+    assert [(r["seq"], r["state"]) for r in led.releases()] == [(0, None)]
+
+
+# every kind of release: scheduled Gaussian steps (dp-fedavg), the exponential mechanism (noisy-fw),
+# releases chosen from earlier ones (kl-adaptive-gd), a stability test with (eps, delta) charges
+# (mean-output-pert), charge-only releases (vr-fw)
+KINDS = ["dp-fedavg", "noisy-fw", "kl-adaptive-gd", "mean-output-pert", "vr-fw"]
+
+
+@pytest.mark.parametrize("name", KINDS)
+def test_recovery_of_every_kind_of_release(tmp_path, monkeypatch, name):
+    def cfg(out):
+        return small_config(name, out)
+
+    clean = run_training(cfg(tmp_path / "clean"), log=lambda s: None)
+    with monkeypatch.context() as m:
+        _crash_after(m, min(1, len(_ledger_rows(clean["ledger"]["path"])) - 1))  # one replayed where it can
+        with pytest.raises(Crash):
+            run_training(cfg(tmp_path / "crashed"), log=lambda s: None)
+    recovered = recover_run(str(tmp_path / "crashed"), log=lambda s: None)
+    ledger = tmp_path / "crashed" / "ledger.sqlite"
+    assert _ledger_rows(ledger) == _ledger_rows(clean["ledger"]["path"])
+    assert _spends(ledger) == _spends(clean["ledger"]["path"])
+    assert (recovered["model_path"] is None) == (clean["model_path"] is None)
+    if clean["model_path"]:
+        assert torch.equal(_model(tmp_path / "crashed"), _model(tmp_path / "clean"))
+
+
+def test_take_over_refuses_a_live_run_and_a_finished_one(tmp_path):
+    import subprocess
+    import sys
+
+    from fedkl.privacy import LedgerBusy, LedgerError
+    from fedkl.privacy.ledger import _process_start
+
+    path = tmp_path / "l.sqlite"
+    with PrivacyLedger(path, Budget(5.0, 1e-6), run_id="r") as led:
+        led.reserve(["a", "b"])
+        led.charge(["a", "b"], GaussianCharge(0.01, 1.0), label="x", seq=0)
+        child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+        try:
+            led._db.execute("UPDATE runs SET pid = ?, proc_start = ?", (child.pid, _process_start(child.pid)))
+            other = PrivacyLedger(path, run_id="r")  # (not `with`: its exit would end run r)
+            with pytest.raises(LedgerBusy, match="still running"):
+                other.take_over(["a", "b"])
+            other.close()
+            assert [r["status"] for r in led.runs()] == ["running"]
+        finally:
+            child.stdin.close()
+            child.wait()
+        with PrivacyLedger(path, run_id="r") as again:  # its process is gone now: taken over
+            again.take_over(["a", "b"])
+            assert [(r["status"], r["pid"], r["reserved_users"]) for r in again.runs()] == [("running", os.getpid(), 2)]
+            again.finish_run("finished")
+            with pytest.raises(LedgerError, match="ended finished: there is nothing to recover"):
+                again.take_over(["a", "b"])
+
+
+def test_fedkl_run_recover_refuses_other_options_and_a_folder_without_journal(tmp_path, capsys):
+    from fedkl.cli import main
+
+    assert main(["run", "--recover", str(tmp_path), "--epsilon", "3"]) == 2
+    assert "--recover takes no other option" in capsys.readouterr().err
+    assert main(["run", "--recover", str(tmp_path)]) == 3
+    err = capsys.readouterr().err.strip()
+    assert "no release journal there" in err and len(err.splitlines()) == 1
+
+
+def test_recover_of_a_run_whose_process_lives_is_refused_and_leaves_it_running(tmp_path, monkeypatch):
+    import sqlite3
+    import subprocess
+    import sys
+
+    from fedkl.privacy import LedgerBusy
+    from fedkl.privacy.ledger import _process_start
+
+    with monkeypatch.context() as m:
+        _crash_after(m, 2)
+        with pytest.raises(Crash):
+            run_training(_cfg(tmp_path / "run"), log=lambda s: None)
+    ledger = tmp_path / "run" / "ledger.sqlite"
+    before = _ledger_rows(ledger)
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        with sqlite3.connect(ledger) as db:  # as if the run were still going in another process
+            db.execute(
+                "UPDATE runs SET status = 'running', pid = ?, proc_start = ?", (child.pid, _process_start(child.pid))
+            )
+        with pytest.raises(LedgerBusy, match="still running"):
+            recover_run(str(tmp_path / "run"), log=lambda s: None)
+        with PrivacyLedger(ledger) as led:
+            assert [(r["status"], r["pid"]) for r in led.runs()] == [("running", child.pid)]
+        assert _ledger_rows(ledger) == before
+    finally:
+        child.stdin.close()
+        child.wait()
+
+
+# one of each kind of release and of budget question asked mid-run (fkt-snowball's approx_left per batch,
+# phased-erm's per phase); all 29 registered algorithms passed this once (3 min: too slow for every run)
+PREPAID = [*KINDS, "noisy-gd", "dp-ftrl", "fkt-snowball", "phased-erm"]
+
+
+@pytest.mark.parametrize("name", PREPAID)
+def test_prepaid_run_of_every_algorithm_charges_what_it_makes(tmp_path, name):
+    """--prepay on every kind of algorithm: the same releases as charged one by one (same seq, label,
+    typed charge, cohort), all prepaid for a non-adaptive algorithm, and the same model."""
+
+    def cfg(out):
+        return small_config(name, out)
+
+    clean = run_training(cfg(tmp_path / "clean"), log=lambda s: None)
+    prepaid = run_training(cfg(tmp_path / "prepaid"), log=lambda s: None, prepay=True)
+    strip = ("seq", "label", "charge", "cohort")
+    rows = _ledger_rows(prepaid["ledger"]["path"])
+    assert [{k: r[k] for k in strip} for r in rows] == [
+        {k: r[k] for k in strip} for r in _ledger_rows(clean["ledger"]["path"])
+    ]
+    assert {r["state"] for r in rows} == ({None} if clean["guarantee"].get("adaptive") else {"prepaid"})
+    assert _spends(prepaid["ledger"]["path"]) == _spends(clean["ledger"]["path"])
+    if clean["model_path"]:
+        assert torch.equal(_model(tmp_path / "prepaid"), _model(tmp_path / "clean"))
