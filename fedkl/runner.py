@@ -45,6 +45,7 @@ from fedkl.results import reference_metrics, write_json
 from fedkl.saved_model import SavedModel, check_resume, public_settings
 
 BACKENDS = ("inprocess", "flower-local", "flower-sim", "grpc")
+KERNEL_SETTINGS = ("auto", *KERNEL_MODES)  # --kernels: auto = fast in-process, reproducible over Flower
 
 
 @dataclass(frozen=True)
@@ -118,8 +119,10 @@ class RunConfig:
     on_bound: str | None = None
     secagg: bool = False  # Flower backends: sums through SecAgg+ (fedkl.flower.secagg), sum-only algorithms
     # numeric kernels (fedkl.problems.rowwise): reproducible = batch-invariant, bit for bit what a Flower
-    # client computes alone (the default: every backend agrees exactly); fast = plain torch, in-process only
-    kernels: str = "reproducible"
+    # client computes alone; fast = plain torch, in-process only; auto (the default) = fast in-process,
+    # reproducible on every Flower backend. Resolved here: a RunConfig (its settings, result.json, the
+    # ledger, a sweep's run key) always names the kernels that actually ran
+    kernels: str = "auto"
     params: AlgorithmParams | None = None
 
     def __post_init__(self) -> None:
@@ -129,8 +132,10 @@ class RunConfig:
         elif type(self.params) is not spec.params:
             raise ValueError(f"{self.algorithm} takes {spec.params.__name__}, got {type(self.params).__name__}")
         object.__setattr__(self, "params", spec.resolve(self.params))  # lr None: the algorithm's default
-        if self.kernels not in KERNEL_MODES:
-            raise ValueError(f"kernels must be one of {', '.join(KERNEL_MODES)}, got {self.kernels!r}")
+        if self.kernels not in KERNEL_SETTINGS:
+            raise ValueError(f"kernels must be one of {', '.join(KERNEL_SETTINGS)}, got {self.kernels!r}")
+        if self.kernels == "auto":
+            object.__setattr__(self, "kernels", "fast" if self.backend == "inprocess" else "reproducible")
         if self.kernels == "fast" and self.backend != "inprocess":
             raise ValueError(
                 "--kernels fast is in-process only: Flower clients compute with the reproducible kernels, "
@@ -260,7 +265,9 @@ def train_federation(
     (default: the problem's initial parameters). Returns the algorithm's result, the ledger summary
     and the algorithm's declared :class:`Guarantee`."""
     observer = RUN_OBSERVER.get() or RunObserver()
-    with PrivacyLedger(ledger_path, Budget(cfg.epsilon, delta, cfg.conversion), run_id, cfg.settings()) as ledger:
+    budget = Budget(cfg.epsilon, delta, cfg.conversion)
+    # cfg.kernels in force here too, for callers that train without run_training (the audit, the ServerApp)
+    with kernels(cfg.kernels), PrivacyLedger(ledger_path, budget, run_id, cfg.settings()) as ledger:
         ledger.reserve(federation.user_ids)  # verifies the ledger; LedgerBusy while another run holds these users
         observer.started(run_id, ledger_path)
         rho_total = ledger.rho_left(federation.user_ids)

@@ -135,12 +135,38 @@ def test_a_new_thread_starts_reproducible():
 
 
 def test_run_config_kernels_and_fast_is_inprocess_only():
-    assert RunConfig().kernels == "reproducible"
-    assert RunConfig(kernels="fast").kernels == "fast"
-    with pytest.raises(ValueError, match="kernels must be one of"):
+    """The default ``auto`` resolves when the configuration is made: fast in-process, reproducible on every
+    Flower backend; the settings (result.json, the ledger, a sweep's run key) name the resolved mode."""
+    assert RunConfig().kernels == RunConfig(kernels="auto").kernels == "fast"
+    assert RunConfig().settings()["kernels"] == "fast"
+    for backend in ("flower-local", "flower-sim", "grpc"):
+        assert RunConfig(backend=backend).kernels == "reproducible"
+    assert RunConfig(kernels="reproducible").kernels == "reproducible"
+    assert RunConfig.from_settings(**RunConfig(kernels="reproducible").settings()).kernels == "reproducible"
+    with pytest.raises(ValueError, match="kernels must be one of auto, reproducible, fast"):
         RunConfig(kernels="turbo")
     with pytest.raises(ValueError, match="in-process only"):
         RunConfig(kernels="fast", backend="flower-local")
+
+
+def test_train_federation_runs_the_configured_kernels_without_run_training(monkeypatch):
+    """The audit (and the deployed ServerApp) train through ``train_federation`` directly: the
+    configuration's kernels are in force there too, not the caller's ambient mode."""
+    import fedkl.runner as runner
+    from fedkl.audit.release import audit_config, released_model
+
+    seen = []
+    build = runner.build_algorithm
+
+    def spy(*args, **kw):
+        seen.append(kernel_mode())
+        return build(*args, **kw)
+
+    monkeypatch.setattr(runner, "build_algorithm", spy)
+    ds = load_dataset("synthetic-logistic", n_users=20, seed=0)
+    for mode in ("auto", "reproducible"):
+        released_model(audit_config("noisy-gd", 2.0, {"kernels": mode, "rounds": 2}), ds, noise_seed=1)
+    assert seen == ["fast", "reproducible"] and kernel_mode() == "reproducible"
 
 
 def test_run_training_uses_the_configured_kernels(tmp_path, monkeypatch):
