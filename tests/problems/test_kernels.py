@@ -32,6 +32,9 @@ def _both(fn):
         ("logistic", "synthetic-logistic"),
         ("least-squares", "synthetic-least-squares"),
         ("smoothed-hinge", "synthetic-logistic"),
+        ("softmax", "synthetic-logistic"),
+        ("huber", "synthetic-least-squares"),
+        ("absolute", "synthetic-least-squares"),
     ],
 )
 def test_fast_per_user_gradients_and_clip_match_reproducible(problem, dataset):
@@ -46,6 +49,18 @@ def test_fast_per_user_gradients_and_clip_match_reproducible(problem, dataset):
     assert torch.equal(bs, bf)
     torch.testing.assert_close(cf, cs, **TOL)
     torch.testing.assert_close(cf.sum(0), cs.sum(0), **TOL)
+
+
+def test_the_mlp_computes_the_same_bits_in_both_modes():
+    """The MLP (float32, vmap; like a --model network) has no reproducible variant: the kernel mode does not
+    touch it, so the default (fast) and reproducible runs compute identical gradients."""
+    data = load_dataset("synthetic-logistic", n_users=20, seed=3)
+    p = make_problem("mlp", data)
+    train = data.train.to(p.dtype)
+    w = p.init_params(torch.Generator().manual_seed(0))
+    slow, fast = _both(lambda: p.per_user_gradients(w, train))
+    assert not torch.equal(slow, torch.zeros_like(slow))
+    assert torch.equal(fast, slow)
 
 
 @pytest.mark.parametrize("batch_size", [None, 3])
@@ -147,6 +162,18 @@ def test_run_config_kernels_and_fast_is_inprocess_only():
         RunConfig(kernels="turbo")
     with pytest.raises(ValueError, match="in-process only"):
         RunConfig(kernels="fast", backend="flower-local")
+
+
+def test_a_sweep_row_is_keyed_by_the_kernels_that_ran():
+    """A sweep point that does not name the kernels is the in-process fast run (the same row as one naming
+    fast), never the same row as a reproducible run (e.g. of a table made before auto became the default)."""
+    from fedkl.experiments import run_key
+
+    point = {"dataset": "synthetic-logistic", "users": 30, "seed": 1}
+    assert run_key(point) == run_key({**point, "kernels": "auto"}) == run_key({**point, "kernels": "fast"})
+    assert run_key(point) != run_key({**point, "kernels": "reproducible"})
+    flower = {**point, "backend": "flower-local"}
+    assert run_key(flower) == run_key({**flower, "kernels": "reproducible"})
 
 
 def test_train_federation_runs_the_configured_kernels_without_run_training(monkeypatch):
