@@ -176,20 +176,26 @@ def test_a_sweep_row_is_keyed_by_the_kernels_that_ran():
     assert run_key(flower) == run_key({**flower, "kernels": "reproducible"})
 
 
-def test_train_federation_runs_the_configured_kernels_without_run_training(monkeypatch):
-    """The audit (and the deployed ServerApp) train through ``train_federation`` directly: the
-    configuration's kernels are in force there too, not the caller's ambient mode."""
+def _modes_seen_by(monkeypatch, name: str) -> list[str]:
+    """The kernel mode in force at each call of ``fedkl.runner.<name>`` (a list filled as it is called)."""
     import fedkl.runner as runner
-    from fedkl.audit.release import audit_config, released_model
 
-    seen = []
-    build = runner.build_algorithm
+    seen, real = [], getattr(runner, name)
 
     def spy(*args, **kw):
         seen.append(kernel_mode())
-        return build(*args, **kw)
+        return real(*args, **kw)
 
-    monkeypatch.setattr(runner, "build_algorithm", spy)
+    monkeypatch.setattr(runner, name, spy)
+    return seen
+
+
+def test_train_federation_runs_the_configured_kernels_without_run_training(monkeypatch):
+    """The audit (and the deployed ServerApp) train through ``train_federation`` directly: the
+    configuration's kernels are in force there too, not the caller's ambient mode."""
+    from fedkl.audit.release import audit_config, released_model
+
+    seen = _modes_seen_by(monkeypatch, "build_algorithm")
     ds = load_dataset("synthetic-logistic", n_users=20, seed=0)
     for mode in ("auto", "reproducible"):
         released_model(audit_config("noisy-gd", 2.0, {"kernels": mode, "rounds": 2}), ds, noise_seed=1)
@@ -202,14 +208,7 @@ def test_run_training_uses_the_configured_kernels(tmp_path, monkeypatch):
     import fedkl.runner as runner
     from fedkl.saved_model import load_model
 
-    seen = []
-    train = runner.train_federation
-
-    def spy(*args, **kw):
-        seen.append(kernel_mode())
-        return train(*args, **kw)
-
-    monkeypatch.setattr(runner, "train_federation", spy)
+    seen = _modes_seen_by(monkeypatch, "train_federation")
     results = {}
     for mode in ("reproducible", "fast"):
         cfg = RunConfig.from_settings(
