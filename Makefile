@@ -92,6 +92,7 @@ bench: $(STAMP)
 	$(BENCH_ENV) $(PY) simulations/flower_dp_baseline.py --out-dir $(BENCH_RES)
 	$(BENCH_ENV) $(PY) simulations/bench_backends.py $(BENCH_SPEED) --out $(BENCH_RES)/bench_backends.json --markdown $(BENCH_RES)/bench_backends.md
 	$(BENCH_ENV) $(PY) simulations/bench_inprocess.py --out $(BENCH_RES)/bench_inprocess.json
+	$(BENCH_ENV) $(PY) simulations/bench_startup.py --out $(BENCH_RES)/bench_startup.json
 	@if [ "$(TUNING)" = 1 ]; then for cfg in simulations/configs/tuning/*.toml; do \
 	  echo "$(FEDKL) sweep $$cfg --restart"; $(BENCH_ENV) $(FEDKL) sweep $$cfg --restart || exit 1; done; fi
 	@for study in $(BENCH_STUDIES); do echo "$(FEDKL) sweep $$study $(BENCH_RESTART)"; \

@@ -3,13 +3,26 @@
 Shared by :mod:`fedkl.cli` (which runs the commands) and :mod:`fedkl.experiments` (which validates
 a TOML configuration or a sweep's values through the same ``fedkl run`` flags), so neither imports
 the other. Bad arguments exit with code 2 and one line that says what is wrong and how to fix it.
+
+The grammar is built from :func:`catalog`: the algorithms' hyperparameters (their Params dataclasses),
+the datasets, problems, backends and run defaults. Reading them from the code imports torch and every
+algorithm (~1.5 s of CPU), so ``fedkl --help`` and argument errors read ``flags_catalog.json`` instead,
+which :func:`live_catalog` writes (``python -m fedkl.flags``) and ``tests/test_flags_catalog.py`` keeps
+equal to the code. Once the algorithms are imported (a test, a plugin that registers one), the parser
+reads the code itself.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
+import os
+import sys
+
+CATALOG_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "flags_catalog.json")
+_KINDS = {"bool": bool, "int": int, "float": float, "str": str}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -71,15 +84,68 @@ def _number_or_none(kind, positive: bool = False, infinite_ok: bool = False):
     return parse
 
 
-def _add_hyperparameters(run: argparse.ArgumentParser, algorithm: str | None) -> None:
-    """One flag per registered hyperparameter (``--kl-gamma`` for ``kl_gamma``), generated from the
-    algorithms' Params (:mod:`fedkl.algorithms.registry`): type from the annotation, default, help,
-    origin and choices from the field. With ``algorithm``, ``--help`` lists only its flags (the
-    others still parse; a non-default value for another algorithm is refused by the run)."""
+def live_catalog() -> dict:
+    """What the grammar needs, read from the code (imports torch and every algorithm): the source of
+    ``flags_catalog.json``, as JSON values (tuples become lists)."""
     from fedkl.algorithms.catalog import REGISTRY
     from fedkl.algorithms.registry import algorithms_using, field_kind, hyperparameter_fields
+    from fedkl.data import DATASETS
+    from fedkl.data.files import SUFFIXES
+    from fedkl.privacy.zcdp import CONVERSIONS
+    from fedkl.problems import PROBLEMS
+    from fedkl.runner import BACKENDS, KERNEL_SETTINGS, RunConfig
 
-    own = None if algorithm not in REGISTRY else {f.name for f in dataclasses.fields(REGISTRY[algorithm].params)}
+    hyper = {
+        name: {
+            "kind": field_kind(f).__name__,
+            "default": f.default,
+            "help": f.metadata["help"],
+            "origin": f.metadata["origin"],
+            "choices": f.metadata.get("choices"),
+            "positive": f.metadata.get("positive", False),
+            "algorithms": algorithms_using(name),
+        }
+        for name, f in hyperparameter_fields().items()
+    }
+    algorithms = {
+        name: {
+            "params": [f.name for f in dataclasses.fields(spec.params)],
+            "step_size": spec.step_size,
+            "clients_see": spec.clients_see(spec.params()).describe(),
+            "view_depends_on_params": callable(spec.client_view),
+        }
+        for name, spec in REGISTRY.items()
+    }
+    live = {
+        "run_defaults": {f.name: f.default for f in dataclasses.fields(RunConfig) if f.name != "params"},
+        "datasets": DATASETS,
+        "data_suffixes": SUFFIXES,
+        "problems": PROBLEMS,
+        "conversions": CONVERSIONS,
+        "backends": BACKENDS,
+        "kernels": KERNEL_SETTINGS,
+        "hyperparameters": hyper,
+        "algorithms": algorithms,
+    }
+    return json.loads(json.dumps(live))
+
+
+def catalog() -> dict:
+    """The grammar's facts: :func:`live_catalog` when the algorithms are already imported (it then
+    includes any algorithm registered since), else the torch-free ``flags_catalog.json``."""
+    if "fedkl.algorithms.catalog" in sys.modules:
+        return live_catalog()
+    with open(CATALOG_PATH, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _add_hyperparameters(run: argparse.ArgumentParser, algorithm: str | None, cat: dict) -> None:
+    """One flag per registered hyperparameter (``--kl-gamma`` for ``kl_gamma``), generated from the
+    algorithms' Params (:mod:`fedkl.algorithms.registry`, through :func:`catalog`): type from the
+    annotation, default, help, origin and choices from the field. With ``algorithm``, ``--help`` lists
+    only its flags (the others still parse; a non-default value for another algorithm is refused by the run)."""
+    algorithms = cat["algorithms"]
+    own = None if algorithm not in algorithms else set(algorithms[algorithm]["params"])
     title = (
         f"{algorithm} hyperparameters"
         if own is not None
@@ -87,51 +153,49 @@ def _add_hyperparameters(run: argparse.ArgumentParser, algorithm: str | None) ->
     )
     sees = None
     if own is not None:
-        spec = REGISTRY[algorithm]
+        spec = algorithms[algorithm]
         sees = "What a participating client sees" + (
-            ": " if not callable(spec.client_view) else " (with the default settings; it depends on them): "
+            " (with the default settings; it depends on them): " if spec["view_depends_on_params"] else ": "
         )
-        sees = (sees + spec.clients_see(spec.params()).describe() + " (result.json: clients_see).").replace("%", "%%")
+        sees = (sees + spec["clients_see"] + " (result.json: clients_see).").replace("%", "%%")
     group = run.add_argument_group(
         title + " ('theorem': the paper's value by default; 'heuristic': a tunable choice)", description=sees
     )
-    for name, f in hyperparameter_fields().items():
-        shown = REGISTRY[algorithm].step_size if own is not None and name == "lr" else f.default
-        note = f"{f.metadata['help']} [{f.metadata['origin']}; default {shown}; {', '.join(algorithms_using(name))}]"
+    for name, h in cat["hyperparameters"].items():
+        shown = algorithms[algorithm]["step_size"] if own is not None and name == "lr" else h["default"]
+        note = f"{h['help']} [{h['origin']}; default {shown}; {', '.join(h['algorithms'])}]"
         note = argparse.SUPPRESS if own is not None and name not in own else note.replace("%", "%%")
         flag = "--" + name.replace("_", "-")
-        kind = field_kind(f)
+        kind = _KINDS[h["kind"]]
         if kind is bool:
-            group.add_argument(flag, action="store_true", default=f.default, help=note)
-        elif f.metadata.get("choices"):
-            group.add_argument(flag, choices=f.metadata["choices"], default=f.default, help=note)
+            group.add_argument(flag, action="store_true", default=h["default"], help=note)
+        elif h["choices"]:
+            group.add_argument(flag, choices=tuple(h["choices"]), default=h["default"], help=note)
         elif kind is str:
-            group.add_argument(flag, default=f.default, help=note)
+            group.add_argument(flag, default=h["default"], help=note)
         else:
-            parse = _number_or_none(kind, f.metadata.get("positive", False), infinite_ok=f.default == math.inf)
-            group.add_argument(flag, type=parse, default=f.default, help=note)
+            parse = _number_or_none(kind, h["positive"], infinite_ok=h["default"] == math.inf)
+            group.add_argument(flag, type=parse, default=h["default"], help=note)
 
 
-def _dataset_name(text: str) -> str:
-    from fedkl.data import DATASETS
-    from fedkl.data.files import is_data_file
+def _dataset_type(cat: dict):
+    """``--dataset``: a built-in dataset's name or a data file (by its suffix, as :func:`fedkl.data.files.is_data_file`)."""
+    names, suffixes = cat["datasets"], tuple(cat["data_suffixes"])
 
-    if text in DATASETS or is_data_file(text):
-        return text
-    raise argparse.ArgumentTypeError(
-        f"invalid choice {text!r} (choose from {', '.join(DATASETS)}, or a .csv/.npz/.parquet file)"
-    )
+    def dataset_name(text: str) -> str:
+        if text in names or text.lower().endswith(suffixes):
+            return text
+        raise argparse.ArgumentTypeError(
+            f"invalid choice {text!r} (choose from {', '.join(names)}, or a {'/'.join(suffixes)} file)"
+        )
+
+    dataset_name.__name__ = "dataset"
+    return dataset_name
 
 
-def _add_run_arguments(run: argparse.ArgumentParser, algorithm: str | None) -> None:
+def _add_run_arguments(run: argparse.ArgumentParser, algorithm: str | None, cat: dict) -> None:
     """The ``fedkl run`` settings (shared by ``fedkl plan``)."""
-    from fedkl.algorithms.catalog import REGISTRY
-    from fedkl.data import DATASETS
-    from fedkl.privacy.zcdp import CONVERSIONS
-    from fedkl.problems import PROBLEMS
-    from fedkl.runner import BACKENDS, KERNEL_MODES, RunConfig
-
-    d = RunConfig()
+    d = argparse.Namespace(**cat["run_defaults"])  # RunConfig's field defaults (kernels: auto, unresolved)
     run.add_argument(
         "--config",
         metavar="FILE.toml",
@@ -141,14 +205,14 @@ def _add_run_arguments(run: argparse.ArgumentParser, algorithm: str | None) -> N
     )
     run.add_argument(
         "--dataset",
-        type=_dataset_name,
+        type=_dataset_type(cat),
         default=d.dataset,
-        help=f"user-partitioned dataset: one of {', '.join(DATASETS)} (default %(default)s), or your own "
+        help=f"user-partitioned dataset: one of {', '.join(cat['datasets'])} (default %(default)s), or your own "
         ".csv/.npz/.parquet file with --user-column and --label-column",
     )
     run.add_argument(
         "--problem",
-        choices=PROBLEMS,
+        choices=cat["problems"],
         default=d.problem,
         help="model / loss (default: logistic for binary, softmax for multiclass, least-squares for regression; "
         "torch: your own network, see --model)",
@@ -160,11 +224,14 @@ def _add_run_arguments(run: argparse.ArgumentParser, algorithm: str | None) -> N
         "factory(input_dim, num_outputs) (importable on every client)",
     )
     run.add_argument(
-        "--algorithm", choices=tuple(REGISTRY), default=d.algorithm, help="private algorithm (default %(default)s)"
+        "--algorithm",
+        choices=tuple(cat["algorithms"]),
+        default=d.algorithm,
+        help="private algorithm (default %(default)s)",
     )
     run.add_argument(
         "--backend",
-        choices=BACKENDS,
+        choices=cat["backends"],
         default=d.backend,
         help="where users compute (default %(default)s: the vectorized in-process simulator)",
     )
@@ -183,7 +250,7 @@ def _add_run_arguments(run: argparse.ArgumentParser, algorithm: str | None) -> N
     )
     run.add_argument(
         "--conversion",
-        choices=CONVERSIONS,
+        choices=cat["conversions"],
         default=d.conversion,
         help="zCDP -> (eps, delta) conversion that sizes the budget (default %(default)s: "
         "Canonne-Kamath-Steinke 2020; gaussian: the exact profile of Gaussian releases, accepted "
@@ -227,26 +294,25 @@ def _add_run_arguments(run: argparse.ArgumentParser, algorithm: str | None) -> N
     )
     run.add_argument(
         "--kernels",
-        choices=KERNEL_MODES,
+        choices=cat["kernels"],
         default=d.kernels,
-        help="numeric kernels (default %(default)s: batch-invariant, every backend releases the same bits; "
-        "fast: plain torch kernels, several times faster per round, in-process only, equal to float64 rounding)",
+        help="numeric kernels (default auto: fast in-process, reproducible on the Flower backends; fast: plain "
+        "torch kernels, several times faster per round, in-process only, equal to float64 rounding; reproducible: "
+        "batch-invariant, every backend releases the same bits). result.json's config names the kernels that ran",
     )
-    _add_data_arguments(run, d.dataset, d.seed)
-    _add_hyperparameters(run, algorithm)
+    _add_data_arguments(run, d.dataset, d.seed, cat)
+    _add_hyperparameters(run, algorithm, cat)
 
 
-def _add_data_arguments(parser: argparse.ArgumentParser, dataset: str | None, seed: int | None) -> None:
+def _add_data_arguments(parser: argparse.ArgumentParser, dataset: str | None, seed: int | None, cat: dict) -> None:
     """The data options of ``fedkl run`` (``--dataset`` and ``--seed`` are added here for ``fedkl
     predict``, whose defaults are the model's own)."""
-    from fedkl.data import DATASETS
-
     if dataset is None:
         parser.add_argument(
             "--dataset",
-            type=_dataset_name,
+            type=_dataset_type(cat),
             default=None,
-            help=f"one of {', '.join(DATASETS)} or a data file (default: the model's)",
+            help=f"one of {', '.join(cat['datasets'])} or a data file (default: the model's)",
         )
         parser.add_argument("--seed", type=int, default=None, help="seed of the data split (default: the model's)")
     parser.add_argument("--users", type=_positive(int), default=None, help="number of users (synthetic datasets only)")
@@ -274,8 +340,7 @@ def _add_data_arguments(parser: argparse.ArgumentParser, dataset: str | None, se
 
 def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
     """The ``fedkl`` parser; ``algorithm``: ``fedkl run --help`` lists that algorithm's flags only."""
-    from fedkl.algorithms.catalog import REGISTRY
-
+    cat = catalog()
     parser = _Parser(prog="fedkl", description="Federated learning with user-level differential privacy.")
     sub = parser.add_subparsers(
         dest="command", metavar="{run,plan,account,predict,ledger,sweep,plot,report,audit}", parser_class=_Parser
@@ -288,7 +353,7 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
         description="Train a model with user-level differential privacy (one user = one "
         "unit of privacy) and write result.json and the privacy ledger.",
     )
-    _add_run_arguments(run, algorithm)
+    _add_run_arguments(run, algorithm, cat)
     run.add_argument(
         "--resume",
         default=None,
@@ -319,7 +384,7 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
         "their public noise-to-signal forecast; reads only public values (n, d, constants), charges nothing "
         "(fedkl/planner.py).",
     )
-    _add_run_arguments(plan, None)
+    _add_run_arguments(plan, None, cat)
     plan.add_argument(
         "--algorithms",
         default=None,
@@ -342,7 +407,7 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
         "options are fedkl run's; left out, they are the model's own run's.",
     )
     predict.add_argument("--model", required=True, metavar="PATH", help="a model.pt, or the run folder that holds it")
-    _add_data_arguments(predict, None, None)
+    _add_data_arguments(predict, None, None, cat)
     predict.add_argument("--split", choices=("test", "train"), default="test", help="which split (default test)")
     predict.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -463,7 +528,7 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
         "(resumable) under --out.",
     )
     who = audit.add_mutually_exclusive_group(required=True)
-    who.add_argument("--algorithm", choices=tuple(REGISTRY), help="the algorithm to audit")
+    who.add_argument("--algorithm", choices=tuple(cat["algorithms"]), help="the algorithm to audit")
     who.add_argument("--all", action="store_true", help="audit every registered algorithm (OUT/<algorithm>/)")
     audit.add_argument(
         "--method",
@@ -514,3 +579,10 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
         "audit": audit,
     }
     return parser
+
+
+if __name__ == "__main__":  # python -m fedkl.flags: rewrite flags_catalog.json from the code
+    with open(CATALOG_PATH, "w", encoding="utf-8") as out:
+        json.dump(live_catalog(), out, indent=1)
+        out.write("\n")
+    print(f"wrote {CATALOG_PATH}")

@@ -49,6 +49,11 @@ from fedkl.results import reference_metrics, write_json
 from fedkl.saved_model import SavedModel, check_resume, public_settings
 
 BACKENDS = ("inprocess", "flower-local", "flower-sim", "grpc", "ray-shards")
+FAST_BACKENDS = ("inprocess", "ray-shards")  # where --kernels fast runs (the server computes every answer)
+KERNEL_SETTINGS = (
+    "auto",
+    *KERNEL_MODES,
+)  # --kernels: auto = fast in-process (and ray-shards), reproducible over Flower
 
 
 @dataclass(frozen=True)
@@ -122,8 +127,10 @@ class RunConfig:
     on_bound: str | None = None
     secagg: bool = False  # Flower backends: sums through SecAgg+ (fedkl.flower.secagg), sum-only algorithms
     # numeric kernels (fedkl.problems.rowwise): reproducible = batch-invariant, bit for bit what a Flower
-    # client computes alone (the default: every backend agrees exactly); fast = plain torch, in-process only
-    kernels: str = "reproducible"
+    # client computes alone; fast = plain torch, in-process only; auto (the default) = fast in-process and on ray-shards,
+    # reproducible on every Flower backend. Resolved here: a RunConfig (its settings, result.json, the
+    # ledger, a sweep's run key) always names the kernels that actually ran
+    kernels: str = "auto"
     shards: int = 2  # --backend ray-shards: Ray actors, each holding a block of users (fedkl.federation.ray_shards)
     params: AlgorithmParams | None = None
 
@@ -134,9 +141,11 @@ class RunConfig:
         elif type(self.params) is not spec.params:
             raise ValueError(f"{self.algorithm} takes {spec.params.__name__}, got {type(self.params).__name__}")
         object.__setattr__(self, "params", spec.resolve(self.params))  # lr None: the algorithm's default
-        if self.kernels not in KERNEL_MODES:
-            raise ValueError(f"kernels must be one of {', '.join(KERNEL_MODES)}, got {self.kernels!r}")
-        if self.kernels == "fast" and self.backend not in ("inprocess", "ray-shards"):
+        if self.kernels not in KERNEL_SETTINGS:
+            raise ValueError(f"kernels must be one of {', '.join(KERNEL_SETTINGS)}, got {self.kernels!r}")
+        if self.kernels == "auto":
+            object.__setattr__(self, "kernels", "fast" if self.backend in FAST_BACKENDS else "reproducible")
+        if self.kernels == "fast" and self.backend not in FAST_BACKENDS:
             raise ValueError(
                 "--kernels fast is in-process only (backends inprocess, ray-shards): Flower clients compute with the reproducible kernels, "
                 "which is what lets the backends agree bit for bit"
@@ -299,7 +308,8 @@ def train_federation(
         except BaseException:
             ledger.close()
             raise
-    with ledger:
+    # cfg.kernels in force here too, for callers that train without run_training (the audit, the ServerApp)
+    with kernels(cfg.kernels), ledger:
         if recovering:  # its users' budget as it had it
             header = journal.header()
             rho_total, approx_left = header["rho_left"], tuple(header["approx_left"])

@@ -8,8 +8,9 @@ one run, the per-user clipped gradient sum of a round (per-user gradients of all
   * bmm:          the true floor: one ``X @ w``, ``torch.sigmoid``, ONE batched matmul for the per-user
                   sums, ``torch.linalg.vector_norm``, clip, sum (hand-written for this problem);
   * vmap:         ``torch.func.vmap(torch.func.grad(loss))`` over users (records inside each user's loss);
-  * fast:         fedkl's kernels in ``--kernels fast`` mode (:func:`fedkl.problems.rowwise.kernels`);
-  * reproducible: fedkl's batch-invariant kernels (the default; bit for bit what a Flower client computes);
+  * fast:         fedkl's kernels in ``--kernels fast`` mode (:func:`fedkl.problems.rowwise.kernels`; what
+                  the default ``--kernels auto`` runs in-process);
+  * reproducible: fedkl's batch-invariant kernels (bit for bit what a Flower client computes; the Flower default);
 and the full noisy-GD round through the federation interface, the Releaser and the durable ledger in
 each mode (median over ``--rounds`` rounds), plus the ledger charge alone (one SQLite transaction). It
 prints ratios to the bmm floor and the peak RSS; results also go to simulations/results/bench_inprocess.json.

@@ -235,6 +235,8 @@ def run_flower_simulation(
     ``cfg.ledger`` or ``cfg.out`` (default ``runs/<run id>-...``). No evaluation (the runner does it).
     ``spec`` overrides the dataset/problem derived from ``cfg`` (e.g. a smaller synthetic set).
     """
+    if backend != "inprocess" and cfg.kernels != "reproducible":  # the clients compute reproducibly
+        raise ValueError(f"kernels {cfg.kernels!r} is in-process only: over {backend} use kernels='reproducible'")
     if backend == "inprocess":  # the reference, through the very same training code
 
         def federation_for(spec: ClientSpec, ids: Sequence[str]) -> Any:
@@ -298,9 +300,9 @@ def _run_config_from_user_config(rc: Any) -> Any:
         key = "fedkl-" + name.replace("_", "-")
         if key in rc and rc[key] != "":  # "" stands for None (TOML has no null)
             kw[name] = rc[key]
-    if kw.get("kernels", "reproducible") != "reproducible":  # the clients always compute reproducibly
+    if kw.get("kernels", "auto") not in ("auto", "reproducible"):  # the clients always compute reproducibly
         raise ValueError(f"fedkl-kernels = {kw['kernels']!r}: a Flower deployment runs the reproducible kernels only")
-    return RunConfig.from_settings(**kw)
+    return RunConfig.from_settings(**{**kw, "kernels": "reproducible"})
 
 
 def _deployed_main(grid: Grid, context: Context) -> None:

@@ -21,7 +21,9 @@ Per-user reductions (``index_add_`` in :func:`fedkl.problems.base.user_means`) a
 one after another in record order, the same order as the client's. Cost: about the speed of the
 batched BLAS path for the problems' sizes (see ``tests/problems/test_rowwise.py`` for the invariance checks).
 
-**Kernel modes.** The above is the ``reproducible`` mode (the default). ``fast`` mode
+**Kernel modes.** The above is the ``reproducible`` mode (the default of this module's context, so a
+Flower client, or any thread, computes reproducibly; a run selects its mode from ``RunConfig.kernels``,
+whose default ``auto`` is fast in-process and reproducible over Flower). ``fast`` mode
 (:func:`kernels`, ``fedkl run --kernels fast``, in-process backend only) replaces every kernel by the
 plain torch one (BLAS ``X @ W``, ``torch.sigmoid``, ``torch.linalg.vector_norm``, ...) and per-user
 gradient sums by one segment matmul (:func:`fedkl.problems.base.user_weighted_means`): the same

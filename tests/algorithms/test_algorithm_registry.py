@@ -289,6 +289,7 @@ def _flower_equals_inprocess(tmp_path, name, kw, dataset="synthetic-logistic", p
             noise_seed=5,
             reference=False,
             force=True,
+            kernels="reproducible",  # bit for bit against Flower
         ),
         **kw,
     }  # tiny populations test the plumbing, not utility: skip the noise forecast
@@ -334,6 +335,7 @@ def test_new_query_kinds_over_flower_sim_ray(tmp_path):
                 noise_seed=3,
                 reference=False,
                 reg=0.1,
+                kernels="reproducible",  # bit for bit against Flower
             ),
             **SMALL[name],
         }

@@ -46,7 +46,6 @@ from fedkl.flower.localgrid import LocalGrid  # noqa: E402
 from fedkl.flower.server_app import run_flower_simulation  # noqa: E402
 from fedkl.privacy import Budget, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter  # noqa: E402
 from fedkl.problems import make_problem  # noqa: E402
-from fedkl.problems.rowwise import kernels  # noqa: E402
 from fedkl.runner import RunConfig  # noqa: E402
 
 pytestmark = pytest.mark.flower
@@ -471,6 +470,7 @@ def _cfg(tmp_path, name, **kw):
         noise_seed=7,
         out=str(tmp_path / name),
         reference=False,
+        kernels="reproducible",  # bit for bit against the Flower backends (in-process alone would default to fast)
     )
     return RunConfig.from_settings(strict=False, **{**base, **kw})  # rounds/lr/clip where the algorithm has them
 
@@ -529,15 +529,19 @@ def test_noisy_gd_over_flower_local_matches_batched_inprocess(tmp_path, problem,
 
 
 def test_fast_kernels_inprocess_match_flower_to_rounding(tmp_path):
-    """``--kernels fast`` (in-process only; Flower clients keep the reproducible kernels): same seeds,
-    the model agrees with Flower's to 1e-9 (float64 rounding through 3 rounds), not bit for bit, and
-    the ledger is the same exactly (the charges never depend on the kernels)."""
+    """The default in-process kernels (``--kernels auto`` = fast in-process; Flower clients keep the
+    reproducible kernels): same seeds, the model agrees with Flower's to 1e-9 (float64 rounding through 3
+    rounds), not bit for bit, and the ledger is the same exactly (the charges never depend on the kernels)."""
     kw = dict(dataset="synthetic-logistic", problem="logistic")
-    with kernels("fast"):
-        fast = run_flower_simulation(_cfg(tmp_path, "fast", **kw), "inprocess", log=lambda s: None)
+    auto = _cfg(tmp_path, "fast", kernels="auto", **kw)
+    assert auto.kernels == "fast" and auto.settings()["kernels"] == "fast"  # the run names what ran
+    fast = run_flower_simulation(auto, "inprocess", log=lambda s: None)
     fl = run_flower_simulation(_cfg(tmp_path, "fl", **kw), "flower-local", log=lambda s: None)
-    torch.testing.assert_close(fast["w"], fl["w"], rtol=1e-9, atol=1e-12)
+    assert not torch.equal(fast["w"], fl["w"])  # really the other kernels (not bit for bit) ...
+    torch.testing.assert_close(fast["w"], fl["w"], rtol=1e-9, atol=1e-12)  # ... to float64 rounding
     _same_ledgers(fl, fast, fast["user_ids"])
+    with pytest.raises(ValueError, match="in-process only"):  # never a Flower run with fast server kernels
+        run_flower_simulation(auto, "flower-local", log=lambda s: None)
 
 
 def test_output_perturbation_algorithm_runs_unchanged_over_flower(tmp_path):
@@ -613,6 +617,7 @@ def test_deployed_server_app_main_reads_the_run_config(tmp_path):
             noise_seed=5,
             out=str(tmp_path / "ref"),
             reference=False,
+            kernels="reproducible",
         ),
         "inprocess",
         log=lambda s: None,

@@ -146,3 +146,6 @@ def test_a_deployment_refuses_fast_kernels_in_one_line():
     with pytest.raises(ValueError, match="reproducible kernels only"):
         _run_config_from_user_config({"fedkl-kernels": "fast"})
     assert _run_config_from_user_config({"fedkl-kernels": "reproducible"}).kernels == "reproducible"
+    # the default (auto) is reproducible here whatever fedkl-backend says: the ServerApp always trains over Flower
+    assert _run_config_from_user_config({}).kernels == "reproducible"
+    assert _run_config_from_user_config({"fedkl-kernels": "auto"}).settings()["kernels"] == "reproducible"

@@ -175,6 +175,7 @@ def test_a_file_dataset_over_flower_local_is_the_inprocess_run(tmp_path):
     frame.to_csv(tmp_path / "all.csv", index=False)
     argv = ["run", "--dataset", str(tmp_path / "all.csv"), "--user-column", "id", "--label-column", "y"]
     argv += ["--feature-bound", "3", "--noise-seed", "1", "--no-reference", "--epsilon", "8"]
+    argv += ["--kernels", "reproducible"]  # bit for bit (in-process alone defaults to the fast kernels)
     for backend in ("inprocess", "flower-local"):
         assert main([*argv, "--backend", backend, "--out", str(tmp_path / backend)]) == 0
     a, b = (load_model(str(tmp_path / b / "model.pt")).params for b in ("inprocess", "flower-local"))

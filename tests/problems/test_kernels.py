@@ -32,6 +32,9 @@ def _both(fn):
         ("logistic", "synthetic-logistic"),
         ("least-squares", "synthetic-least-squares"),
         ("smoothed-hinge", "synthetic-logistic"),
+        ("softmax", "synthetic-logistic"),
+        ("huber", "synthetic-least-squares"),
+        ("absolute", "synthetic-least-squares"),
     ],
 )
 def test_fast_per_user_gradients_and_clip_match_reproducible(problem, dataset):
@@ -46,6 +49,18 @@ def test_fast_per_user_gradients_and_clip_match_reproducible(problem, dataset):
     assert torch.equal(bs, bf)
     torch.testing.assert_close(cf, cs, **TOL)
     torch.testing.assert_close(cf.sum(0), cs.sum(0), **TOL)
+
+
+def test_the_mlp_computes_the_same_bits_in_both_modes():
+    """The MLP (float32, vmap; like a --model network) has no reproducible variant: the kernel mode does not
+    touch it, so the default (fast) and reproducible runs compute identical gradients."""
+    data = load_dataset("synthetic-logistic", n_users=20, seed=3)
+    p = make_problem("mlp", data)
+    train = data.train.to(p.dtype)
+    w = p.init_params(torch.Generator().manual_seed(0))
+    slow, fast = _both(lambda: p.per_user_gradients(w, train))
+    assert not torch.equal(slow, torch.zeros_like(slow))
+    assert torch.equal(fast, slow)
 
 
 @pytest.mark.parametrize("batch_size", [None, 3])
@@ -135,12 +150,56 @@ def test_a_new_thread_starts_reproducible():
 
 
 def test_run_config_kernels_and_fast_is_inprocess_only():
-    assert RunConfig().kernels == "reproducible"
-    assert RunConfig(kernels="fast").kernels == "fast"
-    with pytest.raises(ValueError, match="kernels must be one of"):
+    """The default ``auto`` resolves when the configuration is made: fast in-process, reproducible on every
+    Flower backend; the settings (result.json, the ledger, a sweep's run key) name the resolved mode."""
+    assert RunConfig().kernels == RunConfig(kernels="auto").kernels == "fast"
+    assert RunConfig().settings()["kernels"] == "fast"
+    for backend in ("flower-local", "flower-sim", "grpc"):
+        assert RunConfig(backend=backend).kernels == "reproducible"
+    assert RunConfig(kernels="reproducible").kernels == "reproducible"
+    assert RunConfig.from_settings(**RunConfig(kernels="reproducible").settings()).kernels == "reproducible"
+    with pytest.raises(ValueError, match="kernels must be one of auto, reproducible, fast"):
         RunConfig(kernels="turbo")
     with pytest.raises(ValueError, match="in-process only"):
         RunConfig(kernels="fast", backend="flower-local")
+
+
+def test_a_sweep_row_is_keyed_by_the_kernels_that_ran():
+    """A sweep point that does not name the kernels is the in-process fast run (the same row as one naming
+    fast), never the same row as a reproducible run (e.g. of a table made before auto became the default)."""
+    from fedkl.experiments import run_key
+
+    point = {"dataset": "synthetic-logistic", "users": 30, "seed": 1}
+    assert run_key(point) == run_key({**point, "kernels": "auto"}) == run_key({**point, "kernels": "fast"})
+    assert run_key(point) != run_key({**point, "kernels": "reproducible"})
+    flower = {**point, "backend": "flower-local"}
+    assert run_key(flower) == run_key({**flower, "kernels": "reproducible"})
+
+
+def _modes_seen_by(monkeypatch, name: str) -> list[str]:
+    """The kernel mode in force at each call of ``fedkl.runner.<name>`` (a list filled as it is called)."""
+    import fedkl.runner as runner
+
+    seen, real = [], getattr(runner, name)
+
+    def spy(*args, **kw):
+        seen.append(kernel_mode())
+        return real(*args, **kw)
+
+    monkeypatch.setattr(runner, name, spy)
+    return seen
+
+
+def test_train_federation_runs_the_configured_kernels_without_run_training(monkeypatch):
+    """The audit (and the deployed ServerApp) train through ``train_federation`` directly: the
+    configuration's kernels are in force there too, not the caller's ambient mode."""
+    from fedkl.audit.release import audit_config, released_model
+
+    seen = _modes_seen_by(monkeypatch, "build_algorithm")
+    ds = load_dataset("synthetic-logistic", n_users=20, seed=0)
+    for mode in ("auto", "reproducible"):
+        released_model(audit_config("noisy-gd", 2.0, {"kernels": mode, "rounds": 2}), ds, noise_seed=1)
+    assert seen == ["fast", "reproducible"] and kernel_mode() == "reproducible"
 
 
 def test_run_training_uses_the_configured_kernels(tmp_path, monkeypatch):
@@ -149,14 +208,7 @@ def test_run_training_uses_the_configured_kernels(tmp_path, monkeypatch):
     import fedkl.runner as runner
     from fedkl.saved_model import load_model
 
-    seen = []
-    train = runner.train_federation
-
-    def spy(*args, **kw):
-        seen.append(kernel_mode())
-        return train(*args, **kw)
-
-    monkeypatch.setattr(runner, "train_federation", spy)
+    seen = _modes_seen_by(monkeypatch, "train_federation")
     results = {}
     for mode in ("reproducible", "fast"):
         cfg = RunConfig.from_settings(

@@ -158,7 +158,7 @@ def _dim(users: int = 30) -> int:
 @pytest.mark.flower
 def test_a_model_file_over_flower_equals_inprocess(net_file, tmp_path):
     base = dict(dataset="synthetic-logistic", users=12, algorithm="dp-sgd", rounds=2, lr=0.5, problem="torch",
-                model=f"{net_file}:tiny", noise_seed=3, reference=False)  # fmt: skip
+                model=f"{net_file}:tiny", noise_seed=3, reference=False, kernels="reproducible")  # fmt: skip
     quiet = {"log": lambda s: None}
     ref = run_flower_simulation(RunConfig.from_settings(**base, out=str(tmp_path / "ref")), "inprocess", **quiet)
     fl = run_flower_simulation(RunConfig.from_settings(**base, out=str(tmp_path / "fl")), "flower-local", **quiet)
