@@ -668,6 +668,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
         f"Task: logistic regression, d = {args.dim}, T = {args.rounds} rounds, clip C = {args.clip:g}, noise "
         f"multiplier z = {args.noise:g}, lr = {args.lr:g}, full participation, one torch thread per process; "
         f"min/median over {args.repeats} whole trainings of the time per round (run time / T).",
+        "What a round includes: fedkl, the federation query, the Releaser's noise and the durable ledger "
+        "charge (one SQLite transaction with fsync per round, the per-round cost that dominates at small n; "
+        "`simulations/bench_inprocess.py` times it alone); floor/vmap, only the tensor work and the noise; "
+        "Opacus, its DataLoader over users, per-sample gradients, clipping, noise and its accountant's "
+        "bookkeeping; pfl, its per-user simulation loop (local SGD step, clipping, summing) and central "
+        "noise, no accountant; Flower, the Ray message round trips of every user and the strategy's "
+        "clipping, mean and noise, no accountant. Flower and pfl run only to the user counts shown "
+        "(`--flower-max-users`, `--pfl-max-users`): they are the slow ones.",
     ] + notes
     md = markdown(rows, slopes, checks, notes)
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
