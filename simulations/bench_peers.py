@@ -58,12 +58,10 @@ import json
 import math
 import os
 import resource
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 import numpy as np
@@ -519,7 +517,7 @@ def interpreter(impl: str, args) -> tuple[str | None, str]:
 
 def run_child(py: str, impl: str, n: int, m: int, args, noise: float, clip: float, rounds: int, repeats: int) -> dict:
     sys.path.insert(0, ROOT)
-    from simulations.bench_backends import _tree_rss_mb  # the process-tree RSS sampler (Ray's workers)
+    from simulations.bench_backends import run_sampled  # samples the process tree's RSS (Ray's workers)
 
     cmd = [py, os.path.abspath(__file__), "--child", impl, "--users", str(n), "--records", str(m)]
     cmd += ["--dim", str(args.dim), "--rounds", str(rounds), "--repeats", str(repeats), "--lr", str(args.lr)]
@@ -533,36 +531,16 @@ def run_child(py: str, impl: str, n: int, m: int, args, noise: float, clip: floa
         "FLWR_DISABLE_UPDATE_CHECK": "1",
         "RAY_USAGE_STATS_ENABLED": "0",
     }
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
-    )
-    peak, done = [0.0], threading.Event()
-
-    def sample() -> None:
-        while not done.wait(0.25):
-            peak[0] = max(peak[0], _tree_rss_mb(proc.pid))
-
-    th = threading.Thread(target=sample, daemon=True)
-    th.start()
-    try:
-        out, err = proc.communicate(timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        return {"error": f"timed out after {args.timeout:.0f} s", "peak_mb": peak[0]}
-    finally:
-        done.set()
-        th.join()
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # whatever the child left behind (Ray daemons)
-    except ProcessLookupError:
-        pass
+    proc, peak = run_sampled(cmd, env, args.timeout)
+    if proc is None:
+        return {"error": f"timed out after {args.timeout:.0f} s", "peak_mb": peak}
+    out, err = proc.stdout, proc.stderr
     lines = [ln for ln in out.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = (err or out).strip().splitlines()[-1:] or ["no output"]
-        return {"error": f"exit {proc.returncode}: {tail[0][:200]}", "peak_mb": peak[0]}
+        return {"error": f"exit {proc.returncode}: {tail[0][:200]}", "peak_mb": peak}
     res = json.loads(lines[-1])
-    res["peak_mb"] = max(peak[0], res["maxrss_mb"])
+    res["peak_mb"] = max(peak, res["maxrss_mb"])
     return res
 
 
