@@ -21,6 +21,8 @@ child. Implementations, each a subprocess of its own interpreter (``--child NAME
   * ``fedkl-fast`` / ``fedkl-reproducible``: fedkl's ``NoisyGradientDescent`` through the federation,
                             the Releaser and the durable ledger (add-remove, rho per round
                             1/(2 z^2) so that sigma = z C), in each kernel mode;
+  * ``fedkl-fast-query``:   fedkl's federation query alone (``ClippedGradient``, fast kernels) with the
+                            floor's noise and step: no Releaser, no ledger (what the charge costs);
   * ``opacus``:             Opacus ``PrivacyEngine.make_private`` with one sample = one user (each
                             user's m records form one "sample"; per-sample gradients of the user's
                             mean loss), full batch, ``poisson_sampling=False`` (float32);
@@ -80,6 +82,7 @@ IMPLEMENTATIONS = (
     "vmap",
     "fedkl-fast",
     "fedkl-reproducible",
+    "fedkl-fast-query",
     "opacus",
     "pfl",
     "flower",
@@ -264,6 +267,16 @@ def _fedkl_runner(mode: str, X: np.ndarray, y: np.ndarray, a):
     fed = InProcessFederation(problem, data)
     w0 = torch.full((problem.num_params,), W0, dtype=problem.dtype)
 
+    def query_only(rounds: int) -> tuple[float, np.ndarray]:
+        gen, users, w = torch.Generator().manual_seed(a.seed), list(range(n)), w0
+        start = time.perf_counter()
+        with kernels("fast"):
+            for _ in range(rounds):
+                total = fed.sum(ClippedGradient(w, a.clip), users).total()
+                noise = (a.noise * a.clip) * torch.randn(d, generator=gen, dtype=w.dtype)
+                w = w - a.lr * (total + noise) / n
+        return time.perf_counter() - start, w.numpy()
+
     def train(rounds: int) -> tuple[float, np.ndarray]:
         if a.noise == 0:  # the check: the federation's non-private first-round sum, no Releaser
             with kernels(mode):
@@ -282,7 +295,7 @@ def _fedkl_runner(mode: str, X: np.ndarray, y: np.ndarray, a):
             ledger.close()
         return wall, result.w.numpy()
 
-    return train, w0.numpy()
+    return (query_only if mode == "fast-query" else train), w0.numpy()
 
 
 def _opacus_runner(X: np.ndarray, y: np.ndarray, a):
@@ -646,9 +659,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         f"Task: logistic regression, d = {args.dim}, T = {args.rounds} rounds, clip C = {args.clip:g}, noise "
         f"multiplier z = {args.noise:g}, lr = {args.lr:g}, full participation, one torch thread per process; "
         f"min/median over {args.repeats} whole trainings of the time per round (run time / T).",
-        "What a round includes: fedkl, the federation query, the Releaser's noise and the durable ledger "
-        "charge (one SQLite transaction with fsync per round, the per-round cost that dominates at small n; "
-        "`simulations/bench_inprocess.py` times it alone); floor/vmap, only the tensor work and the noise; "
+        "What a round includes: fedkl-fast/-reproducible, the federation query, the Releaser's noise and the "
+        "durable ledger charge (one SQLite transaction with fsync per round); fedkl-fast-query, the same "
+        "query and noise without the Releaser and ledger (the difference is what the durable charge costs); "
+        "floor/vmap, only the tensor work and the noise; "
         "Opacus, its DataLoader over users, per-sample gradients, clipping, noise and its accountant's "
         "bookkeeping; pfl, its per-user simulation loop (local SGD step, clipping, summing) and central "
         "noise, no accountant; Flower, the Ray message round trips of every user and the strategy's "
