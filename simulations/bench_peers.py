@@ -414,9 +414,8 @@ def _flower_child(X: np.ndarray, y: np.ndarray, a) -> tuple[list[float], np.ndar
     from flwr.clientapp import ClientApp
     from flwr.serverapp import Grid
     from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
-    from flwr.simulation import run_simulation
 
-    from fedkl.flower.server_app import RAY_BACKEND_CONFIG, make_server_app
+    from simulations.flower_dp_baseline import run_on_ray
 
     n, m, d = X.shape
     client = ClientApp()
@@ -464,13 +463,7 @@ def _flower_child(X: np.ndarray, y: np.ndarray, a) -> tuple[list[float], np.ndar
             box["walls"].append(time.perf_counter() - start)
 
     logging.getLogger("flwr").setLevel(logging.ERROR)
-    run_simulation(
-        server_app=make_server_app(main),
-        client_app=client,
-        num_supernodes=n,
-        backend_name="ray",
-        backend_config=RAY_BACKEND_CONFIG,
-    )
+    run_on_ray(main, client, n)
     if "w1" not in box or len(box["walls"]) != (a.repeats if a.noise > 0 else 0):
         raise RuntimeError(f"the Flower simulation finished {len(box['walls'])} of {a.repeats} trainings")
     return [wall / a.rounds for wall in box["walls"]], w0, box["w1"].arrays["w"].numpy().astype(np.float64)
