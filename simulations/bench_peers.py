@@ -1,6 +1,6 @@
 """Benchmark that names the peers: one task, one harness, one run (issue 18 §6).
 
-    nice -n 15 .venv/bin/python simulations/bench_peers.py            # the full table (~30 min here)
+    nice -n 15 .venv/bin/python simulations/bench_peers.py            # the full table (~40 min here)
     nice -n 15 .venv/bin/python simulations/bench_peers.py --quick    # headline point only
 
 The task, the same for every implementation: user-level noisy gradient descent = central-DP FedAvg
@@ -579,11 +579,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--quick", action="store_true", help="the headline point (1,000 x 100) only")
     p.add_argument("--no-check", action="store_true", help="skip the non-private first-round gradient check")
     p.add_argument("--pfl-max-users", type=int, default=3000, help="pfl only up to this many users (slow)")
-    p.add_argument("--flower-max-users", type=int, default=300, help="Flower+Ray only up to this many users (slow)")
+    p.add_argument("--flower-max-users", type=int, default=1000, help="Flower+Ray only up to this many users (slow)")
     p.add_argument("--flower-records", type=int, nargs="+", default=[HEADLINE[1]], help="Flower only at these m")
     p.add_argument("--opacus-python", default=os.path.join(PEERS_DIR, "opacus-venv", "bin", "python"))
     p.add_argument("--pfl-python", default=os.path.join(PEERS_DIR, "pfl-venv", "bin", "python"))
-    p.add_argument("--timeout", type=float, default=1200.0, help="seconds per child")
+    p.add_argument("--timeout", type=float, default=1500.0, help="seconds per child")
     p.add_argument("--out", default=os.path.join(RESULTS, "bench_peers"), help="prefix of the .md and .csv")
     args = p.parse_args(argv)
     if args.child:
