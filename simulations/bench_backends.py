@@ -180,9 +180,10 @@ def measure_run(backend: str, n: int, rounds: int) -> dict:
     }
 
 
-def run_child(backend: str, n: int, rounds: int, timeout: float, mode: str = "--measure") -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), mode, backend, str(n), str(rounds)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+def run_sampled(cmd: list[str], env: dict, timeout: float) -> tuple[subprocess.CompletedProcess | None, float]:
+    """Run ``cmd`` in its own session, sampling the summed RSS of its process tree every 0.2 s, and
+    kill the whole session at the end (anything it left behind: Ray's daemons) or at the timeout.
+    Returns (the finished process with its text output, or None if it timed out; the peak MB)."""
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
     )
@@ -200,14 +201,7 @@ def run_child(backend: str, n: int, rounds: int, timeout: float, mode: str = "--
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)  # the child's own session: Ray's processes included
         proc.communicate()
-        done.set()
-        return {
-            "backend": backend,
-            "users": n,
-            "rounds": rounds,
-            "error": f"timed out after {timeout:.0f} s",
-            "peak_rss_mb": peak[0],
-        }
+        return None, peak[0]
     finally:
         done.set()
         th.join()
@@ -215,6 +209,21 @@ def run_child(backend: str, n: int, rounds: int, timeout: float, mode: str = "--
         os.killpg(proc.pid, signal.SIGKILL)  # anything the child left behind (Ray daemons)
     except ProcessLookupError:
         pass
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), peak[0]
+
+
+def run_child(backend: str, n: int, rounds: int, timeout: float, mode: str = "--measure") -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), mode, backend, str(n), str(rounds)]
+    proc, peak = run_sampled(cmd, {**os.environ, "OMP_NUM_THREADS": "1"}, timeout)
+    if proc is None:
+        return {
+            "backend": backend,
+            "users": n,
+            "rounds": rounds,
+            "error": f"timed out after {timeout:.0f} s",
+            "peak_rss_mb": peak,
+        }
+    out, err = proc.stdout, proc.stderr
     lines = [ln for ln in out.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         text = (err or out).strip().splitlines()
@@ -224,10 +233,10 @@ def run_child(backend: str, n: int, rounds: int, timeout: float, mode: str = "--
             "users": n,
             "rounds": rounds,
             "error": f"exit {proc.returncode}: {'; '.join(tail)}",
-            "peak_rss_mb": peak[0],
+            "peak_rss_mb": peak,
         }
     row = json.loads(lines[-1])
-    row["peak_rss_mb"] = peak[0]
+    row["peak_rss_mb"] = peak
     return row
 
 

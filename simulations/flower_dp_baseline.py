@@ -368,17 +368,11 @@ def train_with_flower(cfg, mode: str = "real", log=print) -> dict:
     return payload
 
 
-def _train_on_ray(strategy, client_app, initial, n: int, rounds: int) -> np.ndarray:
-    """The same strategy.start() inside a ServerApp on Flower's Ray simulation engine."""
-    from flwr.serverapp import Grid
+def run_on_ray(main, client_app, n: int) -> None:
+    """Flower's Ray simulation engine with ``n`` SuperNodes, ``main(grid, context)`` as the ServerApp."""
     from flwr.simulation import run_simulation
 
     from fedkl.flower.server_app import RAY_BACKEND_CONFIG, make_server_app
-
-    box: dict = {}
-
-    def main(grid: Grid, context: Context) -> None:
-        box["result"] = strategy.start(grid=grid, initial_arrays=initial, num_rounds=rounds)
 
     run_simulation(
         server_app=make_server_app(main),
@@ -387,6 +381,18 @@ def _train_on_ray(strategy, client_app, initial, n: int, rounds: int) -> np.ndar
         backend_name="ray",
         backend_config=RAY_BACKEND_CONFIG,
     )
+
+
+def _train_on_ray(strategy, client_app, initial, n: int, rounds: int) -> np.ndarray:
+    """The same strategy.start() inside a ServerApp on Flower's Ray simulation engine."""
+    from flwr.serverapp import Grid
+
+    box: dict = {}
+
+    def main(grid: Grid, context: Context) -> None:
+        box["result"] = strategy.start(grid=grid, initial_arrays=initial, num_rounds=rounds)
+
+    run_on_ray(main, client_app, n)
     if "result" not in box:
         raise RuntimeError("the Flower simulation ended without a result")
     return box["result"].arrays["w"].numpy()
