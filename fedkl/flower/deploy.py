@@ -227,6 +227,24 @@ def _proc_table() -> dict[int, tuple[int, str]]:
     return out
 
 
+def processes_of(work: str | Path) -> set[int]:
+    """Live processes of the deployment run in ``work``: every process it starts, down to Flower's
+    SuperExecs and ClientApps, inherits ``FLWR_HOME=<work>/flwr-home`` (other deployments on the same
+    machine have their own)."""
+    marker = b"FLWR_HOME=" + str(Path(work) / "flwr-home").encode()
+    out = set()
+    for pid, (_, state) in _proc_table().items():
+        if state == "Z":
+            continue
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if marker in env:
+            out.add(pid)
+    return out
+
+
 def _tree(roots: list[int]) -> set[int]:
     """``roots`` and all their live descendants (Flower's SuperLink/SuperNode start their SuperExec
     detached, in a new session, so killing process groups is not enough)."""

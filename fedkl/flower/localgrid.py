@@ -8,7 +8,8 @@ fixed shuffled set of large integers), so code that maps nodes to users is exerc
 
 Fault injection for tests: a :class:`Fault` sees each (partition, request) before the ClientApp and
 each reply after it, and may change or withhold them. Helpers: :func:`drop`, :func:`nan_reply`,
-:func:`wrong_shape`, :func:`garbage`, :func:`oversize`, :func:`unknown_request`, :func:`delay`.
+:func:`wrong_shape`, :func:`garbage`, :func:`oversize`, :func:`unknown_request`, :func:`delay`,
+:func:`wrong_info`.
 A delay is simulated (no sleep): a reply delayed by more than the ``timeout`` given to
 ``send_and_receive`` is not returned, so tests are deterministic and fast.
 
@@ -34,6 +35,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict  # noqa: E402
 from flwr.serverapp import Grid  # noqa: E402
+
+from fedkl.flower import codec  # noqa: E402
 
 # ClientApp exceptions become this error code (Flower's ErrorCode.CLIENT_APP_RAISED_EXCEPTION).
 CLIENT_APP_RAISED_EXCEPTION = 2
@@ -285,6 +288,25 @@ def oversize(nbytes: int = 1 << 20) -> Fault:
         return Message(content, reply_to=req)
 
     return _ReplyFault(fn)
+
+
+class _InfoFault(Fault):
+    def __init__(self, changes: Mapping[str, int]) -> None:
+        self.changes = dict(changes)
+
+    def reply(self, partition_id: int, request: Message, reply: Message) -> Message | None:
+        if _kind(request) != "info" or "fedkl" not in reply.content:
+            return reply
+        cfg = reply.content["fedkl"]
+        fields = {k: cfg[k] + self.changes.get(k, 0) for k in ("partition_id", "num_partitions", "num_params")}
+        return Message(codec.encode_info(user_id=cfg["user_id"], **fields), reply_to=request)
+
+
+def wrong_info(*, num_params: int = 0, num_partitions: int = 0) -> Fault:
+    """The node's handshake reports ``num_params`` more parameters (another model) and/or
+    ``num_partitions`` more users than it holds (a node configured for another run); it answers the
+    queries as before."""
+    return _InfoFault({"num_params": num_params, "num_partitions": num_partitions})
 
 
 class _RequestFault(Fault):

@@ -164,13 +164,15 @@ def open_federation(
     inprocess: Federation | None = None,
     timeout: float | None = None,
     secagg: bool = False,
+    num_params: int | None = None,
     **grid_kw: Any,
 ) -> Iterator[Federation]:
     """A federation over ``backend`` (see the module docstring), closed on exit.
 
     ``inprocess`` is what ``"inprocess"`` yields (and where ``user_ids`` default from); ``spec``
     says which dataset/problem the clients load; ``grid_kw`` goes to :class:`LocalGrid` (faults);
-    ``secagg``: sums through SecAgg+ (:mod:`fedkl.flower.secagg`).
+    ``secagg``: sums through SecAgg+ (:mod:`fedkl.flower.secagg`); ``num_params``: the server's model
+    size (a node answering for another is refused alone, :class:`FlowerFederation`).
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
@@ -196,10 +198,13 @@ def open_federation(
             timeout=timeout,
             wait_for_nodes=0.0,
             secagg=secagg,
+            num_params=num_params,
         )
         return
     with _simulation(client_app, n, grid_kw.get("backend_config")) as relay:
-        yield FlowerFederation(relay, user_ids=user_ids, num_users=n, timeout=timeout, secagg=secagg)
+        yield FlowerFederation(
+            relay, user_ids=user_ids, num_users=n, timeout=timeout, secagg=secagg, num_params=num_params
+        )
 
 
 def start_federation(backend: str, spec: ClientSpec, **kw: Any) -> FlowerFederation:
@@ -237,20 +242,26 @@ def run_flower_simulation(
     """
     if backend == "inprocess":  # the reference, through the very same training code
 
-        def federation_for(spec: ClientSpec, ids: Sequence[str]) -> Any:
+        def federation_for(spec: ClientSpec, ids: Sequence[str], num_params: int) -> Any:
             dkw, pkw = spec.kwargs
             dataset = load_dataset(spec.dataset, **dkw)
             return contextlib.nullcontext(InProcessFederation(make_problem(spec.problem, dataset, **pkw), dataset))
 
         return _train(cfg, backend, federation_for, log, spec)
     open_kw.setdefault("secagg", getattr(cfg, "secagg", False))
-    return _train(cfg, backend, lambda spec, ids: open_federation(backend, spec, user_ids=ids, **open_kw), log, spec)
+    return _train(
+        cfg,
+        backend,
+        lambda spec, ids, num_params: open_federation(backend, spec, user_ids=ids, num_params=num_params, **open_kw),
+        log,
+        spec,
+    )
 
 
 def _train(
     cfg: Any,
     label: str,
-    federation_for: Callable[[ClientSpec, tuple[str, ...]], Any],
+    federation_for: Callable[[ClientSpec, tuple[str, ...], int], Any],
     log: Callable[[str], None],
     spec: ClientSpec | None = None,
 ) -> dict:
@@ -266,7 +277,10 @@ def _train(
     n = len(user_ids)
     delta, run_id, out, ledger_path, noise = runner.prepare_run(cfg, n, suffix=f"-{label}")
     log(f"fedkl {label} {run_id}: {cfg.algorithm} on {spec.dataset} ({n} users, {problem.num_params} parameters)")
-    with federation_for(spec, user_ids) as federation:  # ledger, filter and noise exactly as `fedkl run`
+    # the server's own problem fixes the model size: a node answering for another is refused alone
+    with federation_for(
+        spec, user_ids, problem.num_params
+    ) as federation:  # ledger, filter and noise exactly as `fedkl run`
         result, summary, declared = runner.train_federation(
             cfg, federation, problem, dataset, delta, ledger_path, run_id, noise, log
         )
@@ -345,10 +359,11 @@ def _deployed_train(grid: Grid, rc: Any) -> None:
     res = _train(
         cfg,
         "grpc",
-        lambda spec, ids: contextlib.nullcontext(
+        lambda spec, ids, num_params: contextlib.nullcontext(
             FlowerFederation(
                 grid,
                 user_ids=ids,
+                num_params=num_params,
                 timeout=_seconds(rc, "fedkl-timeout"),
                 wait_for_nodes=_seconds(rc, "fedkl-wait-for-nodes"),
                 handshake_timeout=_seconds(rc, "fedkl-handshake-timeout"),
