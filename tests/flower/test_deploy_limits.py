@@ -39,6 +39,7 @@ def test_a_failed_deployment_deletes_its_keys_and_keeps_its_logs(monkeypatch, tm
     ]
 
 
+@pytest.mark.deployment
 def test_fedkl_run_over_grpc_writes_its_result_and_model(tmp_path):
     """`fedkl run --backend grpc` end to end (SuperLink + 3 SuperNodes): the run writes result.json and
     model.pt from the deployed ServerApp's outcome (it used to crash after training, reading a
@@ -52,3 +53,47 @@ def test_fedkl_run_over_grpc_writes_its_result_and_model(tmp_path):
     res = json.loads((out / "result.json").read_text())
     assert res["rounds"] == 1 and res["backend"] == "grpc"
     assert (out / "model.pt").exists()
+
+
+@pytest.mark.deployment
+def test_ctrl_c_on_fedkl_run_over_grpc_stops_every_process_and_deletes_the_keys(tmp_path):
+    """Ctrl-C (SIGINT to the terminal's process group) while `fedkl run --backend grpc` has its SuperLink and
+    SuperNodes up: it exits 130 with one line, and by then every process of the deployment (SuperExecs and
+    ClientApps included) is gone and the run's keys and Flower home are deleted. Waits on events only: the
+    deployment's own "SuperLink on" line, then the process's exit."""
+    import os
+    import signal
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(repo), "PYTHONUNBUFFERED": "1"}
+    argv = [sys.executable, "-m", "fedkl.cli", "run", "--backend", "grpc", "--dataset", "synthetic-least-squares"]
+    argv += ["--problem", "least-squares", "--users", "3", "--rounds", "500", "--no-reference"]
+    p = subprocess.Popen(
+        [*argv, "--out", str(tmp_path / "o")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+    )
+    said = []
+    try:
+        for line in p.stdout:
+            said.append(line)
+            if line.startswith("fedkl grpc: SuperLink on"):
+                break
+        (work,) = tmp_path.glob("fedkl-grpc-*")  # run_grpc's own temporary folder
+        up = deploy.processes_of(work)
+        assert len(up) >= 4, "".join(said)  # the SuperLink and 3 SuperNodes (at least)
+        os.killpg(p.pid, signal.SIGINT)
+        said += p.communicate()[0].splitlines(keepends=True)
+    finally:
+        if p.poll() is None:  # pragma: no cover - only if an assertion above failed
+            p.kill()
+            p.wait()
+    assert p.returncode == 128 + signal.SIGINT, "".join(said)
+    assert deploy.processes_of(work) == set()  # gone when the command returned, not eventually
+    assert not (work / "certs").exists() and not (work / "flwr-home").exists()
+    assert f"fedkl grpc: the run failed; its logs are in {work} (keys deleted)\n" in said

@@ -622,6 +622,7 @@ def test_deployed_server_app_main_reads_the_run_config(tmp_path):
     assert res["ledger"]["releases"] == 2 and res["ledger"]["max_user_rho"] == ref["ledger"]["max_user_rho"]
 
 
+@pytest.mark.deployment
 def test_grpc_deployment_with_tls_and_node_auth(tmp_path):
     """A real local deployment: SuperLink (TLS, SuperNode auth) + 8 SuperNodes as subprocesses, the
     fedkl app submitted with `flwr run`. User 5's SuperNode has a key that was never registered: the
