@@ -32,6 +32,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -40,7 +41,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from fedkl.flower.codec import ClientSpec
-from fedkl.flower.federation import connect_deadline
+from fedkl.flower.federation import STALL_FACTOR, answer_deadline, connect_deadline
 from fedkl.privacy.guarantee import Guarantee
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout holding fedkl/ (on the nodes' PYTHONPATH)
@@ -382,17 +383,76 @@ def run_grpc(
         return res
     finally:
         for secret in (work / "certs", work / "flwr-home"):  # private keys; Flower's credentials and state
-            shutil.rmtree(secret, ignore_errors=True)
+            remove_tree(secret, log)
         if own_work and ok and not Path(rc["fedkl-out"]).resolve().is_relative_to(work.resolve()):
-            shutil.rmtree(work, ignore_errors=True)
+            remove_tree(work, log)
         elif not ok:
             log(f"fedkl grpc: the run failed; its logs are in {work} (keys deleted)")
 
 
+def stream(args: list[str], logfile: Path, limit: float, log, env: Mapping[str, str] | None = None) -> None:
+    """Run ``args`` (``flwr run --stream``) writing its output to ``logfile`` and passing the ServerApp's
+    progress lines (:data:`fedkl.flower.server_app.PROGRESS`, with an ETA) to ``log`` as they come.
+    RuntimeError (one line) if it exits non-zero or has not finished after ``limit`` seconds (then killed)."""
+    from fedkl.flower.server_app import PROGRESS
+
+    with open(logfile, "w") as f:
+        p = subprocess.Popen(
+            args,
+            env=env,
+            cwd=logfile.parent,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        timer = threading.Timer(limit, p.kill)
+        timer.start()
+        try:
+            for line in p.stdout:
+                f.write(line)
+                f.flush()
+                if line.startswith(PROGRESS):
+                    log(line.rstrip("\n"))
+            rc = p.wait()
+        finally:
+            expired = not timer.is_alive()
+            timer.cancel()
+            if p.poll() is None:  # interrupted (Ctrl-C): do not leave it behind
+                p.kill()
+                p.wait()
+    if expired and rc != 0:
+        raise RuntimeError(
+            f"{Path(args[0]).name} {args[1]} did not finish within {limit:.0f} s (killed); see {logfile}"
+        )
+    if rc != 0:
+        raise RuntimeError(f"{Path(args[0]).name} {args[1]} failed ({rc}); see {logfile}")
+
+
+def remove_tree(path: Path, log, tries: int = 5) -> bool:
+    """Delete ``path`` (a folder), retrying while something still writes into it; a folder that cannot be
+    deleted is said in one line through ``log``, never ignored. True when it is gone."""
+    for _ in range(tries):
+        try:
+            shutil.rmtree(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            error = exc
+            time.sleep(0.2)
+            continue
+        if not path.exists():
+            return True
+        error = OSError(f"{path} reappeared")
+    log(f"fedkl grpc: could not delete {path} ({error}); delete it by hand")
+    return False
+
+
 def run_deadline(num_users: int) -> float:
-    """Default seconds for ``flwr run`` of ``num_users`` local SuperNodes: 600 + 30 per user (their
-    ClientApps start concurrently on this machine; the run returns when it is done)."""
-    return 600.0 + 30.0 * num_users
+    """Default seconds for ``flwr run`` of ``num_users`` local SuperNodes: the longest handshake wait
+    (:data:`~fedkl.flower.federation.STALL_FACTOR` x :func:`~fedkl.flower.federation.answer_deadline`) plus
+    600 + 30 per user (their ClientApps start concurrently on this machine; the run returns when it is done)."""
+    return STALL_FACTOR * answer_deadline(num_users) + 600.0 + 30.0 * num_users
 
 
 def read_outcome(out: Path, run_log: Path) -> dict:
@@ -553,8 +613,7 @@ def _deploy(
         for stale in ("flower_result.json", "flower_error.json"):  # a previous run's in the same folder
             (Path(rc["fedkl-out"]) / stale).unlink(missing_ok=True)
         limit = run_deadline(num_users) if timeout is None else timeout
-        out = cli(["run", str(work / "app"), "fedkl", "--stream"], limit)
-        (work / "flwr-run.log").write_text(out)
+        stream([_bin("flwr"), "run", str(work / "app"), "fedkl", "--stream"], work / "flwr-run.log", limit, log, env)
         res = read_outcome(Path(rc["fedkl-out"]), work / "flwr-run.log")
         res["wall_s"] = time.monotonic() - start_t
         return res

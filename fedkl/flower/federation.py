@@ -18,7 +18,8 @@ in the categories of :data:`FAILURE_KINDS`, and the counts per category.
 Node ids are mapped to user positions by a handshake (``info`` request) at construction: each node
 reports its ``partition-id``, the number of partitions, its user id and the parameter count. The
 handshake waits on events (:meth:`FlowerFederation._gather_infos`) with deadlines that scale with the
-federation (:func:`connect_deadline`, :func:`answer_deadline`); users with no node at the deadline are
+federation (:func:`connect_deadline`, :func:`answer_deadline`) and with the load (nodes still online at the
+answer deadline are waited for longer, :data:`STALL_FACTOR`); users with no node at the deadline are
 named in one line and, with an enrolment, fail 'absent' every request (charged, zero); without one the
 run is refused. Duplicate claims of a user follow :data:`DUPLICATE_RULE`; a node that reports another
 model size than the server's problem (``num_params``, a public server-side fact) or another number of
@@ -66,6 +67,10 @@ FAILURE_KINDS = {
 CONNECT_BASE_S, CONNECT_PER_NODE_S = 60.0, 2.0  # for the expected nodes to connect
 ANSWER_BASE_S, ANSWER_PER_NODE_S = 120.0, 10.0  # for a connected node to answer its handshake
 POLL_S = 0.5  # how often the nodes and the replies are polled
+# At the answer deadline a node that is still online (its SuperNode heartbeats, so the SuperLink lists it: its
+# ClientApp is starting on a loaded machine) is waited for up to this many times the wait so far; a node that
+# went offline (crashed) is not. Only with the default deadlines: an explicit handshake_timeout is kept.
+STALL_FACTOR = 4.0
 
 DUPLICATE_RULE = (
     "a user position claimed by several nodes: the node the enrolment binds to the user serves it and the "
@@ -273,8 +278,11 @@ class FlowerFederation(Federation):
         unknown, every connected node answered). Nodes are admitted until the connect deadline
         (``wait``, default :func:`connect_deadline`); a node asked at time t must answer by t plus the
         answer deadline (``timeout``, default :func:`answer_deadline` of the nodes asked so far).
+        At the answer deadline, the asked nodes still online are waited for up to :data:`STALL_FACTOR`
+        times the wait so far (default deadlines only; the nodes that went offline are given up).
         Returns node id -> reply (None: no reply in time) and the seconds waited."""
         clock = self.clock
+        stall_by: float | None = None  # set at the answer deadline when asked nodes are still online
         start = clock.monotonic()
         connect_by = start + (connect_deadline(expected or 0) if wait is None else wait)
         answer_by = start
@@ -302,7 +310,19 @@ class FlowerFederation(Federation):
             if not pending and (enough or expected is None or now >= connect_by):
                 break
             if pending and now >= answer_by and now >= connect_by:
-                break
+                online = set(self.grid.get_node_ids())
+                alive = sorted(nid for nid in pending.values() if nid in online)
+                if not alive or timeout is not None or (stall_by is not None and now >= stall_by):
+                    break
+                if stall_by is None:
+                    stall_by = start + STALL_FACTOR * (now - start)
+                    log.warning(
+                        "%d asked node(s) have not answered the fedkl handshake after %.0f s but are still online "
+                        "(a ClientApp starting on a loaded machine?): waiting for them up to %.0f s",
+                        len(alive),
+                        now - start,
+                        stall_by - start,
+                    )
             clock.sleep(POLL_S)
         return replies, clock.monotonic() - start
 

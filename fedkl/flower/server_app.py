@@ -32,6 +32,7 @@ import contextlib  # noqa: E402
 import json  # noqa: E402
 import queue  # noqa: E402
 import threading  # noqa: E402
+import time  # noqa: E402
 from collections.abc import Callable, Iterator, Sequence  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -349,7 +350,37 @@ def _write_json(path: str, payload: dict) -> None:
     os.replace(path + ".tmp", path)
 
 
+PROGRESS = "fedkl progress: "  # the prefix of the deployed ServerApp's progress lines (streamed by run_grpc)
+
+
+class ProgressLines(runner.RunObserver):
+    """The deployed ServerApp's progress: after each round one line ``fedkl progress: round k/R, E s elapsed,
+    ETA S s`` (the mean round so far times the rounds left) through ``log``; ``fedkl run --backend grpc``
+    shows these lines as they come."""
+
+    def __init__(self, log: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic) -> None:
+        self.log, self.clock = log, clock
+        self.start = clock()
+
+    def started(self, run_id: str, ledger_path: str) -> None:
+        self.start = self.clock()
+
+    def round(self, record: dict) -> None:
+        k, total = int(record["round"]), int(record["rounds"])
+        elapsed = self.clock() - self.start
+        eta = elapsed / max(k, 1) * (total - k)
+        self.log(f"{PROGRESS}round {k}/{total}, {elapsed:.0f} s elapsed, ETA {eta:.0f} s")
+
+
 def _deployed_train(grid: Grid, rc: Any) -> None:
+    token = runner.RUN_OBSERVER.set(ProgressLines(lambda s: print(s, flush=True)))
+    try:
+        _deployed_train_observed(grid, rc)
+    finally:
+        runner.RUN_OBSERVER.reset(token)
+
+
+def _deployed_train_observed(grid: Grid, rc: Any) -> None:
     cfg = _run_config_from_user_config(rc)
     bindings = None
     if rc.get("fedkl-node-bindings") not in (None, ""):

@@ -95,5 +95,71 @@ def test_ctrl_c_on_fedkl_run_over_grpc_stops_every_process_and_deletes_the_keys(
             p.wait()
     assert p.returncode == 128 + signal.SIGINT, "".join(said)
     assert deploy.processes_of(work) == set()  # gone when the command returned, not eventually
-    assert not (work / "certs").exists() and not (work / "flwr-home").exists()
+    assert not (work / "certs").exists() and not (work / "flwr-home").exists(), "".join(said)
     assert f"fedkl grpc: the run failed; its logs are in {work} (keys deleted)\n" in said
+
+
+def test_the_deployed_runs_progress_lines_reach_the_user_as_they_come(tmp_path):
+    """`flwr run --stream`'s output goes to its log; the ServerApp's progress lines (with an ETA) also to the
+    user, each before the next is printed: the child waits for the test to have seen its first line."""
+    import sys
+
+    seen = tmp_path / "seen"
+    child = (
+        "import pathlib, sys\n"
+        "print('INFO: flower noise', flush=True)\n"
+        "print('fedkl progress: round 1/2, 3 s elapsed, ETA 3 s', flush=True)\n"
+        f"while not pathlib.Path({str(seen)!r}).exists(): pass\n"
+        "print('fedkl progress: round 2/2, 6 s elapsed, ETA 0 s')\n"
+    )
+    said = []
+
+    def log(line):
+        said.append(line)
+        seen.touch()  # the event the child waits on: line 1 arrived while the child was still running
+
+    deploy.stream([sys.executable, "-c", child], tmp_path / "run.log", 600, log)
+    assert said == [
+        "fedkl progress: round 1/2, 3 s elapsed, ETA 3 s",
+        "fedkl progress: round 2/2, 6 s elapsed, ETA 0 s",
+    ]
+    assert (tmp_path / "run.log").read_text().splitlines()[0] == "INFO: flower noise"
+    with pytest.raises(RuntimeError, match=r"^python\S* -c failed \(3\); see .*run\.log$"):
+        deploy.stream([sys.executable, "-c", "raise SystemExit(3)"], tmp_path / "run.log", 600, log)
+    with pytest.raises(RuntimeError, match=r"^python\S* -c did not finish within 0 s \(killed\); see "):
+        deploy.stream([sys.executable, "-c", "while True: pass"], tmp_path / "run.log", 0.2, log)
+
+
+def test_progress_lines_give_the_elapsed_time_and_an_eta_from_the_mean_round():
+    from fedkl.flower.server_app import ProgressLines
+
+    now = [100.0]
+    lines = []
+    obs = ProgressLines(lines.append, clock=lambda: now[0])
+    obs.started("run", "ledger")
+    for k, t in ((1, 110.0), (2, 130.0), (4, 140.0)):
+        now[0] = t
+        obs.round({"round": k, "rounds": 4})
+    assert lines == [
+        "fedkl progress: round 1/4, 10 s elapsed, ETA 30 s",
+        "fedkl progress: round 2/4, 30 s elapsed, ETA 30 s",
+        "fedkl progress: round 4/4, 40 s elapsed, ETA 0 s",
+    ]
+
+
+def test_a_folder_that_cannot_be_deleted_is_said_not_ignored(monkeypatch, tmp_path):
+    (tmp_path / "keys").mkdir()
+    said = []
+    assert deploy.remove_tree(tmp_path / "keys", said.append)
+    assert not (tmp_path / "keys").exists() and said == []
+    (tmp_path / "keys").mkdir()
+
+    def busy(path):
+        raise OSError(39, "Directory not empty")
+
+    monkeypatch.setattr(deploy.shutil, "rmtree", busy)
+    monkeypatch.setattr(deploy.time, "sleep", lambda s: None)
+    assert not deploy.remove_tree(tmp_path / "keys", said.append)
+    assert said == [
+        f"fedkl grpc: could not delete {tmp_path / 'keys'} ([Errno 39] Directory not empty); delete it by hand"
+    ]

@@ -16,7 +16,7 @@ from test_flower import LS, N, _inprocess, _noisy_gd_with, _w
 from fedkl.federation.base import ClippedGradient
 from fedkl.flower import localgrid
 from fedkl.flower.client_app import make_client_app
-from fedkl.flower.federation import POLL_S, FlowerFederation, answer_deadline, connect_deadline
+from fedkl.flower.federation import POLL_S, STALL_FACTOR, FlowerFederation, answer_deadline, connect_deadline
 from fedkl.flower.localgrid import LocalGrid
 
 pytestmark = pytest.mark.flower
@@ -47,8 +47,8 @@ def test_the_wait_returns_on_the_last_reply_of_late_nodes_and_slow_clientapps():
 
 def test_at_the_deadline_the_missing_users_are_named_in_one_line_and_charged(tmp_path, caplog):
     never = [2, 5, 7, 8, 9, 11, 13]  # never connect
-    too_slow = 14  # answers the handshake long after the deadline
-    grid = _grid(absent=never, faults={too_slow: localgrid.delay(10_000.0, handshake=True)})
+    too_slow = 14  # would answer the handshake long after the deadline, but crashes (goes offline) first
+    grid = _grid(absent=never, faults={too_slow: localgrid.delay(10_000.0, handshake=True)}, leave_at={too_slow: 30.0})
     with caplog.at_level(logging.WARNING, logger="fedkl.flower.federation"):
         fed = FlowerFederation(grid, user_ids=IDS)
     asked = N - len(never)
@@ -71,6 +71,24 @@ def test_at_the_deadline_the_missing_users_are_named_in_one_line_and_charged(tmp
     report = fed.failure_report()
     assert report["counts"] == {"absent": 4 * len(missing)}
     assert json.loads(json.dumps(report))["handshake"]["unserved"][IDS[2]].startswith("absent: ")
+
+
+def test_a_node_still_online_at_the_deadline_is_waited_for_longer_one_that_crashed_is_not(caplog):
+    """A loaded machine: node 3's ClientApp answers at 1.5x the answer deadline while its SuperNode stays
+    online, so it is waited for (one line says so) and serves its user; node 9 stays online and never answers:
+    given up at STALL_FACTOR x the deadline. An explicit handshake_timeout is not extended."""
+    d = answer_deadline(N)
+    faults = {3: localgrid.delay(1.5 * d, handshake=True), 9: localgrid.delay(10_000.0, handshake=True)}
+    with caplog.at_level(logging.WARNING, logger="fedkl.flower.federation"):
+        fed = FlowerFederation(_grid(faults=faults), user_ids=IDS, wait_for_nodes=0.0)
+    assert 3 in fed.node_of and fed.missing == [9]
+    now = fed.grid.clock.now
+    assert STALL_FACTOR * d <= now <= STALL_FACTOR * (d + POLL_S) + POLL_S
+    waits = [r.getMessage() for r in caplog.records if "still online" in r.getMessage()]
+    assert len(waits) == 1 and waits[0].startswith("2 asked node(s) have not answered the fedkl handshake after")
+
+    fed = FlowerFederation(_grid(faults=faults), user_ids=IDS, wait_for_nodes=0.0, handshake_timeout=50.0)
+    assert fed.missing == [3, 9] and 50.0 <= fed.grid.clock.now <= 50.0 + POLL_S
 
 
 def test_without_an_enrolment_missing_users_refuse_the_run_in_one_line():
@@ -218,8 +236,10 @@ def _deployed(tmp_path, faults):
     return tmp_path / "out"
 
 
-def test_the_deployed_server_refuses_a_wrong_model_node_by_its_own_problem_and_goes_on(tmp_path):
+def test_the_deployed_server_refuses_a_wrong_model_node_by_its_own_problem_and_goes_on(tmp_path, capsys):
     out = _deployed(tmp_path, {2: localgrid.wrong_info(num_params=5)})
+    progress = [line for line in capsys.readouterr().out.splitlines() if line.startswith("fedkl progress: ")]
+    assert [line.split(",")[0] for line in progress] == ["fedkl progress: round 1/2", "fedkl progress: round 2/2"]
     res = json.loads(next(out.rglob("flower_result.json")).read_text())
     assert res["failed_users"] == [1, 1]
     assert res["failures"]["counts"] == {"wrong-model": 2}
