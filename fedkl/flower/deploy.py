@@ -233,17 +233,18 @@ def processes_of(work: str | Path) -> set[int]:
     SuperExecs and ClientApps, inherits ``FLWR_HOME=<work>/flwr-home`` (other deployments on the same
     machine have their own)."""
     marker = b"FLWR_HOME=" + str(Path(work) / "flwr-home").encode()
-    out = set()
+    return {pid for pid, env in _live("environ") if marker in env}
+
+
+def _live(field: str):
+    """``(pid, /proc/<pid>/<field> split at NULs)`` of every live (not zombie) process we can read."""
     for pid, (_, state) in _proc_table().items():
         if state == "Z":
             continue
         try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            yield pid, Path(f"/proc/{pid}/{field}").read_bytes().split(b"\0")
         except OSError:
             continue
-        if marker in env:
-            out.add(pid)
-    return out
 
 
 def _tree(roots: list[int]) -> set[int]:
@@ -268,23 +269,19 @@ def _watchers(pids: set[int]) -> set[int]:
     spawned while its parent was being stopped is reparented to init before we can see it as a
     descendant."""
     out = set()
-    for pid, (_, state) in _proc_table().items():
-        if state == "Z":
-            continue
-        try:
-            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
+    for pid, args in _live("cmdline"):
         for i, a in enumerate(args[:-1]):
             if a == b"--parent-pid" and args[i + 1].isdigit() and int(args[i + 1]) in pids:
                 out.add(pid)
     return out
 
 
-def stop_processes(procs: list[subprocess.Popen], grace: float = 5.0, settle: float = 1.5) -> None:
-    """SIGTERM the processes we started and everything they started (descendants, and SuperExecs
-    watching one of them), SIGKILL what is left after ``grace``, and keep sweeping until nothing
-    new has appeared for ``settle`` seconds."""
+def stop_processes(
+    procs: list[subprocess.Popen], grace: float = 5.0, settle: float = 1.5, work: Path | None = None
+) -> None:
+    """SIGTERM the processes we started and everything they started (descendants, SuperExecs watching
+    one of them, and, given the deployment's ``work`` folder, every Flower process of it: :func:`processes_of`),
+    SIGKILL what is left after ``grace``, and keep sweeping until nothing new has appeared for ``settle`` seconds."""
     seen: set[int] = set()
 
     def flower(pid: int) -> bool:  # never signal a recycled pid that is not a Flower process
@@ -297,6 +294,8 @@ def stop_processes(procs: list[subprocess.Popen], grace: float = 5.0, settle: fl
     def targets() -> set[int]:
         live = {pid for pid in _tree([p.pid for p in procs] + sorted(seen)) if flower(pid)}
         live |= _watchers(seen | live | {p.pid for p in procs})
+        if work is not None:  # an orphan of this deployment that neither rule sees
+            live |= {pid for pid in processes_of(work) if flower(pid)}
         seen.update(live)
         return live
 
@@ -618,7 +617,7 @@ def _deploy(
         res["wall_s"] = time.monotonic() - start_t
         return res
     finally:
-        stop_processes([p for p, _ in procs])
+        stop_processes([p for p, _ in procs], work=work)
 
 
 def train_over_grpc(cfg: Any, dataset: Any, out: str, log=print, **kw: Any) -> tuple[Any, dict]:
