@@ -350,8 +350,9 @@ def run_grpc(
     ``node_config``: extra node-config keys per user position (e.g. a site's own ``data-path``).
     ``user_ids`` (the enrolment, in position order) with ``node_auth``: each user is bound to the node id its
     key was registered under (``fedkl-node-bindings``), so a node claiming another's user is refused alone.
-    The run is submitted once every registered SuperNode is online (polled; ``connect_timeout``, default
-    :func:`fedkl.flower.federation.connect_deadline` of ``num_users``, scaling with the federation);
+    The run is submitted once every registered SuperNode is online (polled, :func:`wait_online`: it gives up
+    when no new node came online for ``connect_timeout``, default :func:`fedkl.flower.federation.connect_deadline`
+    of ``num_users``, scaling with the federation);
     ``timeout`` bounds ``flwr run`` (default :func:`run_deadline`). A run whose ServerApp failed raises
     RuntimeError with the ServerApp's one-line reason (``flower_error.json``)."""
     if num_users < 1:
@@ -445,6 +446,28 @@ def remove_tree(path: Path, log, tries: int = 5) -> bool:
         error = OSError(f"{path} reappeared")
     log(f"fedkl grpc: could not delete {path} ({error}); delete it by hand")
     return False
+
+
+def wait_online(online, expected: int, quiet: float, where: str = "", clock: Any = time) -> float:
+    """Poll ``online()`` (how many SuperNodes are online) until it reaches ``expected``; returns the seconds
+    waited. The deadline follows progress: TimeoutError once no new node came online for ``quiet`` seconds
+    (SuperNodes starting on a loaded machine come online one by one, late but steadily), so the wait is at
+    most ``expected`` x ``quiet`` in all."""
+    start = last = clock.monotonic()
+    best = -1
+    while True:
+        n = online()
+        now = clock.monotonic()
+        if n >= expected:
+            return now - start
+        if n > best:
+            best, last = n, now
+        if now - last > quiet:
+            raise TimeoutError(
+                f"only {n} of {expected} SuperNodes online after {now - start:.0f} s "
+                f"(none new for {now - last:.0f} s){'; ' + where if where else ''}"
+            )
+        clock.sleep(0.5)
 
 
 def run_deadline(num_users: int) -> float:
@@ -594,20 +617,14 @@ def _deploy(
         _write_app(work / "app", rc)
         expected = num_users - (len(set(unregistered)) if node_auth else 0)
         connect_timeout = connect_deadline(num_users) if connect_timeout is None else connect_timeout
-        deadline = time.monotonic() + connect_timeout
-        while True:
+
+        def online() -> int:
+            if procs[0][0].poll() is not None:
+                raise RuntimeError(f"the SuperLink exited with {procs[0][0].returncode}; see {procs[0][1]}")
             nodes = json.loads(cli(["supernode", "list", "fedkl", "--format", "json"], 60)).get("nodes", [])
-            online = sum(1 for nd in nodes if nd.get("status") == "online")
-            if online >= expected:
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"only {online} of {expected} SuperNodes online after {connect_timeout} s; see {work}"
-                )
-            for p, logf in procs:
-                if p.poll() is not None and p is procs[0][0]:
-                    raise RuntimeError(f"the SuperLink exited with {p.returncode}; see {logf}")
-            time.sleep(0.5)
+            return sum(1 for nd in nodes if nd.get("status") == "online")
+
+        wait_online(online, expected, connect_timeout, f"see {work}")
         start_t = time.monotonic()
         for stale in ("flower_result.json", "flower_error.json"):  # a previous run's in the same folder
             (Path(rc["fedkl-out"]) / stale).unlink(missing_ok=True)

@@ -163,3 +163,21 @@ def test_a_folder_that_cannot_be_deleted_is_said_not_ignored(monkeypatch, tmp_pa
     assert said == [
         f"fedkl grpc: could not delete {tmp_path / 'keys'} ([Errno 39] Directory not empty); delete it by hand"
     ]
+
+
+def test_the_wait_for_supernodes_follows_their_progress_not_a_fixed_deadline():
+    """On a loaded machine SuperNodes come online late but steadily: each new one restarts the quiet window
+    (``connect_timeout``), so 8 nodes 50 s apart are all waited for with a 60 s window; a stall of more than
+    the window ends the wait in one line."""
+    from fedkl.flower.localgrid import SimClock
+
+    def nodes_at(times):
+        clock = SimClock()
+        return clock, (lambda: sum(1 for t in times if t <= clock.now))
+
+    clock, online = nodes_at([50.0 * k for k in range(1, 9)])  # the last one at 400 s > 60 s
+    assert deploy.wait_online(online, 8, 60.0, clock=clock) == clock.now == 400.0
+
+    clock, online = nodes_at([10.0, 20.0, 200.0])  # the third after a 180 s stall
+    with pytest.raises(TimeoutError, match=r"^only 2 of 3 SuperNodes online after 80 s \(none new for 60 s\); see w$"):
+        deploy.wait_online(online, 3, 60.0, "see w", clock=clock)
