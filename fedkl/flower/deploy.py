@@ -23,6 +23,7 @@ about :data:`NODE_MEMORY_BYTES`: a population the machine cannot hold is refused
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -247,6 +248,18 @@ def _live(field: str):
             continue
 
 
+@contextlib.contextmanager
+def signals_deferred():
+    """Hold Ctrl-C (SIGINT) and SIGTERM back while a child process is started and recorded: one arriving
+    while ``Popen`` waits for the child's exec would leave that child running unseen (it then recreated the
+    deleted Flower home, ``make stress`` found); it is raised right after, when the child can be stopped."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
 def _tree(roots: list[int]) -> set[int]:
     """``roots`` and all their live descendants (Flower's SuperLink/SuperNode start their SuperExec
     detached, in a new session, so killing process groups is not enough)."""
@@ -294,8 +307,8 @@ def stop_processes(
     def targets() -> set[int]:
         live = {pid for pid in _tree([p.pid for p in procs] + sorted(seen)) if flower(pid)}
         live |= _watchers(seen | live | {p.pid for p in procs})
-        if work is not None:  # an orphan of this deployment that neither rule sees
-            live |= {pid for pid in processes_of(work) if flower(pid)}
+        if work is not None:  # an orphan of this deployment that neither rule sees (its environment says whose)
+            live |= processes_of(work)
         seen.update(live)
         return live
 
@@ -397,15 +410,16 @@ def stream(args: list[str], logfile: Path, limit: float, log, env: Mapping[str, 
     from fedkl.flower.server_app import PROGRESS
 
     with open(logfile, "w") as f:
-        p = subprocess.Popen(
-            args,
-            env=env,
-            cwd=logfile.parent,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
+        with signals_deferred():
+            p = subprocess.Popen(
+                args,
+                env=env,
+                cwd=logfile.parent,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+            )
         timer = threading.Timer(limit, p.kill)
         timer.start()
         try:
@@ -540,26 +554,31 @@ def _deploy(
 
     def start(args: list[str], name: str) -> subprocess.Popen:
         logf = work / f"{name}.log"
-        with open(logf, "wb") as f:
+        with open(logf, "wb") as f, signals_deferred():
             p = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=work)
-        procs.append((p, logf))
+            procs.append((p, logf))
         return p
 
     def cli(args: list[str], limit: float) -> str:
-        r = subprocess.run(
-            [_bin("flwr"), *args],
-            env=env,
-            cwd=work,
-            capture_output=True,
-            text=True,
-            timeout=limit,
-            start_new_session=True,
-        )
-        if r.returncode != 0:
-            raise RuntimeError(
-                f"flwr {' '.join(args[:2])} failed ({r.returncode}): {r.stdout[-2000:]}{r.stderr[-2000:]}"
+        with signals_deferred():
+            p = subprocess.Popen(
+                [_bin("flwr"), *args],
+                env=env,
+                cwd=work,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
             )
-        return r.stdout
+        try:
+            out, err = p.communicate(timeout=limit)
+        finally:
+            if p.poll() is None:  # timed out or interrupted: never leave it running
+                p.kill()
+                p.wait()
+        if p.returncode != 0:
+            raise RuntimeError(f"flwr {' '.join(args[:2])} failed ({p.returncode}): {out[-2000:]}{err[-2000:]}")
+        return out
 
     try:
         start(

@@ -181,3 +181,15 @@ def test_the_wait_for_supernodes_follows_their_progress_not_a_fixed_deadline():
     clock, online = nodes_at([10.0, 20.0, 200.0])  # the third after a 180 s stall
     with pytest.raises(TimeoutError, match=r"^only 2 of 3 SuperNodes online after 80 s \(none new for 60 s\); see w$"):
         deploy.wait_online(online, 3, 60.0, "see w", clock=clock)
+
+
+def test_a_ctrl_c_while_a_child_is_being_started_is_raised_once_it_is_recorded():
+    import os
+    import signal
+
+    recorded = []
+    with pytest.raises(KeyboardInterrupt):
+        with deploy.signals_deferred():
+            os.kill(os.getpid(), signal.SIGINT)  # arrives while Popen would wait for the child's exec
+            recorded.append("child")  # still runs: the child is recorded, so it can be stopped
+    assert recorded == ["child"]
