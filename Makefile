@@ -10,7 +10,7 @@ STAMP := $(VENV)/.fedkl-installed
 # pip warns once per package about a configured local index folder it cannot read: drop those lines only
 QUIET := { grep -v "is ignored: it is neither" || true; }
 
-.PHONY: install data demo test clean
+.PHONY: install data demo test stress clean
 
 install: $(STAMP)
 
@@ -39,6 +39,15 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -q
+
+# `make stress`: the real gRPC deployment tests (SuperLink + SuperNodes with TLS and node auth, Ctrl-C, the
+# `fedkl run --backend grpc` end to end; marker `deployment`) beside HOG busy-loop processes (default one per
+# core), as on a loaded CI machine: their waits are on events, with deadlines that scale. SLOW=1 adds the
+# slow ones (the sites with their own files over gRPC).
+HOG ?= $(shell nproc)
+STRESS_MARK := $(if $(filter 1,$(SLOW)),deployment,deployment and not slow)
+stress: $(STAMP)
+	$(PY) -m pytest -q --cpu-hog $(HOG) -m "$(STRESS_MARK)" tests/flower
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

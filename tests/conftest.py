@@ -1,6 +1,44 @@
-"""Shared fixtures, and the "unit" marker for every test not marked statistical, flower or slow."""
+"""Shared fixtures, the "unit" marker for every test not marked statistical, flower or slow, and the
+stress mode ``--cpu-hog N``: the session runs beside N busy-loop processes (a loaded machine; ``make stress``)."""
+
+import subprocess
+import sys
 
 import pytest
+
+# A busy loop that ends with the pytest process that started it (even one killed by SIGKILL).
+CPU_HOG = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    pass\n"
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--cpu-hog",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run the session beside N busy-loop processes, as on a loaded machine (make stress)",
+    )
+
+
+def pytest_configure(config):
+    n = config.getoption("--cpu-hog")
+    if n < 0:
+        raise pytest.UsageError(f"--cpu-hog {n}: give a number of processes >= 0")
+    config.cpu_hogs = [subprocess.Popen([sys.executable, "-c", CPU_HOG]) for _ in range(n)]
+
+
+def pytest_unconfigure(config):
+    for hog in getattr(config, "cpu_hogs", []):
+        hog.kill()
+    for hog in getattr(config, "cpu_hogs", []):
+        hog.wait()
+
+
+@pytest.fixture
+def cpu_hogs(request):
+    """The busy-loop processes of ``--cpu-hog`` (empty without it)."""
+    return request.config.cpu_hogs
+
 
 _KINDS = ("statistical", "flower", "slow")
 

@@ -23,6 +23,7 @@ about :data:`NODE_MEMORY_BYTES`: a population the machine cannot hold is refused
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -32,6 +33,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -40,7 +42,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from fedkl.flower.codec import ClientSpec
-from fedkl.flower.federation import connect_deadline
+from fedkl.flower.federation import STALL_FACTOR, answer_deadline, connect_deadline
 from fedkl.privacy.guarantee import Guarantee
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout holding fedkl/ (on the nodes' PYTHONPATH)
@@ -227,6 +229,37 @@ def _proc_table() -> dict[int, tuple[int, str]]:
     return out
 
 
+def processes_of(work: str | Path) -> set[int]:
+    """Live processes of the deployment run in ``work``: every process it starts, down to Flower's
+    SuperExecs and ClientApps, inherits ``FLWR_HOME=<work>/flwr-home`` (other deployments on the same
+    machine have their own)."""
+    marker = b"FLWR_HOME=" + str(Path(work) / "flwr-home").encode()
+    return {pid for pid, env in _live("environ") if marker in env}
+
+
+def _live(field: str):
+    """``(pid, /proc/<pid>/<field> split at NULs)`` of every live (not zombie) process we can read."""
+    for pid, (_, state) in _proc_table().items():
+        if state == "Z":
+            continue
+        try:
+            yield pid, Path(f"/proc/{pid}/{field}").read_bytes().split(b"\0")
+        except OSError:
+            continue
+
+
+@contextlib.contextmanager
+def signals_deferred():
+    """Hold Ctrl-C (SIGINT) and SIGTERM back while a child process is started and recorded: one arriving
+    while ``Popen`` waits for the child's exec would leave that child running unseen (it then recreated the
+    deleted Flower home, ``make stress`` found); it is raised right after, when the child can be stopped."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
 def _tree(roots: list[int]) -> set[int]:
     """``roots`` and all their live descendants (Flower's SuperLink/SuperNode start their SuperExec
     detached, in a new session, so killing process groups is not enough)."""
@@ -249,23 +282,19 @@ def _watchers(pids: set[int]) -> set[int]:
     spawned while its parent was being stopped is reparented to init before we can see it as a
     descendant."""
     out = set()
-    for pid, (_, state) in _proc_table().items():
-        if state == "Z":
-            continue
-        try:
-            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
+    for pid, args in _live("cmdline"):
         for i, a in enumerate(args[:-1]):
             if a == b"--parent-pid" and args[i + 1].isdigit() and int(args[i + 1]) in pids:
                 out.add(pid)
     return out
 
 
-def stop_processes(procs: list[subprocess.Popen], grace: float = 5.0, settle: float = 1.5) -> None:
-    """SIGTERM the processes we started and everything they started (descendants, and SuperExecs
-    watching one of them), SIGKILL what is left after ``grace``, and keep sweeping until nothing
-    new has appeared for ``settle`` seconds."""
+def stop_processes(
+    procs: list[subprocess.Popen], grace: float = 5.0, settle: float = 1.5, work: Path | None = None
+) -> None:
+    """SIGTERM the processes we started and everything they started (descendants, SuperExecs watching
+    one of them, and, given the deployment's ``work`` folder, every Flower process of it: :func:`processes_of`),
+    SIGKILL what is left after ``grace``, and keep sweeping until nothing new has appeared for ``settle`` seconds."""
     seen: set[int] = set()
 
     def flower(pid: int) -> bool:  # never signal a recycled pid that is not a Flower process
@@ -278,6 +307,8 @@ def stop_processes(procs: list[subprocess.Popen], grace: float = 5.0, settle: fl
     def targets() -> set[int]:
         live = {pid for pid in _tree([p.pid for p in procs] + sorted(seen)) if flower(pid)}
         live |= _watchers(seen | live | {p.pid for p in procs})
+        if work is not None:  # an orphan of this deployment that neither rule sees (its environment says whose)
+            live |= processes_of(work)
         seen.update(live)
         return live
 
@@ -332,8 +363,9 @@ def run_grpc(
     ``node_config``: extra node-config keys per user position (e.g. a site's own ``data-path``).
     ``user_ids`` (the enrolment, in position order) with ``node_auth``: each user is bound to the node id its
     key was registered under (``fedkl-node-bindings``), so a node claiming another's user is refused alone.
-    The run is submitted once every registered SuperNode is online (polled; ``connect_timeout``, default
-    :func:`fedkl.flower.federation.connect_deadline` of ``num_users``, scaling with the federation);
+    The run is submitted once every registered SuperNode is online (polled, :func:`wait_online`: it gives up
+    when no new node came online for ``connect_timeout``, default :func:`fedkl.flower.federation.connect_deadline`
+    of ``num_users``, scaling with the federation);
     ``timeout`` bounds ``flwr run`` (default :func:`run_deadline`). A run whose ServerApp failed raises
     RuntimeError with the ServerApp's one-line reason (``flower_error.json``)."""
     if num_users < 1:
@@ -364,17 +396,99 @@ def run_grpc(
         return res
     finally:
         for secret in (work / "certs", work / "flwr-home"):  # private keys; Flower's credentials and state
-            shutil.rmtree(secret, ignore_errors=True)
+            remove_tree(secret, log)
         if own_work and ok and not Path(rc["fedkl-out"]).resolve().is_relative_to(work.resolve()):
-            shutil.rmtree(work, ignore_errors=True)
+            remove_tree(work, log)
         elif not ok:
             log(f"fedkl grpc: the run failed; its logs are in {work} (keys deleted)")
 
 
+def stream(args: list[str], logfile: Path, limit: float, log, env: Mapping[str, str] | None = None) -> None:
+    """Run ``args`` (``flwr run --stream``) writing its output to ``logfile`` and passing the ServerApp's
+    progress lines (:data:`fedkl.flower.server_app.PROGRESS`, with an ETA) to ``log`` as they come.
+    RuntimeError (one line) if it exits non-zero or has not finished after ``limit`` seconds (then killed)."""
+    from fedkl.flower.server_app import PROGRESS
+
+    with open(logfile, "w") as f:
+        with signals_deferred():
+            p = subprocess.Popen(
+                args,
+                env=env,
+                cwd=logfile.parent,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+            )
+        timer = threading.Timer(limit, p.kill)
+        timer.start()
+        try:
+            for line in p.stdout:
+                f.write(line)
+                f.flush()
+                if line.startswith(PROGRESS):
+                    log(line.rstrip("\n"))
+            rc = p.wait()
+        finally:
+            expired = not timer.is_alive()
+            timer.cancel()
+            if p.poll() is None:  # interrupted (Ctrl-C): do not leave it behind
+                p.kill()
+                p.wait()
+    if expired and rc != 0:
+        raise RuntimeError(
+            f"{Path(args[0]).name} {args[1]} did not finish within {limit:.0f} s (killed); see {logfile}"
+        )
+    if rc != 0:
+        raise RuntimeError(f"{Path(args[0]).name} {args[1]} failed ({rc}); see {logfile}")
+
+
+def remove_tree(path: Path, log, tries: int = 5) -> bool:
+    """Delete ``path`` (a folder), retrying while something still writes into it; a folder that cannot be
+    deleted is said in one line through ``log``, never ignored. True when it is gone."""
+    for _ in range(tries):
+        try:
+            shutil.rmtree(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            error = exc
+            time.sleep(0.2)
+            continue
+        if not path.exists():
+            return True
+        error = OSError(f"{path} reappeared")
+    log(f"fedkl grpc: could not delete {path} ({error}); delete it by hand")
+    return False
+
+
+def wait_online(online, expected: int, quiet: float, where: str = "", clock: Any = time) -> float:
+    """Poll ``online()`` (how many SuperNodes are online) until it reaches ``expected``; returns the seconds
+    waited. The deadline follows progress: TimeoutError once no new node came online for ``quiet`` seconds
+    (SuperNodes starting on a loaded machine come online one by one, late but steadily), so the wait is at
+    most ``expected`` x ``quiet`` in all."""
+    start = last = clock.monotonic()
+    best = -1
+    while True:
+        n = online()
+        now = clock.monotonic()
+        if n >= expected:
+            return now - start
+        if n > best:
+            best, last = n, now
+        if now - last > quiet:
+            raise TimeoutError(
+                f"only {n} of {expected} SuperNodes online after {now - start:.0f} s "
+                f"(none new for {now - last:.0f} s){'; ' + where if where else ''}"
+            )
+        clock.sleep(0.5)
+
+
 def run_deadline(num_users: int) -> float:
-    """Default seconds for ``flwr run`` of ``num_users`` local SuperNodes: 600 + 30 per user (their
-    ClientApps start concurrently on this machine; the run returns when it is done)."""
-    return 600.0 + 30.0 * num_users
+    """Default seconds for ``flwr run`` of ``num_users`` local SuperNodes: the longest handshake wait
+    (:data:`~fedkl.flower.federation.STALL_FACTOR` x :func:`~fedkl.flower.federation.answer_deadline`) plus
+    600 + 30 per user (their ClientApps start concurrently on this machine; the run returns when it is done)."""
+    return STALL_FACTOR * answer_deadline(num_users) + 600.0 + 30.0 * num_users
 
 
 def read_outcome(out: Path, run_log: Path) -> dict:
@@ -440,26 +554,31 @@ def _deploy(
 
     def start(args: list[str], name: str) -> subprocess.Popen:
         logf = work / f"{name}.log"
-        with open(logf, "wb") as f:
+        with open(logf, "wb") as f, signals_deferred():
             p = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=work)
-        procs.append((p, logf))
+            procs.append((p, logf))
         return p
 
     def cli(args: list[str], limit: float) -> str:
-        r = subprocess.run(
-            [_bin("flwr"), *args],
-            env=env,
-            cwd=work,
-            capture_output=True,
-            text=True,
-            timeout=limit,
-            start_new_session=True,
-        )
-        if r.returncode != 0:
-            raise RuntimeError(
-                f"flwr {' '.join(args[:2])} failed ({r.returncode}): {r.stdout[-2000:]}{r.stderr[-2000:]}"
+        with signals_deferred():
+            p = subprocess.Popen(
+                [_bin("flwr"), *args],
+                env=env,
+                cwd=work,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
             )
-        return r.stdout
+        try:
+            out, err = p.communicate(timeout=limit)
+        finally:
+            if p.poll() is None:  # timed out or interrupted: never leave it running
+                p.kill()
+                p.wait()
+        if p.returncode != 0:
+            raise RuntimeError(f"flwr {' '.join(args[:2])} failed ({p.returncode}): {out[-2000:]}{err[-2000:]}")
+        return out
 
     try:
         start(
@@ -517,31 +636,24 @@ def _deploy(
         _write_app(work / "app", rc)
         expected = num_users - (len(set(unregistered)) if node_auth else 0)
         connect_timeout = connect_deadline(num_users) if connect_timeout is None else connect_timeout
-        deadline = time.monotonic() + connect_timeout
-        while True:
+
+        def online() -> int:
+            if procs[0][0].poll() is not None:
+                raise RuntimeError(f"the SuperLink exited with {procs[0][0].returncode}; see {procs[0][1]}")
             nodes = json.loads(cli(["supernode", "list", "fedkl", "--format", "json"], 60)).get("nodes", [])
-            online = sum(1 for nd in nodes if nd.get("status") == "online")
-            if online >= expected:
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"only {online} of {expected} SuperNodes online after {connect_timeout} s; see {work}"
-                )
-            for p, logf in procs:
-                if p.poll() is not None and p is procs[0][0]:
-                    raise RuntimeError(f"the SuperLink exited with {p.returncode}; see {logf}")
-            time.sleep(0.5)
+            return sum(1 for nd in nodes if nd.get("status") == "online")
+
+        wait_online(online, expected, connect_timeout, f"see {work}")
         start_t = time.monotonic()
         for stale in ("flower_result.json", "flower_error.json"):  # a previous run's in the same folder
             (Path(rc["fedkl-out"]) / stale).unlink(missing_ok=True)
         limit = run_deadline(num_users) if timeout is None else timeout
-        out = cli(["run", str(work / "app"), "fedkl", "--stream"], limit)
-        (work / "flwr-run.log").write_text(out)
+        stream([_bin("flwr"), "run", str(work / "app"), "fedkl", "--stream"], work / "flwr-run.log", limit, log, env)
         res = read_outcome(Path(rc["fedkl-out"]), work / "flwr-run.log")
         res["wall_s"] = time.monotonic() - start_t
         return res
     finally:
-        stop_processes([p for p, _ in procs])
+        stop_processes([p for p, _ in procs], work=work)
 
 
 def train_over_grpc(cfg: Any, dataset: Any, out: str, log=print, **kw: Any) -> tuple[Any, dict]:

@@ -18,10 +18,14 @@ in the categories of :data:`FAILURE_KINDS`, and the counts per category.
 Node ids are mapped to user positions by a handshake (``info`` request) at construction: each node
 reports its ``partition-id``, the number of partitions, its user id and the parameter count. The
 handshake waits on events (:meth:`FlowerFederation._gather_infos`) with deadlines that scale with the
-federation (:func:`connect_deadline`, :func:`answer_deadline`); users with no node at the deadline are
+federation (:func:`connect_deadline`, :func:`answer_deadline`) and with the load (nodes still online at the
+answer deadline are waited for longer, :data:`STALL_FACTOR`); users with no node at the deadline are
 named in one line and, with an enrolment, fail 'absent' every request (charged, zero); without one the
-run is refused. Duplicate claims of a user follow :data:`DUPLICATE_RULE`; refused nodes and unserved
-users are saved in ``failures["handshake"]``.
+run is refused. Duplicate claims of a user follow :data:`DUPLICATE_RULE`; a node that reports another
+model size than the server's problem (``num_params``, a public server-side fact) or another number of
+users than the enrolment is refused alone (its user fails 'wrong-model' or 'absent', charged, zero), never
+the run; refused nodes and unserved users are saved in ``failures["handshake"]``. A run with no node left
+to ask is refused in one line.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ log = logging.getLogger(__name__)
 FAILURE_KINDS = {
     "absent": "no node holds this user (never connected, no handshake reply in time, or its claimant refused)",
     "duplicate-claim": "several nodes claimed this user and the enrolment binds none of them: none is asked",
+    "wrong-model": "its node answers for a model of another size than the server's problem: it is not asked",
     "no-reply": "no reply within the request's timeout (dropped out, crashed, or too slow)",
     "non-finite": "the answer (or the user's own computation) was NaN or infinite",
     "wrong-shape": "an answer of another shape, dtype or size than the query's",
@@ -62,6 +67,10 @@ FAILURE_KINDS = {
 CONNECT_BASE_S, CONNECT_PER_NODE_S = 60.0, 2.0  # for the expected nodes to connect
 ANSWER_BASE_S, ANSWER_PER_NODE_S = 120.0, 10.0  # for a connected node to answer its handshake
 POLL_S = 0.5  # how often the nodes and the replies are polled
+# At the answer deadline a node that is still online (its SuperNode heartbeats, so the SuperLink lists it: its
+# ClientApp is starting on a loaded machine) is waited for up to this many times the wait so far; a node that
+# went offline (crashed) is not. Only with the default deadlines: an explicit handshake_timeout is kept.
+STALL_FACTOR = 4.0
 
 DUPLICATE_RULE = (
     "a user position claimed by several nodes: the node the enrolment binds to the user serves it and the "
@@ -116,6 +125,9 @@ class FlowerFederation(Federation):
             named (first few + count) and, with ``user_ids``, fail ('absent') and are charged every request.
         bindings: user id -> the node id the enrolment binds it to (decides duplicate claims:
             :data:`DUPLICATE_RULE`).
+        num_params: the server's model size (its own problem's ``num_params``): a node reporting another
+            size is refused and its user fails 'wrong-model'. Without it the nodes must agree (else the run
+            is refused: the server cannot tell which of them is wrong).
         clock: ``monotonic()`` and ``sleep()`` for the waits (default: the grid's ``clock`` if it has one,
             e.g. a LocalGrid in simulated time, else :mod:`time`).
         dtype: dtype of the returned values (float64 on the wire).
@@ -136,6 +148,7 @@ class FlowerFederation(Federation):
         secagg: bool = False,
         bindings: Mapping[str, int] | None = None,
         clock: Any = None,
+        num_params: int | None = None,
     ) -> None:
         self.grid = grid
         self.clock = clock if clock is not None else getattr(grid, "clock", time)
@@ -147,7 +160,7 @@ class FlowerFederation(Federation):
         self.failures: list[dict] = []  # per request: {"request", "query", "asked", "failed": {user id: kind: why}}
         self._closers: list = []
         expected = len(user_ids) if user_ids is not None else num_users
-        self._handshake(user_ids, expected, handshake_timeout, wait_for_nodes, bindings)
+        self._handshake(user_ids, expected, handshake_timeout, wait_for_nodes, bindings, num_params)
 
     # --- handshake -----------------------------------------------------------------------------
     def _handshake(
@@ -157,6 +170,7 @@ class FlowerFederation(Federation):
         timeout: float | None,
         wait: float | None,
         bindings: Mapping[str, int] | None,
+        num_params: int | None,
     ) -> None:
         infos, waited = self._gather_infos(expected, timeout, wait)
         if not infos:
@@ -186,15 +200,25 @@ class FlowerFederation(Federation):
                 f"none of the {len(infos)} Flower nodes answered the fedkl handshake within {waited:.0f} s"
                 + (f" (expected {expected})" if expected is not None else "")
             )
-        params = {i.num_params for i in ok.values()}
-        parts = {i.num_partitions for i in ok.values()}
-        if len(params) != 1 or len(parts) != 1:
-            raise RuntimeError(
-                f"nodes disagree on the problem: num_params {sorted(params)}, num_partitions {sorted(parts)}"
-            )
-        n = expected if expected is not None else parts.pop()
+        if num_params is None:  # no server-side fact to judge by: the nodes must agree
+            sizes = {i.num_params for i in ok.values()}
+            if len(sizes) != 1:
+                raise RuntimeError(
+                    f"nodes disagree on the model size (num_params {sorted(sizes)}); pass num_params "
+                    "(the server's problem) to refuse the nodes that differ"
+                )
+            num_params = sizes.pop()
+        if expected is None:  # likewise for the number of users
+            parts = {i.num_partitions for i in ok.values()}
+            if len(parts) != 1:
+                raise RuntimeError(
+                    f"nodes disagree on the number of users ({sorted(parts)}); pass user_ids (the enrolment) "
+                    "to refuse the nodes that differ"
+                )
+        n = expected if expected is not None else next(iter(ok.values())).num_partitions
         ids: list[str | None] = list(user_ids) if user_ids is not None else [None] * n
         claims: dict[int, list[int]] = {}  # user position -> the nodes claiming it
+        wrong_model: dict[int, str] = {}  # user position -> why its (otherwise consistent) claimant was refused
         for nid, info in ok.items():
             if info.num_partitions != n:
                 self.refused_nodes[nid] = f"holds a dataset of {info.num_partitions} users, expected {n}"
@@ -203,16 +227,29 @@ class FlowerFederation(Federation):
                     f"claims user {info.user_id!r} at position {info.partition_id}, "
                     f"enrolled there: {user_ids[info.partition_id]!r}"
                 )
+            elif info.num_params != num_params:
+                why = f"answers for a model of {info.num_params} parameters; the server's problem has {num_params}"
+                self.refused_nodes[nid] = why
+                wrong_model[info.partition_id] = f"node {nid} {why}"
             else:
                 claims.setdefault(info.partition_id, []).append(nid)
         node_of, self.unserved = self._resolve_claims(claims, ok, ids, bindings, n)
+        for p, why in wrong_model.items():
+            if p not in node_of and self.unserved[p][0] == "absent":  # no other node claims it
+                self.unserved[p] = ("wrong-model", why)
         if user_ids is None and self.unserved:
             raise RuntimeError(
                 f"{len(self.unserved)} user positions have no node after {waited:.0f} s "
                 f"({_first(sorted(self.unserved))}); pass user_ids (the enrolment) to run with them failed"
             )
+        if not node_of:
+            reasons = sorted(set(self.refused_nodes.values()))
+            raise RuntimeError(
+                f"no Flower node is left to ask: all {len(infos)} were refused ({reasons[0]}"
+                + (f"; +{len(reasons) - 1} other reason(s))" if len(reasons) > 1 else ")")
+            )
         self._user_ids = tuple(str(i) for i in ids)
-        self._num_params = params.pop()
+        self._num_params = num_params
         self.node_of = node_of
         self.missing = sorted(u for u, (kind, _) in self.unserved.items() if kind == "absent")
         for nid, why in sorted(self.refused_nodes.items()):
@@ -241,8 +278,11 @@ class FlowerFederation(Federation):
         unknown, every connected node answered). Nodes are admitted until the connect deadline
         (``wait``, default :func:`connect_deadline`); a node asked at time t must answer by t plus the
         answer deadline (``timeout``, default :func:`answer_deadline` of the nodes asked so far).
+        At the answer deadline, the asked nodes still online are waited for up to :data:`STALL_FACTOR`
+        times the wait so far (default deadlines only; the nodes that went offline are given up).
         Returns node id -> reply (None: no reply in time) and the seconds waited."""
         clock = self.clock
+        stall_by: float | None = None  # set at the answer deadline when asked nodes are still online
         start = clock.monotonic()
         connect_by = start + (connect_deadline(expected or 0) if wait is None else wait)
         answer_by = start
@@ -270,7 +310,19 @@ class FlowerFederation(Federation):
             if not pending and (enough or expected is None or now >= connect_by):
                 break
             if pending and now >= answer_by and now >= connect_by:
-                break
+                online = set(self.grid.get_node_ids())
+                alive = sorted(nid for nid in pending.values() if nid in online)
+                if not alive or timeout is not None or (stall_by is not None and now >= stall_by):
+                    break
+                if stall_by is None:
+                    stall_by = start + STALL_FACTOR * (now - start)
+                    log.warning(
+                        "%d asked node(s) have not answered the fedkl handshake after %.0f s but are still online "
+                        "(a ClientApp starting on a loaded machine?): waiting for them up to %.0f s",
+                        len(alive),
+                        now - start,
+                        stall_by - start,
+                    )
             clock.sleep(POLL_S)
         return replies, clock.monotonic() - start
 

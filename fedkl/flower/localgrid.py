@@ -8,7 +8,8 @@ fixed shuffled set of large integers), so code that maps nodes to users is exerc
 
 Fault injection for tests: a :class:`Fault` sees each (partition, request) before the ClientApp and
 each reply after it, and may change or withhold them. Helpers: :func:`drop`, :func:`nan_reply`,
-:func:`wrong_shape`, :func:`garbage`, :func:`oversize`, :func:`unknown_request`, :func:`delay`.
+:func:`wrong_shape`, :func:`garbage`, :func:`oversize`, :func:`unknown_request`, :func:`delay`,
+:func:`wrong_info`.
 A delay is simulated (no sleep): a reply delayed by more than the ``timeout`` given to
 ``send_and_receive`` is not returned, so tests are deterministic and fast.
 
@@ -34,6 +35,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict  # noqa: E402
 from flwr.serverapp import Grid  # noqa: E402
+
+from fedkl.flower import codec  # noqa: E402
 
 # ClientApp exceptions become this error code (Flower's ErrorCode.CLIENT_APP_RAISED_EXCEPTION).
 CLIENT_APP_RAISED_EXCEPTION = 2
@@ -91,12 +94,14 @@ class LocalGrid(Grid):
         absent: Iterable[int] = (),
         node_config: Mapping[int, Mapping[str, Any]] | None = None,
         connect_at: Mapping[int, float] | None = None,
+        leave_at: Mapping[int, float] | None = None,
         clock: SimClock | None = None,
     ) -> None:
         """``faults`` maps partition ids to their :class:`Fault`; ``absent`` partitions have no node
         at all (never connected); ``node_ids`` overrides the (shuffled, deterministic) node ids;
         ``node_config`` adds node-config keys per partition (e.g. a site's ``data-path``);
-        ``connect_at`` maps partitions to the simulated time their node connects (default 0)."""
+        ``connect_at`` maps partitions to the simulated time their node connects (default 0), ``leave_at`` to
+        the time it goes offline (crashed: no longer listed, never answers again)."""
         self.app = client_app
         self.run_id = run_id
         _set_task_identity(run_id)
@@ -118,7 +123,10 @@ class LocalGrid(Grid):
         self.faults = dict(faults or {})
         self.clock = clock or SimClock()
         self.connect_at = {nid: float((connect_at or {}).get(p, 0.0)) for nid, p in self.partition_of.items()}
-        self._replies: dict[str, tuple[Message, float, float]] = {}  # message id -> (reply, delay, pushed at)
+        self.leave_at = {nid: float((leave_at or {}).get(p, float("inf"))) for nid, p in self.partition_of.items()}
+        self._replies: dict[
+            str, tuple[Message, float, float, int]
+        ] = {}  # message id -> (reply, delay, pushed at, node)
         self.calls: list[tuple[int, str]] = []  # (partition, message type) of every delivered request
 
     # --- Grid interface ------------------------------------------------------------------------
@@ -135,7 +143,10 @@ class LocalGrid(Grid):
         return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
 
     def get_node_ids(self) -> list[int]:
-        return [nid for nid in self.contexts if self.connect_at[nid] <= self.clock.now]
+        return [nid for nid in self.contexts if self._online(nid)]
+
+    def _online(self, nid: int) -> bool:
+        return self.connect_at[nid] <= self.clock.now < self.leave_at[nid]
 
     def push_messages(self, messages: Iterable[Message]) -> list[str]:
         # One user's tensors are tiny: torch's intra-op threads only add OpenMP barrier waits (20x
@@ -154,8 +165,8 @@ class LocalGrid(Grid):
             m.metadata.__dict__["_message_id"] = mid
             ids.append(mid)
             nid = m.metadata.dst_node_id
-            if nid not in self.contexts or self.connect_at[nid] > self.clock.now:
-                continue  # unknown (or not yet connected) node: the message is never answered
+            if nid not in self.contexts or not self._online(nid):
+                continue  # unknown (or not yet connected, or gone) node: the message is never answered
             pid = self.partition_of[nid]
             fault = self.faults.get(pid, Fault())
             req = fault.request(pid, m)
@@ -166,7 +177,7 @@ class LocalGrid(Grid):
                 reply = Message(Error(CLIENT_APP_RAISED_EXCEPTION, f"{type(exc).__name__}: {exc}"), reply_to=req)
             reply = fault.reply(pid, req, reply)
             if reply is not None:
-                self._replies[mid] = (reply, fault.delay(pid, req), self.clock.now)
+                self._replies[mid] = (reply, fault.delay(pid, req), self.clock.now, nid)
         return ids
 
     def pull_messages(self, message_ids: Iterable[str], *, deadline: float | None = None) -> list[Message]:
@@ -176,7 +187,9 @@ class LocalGrid(Grid):
         for i in message_ids:
             if i not in self._replies:
                 continue
-            _, late, at = self._replies[i]
+            _, late, at, nid = self._replies[i]
+            if self.leave_at[nid] <= at + late:
+                continue  # the node went offline before its reply was sent
             if (late <= deadline) if deadline is not None else (at + late <= self.clock.now):
                 out.append(self._replies.pop(i)[0])
         return out
@@ -285,6 +298,25 @@ def oversize(nbytes: int = 1 << 20) -> Fault:
         return Message(content, reply_to=req)
 
     return _ReplyFault(fn)
+
+
+class _InfoFault(Fault):
+    def __init__(self, changes: Mapping[str, int]) -> None:
+        self.changes = dict(changes)
+
+    def reply(self, partition_id: int, request: Message, reply: Message) -> Message | None:
+        if _kind(request) != "info" or "fedkl" not in reply.content:
+            return reply
+        cfg = reply.content["fedkl"]
+        fields = {k: cfg[k] + self.changes.get(k, 0) for k in ("partition_id", "num_partitions", "num_params")}
+        return Message(codec.encode_info(user_id=cfg["user_id"], **fields), reply_to=request)
+
+
+def wrong_info(*, num_params: int = 0, num_partitions: int = 0) -> Fault:
+    """The node's handshake reports ``num_params`` more parameters (another model) and/or
+    ``num_partitions`` more users than it holds (a node configured for another run); it answers the
+    queries as before."""
+    return _InfoFault({"num_params": num_params, "num_partitions": num_partitions})
 
 
 class _RequestFault(Fault):

@@ -32,6 +32,7 @@ import contextlib  # noqa: E402
 import json  # noqa: E402
 import queue  # noqa: E402
 import threading  # noqa: E402
+import time  # noqa: E402
 from collections.abc import Callable, Iterator, Sequence  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -164,13 +165,15 @@ def open_federation(
     inprocess: Federation | None = None,
     timeout: float | None = None,
     secagg: bool = False,
+    num_params: int | None = None,
     **grid_kw: Any,
 ) -> Iterator[Federation]:
     """A federation over ``backend`` (see the module docstring), closed on exit.
 
     ``inprocess`` is what ``"inprocess"`` yields (and where ``user_ids`` default from); ``spec``
     says which dataset/problem the clients load; ``grid_kw`` goes to :class:`LocalGrid` (faults);
-    ``secagg``: sums through SecAgg+ (:mod:`fedkl.flower.secagg`).
+    ``secagg``: sums through SecAgg+ (:mod:`fedkl.flower.secagg`); ``num_params``: the server's model
+    size (a node answering for another is refused alone, :class:`FlowerFederation`).
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
@@ -196,10 +199,13 @@ def open_federation(
             timeout=timeout,
             wait_for_nodes=0.0,
             secagg=secagg,
+            num_params=num_params,
         )
         return
     with _simulation(client_app, n, grid_kw.get("backend_config")) as relay:
-        yield FlowerFederation(relay, user_ids=user_ids, num_users=n, timeout=timeout, secagg=secagg)
+        yield FlowerFederation(
+            relay, user_ids=user_ids, num_users=n, timeout=timeout, secagg=secagg, num_params=num_params
+        )
 
 
 def start_federation(backend: str, spec: ClientSpec, **kw: Any) -> FlowerFederation:
@@ -239,20 +245,26 @@ def run_flower_simulation(
         raise ValueError(f"kernels {cfg.kernels!r} is in-process only: over {backend} use kernels='reproducible'")
     if backend == "inprocess":  # the reference, through the very same training code
 
-        def federation_for(spec: ClientSpec, ids: Sequence[str]) -> Any:
+        def federation_for(spec: ClientSpec, ids: Sequence[str], num_params: int) -> Any:
             dkw, pkw = spec.kwargs
             dataset = load_dataset(spec.dataset, **dkw)
             return contextlib.nullcontext(InProcessFederation(make_problem(spec.problem, dataset, **pkw), dataset))
 
         return _train(cfg, backend, federation_for, log, spec)
     open_kw.setdefault("secagg", getattr(cfg, "secagg", False))
-    return _train(cfg, backend, lambda spec, ids: open_federation(backend, spec, user_ids=ids, **open_kw), log, spec)
+    return _train(
+        cfg,
+        backend,
+        lambda spec, ids, num_params: open_federation(backend, spec, user_ids=ids, num_params=num_params, **open_kw),
+        log,
+        spec,
+    )
 
 
 def _train(
     cfg: Any,
     label: str,
-    federation_for: Callable[[ClientSpec, tuple[str, ...]], Any],
+    federation_for: Callable[[ClientSpec, tuple[str, ...], int], Any],
     log: Callable[[str], None],
     spec: ClientSpec | None = None,
 ) -> dict:
@@ -268,7 +280,10 @@ def _train(
     n = len(user_ids)
     delta, run_id, out, ledger_path, noise = runner.prepare_run(cfg, n, suffix=f"-{label}")
     log(f"fedkl {label} {run_id}: {cfg.algorithm} on {spec.dataset} ({n} users, {problem.num_params} parameters)")
-    with federation_for(spec, user_ids) as federation:  # ledger, filter and noise exactly as `fedkl run`
+    # the server's own problem fixes the model size: a node answering for another is refused alone
+    with federation_for(
+        spec, user_ids, problem.num_params
+    ) as federation:  # ledger, filter and noise exactly as `fedkl run`
         result, summary, declared = runner.train_federation(
             cfg, federation, problem, dataset, delta, ledger_path, run_id, noise, log
         )
@@ -337,7 +352,37 @@ def _write_json(path: str, payload: dict) -> None:
     os.replace(path + ".tmp", path)
 
 
+PROGRESS = "fedkl progress: "  # the prefix of the deployed ServerApp's progress lines (streamed by run_grpc)
+
+
+class ProgressLines(runner.RunObserver):
+    """The deployed ServerApp's progress: after each round one line ``fedkl progress: round k/R, E s elapsed,
+    ETA S s`` (the mean round so far times the rounds left) through ``log``; ``fedkl run --backend grpc``
+    shows these lines as they come."""
+
+    def __init__(self, log: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic) -> None:
+        self.log, self.clock = log, clock
+        self.start = clock()
+
+    def started(self, run_id: str, ledger_path: str) -> None:
+        self.start = self.clock()
+
+    def round(self, record: dict) -> None:
+        k, total = int(record["round"]), int(record["rounds"])
+        elapsed = self.clock() - self.start
+        eta = elapsed / max(k, 1) * (total - k)
+        self.log(f"{PROGRESS}round {k}/{total}, {elapsed:.0f} s elapsed, ETA {eta:.0f} s")
+
+
 def _deployed_train(grid: Grid, rc: Any) -> None:
+    token = runner.RUN_OBSERVER.set(ProgressLines(lambda s: print(s, flush=True)))
+    try:
+        _deployed_train_observed(grid, rc)
+    finally:
+        runner.RUN_OBSERVER.reset(token)
+
+
+def _deployed_train_observed(grid: Grid, rc: Any) -> None:
     cfg = _run_config_from_user_config(rc)
     bindings = None
     if rc.get("fedkl-node-bindings") not in (None, ""):
@@ -347,10 +392,11 @@ def _deployed_train(grid: Grid, rc: Any) -> None:
     res = _train(
         cfg,
         "grpc",
-        lambda spec, ids: contextlib.nullcontext(
+        lambda spec, ids, num_params: contextlib.nullcontext(
             FlowerFederation(
                 grid,
                 user_ids=ids,
+                num_params=num_params,
                 timeout=_seconds(rc, "fedkl-timeout"),
                 wait_for_nodes=_seconds(rc, "fedkl-wait-for-nodes"),
                 handshake_timeout=_seconds(rc, "fedkl-handshake-timeout"),

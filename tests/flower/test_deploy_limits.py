@@ -39,6 +39,7 @@ def test_a_failed_deployment_deletes_its_keys_and_keeps_its_logs(monkeypatch, tm
     ]
 
 
+@pytest.mark.deployment
 def test_fedkl_run_over_grpc_writes_its_result_and_model(tmp_path):
     """`fedkl run --backend grpc` end to end (SuperLink + 3 SuperNodes): the run writes result.json and
     model.pt from the deployed ServerApp's outcome (it used to crash after training, reading a
@@ -52,3 +53,143 @@ def test_fedkl_run_over_grpc_writes_its_result_and_model(tmp_path):
     res = json.loads((out / "result.json").read_text())
     assert res["rounds"] == 1 and res["backend"] == "grpc"
     assert (out / "model.pt").exists()
+
+
+@pytest.mark.deployment
+def test_ctrl_c_on_fedkl_run_over_grpc_stops_every_process_and_deletes_the_keys(tmp_path):
+    """Ctrl-C (SIGINT to the terminal's process group) while `fedkl run --backend grpc` has its SuperLink and
+    SuperNodes up: it exits 130 with one line, and by then every process of the deployment (SuperExecs and
+    ClientApps included) is gone and the run's keys and Flower home are deleted. Waits on events only: the
+    deployment's own "SuperLink on" line, then the process's exit."""
+    import os
+    import signal
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(repo), "PYTHONUNBUFFERED": "1"}
+    argv = [sys.executable, "-m", "fedkl.cli", "run", "--backend", "grpc", "--dataset", "synthetic-least-squares"]
+    argv += ["--problem", "least-squares", "--users", "3", "--rounds", "500", "--no-reference"]
+    p = subprocess.Popen(
+        [*argv, "--out", str(tmp_path / "o")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+    )
+    said = []
+    try:
+        for line in p.stdout:
+            said.append(line)
+            if line.startswith("fedkl grpc: SuperLink on"):
+                break
+        (work,) = tmp_path.glob("fedkl-grpc-*")  # run_grpc's own temporary folder
+        up = deploy.processes_of(work)
+        assert len(up) >= 4, "".join(said)  # the SuperLink and 3 SuperNodes (at least)
+        os.killpg(p.pid, signal.SIGINT)
+        said += p.communicate()[0].splitlines(keepends=True)
+    finally:
+        if p.poll() is None:  # pragma: no cover - only if an assertion above failed
+            p.kill()
+            p.wait()
+    assert p.returncode == 128 + signal.SIGINT, "".join(said)
+    assert deploy.processes_of(work) == set()  # gone when the command returned, not eventually
+    assert not (work / "certs").exists() and not (work / "flwr-home").exists(), "".join(said)
+    assert f"fedkl grpc: the run failed; its logs are in {work} (keys deleted)\n" in said
+
+
+def test_the_deployed_runs_progress_lines_reach_the_user_as_they_come(tmp_path):
+    """`flwr run --stream`'s output goes to its log; the ServerApp's progress lines (with an ETA) also to the
+    user, each before the next is printed: the child waits for the test to have seen its first line."""
+    import sys
+
+    seen = tmp_path / "seen"
+    child = (
+        "import pathlib, sys\n"
+        "print('INFO: flower noise', flush=True)\n"
+        "print('fedkl progress: round 1/2, 3 s elapsed, ETA 3 s', flush=True)\n"
+        f"while not pathlib.Path({str(seen)!r}).exists(): pass\n"
+        "print('fedkl progress: round 2/2, 6 s elapsed, ETA 0 s')\n"
+    )
+    said = []
+
+    def log(line):
+        said.append(line)
+        seen.touch()  # the event the child waits on: line 1 arrived while the child was still running
+
+    deploy.stream([sys.executable, "-c", child], tmp_path / "run.log", 600, log)
+    assert said == [
+        "fedkl progress: round 1/2, 3 s elapsed, ETA 3 s",
+        "fedkl progress: round 2/2, 6 s elapsed, ETA 0 s",
+    ]
+    assert (tmp_path / "run.log").read_text().splitlines()[0] == "INFO: flower noise"
+    with pytest.raises(RuntimeError, match=r"^python\S* -c failed \(3\); see .*run\.log$"):
+        deploy.stream([sys.executable, "-c", "raise SystemExit(3)"], tmp_path / "run.log", 600, log)
+    with pytest.raises(RuntimeError, match=r"^python\S* -c did not finish within 0 s \(killed\); see "):
+        deploy.stream([sys.executable, "-c", "while True: pass"], tmp_path / "run.log", 0.2, log)
+
+
+def test_progress_lines_give_the_elapsed_time_and_an_eta_from_the_mean_round():
+    from fedkl.flower.server_app import ProgressLines
+
+    now = [100.0]
+    lines = []
+    obs = ProgressLines(lines.append, clock=lambda: now[0])
+    obs.started("run", "ledger")
+    for k, t in ((1, 110.0), (2, 130.0), (4, 140.0)):
+        now[0] = t
+        obs.round({"round": k, "rounds": 4})
+    assert lines == [
+        "fedkl progress: round 1/4, 10 s elapsed, ETA 30 s",
+        "fedkl progress: round 2/4, 30 s elapsed, ETA 30 s",
+        "fedkl progress: round 4/4, 40 s elapsed, ETA 0 s",
+    ]
+
+
+def test_a_folder_that_cannot_be_deleted_is_said_not_ignored(monkeypatch, tmp_path):
+    (tmp_path / "keys").mkdir()
+    said = []
+    assert deploy.remove_tree(tmp_path / "keys", said.append)
+    assert not (tmp_path / "keys").exists() and said == []
+    (tmp_path / "keys").mkdir()
+
+    def busy(path):
+        raise OSError(39, "Directory not empty")
+
+    monkeypatch.setattr(deploy.shutil, "rmtree", busy)
+    monkeypatch.setattr(deploy.time, "sleep", lambda s: None)
+    assert not deploy.remove_tree(tmp_path / "keys", said.append)
+    assert said == [
+        f"fedkl grpc: could not delete {tmp_path / 'keys'} ([Errno 39] Directory not empty); delete it by hand"
+    ]
+
+
+def test_the_wait_for_supernodes_follows_their_progress_not_a_fixed_deadline():
+    """On a loaded machine SuperNodes come online late but steadily: each new one restarts the quiet window
+    (``connect_timeout``), so 8 nodes 50 s apart are all waited for with a 60 s window; a stall of more than
+    the window ends the wait in one line."""
+    from fedkl.flower.localgrid import SimClock
+
+    def nodes_at(times):
+        clock = SimClock()
+        return clock, (lambda: sum(1 for t in times if t <= clock.now))
+
+    clock, online = nodes_at([50.0 * k for k in range(1, 9)])  # the last one at 400 s > 60 s
+    assert deploy.wait_online(online, 8, 60.0, clock=clock) == clock.now == 400.0
+
+    clock, online = nodes_at([10.0, 20.0, 200.0])  # the third after a 180 s stall
+    with pytest.raises(TimeoutError, match=r"^only 2 of 3 SuperNodes online after 80 s \(none new for 60 s\); see w$"):
+        deploy.wait_online(online, 3, 60.0, "see w", clock=clock)
+
+
+def test_a_ctrl_c_while_a_child_is_being_started_is_raised_once_it_is_recorded():
+    import os
+    import signal
+
+    recorded = []
+    with pytest.raises(KeyboardInterrupt):
+        with deploy.signals_deferred():
+            os.kill(os.getpid(), signal.SIGINT)  # arrives while Popen would wait for the child's exec
+            recorded.append("child")  # still runs: the child is recorded, so it can be stopped
+    assert recorded == ["child"]

@@ -627,17 +627,17 @@ def test_deployed_server_app_main_reads_the_run_config(tmp_path):
     assert res["ledger"]["releases"] == 2 and res["ledger"]["max_user_rho"] == ref["ledger"]["max_user_rho"]
 
 
+@pytest.mark.deployment
 def test_grpc_deployment_with_tls_and_node_auth(tmp_path):
     """A real local deployment: SuperLink (TLS, SuperNode auth) + 8 SuperNodes as subprocesses, the
     fedkl app submitted with `flwr run`. User 5's SuperNode has a key that was never registered: the
     SuperLink refuses it, so user 5 fails (zero, charged), exactly like an absent node over the
     LocalGrid with the same seeds; the 7 others give the in-process answers. Every process is gone
     afterwards."""
-    from fedkl.flower.deploy import _proc_table, run_config_for, run_grpc
+    from fedkl.flower.deploy import processes_of, run_config_for, run_grpc
 
     spec = codec.ClientSpec.build("synthetic-least-squares", "least-squares", {"n_users": 8, "m": M, "d": D, "seed": 4})
     cfg = _cfg(tmp_path, "grpc-out", rounds=1)
-    before = set(_proc_table())
     # run_grpc submits the run once the 7 registered SuperNodes are online, so the ServerApp need not wait
     # for user 5 to connect (it never will); the 7 ClientApps, which start concurrently and slowly on a
     # loaded machine, still get the scaled handshake deadline, and the wait ends on their last reply.
@@ -654,13 +654,6 @@ def test_grpc_deployment_with_tls_and_node_auth(tmp_path):
     logs = (tmp_path / "grpc" / "superlink.log").read_text()
     assert "TLS disabled" not in logs and "SuperNode authentication is disabled" not in logs
 
-    def ours(pid: int) -> bool:
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            return False
-        return b"flower-super" in cmd or b"flwr-" in cmd
-
-    table = _proc_table()
-    left = [p for p in set(table) - before if table[p][1] != "Z" and ours(p)]
-    assert left == [], [(p, table[p], Path(f"/proc/{p}/cmdline").read_bytes()) for p in left]
+    # this deployment's processes only: another run's (a concurrent test session) are not ours to judge
+    left = processes_of(tmp_path / "grpc")
+    assert left == set(), [(p, Path(f"/proc/{p}/cmdline").read_bytes()) for p in left]

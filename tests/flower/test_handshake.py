@@ -16,7 +16,7 @@ from test_flower import LS, N, _inprocess, _noisy_gd_with, _w
 from fedkl.federation.base import ClippedGradient
 from fedkl.flower import localgrid
 from fedkl.flower.client_app import make_client_app
-from fedkl.flower.federation import POLL_S, FlowerFederation, answer_deadline, connect_deadline
+from fedkl.flower.federation import POLL_S, STALL_FACTOR, FlowerFederation, answer_deadline, connect_deadline
 from fedkl.flower.localgrid import LocalGrid
 
 pytestmark = pytest.mark.flower
@@ -47,8 +47,8 @@ def test_the_wait_returns_on_the_last_reply_of_late_nodes_and_slow_clientapps():
 
 def test_at_the_deadline_the_missing_users_are_named_in_one_line_and_charged(tmp_path, caplog):
     never = [2, 5, 7, 8, 9, 11, 13]  # never connect
-    too_slow = 14  # answers the handshake long after the deadline
-    grid = _grid(absent=never, faults={too_slow: localgrid.delay(10_000.0, handshake=True)})
+    too_slow = 14  # would answer the handshake long after the deadline, but crashes (goes offline) first
+    grid = _grid(absent=never, faults={too_slow: localgrid.delay(10_000.0, handshake=True)}, leave_at={too_slow: 30.0})
     with caplog.at_level(logging.WARNING, logger="fedkl.flower.federation"):
         fed = FlowerFederation(grid, user_ids=IDS)
     asked = N - len(never)
@@ -71,6 +71,24 @@ def test_at_the_deadline_the_missing_users_are_named_in_one_line_and_charged(tmp
     report = fed.failure_report()
     assert report["counts"] == {"absent": 4 * len(missing)}
     assert json.loads(json.dumps(report))["handshake"]["unserved"][IDS[2]].startswith("absent: ")
+
+
+def test_a_node_still_online_at_the_deadline_is_waited_for_longer_one_that_crashed_is_not(caplog):
+    """A loaded machine: node 3's ClientApp answers at 1.5x the answer deadline while its SuperNode stays
+    online, so it is waited for (one line says so) and serves its user; node 9 stays online and never answers:
+    given up at STALL_FACTOR x the deadline. An explicit handshake_timeout is not extended."""
+    d = answer_deadline(N)
+    faults = {3: localgrid.delay(1.5 * d, handshake=True), 9: localgrid.delay(10_000.0, handshake=True)}
+    with caplog.at_level(logging.WARNING, logger="fedkl.flower.federation"):
+        fed = FlowerFederation(_grid(faults=faults), user_ids=IDS, wait_for_nodes=0.0)
+    assert 3 in fed.node_of and fed.missing == [9]
+    now = fed.grid.clock.now
+    assert STALL_FACTOR * d <= now <= STALL_FACTOR * (d + POLL_S) + POLL_S
+    waits = [r.getMessage() for r in caplog.records if "still online" in r.getMessage()]
+    assert len(waits) == 1 and waits[0].startswith("2 asked node(s) have not answered the fedkl handshake after")
+
+    fed = FlowerFederation(_grid(faults=faults), user_ids=IDS, wait_for_nodes=0.0, handshake_timeout=50.0)
+    assert fed.missing == [3, 9] and 50.0 <= fed.grid.clock.now <= 50.0 + POLL_S
 
 
 def test_without_an_enrolment_missing_users_refuse_the_run_in_one_line():
@@ -152,3 +170,85 @@ def test_fedkl_run_over_grpc_exits_non_zero_in_one_line_when_the_deployment_fail
     assert main([*argv, "--users", "3", "--no-reference", "--out", str(tmp_path / "o")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == "fedkl run: error: the fedkl ServerApp failed: RuntimeError: no Flower node connected within 76 s"
+
+
+P = _inprocess(LS).num_params  # the server's model size (its own problem)
+
+
+def test_a_node_answering_for_another_model_is_refused_alone(tmp_path, caplog):
+    """Node 4's handshake reports one parameter more than the server's problem: only that node is
+    refused; its user fails 'wrong-model' every request (charged, zero), everyone else trains as before."""
+    grid = _grid(faults={4: localgrid.wrong_info(num_params=1)})
+    with caplog.at_level(logging.WARNING, logger="fedkl.flower.federation"):
+        fed = FlowerFederation(grid, user_ids=IDS, wait_for_nodes=0.0, num_params=P)
+    why = f"answers for a model of {P + 1} parameters; the server's problem has {P}"
+    assert fed.num_params == P and 4 not in fed.node_of and len(fed.node_of) == N - 1
+    assert fed.handshake["refused_nodes"] == {str(_node(grid, 4)): why}
+    assert fed.handshake["unserved"] == {IDS[4]: f"wrong-model: node {_node(grid, 4)} {why}"}
+    assert fed.missing == []
+    assert any(f"node {_node(grid, 4)} is refused: {why}" == r.getMessage() for r in caplog.records)
+    q = ClippedGradient(_w(1, 2.0), 0.4)
+    a, ref = fed.compute(q), _inprocess(LS).compute(q)
+    assert a.failed == [4] and not a.values[4].any()
+    good = [u for u in range(N) if u != 4]
+    assert torch.allclose(a.values[good], ref.values[good], rtol=0, atol=1e-12)
+    assert sum(1 for p, _ in grid.calls if p == 4) == 1  # the handshake only: never asked a query
+
+    res, ledger, _ = _noisy_gd_with(fed, tmp_path, "wrong-model")
+    assert [h["failed_users"] for h in res.history] == [1] * 4
+    assert all(ledger.spend(uid).releases == 4 for uid in IDS)  # the refused node's user charged too
+    report = json.loads(json.dumps(fed.failure_report()))
+    assert report["counts"] == {"wrong-model": 4 + 1}  # the compute above and the 4 rounds
+    assert report["kinds"]["wrong-model"].startswith("its node answers for a model of another size")
+
+
+def test_another_number_of_users_refuses_that_node_alone():
+    grid = _grid(faults={6: localgrid.wrong_info(num_partitions=3)})
+    fed = FlowerFederation(grid, user_ids=IDS, wait_for_nodes=0.0, num_params=P)
+    assert fed.handshake["refused_nodes"] == {str(_node(grid, 6)): f"holds a dataset of {N + 3} users, expected {N}"}
+    assert fed.missing == [6] and fed.compute(ClippedGradient(_w(0), 1.0)).failed == [6]
+
+
+def test_disagreeing_nodes_without_the_servers_facts_refuse_the_run_in_one_line():
+    """Without the server's model size (or enrolment) nobody can tell which node is wrong: refused."""
+    with pytest.raises(RuntimeError, match=rf"^nodes disagree on the model size \(num_params \[{P}, {P + 2}\]\); pass"):
+        FlowerFederation(_grid(faults={1: localgrid.wrong_info(num_params=2)}), user_ids=IDS, wait_for_nodes=0.0)
+    with pytest.raises(RuntimeError, match=rf"^nodes disagree on the number of users \(\[{N}, {N + 1}\]\); pass user"):
+        FlowerFederation(_grid(faults={1: localgrid.wrong_info(num_partitions=1)}), wait_for_nodes=0.0)
+
+
+def test_a_run_with_no_node_left_fails_in_one_line():
+    grid = _grid(faults={p: localgrid.wrong_info(num_params=3) for p in range(N)})
+    msg = f"^no Flower node is left to ask: all {N} were refused \\(answers for a model of {P + 3} parameters; the server's problem has {P}\\)$"
+    with pytest.raises(RuntimeError, match=msg):
+        FlowerFederation(grid, user_ids=IDS, wait_for_nodes=0.0, num_params=P)
+
+
+def _deployed(tmp_path, faults):
+    from flwr.app import Context, RecordDict
+
+    from fedkl.flower import client_app, server_app
+
+    rc = {"fedkl-dataset": "synthetic-least-squares", "fedkl-seed": 3, "fedkl-rounds": 2, "fedkl-users": 4}
+    rc |= {"fedkl-out": str(tmp_path / "out"), "fedkl-reference": False, "fedkl-wait-for-nodes": 0.0}
+    grid = LocalGrid(client_app.app, 4, run_config=rc, faults=faults)
+    server_app._deployed_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc))
+    return tmp_path / "out"
+
+
+def test_the_deployed_server_refuses_a_wrong_model_node_by_its_own_problem_and_goes_on(tmp_path, capsys):
+    out = _deployed(tmp_path, {2: localgrid.wrong_info(num_params=5)})
+    progress = [line for line in capsys.readouterr().out.splitlines() if line.startswith("fedkl progress: ")]
+    assert [line.split(",")[0] for line in progress] == ["fedkl progress: round 1/2", "fedkl progress: round 2/2"]
+    res = json.loads(next(out.rglob("flower_result.json")).read_text())
+    assert res["failed_users"] == [1, 1]
+    assert res["failures"]["counts"] == {"wrong-model": 2}
+    (why,) = res["failures"]["handshake"]["unserved"].values()
+    assert why.startswith("wrong-model: node ") and "the server's problem has" in why
+
+
+def test_a_deployed_run_whose_nodes_all_answer_for_another_model_fails_in_one_line(tmp_path):
+    with pytest.raises(RuntimeError, match="^no Flower node is left to ask: all 4 were refused"):
+        _deployed(tmp_path, {p: localgrid.wrong_info(num_params=5) for p in range(4)})
+    err = json.loads((tmp_path / "out" / "flower_error.json").read_text())["error"]
+    assert err.startswith("RuntimeError: no Flower node is left to ask") and "\n" not in err

@@ -183,6 +183,7 @@ def test_a_file_dataset_over_flower_local_is_the_inprocess_run(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.deployment
 def test_sites_over_grpc_with_tls_load_their_own_files(tmp_path):
     """A loopback deployment (SuperLink with TLS and SuperNode auth, one SuperNode per site started with
     its own ``data-path``, the app submitted with `flwr run`) releases the model the same nodes give over
@@ -192,7 +193,7 @@ def test_sites_over_grpc_with_tls_load_their_own_files(tmp_path):
     paths = _site_files(tmp_path)
     rc = _sites_run_config(tmp_path / "grpc-out")
     node_config = {p: {"data-path": str(path)} for p, path in paths.items()}
-    res = run_grpc(rc, len(SITES), workdir=str(tmp_path / "grpc"), timeout=400, node_config=node_config, log=print)
+    res = run_grpc(rc, len(SITES), workdir=str(tmp_path / "grpc"), node_config=node_config, log=print)
     local = _sites_run_config(tmp_path / "local")
     ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=local)
     server_app._deployed_main(_grid(paths, run_config=local), ctx)
