@@ -418,6 +418,33 @@ def sco_phases(n: int, n0: int) -> int:
     return T
 
 
+# --- the split of (eps, delta) between Phased-ERM's phases ----------------------------------------
+PHASE_SPLITS = ("optimal", "equal")
+
+
+def phase_weights(T: int) -> tuple[float, ...]:
+    """w_j of the split bound S = sum_j w_j c_j^2 (:func:`split_bound`): 4^-j, and 4^-T 4/3 for the last
+    phase (the tail sum_{j >= T} 4^-j, so that an equal split gives S = c^2/3, the (8/3) c^2 of lambda*)."""
+    if T < 1:
+        raise ValueError(f"need T >= 1 phases, got {T}")
+    return tuple(4.0**-j * (4.0 / 3.0 if j == T else 1.0) for j in range(1, T + 1))
+
+
+def split_bound(weights: Sequence[float], cs: Sequence[float]) -> float:
+    """S = sum_j w_j c_j^2: Phased-ERM's bound is 2 lam D^2 + 8 d G^2 S/(lam n^2 m) (phased_erm docstring)."""
+    return math.fsum(w * c * c for w, c in zip(weights, cs, strict=True))
+
+
+def geometric_split(total: float, weights: Sequence[float], a: float) -> tuple[float, ...]:
+    """total x w_j^a / sum_k w_k^a (a = 0: the equal split; a = 1/(2p+1): the optimum when c ~ eps^-p).
+    The parts sum to ``total`` (the last absorbs the rounding)."""
+    raw = [w**a for w in weights]
+    s = math.fsum(raw)
+    parts = [total * r / s for r in raw]
+    parts[-1] = total - math.fsum(parts[:-1])
+    return tuple(parts)
+
+
 def lam_star_erm(c: float, G: float, D: float, d: int, n: int, m: int) -> float:
     """lambda* = (2/sqrt 3) c G sqrt(d) / (D n sqrt m): minimiser of 2 lam D^2 + (8/3) c^2 d G^2/(lam n^2 m)."""
     return (2.0 / math.sqrt(3.0)) * c * G * math.sqrt(d) / (D * n * math.sqrt(m))
@@ -717,17 +744,20 @@ __all__ = [
     "inner_noise_ratio",
     "precheck_calls",
     "setting_from_run_config",
+    "PHASE_SPLITS",
     "PhaseCall",
     "PhaseSpec",
     "PhasedResult",
     "PhasedSetting",
     "check_approx_releaser",
     "erm_phases",
+    "geometric_split",
     "hash_order",
     "kappa",
     "lam_sco",
     "lam_star_erm",
     "noise_ratio",
+    "phase_weights",
     "project_ball",
     "require_budget",
     "rule_delta",
@@ -739,4 +769,5 @@ __all__ = [
     "sco_min_cohort",
     "sco_phases",
     "setting_for_problem",
+    "split_bound",
 ]
