@@ -71,10 +71,11 @@ class P002Release(StabilityDelta):
         "heuristic",
         choices=DELTA_SELECTIONS,
     )
-    p002_select_fraction: float = param(
-        0.25,
+    p002_select_fraction: float | None = param(
+        None,
         "paper-002 algorithms with --p002-delta-select sparse-vector: the share of each release's eps spent "
-        "choosing its Delta",
+        "choosing its Delta (default: the share of least expected noise on IID users' score profile, from "
+        "public values: fedkl/algorithms/delta_share.py; 0.25 was the old fixed share)",
         "heuristic",
         positive=True,
     )
@@ -120,10 +121,10 @@ class PhasedParams(Domain, P002Release):
         "theorem",
     )
     p002_phase_split: str = param(
-        "optimal",
-        "phased-erm / sc-phased-erm: the split of (eps, delta) between the T phases: optimal (eps_i, delta_i ~ "
-        "4^(-i a), a = 1/(2p+1) from the noise's slope p, the split that minimises the error bound; "
-        "fedkl/algorithms/phased_erm.py) or equal ((eps/T, delta/T), the paper's)",
+        "equal",
+        "phased-erm / sc-phased-erm: the split of (eps, delta) between the T phases: equal ((eps/T, delta/T), "
+        "the paper's) or optimal (eps_i, delta_i ~ 4^(-i a), a = 1/(2p+1) from the noise's slope p, the split "
+        "that minimises the error bound; fedkl/algorithms/phased_erm.py)",
         "theorem",
         choices=PHASE_SPLITS,
     )
@@ -150,7 +151,7 @@ def phased_config(params: PhasedParams, eps: float, delta: float, seed: int) -> 
         seed=int(seed),
         test=params.p002_test,
         delta_select=params.p002_delta_select,
-        select_fraction=float(params.p002_select_fraction),
+        select_fraction=params.p002_select_fraction,
         phase_split=params.p002_phase_split,
     )
 

@@ -71,6 +71,7 @@ from typing import Callable, Sequence, Union
 import torch
 
 from fedkl.algorithms.del_output_pert import DelOutputPertConfig, deletion_depth
+from fedkl.algorithms.delta_share import release_share
 from fedkl.algorithms.diameter_output_pert import (
     DiameterSCOutputPert,
     DiameterTestConfig,
@@ -236,7 +237,8 @@ class SelectedDeltaInnerRelease(SCInnerRelease):
     """:class:`SCInnerRelease` whose every call chooses its Delta privately (issue 13 §2): the call
     (eps_i, delta_i, Delta_i) runs :class:`~fedkl.algorithms.diameter_output_pert.SelectedDeltaSCOutputPert`
     over the public grid Delta_i / ratio^k, k = size-1..0 (ending at the rule's Delta_i): AboveThreshold
-    at eps_sel = ``select_fraction`` eps_i on the capped deletion scores, then the diameter-test release of
+    at eps_sel = ``select_fraction`` eps_i (None: :meth:`share`'s rule, fedkl/algorithms/delta_share.py) on
+    the capped deletion scores, then the diameter-test release of
     the chosen Delta at (eps_i - eps_sel, delta_i).
 
     Guarantee of one call: **(eps_i, delta_i)-DP, user level, replace-one, n public** (proof in
@@ -259,7 +261,7 @@ class SelectedDeltaInnerRelease(SCInnerRelease):
         problem: Problem,
         feature_bound: float,
         *,
-        select_fraction: float = 0.25,
+        select_fraction: float | None = None,
         grid_ratio: float = 2.0,
         grid_size: int = 12,
         **kw,
@@ -269,32 +271,41 @@ class SelectedDeltaInnerRelease(SCInnerRelease):
             raise ValueError(
                 "the private Delta selection uses the diameter test: give test auto, vertex-cover or matching"
             )
-        if not 0 < select_fraction < 1:
+        if select_fraction is not None and not 0 < select_fraction < 1:
             raise ValueError(f"select_fraction must be in (0, 1), got {select_fraction}")
-        self.select_fraction, self.grid_ratio, self.grid_size = float(select_fraction), grid_ratio, grid_size
+        self.select_fraction = None if select_fraction is None else float(select_fraction)
+        self.grid_ratio, self.grid_size = grid_ratio, grid_size
 
-    def release_eps(self, eps: float) -> float:
+    def share(self, eps: float, delta: float) -> float:
+        """The selection's share of a call's eps: the given fraction, else the rule of
+        :func:`fedkl.algorithms.delta_share.release_share` at (eps, delta) (public)."""
+        if self.select_fraction is not None:
+            return self.select_fraction
+        return release_share(eps, delta, self.calibration, self.test, float(self.grid_ratio), int(self.grid_size))
+
+    def release_eps(self, eps: float, delta: float) -> float:
         """eps_i - eps_sel, computed as SelectedDeltaSCOutputPert does."""
-        return eps - eps * self.select_fraction
+        return eps - eps * self.share(eps, delta)
 
     def kind(self, n: int, eps: float, delta: float) -> str:
         """The diameter score of a release at (eps, delta) (eps: the RELEASE's)."""
         return resolve_test(self.test, n, kappa(eps, delta, self.calibration), self.diameter.max_vc_calls)
 
     def noise_ratio(self, n: int, eps: float, delta: float) -> float:
-        return super().noise_ratio(n, self.release_eps(eps), delta)
+        return super().noise_ratio(n, self.release_eps(eps, delta), delta)
 
     def min_users(self, eps: float, delta: float) -> int:
-        return super().min_users(self.release_eps(eps), delta)
+        return super().min_users(self.release_eps(eps, delta), delta)
 
     def check(self, n: int, eps: float, delta: float) -> None:
-        super().check(n, self.release_eps(eps), delta)
+        super().check(n, self.release_eps(eps, delta), delta)
 
     def mechanism(self, n: int, call: "PhaseCall") -> SelectedDeltaSCOutputPert:
         """The call's whole mechanism (selection + release) over n users (public values only)."""
-        kind = self.kind(n, self.release_eps(call.eps), call.delta)
+        kind = self.kind(n, self.release_eps(call.eps, call.delta), call.delta)
+        share = self.share(call.eps, call.delta)
         return SelectedDeltaSCOutputPert(
-            self.config(call), replace(self.diameter, test=kind), self.select_fraction, self.grid_ratio, self.grid_size
+            self.config(call), replace(self.diameter, test=kind), share, self.grid_ratio, self.grid_size
         )
 
     def __call__(self, federation: Federation, releaser: Releaser, call: "PhaseCall") -> InnerOutcome:
@@ -303,7 +314,12 @@ class SelectedDeltaInnerRelease(SCInnerRelease):
 
 
 def sc_output_pert_inner(
-    problem: Problem, feature_bound: float, *, delta_select: str = "fixed", select_fraction: float = 0.25, **kw
+    problem: Problem,
+    feature_bound: float,
+    *,
+    delta_select: str = "fixed",
+    select_fraction: float | None = None,
+    **kw,
 ) -> SCInnerRelease:
     """The default inner release: :class:`SCInnerRelease` (``delta_select="fixed"``: Delta = the rule's) or
     :class:`SelectedDeltaInnerRelease` (``"sparse-vector"``); other keyword arguments as SCInnerRelease's."""

@@ -55,11 +55,16 @@ note §2E.) Which split is best is a utility question, answered from the bound:
 * Admissible splits. The smallest phase has the deepest deletion test (kappa_j grows as eps_j falls):
   a split is used only if every call runs at n (the inner release's public check and the uc rule's
   n >= 4 kappa_j + 2) and stays in Cor 3.7's regime n >= 8 kappa_j (or, where the equal split is
-  outside it already, no deeper than the equal split). Otherwise a is lowered along a k/16, k = 15..1.
+  outside it already, no deeper than the equal split). Otherwise a is lowered to an admissible a k/16
+  (bisection over k = 15..1).
   The equal split is kept when its S is smaller. Tests: tests/algorithms/test_phase_split.py (the
   power-law case against 200 random splits and every pairwise transfer; the real release within 2% of
   every admissible grid member, S / 60 of the equal split at n = 5000, m = 100, eps = 8).
-* ``phase_split="equal"`` (``--p002-phase-split equal``) keeps the paper's (eps/T, delta/T).
+* ``phase_split="optimal"`` (``--p002-phase-split optimal``) turns it on; the default is still the
+  paper's (eps/T, delta/T): with the profile calibration every distinct phase budget costs one more
+  calibration (a plan at n = 671 took 13x longer on a loaded 2-core machine), and on MovieLens the
+  split's smaller lambda* moves phased-erm's public forecast below the refusal line
+  (tests/test_e2e.py expects a refusal there).
 
 Parameters (defaults are the theorem's; pitfalls of note §6)
 -------------------------------------------------------------
@@ -145,10 +150,13 @@ class PhasedConfig:
         test: the default inner release's deletion test (:class:`~fedkl.algorithms.phased_common.SCInnerRelease`):
             "auto", "exact", "vertex-cover" or "matching".
         delta_select, select_fraction: "fixed" (every call at its rule's Delta) or "sparse-vector" (every
-            call chooses its Delta privately below the rule's, spending select_fraction of its eps:
+            call chooses its Delta privately below the rule's, spending select_fraction of its eps, None: the
+            share that minimises the expected noise, fedkl/algorithms/delta_share.py:
             :class:`~fedkl.algorithms.phased_common.SelectedDeltaInnerRelease`).
-        phase_split: Phased-ERM's split of (eps, delta) between its T phases: "optimal" (the split that
-            minimises the error bound, module docstring) or "equal" ((eps/T, delta/T), the paper's).
+        phase_split: Phased-ERM's split of (eps, delta) between its T phases: "equal" ((eps/T, delta/T),
+            the paper's; the default for now) or "optimal" (the split that minimises the error bound,
+            module docstring; it calibrates each phase's noise separately, T profile calibrations
+            instead of one).
     """
 
     eps: float
@@ -167,8 +175,8 @@ class PhasedConfig:
     seed: int = 0
     test: str = "auto"
     delta_select: str = "fixed"
-    select_fraction: float = 0.25
-    phase_split: str = "optimal"
+    select_fraction: float | None = None
+    phase_split: str = "equal"
 
     def __post_init__(self) -> None:
         if not (self.eps > 0 and math.isfinite(self.eps) and 0 < self.delta < 1):
@@ -193,7 +201,7 @@ class PhasedConfig:
             raise ValueError(f"delta_select must be one of {DELTA_SELECTIONS}, got {self.delta_select!r}")
         if self.phase_split not in PHASE_SPLITS:
             raise ValueError(f"phase_split must be one of {PHASE_SPLITS}, got {self.phase_split!r}")
-        if not 0 < self.select_fraction < 1:
+        if self.select_fraction is not None and not 0 < self.select_fraction < 1:
             raise ValueError(f"select_fraction must be in (0, 1), got {self.select_fraction}")
         rule = self.rule
         if not callable(rule) and rule not in DELTA_RULES:
@@ -402,8 +410,8 @@ class PhasedERM:
         ``equal``: (eps/T, delta/T). ``optimal``: eps_j, delta_j ~ w_j^a with a = 1/(2p+1), p the noise
         constant's log-slope (:meth:`noise_exponent`), or, where a call of that split would be refused at
         this n or leave Cor 3.7's regime (n >= 8 kappa_j; where the equal split is already outside it, no
-        phase deeper than the equal split's), the largest admissible a of the grid a k/16, k = 15..1; the
-        equal split whenever it has the
+        phase deeper than the equal split's), an admissible a of the grid a k/16, k = 15..1, found by
+        bisection (admissibility shrinks as a grows: the last phase's budget falls); the equal split whenever it has the
         smaller bound S. Every candidate is a function of public values only."""
         cfg = self.config
         equal = self.costed_split(
@@ -414,7 +422,12 @@ class PhasedERM:
         p = self.noise_exponent(n, T, beta)
         a = 1.0 / (2.0 * p + 1.0)
         kmax = max(n // 8, equal.kappas[0])  # Cor 3.7's regime n >= 8 kappa, or no deeper than the equal split
-        a = next((a * k / 16 for k in range(16, 0, -1) if self.split_feasible(n, T, beta, a * k / 16, kmax)), 0.0)
+        if not self.split_feasible(n, T, beta, a, kmax):  # bisection on the grid a k/16 (4 checks)
+            lo, hi = 0, 16  # lo: admissible (k = 0 is the equal split), hi: not
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (mid, hi) if self.split_feasible(n, T, beta, a * mid / 16, kmax) else (lo, mid)
+            a = a * lo / 16
         if a <= 0.0:
             return equal
         w = phase_weights(T)

@@ -46,7 +46,7 @@ class PowerLawInner:
 
 def _power_law_alg(p, eps=4.0, delta=1e-5, T=8):
     prob, st = _problem()
-    cfg = PhasedConfig(eps=eps, delta=delta, phases=T, records=100, delta_rule="scaled")
+    cfg = PhasedConfig(eps=eps, delta=delta, phases=T, records=100, delta_rule="scaled", phase_split="optimal")
     return PhasedERM(cfg, prob, X, setting=st, inner=PowerLawInner(p))
 
 
@@ -93,9 +93,10 @@ def test_optimal_split_minimises_the_bound_against_every_alternative(p):
 
 
 def test_the_equal_split_reproduces_the_paper():
+    """The default (and --p002-phase-split equal): (eps/T, delta/T) in every phase, c of that budget."""
     n, eps, delta, T = 10**6, 4.0, 1e-5, 8
     prob, st = _problem()
-    cfg = PhasedConfig(eps=eps, delta=delta, phases=T, records=100, delta_rule="scaled", phase_split="equal")
+    cfg = PhasedConfig(eps=eps, delta=delta, phases=T, records=100, delta_rule="scaled")
     plan = PhasedERM(cfg, prob, X, setting=st, inner=PowerLawInner(2.0)).plan(n, torch.zeros(D, dtype=torch.float64))
     assert [(s.eps, s.delta) for s in plan.specs] == [(eps / T, delta / T)] * T
     assert plan.extra["split_exponent"] == 0.0 and plan.noise_constant == pytest.approx(50.0 * (eps / T) ** -2.0)
@@ -112,7 +113,7 @@ def test_optimal_split_with_the_real_release_beats_every_admissible_alternative(
     departure from a power law; measured 0.6% here), and far below the equal split's (S / 60)."""
     prob, st = _problem()
     n, m, eps, delta = 5000, 100, 8.0, 1e-5
-    alg = PhasedERM(PhasedConfig(eps=eps, delta=delta, records=m), prob, X, setting=st)
+    alg = PhasedERM(PhasedConfig(eps=eps, delta=delta, records=m, phase_split="optimal"), prob, X, setting=st)
     plan = alg.plan(n, torch.zeros(D, dtype=torch.float64))
     T = plan.phases
     beta = plan.beta / T
@@ -141,7 +142,9 @@ def test_optimal_split_charges_sum_to_the_budget(tmp_path):
     prob, st = _problem()
     n, m, eps, delta, T = 256, 10**8, 20.0, 0.2, 4
     fed = MeanFederation(draw_user_means(n, m, D, POP, 1.0, 3))
-    cfg = PhasedConfig(eps=eps, delta=delta, records=m, delta_rule=gaussian_users_rule(1.0, D), phases=T)
+    cfg = PhasedConfig(
+        eps=eps, delta=delta, records=m, delta_rule=gaussian_users_rule(1.0, D), phases=T, phase_split="optimal"
+    )
     alg = PhasedERM(cfg, prob, X, setting=st, inner=MeanTypeInner())
     plan = alg.plan(n, torch.zeros(D, dtype=torch.float64))
     ledger = PrivacyLedger(os.path.join(tmp_path, "l.sqlite"), Budget(eps, delta * 1.01))
