@@ -21,11 +21,12 @@ stop at a capped score) and b = Pr[nu >= rho - kappa/2] (a stop at a passing sco
   both are charged the largest grid value's noise ratio r^(M-1) Delta* (⊥ loses the phase; counted as
   no better than not selecting at all).
 
-:func:`select_share` returns the f of the public grid :data:`SHARES` that minimises this expected
+:func:`ranked_shares` ranks the f of the public grid :data:`SHARES` that minimises this expected
 noise J(f) / Delta* = ratio(eps (1 - f)) E[r^K]. ratio and kappa at eps (1 - f) are interpolated
 log-linearly from their exact values at eps and eps/2 (the calibrations are costly; both are
 power laws in eps to within their integer rounding); the rule is a function of (eps, delta, r, size,
-the calibration) only. The margin kappa eps_sel / 8 of a passing score is about
+the calibration) only; :func:`release_share` takes the best-ranked share whose release the caller's
+public check accepts at its n (a smaller release eps deepens the test). The margin kappa eps_sel / 8 of a passing score is about
 ln(1/delta) f / (4 (1 - f)) whatever eps, so the rule's f depends mostly on delta and the grid.
 Tests: tests/algorithms/test_delta_share.py (the expectation against a Monte-Carlo run of the
 selection on the idealised profile; the chosen f is the grid minimiser; the old fixed 1/4 is kept by
@@ -60,39 +61,40 @@ def expected_overshoot(eps_sel: float, kappa: float, grid_ratio: float, grid_siz
     return float(np.dot(law, cost))
 
 
-def select_share(
+def ranked_shares(
     eps: float,
     ratio: Callable[[float], float],
     kappa: Callable[[float], float],
     grid_ratio: float = 2.0,
     grid_size: int = 12,
     position: int | None = None,
-) -> float:
-    """The share f of :data:`SHARES` minimising ratio(eps (1 - f)) E[r^K] (module docstring).
-    ``ratio(e)``, ``kappa(e)``: sigma/Delta and kappa of the release at eps e (public)."""
+) -> tuple[float, ...]:
+    """:data:`SHARES` ordered by the expected noise ratio(eps (1 - f)) E[r^K] (module docstring), least
+    first; ``ratio(e)``, ``kappa(e)``: sigma/Delta and kappa of the release at eps e (public). A caller
+    whose release refuses the best share at its n takes the first one it accepts (still public)."""
     L = grid_size // 2 if position is None else int(position)
     r0, r1 = ratio(eps), ratio(eps / 2)
     k0, k1 = kappa(eps), kappa(eps / 2)
     p_r, p_k = math.log(r1 / r0) / math.log(2.0), math.log(k1 / k0) / math.log(2.0)
-    return _best_share(eps, r0, p_r, k0, p_k, float(grid_ratio), int(grid_size), L)
+    return _ranked(eps, r0, p_r, k0, p_k, float(grid_ratio), int(grid_size), L)
 
 
 @functools.lru_cache(maxsize=512)
-def _best_share(
+def _ranked(
     eps: float, r0: float, p_r: float, k0: float, p_k: float, grid_ratio: float, size: int, L: int
-) -> float:
+) -> tuple[float, ...]:
     def cost(f: float) -> float:
         scale = (1.0 - f) ** -p_r
         return r0 * scale * expected_overshoot(f * eps, k0 * (1.0 - f) ** -p_k, grid_ratio, size, L)
 
-    return min(SHARES, key=cost)
+    return tuple(sorted(SHARES, key=cost))
 
 
 @functools.lru_cache(maxsize=512)
-def release_share(
+def release_shares(
     eps: float, delta: float, calibration: str, test: str, grid_ratio: float = 2.0, grid_size: int = 12
-) -> float:
-    """:func:`select_share` for a stability release at (eps, delta) with ``calibration``; the noise of
+) -> tuple[float, ...]:
+    """:func:`ranked_shares` for a stability release at (eps, delta) with ``calibration``; the noise of
     the matching score when ``test`` is "matching", else of the exact/vertex-cover chain (the rule
     depends on the noise's slope in eps, nearly the same for both)."""
     score = "matching" if test == "matching" else "exact"
@@ -100,7 +102,22 @@ def release_share(
     def dop(e: float) -> DelOutputPertConfig:
         return DelOutputPertConfig(e, delta, 1.0, calibration, score=score)
 
-    return select_share(eps, lambda e: dop(e).sigma, lambda e: dop(e).kappa, grid_ratio, grid_size)
+    return ranked_shares(eps, lambda e: dop(e).sigma, lambda e: dop(e).kappa, grid_ratio, grid_size)
 
 
-__all__ = ["SHARES", "expected_overshoot", "release_share", "select_share"]
+def release_share(
+    eps: float,
+    delta: float,
+    calibration: str,
+    test: str,
+    grid_ratio: float = 2.0,
+    grid_size: int = 12,
+    accepts: Callable[[float], bool] | None = None,
+) -> float:
+    """The best share of :func:`release_shares` that ``accepts(f)`` (the release's public check at its
+    n; None: any); the best one when none is accepted (the release's check then refuses the run)."""
+    ranked = release_shares(eps, delta, calibration, test, grid_ratio, grid_size)
+    return next((f for f in ranked if accepts is None or accepts(f)), ranked[0])
+
+
+__all__ = ["SHARES", "expected_overshoot", "ranked_shares", "release_share", "release_shares"]

@@ -379,7 +379,8 @@ class SelectedDeltaSCOutputPert:
 
     Public inputs: the total (eps, delta), the grid ``Delta_max / ratio^k`` (k = size-1, ..., 0:
     ascending, ending at the configured Delta), the selection's share of eps (None: the share that
-    minimises the expected noise, :func:`fedkl.algorithms.delta_share.release_share`), and the threshold T
+    minimises the expected noise, :func:`fedkl.algorithms.delta_share.release_share`, among those whose
+    release runs at the public n = ``users`` when given), and the threshold T
     on the deletion score. The run:
 
     1. every candidate ``DiameterSCOutputPert`` at (eps_release = eps - eps_select, delta, Delta_j)
@@ -413,11 +414,26 @@ class SelectedDeltaSCOutputPert:
         grid_ratio: float = 2.0,
         grid_size: int = 12,
         threshold: float | None = None,
+        users: int | None = None,
     ) -> None:
         test = test or DiameterTestConfig()
         if select_fraction is None:  # the public rule of fedkl/algorithms/delta_share.py
+
+            def accepts(f: float) -> bool:  # the release at eps (1 - f) runs at the public n = users
+                try:
+                    DiameterSCOutputPert(replace(config, eps=config.eps * (1 - f)), test).check(users)
+                except ValueError:
+                    return False
+                return True
+
             select_fraction = release_share(
-                config.eps, config.delta, config.calibration, test.test, float(grid_ratio), int(grid_size)
+                config.eps,
+                config.delta,
+                config.calibration,
+                test.test,
+                float(grid_ratio),
+                int(grid_size),
+                None if users is None else accepts,
             )
         if not 0 < select_fraction < 1:
             raise ValueError(f"select_fraction must be in (0, 1), got {select_fraction}")

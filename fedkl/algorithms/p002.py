@@ -200,7 +200,7 @@ def build_sc_output_pert(
                 "vertex-cover or matching"
             )
         test = "auto" if params.p002_test == "auto" else params.p002_test
-        alg = SelectedDeltaSCOutputPert(config, DiameterTestConfig(test=test), params.p002_select_fraction)
+        alg = SelectedDeltaSCOutputPert(config, DiameterTestConfig(test=test), params.p002_select_fraction, users=n)
         alg.check(n)  # public refusal at build time
         return alg
     chooser = SCInnerRelease(problem, ctx.feature_bound, calibration=params.p002_calibration, test=params.p002_test)

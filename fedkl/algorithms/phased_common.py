@@ -276,34 +276,51 @@ class SelectedDeltaInnerRelease(SCInnerRelease):
         self.select_fraction = None if select_fraction is None else float(select_fraction)
         self.grid_ratio, self.grid_size = grid_ratio, grid_size
 
-    def share(self, eps: float, delta: float) -> float:
+    def share(self, eps: float, delta: float, n: int | None = None) -> float:
         """The selection's share of a call's eps: the given fraction, else the rule of
-        :func:`fedkl.algorithms.delta_share.release_share` at (eps, delta) (public)."""
+        :func:`fedkl.algorithms.delta_share.release_share` at (eps, delta), its best share whose release
+        the diameter test accepts at n users (public)."""
         if self.select_fraction is not None:
             return self.select_fraction
-        return release_share(eps, delta, self.calibration, self.test, float(self.grid_ratio), int(self.grid_size))
 
-    def release_eps(self, eps: float, delta: float) -> float:
+        def accepts(f: float) -> bool:
+            try:
+                SCInnerRelease.check(self, n, eps - eps * f, delta)
+            except ValueError:
+                return False
+            return True
+
+        return release_share(
+            eps,
+            delta,
+            self.calibration,
+            self.test,
+            float(self.grid_ratio),
+            int(self.grid_size),
+            None if n is None else accepts,
+        )
+
+    def release_eps(self, eps: float, delta: float, n: int | None = None) -> float:
         """eps_i - eps_sel, computed as SelectedDeltaSCOutputPert does."""
-        return eps - eps * self.share(eps, delta)
+        return eps - eps * self.share(eps, delta, n)
 
     def kind(self, n: int, eps: float, delta: float) -> str:
         """The diameter score of a release at (eps, delta) (eps: the RELEASE's)."""
         return resolve_test(self.test, n, kappa(eps, delta, self.calibration), self.diameter.max_vc_calls)
 
     def noise_ratio(self, n: int, eps: float, delta: float) -> float:
-        return super().noise_ratio(n, self.release_eps(eps, delta), delta)
+        return super().noise_ratio(n, self.release_eps(eps, delta, n), delta)
 
     def min_users(self, eps: float, delta: float) -> int:
         return super().min_users(self.release_eps(eps, delta), delta)
 
     def check(self, n: int, eps: float, delta: float) -> None:
-        super().check(n, self.release_eps(eps, delta), delta)
+        super().check(n, self.release_eps(eps, delta, n), delta)
 
     def mechanism(self, n: int, call: "PhaseCall") -> SelectedDeltaSCOutputPert:
         """The call's whole mechanism (selection + release) over n users (public values only)."""
-        kind = self.kind(n, self.release_eps(call.eps, call.delta), call.delta)
-        share = self.share(call.eps, call.delta)
+        kind = self.kind(n, self.release_eps(call.eps, call.delta, n), call.delta)
+        share = self.share(call.eps, call.delta, n)
         return SelectedDeltaSCOutputPert(
             self.config(call), replace(self.diameter, test=kind), share, self.grid_ratio, self.grid_size
         )

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fedkl.algorithms.del_output_pert import DelOutputPertConfig
-from fedkl.algorithms.delta_share import SHARES, expected_overshoot, release_share, select_share
+from fedkl.algorithms.delta_share import SHARES, expected_overshoot, ranked_shares, release_share
 from fedkl.privacy.rng import NoiseSource
 from fedkl.privacy.sparse_vector import AboveThreshold
 
@@ -40,7 +40,7 @@ def test_more_selection_budget_lands_closer_to_the_jump():
     assert values[0] > 20 and values[-1] < 1.05
 
 
-def test_select_share_is_the_grid_minimiser_of_the_expected_noise():
+def test_the_best_ranked_share_is_the_grid_minimiser_of_the_expected_noise():
     """With sigma/Delta = 40 e^-2 and kappa = 12/e (power laws), the rule's share minimises
     ratio(eps (1 - f)) E[r^K] over every share of the grid, is interior, and beats the old 1/4 by more
     than 10% at delta-typical kappa."""
@@ -52,7 +52,7 @@ def test_select_share_is_the_grid_minimiser_of_the_expected_noise():
     def kappa(e):
         return 12.0 / e
 
-    f = select_share(eps, ratio, kappa)
+    f = ranked_shares(eps, ratio, kappa)[0]
 
     def cost(g):
         return ratio(eps * (1 - g)) * expected_overshoot(g * eps, kappa(eps * (1 - g)), 2.0, 12, 6)
