@@ -410,7 +410,7 @@ class SelectedDeltaSCOutputPert:
         self,
         config: SCOutputPertConfig,
         test: DiameterTestConfig | None = None,
-        select_fraction: float | None = None,
+        select_fraction: float | None = 0.25,
         grid_ratio: float = 2.0,
         grid_size: int = 12,
         threshold: float | None = None,

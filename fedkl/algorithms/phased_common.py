@@ -261,7 +261,7 @@ class SelectedDeltaInnerRelease(SCInnerRelease):
         problem: Problem,
         feature_bound: float,
         *,
-        select_fraction: float | None = None,
+        select_fraction: float | None = 0.25,
         grid_ratio: float = 2.0,
         grid_size: int = 12,
         **kw,
@@ -335,7 +335,7 @@ def sc_output_pert_inner(
     feature_bound: float,
     *,
     delta_select: str = "fixed",
-    select_fraction: float | None = None,
+    select_fraction: float | None = 0.25,
     **kw,
 ) -> SCInnerRelease:
     """The default inner release: :class:`SCInnerRelease` (``delta_select="fixed"``: Delta = the rule's) or
