@@ -74,3 +74,28 @@ def test_release_share_with_the_real_calibrations():
         exact = {g: DelOutputPertConfig(eps * (1 - g), delta, 1.0, "tight", score="matching") for g in (f, 0.25)}
         cost = {g: d.sigma * expected_overshoot(g * eps, d.kappa, 2.0, 12, 6) for g, d in exact.items()}
         assert cost[f] < cost[0.25]
+
+
+def test_the_share_rule_skips_shares_whose_release_the_test_refuses_at_n():
+    """select_fraction=None in a phased call: the best-ranked share at n users large enough for it, else
+    the first share of the ranking whose release the diameter test accepts at n (public: n, eps, delta)."""
+    from fedkl.algorithms.delta_share import release_shares
+    from fedkl.algorithms.phased_common import SCInnerRelease, SelectedDeltaInnerRelease
+    from fedkl.problems.quadratic_mean import QuadraticMean
+
+    eps, delta = 2.0, 1e-3
+    inner = SelectedDeltaInnerRelease(QuadraticMean(4), 3.0, select_fraction=None, calibration="tight", test="matching")
+    ranked = release_shares(eps, delta, "tight", "matching")
+    need = SCInnerRelease.min_users(inner, eps * (1 - ranked[0]), delta)
+    assert inner.share(eps, delta, need) == ranked[0] == inner.share(eps, delta)
+
+    def accepted(f, n):
+        try:
+            SCInnerRelease.check(inner, n, eps - eps * f, delta)
+        except ValueError:
+            return False
+        return True
+
+    f = inner.share(eps, delta, need - 1)
+    assert f != ranked[0] and accepted(f, need - 1)
+    assert not any(accepted(g, need - 1) for g in ranked[: ranked.index(f)])
