@@ -124,6 +124,7 @@ from fedkl.algorithms.del_output_pert import (
     StabilityPlan,
     check_release_start,
 )
+from fedkl.algorithms.delta_share import release_share
 from fedkl.algorithms.matching import deletion_set
 from fedkl.algorithms.mean_output_pert import conflict_edges
 from fedkl.algorithms.sc_output_pert import SCOutputPert, SCOutputPertConfig, release_forecast
@@ -377,7 +378,9 @@ class SelectedDeltaSCOutputPert:
     """sc-output-pert with Delta chosen privately from a public grid (issue 13 §2).
 
     Public inputs: the total (eps, delta), the grid ``Delta_max / ratio^k`` (k = size-1, ..., 0:
-    ascending, ending at the configured Delta), the selection's share of eps, and the threshold T
+    ascending, ending at the configured Delta), the selection's share of eps (None: the share that
+    minimises the expected noise, :func:`fedkl.algorithms.delta_share.release_share`, among those whose
+    release runs at the public n = ``users`` when given), and the threshold T
     on the deletion score. The run:
 
     1. every candidate ``DiameterSCOutputPert`` at (eps_release = eps - eps_select, delta, Delta_j)
@@ -407,11 +410,31 @@ class SelectedDeltaSCOutputPert:
         self,
         config: SCOutputPertConfig,
         test: DiameterTestConfig | None = None,
-        select_fraction: float = 0.25,
+        select_fraction: float | None = 0.25,
         grid_ratio: float = 2.0,
         grid_size: int = 12,
         threshold: float | None = None,
+        users: int | None = None,
     ) -> None:
+        test = test or DiameterTestConfig()
+        if select_fraction is None:  # the public rule of fedkl/algorithms/delta_share.py
+
+            def accepts(f: float) -> bool:  # the release at eps (1 - f) runs at the public n = users
+                try:
+                    DiameterSCOutputPert(replace(config, eps=config.eps * (1 - f)), test).check(users)
+                except ValueError:
+                    return False
+                return True
+
+            select_fraction = release_share(
+                config.eps,
+                config.delta,
+                config.calibration,
+                test.test,
+                float(grid_ratio),
+                int(grid_size),
+                None if users is None else accepts,
+            )
         if not 0 < select_fraction < 1:
             raise ValueError(f"select_fraction must be in (0, 1), got {select_fraction}")
         if not (grid_ratio > 1 and math.isfinite(grid_ratio)):
@@ -419,6 +442,7 @@ class SelectedDeltaSCOutputPert:
         if int(grid_size) != grid_size or grid_size < 2:
             raise ValueError(f"grid_size must be an integer >= 2, got {grid_size}")
         self.config = config
+        self.select_fraction = float(select_fraction)
         self.eps_select = config.eps * select_fraction
         release = replace(config, eps=config.eps - self.eps_select)
         self.grid = tuple(config.Delta / grid_ratio**k for k in range(int(grid_size) - 1, -1, -1))

@@ -3,9 +3,9 @@ names, builders, hyperparameters.
 
 | name | paper | problem class | guarantee (user level, replace-one, n public) | ledger per user | rate |
 |---|---|---|---|---|---|
-| ``phased-erm`` | Alg 3, Thm 4.1 | convex, G-Lipschitz | (eps, delta)-DP, basic composition | T x (eps/T, delta/T), T = ceil(ln nm) | O~(R G sqrt(d)/(n sqrt m)) empirical |
+| ``phased-erm`` | Alg 3, Thm 4.1 | convex, G-Lipschitz | (eps, delta)-DP, basic composition | T releases (eps_i, delta_i) summing to (eps, delta) (the bound-minimising split; equal: eps/T), T = ceil(ln nm) | O~(R G sqrt(d)/(n sqrt m)) empirical |
 | ``phased-sco`` | Alg 4, Thm 5.1 | convex, G-Lipschitz | (eps, delta)-DP, parallel composition over hashed cohorts | (eps, delta) once, own cohort only | O~(R G (sqrt(d)/(n sqrt m) + 1/sqrt(nm))) population |
-| ``sc-phased-erm`` | Alg 5, Thm 4.3 | mu-strongly convex, G-Lipschitz | (eps, delta)-DP | (eps/2, delta/2) + T x (eps/(2T), delta/(2T)) | O~(G^2 d/(mu n^2 m)) empirical |
+| ``sc-phased-erm`` | Alg 5, Thm 4.3 | mu-strongly convex, G-Lipschitz | (eps, delta)-DP | (eps/2, delta/2) + Phased-ERM's split of (eps/2, delta/2) | O~(G^2 d/(mu n^2 m)) empirical |
 | ``sc-phased-sco`` | Alg 6, Thm 5.3 | mu-strongly convex, G-Lipschitz | (eps, delta)-DP | (eps/2, delta/2) + (eps/2, delta/2) if in a cohort | O~((G^2/mu)(d/(n^2 m) + 1/(nm))) population |
 
 Every algorithm here is registered (:mod:`fedkl.algorithms.registry`) with its Params:
@@ -27,6 +27,7 @@ from fedkl.algorithms.phased_common import (
     DELTA_RULES,
     DELTA_SELECTIONS,
     INNER_TESTS,
+    PHASE_SPLITS,
     SCInnerRelease,
     setting_from_run_config,
 )
@@ -73,7 +74,8 @@ class P002Release(StabilityDelta):
     p002_select_fraction: float = param(
         0.25,
         "paper-002 algorithms with --p002-delta-select sparse-vector: the share of each release's eps spent "
-        "choosing its Delta",
+        "choosing its Delta (the expected-noise rule of fedkl/algorithms/delta_share.py is available from "
+        "Python as select_fraction=None; it measured worse than 1/4 on fertility-partition)",
         "heuristic",
         positive=True,
     )
@@ -118,6 +120,14 @@ class PhasedParams(Domain, P002Release):
         "1/(2 n^2 m) for the strongly convex variants)",
         "theorem",
     )
+    p002_phase_split: str = param(
+        "equal",
+        "phased-erm / sc-phased-erm: the split of (eps, delta) between the T phases: equal ((eps/T, delta/T), "
+        "the paper's) or optimal (eps_i, delta_i ~ 4^(-i a), a = 1/(2p+1) from the noise's slope p, the split "
+        "that minimises the error bound; fedkl/algorithms/phased_erm.py)",
+        "theorem",
+        choices=PHASE_SPLITS,
+    )
     p002_min_cohort: int | None = param(
         None, "phased-sco / sc-phased-sco: N0, the smallest cohort (default 8 kappa(eps, delta))", "theorem"
     )
@@ -141,7 +151,8 @@ def phased_config(params: PhasedParams, eps: float, delta: float, seed: int) -> 
         seed=int(seed),
         test=params.p002_test,
         delta_select=params.p002_delta_select,
-        select_fraction=float(params.p002_select_fraction),
+        select_fraction=params.p002_select_fraction,
+        phase_split=params.p002_phase_split,
     )
 
 
@@ -189,7 +200,7 @@ def build_sc_output_pert(
                 "vertex-cover or matching"
             )
         test = "auto" if params.p002_test == "auto" else params.p002_test
-        alg = SelectedDeltaSCOutputPert(config, DiameterTestConfig(test=test), params.p002_select_fraction)
+        alg = SelectedDeltaSCOutputPert(config, DiameterTestConfig(test=test), params.p002_select_fraction, users=n)
         alg.check(n)  # public refusal at build time
         return alg
     chooser = SCInnerRelease(problem, ctx.feature_bound, calibration=params.p002_calibration, test=params.p002_test)

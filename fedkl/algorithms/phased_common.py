@@ -71,6 +71,7 @@ from typing import Callable, Sequence, Union
 import torch
 
 from fedkl.algorithms.del_output_pert import DelOutputPertConfig, deletion_depth
+from fedkl.algorithms.delta_share import release_share
 from fedkl.algorithms.diameter_output_pert import (
     DiameterSCOutputPert,
     DiameterTestConfig,
@@ -236,7 +237,8 @@ class SelectedDeltaInnerRelease(SCInnerRelease):
     """:class:`SCInnerRelease` whose every call chooses its Delta privately (issue 13 §2): the call
     (eps_i, delta_i, Delta_i) runs :class:`~fedkl.algorithms.diameter_output_pert.SelectedDeltaSCOutputPert`
     over the public grid Delta_i / ratio^k, k = size-1..0 (ending at the rule's Delta_i): AboveThreshold
-    at eps_sel = ``select_fraction`` eps_i on the capped deletion scores, then the diameter-test release of
+    at eps_sel = ``select_fraction`` eps_i (None: :meth:`share`'s rule, fedkl/algorithms/delta_share.py) on
+    the capped deletion scores, then the diameter-test release of
     the chosen Delta at (eps_i - eps_sel, delta_i).
 
     Guarantee of one call: **(eps_i, delta_i)-DP, user level, replace-one, n public** (proof in
@@ -259,7 +261,7 @@ class SelectedDeltaInnerRelease(SCInnerRelease):
         problem: Problem,
         feature_bound: float,
         *,
-        select_fraction: float = 0.25,
+        select_fraction: float | None = 0.25,
         grid_ratio: float = 2.0,
         grid_size: int = 12,
         **kw,
@@ -269,32 +271,58 @@ class SelectedDeltaInnerRelease(SCInnerRelease):
             raise ValueError(
                 "the private Delta selection uses the diameter test: give test auto, vertex-cover or matching"
             )
-        if not 0 < select_fraction < 1:
+        if select_fraction is not None and not 0 < select_fraction < 1:
             raise ValueError(f"select_fraction must be in (0, 1), got {select_fraction}")
-        self.select_fraction, self.grid_ratio, self.grid_size = float(select_fraction), grid_ratio, grid_size
+        self.select_fraction = None if select_fraction is None else float(select_fraction)
+        self.grid_ratio, self.grid_size = grid_ratio, grid_size
 
-    def release_eps(self, eps: float) -> float:
+    def share(self, eps: float, delta: float, n: int | None = None) -> float:
+        """The selection's share of a call's eps: the given fraction, else the rule of
+        :func:`fedkl.algorithms.delta_share.release_share` at (eps, delta), its best share whose release
+        the diameter test accepts at n users (public)."""
+        if self.select_fraction is not None:
+            return self.select_fraction
+
+        def accepts(f: float) -> bool:
+            try:
+                SCInnerRelease.check(self, n, eps - eps * f, delta)
+            except ValueError:
+                return False
+            return True
+
+        return release_share(
+            eps,
+            delta,
+            self.calibration,
+            self.test,
+            float(self.grid_ratio),
+            int(self.grid_size),
+            None if n is None else accepts,
+        )
+
+    def release_eps(self, eps: float, delta: float, n: int | None = None) -> float:
         """eps_i - eps_sel, computed as SelectedDeltaSCOutputPert does."""
-        return eps - eps * self.select_fraction
+        return eps - eps * self.share(eps, delta, n)
 
     def kind(self, n: int, eps: float, delta: float) -> str:
         """The diameter score of a release at (eps, delta) (eps: the RELEASE's)."""
         return resolve_test(self.test, n, kappa(eps, delta, self.calibration), self.diameter.max_vc_calls)
 
     def noise_ratio(self, n: int, eps: float, delta: float) -> float:
-        return super().noise_ratio(n, self.release_eps(eps), delta)
+        return super().noise_ratio(n, self.release_eps(eps, delta, n), delta)
 
     def min_users(self, eps: float, delta: float) -> int:
-        return super().min_users(self.release_eps(eps), delta)
+        return super().min_users(self.release_eps(eps, delta), delta)
 
     def check(self, n: int, eps: float, delta: float) -> None:
-        super().check(n, self.release_eps(eps), delta)
+        super().check(n, self.release_eps(eps, delta, n), delta)
 
     def mechanism(self, n: int, call: "PhaseCall") -> SelectedDeltaSCOutputPert:
         """The call's whole mechanism (selection + release) over n users (public values only)."""
-        kind = self.kind(n, self.release_eps(call.eps), call.delta)
+        kind = self.kind(n, self.release_eps(call.eps, call.delta, n), call.delta)
+        share = self.share(call.eps, call.delta, n)
         return SelectedDeltaSCOutputPert(
-            self.config(call), replace(self.diameter, test=kind), self.select_fraction, self.grid_ratio, self.grid_size
+            self.config(call), replace(self.diameter, test=kind), share, self.grid_ratio, self.grid_size
         )
 
     def __call__(self, federation: Federation, releaser: Releaser, call: "PhaseCall") -> InnerOutcome:
@@ -303,7 +331,12 @@ class SelectedDeltaInnerRelease(SCInnerRelease):
 
 
 def sc_output_pert_inner(
-    problem: Problem, feature_bound: float, *, delta_select: str = "fixed", select_fraction: float = 0.25, **kw
+    problem: Problem,
+    feature_bound: float,
+    *,
+    delta_select: str = "fixed",
+    select_fraction: float | None = 0.25,
+    **kw,
 ) -> SCInnerRelease:
     """The default inner release: :class:`SCInnerRelease` (``delta_select="fixed"``: Delta = the rule's) or
     :class:`SelectedDeltaInnerRelease` (``"sparse-vector"``); other keyword arguments as SCInnerRelease's."""
@@ -416,6 +449,33 @@ def sco_phases(n: int, n0: int) -> int:
     while (n >> (T + 1)) >= n0:
         T += 1
     return T
+
+
+# --- the split of (eps, delta) between Phased-ERM's phases ----------------------------------------
+PHASE_SPLITS = ("optimal", "equal")
+
+
+def phase_weights(T: int) -> tuple[float, ...]:
+    """w_j of the split bound S = sum_j w_j c_j^2 (:func:`split_bound`): 4^-j, and 4^-T 4/3 for the last
+    phase (the tail sum_{j >= T} 4^-j, so that an equal split gives S = c^2/3, the (8/3) c^2 of lambda*)."""
+    if T < 1:
+        raise ValueError(f"need T >= 1 phases, got {T}")
+    return tuple(4.0**-j * (4.0 / 3.0 if j == T else 1.0) for j in range(1, T + 1))
+
+
+def split_bound(weights: Sequence[float], cs: Sequence[float]) -> float:
+    """S = sum_j w_j c_j^2: Phased-ERM's bound is 2 lam D^2 + 8 d G^2 S/(lam n^2 m) (phased_erm docstring)."""
+    return math.fsum(w * c * c for w, c in zip(weights, cs, strict=True))
+
+
+def geometric_split(total: float, weights: Sequence[float], a: float) -> tuple[float, ...]:
+    """total x w_j^a / sum_k w_k^a (a = 0: the equal split; a = 1/(2p+1): the optimum when c ~ eps^-p).
+    The parts sum to ``total`` (the last absorbs the rounding)."""
+    raw = [w**a for w in weights]
+    s = math.fsum(raw)
+    parts = [total * r / s for r in raw]
+    parts[-1] = total - math.fsum(parts[:-1])
+    return tuple(parts)
 
 
 def lam_star_erm(c: float, G: float, D: float, d: int, n: int, m: int) -> float:
@@ -717,17 +777,20 @@ __all__ = [
     "inner_noise_ratio",
     "precheck_calls",
     "setting_from_run_config",
+    "PHASE_SPLITS",
     "PhaseCall",
     "PhaseSpec",
     "PhasedResult",
     "PhasedSetting",
     "check_approx_releaser",
     "erm_phases",
+    "geometric_split",
     "hash_order",
     "kappa",
     "lam_sco",
     "lam_star_erm",
     "noise_ratio",
+    "phase_weights",
     "project_ball",
     "require_budget",
     "rule_delta",
@@ -739,4 +802,5 @@ __all__ = [
     "sco_min_cohort",
     "sco_phases",
     "setting_for_problem",
+    "split_bound",
 ]

@@ -4,14 +4,15 @@ Phase i = 1..T (every constant public; shared machinery and derivations in
 :mod:`fedkl.algorithms.phased_common`)::
 
     lam_i = lam 4^i;   l_i(theta; x) = l(theta; x) + (lam_i/2)||theta - theta^_{i-1}||^2
-    theta^_i = Inner_{eps/T, delta/T, Delta_i}(l_i; x)          # SCOutputPert by default
+    theta^_i = Inner_{eps_i, delta_i, Delta_i}(l_i; x)          # SCOutputPert by default
     ⊥ -> theta^_i = theta^_{i-1}                                # post-processing; logged in `bottoms`
     else theta^_i <- Proj_K(Clip_{B(theta^_{i-1}, R_i)}(theta^_i)),  R_i = G_c / lam_i
 
 Guarantee
 ---------
 **(eps, delta)-DP, user level, relation replace-one, n public** (add-remove is not covered: the inner
-release's test is defined for a fixed n). Proof: each inner release is (eps/T, delta/T)-DP for every
+release's test is defined for a fixed n). Proof (written for the equal split; any split below is the
+same with (eps_i, delta_i) for (eps/T, delta/T)): each inner release is (eps/T, delta/T)-DP for every
 deterministic f (Thm 3.3; DelOutputPert's sensitivity (8 kappa' or 4 kappa' + 1) Delta_i comes from
 its deletion test, not from a norm bound on the users' answers, kappa' = kappa(eps/(2T), ...)); its
 centre theta^_{i-1}, lam_i and Delta_i are public (earlier private outputs or functions of public
@@ -23,9 +24,50 @@ composition of its eps_sel-DP AboveThreshold and its (eps/T - eps_sel, delta/T) 
 two entries, so the composition above is unchanged), and :meth:`PhasedERM.run` refuses, before reading
 any data, a run that some user cannot afford in full.
 
+The split between phases
+------------------------
+Any public split (eps_1..eps_T, delta_1..delta_T) with sum eps_i = eps, sum delta_i = delta is
+(eps, delta)-DP by the same proof: basic composition holds for ADAPTIVELY chosen releases (phase i's
+centre is phase i-1's output) as long as each one's budget is fixed before the run, and the split is a
+function of (n, m, eps, delta, T, the constants) only. (Advanced composition would not pay at T ~ 12-16,
+note §2E.) Which split is best is a utility question, answered from the bound:
+
+* Telescoping Lemma 4.2 over the ideal noisy iterates (note §2E) gives, with sigma_i the phase noise,
+  ``E[excess] <= 2 lam D^2 + sum_{i<T} (lam_{i+1}/2) d sigma_i^2 + G sqrt(d) sigma_T``. With
+  ``sigma_i = c_i 2G/(lam_i n sqrt m)`` (phased_common; c_i = (sigma/Delta)(eps_i, delta_i) x the
+  rule's factor at kappa_i, beta_i) and lam_i = lam 4^i the i-th term is
+  ``8 d G^2 4^-i c_i^2/(lam n^2 m)``. Bounding the last phase's term by the tail sum_{j>=T} of the
+  same terms at c_T (it is lower order, 4^-T ~ (nm)^-1.39) gives
+  ``B(lam, split) = 2 lam D^2 + 8 d G^2 S/(lam n^2 m)``, ``S = sum_j w_j c_j^2``,
+  ``w_j = 4^-j`` (j < T), ``w_T = 4^-T 4/3`` (:func:`~fedkl.algorithms.phased_common.phase_weights`).
+  An equal split gives S = c^2/3, the (8/3) c^2 of lambda* below, so nothing changes for it.
+* B is increasing in S at every lam, so the split that minimises S minimises the bound whatever lam
+  is; at that split lambda* = 2 G sqrt(d S)/(D n sqrt m) = lam_star_erm(sqrt(3 S), ...), bound
+  8 D G sqrt(d S)/(n sqrt m). The plan reports c = sqrt(3 S) (the equal split's c with the same bound).
+* c_j is not 1/eps_j: sigma/Delta ~ kappa sqrt(ln(1/delta))/eps with kappa ~ ln(1/delta)/eps, and
+  Delta_uc grows with kappa too, so c ~ eps^-p with p ~ 2-2.6 (measured by :meth:`PhasedERM.noise_exponent`
+  as the log-slope of c between eps/T and 2 eps/T). For c_j = A eps_j^-p, minimising
+  sum_j w_j A^2 eps_j^-2p subject to sum_j eps_j = eps is strictly convex and Lagrange's condition
+  ``w_j 2p A^2 eps_j^-(2p+1) = nu`` gives ``eps_j = eps w_j^a / sum_k w_k^a``, ``a = 1/(2p+1)``
+  (4^-j/5 to 4^-j/6 here, not the 4^-j/3 of c ~ 1/eps). For delta at fixed eps:
+  d(c_j^2)/d delta_j ~ -c_j^2/(delta_j ln(1/delta_j)), and Lagrange gives delta_j ~ w_j c_j^2 up to the
+  slowly varying ln(1/delta_j); at the eps-optimum w_j c_j^2 ~ w_j^a ~ eps_j, so ``delta_j ~ eps_j``.
+* Admissible splits. The smallest phase has the deepest deletion test (kappa_j grows as eps_j falls):
+  a split is used only if every call runs at n (the inner release's public check and the uc rule's
+  n >= 4 kappa_j + 2) and stays in Cor 3.7's regime n >= 8 kappa_j (or, where the equal split is
+  outside it already, no deeper than the equal split). Otherwise a is lowered to an admissible a k/16
+  (bisection over k = 15..1).
+  The equal split is kept when its S is smaller. Tests: tests/algorithms/test_phase_split.py (the
+  power-law case against 200 random splits and every pairwise transfer; the real release within 2% of
+  every admissible grid member, S / 60 of the equal split at n = 5000, m = 100, eps = 8).
+* ``phase_split="optimal"`` (``--p002-phase-split optimal``) turns it on; the default is still the
+  paper's (eps/T, delta/T): with the profile calibration every distinct phase budget costs one more
+  calibration (a plan at n = 671, T = 7, eps = 2: 5 s -> 38 s, for c 1.32e6 -> 1.21e6: Cor 3.7's
+  regime leaves little room there; at n = 5000, m = 100, eps = 8 the gain is S / 60).
+
 Parameters (defaults are the theorem's; pitfalls of note §6)
 -------------------------------------------------------------
-* T = ceil(ln(n m)) (m = ``records``, public), beta = 1/(n m), beta' = beta / T.
+* T = ceil(ln(n m)) (m = ``records``, public), beta = 1/(n m), beta' = beta / T; the split above.
 * lam = lambda* = (2/sqrt 3) c G sqrt(d)/(D n sqrt m), NOT the paper's G sqrt(d)/(R n sqrt m), which
   leaves c^2 instead of c in the bound (pitfall 7); c = (sigma/Delta of the inner release at
   (eps/T, delta/T)) x (the threshold rule's factor), D >= ||w0 - theta*|| public.
@@ -58,6 +100,7 @@ from fedkl.algorithms.phased_common import (
     DELTA_RULES,
     DELTA_SELECTIONS,
     INNER_TESTS,
+    PHASE_SPLITS,
     DeltaRule,
     InnerRelease,
     PhasedResult,
@@ -65,15 +108,19 @@ from fedkl.algorithms.phased_common import (
     PhaseSpec,
     check_approx_releaser,
     erm_phases,
+    geometric_split,
     inner_noise_ratio,
     kappa,
     lam_star_erm,
+    phase_weights,
+    precheck_calls,
     require_budget,
     rule_delta,
     rule_factor,
     run_phases,
     sc_output_pert_inner,
     setting_for_problem,
+    split_bound,
 )
 from fedkl.federation.base import Federation
 from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, PAPER_002_RELATIONS, Guarantee
@@ -102,8 +149,13 @@ class PhasedConfig:
         test: the default inner release's deletion test (:class:`~fedkl.algorithms.phased_common.SCInnerRelease`):
             "auto", "exact", "vertex-cover" or "matching".
         delta_select, select_fraction: "fixed" (every call at its rule's Delta) or "sparse-vector" (every
-            call chooses its Delta privately below the rule's, spending select_fraction of its eps:
+            call chooses its Delta privately below the rule's, spending select_fraction of its eps (None: the
+            share of least expected noise on the IID profile, fedkl/algorithms/delta_share.py):
             :class:`~fedkl.algorithms.phased_common.SelectedDeltaInnerRelease`).
+        phase_split: Phased-ERM's split of (eps, delta) between its T phases: "equal" ((eps/T, delta/T),
+            the paper's; the default for now) or "optimal" (the split that minimises the error bound,
+            module docstring; it calibrates each phase's noise separately, T profile calibrations
+            instead of one).
     """
 
     eps: float
@@ -122,7 +174,8 @@ class PhasedConfig:
     seed: int = 0
     test: str = "auto"
     delta_select: str = "fixed"
-    select_fraction: float = 0.25
+    select_fraction: float | None = 0.25
+    phase_split: str = "equal"
 
     def __post_init__(self) -> None:
         if not (self.eps > 0 and math.isfinite(self.eps) and 0 < self.delta < 1):
@@ -145,7 +198,9 @@ class PhasedConfig:
             raise ValueError(f"test must be one of {INNER_TESTS}, got {self.test!r}")
         if self.delta_select not in DELTA_SELECTIONS:
             raise ValueError(f"delta_select must be one of {DELTA_SELECTIONS}, got {self.delta_select!r}")
-        if not 0 < self.select_fraction < 1:
+        if self.phase_split not in PHASE_SPLITS:
+            raise ValueError(f"phase_split must be one of {PHASE_SPLITS}, got {self.phase_split!r}")
+        if self.select_fraction is not None and not 0 < self.select_fraction < 1:
             raise ValueError(f"select_fraction must be in (0, 1), got {self.select_fraction}")
         rule = self.rule
         if not callable(rule) and rule not in DELTA_RULES:
@@ -176,7 +231,10 @@ PhasedERMConfig = PhasedConfig  # the name the runner and the first tests use
 
 @dataclass(frozen=True)
 class PhasedPlan:
-    """The public schedule of one run (computed from public values before any data is read)."""
+    """The public schedule of one run (computed from public values before any data is read).
+    ``eps_phase``/``delta_phase``/``kappa``: phase 1's budget and the LARGEST kappa of the phases (each
+    spec has its own (eps_i, delta_i)); ``noise_constant``: c, for an unequal split the effective
+    sqrt(3 S) (:class:`PhaseSplit`)."""
 
     phases: int
     eps_phase: float
@@ -184,10 +242,32 @@ class PhasedPlan:
     lam: float
     beta: float
     kappa: int
-    noise_constant: float | None  # c (None when lam was given and the rule is "fixed")
+    noise_constant: float | None  # c (None when the rule is "fixed")
     distance: float | None
     specs: tuple[PhaseSpec, ...]
     extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PhaseSplit:
+    """Phased-ERM's public split of (eps, delta) between its phases and what it costs.
+
+    ``eps``/``delta``/``kappas``/``cs``: per phase (c_j: the phase's noise constant, or for the fixed rule
+    sigma_j/Delta_j, which enters the bound with the same weights); ``exponent``: a of eps_j ~ w_j^a;
+    ``bound``: S = sum_j w_j c_j^2; ``rule``: in words."""
+
+    eps: tuple[float, ...]
+    delta: tuple[float, ...]
+    kappas: tuple[int, ...]
+    cs: tuple[float, ...]
+    exponent: float
+    bound: float
+    rule: str
+
+    @property
+    def effective_c(self) -> float:
+        """sqrt(3 S): the c of an equal split with the same bound (lambda* = lam_star_erm(sqrt(3 S), ...))."""
+        return math.sqrt(3.0 * self.bound)
 
 
 def _phase_delta(
@@ -257,21 +337,108 @@ class PhasedERM:
 
     # --- the public schedule -------------------------------------------------------------------
     def plan(self, n: int, w0: torch.Tensor, *, distance: float | None = None) -> PhasedPlan:
-        """T, lam, Delta_i (public). ``distance`` overrides the setting's D (the SC variants' R')."""
+        """T, the split, lam, Delta_i (public). ``distance`` overrides the setting's D (the SC variants' R')."""
         cfg, st = self.config, self.setting
         m = cfg.records
         T = cfg.phases if cfg.phases is not None else erm_phases(n, m)
-        eps_i, delta_i = cfg.eps / T, cfg.delta / T
         beta = cfg.beta if cfg.beta is not None else 1.0 / (n * m)
         beta_i = beta / T
-        k = kappa(eps_i, delta_i, cfg.calibration)
-        c = self.noise_constant([n], eps_i, delta_i, k, beta_i)
+        split = self.phase_split(n, T, beta_i)
+        c = None if cfg.rule == "fixed" else split.effective_c
         lam, D = self.base_lam(c, "lambda*", w0, distance, lambda c_, G, D_: lam_star_erm(c_, G, D_, st.dim, n, m))
         specs = []
-        for i in range(1, T + 1):
+        for i, (e_i, d_i, k_i) in enumerate(zip(split.eps, split.delta, split.kappas), start=1):
             lam_i = lam * 4.0**i
-            specs.append(PhaseSpec(i, eps_i, delta_i, lam_i, _phase_delta(cfg, st, i, lam_i, n, k, beta_i)))
-        return PhasedPlan(T, eps_i, delta_i, lam, beta, k, c, D, tuple(specs))
+            specs.append(PhaseSpec(i, e_i, d_i, lam_i, _phase_delta(cfg, st, i, lam_i, n, k_i, beta_i)))
+        extra = {
+            "phase_split": split.rule,
+            "split_exponent": split.exponent,
+            "eps_per_phase": list(split.eps),
+            "delta_per_phase": list(split.delta),
+            "c_per_phase": list(split.cs),
+        }
+        return PhasedPlan(T, split.eps[0], split.delta[0], lam, beta, max(split.kappas), c, D, tuple(specs), extra)
+
+    # --- the split between phases ----------------------------------------------------------------
+    def phase_c(self, n: int, eps: float, delta: float, beta: float) -> tuple[int, float]:
+        """(kappa_j, c_j) of one phase at (eps, delta) over n users: c_j = the noise constant, or for the
+        fixed rule sigma_j/Delta_j (public; ValueError where the uc rule refuses the call)."""
+        cfg = self.config
+        k = kappa(eps, delta, cfg.calibration)
+        if cfg.rule == "fixed":
+            return k, inner_noise_ratio(self.inner, n, eps, delta, cfg.calibration)
+        return k, float(self.noise_constant([n], eps, delta, k, beta))
+
+    def costed_split(self, n: int, eps: tuple, delta: tuple, beta: float, exponent: float, rule: str) -> PhaseSplit:
+        """:class:`PhaseSplit` of given per-phase budgets (public values only)."""
+        kc = [self.phase_c(n, e, d, beta) for e, d in zip(eps, delta, strict=True)]
+        cs = tuple(c for _, c in kc)
+        return PhaseSplit(
+            eps, delta, tuple(k for k, _ in kc), cs, exponent, split_bound(phase_weights(len(eps)), cs), rule
+        )
+
+    def noise_exponent(self, n: int, T: int, beta: float) -> float:
+        """p, the log-slope of the phase noise constant (c_j ~ eps_j^-p) between eps/T and 2 eps/T at
+        delta/T (the constant c_j where the rule defines it at both points, else sigma/Delta). Public."""
+        cfg = self.config
+        lo, hi, d = cfg.eps / T, 2 * cfg.eps / T, cfg.delta / T
+        try:
+            c_lo, c_hi = self.phase_c(n, lo, d, beta)[1], self.phase_c(n, hi, d, beta)[1]
+        except ValueError:  # the rule refuses a call at eps/T over n users: the release's own slope
+            c_lo = inner_noise_ratio(self.inner, n, lo, d, cfg.calibration)
+            c_hi = inner_noise_ratio(self.inner, n, hi, d, cfg.calibration)
+        return max(math.log(c_lo / c_hi) / math.log(hi / lo), 0.0)
+
+    def split_feasible(self, n: int, T: int, beta: float, a: float, max_kappa: int) -> bool:
+        """Whether every call of the split eps_j, delta_j ~ w_j^a runs at n users with kappa_j <=
+        ``max_kappa`` (public). Only the last phase is asked: it has the smallest (eps_j, delta_j), and
+        kappa and the refusals only grow as they shrink."""
+        cfg = self.config
+        w = phase_weights(T)
+        e, d = geometric_split(cfg.eps, w, a)[-1], geometric_split(cfg.delta, w, a)[-1]
+        try:
+            precheck_calls(self.inner, [(n, e, d)])
+            k, _ = self.phase_c(n, e, d, beta)
+        except ValueError:
+            return False
+        return k <= max_kappa
+
+    def phase_split(self, n: int, T: int, beta: float) -> PhaseSplit:
+        """The split of (eps, delta) between the T phases (module docstring, "The split between phases").
+
+        ``equal``: (eps/T, delta/T). ``optimal``: eps_j, delta_j ~ w_j^a with a = 1/(2p+1), p the noise
+        constant's log-slope (:meth:`noise_exponent`), or, where a call of that split would be refused at
+        this n or leave Cor 3.7's regime (n >= 8 kappa_j; where the equal split is already outside it, no
+        phase deeper than the equal split's), an admissible a of the grid a k/16, k = 15..1, found by
+        bisection (admissibility shrinks as a grows: the last phase's budget falls); the equal split whenever it has the
+        smaller bound S. Every candidate is a function of public values only."""
+        cfg = self.config
+        equal = self.costed_split(
+            n, (cfg.eps / T,) * T, (cfg.delta / T,) * T, beta, 0.0, "equal (eps/T, delta/T), basic composition"
+        )
+        if cfg.phase_split == "equal" or T == 1:
+            return equal
+        p = self.noise_exponent(n, T, beta)
+        a = 1.0 / (2.0 * p + 1.0)
+        kmax = max(n // 8, equal.kappas[0])  # Cor 3.7's regime n >= 8 kappa, or no deeper than the equal split
+        if not self.split_feasible(n, T, beta, a, kmax):  # bisection on the grid a k/16 (4 checks)
+            lo, hi = 0, 16  # lo: admissible (k = 0 is the equal split), hi: not
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (mid, hi) if self.split_feasible(n, T, beta, a * mid / 16, kmax) else (lo, mid)
+            a = a * lo / 16
+        if a <= 0.0:
+            return equal
+        w = phase_weights(T)
+        best = self.costed_split(
+            n,
+            geometric_split(cfg.eps, w, a),
+            geometric_split(cfg.delta, w, a),
+            beta,
+            a,
+            f"optimal: eps_j, delta_j ~ w_j^{a:.4g} (noise slope p = {p:.3g}), basic composition",
+        )
+        return best if best.bound < equal.bound else equal
 
     def public_plan(self, n: int, w0: torch.Tensor, user_ids: tuple[str, ...] | None = None) -> PhasedPlan:
         """:meth:`plan` from what the runner knows before any data (Phased-SCO also needs the ids)."""
@@ -383,7 +550,7 @@ class PhasedERM:
         bottoms = [h["phase"] for h in history if h["bottom"]]
         details = {
             "dp": f"approximate (eps, delta)-DP, user level, replace-one, n public; basic composition of "
-            f"{plan.phases} x (eps/T, delta/T)",
+            f"{plan.phases} phases (eps_i, delta_i) summing to (eps, delta)",
             "eps": self.config.eps,
             "delta": self.config.delta,
             "phases": plan.phases,
@@ -393,6 +560,7 @@ class PhasedERM:
             "distance_D": plan.distance,
             "beta": plan.beta,
             "kappa_per_phase": plan.kappa,
+            **plan.extra,
             "delta_rule": self.config.rule if isinstance(self.config.rule, str) else "custom",
             "records_m": self.config.records,
             "bottoms": bottoms,
@@ -405,4 +573,4 @@ class PhasedERM:
 
 
 # --- runner builder -------------------------------------------------------------------------------
-__all__ = ["PhasedConfig", "PhasedERM", "PhasedERMConfig", "PhasedPlan", "PhasedResult"]
+__all__ = ["PhaseSplit", "PhasedConfig", "PhasedERM", "PhasedERMConfig", "PhasedPlan", "PhasedResult"]

@@ -47,9 +47,9 @@ this is the split that minimises the final error bound on the grid, ties and all
 only deepens the test, which the noise already pays for). At the chosen sigma the worst case equals
 delta to the bisection's tolerance: the whole budget is spent, nothing more
 (tests/algorithms/test_output_pert.py::test_profile_split_is_the_grid_split_of_least_noise_and_spends_the_whole_budget).
-The other two splits fedkl makes are fixed public rules, not yet optimised: the AboveThreshold share
-of a privately chosen Delta (``--p002-select-fraction``, default 1/4: eps_sel + eps_release = eps,
-basic composition) and the phases' equal (eps/T, delta/T) (basic composition). Everything is
+The split between Phased-ERM's phases minimises its error bound too (fedkl/algorithms/phased_erm.py,
+"The split between phases"), and the AboveThreshold share of a privately chosen Delta minimises the
+expected noise (fedkl/algorithms/delta_share.py; eps_sel + eps_release = eps, basic composition). Everything is
 a function of (eps, delta, score) only: public. The audits in tests/algorithms/test_output_pert.py and
 tests/algorithms/test_diameter_output_pert.py compute the released law on real neighbouring datasets and check
 HS <= delta in both directions.

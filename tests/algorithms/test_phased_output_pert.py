@@ -106,7 +106,7 @@ def _delta_uc(G, mu, n, m, k, beta):
 def test_phased_erm_schedule_matches_the_formulas():
     prob, st = _problem()
     n, m, eps, delta = 5000, 100, 50.0, 1e-3
-    alg = PhasedERM(PhasedConfig(eps=eps, delta=delta, records=m), prob, X, setting=st)
+    alg = PhasedERM(PhasedConfig(eps=eps, delta=delta, records=m, phase_split="equal"), prob, X, setting=st)
     plan = alg.plan(n, _zeros())
     T = math.ceil(math.log(n * m))
     assert plan.phases == T == 14
@@ -203,9 +203,8 @@ def test_phased_erm_ledger_charges_T_times_eps_over_T(tmp_path):
     n, m, eps, delta, T = 16, 10**12, 30.0, 0.3, 3
     fed = _fed(n, m)
     ledger = _ledger(tmp_path, eps, 0.31)
-    res = PhasedERM(PhasedConfig(eps=eps, delta=delta, phases=T, records=m), prob, X, setting=st).run(
-        fed, Releaser(ledger, NoiseSource(1)), _zeros()
-    )
+    cfg = PhasedConfig(eps=eps, delta=delta, phases=T, records=m, phase_split="equal")  # the paper's split
+    res = PhasedERM(cfg, prob, X, setting=st).run(fed, Releaser(ledger, NoiseSource(1)), _zeros())
     rels = ledger.releases()
     assert [(r["label"], r["users"]) for r in rels] == [(f"phased-erm/phase-{i}", n) for i in (1, 2, 3)]
     assert all(r["eps"] == pytest.approx(eps / T) and r["delta"] == pytest.approx(delta / T) for r in rels)
@@ -258,8 +257,11 @@ def test_strongly_convex_variants_charge_two_halves(tmp_path, cls):
     rels = ledger.releases()
     assert rels[0]["label"] == f"{cls.name}/localize" and rels[0]["users"] == n
     assert (rels[0]["eps"], rels[0]["delta"]) == (eps / 2, delta / 2)
-    if cls is SCPhasedERM:  # then T x (eps/(2T), delta/(2T)) to everyone
-        assert [(r["users"], r["eps"]) for r in rels[1:]] == [(n, pytest.approx(eps / 6))] * 3
+    if cls is SCPhasedERM:  # then T releases to everyone at the plan's split of (eps/2, delta/2)
+        split = res.details["schedule"][1:]
+        assert [(r["users"], r["eps"], r["delta"]) for r in rels[1:]] == [(n, h["eps"], h["delta"]) for h in split]
+        assert math.fsum(r["eps"] for r in rels[1:]) == pytest.approx(eps / 2, rel=1e-12)
+        assert math.fsum(r["delta"] for r in rels[1:]) == pytest.approx(delta / 2, rel=1e-12)
         totals = {(1 + 3, eps, delta)}
     else:  # then (eps/2, delta/2) once, cohort users only
         assert [(r["users"], r["eps"], r["delta"]) for r in rels[1:]] == [
