@@ -95,6 +95,14 @@ def live_catalog() -> dict:
     from fedkl.problems import PROBLEMS
     from fedkl.runner import BACKENDS, KERNEL_SETTINGS, RunConfig
 
+    # a canonical order (algorithms by name, then each one's Params fields): REGISTRY's own order is the
+    # order the algorithm modules happened to be imported in, which differs between processes
+    names = sorted(REGISTRY)
+    fields = hyperparameter_fields()
+    order = list(
+        dict.fromkeys(f.name for a in names for f in dataclasses.fields(REGISTRY[a].params) if f.name in fields)
+    )
+    order += [name for name in fields if name not in order]
     hyper = {
         name: {
             "kind": field_kind(f).__name__,
@@ -103,9 +111,9 @@ def live_catalog() -> dict:
             "origin": f.metadata["origin"],
             "choices": f.metadata.get("choices"),
             "positive": f.metadata.get("positive", False),
-            "algorithms": algorithms_using(name),
+            "algorithms": sorted(algorithms_using(name)),
         }
-        for name, f in hyperparameter_fields().items()
+        for name, f in ((name, fields[name]) for name in order)
     }
     algorithms = {
         name: {
@@ -114,7 +122,7 @@ def live_catalog() -> dict:
             "clients_see": spec.clients_see(spec.params()).describe(),
             "view_depends_on_params": callable(spec.client_view),
         }
-        for name, spec in REGISTRY.items()
+        for name, spec in ((name, REGISTRY[name]) for name in names)
     }
     live = {
         "run_defaults": {f.name: f.default for f in dataclasses.fields(RunConfig) if f.name != "params"},

@@ -252,12 +252,28 @@ def _live(field: str):
 def signals_deferred():
     """Hold Ctrl-C (SIGINT) and SIGTERM back while a child process is started and recorded: one arriving
     while ``Popen`` waits for the child's exec would leave that child running unseen (it then recreated the
-    deleted Flower home, ``make stress`` found); it is raised right after, when the child can be stopped."""
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    deleted Flower home, ``make stress`` found); it is raised right after, when the child can be stopped.
+
+    Python-level handlers, not a signal mask: a mask holds the signal for this thread only, and a process
+    with other threads (gRPC, Ray, torch's pool) would take it on one of those, and Python would still
+    raise it here at once. A Python handler always runs in the main thread, so holding it there holds it
+    for the process. Off the main thread (no handler can be set there) this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+
+    def hold(signum, frame) -> None:
+        pending.append(signum)
+
+    previous = {sig: signal.signal(sig, hold) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if pending:
+            signal.raise_signal(pending[0])  # delivered now to the restored handler (Ctrl-C: KeyboardInterrupt)
 
 
 def _tree(roots: list[int]) -> set[int]:

@@ -186,10 +186,19 @@ def test_the_wait_for_supernodes_follows_their_progress_not_a_fixed_deadline():
 def test_a_ctrl_c_while_a_child_is_being_started_is_raised_once_it_is_recorded():
     import os
     import signal
+    import threading
 
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)  # as in a real run (gRPC, Ray): the OS may hand the signal to it
+    other.start()
     recorded = []
-    with pytest.raises(KeyboardInterrupt):
-        with deploy.signals_deferred():
-            os.kill(os.getpid(), signal.SIGINT)  # arrives while Popen would wait for the child's exec
-            recorded.append("child")  # still runs: the child is recorded, so it can be stopped
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with deploy.signals_deferred():
+                os.kill(os.getpid(), signal.SIGINT)  # arrives while Popen would wait for the child's exec
+                stop.wait(0.2)  # time for the signal to reach the interpreter
+                recorded.append("child")  # still runs: the child is recorded, so it can be stopped
+    finally:
+        stop.set()
+        other.join()
     assert recorded == ["child"]
