@@ -656,14 +656,20 @@ def _deploy(
         stop_processes([p for p, _ in procs], work=work)
 
 
-def train_over_grpc(cfg: Any, dataset: Any, out: str, log=print, **kw: Any) -> tuple[Any, dict]:
+def train_over_grpc(
+    cfg: Any, dataset: Any, out: str, log=print, recover: str | None = None, **kw: Any
+) -> tuple[Any, dict]:
     """``fedkl run --backend grpc``: train ``cfg`` on a fresh local deployment (:func:`run_grpc`, one
     SuperNode per user of ``dataset``); the ServerApp writes the ledger at ``cfg.ledger`` or
-    ``<out>/ledger.sqlite``. Returns ``(result, ledger_summary)`` where ``result`` has ``.w`` (a
+    ``<out>/ledger.sqlite`` and its release journal in ``out``; ``recover``: the out folder of a run whose
+    ServerApp died, recovered by this one (``fedkl-recover``; ``fedkl run --backend grpc --recover``). Returns ``(result, ledger_summary)`` where ``result`` has ``.w`` (a
     float64 tensor, or None for "no output"), ``.history`` and ``.failed_users``."""
     spec = ClientSpec.from_run_config(cfg, task=dataset.task)
     ids = dataset.train.user_ids
-    res = run_grpc(run_config_for(cfg, spec, out=out), len(ids), user_ids=ids, log=log, **kw)
+    rc = run_config_for(cfg, spec, out=out)
+    if recover is not None:
+        rc["fedkl-recover"] = recover
+    res = run_grpc(rc, len(ids), user_ids=ids, log=log, **kw)
     w = None if res.get("w") is None else torch.tensor(res["w"], dtype=torch.float64)
     result = SimpleNamespace(
         w=w,
