@@ -15,8 +15,9 @@ SIGKILL, by process group) when the run ends, fails or is interrupted. Offline: 
 ``FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1`` and a private ``FLWR_HOME``.
 
 Key material (the run's CA, server and node keys) and the private ``FLWR_HOME`` are deleted when the
-run ends, whatever the outcome; a work folder that :func:`run_grpc` created itself is deleted after a
-successful run (a failed run keeps its logs there and says so). One local SuperNode per user costs
+run ends, whatever the outcome; a work folder that :func:`run_grpc` created itself is deleted too (a
+failed run's logs are first copied to ``<fedkl-out>/grpc-logs/``, and it says so); ``FEDKL_KEEP_WORK=1`` keeps
+it (keys deleted), as a ``workdir`` given by the caller is kept. One local SuperNode per user costs
 about :data:`NODE_MEMORY_BYTES`: a population the machine cannot hold is refused before anything starts
 (:func:`local_capacity`).
 """
@@ -52,6 +53,7 @@ REPO = Path(__file__).resolve().parents[2]  # the checkout holding fedkl/ (on th
 # 9.7 GB on tv16, issue 19), and what the SuperLink, the ServerApp and the OS keep besides.
 NODE_MEMORY_BYTES = 240 * 2**20
 RESERVED_BYTES = 1536 * 2**20
+KEEP_WORK = "FEDKL_KEEP_WORK"  # =1: run_grpc's own temporary work folder is kept (logs, app, bindings; keys deleted)
 
 
 def _mem_available_bytes() -> int:
@@ -376,6 +378,12 @@ def run_grpc(
     work.mkdir(parents=True, exist_ok=True)
     rc = dict(run_config)
     rc.setdefault("fedkl-out", str(work / "out"))
+    # deleted at the end: a folder run_grpc made itself, not holding the run's out folder (its ledger)
+    temporary = (
+        own_work
+        and os.environ.get(KEEP_WORK) != "1"
+        and not Path(rc["fedkl-out"]).resolve().is_relative_to(work.resolve())
+    )
     ok = False
     try:
         res = _deploy(
@@ -392,12 +400,20 @@ def run_grpc(
             log,
         )
         ok = True
-        res["workdir"] = None if own_work else str(work)
+        res["workdir"] = None if temporary else str(work)
         return res
     finally:
         for secret in (work / "certs", work / "flwr-home"):  # private keys; Flower's credentials and state
             remove_tree(secret, log)
-        if own_work and ok and not Path(rc["fedkl-out"]).resolve().is_relative_to(work.resolve()):
+        out = Path(rc["fedkl-out"])
+        if temporary and not ok:  # failed: the logs the user needs, to the run's out folder
+            logs = out / "grpc-logs"
+            logs.mkdir(parents=True, exist_ok=True)
+            for f in work.glob("*.log"):
+                shutil.copy2(f, logs / f.name)
+            gone = remove_tree(work, log)
+            log(f"fedkl grpc: the run failed; its logs are in {logs}" + ("" if gone else f" and {work}"))
+        elif temporary:
             remove_tree(work, log)
         elif not ok:
             log(f"fedkl grpc: the run failed; its logs are in {work} (keys deleted)")

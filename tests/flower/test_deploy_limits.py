@@ -39,6 +39,32 @@ def test_a_failed_deployment_deletes_its_keys_and_keeps_its_logs(monkeypatch, tm
     ]
 
 
+@pytest.mark.parametrize("keep", [False, True], ids=["removed", "kept-by-FEDKL_KEEP_WORK"])
+def test_a_failed_deployment_moves_its_logs_to_the_out_folder_and_removes_its_temporary_folder(
+    monkeypatch, tmp_path, keep
+):
+    """run_grpc's own temporary work folder (what `fedkl run --backend grpc` uses) is removed after a failure too:
+    the logs the user needs are copied to <out>/grpc-logs first and the one line says so; FEDKL_KEEP_WORK=1 keeps
+    the folder (keys deleted all the same)."""
+    monkeypatch.setattr(deploy, "_bin", lambda name: "/bin/false")  # the SuperLink exits at once
+    monkeypatch.setattr(deploy.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv(deploy.KEEP_WORK, "1" if keep else "0")
+    out, said = tmp_path / "out", []
+    with pytest.raises(RuntimeError, match="exited with 1"):
+        deploy.run_grpc({"fedkl-dataset": "synthetic-logistic", "fedkl-out": str(out)}, 2, log=said.append)
+    works = list(tmp_path.glob("fedkl-grpc-*"))
+    if keep:
+        (work,) = works
+        assert (work / "superlink.log").exists() and not (work / "certs").exists()
+        assert said == [f"fedkl grpc: the run failed; its logs are in {work} (keys deleted)"]
+        assert not (out / "grpc-logs").exists()
+    else:
+        assert works == []  # nothing left in the temporary directory
+        assert said == [f"fedkl grpc: the run failed; its logs are in {out / 'grpc-logs'}"]
+        assert (out / "grpc-logs" / "superlink.log").exists()
+        assert [p.name for p in (out / "grpc-logs").iterdir()] == ["superlink.log"]  # logs only, never a key
+
+
 @pytest.mark.deployment
 def test_fedkl_run_over_grpc_writes_its_result_and_model(tmp_path):
     """`fedkl run --backend grpc` end to end (SuperLink + 3 SuperNodes): the run writes result.json and
@@ -95,8 +121,9 @@ def test_ctrl_c_on_fedkl_run_over_grpc_stops_every_process_and_deletes_the_keys(
             p.wait()
     assert p.returncode == 128 + signal.SIGINT, "".join(said)
     assert deploy.processes_of(work) == set()  # gone when the command returned, not eventually
-    assert not (work / "certs").exists() and not (work / "flwr-home").exists(), "".join(said)
-    assert f"fedkl grpc: the run failed; its logs are in {work} (keys deleted)\n" in said
+    assert not work.exists(), "".join(said)  # keys, Flower home and the temporary folder: all gone
+    logs = tmp_path / "o" / "grpc-logs"
+    assert f"fedkl grpc: the run failed; its logs are in {logs}\n" in said and (logs / "superlink.log").exists()
 
 
 def test_the_deployed_runs_progress_lines_reach_the_user_as_they_come(tmp_path):
