@@ -686,6 +686,8 @@ def train_over_grpc(
     if recover is not None:
         rc["fedkl-recover"] = recover
     res = run_grpc(rc, len(ids), user_ids=ids, log=log, **kw)
+    if res.get("replayed") is not None:
+        log(f"fedkl grpc: the ServerApp recovered {recover}: {res['replayed']} releases replayed from its journal")
     w = None if res.get("w") is None else torch.tensor(res["w"], dtype=torch.float64)
     result = SimpleNamespace(
         w=w,

@@ -285,8 +285,10 @@ def _train(
     n = len(user_ids)
     delta, run_id, out, ledger_path, noise = runner.prepare_run(cfg, n, suffix=f"-{label}")
     journal_at: str | runner.ReleaseJournal | None = os.path.join(out, runner.JOURNAL_FILE) if journal else None
+    replayed = None
     if recover is not None:
         journal_at = runner.open_recovery(recover, cfg)
+        replayed = len(journal_at)  # all of them, once the run is done (else the Releaser refused it)
         header = journal_at.header()
         run_id, out, ledger_path, delta = header["run_id"], header["out"], header["ledger"], header["delta"]
     log(f"fedkl {label} {run_id}: {cfg.algorithm} on {spec.dataset} ({n} users, {problem.num_params} parameters)")
@@ -314,6 +316,7 @@ def _train(
         "backend": label,
         "failed_users": [h.get("failed_users") for h in history],
         "failures": failures,
+        "replayed": replayed,  # recovering: the releases replayed from the journal (charged by the dead run)
     }
 
 

@@ -87,6 +87,7 @@ def test_a_deployed_server_app_killed_after_k_releases_recovers_bit_for_bit(tmp_
     _serve({**RC, "fedkl-out": str(crashed), "fedkl-recover": str(crashed)})  # a new ServerApp run
     assert f"{K} releases replayed from its journal, none charged twice" in capsys.readouterr().out
     got, want = _result(crashed), _result(clean)
+    assert (got["replayed"], want["replayed"]) == (K, None)
     assert got["w"] == want["w"] and got["failed_users"] == [0] * ROUNDS  # bit for bit; every node answered again
     rows = _rows(crashed / "ledger.sqlite")
     assert rows == _rows(clean / "ledger.sqlite") and [r["seq"] for r in rows] == list(range(ROUNDS))
@@ -140,7 +141,9 @@ def test_fedkl_run_backend_grpc_recover_hands_the_run_to_a_recovering_server_app
         with pytest.raises(Died):
             run_training(RunConfig.from_settings(**settings, out=str(out)), log=lambda s: None)
     _as_kill_9_leaves_it(out / "ledger.sqlite")
-    recovered = recover_run(str(out), log=lambda s: None)
+    said: list[str] = []
+    recovered = recover_run(str(out), log=said.append)
+    assert f"fedkl grpc: the ServerApp recovered {out.resolve()}: {K} releases replayed from its journal" in said
     assert submitted[-1]["fedkl-recover"] == str(out.resolve()) and submitted[-1]["fedkl-out"] == str(out)
     assert [rc.get("fedkl-recover") for rc in submitted[:-1]] == [None, None]
     with PrivacyLedger(out / "ledger.sqlite") as led:
@@ -148,3 +151,94 @@ def test_fedkl_run_backend_grpc_recover_hands_the_run_to_a_recovering_server_app
     assert recovered["backend"] == "grpc" and recovered["run_id"] == run["run_id"] and run["status"] == "finished"
     assert _result(out)["w"] == _result(tmp_path / "clean")["w"]
     assert _rows(out / "ledger.sqlite") == _rows(Path(clean["out_dir"]) / "ledger.sqlite")
+
+
+def _journalled(path: Path) -> int:
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1) as db:
+            return db.execute("SELECT COUNT(*) FROM entries").fetchone()[0]
+    except sqlite3.Error:  # not created yet
+        return 0
+
+
+def _runs(program: str, pid: int) -> bool:
+    """Whether process ``pid`` runs ``program`` (a console script: its name is argv[0] or, under Python, argv[1])."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(Path(a.decode(errors="replace")).name == program for a in argv[:2])
+
+
+@pytest.mark.deployment
+def test_a_kill_9_of_the_deployed_server_app_then_fedkl_run_recover_keeps_the_ledger_intact(tmp_path):
+    """A real loopback deployment (`fedkl run --backend grpc`: SuperLink with TLS and node auth, 3 SuperNodes):
+    its ServerApp process (flwr-serverapp, the coordinator holding the ledger) is SIGKILLed once its journal
+    holds K releases, the deployment stopped (Ctrl-C), then `fedkl run --recover` finishes the run on a fresh
+    deployment: every release charged once, the model the uninterrupted run's. Waits on events only (the
+    journal's count, the processes' exits); the guard is a failure bound for a loaded machine."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import torch
+
+    from fedkl.flower.server_app import run_flower_simulation
+
+    rounds, k, guard = 10, 3, 900.0
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
+    settings = dict(dataset="synthetic-least-squares", problem="least-squares", users=3, rounds=rounds, lr=0.5,
+                    seed=3, noise_seed=5)  # fmt: skip
+    flags = [f"--{key.replace('_', '-')}={v}" for key, v in settings.items()]
+    out = tmp_path / "o"
+    with open(tmp_path / "first.log", "w") as first:
+        p = subprocess.Popen(
+            [sys.executable, "-m", "fedkl.cli", "run", "--backend=grpc", *flags, "--no-reference", f"--out={out}"],
+            env=env, stdout=first, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    deadline = time.monotonic() + guard
+    try:
+        while _journalled(out / JOURNAL_FILE) < k:  # the event: K releases journalled by the ServerApp
+            assert p.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the deployed run journalled no release in time"
+            time.sleep(0.01)
+        (work,) = tmp_path.glob("fedkl-grpc-*")
+        server = [pid for pid in deploy.processes_of(work) if _runs("flwr-serverapp", pid)]
+        assert len(server) == 1, server
+        os.kill(server[0], signal.SIGKILL)  # the coordinator dies
+        os.killpg(p.pid, signal.SIGINT)  # and its operator stops the deployment
+        p.wait(timeout=guard)
+    finally:
+        if p.poll() is None:  # pragma: no cover - only if an assertion above failed
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert p.returncode != 0
+    killed_at = _journalled(out / JOURNAL_FILE)
+    assert k <= killed_at < rounds, (tmp_path / "first.log").read_text()[-3000:]
+    with PrivacyLedger(out / "ledger.sqlite") as led:
+        assert [r["status"] for r in led.runs()] == ["running"]  # nobody ended it: the ServerApp was killed
+        assert killed_at <= led.num_releases() <= killed_at + 1
+
+    rec = subprocess.run(
+        [sys.executable, "-m", "fedkl.cli", "run", f"--recover={out}"], env=env, capture_output=True, timeout=guard
+    )
+    said = rec.stdout.decode() + rec.stderr.decode()
+    assert rec.returncode == 0, said[-3000:]
+    assert f"{killed_at} releases replayed from its journal" in said
+
+    ref = run_flower_simulation(
+        RunConfig.from_settings(**settings, out=str(tmp_path / "ref"), reference=False, kernels="reproducible"),
+        "inprocess",
+        log=lambda s: None,
+    )
+    assert torch.equal(torch.load(out / "model.pt", weights_only=False)["state_dict"]["w"], ref["w"])
+    rows = _rows(out / "ledger.sqlite")
+    assert rows == _rows(ref["ledger_path"]) and [r["seq"] for r in rows] == list(range(rounds))
+    with PrivacyLedger(out / "ledger.sqlite") as led:
+        ((run),) = led.runs()
+        assert run["status"] == "finished" and run["reserved_users"] == 0
+        led.verify()
+    assert list(tmp_path.glob("fedkl-grpc-*")) == []  # both deployments' temporary folders removed
