@@ -3,7 +3,8 @@ recovers a run whose process died: over a LocalGrid, a ServerApp that dies after
 ledger left as a kill -9 leaves it (the run 'running' under a process that is gone), is recovered by a new
 ServerApp run with ``fedkl-recover``; the model equals the uninterrupted run's bit for bit and the ledger holds
 each release once. The same through ``fedkl run --backend grpc`` and ``--recover`` (the deployment replaced by
-the LocalGrid: the real loopback processes are tests/flower/test_deploy_limits.py's)."""
+the LocalGrid), and, marked ``deployment``, a real SIGKILL of the ServerApp process of a loopback deployment
+(TLS, node auth) recovered by ``fedkl run --recover``."""
 
 from __future__ import annotations
 
