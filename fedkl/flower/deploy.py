@@ -421,9 +421,11 @@ def run_grpc(
 
 def stream(args: list[str], logfile: Path, limit: float, log, env: Mapping[str, str] | None = None) -> None:
     """Run ``args`` (``flwr run --stream``) writing its output to ``logfile`` and passing the ServerApp's
-    progress lines (:data:`fedkl.flower.server_app.PROGRESS`, with an ETA) to ``log`` as they come.
+    progress lines (:data:`fedkl.flower.server_app.PROGRESS`, with an ETA) to ``log`` as they come; the run's
+    start (its ledger run: :func:`fedkl.flower.server_app.run_started`) also to this process's run observer.
     RuntimeError (one line) if it exits non-zero or has not finished after ``limit`` seconds (then killed)."""
-    from fedkl.flower.server_app import PROGRESS
+    from fedkl.flower.server_app import PROGRESS, run_started
+    from fedkl.runner import RUN_OBSERVER
 
     with open(logfile, "w") as f:
         with signals_deferred():
@@ -444,6 +446,9 @@ def stream(args: list[str], logfile: Path, limit: float, log, env: Mapping[str, 
                 f.flush()
                 if line.startswith(PROGRESS):
                     log(line.rstrip("\n"))
+                    started, observer = run_started(line), RUN_OBSERVER.get()
+                    if started is not None and observer is not None:  # the ServerApp's ledger run (Ctrl-C says it)
+                        observer.started(*started)
             rc = p.wait()
         finally:
             expired = not timer.is_alive()

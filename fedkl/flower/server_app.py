@@ -374,9 +374,9 @@ PROGRESS = "fedkl progress: "  # the prefix of the deployed ServerApp's progress
 
 
 class ProgressLines(runner.RunObserver):
-    """The deployed ServerApp's progress: after each round one line ``fedkl progress: round k/R, E s elapsed,
-    ETA S s`` (the mean round so far times the rounds left) through ``log``; ``fedkl run --backend grpc``
-    shows these lines as they come."""
+    """The deployed ServerApp's progress: when the run starts ``fedkl progress: run ID on ledger PATH``, after
+    each round one line ``fedkl progress: round k/R, E s elapsed, ETA S s`` (the mean round so far times the
+    rounds left) through ``log``; ``fedkl run --backend grpc`` shows these lines as they come."""
 
     def __init__(self, log: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic) -> None:
         self.log, self.clock = log, clock
@@ -384,12 +384,23 @@ class ProgressLines(runner.RunObserver):
 
     def started(self, run_id: str, ledger_path: str) -> None:
         self.start = self.clock()
+        self.log(f"{PROGRESS}run {run_id} on ledger {os.path.abspath(ledger_path)}")  # read by run_started
 
     def round(self, record: dict) -> None:
         k, total = int(record["round"]), int(record["rounds"])
         elapsed = self.clock() - self.start
         eta = elapsed / max(k, 1) * (total - k)
         self.log(f"{PROGRESS}round {k}/{total}, {elapsed:.0f} s elapsed, ETA {eta:.0f} s")
+
+
+def run_started(line: str) -> tuple[str, str] | None:
+    """``(run id, ledger path)`` of the line :meth:`ProgressLines.started` prints, else None: ``fedkl run
+    --backend grpc`` learns from it which ledger run its ServerApp charges (what Ctrl-C reports)."""
+    head = f"{PROGRESS}run "
+    if not line.startswith(head) or " on ledger " not in line:
+        return None
+    run_id, ledger = line[len(head) :].rstrip("\n").split(" on ledger ", 1)
+    return run_id, ledger
 
 
 def _deployed_train(grid: Grid, rc: Any) -> None:

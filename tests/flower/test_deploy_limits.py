@@ -10,6 +10,7 @@ import pytest
 
 from fedkl.cli import main
 from fedkl.flower import deploy
+from fedkl.runner import RUN_OBSERVER, RunObserver
 
 pytestmark = pytest.mark.flower
 
@@ -135,6 +136,7 @@ def test_the_deployed_runs_progress_lines_reach_the_user_as_they_come(tmp_path):
     child = (
         "import pathlib, sys\n"
         "print('INFO: flower noise', flush=True)\n"
+        "print('fedkl progress: run r1 on ledger /o/ledger.sqlite', flush=True)\n"
         "print('fedkl progress: round 1/2, 3 s elapsed, ETA 3 s', flush=True)\n"
         f"while not pathlib.Path({str(seen)!r}).exists(): pass\n"
         "print('fedkl progress: round 2/2, 6 s elapsed, ETA 0 s')\n"
@@ -145,8 +147,18 @@ def test_the_deployed_runs_progress_lines_reach_the_user_as_they_come(tmp_path):
         said.append(line)
         seen.touch()  # the event the child waits on: line 1 arrived while the child was still running
 
-    deploy.stream([sys.executable, "-c", child], tmp_path / "run.log", 600, log)
+    class Observer(RunObserver):
+        def started(self, run_id, ledger_path):
+            said.append((run_id, ledger_path))
+
+    token = RUN_OBSERVER.set(Observer())
+    try:
+        deploy.stream([sys.executable, "-c", child], tmp_path / "run.log", 600, log)
+    finally:
+        RUN_OBSERVER.reset(token)
     assert said == [
+        "fedkl progress: run r1 on ledger /o/ledger.sqlite",
+        ("r1", "/o/ledger.sqlite"),  # `fedkl run`'s observer learns the ServerApp's ledger run (for Ctrl-C)
         "fedkl progress: round 1/2, 3 s elapsed, ETA 3 s",
         "fedkl progress: round 2/2, 6 s elapsed, ETA 0 s",
     ]
@@ -158,15 +170,17 @@ def test_the_deployed_runs_progress_lines_reach_the_user_as_they_come(tmp_path):
 
 
 def test_progress_lines_give_the_elapsed_time_and_an_eta_from_the_mean_round():
-    from fedkl.flower.server_app import ProgressLines
+    from fedkl.flower.server_app import ProgressLines, run_started
 
     now = [100.0]
     lines = []
     obs = ProgressLines(lines.append, clock=lambda: now[0])
-    obs.started("run", "ledger")
+    obs.started("r1", "/srv/my ledger.sqlite")
     for k, t in ((1, 110.0), (2, 130.0), (4, 140.0)):
         now[0] = t
         obs.round({"round": k, "rounds": 4})
+    assert run_started(lines.pop(0)) == ("r1", "/srv/my ledger.sqlite")  # which ledger run it charges
+    assert [run_started(line) for line in lines] == [None] * 3
     assert lines == [
         "fedkl progress: round 1/4, 10 s elapsed, ETA 30 s",
         "fedkl progress: round 2/4, 30 s elapsed, ETA 30 s",

@@ -222,6 +222,9 @@ def test_a_kill_9_of_the_deployed_server_app_then_fedkl_run_recover_keeps_the_le
     with PrivacyLedger(out / "ledger.sqlite") as led:
         assert [r["status"] for r in led.runs()] == ["running"]  # nobody ended it: the ServerApp was killed
         assert killed_at <= led.num_releases() <= killed_at + 1
+        ((dead),) = led.runs()
+    # Ctrl-C's line names the ServerApp's ledger run and what it charged (not "nothing was charged")
+    assert f"fedkl run: interrupted: run {dead['run_id']} made " in (tmp_path / "first.log").read_text()
 
     rec = subprocess.run(
         [sys.executable, "-m", "fedkl.cli", "run", f"--recover={out}"], env=env, capture_output=True, timeout=guard
