@@ -62,8 +62,9 @@ class Transport:
     (:mod:`fedkl.flower.backends`); the run layer never imports a transport.
 
     ``open(cfg, dataset) -> Federation``: a federation the algorithm trains through here (closed with
-    its ``close()``), or ``train(cfg, dataset, out, log) -> (result, ledger summary)``: a run that
-    keeps its ledger and noise elsewhere (a deployment's ServerApp); ``result`` has ``.w`` and
+    its ``close()``), or ``train(cfg, dataset, out, log[, recover=RUN_DIR]) -> (result, ledger summary)``: a
+    run that keeps its ledger, noise and journal elsewhere (a deployment's ServerApp; ``recover``: recover
+    that run there); ``result`` has ``.w`` and
     ``.guarantee`` (the algorithm's declared :class:`Guarantee`)."""
 
     open: Callable | None = None
@@ -524,6 +525,25 @@ def run_training(
 JOURNAL_FILE = "journal.sqlite"  # in the run folder: the release journal (fedkl.privacy.journal)
 
 
+def open_recovery(run_dir: str, cfg: RunConfig | None = None) -> ReleaseJournal:
+    """The open journal of ``run_dir``'s run, to recover it (close it). JournalError (one line, nothing
+    charged) unless ``cfg`` (default: the settings in the journal, rebuilt) has exactly that run's settings."""
+    journal = ReleaseJournal.open(os.path.join(run_dir, JOURNAL_FILE))
+    try:
+        settings = journal.header()["settings"]
+        ours = json.loads(json.dumps((cfg or RunConfig.from_settings(**settings)).settings(), default=str))
+        differ = sorted(k for k in set(settings) | set(ours) if settings.get(k) != ours.get(k))
+        if differ:
+            raise JournalError(
+                f"{journal.path}: these settings are not the recovered run's ({', '.join(differ)} differ); "
+                "a recovery runs with the run's own settings (nothing was charged)"
+            )
+    except BaseException:
+        journal.close()
+        raise
+    return journal
+
+
 def recover_run(run_dir: str, log: Callable[[str], None] = print, before: Callable | None = None) -> dict:
     """``fedkl run --recover RUN_DIR``: finish the run of ``RUN_DIR`` whose process died (kill -9,
     power loss, OOM ...), from its release journal and its ledger, without charging any release twice
@@ -531,12 +551,15 @@ def recover_run(run_dir: str, log: Callable[[str], None] = print, before: Callab
     data; what it released before the crash is returned from the journal. Not ``--resume`` (a new run
     warm-started from a finished run's released model). ``before(cfg)``: called with the run's
     configuration before it trains (``fedkl run`` registers a Flower backend there)."""
-    journal = ReleaseJournal.open(os.path.join(run_dir, JOURNAL_FILE))
+    journal = open_recovery(run_dir)
     try:
         header = journal.header()
         cfg = RunConfig.from_settings(**header["settings"])
-        if json.loads(json.dumps(cfg.settings(), default=str)) != header["settings"]:
-            raise JournalError(f"{journal.path}: its settings do not rebuild the same run (nothing was charged)")
+        if header.get("deployed") and cfg.backend != "grpc":
+            raise JournalError(
+                f"{run_dir} is the run of a ServerApp started by `flwr run`: recover it the same way, "
+                f"flwr run . --run-config 'fedkl-recover=\"{os.path.abspath(run_dir)}\"' (nothing was charged)"
+            )
         if before is not None:
             before(cfg)
     except BaseException:
@@ -601,8 +624,6 @@ def _run_training(
     n = federation.num_users
     delta, run_id, out, ledger_path, noise = prepare_run(cfg, n)
     if recover is not None:  # the recovered run's own id, folder and ledger
-        if transport is not None and transport.train is not None:
-            raise ValueError(f"--recover replays the releases of this process; backend {cfg.backend} keeps its own")
         header = recover.header()
         run_id, out, ledger_path, delta = header["run_id"], header["out"], header["ledger"], header["delta"]
     log(
@@ -612,7 +633,10 @@ def _run_training(
     )
 
     if transport is not None and transport.train is not None:  # ledger + noise live in the deployment's ServerApp
-        result, summary = transport.train(cfg, dataset, out, log)
+        # recovering: the ServerApp recovers the run of the folder holding the journal (fedkl-recover)
+        # (with the run's own fedkl-out, cfg.out: that run's ServerApp settings, which its recovery must repeat)
+        recovering = {} if recover is None else {"recover": os.path.dirname(os.path.abspath(recover.path))}
+        result, summary = transport.train(cfg, dataset, (recover is not None and cfg.out) or out, log, **recovering)
         declared = result.guarantee
         failures = getattr(result, "failures", None)
     else:

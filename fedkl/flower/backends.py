@@ -29,10 +29,10 @@ def _open(backend: str):
     return open_federation
 
 
-def _train_over_grpc(cfg: Any, dataset: Any, out: str, log: Any):
+def _train_over_grpc(cfg: Any, dataset: Any, out: str, log: Any, recover: str | None = None):
     from fedkl.flower.deploy import train_over_grpc
 
-    return train_over_grpc(cfg, dataset, out, log=log)
+    return train_over_grpc(cfg, dataset, out, log=log, recover=recover)
 
 
 def _open_ray_shards(cfg: Any, dataset: Any):

@@ -15,8 +15,9 @@ SIGKILL, by process group) when the run ends, fails or is interrupted. Offline: 
 ``FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1`` and a private ``FLWR_HOME``.
 
 Key material (the run's CA, server and node keys) and the private ``FLWR_HOME`` are deleted when the
-run ends, whatever the outcome; a work folder that :func:`run_grpc` created itself is deleted after a
-successful run (a failed run keeps its logs there and says so). One local SuperNode per user costs
+run ends, whatever the outcome; a work folder that :func:`run_grpc` created itself is deleted too (a
+failed run's logs are first copied to ``<fedkl-out>/grpc-logs/``, and it says so); ``FEDKL_KEEP_WORK=1`` keeps
+it (keys deleted), as a ``workdir`` given by the caller is kept. One local SuperNode per user costs
 about :data:`NODE_MEMORY_BYTES`: a population the machine cannot hold is refused before anything starts
 (:func:`local_capacity`).
 """
@@ -52,6 +53,7 @@ REPO = Path(__file__).resolve().parents[2]  # the checkout holding fedkl/ (on th
 # 9.7 GB on tv16, issue 19), and what the SuperLink, the ServerApp and the OS keep besides.
 NODE_MEMORY_BYTES = 240 * 2**20
 RESERVED_BYTES = 1536 * 2**20
+KEEP_WORK = "FEDKL_KEEP_WORK"  # =1: run_grpc's own temporary work folder is kept (logs, app, bindings; keys deleted)
 
 
 def _mem_available_bytes() -> int:
@@ -392,6 +394,12 @@ def run_grpc(
     work.mkdir(parents=True, exist_ok=True)
     rc = dict(run_config)
     rc.setdefault("fedkl-out", str(work / "out"))
+    # deleted at the end: a folder run_grpc made itself, not holding the run's out folder (its ledger)
+    temporary = (
+        own_work
+        and os.environ.get(KEEP_WORK) != "1"
+        and not Path(rc["fedkl-out"]).resolve().is_relative_to(work.resolve())
+    )
     ok = False
     try:
         res = _deploy(
@@ -408,12 +416,20 @@ def run_grpc(
             log,
         )
         ok = True
-        res["workdir"] = None if own_work else str(work)
+        res["workdir"] = None if temporary else str(work)
         return res
     finally:
         for secret in (work / "certs", work / "flwr-home"):  # private keys; Flower's credentials and state
             remove_tree(secret, log)
-        if own_work and ok and not Path(rc["fedkl-out"]).resolve().is_relative_to(work.resolve()):
+        out = Path(rc["fedkl-out"])
+        if temporary and not ok:  # failed: the logs the user needs, to the run's out folder
+            logs = out / "grpc-logs"
+            logs.mkdir(parents=True, exist_ok=True)
+            for f in work.glob("*.log"):
+                shutil.copy2(f, logs / f.name)
+            gone = remove_tree(work, log)
+            log(f"fedkl grpc: the run failed; its logs are in {logs}" + ("" if gone else f" and {work}"))
+        elif temporary:
             remove_tree(work, log)
         elif not ok:
             log(f"fedkl grpc: the run failed; its logs are in {work} (keys deleted)")
@@ -421,9 +437,11 @@ def run_grpc(
 
 def stream(args: list[str], logfile: Path, limit: float, log, env: Mapping[str, str] | None = None) -> None:
     """Run ``args`` (``flwr run --stream``) writing its output to ``logfile`` and passing the ServerApp's
-    progress lines (:data:`fedkl.flower.server_app.PROGRESS`, with an ETA) to ``log`` as they come.
+    progress lines (:data:`fedkl.flower.server_app.PROGRESS`, with an ETA) to ``log`` as they come; the run's
+    start (its ledger run: :func:`fedkl.flower.server_app.run_started`) also to this process's run observer.
     RuntimeError (one line) if it exits non-zero or has not finished after ``limit`` seconds (then killed)."""
-    from fedkl.flower.server_app import PROGRESS
+    from fedkl.flower.server_app import PROGRESS, run_started
+    from fedkl.runner import RUN_OBSERVER
 
     with open(logfile, "w") as f:
         with signals_deferred():
@@ -444,6 +462,9 @@ def stream(args: list[str], logfile: Path, limit: float, log, env: Mapping[str, 
                 f.flush()
                 if line.startswith(PROGRESS):
                     log(line.rstrip("\n"))
+                    started, observer = run_started(line), RUN_OBSERVER.get()
+                    if started is not None and observer is not None:  # the ServerApp's ledger run (Ctrl-C says it)
+                        observer.started(*started)
             rc = p.wait()
         finally:
             expired = not timer.is_alive()
@@ -672,14 +693,22 @@ def _deploy(
         stop_processes([p for p, _ in procs], work=work)
 
 
-def train_over_grpc(cfg: Any, dataset: Any, out: str, log=print, **kw: Any) -> tuple[Any, dict]:
+def train_over_grpc(
+    cfg: Any, dataset: Any, out: str, log=print, recover: str | None = None, **kw: Any
+) -> tuple[Any, dict]:
     """``fedkl run --backend grpc``: train ``cfg`` on a fresh local deployment (:func:`run_grpc`, one
     SuperNode per user of ``dataset``); the ServerApp writes the ledger at ``cfg.ledger`` or
-    ``<out>/ledger.sqlite``. Returns ``(result, ledger_summary)`` where ``result`` has ``.w`` (a
+    ``<out>/ledger.sqlite`` and its release journal in ``out``; ``recover``: the out folder of a run whose
+    ServerApp died, recovered by this one (``fedkl-recover``; ``fedkl run --backend grpc --recover``). Returns ``(result, ledger_summary)`` where ``result`` has ``.w`` (a
     float64 tensor, or None for "no output"), ``.history`` and ``.failed_users``."""
     spec = ClientSpec.from_run_config(cfg, task=dataset.task)
     ids = dataset.train.user_ids
-    res = run_grpc(run_config_for(cfg, spec, out=out), len(ids), user_ids=ids, log=log, **kw)
+    rc = run_config_for(cfg, spec, out=out)
+    if recover is not None:
+        rc["fedkl-recover"] = recover
+    res = run_grpc(rc, len(ids), user_ids=ids, log=log, **kw)
+    if res.get("replayed") is not None:
+        log(f"fedkl grpc: the ServerApp recovered {recover}: {res['replayed']} releases replayed from its journal")
     w = None if res.get("w") is None else torch.tensor(res["w"], dtype=torch.float64)
     result = SimpleNamespace(
         w=w,

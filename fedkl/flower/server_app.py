@@ -267,7 +267,12 @@ def _train(
     federation_for: Callable[[ClientSpec, tuple[str, ...], int], Any],
     log: Callable[[str], None],
     spec: ClientSpec | None = None,
+    journal: bool = False,
+    recover: str | None = None,
 ) -> dict:
+    """``journal``: keep the run's release journal in its out folder (``journal.sqlite``, what a
+    recovery needs); ``recover``: the out folder of a run whose process died, recovered here
+    (:func:`fedkl.runner.open_recovery`: its run id, ledger and delta; its releases replayed)."""
     # The server uses the dataset only for the enrolment list (user ids, n) and the problem's shape
     # and initial point; the per-user answers come from the clients.
     if spec is None:
@@ -279,14 +284,22 @@ def _train(
     user_ids = dataset.train.user_ids
     n = len(user_ids)
     delta, run_id, out, ledger_path, noise = runner.prepare_run(cfg, n, suffix=f"-{label}")
+    journal_at: str | runner.ReleaseJournal | None = os.path.join(out, runner.JOURNAL_FILE) if journal else None
+    replayed = None
+    if recover is not None:
+        journal_at = runner.open_recovery(recover, cfg)
+        replayed = len(journal_at)  # all of them, once the run is done (else the Releaser refused it)
+        header = journal_at.header()
+        run_id, out, ledger_path, delta = header["run_id"], header["out"], header["ledger"], header["delta"]
     log(f"fedkl {label} {run_id}: {cfg.algorithm} on {spec.dataset} ({n} users, {problem.num_params} parameters)")
     # the server's own problem fixes the model size: a node answering for another is refused alone
     with federation_for(
         spec, user_ids, problem.num_params
     ) as federation:  # ledger, filter and noise exactly as `fedkl run`
         result, summary, declared = runner.train_federation(
-            cfg, federation, problem, dataset, delta, ledger_path, run_id, noise, log
-        )
+            cfg, federation, problem, dataset, delta, ledger_path, run_id, noise, log,
+            journal=journal_at, journal_header={"out": os.path.abspath(out), "deployed": label == "grpc"},
+        )  # fmt: skip
         failures = federation.failure_report()
     history = result.history or []
     return {
@@ -303,6 +316,7 @@ def _train(
         "backend": label,
         "failed_users": [h.get("failed_users") for h in history],
         "failures": failures,
+        "replayed": replayed,  # recovering: the releases replayed from the journal (charged by the dead run)
     }
 
 
@@ -329,6 +343,10 @@ def _deployed_main(grid: Grid, context: Context) -> None:
     (:func:`fedkl.flower.federation.connect_deadline`, :func:`~fedkl.flower.federation.answer_deadline`);
     ``fedkl-node-bindings``: a JSON file ``{user id: node id}`` binding users to Flower node ids (decides
     duplicate claims, :data:`fedkl.flower.federation.DUPLICATE_RULE`).
+    The run keeps its release journal in ``fedkl-out`` (``journal.sqlite``); ``fedkl-recover``: the out folder
+    of a run whose ServerApp died (kill -9, a host crash), recovered by this run with the same settings: its
+    ledger run taken over, its journalled releases replayed without charging (the SuperNodes answer the
+    replayed queries again), then continued (:class:`fedkl.privacy.release.Releaser`).
     A run that fails writes ``flower_error.json`` (``{"error": one line}``) before raising, so that
     ``fedkl run --backend grpc`` reports it and exits non-zero."""
     rc = context.run_config
@@ -356,9 +374,9 @@ PROGRESS = "fedkl progress: "  # the prefix of the deployed ServerApp's progress
 
 
 class ProgressLines(runner.RunObserver):
-    """The deployed ServerApp's progress: after each round one line ``fedkl progress: round k/R, E s elapsed,
-    ETA S s`` (the mean round so far times the rounds left) through ``log``; ``fedkl run --backend grpc``
-    shows these lines as they come."""
+    """The deployed ServerApp's progress: when the run starts ``fedkl progress: run ID on ledger PATH``, after
+    each round one line ``fedkl progress: round k/R, E s elapsed, ETA S s`` (the mean round so far times the
+    rounds left) through ``log``; ``fedkl run --backend grpc`` shows these lines as they come."""
 
     def __init__(self, log: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic) -> None:
         self.log, self.clock = log, clock
@@ -366,12 +384,23 @@ class ProgressLines(runner.RunObserver):
 
     def started(self, run_id: str, ledger_path: str) -> None:
         self.start = self.clock()
+        self.log(f"{PROGRESS}run {run_id} on ledger {os.path.abspath(ledger_path)}")  # read by run_started
 
     def round(self, record: dict) -> None:
         k, total = int(record["round"]), int(record["rounds"])
         elapsed = self.clock() - self.start
         eta = elapsed / max(k, 1) * (total - k)
         self.log(f"{PROGRESS}round {k}/{total}, {elapsed:.0f} s elapsed, ETA {eta:.0f} s")
+
+
+def run_started(line: str) -> tuple[str, str] | None:
+    """``(run id, ledger path)`` of the line :meth:`ProgressLines.started` prints, else None: ``fedkl run
+    --backend grpc`` learns from it which ledger run its ServerApp charges (what Ctrl-C reports)."""
+    head = f"{PROGRESS}run "
+    if not line.startswith(head) or " on ledger " not in line:
+        return None
+    run_id, ledger = line[len(head) :].rstrip("\n").split(" on ledger ", 1)
+    return run_id, ledger
 
 
 def _deployed_train(grid: Grid, rc: Any) -> None:
@@ -406,6 +435,8 @@ def _deployed_train_observed(grid: Grid, rc: Any) -> None:
         ),
         print,
         spec,
+        journal=True,
+        recover=rc.get("fedkl-recover") or None,
     )
     out = os.path.dirname(res["ledger_path"])
     payload = {k: v for k, v in res.items() if k not in ("w", "user_ids")}

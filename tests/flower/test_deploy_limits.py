@@ -10,6 +10,7 @@ import pytest
 
 from fedkl.cli import main
 from fedkl.flower import deploy
+from fedkl.runner import RUN_OBSERVER, RunObserver
 
 pytestmark = pytest.mark.flower
 
@@ -37,6 +38,32 @@ def test_a_failed_deployment_deletes_its_keys_and_keeps_its_logs(monkeypatch, tm
     assert (work / "superlink.log").exists() and said == [
         f"fedkl grpc: the run failed; its logs are in {work} (keys deleted)"
     ]
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["removed", "kept-by-FEDKL_KEEP_WORK"])
+def test_a_failed_deployment_moves_its_logs_to_the_out_folder_and_removes_its_temporary_folder(
+    monkeypatch, tmp_path, keep
+):
+    """run_grpc's own temporary work folder (what `fedkl run --backend grpc` uses) is removed after a failure too:
+    the logs the user needs are copied to <out>/grpc-logs first and the one line says so; FEDKL_KEEP_WORK=1 keeps
+    the folder (keys deleted all the same)."""
+    monkeypatch.setattr(deploy, "_bin", lambda name: "/bin/false")  # the SuperLink exits at once
+    monkeypatch.setattr(deploy.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv(deploy.KEEP_WORK, "1" if keep else "0")
+    out, said = tmp_path / "out", []
+    with pytest.raises(RuntimeError, match="exited with 1"):
+        deploy.run_grpc({"fedkl-dataset": "synthetic-logistic", "fedkl-out": str(out)}, 2, log=said.append)
+    works = list(tmp_path.glob("fedkl-grpc-*"))
+    if keep:
+        (work,) = works
+        assert (work / "superlink.log").exists() and not (work / "certs").exists()
+        assert said == [f"fedkl grpc: the run failed; its logs are in {work} (keys deleted)"]
+        assert not (out / "grpc-logs").exists()
+    else:
+        assert works == []  # nothing left in the temporary directory
+        assert said == [f"fedkl grpc: the run failed; its logs are in {out / 'grpc-logs'}"]
+        assert (out / "grpc-logs" / "superlink.log").exists()
+        assert [p.name for p in (out / "grpc-logs").iterdir()] == ["superlink.log"]  # logs only, never a key
 
 
 @pytest.mark.deployment
@@ -95,8 +122,9 @@ def test_ctrl_c_on_fedkl_run_over_grpc_stops_every_process_and_deletes_the_keys(
             p.wait()
     assert p.returncode == 128 + signal.SIGINT, "".join(said)
     assert deploy.processes_of(work) == set()  # gone when the command returned, not eventually
-    assert not (work / "certs").exists() and not (work / "flwr-home").exists(), "".join(said)
-    assert f"fedkl grpc: the run failed; its logs are in {work} (keys deleted)\n" in said
+    assert not work.exists(), "".join(said)  # keys, Flower home and the temporary folder: all gone
+    logs = tmp_path / "o" / "grpc-logs"
+    assert f"fedkl grpc: the run failed; its logs are in {logs}\n" in said and (logs / "superlink.log").exists()
 
 
 def test_the_deployed_runs_progress_lines_reach_the_user_as_they_come(tmp_path):
@@ -108,6 +136,7 @@ def test_the_deployed_runs_progress_lines_reach_the_user_as_they_come(tmp_path):
     child = (
         "import pathlib, sys\n"
         "print('INFO: flower noise', flush=True)\n"
+        "print('fedkl progress: run r1 on ledger /o/ledger.sqlite', flush=True)\n"
         "print('fedkl progress: round 1/2, 3 s elapsed, ETA 3 s', flush=True)\n"
         f"while not pathlib.Path({str(seen)!r}).exists(): pass\n"
         "print('fedkl progress: round 2/2, 6 s elapsed, ETA 0 s')\n"
@@ -118,8 +147,18 @@ def test_the_deployed_runs_progress_lines_reach_the_user_as_they_come(tmp_path):
         said.append(line)
         seen.touch()  # the event the child waits on: line 1 arrived while the child was still running
 
-    deploy.stream([sys.executable, "-c", child], tmp_path / "run.log", 600, log)
+    class Observer(RunObserver):
+        def started(self, run_id, ledger_path):
+            said.append((run_id, ledger_path))
+
+    token = RUN_OBSERVER.set(Observer())
+    try:
+        deploy.stream([sys.executable, "-c", child], tmp_path / "run.log", 600, log)
+    finally:
+        RUN_OBSERVER.reset(token)
     assert said == [
+        "fedkl progress: run r1 on ledger /o/ledger.sqlite",
+        ("r1", "/o/ledger.sqlite"),  # `fedkl run`'s observer learns the ServerApp's ledger run (for Ctrl-C)
         "fedkl progress: round 1/2, 3 s elapsed, ETA 3 s",
         "fedkl progress: round 2/2, 6 s elapsed, ETA 0 s",
     ]
@@ -131,15 +170,17 @@ def test_the_deployed_runs_progress_lines_reach_the_user_as_they_come(tmp_path):
 
 
 def test_progress_lines_give_the_elapsed_time_and_an_eta_from_the_mean_round():
-    from fedkl.flower.server_app import ProgressLines
+    from fedkl.flower.server_app import ProgressLines, run_started
 
     now = [100.0]
     lines = []
     obs = ProgressLines(lines.append, clock=lambda: now[0])
-    obs.started("run", "ledger")
+    obs.started("r1", "/srv/my ledger.sqlite")
     for k, t in ((1, 110.0), (2, 130.0), (4, 140.0)):
         now[0] = t
         obs.round({"round": k, "rounds": 4})
+    assert run_started(lines.pop(0)) == ("r1", "/srv/my ledger.sqlite")  # which ledger run it charges
+    assert [run_started(line) for line in lines] == [None] * 3
     assert lines == [
         "fedkl progress: round 1/4, 10 s elapsed, ETA 30 s",
         "fedkl progress: round 2/4, 30 s elapsed, ETA 30 s",

@@ -24,6 +24,7 @@ EXTRA_KEYS = {
     "fedkl-handshake-timeout",
     "fedkl-timeout",
     "fedkl-node-bindings",
+    "fedkl-recover",
     "fedkl-sites",
 }  # the ServerApp's and ClientSpec's own
 

@@ -238,7 +238,7 @@ def _deployed(tmp_path, faults):
 
 def test_the_deployed_server_refuses_a_wrong_model_node_by_its_own_problem_and_goes_on(tmp_path, capsys):
     out = _deployed(tmp_path, {2: localgrid.wrong_info(num_params=5)})
-    progress = [line for line in capsys.readouterr().out.splitlines() if line.startswith("fedkl progress: ")]
+    progress = [line for line in capsys.readouterr().out.splitlines() if line.startswith("fedkl progress: round")]
     assert [line.split(",")[0] for line in progress] == ["fedkl progress: round 1/2", "fedkl progress: round 2/2"]
     res = json.loads(next(out.rglob("flower_result.json")).read_text())
     assert res["failed_users"] == [1, 1]
