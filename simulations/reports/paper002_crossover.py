@@ -562,3 +562,94 @@ def headline(verdicts, wins, predictions, diag, specs) -> str:
             + "."
         )
     return "\n".join(lines) + "\n"
+
+
+TODAY = ("sc-output-pert", "mean-output-pert", "phased-mean-output-pert", "sc-phased-sco", "phased-erm")
+
+
+def today_report(study) -> list[str]:
+    """``fedkl report simulations/studies/paper002_crossover_today.toml``: the random partition rerun with
+    today's noise (the plugin's ``noise = "today"``). Per (m, eps): every algorithm's effective test loss
+    against the best tuned baseline, sigma/Delta, the Delta the release used against the measured largest
+    deletion jump, the ⊥ rate; then the forecast crossover m* of sc-output-pert with today's sigma/Delta
+    (the IID model of ``report``: excess = sigma^2 tr(H_test) / 2, sigma^2 ∝ 1/m), once with the public
+    Delta_uc and once with the privately chosen Delta. tr(H_test) and the tight sigma/Delta come from the
+    committed stage-2 table (``[report] committed_table``: the same partition at seed 0)."""
+    rows = [r for r in study.rows if r["noise"] == "today"]  # every row is an eval (no phase axis)
+    old = read_table(study.option("committed_table"))
+    trh = {
+        int(r["records"]): fnum(r["trH_test"])
+        for r in old
+        if r["phase"] == "diagnostics" and r["source"] == "fertility-partition" and r["seed"] == "0"
+    }
+    tight = {
+        (int(r["records"]), float(r["epsilon_target"]), r["method"]): fnum(r["sigma"]) / fnum(r["Delta"])
+        for r in old
+        if r["phase"] == "eval" and r["source"] == "fertility-partition" and r["seed"] == "0"
+        if fnum(r["sigma"]) and fnum(r["Delta"])
+    }
+    cells: dict = {}
+    for r in rows:
+        cells.setdefault((int(r["records"]), float(r["epsilon_target"])), {})[r["method"]] = r
+    L = [
+        "# Paper 002's crossover on the random partition, rerun with today's noise",
+        "",
+        "Regenerate: `fedkl sweep` + `fedkl report simulations/studies/paper002_crossover_today.toml`. "
+        "fertility-partition (n = 1,000 IID users of m records), seed 0, δ = 1/n^1.1. Output perturbation runs "
+        "with `noise = today`: the whole-release profile calibration, Δ chosen privately by the sparse vector "
+        "(inside the same ε), the optimal phase split (phased-erm), the Newton local solver (mean family); the "
+        "baselines with stage 1's validation choice. loss: effective test objective (⊥ counts as log 2); gap: "
+        "loss − the best baseline's (negative = output perturbation wins); jump: the measured largest deletion "
+        "jump ‖θ*(x) − θ*(x₋ᵤ)‖ (non-private diagnostic); σ/Δ tight: the committed table's, same cell.",
+        "",
+        "| m | ε | algorithm | loss | accuracy | gap | ⊥ rate | Δ (first release) | jump | Δ/jump | σ | σ/Δ | "
+        "σ/Δ tight | s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    best: dict = {}
+    for (m, eps), c in sorted(cells.items()):
+        base = [fnum(c[a]["loss_eff"]) for a in BASELINES if a in c and fnum(c[a]["loss_eff"]) is not None]
+        best[(m, eps)] = min(base) if base else None
+        for a in (*BASELINES, *TODAY):
+            if a not in c:
+                continue
+            r = c[a]
+            loss, D, sig, jump = (fnum(r[k]) for k in ("loss_eff", "Delta", "sigma", "max_jump"))
+            gap = None if loss is None or best[(m, eps)] is None or a in BASELINES else loss - best[(m, eps)]
+            label = a if r["outcome"] in ("ok", "bottom") else f"{a} ({r['outcome']})"
+            L.append(
+                f"| {m} | {eps:g} | {label} | {fmt(loss)} | {fmt(fnum(r['test_accuracy']))} | {fmt(gap, 3)} | "
+                f"{fmt(fnum(r['bottom_rate']), 2)} | {fmt(D, 3)} | {fmt(jump, 3)} | "
+                f"{fmt(D / jump if D and jump else None, 3)} | {fmt(sig, 3)} | "
+                f"{fmt(sig / D if sig and D else None, 3)} | {fmt(tight.get((m, eps, a)), 3)} | {r['seconds']} |"
+            )
+    L += [
+        "",
+        "## Forecast crossover m* of sc-output-pert with today's σ/Δ (IID model)",
+        "",
+        "Predicted excess at m_max = σ² tr(H_test)/2 with σ = (σ/Δ)·Δ; m* = m_max · predicted excess / best "
+        "baseline's measured excess (σ² ∝ 1/m, as in `paper002_crossover.md`). Public: Δ = Δ_uc (the planner's "
+        "values only: n, m, G = 1, μ = reg, κ). Private Δ: the Δ the sparse vector chose at m_max.",
+        "",
+        "| ε | m_max | σ/Δ | Δ_uc | chosen Δ | jump | best baseline excess | m* (public Δ_uc) | m* (chosen Δ) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (m, eps), c in sorted(cells.items()):
+        if m != max(k[0] for k in cells) or "sc-output-pert" not in c or trh.get(m) is None:
+            continue
+        r = c["sc-output-pert"]
+        sig, D, jump, np_loss = (fnum(r[k]) for k in ("sigma", "Delta", "max_jump", "nonprivate_loss"))
+        if not sig or not D or best[(m, eps)] is None:
+            continue
+        n = int(r["users"])
+        Du = delta_union_bound(1.0, REG, n, m, kappa(eps, 1 / n**1.1), 1.0 / (2 * n**2 * m))
+        excess_b = max(best[(m, eps)] - np_loss, 1e-6)
+        m_pub = m * 0.5 * (sig / D * Du) ** 2 * trh[m] / excess_b
+        m_priv = m * 0.5 * sig**2 * trh[m] / excess_b
+        L.append(
+            f"| {eps:g} | {m} | {fmt(sig / D, 3)} | {fmt(Du, 3)} | {fmt(D, 3)} | {fmt(jump, 3)} | {fmt(excess_b, 3)} | "
+            f"{m_pub:.2g} | {m_priv:.2g} |"
+        )
+    path = study.output("markdown")
+    write_text(path, "\n".join(L) + "\n")
+    return [path]
