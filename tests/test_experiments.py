@@ -685,3 +685,40 @@ def test_every_study_loads_with_its_report(study, monkeypatch):
             if name.startswith(("fedkl_plugin_", "fedkl_report_")):
                 del sys.modules[name]
     assert spec.report and keys and len(set(keys)) == len(keys)
+
+
+def test_the_crossover_runner_maps_its_noise_setting_to_fedkl_settings():
+    """simulations/plugins/paper002_crossover.py: ``noise = "tight"`` keeps the committed table's settings,
+    ``"today"`` asks fedkl for the profile calibration, the private Delta, the optimal phase split and the
+    Newton local solver; the baselines read neither; another value is refused."""
+    from fedkl.experiments.report import load_function
+
+    runners, modules = dict(ex.EXTERNAL_RUNNERS), set(sys.modules)
+    try:  # the plugin registers its runners on import: they do not outlive the test
+        settings_for = load_function(os.path.join(REPO, "simulations/plugins/paper002_crossover.py:settings_for"))
+    finally:
+        ex.EXTERNAL_RUNNERS.clear()
+        ex.EXTERNAL_RUNNERS.update(runners)
+        for name in set(sys.modules) - modules:
+            if name.startswith("fedkl_plugin_"):
+                del sys.modules[name]
+    args = (254, 1000, 8.0, 1 / 1000**1.1, {}, 0.1)
+    assert settings_for("phased-erm", *args, "tight") == {"p002_records": 254, "p002_calibration": "tight"}
+    assert settings_for("phased-erm", *args, "today") == {
+        "p002_records": 254,
+        "p002_calibration": "profile",
+        "p002_delta_select": "sparse-vector",
+        "p002_phase_split": "optimal",
+    }
+    assert "p002_phase_split" not in settings_for("sc-phased-sco", *args, "today")
+    sc = settings_for("sc-output-pert", *args, "today")
+    assert (
+        sc["p002_delta_select"] == "sparse-vector"
+        and sc["stability_delta"] == settings_for("sc-output-pert", *args, "tight")["stability_delta"]
+    )
+    assert settings_for("mean-output-pert", *args, "today")["mean_local_solver"] == "newton"
+    assert settings_for("phased-mean-output-pert", *args, "today")["mean_calibration"] == "profile"
+    assert settings_for("mean-output-pert", *args, "tight")["mean_calibration"] == "tight"
+    assert settings_for("noisy-gd", *args, "today") == settings_for("noisy-gd", *args, "tight")
+    with pytest.raises(ValueError, match="noise must be one of"):
+        settings_for("phased-erm", *args, "loud")
