@@ -38,7 +38,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -q
+	$(BENCH_ENV) $(PY) -m pytest -q  # one torch thread: two spin-waiting threads on a loaded machine cost up to 25x
 
 # `make stress`: the real gRPC deployment tests (SuperLink + SuperNodes with TLS and node auth, Ctrl-C, the
 # `fedkl run --backend grpc` end to end; marker `deployment`) beside HOG busy-loop processes (default one per
