@@ -574,29 +574,29 @@ def _mean(xs):
 
 
 def today_report(study) -> list[str]:
-    """``fedkl report simulations/studies/paper002_crossover_today.toml``: the random partition rerun with
-    today's noise (the plugin's ``noise = "today"``). Per (m, eps), means over the seeds: every algorithm's
-    effective test loss, its gap to the best tuned baseline of the same seed, sigma/Delta, the Delta the
-    release used against the measured largest deletion jump, the ⊥ rate; then the forecast crossover m* of
+    """``fedkl report simulations/studies/paper002_crossover_{today,silos}.toml``: the crossover rerun with
+    today's noise (the plugin's ``noise = "today"``) on the random partition (``_today``) or the real silos
+    (``_silos``: one table per source; ``[report] title`` and ``data`` name them). Per (source, m, eps), means
+    over the seeds: every algorithm's effective test loss, its gap to the best tuned baseline of the same seed,
+    sigma/Delta, the Delta the release used against the measured largest deletion jump and the jump against
+    the IID scale 1/(mu n sqrt(m)), the deletions (and conflict edges) of the test, the ⊥ rate; then, per
+    source, the forecast crossover m* of
     sc-output-pert (the IID model of ``report``: excess = sigma^2 tr(H_test) / 2, sigma^2 ∝ 1/m), once from
     public values (Delta_uc, and the profile calibration's sigma/Delta without the sparse vector:
     ``fedkl plan``'s) and once with the privately chosen Delta and the sigma released. tr(H_test) and the
-    tight sigma/Delta come from the committed stage-2 table (``[report] committed_table``, same partitions)."""
+    tight sigma/Delta come from the committed stage-2 table (``[report] committed_table``, same partitions).
+    A row's source is its ``dataset`` (the loader; the plugin refuses a source whose loader differs)."""
     rows = [r for r in study.rows if r["noise"] == "today"]  # every row is an eval (no phase axis)
     old = read_table(study.option("committed_table"))
-    trh = {
-        (int(r["records"]), r["seed"]): fnum(r["trH_test"])
-        for r in old
-        if r["phase"] == "diagnostics" and r["source"] == "fertility-partition"
-    }
+    trh = {(r["source"], int(r["records"]), r["seed"]): fnum(r["trH_test"]) for r in old if r["phase"] == "diagnostics"}
     tight: dict = {}
     for r in old:
-        if r["phase"] == "eval" and r["source"] == "fertility-partition" and fnum(r["sigma"]) and fnum(r["Delta"]):
-            key = (int(r["records"]), float(r["epsilon_target"]), r["method"])
+        if r["phase"] == "eval" and fnum(r["sigma"]) and fnum(r["Delta"]):
+            key = (r["source"], int(r["records"]), float(r["epsilon_target"]), r["method"])
             tight.setdefault(key, []).append(fnum(r["sigma"]) / fnum(r["Delta"]))
     by: dict = {}
     for r in rows:
-        by.setdefault((int(r["records"]), float(r["epsilon_target"]), r["seed"]), {})[r["method"]] = r
+        by.setdefault((r["dataset"], int(r["records"]), float(r["epsilon_target"]), r["seed"]), {})[r["method"]] = r
     best = {
         k: min(
             (fnum(c[a]["loss_eff"]) for a in BASELINES if a in c and fnum(c[a]["loss_eff"]) is not None), default=None
@@ -604,11 +604,11 @@ def today_report(study) -> list[str]:
         for k, c in by.items()
     }
     cells: dict = {}
-    for (m, eps, seed), c in by.items():
+    for (src, m, eps, seed), c in by.items():
         for a, r in c.items():
             loss, D, sig = fnum(r["loss_eff"]), fnum(r["Delta"]), fnum(r["sigma"])
-            b = best[(m, eps, seed)]
-            cells.setdefault((m, eps), {}).setdefault(a, []).append(
+            b = best[(src, m, eps, seed)]
+            cells.setdefault((src, m, eps), {}).setdefault(a, []).append(
                 {
                     "loss": loss,
                     "acc": fnum(r["test_accuracy"]),
@@ -616,48 +616,48 @@ def today_report(study) -> list[str]:
                     "bottom": fnum(r["bottom_rate"]),
                     "D": D,
                     "jump": fnum(r["max_jump"]),
+                    "iid": fnum(r["max_jump"]) * REG * int(r["users"]) * math.sqrt(m),  # jump / (1/(mu n sqrt m))
+                    "dels": fnum(r["deletions"]),
+                    "edges": fnum(r["conflict_edges"]),
                     "sig": sig,
                     "ratio": sig / D if sig and D else None,
                     "excess_b": None if b is None else max(b - fnum(r["nonprivate_loss"]), 1e-6),
                     "excess": None if loss is None else max(loss - fnum(r["nonprivate_loss"]), 1e-6),
-                    "trh": trh.get((m, seed)),
+                    "trh": trh.get((src, m, seed)),
                     "n": int(r["users"]),
                     "outcome": r["outcome"],
                     "s": fnum(r["seconds"]),
                 }
             )
+    sources = list(dict.fromkeys(k[0] for k in sorted(cells, key=lambda k: (k[1], k[2]))))
     L = [
-        "# Paper 002's crossover on the random partition, rerun with today's noise",
+        "# " + study.option("title", "Paper 002's crossover on the random partition, rerun with today's noise"),
         "",
-        "Regenerate: `fedkl sweep` + `fedkl report simulations/studies/paper002_crossover_today.toml`. "
-        "fertility-partition (n = 1,000 IID users of m records), δ = 1/n^1.1; means over the seeds run. Output "
+        f"Regenerate: `fedkl sweep` + `fedkl report {study.path}`. "
+        + study.option("data", "fertility-partition (n = 1,000 IID users of m records)")
+        + ", δ = 1/n^1.1; means over the seeds run. Output "
         "perturbation runs with `noise = today`: the whole-release profile calibration, Δ chosen privately by the "
         "sparse vector (inside the same ε; mean family: its own diameter threshold), the optimal phase split "
         "(phased-erm), the Newton local solver (mean family); the baselines with stage 1's validation choice. "
         "loss: effective test objective (⊥ counts as log 2); gap: loss − the same seed's best baseline "
         "(negative = output perturbation wins); jump: the measured largest deletion jump ‖θ*(x) − θ*(x₋ᵤ)‖ "
-        "(non-private diagnostic); σ/Δ tight: the committed table's (paper002_crossover.csv), same cell.",
-        "",
-        "| m | ε | algorithm | seeds | loss | accuracy | gap | ⊥ rate | Δ (first release) | jump | Δ/jump | σ | σ/Δ | "
-        "σ/Δ tight | s/run |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "(non-private diagnostic); jump/IID: the jump over the IID scale 1/(μ n √m) (the paper's model: a few, "
+        "constant in m); deletions (conflict edges): the test's non-private count of deleted users (empty when the "
+        "conflicts alone decide ⊥) and of conflicting pairs; σ/Δ tight: the committed table's "
+        "(paper002_crossover.csv), same cell.",
     ]
-    for (m, eps), c in sorted(cells.items()):
-        for a in (*BASELINES, *TODAY):
-            if a not in c:
-                continue
-            rs = c[a]
-            mu = {
-                k: _mean([x[k] for x in rs]) for k in ("loss", "acc", "gap", "bottom", "D", "jump", "sig", "ratio", "s")
-            }
-            bad = sorted({x["outcome"] for x in rs} - {"ok", "bottom"})
-            label = f"{a} ({', '.join(bad)})" if bad else a
-            L.append(
-                f"| {m} | {eps:g} | {label} | {len(rs)} | {fmt(mu['loss'])} | {fmt(mu['acc'])} | {fmt(mu['gap'], 3)} | "
-                f"{fmt(mu['bottom'], 2)} | {fmt(mu['D'], 3)} | {fmt(mu['jump'], 3)} | "
-                f"{fmt(mu['D'] / mu['jump'] if mu['D'] and mu['jump'] else None, 3)} | {fmt(mu['sig'], 3)} | "
-                f"{fmt(mu['ratio'], 3)} | {fmt(_mean(tight.get((m, eps, a), [])), 3)} | {fmt(mu['s'], 3)} |"
-            )
+    head = [
+        "",
+        "| m | ε | algorithm | seeds | loss | accuracy | gap | ⊥ rate | Δ (first release) | jump | jump/IID | Δ/jump | "
+        "deletions (conflict edges) | σ | σ/Δ | σ/Δ tight | s/run |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for src in sources:
+        n_src = next(x["n"] for (s_, _, _), c in cells.items() if s_ == src for rs in c.values() for x in rs)
+        L += ["", f"## {src} (n = {n_src})", *head] if len(sources) > 1 else head
+        for (s_, m, eps), c in sorted(cells.items(), key=lambda kv: kv[0][1:]):
+            if s_ == src:
+                L += today_cell_rows(src, m, eps, c, tight)
     L += [
         "",
         "## Forecast crossover m* of sc-output-pert with today's noise (IID model)",
@@ -666,37 +666,76 @@ def today_report(study) -> list[str]:
         "excess over the non-private optimum (σ² ∝ 1/m, as in `paper002_crossover.md`; means over the seeds). "
         "Public: σ = (σ/Δ)·Δ_uc with the profile calibration's σ/Δ at a fixed Δ (no sparse-vector share; "
         "`fedkl plan` prints the same σ/Δ) and Δ_uc from n, m, G = 1, μ = reg, κ. Chosen Δ: the σ the runs "
-        "released with the Δ the sparse vector chose. Measured trend: the least-squares slope of log(sc-output-pert's "
-        "measured excess) against log m over the m run (all seeds), and the m where that line meets the best "
+        "released with the Δ the sparse vector chose (releases that passed the test only; - where all were ⊥). Measured trend: the least-squares slope of log(sc-output-pert's "
+        "measured excess) against log m over the m run (all seeds, ⊥ releases left out), and the m where that line "
+        "meets the best "
         "baseline's excess at m_max. The public Δ_uc, σ/Δ and m* are computed on the seeds whose tr(H_test) the "
-        "committed table holds (seed 0).",
+        "committed table holds (seed 0); m_max is the largest m it holds. Δ_uc is undefined (-) where n < 4κ + 2.",
+    ]
+    head = [
         "",
         "| ε | m_max | σ/Δ public | Δ_uc | σ/Δ with selection | chosen Δ | jump | best baseline excess | "
         "m* (public Δ_uc) | m* (chosen Δ) | measured slope | m* (measured trend) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    m_max = max((k[0] for k in cells), default=None)
-    for (m, eps), c in sorted(cells.items()):
+    for src in sources:
+        L += ["", f"### {src}", *head] if len(sources) > 1 else head
+        L += today_forecast_rows(src, cells)
+    path = study.output("markdown")
+    write_text(path, "\n".join(L) + "\n")
+    return [path]
+
+
+def today_cell_rows(src: str, m: int, eps: float, c: dict, tight: dict) -> list[str]:
+    """``today_report``'s rows of one (source, m, eps) cell: every algorithm run, means over the seeds."""
+    out = []
+    for a in (*BASELINES, *TODAY):
+        if a not in c:
+            continue
+        rs = c[a]
+        keys = ("loss", "acc", "gap", "bottom", "D", "jump", "iid", "dels", "edges", "sig", "ratio", "s")
+        mu = {k: _mean([x[k] for x in rs]) for k in keys}
+        bad = sorted({x["outcome"] for x in rs} - {"ok", "bottom"})
+        label = f"{a} ({', '.join(bad)})" if bad else a
+        dels = "-" if mu["dels"] is None and mu["edges"] is None else f"{fmt(mu['dels'], 3)} ({fmt(mu['edges'], 4)})"
+        out.append(
+            f"| {m} | {eps:g} | {label} | {len(rs)} | {fmt(mu['loss'])} | {fmt(mu['acc'])} | {fmt(mu['gap'], 3)} | "
+            f"{fmt(mu['bottom'], 2)} | {fmt(mu['D'], 3)} | {fmt(mu['jump'], 3)} | {fmt(mu['iid'], 2)} | "
+            f"{fmt(mu['D'] / mu['jump'] if mu['D'] and mu['jump'] else None, 3)} | {dels} | {fmt(mu['sig'], 3)} | "
+            f"{fmt(mu['ratio'], 3)} | {fmt(_mean(tight.get((src, m, eps, a), [])), 3)} | {fmt(mu['s'], 3)} |"
+        )
+    return out
+
+
+def today_forecast_rows(src: str, cells: dict) -> list[str]:
+    """``today_report``'s forecast rows of one source: per eps at the largest m whose tr(H_test) the committed
+    table holds."""
+    out = []
+    m_max = max((k[1] for k, c in cells.items() if k[0] == src and any(x["trh"] for rs in c.values() for x in rs)),
+                default=None)  # fmt: skip
+    for (s_, m, eps), c in sorted(cells.items(), key=lambda kv: kv[0][1:]):
         rs = [x for x in c.get("sc-output-pert", []) if x["sig"] and x["excess_b"] and x["trh"]]
-        if m != m_max or not rs:
+        if s_ != src or m != m_max or not rs:
             continue
         n = rs[0]["n"]
         delta = 1 / n**1.1
         pub = profile_calibration(eps, delta).sigma_over_Delta
-        Du = delta_union_bound(1.0, REG, n, m, kappa(eps, delta), 1.0 / (2 * n**2 * m))
+        try:
+            Du = delta_union_bound(1.0, REG, n, m, kappa(eps, delta), 1.0 / (2 * n**2 * m))
+        except ValueError:  # n < 4 kappa + 2
+            Du = None
         trh_m, excess_b = _mean([x["trh"] for x in rs]), _mean([x["excess_b"] for x in rs])
-        sig = _mean([x["sig"] for x in rs])
-        m_pub = m * 0.5 * (pub * Du) ** 2 * trh_m / excess_b
-        m_priv = m * 0.5 * sig**2 * trh_m / excess_b
-        pts = [(math.log(mm), math.log(x["excess"])) for (mm, e), cc in cells.items() if e == eps
-               for x in cc.get("sc-output-pert", []) if x["excess"]]  # fmt: skip
+        ok = [x for x in rs if x["outcome"] == "ok"]  # the chosen Delta of a ⊥ release never made a model
+        sig = _mean([x["sig"] for x in ok])
+        m_pub = None if Du is None else m * 0.5 * (pub * Du) ** 2 * trh_m / excess_b
+        m_priv = None if sig is None else m * 0.5 * sig**2 * trh_m / excess_b
+        pts = [(math.log(mm), math.log(x["excess"])) for (s2, mm, e), cc in cells.items() if s2 == src and e == eps
+               for x in cc.get("sc-output-pert", []) if x["excess"] and x["outcome"] == "ok"]  # fmt: skip
         slope, icpt = np.polyfit(*zip(*pts), 1) if len({p[0] for p in pts}) > 1 else (None, None)
         m_fit = math.exp((math.log(excess_b) - icpt) / slope) if slope and slope < 0 else None
-        L.append(
+        out.append(
             f"| {eps:g} | {m} | {fmt(pub, 3)} | {fmt(Du, 3)} | {fmt(_mean([x['ratio'] for x in rs]), 3)} | "
-            f"{fmt(_mean([x['D'] for x in rs]), 3)} | {fmt(_mean([x['jump'] for x in rs]), 3)} | {fmt(excess_b, 3)} | "
-            f"{m_pub:.2g} | {m_priv:.2g} | {fmt(slope, 3)} | {'-' if m_fit is None else f'{m_fit:.2g}'} |"
+            f"{fmt(_mean([x['D'] for x in ok]), 3)} | {fmt(_mean([x['jump'] for x in rs]), 3)} | {fmt(excess_b, 3)} | "
+            f"{fmt(m_pub, 2)} | {fmt(m_priv, 2)} | {fmt(slope, 3)} | {'-' if m_fit is None else f'{m_fit:.2g}'} |"
         )
-    path = study.output("markdown")
-    write_text(path, "\n".join(L) + "\n")
-    return [path]
+    return out
