@@ -631,6 +631,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         "paper002_crossover_tuning",
         "paper002_crossover",
         "paper002_crossover_today",
+        "paper002_crossover_silos",
         "paper002_delta_selection",
         "tune_step_sizes",
         "p001_sparse_fw",

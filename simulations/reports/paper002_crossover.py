@@ -645,7 +645,11 @@ def today_report(study) -> list[str]:
         "constant in m); deletions (conflict edges): the test's non-private count of deleted users (empty when the "
         "conflicts alone decide ⊥) and of conflicting pairs; σ/Δ tight: the committed table's "
         "(paper002_crossover.csv), same cell.",
+        "",
+        today_wins(cells),
     ]
+    if study.option("conclusion"):
+        L += ["", "## Conclusion", "", study.option("conclusion").strip()]
     head = [
         "",
         "| m | ε | algorithm | seeds | loss | accuracy | gap | ⊥ rate | Δ (first release) | jump | jump/IID | Δ/jump | "
@@ -684,6 +688,19 @@ def today_report(study) -> list[str]:
     path = study.output("markdown")
     write_text(path, "\n".join(L) + "\n")
     return [path]
+
+
+def today_wins(cells: dict) -> str:
+    """The cells (source, m, eps) where a paper-002 algorithm's mean gap to the best baseline is negative, and
+    which of them it wins by ⊥ alone (⊥ rate 1: the start point w0 = 0, no model, under the baseline's loss)."""
+    wins = []
+    for (src, m, eps), c in sorted(cells.items(), key=lambda kv: kv[0][1:]):
+        for a in TODAY:
+            gap, bottom = (_mean([x[k] for x in c.get(a, [])]) for k in ("gap", "bottom"))
+            if gap is not None and gap < 0:
+                wins.append(f"{src} m = {m} ε = {eps:g} {a} ({gap:+.3g}{', all ⊥' if bottom == 1 else ''})")
+    head = f"Cells where a paper-002 algorithm's mean gap is negative: {len(wins)} of {len(cells)} (source, m, ε) cells"
+    return head + (": " + "; ".join(wins) + "." if wins else ".")
 
 
 def today_cell_rows(src: str, m: int, eps: float, c: dict, tight: dict) -> list[str]:
