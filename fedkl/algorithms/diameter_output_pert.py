@@ -429,6 +429,22 @@ class SelectedDeltaSCOutputPert:
     federations. Utility: with IID users the largest deletion jump is far below the union-bound
     Delta_uc (simulations/results/paper002_crossover.md measures ~1/80), and the noise is
     proportional to the Delta used.
+
+    Where the chosen Delta lands (issue 13 §2). The score at Delta_j is 0 once
+    ``Delta_j >= j(L/mu, n - depth) (diam + 2 e_max) + 2 tau`` (the floor: no conflict edge is left) and
+    capped soon below it, so the selection lands within one grid step above the floor, NOT at the
+    largest deletion jump J: on IID users the floor is ~c (1 + sqrt((c-1)/2)) diam/n with c = L/mu,
+    while J ~ ||grad F_i(theta*)|| / (n mu_eff) ~ diam / (2n); 12-15 J on fertility-partition
+    (c = 3.5), where the earlier lemma's c^2 made it 20-24 J. What forbids a Delta near J:
+    (i) any test that sees only the local minimizers must pay c (the lemma's step
+    ``||grad F_i(theta)|| <= L ||theta - v_i||`` is attained by 1-D quadratics of curvature mu and L,
+    ``tests/algorithms/test_diameter_output_pert.py::test_no_local_minimizer_test_beats_the_condition_number``);
+    (ii) the predicate that tracks J (Lemma C.1 with gamma(y) = max_u ||grad F_u(theta*(y))|| and the
+    growth factor prod_j (1 + L/((|y| - j) mu)) along a chain) IS hereditary and sound, but the release
+    needs its score, min |S| over deletion sets, exactly (the sensitivity-1 step, Obs 3.5), and that is a
+    search over subsets when the certificate fails at S = ∅. The grid (ratio sqrt 2, span 32: ``GRID_*``)
+    and the share (the rule of :mod:`fedkl.algorithms.delta_share`) are chosen so that AboveThreshold
+    rarely stops on a capped score ahead of the floor (a sure ⊥).
     """
 
     name = "sc-output-pert"
