@@ -99,7 +99,9 @@ def _selected(prob, ds, Delta, test):
         extra_reg=LAM,
         calibration="tight",
     )
-    return SelectedDeltaSCOutputPert(cfg, DiameterTestConfig(test=test), select_fraction=0.25, grid_size=6)
+    return SelectedDeltaSCOutputPert(
+        cfg, DiameterTestConfig(test=test), select_fraction=0.25, grid_ratio=2.0, grid_size=6
+    )
 
 
 def _release_law(plan, dop):
