@@ -70,10 +70,12 @@ def test_fedkl_plan_charges_prints_and_writes_json(capsys):
 @pytest.mark.parametrize("name", ["sc-output-pert", "phased-erm", "phased-sco", "sc-phased-erm", "sc-phased-sco"])
 def test_private_delta_selection_charges_every_call_twice_within_the_budget(tmp_path, name):
     """--p002-delta-select sparse-vector: each release is preceded by its AboveThreshold charge
-    (eps_sel = 1/4 of the call's eps, delta 0) and every user's entries compose to at most the budget.
+    (eps_sel = 1/4 of the call's eps with --p002-select-fraction 0.25, delta 0) and every user's entries compose to at most the budget.
     The plan lists the same entries (labels, mechanisms, (eps, delta), users); only the releases' noise
     scale follows the privately chosen Delta (a private output: the later charge is adaptive)."""
-    cfg = _config(name, tmp_path / "run", p002_delta_select="sparse-vector", users=60, epsilon=16.0)
+    cfg = _config(
+        name, tmp_path / "run", p002_delta_select="sparse-vector", p002_select_fraction=0.25, users=60, epsilon=16.0
+    )
     public = ("label", "mechanism", "users", "cohort")
     plan = [({k: r[k] for k in public}, r["charge"]["eps"], r["charge"]["delta"]) for r in charge_plan(cfg)["releases"]]
     result = run_training(cfg, log=lambda s: None)

@@ -633,6 +633,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         "paper002_crossover_today",
         "paper002_crossover_silos",
         "paper002_delta_selection",
+        "paper002_delta_fix",
         "tune_step_sizes",
         "p001_sparse_fw",
         "p001_sparse_fw_movielens",

@@ -71,11 +71,11 @@ class P002Release(StabilityDelta):
         "heuristic",
         choices=DELTA_SELECTIONS,
     )
-    p002_select_fraction: float = param(
-        0.25,
+    p002_select_fraction: float | None = param(
+        None,
         "paper-002 algorithms with --p002-delta-select sparse-vector: the share of each release's eps spent "
-        "choosing its Delta (the expected-noise rule of fedkl/algorithms/delta_share.py is available from "
-        "Python as select_fraction=None; it measured worse than 1/4 on fertility-partition)",
+        "choosing its Delta (default: the share of least predicted noise, fedkl/algorithms/delta_share.py, "
+        "among those whose release runs at the public n; 0.25 reproduces the earlier fixed share)",
         "heuristic",
         positive=True,
     )

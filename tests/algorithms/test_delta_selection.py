@@ -99,7 +99,9 @@ def _selected(prob, ds, Delta, test):
         extra_reg=LAM,
         calibration="tight",
     )
-    return SelectedDeltaSCOutputPert(cfg, DiameterTestConfig(test=test), select_fraction=0.25, grid_size=6)
+    return SelectedDeltaSCOutputPert(
+        cfg, DiameterTestConfig(test=test), select_fraction=0.25, grid_ratio=2.0, grid_size=6
+    )
 
 
 def _release_law(plan, dop):
@@ -235,3 +237,56 @@ def test_exact_audit_of_phased_erm_with_selected_delta_on_neighbouring_federatio
                 assert d <= spec.delta * (1 + 1e-9)
                 worst = max(worst, d)
     assert worst > 0
+
+
+# --- where the chosen Delta lands on IID users (issue 13 §2) -------------------------------------------
+def _selection_law(mech, fed, center):
+    vectors = mech.candidates[0].checked_local_vectors(fed, center)
+    scores = [c.deletion_score(N, vectors[0], vectors[1]) for c in mech.candidates]
+    law = AboveThreshold(mech.eps_select, -mech.threshold).law([-s for s in scores])
+    return np.r_[law[:-2], law[-2] + law[-1]], scores, vectors
+
+
+def test_chosen_delta_tracks_the_diameter_floor_on_iid_users_and_beats_the_old_lemma_and_grid(monkeypatch):
+    """IID users (seed 3), L/mu = 3.5 as on fertility-partition. The measured largest deletion jump J of
+    f~ is below every grid Delta whose score is 0 (soundness), and the selection's exact law puts most of
+    its mass within one grid step (sqrt 2) of the diameter test's floor j(L/mu, n - depth)(diam + 2 e_max)
+    + 2 tau; the floor is where the lemma's worst case puts it, so Delta/J cannot reach the jump itself
+    (test_diameter_output_pert.py::test_no_local_minimizer_test_beats_the_condition_number). Against the
+    earlier lemma ((L/mu)^2/k), grid (ratio 2, 12 values) and share (1/4), the expected chosen Delta
+    is at least 1.5x smaller and the chance of stopping on a capped score (a sure ⊥) is smaller."""
+    import fedkl.algorithms.diameter_output_pert as dop_module
+
+    fed, prob, ds = _federation(seed=3)
+    center = torch.zeros(prob.num_params, dtype=torch.float64)
+    cfg = SCOutputPertConfig.for_problem(
+        prob, ds.feature_bound, center, eps=EPS, delta=DELTA, Delta=4.0, extra_reg=0.1, calibration="profile"
+    )
+    mech = SelectedDeltaSCOutputPert(cfg, DiameterTestConfig(test="matching"), users=N)
+    first = mech.candidates[0]
+    assert first.condition == pytest.approx(3.5) and len(mech.grid) == 11
+    law, scores, (V, err, _) = _selection_law(mech, fed, center)
+    masks = torch.ones(N + 1, N, dtype=torch.bool)
+    masks[torch.arange(1, N + 1), torch.arange(N)] = False
+    theta = first.solver.solve(fed, masks, center)
+    jump = float((theta[1:] - theta[0]).norm(dim=1).max())
+    grid = np.array(mech.grid)
+    assert all(jump <= D for D, s in zip(grid, scores) if s == 0)
+    diam = float(torch.cdist(V, V).max()) + 2 * float(err.max())
+    floor = dop_module.jump_factor(first.condition, N - first.dop(N).depth) * diam + 2 * cfg.tau
+    assert grid[0] < floor < grid[-1]
+    assert law[grid <= math.sqrt(2) * floor * (1 + 1e-9)].sum() >= 0.5
+    capped = np.array([s > 2 * first.kappa for s in scores])
+    new_mean, new_capped = float((law * grid)[~capped].sum() / law[~capped].sum()), float(law[capped].sum())
+
+    def old_factor(c, k):
+        return c * c / k
+
+    monkeypatch.setattr(dop_module, "jump_factor", old_factor)
+    old = SelectedDeltaSCOutputPert(cfg, DiameterTestConfig(test="matching"), 0.25, 2.0, 12, users=N)
+    law_o, scores_o, _ = _selection_law(old, fed, center)
+    grid_o = np.array(old.grid)
+    capped_o = np.array([s > 2 * old.candidates[0].kappa for s in scores_o])
+    old_mean = float((law_o * grid_o)[~capped_o].sum() / law_o[~capped_o].sum())
+    assert new_mean <= old_mean / 1.3
+    assert new_capped < float(law_o[capped_o].sum()) / 2

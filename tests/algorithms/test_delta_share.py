@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fedkl.algorithms.del_output_pert import DelOutputPertConfig
-from fedkl.algorithms.delta_share import SHARES, expected_overshoot, ranked_shares, release_share
+from fedkl.algorithms.delta_share import SHARES, expected_overshoot, ranked_shares, release_share, release_shares
 from fedkl.privacy.rng import NoiseSource
 from fedkl.privacy.sparse_vector import AboveThreshold
 
@@ -99,3 +99,25 @@ def test_the_share_rule_skips_shares_whose_release_the_test_refuses_at_n():
     f = inner.share(eps, delta, need - 1)
     assert f != ranked[0] and accepted(f, need - 1)
     assert not any(accepted(g, need - 1) for g in ranked[: ranked.index(f)])
+
+
+def test_the_rule_is_the_default_share_of_sc_output_pert_and_the_phased_algorithms():
+    """--p002-select-fraction defaults to the rule (None); sc-output-pert's selection then spends the
+    best-ranked share of least predicted noise on its own grid (ratio sqrt 2, 11 values), which at
+    fertility-partition's n = 1000 (delta = 1/n^1.1) is larger than the old 1/4: the capped scores ahead of
+    the floor then rarely stop AboveThreshold (tests/algorithms/test_delta_selection.py measures it)."""
+    from fedkl.algorithms.diameter_output_pert import GRID_RATIO, GRID_SIZE, SelectedDeltaSCOutputPert
+    from fedkl.algorithms.p002 import PhasedParams, SCOutputPertParams
+    from fedkl.algorithms.sc_output_pert import SCOutputPertConfig
+
+    assert SCOutputPertParams().p002_select_fraction is None and PhasedParams().p002_select_fraction is None
+    n, delta = 1000, 1000**-1.1
+    for eps in (2.0, 8.0):
+        cfg = SCOutputPertConfig(eps, delta, 0.05, 0.1, 0.35, 1.0, calibration="profile")
+        mech = SelectedDeltaSCOutputPert(cfg, users=n)
+        ranked = release_shares(eps, delta, "profile", "auto", GRID_RATIO, GRID_SIZE)
+        assert mech.select_fraction == ranked[0] > 0.25
+        assert len(mech.grid) == GRID_SIZE and mech.grid[-1] / mech.grid[0] == pytest.approx(
+            GRID_RATIO ** (GRID_SIZE - 1)
+        )
+        assert SelectedDeltaSCOutputPert(cfg, select_fraction=0.25, users=n).select_fraction == 0.25  # reproduction
