@@ -147,13 +147,13 @@ from fedkl.federation.base import CertifiedLocalMinimizer, Federation, Gradients
 from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, PAPER_002_RELATIONS, Guarantee
 from fedkl.privacy.release import Releaser
 
-_G0_PAD = 1e-9
+_G0_PAD = 1e-9  # float slack on the public bound G0 (an honest user's gradient norm is computed in float64)
 # sc-output-pert's public grid for the private Delta: Delta_max / sqrt(2)^k, k = 10..0 (a span of 32). On IID
 # users the diameter test certifies down to ~Delta_uc/6-9 (fertility-partition, L/mu = 3.5); the old grid
 # (ratio 2, span 2^11) put 8-9 capped scores ahead of that floor, each a chance for AboveThreshold to stop
 # on a Delta whose release is ⊥ (exactly 14-30 % at a 1/4 share), and rounded the floor up by up to 2x.
 GRID_RATIO = 2.0**0.5
-GRID_SIZE = 11  # float slack on the public bound G0 (an honest user's gradient norm is computed in float64)
+GRID_SIZE = 11
 
 
 def jump_factor(condition: float, k: int) -> float:
