@@ -778,3 +778,32 @@ def test_large_eps_release_is_the_unshrunk_mean_of_local_minimizers(tmp_path):
         if rule == "predicted-error":
             assert res.diagnostics["lam_choice"]["lam"] == fixed.config.lam < 0.01
     assert 0 <= excess["predicted-error"] < 0.01 * excess["fixed"]
+
+
+@pytest.mark.parametrize("rho_fraction,expect_bottoms", [(1.0, 0), (1e-6, 3)])
+def test_phased_lam_rule_chains_the_predicted_centre_error(tmp_path, rho_fraction, expect_bottoms):
+    """phased-mean-output-pert's lam_i: phase 1 uses R_1 = G0/mu; a released phase predicts its centre's
+    error R_{i+1}^2 = (lam_i/(mu + lam_i) R_i)^2 + sigma_i^2 d (public: lam_i, sigma_i), a ⊥ keeps R_i, and each
+    lam_i is optimal_lam at that R (with K at phase i's centre); "fixed" keeps lam 4^i."""
+    n, mu = 60, 0.1
+    ds, prob, fed = _logistic(n, reg=mu)
+    w0 = torch.zeros(prob.num_params, dtype=torch.float64)
+    cfg = PhasedMeanOutputPertConfig(30.0, 1e-3, lam=0.5, phases=3, rho_fraction=rho_fraction)
+    ledger = PrivacyLedger(tmp_path / "l.sqlite", Budget(epsilon=30.0, delta=2e-3))
+    res = PhasedMeanOutputPert(cfg, prob, ds.feature_bound).run(fed, Releaser(ledger, NoiseSource(1)), w0)
+    assert res.bottoms == expect_bottoms
+    phases = res.details["phases"]
+    G0 = prob.constants(ds.feature_bound, param_bound=1e-12).lipschitz
+    R = G0 / mu
+    for p in phases:
+        choice = p["lam_choice"]
+        assert choice["lam_rule"] == "predicted-error" and choice["centre_error"] == pytest.approx(R, rel=1e-12)
+        assert p["lam"] == choice["lam"] > 0
+        if not p["bottom"]:
+            R = math.sqrt((p["lam"] / (mu + p["lam"]) * R) ** 2 + p["sigma"] ** 2 * prob.num_params)
+    if expect_bottoms == 0:
+        assert phases[1]["lam"] > phases[0]["lam"]  # a closer centre allows a larger lam (less noise)
+    else:
+        assert len({p["lam"] for p in phases}) == 1  # every ⊥ keeps the centre and its prediction
+    fixed = replace(cfg, lam_rule="fixed")
+    assert [fixed.phase_config(i).lam for i in (1, 2, 3)] == [2.0, 8.0, 32.0]
