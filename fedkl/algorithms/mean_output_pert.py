@@ -140,7 +140,20 @@ Algorithms here
 * :class:`LocalMeanOutputPert` (``mean-output-pert``): one release of the mean local minimizer.
 * :class:`PhasedMeanOutputPert` (``phased-mean-output-pert``): Phased-ERM's localization (paper 002,
   Alg 3) with this mechanism in place of SCOutputPert: T phases at (eps/T, delta/T) (basic
-  composition), lam_i = lam 4^i, centre = previous release, ⊥ keeps the centre.
+  composition), centre = previous release, ⊥ keeps the centre; lam_i by the rule below (``fixed``:
+  lam_i = lam 4^i).
+
+The local regularization lam (``lam_rule``)
+-------------------------------------------
+The mean of the v_u estimates theta_lam = argmin F + (lam/2)||. - c||^2, shrunk toward c by a factor up to
+lam/(mu + lam); the a-priori radius G0/(mu + lam), hence rho, Delta and sigma, grows as lam falls. The
+default ``predicted-error`` takes lam* = d K^2/(mu R^2), the minimiser of the predicted excess
+(:func:`optimal_lam`, derivation there), from public values only: d, mu, G0 at the public centre,
+sigma(rho = 1) (eps, delta, n, calibration), rho_fraction and R, a public prediction of ||c - theta*||
+(G0/mu for the first release; in the phased variant the previous phase's predicted bias and noise,
+functions of its public lam, sigma and ⊥). So lam, like rho and c, is public and the privacy proof above
+is unchanged. ``fixed`` keeps ``lam`` (1 in the studies before the rule: on fertility-partition that
+shrinkage was the mean family's whole constant gap to the non-private optimum).
 """
 
 from __future__ import annotations
@@ -148,7 +161,7 @@ from __future__ import annotations
 import functools
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -188,6 +201,8 @@ _DIST_CHUNK = 256
 
 
 MEAN_CALIBRATIONS = ("profile", "tight", "paper")  # the first is the default
+# how the local regularization lam is chosen (LocalMeanOutputPertConfig.lam_rule); the first is the default
+LAM_RULES = ("predicted-error", "fixed")
 
 
 @functools.lru_cache(maxsize=256)
@@ -424,6 +439,10 @@ class LocalMeanOutputPertConfig:
         test: the deletion score: "vertex-cover" (exact minimum cover, work-bounded), "matching"
             (maximum matching, polynomial at any kappa; sensitivity (8 kappa + 2) Delta) or "auto"
             (the cover while its work bound fits, else matching).
+        lam_rule: "predicted-error" (default): lam is :func:`optimal_lam`, the minimiser of the
+            predicted excess bound (:func:`predicted_excess`) from public values; ``lam`` is then used
+            only where the rule does not apply (mu = 0, see :meth:`LocalMeanOutputPert.chosen_lam`).
+            "fixed": ``lam`` as given (the pre-rule behaviour, lam = 1 in the committed studies).
         local_solver: how every user solves for v_u (:data:`LOCAL_SOLVERS`): "lbfgs" (the plain
             :class:`LocalRegularizedMinimizer` query: per-user L-BFGS) or "newton" (the
             :class:`CertifiedLocalMinimizer` query, residual dropped: batched damped Newton over all users
@@ -441,8 +460,11 @@ class LocalMeanOutputPertConfig:
     local_max_iter: int = 500
     test: str = "auto"
     local_solver: str = "lbfgs"
+    lam_rule: str = LAM_RULES[0]
 
     def __post_init__(self) -> None:
+        if self.lam_rule not in LAM_RULES:
+            raise ValueError(f"lam_rule must be one of {LAM_RULES}, got {self.lam_rule!r}")
         if self.local_solver not in LOCAL_SOLVERS:
             raise ValueError(f"local_solver must be one of {LOCAL_SOLVERS}, got {self.local_solver!r}")
         _positive("lam", self.lam)
@@ -463,6 +485,44 @@ def local_radius(problem: Problem, feature_bound: float, center: torch.Tensor, l
     return c.lipschitz / ((c.strong_convexity or 0.0) + lam)
 
 
+def predicted_excess(lam: float, mu: float, R: float, K: float, d: int, beta: float = 1.0) -> float:
+    """The predicted excess objective E F(theta^) - F(theta*) of one release at local regularization lam.
+
+    ``(beta/2) [ (lam/(mu + lam))^2 R^2 + d K^2/(mu + lam)^2 ]``: the shrinkage bias plus the noise
+    (derivation in :func:`optimal_lam`); R bounds ||c - theta*||, sigma(lam) = K/(mu + lam)."""
+    t = mu + lam
+    return 0.5 * beta * ((lam / t) ** 2 * R**2 + d * K**2 / t**2)
+
+
+def optimal_lam(mu: float, R: float, K: float, d: int) -> float:
+    """The local regularization that minimises :func:`predicted_excess`: ``lam* = d K^2 / (mu R^2)``.
+
+    Why lam matters (issue 13 §4, the constant gap on IID data): every user's v_u minimises
+    f_u(v) + (lam/2)||v - c||^2, so the mean of the v_u estimates theta_lam = argmin F + (lam/2)||. - c||^2,
+    not theta* = argmin F. On fertility-partition (reg 0.1, lam 1, c = 0) that shrinkage alone cost
+    0.0092 of the 0.0094 gap to the non-private optimum at m = 254, eps = 8 (the noise 0.00014, the mean of
+    local minimizers vs theta_lam < 1e-5). Smaller lam removes the bias but widens the a-priori radius
+    G0/(mu + lam) that rho, hence Delta and sigma, scale with: a trade-off, decided here from public values.
+
+    Derivation. F is mu-strongly convex (mu > 0) and beta-smooth. (1) Bias: theta_lam satisfies
+    grad F(theta_lam) = -lam (theta_lam - c); strong monotonicity against grad F(theta*) = 0 gives
+    (mu + lam) ||e||^2 <= lam <theta* - c, e> for e = theta_lam - theta*, so ||theta_lam - theta*|| <=
+    lam/(mu + lam) ||c - theta*|| <= lam R/(mu + lam). (2) Noise: rho = rho_fraction 2 G0/(mu + lam) and
+    sigma is linear in rho (every calibration: sigma = (sigma/Delta) rho/(n - depth - 1)), so
+    sigma(lam) = K/(mu + lam) with K = sigma(rho = 1) rho_fraction 2 G0, public. (3) With theta^ = theta_lam +
+    N(0, sigma^2 I_d), smoothness gives F(theta^) <= F(theta_lam) + <grad F(theta_lam), N> + (beta/2)||N||^2,
+    whose mean is F(theta_lam) + (beta/2) sigma^2 d, and F(theta_lam) - F(theta*) <= (beta/2)||theta_lam -
+    theta*||^2 (grad F(theta*) = 0); together :func:`predicted_excess`. (4) With t = mu + lam, E is proportional to
+    (lam^2 R^2 + d K^2)/t^2, whose derivative in lam is 2 (lam mu R^2 - d K^2)/t^3: negative below
+    lam* = d K^2/(mu R^2), positive above, so lam* is the unique minimiser over lam > 0.
+    Not modelled: the mean of local minimizers differs from theta_lam (one-shot averaging; O(1/m) for
+    IID users, measured < 1e-3 in norm on fertility-partition) and deletions by the test.
+    """
+    if not (mu > 0 and R > 0 and K > 0 and d >= 1):
+        raise ValueError(f"optimal_lam needs mu, R, K > 0 and d >= 1, got mu={mu!r}, R={R!r}, K={K!r}, d={d!r}")
+    return d * K**2 / (mu * R**2)
+
+
 class LocalMeanOutputPert:
     """One (eps, delta)-DP release of mean_u v_u, v_u = user u's local regularized minimizer."""
 
@@ -473,6 +533,43 @@ class LocalMeanOutputPert:
         self.config = config
         self.problem = problem
         self.feature_bound = float(feature_bound)
+
+    def chosen_lam(self, n: int, center: torch.Tensor, centre_error: float | None = None) -> tuple[float, dict]:
+        """The lam this release uses and how it was chosen (public values only: n, d, eps, delta, the
+        problem's constants at the public centre, ``centre_error``).
+
+        ``lam_rule="predicted-error"``: :func:`optimal_lam` with mu the problem's strong convexity, R =
+        ``centre_error`` (a public prediction of ||c - theta*||, e.g. the previous phase's) or, by
+        default, G0/mu (F is mu-strongly convex and ||grad F(c)|| <= G0, so ||c - theta*|| <= G0/mu),
+        and K = sigma(rho = 1) rho_fraction 2 G0. With mu = 0 (no regularizer) no R bounds the bias and
+        the bound has no minimiser: the given ``lam`` is used and the details say so."""
+        cfg = self.config
+        if cfg.lam_rule == "fixed":
+            return cfg.lam, {"lam_rule": "fixed"}
+        center = torch.as_tensor(center).to(torch.float64)
+        c = self.problem.constants(self.feature_bound, param_bound=max(float(center.norm()), 1e-12))
+        mu, G0 = float(c.strong_convexity or 0.0), float(c.lipschitz)
+        if mu <= 0:
+            return cfg.lam, {"lam_rule": "fixed (predicted-error needs mu > 0: set reg > 0)"}
+        R = G0 / mu if centre_error is None else float(centre_error)
+        K = cfg.mechanism(1.0).sigma(n) * cfg.rho_fraction * 2.0 * G0
+        d = center.numel()
+        lam = optimal_lam(mu, R, K, d)
+        return lam, {
+            "lam_rule": "predicted-error",
+            "mu": mu,
+            "centre_error": R,
+            # beta = the smoothness of F (regularizer included); None for a non-smooth loss
+            "predicted_excess": None if c.smoothness is None else predicted_excess(lam, mu, R, K, d, c.smoothness),
+        }
+
+    def resolved(
+        self, n: int, center: torch.Tensor, centre_error: float | None = None
+    ) -> tuple[LocalMeanOutputPert, dict]:
+        """This release with its lam fixed by :meth:`chosen_lam` (and the rule's details)."""
+        lam, info = self.chosen_lam(n, center, centre_error)
+        cfg = replace(self.config, lam=lam, lam_rule="fixed")
+        return LocalMeanOutputPert(cfg, self.problem, self.feature_bound), {"lam": lam, **info}
 
     def rho(self, center: torch.Tensor) -> float:
         return self.config.rho_fraction * 2.0 * local_radius(self.problem, self.feature_bound, center, self.config.lam)
@@ -487,9 +584,10 @@ class LocalMeanOutputPert:
         ``sigma sqrt(d)``. ``noise_over_signal > 1``: the output is expected farther from the mean
         than any data could move it (the runner refuses unless forced)."""
         center = torch.as_tensor(w0).to(torch.float64)
-        mech = self.config.mechanism(self.rho(center))
-        signal = local_radius(self.problem, self.feature_bound, center, self.config.lam)
-        return noise_forecast(mech.sigma(n), mech.Delta(n), signal, center.numel())
+        alg, info = self.resolved(n, center)
+        mech = alg.config.mechanism(alg.rho(center))
+        signal = local_radius(self.problem, self.feature_bound, center, alg.config.lam)
+        return {**noise_forecast(mech.sigma(n), mech.Delta(n), signal, center.numel()), "lam": info["lam"]}
 
     def user_vectors(self, federation: Federation, center: torch.Tensor) -> tuple[torch.Tensor, int]:
         cfg = self.config
@@ -509,11 +607,18 @@ class LocalMeanOutputPert:
         w0: torch.Tensor,
         progress: Callable[[dict], None] | None = None,
         label: str | None = None,
+        centre_error: float | None = None,
     ) -> DelOutputPertResult:
-        """One charged release; ``theta`` is None for ⊥. ``w0`` is the public centre c."""
+        """One charged release; ``theta`` is None for ⊥. ``w0`` is the public centre c;
+        ``centre_error`` a public prediction of ||c - theta*|| for the lam rule (:meth:`chosen_lam`)."""
         n = federation.num_users
         center = check_release_start(self.name, releaser, federation, w0)
         self.check(n)  # before any data is read
+        if self.config.lam_rule != "fixed":
+            alg, info = self.resolved(n, center, centre_error)
+            res = alg.run(federation, releaser, w0, progress, label)
+            res.diagnostics["lam_choice"] = info
+            return res
         mech = MeanOutputPert(self.config.mechanism(self.rho(center)))
         start = time.perf_counter()
         V, substituted = self.user_vectors(federation, center)
@@ -536,7 +641,9 @@ class LocalMeanOutputPert:
 
 @dataclass(frozen=True)
 class PhasedMeanOutputPertConfig:
-    """Public parameters: T = ``phases`` releases at (eps/T, delta/T); phase i uses lam_i = lam 4^i."""
+    """Public parameters: T = ``phases`` releases at (eps/T, delta/T). Phase i's lam: ``lam_rule =
+    "predicted-error"`` (default) :func:`optimal_lam` with the previous phase's predicted centre error
+    (:meth:`PhasedMeanOutputPert.run`); ``"fixed"``: lam_i = lam 4^i (the pre-rule schedule)."""
 
     eps: float
     delta: float
@@ -549,6 +656,7 @@ class PhasedMeanOutputPertConfig:
     local_max_iter: int = 500
     test: str = "auto"
     local_solver: str = "lbfgs"
+    lam_rule: str = LAM_RULES[0]
 
     def __post_init__(self) -> None:
         if isinstance(self.phases, bool) or int(self.phases) != self.phases or self.phases < 1:
@@ -574,6 +682,7 @@ class PhasedMeanOutputPertConfig:
             self.local_max_iter,
             self.test,
             self.local_solver,
+            self.lam_rule,
         )
 
 
@@ -628,12 +737,21 @@ class PhasedMeanOutputPert:
         self.check(federation.num_users)  # before any data is read
         center = torch.as_tensor(w0).to(torch.float64)
         bottoms, sigmas, per_phase = 0, [], []
+        centre_error = None  # phase 1: the rule's a-priori G0/mu
         for i in range(1, cfg.phases + 1):
-            alg = LocalMeanOutputPert(cfg.phase_config(i), self.problem, self.feature_bound)
-            rho_i = alg.rho(center)  # public: a function of the public centre
+            alg, lam_info = LocalMeanOutputPert(cfg.phase_config(i), self.problem, self.feature_bound).resolved(
+                federation.num_users, center, centre_error
+            )
+            lam_i, rho_i = alg.config.lam, alg.rho(center)  # public: functions of the public centre
             res = alg.run(federation, releaser, center, label=f"{self.name}/phase-{i}")
             sigmas.append(res.sigma)
             released = res.theta is not None
+            if lam_info.get("lam_rule") == "predicted-error":
+                # the next centre's predicted distance to theta*: the shrinkage bias plus the noise (a ⊥
+                # keeps the centre, hence its prediction); public: lam, mu, sigma and the ⊥ are
+                mu, R = lam_info["mu"], lam_info["centre_error"]
+                if released:
+                    centre_error = math.sqrt((lam_i / (mu + lam_i) * R) ** 2 + res.sigma**2 * center.numel())
             if released:
                 center = res.theta.to(torch.float64)
             else:
@@ -642,7 +760,8 @@ class PhasedMeanOutputPert:
             per_phase.append(
                 {
                     "phase": i,
-                    "lam": cfg.lam_i(i),
+                    "lam": lam_i,
+                    "lam_choice": lam_info,
                     "bottom": not released,
                     "sigma": res.sigma,
                     "rho": rho_i,
@@ -664,6 +783,7 @@ class PhasedMeanOutputPert:
             "eps": cfg.eps,
             "delta": cfg.delta,
             "lam": cfg.lam,
+            "lam_rule": cfg.lam_rule,
             "rho_fraction": cfg.rho_fraction,
             "calibration": cfg.calibration,
             "kappa_per_phase": kappa,
@@ -685,8 +805,15 @@ class MeanOutputPertParams(AlgorithmParams):
     mean_lam: float = param(
         1.0,
         "mean-output-pert: local regularization lam of every user's minimizer around the "
-        "centre (phased: lam_i = lam 4^i)",
+        "centre, used with --mean-lam-rule fixed or when the rule needs mu > 0 and reg = 0 (phased: lam_i = lam 4^i)",
         "heuristic",
+    )
+    mean_lam_rule: str = param(
+        LAM_RULES[0],
+        "mean-output-pert: how lam is chosen: predicted-error (lam* = d K^2/(mu R^2), the minimiser of the "
+        "predicted shrinkage bias + noise from public values; needs reg > 0) or fixed (--mean-lam, the old rule)",
+        "theorem",
+        choices=LAM_RULES,
     )
     mean_rho_fraction: float = param(
         0.25,
@@ -747,6 +874,7 @@ def build_mean_output_pert(params: MeanOutputPertParams, ctx: BuildContext) -> L
             params.mean_max_vc_calls,
             test=params.mean_test,
             local_solver=params.mean_local_solver,
+            lam_rule=params.mean_lam_rule,
         ),
         ctx.problem,
         ctx.feature_bound,
@@ -770,6 +898,7 @@ def build_phased_mean_output_pert(params: PhasedMeanOutputPertParams, ctx: Build
             params.mean_max_vc_calls,
             test=params.mean_test,
             local_solver=params.mean_local_solver,
+            lam_rule=params.mean_lam_rule,
         ),
         ctx.problem,
         ctx.feature_bound,

@@ -21,6 +21,7 @@ from fedkl.algorithms.del_output_pert import (
     mean_of_user_vectors,
 )
 from fedkl.algorithms.mean_output_pert import (
+    LAM_RULES,
     LocalMeanOutputPert,
     LocalMeanOutputPertConfig,
     MeanOutputPert,
@@ -31,7 +32,9 @@ from fedkl.algorithms.mean_output_pert import (
     diameter_predicate,
     local_radius,
     mean_stability_plan,
+    optimal_lam,
     pairwise_distances,
+    predicted_excess,
 )
 from fedkl.algorithms.vertex_cover import (
     CallCounter,
@@ -610,7 +613,8 @@ def test_forecast_is_the_release_noise_against_the_local_radius(tmp_path):
     radius G0/(mu + lam) bounds every local minimizer's (hence the mean's) distance from the centre."""
     ds, prob, fed = _logistic(60, reg=0.1)
     w0 = torch.zeros(prob.num_params, dtype=torch.float64)
-    alg = LocalMeanOutputPert(LocalMeanOutputPertConfig(EPS, DELTA, lam=1.0, rho_fraction=0.5), prob, ds.feature_bound)
+    cfg = LocalMeanOutputPertConfig(EPS, DELTA, lam=1.0, rho_fraction=0.5, lam_rule="fixed")
+    alg = LocalMeanOutputPert(cfg, prob, ds.feature_bound)
     f = alg.forecast(60, w0)
     assert f["signal_radius"] == local_radius(prob, ds.feature_bound, w0, 1.0)
     assert f["noise_over_signal"] == pytest.approx(f["sigma"] * math.sqrt(prob.num_params) / f["signal_radius"])
@@ -619,7 +623,9 @@ def test_forecast_is_the_release_noise_against_the_local_radius(tmp_path):
     res = alg.run(fed, Releaser(PrivacyLedger(tmp_path / "l.sqlite", Budget(EPS, DELTA * 1.01)), NoiseSource(0)), w0)
     assert res.sigma == pytest.approx(f["sigma"], rel=1e-12)
     phased = PhasedMeanOutputPert(
-        PhasedMeanOutputPertConfig(EPS, DELTA, 1.0, phases=2, rho_fraction=0.5), prob, ds.feature_bound
+        PhasedMeanOutputPertConfig(EPS, DELTA, 1.0, phases=2, rho_fraction=0.5, lam_rule="fixed"),
+        prob,
+        ds.feature_bound,
     )
     first = LocalMeanOutputPert(phased.config.phase_config(1), prob, ds.feature_bound)
     assert phased.forecast(60, w0) == first.forecast(60, w0)  # the first phase moves the model the most
@@ -685,3 +691,119 @@ def test_newton_local_solver_is_a_flag(tmp_path):
     assert models[0].keys() == models[1].keys()
     for k in models[0]:
         torch.testing.assert_close(models[0][k], models[1][k], rtol=0, atol=1e-6)
+
+
+# --- the local regularization lam: the predicted-error rule (issue 13 §4) ---------------------------
+@pytest.mark.parametrize(
+    "mu,R,K,d", [(0.1, 10.0, 0.002, 24), (0.1, 0.4, 0.05, 3), (1.0, 1.0, 0.3, 1), (0.01, 5.0, 1e-4, 100)]
+)
+def test_optimal_lam_minimises_the_predicted_excess_over_a_grid(mu, R, K, d):
+    """lam* = d K^2/(mu R^2) is the minimiser of the predicted bias + noise bound: no point of a fine
+    log grid over twelve decades (nor lam* x (1 +- 1e-3)) predicts less."""
+    lam = optimal_lam(mu, R, K, d)
+    best = predicted_excess(lam, mu, R, K, d)
+    grid = np.logspace(-9, 3, 2401)
+    values = np.array([predicted_excess(g, mu, R, K, d) for g in grid])
+    assert best <= values.min() * (1 + 1e-12)
+    assert grid[values.argmin()] == pytest.approx(lam, rel=0.02)  # the grid's step is 1.2%
+    assert best < predicted_excess(lam * 1.001, mu, R, K, d) and best < predicted_excess(lam / 1.001, mu, R, K, d)
+    with pytest.raises(ValueError, match="mu"):
+        optimal_lam(0.0, R, K, d)
+
+
+def test_chosen_lam_is_the_rule_on_public_values_and_fixed_keeps_the_old_lam():
+    """The rule reads only public values (n, d, eps, delta, rho_fraction and the problem's constants at the
+    public centre): K = sigma(rho = 1) rho_fraction 2 G0, R = G0/mu. "fixed" (and mu = 0) keep the given lam."""
+    n = 300
+    ds, prob, _ = _logistic(8, reg=0.1)  # the data are never read by chosen_lam
+    w0 = torch.zeros(prob.num_params, dtype=torch.float64)
+    cfg = LocalMeanOutputPertConfig(8.0, 1e-4, lam=1.0, rho_fraction=0.25)
+    assert cfg.lam_rule == LAM_RULES[0] == "predicted-error"
+    lam, info = LocalMeanOutputPert(cfg, prob, ds.feature_bound).chosen_lam(n, w0)
+    c = prob.constants(ds.feature_bound, param_bound=1e-12)
+    K = cfg.mechanism(1.0).sigma(n) * 0.25 * 2 * c.lipschitz
+    assert lam == pytest.approx(prob.num_params * K**2 / (0.1 * (c.lipschitz / 0.1) ** 2), rel=1e-12)
+    assert info["centre_error"] == pytest.approx(c.lipschitz / 0.1)
+    # the release's rho and sigma use that lam: sigma(lam) = K/(mu + lam)
+    alg, _ = LocalMeanOutputPert(cfg, prob, ds.feature_bound).resolved(n, w0)
+    assert alg.config.lam == lam and alg.config.mechanism(alg.rho(w0)).sigma(n) == pytest.approx(K / (0.1 + lam))
+    fixed = replace(cfg, lam_rule="fixed")
+    assert LocalMeanOutputPert(fixed, prob, ds.feature_bound).chosen_lam(n, w0) == (1.0, {"lam_rule": "fixed"})
+    _, prob0, _ = _logistic(8, reg=0.0)
+    lam0, info0 = LocalMeanOutputPert(cfg, prob0, ds.feature_bound).chosen_lam(n, w0)
+    assert lam0 == 1.0 and info0["lam_rule"].startswith("fixed (predicted-error needs mu > 0")
+    with pytest.raises(ValueError, match="lam_rule"):
+        LocalMeanOutputPertConfig(8.0, 1e-4, lam=1.0, lam_rule="oracle")
+
+
+def _objective_minimum(prob, data):
+    from scipy.optimize import minimize
+
+    def fun(w):
+        t = torch.as_tensor(w)
+        return prob.loss(t, data), prob.gradient(t, data).numpy()
+
+    r = minimize(fun, np.zeros(prob.num_params), jac=True, method="L-BFGS-B", options={"gtol": 1e-12, "ftol": 0})
+    return torch.as_tensor(r.x), float(r.fun)
+
+
+def test_large_eps_release_is_the_unshrunk_mean_of_local_minimizers(tmp_path):
+    """The fixed-seed check of the rule: at large eps the released model's objective is within the derived
+    tolerance of the mean of the local minimizers', and that mean is no longer shrunk toward the centre
+    (lam = 1 made the mean-family lose by a constant on IID data: its excess over the optimum is 100x the rule's).
+
+    Tolerance: theta^ = vbar + N, N ~ N(0, sigma^2 I_d). Convexity and beta-smoothness give
+    <g, N> <= F(theta^) - F(vbar) <= <g, N> + (beta/2)||N||^2 with g = grad F(vbar); <g, N> ~ N(0, sigma^2 ||g||^2)
+    is within 4 sigma ||g|| (prob. 1 - 6e-5) and ||N||^2 <= sigma^2 (d + 2 sqrt(10 d) + 20) (Laurent-Massart,
+    prob. 1 - e^-10)."""
+    n, eps, delta = 2000, 50.0, 1e-3
+    ds, prob, fed = _logistic(n, m=20, reg=0.1)
+    w0 = torch.zeros(prob.num_params, dtype=torch.float64)
+    theta_star, f_star = _objective_minimum(prob, ds.train)
+    excess = {}
+    for rule in LAM_RULES:
+        cfg = LocalMeanOutputPertConfig(eps, delta, lam=1.0, rho_fraction=1.0, local_solver="newton", lam_rule=rule)
+        alg = LocalMeanOutputPert(cfg, prob, ds.feature_bound)
+        ledger = PrivacyLedger(tmp_path / f"{rule}.sqlite", Budget(eps, 2 * delta))
+        res = alg.run(fed, Releaser(ledger, NoiseSource(0)), w0)
+        fixed, _ = alg.resolved(n, w0)
+        vbar = fixed.user_vectors(fed, w0)[0].mean(0)
+        assert res.diagnostics["dist"] == 0  # rho_fraction = 1: no deletion, the release is vbar + noise
+        d, s = prob.num_params, res.sigma
+        g = prob.gradient(vbar, ds.train).norm().item()
+        beta = prob.constants(ds.feature_bound, param_bound=1.0).smoothness  # reg included
+        tol = 4 * s * g + 0.5 * beta * s**2 * (d + 2 * math.sqrt(10 * d) + 20)
+        assert abs(prob.loss(res.theta, ds.train) - prob.loss(vbar, ds.train)) <= tol
+        excess[rule] = prob.loss(vbar, ds.train) - f_star
+        if rule == "predicted-error":
+            assert res.diagnostics["lam_choice"]["lam"] == fixed.config.lam < 0.01
+    assert 0 <= excess["predicted-error"] < 0.01 * excess["fixed"]
+
+
+@pytest.mark.parametrize("rho_fraction,expect_bottoms", [(1.0, 0), (1e-6, 3)])
+def test_phased_lam_rule_chains_the_predicted_centre_error(tmp_path, rho_fraction, expect_bottoms):
+    """phased-mean-output-pert's lam_i: phase 1 uses R_1 = G0/mu; a released phase predicts its centre's
+    error R_{i+1}^2 = (lam_i/(mu + lam_i) R_i)^2 + sigma_i^2 d (public: lam_i, sigma_i), a ⊥ keeps R_i, and each
+    lam_i is optimal_lam at that R (with K at phase i's centre); "fixed" keeps lam 4^i."""
+    n, mu = 60, 0.1
+    ds, prob, fed = _logistic(n, reg=mu)
+    w0 = torch.zeros(prob.num_params, dtype=torch.float64)
+    cfg = PhasedMeanOutputPertConfig(30.0, 1e-3, lam=0.5, phases=3, rho_fraction=rho_fraction)
+    ledger = PrivacyLedger(tmp_path / "l.sqlite", Budget(epsilon=30.0, delta=2e-3))
+    res = PhasedMeanOutputPert(cfg, prob, ds.feature_bound).run(fed, Releaser(ledger, NoiseSource(1)), w0)
+    assert res.bottoms == expect_bottoms
+    phases = res.details["phases"]
+    G0 = prob.constants(ds.feature_bound, param_bound=1e-12).lipschitz
+    R = G0 / mu
+    for p in phases:
+        choice = p["lam_choice"]
+        assert choice["lam_rule"] == "predicted-error" and choice["centre_error"] == pytest.approx(R, rel=1e-12)
+        assert p["lam"] == choice["lam"] > 0
+        if not p["bottom"]:
+            R = math.sqrt((p["lam"] / (mu + p["lam"]) * R) ** 2 + p["sigma"] ** 2 * prob.num_params)
+    if expect_bottoms == 0:
+        assert phases[1]["lam"] > phases[0]["lam"]  # a closer centre allows a larger lam (less noise)
+    else:
+        assert len({p["lam"] for p in phases}) == 1  # every ⊥ keeps the centre and its prediction
+    fixed = replace(cfg, lam_rule="fixed")
+    assert [fixed.phase_config(i).lam for i in (1, 2, 3)] == [2.0, 8.0, 32.0]
