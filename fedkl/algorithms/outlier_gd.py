@@ -90,7 +90,7 @@ from fedkl.algorithms.registry import (
 )
 from fedkl.federation.base import Federation, GradientsAtPoints
 from fedkl.federation.clipping import clip_rows
-from fedkl.privacy.charges import ApproxDPCharge, GaussianCharge
+from fedkl.privacy.charges import APPROX_ZCDP_DELTA, ApproxDPCharge, GaussianCharge
 from fedkl.privacy.guarantee import Guarantee, check_relation
 from fedkl.privacy.release import Releaser
 from fedkl.privacy.zcdp import rho_for_eps_delta
@@ -162,7 +162,7 @@ class OutlierGD:
     come from the builder's (eps, delta) split; every public quantity is fixed here, before any data."""
 
     name = NAME
-    guarantee = Guarantee("approx-dp")  # approximate zCDP: Gaussian charges plus (0, delta_ptr) per round
+    guarantee = Guarantee("approx-zcdp")  # Gaussian charges plus (0, delta_ptr) per round (module docstring)
     gaussian_releases_only = False  # the PTR's delta: the exact Gaussian conversion does not apply
 
     def __init__(
@@ -261,7 +261,7 @@ class OutlierGD:
             common = {"round": t, "neighbouring": cfg.neighbouring, "failed": len(answers.failed)}
             label = f"{self.name}/round-{t}"
             releaser.release(
-                ApproxDPCharge(0.0, self.delta_ptr, "propose-test-release"),
+                ApproxDPCharge(0.0, self.delta_ptr, APPROX_ZCDP_DELTA),
                 lambda: None,
                 user_ids=user_ids,
                 label=f"{label}/ptr",
