@@ -818,7 +818,8 @@ class PrivacyLedger:
         enforced with). ``max_user_epsilon_exact`` converts the zCDP part EXACTLY for every user whose
         zCDP charges were all Gaussian releases (:func:`fedkl.privacy.zcdp.eps_gaussian`: a
         composition of Gaussians with total rho is sqrt(2 rho)-GDP), and by the budget's conversion
-        for the others; it is never larger."""
+        for the others (also for a user charged the delta of approximate zCDP, whose Gaussian charges
+        hold only conditionally: :data:`~fedkl.privacy.charges.APPROX_ZCDP_DELTA`); it is never larger."""
         b = self.budget
         groups = self._db.execute(
             "SELECT rho, eps, delta, COUNT(*), MAX(releases) FROM users GROUP BY rho, eps, delta"
