@@ -332,9 +332,9 @@ def train_federation(
         if cfg.secagg:  # the server no longer sees (nor bounds) each answer: fedkl/flower/secagg.py
             declared = dataclasses.replace(declared, clients=FEDKL_CLIENTS)
         if not declared.zcdp:  # zCDP rho, rounds and clip are not what these algorithms use
+            how = declared.accountant(cfg.conversion, getattr(cfg.params, "accountant", None))
             log(
-                f"budget: user-level ({cfg.neighbouring}) eps={cfg.epsilon}, delta={delta:.3g}, spent as (eps, delta) "
-                f"releases (basic composition in the ledger); backend {cfg.backend}"
+                f"budget: user-level ({cfg.neighbouring}) eps={cfg.epsilon}, delta={delta:.3g}, {how}; backend {cfg.backend}"
             )
         else:
             shape = [
@@ -729,7 +729,7 @@ def _run_training(
     result_path = os.path.join(out, "result.json")
     write_json(result_path, payload)  # the private result first: an evaluation below cannot lose it
     how = (
-        "(eps, delta) releases, basic composition"
+        receipt["accountant"]
         if not declared.zcdp
         else f"zCDP rho = {summary['max_user_rho']:.5g}; exact Gaussian conversion, {cfg.conversion} gives "
         f"{summary['max_user_epsilon']:.4f}"

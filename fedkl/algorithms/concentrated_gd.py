@@ -111,6 +111,7 @@ from fedkl.algorithms.registry import (
     param,
     register,
 )
+from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import Federation, GradientsAtPoints
 from fedkl.federation.clipping import clip_rows
 from fedkl.privacy.guarantee import Guarantee, sum_sensitivity
@@ -327,7 +328,7 @@ class ConcentratedGD:
         rho_winsorized = self.rho_winsorized if fresh else self.rho_round
         w = w0.clone()
         previous = torch.zeros_like(w)  # --conc-centre previous: round 0's centre (tau_0 = C: noisy-gd's round)
-        history: list[dict] = []
+        log = RoundLog(cfg.rounds, progress)
         sigmas: list[float] = []
         spent = 0.0
         for t, tau in enumerate(radii):
@@ -376,17 +377,7 @@ class ConcentratedGD:
             grad = centre + noisy_displacement.to(w.dtype) / n
             previous = grad
             w = w - cfg.lr * grad
-            record = {
-                "round": t + 1,
-                "rounds": cfg.rounds,
-                "noisy_grad_norm": float(grad.norm()),
-                "rho_spent": spent,
-                "failed_users": len(answers.failed),
-                "seconds": time.perf_counter() - start,
-            }
-            history.append(record)
-            if progress is not None:
-                progress(record)
+            log.round(t + 1, start, len(answers.failed), noisy_grad_norm=float(grad.norm()), rho_spent=spent)
         details = {"tau": radii[-1], "scale": self.scale, "records": cfg.records, "centre": cfg.centre}
         if histogram:
             details["bin_width"] = self.bin_width
@@ -399,7 +390,7 @@ class ConcentratedGD:
             rounds=cfg.rounds,
             sigma=[self.sigma_histogram if histogram else self.sigma_centre, sigmas[0]] if fresh else sigmas,
             details=details,
-            history=history,
+            history=log.history,
         )
 
 

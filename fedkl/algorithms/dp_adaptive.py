@@ -50,6 +50,7 @@ from fedkl.algorithms.poisson_schedule import (
     sum_sensitivity,
 )
 from fedkl.algorithms.registry import BuildContext, Clip, PoissonSampling, Rounds, StepSize, param, register
+from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import ClippedGradient, Federation
 from fedkl.privacy.accounting import GaussianSchedule
 from fedkl.privacy.guarantee import Guarantee
@@ -153,7 +154,7 @@ class AdaptiveDPOptimizer:
         )
         w = w0.clone()
         state = {"m": torch.zeros_like(w), "psi": torch.zeros_like(w), "noise_var": (run.sigma / run.denominator) ** 2}
-        history: list[dict] = []
+        log = RoundLog(cfg.rounds, progress)
         for t in range(1, cfg.rounds + 1):
             start = time.perf_counter()
             users = run.sample()
@@ -165,13 +166,10 @@ class AdaptiveDPOptimizer:
                 failed = len(answers.failed)
             g = run.release(total)
             w = w - cfg.lr * self._direction(g, state, t)
-            record = run.record(t, users, failed, start, noisy_grad_norm=float(g.norm()))
-            history.append(record)
-            if progress is not None:
-                progress(record)
+            log.round(t, start, failed, noisy_grad_norm=float(g.norm()), sampled=len(users))
         return run.result(
             w,
-            history,
+            log.history,
             {"optimizer": cfg.optimizer, **self._details(state)},
         )
 

@@ -71,6 +71,7 @@ from fedkl.algorithms.registry import (
     param,
     register,
 )
+from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import ClippedLocalUpdate, Federation
 from fedkl.federation.clipping import clip_rows
 from fedkl.privacy.accounting import GaussianSchedule
@@ -181,7 +182,7 @@ class DPFedAvg:
         w = w0.clone()
         velocity = torch.zeros_like(w)
         clip = cfg.clip
-        history: list[dict] = []
+        log = RoundLog(cfg.rounds, progress)
         for t in range(1, cfg.rounds + 1):
             start = time.perf_counter()
             users = run.sample()
@@ -215,13 +216,10 @@ class DPFedAvg:
                 )
             velocity = cfg.server_momentum * velocity + delta_t
             w = w + cfg.server_lr * velocity
-            record = run.record(t, users, failed, start, noisy_update_norm=float(delta_t.norm()), **extra)
-            history.append(record)
-            if progress is not None:
-                progress(record)
+            log.round(t, start, failed, noisy_update_norm=float(delta_t.norm()), **extra, sampled=len(users))
         return run.result(
             w,
-            history,
+            log.history,
             {
                 "neighbouring": cfg.neighbouring,
                 "local_steps": cfg.local_steps,

@@ -58,6 +58,7 @@ import torch
 
 from fedkl.algorithms.dp_fedavg import LocalUpdates
 from fedkl.algorithms.registry import AlgorithmResult, BuildContext, Clip, Rounds, StepSize, param, register
+from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import ClippedLocalUpdate, Federation
 from fedkl.federation.clipping import clip_rows
 from fedkl.privacy.charges import GaussianCharge
@@ -217,7 +218,7 @@ class DPFTRL:
         denominator = n / cfg.min_separation
         w = w0.clone()
         prefix = torch.zeros_like(w)
-        history: list[dict] = []
+        log = RoundLog(cfg.rounds, progress)
         for t in range(cfg.rounds):
             start = time.perf_counter()
             users = scheduler.admit(t, scheduler.planned(t))
@@ -241,23 +242,14 @@ class DPFTRL:
                 details={"round": t, "participation": j, "factorization": cfg.factorization},
             )
             w = w0 + cfg.server_lr * released / denominator
-            record = {
-                "round": t + 1,
-                "rounds": cfg.rounds,
-                "noisy_prefix_norm": float(released.norm()) / denominator,
-                "asked": len(users),
-                "failed_users": len(answers.failed),
-                "seconds": time.perf_counter() - start,
-            }
-            history.append(record)
-            if progress is not None:
-                progress(record)
+            norm = float(released.norm()) / denominator
+            log.round(t + 1, start, len(answers.failed), noisy_prefix_norm=norm, asked=len(users))
         return DPFTRLResult(
             w=w,
             rho_spent=self.rho,
             rounds=cfg.rounds,
             sigma=self.noise_std,
-            history=history,
+            history=log.history,
             details={
                 "factorization": cfg.factorization,
                 "band": factor.band if cfg.factorization == "banded" else None,

@@ -74,6 +74,7 @@ from fedkl.algorithms.fkt_common import (
     project,
     replace_factor,
 )
+from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import ClippedGradient, Federation, LocalRegularizedMinimizer, Query
 from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, Guarantee
 from fedkl.privacy.release import Releaser
@@ -261,7 +262,7 @@ class _Localization:
     ) -> tuple[torch.Tensor, list[dict]]:
         """Run ``phases`` from the public/private point ``w``; each phase's release is charged to its
         cohort only. Returns the last output and one record per phase."""
-        records = []
+        log = RoundLog(total or len(phases), progress)
         for ph in phases:
             start = time.perf_counter()
             value, failed = self.solve(federation, ph, w)
@@ -283,24 +284,20 @@ class _Localization:
                 },
             )
             w = project(noisy.to(torch.float64), self.setting.radius)
-            rec = {
-                "round": offset + len(records) + 1,
-                "rounds": total or len(phases),
-                "phase": ph.index,
-                "users": len(ids),
-                "step": ph.step,
-                "reg": ph.reg,
-                "sensitivity": ph.sensitivity,
-                "sigma": ph.sensitivity / math.sqrt(2.0 * self.rho_total),
-                "solver_rounds": ph.solver_rounds,
-                "failed_users": failed,
-                "seconds": time.perf_counter() - start,
-                **ph.info,
-            }
-            records.append(rec)
-            if progress is not None:
-                progress(rec)
-        return w, records
+            log.round(
+                offset + len(log.history) + 1,
+                start,
+                failed,
+                extra=ph.info,
+                phase=ph.index,
+                users=len(ids),
+                step=ph.step,
+                reg=ph.reg,
+                sensitivity=ph.sensitivity,
+                sigma=ph.sensitivity / math.sqrt(2.0 * self.rho_total),
+                solver_rounds=ph.solver_rounds,
+            )
+        return w, log.history
 
     def describe(self, federation: Federation, records: list[dict]) -> dict:
         used = sum(r["users"] for r in records)

@@ -67,6 +67,7 @@ from fedkl.algorithms.fkt_common import (
     replace_factor,
     split_cohorts,
 )
+from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import ClippedGradient, Federation
 from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, Guarantee
 from fedkl.privacy.ledger import BudgetExceeded
@@ -310,23 +311,13 @@ class SnowballSGD:
                 },
             )
         batch_handle = {t: handles[key] for key, members in groups.items() for t in members}
-        history = []
+        log = RoundLog(plan.horizon, progress)
         for t, (users, eta) in enumerate(zip(batches, plan.steps)):
             start = time.perf_counter()
             answers = federation.sum(ClippedGradient(w, s.lipschitz), users)
             noisy = batch_handle[t].release(answers.total().to(torch.float64) / len(users))
             w = project(w - eta * noisy, s.radius)
-            rec = {
-                "round": t + 1,
-                "rounds": plan.horizon,
-                "batch": len(users),
-                "step": eta,
-                "failed_users": len(answers.failed),
-                "seconds": time.perf_counter() - start,
-            }
-            history.append(rec)
-            if progress is not None:
-                progress(rec)
+            log.round(t + 1, start, len(answers.failed), batch=len(users), step=eta)
         exposure = max(factor**2 * s.lipschitz**2 / (2 * b**2 * plan.sigma**2) for b in plan.batches)
         details = {
             "dp": f"user-level rho-zCDP of the last iterate ({cfg.neighbouring}, n public) by amplification by "
@@ -349,5 +340,9 @@ class SnowballSGD:
             "smoothness": s.smoothness,
         }
         return FKTResult(
-            w=w.to(torch.as_tensor(w0).dtype), rounds=plan.horizon, sigma=[plan.sigma], details=details, history=history
+            w=w.to(torch.as_tensor(w0).dtype),
+            rounds=plan.horizon,
+            sigma=[plan.sigma],
+            details=details,
+            history=log.history,
         )

@@ -52,6 +52,7 @@ from typing import Callable
 import torch
 
 from fedkl.algorithms.kl_common import KLResult, check_count, check_positive
+from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import ClippedGradient, Federation
 from fedkl.privacy.filter import BudgetExhausted
 from fedkl.privacy.guarantee import Guarantee, check_relation, sum_sensitivity
@@ -216,7 +217,7 @@ class AdaptiveKLGD:
         selecting = cfg.select == "exponential"
         iterates: list[torch.Tensor] = [w.clone()] if selecting else []
         exact_norms: list[float] = []  # ||S(w_t)||/n, kept on the server for the selection; never released
-        history: list[dict] = []
+        log = RoundLog(plan.max_rounds_bound if cfg.max_rounds is None else cfg.max_rounds, progress)
         sigma_sum = None
         stopped = "budget"
 
@@ -259,18 +260,8 @@ class AdaptiveKLGD:
                 iterates.append(w.clone())
             t += 1
             rho_round = rho_grad if noisy_norm is None else plan.rho_norm + rho_grad
-            record = {
-                "round": t,
-                "rounds": plan.max_rounds_bound if cfg.max_rounds is None else cfg.max_rounds,
-                "noisy_grad_norm": noisy_norm,
-                "rho_round": rho_round,
-                "rho_spent": flt.spent - spent_before,
-                "sigma_sum": sigma_sum,
-                "seconds": time.perf_counter() - start,
-            }
-            history.append(record)
-            if progress is not None:
-                progress(record)
+            spent = flt.spent - spent_before
+            log.round(t, start, noisy_grad_norm=noisy_norm, rho_round=rho_round, rho_spent=spent, sigma_sum=sigma_sum)
             if last_by_cap:
                 break
         details = {
@@ -291,7 +282,7 @@ class AdaptiveKLGD:
             )
         details["rho_unspent"] = max(0.0, plan.rho - (flt.spent - spent_before))
         return KLResult(
-            w=w, rounds=t, sigma=sigma_sum, rho_spent=flt.spent - spent_before, history=history, details=details
+            w=w, rounds=t, sigma=sigma_sum, rho_spent=flt.spent - spent_before, history=log.history, details=details
         )
 
     def _select(

@@ -60,6 +60,7 @@ from fedkl.algorithms.kl_common import (
     check_positive,
     log_bracket,
 )
+from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import ClippedGradient, Federation, GradientDifference
 from fedkl.privacy.guarantee import Guarantee, check_relation, sum_sensitivity
 from fedkl.privacy.release import Releaser
@@ -200,14 +201,15 @@ class KLSpider:
         user_ids = federation.ids_of(users)
         sched = self.schedule(n, d)
         w = w0.clone()
-        history: list[dict] = []
         rounds, spent, steps = 0, 0.0, 0
         stopped = "phases"
         bound = sched.K + sum(sched.M)
+        log = RoundLog(bound if cfg.max_rounds is None else min(bound, cfg.max_rounds), progress)
+        info, start = {}, 0.0  # the last release's details and start (its record is made once est is known)
 
-        def release(value: torch.Tensor, sensitivity: float, rho: float, label: str, info: dict) -> torch.Tensor:
-            nonlocal rounds, spent
-            start = time.perf_counter()
+        def release(value: torch.Tensor, sensitivity: float, rho: float, label: str, details: dict) -> torch.Tensor:
+            nonlocal rounds, spent, info, start
+            info, start = details, time.perf_counter()
             out = releaser.gaussian(
                 value,
                 sensitivity=sensitivity,
@@ -218,20 +220,10 @@ class KLSpider:
             )
             rounds += 1
             spent += rho
-            record = {
-                "round": rounds,
-                "rounds": bound if cfg.max_rounds is None else min(bound, cfg.max_rounds),
-                "noisy_grad_norm": None,
-                "rho_spent": spent,
-                "seconds": time.perf_counter() - start,
-                **info,
-            }
-            history.append(record)
             return out
 
-        def report() -> None:
-            if progress is not None:
-                progress(history[-1])
+        def report(estimate: torch.Tensor) -> None:  # the last release's record, with the estimate it gave
+            log.round(rounds, start, extra=info, noisy_grad_norm=float(estimate.norm()), rho_spent=spent)
 
         for k in range(sched.K):
             if cfg.max_rounds is not None and rounds >= cfg.max_rounds:
@@ -250,8 +242,7 @@ class KLSpider:
                 ).to(w.dtype)
                 / n
             )
-            history[-1]["noisy_grad_norm"] = float(est.norm())
-            report()
+            report(est)
             t = 0
             while t <= sched.M[k] and float(est.norm()) >= threshold:
                 w_new = w - sched.step[k] * est / est.norm()
@@ -274,8 +265,7 @@ class KLSpider:
                         ).to(w.dtype)
                         / n
                     )
-                    history[-1]["noisy_grad_norm"] = float(est.norm())
-                    report()
+                    report(est)
                 w = w_new
             if stopped == "max_rounds":
                 break
@@ -296,4 +286,6 @@ class KLSpider:
             "kappa": kl.kappa,
             "smoothness": cfg.smoothness,
         }
-        return KLResult(w=w, rounds=rounds, sigma=sched.sigma_anchor, rho_spent=spent, history=history, details=details)
+        return KLResult(
+            w=w, rounds=rounds, sigma=sched.sigma_anchor, rho_spent=spent, history=log.history, details=details
+        )

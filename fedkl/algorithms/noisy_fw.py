@@ -50,6 +50,7 @@ from typing import Callable
 import torch
 
 from fedkl.algorithms.registry import AlgorithmParams, AlgorithmResult, BuildContext, param, register
+from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import ClampedGradient, Federation
 from fedkl.privacy.charges import ExponentialCharge
 from fedkl.privacy.guarantee import Guarantee, check_relation, sum_sensitivity
@@ -144,7 +145,7 @@ class NoisyFrankWolfe:
         refuse_unaffordable(self.name, releaser, user_ids, self.rho_total)
         eps0, sens = self.eps_per_round, self.sensitivity
         w = self.domain.center.to(w0.dtype)  # public start in W (Alg 3: w_1 arbitrary in W)
-        history: list[dict] = []
+        log = RoundLog(self.rounds, progress)
         spent = 0.0
         for t in range(1, self.rounds + 1):
             start = time.perf_counter()
@@ -161,17 +162,7 @@ class NoisyFrankWolfe:
             spent += self.charge().rho
             mu = step_size(t)
             w = (1.0 - mu) * w + mu * self.domain.vertex(j).to(w.dtype)
-            record = {
-                "round": t,
-                "rounds": self.rounds,
-                "vertex": j,
-                "rho_spent": spent,
-                "failed_users": len(answers.failed),
-                "seconds": time.perf_counter() - start,
-            }
-            history.append(record)
-            if progress is not None:
-                progress(record)
+            log.round(t, start, len(answers.failed), vertex=j, rho_spent=spent)
         details = {
             **self.domain.describe(),
             "bound": self.bound,
@@ -179,7 +170,7 @@ class NoisyFrankWolfe:
             "sensitivity": sens,
             "neighbouring": self.neighbouring,
         }
-        return NoisyFWResult(w=w, rounds=self.rounds, rho_spent=spent, details=details, history=history)
+        return NoisyFWResult(w=w, rounds=self.rounds, rho_spent=spent, details=details, history=log.history)
 
 
 @dataclass(frozen=True)

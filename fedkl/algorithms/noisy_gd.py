@@ -33,6 +33,7 @@ from typing import Callable
 import torch
 
 from fedkl.algorithms.registry import AlgorithmResult, BuildContext, Clip, Rounds, StepSize, register
+from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import ClippedGradient, Federation
 from fedkl.privacy.guarantee import Guarantee
 from fedkl.privacy.release import Releaser
@@ -118,7 +119,7 @@ class NoisyGradientDescent:
         user_ids = federation.ids_of(users)
         w = w0.clone()
         avg = torch.zeros_like(w)
-        history: list[dict] = []
+        log = RoundLog(cfg.rounds, progress)
         spent = 0.0
         for t in range(cfg.rounds):
             start = time.perf_counter()
@@ -134,19 +135,9 @@ class NoisyGradientDescent:
             spent += self.rho_per_round
             w = _project(w - cfg.lr * noisy_sum.to(w.dtype) / n, cfg.radius)
             avg += (w - avg) / (t + 1)
-            record = {
-                "round": t + 1,
-                "rounds": cfg.rounds,
-                "noisy_grad_norm": float(noisy_sum.norm()) / n,
-                "rho_spent": spent,
-                "failed_users": len(answers.failed),
-                "seconds": time.perf_counter() - start,
-            }
-            history.append(record)
-            if progress is not None:
-                progress(record)
+            log.round(t + 1, start, len(answers.failed), noisy_grad_norm=float(noisy_sum.norm()) / n, rho_spent=spent)
         out = w if cfg.output == "last" else avg
-        return NoisyGDResult(w=out, rho_spent=spent, rounds=cfg.rounds, sigma=self.sigma, history=history)
+        return NoisyGDResult(w=out, rho_spent=spent, rounds=cfg.rounds, sigma=self.sigma, history=log.history)
 
 
 @dataclass(frozen=True)

@@ -88,9 +88,10 @@ from fedkl.algorithms.registry import (
     param,
     register,
 )
+from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import Federation, GradientsAtPoints
 from fedkl.federation.clipping import clip_rows
-from fedkl.privacy.charges import ApproxDPCharge, GaussianCharge
+from fedkl.privacy.charges import APPROX_ZCDP_DELTA, ApproxDPCharge, GaussianCharge
 from fedkl.privacy.guarantee import Guarantee, check_relation
 from fedkl.privacy.release import Releaser
 from fedkl.privacy.zcdp import rho_for_eps_delta
@@ -162,7 +163,7 @@ class OutlierGD:
     come from the builder's (eps, delta) split; every public quantity is fixed here, before any data."""
 
     name = NAME
-    guarantee = Guarantee("approx-dp")  # approximate zCDP: Gaussian charges plus (0, delta_ptr) per round
+    guarantee = Guarantee("approx-zcdp")  # Gaussian charges plus (0, delta_ptr) per round (module docstring)
     gaussian_releases_only = False  # the PTR's delta: the exact Gaussian conversion does not apply
 
     def __init__(
@@ -251,7 +252,7 @@ class OutlierGD:
         user_ids = federation.ids_of(users)
         B = self.sensitivity
         w = w0.clone()
-        history: list[dict] = []
+        log = RoundLog(cfg.rounds, progress)
         spent, passed = 0.0, 0
         for t in range(cfg.rounds):
             start = time.perf_counter()
@@ -261,7 +262,7 @@ class OutlierGD:
             common = {"round": t, "neighbouring": cfg.neighbouring, "failed": len(answers.failed)}
             label = f"{self.name}/round-{t}"
             releaser.release(
-                ApproxDPCharge(0.0, self.delta_ptr, "propose-test-release"),
+                ApproxDPCharge(0.0, self.delta_ptr, APPROX_ZCDP_DELTA),
                 lambda: None,
                 user_ids=user_ids,
                 label=f"{label}/ptr",
@@ -296,17 +297,8 @@ class OutlierGD:
             if noisy is not None:
                 passed += 1
                 w = w - cfg.lr * noisy.to(w.dtype)
-            record = {
-                "round": t + 1,
-                "rounds": cfg.rounds,
-                "noisy_grad_norm": float(noisy.norm()) if noisy is not None else 0.0,
-                "rho_spent": spent,
-                "failed_users": len(answers.failed),
-                "seconds": time.perf_counter() - start,
-            }
-            history.append(record)
-            if progress is not None:
-                progress(record)
+            norm = float(noisy.norm()) if noisy is not None else 0.0
+            log.round(t + 1, start, len(answers.failed), noisy_grad_norm=norm, rho_spent=spent)
         details = {
             "radius": self.radius,
             "min_weight": self.min_weight,
@@ -322,7 +314,7 @@ class OutlierGD:
             rounds=cfg.rounds,
             sigma=[self.sigma_test, self.sigma_mean],
             details=details,
-            history=history,
+            history=log.history,
         )
 
 

@@ -73,6 +73,7 @@ from fedkl.algorithms.fkt_common import (
     split_cohorts,
 )
 from fedkl.algorithms.registry import AlgorithmParams, AlgorithmResult, BuildContext, param, register
+from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import DualClippedGradient, Federation
 from fedkl.privacy.clients import ANY_CLIENTS
 from fedkl.privacy.guarantee import Guarantee
@@ -227,23 +228,12 @@ class PGMirrorDescent:
         used = [u for c in plan.cohorts for u in c]
         check_zcdp_budget(releaser, federation.ids_of(used), self.rho_total, self.name)
         w = torch.as_tensor(w0).to(torch.float64).clone()
-        centres, history = [w.clone()], []
+        centres, log = [w.clone()], RoundLog(len(plan.cohorts), progress)
         for r, cohort in enumerate(plan.cohorts, start=1):
             start = time.perf_counter()
             w, failed = self._prox_round(federation, releaser, plan, r, cohort, w)
             centres.append(w.clone())
-            rec = {
-                "round": r,
-                "rounds": len(plan.cohorts),
-                "users": len(cohort),
-                "inner_rounds": plan.inner_rounds,
-                "sigma": plan.sigma,
-                "failed_users": failed,
-                "seconds": time.perf_counter() - start,
-            }
-            history.append(rec)
-            if progress is not None:
-                progress(rec)
+            log.round(r, start, failed, users=len(cohort), inner_rounds=plan.inner_rounds, sigma=plan.sigma)
         dtype = torch.as_tensor(w0).dtype
         return PGMDResult(
             w=centres[plan.output_index].to(dtype),
@@ -252,7 +242,7 @@ class PGMirrorDescent:
             rho_spent=self.rho_total,
             centres=[c.to(dtype) for c in centres],
             details=self.describe(plan),
-            history=history,
+            history=log.history,
         )
 
     def _prox_round(

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import math
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -131,17 +130,6 @@ class PoissonScheduledRun:
     def release(self, total: torch.Tensor) -> torch.Tensor:
         """``(total + N(0, sigma^2 I)) / (q n)``; refused beyond the charged number of releases."""
         return self._handle.release(total) / self.denominator
-
-    def record(self, t: int, users: list[int], failed: int, start: float, **norms: float) -> dict:
-        """One round's public progress record (``norms``: e.g. the released vector's norm)."""
-        return {
-            "round": t,
-            "rounds": self.rounds,
-            **norms,
-            "sampled": len(users),
-            "failed_users": failed,
-            "seconds": time.perf_counter() - start,
-        }
 
     def result(self, w: torch.Tensor, history: list[dict], details: dict) -> ScheduleResult:
         """The run's result: the model and the schedule's public parameters (plus ``details``)."""

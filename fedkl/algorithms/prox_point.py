@@ -50,6 +50,7 @@ from fedkl.algorithms.kl_common import (
     log_bracket,
     project_ball,
 )
+from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import ClippedGradient, Federation
 from fedkl.privacy.guarantee import Guarantee, check_relation, sum_sensitivity
 from fedkl.privacy.release import Releaser
@@ -178,7 +179,7 @@ class PrivateProxPoint:
         L = cfg.weak_convexity
         total_rounds = sched.T * sched.T_in
         w = w0.clone()
-        history: list[dict] = []
+        log = RoundLog(total_rounds, progress)
         rounds, spent = 0, 0.0
         for t in range(sched.T):
             center = w
@@ -200,17 +201,8 @@ class PrivateProxPoint:
                 grad = noisy.to(w.dtype) / n + 2.0 * L * (v - center)
                 v = project_ball(v - grad / (L * s), center, cfg.radius)
                 avg += s * v
-                record = {
-                    "round": rounds,
-                    "rounds": total_rounds,
-                    "noisy_grad_norm": float(noisy.norm()) / n,
-                    "rho_spent": spent,
-                    "prox_step": t + 1,
-                    "seconds": time.perf_counter() - start,
-                }
-                history.append(record)
-                if progress is not None:
-                    progress(record)
+                norm = float(noisy.norm()) / n
+                log.round(rounds, start, noisy_grad_norm=norm, rho_spent=spent, prox_step=t + 1)
             w = avg * (2.0 / (sched.T_in * (sched.T_in + 1)))
         details = {
             "prox_steps": sched.T,
@@ -224,4 +216,4 @@ class PrivateProxPoint:
             "neighbouring": cfg.neighbouring,
             "sensitivity": cfg.sensitivity,
         }
-        return KLResult(w=w, rounds=rounds, sigma=sched.sigma, rho_spent=spent, history=history, details=details)
+        return KLResult(w=w, rounds=rounds, sigma=sched.sigma, rho_spent=spent, history=log.history, details=details)

@@ -79,6 +79,7 @@ import torch
 from fedkl.algorithms.fkt_common import cohort_order, split_cohorts
 from fedkl.algorithms.noisy_fw import NoisyFWResult, refuse_unaffordable
 from fedkl.algorithms.registry import AlgorithmParams, BuildContext, param, register
+from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import (
     ClampedGradient,
     ClampedGradientDifference,
@@ -258,7 +259,7 @@ class _VarianceReducedFW:
         refuse_unaffordable(self.name, releaser, [u for round_ in ids for slot in round_ for u in slot], self.rho_total)
         w = self.start().to(w0.dtype)
         points: list[torch.Tensor] = []  # w_r^t, t < 2^r: the iterates Thm 11/14 draw the output from
-        history: list[dict] = []
+        log = RoundLog(2**self.rounds - 1, progress)
         for r in range(self.rounds):
             grad, w_prev = None, None
             for t in range(2**r):
@@ -281,19 +282,15 @@ class _VarianceReducedFW:
                 v = self.direction(releaser, r, t, grad, ids[r][: t + 1], label).to(w.dtype)
                 eta = step_size(t)
                 w_prev, w = w, (1.0 - eta) * w + eta * v
-                record = {"round": len(history) + 1, "rounds": 2**self.rounds - 1, "r": r, "t": t,
-                          "users": len(users), "failed_users": failed, "seconds": time.perf_counter() - begin}  # fmt: skip
-                history.append(record)
-                if progress is not None:
-                    progress(record)
+                log.round(len(log.history) + 1, begin, failed, r=r, t=t, users=len(users))
         index = self.output_index() if self.output == "uniform" else None
         details = {**self.describe(), "output": self.output, "output_index": index}
         return VRFWResult(
             w=points[index] if index is not None else w,
-            rounds=len(history),
+            rounds=len(log.history),
             rho_spent=self.rho_total,
             details=details,
-            history=history,
+            history=log.history,
         )
 
     def describe(self) -> dict:

@@ -12,6 +12,10 @@ Three kinds, by the notion their cost is stated in:
 * :class:`ApproxDPCharge` — a release whose (eps, delta) is a theorem of the caller (a
   deletion-stability test, a dp-accounting schedule, a PTR test): not zCDP, so a zCDP filter cannot
   account it; the ledger composes it by basic composition. ``mechanism`` names it.
+  :data:`APPROX_ZCDP_DELTA` names the one that is instead the delta of approximate zCDP (a PTR test's
+  failure probability, Bun & Steinke 2016 Def. 8.1): the user's zCDP charges then hold only
+  conditionally, so the Renyi-based conversions (CKS, Bun-Steinke) hold and the ledger's exact Gaussian
+  conversion does not (the ledger refuses it for that user).
 
 Every charge validates its fields on construction (a bad value is a ValueError before anything
 is written) and reports ``cost() -> (rho, eps, delta)``, ``notion`` ("zcdp" or "approx-dp"),
@@ -23,6 +27,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from typing import Union
+
+# the mechanism of a (0, delta) charge that is the delta of approximate zCDP (module docstring)
+APPROX_ZCDP_DELTA = "propose-test-release"
 
 
 def _check(name: str, value: float | None, *, positive: bool = True, optional: bool = False) -> None:
@@ -132,6 +139,7 @@ def from_record(record: dict) -> Charge:
 
 
 __all__ = [
+    "APPROX_ZCDP_DELTA",
     "ApproxDPCharge",
     "CHARGE_TYPES",
     "Charge",

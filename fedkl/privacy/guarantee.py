@@ -5,8 +5,11 @@ run-wide filter, to word the budget line and result.json's ``accountant``, and t
 
 * ``charges``: ``"zcdp"`` (every release a zCDP charge rho, composed additively, converted to
   (eps, delta) at the end), ``"approx-dp"`` (every release an (eps, delta) charge, basic composition
-  in the per-user ledger) or ``"schedule"`` (a dp-accounting Poisson-subsampled Gaussian schedule,
-  accounted by RDP or PLD and charged up front as one (eps, delta) release).
+  in the per-user ledger), ``"approx-zcdp"`` (approximate zCDP, Bun & Steinke 2016 Def. 8.1: zCDP
+  charges rho, added up, plus (0, delta_i) charges, e.g. a PTR test's failure probability, added up;
+  (eps, delta) by the budget's conversion of the summed rho at delta less the summed delta_i, what the
+  ledger computes) or ``"schedule"`` (a dp-accounting Poisson-subsampled Gaussian schedule, accounted by
+  RDP or PLD and charged up front as one (eps, delta) release).
 * ``composition``: ``"sequential"`` (every release may involve every user: a zCDP run is also held
   by a run-wide filter) or ``"parallel"`` (each user takes part in one disjoint cohort: the per-user
   ledger alone enforces every user's budget).
@@ -37,7 +40,7 @@ from typing import Any
 
 from fedkl.privacy.clients import ANY_CLIENTS, IN_CLASS_CLIENTS, ClientModel
 
-CHARGES = ("zcdp", "approx-dp", "schedule")
+CHARGES = ("zcdp", "approx-dp", "schedule", "approx-zcdp")
 RELATIONS = ("replace-one", "add-remove")
 
 
@@ -109,7 +112,7 @@ class Guarantee:
 
     @property
     def zcdp(self) -> bool:
-        """Releases are zCDP charges (a rho budget); otherwise (eps, delta) charges."""
+        """Releases are zCDP charges only (a rho budget); otherwise some are (eps, delta) charges."""
         return self.charges == "zcdp"
 
     @property
@@ -137,6 +140,11 @@ class Guarantee:
             )
         if self.charges == "approx-dp":
             return "(eps, delta)-DP releases, basic composition in the per-user ledger"
+        if self.charges == "approx-zcdp":
+            return (
+                f"approximate zCDP: zCDP charges added, (0, delta) charges (a PTR test's failure) added; "
+                f"(eps, delta) by {conversion} conversion of rho at the budget's delta less the charged delta"
+            )
         return f"zCDP, additive composition; (eps, delta) by {conversion} conversion"
 
     def to_dict(self) -> dict:

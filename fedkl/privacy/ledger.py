@@ -30,7 +30,8 @@ What a user spends has three parts, composed as follows:
 
 A user's guarantee at the budget's delta is ``eps(u) = zcdp_to_eps(rho_u, delta - delta_u) + eps_u``
 (valid because composing a (eps1, delta1) and a (eps2, delta2) guarantee gives
-(eps1 + eps2, delta1 + delta2)). A charge is refused, atomically and with nothing written, if it would
+(eps1 + eps2, delta1 + delta2); a PTR's (0, delta) charge, the delta of approximate zCDP, composes the
+same way: Bun & Steinke 2016 Def. 8.1, :data:`~fedkl.privacy.charges.APPROX_ZCDP_DELTA`). A charge is refused, atomically and with nothing written, if it would
 take any participating user's ``eps(u)`` above the budget's epsilon. The refusal is computed from
 the ledger alone (public bookkeeping), never from the users' data.
 
@@ -58,7 +59,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Iterable, Sequence
 
-from fedkl.privacy.charges import Charge, from_record, to_record
+from fedkl.privacy.charges import APPROX_ZCDP_DELTA, Charge, from_record, to_record
 from fedkl.privacy.filter import BudgetExhausted
 from fedkl.privacy.zcdp import CONVERSIONS, rho_for_eps_delta, zcdp_to_eps
 
@@ -600,10 +601,12 @@ class PrivacyLedger:
         record = to_record(charge)  # TypeError for anything but a typed charge
         rho, eps, delta = charge.cost()
         mechanism = charge.mechanism
-        if rho > 0 and mechanism != "gaussian" and self.budget.conversion == "gaussian":
+        if (
+            rho > 0 and mechanism != "gaussian" or mechanism == APPROX_ZCDP_DELTA
+        ) and self.budget.conversion == "gaussian":
             raise LedgerError(
                 f"this ledger converts zCDP by the exact Gaussian profile (conversion 'gaussian'), which "
-                f"holds only for Gaussian releases; a {mechanism!r} zCDP charge is refused (nothing was "
+                f"holds only for Gaussian releases; a {mechanism!r} charge is refused (nothing was "
                 "charged or released). Use conversion 'cks' for this algorithm."
             )
         self._check_fits(rho, eps, delta)
@@ -770,11 +773,14 @@ class PrivacyLedger:
         ]
 
     def _non_gaussian_zcdp_users(self) -> set[str]:
-        """Users charged at least one zCDP release that is not a Gaussian mechanism."""
+        """Users charged at least one zCDP release that is not a Gaussian mechanism, or the delta of
+        approximate zCDP (:data:`~fedkl.privacy.charges.APPROX_ZCDP_DELTA`): the exact Gaussian
+        conversion does not hold for them."""
         out: set[str] = set()
         for (members,) in self._db.execute(
             "SELECT DISTINCT c.members FROM releases r JOIN cohorts c ON c.id = r.cohort_id "
-            "WHERE r.rho > 0 AND r.mechanism != 'gaussian'"
+            "WHERE (r.rho > 0 AND r.mechanism != 'gaussian') OR r.mechanism = ?",
+            (APPROX_ZCDP_DELTA,),
         ):
             out.update(json.loads(members))
         return out
@@ -812,7 +818,8 @@ class PrivacyLedger:
         enforced with). ``max_user_epsilon_exact`` converts the zCDP part EXACTLY for every user whose
         zCDP charges were all Gaussian releases (:func:`fedkl.privacy.zcdp.eps_gaussian`: a
         composition of Gaussians with total rho is sqrt(2 rho)-GDP), and by the budget's conversion
-        for the others; it is never larger."""
+        for the others (also for a user charged the delta of approximate zCDP, whose Gaussian charges
+        hold only conditionally: :data:`~fedkl.privacy.charges.APPROX_ZCDP_DELTA`); it is never larger."""
         b = self.budget
         groups = self._db.execute(
             "SELECT rho, eps, delta, COUNT(*), MAX(releases) FROM users GROUP BY rho, eps, delta"

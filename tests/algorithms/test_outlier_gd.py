@@ -239,6 +239,34 @@ def test_the_exact_gaussian_conversion_is_refused_before_any_charge(tmp_path):
     assert PrivacyLedger(out / "ledger.sqlite").num_releases() == 0
 
 
+def test_result_reports_the_ledgers_approximate_zcdp_accounting(tmp_path):
+    """result.json's accountant says what the ledger composes (approximate zCDP: the Gaussian charges' rho
+    converted by the budget's CKS at delta less the PTR deltas) and its epsilon is exactly that; the exact
+    Gaussian conversion, which does not hold for approximate zCDP, would report less."""
+    from fedkl.privacy.guarantee import Guarantee
+    from fedkl.runner import RunConfig, run_training
+
+    out = tmp_path / "run"
+    cfg = RunConfig.from_settings(strict=False, dataset="synthetic-logistic", problem="logistic",
+                                  algorithm="noisy-gd-outlier", users=400, epsilon=4.0, rounds=2, conc_records=16,
+                                  reference=False, force=True, out=str(out))  # fmt: skip
+    lines = []
+    res = run_training(cfg, log=lines.append)
+    assert res["guarantee"]["charges"] == "approx-zcdp"
+    assert res["accountant"] == Guarantee("approx-zcdp").accountant("cks", None)
+    assert "approximate zCDP" in res["accountant"] and "basic composition" not in res["accountant"]
+    assert any(line.startswith("privacy:") and res["accountant"] in line for line in lines)
+    ledger = PrivacyLedger(out / "ledger.sqlite")
+    spends = {(r["rho"], r["eps"], r["delta"]) for r in ledger.user_spends()}
+    assert len(spends) == 1  # every user: the same charges
+    ((rho, eps, delta_ptr),) = spends
+    assert eps == 0.0 and delta_ptr == pytest.approx(0.5 * res["delta"], rel=1e-9)  # the PTR deltas
+    expected = zcdp_to_eps(rho, res["delta"] - delta_ptr, "cks")
+    assert res["epsilon"] == pytest.approx(expected, rel=1e-12)
+    assert res["epsilon"] == res["epsilon_by_budget_conversion"] == ledger.summary()["max_user_epsilon"]
+    assert zcdp_to_eps(rho, res["delta"] - delta_ptr, "gaussian") < 0.95 * res["epsilon"]
+
+
 @pytest.mark.slow
 def test_converges_and_beats_noisy_gd_when_users_hold_many_records(tmp_path):
     """n = 1000, d = 10, eps = 4, 30 rounds at lr 16, k = 2: the outlier-removal mean's noise ~ 14 R / W_min

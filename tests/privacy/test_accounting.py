@@ -20,7 +20,7 @@ from fedkl.privacy.accounting import (
     pld_grid_points,
     schedule_epsilon,
 )
-from fedkl.privacy.charges import ExponentialCharge, GaussianCharge
+from fedkl.privacy.charges import APPROX_ZCDP_DELTA, ApproxDPCharge, ExponentialCharge, GaussianCharge
 from fedkl.privacy.zcdp import ZCDPAccountant, delta_cks, eps_bun_steinke, eps_cks, rho_for_eps_delta, zcdp_to_eps
 
 RHOS = [1e-5, 1e-3, 0.01, 0.1, 0.5, 1.0, 5.0, 30.0]
@@ -352,6 +352,28 @@ def test_ledger_reports_the_exact_epsilon_only_for_gaussian_only_users(tmp_path)
             led.charge(["a"], ExponentialCharge(eps=math.sqrt(8 * 0.01), sensitivity=1.0), label="x")
         assert led.summary()["releases"] == 1  # nothing charged
         assert led.rho_left(["a"]) == pytest.approx(zcdp.rho_for_eps_delta(4.0, 1e-6, "gaussian") - 0.3)
+
+
+def test_ledger_reports_no_exact_epsilon_for_approximate_zcdp(tmp_path):
+    """A PTR's (0, delta) charge is the delta of approximate zCDP: the user's Gaussian charges hold only
+    conditionally, so the exact Gaussian conversion (smaller here) is neither reported nor accepted."""
+    from fedkl.privacy import Budget, LedgerError, PrivacyLedger
+
+    ptr = ApproxDPCharge(0.0, 1e-7, APPROX_ZCDP_DELTA)
+    with PrivacyLedger(str(tmp_path / "l.sqlite"), Budget(4.0, 1e-6)) as led:
+        led.charge(["a", "b"], GaussianCharge(rho=0.3), label="g")
+        led.charge(["b"], ptr, label="ptr")
+        s, rows = led.summary(), {r["user_id"]: r for r in led.user_spends()}
+        cks_b = zcdp.eps_cks(0.3, 1e-6 - 1e-7)
+        assert zcdp.eps_gaussian(0.3, 1e-6 - 1e-7) < cks_b  # what was reported before
+        assert rows["b"]["epsilon_exact"] == rows["b"]["epsilon"] == pytest.approx(cks_b, rel=1e-12)
+        assert rows["a"]["epsilon_exact"] == pytest.approx(zcdp.eps_gaussian(0.3, 1e-6))  # Gaussian only
+        assert s["max_user_epsilon_exact"] == s["max_user_epsilon"] == pytest.approx(cks_b, rel=1e-12)
+    with PrivacyLedger(str(tmp_path / "g.sqlite"), Budget(4.0, 1e-6, "gaussian")) as led:
+        with pytest.raises(LedgerError, match="exact Gaussian"):
+            led.charge(["a"], ptr, label="ptr")
+        led.charge(["a"], ApproxDPCharge(0.0, 1e-7, "stability-gaussian"), label="other")  # basic composition
+        assert led.summary()["releases"] == 1
 
 
 def test_noisy_gd_reports_the_exact_epsilon(tmp_path):

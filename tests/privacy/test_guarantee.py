@@ -14,6 +14,10 @@ def test_filter_and_text_follow_the_declaration():
     assert "cks" in Guarantee("zcdp").accountant("cks", "pld")
     assert Guarantee("schedule").accountant("cks", "pld").startswith("PLD (dp-accounting)")
     assert "basic composition" in Guarantee("approx-dp").accountant("cks", "pld")
+    approx_zcdp = Guarantee("approx-zcdp")  # Gaussian charges plus PTR deltas: no zCDP filter can hold them
+    assert not approx_zcdp.zcdp and not approx_zcdp.run_wide_filter
+    assert "approximate zCDP" in approx_zcdp.accountant("bun_steinke", None)
+    assert "bun_steinke conversion" in approx_zcdp.accountant("bun_steinke", None)
     g = Guarantee("approx-dp", "parallel", IN_CLASS_CLIENTS)
     assert Guarantee.from_dict(g.to_dict()) == g
     with pytest.raises(ValueError):

@@ -1,0 +1,39 @@
+"""One round-based run's public progress: the per-round record every such algorithm reports, its
+history (the result's ``history``) and the progress callback (the runner's ``round t/T`` lines and
+the run observer).
+
+A record is ``{"round": t, "rounds": T, **fields, "failed_users": failed, "seconds": s, **extra}``:
+``fields`` in the order given (norms of released values, rho spent, the round's public shape),
+``failed_users`` only where the algorithm counts them, ``seconds`` since ``start`` (the round's
+wall time), ``extra`` (a release's own details) last. Every value is public or computed from
+releases: the records are published in result.json.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+
+class RoundLog:
+    """``rounds``: the public number of rounds (the records' ``rounds``); ``progress``: called with
+    every record as soon as it is made (None: nobody listens)."""
+
+    def __init__(self, rounds: int, progress: Callable[[dict], None] | None = None) -> None:
+        self.rounds = rounds
+        self.progress = progress
+        self.history: list[dict] = []
+
+    def round(self, t: int, start: float, failed: int | None = None, /, *, extra: dict | None = None, **fields) -> dict:
+        """Record round ``t`` (started at ``time.perf_counter()`` value ``start``; ``failed``: the
+        users whose answer failed), append it to :attr:`history`, pass it to ``progress``, and return
+        it. Positional-only, so that a field may be named ``t`` or ``start``."""
+        record = {"round": t, "rounds": self.rounds, **fields}
+        if failed is not None:
+            record["failed_users"] = failed
+        record["seconds"] = time.perf_counter() - start
+        record.update(extra or {})
+        self.history.append(record)
+        if self.progress is not None:
+            self.progress(record)
+        return record
