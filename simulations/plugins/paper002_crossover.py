@@ -198,7 +198,7 @@ def kappa(eps: float, delta: float) -> int:
     return 1 + math.ceil(math.log(1 / db) / eb)
 
 
-NOISES = ("tight", "today")
+NOISES = ("tight", "today", "today-lam")
 
 
 def settings_for(
@@ -208,10 +208,12 @@ def settings_for(
     analytic Gaussian at (4 kappa + 1) Delta, Delta fixed (Delta_uc / the phases' rule), equal phase split.
     ``noise = "today"`` (paper002_crossover_today.toml): the whole-release profile calibration, Delta chosen
     privately by the sparse vector (its cost charged inside the same eps), the optimal phase split (phased-erm,
-    sc-phased-erm) and the batched Newton local solver (the mean family). The baselines do not read it."""
+    sc-phased-erm) and the batched Newton local solver (the mean family) with lam = 1 (``mean_lam_rule = "fixed"``);
+    ``noise = "today-lam"`` (paper002_mean_fix.toml): "today" with the mean family's ``predicted-error`` lam rule.
+    The baselines do not read it."""
     if noise not in NOISES:
         raise ValueError(f"{NAME}: noise must be one of {', '.join(NOISES)}, got {noise!r}")
-    today = noise == "today"
+    today = noise in ("today", "today-lam")
     if alg == "noisy-gd":
         return {"conversion": "gaussian", "clip": 1.0, **hyper}
     if alg == "dp-fedavg":
@@ -229,7 +231,9 @@ def settings_for(
         return {"stability_delta": Delta, **p002}
     if alg in ("mean-output-pert", "phased-mean-output-pert"):
         mean = {"mean_rho_fraction": min(0.5, 2.0 / math.sqrt(m)), "mean_calibration": "tight"}
-        return {**mean, "mean_calibration": "profile", "mean_local_solver": "newton"} if today else mean
+        rule = "predicted-error" if noise == "today-lam" else "fixed"
+        today_mean = {"mean_calibration": "profile", "mean_local_solver": "newton", "mean_lam_rule": rule}
+        return {**mean, **today_mean} if today else mean
     split = {"p002_phase_split": "optimal"} if today and alg in ("phased-erm", "sc-phased-erm") else {}
     return {"p002_records": m, **p002, **split}
 

@@ -717,8 +717,8 @@ def test_chosen_lam_is_the_rule_on_public_values_and_fixed_keeps_the_old_lam():
     n = 300
     ds, prob, _ = _logistic(8, reg=0.1)  # the data are never read by chosen_lam
     w0 = torch.zeros(prob.num_params, dtype=torch.float64)
-    cfg = LocalMeanOutputPertConfig(8.0, 1e-4, lam=1.0, rho_fraction=0.25)
-    assert cfg.lam_rule == LAM_RULES[0] == "predicted-error"
+    assert LocalMeanOutputPertConfig(8.0, 1e-4, lam=1.0).lam_rule == LAM_RULES[0] == "fixed"
+    cfg = LocalMeanOutputPertConfig(8.0, 1e-4, lam=1.0, rho_fraction=0.25, lam_rule="predicted-error")
     lam, info = LocalMeanOutputPert(cfg, prob, ds.feature_bound).chosen_lam(n, w0)
     c = prob.constants(ds.feature_bound, param_bound=1e-12)
     K = cfg.mechanism(1.0).sigma(n) * 0.25 * 2 * c.lipschitz
@@ -788,7 +788,9 @@ def test_phased_lam_rule_chains_the_predicted_centre_error(tmp_path, rho_fractio
     n, mu = 60, 0.1
     ds, prob, fed = _logistic(n, reg=mu)
     w0 = torch.zeros(prob.num_params, dtype=torch.float64)
-    cfg = PhasedMeanOutputPertConfig(30.0, 1e-3, lam=0.5, phases=3, rho_fraction=rho_fraction)
+    cfg = PhasedMeanOutputPertConfig(
+        30.0, 1e-3, lam=0.5, phases=3, rho_fraction=rho_fraction, lam_rule="predicted-error"
+    )
     ledger = PrivacyLedger(tmp_path / "l.sqlite", Budget(epsilon=30.0, delta=2e-3))
     res = PhasedMeanOutputPert(cfg, prob, ds.feature_bound).run(fed, Releaser(ledger, NoiseSource(1)), w0)
     assert res.bottoms == expect_bottoms
