@@ -703,7 +703,11 @@ def test_the_crossover_runner_maps_its_noise_setting_to_fedkl_settings():
             if name.startswith("fedkl_plugin_"):
                 del sys.modules[name]
     args = (254, 1000, 8.0, 1 / 1000**1.1, {}, 0.1)
-    assert settings_for("phased-erm", *args, "tight") == {"p002_records": 254, "p002_calibration": "tight"}
+    assert settings_for("phased-erm", *args, "tight") == {
+        "p002_records": 254,
+        "p002_calibration": "tight",
+        "p002_phase_split": "equal",  # the committed table's split (the default is optimal since issue 13)
+    }
     assert settings_for("phased-erm", *args, "today") == {
         "p002_records": 254,
         "p002_calibration": "profile",

@@ -230,7 +230,7 @@ def settings_for(
     if alg in ("mean-output-pert", "phased-mean-output-pert"):
         mean = {"mean_rho_fraction": min(0.5, 2.0 / math.sqrt(m)), "mean_calibration": "tight"}
         return {**mean, "mean_calibration": "profile", "mean_local_solver": "newton"} if today else mean
-    split = {"p002_phase_split": "optimal"} if today and alg in ("phased-erm", "sc-phased-erm") else {}
+    split = {"p002_phase_split": "optimal" if today else "equal"} if alg in ("phased-erm", "sc-phased-erm") else {}
     return {"p002_records": m, **p002, **split}
 
 
