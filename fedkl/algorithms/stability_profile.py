@@ -73,7 +73,7 @@ def chain_factor(score: str) -> int:
     return 2 if score == "matching" else 1
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=4096)  # a calibration visits ~100 kappas
 def _pairs(kappa: int, c: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(d, d', gap/Delta) of every reachable score pair (gap inf outside the depth), d ascending and
     d' in (d - 1, d, d + 1) within {0, ..., 2 kappa + 1}. Cached: read-only arrays."""
