@@ -417,12 +417,12 @@ class PhasedERM:
     def phase_split(self, n: int, T: int, beta: float) -> PhaseSplit:
         """The split of (eps, delta) between the T phases (module docstring, "The split between phases").
 
-        ``equal`` (:attr:`PhasedConfig.split`): (eps/T, delta/T). ``optimal``: eps_j, delta_j ~ w_j^a with a = 1/(2p+1), p the noise
-        constant's log-slope (:meth:`noise_exponent`), or, where a call of that split would be refused at
-        this n or leave Cor 3.7's regime (n >= 8 kappa_j; where the equal split is already outside it, no
-        phase deeper than the equal split's), an admissible a of the grid a k/16, k = 15..1, found by
-        bisection (admissibility shrinks as a grows: the last phase's budget falls); the equal split whenever it has the
-        smaller bound S. Every candidate is a function of public values only."""
+        By :attr:`PhasedConfig.split`: ``equal``: (eps/T, delta/T). ``optimal``: eps_j, delta_j ~ w_j^a with
+        a = 1/(2p+1), p the noise constant's log-slope (:meth:`noise_exponent`), or, where a call of that
+        split would be refused at this n or leave Cor 3.7's regime (n >= 8 kappa_j; where the equal split is
+        already outside it, no phase deeper than the equal split's), an admissible a of the grid a k/16,
+        k = 15..1, found by bisection (admissibility shrinks as a grows: the last phase's budget falls); the
+        equal split whenever it has the smaller bound S. Every candidate is a function of public values only."""
         cfg = self.config
         equal = self.costed_split(
             n, (cfg.eps / T,) * T, (cfg.delta / T,) * T, beta, 0.0, "equal (eps/T, delta/T), basic composition"
