@@ -220,6 +220,22 @@ def test_every_phase_release_of_the_optimal_split_passes_the_exact_audit(phase, 
     assert seen_bottom and seen_deletion and worst > 0.1 * spec.delta  # measured 0.13-0.16 delta_j: the ⊥ atom
 
 
+def test_the_audit_catches_a_phase_released_at_the_whole_budget():
+    """Negative control: the smallest phase's release calibrated at the run's whole (eps, delta) (a split
+    that charged eps_j but forgot to calibrate the phase at it) breaks the audit at the phase's own
+    (eps_T, delta_T) on the same instances (measured 0.063 > 0.039). The instances are not the theorem's
+    worst case (the releases above reach 0.13-0.16 delta_j), so a milder error, the equal split's noise
+    (eps/T, delta/T) for this phase, measures 0.012 and is NOT caught here; the calibration's own worst
+    case (tests/algorithms/test_output_pert.py) is what catches a 1% error."""
+    alg, plan = _audit_plan()
+    last = plan.specs[-1]
+    k = kappa(last.eps, last.delta, "profile")
+    instances = [(others, Delta) for others in (0, 1, k, 2 * k) for Delta in (0.5, 0.2, 0.1, 0.06, 0.04, 0.03)]
+    whole = (AUDIT_EPS, AUDIT_DELTA)
+    *_, worst = audit_neighbours("vertex-cover", "profile", instances, *whole, AUDIT_N, claim=(last.eps, last.delta))
+    assert worst > last.delta
+
+
 def test_the_default_split_charges_compose_to_exactly_the_budget(tmp_path):
     """A run of the default Phased-ERM (profile noise, diameter test, optimal split) on a fresh ledger of
     budget (8, 0.3), at what the ledger offers (approx_left: the runner's budget, delta strictly below the
