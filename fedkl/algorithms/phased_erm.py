@@ -65,9 +65,10 @@ note §2E.) Which split is best is a utility question, answered from the bound:
 * The default ``phase_split="auto"`` is this split ("optimal"), except with ``calibration="paper"``
   (the constants as printed, for reproduction), where it is the paper's (eps/T, delta/T) ("equal");
   ``--p002-phase-split equal`` / ``optimal`` choose either explicitly. Every distinct phase budget costs one
-  profile calibration (~50 ms since the search of :func:`fedkl.algorithms.stability_profile.calibrate` skips
-  grid points that cannot win); on MovieLens (n = 671, T = 7, eps = 2, profile noise) c falls from
-  7.0e5 to 4.2e5 (simulations/bench_phase_split.py); at n = 5000, m = 100, eps = 8 the gain is S / 60.
+  profile calibration (~20-50 ms since the search of :func:`fedkl.algorithms.stability_profile.calibrate`
+  skips grid points that cannot win). On MovieLens (n = 671, T = 7, eps = 2, profile noise) the plan
+  takes 0.41 s against the equal split's 0.04 s and c falls from 7.0e5 to 4.2e5
+  (simulations/bench_phase_split.py); at n = 5000, m = 100, eps = 8 the gain is S / 60.
 
 Parameters (defaults are the theorem's; pitfalls of note §6)
 -------------------------------------------------------------
