@@ -705,7 +705,11 @@ def test_the_crossover_runner_maps_its_noise_setting_to_fedkl_settings():
             if name.startswith("fedkl_plugin_"):
                 del sys.modules[name]
     args = (254, 1000, 8.0, 1 / 1000**1.1, {}, 0.1)
-    assert settings_for("phased-erm", *args, "tight") == {"p002_records": 254, "p002_calibration": "tight"}
+    assert settings_for("phased-erm", *args, "tight") == {
+        "p002_records": 254,
+        "p002_calibration": "tight",
+        "p002_phase_split": "equal",  # the committed table's split (the default is optimal since issue 13)
+    }
     assert settings_for("phased-erm", *args, "today") == {
         "p002_records": 254,
         "p002_calibration": "profile",
@@ -719,6 +723,8 @@ def test_the_crossover_runner_maps_its_noise_setting_to_fedkl_settings():
         and sc["stability_delta"] == settings_for("sc-output-pert", *args, "tight")["stability_delta"]
     )
     assert settings_for("mean-output-pert", *args, "today")["mean_local_solver"] == "newton"
+    assert settings_for("mean-output-pert", *args, "today")["mean_lam_rule"] == "fixed"  # the committed tables' lam = 1
+    assert settings_for("mean-output-pert", *args, "today-lam")["mean_lam_rule"] == "predicted-error"
     assert settings_for("phased-mean-output-pert", *args, "today")["mean_calibration"] == "profile"
     assert settings_for("mean-output-pert", *args, "tight")["mean_calibration"] == "tight"
     assert settings_for("noisy-gd", *args, "today") == settings_for("noisy-gd", *args, "tight")

@@ -121,10 +121,11 @@ class PhasedParams(Domain, P002Release):
         "theorem",
     )
     p002_phase_split: str = param(
-        "equal",
-        "phased-erm / sc-phased-erm: the split of (eps, delta) between the T phases: equal ((eps/T, delta/T), "
-        "the paper's) or optimal (eps_i, delta_i ~ 4^(-i a), a = 1/(2p+1) from the noise's slope p, the split "
-        "that minimises the error bound; fedkl/algorithms/phased_erm.py)",
+        "auto",
+        "phased-erm / sc-phased-erm: the split of (eps, delta) between the T phases: optimal (eps_i, delta_i ~ "
+        "4^(-i a), a = 1/(2p+1) from the noise's slope p, the split that minimises the error bound; "
+        "fedkl/algorithms/phased_erm.py), equal ((eps/T, delta/T), the paper's) or auto (optimal, but equal "
+        "with --p002-calibration paper)",
         "theorem",
         choices=PHASE_SPLITS,
     )

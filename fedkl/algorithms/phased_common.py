@@ -452,7 +452,7 @@ def sco_phases(n: int, n0: int) -> int:
 
 
 # --- the split of (eps, delta) between Phased-ERM's phases ----------------------------------------
-PHASE_SPLITS = ("optimal", "equal")
+PHASE_SPLITS = ("auto", "optimal", "equal")  # auto: optimal, equal with the paper's constants (phased_erm)
 
 
 def phase_weights(T: int) -> tuple[float, ...]:

@@ -59,11 +59,16 @@ note §2E.) Which split is best is a utility question, answered from the bound:
   (bisection over k = 15..1).
   The equal split is kept when its S is smaller. Tests: tests/algorithms/test_phase_split.py (the
   power-law case against 200 random splits and every pairwise transfer; the real release within 2% of
-  every admissible grid member, S / 60 of the equal split at n = 5000, m = 100, eps = 8).
-* ``phase_split="optimal"`` (``--p002-phase-split optimal``) turns it on; the default is still the
-  paper's (eps/T, delta/T): with the profile calibration every distinct phase budget costs one more
-  calibration (a plan at n = 671, T = 7, eps = 2: 5 s -> 38 s, for c 1.32e6 -> 1.21e6: Cor 3.7's
-  regime leaves little room there; at n = 5000, m = 100, eps = 8 the gain is S / 60).
+  every admissible grid member, S / 60 of the equal split at n = 5000, m = 100, eps = 8; every phase's
+  release of the default split, the smallest budget included, through the exact hockey-stick audit at its
+  own (eps_j, delta_j); the ledger's entries summing exactly to the run's (eps, delta)).
+* The default ``phase_split="auto"`` is this split ("optimal"), except with ``calibration="paper"``
+  (the constants as printed, for reproduction), where it is the paper's (eps/T, delta/T) ("equal");
+  ``--p002-phase-split equal`` / ``optimal`` choose either explicitly. Every distinct phase budget costs one
+  profile calibration (~20-50 ms since the search of :func:`fedkl.algorithms.stability_profile.calibrate`
+  skips grid points that cannot win). On MovieLens (n = 671, T = 7, eps = 2, profile noise) the plan
+  takes 0.41 s against the equal split's 0.04 s and c falls from 7.0e5 to 4.2e5
+  (simulations/bench_phase_split.py); at n = 5000, m = 100, eps = 8 the gain is S / 60.
 
 Parameters (defaults are the theorem's; pitfalls of note §6)
 -------------------------------------------------------------
@@ -152,10 +157,10 @@ class PhasedConfig:
             call chooses its Delta privately below the rule's, spending select_fraction of its eps (None: the
             share of least expected noise on the IID profile, fedkl/algorithms/delta_share.py):
             :class:`~fedkl.algorithms.phased_common.SelectedDeltaInnerRelease`).
-        phase_split: Phased-ERM's split of (eps, delta) between its T phases: "equal" ((eps/T, delta/T),
-            the paper's; the default for now) or "optimal" (the split that minimises the error bound,
-            module docstring; it calibrates each phase's noise separately, T profile calibrations
-            instead of one).
+        phase_split: Phased-ERM's split of (eps, delta) between its T phases: "optimal" (the split that
+            minimises the error bound, module docstring; each phase's noise calibrated separately), "equal"
+            ((eps/T, delta/T), the paper's) or "auto" (the default: "equal" with ``calibration="paper"``,
+            else "optimal"; :attr:`split`).
     """
 
     eps: float
@@ -175,7 +180,7 @@ class PhasedConfig:
     test: str = "auto"
     delta_select: str = "fixed"
     select_fraction: float | None = 0.25
-    phase_split: str = "equal"
+    phase_split: str = "auto"
 
     def __post_init__(self) -> None:
         if not (self.eps > 0 and math.isfinite(self.eps) and 0 < self.delta < 1):
@@ -213,6 +218,13 @@ class PhasedConfig:
         if self.delta_rule is not None:
             return self.delta_rule
         return "fixed" if self.Delta_1 is not None else "uc"
+
+    @property
+    def split(self) -> str:
+        """The split rule in force: ``phase_split``, with "auto" resolved ("equal" for the paper's constants)."""
+        if self.phase_split != "auto":
+            return self.phase_split
+        return "equal" if self.calibration == "paper" else "optimal"
 
     # legacy accessors (the first version's fixed schedule)
     def lam_i(self, i: int) -> float:
@@ -406,17 +418,17 @@ class PhasedERM:
     def phase_split(self, n: int, T: int, beta: float) -> PhaseSplit:
         """The split of (eps, delta) between the T phases (module docstring, "The split between phases").
 
-        ``equal``: (eps/T, delta/T). ``optimal``: eps_j, delta_j ~ w_j^a with a = 1/(2p+1), p the noise
-        constant's log-slope (:meth:`noise_exponent`), or, where a call of that split would be refused at
-        this n or leave Cor 3.7's regime (n >= 8 kappa_j; where the equal split is already outside it, no
-        phase deeper than the equal split's), an admissible a of the grid a k/16, k = 15..1, found by
-        bisection (admissibility shrinks as a grows: the last phase's budget falls); the equal split whenever it has the
-        smaller bound S. Every candidate is a function of public values only."""
+        By :attr:`PhasedConfig.split`: ``equal``: (eps/T, delta/T). ``optimal``: eps_j, delta_j ~ w_j^a with
+        a = 1/(2p+1), p the noise constant's log-slope (:meth:`noise_exponent`), or, where a call of that
+        split would be refused at this n or leave Cor 3.7's regime (n >= 8 kappa_j; where the equal split is
+        already outside it, no phase deeper than the equal split's), an admissible a of the grid a k/16,
+        k = 15..1, found by bisection (admissibility shrinks as a grows: the last phase's budget falls); the
+        equal split whenever it has the smaller bound S. Every candidate is a function of public values only."""
         cfg = self.config
         equal = self.costed_split(
             n, (cfg.eps / T,) * T, (cfg.delta / T,) * T, beta, 0.0, "equal (eps/T, delta/T), basic composition"
         )
-        if cfg.phase_split == "equal" or T == 1:
+        if cfg.split == "equal" or T == 1:
             return equal
         p = self.noise_exponent(n, T, beta)
         a = 1.0 / (2.0 * p + 1.0)

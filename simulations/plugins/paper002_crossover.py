@@ -234,7 +234,7 @@ def settings_for(
         rule = "predicted-error" if noise == "today-lam" else "fixed"
         today_mean = {"mean_calibration": "profile", "mean_local_solver": "newton", "mean_lam_rule": rule}
         return {**mean, **today_mean} if today else mean
-    split = {"p002_phase_split": "optimal"} if today and alg in ("phased-erm", "sc-phased-erm") else {}
+    split = {"p002_phase_split": "optimal" if today else "equal"} if alg in ("phased-erm", "sc-phased-erm") else {}
     return {"p002_records": m, **p002, **split}
 
 

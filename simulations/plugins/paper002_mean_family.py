@@ -142,7 +142,9 @@ class Family:
 
     def config(self, m: int) -> PhasedConfig:
         c = self.cfg
-        return PhasedConfig(eps=c.eps, delta=c.delta, records=m, delta_rule=self.rule, calibration=c.calibration)
+        return PhasedConfig(  # the equal split: the committed tables' (the default is optimal since issue 13)
+            eps=c.eps, delta=c.delta, records=m, delta_rule=self.rule, calibration=c.calibration, phase_split="equal"
+        )
 
     def algorithm(self, name: str, m: int):
         cls = {

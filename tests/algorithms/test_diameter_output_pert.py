@@ -230,10 +230,10 @@ N, DIM, M = 30, 2, 40
 LAM = 0.5
 
 
-def _federation(outliers=(), flip=True, seed=0):
-    """Users drawn IID (synthetic logistic); the users in ``outliers`` get every label flipped and every
+def _federation(outliers=(), flip=True, seed=0, n=N):
+    """n users drawn IID (synthetic logistic); the users in ``outliers`` get every label flipped and every
     feature pushed to the unit sphere (one user's records replaced: a replace-one neighbour)."""
-    ds = synthetic_logistic(N, M, DIM, seed=seed)
+    ds = synthetic_logistic(n, M, DIM, seed=seed)
     tr = ds.train
     X, y = tr.X.clone(), tr.y.clone()
     for u in outliers:
@@ -245,13 +245,13 @@ def _federation(outliers=(), flip=True, seed=0):
     return InProcessFederation(prob, ds), prob, ds
 
 
-def _mechanism(prob, ds, Delta, test="matching", calibration="tight"):
+def _mechanism(prob, ds, Delta, test="matching", calibration="tight", eps=EPS, delta=DELTA):
     cfg = SCOutputPertConfig.for_problem(
         prob,
         ds.feature_bound,
         torch.zeros(prob.num_params, dtype=torch.float64),
-        eps=EPS,
-        delta=DELTA,
+        eps=eps,
+        delta=delta,
         Delta=Delta,
         extra_reg=LAM,
         calibration=calibration,
@@ -283,13 +283,25 @@ def test_exact_privacy_audit_on_neighbouring_federations(test, calibration):
     """Neighbours differ in ONE user's records (typical <-> outlier, with 0-3 other outliers present).
     The released law is ⊥ w.p. Pr[R1 < score] and else N(f~(x_{-S}), sigma^2 I): its exact hockey-stick
     divergence must be <= delta in both directions, and the proof's two facts must hold."""
-    worst, seen_bottom, seen_deletion = 0.0, False, False
-    for others, Delta in ((0, 0.5), (0, 0.2), (1, 0.1), (3, 0.1), (0, 0.05), (3, 0.05)):
+    instances = ((0, 0.5), (0, 0.2), (1, 0.1), (3, 0.1), (0, 0.05), (3, 0.05))
+    seen_bottom, seen_deletion, _ = audit_neighbours(test, calibration, instances)
+    # the instances exercise every branch: deletions, and ⊥ as the likely outcome on one side
+    assert seen_deletion and seen_bottom
+
+
+def audit_neighbours(test, calibration, instances, eps=EPS, delta=DELTA, n=N, claim=None):
+    """The exact audit of one release at (eps, delta) over n users: for each (others, Delta) of
+    ``instances``, x has ``others`` outliers and its neighbour y one more (user 0); asserts the hockey-stick
+    divergence <= delta both ways and the proof's two facts; returns (seen ⊥ likely, seen a deletion, the
+    largest divergence). ``claim`` = (eps', delta'): measure the divergence at eps' instead and assert
+    nothing about it (negative controls: a release calibrated for a larger budget than claimed)."""
+    seen_bottom, seen_deletion, worst = False, False, 0.0
+    for others, Delta in instances:
         base = tuple(range(1, others + 1))
-        fx, prob, ds = _federation(base)
-        fy, _, ds2 = _federation(base + (0,))
-        mech = _mechanism(prob, ds, Delta, test, calibration)
-        dop = mech.dop(N)
+        fx, prob, ds = _federation(base, n=n)
+        fy, _, ds2 = _federation(base + (0,), n=n)
+        mech = _mechanism(prob, ds, Delta, test, calibration, eps, delta)
+        dop = mech.dop(n)
         plan_x, _ = mech.plan(fx, torch.zeros(prob.num_params, dtype=torch.float64))
         plan_y, _ = mech.plan(fy, torch.zeros(prob.num_params, dtype=torch.float64))
         law = TruncatedDiscreteLaplace(dop.eps_bar, dop.delta_bar)
@@ -309,11 +321,10 @@ def test_exact_privacy_audit_on_neighbouring_federations(test, calibration):
             assert abs(plan_x.dist - plan_y.dist) <= 1
             assert np.linalg.norm(mx - my) <= dop.sensitivity
         for P, Q in (((bx, ax, mx), (by, ay, my)), ((by, ay, my), (bx, ax, mx))):
-            d = _hockey_stick(P[0], P[1], P[2], Q[0], Q[1], Q[2], dop.sigma, EPS)
-            assert d <= DELTA * (1 + 1e-9)
+            d = _hockey_stick(P[0], P[1], P[2], Q[0], Q[1], Q[2], dop.sigma, eps if claim is None else claim[0])
+            assert claim is not None or d <= delta * (1 + 1e-9), (others, Delta, d)
             worst = max(worst, d)
-    # the instances exercise every branch: deletions, and ⊥ as the likely outcome on one side
-    assert seen_deletion and seen_bottom
+    return seen_bottom, seen_deletion, worst
 
 
 def test_plan_keeps_a_conflict_free_set_and_reports_the_score():

@@ -6,6 +6,8 @@ Plans are public (no data); the run uses the quadratic mean family with the exac
 release (fedkl/algorithms/mean_type_inner.py), as in test_phased_output_pert.py.
 """
 
+import dataclasses
+import functools
 import math
 import os
 
@@ -13,8 +15,12 @@ import numpy as np
 import pytest
 import torch
 
+# the exact audit of one diameter-test release and its federation
+from test_diameter_output_pert import M, _federation, audit_neighbours  # noqa: E402
+from test_output_pert import _one_thread  # noqa: E402,F401  (the thread fixture, autouse)
+
 from fedkl.algorithms.mean_type_inner import MeanTypeInner, gaussian_users_rule
-from fedkl.algorithms.phased_common import geometric_split, phase_weights, setting_for_problem, split_bound
+from fedkl.algorithms.phased_common import geometric_split, kappa, phase_weights, setting_for_problem, split_bound
 from fedkl.algorithms.phased_erm import PhasedConfig, PhasedERM
 from fedkl.federation.means import MeanFederation
 from fedkl.privacy import Budget, NoiseSource, PrivacyLedger, Releaser
@@ -93,7 +99,8 @@ def test_optimal_split_minimises_the_bound_against_every_alternative(p):
 
 
 def test_the_equal_split_reproduces_the_paper():
-    """The default (and --p002-phase-split equal): (eps/T, delta/T) in every phase, c of that budget."""
+    """--p002-phase-split equal (and the default "auto" with the paper's constants, PhasedConfig's
+    calibration default): (eps/T, delta/T) in every phase, c of that budget."""
     n, eps, delta, T = 10**6, 4.0, 1e-5, 8
     prob, st = _problem()
     cfg = PhasedConfig(eps=eps, delta=delta, phases=T, records=100, delta_rule="scaled")
@@ -160,3 +167,154 @@ def test_optimal_split_charges_sum_to_the_budget(tmp_path):
     ledger.verify()
     assert res.details["eps_per_phase"] == [s.eps for s in plan.specs]
     assert res.details["phase_split"].startswith("optimal")
+
+
+# --- the default split's releases with the real inner release, audited exactly -----------------------
+# The diameter-test federation of test_diameter_output_pert.py (synthetic logistic, d = 2, 40 records per
+# user) at n = 60 users, (eps, delta) = (8, 0.3) over T = 4 phases, the default (profile) calibration.
+AUDIT_N, AUDIT_EPS, AUDIT_DELTA, AUDIT_T = 60, 8.0, 0.3, 4
+
+
+@functools.lru_cache(maxsize=2)
+def _audit_plan(eps=AUDIT_EPS, delta=AUDIT_DELTA):
+    fed, prob, ds = _federation(n=AUDIT_N)
+    cfg = PhasedConfig(eps=eps, delta=delta, phases=AUDIT_T, records=M, calibration="profile")
+    alg = PhasedERM(cfg, prob, ds.feature_bound, setting=setting_for_problem(prob, ds.feature_bound, radius=3.0))
+    return alg, alg.plan(AUDIT_N, torch.zeros(prob.num_params, dtype=torch.float64))
+
+
+def test_the_default_split_is_the_optimal_one_and_the_paper_constants_keep_the_equal_split():
+    """phase_split "auto" (the default, --p002-phase-split auto) is the optimal split, except with the
+    paper's constants (calibration "paper"), where it is the paper's (eps/T, delta/T); the optimal split's
+    last phase has the smallest budget and the deepest test (kappa above the equal split's)."""
+    alg, plan = _audit_plan()
+    assert PhasedConfig(eps=1.0, delta=0.1).phase_split == "auto"
+    assert alg.config.split == "optimal" and plan.extra["phase_split"].startswith("optimal")
+    e, d = [s.eps for s in plan.specs], [s.delta for s in plan.specs]
+    assert e == sorted(e, reverse=True) and d == sorted(d, reverse=True) and e[-1] < AUDIT_EPS / AUDIT_T
+    k_equal = kappa(AUDIT_EPS / AUDIT_T, AUDIT_DELTA / AUDIT_T, "profile")
+    assert kappa(e[-1], d[-1], "profile") == plan.kappa > k_equal
+    paper = dataclasses.replace(alg.config, calibration="paper")
+    assert paper.split == "equal" and dataclasses.replace(paper, phase_split="optimal").split == "optimal"
+    eq = PhasedERM(paper, alg.problem, alg.feature_bound, setting=alg.setting).plan(
+        AUDIT_N, torch.zeros(3, dtype=torch.float64)
+    )
+    assert [(s.eps, s.delta) for s in eq.specs] == [(AUDIT_EPS / AUDIT_T, AUDIT_DELTA / AUDIT_T)] * AUDIT_T
+
+
+@pytest.mark.parametrize("test", ["vertex-cover", "matching"])
+@pytest.mark.parametrize("phase", range(AUDIT_T))
+def test_every_phase_release_of_the_optimal_split_passes_the_exact_audit(phase, test):
+    """Each phase's release at its own (eps_j, delta_j) of the optimal split (the last: the smallest budget
+    the rule produces here, kappa 7, against 4 for the equal split) is the diameter-test release with the
+    profile noise at that budget: its exact hockey-stick divergence between neighbouring federations (one
+    user typical <-> outlier, with 0, 1, kappa and 2 kappa other outliers, at thresholds from 0.5, where
+    nothing conflicts, to 0.03, where typical users conflict too: kept, deleted, ⊥ likely, ⊥ certain) is
+    <= delta_j at eps_j in both directions (test_diameter_output_pert.audit_neighbours), and the instances
+    come within an order of magnitude of delta_j."""
+    alg, plan = _audit_plan()
+    spec = plan.specs[phase]
+    k = kappa(spec.eps, spec.delta, "profile")
+    instances = [(others, Delta) for others in (0, 1, k, 2 * k) for Delta in (0.5, 0.2, 0.1, 0.06, 0.04, 0.03)]
+    seen_bottom, seen_deletion, worst = audit_neighbours(test, "profile", instances, spec.eps, spec.delta, AUDIT_N)
+    assert seen_bottom and seen_deletion and worst > 0.1 * spec.delta  # measured 0.13-0.16 delta_j: the ⊥ atom
+
+
+def test_the_audit_catches_a_phase_released_at_the_whole_budget():
+    """Negative control: the smallest phase's release calibrated at the run's whole (eps, delta) (a split
+    that charged eps_j but forgot to calibrate the phase at it) breaks the audit at the phase's own
+    (eps_T, delta_T) on the same instances (measured 0.063 > 0.039). The instances are not the theorem's
+    worst case (the releases above reach 0.13-0.16 delta_j), so a milder error, the equal split's noise
+    (eps/T, delta/T) for this phase, measures 0.012 and is NOT caught here; the calibration's own worst
+    case (tests/algorithms/test_output_pert.py) is what catches a 1% error."""
+    alg, plan = _audit_plan()
+    last = plan.specs[-1]
+    k = kappa(last.eps, last.delta, "profile")
+    instances = [(others, Delta) for others in (0, 1, k, 2 * k) for Delta in (0.5, 0.2, 0.1, 0.06, 0.04, 0.03)]
+    whole = (AUDIT_EPS, AUDIT_DELTA)
+    *_, worst = audit_neighbours("vertex-cover", "profile", instances, *whole, AUDIT_N, claim=(last.eps, last.delta))
+    assert worst > last.delta
+
+
+def test_the_default_split_charges_compose_to_exactly_the_budget(tmp_path):
+    """A run of the default Phased-ERM (profile noise, diameter test, optimal split) on a fresh ledger of
+    budget (8, 0.3), at what the ledger offers (approx_left: the runner's budget, delta strictly below the
+    ledger's): one entry per phase at the plan's (eps_j, delta_j), summing exactly (math.fsum) to the run's
+    (eps, delta); the ledger accepts every charge and each user's guarantee is within the budget."""
+    fed, _, _ = _federation(n=AUDIT_N)
+    ledger = PrivacyLedger(os.path.join(tmp_path, "l.sqlite"), Budget(AUDIT_EPS, AUDIT_DELTA))
+    eps, delta = ledger.approx_left(fed.user_ids)
+    alg, plan = _audit_plan(eps, delta)
+    assert plan.extra["phase_split"].startswith("optimal")
+    res = alg.run(fed, Releaser(ledger, NoiseSource(7)), torch.zeros(fed.num_params, dtype=torch.float64))
+    rels = ledger.releases()
+    assert [(r["label"], r["eps"], r["delta"]) for r in rels] == [
+        (f"phased-erm/phase-{s.index}", s.eps, s.delta) for s in plan.specs
+    ]
+    assert math.fsum(r["eps"] for r in rels) == eps and math.fsum(r["delta"] for r in rels) == delta
+    for uid in fed.user_ids:
+        sp = ledger.spend(uid)
+        assert sp.releases == AUDIT_T and sp.epsilon(AUDIT_DELTA) <= AUDIT_EPS
+        assert (sp.eps, sp.delta) == (pytest.approx(eps, rel=1e-12), pytest.approx(delta, rel=1e-12))
+    ledger.verify()
+    assert res.details["eps_per_phase"] == [s.eps for s in plan.specs]
+
+
+# --- the profile calibration: fast search, same value --------------------------------------------
+@pytest.mark.parametrize(
+    "eps,delta,score",
+    [
+        (2.0 / 7, 0.000777 / 7, "matching"),  # a MovieLens phase of the equal split (n = 671, T = 7, eps = 2)
+        (0.15, 0.00005, "matching"),  # below every phase budget the MovieLens split produces
+        (1.0445363876637748, 0.039170114537391554, "exact"),  # the audit's smallest phase above
+        (8.0, 1e-6, "exact"),
+    ],
+)
+def test_profile_calibration_search_and_cache_return_exactly_the_exhaustive_value(eps, delta, score):
+    """stability_profile.calibrate skips the grid points that cannot win (one evaluation of H at the best
+    ratio so far) and starts at the usual winner: it returns exactly (==, every field) what bisecting every
+    grid point in grid order returns (the first point of least ratio), and its cached value is the uncached
+    one."""
+    from fedkl.algorithms.stability_profile import DELTA_FRACTIONS, EPS_FRACTIONS, _smallest_ratio, calibrate
+    from fedkl.privacy.mechanisms import TruncatedDiscreteLaplace
+
+    exhaustive = None
+    for fe in EPS_FRACTIONS:
+        for fd in DELTA_FRACTIONS:
+            law = TruncatedDiscreteLaplace(float(fe) * eps, fd * delta)
+            ratio = _smallest_ratio(eps, delta, law, score)
+            if exhaustive is None or ratio < exhaustive[2]:
+                exhaustive = (law.eps, law.delta, ratio, law.kappa)
+    uncached = calibrate.__wrapped__(eps, delta, score)
+    assert dataclasses.astuple(uncached) == exhaustive
+    assert calibrate(eps, delta, score) == uncached and calibrate(eps, delta, score) is calibrate(eps, delta, score)
+
+
+@pytest.mark.parametrize("score", ["exact", "matching"])
+def test_worst_case_divergence_is_the_largest_pairwise_hockey_stick(score):
+    """worst_case_divergence (computed once per R1 law, then per sigma) against the closed-form hockey-stick
+    of every reachable score pair computed independently (test_diameter_output_pert._hockey_stick: ⊥ atom
+    Pr[R1 < d] plus a Gaussian at the chain gap (c d + c d' + 2) Delta, fully apart beyond the depth)."""
+    from test_diameter_output_pert import _hockey_stick
+
+    from fedkl.algorithms.stability_profile import chain_factor, worst_case_divergence
+    from fedkl.privacy.mechanisms import TruncatedDiscreteLaplace
+
+    c = chain_factor(score)
+    for eps, law, ratio in (
+        (2.0, TruncatedDiscreteLaplace(1.0, 1e-4), 50.0),
+        (0.5, TruncatedDiscreteLaplace(0.3, 1e-3), 900.0),
+    ):
+        k, pmf = law.kappa, law.pmf()
+        passes = [float(pmf[d:].sum()) for d in range(2 * k + 2)]  # Pr[R1 >= d]
+        want = 0.0
+        for d in range(2 * k + 2):
+            for dp in (d - 1, d, d + 1):
+                if not 0 <= dp <= 2 * k + 1:
+                    continue
+                gap = c * d + c * dp + 2.0 if c * (d + dp) <= 4 * c * k else 1e9
+                mu = np.array([gap / ratio])  # sigma = 1
+                want = max(
+                    want, _hockey_stick(1 - passes[d], passes[d], mu, 1 - passes[dp], passes[dp], 0 * mu, 1.0, eps)
+                )
+        assert worst_case_divergence(eps, ratio, law, score) == pytest.approx(want, rel=1e-9, abs=1e-15)
