@@ -272,6 +272,49 @@ class RunObserver:
 RUN_OBSERVER: contextvars.ContextVar[RunObserver | None] = contextvars.ContextVar("fedkl_run_observer", default=None)
 
 
+PROGRESS_EVERY_S = 1.0  # the least time between two progress records of a run (first and last always shown)
+
+
+class ProgressEgress:
+    """The algorithm's ``progress(record)`` callback in a run: hands a record out (the observer's
+    ``round`` and a log line with the released ``noisy_grad_norm``/``rho_spent`` and an ETA) for the
+    first round, the last, and at most once per ``every_s`` seconds in between (default
+    :data:`PROGRESS_EVERY_S`), and calls ``flush``
+    (the Releaser's: the journal durable) before each, since a record carries released values
+    (:mod:`fedkl.privacy.journal`, egress point 1). ``clock``: monotonic seconds."""
+
+    def __init__(
+        self,
+        observer: RunObserver,
+        log: Callable[[str], None],
+        clock: Callable[[], float] = time.monotonic,
+        every_s: float | None = None,
+    ) -> None:
+        self.observer, self.log, self.clock = observer, log, clock
+        self.every_s = PROGRESS_EVERY_S if every_s is None else every_s
+        self.flush: Callable[[], None] = lambda: None
+        self._start: float | None = None
+        self._last: float | None = None
+
+    def __call__(self, rec: dict) -> None:
+        now = self.clock()
+        if self._start is None:
+            self._start = now
+        k, total = int(rec["round"]), int(rec["rounds"])
+        if self._last is not None and k != total and now - self._last < self.every_s:
+            return
+        self._last = now
+        self.flush()
+        self.observer.round(rec)
+        extra = "".join(
+            f"  {key.replace('_', ' ')} {rec[key]:.4g}"
+            for key in ("noisy_grad_norm", "rho_spent")
+            if isinstance(rec.get(key), (int, float))
+        )
+        eta = (now - self._start) / max(k - 1, 1) * (total - k) if k > 1 else None  # rounds after the first
+        self.log(f"  round {k:>4}/{total}{extra}" + (f"  ETA {eta:.0f} s" if eta is not None and k < total else ""))
+
+
 def train_federation(
     cfg: RunConfig,
     federation: Federation,
@@ -349,18 +392,7 @@ def train_federation(
                 + (f", noise std on the sum {sigma:.4g}" if isinstance(sigma, float) else "")
             )
 
-        def progress(rec: dict) -> None:
-            observer.round(rec)
-            # about ten lines a run, whatever its length (some algorithms set their own round count)
-            every = max(1, int(rec["rounds"]) // 10)
-            if rec["round"] % every == 0 or rec["round"] == rec["rounds"]:
-                extra = "".join(
-                    f"  {k.replace('_', ' ')} {rec[k]:.4g}"
-                    for k in ("noisy_grad_norm", "rho_spent")
-                    if isinstance(rec.get(k), (int, float))
-                )
-                log(f"  round {rec['round']:>4}/{rec['rounds']}{extra}")
-
+        progress = ProgressEgress(observer, log)
         if cfg.conversion == "gaussian" and not getattr(alg, "gaussian_releases_only", True):
             ledger.finish_run("refused")
             raise ValueError(
@@ -415,9 +447,13 @@ def train_federation(
             )
             if plan is not None and not declared.adaptive:
                 releaser.plan(plan)
+            # every egress flushes the journal first (fedkl.privacy.journal): progress records, a
+            # transport's messages to nodes, and (below, and the finally) the end of the run
+            progress.flush = federation.before_send = releaser.flush
             start = problem.init_params() if w0 is None else w0
             result = alg.run(federation, releaser, start, progress)
             releaser.finish()
+            releaser.flush()
             if recovering:
                 log(
                     f"recovered run {run_id}: {releaser.replayed} releases replayed from its journal, none charged twice"
@@ -433,8 +469,9 @@ def train_federation(
             ledger.finish_run(ledger.end_status(e))  # interrupted (Ctrl-C) or failed
             raise
         finally:
+            federation.before_send = None
             if journal is not None and not isinstance(journal, str):
-                journal.close()
+                journal.close()  # flushes: every exit path leaves the journal durable
         ledger.finish_run("finished")
         observer.trained(result.w is not None)
         ledger.verify()

@@ -2,7 +2,9 @@
 the uninterrupted run's, every release charged once.
 
 The test waits on events, never on fixed sleeps: it polls the run's release journal until K releases
-are journalled, then sends SIGKILL (the overall timeout is only a failure guard for a loaded machine)."""
+are journalled (durable: the journal is flushed before each progress line, at most once a second, so
+the releases made after that flush are charged but only buffered when the kill lands), then sends
+SIGKILL (the overall timeout is only a failure guard for a loaded machine)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from fedkl.privacy import PrivacyLedger
 from fedkl.runner import JOURNAL_FILE, RunConfig, run_training
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ROUNDS, K, GUARD_S = 60, 5, 600.0
+ROUNDS, K, GUARD_S = 400, 1, 600.0
 SETTINGS = dict(dataset="synthetic-logistic", users=12, algorithm="noisy-gd", epsilon=2.0, rounds=ROUNDS, lr=0.5,
                 clip=1.0, seed=3, noise_seed=11)  # fmt: skip
 

@@ -18,9 +18,12 @@ Numbered releases, the journal, prepaid charges and crash recovery
 ------------------------------------------------------------------
 A Releaser numbers its releases 0, 1, 2 ... (``seq``, in call order; the steps of a
 :class:`ScheduledGaussian` too) and records ``seq`` with each ledger row. With a
-:class:`~fedkl.privacy.journal.ReleaseJournal` it commits each drawn value (with its seq, label,
-charge and cohort digest) durably right after step 5 and before returning it: no value leaves the
-process unjournalled.
+:class:`~fedkl.privacy.journal.ReleaseJournal` it records each drawn value (with its seq, label,
+charge and cohort digest) right after step 5 and before returning it; the journal buffers it, and
+:meth:`Releaser.flush` makes every recorded value durable in one transaction. The run calls
+:meth:`Releaser.flush` before every egress (the list and the argument:
+:mod:`fedkl.privacy.journal`), so no value, nor anything computed from one, leaves the process
+unjournalled.
 
 Prepaid (:meth:`Releaser.plan`): where the whole list of a run's charges is known before any data is
 read (a non-adaptive algorithm's public plan, :func:`fedkl.runner.planned_releases`), the Releaser
@@ -42,9 +45,10 @@ same deterministic run is re-executed. For seq i:
   recomputed one: if a user's data had changed, ``f(D') + Z`` with the first run's ``Z`` would
   reveal ``f(D) - f(D')``. The value returned is one already released, so this is post-processing;
   the algorithm continues from exactly the state the first run had;
-* charged (a ledger row of the run backs it) but not journalled: the first process died between
-  the charge and the journal's commit, so that value never left it (it is returned only after the
-  commit); the row backs the new draw, which is charged once;
+* charged (a ledger row of the run backs it) but not journalled: the first process died before
+  the flush that would have made the value durable, so that value never left it (nothing computed
+  from a value leaves the process before a flush covering it); the row backs the new draw, which is
+  charged once;
 * neither: an ordinary release.
 
 Each ledger row therefore backs at most one value that ever left a process, and every such value
@@ -130,6 +134,13 @@ class Releaser:
             raise ValueError(f"a prepaid batch holds at least one release, got {batch}")
         self._plan = [{**r, "charge": _canonical(r["charge"]), "cohort": cohort_digest(r["members"])} for r in releases]
         self._batch = batch or len(self._plan)
+
+    def flush(self) -> None:
+        """Make every value released so far durable in the journal (one transaction; nothing without
+        a journal or when nothing is buffered). Call before anything computed from a released value
+        leaves the process."""
+        if self.journal is not None:
+            self.journal.flush()
 
     def unused_prepaid(self) -> list[int]:
         """Ids of the prepaid ledger rows that backed no value (yet)."""

@@ -341,3 +341,82 @@ def test_prepaid_run_of_every_algorithm_charges_what_it_makes(tmp_path, name):
     assert _spends(prepaid["ledger"]["path"]) == _spends(clean["ledger"]["path"])
     if clean["model_path"]:
         assert torch.equal(_model(tmp_path / "prepaid"), _model(tmp_path / "clean"))
+
+
+def _lose_the_buffer(m) -> None:
+    """A crash drops what the journal buffered: ``close`` (the runner's ``finally``) closes without flushing."""
+    m.setattr(ReleaseJournal, "close", lambda self: self._db.close())
+
+
+def test_a_release_buffered_but_never_flushed_is_redrawn_under_its_charge(tmp_path, monkeypatch):
+    """The journal is durable at egress, not per release: releases 1..3 are recorded but only in memory
+    when the process 'dies' at release 4 (no progress line in between: the throttle is long). They never
+    left the process, so the recovery redraws them against their (durable) charges, charging nothing twice,
+    and ends with the uninterrupted run's model and ledger."""
+    import fedkl.runner as runner
+
+    clean = tmp_path / "clean"
+    run_training(_cfg(clean), log=lambda s: None)
+    with monkeypatch.context() as m:
+        m.setattr(runner, "PROGRESS_EVERY_S", 1e9)  # only round 1's record flushes before the crash
+        _crash_after(m, 4)
+        _lose_the_buffer(m)
+        with pytest.raises(Crash):
+            run_training(_cfg(tmp_path / "crashed"), log=lambda s: None)
+    journal = ReleaseJournal.open(tmp_path / "crashed" / JOURNAL_FILE)
+    assert sorted(journal.entries()) == [0]  # what the first progress line needed; 1..3 were lost with the process
+    journal.close()
+    ledger = tmp_path / "crashed" / "ledger.sqlite"
+    assert [r["seq"] for r in _ledger_rows(ledger)] == list(range(5))  # 0..4 charged (durable before drawn)
+    lines = []
+    recover_run(str(tmp_path / "crashed"), log=lines.append)
+    assert "1 releases replayed" in " ".join(lines)
+    assert torch.equal(_model(tmp_path / "crashed"), _model(clean))
+    assert _ledger_rows(ledger) == _ledger_rows(clean / "ledger.sqlite")  # each release charged once
+    assert _spends(ledger) == _spends(clean / "ledger.sqlite")
+
+
+def test_every_progress_line_is_preceded_by_a_flush(tmp_path, monkeypatch):
+    """A journal spy: whenever the run logs a line, no journal holds a buffered (not durable) entry."""
+    import fedkl.runner as runner
+
+    journals: list[ReleaseJournal] = []
+    original = ReleaseJournal.record
+
+    def record(self, *a, **kw):
+        if self not in journals:
+            journals.append(self)
+        return original(self, *a, **kw)
+
+    monkeypatch.setattr(ReleaseJournal, "record", record)
+    monkeypatch.setattr(runner, "PROGRESS_EVERY_S", 0.0)  # a line every round
+    lines: list[str] = []
+
+    def log(line: str) -> None:
+        assert all(j.buffered == 0 for j in journals), line
+        lines.append(line)
+
+    run_training(_cfg(tmp_path / "run"), log=log)
+    assert journals and sum(line.startswith("  round ") for line in lines) == ROUNDS
+    assert journals[0].flushes >= ROUNDS  # one per line (each line follows a new release)
+
+
+def test_progress_lines_are_throttled_to_one_a_second_with_first_last_and_eta():
+    from fedkl.runner import ProgressEgress, RunObserver
+
+    now = [0.0]
+    lines, flushed, seen = [], [], []
+
+    class Observer(RunObserver):
+        def round(self, record: dict) -> None:
+            seen.append(record["round"])
+
+    progress = ProgressEgress(Observer(), lines.append, clock=lambda: now[0], every_s=1.0)
+    progress.flush = lambda: flushed.append(len(lines))
+    for k in range(1, 11):  # 0.3 s a round
+        progress({"round": k, "rounds": 10, "noisy_grad_norm": 2.5})
+        now[0] += 0.3
+    assert seen == [1, 5, 9, 10]  # first, then >= 1 s apart (0, 1.2, 2.4 s), and the last
+    assert flushed == [0, 1, 2, 3]  # a flush before each record handed out
+    assert lines[1] == "  round    5/10  noisy grad norm 2.5  ETA 2 s"  # 1.2 s for 4 rounds, 5 rounds left
+    assert lines[-1] == "  round   10/10  noisy grad norm 2.5"
