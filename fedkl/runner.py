@@ -43,6 +43,7 @@ from fedkl.privacy import Budget, BudgetExceeded, NoiseSource, PrivacyLedger, Re
 from fedkl.privacy.clients import FEDKL_CLIENTS
 from fedkl.privacy.guarantee import RELATION_TEXT, Guarantee
 from fedkl.privacy.journal import JournalError, ReleaseJournal
+from fedkl.privacy.release import PREPAY_WINDOW_S
 from fedkl.problems import DEFAULT_PROBLEM, make_problem, problem_spec
 from fedkl.problems.rowwise import KERNEL_MODES, kernels
 from fedkl.results import reference_metrics, write_json
@@ -327,7 +328,7 @@ def train_federation(
     log: Callable[[str], None],
     w0=None,
     journal: str | ReleaseJournal | None = None,
-    plan: list[dict] | None = None,
+    plan: list[dict] | Callable[[], list[dict]] | None = None,
     journal_header: dict | None = None,
     scratch: bool = False,
 ):
@@ -339,8 +340,9 @@ def train_federation(
     an open :class:`ReleaseJournal` of a run whose process died: then this call recovers that run
     (``run_id`` must be its id; :class:`fedkl.privacy.release.Releaser`); ``journal_header``: more
     header entries for a new journal; ``scratch``: ``ledger_path`` is a throw-away ledger (no fsync). ``plan``: the run's planned
-    releases (:func:`planned_releases`), prepaid in one ledger transaction unless the algorithm is
-    adaptive."""
+    releases (:func:`planned_releases`), or a function that makes them (called only for an algorithm
+    that is not adaptive: a dry run is wasted on one that is), prepaid in time-bounded batches
+    (:meth:`fedkl.privacy.release.Releaser.batch_size`) unless the algorithm is adaptive."""
     observer = RUN_OBSERVER.get() or RunObserver()
     recovering = isinstance(journal, ReleaseJournal)
     ledger = PrivacyLedger(
@@ -446,7 +448,7 @@ def train_federation(
                 replay=recovering,
             )
             if plan is not None and not declared.adaptive:
-                releaser.plan(plan)
+                releaser.plan(plan() if callable(plan) else plan, window_s=PREPAY_WINDOW_S)
             # every egress flushes the journal first (fedkl.privacy.journal): progress records, a
             # transport's messages to nodes, and (below, and the finally) the end of the run
             progress.flush = federation.before_send = releaser.flush
@@ -490,6 +492,14 @@ def planned_releases(cfg: RunConfig, dataset: FederatedDataset, records_per_user
     problem = make_problem(cfg.problem or DEFAULT_PROBLEM[dataset.task], standin, reg=cfg.reg, model=cfg.model)
     n = len(standin.train.user_ids)
     delta = cfg.delta if cfg.delta is not None else default_delta(n)
+    token = RUN_OBSERVER.set(None)  # the dry run is not the run a `fedkl run` observer follows
+    try:
+        return _dry_run(cfg, standin, problem, n, delta)
+    finally:
+        RUN_OBSERVER.reset(token)
+
+
+def _dry_run(cfg: RunConfig, standin: FederatedDataset, problem, n: int, delta: float) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "plan.sqlite")
         noise = NoiseSource(cfg.noise_seed if cfg.noise_seed is not None else 0)
@@ -500,12 +510,12 @@ def planned_releases(cfg: RunConfig, dataset: FederatedDataset, records_per_user
         with PrivacyLedger(path) as ledger:
             cohorts = ledger.cohorts()
             releases = [{**r, "members": cohorts[r["cohort"]]} for r in ledger.releases()]
-            spend = [ledger.spend(u) for u in standin.train.user_ids]
+            per_user_max = ledger.max_user_totals()
     return {
         "users": n,
         "delta": delta,
         "releases": releases,
-        "per_user_max": {k: max(getattr(s, k) for s in spend) for k in ("rho", "eps", "delta")},
+        "per_user_max": per_user_max,
         "adaptive": declared.adaptive,
     }
 
@@ -551,7 +561,7 @@ def run_training(
     dataset: FederatedDataset | None = None,
     model: Callable | torch.nn.Module | None = None,
     resume: str | None = None,
-    prepay: bool = False,
+    prepay: bool = True,
     recover: ReleaseJournal | None = None,
 ) -> dict:
     """Train with ``cfg.kernels`` in force (:func:`fedkl.problems.rowwise.kernels`); see :func:`_run_training`."""
@@ -614,7 +624,7 @@ def _run_training(
     dataset: FederatedDataset | None = None,
     model: Callable | torch.nn.Module | None = None,
     resume: str | None = None,
-    prepay: bool = False,
+    prepay: bool = True,
     recover: ReleaseJournal | None = None,
 ) -> dict:
     """Train, write ``model.pt`` (the released model with its privacy receipt, when there is one:
@@ -629,8 +639,9 @@ def _run_training(
     ``resume``: a run folder (or its model.pt) whose released model this run starts from, on that
     run's ledger and with its settings (:func:`fedkl.saved_model.check_resume`); not a setting of
     the run, so a resumed run's settings (and a sweep's row keys) are those of a fresh one.
-    ``prepay``: charge the run's planned releases (:func:`planned_releases`, a dry run on a public
-    stand-in) in one ledger transaction; ``recover``: the journal of a run to recover (:func:`recover_run`).
+    ``prepay`` (default): charge the run's planned releases (:func:`planned_releases`, a dry run on a
+    public stand-in, made only for an algorithm that is not adaptive) in time-bounded batches, one
+    ledger transaction each (False: one transaction per release); ``recover``: the journal of a run to recover (:func:`recover_run`).
     A run trained in this process keeps its release journal in ``out/journal.sqlite``."""
     started = time.time()
     if cfg.secagg and cfg.backend in ("inprocess", "ray-shards"):
@@ -679,7 +690,7 @@ def _run_training(
     else:
         try:
             journal = recover if recover is not None else os.path.join(out, JOURNAL_FILE)
-            plan = planned_releases(cfg, dataset)["releases"] if prepay and recover is None else None
+            plan = (lambda: planned_releases(cfg, dataset)["releases"]) if prepay and recover is None else None
             result, summary, declared = train_federation(
                 cfg,
                 federation,

@@ -659,6 +659,14 @@ class PrivacyLedger:
         ).fetchone()
         return UserSpend(str(user_id), *row) if row else UserSpend(str(user_id))
 
+    def max_user_totals(self) -> dict[str, float]:
+        """The largest ``rho``, ``eps`` and ``delta`` total of any user (each on its own; 0 when
+        nobody was charged)."""
+        row = self._db.execute(
+            "SELECT COALESCE(MAX(rho), 0), COALESCE(MAX(eps), 0), COALESCE(MAX(delta), 0) FROM users"
+        )
+        return dict(zip(("rho", "eps", "delta"), row.fetchone()))
+
     def epsilon(self, user_id: str) -> float:
         return self.spend(user_id).epsilon(self.budget.delta, self.budget.conversion)
 

@@ -28,7 +28,10 @@ unjournalled.
 Prepaid (:meth:`Releaser.plan`): where the whole list of a run's charges is known before any data is
 read (a non-adaptive algorithm's public plan, :func:`fedkl.runner.planned_releases`), the Releaser
 charges a batch of planned releases in ONE ledger transaction when a release matches the plan's
-next entry, and later releases consume those rows in order (no ledger write each). A release is
+next entry, and later releases consume those rows in order (no ledger write each). ``fedkl run``
+does this by default with time-bounded batches (:meth:`Releaser.batch_size`, :data:`PREPAY_WINDOW_S`):
+the first batch is one release, each later one about a second of the run's measured release rate, so
+a process that dies and is never recovered over-charged about a second of releases at most. A release is
 backed by a ledger row only if the row has exactly its seq, label, typed charge and cohort, and each
 row backs at most one drawn value: so every drawn value is charged, before it is drawn, exactly its
 own cost (never under-charged). A release that does not match the plan is charged as usual (and the
@@ -63,6 +66,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from typing import Callable, Sequence, TypeVar
 
 import numpy as np
@@ -77,6 +81,7 @@ from fedkl.privacy.rng import NoiseSource
 from fedkl.privacy.sparse_vector import AboveThreshold
 
 T = TypeVar("T")
+PREPAY_WINDOW_S = 1.0  # a run's prepaid batch covers about this many seconds of its releases (Releaser.batch_size)
 _STEP = {
     "type": "scheduled-step"
 }  # the charge record journalled for a ScheduledGaussian step (charged with its schedule)
@@ -117,6 +122,10 @@ class Releaser:
         self._backing: dict[int, list[dict]] = {}  # seq -> ledger rows of this run not yet backing a value
         self._plan: list[dict] | None = None
         self._batch = 0
+        self._window: float | None = None
+        self._clock: Callable[[], float] = time.monotonic
+        self._started: tuple[float, int] | None = None  # (clock, seq) at the first prepaid batch
+        self.prepaid_batches: list[int] = []  # the size of each prepaid batch charged, in order
         if replay:
             if journal is None or getattr(ledger, "run_id", None) is None:
                 raise ValueError("recovery needs the run's journal and a ledger opened with its run_id")
@@ -125,15 +134,46 @@ class Releaser:
                 if row["seq"] is not None:
                     self._backing.setdefault(row["seq"], []).append(row)
 
-    def plan(self, releases: Sequence[dict], batch: int | None = None) -> None:
+    def plan(
+        self,
+        releases: Sequence[dict],
+        batch: int | None = None,
+        window_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         """Prepay from ``releases``, the run's planned releases in order (each ``label``, ``charge``:
         the typed-charge record, ``members``: the user ids): when a release matches the plan's entry
-        at its seq, the next ``batch`` planned releases (None: all the rest) are charged in one
-        ledger transaction. Call before the first release."""
+        at its seq, the next batch of planned releases is charged in one ledger transaction. The
+        batch: ``batch`` releases; or, with ``window_s``, time-bounded (:meth:`batch_size`: about
+        ``window_s`` seconds of the run's measured release rate, so that a run that dies and is
+        never recovered was over-charged at most that much); neither: all the rest of the plan.
+        ``clock``: monotonic seconds. Call before the first release."""
         if batch is not None and batch < 1:
             raise ValueError(f"a prepaid batch holds at least one release, got {batch}")
+        if batch is not None and window_s is not None:
+            raise ValueError("a prepaid batch is sized by a count or by a time window, not both")
+        if window_s is not None and not (window_s > 0 and math.isfinite(window_s)):
+            raise ValueError(f"the prepaid window must be finite and > 0 seconds, got {window_s}")
         self._plan = [{**r, "charge": _canonical(r["charge"]), "cohort": cohort_digest(r["members"])} for r in releases]
         self._batch = batch or len(self._plan)
+        self._window, self._clock, self._started = window_s, clock, None
+        self.prepaid_batches: list[int] = []  # the size of each batch charged, in order
+
+    def batch_size(self, seq: int) -> int:
+        """How many planned releases, from ``seq`` on, the next prepaid batch charges. Time-bounded
+        (``window_s``): 1 for the first batch (no rate is known yet); then ``max(1, round(window_s /
+        mean seconds per release since the first))``; capped by what is left of the plan."""
+        left = len(self._plan or ()) - seq
+        if self._window is None:
+            return min(self._batch, left)
+        now = self._clock()
+        if self._started is None:
+            self._started = (now, seq)
+            return min(1, left)
+        made = seq - self._started[1]
+        per_release = (now - self._started[0]) / made if made > 0 else 0.0
+        size = left if per_release <= 0 else max(1, round(self._window / per_release))
+        return min(size, left)
 
     def flush(self) -> None:
         """Make every value released so far durable in the journal (one transaction; nothing without
@@ -184,8 +224,8 @@ class Releaser:
         ):
             self._plan = None
             return
-        end = seq
-        while end < min(len(plan), seq + self._batch) and not self._backing.get(end):
+        end, stop = seq, seq + self.batch_size(seq)
+        while end < stop and not self._backing.get(end):
             end += 1
         if end == seq:
             return
@@ -199,6 +239,7 @@ class Releaser:
             self._plan = None  # the release itself is charged (or refused) on its own
             return
         self.ledger_writes += 1
+        self.prepaid_batches.append(len(ids))
         for (_, _, _, _, s), rid, p in zip(entries, ids, plan[seq:end]):
             self._backing.setdefault(s, []).append(
                 {
