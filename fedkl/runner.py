@@ -448,7 +448,9 @@ def train_federation(
                 replay=recovering,
             )
             if plan is not None and not declared.adaptive:
-                releaser.plan(plan() if callable(plan) else plan, window_s=PREPAY_WINDOW_S)
+                planned = _planned(plan, log)
+                if planned is not None:
+                    releaser.plan(planned, window_s=PREPAY_WINDOW_S)
             # every egress flushes the journal first (fedkl.privacy.journal): progress records, a
             # transport's messages to nodes, and (below, and the finally) the end of the run
             progress.flush = federation.before_send = releaser.flush
@@ -480,6 +482,18 @@ def train_federation(
         summary = ledger.summary()
 
     return result, summary, declared
+
+
+def _planned(plan: list[dict] | Callable[[], list[dict]], log: Callable[[str], None]) -> list[dict] | None:
+    """The plan to prepay; None (each release charged on its own, the safe way) when the dry run that
+    makes it fails: prepaying is an optimisation, never a reason for a run to fail."""
+    if not callable(plan):
+        return plan
+    try:
+        return plan()
+    except Exception as e:  # noqa: BLE001  (any failure of the dry run; Ctrl-C still stops the run)
+        log(f"note: no prepaid charges (the plan's dry run failed: {e}); each release is charged on its own")
+        return None
 
 
 def planned_releases(cfg: RunConfig, dataset: FederatedDataset, records_per_user: int = STANDIN_RECORDS) -> dict:

@@ -122,6 +122,7 @@ class Releaser:
         self._backing: dict[int, list[dict]] = {}  # seq -> ledger rows of this run not yet backing a value
         self._plan: list[dict] | None = None
         self._batch = 0
+        self._last_cohort: tuple[tuple, str] | None = None
         self._window: float | None = None
         self._clock: Callable[[], float] = time.monotonic
         self._started: tuple[float, int] | None = None  # (clock, seq) at the first prepaid batch
@@ -174,6 +175,15 @@ class Releaser:
         per_release = (now - self._started[0]) / made if made > 0 else 0.0
         size = left if per_release <= 0 else max(1, round(self._window / per_release))
         return min(size, left)
+
+    def _cohort(self, user_ids: Sequence[str]) -> str:
+        """:func:`cohort_digest` of ``user_ids``, remembered for the last cohort (a round over the same
+        users does not sort and hash 100,000 ids again)."""
+        key = tuple(user_ids)
+        last = self._last_cohort
+        if last is None or not (last[0] is key or last[0] == key):
+            self._last_cohort = last = (key, cohort_digest(key))
+        return last[1]
 
     def flush(self) -> None:
         """Make every value released so far durable in the journal (one transaction; nothing without
@@ -337,7 +347,7 @@ class Releaser:
         rho = charge.cost()[0]
         if self.filter is not None and not self.filter.admits(rho):
             self.filter.spend(rho)  # raises BudgetExhausted with the explanation
-        seq, record, cohort = self.seq, _canonical(to_record(charge)), cohort_digest(user_ids)
+        seq, record, cohort = self.seq, _canonical(to_record(charge)), self._cohort(user_ids)
         self._check_journal(seq, label, record, cohort)
         if not self._take_backing(seq, label, record, cohort):
             if seq in self._journalled:
