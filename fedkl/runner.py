@@ -478,6 +478,8 @@ def train_federation(
                 journal.close()  # flushes: every exit path leaves the journal durable
         ledger.finish_run("finished")
         observer.trained(result.w is not None)
+        if scratch:  # a dry run's throw-away ledger: nothing to verify or report
+            return result, {}, declared
         ledger.verify()
         summary = ledger.summary()
 

@@ -211,6 +211,7 @@ class PrivacyLedger:
         self.path = os.fspath(path)
         self.run_id = run_id
         self.timeout = timeout
+        self.scratch = scratch
         if budget is None and not os.path.exists(self.path):
             raise LedgerError(f"{self.path} does not exist: a new ledger needs a budget (epsilon, delta)")
         try:
@@ -946,22 +947,25 @@ class PrivacyLedger:
         """Recompute every release's cost from its stored typed charge and every user's totals from
         the release log; raise LedgerError on any mismatch. (Rows written before typed charges, schema
         1, have no charge to recompute; their stored costs still enter the totals.)"""
-        totals: dict[str, list[float]] = {}
-        for rid, rho, eps, delta, mechanism, sensitivity, noise_scale, charge, members in self._db.execute(
-            "SELECT r.id, r.rho, r.eps, r.delta, r.mechanism, r.sensitivity, r.noise_scale, r.charge, c.members "
-            "FROM releases r JOIN cohorts c ON c.id = r.cohort_id"
+        per_cohort: dict[int, list[float]] = {}  # summed per cohort first: each cohort's members are read once
+        for rid, rho, eps, delta, mechanism, sensitivity, noise_scale, charge, cohort_id in self._db.execute(
+            "SELECT id, rho, eps, delta, mechanism, sensitivity, noise_scale, charge, cohort_id FROM releases"
         ):
             if charge is not None:
                 typed = from_record(json.loads(charge))
                 stored_row = (rho, eps, delta, mechanism, sensitivity, noise_scale)
                 if (*typed.cost(), typed.mechanism, typed.sensitivity, typed.noise_scale) != stored_row:
                     raise LedgerError(f"release {rid}: the stored cost {stored_row} is not that of its charge {typed}")
-            for m in json.loads(members):
+            c = per_cohort.setdefault(cohort_id, [0.0, 0.0, 0.0, 0])
+            c[0], c[1], c[2], c[3] = c[0] + rho, c[1] + eps, c[2] + delta, c[3] + 1
+        totals: dict[str, list[float]] = {}
+        for cohort_id, members in self._db.execute("SELECT id, members FROM cohorts"):
+            c = per_cohort.pop(cohort_id, None)
+            for m in json.loads(members) if c is not None else ():
                 t = totals.setdefault(m, [0.0, 0.0, 0.0, 0])
-                t[0] += rho
-                t[1] += eps
-                t[2] += delta
-                t[3] += 1
+                t[0], t[1], t[2], t[3] = t[0] + c[0], t[1] + c[1], t[2] + c[2], t[3] + c[3]
+        if per_cohort:
+            raise LedgerError(f"releases charge cohorts the ledger does not hold: {sorted(per_cohort)[:5]}")
         stored = {u: (r, e, d, n) for u, r, e, d, n in self._db.execute("SELECT * FROM users")}
         if set(stored) != set(totals):
             raise LedgerError("ledger users table and release log list different users")

@@ -350,7 +350,7 @@ PREPAID = [*KINDS, "noisy-gd", "dp-ftrl", "fkt-snowball", "phased-erm"]
 
 @pytest.mark.parametrize("name", PREPAID)
 def test_prepaid_run_of_every_algorithm_charges_what_it_makes(tmp_path, name):
-    """--prepay on every kind of algorithm: the same releases as charged one by one (same seq, label,
+    """Prepaid (the default) on every kind of algorithm: the same releases as charged one by one (same seq, label,
     typed charge, cohort), all prepaid for a non-adaptive algorithm, and the same model."""
 
     def cfg(out):
