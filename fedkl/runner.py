@@ -447,10 +447,8 @@ def train_federation(
                 journal=journal,
                 replay=recovering,
             )
-            if plan is not None and not declared.adaptive:
-                planned = _planned(plan, log)
-                if planned is not None:
-                    releaser.plan(planned, window_s=PREPAY_WINDOW_S)
+            if plan is not None and not declared.adaptive:  # a plan function: made once prepaying pays
+                releaser.plan(lambda: _planned(plan, log), window_s=PREPAY_WINDOW_S)
             # every egress flushes the journal first (fedkl.privacy.journal): progress records, a
             # transport's messages to nodes, and (below, and the finally) the end of the run
             progress.flush = federation.before_send = releaser.flush

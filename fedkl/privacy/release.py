@@ -123,6 +123,7 @@ class Releaser:
         self._plan: list[dict] | None = None
         self._batch = 0
         self._last_cohort: tuple[tuple, str] | None = None
+        self._make_plan: Callable[[], Sequence[dict] | None] | None = None  # the plan, not made yet (plan())
         self._window: float | None = None
         self._clock: Callable[[], float] = time.monotonic
         self._started: tuple[float, int] | None = None  # (clock, seq) at the first prepaid batch
@@ -137,7 +138,7 @@ class Releaser:
 
     def plan(
         self,
-        releases: Sequence[dict],
+        releases: Sequence[dict] | Callable[[], Sequence[dict] | None],
         batch: int | None = None,
         window_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -148,17 +149,41 @@ class Releaser:
         batch: ``batch`` releases; or, with ``window_s``, time-bounded (:meth:`batch_size`: about
         ``window_s`` seconds of the run's measured release rate, so that a run that dies and is
         never recovered was over-charged at most that much); neither: all the rest of the plan.
-        ``clock``: monotonic seconds. Call before the first release."""
+        ``clock``: monotonic seconds. ``releases`` may be a function that makes the plan (a dry run:
+        it costs about a run on zero records): with ``window_s`` it is called only once the measured
+        rate says a batch would hold 2 releases or more (a run whose releases are each a second or
+        longer gains nothing from prepaying: it never pays for the plan); None from it: no plan.
+        Call before the first release."""
         if batch is not None and batch < 1:
             raise ValueError(f"a prepaid batch holds at least one release, got {batch}")
         if batch is not None and window_s is not None:
             raise ValueError("a prepaid batch is sized by a count or by a time window, not both")
         if window_s is not None and not (window_s > 0 and math.isfinite(window_s)):
             raise ValueError(f"the prepaid window must be finite and > 0 seconds, got {window_s}")
-        self._plan = [{**r, "charge": _canonical(r["charge"]), "cohort": cohort_digest(r["members"])} for r in releases]
-        self._batch = batch or len(self._plan)
         self._window, self._clock, self._started = window_s, clock, None
+        self._make_plan = None
+        if callable(releases):
+            if window_s is None:
+                releases = releases() or []
+            else:
+                self._make_plan, releases = releases, []
+        self._set_plan(releases)
+        self._batch = batch or len(self._plan)
         self.prepaid_batches: list[int] = []  # the size of each batch charged, in order
+
+    def _set_plan(self, releases: Sequence[dict]) -> None:
+        self._plan = [{**r, "charge": _canonical(r["charge"]), "cohort": cohort_digest(r["members"])} for r in releases]
+
+    def _rate_batch(self, seq: int) -> int | None:
+        """``max(1, round(window_s / mean seconds per release since the first))`` (a huge number when
+        the clock has not moved); None at the first call, which starts the clock."""
+        now = self._clock()
+        if self._started is None:
+            self._started = (now, seq)
+            return None
+        made = seq - self._started[1]
+        per_release = (now - self._started[0]) / made if made > 0 else 0.0
+        return 1 << 62 if per_release <= 0 else max(1, round(self._window / per_release))
 
     def batch_size(self, seq: int) -> int:
         """How many planned releases, from ``seq`` on, the next prepaid batch charges. Time-bounded
@@ -167,14 +192,8 @@ class Releaser:
         left = len(self._plan or ()) - seq
         if self._window is None:
             return min(self._batch, left)
-        now = self._clock()
-        if self._started is None:
-            self._started = (now, seq)
-            return min(1, left)
-        made = seq - self._started[1]
-        per_release = (now - self._started[0]) / made if made > 0 else 0.0
-        size = left if per_release <= 0 else max(1, round(self._window / per_release))
-        return min(size, left)
+        size = self._rate_batch(seq)
+        return min(1 if size is None else size, left)
 
     def _cohort(self, user_ids: Sequence[str]) -> str:
         """:func:`cohort_digest` of ``user_ids``, remembered for the last cohort (a round over the same
@@ -224,6 +243,16 @@ class Releaser:
     def _prepay(self, seq: int, label: str, record: dict, cohort: str) -> None:
         """Charge the next batch of the plan in one transaction if release ``seq`` is its next entry;
         drop the plan otherwise (or when the batch does not fit the budget)."""
+        if self._make_plan is not None:  # the plan is made once prepaying would batch 2 releases or more
+            size = self._rate_batch(seq)
+            if size is None or size < 2:
+                return  # this release is charged on its own
+            make, self._make_plan = self._make_plan, None
+            t = self._clock()
+            self._set_plan(make() or [])
+            self._batch = len(self._plan)
+            started, first = self._started  # the rate leaves the dry run's time out (it is not a release)
+            self._started = (started + self._clock() - t, first)
         plan = self._plan
         if plan is None:
             return

@@ -142,14 +142,19 @@ def test_recovery_refuses_a_different_run(tmp_path, monkeypatch):
     led.close()
 
 
-def test_the_default_prepaid_run_equals_per_release_charging(tmp_path):
+def test_the_default_prepaid_run_equals_per_release_charging(tmp_path, monkeypatch):
     """``fedkl run`` prepays by default: the same release rows (seq, label, typed charge, cohort; the
-    states aside), the same per-user totals and the same model as a --no-prepay run."""
+    states aside), the same per-user totals and the same model as a --no-prepay run. (A long window:
+    prepaying pays from the second release on, whatever this machine's speed; the first is charged
+    while the rate is measured.)"""
+    import fedkl.runner as runner
+
+    monkeypatch.setattr(runner, "PREPAY_WINDOW_S", 1e9)
     clean = run_training(_cfg(tmp_path / "clean"), log=lambda s: None, prepay=False)
     prepaid = run_training(_cfg(tmp_path / "prepaid"), log=lambda s: None)
     assert torch.equal(_model(tmp_path / "prepaid"), _model(tmp_path / "clean"))
     rows = _ledger_rows(tmp_path / "prepaid" / "ledger.sqlite")
-    assert [r["state"] for r in rows] == ["prepaid"] * ROUNDS
+    assert [r["state"] for r in rows] == [None] + ["prepaid"] * (ROUNDS - 1)
     strip = [{k: r[k] for k in ("seq", "label", "charge", "cohort")} for r in rows]
     assert strip == [
         {k: r[k] for k in ("seq", "label", "charge", "cohort")} for r in _ledger_rows(clean["ledger"]["path"])
@@ -160,6 +165,9 @@ def test_the_default_prepaid_run_equals_per_release_charging(tmp_path):
 
 def test_a_prepaid_run_killed_mid_run_recovers_to_the_prepaid_ledger(tmp_path, monkeypatch):
     """Recovery treats prepaid rows like charged ones: each backs one release, none is charged again."""
+    import fedkl.runner as runner
+
+    monkeypatch.setattr(runner, "PREPAY_WINDOW_S", 1e9)  # releases 1..5 prepaid at release 1
     clean = run_training(_cfg(tmp_path / "clean"), log=lambda s: None)
     with monkeypatch.context() as m:
         _crash_after(m, 2)
@@ -167,7 +175,7 @@ def test_a_prepaid_run_killed_mid_run_recovers_to_the_prepaid_ledger(tmp_path, m
             run_training(_cfg(tmp_path / "crashed"), log=lambda s: None)
     ledger = tmp_path / "crashed" / "ledger.sqlite"
     states = [r["state"] for r in _ledger_rows(ledger)]
-    assert 3 <= len(states) <= ROUNDS and set(states) == {"prepaid"}  # 0..2 at least, charged before the crash
+    assert states == [None] + ["prepaid"] * (ROUNDS - 1)  # all charged before the crash
     lines = []
     recover_run(str(tmp_path / "crashed"), log=lines.append)
     assert "2 releases replayed" in " ".join(lines)
@@ -239,6 +247,28 @@ def test_time_bounded_batches_cover_about_one_second_of_releases(tmp_path):
     assert [fast.batch_size(0), fast.batch_size(1), fast.batch_size(4)] == [1, 4, 1]
     with pytest.raises(ValueError, match="not both"):
         fast.plan(plan, batch=2, window_s=1.0)
+
+
+def test_the_plan_is_made_only_once_prepaying_would_batch_two_releases(tmp_path):
+    """A plan function (the dry run) is called at the first release whose measured rate gives a batch
+    of 2 or more, and never for a run whose releases take a second or more each (it would gain nothing)."""
+    for per_release, made_at in ((0.25, [1]), (2.0, [])):
+        (tmp_path / str(per_release)).mkdir()
+        led, rel = _bare_releaser(tmp_path / str(per_release))
+        now, calls = [0.0], []
+
+        def make():
+            calls.append(rel.seq)
+            return [{**PLAN[0], "label": f"round-{i}"} for i in range(6)]
+
+        rel.plan(make, window_s=1.0, clock=lambda: now[0])
+        for i in range(6):
+            _release(rel, i)
+            now[0] += per_release
+        assert calls == made_at
+        states = [r["state"] for r in led.releases()]
+        assert states == ([None, "prepaid", "prepaid", "prepaid", "prepaid", "prepaid"] if made_at else [None] * 6)
+        assert led.spend("a").releases == 6  # each release charged once either way
 
 
 def test_a_plan_that_does_not_match_the_first_release_prepays_nothing(tmp_path):
@@ -349,13 +379,16 @@ PREPAID = [*KINDS, "noisy-gd", "dp-ftrl", "fkt-snowball", "phased-erm"]
 
 
 @pytest.mark.parametrize("name", PREPAID)
-def test_prepaid_run_of_every_algorithm_charges_what_it_makes(tmp_path, name):
+def test_prepaid_run_of_every_algorithm_charges_what_it_makes(tmp_path, monkeypatch, name):
     """Prepaid (the default) on every kind of algorithm: the same releases as charged one by one (same seq, label,
     typed charge, cohort), all prepaid for a non-adaptive algorithm, and the same model."""
 
     def cfg(out):
         return small_config(name, out)
 
+    import fedkl.runner as runner
+
+    monkeypatch.setattr(runner, "PREPAY_WINDOW_S", 1e9)  # the plan is made at the second release
     clean = run_training(cfg(tmp_path / "clean"), log=lambda s: None, prepay=False)
     prepaid = run_training(cfg(tmp_path / "prepaid"), log=lambda s: None)
     strip = ("seq", "label", "charge", "cohort")
@@ -363,7 +396,8 @@ def test_prepaid_run_of_every_algorithm_charges_what_it_makes(tmp_path, name):
     assert [{k: r[k] for k in strip} for r in rows] == [
         {k: r[k] for k in strip} for r in _ledger_rows(clean["ledger"]["path"])
     ]
-    assert {r["state"] for r in rows} == ({None} if clean["guarantee"].get("adaptive") else {"prepaid"})
+    states = [r["state"] for r in rows]
+    assert states[0] is None and set(states[1:]) <= ({None} if clean["guarantee"].get("adaptive") else {"prepaid"})
     assert _spends(prepaid["ledger"]["path"]) == _spends(clean["ledger"]["path"])
     if clean["model_path"]:
         assert torch.equal(_model(tmp_path / "prepaid"), _model(tmp_path / "clean"))
