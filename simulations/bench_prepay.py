@@ -160,7 +160,7 @@ def markdown(rows: list[dict], settings: dict) -> str:
         f"min / median of {settings['repeats']} interleaved repeats)",
         "",
         "| users | train records a user | mode | floor ms/round | loop ms/round | loop / floor | run / floor | bookkeeping share of loop "
-        "| ledger txns | journal flushes | dry run s |",
+        "| ledger txns | journal flush calls | dry run s |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
