@@ -15,12 +15,14 @@ import dataclasses
 import json
 import math
 import os
+import random
 import tempfile
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 
 from fedkl.algorithms.catalog import ALGORITHMS  # noqa: F401  (re-exported: the built-in algorithms)
@@ -489,11 +491,17 @@ def _planned(plan: list[dict] | Callable[[], list[dict]], log: Callable[[str], N
     makes it fails: prepaying is an optimisation, never a reason for a run to fail."""
     if not callable(plan):
         return plan
+    # made mid-run (fedkl.privacy.release.Releaser.plan): the run's global random states are left as they were
+    states = (random.getstate(), np.random.get_state(), torch.random.get_rng_state())
     try:
         return plan()
     except Exception as e:  # noqa: BLE001  (any failure of the dry run; Ctrl-C still stops the run)
         log(f"note: no prepaid charges (the plan's dry run failed: {e}); each release is charged on its own")
         return None
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.random.set_rng_state(states[2])
 
 
 def planned_releases(cfg: RunConfig, dataset: FederatedDataset, records_per_user: int = STANDIN_RECORDS) -> dict:

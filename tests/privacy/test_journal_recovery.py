@@ -482,3 +482,29 @@ def test_progress_lines_are_throttled_to_one_a_second_with_first_last_and_eta():
     assert flushed == [0, 1, 2, 3]  # a flush before each record handed out
     assert lines[1] == "  round    5/10  noisy grad norm 2.5  ETA 2 s"  # 1.2 s for 4 rounds, 5 rounds left
     assert lines[-1] == "  round   10/10  noisy grad norm 2.5"
+
+
+def test_the_mid_run_dry_run_leaves_the_runs_random_states_and_never_fails_the_run():
+    """The plan is made mid-run: whatever it draws from the global random generators, the run's next
+    draws are the ones it would have made; a failing dry run means no plan (one line), not a failed run."""
+    import random
+
+    import numpy as np
+
+    from fedkl.runner import _planned
+
+    def dry_run():
+        random.random(), np.random.rand(), torch.rand(3)
+        return [{"label": "x"}]
+
+    torch.manual_seed(7)
+    expected = torch.rand(2)
+    torch.manual_seed(7)
+    assert _planned(dry_run, print) == [{"label": "x"}]
+    assert torch.equal(torch.rand(2), expected)
+    lines: list[str] = []
+
+    def broken():
+        raise RuntimeError("no stand-in")
+
+    assert _planned(broken, lines.append) is None and "no prepaid charges" in lines[0] and "no stand-in" in lines[0]
