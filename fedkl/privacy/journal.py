@@ -25,7 +25,8 @@ and the transports), each preceded by :meth:`Releaser.flush <fedkl.privacy.relea
    ``push_messages`` and ``send_and_receive``, the SecAgg+ exchanges included): the model sent to
    clients is computed from released values;
 3. the end of the algorithm's run (before the runner logs the outcome and writes ``model.pt`` and
-   ``result.json``, the only files a run writes to its out folder after its first release), and every
+   ``result.json``, the only files a run writes to its out folder after its first release besides the
+   ledger, which holds charges and no value, and this journal), and every
    exit path: :meth:`close` flushes, and the runner closes the journal in a ``finally`` (an exception
    or Ctrl-C; only kill -9, a power loss or an abort skip it, and then nothing else left either).
 
