@@ -375,7 +375,7 @@ def _register_backend(cfg) -> None:
         import fedkl.flower.backends  # noqa: F401  (registers the Flower backends)
 
 
-def _train(cfg, resume: str | None = None, prepay: bool = False, recover: str | None = None) -> int:
+def _train(cfg, resume: str | None = None, prepay: bool = True, recover: str | None = None) -> int:
     """``fedkl run`` with its configuration parsed: train, with a progress bar on a terminal; a
     budget or ledger problem exits 3, Ctrl-C (or SIGTERM) one line and 128 + the signal."""
     from fedkl.privacy import BudgetExhausted, LedgerError

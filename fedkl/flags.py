@@ -380,10 +380,12 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--prepay",
-        action="store_true",
-        help="charge the run's planned releases (`fedkl plan --charges`) in one ledger transaction up front instead of "
-        "one per release; a release off the plan is charged on its own, prepaid releases never made stay charged "
-        "(marked unused); ignored for adaptive algorithms",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="(default) charge the run's planned releases (`fedkl plan --charges`) ahead, in batches of about one "
+        "second of releases, one ledger transaction each, instead of one per release; a release off the plan is "
+        "charged on its own, prepaid releases never made stay charged (marked unused: a run that dies unrecovered "
+        "over-charged about a second of releases); not for adaptive algorithms. --no-prepay: one transaction per release",
     )
     plan = sub.add_parser(
         "plan",

@@ -15,12 +15,14 @@ import dataclasses
 import json
 import math
 import os
+import random
 import tempfile
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 
 from fedkl.algorithms.catalog import ALGORITHMS  # noqa: F401  (re-exported: the built-in algorithms)
@@ -43,6 +45,7 @@ from fedkl.privacy import Budget, BudgetExceeded, NoiseSource, PrivacyLedger, Re
 from fedkl.privacy.clients import FEDKL_CLIENTS
 from fedkl.privacy.guarantee import RELATION_TEXT, Guarantee
 from fedkl.privacy.journal import JournalError, ReleaseJournal
+from fedkl.privacy.release import PREPAY_WINDOW_S
 from fedkl.problems import DEFAULT_PROBLEM, make_problem, problem_spec
 from fedkl.problems.rowwise import KERNEL_MODES, kernels
 from fedkl.results import reference_metrics, write_json
@@ -272,6 +275,49 @@ class RunObserver:
 RUN_OBSERVER: contextvars.ContextVar[RunObserver | None] = contextvars.ContextVar("fedkl_run_observer", default=None)
 
 
+PROGRESS_EVERY_S = 1.0  # the least time between two progress records of a run (first and last always shown)
+
+
+class ProgressEgress:
+    """The algorithm's ``progress(record)`` callback in a run: hands a record out (the observer's
+    ``round`` and a log line with the released ``noisy_grad_norm``/``rho_spent`` and an ETA) for the
+    first round, the last, and at most once per ``every_s`` seconds in between (default
+    :data:`PROGRESS_EVERY_S`), and calls ``flush``
+    (the Releaser's: the journal durable) before each, since a record carries released values
+    (:mod:`fedkl.privacy.journal`, egress point 1). ``clock``: monotonic seconds."""
+
+    def __init__(
+        self,
+        observer: RunObserver,
+        log: Callable[[str], None],
+        clock: Callable[[], float] = time.monotonic,
+        every_s: float | None = None,
+    ) -> None:
+        self.observer, self.log, self.clock = observer, log, clock
+        self.every_s = PROGRESS_EVERY_S if every_s is None else every_s
+        self.flush: Callable[[], None] = lambda: None
+        self._start: float | None = None
+        self._last: float | None = None
+
+    def __call__(self, rec: dict) -> None:
+        now = self.clock()
+        if self._start is None:
+            self._start = now
+        k, total = int(rec["round"]), int(rec["rounds"])
+        if self._last is not None and k != total and now - self._last < self.every_s:
+            return
+        self._last = now
+        self.flush()
+        self.observer.round(rec)
+        extra = "".join(
+            f"  {key.replace('_', ' ')} {rec[key]:.4g}"
+            for key in ("noisy_grad_norm", "rho_spent")
+            if isinstance(rec.get(key), (int, float))
+        )
+        eta = (now - self._start) / max(k - 1, 1) * (total - k) if k > 1 else None  # rounds after the first
+        self.log(f"  round {k:>4}/{total}{extra}" + (f"  ETA {eta:.0f} s" if eta is not None and k < total else ""))
+
+
 def train_federation(
     cfg: RunConfig,
     federation: Federation,
@@ -284,7 +330,7 @@ def train_federation(
     log: Callable[[str], None],
     w0=None,
     journal: str | ReleaseJournal | None = None,
-    plan: list[dict] | None = None,
+    plan: list[dict] | Callable[[], list[dict]] | None = None,
     journal_header: dict | None = None,
     scratch: bool = False,
 ):
@@ -296,8 +342,9 @@ def train_federation(
     an open :class:`ReleaseJournal` of a run whose process died: then this call recovers that run
     (``run_id`` must be its id; :class:`fedkl.privacy.release.Releaser`); ``journal_header``: more
     header entries for a new journal; ``scratch``: ``ledger_path`` is a throw-away ledger (no fsync). ``plan``: the run's planned
-    releases (:func:`planned_releases`), prepaid in one ledger transaction unless the algorithm is
-    adaptive."""
+    releases (:func:`planned_releases`), or a function that makes them (called only for an algorithm
+    that is not adaptive: a dry run is wasted on one that is), prepaid in time-bounded batches
+    (:meth:`fedkl.privacy.release.Releaser.batch_size`) unless the algorithm is adaptive."""
     observer = RUN_OBSERVER.get() or RunObserver()
     recovering = isinstance(journal, ReleaseJournal)
     ledger = PrivacyLedger(
@@ -349,18 +396,7 @@ def train_federation(
                 + (f", noise std on the sum {sigma:.4g}" if isinstance(sigma, float) else "")
             )
 
-        def progress(rec: dict) -> None:
-            observer.round(rec)
-            # about ten lines a run, whatever its length (some algorithms set their own round count)
-            every = max(1, int(rec["rounds"]) // 10)
-            if rec["round"] % every == 0 or rec["round"] == rec["rounds"]:
-                extra = "".join(
-                    f"  {k.replace('_', ' ')} {rec[k]:.4g}"
-                    for k in ("noisy_grad_norm", "rho_spent")
-                    if isinstance(rec.get(k), (int, float))
-                )
-                log(f"  round {rec['round']:>4}/{rec['rounds']}{extra}")
-
+        progress = ProgressEgress(observer, log)
         if cfg.conversion == "gaussian" and not getattr(alg, "gaussian_releases_only", True):
             ledger.finish_run("refused")
             raise ValueError(
@@ -413,11 +449,15 @@ def train_federation(
                 journal=journal,
                 replay=recovering,
             )
-            if plan is not None and not declared.adaptive:
-                releaser.plan(plan)
+            if plan is not None and not declared.adaptive:  # a plan function: made once prepaying pays
+                releaser.plan(lambda: _planned(plan, log), window_s=PREPAY_WINDOW_S)
+            # every egress flushes the journal first (fedkl.privacy.journal): progress records, a
+            # transport's messages to nodes, and (below, and the finally) the end of the run
+            progress.flush = federation.before_send = releaser.flush
             start = problem.init_params() if w0 is None else w0
             result = alg.run(federation, releaser, start, progress)
             releaser.finish()
+            releaser.flush()
             if recovering:
                 log(
                     f"recovered run {run_id}: {releaser.replayed} releases replayed from its journal, none charged twice"
@@ -433,14 +473,35 @@ def train_federation(
             ledger.finish_run(ledger.end_status(e))  # interrupted (Ctrl-C) or failed
             raise
         finally:
+            federation.before_send = None
             if journal is not None and not isinstance(journal, str):
-                journal.close()
+                journal.close()  # flushes: every exit path leaves the journal durable
         ledger.finish_run("finished")
         observer.trained(result.w is not None)
+        if scratch:  # a dry run's throw-away ledger: nothing to verify or report
+            return result, {}, declared
         ledger.verify()
         summary = ledger.summary()
 
     return result, summary, declared
+
+
+def _planned(plan: list[dict] | Callable[[], list[dict]], log: Callable[[str], None]) -> list[dict] | None:
+    """The plan to prepay; None (each release charged on its own, the safe way) when the dry run that
+    makes it fails: prepaying is an optimisation, never a reason for a run to fail."""
+    if not callable(plan):
+        return plan
+    # made mid-run (fedkl.privacy.release.Releaser.plan): the run's global random states are left as they were
+    states = (random.getstate(), np.random.get_state(), torch.random.get_rng_state())
+    try:
+        return plan()
+    except Exception as e:  # noqa: BLE001  (any failure of the dry run; Ctrl-C still stops the run)
+        log(f"note: no prepaid charges (the plan's dry run failed: {e}); each release is charged on its own")
+        return None
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.random.set_rng_state(states[2])
 
 
 def planned_releases(cfg: RunConfig, dataset: FederatedDataset, records_per_user: int = STANDIN_RECORDS) -> dict:
@@ -453,6 +514,14 @@ def planned_releases(cfg: RunConfig, dataset: FederatedDataset, records_per_user
     problem = make_problem(cfg.problem or DEFAULT_PROBLEM[dataset.task], standin, reg=cfg.reg, model=cfg.model)
     n = len(standin.train.user_ids)
     delta = cfg.delta if cfg.delta is not None else default_delta(n)
+    token = RUN_OBSERVER.set(None)  # the dry run is not the run a `fedkl run` observer follows
+    try:
+        return _dry_run(cfg, standin, problem, n, delta)
+    finally:
+        RUN_OBSERVER.reset(token)
+
+
+def _dry_run(cfg: RunConfig, standin: FederatedDataset, problem, n: int, delta: float) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "plan.sqlite")
         noise = NoiseSource(cfg.noise_seed if cfg.noise_seed is not None else 0)
@@ -463,12 +532,12 @@ def planned_releases(cfg: RunConfig, dataset: FederatedDataset, records_per_user
         with PrivacyLedger(path) as ledger:
             cohorts = ledger.cohorts()
             releases = [{**r, "members": cohorts[r["cohort"]]} for r in ledger.releases()]
-            spend = [ledger.spend(u) for u in standin.train.user_ids]
+            per_user_max = ledger.max_user_totals()
     return {
         "users": n,
         "delta": delta,
         "releases": releases,
-        "per_user_max": {k: max(getattr(s, k) for s in spend) for k in ("rho", "eps", "delta")},
+        "per_user_max": per_user_max,
         "adaptive": declared.adaptive,
     }
 
@@ -514,7 +583,7 @@ def run_training(
     dataset: FederatedDataset | None = None,
     model: Callable | torch.nn.Module | None = None,
     resume: str | None = None,
-    prepay: bool = False,
+    prepay: bool = True,
     recover: ReleaseJournal | None = None,
 ) -> dict:
     """Train with ``cfg.kernels`` in force (:func:`fedkl.problems.rowwise.kernels`); see :func:`_run_training`."""
@@ -577,7 +646,7 @@ def _run_training(
     dataset: FederatedDataset | None = None,
     model: Callable | torch.nn.Module | None = None,
     resume: str | None = None,
-    prepay: bool = False,
+    prepay: bool = True,
     recover: ReleaseJournal | None = None,
 ) -> dict:
     """Train, write ``model.pt`` (the released model with its privacy receipt, when there is one:
@@ -592,8 +661,9 @@ def _run_training(
     ``resume``: a run folder (or its model.pt) whose released model this run starts from, on that
     run's ledger and with its settings (:func:`fedkl.saved_model.check_resume`); not a setting of
     the run, so a resumed run's settings (and a sweep's row keys) are those of a fresh one.
-    ``prepay``: charge the run's planned releases (:func:`planned_releases`, a dry run on a public
-    stand-in) in one ledger transaction; ``recover``: the journal of a run to recover (:func:`recover_run`).
+    ``prepay`` (default): charge the run's planned releases (:func:`planned_releases`, a dry run on a
+    public stand-in, made only for an algorithm that is not adaptive) in time-bounded batches, one
+    ledger transaction each (False: one transaction per release); ``recover``: the journal of a run to recover (:func:`recover_run`).
     A run trained in this process keeps its release journal in ``out/journal.sqlite``."""
     started = time.time()
     if cfg.secagg and cfg.backend in ("inprocess", "ray-shards"):
@@ -642,7 +712,7 @@ def _run_training(
     else:
         try:
             journal = recover if recover is not None else os.path.join(out, JOURNAL_FILE)
-            plan = planned_releases(cfg, dataset)["releases"] if prepay and recover is None else None
+            plan = (lambda: planned_releases(cfg, dataset)["releases"]) if prepay and recover is None else None
             result, summary, declared = train_federation(
                 cfg,
                 federation,

@@ -1,13 +1,25 @@
-"""Benchmark: the durable bookkeeping's share of a noisy-GD round, charged per release vs prepaid.
+"""Benchmark: a full ``fedkl run`` round against the one-bmm floor, and the durable bookkeeping's share.
 
-    .venv/bin/python simulations/bench_prepay.py [--users 1000] [--records 20] [--rounds 20] [--repeats 3]
+    nice -n 15 .venv/bin/python simulations/bench_prepay.py [--users 1000 10000 100000] [--records 100 100 25]
+        [--rounds 10] [--repeats 3] [--per-release-max-users 10000]
 
-Runs ``fedkl run`` (in-process, logistic regression on synthetic-logistic, one torch thread) twice per
-repeat: charged per release (one ledger transaction each, the default) and ``--prepay`` (the whole
-plan in one ledger transaction). Both keep the release journal (one WAL commit each, what
-``--recover`` needs). It times, inside the run, every ledger write (charges and prepaid batches) and
-every journal commit, and reports their share of the run's wall time (min and median over
-``--repeats``; the prepaid run's wall time includes its plan, a dry run on a public stand-in). Results go to simulations/results/bench_prepay.json.
+The task of ``simulations/bench_peers.py`` (user-level noisy GD, logistic regression, d = 50, one torch
+thread) on ``synthetic-logistic`` data of ``--users`` users x ``--records`` records each (80 % train). For each
+size, ``--repeats`` times each (interleaved, so that a change of load hits all alike):
+
+* ``floor``: the true floor, hand-written in torch on the same shape (float64): ``X @ w``, sigmoid, ONE
+  batched matmul for the per-user gradients, ``torch.linalg.vector_norm``, clip, sum, noise, step;
+* ``default``: :func:`fedkl.runner.run_training` with the defaults (in-process, fast kernels, the
+  journal durable at egress, prepaid in time-bounded batches), the dataset passed in (not loaded);
+* ``per-release`` (up to ``--per-release-max-users``): the same with ``prepay=False`` (one ledger
+  transaction per release).
+
+It reports per round: the training loop (``NoisyGradientDescent.run``: queries, Releaser, ledger,
+journal; the plan's dry run, made inside it once prepaying pays, is left out and reported apart) and the whole run (``run_training``'s wall time: reserve and verify, the plan's dry run,
+forecast, the loop, result.json and model.pt; no non-private reference) divided by the rounds, each
+against the floor (min and median over the repeats); the ledger's and the journal's time inside the
+loop (their share of it: the bookkeeping), their transactions, and the plan's dry run. Results:
+``simulations/results/bench_prepay.{json,md}``.
 """
 
 from __future__ import annotations
@@ -21,81 +33,193 @@ import time
 
 import torch
 
+from fedkl.algorithms.noisy_gd import NoisyGradientDescent
+from fedkl.data.synthetic import synthetic_logistic
 from fedkl.privacy.journal import ReleaseJournal
 from fedkl.privacy.ledger import PrivacyLedger
 from fedkl.runner import RunConfig, run_training
 
+D, CLIP, LR = 50, 1.0, 0.5
 
-def _timing(cls, name: str, spent: list[float]):
-    original = getattr(cls, name)
 
-    def timed(*a, **kw):
+class Timer:
+    """Wraps methods of classes and adds up their wall time (outside the plan's dry run)."""
+
+    def __init__(self) -> None:
+        self.spent: dict[str, list[float]] = {}
+        self.in_dry_run = False
+        self._saved: list = []
+
+    def wrap(self, cls, name: str, key: str, skip_dry_run: bool = True) -> None:
+        original = getattr(cls, name)
+        spent = self.spent.setdefault(key, [])
+
+        def timed(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return original(*a, **kw)
+            finally:
+                if not (skip_dry_run and self.in_dry_run):
+                    spent.append(time.perf_counter() - t)
+
+        setattr(cls, name, timed)
+        self._saved.append((cls, name, original))
+
+    def restore(self) -> None:
+        for cls, name, original in reversed(self._saved):
+            setattr(cls, name, original)
+
+
+def floor_round_s(n: int, m: int, rounds: int, seed: int = 0) -> float:
+    """Seconds per round of the hand-written one-bmm round on an (n, m, D) float64 problem."""
+    gen = torch.Generator().manual_seed(seed)
+    X3 = torch.randn(n, m, D, generator=gen, dtype=torch.float64) / D**0.5
+    y2 = torch.randint(0, 2, (n, m), generator=gen).to(torch.float64) * 2 - 1
+    X2, y1 = X3.view(n * m, D), y2.view(n * m)
+    w = torch.zeros(D, dtype=torch.float64)
+    start = time.perf_counter()
+    for _ in range(rounds):
+        coef = -y1 * torch.sigmoid(-y1 * (X2 @ w))
+        grads = torch.bmm(coef.view(n, 1, m), X3).squeeze(1) / m
+        norms = torch.linalg.vector_norm(grads, dim=1)
+        total = torch.clamp(CLIP / norms.clamp_min(1e-30), max=1.0) @ grads
+        w = w - LR * (total + CLIP * torch.randn(D, generator=gen, dtype=torch.float64)) / n
+    return (time.perf_counter() - start) / rounds
+
+
+def one_run(dataset, rounds: int, prepay: bool, tmp: str) -> dict:
+    import fedkl.runner as runner
+
+    timer = Timer()
+    timer.wrap(PrivacyLedger, "prepay", "ledger")
+    timer.wrap(ReleaseJournal, "flush", "journal")
+    timer.wrap(NoisyGradientDescent, "run", "loop")
+    planned = runner.planned_releases
+
+    def dry_run(*a, **kw):
+        timer.in_dry_run = True
         t = time.perf_counter()
         try:
-            return original(*a, **kw)
+            return planned(*a, **kw)
         finally:
-            if getattr(a[0], "run_id", None) != "plan":  # not the plan's dry run (a scratch ledger, no fsync)
-                spent.append(time.perf_counter() - t)
+            timer.in_dry_run = False
+            timer.spent.setdefault("dry_run", []).append(time.perf_counter() - t)
 
-    setattr(cls, name, timed)
-    return original
-
-
-def one_run(users: int, records: int, rounds: int, prepay: bool, tmp: str) -> dict:
-    ledger_t: list[float] = []
-    journal_t: list[float] = []
-    saved = (_timing(PrivacyLedger, "prepay", ledger_t), _timing(ReleaseJournal, "record", journal_t))
+    runner.planned_releases = dry_run
     try:
         cfg = RunConfig.from_settings(
-            dataset="synthetic-logistic", users=users, algorithm="noisy-gd", rounds=rounds, epsilon=2.0,
-            seed=1, noise_seed=2, reference=False, out=os.path.join(tmp, f"run-{prepay}-{time.monotonic_ns()}"),
+            dataset="synthetic-logistic", users=len(dataset.train.user_ids), algorithm="noisy-gd", rounds=rounds,
+            epsilon=2.0, lr=LR, clip=CLIP, seed=1, noise_seed=2, reference=False,
+            out=os.path.join(tmp, f"run-{prepay}-{time.monotonic_ns()}"),
         )  # fmt: skip
         started = time.perf_counter()
-        run_training(cfg, log=lambda s: None, prepay=prepay)
+        run_training(cfg, log=lambda s: None, dataset=dataset, prepay=prepay)
         wall = time.perf_counter() - started
     finally:
-        PrivacyLedger.prepay, ReleaseJournal.record = saved
+        runner.planned_releases = planned
+        timer.restore()
+    s = timer.spent
     return {
         "wall_s": wall,
-        "ledger_s": sum(ledger_t),
-        "ledger_transactions": len(ledger_t),
-        "journal_s": sum(journal_t),
-        "journal_commits": len(journal_t),
+        "loop_s": sum(s["loop"]),
+        "ledger_s": sum(s["ledger"]),
+        "ledger_transactions": len(s["ledger"]),
+        "journal_s": sum(s["journal"]),
+        "journal_flushes": len(s["journal"]),
+        "dry_run_s": sum(s.get("dry_run", [])),
     }
+
+
+def summarize(n: int, m: int, rounds: int, floor: list[float], runs: list[dict]) -> dict:
+    loop = [(r["loop_s"] - r["dry_run_s"]) / rounds for r in runs]  # the dry run (made inside it) apart
+    whole = [r["wall_s"] / rounds for r in runs]
+    book = [(r["ledger_s"] + r["journal_s"]) / r["loop_s"] for r in runs]
+    f_min, f_med = min(floor), statistics.median(floor)
+    return {
+        "users": n,
+        "records": m,
+        "floor_ms": [1e3 * f_min, 1e3 * f_med],
+        "loop_ms": [1e3 * min(loop), 1e3 * statistics.median(loop)],
+        "run_ms": [1e3 * min(whole), 1e3 * statistics.median(whole)],
+        "loop_over_floor": [min(loop) / f_min, statistics.median(loop) / f_med],
+        "run_over_floor": [min(whole) / f_min, statistics.median(whole) / f_med],
+        "bookkeeping_share_of_loop": [min(book), statistics.median(book)],
+        "ledger_transactions": runs[0]["ledger_transactions"],
+        "journal_flushes": runs[0]["journal_flushes"],
+        "dry_run_s": [min(r["dry_run_s"] for r in runs), statistics.median(r["dry_run_s"] for r in runs)],
+        "runs": runs,
+    }
+
+
+def markdown(rows: list[dict], settings: dict) -> str:
+    def pair(v, fmt):
+        return f"{v[0]:{fmt}} / {v[1]:{fmt}}"
+
+    lines = [
+        f"# bench_prepay: a full round vs the one-bmm floor ({settings['rounds']} rounds, d = {D}, one thread; "
+        f"min / median of {settings['repeats']} interleaved repeats)",
+        "",
+        "| users | train records a user | mode | floor ms/round | loop ms/round | loop / floor | run / floor | bookkeeping share of loop "
+        "| ledger txns | journal flush calls | dry run s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['users']:,} | {r['records']} | {r['mode']} | {pair(r['floor_ms'], '.1f')} | {pair(r['loop_ms'], '.1f')} | "
+            f"{pair(r['loop_over_floor'], '.2f')} | {pair(r['run_over_floor'], '.2f')} | "
+            f"{r['bookkeeping_share_of_loop'][0]:.0%} / {r['bookkeeping_share_of_loop'][1]:.0%} | "
+            f"{r['ledger_transactions']} | {r['journal_flushes']} | {pair(r['dry_run_s'], '.2f')} |"
+        )
+    lines += [
+        "",
+        "loop: `NoisyGradientDescent.run` (queries, Releaser, ledger, journal; the plan's dry run, made inside it, "
+        "left out and shown apart) per round; run: `run_training`'s wall "
+        "time per round (reserve and verify, the plan's dry run, the loop, result.json, model.pt; data passed in). "
+        f"Load while measured: {settings['load']}.",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--users", type=int, default=1000)
-    ap.add_argument("--records", type=int, default=20)
-    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--users", type=int, nargs="+", default=[1000, 10000, 100000])
+    ap.add_argument("--records", type=int, nargs="+", default=[100, 100, 25], help="per --users entry (or one for all)")
+    ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--per-release-max-users", type=int, default=10000)
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "bench_prepay"))
     args = ap.parse_args()
     torch.set_num_threads(1)
-    out: dict = {"settings": vars(args), "modes": {}}
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for prepay in (False, True):
-            runs = [one_run(args.users, args.records, args.rounds, prepay, tmp) for _ in range(args.repeats)]
-            share = [(r["ledger_s"] + r["journal_s"]) / r["wall_s"] for r in runs]
-            ledger_share = [r["ledger_s"] / r["wall_s"] for r in runs]
-            mode = "prepaid" if prepay else "per-release"
-            out["modes"][mode] = {
-                "runs": runs,
-                "bookkeeping_share_min": min(share),
-                "bookkeeping_share_median": statistics.median(share),
-                "ledger_share_min": min(ledger_share),
-                "ledger_share_median": statistics.median(ledger_share),
-            }
-            r = runs[0]
-            print(
-                f"{mode:>12}: ledger {r['ledger_transactions']} transactions, journal {r['journal_commits']} commits; "
-                f"ledger share of the run min {min(ledger_share):.1%} median {statistics.median(ledger_share):.1%}; "
-                f"ledger + journal min {min(share):.1%} median {statistics.median(share):.1%}"
-            )
-    path = os.path.join(os.path.dirname(__file__), "results", "bench_prepay.json")
-    with open(path, "w") as f:
-        json.dump(out, f, indent=2)
-    print(f"wrote {path}")
+        records = args.records * len(args.users) if len(args.records) == 1 else args.records
+        for n, m_all in zip(args.users, records, strict=True):
+            dataset = synthetic_logistic(n_users=n, m=m_all, d=D, seed=0)
+            m = dataset.train.num_records // n
+            modes = ["default"] + (["per-release"] if n <= args.per_release_max_users else [])
+            floor, runs = [], {mode: [] for mode in modes}
+            for seed in range(args.repeats):  # interleaved: a load change hits the floor and the runs alike
+                floor.append(floor_round_s(n, m, args.rounds, seed))
+                for mode in modes:
+                    runs[mode].append(one_run(dataset, args.rounds, mode == "default", tmp))
+            for mode in modes:
+                row = {"mode": mode, **summarize(n, m, args.rounds, floor, runs[mode])}
+                rows.append(row)
+                print(
+                    f"{n:>7} users {mode:>11}: floor {row['floor_ms'][0]:.1f} ms, loop {row['loop_ms'][0]:.1f} ms "
+                    f"({row['loop_over_floor'][0]:.2f}x / median {row['loop_over_floor'][1]:.2f}x), run "
+                    f"{row['run_over_floor'][0]:.2f}x; bookkeeping {row['bookkeeping_share_of_loop'][0]:.0%} of the "
+                    f"loop; {row['ledger_transactions']} ledger txns, {row['journal_flushes']} journal flushes, "
+                    f"dry run {row['dry_run_s'][0]:.2f} s",
+                    flush=True,
+                )
+            del dataset
+    settings = {**vars(args), "load": " ".join(f"{x:.1f}" for x in os.getloadavg())}
+    with open(args.out + ".json", "w") as f:
+        json.dump({"settings": settings, "rows": rows}, f, indent=2)
+    with open(args.out + ".md", "w") as f:
+        f.write(markdown(rows, settings))
+    print(f"wrote {args.out}.json and .md")
 
 
 if __name__ == "__main__":

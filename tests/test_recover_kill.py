@@ -2,7 +2,9 @@
 the uninterrupted run's, every release charged once.
 
 The test waits on events, never on fixed sleeps: it polls the run's release journal until K releases
-are journalled, then sends SIGKILL (the overall timeout is only a failure guard for a loaded machine)."""
+are journalled (durable: the journal is flushed before each progress line, at most once a second, so
+the releases made after that flush are charged but only buffered when the kill lands), then sends
+SIGKILL (the overall timeout is only a failure guard for a loaded machine)."""
 
 from __future__ import annotations
 
@@ -20,13 +22,13 @@ from fedkl.privacy import PrivacyLedger
 from fedkl.runner import JOURNAL_FILE, RunConfig, run_training
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ROUNDS, K, GUARD_S = 60, 5, 600.0
+ROUNDS, K, GUARD_S = 400, 1, 600.0
 SETTINGS = dict(dataset="synthetic-logistic", users=12, algorithm="noisy-gd", epsilon=2.0, rounds=ROUNDS, lr=0.5,
                 clip=1.0, seed=3, noise_seed=11)  # fmt: skip
 
 
 def _argv(out, prepay: bool) -> list[str]:
-    flags = [f"--{k.replace('_', '-')}={v}" for k, v in SETTINGS.items()] + (["--prepay"] if prepay else [])
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in SETTINGS.items()] + ([] if prepay else ["--no-prepay"])
     return [sys.executable, "-m", "fedkl.cli", "run", *flags, "--no-reference", f"--out={out}"]
 
 
@@ -71,8 +73,8 @@ def test_kill_9_then_recover_equals_the_uninterrupted_run(tmp_path, prepay):
     ledger = out / "ledger.sqlite"
     with PrivacyLedger(ledger) as led:
         assert [r["status"] for r in led.runs()] == ["running"]  # nobody ended it
-        charged = led.num_releases()  # prepaid: the whole plan; else at most one charged, not journalled
-        assert charged == ROUNDS if prepay else killed_at <= charged <= killed_at + 1
+        charged = led.num_releases()  # more than journalled: releases after the last flush were only buffered
+        assert killed_at <= charged <= ROUNDS
 
     rec = subprocess.run(
         [sys.executable, "-m", "fedkl.cli", "run", f"--recover={out}"], cwd=tmp_path, env=env, capture_output=True
@@ -86,7 +88,9 @@ def test_kill_9_then_recover_equals_the_uninterrupted_run(tmp_path, prepay):
     )
     assert torch.equal(_model(out), _model(clean))  # bit for bit
     rows = _rows(ledger)
-    assert rows == _rows(clean / "ledger.sqlite") and [r["seq"] for r in rows] == list(range(ROUNDS))
+    # states aside: the recovery charges per release past the rows its first process charged (or prepaid)
+    assert [r["seq"] for r in rows] == list(range(ROUNDS)) and {r.pop("state") for r in rows} <= {None, "prepaid"}
+    assert rows == [{k: v for k, v in r.items() if k != "state"} for r in _rows(clean / "ledger.sqlite")]
     with PrivacyLedger(ledger) as led, PrivacyLedger(clean / "ledger.sqlite") as ref:
         assert led.user_spends() == ref.user_spends()  # each release charged exactly once
         ((run),) = led.runs()

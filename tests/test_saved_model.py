@@ -53,7 +53,8 @@ def _run(tmp_path, monkeypatch, *extra):
 
     def spy(*args, **kwargs):
         out = train(*args, **kwargs)
-        released.append(out[0].w)
+        if not kwargs.get("scratch"):  # not the plan's dry run (prepaid charges)
+            released.append(out[0].w)
         return out
 
     monkeypatch.setattr(runner, "train_federation", spy)
@@ -101,7 +102,8 @@ def half_budget_gd():
 
     class Spy(NoisyGradientDescent):
         def run(self, federation, releaser, w0, progress=None):
-            starts.append(w0.clone())
+            if not releaser.ledger.scratch:  # not the plan's dry run (prepaid charges)
+                starts.append(w0.clone())
             return super().run(federation, releaser, w0, progress)
 
     def build(params: NoisyGDParams, ctx: BuildContext):

@@ -1,5 +1,5 @@
 """A public stand-in of a federated dataset: its public shape, no record's value (fedkl plan --charges,
-fedkl run --prepay)."""
+fedkl run's prepaid charges)."""
 
 from __future__ import annotations
 

@@ -45,7 +45,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import torch
 
@@ -609,6 +609,11 @@ class Federation(ABC):
     # True for a backend with secure aggregation: :meth:`sum` returns one row (the total) and
     # :meth:`compute` is refused (fedkl.flower.secagg)
     sums_only: bool = False
+    # Called (no arguments) before a transport sends anything out of this process (its messages to
+    # nodes carry the model, computed from released values); the run sets it to the Releaser's flush,
+    # so the release journal is durable first (fedkl.privacy.journal: the egress points). None: nothing
+    # to do. A federation that computes in the server's process (in-process, Ray shards) never calls it.
+    before_send: Callable[[], None] | None = None
 
     @property
     @abstractmethod

@@ -108,6 +108,32 @@ def failure_kind(exc: Exception) -> str:
     return "out-of-bound"  # the query's own check_answer (ValueError)
 
 
+class _EgressGrid:
+    """A Grid whose sends (``push_messages``, ``send_and_receive``) first call the federation's
+    ``before_send`` hook: every message to a node, SecAgg+ stages included, leaves the process only
+    after the release journal is durable (:mod:`fedkl.privacy.journal`). Everything else is the grid's."""
+
+    def __init__(self, grid: Any, federation: Federation) -> None:
+        self._grid = grid
+        self._federation = federation
+
+    def _egress(self) -> None:
+        hook = self._federation.before_send
+        if hook is not None:
+            hook()
+
+    def push_messages(self, messages: Any) -> Any:
+        self._egress()
+        return self._grid.push_messages(messages)
+
+    def send_and_receive(self, messages: Any, **kw: Any) -> Any:
+        self._egress()
+        return self._grid.send_and_receive(messages, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._grid, name)
+
+
 class FlowerFederation(Federation):
     """Per-user queries over a Flower ``Grid`` (see the module docstring).
 
@@ -150,7 +176,7 @@ class FlowerFederation(Federation):
         clock: Any = None,
         num_params: int | None = None,
     ) -> None:
-        self.grid = grid
+        self.grid = _EgressGrid(grid, self)  # sends call self.before_send first (the journal's flush)
         self.clock = clock if clock is not None else getattr(grid, "clock", time)
         self.secagg = secagg
         self.timeout = timeout

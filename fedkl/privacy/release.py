@@ -18,14 +18,20 @@ Numbered releases, the journal, prepaid charges and crash recovery
 ------------------------------------------------------------------
 A Releaser numbers its releases 0, 1, 2 ... (``seq``, in call order; the steps of a
 :class:`ScheduledGaussian` too) and records ``seq`` with each ledger row. With a
-:class:`~fedkl.privacy.journal.ReleaseJournal` it commits each drawn value (with its seq, label,
-charge and cohort digest) durably right after step 5 and before returning it: no value leaves the
-process unjournalled.
+:class:`~fedkl.privacy.journal.ReleaseJournal` it records each drawn value (with its seq, label,
+charge and cohort digest) right after step 5 and before returning it; the journal buffers it, and
+:meth:`Releaser.flush` makes every recorded value durable in one transaction. The run calls
+:meth:`Releaser.flush` before every egress (the list and the argument:
+:mod:`fedkl.privacy.journal`), so no value, nor anything computed from one, leaves the process
+unjournalled.
 
 Prepaid (:meth:`Releaser.plan`): where the whole list of a run's charges is known before any data is
 read (a non-adaptive algorithm's public plan, :func:`fedkl.runner.planned_releases`), the Releaser
 charges a batch of planned releases in ONE ledger transaction when a release matches the plan's
-next entry, and later releases consume those rows in order (no ledger write each). A release is
+next entry, and later releases consume those rows in order (no ledger write each). ``fedkl run``
+does this by default with time-bounded batches (:meth:`Releaser.batch_size`, :data:`PREPAY_WINDOW_S`):
+the first batch is one release, each later one about a second of the run's measured release rate, so
+a process that dies and is never recovered over-charged about a second of releases at most. A release is
 backed by a ledger row only if the row has exactly its seq, label, typed charge and cohort, and each
 row backs at most one drawn value: so every drawn value is charged, before it is drawn, exactly its
 own cost (never under-charged). A release that does not match the plan is charged as usual (and the
@@ -42,9 +48,10 @@ same deterministic run is re-executed. For seq i:
   recomputed one: if a user's data had changed, ``f(D') + Z`` with the first run's ``Z`` would
   reveal ``f(D) - f(D')``. The value returned is one already released, so this is post-processing;
   the algorithm continues from exactly the state the first run had;
-* charged (a ledger row of the run backs it) but not journalled: the first process died between
-  the charge and the journal's commit, so that value never left it (it is returned only after the
-  commit); the row backs the new draw, which is charged once;
+* charged (a ledger row of the run backs it) but not journalled: the first process died before
+  the flush that would have made the value durable, so that value never left it (nothing computed
+  from a value leaves the process before a flush covering it); the row backs the new draw, which is
+  charged once;
 * neither: an ordinary release.
 
 Each ledger row therefore backs at most one value that ever left a process, and every such value
@@ -59,6 +66,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from typing import Callable, Sequence, TypeVar
 
 import numpy as np
@@ -73,6 +81,7 @@ from fedkl.privacy.rng import NoiseSource
 from fedkl.privacy.sparse_vector import AboveThreshold
 
 T = TypeVar("T")
+PREPAY_WINDOW_S = 1.0  # a run's prepaid batch covers about this many seconds of its releases (Releaser.batch_size)
 _STEP = {
     "type": "scheduled-step"
 }  # the charge record journalled for a ScheduledGaussian step (charged with its schedule)
@@ -113,6 +122,12 @@ class Releaser:
         self._backing: dict[int, list[dict]] = {}  # seq -> ledger rows of this run not yet backing a value
         self._plan: list[dict] | None = None
         self._batch = 0
+        self._last_cohort: tuple[tuple, str] | None = None
+        self._make_plan: Callable[[], Sequence[dict] | None] | None = None  # the plan, not made yet (plan())
+        self._window: float | None = None
+        self._clock: Callable[[], float] = time.monotonic
+        self._started: tuple[float, int] | None = None  # (clock, seq) at the first prepaid batch
+        self.prepaid_batches: list[int] = []  # the size of each prepaid batch charged, in order
         if replay:
             if journal is None or getattr(ledger, "run_id", None) is None:
                 raise ValueError("recovery needs the run's journal and a ledger opened with its run_id")
@@ -121,15 +136,80 @@ class Releaser:
                 if row["seq"] is not None:
                     self._backing.setdefault(row["seq"], []).append(row)
 
-    def plan(self, releases: Sequence[dict], batch: int | None = None) -> None:
+    def plan(
+        self,
+        releases: Sequence[dict] | Callable[[], Sequence[dict] | None],
+        batch: int | None = None,
+        window_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         """Prepay from ``releases``, the run's planned releases in order (each ``label``, ``charge``:
         the typed-charge record, ``members``: the user ids): when a release matches the plan's entry
-        at its seq, the next ``batch`` planned releases (None: all the rest) are charged in one
-        ledger transaction. Call before the first release."""
+        at its seq, the next batch of planned releases is charged in one ledger transaction. The
+        batch: ``batch`` releases; or, with ``window_s``, time-bounded (:meth:`batch_size`: about
+        ``window_s`` seconds of the run's measured release rate, so that a run that dies and is
+        never recovered was over-charged at most that much); neither: all the rest of the plan.
+        ``clock``: monotonic seconds. ``releases`` may be a function that makes the plan (a dry run:
+        it costs about a run on zero records): with ``window_s`` it is called only once the measured
+        rate says a batch would hold 2 releases or more (a run whose releases are each a second or
+        longer gains nothing from prepaying: it never pays for the plan); None from it: no plan.
+        Call before the first release."""
         if batch is not None and batch < 1:
             raise ValueError(f"a prepaid batch holds at least one release, got {batch}")
-        self._plan = [{**r, "charge": _canonical(r["charge"]), "cohort": cohort_digest(r["members"])} for r in releases]
+        if batch is not None and window_s is not None:
+            raise ValueError("a prepaid batch is sized by a count or by a time window, not both")
+        if window_s is not None and not (window_s > 0 and math.isfinite(window_s)):
+            raise ValueError(f"the prepaid window must be finite and > 0 seconds, got {window_s}")
+        self._window, self._clock, self._started = window_s, clock, None
+        self._make_plan = None
+        if callable(releases):
+            if window_s is None:
+                releases = releases() or []
+            else:
+                self._make_plan, releases = releases, []
+        self._set_plan(releases)
         self._batch = batch or len(self._plan)
+        self.prepaid_batches: list[int] = []  # the size of each batch charged, in order
+
+    def _set_plan(self, releases: Sequence[dict]) -> None:
+        self._plan = [{**r, "charge": _canonical(r["charge"]), "cohort": cohort_digest(r["members"])} for r in releases]
+
+    def _rate_batch(self, seq: int) -> int | None:
+        """``max(1, round(window_s / mean seconds per release since the first))`` (a huge number when
+        the clock has not moved); None at the first call, which starts the clock."""
+        now = self._clock()
+        if self._started is None:
+            self._started = (now, seq)
+            return None
+        made = seq - self._started[1]
+        per_release = (now - self._started[0]) / made if made > 0 else 0.0
+        return 1 << 62 if per_release <= 0 else max(1, round(self._window / per_release))
+
+    def batch_size(self, seq: int) -> int:
+        """How many planned releases, from ``seq`` on, the next prepaid batch charges. Time-bounded
+        (``window_s``): 1 for the first batch (no rate is known yet); then ``max(1, round(window_s /
+        mean seconds per release since the first))``; capped by what is left of the plan."""
+        left = len(self._plan or ()) - seq
+        if self._window is None:
+            return min(self._batch, left)
+        size = self._rate_batch(seq)
+        return min(1 if size is None else size, left)
+
+    def _cohort(self, user_ids: Sequence[str]) -> str:
+        """:func:`cohort_digest` of ``user_ids``, remembered for the last cohort (a round over the same
+        users does not sort and hash 100,000 ids again)."""
+        key = tuple(user_ids)
+        last = self._last_cohort
+        if last is None or not (last[0] is key or last[0] == key):
+            self._last_cohort = last = (key, cohort_digest(key))
+        return last[1]
+
+    def flush(self) -> None:
+        """Make every value released so far durable in the journal (one transaction; nothing without
+        a journal or when nothing is buffered). Call before anything computed from a released value
+        leaves the process."""
+        if self.journal is not None:
+            self.journal.flush()
 
     def unused_prepaid(self) -> list[int]:
         """Ids of the prepaid ledger rows that backed no value (yet)."""
@@ -163,6 +243,16 @@ class Releaser:
     def _prepay(self, seq: int, label: str, record: dict, cohort: str) -> None:
         """Charge the next batch of the plan in one transaction if release ``seq`` is its next entry;
         drop the plan otherwise (or when the batch does not fit the budget)."""
+        if self._make_plan is not None:  # the plan is made once prepaying would batch 2 releases or more
+            size = self._rate_batch(seq)
+            if size is None or size < 2:
+                return  # this release is charged on its own
+            make, self._make_plan = self._make_plan, None
+            t = self._clock()
+            self._set_plan(make() or [])
+            self._batch = len(self._plan)
+            started, first = self._started  # the rate leaves the dry run's time out (it is not a release)
+            self._started = (started + self._clock() - t, first)
         plan = self._plan
         if plan is None:
             return
@@ -173,8 +263,8 @@ class Releaser:
         ):
             self._plan = None
             return
-        end = seq
-        while end < min(len(plan), seq + self._batch) and not self._backing.get(end):
+        end, stop = seq, seq + self.batch_size(seq)
+        while end < stop and not self._backing.get(end):
             end += 1
         if end == seq:
             return
@@ -188,6 +278,7 @@ class Releaser:
             self._plan = None  # the release itself is charged (or refused) on its own
             return
         self.ledger_writes += 1
+        self.prepaid_batches.append(len(ids))
         for (_, _, _, _, s), rid, p in zip(entries, ids, plan[seq:end]):
             self._backing.setdefault(s, []).append(
                 {
@@ -285,7 +376,7 @@ class Releaser:
         rho = charge.cost()[0]
         if self.filter is not None and not self.filter.admits(rho):
             self.filter.spend(rho)  # raises BudgetExhausted with the explanation
-        seq, record, cohort = self.seq, _canonical(to_record(charge)), cohort_digest(user_ids)
+        seq, record, cohort = self.seq, _canonical(to_record(charge)), self._cohort(user_ids)
         self._check_journal(seq, label, record, cohort)
         if not self._take_backing(seq, label, record, cohort):
             if seq in self._journalled:

@@ -54,3 +54,36 @@ def test_a_flower_run_recovers_bit_for_bit(tmp_path, monkeypatch):
     w = [torch.load(p, weights_only=False)["state_dict"]["w"] for p in (recovered["model_path"], clean["model_path"])]
     assert torch.equal(*w)
     assert _rows(recovered["ledger"]["path"]) == _rows(clean["ledger"]["path"])
+
+
+def test_no_message_leaves_for_the_nodes_while_a_release_is_unjournalled(tmp_path, monkeypatch):
+    """Egress point 2 (fedkl.privacy.journal): every send to the nodes follows a flush of the release
+    journal, so the model the nodes get never depends on a value that a crash could lose. The progress
+    lines are throttled away (one at the start and end), so only the transport's hook flushes mid-run."""
+    import fedkl.runner as runner
+    from fedkl.flower.localgrid import LocalGrid
+
+    journals: list[ReleaseJournal] = []
+    original, sends = ReleaseJournal.record, []
+
+    def record(self, *a):
+        if self not in journals:
+            journals.append(self)
+        return original(self, *a)
+
+    def spy(name):
+        send = getattr(LocalGrid, name)
+
+        def checked(self, *a, **kw):
+            sends.append(sum(j.buffered for j in journals))
+            return send(self, *a, **kw)
+
+        return checked
+
+    monkeypatch.setattr(ReleaseJournal, "record", record)
+    monkeypatch.setattr(runner, "PROGRESS_EVERY_S", 1e9)
+    for name in ("push_messages", "send_and_receive"):
+        monkeypatch.setattr(LocalGrid, name, spy(name))
+    run_training(_cfg(tmp_path / "run"), log=lambda s: None)
+    assert journals and len(sends) >= 4 and set(sends) == {0}  # a send after each of the 4 releases, none buffered
+    assert journals[0].flushes >= 3  # the sends did flush (rounds 2-4 carry round 1-3's released model)

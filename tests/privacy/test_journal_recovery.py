@@ -1,4 +1,5 @@
-"""Crash recovery (``fedkl run --recover``) and prepaid charges (``fedkl run --prepay``).
+"""Crash recovery (``fedkl run --recover``) and prepaid charges (``fedkl run``'s default; ``--no-prepay``:
+one ledger transaction per release).
 
 A run dies after k releases (a crash injected into the journal's commit, so the k-th release is
 charged but never journalled: the hardest spot); recovering it gives the model and the ledger of the
@@ -64,11 +65,11 @@ def _spends(path) -> list[dict]:
 
 @pytest.mark.parametrize("k", [0, 3])
 def test_recovery_gives_the_uninterrupted_run_bit_for_bit(tmp_path, monkeypatch, k):
-    clean = run_training(_cfg(tmp_path / "clean"), log=lambda s: None)
+    clean = run_training(_cfg(tmp_path / "clean"), log=lambda s: None, prepay=False)
     with monkeypatch.context() as m:
         _crash_after(m, k)
         with pytest.raises(Crash):
-            run_training(_cfg(tmp_path / "crashed"), log=lambda s: None)
+            run_training(_cfg(tmp_path / "crashed"), log=lambda s: None, prepay=False)
     ledger = tmp_path / "crashed" / "ledger.sqlite"
     assert len(_ledger_rows(ledger)) == k + 1  # release k was charged, never journalled
     lines = []
@@ -141,12 +142,19 @@ def test_recovery_refuses_a_different_run(tmp_path, monkeypatch):
     led.close()
 
 
-def test_prepay_charges_the_plan_in_one_transaction_and_equals_per_release_charging(tmp_path):
-    clean = run_training(_cfg(tmp_path / "clean"), log=lambda s: None)
-    prepaid = run_training(_cfg(tmp_path / "prepaid"), log=lambda s: None, prepay=True)
+def test_the_default_prepaid_run_equals_per_release_charging(tmp_path, monkeypatch):
+    """``fedkl run`` prepays by default: the same release rows (seq, label, typed charge, cohort; the
+    states aside), the same per-user totals and the same model as a --no-prepay run. (A long window:
+    prepaying pays from the second release on, whatever this machine's speed; the first is charged
+    while the rate is measured.)"""
+    import fedkl.runner as runner
+
+    monkeypatch.setattr(runner, "PREPAY_WINDOW_S", 1e9)
+    clean = run_training(_cfg(tmp_path / "clean"), log=lambda s: None, prepay=False)
+    prepaid = run_training(_cfg(tmp_path / "prepaid"), log=lambda s: None)
     assert torch.equal(_model(tmp_path / "prepaid"), _model(tmp_path / "clean"))
     rows = _ledger_rows(tmp_path / "prepaid" / "ledger.sqlite")
-    assert [r["state"] for r in rows] == ["prepaid"] * ROUNDS
+    assert [r["state"] for r in rows] == [None] + ["prepaid"] * (ROUNDS - 1)
     strip = [{k: r[k] for k in ("seq", "label", "charge", "cohort")} for r in rows]
     assert strip == [
         {k: r[k] for k in ("seq", "label", "charge", "cohort")} for r in _ledger_rows(clean["ledger"]["path"])
@@ -157,13 +165,17 @@ def test_prepay_charges_the_plan_in_one_transaction_and_equals_per_release_charg
 
 def test_a_prepaid_run_killed_mid_run_recovers_to_the_prepaid_ledger(tmp_path, monkeypatch):
     """Recovery treats prepaid rows like charged ones: each backs one release, none is charged again."""
-    clean = run_training(_cfg(tmp_path / "clean"), log=lambda s: None, prepay=True)
+    import fedkl.runner as runner
+
+    monkeypatch.setattr(runner, "PREPAY_WINDOW_S", 1e9)  # releases 1..5 prepaid at release 1
+    clean = run_training(_cfg(tmp_path / "clean"), log=lambda s: None)
     with monkeypatch.context() as m:
         _crash_after(m, 2)
         with pytest.raises(Crash):
-            run_training(_cfg(tmp_path / "crashed"), log=lambda s: None, prepay=True)
+            run_training(_cfg(tmp_path / "crashed"), log=lambda s: None)
     ledger = tmp_path / "crashed" / "ledger.sqlite"
-    assert [r["state"] for r in _ledger_rows(ledger)] == ["prepaid"] * ROUNDS  # all charged before the crash
+    states = [r["state"] for r in _ledger_rows(ledger)]
+    assert states == [None] + ["prepaid"] * (ROUNDS - 1)  # all charged before the crash
     lines = []
     recover_run(str(tmp_path / "crashed"), log=lines.append)
     assert "2 releases replayed" in " ".join(lines)
@@ -213,6 +225,50 @@ def test_a_release_off_the_plan_is_charged_on_its_own(tmp_path):
     assert [r["state"] for r in led.releases()] == ["prepaid", "unused", "prepaid", "unused", "unused", None]
     assert led.spend("b").rho == pytest.approx(0.07)
     assert led.spend("b").releases == 6
+
+
+def test_time_bounded_batches_cover_about_one_second_of_releases(tmp_path):
+    """The first batch is one release; each later one max(1, round(window / mean seconds per release
+    so far)), capped by the plan (a clock injected: 0.25 s a release, then 2 s a release)."""
+    led, rel = _bare_releaser(tmp_path)
+    now = [0.0]
+    plan = [{**PLAN[0], "label": f"round-{i}"} for i in range(12)]
+    rel.plan(plan, window_s=1.0, clock=lambda: now[0])
+    for i in range(12):
+        _release(rel, i)
+        now[0] += 0.25 if i < 5 else 2.0
+    # seq 0: 1; seq 1: 0.25 s/release -> 4 (1..4); seq 5: 1.25 s / 5 -> 4 (5..8); seq 9: (1.25 + 4 * 2) / 9
+    # = 1.03 s a release -> 1; seq 10: 11.25 / 10 -> 1; seq 11: 13.25 / 11 -> 1
+    assert rel.prepaid_batches == [1, 4, 4, 1, 1, 1] and rel.ledger_writes == 6
+    assert [(r["seq"], r["state"]) for r in led.releases()] == [(i, "prepaid") for i in range(12)]
+    assert led.spend("a").rho == pytest.approx(0.12)  # each release charged once
+    fast = Releaser(led, NoiseSource(0))  # a clock that does not move: no rate, the rest of the plan at once
+    fast.plan(plan[:5], window_s=1.0, clock=lambda: 0.0)
+    assert [fast.batch_size(0), fast.batch_size(1), fast.batch_size(4)] == [1, 4, 1]
+    with pytest.raises(ValueError, match="not both"):
+        fast.plan(plan, batch=2, window_s=1.0)
+
+
+def test_the_plan_is_made_only_once_prepaying_would_batch_two_releases(tmp_path):
+    """A plan function (the dry run) is called at the first release whose measured rate gives a batch
+    of 2 or more, and never for a run whose releases take a second or more each (it would gain nothing)."""
+    for per_release, made_at in ((0.25, [1]), (2.0, [])):
+        (tmp_path / str(per_release)).mkdir()
+        led, rel = _bare_releaser(tmp_path / str(per_release))
+        now, calls = [0.0], []
+
+        def make():
+            calls.append(rel.seq)
+            return [{**PLAN[0], "label": f"round-{i}"} for i in range(6)]
+
+        rel.plan(make, window_s=1.0, clock=lambda: now[0])
+        for i in range(6):
+            _release(rel, i)
+            now[0] += per_release
+        assert calls == made_at
+        states = [r["state"] for r in led.releases()]
+        assert states == ([None, "prepaid", "prepaid", "prepaid", "prepaid", "prepaid"] if made_at else [None] * 6)
+        assert led.spend("a").releases == 6  # each release charged once either way
 
 
 def test_a_plan_that_does_not_match_the_first_release_prepays_nothing(tmp_path):
@@ -323,21 +379,132 @@ PREPAID = [*KINDS, "noisy-gd", "dp-ftrl", "fkt-snowball", "phased-erm"]
 
 
 @pytest.mark.parametrize("name", PREPAID)
-def test_prepaid_run_of_every_algorithm_charges_what_it_makes(tmp_path, name):
-    """--prepay on every kind of algorithm: the same releases as charged one by one (same seq, label,
+def test_prepaid_run_of_every_algorithm_charges_what_it_makes(tmp_path, monkeypatch, name):
+    """Prepaid (the default) on every kind of algorithm: the same releases as charged one by one (same seq, label,
     typed charge, cohort), all prepaid for a non-adaptive algorithm, and the same model."""
 
     def cfg(out):
         return small_config(name, out)
 
-    clean = run_training(cfg(tmp_path / "clean"), log=lambda s: None)
-    prepaid = run_training(cfg(tmp_path / "prepaid"), log=lambda s: None, prepay=True)
+    import fedkl.runner as runner
+
+    monkeypatch.setattr(runner, "PREPAY_WINDOW_S", 1e9)  # the plan is made at the second release
+    clean = run_training(cfg(tmp_path / "clean"), log=lambda s: None, prepay=False)
+    prepaid = run_training(cfg(tmp_path / "prepaid"), log=lambda s: None)
     strip = ("seq", "label", "charge", "cohort")
     rows = _ledger_rows(prepaid["ledger"]["path"])
     assert [{k: r[k] for k in strip} for r in rows] == [
         {k: r[k] for k in strip} for r in _ledger_rows(clean["ledger"]["path"])
     ]
-    assert {r["state"] for r in rows} == ({None} if clean["guarantee"].get("adaptive") else {"prepaid"})
+    states = [r["state"] for r in rows]
+    assert states[0] is None and set(states[1:]) <= ({None} if clean["guarantee"].get("adaptive") else {"prepaid"})
     assert _spends(prepaid["ledger"]["path"]) == _spends(clean["ledger"]["path"])
     if clean["model_path"]:
         assert torch.equal(_model(tmp_path / "prepaid"), _model(tmp_path / "clean"))
+
+
+def _lose_the_buffer(m) -> None:
+    """A crash drops what the journal buffered: ``close`` (the runner's ``finally``) closes without flushing."""
+    m.setattr(ReleaseJournal, "close", lambda self: self._db.close())
+
+
+@pytest.mark.parametrize("prepay", [False, True], ids=["charged-per-release", "prepaid"])
+def test_a_release_buffered_but_never_flushed_is_redrawn_under_its_charge(tmp_path, monkeypatch, prepay):
+    """The journal is durable at egress, not per release: releases 1..3 are recorded but only in memory
+    when the process 'dies' at release 4 (no progress line in between: the throttle is long). They never
+    left the process, so the recovery redraws them against their (durable) charges, charging nothing twice,
+    and ends with the uninterrupted run's model and ledger."""
+    import fedkl.runner as runner
+
+    clean = tmp_path / "clean"
+    run_training(_cfg(clean), log=lambda s: None, prepay=prepay)
+    with monkeypatch.context() as m:
+        m.setattr(runner, "PROGRESS_EVERY_S", 1e9)  # only round 1's record flushes before the crash
+        _crash_after(m, 4)
+        _lose_the_buffer(m)
+        with pytest.raises(Crash):
+            run_training(_cfg(tmp_path / "crashed"), log=lambda s: None, prepay=prepay)
+    journal = ReleaseJournal.open(tmp_path / "crashed" / JOURNAL_FILE)
+    assert sorted(journal.entries()) == [0]  # what the first progress line needed; 1..3 were lost with the process
+    journal.close()
+    ledger = tmp_path / "crashed" / "ledger.sqlite"
+    seqs = [r["seq"] for r in _ledger_rows(ledger)]  # 0..4 charged (durable before drawn); prepaid: maybe more
+    assert seqs == list(range(len(seqs))) and (len(seqs) == 5 if not prepay else 5 <= len(seqs) <= ROUNDS)
+    lines = []
+    recover_run(str(tmp_path / "crashed"), log=lines.append)
+    assert "1 releases replayed" in " ".join(lines)
+    assert torch.equal(_model(tmp_path / "crashed"), _model(clean))
+    assert _ledger_rows(ledger) == _ledger_rows(clean / "ledger.sqlite")  # each release charged once
+    assert _spends(ledger) == _spends(clean / "ledger.sqlite")
+
+
+def test_every_progress_line_is_preceded_by_a_flush(tmp_path, monkeypatch):
+    """A journal spy: whenever the run logs a line, no journal holds a buffered (not durable) entry."""
+    import fedkl.runner as runner
+
+    journals: list[ReleaseJournal] = []
+    original = ReleaseJournal.record
+
+    def record(self, *a, **kw):
+        if self not in journals:
+            journals.append(self)
+        return original(self, *a, **kw)
+
+    monkeypatch.setattr(ReleaseJournal, "record", record)
+    monkeypatch.setattr(runner, "PROGRESS_EVERY_S", 0.0)  # a line every round
+    lines: list[str] = []
+
+    def log(line: str) -> None:
+        assert all(j.buffered == 0 for j in journals), line
+        lines.append(line)
+
+    run_training(_cfg(tmp_path / "run"), log=log)
+    assert journals and sum(line.startswith("  round ") for line in lines) == ROUNDS
+    assert journals[0].flushes >= ROUNDS  # one per line (each line follows a new release)
+
+
+def test_progress_lines_are_throttled_to_one_a_second_with_first_last_and_eta():
+    from fedkl.runner import ProgressEgress, RunObserver
+
+    now = [0.0]
+    lines, flushed, seen = [], [], []
+
+    class Observer(RunObserver):
+        def round(self, record: dict) -> None:
+            seen.append(record["round"])
+
+    progress = ProgressEgress(Observer(), lines.append, clock=lambda: now[0], every_s=1.0)
+    progress.flush = lambda: flushed.append(len(lines))
+    for k in range(1, 11):  # 0.3 s a round
+        progress({"round": k, "rounds": 10, "noisy_grad_norm": 2.5})
+        now[0] += 0.3
+    assert seen == [1, 5, 9, 10]  # first, then >= 1 s apart (0, 1.2, 2.4 s), and the last
+    assert flushed == [0, 1, 2, 3]  # a flush before each record handed out
+    assert lines[1] == "  round    5/10  noisy grad norm 2.5  ETA 2 s"  # 1.2 s for 4 rounds, 5 rounds left
+    assert lines[-1] == "  round   10/10  noisy grad norm 2.5"
+
+
+def test_the_mid_run_dry_run_leaves_the_runs_random_states_and_never_fails_the_run():
+    """The plan is made mid-run: whatever it draws from the global random generators, the run's next
+    draws are the ones it would have made; a failing dry run means no plan (one line), not a failed run."""
+    import random
+
+    import numpy as np
+
+    from fedkl.runner import _planned
+
+    def dry_run():
+        random.random(), np.random.rand(), torch.rand(3)
+        return [{"label": "x"}]
+
+    torch.manual_seed(7)
+    expected = torch.rand(2)
+    torch.manual_seed(7)
+    assert _planned(dry_run, print) == [{"label": "x"}]
+    assert torch.equal(torch.rand(2), expected)
+    lines: list[str] = []
+
+    def broken():
+        raise RuntimeError("no stand-in")
+
+    assert _planned(broken, lines.append) is None and "no prepaid charges" in lines[0] and "no stand-in" in lines[0]
