@@ -634,6 +634,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         "paper002_crossover_silos",
         "paper002_delta_selection",
         "paper002_delta_fix",
+        "paper002_crossover_grid",
         "tune_step_sizes",
         "p001_sparse_fw",
         "p001_sparse_fw_movielens",
