@@ -685,9 +685,63 @@ def today_report(study) -> list[str]:
     for src in sources:
         L += ["", f"### {src}", *head] if len(sources) > 1 else head
         L += today_forecast_rows(src, cells)
+    written = []
+    if study.options.get("figure"):  # optional: [report] figure = "PATH.png"
+        written.append(study.output("figure"))
+        today_plot(written[-1], cells, sources)
+        L.append(f"\n![{os.path.splitext(os.path.basename(written[-1]))[0]}]({os.path.basename(written[-1])})")
     path = study.output("markdown")
     write_text(path, "\n".join(L) + "\n")
-    return [path]
+    return [path, *written]
+
+
+def today_plot(path: str, cells: dict, sources: list[str]) -> None:
+    """Test objective (mean over seeds; ⊥ = log 2) against m, one panel per (source, eps): the baselines
+    solid, the paper-002 family dashed, the non-private optimum dotted; losses above the top edge drawn
+    there as triangles."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    epsilons = sorted({k[2] for k in cells})
+    fig, axes = plt.subplots(
+        len(sources), len(epsilons), figsize=(3.6 * len(epsilons), 3.0 * len(sources)), squeeze=False
+    )
+    algs = list(dict.fromkeys(a for k in sorted(cells) for a in cells[k]))
+    colors = dict(zip(algs, plt.cm.tab10.colors))
+    top = 0.75  # log 2 = 0.693 is the start point
+    for i, src in enumerate(sources):
+        for j, eps in enumerate(epsilons):
+            ax = axes[i][j]
+            ms = sorted(k[1] for k in cells if k[0] == src and k[2] == eps)
+            for a in algs:
+                pts = [(m, _mean([v["loss"] for v in cells[(src, m, eps)].get(a, [])])) for m in ms]
+                pts = [(m, y) for m, y in pts if y is not None]
+                if not pts:
+                    continue
+                x, y = zip(*pts)
+                yc = [min(v, top) for v in y]
+                base = a in BASELINES
+                ax.plot(x, yc, "-" if base else "--", color=colors[a], label=a, lw=2 if base else 1)
+                for xi, yi, v in zip(x, yc, y):
+                    ax.plot([xi], [yi], "^" if v > top else ("o" if base else "s"), color=colors[a], ms=4)
+            ax.axhline(math.log(2.0), color="grey", lw=0.5)
+            ax.set_xscale("log")
+            ax.minorticks_off()
+            ax.set_xticks(ms, [str(m) for m in ms])
+            ax.set_ylim(top=top + 0.005)
+            ax.set_title(f"{src}, eps={eps:g}", fontsize=8)
+            if j == 0:
+                ax.set_ylabel("test objective (⊥ = log 2; ▲ off-scale)", fontsize=8)
+            if i == len(sources) - 1:
+                ax.set_xlabel("records per user m", fontsize=8)
+            ax.tick_params(labelsize=7)
+    h, lab = axes[0][0].get_legend_handles_labels()
+    fig.legend(h, lab, loc="lower center", ncol=5, fontsize=8)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def today_wins(cells: dict) -> str:
