@@ -449,7 +449,11 @@ def train_federation(
                 journal=journal,
                 replay=recovering,
             )
-            if plan is not None and not declared.adaptive:  # a plan function: made once prepaying pays
+            # prepaid only where the plan made before the data is this run's: costs not chosen from earlier
+            # releases (declared.adaptive) and no stop that follows them (an algorithm's
+            # ``sequence_follows_releases``); otherwise a prepaid release the run never makes would stay
+            # charged and could refuse a later one the budget was sized for
+            if plan is not None and not declared.adaptive and not getattr(alg, "sequence_follows_releases", False):
                 releaser.plan(lambda: _planned(plan, log), window_s=PREPAY_WINDOW_S)
             # every egress flushes the journal first (fedkl.privacy.journal): progress records, a
             # transport's messages to nodes, and (below, and the finally) the end of the run
