@@ -259,9 +259,10 @@ def signals_deferred():
     Python-level handlers, not a signal mask: a mask holds the signal for this thread only, and a process
     with other threads (gRPC, Ray, torch's pool) would take it on one of those, and Python would still
     raise it here at once. A Python handler always runs in the main thread, so holding it there holds it
-    for the process. Off the main thread (no handler can be set there) this does nothing."""
+    for the process. Off the main thread (no handler can be set there) this does nothing. Yields the list of
+    the signals held so far (for a caller or test that waits on one)."""
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield []
         return
     pending: list[int] = []
 
@@ -270,7 +271,7 @@ def signals_deferred():
 
     previous = {sig: signal.signal(sig, hold) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield
+        yield pending
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -613,6 +614,8 @@ def _deploy(
             if p.poll() is None:  # timed out or interrupted: never leave it running
                 p.kill()
                 p.wait()
+        if p.returncode == -signal.SIGINT:  # Ctrl-C reached it (a terminal's whole process group): an interrupt
+            raise KeyboardInterrupt
         if p.returncode != 0:
             raise RuntimeError(f"flwr {' '.join(args[:2])} failed ({p.returncode}): {out[-2000:]}{err[-2000:]}")
         return out
