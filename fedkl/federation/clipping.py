@@ -30,16 +30,42 @@ def clip_rows(values: torch.Tensor, clip: float) -> tuple[torch.Tensor, torch.Te
     zero (no division by its norm).
     """
     if fast_kernels() and values.shape[0]:
-        norms = torch.linalg.vector_norm(values, dim=1, keepdim=True)
-        if bool(torch.isfinite(norms).all()):  # then every entry is finite: no row to zero, no overflow to rescue
-            scaled = values * (clip / torch.clamp(norms, min=torch.finfo(values.dtype).tiny))
-            return torch.where(norms > clip, scaled, values), torch.zeros(values.shape[0], dtype=torch.bool)
+        factors = _fast_clip_factors(values, clip)
+        if factors is not None:  # one pass; a row inside the ball is multiplied by 1.0: the same bits
+            return values * factors.unsqueeze(1), torch.zeros(values.shape[0], dtype=torch.bool)
     bad = ~torch.isfinite(values).all(dim=1)
     values = torch.where(bad.unsqueeze(1), torch.zeros_like(values), values)
     norms = row_norms(values).unsqueeze(1)
     # rows already inside the ball are returned bit-for-bit; the others are scaled onto it
     scaled = values * (clip / torch.clamp(norms, min=torch.finfo(values.dtype).tiny))
     return torch.where(norms > clip, scaled, values), bad
+
+
+def _fast_clip_factors(values: torch.Tensor, clip: float) -> torch.Tensor | None:
+    """Fast kernels: every row's clip factor ``min(1, clip/||row||)`` (exactly 1.0 inside the ball, the
+    scaling of :func:`clip_rows` outside), from ONE pass over ``values`` (the norms); None when a norm is
+    not finite. A finite norm implies that every entry of its row is finite, so when all norms are finite
+    there is no row to zero and no overflow to rescue; otherwise (a non-finite row, or a finite one whose
+    squared norm overflows) the caller takes the general path, which zeroes and rescues."""
+    norms = torch.linalg.vector_norm(values, dim=1)
+    if not bool(torch.isfinite(norms).all()):
+        return None
+    scaled = clip / torch.clamp(norms, min=torch.finfo(values.dtype).tiny)
+    return torch.where(norms > clip, scaled, torch.ones_like(norms))
+
+
+def clipped_sum(values: torch.Tensor, clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(sum of clip_rows(values, clip)'s rows, its non-finite mask)``. Fast kernels, every row finite:
+    the norms and ONE matrix-vector product (the factors of :func:`_fast_clip_factors` times the rows), no
+    clipped ``(users, d)`` copy; each row still enters with norm <= clip (same factor as
+    :func:`clip_rows`), only the order of the additions differs (fast mode's tolerance,
+    ``tests/problems/test_kernels.py``). Otherwise :func:`clip_rows`, then the sum."""
+    if fast_kernels() and values.shape[0]:
+        factors = _fast_clip_factors(values, clip)
+        if factors is not None:
+            return factors @ values, torch.zeros(values.shape[0], dtype=torch.bool)
+    clipped, bad = clip_rows(values, clip)
+    return clipped.sum(0), bad
 
 
 def clamp_rows(values: torch.Tensor, bound: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -36,9 +36,17 @@ from fedkl.federation.base import (
     Query,
     check_local_query,
 )
-from fedkl.federation.clipping import clamp_rows, clip_rows, clip_rows_dual, reject_rows_above, zero_nonfinite_rows
+from fedkl.federation.clipping import (
+    clamp_rows,
+    clip_rows,
+    clip_rows_dual,
+    clipped_sum,
+    reject_rows_above,
+    zero_nonfinite_rows,
+)
 from fedkl.federation.ghost_clipping import check_against_per_record, ghost_clipped_sum, unsupported_reason
 from fedkl.problems.base import Problem
+from fedkl.problems.rowwise import fast_kernels
 
 AnswerMethod = Callable[["InProcessFederation", Query, list[int]], tuple[torch.Tensor, torch.Tensor]]
 
@@ -73,7 +81,9 @@ class InProcessFederation(Federation):
     the MLP included) is the total from :func:`~fedkl.federation.ghost_clipping.ghost_clipped_sum`
     (one row; no per-record gradients) when ``ghost`` (the default) and the model is covered; otherwise,
     and for :meth:`compute`, the per-record path. ``clipped_sum_path`` says which, and why (set at the first
-    such sum, after comparing both paths' norms on three records)."""
+    such sum, after comparing both paths' norms on three records). With the fast kernels, the per-record
+    path's sum is also one row: the per-user gradients clipped and summed in one step
+    (:func:`~fedkl.federation.clipping.clipped_sum`)."""
 
     def __init__(self, problem: Problem, dataset: FederatedDataset, ghost: bool = True) -> None:
         self.problem = problem
@@ -82,6 +92,7 @@ class InProcessFederation(Federation):
         self._test = dataset.test.to(problem.dtype)
         self.ghost = ghost
         self.clipped_sum_path: str | None = None  # "ghost" or "per-record (why)", once decided
+        self._everyone = list(range(self._train.num_users))  # the request of a full round, compared in O(1) Python
 
     def _ghost_covers(self, w: torch.Tensor) -> bool:
         """Whether :meth:`sum` answers ClippedGradient by ghost clipping (decided once, at the first call)."""
@@ -102,11 +113,18 @@ class InProcessFederation(Federation):
     def num_params(self) -> int:
         return self.problem.num_params
 
+    def _users(self, users: Sequence[int] | None) -> list[int]:
+        """:meth:`Federation._users`; a request for every user in order (a full round, each round) is
+        recognised by one list comparison in C instead of the per-user conversion and set."""
+        if type(users) is list and users == self._everyone:
+            return list(self._everyone)
+        return super()._users(users)
+
     def _data(self, users: list[int], split: str = "train") -> UserData:
         data = {"train": self._train, "test": self._test}.get(split)
         if data is None:
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-        if len(users) == self.num_users and users == list(range(self.num_users)):  # O(1) for a one-user request
+        if len(users) == self.num_users and users == self._everyone:  # O(1) for a one-user request
             return data
         return data.subset(users)
 
@@ -116,12 +134,30 @@ class InProcessFederation(Federation):
         return w
 
     def sum(self, query: Query, users: Sequence[int] | None = None) -> Answers:
-        if type(query) is not ClippedGradient or not self._ghost_covers(self._params(query.w)):
+        if type(query) is not ClippedGradient:
             return super().sum(query, users)
-        users = self._users(users)
-        total, bad = ghost_clipped_sum(self.problem, self._params(query.w), self._data(users), query.clip)
+        w = self._params(query.w)
+        if self._ghost_covers(w):
+            users = self._users(users)
+            total, bad = ghost_clipped_sum(self.problem, w, self._data(users), query.clip)
+        elif fast_kernels() and self._answers_clipped_gradient_itself():
+            users = self._users(users)
+            # fast kernels: the per-user gradients clipped and summed in one step (no clipped copy); the
+            # reproducible kernels keep the per-user rows (compute), which the bit-for-bit tests pin
+            total, bad = clipped_sum(self.problem.per_user_gradients(w, self._data(users)), query.clip)
+        else:
+            return super().sum(query, users)
         failed = [users[i] for i in torch.nonzero(bad).flatten().tolist()]
         return Answers(users=users, values=total.unsqueeze(0), failed=failed)
+
+    def _answers_clipped_gradient_itself(self) -> bool:
+        """Whether :meth:`sum` may clip and sum the per-user gradients directly: not when a subclass
+        overrides :meth:`compute` or the ClippedGradient answer (its override must see the request)."""
+        cls = type(self)
+        return (
+            cls.compute is InProcessFederation.compute
+            and cls._clipped_gradient is InProcessFederation._clipped_gradient
+        )
 
     def compute(self, query: Query, users: Sequence[int] | None = None) -> Answers:
         users = self._users(users)

@@ -123,6 +123,7 @@ class Releaser:
         self._plan: list[dict] | None = None
         self._batch = 0
         self._last_cohort: tuple[tuple, str] | None = None
+        self._last_record: tuple[tuple, dict] | None = None
         self._make_plan: Callable[[], Sequence[dict] | None] | None = None  # the plan, not made yet (plan())
         self._window: float | None = None
         self._clock: Callable[[], float] = time.monotonic
@@ -203,6 +204,17 @@ class Releaser:
         if last is None or not (last[0] is key or last[0] == key):
             self._last_cohort = last = (key, cohort_digest(key))
         return last[1]
+
+    def _record(self, charge: Charge) -> dict:
+        """``_canonical(to_record(charge))``, remembered for the last charge (a run's rounds make equal
+        charges: no JSON round trip per release), a fresh copy each time (its values are scalars). The key
+        is the charge's type and the ``repr`` of its field values: equal reprs give equal JSON (floats are
+        written by their repr), so ``1`` vs ``1.0`` or ``-0.0`` vs ``0.0`` are different keys."""
+        key = (type(charge), repr(tuple(vars(charge).values())))
+        last = self._last_record
+        if last is None or last[0] != key:
+            self._last_record = last = (key, _canonical(to_record(charge)))
+        return dict(last[1])
 
     def flush(self) -> None:
         """Make every value released so far durable in the journal (one transaction; nothing without
@@ -376,7 +388,7 @@ class Releaser:
         rho = charge.cost()[0]
         if self.filter is not None and not self.filter.admits(rho):
             self.filter.spend(rho)  # raises BudgetExhausted with the explanation
-        seq, record, cohort = self.seq, _canonical(to_record(charge)), self._cohort(user_ids)
+        seq, record, cohort = self.seq, self._record(charge), self._cohort(user_ids)
         self._check_journal(seq, label, record, cohort)
         if not self._take_backing(seq, label, record, cohort):
             if seq in self._journalled:

@@ -104,6 +104,13 @@ class Problem(ABC):
     def per_user_gradients(self, w: torch.Tensor, data: UserData) -> torch.Tensor:
         """``grad f_u(w)`` for every user, ``(num_users, num_params)``, regularizer included."""
 
+    def plus_reg(self, grads: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """``grads + reg * w`` (per-user rows); with the fast kernels and ``reg == 0`` the rows as they are
+        (adding 0 changes at most the sign of a zero; one pass over ``(users, d)`` saved)."""
+        if self.reg == 0 and fast_kernels():
+            return grads
+        return grads + self.reg * w
+
     def gradient(self, w: torch.Tensor, data: UserData) -> torch.Tensor:
         """``grad F(w)``, the mean of the per-user gradients."""
         return self.per_user_gradients(w, data).mean(0)
@@ -233,19 +240,38 @@ def user_means(values: torch.Tensor, data: UserData) -> torch.Tensor:
     return sums / counts.unsqueeze(1)
 
 
-def _grouped_layout(data: UserData) -> int | torch.Tensor | None:
-    """Fast kernels only: how the records are grouped by user. ``m`` (int) when every user has ``m``
-    records in user order, the CSR row pointer ``(U + 1,)`` when records are in user order with unequal
-    counts, None when they are not grouped (or the kernels are the reproducible ones)."""
-    idx = data.user_index
-    U, N = data.num_users, idx.shape[0]
-    if not fast_kernels() or N == 0 or bool((idx[1:] < idx[:-1]).any()):
-        return None
+# (user index, its version, num_users, counts, layout) of the last records seen by _grouping: a training
+# loop asks about the same records every round, and each answer costs passes over all N records
+_LAST_GROUPING: tuple | None = None
+
+
+def _grouping(data: UserData) -> tuple[torch.Tensor, int | torch.Tensor | None]:
+    """``(records per user, layout)``: the layout is ``m`` (int) when every user has ``m`` records in user
+    order, the CSR row pointer ``(U + 1,)`` when records are in user order with unequal counts, None when
+    they are not grouped. Remembered for the last user index (the tensor itself is held, so its identity
+    cannot be reused, and its in-place version counter must match); the counts are read-only."""
+    global _LAST_GROUPING
+    idx, U = data.user_index, data.num_users
+    last = _LAST_GROUPING
+    if last is not None and last[0] is idx and last[1] == idx._version and last[2] == U:
+        return last[3], last[4]
+    N = idx.shape[0]
     counts = data.counts()
-    m = N // U
-    if N == U * m and bool((counts == m).all()):
-        return m
-    return torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
+    layout: int | torch.Tensor | None = None
+    if N and not bool((idx[1:] < idx[:-1]).any()):
+        m = N // U
+        if N == U * m and bool((counts == m).all()):
+            layout = m
+        else:
+            layout = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
+    _LAST_GROUPING = (idx, idx._version, U, counts, layout)  # one assignment: a reader sees a whole entry
+    return counts, layout
+
+
+def _grouped_layout(data: UserData) -> int | torch.Tensor | None:
+    """Fast kernels only: how the records are grouped by user (:func:`_grouping`); None with the
+    reproducible kernels or when the records are not grouped."""
+    return _grouping(data)[1] if fast_kernels() else None
 
 
 def user_weighted_sums(coef: torch.Tensor, X: torch.Tensor, data: UserData) -> torch.Tensor:
@@ -268,8 +294,13 @@ def user_weighted_sums(coef: torch.Tensor, X: torch.Tensor, data: UserData) -> t
 def user_weighted_means(coef: torch.Tensor, X: torch.Tensor, data: UserData) -> torch.Tensor:
     """``user_means(coef[:, None] * X, data)`` (a GLM's per-user gradient), by :func:`user_weighted_sums`:
     the same operations as :func:`user_means` with the reproducible kernels."""
-    counts = data.counts().clamp_min(1).to(X.dtype)
-    return user_weighted_sums(coef, X, data) / counts.unsqueeze(1)
+    if fast_kernels():
+        counts, layout = _grouping(data)
+        if isinstance(layout, int):  # every user has m >= 1 records: the same division by a scalar
+            return user_weighted_sums(coef, X, data) / layout
+    else:
+        counts = data.counts()
+    return user_weighted_sums(coef, X, data) / counts.clamp_min(1).to(X.dtype).unsqueeze(1)
 
 
 def user_row_dots(X: torch.Tensor, W: torch.Tensor, data: UserData) -> torch.Tensor:

@@ -44,7 +44,7 @@ class SmoothedHinge(Problem):
         t = self._margins(w, data)
         dldt = -((1 - t) / self.smoothing).clamp(0.0, 1.0)
         coef = dldt * data.y.to(w.dtype)
-        return user_weighted_means(coef, data.X.to(w.dtype), data) + self.reg * w
+        return self.plus_reg(user_weighted_means(coef, data.X.to(w.dtype), data), w)
 
     def constants(self, feature_bound: float, param_bound: float | None = None) -> Constants:
         R, h = float(feature_bound), self.smoothing

@@ -50,7 +50,7 @@ class LeastSquares(GeneralizedLinear):
 
     def per_user_gradients(self, w: torch.Tensor, data: UserData) -> torch.Tensor:
         r = self._residuals(w, data)
-        return user_weighted_means(r, data.X.to(w.dtype), data) + self.reg * w
+        return self.plus_reg(user_weighted_means(r, data.X.to(w.dtype), data), w)
 
     def constants(self, feature_bound: float, param_bound: float | None = None) -> Constants:
         if param_bound is None:

@@ -45,7 +45,7 @@ class BinaryLogistic(GeneralizedLinear):
         # d/dz log(1+exp(-y z)) = -y * sigmoid(-y z)
         coef = -data.y.to(w.dtype) * sigmoid(-margins)
         grads = user_weighted_means(coef, data.X.to(w.dtype), data)
-        return grads + self.reg * w
+        return self.plus_reg(grads, w)
 
     def constants(self, feature_bound: float, param_bound: float | None = None) -> Constants:
         R = float(feature_bound)

@@ -57,7 +57,7 @@ class SoftmaxRegression(Problem):
         X = data.X.to(w.dtype)
         # one (num_users, d) block per class (a loop over classes, not users): memory O(N d)
         grads = torch.stack([user_means(coef[:, k : k + 1] * X, data) for k in range(self.num_classes)], dim=1)
-        return grads.reshape(data.num_users, -1) + self.reg * w
+        return self.plus_reg(grads.reshape(data.num_users, -1), w)
 
     def constants(self, feature_bound: float, param_bound: float | None = None) -> Constants:
         R = float(feature_bound)

@@ -228,3 +228,19 @@ def test_every_release_goes_through_one_typed_path(tmp_path):
     left_eps, left_delta = plain.approx_left(USERS)
     assert 0 < left_eps < BUDGET.epsilon and plain.rho_left(USERS) > 0
     ledger.verify()
+
+
+def test_the_remembered_charge_record_is_the_stored_form_of_each_charge(ledger):
+    """Releaser._record (one JSON round trip per distinct charge) returns exactly the stored form of
+    every charge: a repeated charge, an equal one written differently (1 vs 1.0, -0.0 vs 0.0), a changed
+    one; a caller changing its copy does not change the next."""
+    from fedkl.privacy.charges import to_record
+    from fedkl.privacy.release import _canonical
+
+    r = Releaser(ledger, NoiseSource(seed=1))
+    for charge in (GaussianCharge(0.5, 2.0), GaussianCharge(0.5, 2.0), GaussianCharge(0.5, 2), GaussianCharge(0.0, 1.0),
+                   GaussianCharge(-0.0, 1.0), GaussianCharge(0.25, 2.0)):  # fmt: skip
+        got = r._record(charge)
+        assert got == _canonical(to_record(charge)) and repr(got) == repr(_canonical(to_record(charge)))
+        got["rho"] = 99.0
+        assert r._record(charge)["rho"] == charge.rho

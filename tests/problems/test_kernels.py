@@ -9,7 +9,9 @@ import torch
 
 from fedkl.data import load_dataset
 from fedkl.data.base import UserData
-from fedkl.federation.clipping import clip_rows
+from fedkl.federation.base import ClippedGradient
+from fedkl.federation.clipping import clip_rows, clipped_sum
+from fedkl.federation.inprocess import InProcessFederation
 from fedkl.problems import make_problem
 from fedkl.problems.base import user_means, user_row_dots, user_weighted_means
 from fedkl.problems.rowwise import kernel_mode, kernels, row_dots, row_norms, sigmoid, softplus
@@ -110,6 +112,62 @@ def test_fast_clip_zeroes_nonfinite_rows_and_rescues_overflow():
     assert bf.tolist() == [False, True, False, True, False] and torch.equal(bs, bf)
     torch.testing.assert_close(cf, cs, **TOL)
     assert torch.equal(cf[4], V[4])  # a row inside the ball is returned bit for bit
+
+
+def test_fast_clipped_sum_matches_clip_then_sum_and_falls_back_on_a_nonfinite_norm():
+    """clipped_sum (fast: norms and one matrix-vector product) equals clip_rows then the sum; a NaN row
+    or an overflowing finite row takes the general path (zeroed and reported / rescued)."""
+    gen = torch.Generator().manual_seed(4)
+    V = (
+        torch.randn(50, 6, generator=gen, dtype=torch.float64)
+        * torch.linspace(0.01, 3, 50, dtype=torch.float64)[:, None]
+    )
+    for rows in (V, torch.cat([V, torch.tensor([[float("nan")] * 6, [1e200] * 6], dtype=torch.float64)])):
+        (ts, bs), (tf, bf) = _both(lambda: clipped_sum(rows, 0.7))
+        clipped, bad = clip_rows(rows, 0.7)
+        assert torch.equal(ts, clipped.sum(0)) and torch.equal(bs, bad) and torch.equal(bf, bad)
+        torch.testing.assert_close(tf, ts, **TOL)
+    assert bf.tolist()[-2:] == [True, False]
+    with kernels("fast"):  # a norm bound still holds: each row enters with its clip factor
+        assert float(clipped_sum(V[:1] * 1e6, 0.7)[0].norm()) <= 0.7 * (1 + 1e-12)
+
+
+def test_fast_inprocess_sum_is_the_clipped_total_and_a_subclass_override_still_sees_the_request():
+    data = load_dataset("synthetic-logistic", n_users=30, seed=1)
+    p = make_problem("logistic", data)
+    fed = InProcessFederation(p, data)
+    w = torch.linspace(-1, 1, p.num_params, dtype=p.dtype)
+    q = ClippedGradient(w, 0.05)
+    slow, fast = _both(lambda: fed.sum(q, list(range(30))))
+    assert slow.values.shape[0] == 30 and fast.values.shape[0] == 1  # fast: one row, the total
+    assert fast.users == slow.users == list(range(30)) and fast.failed == slow.failed == []
+    torch.testing.assert_close(fast.total(), slow.total(), **TOL)
+
+    class Seen(InProcessFederation):
+        asked: list = []
+
+        def compute(self, query, users=None):
+            self.asked.append(users)
+            return super().compute(query, users)
+
+    with kernels("fast"):
+        got = Seen(p, data).sum(q, [3, 1])
+    assert Seen.asked == [[3, 1]] and got.values.shape[0] == 2 and got.users == [3, 1]
+    with pytest.raises(ValueError, match="asked once"):
+        fed.sum(q, [1, 1])
+
+
+def test_the_remembered_grouping_follows_an_in_place_change_of_the_user_index():
+    data = _records(torch.arange(8), [4, 4])
+    coef = torch.ones(8, dtype=torch.float64)
+    before = user_means(data.X, data)
+    with kernels("fast"):
+        first = user_weighted_means(coef, data.X, data)  # grouped: one bmm, the layout remembered
+        data.user_index[:] = torch.tensor([0, 1, 0, 1, 0, 1, 0, 1])  # same tensor, new version: not grouped now
+        second = user_weighted_means(coef, data.X, data)
+    torch.testing.assert_close(first, before, **TOL)
+    torch.testing.assert_close(second, user_means(data.X, data), **TOL)
+    assert not torch.allclose(first, second)
 
 
 def test_fast_row_kernels_match_and_keep_the_overflow_rescue():
