@@ -286,6 +286,18 @@ def analyse(study, rows: list[dict], tuning: list[dict]) -> tuple:
     return payload, S, specs, epsilons, diag, verdicts, predictions
 
 
+def _style_axis(ax, title: str, first_column: bool, last_row: bool) -> None:
+    """One crossover panel's frame: log-m axis, the start point log 2, title and the outer labels."""
+    ax.axhline(math.log(2.0), color="grey", lw=0.5)
+    ax.set_xscale("log")
+    ax.set_title(title, fontsize=8)
+    if first_column:
+        ax.set_ylabel("test objective (⊥ = log 2; ▲ off-scale)", fontsize=8)
+    if last_row:
+        ax.set_xlabel("records per user m", fontsize=8)
+    ax.tick_params(labelsize=7)
+
+
 def plot(path: str, S, specs, epsilons) -> None:
     import matplotlib
 
@@ -325,15 +337,8 @@ def plot(path: str, S, specs, epsilons) -> None:
             if nps:
                 d = dict(nps)
                 ax.plot(sorted(d), [d[m] for m in sorted(d)], "k:", label="non-private θ*")
-            ax.axhline(math.log(2.0), color="grey", lw=0.5)
-            ax.set_xscale("log")
+            _style_axis(ax, f"{name}, eps={eps:g}", first_column=j == 0, last_row=i == len(names) - 1)
             ax.set_ylim(lo, top + 0.005)
-            ax.set_title(f"{name}, eps={eps:g}", fontsize=8)
-            if j == 0:
-                ax.set_ylabel("test objective (⊥ = log 2; ▲ off-scale)", fontsize=8)
-            if i == len(names) - 1:
-                ax.set_xlabel("records per user m", fontsize=8)
-            ax.tick_params(labelsize=7)
     h, lab = axes[0][0].get_legend_handles_labels()
     fig.legend(h, lab, loc="lower center", ncol=5, fontsize=8)
     fig.suptitle(
@@ -726,17 +731,10 @@ def today_plot(path: str, cells: dict, sources: list[str]) -> None:
                 ax.plot(x, yc, "-" if base else "--", color=colors[a], label=a, lw=2 if base else 1)
                 for xi, yi, v in zip(x, yc, y):
                     ax.plot([xi], [yi], "^" if v > top else ("o" if base else "s"), color=colors[a], ms=4)
-            ax.axhline(math.log(2.0), color="grey", lw=0.5)
-            ax.set_xscale("log")
+            _style_axis(ax, f"{src}, eps={eps:g}", first_column=j == 0, last_row=i == len(sources) - 1)
             ax.minorticks_off()
             ax.set_xticks(ms, [str(m) for m in ms])
             ax.set_ylim(top=top + 0.005)
-            ax.set_title(f"{src}, eps={eps:g}", fontsize=8)
-            if j == 0:
-                ax.set_ylabel("test objective (⊥ = log 2; ▲ off-scale)", fontsize=8)
-            if i == len(sources) - 1:
-                ax.set_xlabel("records per user m", fontsize=8)
-            ax.tick_params(labelsize=7)
     h, lab = axes[0][0].get_legend_handles_labels()
     fig.legend(h, lab, loc="lower center", ncol=5, fontsize=8)
     fig.tight_layout(rect=(0, 0.06, 1, 1))
