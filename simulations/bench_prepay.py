@@ -47,6 +47,7 @@ class Timer:
 
     def __init__(self) -> None:
         self.spent: dict[str, list[float]] = {}
+        self.returned: dict[str, object] = {}  # the last value each wrapped method returned (outside the dry run)
         self.in_dry_run = False
         self._saved: list = []
 
@@ -57,7 +58,10 @@ class Timer:
         def timed(*a, **kw):
             t = time.perf_counter()
             try:
-                return original(*a, **kw)
+                out = original(*a, **kw)
+                if not self.in_dry_run:
+                    self.returned[key] = out
+                return out
             finally:
                 if not (skip_dry_run and self.in_dry_run):
                     spent.append(time.perf_counter() - t)
@@ -70,21 +74,24 @@ class Timer:
             setattr(cls, name, original)
 
 
-def floor_round_s(n: int, m: int, rounds: int, seed: int = 0) -> float:
-    """Seconds per round of the hand-written one-bmm round on an (n, m, D) float64 problem."""
+def floor_round_s(n: int, m: int, rounds: int, seed: int = 0) -> tuple[float, float]:
+    """Seconds per round of the hand-written one-bmm round on an (n, m, D) float64 problem: the mean over
+    the rounds, and the median round (steady state: the first round's one-time costs left out)."""
     gen = torch.Generator().manual_seed(seed)
     X3 = torch.randn(n, m, D, generator=gen, dtype=torch.float64) / D**0.5
     y2 = torch.randint(0, 2, (n, m), generator=gen).to(torch.float64) * 2 - 1
     X2, y1 = X3.view(n * m, D), y2.view(n * m)
     w = torch.zeros(D, dtype=torch.float64)
-    start = time.perf_counter()
+    each = []
     for _ in range(rounds):
+        start = time.perf_counter()
         coef = -y1 * torch.sigmoid(-y1 * (X2 @ w))
         grads = torch.bmm(coef.view(n, 1, m), X3).squeeze(1) / m
         norms = torch.linalg.vector_norm(grads, dim=1)
         total = torch.clamp(CLIP / norms.clamp_min(1e-30), max=1.0) @ grads
         w = w - LR * (total + CLIP * torch.randn(D, generator=gen, dtype=torch.float64)) / n
-    return (time.perf_counter() - start) / rounds
+        each.append(time.perf_counter() - start)
+    return sum(each) / rounds, statistics.median(each)
 
 
 def one_run(dataset, rounds: int, prepay: bool, tmp: str) -> dict:
@@ -115,6 +122,7 @@ def one_run(dataset, rounds: int, prepay: bool, tmp: str) -> dict:
         started = time.perf_counter()
         run_training(cfg, log=lambda s: None, dataset=dataset, prepay=prepay)
         wall = time.perf_counter() - started
+        round_s = [rec["seconds"] for rec in timer.returned["loop"].history]  # each round's wall time (RoundLog)
     finally:
         runner.planned_releases = planned
         timer.restore()
@@ -127,14 +135,17 @@ def one_run(dataset, rounds: int, prepay: bool, tmp: str) -> dict:
         "journal_s": sum(s["journal"]),
         "journal_flushes": len(s["journal"]),
         "dry_run_s": sum(s.get("dry_run", [])),
+        "median_round_s": statistics.median(round_s),
     }
 
 
-def summarize(n: int, m: int, rounds: int, floor: list[float], runs: list[dict]) -> dict:
+def summarize(n: int, m: int, rounds: int, floors: list[tuple[float, float]], runs: list[dict]) -> dict:
+    floor, floor_round = [f[0] for f in floors], [f[1] for f in floors]
     loop = [(r["loop_s"] - r["dry_run_s"]) / rounds for r in runs]  # the dry run (made inside it) apart
     whole = [r["wall_s"] / rounds for r in runs]
     book = [(r["ledger_s"] + r["journal_s"]) / r["loop_s"] for r in runs]
     f_min, f_med = min(floor), statistics.median(floor)
+    steady = [r["median_round_s"] for r in runs]
     return {
         "users": n,
         "records": m,
@@ -143,6 +154,11 @@ def summarize(n: int, m: int, rounds: int, floor: list[float], runs: list[dict])
         "run_ms": [1e3 * min(whole), 1e3 * statistics.median(whole)],
         "loop_over_floor": [min(loop) / f_min, statistics.median(loop) / f_med],
         "run_over_floor": [min(whole) / f_min, statistics.median(whole) / f_med],
+        # steady state: the median round of a run against the floor's median round
+        "median_round_over_floor": [
+            min(steady) / min(floor_round),
+            statistics.median(steady) / statistics.median(floor_round),
+        ],
         "bookkeeping_share_of_loop": [min(book), statistics.median(book)],
         "ledger_transactions": runs[0]["ledger_transactions"],
         "journal_flushes": runs[0]["journal_flushes"],
@@ -159,21 +175,25 @@ def markdown(rows: list[dict], settings: dict) -> str:
         f"# bench_prepay: a full round vs the one-bmm floor ({settings['rounds']} rounds, d = {D}, one thread; "
         f"min / median of {settings['repeats']} interleaved repeats)",
         "",
-        "| users | train records a user | mode | floor ms/round | loop ms/round | loop / floor | run / floor | bookkeeping share of loop "
-        "| ledger txns | journal flush calls | dry run s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| users | train records a user | mode | floor ms/round | loop ms/round | loop / floor | median round / floor's "
+        "| run / floor | bookkeeping share of loop | ledger txns | journal flush calls | dry run s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['users']:,} | {r['records']} | {r['mode']} | {pair(r['floor_ms'], '.1f')} | {pair(r['loop_ms'], '.1f')} | "
-            f"{pair(r['loop_over_floor'], '.2f')} | {pair(r['run_over_floor'], '.2f')} | "
+            f"{pair(r['loop_over_floor'], '.2f')} | {pair(r['median_round_over_floor'], '.2f')} | "
+            f"{pair(r['run_over_floor'], '.2f')} | "
             f"{r['bookkeeping_share_of_loop'][0]:.0%} / {r['bookkeeping_share_of_loop'][1]:.0%} | "
             f"{r['ledger_transactions']} | {r['journal_flushes']} | {pair(r['dry_run_s'], '.2f')} |"
         )
     lines += [
         "",
         "loop: `NoisyGradientDescent.run` (queries, Releaser, ledger, journal; the plan's dry run, made inside it, "
-        "left out and shown apart) per round; run: `run_training`'s wall "
+        "left out and shown apart) per round; median round / floor's: a run's median round (each round's wall "
+        "time as the run's history records it) against the floor's median round, the steady state without the run's "
+        "one-time costs (the first release charged on its own, the first prepaid batch, the first flush, first calls); "
+        "run: `run_training`'s wall "
         "time per round (reserve and verify, the plan's dry run, the loop, result.json, model.pt; data passed in). "
         f"Load while measured: {settings['load']}.",
     ]
