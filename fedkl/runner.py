@@ -449,11 +449,13 @@ def train_federation(
                 journal=journal,
                 replay=recovering,
             )
-            # prepaid only where the plan made before the data is this run's: costs not chosen from earlier
-            # releases (declared.adaptive) and no stop that follows them (an algorithm's
-            # ``sequence_follows_releases``); otherwise a prepaid release the run never makes would stay
-            # charged and could refuse a later one the budget was sized for
-            if plan is not None and not declared.adaptive and not getattr(alg, "sequence_follows_releases", False):
+            # PREPAID_NOTE: prepaid only where the plan made before the data is this run's: an algorithm that
+            # declares ``plan_is_public`` (its releases' number, order, labels, charge records and cohorts follow
+            # from public values) and is not adaptive. Elsewhere a release can differ from the plan (kl-spider
+            # stops a phase on a released estimate; sc-phased-sco's charge records carry the privately chosen
+            # Delta): the plan is then dropped, but the rows prepaid ahead stay charged and refused a later
+            # release the budget was sized for. Those algorithms are charged release by release.
+            if plan is not None and not declared.adaptive and getattr(alg, "plan_is_public", False):
                 releaser.plan(lambda: _planned(plan, log), window_s=PREPAY_WINDOW_S)
             # every egress flushes the journal first (fedkl.privacy.journal): progress records, a
             # transport's messages to nodes, and (below, and the finally) the end of the run

@@ -136,6 +136,10 @@ class DPFedAvg:
     """See the module docstring. ``eps``/``delta``: the user-level budget this run may charge."""
 
     name = "dp-fedavg"
+    # every release's number, order, label, typed charge and cohort follow from public values only (the
+    # config, n, the user ids, a public seed), never from the data or an earlier release: a plan made before
+    # the data is this run's, so `fedkl run` prepays it (fedkl.runner, PREPAID_NOTE)
+    plan_is_public = True
     guarantee = Guarantee("schedule")
 
     def __init__(self, config: DPFedAvgConfig, eps: float, delta: float) -> None:

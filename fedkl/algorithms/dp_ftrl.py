@@ -181,6 +181,10 @@ class DPFTRL:
     public seed (cohorts)."""
 
     name = "dp-ftrl"
+    # every release's number, order, label, typed charge and cohort follow from public values only (the
+    # config, n, the user ids, a public seed), never from the data or an earlier release: a plan made before
+    # the data is this run's, so `fedkl run` prepays it (fedkl.runner, PREPAID_NOTE)
+    plan_is_public = True
     guarantee = Guarantee("zcdp", "parallel")
 
     def __init__(self, config: DPFTRLConfig, rho: float, seed: int = 0) -> None:

@@ -142,10 +142,6 @@ class KLSpider:
 
     name = "kl-spider"
     guarantee = Guarantee("zcdp")
-    # which releases are made (a phase stops once the released estimate is small), not only their values,
-    # follows earlier releases: a plan made before the data (fedkl.runner.planned_releases) is not this
-    # run's, so the runner charges each release when it is made instead of prepaying (fedkl.runner)
-    sequence_follows_releases = True
 
     def __init__(self, config: KLSpiderConfig, rho_total: float) -> None:
         check_positive("rho_total", rho_total)

@@ -95,6 +95,10 @@ class NoisyFrankWolfe:
     """See the module docstring. ``rounds``: T; ``bound``: the clamp G; ``rho_total``: the run's zCDP."""
 
     name = "noisy-fw"
+    # every release's number, order, label, typed charge and cohort follow from public values only (the
+    # config, n, the user ids, a public seed), never from the data or an earlier release: a plan made before
+    # the data is this run's, so `fedkl run` prepays it (fedkl.runner, PREPAID_NOTE)
+    plan_is_public = True
     guarantee = Guarantee("zcdp")
     gaussian_releases_only = False  # exponential-mechanism charges: the exact Gaussian conversion does not apply
 

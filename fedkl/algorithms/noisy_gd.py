@@ -90,6 +90,10 @@ class NoisyGradientDescent:
     """See the module docstring. ``rho_total`` is split evenly over the rounds."""
 
     name = "noisy-gd"
+    # every release's number, order, label, typed charge and cohort follow from public values only (the
+    # config, n, the user ids, a public seed), never from the data or an earlier release: a plan made before
+    # the data is this run's, so `fedkl run` prepays it (fedkl.runner, PREPAID_NOTE)
+    plan_is_public = True
     guarantee = Guarantee("zcdp")
 
     def __init__(self, config: NoisyGDConfig, rho_total: float) -> None:

@@ -375,7 +375,8 @@ def test_recover_of_a_run_whose_process_lives_is_refused_and_leaves_it_running(t
 
 # one of each kind of release and of budget question asked mid-run (fkt-snowball's approx_left per batch,
 # phased-erm's per phase); all 29 registered algorithms passed this once (3 min: too slow for every run)
-PREPAID = [*KINDS, "noisy-gd", "dp-ftrl", "fkt-snowball", "phased-erm", "kl-spider"]
+PREPAID = [*KINDS, "noisy-gd", "dp-ftrl", "fkt-snowball", "phased-erm", "kl-spider", "sc-phased-sco"]
+PLAN_IS_PUBLIC = {"noisy-gd", "dp-ftrl", "dp-fedavg", "noisy-fw"}  # the algorithms that declare plan_is_public
 
 
 @pytest.mark.parametrize("name", PREPAID)
@@ -397,11 +398,8 @@ def test_prepaid_run_of_every_algorithm_charges_what_it_makes(tmp_path, monkeypa
         {k: r[k] for k in strip} for r in _ledger_rows(clean["ledger"]["path"])
     ]
     states = [r["state"] for r in rows]
-    # an adaptive algorithm, or one whose stops follow its releases (kl-spider), is charged release by release
-    from fedkl.algorithms.kl_spider import KLSpider
-
-    follows = name == "kl-spider" and KLSpider.sequence_follows_releases
-    per_release = clean["guarantee"].get("adaptive") or follows
+    # prepaid only for the algorithms that declare their plan public (fedkl.runner, PREPAID_NOTE)
+    per_release = clean["guarantee"].get("adaptive") or name not in PLAN_IS_PUBLIC
     assert states[0] is None and set(states[1:]) <= ({None} if per_release else {"prepaid"})
     assert _spends(prepaid["ledger"]["path"]) == _spends(clean["ledger"]["path"])
     if clean["model_path"]:
@@ -513,3 +511,17 @@ def test_the_mid_run_dry_run_leaves_the_runs_random_states_and_never_fails_the_r
         raise RuntimeError("no stand-in")
 
     assert _planned(broken, lines.append) is None and "no prepaid charges" in lines[0] and "no stand-in" in lines[0]
+
+
+def test_plan_is_public_is_declared_by_exactly_the_listed_algorithms():
+    """The list above is the code's: those four algorithms declare their plan public, kl-spider does not."""
+    from fedkl.algorithms.dp_fedavg import DPFedAvg
+    from fedkl.algorithms.dp_ftrl import DPFTRL
+    from fedkl.algorithms.kl_spider import KLSpider
+    from fedkl.algorithms.noisy_fw import NoisyFrankWolfe
+    from fedkl.algorithms.noisy_gd import NoisyGradientDescent
+
+    assert {c.name for c in (DPFedAvg, DPFTRL, NoisyFrankWolfe, NoisyGradientDescent) if c.plan_is_public} == (
+        PLAN_IS_PUBLIC
+    )
+    assert not getattr(KLSpider, "plan_is_public", False)  # it stops a phase on a released estimate
