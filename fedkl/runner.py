@@ -342,9 +342,9 @@ def train_federation(
     an open :class:`ReleaseJournal` of a run whose process died: then this call recovers that run
     (``run_id`` must be its id; :class:`fedkl.privacy.release.Releaser`); ``journal_header``: more
     header entries for a new journal; ``scratch``: ``ledger_path`` is a throw-away ledger (no fsync). ``plan``: the run's planned
-    releases (:func:`planned_releases`), or a function that makes them (called only for an algorithm
-    that is not adaptive: a dry run is wasted on one that is), prepaid in time-bounded batches
-    (:meth:`fedkl.privacy.release.Releaser.batch_size`) unless the algorithm is adaptive."""
+    releases (:func:`planned_releases`), or a function that makes them, prepaid in time-bounded batches
+    (:meth:`fedkl.privacy.release.Releaser.batch_size`) for an algorithm that declares ``plan_is_public``
+    and is not adaptive (the function is called only then: PREPAID_NOTE below)."""
     observer = RUN_OBSERVER.get() or RunObserver()
     recovering = isinstance(journal, ReleaseJournal)
     ledger = PrivacyLedger(
@@ -668,7 +668,7 @@ def _run_training(
     run's ledger and with its settings (:func:`fedkl.saved_model.check_resume`); not a setting of
     the run, so a resumed run's settings (and a sweep's row keys) are those of a fresh one.
     ``prepay`` (default): charge the run's planned releases (:func:`planned_releases`, a dry run on a
-    public stand-in, made only for an algorithm that is not adaptive) in time-bounded batches, one
+    public stand-in, made only for an algorithm that declares ``plan_is_public``) in time-bounded batches, one
     ledger transaction each (False: one transaction per release); ``recover``: the journal of a run to recover (:func:`recover_run`).
     A run trained in this process keeps its release journal in ``out/journal.sqlite``."""
     started = time.time()

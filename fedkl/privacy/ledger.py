@@ -645,7 +645,7 @@ class PrivacyLedger:
         """The sorted user ids of a release (remembered for the last list: a run asks the same users)."""
         key = tuple(user_ids)
         last = self._last_ids
-        if last[0] is key or (last[1] and last[0] == key):
+        if last[1] and last[0] == key:
             return last[1]
         members = sorted(set(map(str, user_ids)))
         if len(members) != len(user_ids):

@@ -26,7 +26,7 @@ charge and cohort digest) right after step 5 and before returning it; the journa
 unjournalled.
 
 Prepaid (:meth:`Releaser.plan`): where the whole list of a run's charges is known before any data is
-read (a non-adaptive algorithm's public plan, :func:`fedkl.runner.planned_releases`), the Releaser
+read (the plan of an algorithm that declares ``plan_is_public``, :func:`fedkl.runner.planned_releases`), the Releaser
 charges a batch of planned releases in ONE ledger transaction when a release matches the plan's
 next entry, and later releases consume those rows in order (no ledger write each). ``fedkl run``
 does this by default with time-bounded batches (:meth:`Releaser.batch_size`, :data:`PREPAY_WINDOW_S`):
@@ -170,7 +170,7 @@ class Releaser:
                 self._make_plan, releases = releases, []
         self._set_plan(releases)
         self._batch = batch or len(self._plan)
-        self.prepaid_batches: list[int] = []  # the size of each batch charged, in order
+        self.prepaid_batches = []
 
     def _set_plan(self, releases: Sequence[dict]) -> None:
         self._plan = [{**r, "charge": _canonical(r["charge"]), "cohort": cohort_digest(r["members"])} for r in releases]
@@ -201,7 +201,7 @@ class Releaser:
         users does not sort and hash 100,000 ids again)."""
         key = tuple(user_ids)
         last = self._last_cohort
-        if last is None or not (last[0] is key or last[0] == key):
+        if last is None or last[0] != key:
             self._last_cohort = last = (key, cohort_digest(key))
         return last[1]
 
