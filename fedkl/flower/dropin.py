@@ -33,8 +33,8 @@ authentication in a deployment).
 
 Each round, in ``aggregate_train``, the wrapper (not the wrapped strategy) builds the model update:
 
-1. every node the round configured (and did not refuse) is a participant (a public, server-side fact: the sample, not the
-   replies); a participant's update is its reply's arrays minus the model it was sent, flattened, and
+1. every node the round configured (and did not refuse) is a participant (a public, server-side fact:
+   the sample, not the replies); a participant's update is its reply's arrays minus the model it was sent, flattened, and
    clipped to l2 norm ``clip`` HERE, on the server (:func:`fedkl.federation.clipping.clip_rows`): nothing
    a client says is trusted. A missing reply, an error, other array names/shapes or non-finite values
    contribute the zero vector (the failure rule of fedkl);
@@ -140,7 +140,7 @@ class UserLevelDPStrategy(Strategy):
         self.run_id = "flower-dropin-" + uuid.uuid4().hex[:8]
         self.ledger = PrivacyLedger(ledger_path, self.budget, run_id=self.run_id, run_config=self._settings())
         self.releaser = Releaser(self.ledger, NoiseSource(noise_seed))
-        self._sent: dict[int, tuple[ArrayRecord, list[int]]] = {}  # round -> (model sent, participants)
+        self._sent: dict[int, tuple[ArrayRecord, list[int], list[str]]] = {}  # round -> (model, nodes, their users)
 
     def _settings(self) -> dict:
         return {
@@ -168,7 +168,8 @@ class UserLevelDPStrategy(Strategy):
                 f"(node {nodes[0]}: {self.refused[nodes[0]]}); each node's ClientApp must call "
                 "fedkl.flower.dropin.declare_user and its node config give a 'user-id'"
             )
-        self._sent[server_round] = (arrays, sorted(m.metadata.dst_node_id for m in kept))
+        nodes = sorted(m.metadata.dst_node_id for m in kept)
+        self._sent[server_round] = (arrays, nodes, [self._user_of[n] for n in nodes])
         return kept
 
     def _identify(self, grid: Grid, nodes: list[int]) -> None:
@@ -186,7 +187,7 @@ class UserLevelDPStrategy(Strategy):
                     raise codec.CodecError("no handshake reply before the deadline")
                 uid = codec.decode_user(replies[n])
             except (codec.CodecError, codec.ReplyError) as exc:
-                self.refused[n] = f"declared no user id ({exc})"
+                self.refused[n] = f"declared no user id ({' '.join(str(exc).split())[:300]})"  # one line
                 continue
             if self.enrolment is not None and uid not in self.enrolment:
                 self.refused[n] = f"declares user {uid!r}, who is not in the enrolment"
@@ -206,7 +207,7 @@ class UserLevelDPStrategy(Strategy):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         if server_round not in self._sent:
             raise ValueError(f"round {server_round} was not configured by this strategy")
-        sent, nodes = self._sent.pop(server_round)
+        sent, nodes, users = self._sent.pop(server_round)
         if not nodes:
             return None, None
         names = list(sent.keys())
@@ -228,7 +229,7 @@ class UserLevelDPStrategy(Strategy):
             rows.sum(0),
             sensitivity=self.sensitivity,
             rho=self.rho_round,
-            user_ids=[self._user_of[n] for n in nodes],
+            user_ids=users,
             label=f"flower-dropin/round-{server_round}",
             details={"round": server_round, "clip": self.clip, "cohort": len(nodes), "replies": len(seen)},
         )

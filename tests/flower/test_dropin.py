@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import ray.cloudpickle as ray_cloudpickle
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg
@@ -23,11 +22,9 @@ from fedkl.flower.dropin import UserLevelDPStrategy, declare_user
 from fedkl.flower.localgrid import LocalGrid
 from fedkl.privacy import Budget, BudgetExceeded, PrivacyLedger, Releaser
 
-# the example app, loaded by path (the library and tests never import simulations/ as a package); Ray's workers
-# cannot import a module loaded by path, so its ClientApp travels by value (else every node fails and sends zero)
+# the example app, loaded by path (the library and tests never import simulations/ as a package)
 run_example_app = load_function(str(Path(__file__).resolve().parents[2] / "simulations" / "flower_dropin_app.py:run"))
 example = sys.modules[run_example_app.__module__]
-ray_cloudpickle.register_pickle_by_value(example)
 
 pytestmark = pytest.mark.flower
 
@@ -47,6 +44,10 @@ def _record_gaussians(monkeypatch) -> list:
 
 
 def test_example_app_on_flower_simulation_charges_the_ledger_with_the_stated_noise(tmp_path, monkeypatch):
+    import ray.cloudpickle
+
+    # Ray's workers cannot import a module loaded by path: its ClientApp travels by value (else every node fails)
+    ray.cloudpickle.register_pickle_by_value(example)
     nodes, rounds, eps, clip = 6, 3, 2.0, 1.0
     delta = 1.0 / nodes**1.1
     calls = _record_gaussians(monkeypatch)
