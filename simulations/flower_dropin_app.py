@@ -1,14 +1,17 @@
 """A minimal existing Flower app (Message API: a ClientApp that trains, a ServerApp running FedAvg) given
-fedkl's user-level DP by one change: the strategy is wrapped in
-:class:`fedkl.flower.dropin.UserLevelDPStrategy`.
+fedkl's user-level DP by two changes: the strategy is wrapped in
+:class:`fedkl.flower.dropin.UserLevelDPStrategy`, and the ClientApp declares its node's user
+(:func:`fedkl.flower.dropin.declare_user`; the ledger never keys on Flower's node ids, which the simulation
+engine draws anew each run).
 
 Each node is one user holding a few (x, y) records of a linear model; it trains locally and replies
 with its model. Run it on Flower's simulation engine::
 
     python simulations/flower_dropin_app.py --nodes 6 --rounds 3 --epsilon 2 --ledger /tmp/dropin.sqlite
 
-Then ``fedkl ledger users /tmp/dropin.sqlite`` lists each node's charges (``tests/flower/test_dropin.py``
-runs it and checks the ledger and the noise scale).
+Then ``fedkl ledger users /tmp/dropin.sqlite`` lists each user's charges (``user-0``, ...). A second run on
+the same ledger is the same users again, whatever node ids Flower draws: with the same budget it is refused,
+their budget being spent (``tests/flower/test_dropin.py`` runs the app and checks the ledger and the noise).
 """
 
 from __future__ import annotations
@@ -25,21 +28,39 @@ from flwr.clientapp import ClientApp  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
 from flwr.serverapp.strategy import FedAvg  # noqa: E402
 
+from fedkl.flower.dropin import declare_user  # noqa: E402
+
 DIM = 5
 client_app = ClientApp()
+
+
+def user_id(context: Context) -> str:
+    """The node's user. In a deployment: the node config's ``user-id`` (``flower-supernode --node-config
+    'user-id="alice"'``, ``declare_user``'s default); the simulation engine gives a node only its partition,
+    so here the user is the owner of partition p."""
+    return f"user-{context.node_config['partition-id']}"
+
+
+declare_user(client_app, user_id)
 
 
 @client_app.train()
 def train(msg: Message, context: Context) -> Message:
     """Five local gradient steps of least squares on this node's own records."""
-    rng = np.random.default_rng(int(context.node_config["partition-id"]))
+    w = local_model(msg.content["arrays"]["w"].numpy(), int(context.node_config["partition-id"]))
+    reply = RecordDict({"arrays": ArrayRecord({"w": Array(w)}), "metrics": MetricRecord({"num-examples": 20})})
+    return Message(reply, reply_to=msg)
+
+
+def local_model(w: np.ndarray, partition: int) -> np.ndarray:
+    """The model after five local gradient steps of least squares from ``w`` on partition ``partition``'s 20 records."""
+    rng = np.random.default_rng(partition)
     x = rng.standard_normal((20, DIM))
     y = x @ np.arange(1.0, DIM + 1) + 0.1 * rng.standard_normal(20)
-    w = msg.content["arrays"]["w"].numpy().copy()
+    w = np.array(w, dtype=np.float64)
     for _ in range(5):
         w -= 0.1 * x.T @ (x @ w - y) / len(y)
-    reply = RecordDict({"arrays": ArrayRecord({"w": Array(w)}), "metrics": MetricRecord({"num-examples": len(y)})})
-    return Message(reply, reply_to=msg)
+    return w
 
 
 def make_server_app(*, ledger: str, epsilon: float, delta: float, clip: float, rounds: int, noise_seed=None, out=None):

@@ -3,14 +3,16 @@
 Two audits, both on whole users (the unit of privacy) and both running the algorithm exactly as
 ``fedkl run`` does (:mod:`fedkl.audit.release`):
 
-* :func:`many_run_audit` — ``runs`` trainings on each dataset of the worst-case neighbouring pair
-  (:func:`fedkl.audit.worlds.neighbour_pair`); the statistic is the released model's coordinate on
+* :func:`many_run_audit` — ``runs`` trainings on each world of the worst-case neighbouring pair under
+  the run's relation (:func:`fedkl.audit.worlds.neighbour_worlds`: the outlier replaced by its mirror, or
+  present vs absent under add-remove); the statistic is the released model's coordinate on
   the outlier's direction (⊥: NaN); the bound is :func:`fedkl.audit.bounds.two_sample_bound`, and
   the report adds its Gaussian-DP reading :func:`fedkl.audit.bounds.gdp_bound` (``gaussian_dp``: a
   bound on mu for any mechanism, on eps for those whose trade-off curve is Gaussian; never the verdict).
-* :func:`one_run_audit` — ONE training with ``canaries`` canary users, each in or out (its mirror)
-  with probability 1/2; the score of canary i is the model's coordinate on its direction; the top
-  ``k`` are guessed in and the bottom ``k`` out; the bound is :func:`fedkl.audit.bounds.one_run_epsilon`.
+* :func:`one_run_audit` — ONE training with ``canaries`` canary users, each in or out (its mirror, or
+  absent under add-remove) with probability 1/2; the score of canary i is the model's coordinate on its
+  direction; the top ``k`` are guessed in and the bottom ``k`` out; the bound is
+  :func:`fedkl.audit.bounds.one_run_epsilon`.
 
 ``settings`` override the algorithm's small audit setting (:func:`fedkl.audit.settings.small_settings`).
 
@@ -54,7 +56,7 @@ from fedkl.audit.report import (
     write_report,
 )
 from fedkl.audit.settings import small_audit, small_settings
-from fedkl.audit.worlds import canary_world, neighbour_pair
+from fedkl.audit.worlds import canary_world, neighbour_worlds
 
 METHODS = ("many-run", "one-run", "one-shot")
 
@@ -80,7 +82,8 @@ def many_run_audit(
     base = small.users if base is None else base
     records = small.records if records is None else records
     cfg = audit_config(algorithm, epsilon, small_settings(algorithm, settings))
-    d0, d1 = neighbour_pair(base=base, records=records, seed=seed, outlier_records=outlier_records)
+    worlds = neighbour_worlds(cfg.neighbouring, base=base, records=records, seed=seed, outlier_records=outlier_records)
+    d1 = worlds[1].dataset
     delta = claimed_delta(cfg, d1)
     report = {
         "method": "many-run",
@@ -96,7 +99,10 @@ def many_run_audit(
         "settings": audited_settings(cfg),
         "confidence": confidence,
         "statistic": "released model's coordinate on the outlier's direction e_0 (⊥: NaN)",
-        "neighbours": "D0/D1 differ in one whole user: the outlier with labels -1 / +1 on x = e_0",
+        "neighbours": "D0/D1 differ in one whole user: the outlier with labels -1 / +1 on x = e_0"
+        if cfg.neighbouring == "replace-one"
+        else "D0/D1 differ in one whole user: the outlier (labels +1 on x = e_0) absent (enrolled, contributing "
+        "nothing: n public) / present",
     }
     # the runs' number is not part of the header: a rerun with more runs extends the file, with fewer reads a prefix
     header = {k: report[k] for k in ("method", "algorithm", "claimed", "settings")}
@@ -106,8 +112,8 @@ def many_run_audit(
     todo = [(w, r) for r in range(runs) for w in (0, 1) if (w, r) not in stats.done]
     if todo and len(todo) < total:
         log(f"resuming: {total - len(todo)} of {total} runs already in {stats.path}")
-    pair = (d0, d1)
-    federations = [audit_federation(cfg, d) for d in pair]  # remember the deterministic solves (release.py)
+    pair = [w.dataset for w in worlds]
+    federations = [audit_federation(cfg, *w) for w in worlds]  # remember the deterministic solves (release.py)
     for i, (world, run) in enumerate(todo):
         try:
             w = released_model(cfg, pair[world], noise_seed(seed, world, run), federations[world])
@@ -135,7 +141,7 @@ def many_run_audit(
     report["verdict"] = verdict(bound["epsilon_lower_bound"], epsilon)
     histogram(
         os.path.join(out, "histogram.png"),
-        {"D0 (outlier -1)": s0, "D1 (outlier +1)": s1},
+        {"D0 (outlier -1)" if cfg.neighbouring == "replace-one" else "D0 (outlier absent)": s0, "D1 (outlier +1)": s1},
         "model coordinate on the outlier direction",
         f"{algorithm}: claimed eps={epsilon:g}, audited lower bound {bound['epsilon_lower_bound']:.3g} "
         f"({confidence:.0%} conf.)",
@@ -164,7 +170,7 @@ def one_run_audit(
         raise ValueError(f"guesses must be in 1..canaries/2 = {canaries // 2}, got {k}")
     cfg = audit_config(algorithm, epsilon, small_settings(algorithm, settings))
     included = np.random.default_rng([seed, 7]).random(canaries) < 0.5
-    world = canary_world(included, base=base, records=records, seed=seed)
+    world, absent = canary_world(included, base=base, records=records, seed=seed, neighbouring=cfg.neighbouring)
     delta = claimed_delta(cfg, world)
     report = {
         "method": "one-run",
@@ -173,13 +179,14 @@ def one_run_audit(
         "setting": {"users": world.train.num_users, "canaries": canaries, "guesses_each_way": k, "seed": seed},
         "settings": audited_settings(cfg),
         "confidence": confidence,
-        "statistic": "per canary: the released model's coordinate on the canary's direction (labels +1 in, -1 out)",
+        "statistic": "per canary: the released model's coordinate on the canary's direction (labels +1 in; out: "
+        + ("-1)" if cfg.neighbouring == "replace-one" else "absent, enrolled and contributing nothing)"),
     }
     header = {k_: report[k_] for k_ in ("method", "algorithm", "claimed", "setting", "settings")}
     stats = Statistics(out, json.loads(json.dumps(header, default=str)))
     if (0, 0) not in stats.done:
         try:
-            w = released_model(cfg, world, noise_seed(seed, 0, 0))
+            w = released_model(cfg, world, noise_seed(seed, 0, 0), audit_federation(cfg, world, absent))
         except ValueError as e:
             return refused(out, report, str(e), log)
         except Exception as e:  # an algorithm's crash is reported as such, never as a refusal or a pass

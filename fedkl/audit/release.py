@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Sequence
 
 import torch
 
@@ -33,13 +34,34 @@ _REMEMBERED = (LocalRegularizedMinimizer,)  # and its subclass CertifiedLocalMin
 
 
 class AuditFederation(InProcessFederation):
-    """:class:`InProcessFederation` that remembers its local-minimizer answers (module docstring)."""
+    """:class:`InProcessFederation` that remembers its local-minimizer answers (module docstring), and
+    serves the enrolled users ``absent`` (ids) of an add-remove world (:mod:`fedkl.audit.worlds`): every
+    answer of an absent user is a zero row and lists it as failed, in :meth:`compute` and :meth:`sum` alike."""
 
-    def __init__(self, problem, dataset: FederatedDataset) -> None:
+    def __init__(self, problem, dataset: FederatedDataset, absent: Sequence[str] = ()) -> None:
         super().__init__(problem, dataset)
         self._memo: dict[tuple, Answers] = {}
+        ids = dataset.train.user_ids
+        unknown = sorted(set(absent) - set(ids))
+        if unknown:
+            raise ValueError(f"absent users {unknown} are not enrolled in the dataset")
+        self.absent = frozenset(ids.index(u) for u in absent)  # positions
+
+    def sum(self, query: Query, users=None) -> Answers:
+        # the one-row sums (ghost clipping, fast kernels) would see the absent users' records
+        return self.compute(query, users) if self.absent else super().sum(query, users)
 
     def compute(self, query: Query, users=None) -> Answers:
+        got = self._answer(query, users)
+        if not self.absent or not self.absent.intersection(got.users):
+            return got
+        out = torch.tensor([u in self.absent for u in got.users])
+        values = got.values.clone()
+        values[out] = 0
+        failed = set(got.failed) | self.absent
+        return Answers(users=list(got.users), values=values, failed=[u for u in got.users if u in failed])
+
+    def _answer(self, query: Query, users=None) -> Answers:
         if not isinstance(query, _REMEMBERED):
             return super().compute(query, users)
         scalars, tensors = query.wire_fields()
@@ -71,10 +93,11 @@ def claimed_delta(cfg: RunConfig, dataset: FederatedDataset) -> float:
     return cfg.delta if cfg.delta is not None else default_delta(dataset.train.num_users)
 
 
-def audit_federation(cfg: RunConfig, dataset: FederatedDataset) -> AuditFederation:
-    """The federation of ``cfg``'s runs on ``dataset`` (one per dataset, shared by its runs)."""
+def audit_federation(cfg: RunConfig, dataset: FederatedDataset, absent: Sequence[str] = ()) -> AuditFederation:
+    """The federation of ``cfg``'s runs on ``dataset`` with the enrolled users ``absent`` (one per world,
+    shared by its runs)."""
     problem = make_problem(cfg.problem or DEFAULT_PROBLEM[dataset.task], dataset, reg=cfg.reg)
-    return AuditFederation(problem, dataset)
+    return AuditFederation(problem, dataset, absent)
 
 
 def released_model(

@@ -3,24 +3,48 @@
 Binary logistic regression on features in the unit ball (the problems' declared bounds, so the
 datasets pass :func:`fedkl.data.base.check_record_bounds` like any honest client's data).
 
+The audited pair follows the run's neighbouring relation (:data:`fedkl.privacy.guarantee.RELATION_TEXT`),
+so that the lower bound is compared with the claim it can refute:
+
+* ``replace-one``: the special user's records replaced by others (its mirror image);
+* ``add-remove``: the special user present vs absent, against the public enrolment count n (zero-out):
+  absent, it stays enrolled (n, hence every public denominator and the claimed delta, is the same in both
+  worlds) and contributes nothing: every answer of it is the zero row of a failed user, exactly what the
+  Flower backends make of an enrolled user with no node ("absent"). A :class:`World` carries the
+  absent users; :class:`fedkl.audit.release.AuditFederation` serves them so.
+
 * :func:`neighbour_pair` — the worst-case pair of the many-run audit under the replace-one relation:
   ``base`` ordinary users whose features have 0 in coordinate 0, plus ONE outlier user all of whose
   records are ``x = e_0``. In D1 the outlier's labels are +1, in D0 they are -1 (its mirror image):
   the two datasets differ in that one user, whose whole gradient lies on e_0 where no other user
   contributes, so the model's coordinate 0 (the audit's statistic) carries all of the outlier's
-  influence.
+  influence. :func:`neighbour_worlds` gives it as worlds, or under add-remove D1 and D1 with the
+  outlier absent.
 * :func:`canary_world` — the one-run audit's federation: ``m`` canary users, canary i holding
-  records ``x = e_i`` with label +1 (``included[i]``) or -1 (its mirror, "excluded"), plus
-  ``base`` ordinary users on the remaining coordinates. Flipping one canary is one replace-one
-  neighbour, which is what Steinke et al.'s theorem needs of each canary.
+  records ``x = e_i`` with label +1 (``included[i]``) or, when excluded, its mirror (-1, replace-one) or
+  nothing (absent, add-remove), plus ``base`` ordinary users on the remaining coordinates. Flipping one
+  canary is one neighbour under the relation, which is what Steinke et al.'s theorem needs of each canary.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 
 from fedkl.data.base import FederatedDataset
 from fedkl.data.custom import from_arrays
+from fedkl.privacy.guarantee import check_relation
+
+OUTLIER = "outlier"  # the user id of neighbour_pair's outlier
+
+
+class World(NamedTuple):
+    """One side of an audited pair: the enrolled users' records and the enrolled users ``absent`` from it
+    (ids; they contribute nothing: the add-remove relation's zero-out, module docstring)."""
+
+    dataset: FederatedDataset
+    absent: tuple[str, ...] = ()
 
 
 def _base_users(rng: np.random.Generator, users: int, records: int, d_total: int, first: int, last: int | None = None):
@@ -54,7 +78,7 @@ def neighbour_pair(
             from_arrays(
                 np.vstack([X, out]),
                 np.concatenate([y, np.full(records, label)]),
-                owners + ["outlier"] * records,
+                owners + [OUTLIER] * records,
                 task="binary",
                 split_seed=seed,
                 name=f"audit-pair-{'d1' if label > 0 else 'd0'}",
@@ -63,25 +87,53 @@ def neighbour_pair(
     return pair[0], pair[1]
 
 
+def neighbour_worlds(
+    neighbouring: str,
+    base: int = 40,
+    records: int = 10,
+    dim: int = 4,
+    seed: int = 0,
+    outlier_records: int | None = None,
+) -> tuple[World, World]:
+    """The many-run audit's ``(W0, W1)`` under ``neighbouring`` (module docstring): W1 is
+    :func:`neighbour_pair`'s D1 (the outlier present, labels +1); W0 is D0 (its mirror) under replace-one,
+    D1 with the outlier absent under add-remove."""
+    check_relation(neighbouring)
+    d0, d1 = neighbour_pair(base=base, records=records, dim=dim, seed=seed, outlier_records=outlier_records)
+    if neighbouring == "add-remove":
+        return World(d1, (OUTLIER,)), World(d1)
+    return World(d0), World(d1)
+
+
 def canary_world(
-    included: np.ndarray, base: int = 40, records: int = 10, base_dim: int = 3, seed: int = 0
-) -> FederatedDataset:
-    """The one-run federation for the canaries' inclusion vector ``included`` (module docstring)."""
+    included: np.ndarray,
+    base: int = 40,
+    records: int = 10,
+    base_dim: int = 3,
+    seed: int = 0,
+    neighbouring: str = "replace-one",
+) -> World:
+    """The one-run federation for the canaries' inclusion vector ``included`` (module docstring): an
+    excluded canary holds its mirror (replace-one) or is absent (add-remove)."""
+    check_relation(neighbouring)
     included = np.asarray(included, dtype=bool)
+    absent = neighbouring == "add-remove"
     m = len(included)
     dim = m + base_dim
     X, y, owners = _base_users(np.random.default_rng(seed), base, records, dim, m)
     Xc = np.zeros((m * records, dim))
     Xc[np.arange(m * records), np.repeat(np.arange(m), records)] = 1.0
-    yc = np.repeat(np.where(included, 1, -1), records)
-    return from_arrays(
+    yc = np.repeat(np.where(included | absent, 1, -1), records)
+    ids = [f"c{i:05d}" for i in range(m)]
+    dataset = from_arrays(
         np.vstack([X, Xc]),
         np.concatenate([y, yc]),
-        owners + [f"c{i:05d}" for i in range(m) for _ in range(records)],
+        owners + [c for c in ids for _ in range(records)],
         task="binary",
         split_seed=seed,
         name="audit-canaries",
     )
+    return World(dataset, tuple(c for c, inside in zip(ids, included) if absent and not inside))
 
 
 def random_direction_canaries(

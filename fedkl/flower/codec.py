@@ -293,6 +293,26 @@ def decode_info(reply: Any) -> NodeInfo:
     return NodeInfo(pid, npart, uid, nparams)
 
 
+def encode_user(user_id: str) -> Any:
+    """The handshake reply of a node running an app's own ClientApp (:func:`fedkl.flower.dropin.declare_user`):
+    only the user id the node declares (it holds no fedkl dataset, so no partition or model size)."""
+    from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+
+    cfg = {"protocol": PROTOCOL, "kind": INFO, "status": "ok", "user_id": str(user_id)}
+    return RecordDict({"fedkl": ConfigRecord(cfg), "answer": ArrayRecord()})
+
+
+def decode_user(reply: Any) -> str:
+    """The user id in an :func:`encode_user` reply: a non-empty string of at most 1000 characters."""
+    content = _content(reply)
+    uid = _ok_header(content, INFO, ("user_id",))["user_id"]
+    if len(content["answer"]) != 0:
+        raise CodecError("info reply carries arrays")
+    if not isinstance(uid, str) or not uid.strip() or len(uid) > 1000:
+        raise CodecError(f"invalid user id {uid!r}")
+    return uid
+
+
 # --- what a client loads -------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ClientSpec:

@@ -9,14 +9,32 @@ trained model) and the app's training gets fedkl's user-level accounting, durabl
     )
     result = strategy.start(grid, initial_arrays, num_rounds=10)
 
-(a complete app: ``simulations/flower_dropin_app.py``). One Flower node is one user (its id in the ledger
-is ``user_of(node_id)``, by default ``"node-<id>"``: pass a function giving stable ids when node ids
-change between runs).
+(a complete app: ``simulations/flower_dropin_app.py``), with one line in the app's ClientApp:
+``declare_user(client_app)``.
+
+Users are declared, never inferred from the transport. One Flower node is one user, and the user charged
+in the ledger is the id the node declares: :func:`declare_user` answers the strategy's handshake (the
+``info`` request of fedkl's own Flower backend, :mod:`fedkl.flower.codec`) with the node config's
+``user-id`` (``flower-supernode --node-config 'user-id="alice"'``) or a function of the node's context.
+Flower's node ids are transport ids (the simulation engine draws new ones each run) and are never ledger
+keys: the same person in two runs on one ledger is one user, whose charges compose. In ``configure_train``,
+before any model is sent, every node the wrapped strategy picked that has not declared yet is asked.
+A node is refused alone (never sent the model) when it declares no valid id (no handler, no ``user-id``,
+an error, or no reply within ``handshake_timeout``), an id outside ``enrolment`` (when given: the public list
+of user ids), or an id another node of this run declares too (both claimants, and any later one, are
+refused from then on: one person must never contribute two updates to a round, and the server cannot
+tell which node is the impostor; rounds one of them took part in earlier stay charged to that id).
+Nobody is renamed, and nothing is charged for a refused node: none of its data enters any release (an id
+outside the enrolment names no person the ledger could charge). A round in which none of the picked nodes
+has a usable id is refused in one line before anything is sent or charged. ``strategy.refused`` says
+which nodes were refused and why. A declared id is as trustworthy as the node's authentication: a node
+declaring another person's id spends that person's budget (bind ids to node keys with Flower's SuperNode
+authentication in a deployment).
 
 Each round, in ``aggregate_train``, the wrapper (not the wrapped strategy) builds the model update:
 
-1. every node the round configured is a participant (a public, server-side fact: the sample, not the
-   replies); a participant's update is its reply's arrays minus the model it was sent, flattened, and
+1. every node the round configured (and did not refuse) is a participant (a public, server-side fact:
+   the sample, not the replies); a participant's update is its reply's arrays minus the model it was sent, flattened, and
    clipped to l2 norm ``clip`` HERE, on the server (:func:`fedkl.federation.clipping.clip_rows`): nothing
    a client says is trusted. A missing reply, an error, other array names/shapes or non-finite values
    contribute the zero vector (the failure rule of fedkl);
@@ -44,16 +62,19 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord
+from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from fedkl.federation.clipping import clip_rows
+from fedkl.flower import codec
+from fedkl.flower.federation import FlowerFederation, answer_deadline
 from fedkl.privacy import Budget, NoiseSource, PrivacyLedger, Releaser
 from fedkl.privacy.guarantee import sum_sensitivity
 
@@ -71,7 +92,9 @@ class UserLevelDPStrategy(Strategy):
         neighbouring: ``"replace-one"`` (default) or ``"add-remove"``.
         server_lr: step on the noisy mean update.
         noise_seed: seed the noise (reproducible, NOT secure); None: OS randomness.
-        user_of: node id -> the user id charged in the ledger.
+        enrolment: the public list of user ids; a node declaring another id is refused (None: any id).
+        handshake_timeout: seconds a node has to declare its user id (None:
+            :func:`fedkl.flower.federation.answer_deadline` of the nodes asked).
         evaluate_outside_guarantee: let the wrapped strategy run federated evaluation (un-noised metrics).
     """
 
@@ -88,7 +111,8 @@ class UserLevelDPStrategy(Strategy):
         conversion: str = "cks",
         server_lr: float = 1.0,
         noise_seed: int | None = None,
-        user_of: Callable[[int], str] | None = None,
+        enrolment: Sequence[str] | None = None,
+        handshake_timeout: float | None = None,
         evaluate_outside_guarantee: bool = False,
     ) -> None:
         super().__init__()
@@ -107,12 +131,16 @@ class UserLevelDPStrategy(Strategy):
         self.server_lr = float(server_lr)
         self.rho_round = self.budget.rho / rounds
         self.sigma = self.sensitivity / math.sqrt(2.0 * self.rho_round)  # noise std on the SUM of updates
-        self.user_of = user_of or (lambda node_id: f"node-{node_id}")
+        self.enrolment = None if enrolment is None else frozenset(str(u) for u in enrolment)
+        self.handshake_timeout = handshake_timeout
+        self._user_of: dict[int, str] = {}  # node id -> the user id it declared (this run)
+        self._contested: set[str] = set()  # user ids declared by several nodes: served by none
+        self.refused: dict[int, str] = {}  # node id -> why it is never sent the model
         self.evaluate_outside_guarantee = evaluate_outside_guarantee
         self.run_id = "flower-dropin-" + uuid.uuid4().hex[:8]
         self.ledger = PrivacyLedger(ledger_path, self.budget, run_id=self.run_id, run_config=self._settings())
         self.releaser = Releaser(self.ledger, NoiseSource(noise_seed))
-        self._sent: dict[int, tuple[ArrayRecord, list[int]]] = {}  # round -> (model sent, participants)
+        self._sent: dict[int, tuple[ArrayRecord, list[int], list[str]]] = {}  # round -> (model, nodes, their users)
 
     def _settings(self) -> dict:
         return {
@@ -132,15 +160,54 @@ class UserLevelDPStrategy(Strategy):
         nodes = sorted({m.metadata.dst_node_id for m in messages})
         if len(nodes) != len(messages):
             raise ValueError("the wrapped strategy sent a node two training messages in one round")
-        self._sent[server_round] = (arrays, nodes)
-        return messages
+        self._identify(grid, nodes)
+        kept = [m for m in messages if m.metadata.dst_node_id in self._user_of]
+        if messages and not kept:
+            raise RuntimeError(
+                f"round {server_round}: none of the {len(nodes)} nodes picked declared a usable user id "
+                f"(node {nodes[0]}: {self.refused[nodes[0]]}); each node's ClientApp must call "
+                "fedkl.flower.dropin.declare_user and its node config give a 'user-id'"
+            )
+        nodes = sorted(m.metadata.dst_node_id for m in kept)
+        self._sent[server_round] = (arrays, nodes, [self._user_of[n] for n in nodes])
+        return kept
+
+    def _identify(self, grid: Grid, nodes: list[int]) -> None:
+        """Ask each of ``nodes`` not asked yet for its declared user id (module docstring: who is refused)."""
+        new = [n for n in nodes if n not in self._user_of and n not in self.refused]
+        if not new:
+            return
+        msgs = [Message(codec.encode_request(codec.INFO), n, codec.MESSAGE_TYPE, group_id="fedkl-dropin") for n in new]
+        timeout = answer_deadline(len(new)) if self.handshake_timeout is None else self.handshake_timeout
+        replies = FlowerFederation._match(msgs, grid.send_and_receive(msgs, timeout=timeout))
+        holder = {u: n for n, u in self._user_of.items()}
+        for n in new:
+            try:
+                if n not in replies:
+                    raise codec.CodecError("no handshake reply before the deadline")
+                uid = codec.decode_user(replies[n])
+            except (codec.CodecError, codec.ReplyError) as exc:
+                self.refused[n] = f"declared no user id ({' '.join(str(exc).split())[:300]})"  # one line
+                continue
+            if self.enrolment is not None and uid not in self.enrolment:
+                self.refused[n] = f"declares user {uid!r}, who is not in the enrolment"
+            elif uid in holder or uid in self._contested:
+                self._contested.add(uid)
+                if uid in holder:
+                    first = holder.pop(uid)
+                    del self._user_of[first]
+                    self.refused[first] = f"declares user {uid!r}, also declared by node {n}"
+                self.refused[n] = f"declares user {uid!r}, also declared by another node"
+            else:
+                holder[uid] = n
+                self._user_of[n] = uid
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         if server_round not in self._sent:
             raise ValueError(f"round {server_round} was not configured by this strategy")
-        sent, nodes = self._sent.pop(server_round)
+        sent, nodes, users = self._sent.pop(server_round)
         if not nodes:
             return None, None
         names = list(sent.keys())
@@ -162,7 +229,7 @@ class UserLevelDPStrategy(Strategy):
             rows.sum(0),
             sensitivity=self.sensitivity,
             rho=self.rho_round,
-            user_ids=[self.user_of(n) for n in nodes],
+            user_ids=users,
             label=f"flower-dropin/round-{server_round}",
             details={"round": server_round, "clip": self.clip, "cohort": len(nodes), "replies": len(seen)},
         )
@@ -201,9 +268,9 @@ class UserLevelDPStrategy(Strategy):
         return self.strategy.aggregate_evaluate(server_round, replies)
 
     # --- reporting -----------------------------------------------------------------------------
-    def epsilon_spent(self, node_id: int) -> float:
-        """The user-level epsilon (at the budget's delta) spent by ``node_id``'s user in this ledger."""
-        return self.ledger.spend(self.user_of(node_id)).epsilon(self.budget.delta, self.budget.conversion)
+    def epsilon_spent(self, user_id: str) -> float:
+        """The user-level epsilon (at the budget's delta) spent by ``user_id`` in this ledger."""
+        return self.ledger.spend(user_id).epsilon(self.budget.delta, self.budget.conversion)
 
     def close(self, status: str = "finished") -> None:
         """End this run in the ledger and close it (idempotent)."""
@@ -234,3 +301,24 @@ class UserLevelDPStrategy(Strategy):
             self.ledger.path if self.ledger is not None else "closed",
         )
         self.strategy.summary()
+
+
+def declare_user(app: ClientApp, user_id: Callable[[Context], str] | None = None) -> None:
+    """Make ``app`` (the app's own ClientApp) answer :class:`UserLevelDPStrategy`'s handshake with the user
+    id its node declares: ``user_id(context)``, by default the node config's ``"user-id"``. A node without
+    one answers with an error, and the strategy refuses it (never sends it the model)."""
+
+    @app.query(codec.MESSAGE_TYPE.split(".", 1)[1])
+    def _declare(message: Message, context: Context) -> Message:
+        try:
+            if codec.decode_request(message.content, 1) != codec.INFO:
+                raise codec.CodecError("this ClientApp answers only fedkl's handshake")
+            uid = user_id(context) if user_id is not None else context.node_config.get("user-id")
+            if not isinstance(uid, str) or not uid.strip():
+                raise codec.CodecError(f"the node declares no user id (user-id {uid!r})", codec.ERR_NOT_CONFIGURED)
+            content = codec.encode_user(uid)
+        except codec.CodecError as exc:
+            content = codec.encode_error(exc.code, str(exc))
+        except Exception as exc:  # the app's user_id function failed: never crash the node on a request
+            content = codec.encode_error(codec.ERR_INTERNAL, f"{type(exc).__name__}: {exc}")
+        return Message(content, reply_to=message)
