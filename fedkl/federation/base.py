@@ -585,6 +585,16 @@ class Answers:
     def total(self) -> torch.Tensor:
         return self.values.sum(0)
 
+    def answered(self) -> torch.Tensor:
+        """Boolean mask over the rows of :attr:`values`: False for the users in ``failed``. A failed user's
+        zero row is not its answer: an algorithm whose released quantity is not a plain sum of the rows
+        (a centre, a projection, a count) leaves these rows out with this mask."""
+        mask = torch.ones(len(self.users), dtype=torch.bool)
+        if self.failed:
+            row = {u: i for i, u in enumerate(self.users)}
+            mask[[row[u] for u in self.failed]] = False
+        return mask
+
 
 def failure_summary(records: list[dict], kinds: Mapping[str, str]) -> dict:
     """result.json's ``failures`` from a backend's per-request records (``{"failed": {user id: "kind:
