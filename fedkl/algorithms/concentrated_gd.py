@@ -366,7 +366,7 @@ class ConcentratedGD:
                 centre = centre_from_counts(noisy_counts, signs, cfg.clip, self.bin_width, self.dim).to(w.dtype)
             elif fresh:
                 noisy_centre_sum = releaser.gaussian(
-                    present.to(grads.dtype) @ clip_rows(grads, cfg.clip)[0],
+                    clip_rows(grads, cfg.clip)[0][present].sum(0),  # a failed user's row left out
                     sensitivity=self.sensitivity_centre,
                     rho=self.rho_centre,
                     user_ids=user_ids,
