@@ -82,8 +82,9 @@ concentrated.
 ``histogram`` (Levy et al.'s coarse centre, :mod:`fedkl.algorithms.histogram_centre`): every round a
 private per-coordinate histogram of the users' gradients in a publicly, randomly rotated basis (the
 released table is charged as a Gaussian of L2 sensitivity sqrt(2 D), add-remove sqrt(D), D = d padded
-to a power of two: every present user adds one count per coordinate, a failed one none) at ``--conc-centre-share`` of the round,
-the fullest bin's midpoint per coordinate as the centre (post-processing), then the winsorized mean
+to a power of two: every present user adds one count per coordinate, a failed one none) at
+``--conc-centre-share`` of the round, the fullest bin's midpoint per coordinate as the centre
+(post-processing), then the winsorized mean
 at the rest with the constant public ``tau = r + sqrt(D) w = r (1 + 2 L)``, r = k C/sqrt(m), bin width
 ``w = 2 r L/sqrt(D)``, ``L = sqrt(2 ln(2 n D/beta))`` (the centre's error bound does not grow like
 sqrt(d)/n as the noisy mean's does, but carries the factor 1 + 2L ~ 10: it pays off where d is large

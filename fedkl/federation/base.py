@@ -592,11 +592,11 @@ class Answers:
         """Boolean mask over the rows of :attr:`values`: False for the users in ``failed``. A failed user's
         zero row is not its answer: an algorithm whose released quantity is not a plain sum of the rows
         (a centre, a projection, a count) leaves these rows out with this mask."""
-        mask = torch.ones(len(self.users), dtype=torch.bool)
-        if self.failed:
-            row = {u: i for i, u in enumerate(self.users)}
-            mask[[row[u] for u in self.failed]] = False
-        return mask
+        if not self.failed:
+            return torch.ones(len(self.users), dtype=torch.bool)
+        return ~torch.isin(
+            torch.as_tensor(self.users, dtype=torch.int64), torch.as_tensor(self.failed, dtype=torch.int64)
+        )
 
 
 def failure_summary(records: list[dict], kinds: Mapping[str, str]) -> dict:
