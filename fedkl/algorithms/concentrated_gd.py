@@ -34,8 +34,15 @@ Privacy (user level, rho-zCDP with rho the sum of the round charges; each round 
   ``.../centre``).
 * Every tau_t is a public function of public values only (C, the declared m, beta, n, d, rho, T):
   never of the records, nor of any client's report, nor of earlier releases; so the charges are fixed
-  before any data is read (``fedkl plan --charges`` lists them). A missing or non-finite answer
-  contributes the zero displacement (the centre itself), inside the ball.
+  before any data is read (``fedkl plan --charges`` lists them).
+* Absent and failed users (a dropout, an invalid or non-finite answer: every backend hands over a zero
+  row and lists the user in ``answers.failed``) are left out of every release: the zero displacement in
+  S_t (the user sits at the centre; its zero row is NOT projected as ``clip_tau(0 - c_t)``, a term of
+  norm up to tau that would make present vs absent move S_t by up to 2 tau), nothing in the fresh
+  centre's sum, no count in the histogram. So under add-remove (zero-out) a user's two worlds differ
+  by one term of norm <= tau (C, sqrt(D) cells) and the add-remove sensitivities hold; under replace-one
+  "present vs failed" is one replacement, within 2 tau (2C, sqrt(2 D)). Whether a user fails is its own
+  doing (its data, its node): a function of that user only, as the analysis needs.
 * Any client behaviour: the clipping and the projection are done on the SERVER from the per-user
   answers, so a client that lies about its gradient can only choose its own point inside the ball;
   the sensitivities above hold for arbitrary answers (tests: adversarial replace-one neighbours
@@ -75,8 +82,9 @@ concentrated.
 ``histogram`` (Levy et al.'s coarse centre, :mod:`fedkl.algorithms.histogram_centre`): every round a
 private per-coordinate histogram of the users' gradients in a publicly, randomly rotated basis (the
 released table is charged as a Gaussian of L2 sensitivity sqrt(2 D), add-remove sqrt(D), D = d padded
-to a power of two: every user adds one count per coordinate) at ``--conc-centre-share`` of the round,
-the fullest bin's midpoint per coordinate as the centre (post-processing), then the winsorized mean
+to a power of two: every present user adds one count per coordinate, a failed one none) at
+``--conc-centre-share`` of the round, the fullest bin's midpoint per coordinate as the centre
+(post-processing), then the winsorized mean
 at the rest with the constant public ``tau = r + sqrt(D) w = r (1 + 2 L)``, r = k C/sqrt(m), bin width
 ``w = 2 r L/sqrt(D)``, ``L = sqrt(2 ln(2 n D/beta))`` (the centre's error bound does not grow like
 sqrt(d)/n as the noisy mean's does, but carries the factor 1 + 2L ~ 10: it pays off where d is large
@@ -121,11 +129,18 @@ NAME = "noisy-gd-conc"
 CENTRES = ("fresh", "histogram", "previous")
 
 
-def winsorized_sum(grads: torch.Tensor, centre: torch.Tensor, tau: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(sum_u clip_tau(g_u - centre), mask of non-finite rows)``: the users' displacements from the
-    centre, each projected onto the ball of radius tau (a non-finite row contributes zero, i.e. sits
-    at the centre). Each term has norm <= tau whatever the row is."""
+def winsorized_sum(
+    grads: torch.Tensor, centre: torch.Tensor, tau: float, present: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(sum_u clip_tau(g_u - centre), mask of the rows left out)``: the users' displacements from the
+    centre, each projected onto the ball of radius tau. A user not ``present`` (a boolean mask over the
+    rows, False for a failed answer, whose row a backend hands over as zeros; None: all present) and a
+    non-finite row contribute the zero displacement (they sit at the centre), never ``clip_tau(0 - centre)``.
+    Each term has norm <= tau whatever the row is, and is 0 for a user left out."""
     displacements, bad = clip_rows(grads - centre.unsqueeze(0), tau)
+    if present is not None and not bool(present.all()):
+        bad = bad | ~present
+        displacements = torch.where(bad.unsqueeze(1), torch.zeros_like(displacements), displacements)
     return displacements.sum(0), bad
 
 
@@ -335,11 +350,12 @@ class ConcentratedGD:
             start = time.perf_counter()
             answers = federation.compute(GradientsAtPoints(w.unsqueeze(0)), users)
             grads = answers.values[:, 0, :].to(w.dtype)
+            present = answers.answered()  # a failed user's zero row is not data: it is left out of every release
             common = {"round": t, "neighbouring": cfg.neighbouring, "failed": len(answers.failed)}
             if histogram:
                 signs = rotation_signs(self.dim, ROTATION_SEED + t)  # public randomness
                 noisy_counts = releaser.gaussian(
-                    histogram_counts(grads, signs, cfg.clip, self.bin_width),
+                    histogram_counts(grads, signs, cfg.clip, self.bin_width, present),
                     sensitivity=self.sensitivity_histogram,
                     rho=self.rho_centre,
                     user_ids=user_ids,
@@ -351,7 +367,7 @@ class ConcentratedGD:
                 centre = centre_from_counts(noisy_counts, signs, cfg.clip, self.bin_width, self.dim).to(w.dtype)
             elif fresh:
                 noisy_centre_sum = releaser.gaussian(
-                    clip_rows(grads, cfg.clip)[0].sum(0),
+                    clip_rows(grads, cfg.clip)[0][present].sum(0),  # a failed user's row left out
                     sensitivity=self.sensitivity_centre,
                     rho=self.rho_centre,
                     user_ids=user_ids,
@@ -363,7 +379,7 @@ class ConcentratedGD:
             else:
                 centre = previous  # a function of earlier releases only
             sensitivity = sum_sensitivity(tau, cfg.neighbouring)
-            displacement, _ = winsorized_sum(grads, centre, tau)
+            displacement, _ = winsorized_sum(grads, centre, tau, present)
             noisy_displacement = releaser.gaussian(
                 displacement,
                 sensitivity=sensitivity,

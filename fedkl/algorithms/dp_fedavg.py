@@ -203,9 +203,7 @@ class DPFedAvg:
                 if scale is None:
                     rows, _ = clip_rows(values, clip)  # server-side re-clip (docstring)
                 else:
-                    lost = set(answers.failed)
-                    mask = torch.tensor([u in lost for u in answers.users], dtype=torch.bool)
-                    rows = adaptive_clip.contributions(values, clip, mask, scale)  # re-clipped there
+                    rows = adaptive_clip.contributions(values, clip, ~answers.answered(), scale)  # re-clipped there
                 total = rows.sum(0)
                 failed = len(answers.failed)
             released = run.release(total)

@@ -358,9 +358,7 @@ class _Localization:
         clip = self.setting.lipschitz / ph.reg
         answers = federation.compute(LocalRegularizedMinimizer(center, ph.reg), ph.users)
         deltas = answers.values.to(torch.float64) - center
-        bad = torch.zeros(len(ph.users), dtype=torch.bool)
-        bad[[answers.users.index(u) for u in answers.failed]] = True
-        bad |= ~torch.isfinite(deltas).all(dim=1)
+        bad = ~answers.answered() | ~torch.isfinite(deltas).all(dim=1)
         deltas = torch.where(bad.unsqueeze(1), torch.zeros_like(deltas), deltas)
         norms = deltas.norm(dim=1, keepdim=True)
         deltas = torch.where(norms > clip, deltas * (clip / norms.clamp_min(1e-300)), deltas)

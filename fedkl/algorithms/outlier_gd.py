@@ -14,7 +14,10 @@ radius ``R = k C / sqrt(m)`` (noisy-gd-conc's: two users' means of m IID records
     pass: g~ = mean + N(0, s^2 I),  w <- w - lr g~;     fail: the step is skipped (⊥)
 
 Privacy (user level; replace-one, and add-remove as its special case: an absent user is one whose
-answer was replaced by the 0 row). Let X, X' differ in user u's records, so in g_u only.
+answer was replaced by the 0 row; so is a failed one, a dropout or an invalid or non-finite answer, which
+every backend hands over as a zero row in ``answers.failed``: unlike noisy-gd-conc's sensitivities, the
+bounds below hold for ANY row of u, so present vs absent/failed is covered by them under both relations,
+tests/algorithms/test_conc_absent_users.py). Let X, X' differ in user u's records, so in g_u only.
 
 * For v != u, s_v changes by at most 1 (only the pair (v, u) changes), so |x_v - x'_v| <= 1/h, and
   |x_u - x'_u| <= 1: ``|W - W'| <= (n - 1)/h + 1 = 3`` (the test's sensitivity; s_q = 3/sqrt(2 rho_q):

@@ -50,6 +50,7 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 import torch
 
 from fedkl.federation.clipping import CLIP_SLACK
+from fedkl.problems.mirror import row_lp_norms
 
 # wire kind -> query class; filled by defining a Query subclass with a ``kind`` (Query.__init_subclass__)
 QUERY_KINDS: dict[str, type["Query"]] = {}
@@ -237,7 +238,9 @@ class DualClippedGradient(Query):
         return cls(**tensors, clip=wire_number(scalars, "clip"), q=wire_number(scalars, "q"))
 
     def check_answer(self, value: torch.Tensor) -> None:
-        norm = float(torch.linalg.vector_norm(value.to(torch.float64), ord=self.q))
+        # scaled by max|v| (the client clip's own norm, clip_rows_dual): |v_i|^q under- or overflows for q
+        # large (p near 1), which torch.linalg.vector_norm(v, ord=q) does not guard against
+        norm = float(row_lp_norms(value.to(torch.float64).reshape(1, -1), self.q)[0])
         if not norm <= self.clip * (1 + CLIP_SLACK):
             raise ValueError(f"answer l_{self.q:g} norm {norm:.6g} exceeds the clip bound {self.clip:g}")
 
@@ -584,6 +587,16 @@ class Answers:
 
     def total(self) -> torch.Tensor:
         return self.values.sum(0)
+
+    def answered(self) -> torch.Tensor:
+        """Boolean mask over the rows of :attr:`values`: False for the users in ``failed``. A failed user's
+        zero row is not its answer: an algorithm whose released quantity is not a plain sum of the rows
+        (a centre, a projection, a count) leaves these rows out with this mask."""
+        if not self.failed:
+            return torch.ones(len(self.users), dtype=torch.bool)
+        return ~torch.isin(
+            torch.as_tensor(self.users, dtype=torch.int64), torch.as_tensor(self.failed, dtype=torch.int64)
+        )
 
 
 def failure_summary(records: list[dict], kinds: Mapping[str, str]) -> dict:

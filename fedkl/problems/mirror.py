@@ -38,8 +38,9 @@ def dual_exponent(p: float) -> float:
 
 
 def lp_norm(x: torch.Tensor, p: float) -> float:
-    """``||x||_p`` (p >= 1, math.inf for the max norm)."""
-    return float(torch.linalg.vector_norm(x, ord=p))
+    """``||x||_p`` (p >= 1), scaled by max|x| (:func:`row_lp_norms`): for the dual exponent q of a p near 1
+    (q = 1001 at p = 1.001) an unscaled |x_i|^q is 0 for every |x_i| < 0.5 and inf above 2."""
+    return float(row_lp_norms(x.reshape(1, -1), p)[0])
 
 
 def _signed_power(u: torch.Tensor, a: float) -> torch.Tensor:

@@ -101,6 +101,66 @@ def test_the_dual_clipped_answer_has_lq_norm_at_most_the_clip(q):
         DualClippedGradient(w, 0.1, 1.5)
 
 
+def _lq_norm_exact(v: torch.Tensor, q: float):
+    """``||v||_q`` in 60-digit arithmetic (mpmath): the reference for the float64 norms."""
+    import mpmath
+
+    with mpmath.workdps(60):
+        return mpmath.fsum(mpmath.fabs(mpmath.mpf(float(x))) ** mpmath.mpf(q) for x in v) ** (1 / mpmath.mpf(q))
+
+
+P_NEAR_ONE = 1.001  # q = 1001: |v_i|^q underflows for |v_i| < 0.5 and overflows for |v_i| > 2
+
+
+@pytest.mark.parametrize("scale", (1e-3, 0.02, 0.4, 3.0, 1e5))
+def test_the_server_check_of_an_lq_answer_is_right_to_rounding_near_p_1(scale):
+    """p = 1.001: the server's check of a DualClippedGradient answer (Query.check_answer, what the Flower
+    federation runs on every reply) computes ||v||_q scaled by max|v| (the client clip's helper,
+    row_lp_norms), right to rounding against a 60-digit computation; before the fix it used
+    torch.linalg.vector_norm(v, ord=q), which is 0 for every |v_i| < 0.5 (an answer 40x over the bound
+    was accepted) and inf above 2. An answer 1e-9 (relative) above the bound is rejected, one 1e-9 below
+    is accepted."""
+    from fedkl.problems.mirror import dual_exponent, row_lp_norms
+
+    q = dual_exponent(P_NEAR_ONE)
+    g = torch.Generator().manual_seed(int(scale * 1000))
+    v = scale * torch.rand(7, generator=g, dtype=torch.float64).add(0.1) * torch.tensor([1, -1, 1, -1, 1, -1, 1.0])
+    exact = _lq_norm_exact(v, q)
+    assert float(row_lp_norms(v.unsqueeze(0), q)[0]) == pytest.approx(float(exact), rel=1e-13)
+    w = torch.zeros(7, dtype=torch.float64)
+    for excess in (1e-9, 0.5, 39.0):  # the clip below the true norm: an oversized answer
+        with pytest.raises(ValueError, match="exceeds the clip bound"):
+            DualClippedGradient(w, float(exact / (1 + excess)), q).check_answer(v)
+    for room in (1e-9, 0.5):  # the clip above it: a valid answer
+        DualClippedGradient(w, float(exact * (1 + room)), q).check_answer(v)
+
+
+@pytest.mark.flower
+def test_an_oversized_lq_answer_on_flower_fails_near_p_1():
+    """On a LocalGrid at p = 1.001, clip 0.01: a node answering 0.4 in every coordinate (||.||_q ~ 0.4, 40x
+    the bound; torch's unscaled norm said 0) is listed failed 'out-of-bound' and contributes zero; the
+    honest nodes' clipped answers pass and equal the in-process ones."""
+    from fedkl.flower import codec, localgrid
+    from fedkl.flower.client_app import make_client_app
+    from fedkl.flower.federation import FlowerFederation
+
+    data = {"n_users": 6, "m": 4, "d": 5, "seed": 1}
+    spec = codec.ClientSpec.build("synthetic-logistic", "logistic", data)
+    ds = load_dataset("synthetic-logistic", **data)
+    ref = InProcessFederation(make_problem("logistic", ds), ds)
+    value = np.full(5, 0.4)
+    fault = localgrid._ReplyFault(lambda req, rep: localgrid._with_value(req, value))
+    fed = FlowerFederation(
+        localgrid.LocalGrid(make_client_app(spec), 6, faults={2: fault}), user_ids=ref.user_ids, wait_for_nodes=0.0
+    )
+    query = DualClippedGradient(torch.full((5,), 0.3, dtype=torch.float64), 0.01, P_NEAR_ONE / (P_NEAR_ONE - 1))
+    got, want = fed.compute(query), ref.compute(query)
+    assert got.failed == [2] and fed.failures[-1]["failed"][ref.user_ids[2]].startswith("out-of-bound")
+    assert torch.equal(got.values[2], torch.zeros(5, dtype=torch.float64))
+    good = [u for u in range(6) if u != 2]
+    assert want.failed == [] and torch.equal(got.values[good], want.values[good])
+
+
 # --------------------------------------------------------------------------------------------------
 # the plan
 # --------------------------------------------------------------------------------------------------

@@ -87,3 +87,14 @@ def test_bad_requests_are_refused(fed):
         fed.compute(ClippedGradient(w * float("nan"), 1.0))
     with pytest.raises(TypeError):
         fed.compute("gradient please")
+
+
+def test_answered_masks_the_failed_users_rows_in_the_order_asked():
+    """Answers.answered(): False exactly at the rows of the users in ``failed`` (positions, not rows: the
+    asked users need not be 0..k-1 nor sorted), what algorithms use to leave a failed user's zero row out."""
+    from fedkl.federation.base import Answers
+
+    ans = Answers(users=[7, 2, 9, 4], values=torch.zeros(4, 3), failed=[9, 7])
+    assert ans.answered().tolist() == [False, True, False, True]
+    assert Answers(users=[3, 1], values=torch.zeros(2, 3)).answered().tolist() == [True, True]
+    assert Answers(users=[], values=torch.zeros(0, 3)).answered().tolist() == []

@@ -44,6 +44,22 @@ def test_the_two_gradients_are_inverse_maps(p):
     assert torch.equal(mirror_gradient(zero, p), zero) and torch.equal(mirror_inverse(zero, p), zero)
 
 
+@pytest.mark.parametrize("scale", (1e-3, 1.0, 1e3))
+def test_the_maps_hold_near_p_1_where_unscaled_lq_norms_under_and_overflow(scale):
+    """p = 1.001 (q = 1001): lp_norm is scaled by max|x| (row_lp_norms), so ||theta||_q of a dual point with
+    entries under 0.5 is not 0 (torch.linalg.vector_norm(theta, ord=q) was, and grad psi* returned the zero
+    vector: pg-mirror-descent's inner step went nowhere) nor inf above 2 (NaN iterates)."""
+    p = 1.001
+    q = dual_exponent(p)
+    theta = _x(9, scale=scale)
+    x = mirror_inverse(theta, p)
+    assert torch.isfinite(x).all() and lp_norm(x, p) == pytest.approx((p - 1) * float(theta.abs().max()), rel=1e-2)
+    assert lp_norm(theta, q) == pytest.approx(float(theta.abs().max()) * 7 ** (1 / q), rel=1e-2)
+    assert lp_norm(theta, q) == pytest.approx(float(row_lp_norms(theta.unsqueeze(0), q)[0]), rel=1e-15)
+    kept = x != 0  # |theta_i / ||theta||_q|^1000 underflows for the smaller entries: float64 cannot invert there
+    assert kept.sum() >= 2 and torch.allclose(mirror_gradient(x, p)[kept], theta[kept], rtol=1e-9, atol=0)
+
+
 @pytest.mark.parametrize("p", PS)
 def test_mirror_gradient_is_the_gradient_of_psi_and_psi_is_1_strongly_convex(p):
     x = _x(3).requires_grad_(True)
