@@ -108,12 +108,33 @@ an F_u in the declared class (mu-strongly convex, L-smooth: the loss of records 
 loaders' bounds, which :class:`~fedkl.data.base.FederatedDataset` checks wherever data enters,
 the ClientApp included). A client running modified code that answers gradient queries with values
 of no such function is outside the guarantee (the lemma's L/mu would not hold for it); the server
-cannot recompute a gradient without the records. Failed or non-finite answers abort the run before
-any charge. The server is trusted: it sees v~, e, theta~ and the test's outcome.
+cannot recompute a gradient without the records. The server is trusted: it sees v~, e, theta~ and
+the test's outcome.
 
-Failure handling: if a user's answer is missing or non-finite (local minimizer, or any solver
-round), the run aborts before anything is charged or released, as in SCOutputPert. Restart the
-phase on the frozen user set.
+Failures (issue 28 §2): no answer aborts the run, so whether it completes never depends on the data.
+A user whose answer is missing, malformed or non-finite at the public centre or at its own reported
+point (:meth:`DiameterSCOutputPert.checked_local_vectors`), or fails in ANY round of the solve of the
+kept set (missing, non-finite, or above the bound no in-class loss exceeds:
+:meth:`~fedkl.algorithms.sc_output_pert.SCOutputPert.solve`), gets an infinite local error: it conflicts
+with every user, the test is redone and the new kept set solved again, until a solve sees no new
+failure (each pass adds a user: at most n passes). The release is charged once, as without failures.
+Why this keeps the guarantee:
+
+* Failures independent of the data (a dropout): condition on the whole failure pattern, i.e. for every
+  (pass, round, user) whether that answer is lost. Every user is asked in every round and the number
+  of rounds per solve is public, so the set F of users given an infinite error is a function of the
+  pattern alone. Given the pattern, the mechanism is exactly the diameter test run on the data in which
+  the users of F have an infinite error; an edge still depends on its two users only, and for
+  neighbours x, x' (user i replaced) the two modified datasets are neighbours again. So the release is
+  (eps, delta)-DP conditionally on every pattern, hence for their mixture.
+* A client that fails at the centre or at its own reported point fails as a function of its own data:
+  it is simply a user with an infinite error.
+* A client that fails (or answers NaN, or out of class) only at SOME iterates, i.e. depending on the
+  other users' data (the NaN-in-one-world client), is outside the in-class assumption. The run still
+  completes on both sides with the same charges; the client counts as a second changed user (its
+  "data" is a failure on one side, its in-class loss on the other), so an honest user keeps the
+  group-of-(1 + k) guarantee against k such clients, ((1 + k) eps, (1 + k) e^{k eps} delta), instead
+  of the certain one-bit leak an abort gave.
 
 Utility is not the paper's theorem. Under the paper's random-permutation model, the local
 minimizers lie within about 2 gamma/mu of each other (gamma ~ 5 (2G) sqrt(ln(n/beta)/m), Lemma 3.8),
@@ -154,6 +175,20 @@ _G0_PAD = 1e-9  # float slack on the public bound G0 (an honest user's gradient 
 # on a Delta whose release is ⊥ (exactly 14-30 % at a 1/4 share), and rounded the floor up by up to 2x.
 GRID_RATIO = 2.0**0.5
 GRID_SIZE = 11
+
+
+def _rows(ans, shape: tuple[int, ...]) -> torch.Tensor:
+    """An answer's values in float64 with the expected shape (a malformed answer: every row NaN, i.e. failed)."""
+    values = ans.values.to(torch.float64)
+    return values if tuple(values.shape) == shape else torch.full(shape, math.nan, dtype=torch.float64)
+
+
+def _failed_rows(ans, values: torch.Tensor) -> torch.Tensor:
+    """(n,) bool: the users whose answer is missing or not finite."""
+    bad = ~torch.isfinite(values.reshape(values.shape[0], -1)).all(dim=1)
+    for u in ans.failed:
+        bad[ans.users.index(u)] = True
+    return bad
 
 
 def jump_factor(condition: float, k: int) -> float:
@@ -274,35 +309,26 @@ class DiameterSCOutputPert:
         (NOT private, a server-side diagnostic) counts the users whose reported residual is below
         the recomputed one: lying or broken clients (honest ones agree to rounding)."""
         cfg, t = self.config, self.test
-        ans = federation.compute(CertifiedLocalMinimizer(center, cfg.extra_reg, t.local_tol, t.local_max_iter))
-        values = ans.values.to(torch.float64)
         n, d = federation.num_users, federation.num_params
-        if ans.failed or values.shape != (n, d + 1) or not torch.isfinite(values).all():
-            raise RuntimeError(
-                f"{len(ans.failed)} user(s) gave no valid local minimizer: the run is aborted before "
-                "any charge; restart it on the frozen user set"
-            )
-        V = values[:, :d]
+        center = center.to(torch.float64)
+        ans = federation.compute(CertifiedLocalMinimizer(center, cfg.extra_reg, t.local_tol, t.local_max_iter))
+        values = _rows(ans, (n, d + 1))
+        failed = _failed_rows(ans, values)
+        V = torch.where(failed.unsqueeze(1), center, values[:, :d])
         grads = federation.compute(GradientsAtOwnPoints(V))
-        g = grads.values.to(torch.float64)
-        if grads.failed or g.shape != (n, d) or not torch.isfinite(g).all():
-            raise RuntimeError(
-                f"{len(grads.failed)} user(s) gave no valid gradient at their local minimizer: the run "
-                "is aborted before any charge; restart it on the frozen user set"
-            )
+        g = _rows(grads, (n, d))
+        failed |= _failed_rows(grads, g)
         residual = (g + cfg.extra_reg * (V - center)).norm(dim=1)
-        understated = int((values[:, d] < residual * (1 - 1e-6) - 1e-12).sum())
+        understated = int(((values[:, d] < residual * (1 - 1e-6) - 1e-12) & ~failed).sum())
         # the public G0 >= ||grad f_u(c)|| that fixes f~'s iteration count: a user whose gradient at the centre
         # breaks it (no honest client can) gets an infinite error, i.e. conflicts with everyone
         start = federation.compute(GradientsAtPoints(center.unsqueeze(0)))
-        g0 = start.values.to(torch.float64).reshape(n, -1)
-        if start.failed or g0.shape != (n, d) or not torch.isfinite(g0).all():
-            raise RuntimeError(
-                f"{len(start.failed)} user(s) gave no valid gradient at the centre: the run is aborted "
-                "before any charge; restart it on the frozen user set"
-            )
+        g0 = _rows(start, (n, 1, d)).reshape(n, d)
+        failed |= _failed_rows(start, g0)
         err = residual / cfg.mu
         err[~(g0.norm(dim=1) <= cfg.start_grad_bound * (1 + _G0_PAD))] = math.inf
+        # a failed or non-finite answer (module docstring, "Failures"): the user conflicts with everyone
+        err[failed] = math.inf
         return V, err, understated
 
     def conflict_edges(self, V: torch.Tensor, err: torch.Tensor, rho: float) -> list[tuple[int, int]]:
@@ -332,12 +358,31 @@ class DiameterSCOutputPert:
         }
         found, more = deletion_set(n, edges, score, 2 * self.kappa)
         diag.update(more)
+        failed_in_solve: set[int] = set()
+        while found is not None:
+            dist, deleted = found
+            mask = torch.ones(1, n, dtype=torch.bool)
+            mask[0, list(deleted)] = False
+            failed: set[int] = set()
+            value = self.solver.solve(federation, mask, center, failed)[0]
+            new = failed - failed_in_solve
+            if not new:
+                break
+            # a user that failed in the solve (at an iterate, i.e. possibly depending on others' data) is
+            # treated as one whose local error is infinite: the test is redone and the kept set re-solved
+            # (module docstring, "Failures"); each pass adds a user, so at most n passes
+            failed_in_solve |= new
+            err = err.clone()
+            err[sorted(failed_in_solve)] = math.inf
+            edges = self.conflict_edges(V, err, rho)
+            found, more = deletion_set(n, edges, score, 2 * self.kappa)
+            diag.update(more)
+        diag["failed_in_solve"] = len(failed_in_solve)
+        diag["users_conflicting_with_all"] = int(torch.isinf(err).sum())
+        diag["conflict_edges"] = len(edges)
+        diag["conflict_users"] = len({u for e in edges for u in e})
         if found is None:
             return StabilityPlan(n, None, None, None, f"diameter-{score}"), diag
-        dist, deleted = found
-        mask = torch.ones(1, n, dtype=torch.bool)
-        mask[0, list(deleted)] = False
-        value = self.solver.solve(federation, mask, center)[0]
         return StabilityPlan(n, int(dist), tuple(deleted), value, f"diameter-{score}"), diag
 
     def deletion_score(self, n: int, V: torch.Tensor, err: torch.Tensor) -> int:
