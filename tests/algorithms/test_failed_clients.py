@@ -174,3 +174,75 @@ def test_the_solver_never_aborts_and_an_in_class_run_is_unchanged(bad):
     # honest users never fail the in-class bound, and the ball never moves their iterates
     none: set[int] = set()
     assert torch.equal(alg.solve(fed, masks, center, none), honest) and not none
+
+
+# --- every registered algorithm --------------------------------------------------------------------
+class AlwaysFailing(Federation):
+    """USER fails every query (its row zero and listed in ``failed``: the federations' contract, what a
+    dropout, a NaN or a malformed reply becomes on every backend)."""
+
+    def __init__(self, inner: Federation, user: int) -> None:
+        self.inner, self.user = inner, user
+
+    user_ids = property(lambda self: self.inner.user_ids)
+    num_params = property(lambda self: self.inner.num_params)
+
+    def compute(self, query, users=None):
+        ans = self.inner.compute(query, users)
+        rows = list(range(self.num_users)) if users is None else list(users)
+        if self.user not in rows:
+            return ans
+        v = ans.values.clone()
+        v[rows.index(self.user)] = 0
+        return Answers(ans.users, v, sorted(set(ans.failed) | {self.user}))
+
+
+def _train(tmp_path, name: str, failing: bool):
+    """(ledger rows, declared guarantee) of ``name``'s small run in-process, with user 1 failing every query."""
+    from build_helpers import SMALL
+
+    from fedkl.runner import RunConfig, load_run_data, prepare_run, train_federation
+
+    kw = dict(SMALL[name])
+    settings = dict(
+        dataset="synthetic-logistic",
+        users=kw.pop("users", 12),
+        algorithm=name,
+        epsilon=3.0,
+        rounds=3,
+        lr=0.5,
+        clip=1.0,
+        seed=2,
+        noise_seed=5,
+        reference=False,
+        force=True,
+        out=str(tmp_path / ("failing" if failing else "honest")),
+    )
+    cfg = RunConfig.from_settings(strict=False, **{**settings, **kw})
+    dataset, problem, _ = load_run_data(cfg)
+    fed = InProcessFederation(problem, dataset)
+    fed = AlwaysFailing(fed, 1) if failing else fed
+    delta, run_id, _, ledger_path, noise = prepare_run(cfg, fed.num_users)
+    _, _, declared = train_federation(cfg, fed, problem, dataset, delta, ledger_path, run_id, noise, lambda _: None)
+    with PrivacyLedger(ledger_path) as ledger:
+        rows = [(r["label"], r["users"], r["cohort"], r["eps"], r["delta"], r["rho"]) for r in ledger.releases()]
+    return rows, declared
+
+
+def _small_algorithms():
+    from build_helpers import SMALL
+
+    from fedkl.runner import ALGORITHMS
+
+    return sorted(set(ALGORITHMS) & set(SMALL))
+
+
+@pytest.mark.parametrize("name", _small_algorithms())
+def test_a_user_failing_every_query_changes_neither_completion_nor_charges(tmp_path, name):
+    """The extreme NaN-in-one-world client, for every registered algorithm: it fails every query in one world
+    and answers honestly in the other. Both runs complete; a non-adaptive algorithm charges the same rows."""
+    honest, declared = _train(tmp_path, name, False)
+    failing, _ = _train(tmp_path, name, True)
+    assert honest and failing
+    if not declared.adaptive:
+        assert failing == honest
