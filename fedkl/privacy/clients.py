@@ -60,4 +60,44 @@ FEDKL_CLIENTS = ClientModel(
     "--secagg the server sees only the masked sum and cannot bound an answer",
 )
 
-__all__ = ["ANY_CLIENTS", "FEDKL_CLIENTS", "IN_CLASS_CLIENTS", "ClientModel"]
+# what the operator may state with ``fedkl run --clients`` (run-config key ``fedkl-clients``): "any" (the
+# default: no assumption) or "in-class" (the opt-in to IN_CLASS_CLIENTS)
+TRUST_MODELS = ("any", "in-class")
+
+
+def assumption(model: ClientModel) -> str:
+    """The few words the printed privacy line carries next to epsilon: what the guarantee assumes of the
+    other clients."""
+    if model == ANY_CLIENTS:
+        return "any clients"
+    if model == IN_CLASS_CLIENTS:
+        return "assumes in-class clients"
+    return f"assumes {model.name}"
+
+
+def require_trust(model: ClientModel, stated: str, deployed: bool, who: str) -> None:
+    """Refuse (one-line ValueError) a DEPLOYED run (clients answer from their own processes: every Flower
+    backend and ``flwr run``'s ServerApp) of a guarantee that assumes in-class clients unless the operator
+    stated that trust model (``stated == "in-class"``), in the style of OpenDP's opt-in flags: running under
+    a weaker assumption than "any client" is never a default. In-process (and on Ray shards) the server's
+    own code computes every answer from the records, so the assumption holds by construction."""
+    if stated not in TRUST_MODELS:
+        raise ValueError(f"clients must be one of {TRUST_MODELS}, got {stated!r}")
+    if deployed and model == IN_CLASS_CLIENTS and stated != "in-class":
+        raise ValueError(
+            f"{who}'s guarantee assumes in-class clients (every other client's gradient answers come from one "
+            "fixed loss of its own records in the declared class), and on this backend clients run their own "
+            'code: state that trust model with --clients in-class (run config fedkl-clients = "in-class") to '
+            "run it (nothing was read or charged)"
+        )
+
+
+__all__ = [
+    "ANY_CLIENTS",
+    "FEDKL_CLIENTS",
+    "IN_CLASS_CLIENTS",
+    "TRUST_MODELS",
+    "ClientModel",
+    "assumption",
+    "require_trust",
+]
