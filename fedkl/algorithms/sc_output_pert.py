@@ -265,7 +265,12 @@ class SCOutputPert:
         return 2.0 * self.config.start_grad_bound / self.config.mu * (1 + _REACH_PAD) + _ANSWER_PAD
 
     def solve(
-        self, federation: Federation, masks: torch.Tensor, center: torch.Tensor, failed: set[int] | None = None
+        self,
+        federation: Federation,
+        masks: torch.Tensor,
+        center: torch.Tensor,
+        failed: set[int] | None = None,
+        record: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> torch.Tensor:
         """f~ on every row of ``masks`` ((k, n) bool, users that remain): ``(k, d)`` float64.
 
@@ -274,7 +279,9 @@ class SCOutputPert:
         projected onto the ball of :meth:`reach`. So f~ is finite and the run never aborts on an answer,
         and for clients whose answers are fixed functions of the point asked (failing or not), f~ is a
         deterministic function of the set of remaining users: all the exact test's privacy needs
-        (module docstring, "Failures"). On in-class answers neither rule ever applies: f~ is unchanged."""
+        (module docstring, "Failures"). On in-class answers neither rule ever applies: f~ is unchanged.
+        ``record``: when given, every round appends (its points ``(k, d)``, every user's answers ``(n, k, d)``
+        as received), what the diameter test's interpolation check reads."""
         cfg = self.config
         reach = self.reach
         out = []
@@ -285,6 +292,8 @@ class SCOutputPert:
             for _ in range(cfg.iterations):
                 ans = federation.compute(GradientsAtPoints(theta))
                 vals = ans.values.to(torch.float64)
+                if record is not None:
+                    record.append((theta.clone(), vals.clone()))
                 bad = ~(torch.isfinite(vals).all(dim=2) & (vals.norm(dim=2) <= self.answer_bound(theta, center)))
                 for u in ans.failed:
                     bad[ans.users.index(u)] = True
