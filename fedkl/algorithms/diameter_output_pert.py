@@ -187,7 +187,7 @@ _G0_PAD = 1e-9  # float slack on the public bound G0 (an honest user's gradient 
 # the pairwise co-coercivity condition (necessary, not sufficient) above it; users checked in chunks of
 # about _INTERPOLATION_CHUNK (k * k * d) entries
 INTERPOLATION_EXACT_MAX = 160
-_INTERPOLATION_CHUNK = 1 << 23
+_INTERPOLATION_CHUNK = 1 << 21
 GRID_RATIO = 2.0**0.5
 GRID_SIZE = 11
 
