@@ -110,7 +110,7 @@ the ClientApp included), fixed for the whole run. The server cannot recompute a 
 records, but it checks every answer set a user gives within the release (the two local-stage
 answers, at the centre and at its reported point, then every round of every solve) against the
 interpolation conditions of mu_f-strongly convex, beta_f-smooth functions
-(:mod:`fedkl.algorithms.interpolation`: exact, no positive cycle, up to ``INTERPOLATION_EXACT_MAX``
+(:mod:`fedkl.algorithms.interpolation`: exact, no positive cycle, up to ``interpolation.EXACT_MAX``
 answers per user; the pairwise co-coercivity condition, necessary only, above). A user that fails is
 handled as a failed user (below; positions in the diagnostics' ``interpolation_failed``). What this
 proves (interpolation.py's docstring): in each world the run is exactly a run with a fixed in-class
@@ -169,7 +169,7 @@ from fedkl.algorithms.del_output_pert import (
     check_release_start,
 )
 from fedkl.algorithms.delta_share import release_share
-from fedkl.algorithms.interpolation import answer_scale, interpolable, pairwise_interpolable
+from fedkl.algorithms.interpolation import in_class
 from fedkl.algorithms.matching import deletion_set
 from fedkl.algorithms.mean_output_pert import conflict_edges
 from fedkl.algorithms.sc_output_pert import SCOutputPert, SCOutputPertConfig, release_forecast
@@ -183,11 +183,6 @@ _G0_PAD = 1e-9  # float slack on the public bound G0 (an honest user's gradient 
 # users the diameter test certifies down to ~Delta_uc/6-9 (fertility-partition, L/mu = 3.5); the old grid
 # (ratio 2, span 2^11) put 8-9 capped scores ahead of that floor, each a chance for AboveThreshold to stop
 # on a Delta whose release is ⊥ (exactly 14-30 % at a 1/4 share), and rounded the floor up by up to 2x.
-# the interpolation check is exact (no positive cycle, O(k^3) per user) up to this many answers per user, and
-# the pairwise co-coercivity condition (necessary, not sufficient) above it; users checked in chunks of
-# about _INTERPOLATION_CHUNK (k * k * d) entries
-INTERPOLATION_EXACT_MAX = 160
-_INTERPOLATION_CHUNK = 1 << 21
 GRID_RATIO = 2.0**0.5
 GRID_SIZE = 11
 
@@ -385,17 +380,9 @@ class DiameterSCOutputPert:
     def in_class(self, points: torch.Tensor, grads: torch.Tensor, center: torch.Tensor) -> torch.Tensor:
         """``(n,)`` bool: whether each user's gradient answers ``grads[u, i]`` at ``points[u, i]`` are those of
         one mu_f-strongly convex, beta_f-smooth function (:mod:`fedkl.algorithms.interpolation`: exact up to
-        ``INTERPOLATION_EXACT_MAX`` answers per user, the pairwise co-coercivity condition above)."""
+        ``interpolation.EXACT_MAX`` answers per user, the pairwise co-coercivity condition above)."""
         cfg = self.config
-        mu, L = cfg.strong_convexity, cfg.smoothness
-        out = torch.empty(points.shape[0], dtype=torch.bool)
-        k = points.shape[1]
-        check = interpolable if k <= INTERPOLATION_EXACT_MAX else pairwise_interpolable
-        step = max(1, _INTERPOLATION_CHUNK // max(1, k * k * points.shape[2]))
-        for a in range(0, points.shape[0], step):
-            X, G = points[a : a + step], grads[a : a + step]
-            out[a : a + step] = check(X, G, mu, L, answer_scale(X, center, cfg.start_grad_bound, L))
-        return out
+        return in_class(points, grads, center, cfg.strong_convexity, cfg.smoothness, cfg.start_grad_bound)
 
     def conflict_edges(self, V: torch.Tensor, err: torch.Tensor, rho: float) -> list[tuple[int, int]]:
         """u < w with ||v~_u - v~_w|| + e_u + e_w > rho (1 - 1e-9): a missing edge proves ||v_u - v_w|| <= rho."""

@@ -55,6 +55,13 @@ is the release of the in-class mechanism on (x, c := A_x), and in world x' on (x
    ((1 + k) eps, (1 + k) e^{k eps} delta) (basic group privacy), where, without the check, one liar gave
    delta = 1 against a claimed 0.1 (issue 28 §2).
 
+The argument is per release; a phased run composes its releases as before, each costing at most its own
+group step. Where it is applied: the diameter test (every answer a user gives in a release: at the
+centre, at its reported point, every solver round; :mod:`fedkl.algorithms.diameter_output_pert`, so the
+Delta selection and the phased algorithms' inner releases through it) and SCOutputPert's certificate (the
+full solve's and the certificate's answers; the exact enumeration needs nothing of the answers, so a
+failing check only sends the decision there: :mod:`fedkl.algorithms.sc_output_pert`).
+
 What it cannot do: close case 2. The remaining case is the ADAPTIVE in-class client, who answers with the
 gradient of an in-class function it picks after seeing iterates (so A_x != A_x'). Its transcript in each
 world is exactly that of an honest client with that function, so no check of the answers, however
@@ -133,4 +140,27 @@ def pairwise_interpolable(X: torch.Tensor, G: torch.Tensor, mu: float, L: float,
     return finite & ~((w + w.transpose(1, 2)) > 0).flatten(1).any(dim=1)
 
 
-__all__ = ["GRAD_REL", "answer_scale", "interpolable", "pairwise_interpolable"]
+# exact (no positive cycle, O(k^3) per user) up to this many answers per user, the pairwise co-coercivity
+# condition (necessary, not sufficient) above it; users checked in chunks of about CHUNK (k * k * d) entries
+EXACT_MAX = 160
+CHUNK = 1 << 21
+
+
+def in_class(
+    points: torch.Tensor, grads: torch.Tensor, center: torch.Tensor, mu: float, L: float, start_grad_bound: float
+) -> torch.Tensor:
+    """``(n,)`` bool: whether each user's answers ``grads[u, i]`` at ``points[u, i]`` (``(n, k, d)``) are the
+    gradients of one mu-strongly convex, L-smooth function (:func:`interpolable` up to :data:`EXACT_MAX`
+    answers per user, :func:`pairwise_interpolable` above), with the float tolerance of :func:`answer_scale`
+    (``start_grad_bound``: G0 >= the gradient norm at ``center``)."""
+    n, k, d = points.shape
+    out = torch.empty(n, dtype=torch.bool)
+    check = interpolable if k <= EXACT_MAX else pairwise_interpolable
+    step = max(1, CHUNK // max(1, k * k * d))
+    for a in range(0, n, step):
+        X, G = points[a : a + step], grads[a : a + step]
+        out[a : a + step] = check(X, G, mu, L, answer_scale(X, center, start_grad_bound, L))
+    return out
+
+
+__all__ = ["CHUNK", "EXACT_MAX", "GRAD_REL", "answer_scale", "in_class", "interpolable", "pairwise_interpolable"]

@@ -64,7 +64,10 @@ Clients (:data:`~fedkl.privacy.clients.IN_CLASS_CLIENTS`): the exact path is pri
 deterministic f~, i.e. whatever fixed functions the other clients' gradient answers are; the
 certificate needs every other client's gradients to be those of a loss in the class (mu, beta).
 No client reports a norm: the server computes every ||grad l_u(theta~)|| itself from the gradient
-answers the solver uses, so a client cannot make the certificate pass by under-reporting. Floating point: the certificate is
+answers the solver uses, so a client cannot make the certificate pass by under-reporting. The certificate
+is believed only when the full solve's and the certificate's answers are, user by user, the gradients of
+one in-class function (:mod:`fedkl.algorithms.interpolation`, which proves what that buys); else the exact
+enumeration decides. Floating point: the certificate is
 compared with ``Delta (1 - 1e-9)``; f~ is always evaluated on the released set alone (batch of one),
 the enumeration evaluates it in batches (values may differ in the last bits; not modelled).
 
@@ -94,6 +97,7 @@ from fedkl.algorithms.del_output_pert import (
     exact_stability,
     noise_forecast,
 )
+from fedkl.algorithms.interpolation import in_class
 from fedkl.federation.base import Federation, GradientsAtPoints
 from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, PAPER_002_RELATIONS, Guarantee
 from fedkl.privacy.release import Releaser
@@ -311,14 +315,30 @@ class SCOutputPert:
         return torch.cat(out)
 
     # --- the test ------------------------------------------------------------------------------
-    def certify(self, federation: Federation, theta: torch.Tensor, center: torch.Tensor) -> tuple[bool, float]:
-        """(passed, U + 2 tau): passed proves Dbar_{4 kappa} f~(x) <= Delta (module docstring)."""
+    def answers_in_class(self, record: list[tuple[torch.Tensor, torch.Tensor]], center: torch.Tensor) -> bool:
+        """Whether every user's recorded answers are the gradients of one in-class function."""
+        cfg = self.config
+        grads = torch.cat([vals for _, vals in record], dim=1)
+        points = torch.cat([theta for theta, _ in record]).unsqueeze(0).expand(grads.shape[0], -1, -1)
+        return bool(in_class(points, grads, center, cfg.strong_convexity, cfg.smoothness, cfg.start_grad_bound).all())
+
+    def certify(
+        self,
+        federation: Federation,
+        theta: torch.Tensor,
+        center: torch.Tensor,
+        record: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+    ) -> tuple[bool, float]:
+        """(passed, U + 2 tau): passed proves Dbar_{4 kappa} f~(x) <= Delta (module docstring) for in-class
+        answers; ``record``: its answers are appended there (as :meth:`solve`'s)."""
         cfg = self.config
         n = federation.num_users
         # the norms are computed HERE from the users' gradients (the solver's own oracle), never taken
         # from a client's report: a client that under-reports could make the certificate pass
         ans = federation.compute(GradientsAtPoints(theta.unsqueeze(0)))
         values = ans.values.to(torch.float64)
+        if record is not None:
+            record.append((theta.unsqueeze(0).clone(), values.clone()))
         if ans.failed or not torch.isfinite(values).all():  # no certificate: the exact enumeration decides
             return False, math.inf
         grads = values[:, 0] + cfg.extra_reg * (theta - center)
@@ -331,12 +351,14 @@ class SCOutputPert:
         n = federation.num_users
         full = torch.ones(1, n, dtype=torch.bool)
         failed: set[int] = set()
-        theta = self.solve(federation, full, center, failed)[0]
+        record: list[tuple[torch.Tensor, torch.Tensor]] = []
+        theta = self.solve(federation, full, center, failed, record)[0]
         # the certificate bounds the deletion jumps of in-class answers only: a failed answer (zeroed in f~)
-        # leaves the decision to the exact enumeration, whose privacy needs nothing of the answers
+        # or answers no one in-class function gives (fedkl.algorithms.interpolation, on the full solve's and
+        # the certificate's answers) leave the decision to the exact enumeration, which needs nothing of them
         if self.config.use_certificate and not failed:
-            passed, _ = self.certify(federation, theta, center)
-            if passed:
+            passed, _ = self.certify(federation, theta, center, record)
+            if passed and self.answers_in_class(record, center):
                 self.stats["certificate"] += 1
                 return StabilityPlan(n, 0, (), theta, "certificate")
         self.stats["exact"] += 1

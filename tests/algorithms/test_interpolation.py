@@ -168,3 +168,42 @@ def test_an_out_of_class_answer_in_the_solve_is_caught():
     assert plain.deleted == () and diag["interpolation_failed"] == []
     plan, diag = mech.plan(Steep(), center)
     assert diag["interpolation_failed"] == [LIAR] and LIAR in plan.deleted
+
+
+def test_the_certificate_is_only_believed_on_in_class_answers(monkeypatch):
+    """SCOutputPert's Lemma C.1 certificate bounds the deletion jumps of in-class answers only: when the full
+    solve's and the certificate's answers are not one in-class function's, the exact enumeration decides
+    (stubbed here: which path decides is what is checked)."""
+    from fedkl.algorithms import sc_output_pert
+    from fedkl.algorithms.del_output_pert import StabilityPlan
+    from fedkl.algorithms.sc_output_pert import SCOutputPert
+
+    monkeypatch.setattr(
+        sc_output_pert, "exact_stability", lambda f, n, cfg: StabilityPlan(n, None, None, None, "exact")
+    )
+
+    n = 16
+    ds = synthetic_least_squares(n, 200, 2, seed=0, noise=0.1)
+    prob = make_problem("least-squares", ds)
+    fed = InProcessFederation(prob, ds)
+    center = torch.zeros(prob.num_params, dtype=torch.float64)
+    cfg = SCOutputPertConfig.for_problem(prob, ds.feature_bound, center, eps=8.0, delta=0.1, Delta=0.5, extra_reg=1.0)
+
+    class Flipped(Federation):  # LIAR's answer at the public centre points the wrong way (same norm)
+        user_ids = property(lambda self: fed.user_ids)
+        num_params = property(lambda self: fed.num_params)
+
+        def compute(self, query, users=None):
+            ans = fed.compute(query, users)
+            points = torch.as_tensor(query.points)
+            if not (points == center).all(dim=1).any():
+                return ans
+            v = ans.values.clone()
+            v[LIAR, (points == center).all(dim=1)] *= -1
+            return Answers(ans.users, v, ans.failed)
+
+    assert SCOutputPert(cfg).plan(fed, center).decided_by == "certificate"
+    assert SCOutputPert(cfg).plan(Flipped(), center).decided_by == "exact"
+    unchecked = SCOutputPert(cfg)
+    unchecked.answers_in_class = lambda record, c: True
+    assert unchecked.plan(Flipped(), center).decided_by == "certificate"
