@@ -112,8 +112,8 @@ def interpolable(X: torch.Tensor, G: torch.Tensor, mu: float, L: float, scale: t
         raise ValueError(f"need 0 <= mu <= L, got mu={mu}, L={L}")
     if X.shape != G.shape or X.dim() != 3:
         raise ValueError(f"points and gradients must both be (n, k, d), got {tuple(X.shape)} and {tuple(G.shape)}")
-    finite = torch.isfinite(X).flatten(1).all(1) & torch.isfinite(G).flatten(1).all(1)
-    X, G = torch.nan_to_num(X), torch.nan_to_num(G)
+    finite = torch.isfinite(X).flatten(1).all(1) & torch.isfinite(G).flatten(1).all(1) & torch.isfinite(scale).all(1)
+    X, G, scale = torch.nan_to_num(X), torch.nan_to_num(G), torch.nan_to_num(scale)
     if mu >= L * (1 - 1e-12):  # a quadratic: g_i - g_j = mu (x_i - x_j) exactly (within the tolerance)
         dev = ((G.unsqueeze(2) - G.unsqueeze(1)) - mu * (X.unsqueeze(2) - X.unsqueeze(1))).norm(dim=-1)
         tol = scale.unsqueeze(2) + scale.unsqueeze(1)
@@ -126,18 +126,20 @@ def interpolable(X: torch.Tensor, G: torch.Tensor, mu: float, L: float, scale: t
     best = w.masked_fill(eye, 0.0)
     for m in range(k):
         best = torch.maximum(best, best[:, :, m : m + 1] + best[:, m : m + 1, :])
-    return finite & ~(best.diagonal(dim1=1, dim2=2) > 0).any(dim=1)
+    diag = best.diagonal(dim1=1, dim2=2)
+    return finite & ~((diag > 0) | torch.isnan(diag)).any(dim=1) & ~torch.isnan(w).flatten(1).any(1)
 
 
 def pairwise_interpolable(X: torch.Tensor, G: torch.Tensor, mu: float, L: float, scale: torch.Tensor) -> torch.Tensor:
     """``(n,)`` bool: the 2-cycle (co-coercivity) condition on every pair; necessary, and sufficient for k <= 2."""
     X, G = X.to(torch.float64), G.to(torch.float64)
-    finite = torch.isfinite(X).flatten(1).all(1) & torch.isfinite(G).flatten(1).all(1)
-    X, G = torch.nan_to_num(X), torch.nan_to_num(G)
+    finite = torch.isfinite(X).flatten(1).all(1) & torch.isfinite(G).flatten(1).all(1) & torch.isfinite(scale).all(1)
+    X, G, scale = torch.nan_to_num(X), torch.nan_to_num(G), torch.nan_to_num(scale)
     if mu >= L * (1 - 1e-12):
         return interpolable(X, G, mu, L, scale) & finite
     w = _constraints(X, G, mu, L, scale)
-    return finite & ~((w + w.transpose(1, 2)) > 0).flatten(1).any(dim=1)
+    two = w + w.transpose(1, 2)
+    return finite & ~((two > 0) | torch.isnan(two)).flatten(1).any(dim=1)
 
 
 # exact (no positive cycle, O(k^3) per user) up to this many answers per user, the pairwise co-coercivity
