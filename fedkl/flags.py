@@ -257,6 +257,16 @@ def _add_run_arguments(run: argparse.ArgumentParser, algorithm: str | None, cat:
         "the paper-002 algorithms are proven for replace-one only)",
     )
     run.add_argument(
+        "--clients",
+        choices=("any", "in-class"),
+        default=d.clients,
+        help="the trust model you state for the other clients (default %(default)s: the guarantee must hold "
+        "whatever they answer). in-class: an explicit opt-in, required to run an algorithm whose guarantee "
+        "assumes every client's gradient answers come from one fixed loss of its own records in the declared "
+        "class (the paper-002 diameter test and Delta selection, the fkt family) on a backend where clients "
+        "run their own code (every Flower backend; run config fedkl-clients); the privacy line says it",
+    )
+    run.add_argument(
         "--conversion",
         choices=cat["conversions"],
         default=d.conversion,

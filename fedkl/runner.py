@@ -42,7 +42,7 @@ from fedkl.data.standin import STANDIN_RECORDS, public_standin
 from fedkl.federation.base import Federation
 from fedkl.federation.inprocess import InProcessFederation
 from fedkl.privacy import Budget, BudgetExceeded, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter
-from fedkl.privacy.clients import FEDKL_CLIENTS
+from fedkl.privacy.clients import FEDKL_CLIENTS, TRUST_MODELS, assumption, require_trust
 from fedkl.privacy.guarantee import RELATION_TEXT, Guarantee
 from fedkl.privacy.journal import JournalError, ReleaseJournal
 from fedkl.privacy.release import PREPAY_WINDOW_S
@@ -130,6 +130,9 @@ class RunConfig:
     label_bound: float | None = None
     on_bound: str | None = None
     secagg: bool = False  # Flower backends: sums through SecAgg+ (fedkl.flower.secagg), sum-only algorithms
+    # the trust model the operator states for the other clients (fedkl.privacy.clients.TRUST_MODELS): "in-class"
+    # is the explicit opt-in a deployed run of an in-class guarantee needs (require_trust)
+    clients: str = "any"
     # numeric kernels (fedkl.problems.rowwise): reproducible = batch-invariant, bit for bit what a Flower
     # client computes alone; fast = plain torch, in-process only; auto (the default) = fast in-process and on ray-shards,
     # reproducible on every Flower backend. Resolved here: a RunConfig (its settings, result.json, the
@@ -160,6 +163,8 @@ class RunConfig:
                 f"--secagg: {self.algorithm} (with these settings) needs per-user answers, which secure aggregation "
                 f"hides; it serves algorithms that need only sums: {sums}"
             )
+        if self.clients not in TRUST_MODELS:
+            raise ValueError(f"--clients must be one of {', '.join(TRUST_MODELS)}, got {self.clients!r}")
         if isinstance(self.shards, bool) or not isinstance(self.shards, int) or self.shards < 1:
             raise ValueError(f"--shards must be an integer >= 1, got {self.shards!r}")
 
@@ -378,6 +383,13 @@ def train_federation(
         declared: Guarantee = alg.guarantee
         if cfg.secagg:  # the server no longer sees (nor bounds) each answer: fedkl/flower/secagg.py
             declared = dataclasses.replace(declared, clients=FEDKL_CLIENTS)
+        try:  # a weaker trust model is an explicit opt-in where clients run their own code
+            require_trust(
+                alg.guarantee.clients, cfg.clients, getattr(federation, "clients_run_own_code", False), cfg.algorithm
+            )
+        except ValueError:
+            ledger.finish_run("refused")
+            raise
         if not declared.zcdp:  # zCDP rho, rounds and clip are not what these algorithms use
             how = declared.accountant(cfg.conversion, getattr(cfg.params, "accountant", None))
             log(
@@ -812,7 +824,10 @@ def _run_training(
         if eps < summary["max_user_epsilon"]
         else f"zCDP rho = {summary['max_user_rho']:.5g}, {cfg.conversion}"
     )
-    log(f"privacy: user-level ({cfg.neighbouring}) epsilon = {eps:.4f}, delta = {delta:.3g} ({how})")
+    log(
+        f"privacy: user-level ({cfg.neighbouring}; {assumption(declared.clients)}) epsilon = {eps:.4f}, "
+        f"delta = {delta:.3g} ({how})"
+    )
     got = f"{test[key]:.4f}" if key in test else "n/a (the algorithm released no model)"
     log(f"test {key} = {got}   (trivial baseline {trivial.get(key, math.nan):.4f})")
     log(f"wrote {result_path}" + (f", {model_path}" if model_path else "") + f" and ledger {ledger_path}")

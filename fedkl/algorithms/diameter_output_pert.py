@@ -104,16 +104,46 @@ a user whose answer breaks it gets an infinite certified error, so it conflicts 
 and is deleted (or the test outputs ⊥); an edge still depends on its two users only.
 
 What remains assumed, and is checked where it can be: every client's GRADIENT answers are those of
-an F_u in the declared class (mu-strongly convex, L-smooth: the loss of records within the
+ONE F_u in the declared class (mu-strongly convex, L-smooth: the loss of records within the
 loaders' bounds, which :class:`~fedkl.data.base.FederatedDataset` checks wherever data enters,
-the ClientApp included). A client running modified code that answers gradient queries with values
-of no such function is outside the guarantee (the lemma's L/mu would not hold for it); the server
-cannot recompute a gradient without the records. Failed or non-finite answers abort the run before
-any charge. The server is trusted: it sees v~, e, theta~ and the test's outcome.
+the ClientApp included), fixed for the whole run. The server cannot recompute a gradient without the
+records, but it checks every answer set a user gives within the release (the two local-stage
+answers, at the centre and at its reported point, then every round of every solve) against the
+interpolation conditions of mu_f-strongly convex, beta_f-smooth functions
+(:mod:`fedkl.algorithms.interpolation`: exact, no positive cycle, up to ``interpolation.EXACT_MAX``
+answers per user; the pairwise co-coercivity condition, necessary only, above). A user that fails is
+handled as a failed user (below; positions in the diagnostics' ``interpolation_failed``). What this
+proves (interpolation.py's docstring): in each world the run is exactly a run with a fixed in-class
+client, so any deviating client (a liar mimicking a typical user at its own point, an inconsistent or
+too steep field, a NaN-in-one-world client) costs an honest user at most one group step; the
+remaining gap is the adaptive in-class client who picks its function after seeing the iterates,
+which no check of answers can tell from an honest one: the opt-in ``--clients in-class`` stays. The server is trusted: it sees v~, e, theta~ and
+the test's outcome.
 
-Failure handling: if a user's answer is missing or non-finite (local minimizer, or any solver
-round), the run aborts before anything is charged or released, as in SCOutputPert. Restart the
-phase on the frozen user set.
+Failures (issue 28 §2): no answer aborts the run, so whether it completes never depends on the data.
+A user whose answer is missing, malformed or non-finite at the public centre or at its own reported
+point (:meth:`DiameterSCOutputPert.checked_local_vectors`), or fails in ANY round of the solve of the
+kept set (missing, non-finite, or above the bound no in-class loss exceeds:
+:meth:`~fedkl.algorithms.sc_output_pert.SCOutputPert.solve`), gets an infinite local error: it conflicts
+with every user, the test is redone and the new kept set solved again, until a solve sees no new
+failure (each pass adds a user: at most n passes). The release is charged once, as without failures.
+Why this keeps the guarantee:
+
+* Failures independent of the data (a dropout): condition on the whole failure pattern, i.e. for every
+  (pass, round, user) whether that answer is lost. Every user is asked in every round and the number
+  of rounds per solve is public, so the set F of users given an infinite error is a function of the
+  pattern alone. Given the pattern, the mechanism is exactly the diameter test run on the data in which
+  the users of F have an infinite error; an edge still depends on its two users only, and for
+  neighbours x, x' (user i replaced) the two modified datasets are neighbours again. So the release is
+  (eps, delta)-DP conditionally on every pattern, hence for their mixture.
+* A client that fails at the centre or at its own reported point fails as a function of its own data:
+  it is simply a user with an infinite error.
+* A client that fails (or answers NaN, or out of class) only at SOME iterates, i.e. depending on the
+  other users' data (the NaN-in-one-world client), is outside the in-class assumption. The run still
+  completes on both sides with the same charges; the client counts as a second changed user (its
+  "data" is a failure on one side, its in-class loss on the other), so an honest user keeps the
+  group-of-(1 + k) guarantee against k such clients, ((1 + k) eps, (1 + k) e^{k eps} delta), instead
+  of the certain one-bit leak an abort gave.
 
 Utility is not the paper's theorem. Under the paper's random-permutation model, the local
 minimizers lie within about 2 gamma/mu of each other (gamma ~ 5 (2G) sqrt(ln(n/beta)/m), Lemma 3.8),
@@ -139,6 +169,7 @@ from fedkl.algorithms.del_output_pert import (
     check_release_start,
 )
 from fedkl.algorithms.delta_share import release_share
+from fedkl.algorithms.interpolation import in_class
 from fedkl.algorithms.matching import deletion_set
 from fedkl.algorithms.mean_output_pert import conflict_edges
 from fedkl.algorithms.sc_output_pert import SCOutputPert, SCOutputPertConfig, release_forecast
@@ -154,6 +185,29 @@ _G0_PAD = 1e-9  # float slack on the public bound G0 (an honest user's gradient 
 # on a Delta whose release is ⊥ (exactly 14-30 % at a 1/4 share), and rounded the floor up by up to 2x.
 GRID_RATIO = 2.0**0.5
 GRID_SIZE = 11
+
+
+class LocalVectors(tuple):
+    """(v~, e, understated) of :meth:`DiameterSCOutputPert.checked_local_vectors`, carrying ``answers``: every
+    user's gradient answers of the local stage, ``(points (n, 2, d), gradients (n, 2, d))`` at the centre and
+    at its own reported point (what the interpolation check of the solve adds to)."""
+
+    answers: tuple[torch.Tensor, torch.Tensor] | None = None
+    out_of_class: tuple[int, ...] = ()  # the users whose two answers no in-class function gives
+
+
+def _rows(ans, shape: tuple[int, ...]) -> torch.Tensor:
+    """An answer's values in float64 with the expected shape (a malformed answer: every row NaN, i.e. failed)."""
+    values = ans.values.to(torch.float64)
+    return values if tuple(values.shape) == shape else torch.full(shape, math.nan, dtype=torch.float64)
+
+
+def _failed_rows(ans, values: torch.Tensor) -> torch.Tensor:
+    """(n,) bool: the users whose answer is missing or not finite."""
+    bad = ~torch.isfinite(values.reshape(values.shape[0], -1)).all(dim=1)
+    for u in ans.failed:
+        bad[ans.users.index(u)] = True
+    return bad
 
 
 def jump_factor(condition: float, k: int) -> float:
@@ -208,6 +262,24 @@ class DiameterSCOutputPert:
     def kappa(self) -> int:
         return self.config.dop.kappa
 
+    def release_kappa(self, n: int) -> int:
+        """kappa of the release's OWN deletion budget R1 ~ TDLap (support {0, ..., 2 kappa}) at n users: the
+        cap of the score (issue 28 §2).
+
+        Why the cap must be this kappa. The analysed mechanism (DelOutputPertConfig, "The matching
+        score", and the profile theorem of :mod:`fedkl.algorithms.stability_profile`) outputs ⊥ iff
+        score > R1. Deciding only whether the score exceeds 2 kappa_r (kappa_r: R1's) and reporting
+        "above" (always ⊥) then is exactly that mechanism: a score above 2 kappa_r exceeds every R1.
+        A cap at 2 kappa' with kappa' >= kappa_r is implied (scores in (2 kappa_r, 2 kappa'] are ⊥
+        surely either way); kappa' < kappa_r would NOT be the analysed mechanism: a score of
+        2 kappa' + 1 would be ⊥ surely while its neighbour's score 2 kappa' releases with probability
+        Pr[R1 >= 2 kappa'], not <= delta when R1's mode kappa_r lies above. Under the "profile"
+        calibration the matching score's R1 has its own kappa (the exact score's differs, e.g. 3 against 4
+        at eps = 16, delta = 1e-6); this used to cap at the exact score's kappa, which was safe only
+        because it happened to be >= the matching one wherever they differ (eps in [0.25, 16],
+        delta in [1e-10, 1e-2]). Under "paper" and "tight" both scores share one kappa."""
+        return self.dop(n).kappa
+
     def score(self, n: int) -> str:
         """ "vertex-cover" or "matching" at n users."""
         return resolve_test(self.test.test, n, self.kappa, self.test.max_vc_calls)
@@ -243,7 +315,7 @@ class DiameterSCOutputPert:
         if not cfg.Delta > 2 * cfg.tau:
             raise ValueError(f"Delta={cfg.Delta:g} must exceed 2 tau={2 * cfg.tau:g} (the solver accuracy)")
         if score == "vertex-cover":
-            require_work_budget(2 * self.kappa, self.test.max_vc_calls)
+            require_work_budget(2 * self.release_kappa(n), self.test.max_vc_calls)
 
     def rho(self, n: int) -> float:
         """The conflict threshold (Delta - 2 tau) / j(L/mu, n - depth) (module docstring)."""
@@ -274,36 +346,43 @@ class DiameterSCOutputPert:
         (NOT private, a server-side diagnostic) counts the users whose reported residual is below
         the recomputed one: lying or broken clients (honest ones agree to rounding)."""
         cfg, t = self.config, self.test
-        ans = federation.compute(CertifiedLocalMinimizer(center, cfg.extra_reg, t.local_tol, t.local_max_iter))
-        values = ans.values.to(torch.float64)
         n, d = federation.num_users, federation.num_params
-        if ans.failed or values.shape != (n, d + 1) or not torch.isfinite(values).all():
-            raise RuntimeError(
-                f"{len(ans.failed)} user(s) gave no valid local minimizer: the run is aborted before "
-                "any charge; restart it on the frozen user set"
-            )
-        V = values[:, :d]
+        center = center.to(torch.float64)
+        ans = federation.compute(CertifiedLocalMinimizer(center, cfg.extra_reg, t.local_tol, t.local_max_iter))
+        values = _rows(ans, (n, d + 1))
+        failed = _failed_rows(ans, values)
+        V = torch.where(failed.unsqueeze(1), center, values[:, :d])
         grads = federation.compute(GradientsAtOwnPoints(V))
-        g = grads.values.to(torch.float64)
-        if grads.failed or g.shape != (n, d) or not torch.isfinite(g).all():
-            raise RuntimeError(
-                f"{len(grads.failed)} user(s) gave no valid gradient at their local minimizer: the run "
-                "is aborted before any charge; restart it on the frozen user set"
-            )
+        g = _rows(grads, (n, d))
+        failed |= _failed_rows(grads, g)
         residual = (g + cfg.extra_reg * (V - center)).norm(dim=1)
-        understated = int((values[:, d] < residual * (1 - 1e-6) - 1e-12).sum())
+        understated = int(((values[:, d] < residual * (1 - 1e-6) - 1e-12) & ~failed).sum())
         # the public G0 >= ||grad f_u(c)|| that fixes f~'s iteration count: a user whose gradient at the centre
         # breaks it (no honest client can) gets an infinite error, i.e. conflicts with everyone
         start = federation.compute(GradientsAtPoints(center.unsqueeze(0)))
-        g0 = start.values.to(torch.float64).reshape(n, -1)
-        if start.failed or g0.shape != (n, d) or not torch.isfinite(g0).all():
-            raise RuntimeError(
-                f"{len(start.failed)} user(s) gave no valid gradient at the centre: the run is aborted "
-                "before any charge; restart it on the frozen user set"
-            )
+        g0 = _rows(start, (n, 1, d)).reshape(n, d)
+        failed |= _failed_rows(start, g0)
         err = residual / cfg.mu
         err[~(g0.norm(dim=1) <= cfg.start_grad_bound * (1 + _G0_PAD))] = math.inf
-        return V, err, understated
+        # a failed or non-finite answer (module docstring, "Failures"): the user conflicts with everyone
+        err[failed] = math.inf
+        # the two answers must be gradients of one (mu_f, beta_f) function (exact for two points:
+        # fedkl.algorithms.interpolation); a user whose pair is not conflicts with everyone too
+        points = torch.stack([center.expand(n, d), V], dim=1)
+        grads_2 = torch.stack([g0, g], dim=1)
+        inconsistent = ~self.in_class(points, grads_2, center) & torch.isfinite(err)
+        err[inconsistent] = math.inf
+        out = LocalVectors((V, err, understated))
+        out.answers = (points, grads_2)
+        out.out_of_class = tuple(torch.nonzero(inconsistent).flatten().tolist())
+        return out
+
+    def in_class(self, points: torch.Tensor, grads: torch.Tensor, center: torch.Tensor) -> torch.Tensor:
+        """``(n,)`` bool: whether each user's gradient answers ``grads[u, i]`` at ``points[u, i]`` are those of
+        one mu_f-strongly convex, beta_f-smooth function (:mod:`fedkl.algorithms.interpolation`: exact up to
+        ``interpolation.EXACT_MAX`` answers per user, the pairwise co-coercivity condition above)."""
+        cfg = self.config
+        return in_class(points, grads, center, cfg.strong_convexity, cfg.smoothness, cfg.start_grad_bound)
 
     def conflict_edges(self, V: torch.Tensor, err: torch.Tensor, rho: float) -> list[tuple[int, int]]:
         """u < w with ||v~_u - v~_w|| + e_u + e_w > rho (1 - 1e-9): a missing edge proves ||v_u - v_w|| <= rho."""
@@ -319,7 +398,9 @@ class DiameterSCOutputPert:
         the caller has it already (they do not depend on Delta or eps)."""
         n = federation.num_users
         score, rho = self.score(n), self.rho(n)
-        V, err, understated = vectors if vectors is not None else self.checked_local_vectors(federation, center)
+        vectors = vectors if vectors is not None else self.checked_local_vectors(federation, center)
+        V, err, understated = vectors
+        local = getattr(vectors, "answers", None)  # the local stage's answers, when the caller kept them
         edges = self.conflict_edges(V, err, rho)
         diag = {
             "test": score,
@@ -330,23 +411,69 @@ class DiameterSCOutputPert:
             "max_local_error": float(err.max()),
             "understated_residuals": understated,
         }
-        found, more = deletion_set(n, edges, score, 2 * self.kappa)
+        found, more = deletion_set(n, edges, score, 2 * self.release_kappa(n))
         diag.update(more)
+        failed_in_solve: set[int] = set()
+        out_of_class: set[int] = set()
+        record: list[tuple[torch.Tensor, torch.Tensor]] = []
+        already = set(torch.nonzero(torch.isinf(err)).flatten().tolist())  # deleted for a reason found before
+        while found is not None:
+            dist, deleted = found
+            mask = torch.ones(1, n, dtype=torch.bool)
+            mask[0, list(deleted)] = False
+            failed: set[int] = set()
+            value = self.solver.solve(federation, mask, center, failed, record)[0]
+            # every answer a user gave in this release, local stage included, must come from one in-class
+            # function (fedkl.algorithms.interpolation); one that cannot is handled as failed
+            inconsistent = self.inconsistent_users(local, record, center) - failed - failed_in_solve - already
+            out_of_class |= inconsistent
+            new = (failed | inconsistent) - failed_in_solve
+            if not new:
+                break
+            # a user that failed in the solve (at an iterate, i.e. possibly depending on others' data) is
+            # treated as one whose local error is infinite: the test is redone and the kept set re-solved
+            # (module docstring, "Failures"); each pass adds a user, so at most n passes
+            failed_in_solve |= new
+            err = err.clone()
+            err[sorted(failed_in_solve)] = math.inf
+            edges = self.conflict_edges(V, err, rho)
+            found, more = deletion_set(n, edges, score, 2 * self.release_kappa(n))
+            diag.update(more)
+        diag["failed_in_solve"] = len(failed_in_solve)
+        # positions of the users found out of class, the reason saved (server-side, not private)
+        diag["interpolation_failed"] = sorted(out_of_class | set(getattr(vectors, "out_of_class", ())))
+        diag["users_conflicting_with_all"] = int(torch.isinf(err).sum())
+        diag["conflict_edges"] = len(edges)
+        diag["conflict_users"] = len({u for e in edges for u in e})
         if found is None:
             return StabilityPlan(n, None, None, None, f"diameter-{score}"), diag
-        dist, deleted = found
-        mask = torch.ones(1, n, dtype=torch.bool)
-        mask[0, list(deleted)] = False
-        value = self.solver.solve(federation, mask, center)[0]
         return StabilityPlan(n, int(dist), tuple(deleted), value, f"diameter-{score}"), diag
+
+    def inconsistent_users(
+        self,
+        local: tuple[torch.Tensor, torch.Tensor] | None,
+        record: list[tuple[torch.Tensor, torch.Tensor]],
+        center: torch.Tensor,
+    ) -> set[int]:
+        """The users whose answers in this release (the local stage's ``local``, then every solver round
+        in ``record``) are not the gradients of one in-class function (:meth:`in_class`)."""
+        if not record:
+            return set()
+        grads = torch.cat([vals for _, vals in record], dim=1)  # (n, T, d)
+        n = grads.shape[0]
+        points = torch.cat([theta for theta, _ in record]).unsqueeze(0).expand(n, -1, -1)
+        if local is not None:
+            points, grads = torch.cat([local[0], points], dim=1), torch.cat([local[1], grads], dim=1)
+        return set(torch.nonzero(~self.in_class(points, grads, center)).flatten().tolist())
 
     def deletion_score(self, n: int, V: torch.Tensor, err: torch.Tensor) -> int:
         """The test's score, capped: the deletions the test needs (minimum cover, or matching number),
         ``2 kappa + 1`` when above ``2 kappa``. Changes by at most 1 when one user is replaced: an edge
         depends on its two users only, and a cover of one graph plus the replaced user covers the
         other (a matching loses at most the replaced user's edge); capping keeps that."""
-        found, _ = deletion_set(n, self.conflict_edges(V, err, self.rho(n)), self.score(n), 2 * self.kappa)
-        return 2 * self.kappa + 1 if found is None else int(found[0])
+        cap = 2 * self.release_kappa(n)
+        found, _ = deletion_set(n, self.conflict_edges(V, err, self.rho(n)), self.score(n), cap)
+        return cap + 1 if found is None else int(found[0])
 
     # --- the release ------------------------------------------------------------------------------
     def run(

@@ -101,6 +101,10 @@ class MeanTypeInner:
             .values[:, 0, :]
             .to(torch.float64)
         )
+        # a failed user's row is zero (the federation's rule); a non-finite one is set to zero too, so the run
+        # never aborts on an answer (issue 28 §2): the point asked is public, so the row is a function of that
+        # user alone, and the test's proof holds for any vectors
+        v = torch.where(torch.isfinite(v).all(dim=1, keepdim=True), v, torch.zeros((), dtype=v.dtype))
         rho = call.Delta * mu * (n - 4 * k - 1)
         adj = conflict_graph(v, rho)
         found = (0, ()) if not adj else min_vertex_cover(adj, 2 * k)  # exact (fedkl.algorithms.vertex_cover)

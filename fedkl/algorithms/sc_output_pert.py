@@ -42,14 +42,32 @@ outlier user flips it; note §6.2) and is not offered.
 
 Assumptions the fast path's soundness rests on (privacy of the exact path needs none of them): mu,
 beta, G0 are true for every l_u (they follow from the feature bound the loaders enforce, the
-problem's regularizer and lam), and answers are complete (a failed user aborts the run before any
-charge: the phase must be restarted on the frozen user set).
+problem's regularizer and lam), and no answer of the full-set solve failed (else the exact enumeration
+decides).
+
+Failures (issue 28 §2: whether a run completes must never depend on the data). The solver asks every
+user at iterates that depend on the other users' data, so a client may fail (drop out, answer NaN or a
+value no in-class loss has) at some iterates and not at others. Aborting would then release, with
+certainty, one bit about an honest user's data. Instead :meth:`SCOutputPert.solve` counts such an answer
+as the zero gradient at that point (and projects every iterate onto the ball ``||theta - c|| <= 2 G0/mu``,
+where in-class iterates always lie, so f~ stays finite whatever the answers). Proof that the exact path
+stays (eps, delta)-DP: DelOutputPert is private for EVERY deterministic f of the set of remaining users;
+if each client's answer is a fixed function of the point it is asked (a "failure" included, as a
+NaN-in-one-world client is), the substituted answer is a fixed function of that client and the point too,
+so f~ is a deterministic function of the set. A client whose answers depend on more than the point (its
+history, the iterates it saw before) is not a fixed function of its data: that is the adaptive client the
+in-class assumption excludes (:mod:`fedkl.privacy.clients`). The certificate is only tried when no answer
+of the full-set solve or of the certificate's own query failed. On in-class answers none of this applies
+(no answer is ever above the bound, no iterate outside the ball): f~ is bit for bit the plain solver.
 
 Clients (:data:`~fedkl.privacy.clients.IN_CLASS_CLIENTS`): the exact path is private for any
 deterministic f~, i.e. whatever fixed functions the other clients' gradient answers are; the
 certificate needs every other client's gradients to be those of a loss in the class (mu, beta).
 No client reports a norm: the server computes every ||grad l_u(theta~)|| itself from the gradient
-answers the solver uses, so a client cannot make the certificate pass by under-reporting. Floating point: the certificate is
+answers the solver uses, so a client cannot make the certificate pass by under-reporting. The certificate
+is believed only when the full solve's and the certificate's answers are, user by user, the gradients of
+one in-class function (:mod:`fedkl.algorithms.interpolation`, which proves what that buys); else the exact
+enumeration decides. Floating point: the certificate is
 compared with ``Delta (1 - 1e-9)``; f~ is always evaluated on the released set alone (batch of one),
 the enumeration evaluates it in batches (values may differ in the last bits; not modelled).
 
@@ -79,6 +97,7 @@ from fedkl.algorithms.del_output_pert import (
     exact_stability,
     noise_forecast,
 )
+from fedkl.algorithms.interpolation import in_class
 from fedkl.federation.base import Federation, GradientsAtPoints
 from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, PAPER_002_RELATIONS, Guarantee
 from fedkl.privacy.release import Releaser
@@ -86,6 +105,8 @@ from fedkl.problems.base import Problem
 
 _SOLVE_CHUNK = 4096
 _FP_PAD = 1e-9
+_ANSWER_PAD = 1e-9  # relative (and absolute) slack on the in-class answer bound, for float64 rounding
+_REACH_PAD = 1e-6  # relative slack on the ball the in-class iterates stay in
 
 
 @dataclass(frozen=True)
@@ -231,9 +252,42 @@ class SCOutputPert:
         return self.stats["certificate"] / total if total else math.nan
 
     # --- f~: the deterministic solver ----------------------------------------------------------
-    def solve(self, federation: Federation, masks: torch.Tensor, center: torch.Tensor) -> torch.Tensor:
-        """f~ on every row of ``masks`` ((k, n) bool, users that remain): ``(k, d)`` float64."""
+    def answer_bound(self, theta: torch.Tensor, center: torch.Tensor) -> torch.Tensor:
+        """The largest ``||grad f_u(theta)||`` of ANY loss in the declared class, per row of ``theta``:
+        ``G0 + beta_f ||theta - c||`` (``||grad f_u(c)|| <= G0`` and grad f_u is beta_f-Lipschitz), padded
+        for rounding. An answer above it is no in-class client's: the solver treats it as failed."""
         cfg = self.config
+        reach = (theta - center).norm(dim=-1)
+        return (cfg.start_grad_bound + cfg.smoothness * reach) * (1 + _ANSWER_PAD) + _ANSWER_PAD
+
+    @property
+    def reach(self) -> float:
+        """Every iterate of f~ on in-class answers lies within ``2 G0 / mu`` of the centre (GD with step
+        1/beta on a mu-strongly convex, beta-smooth objective never moves away from theta*(y), and
+        ``||c - theta*(y)|| <= G0/mu``); the solver projects onto this ball (padded), which never moves
+        an in-class iterate and keeps every iterate finite whatever the answers."""
+        return 2.0 * self.config.start_grad_bound / self.config.mu * (1 + _REACH_PAD) + _ANSWER_PAD
+
+    def solve(
+        self,
+        federation: Federation,
+        masks: torch.Tensor,
+        center: torch.Tensor,
+        failed: set[int] | None = None,
+        record: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+    ) -> torch.Tensor:
+        """f~ on every row of ``masks`` ((k, n) bool, users that remain): ``(k, d)`` float64.
+
+        A user's answer at a row that is missing, non-finite or above :meth:`answer_bound` counts as the
+        zero gradient there (the user's position is added to ``failed`` when given); the iterates are
+        projected onto the ball of :meth:`reach`. So f~ is finite and the run never aborts on an answer,
+        and for clients whose answers are fixed functions of the point asked (failing or not), f~ is a
+        deterministic function of the set of remaining users: all the exact test's privacy needs
+        (module docstring, "Failures"). On in-class answers neither rule ever applies: f~ is unchanged.
+        ``record``: when given, every round appends (its points ``(k, d)``, every user's answers ``(n, k, d)``
+        as received), what the diameter test's interpolation check reads."""
+        cfg = self.config
+        reach = self.reach
         out = []
         for start in range(0, masks.shape[0], _SOLVE_CHUNK):
             w = masks[start : start + _SOLVE_CHUNK].to(torch.float64)
@@ -241,28 +295,53 @@ class SCOutputPert:
             theta = center.to(torch.float64).expand(w.shape[0], -1).clone()
             for _ in range(cfg.iterations):
                 ans = federation.compute(GradientsAtPoints(theta))
-                if ans.failed:
-                    raise RuntimeError(
-                        f"{len(ans.failed)} user(s) did not answer: the run is aborted before any "
-                        "charge; restart it on the frozen user set"
-                    )
-                grad = torch.einsum("kn,nkd->kd", w, ans.values.to(torch.float64)) / cnt.clamp_min(1.0)
+                vals = ans.values.to(torch.float64)
+                if record is not None:
+                    record.append((theta.clone(), vals.clone()))
+                bad = ~(torch.isfinite(vals).all(dim=2) & (vals.norm(dim=2) <= self.answer_bound(theta, center)))
+                for u in ans.failed:
+                    bad[ans.users.index(u)] = True
+                if bool(bad.any()):
+                    vals = torch.where(bad.unsqueeze(-1), torch.zeros((), dtype=vals.dtype), vals)
+                    if failed is not None:
+                        failed.update(ans.users[i] for i in torch.nonzero(bad.any(dim=1)).flatten().tolist())
+                grad = torch.einsum("kn,nkd->kd", w, vals) / cnt.clamp_min(1.0)
                 grad = grad + cfg.extra_reg * (theta - center)
                 theta = torch.where(cnt > 0, theta - grad / cfg.beta, theta)
+                step = (theta - center).norm(dim=1, keepdim=True)
+                if bool((step > reach).any()):  # never for in-class answers: f~ unchanged bit for bit
+                    theta = torch.where(step > reach, center + (theta - center) * (reach / step), theta)
             out.append(theta)
         return torch.cat(out)
 
     # --- the test ------------------------------------------------------------------------------
-    def certify(self, federation: Federation, theta: torch.Tensor, center: torch.Tensor) -> tuple[bool, float]:
-        """(passed, U + 2 tau): passed proves Dbar_{4 kappa} f~(x) <= Delta (module docstring)."""
+    def answers_in_class(self, record: list[tuple[torch.Tensor, torch.Tensor]], center: torch.Tensor) -> bool:
+        """Whether every user's recorded answers are the gradients of one in-class function."""
+        cfg = self.config
+        grads = torch.cat([vals for _, vals in record], dim=1)
+        points = torch.cat([theta for theta, _ in record]).unsqueeze(0).expand(grads.shape[0], -1, -1)
+        return bool(in_class(points, grads, center, cfg.strong_convexity, cfg.smoothness, cfg.start_grad_bound).all())
+
+    def certify(
+        self,
+        federation: Federation,
+        theta: torch.Tensor,
+        center: torch.Tensor,
+        record: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+    ) -> tuple[bool, float]:
+        """(passed, U + 2 tau): passed proves Dbar_{4 kappa} f~(x) <= Delta (module docstring) for in-class
+        answers; ``record``: its answers are appended there (as :meth:`solve`'s)."""
         cfg = self.config
         n = federation.num_users
         # the norms are computed HERE from the users' gradients (the solver's own oracle), never taken
         # from a client's report: a client that under-reports could make the certificate pass
         ans = federation.compute(GradientsAtPoints(theta.unsqueeze(0)))
-        if ans.failed:
+        values = ans.values.to(torch.float64)
+        if record is not None:
+            record.append((theta.unsqueeze(0).clone(), values.clone()))
+        if ans.failed or not torch.isfinite(values).all():  # no certificate: the exact enumeration decides
             return False, math.inf
-        grads = ans.values.to(torch.float64)[:, 0] + cfg.extra_reg * (theta - center)
+        grads = values[:, 0] + cfg.extra_reg * (theta - center)
         gamma = float(grads.norm(dim=1).max()) + cfg.beta * cfg.tau
         bound = cfg.certificate_bound(n, gamma) + 2 * cfg.tau
         return bound <= cfg.Delta * (1 - _FP_PAD), bound
@@ -271,10 +350,15 @@ class SCOutputPert:
         """The exact test's outcome, via the certificate when it settles it, else by enumeration."""
         n = federation.num_users
         full = torch.ones(1, n, dtype=torch.bool)
-        theta = self.solve(federation, full, center)[0]
-        if self.config.use_certificate:
-            passed, _ = self.certify(federation, theta, center)
-            if passed:
+        failed: set[int] = set()
+        record: list[tuple[torch.Tensor, torch.Tensor]] = []
+        theta = self.solve(federation, full, center, failed, record)[0]
+        # the certificate bounds the deletion jumps of in-class answers only: a failed answer (zeroed in f~)
+        # or answers no one in-class function gives (fedkl.algorithms.interpolation, on the full solve's and
+        # the certificate's answers) leave the decision to the exact enumeration, which needs nothing of them
+        if self.config.use_certificate and not failed:
+            passed, _ = self.certify(federation, theta, center, record)
+            if passed and self.answers_in_class(record, center):
                 self.stats["certificate"] += 1
                 return StabilityPlan(n, 0, (), theta, "certificate")
         self.stats["exact"] += 1

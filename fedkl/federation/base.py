@@ -622,6 +622,11 @@ class Federation(ABC):
     # True for a backend with secure aggregation: :meth:`sum` returns one row (the total) and
     # :meth:`compute` is refused (fedkl.flower.secagg)
     sums_only: bool = False
+    # True for a backend whose users answer from their own processes (every Flower backend): a client there
+    # may run code other than fedkl's, so a guarantee that assumes in-class clients needs the operator's
+    # explicit opt-in (``fedkl run --clients in-class``; fedkl.privacy.clients). False: the server's own code
+    # computes every answer from the records (in-process, Ray shards).
+    clients_run_own_code: bool = False
     # Called (no arguments) before a transport sends anything out of this process (its messages to
     # nodes carry the model, computed from released values); the run sets it to the Releaser's flush,
     # so the release journal is durable first (fedkl.privacy.journal: the egress points). None: nothing

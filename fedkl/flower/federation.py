@@ -161,6 +161,8 @@ class FlowerFederation(Federation):
             learns only the sum of the answers, and :meth:`compute` (per-user answers) is refused.
     """
 
+    clients_run_own_code = True  # every node runs its own ClientApp: fedkl.privacy.clients, "deployed"
+
     def __init__(
         self,
         grid: Any,

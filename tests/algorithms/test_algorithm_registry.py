@@ -290,6 +290,7 @@ def _flower_equals_inprocess(tmp_path, name, kw, dataset="synthetic-logistic", p
             reference=False,
             force=True,
             kernels="reproducible",  # bit for bit against Flower
+            clients="in-class",  # the opt-in the in-class algorithms need over Flower (harmless for the others)
         ),
         **kw,
     }  # tiny populations test the plumbing, not utility: skip the noise forecast

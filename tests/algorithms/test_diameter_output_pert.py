@@ -29,6 +29,7 @@ from fedkl.algorithms.phased_sco import PhasedSCO
 from fedkl.algorithms.sc_output_pert import SCOutputPertConfig
 from fedkl.algorithms.vertex_cover import graph_from_edges, min_vertex_cover, worst_case_calls
 from fedkl.data.synthetic import synthetic_logistic
+from fedkl.federation.base import Federation
 from fedkl.federation.inprocess import InProcessFederation
 from fedkl.privacy import Budget, NoiseSource, PrivacyLedger, Releaser
 from fedkl.privacy.mechanisms import TruncatedDiscreteLaplace
@@ -524,3 +525,37 @@ def test_mean_output_pert_auto_switches_to_matching_instead_of_refusing():
         MeanOutputPertConfig(0.5, 1e-6, rho=1.0, test="vertex-cover").check(600)
     small = MeanOutputPertConfig(EPS, DELTA, rho=1.0)
     assert small.score(100) == "vertex-cover" and small.Delta(100) == pytest.approx(1.0 / (100 - 4 * small.kappa - 1))
+
+
+def test_the_matching_score_is_capped_at_its_own_releases_kappa():
+    """Issue 28 §2: the matching score is capped at 2 kappa of the release's OWN deletion budget (the matching
+    profile's: 3 at eps = 16, delta = 1e-6), not the exact score's (4 there). A score of 7 = 2 kappa + 1 is
+    then "always ⊥" without solving anything (it used to be a dist of 7 that no R1 <= 6 releases)."""
+    eps, delta, n, d = 16.0, 1e-6, 40, 8
+    ds = synthetic_logistic(n, 4, d - 1, seed=0)
+    prob = make_problem("logistic", ds)
+    cfg = SCOutputPertConfig.for_problem(
+        prob, ds.feature_bound, torch.zeros(d, dtype=torch.float64), eps=eps, delta=delta, Delta=1.0,
+        extra_reg=LAM, calibration="profile",
+    )  # fmt: skip
+    mech = DiameterSCOutputPert(cfg, DiameterTestConfig(test="matching"))
+    assert mech.dop(n).score == "matching" and (mech.release_kappa(n), mech.kappa) == (3, 4)
+    assert mech.dop(n).deletion_budget.pmf().shape[0] == 2 * 3 + 1  # R1 in {0, ..., 6}
+    # 7 disjoint conflicting pairs (a_i, b_i) = (+-0.6 rho e_i) around a cluster at 0: nu = 7, every other
+    # distance <= 0.85 rho
+    rho = mech.rho(n)
+    V = torch.zeros(n, d, dtype=torch.float64)
+    for i in range(7):
+        V[2 * i, i], V[2 * i + 1, i] = 0.6 * rho, -0.6 * rho
+    err = torch.zeros(n, dtype=torch.float64)
+    assert mech.deletion_score(n, V, err) == 7
+
+    class NoAnswers(Federation):  # the plan must not need any answer once the score is over the cap
+        user_ids = property(lambda self: tuple(f"u{i}" for i in range(n)))
+        num_params = property(lambda self: d)
+
+        def compute(self, query, users=None):
+            raise AssertionError("no query expected")
+
+    plan, diag = mech.plan(NoAnswers(), torch.zeros(d, dtype=torch.float64), (V, err, 0))
+    assert diag["matching"] == 7 and plan.dist is None and plan.choose(2 * mech.release_kappa(n)) is None

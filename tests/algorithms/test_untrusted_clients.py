@@ -68,8 +68,22 @@ class LyingClient(Federation):
         return Answers(ans.users, v, ans.failed)
 
 
+class _UncheckedSolver(SCOutputPert):
+    """The solver before issue 28: every answer summed as given, the iterates never projected."""
+
+    reach = math.inf
+
+    def answer_bound(self, theta, center):
+        return torch.full(theta.shape[:-1], math.inf, dtype=torch.float64)
+
+
 class TrustingDiameterTest(DiameterSCOutputPert):
-    """The OLD behaviour, kept here as the negative control: the reported residual is believed."""
+    """The OLD behaviour, kept here as the negative control: the reported residual is believed, and the
+    solver takes every answer (no in-class bound on the answers, no ball for the iterates)."""
+
+    def __init__(self, config, test=None):
+        super().__init__(config, test)
+        self.solver = _UncheckedSolver(config)
 
     def checked_local_vectors(self, federation, center):
         t = self.test

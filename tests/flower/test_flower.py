@@ -556,6 +556,7 @@ def test_output_perturbation_algorithm_runs_unchanged_over_flower(tmp_path):
         p002_phases=2,
         p002_lam=0.05,
         force=True,
+        clients="in-class",  # its guarantee assumes in-class clients: the explicit opt-in Flower needs
     )  # 10 users: plumbing only
     spec = codec.ClientSpec.build(
         "synthetic-logistic", "logistic", {"n_users": 10, "m": M, "d": D, "seed": 4}, {"reg": 0.1}
