@@ -85,8 +85,10 @@ class Process:
                 return emit(rel, seq, label, record, cohort, sample)
             rows = rel.ledger.run_releases()
             step = record.get("type") == "scheduled-step"  # charged with its schedule, at an earlier seq
-            ok = any(r["label"] == label.split("#")[0] for r in rows) if step else any(
-                (r["seq"], r["label"], r["cohort"]) == (seq, label, cohort) for r in rows
+            ok = (
+                any(r["label"] == label.split("#")[0] for r in rows)
+                if step
+                else any((r["seq"], r["label"], r["cohort"]) == (seq, label, cohort) for r in rows)
             )
             if not ok or rel.ledger._db.in_transaction:
                 self.undrawn_charge.append(f"release {seq} ({label}) drawn before its charge was durable")
@@ -205,7 +207,9 @@ def check_recovery(
         except Exception as e:  # a recovery that is refused is a failure of the check
             raise AssertionError(f"{name} {kind} {k}: the recovery failed: {type(e).__name__}: {e}") from e
     if lost:  # the uninterrupted run with those fresh draws
-        clean = Reference(name, tmp_path / f"ref-{kind}-{k}", monkeypatch, settings, lambda s: FRESH if s in lost else FIRST)
+        clean = Reference(
+            name, tmp_path / f"ref-{kind}-{k}", monkeypatch, settings, lambda s: FRESH if s in lost else FIRST
+        )
     where = f"{name} {kind} {k} ({len(left)} values had left the first process, {len(lost)} were lost)"
     # (b) every value drawn after its charge was durable, in both processes
     assert not first.undrawn_charge + rec.undrawn_charge, f"{where}: {first.undrawn_charge + rec.undrawn_charge}"
