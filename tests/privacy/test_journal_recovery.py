@@ -284,7 +284,7 @@ def test_a_plan_that_does_not_match_the_first_release_prepays_nothing(tmp_path):
 KINDS = ["dp-fedavg", "noisy-fw", "kl-adaptive-gd", "mean-output-pert", "vr-fw"]
 
 
-@pytest.mark.parametrize("name", KINDS)
+@pytest.mark.parametrize("name", [*KINDS, "dp-ftrl"])  # dp-ftrl: seeded recovery with its noise draws kept
 def test_recovery_of_every_kind_of_release(tmp_path, monkeypatch, name):
     def cfg(out):
         return small_config(name, out)

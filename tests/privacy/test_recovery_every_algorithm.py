@@ -15,9 +15,11 @@ journal and ledger, and the generic check asserts:
 (d) the ledger after recovery equals the uninterrupted run's (same rows, same per-user spends).
 
 Secure noise, made comparable: :class:`release_spies.KeyedNoise` keys every draw by the release it is made
-for; the recovering process draws other ("fresh") bits at every seq its first process journalled, as
-os.urandom would, and the uninterrupted run's bits elsewhere. So the uninterrupted run IS the reference of
-(c): a recovery that feeds re-drawn noise into anything later differs from it.
+for; the recovering process draws other ("fresh") bits at every seq its first process drew (journalled or
+lost with it), as os.urandom would, and the uninterrupted run's bits elsewhere. The reference of (c) is the
+uninterrupted run with the same fresh bits at the lost seqs (the values redrawn under their charges) and the
+first bits everywhere else: a recovery that feeds re-drawn noise into anything later differs from it, and
+one that redraws a value a durable charge was computed from is refused (the charge no longer matches).
 
 Crash points (a kill -9 is simulated in-process: a BaseException raised by a spy, and the journal's
 in-memory buffer dropped, as the process's memory would be):
@@ -34,8 +36,11 @@ in-memory buffer dropped, as the process's memory would be):
 * A death before a release's ledger write leaves nothing of that release on disk: the same state as
   ``flushed`` after the previous release (or as a run that never started), so it needs no point of its own.
 
-Every release index is a ``charged`` point and every flush a ``flushed`` point (the small settings make
-1-14 releases), so every kind of release each algorithm makes is hit. Negative controls: dp-ftrl registered
+Every release index is a ``charged`` point and every flush a ``flushed`` point where a run has at most
+LIMIT of them (the small settings make 1-14 releases); past that the first, the middle, the last, and the
+first release of every kind (its label without numbers), so every kind of release each algorithm makes is
+hit. A crash that leaves the same state on disk as an earlier point (journal, lost draws, ledger rows) is
+not recovered twice. Negative controls: dp-ftrl registered
 without its ``noise_state`` declaration, and kl-adaptive-gd under a Releaser that writes the ledger without
 flushing the journal first (the old behaviour): the check fails on both.
 """
@@ -304,3 +309,37 @@ def test_the_noise_draws_are_a_secret_of_the_run_folder_purged_when_it_finishes(
     seen.clear()
     run_training(small_config("noisy-gd", tmp_path / "gd", noise_seed=None), log=lambda s: None)
     assert not seen and not [f for f in os.listdir(tmp_path / "gd") if "secret" in f]
+
+
+@pytest.mark.parametrize("factorization", ["banded", "blt", "blt-opt"])
+def test_every_correlated_noise_generator_recovers_from_the_original_draws(tmp_path, monkeypatch, factorization):
+    """dp-ftrl's other generators (the registry's run above uses the tree): banded Toeplitz and BLT keep
+    earlier draws in their state too."""
+    failures = check_every_point("dp-ftrl", tmp_path, monkeypatch, {"factorization": factorization})
+    assert not failures, "\n".join(failures)
+
+
+def test_a_run_whose_noise_draws_are_gone_is_refused_before_anything_is_charged(tmp_path, monkeypatch):
+    """Recovery of a dp-ftrl run with secure noise needs its secret: without it (deleted, or a journal that
+    never kept one) it is refused in one line, the ledger unchanged."""
+    import sqlite3
+
+    from fedkl.privacy.journal import JournalError, secret_path
+
+    out = tmp_path / "run"
+    with monkeypatch.context() as m:
+        _crash_at_flush(m, 1)
+        _lose_the_buffer(m)
+        with pytest.raises(Crash):
+            run_training(small_config("dp-ftrl", out, noise_seed=None), log=lambda s: None)
+    before = _ledger_rows(out / "ledger.sqlite")
+    secret = secret_path(str(out / JOURNAL_FILE))
+    os.rename(secret, secret + ".away")
+    with pytest.raises(JournalError, match="noise draws .* are gone"):
+        recover_run(str(out), log=lambda s: None)
+    os.rename(secret + ".away", secret)
+    with sqlite3.connect(out / JOURNAL_FILE) as db:  # as a journal written before the draws were kept
+        db.execute("UPDATE header SET value = 'false' WHERE key = 'noise_draws'")
+    with pytest.raises(JournalError, match="cannot be recovered"):
+        recover_run(str(out), log=lambda s: None)
+    assert _ledger_rows(out / "ledger.sqlite") == before
