@@ -76,7 +76,8 @@ every exact aggregate) may read it; never copy it with the results. It is flushe
 secret FIRST, so a durable entry always has its durable draws (draws without an entry belong to a value
 that never left: recovery redraws it and replaces them). It is deleted (:meth:`purge_secret`) as soon as
 the run has finished: a finished run cannot be recovered, so nothing needs it any more; a run that died
-keeps it until its recovery finishes. A run of an algorithm without noise state keeps no secret.
+keeps it until its recovery finishes. A run of an algorithm without noise state keeps no secret. Its size:
+8 bytes per Gaussian coordinate drawn, about the size of the journalled values themselves.
 """
 
 from __future__ import annotations
