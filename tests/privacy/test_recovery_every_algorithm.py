@@ -33,8 +33,8 @@ in-memory buffer dropped, as the process's memory would be):
 * ``flushed f``: right after the f-th journal flush that made a new value durable (a progress record
   every round, so every round's release gets its own point): those values left the process; recovery
   must return them and continue from exactly the state the first process had, its noise state included.
-* A death before a release's ledger write leaves nothing of that release on disk: the same state as
-  ``flushed`` after the previous release (or as a run that never started), so it needs no point of its own.
+* A death before a release's ledger write leaves nothing of that release on disk: the state of a death in
+  the previous release's window (its ``charged`` point), or of a run that never started: no point of its own.
 
 Every release index is a ``charged`` point where a run has at most LIMIT releases (the small settings make
 1-14); past that the first, the middle, the last, and the first release of every kind (its label without
@@ -42,10 +42,10 @@ numbers), so every kind of release each algorithm makes is hit. ``flushed`` poin
 flush (everything journalled). An earlier flush needs no point of its own: a crash right after it leaves what
 the ``charged`` point of the next release leaves when that release writes its ledger row (the Releaser
 flushes before every ledger write: the same journal, one row more), and the middle flush stands for the
-prepaid and scheduled releases, which write none. A crash that leaves the same state on disk as an earlier point (journal, lost draws, ledger rows) is
-not recovered twice. Negative controls: dp-ftrl registered
-without its ``noise_state`` declaration, and kl-adaptive-gd under a Releaser that writes the ledger without
-flushing the journal first (the old behaviour): the check fails on both.
+prepaid and scheduled releases, which write none. A crash that leaves the same state on disk as an earlier
+point (journal, lost draws, ledger rows) is not recovered twice. Negative controls: dp-ftrl registered without
+its ``noise_state`` declaration, and kl-adaptive-gd under a Releaser that writes the ledger without flushing
+the journal first (the old behaviour): the check fails on both.
 """
 
 from __future__ import annotations
