@@ -352,6 +352,14 @@ def train_federation(
     and is not adaptive (the function is called only then: PREPAID_NOTE below)."""
     observer = RUN_OBSERVER.get() or RunObserver()
     recovering = isinstance(journal, ReleaseJournal)
+    # a release's noise depends on earlier draws: the journal keeps them (a secret; fedkl.privacy.journal)
+    noise_state = algorithm_spec(cfg.algorithm).noise_state
+    if recovering and noise_state and not journal.keeps_draws and noise.mode == "secure":
+        raise JournalError(
+            f"{journal.path}: {cfg.algorithm}'s later noise depends on earlier draws, which this run's journal "
+            "did not keep (a run started before fedkl journalled them): with secure noise it cannot be recovered "
+            "(nothing was charged)"
+        )
     ledger = PrivacyLedger(
         ledger_path, Budget(cfg.epsilon, delta, cfg.conversion), run_id, cfg.settings(), scratch=scratch
     )
@@ -453,7 +461,9 @@ def train_federation(
             if isinstance(journal, str):
                 header = {**(journal_header or {}), "run_id": run_id, "settings": cfg.settings(), "delta": delta}
                 header["ledger"] = os.path.abspath(ledger_path)
-                journal = ReleaseJournal.create(journal, {**header, "rho_left": rho_total, "approx_left": approx_left})
+                journal = ReleaseJournal.create(
+                    journal, {**header, "rho_left": rho_total, "approx_left": approx_left}, noise_draws=noise_state
+                )
             releaser = Releaser(
                 ledger,
                 noise,
@@ -495,6 +505,8 @@ def train_federation(
             if journal is not None and not isinstance(journal, str):
                 journal.close()  # flushes: every exit path leaves the journal durable
         ledger.finish_run("finished")
+        if journal is not None and not isinstance(journal, str):
+            journal.purge_secret()  # a finished run cannot be recovered: its noise draws are needed no more
         observer.trained(result.w is not None)
         if scratch:  # a dry run's throw-away ledger: nothing to verify or report
             return result, {}, declared

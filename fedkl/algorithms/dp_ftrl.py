@@ -302,7 +302,7 @@ class DPFTRLParams(Rounds, StepSize, Clip, LocalUpdates):
     )
 
 
-@register("dp-ftrl", DPFTRLParams, step_size=4.0)
+@register("dp-ftrl", DPFTRLParams, step_size=4.0, noise_state=True)
 def build_dp_ftrl(params: DPFTRLParams, ctx: BuildContext) -> DPFTRL:
     """DP-FTRL: correlated (tree or banded) noise on prefix sums of clipped local updates, b-min-sep cohorts (zCDP).
 

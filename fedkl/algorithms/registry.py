@@ -174,6 +174,8 @@ class AlgorithmSpec:
     step_size: float | None = None  # the default ``lr`` of an algorithm whose Params have one
     # whether the algorithm needs only sums of clipped answers (``--secagg``), or a function of the params
     secagg: bool | Callable[[Any], bool] = False
+    # whether a release's noise depends on draws made for earlier releases (register's ``noise_state``)
+    noise_state: bool = False
 
     def sums_only(self, params: Any) -> bool:
         """Whether a run with ``params`` needs nothing but sums of clipped answers, so that it can
@@ -209,6 +211,7 @@ def register(
     *,
     step_size: float | None = None,
     secagg: bool | Callable[[Any], bool] = False,
+    noise_state: bool = False,
 ) -> Callable:
     """Decorator: register ``build(params, ctx)`` as algorithm ``name`` with hyperparameters
     ``params`` (an :class:`AlgorithmParams` dataclass) and what a participating client sees
@@ -222,7 +225,15 @@ def register(
 
     ``secagg``: True (or a function of the params) when the algorithm asks the federation only for
     sums of clipped answers (``federation.sum`` and ``Answers.total()``), so ``--secagg`` may serve it
-    (:meth:`AlgorithmSpec.sums_only`)."""
+    (:meth:`AlgorithmSpec.sums_only`).
+
+    ``noise_state``: True when a release's noise depends on the noise drawn for earlier releases, not only
+    through the values released (a correlated-noise generator: dp-ftrl's tree, banded and BLT noise).
+    Crash recovery must then rebuild the generator from the very draws the first process made: the run's
+    journal keeps them as a secret and the Releaser plays them back (:mod:`fedkl.privacy.journal`,
+    :class:`~fedkl.privacy.release.Releaser`); recovery with re-drawn noise would correlate later noise with
+    draws that were never released. An algorithm whose state depends on earlier draws only through released
+    values (and charges computed from them) needs nothing: those are journalled before any ledger write."""
     has_lr = any(f.name == "lr" for f in dataclasses.fields(params)) if dataclasses.is_dataclass(params) else False
     if has_lr != (step_size is not None) or (step_size is not None and not step_size > 0):
         raise TypeError(f"{name}: give register(..., step_size=lr > 0) exactly when its Params have a step size lr")
@@ -242,7 +253,7 @@ def register(
     def decorate(build: Callable) -> Callable:
         if name in REGISTRY and REGISTRY[name].build is not build:
             raise ValueError(f"algorithm {name!r} is already registered")
-        REGISTRY[name] = AlgorithmSpec(name, params, build, client_view, step_size, secagg)
+        REGISTRY[name] = AlgorithmSpec(name, params, build, client_view, step_size, secagg, noise_state=noise_state)
         for f in dataclasses.fields(params):
             _FIELDS.setdefault(f.name, f)
         return build

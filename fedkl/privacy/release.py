@@ -7,7 +7,9 @@ only safe order:
    charge, and since validity is enforced upstream (clients' answers are sanitised and clipped by
    the federation) this never depends on one user's data;
 2. ask the run's filter whether the cost fits (no side effect);
-3. charge the ledger for every participating user (durable; raises if any user is over budget);
+3. make the journal durable (a ledger row is egress of every value released before it:
+   :mod:`fedkl.privacy.journal`), then charge the ledger for every participating user (durable; raises
+   if any user is over budget);
 4. record the cost in the filter;
 5. draw the noise and return the noisy value.
 
@@ -43,19 +45,30 @@ Recovery (``replay``: the journal of a run whose process died, and the ledger ro
 same deterministic run is re-executed. For seq i:
 
 * journalled: the label, charge and cohort must equal the journal's (else :class:`RecoveryMismatch`,
-  nothing released); nothing is charged (its ledger row backs it); the noise is drawn as before (so a
-  seeded noise stream stays in step) and thrown away, and the JOURNALLED value is returned. Never a
+  nothing released); nothing is charged (its ledger row backs it); the release's sample is drawn again
+  (so a seeded noise stream stays in step) and thrown away, and the JOURNALLED value is returned. Never a
   recomputed one: if a user's data had changed, ``f(D') + Z`` with the first run's ``Z`` would
   reveal ``f(D) - f(D')``. The value returned is one already released, so this is post-processing;
-  the algorithm continues from exactly the state the first run had;
+  the algorithm continues from exactly the state the first run had. Its noise state too: for an
+  algorithm registered with ``noise_state`` (a release's noise depends on earlier draws: dp-ftrl's
+  correlated-noise generator is fed each release's draw inside its sample), the journal keeps the raw
+  bits every release drew from :attr:`Releaser.noise` as a secret (:mod:`fedkl.privacy.journal`), and
+  the replayed sample is fed THOSE bits (the run's source is still drawn from, and the draw thrown
+  away), so the generator holds exactly the first process's state and every later release carries the
+  noise the uninterrupted run would have. Re-drawn noise fed to the generator would make later releases
+  carry noise correlated with draws that were never released (true rho up to 1.88x the charged rho after
+  one crash: issue 28). Only draws made inside a release's sample are recorded; a draw between releases
+  (a Poisson cohort) is part of no later release's state;
 * charged (a ledger row of the run backs it) but not journalled: the first process died before
   the flush that would have made the value durable, so that value never left it (nothing computed
   from a value leaves the process before a flush covering it); the row backs the new draw, which is
   charged once;
 * neither: an ordinary release.
 
-Each ledger row therefore backs at most one value that ever left a process, and every such value
-was charged before it was drawn: after recovery the ledger holds each release once, and with a
+Since the journal is flushed before every ledger transaction, a ledger row whose charge was computed
+from released values (kl-adaptive-gd) is never durable before those values are: recovery never redraws a
+value a durable charge depends on. Each ledger row therefore backs at most one value that ever left a
+process, and every such value was charged before it was drawn: after recovery the ledger holds each release once, and with a
 seeded noise stream the run's releases and model equal the uninterrupted run's bit for bit.
 A row of the run that is not prepaid and does not match the release at its seq means the recovery
 is not the same run (other settings): refused. The run-wide zCDP filter is spent for replayed
@@ -91,6 +104,50 @@ class RecoveryMismatch(ValueError):
     """A recovered run asked for a release other than the one its first run made at that seq."""
 
 
+class _DrawTap(NoiseSource):
+    """A Releaser's noise source when its journal keeps the noise draws (an algorithm with noise state:
+    module docstring). Every draw is made from the run's ``source``; inside :meth:`draw` the raw bits
+    served are recorded, and in playback the first process's recorded bits are served instead (the
+    source's are drawn and thrown away: a seeded stream stays in step). Between releases it is the
+    source itself."""
+
+    def __init__(self, source: NoiseSource) -> None:
+        self.source = source
+        self.seed, self._gen = source.seed, source._gen  # the source's mode and seed (describe())
+        self._taken: list[np.ndarray] | None = None
+        self._playback: np.ndarray | None = None
+        self._at = 0
+
+    def _raw_uint64(self, n: int) -> np.ndarray:
+        bits = self.source._raw_uint64(n)
+        if self._playback is not None:
+            if self._at + n > self._playback.size:
+                raise RecoveryMismatch(
+                    "recovery: a journalled release draws more noise than its first process drew: not the same "
+                    "run (same settings, data and code?)"
+                )
+            bits = self._playback[self._at : self._at + n].astype(np.uint64)
+            self._at += n
+        if self._taken is not None:
+            self._taken.append(np.array(bits, dtype=np.uint64))
+        return bits
+
+    def draw(self, sample: Callable[[], T], playback: np.ndarray | None = None) -> tuple[T, np.ndarray]:
+        """``sample()`` and the raw bits it drew (in order); with ``playback``, fed exactly those bits."""
+        self._taken, self._playback, self._at = [], playback, 0
+        try:
+            value = sample()
+            if playback is not None and self._at != playback.size:
+                raise RecoveryMismatch(
+                    "recovery: a journalled release draws less noise than its first process drew: not the same "
+                    "run (same settings, data and code?)"
+                )
+            taken = self._taken
+        finally:
+            self._taken, self._playback = None, None
+        return value, (np.concatenate(taken) if taken else np.empty(0, dtype=np.uint64))
+
+
 def _canonical(record: dict) -> dict:
     """A charge record as stored (JSON round trip: tuples become lists), for comparisons."""
     return json.loads(json.dumps(record, sort_keys=True))
@@ -109,16 +166,19 @@ class Releaser:
         journal: ReleaseJournal | None = None,
         replay: bool = False,
     ) -> None:
-        """``journal``: where each drawn value is committed before it is returned; ``replay``: recover
-        the run of ``ledger.run_id`` from ``journal`` (see the module docstring)."""
+        """``journal``: where each drawn value is committed before it is returned (and, if the journal
+        keeps them, each release's noise draws); ``replay``: recover the run of ``ledger.run_id`` from
+        ``journal`` (see the module docstring)."""
         self.ledger = ledger
-        self.noise = noise
+        keeps_draws = journal is not None and journal.keeps_draws
+        self.noise: NoiseSource = _DrawTap(noise) if keeps_draws else noise
         self.filter = zcdp_filter
         self.journal = journal
         self.seq = 0  # the next release's number
         self.replayed = 0  # releases answered from the journal
         self.ledger_writes = 0  # ledger transactions made by this Releaser (charges and prepaid batches)
         self._journalled: dict[int, JournalEntry] = {}
+        self._draws: dict[int, np.ndarray] = {}  # in recovery: the first process's noise draws, by seq
         self._backing: dict[int, list[dict]] = {}  # seq -> ledger rows of this run not yet backing a value
         self._plan: list[dict] | None = None
         self._batch = 0
@@ -133,6 +193,7 @@ class Releaser:
             if journal is None or getattr(ledger, "run_id", None) is None:
                 raise ValueError("recovery needs the run's journal and a ledger opened with its run_id")
             self._journalled = journal.entries()
+            self._draws = journal.draws()
             for row in ledger.run_releases():
                 if row["seq"] is not None:
                     self._backing.setdefault(row["seq"], []).append(row)
@@ -223,6 +284,11 @@ class Releaser:
         if self.journal is not None:
             self.journal.flush()
 
+    def _flush_before_ledger_write(self) -> None:
+        """A ledger transaction is egress of every value released before it (a charge may be computed
+        from them): the journal is made durable first (:mod:`fedkl.privacy.journal`, egress point 1)."""
+        self.flush()
+
     def unused_prepaid(self) -> list[int]:
         """Ids of the prepaid ledger rows that backed no value (yet)."""
         return [row["id"] for rows in self._backing.values() for row in rows if row["state"] == "prepaid"]
@@ -232,6 +298,7 @@ class Releaser:
         (they stay charged)."""
         unused = self.unused_prepaid()
         if unused:
+            self._flush_before_ledger_write()
             self.ledger.mark_unused(unused)
             self.ledger_writes += 1
         self._backing.clear()
@@ -284,6 +351,7 @@ class Releaser:
             (p["members"], from_record(p["charge"]), p["label"], {"prepaid": True}, s)
             for s, p in enumerate(plan[seq:end], start=seq)
         ]
+        self._flush_before_ledger_write()
         try:
             ids = self.ledger.prepay(entries)
         except BudgetExceeded:
@@ -304,15 +372,29 @@ class Releaser:
             )
 
     def _emit(self, seq: int, label: str, record: dict, cohort: str, sample: Callable[[], T]) -> T:
-        """Draw release ``seq`` (already charged) and journal it before returning it; in recovery,
-        return the journalled value instead (the draw still happens, to keep the noise in step)."""
+        """Draw release ``seq`` (already charged) and journal it (with its noise draws, if the journal
+        keeps them) before returning it; in recovery, return the journalled value instead (the sample is
+        still drawn, to keep the noise in step, fed the first process's draws if they were kept)."""
         self.seq = seq + 1
-        value = sample()
         entry = self._journalled.pop(seq, None)
+        if isinstance(self.noise, _DrawTap):
+            playback = None
+            if entry is not None:
+                playback = self._draws.pop(seq, None)
+                if playback is None:
+                    raise RecoveryMismatch(
+                        f"recovery: release {seq} ({label}) is journalled without its noise draws: its later "
+                        "noise cannot be rebuilt; nothing was released"
+                    )
+            value, bits = self.noise.draw(sample, playback)
+        else:
+            value = sample()
         if entry is not None:
             self.replayed += 1
             return value if isinstance(value, ScheduledGaussian) else entry.value()
         if self.journal is not None:
+            if isinstance(self.noise, _DrawTap):
+                self.journal.record_draws(seq, bits)
             self.journal.record(seq, label, record, cohort, None if isinstance(value, ScheduledGaussian) else value)
         return value
 
@@ -398,6 +480,7 @@ class Releaser:
                 )
             self._prepay(seq, label, record, cohort)
             if not self._take_backing(seq, label, record, cohort):
+                self._flush_before_ledger_write()
                 self.ledger.charge(user_ids, charge, label=label, details=details, seq=seq)
                 self.ledger_writes += 1
         if self.filter is not None:

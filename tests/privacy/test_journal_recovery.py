@@ -284,7 +284,7 @@ def test_a_plan_that_does_not_match_the_first_release_prepays_nothing(tmp_path):
 KINDS = ["dp-fedavg", "noisy-fw", "kl-adaptive-gd", "mean-output-pert", "vr-fw"]
 
 
-@pytest.mark.parametrize("name", KINDS)
+@pytest.mark.parametrize("name", [*KINDS, "dp-ftrl"])  # dp-ftrl: seeded recovery with its noise draws kept
 def test_recovery_of_every_kind_of_release(tmp_path, monkeypatch, name):
     def cfg(out):
         return small_config(name, out)
@@ -407,16 +407,26 @@ def test_prepaid_run_of_every_algorithm_charges_what_it_makes(tmp_path, monkeypa
 
 
 def _lose_the_buffer(m) -> None:
-    """A crash drops what the journal buffered: ``close`` (the runner's ``finally``) closes without flushing."""
-    m.setattr(ReleaseJournal, "close", lambda self: self._db.close())
+    """A crash drops what the journal buffered (its values and noise draws): ``close`` (the runner's
+    ``finally``) finds nothing to flush."""
+    close = ReleaseJournal.close
+
+    def crashed(self):
+        for buffer in (self._pending, getattr(self, "_pending_draws", [])):
+            buffer.clear()
+        close(self)
+
+    m.setattr(ReleaseJournal, "close", crashed)
 
 
 @pytest.mark.parametrize("prepay", [False, True], ids=["charged-per-release", "prepaid"])
 def test_a_release_buffered_but_never_flushed_is_redrawn_under_its_charge(tmp_path, monkeypatch, prepay):
-    """The journal is durable at egress, not per release: releases 1..3 are recorded but only in memory
-    when the process 'dies' at release 4 (no progress line in between: the throttle is long). They never
-    left the process, so the recovery redraws them against their (durable) charges, charging nothing twice,
-    and ends with the uninterrupted run's model and ledger."""
+    """The journal is durable at egress, not per release: prepaid, releases 1..3 are recorded but only in
+    memory when the process 'dies' at release 4 (no progress line in between: the throttle is long, and the
+    prepaid batch was written before them). They never left the process, so the recovery redraws them
+    against their (durable) charges, charging nothing twice, and ends with the uninterrupted run's model and
+    ledger. Charged release by release, each ledger write is egress of the values before it: 0..3 are
+    durable before release 4's charge, and recovery returns them."""
     import fedkl.runner as runner
 
     clean = tmp_path / "clean"
@@ -428,14 +438,17 @@ def test_a_release_buffered_but_never_flushed_is_redrawn_under_its_charge(tmp_pa
         with pytest.raises(Crash):
             run_training(_cfg(tmp_path / "crashed"), log=lambda s: None, prepay=prepay)
     journal = ReleaseJournal.open(tmp_path / "crashed" / JOURNAL_FILE)
-    assert sorted(journal.entries()) == [0]  # what the first progress line needed; 1..3 were lost with the process
+    held = sorted(journal.entries())
+    # prepaid: what the first progress line needed (1..3 were lost with the process); else what release 4's
+    # charge flushed before it was written
+    assert held == ([0] if prepay else [0, 1, 2, 3])
     journal.close()
     ledger = tmp_path / "crashed" / "ledger.sqlite"
     seqs = [r["seq"] for r in _ledger_rows(ledger)]  # 0..4 charged (durable before drawn); prepaid: maybe more
     assert seqs == list(range(len(seqs))) and (len(seqs) == 5 if not prepay else 5 <= len(seqs) <= ROUNDS)
     lines = []
     recover_run(str(tmp_path / "crashed"), log=lines.append)
-    assert "1 releases replayed" in " ".join(lines)
+    assert f"{len(held)} releases replayed" in " ".join(lines)
     assert torch.equal(_model(tmp_path / "crashed"), _model(clean))
     assert _ledger_rows(ledger) == _ledger_rows(clean / "ledger.sqlite")  # each release charged once
     assert _spends(ledger) == _spends(clean / "ledger.sqlite")
@@ -525,3 +538,81 @@ def test_plan_is_public_is_declared_by_exactly_the_listed_algorithms():
         PLAN_IS_PUBLIC
     )
     assert not getattr(KLSpider, "plan_is_public", False)  # it stops a phase on a released estimate
+
+
+def test_dp_ftrl_recovered_with_secure_noise_continues_from_the_original_draws(tmp_path, monkeypatch):
+    """issue 28 §1: dp-ftrl's later noise depends on earlier draws (the tree generator). With secure noise
+    (os.urandom, nothing to replay), a crash after k journalled releases and a recovery: the generator is
+    fed the FIRST process's draws for releases 0..k-1 (they are journalled as its secret), so every later
+    release carries the noise the uninterrupted generator makes from the original draws, not from re-drawn
+    ones (which would correlate the later noise with draws that were never released)."""
+    from fedkl.privacy.matrix_mechanism import TreeNoise
+
+    fed: list[tuple[torch.Tensor, torch.Tensor]] = []  # (Z_t fed, B Z row returned), in this process
+    step = TreeNoise.step
+
+    def spy(self, z):
+        out = step(self, z)
+        fed.append((z.clone(), out.clone()))
+        return out
+
+    monkeypatch.setattr(TreeNoise, "step", spy)
+    k, rounds = 2, 4  # the tree's release 2 carries Z_1 + Z_2: Z_1 was drawn by the first process
+    cfg = small_config("dp-ftrl", tmp_path / "run", noise_seed=None, rounds=rounds)
+    with monkeypatch.context() as m:
+        _crash_after(m, k)  # releases 0..k-1 journalled (they left the process), release k drawn, never journalled
+        with pytest.raises(Crash):
+            run_training(cfg, log=lambda s: None, prepay=False)
+    first, fed[:] = list(fed), []
+    lines = []
+    recover_run(str(tmp_path / "run"), log=lines.append)
+    assert f"{k} releases replayed" in " ".join(lines) and len(fed) == rounds
+    for t in range(k):  # the generator's state is the first process's
+        assert torch.equal(fed[t][0], first[t][0]), f"release {t}: the generator was fed a re-drawn Z"
+    assert not torch.equal(fed[k][0], first[k][0])  # release k never left: drawn afresh under its charge
+    uninterrupted = TreeNoise.__new__(TreeNoise)
+    uninterrupted.__init__()
+    for t, z in enumerate([z for z, _ in first[:k]] + [z for z, _ in fed[k:]]):
+        assert torch.equal(step(uninterrupted, z), fed[t][1]), f"release {t}'s noise is not the original draws'"
+    assert not [f for f in os.listdir(tmp_path / "run") if "secret" in f]  # finished: the secret is purged
+
+
+def test_kl_adaptive_gd_killed_after_a_charge_computed_from_a_buffered_value_recovers(tmp_path, monkeypatch):
+    """issue 28 §1: kl-adaptive-gd's gradient release is charged at a rho computed from the noisy norm just
+    released. The process dies right after that ledger row is durable and before any other flush: the norm
+    must already be journalled (a ledger write is egress of every value released before it), and recovery
+    then succeeds with the uninterrupted run's ledger (secure noise: KeyedNoise, fresh bits where the first
+    process's values had left)."""
+    from release_spies import KeyedNoise  # tests/release_spies.py
+
+    import fedkl.runner as runner
+
+    keyed = KeyedNoise(monkeypatch, 1)
+    monkeypatch.setattr(runner, "PROGRESS_EVERY_S", 1e9)  # no progress flush but the first and last round's
+    clean = run_training(small_config("kl-adaptive-gd", tmp_path / "clean", noise_seed=None), log=lambda s: None)
+    labels = [r["label"] for r in _ledger_rows(clean["ledger"]["path"])]
+    i = labels.index("kl-adaptive-gd/round-1/norm")  # its gradient release (i + 1) is charged from it
+    assert labels[i + 1] == "kl-adaptive-gd/round-1/grad"
+    charge = PrivacyLedger.charge
+
+    def dies_after_the_charge(self, *a, seq=None, **kw):
+        out = charge(self, *a, seq=seq, **kw)
+        if seq == i + 1:
+            raise Crash
+        return out
+
+    with monkeypatch.context() as m:
+        m.setattr(PrivacyLedger, "charge", dies_after_the_charge)
+        _lose_the_buffer(m)
+        with pytest.raises(Crash):
+            run_training(small_config("kl-adaptive-gd", tmp_path / "run", noise_seed=None), log=lambda s: None)
+    journal = ReleaseJournal.open(tmp_path / "run" / JOURNAL_FILE)
+    held = sorted(journal.entries())
+    journal.close()
+    assert i in held, f"release {i + 1}'s charge is durable, the value {i} it was computed from is not: {held}"
+    keyed.salt = lambda seq: 2 if seq in held else 1  # fresh draws where a value had left
+    recover_run(str(tmp_path / "run"), log=lambda s: None)
+    ledger = tmp_path / "run" / "ledger.sqlite"
+    assert _ledger_rows(ledger) == _ledger_rows(clean["ledger"]["path"])  # each release charged once
+    assert _spends(ledger) == _spends(clean["ledger"]["path"])
+    assert torch.equal(_model(tmp_path / "run"), _model(tmp_path / "clean"))
