@@ -36,7 +36,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from fedkl.privacy.guarantee import RELEASED_MODELS, ClientView
+from fedkl.privacy.guarantee import RELEASED_MODELS, Absence, ClientView, absence_for, check_absence
 from fedkl.privacy.ledger import BudgetExceeded
 
 ORIGINS = ("theorem", "heuristic", "safety limit")
@@ -174,6 +174,13 @@ class AlgorithmSpec:
     step_size: float | None = None  # the default ``lr`` of an algorithm whose Params have one
     # whether the algorithm needs only sums of clipped answers (``--secagg``), or a function of the params
     secagg: bool | Callable[[Any], bool] = False
+    # how an absent, failed or non-finite user enters each released quantity (register's ``absence``)
+    absence: tuple[Absence, ...] = ()
+
+    def absence_rule(self, label: str, relation: str, backend: str) -> Absence:
+        """The declared :class:`~fedkl.privacy.guarantee.Absence` of release ``label`` under ``relation``
+        on ``backend`` (``"inprocess"`` or ``"flower"``)."""
+        return absence_for(self.absence, label, relation, backend)
 
     def sums_only(self, params: Any) -> bool:
         """Whether a run with ``params`` needs nothing but sums of clipped answers, so that it can
@@ -209,6 +216,7 @@ def register(
     *,
     step_size: float | None = None,
     secagg: bool | Callable[[Any], bool] = False,
+    absence: Absence | tuple[Absence, ...] | None = None,
 ) -> Callable:
     """Decorator: register ``build(params, ctx)`` as algorithm ``name`` with hyperparameters
     ``params`` (an :class:`AlgorithmParams` dataclass) and what a participating client sees
@@ -222,7 +230,17 @@ def register(
 
     ``secagg``: True (or a function of the params) when the algorithm asks the federation only for
     sums of clipped answers (``federation.sum`` and ``Answers.total()``), so ``--secagg`` may serve it
-    (:meth:`AlgorithmSpec.sums_only`)."""
+    (:meth:`AlgorithmSpec.sums_only`).
+
+    ``absence`` (required): how an absent, failed or non-finite user enters each released quantity, per
+    relation and backend (:class:`~fedkl.privacy.guarantee.Absence`; the white-box sensitivity search,
+    :mod:`fedkl.audit.whitebox`, reads it for every registered algorithm)."""
+    if absence is None:
+        raise TypeError(
+            f"{name}: register(..., absence=Absence(...)) is required: say how an absent, failed or "
+            "non-finite user enters each released quantity (fedkl.privacy.guarantee.Absence)"
+        )
+    absence = check_absence(absence, name)
     has_lr = any(f.name == "lr" for f in dataclasses.fields(params)) if dataclasses.is_dataclass(params) else False
     if has_lr != (step_size is not None) or (step_size is not None and not step_size > 0):
         raise TypeError(f"{name}: give register(..., step_size=lr > 0) exactly when its Params have a step size lr")
@@ -242,7 +260,7 @@ def register(
     def decorate(build: Callable) -> Callable:
         if name in REGISTRY and REGISTRY[name].build is not build:
             raise ValueError(f"algorithm {name!r} is already registered")
-        REGISTRY[name] = AlgorithmSpec(name, params, build, client_view, step_size, secagg)
+        REGISTRY[name] = AlgorithmSpec(name, params, build, client_view, step_size, secagg, absence)
         for f in dataclasses.fields(params):
             _FIELDS.setdefault(f.name, f)
         return build
