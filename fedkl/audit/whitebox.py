@@ -94,12 +94,20 @@ class Neighbour:
     backend: str
     text: str
     any_client: bool = False
+    base: str | None = None  # the kind applied to the target in world D too (None: honest)
 
 
 NEIGHBOURS = (
     Neighbour("outlier", "replace-one", "inprocess", "the target's records replaced by x = R e_0, opposite label"),
     Neighbour("failed", "replace-one", "inprocess", "the target fails every request (zero row, listed failed)"),
     Neighbour("absent", "add-remove", "inprocess", "the target absent: failed in every request (zero-out)"),
+    Neighbour(
+        "absent-outlier",
+        "add-remove",
+        "inprocess",
+        "world D: the target's records are the outlier's; world D': the target absent",
+        base="outlier",
+    ),
     Neighbour("negated", "replace-one", "flower", "the client answers minus its honest answer", any_client=True),
     Neighbour("huge", "replace-one", "flower", f"the client answers {HUGE:g} in every coordinate", any_client=True),
     Neighbour("nan", "replace-one", "flower", "the client answers NaN"),
@@ -405,10 +413,10 @@ def open_world(cfg, world: World):
     dataset = load_run_dataset(cfg)
     name = cfg.problem or DEFAULT_PROBLEM[dataset.task]
     if world.backend == "inprocess":
-        if world.kind == "outlier":
+        if world.kind in ("outlier", "absent-outlier"):
             dataset = outlier_dataset(dataset, world.target)
         problem = make_problem(name, dataset, reg=cfg.reg, model=cfg.model)
-        if world.kind in ("failed", "absent"):
+        if world.kind in ("failed", "absent", "absent-outlier"):
             yield FailingFederation(problem, dataset, [world.target]), problem, dataset
         elif world.kind in (None, "outlier"):
             yield InProcessFederation(problem, dataset), problem, dataset
@@ -439,6 +447,7 @@ class Outcome:
     error: str | None = None
     diverged: bool = False
     tap: Tap | None = None
+    declared: Any = None  # the algorithm's Guarantee, when the run completed
 
 
 def run_world(cfg, world: World, session: Session, noise: NoiseSource | None = None) -> Outcome:
@@ -454,7 +463,7 @@ def run_world(cfg, world: World, session: Session, noise: NoiseSource | None = N
             tempfile.TemporaryDirectory(prefix="fedkl-whitebox-", dir=scratch) as tmp,
         ):
             delta = cfg.delta if cfg.delta is not None else default_delta(federation.num_users)
-            train_federation(
+            _, _, out.declared = train_federation(
                 cfg,
                 federation,
                 problem,
@@ -559,16 +568,19 @@ class Search:
     record: Outcome
     exact: Outcome
     target: int = TARGET
+    bases: dict[str | None, tuple[Outcome, Outcome]] = field(default_factory=dict)  # world D per base kind
     kinds: dict[str, Outcome] = field(default_factory=dict)
     findings: dict[str, list[Finding]] = field(default_factory=dict)
 
     def problems(self, kind: str) -> list[str]:
         """Why ``kind``'s neighbour breaks the declaration (empty: it does not)."""
         out = []
-        base, other = self.exact, self.kinds[kind]
-        if self.record.error or base.error:
-            out.append(f"world D: {self.record.error or base.error}")
-        if other.error and not (self.record.error or base.error):
+        kind_of = {k.name: k for k in NEIGHBOURS if k.relation == self.relation and k.backend == self.backend}
+        record, base = self.bases.get(kind_of[kind].base, (self.record, self.exact))
+        other = self.kinds[kind]
+        if record.error or base.error:
+            out.append(f"world D: {record.error or base.error}")
+        if other.error and not (record.error or base.error):
             out.append(f"world D' ({kind}) {'diverged' if other.diverged else 'aborted'}: {other.error}")
         for f in self.findings.get(kind, []):
             if f.exceeds:
@@ -611,22 +623,35 @@ def search(
     cfg = dataclasses.replace(cfg, neighbouring=relation)
     if backend == "flower":
         cfg = dataclasses.replace(cfg, kernels="reproducible")
-    rec = Session(Tap(NoiseSource(noise_seed)))
-    noise = rec.tap if noise_factor == 1.0 else ScaledNoise(rec.tap, noise_factor)
-    record = run_world(cfg, World(backend), rec, noise)
-    replay = Session(Tap(recorded=rec.tap), transcript=record.releases)
-    exact = run_world(cfg, World(backend), replay)
     from fedkl.runner import load_run_dataset
 
-    target = choose_target(record.releases, load_run_dataset(cfg).train.user_ids)
-    out = Search(cfg.algorithm, relation, backend, record, exact, target=target)
     if kinds is None:
         kinds = [k.name for k in neighbours(relation, backend)]
-    for kind in kinds:
-        world = World(backend, kind, target)
-        other = run_world(cfg, world, Session(Tap(recorded=rec.tap), transcript=record.releases))
-        out.kinds[kind] = other
-        out.findings[kind] = compare(cfg.algorithm, relation, backend, exact.releases, other.releases)
+    kind_of = {k.name: k for k in NEIGHBOURS if k.relation == relation and k.backend == backend}
+    target, out = TARGET, None
+    bases = {kind_of[k].base for k in kinds} or {None}  # no kinds: world D alone (the noise check)
+    for base in sorted(bases, key=lambda b: b or ""):  # the honest world first
+        rec = Session(Tap(NoiseSource(noise_seed)))
+        noise = rec.tap if noise_factor == 1.0 else ScaledNoise(rec.tap, noise_factor)
+        record = run_world(cfg, World(backend, base, target), rec, noise)
+        exact = run_world(cfg, World(backend, base, target), Session(Tap(recorded=rec.tap), transcript=record.releases))
+        if out is None:
+            target = choose_target(record.releases, load_run_dataset(cfg).train.user_ids)
+            out = Search(cfg.algorithm, relation, backend, record, exact, target=target)
+            if target != TARGET and base is not None:  # world D depends on the target: record it again
+                rec = Session(Tap(NoiseSource(noise_seed)))
+                noise = rec.tap if noise_factor == 1.0 else ScaledNoise(rec.tap, noise_factor)
+                record = run_world(cfg, World(backend, base, target), rec, noise)
+                exact = run_world(
+                    cfg, World(backend, base, target), Session(Tap(recorded=rec.tap), transcript=record.releases)
+                )
+        out.bases[base] = (record, exact)
+        for kind in (k for k in kinds if kind_of[k].base == base):
+            other = run_world(
+                cfg, World(backend, kind, target), Session(Tap(recorded=rec.tap), transcript=record.releases)
+            )
+            out.kinds[kind] = other
+            out.findings[kind] = compare(cfg.algorithm, relation, backend, exact.releases, other.releases)
     return out
 
 
