@@ -46,8 +46,10 @@ KINDS = {
 VARIANTS = {
     "noisy-gd-conc[fresh]": ("noisy-gd-conc", {"conc_centre": "fresh"}),
     "noisy-gd-conc[histogram]": ("noisy-gd-conc", {"conc_centre": "histogram"}),
+    "sc-output-pert[vertex-cover]": ("sc-output-pert", {"p002_test": "vertex-cover", "users": 30}),
+    "sc-output-pert[select-Delta]": ("sc-output-pert", {"p002_delta_select": "sparse-vector", "users": 60}),
 }
-P002 = ("phased-erm", "phased-sco", "sc-output-pert", "sc-phased-erm", "sc-phased-sco")
+P002 = ("phased-erm", "phased-sco", "sc-output-pert", "sc-phased-erm", "sc-phased-sco", *list(VARIANTS)[2:])
 _ABORT = "aborts when a user fails (paper 002's diameter/vertex-cover/matching tests; issue 28 §2, helper clients)"
 _CONC = "a failed/absent user's zero row is projected as an answer 0 - c_t (issue 28 §1, helper conc)"
 KNOWN: dict[tuple[str, str, str, str], str] = {
