@@ -625,6 +625,7 @@ def search(
         cfg = dataclasses.replace(cfg, kernels="reproducible")
     from fedkl.runner import load_run_dataset
 
+    covered = kinds is None  # every kind the algorithm's client model covers (read from world D's guarantee)
     if kinds is None:
         kinds = [k.name for k in neighbours(relation, backend)]
     kind_of = {k.name: k for k in NEIGHBOURS if k.relation == relation and k.backend == backend}
@@ -647,6 +648,9 @@ def search(
                 )
         out.bases[base] = (record, exact)
         for kind in (k for k in kinds if kind_of[k].base == base):
+            declared = out.record.declared
+            if covered and kind_of[kind].any_client and (declared is None or declared.clients.name != "any"):
+                continue  # in-class clients: a finite lie is not a neighbour the guarantee covers
             other = run_world(
                 cfg, World(backend, kind, target), Session(Tap(recorded=rec.tap), transcript=record.releases)
             )
@@ -733,8 +737,114 @@ def noise_law(record: Outcome, exact: Outcome, algorithm: str, relation: str, ba
     return {"coordinates": n, "sum_squares": s, "p_low": float(chi2.cdf(s, n)), "p_high": float(chi2.sf(s, n))}
 
 
+# ---- the audit (`fedkl audit --method white-box`) -----------------------------------------------------------
+LAW_ALPHA = 1e-4  # the chi-square check's two-sided level (a correct mechanism is flagged with probability 2e-4)
+
+
+def white_box_audit(
+    algorithm: str,
+    epsilon: float,
+    out: str,
+    *,
+    settings: dict | None = None,
+    seed: int = 0,
+    noise_scale: float = 1.0,
+    users: int | None = None,
+    backends: Sequence[str] = BACKENDS,
+    log: Callable[[str], None] = print,
+) -> dict:
+    """``fedkl audit --method white-box``: the search of every relation the algorithm covers on both
+    backends with every neighbour kind, and the noise check, at the algorithm's small audit setting
+    (:func:`fedkl.audit.settings.small_settings`) on synthetic-logistic with ``users`` users (default the
+    small audit's), on ``backends``. ``noise_scale``: world D's noise scaled by it (0.5: the 2x negative control). Verdict
+    "VIOLATION" when a release moves beyond its sensitivity, a run completes in one world only, a draw
+    is not at its charge's scale, or the noise in the outputs fails the chi-square check at
+    :data:`LAW_ALPHA`; "refused" when no relation's setting is accepted; else "consistent with claim"."""
+    import json
+
+    from fedkl.audit.release import audit_config
+    from fedkl.audit.report import REFUSED, VIOLATION, write_report
+    from fedkl.audit.settings import small_audit, small_settings
+    from fedkl.privacy.guarantee import RELATIONS
+
+    small = small_audit(algorithm)
+    run = {"dataset": "synthetic-logistic", "users": users or small.users, "seed": seed}
+    cfg = audit_config(algorithm, epsilon, {**run, **small_settings(algorithm, settings)})
+    report: dict = {
+        "method": "white-box",
+        "algorithm": algorithm,
+        "claimed": {"epsilon": epsilon, "delta": cfg.delta, "neighbouring": list(RELATIONS)},
+        "setting": {"users": run["users"], "seed": seed, "noise_scale": noise_scale},
+        "settings": json.loads(json.dumps(cfg.settings(), default=str)),
+        "searches": [],
+    }
+    problems: list[str] = []
+    refusals: list[str] = []
+    for relation in RELATIONS:
+        for backend in backends:
+            s = search(cfg, relation, backend, noise_seed=seed, noise_factor=noise_scale)
+            err = s.record.error or ""
+            if err.startswith("ValueError") and not s.record.releases:
+                refusals.append(f"{relation}: {err}")
+                break  # the relation is refused before any data: the same on every backend
+            entry = {"relation": relation, "backend": backend, "target": s.target, "kinds": {}}
+            for kind in s.kinds:
+                found = s.problems(kind)
+                worst = s.worst(kind)
+                entry["kinds"][kind] = {"problems": found, "worst_realised_declared": worst}
+                problems += [f"{relation} {backend} {kind}: {p}" for p in found]
+            if not s.record.error:
+                scales = noise_scales(s.record)
+                law = noise_law(s.record, s.exact, algorithm, relation, backend)
+                entry.update(noise_scales=scales, noise_law=law)
+                problems += [f"{relation} {backend} noise: {p}" for p in scales]
+                if min(law["p_low"], law["p_high"]) < LAW_ALPHA:
+                    problems.append(
+                        f"{relation} {backend} noise law: sum of squares {law['sum_squares']:.4g} over "
+                        f"{law['coordinates']} standardised coordinates (p_low {law['p_low']:.2g}, p_high {law['p_high']:.2g})"
+                    )
+            elif not s.kinds:
+                problems.append(f"{relation} {backend}: world D: {s.record.error}")
+            report["searches"].append(entry)
+            log(f"  {algorithm} {relation} {backend}: {len(s.kinds)} neighbour kinds, target user {s.target}")
+    report["problems"] = problems
+    report["refusals"] = refusals
+    if problems:
+        report["verdict"] = VIOLATION
+    elif not report["searches"]:
+        report.update(verdict=REFUSED, reason="; ".join(refusals))
+    else:
+        report["verdict"] = "consistent with claim"
+    os.makedirs(out, exist_ok=True)
+    write_report(out, report)
+    return report
+
+
+def format_white_box(report: dict) -> str:
+    """The report's lines for ``fedkl audit``."""
+    head = f"{report['algorithm']} (white-box audit, noise x{report['setting']['noise_scale']:g})"
+    if report["verdict"] == "refused":
+        return f"{head}\n  refused the audit setting (nothing audited): {report.get('reason', '')}"
+    lines = [head]
+    for e in report["searches"]:
+        worst = [w["worst_realised_declared"] for w in e["kinds"].values() if w["worst_realised_declared"]]
+        ratio = max((r / d for r, d in worst), default=float("nan"))
+        lines.append(
+            f"  {e['relation']:11s} {e['backend']:9s}: {len(e['kinds'])} neighbour kinds, largest realised/declared "
+            f"{ratio:.3g}" + (f", noise chi2 p_low {e['noise_law']['p_low']:.2g}" if "noise_law" in e else "")
+        )
+    lines += [f"  {p}" for p in report["problems"][:10]]
+    if len(report["problems"]) > 10:
+        lines.append(f"  ... {len(report['problems']) - 10} more in audit.json")
+    lines.append(f"  verdict: {report['verdict']}")
+    return "\n".join(lines)
+
+
 __all__ = [
     "BACKENDS",
+    "LAW_ALPHA",
+    "format_white_box",
+    "white_box_audit",
     "Divergence",
     "FailingFederation",
     "Finding",
