@@ -808,6 +808,7 @@ def white_box_audit(
             report["searches"].append(entry)
             log(f"  {algorithm} {relation} {backend}: {len(s.kinds)} neighbour kinds, target user {s.target}")
     report["problems"] = problems
+    report["noise_problems"] = sum(" noise" in p for p in problems)  # what the negative control must show
     report["refusals"] = refusals
     if problems:
         report["verdict"] = VIOLATION
