@@ -26,3 +26,16 @@ def test_white_box_audit_catches_a_2x_noise_error(algorithm, tmp_path):
     assert bad["verdict"] == "VIOLATION"
     assert any(" noise" in p for p in bad["problems"]), bad["problems"]
     assert (tmp_path / "bad" / "audit.json").exists()
+
+
+def test_fedkl_audit_white_box_cli_and_its_negative_control(tmp_path, capsys):
+    """`fedkl audit --method white-box` passes noisy-gd (exit 0) and, with `--noise-scale 0.5 --expect
+    violation` (make audit's control), exits 0 only because the halved noise is flagged."""
+    from fedkl import cli
+
+    base = ["audit", "--algorithm", "noisy-gd", "--method", "white-box", "--users", "12"]
+    assert cli.main([*base, "--out", str(tmp_path / "a")]) == 0
+    assert "verdict: consistent with claim" in capsys.readouterr().out
+    assert cli.main([*base, "--noise-scale", "0.5", "--expect", "violation", "--out", str(tmp_path / "b")]) == 0
+    assert "Gaussian std" in capsys.readouterr().out
+    assert cli.main([*base, "--noise-scale", "0.5", "--out", str(tmp_path / "c")]) == 1
