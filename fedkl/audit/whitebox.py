@@ -28,17 +28,20 @@ index, with the same label, charge and cohort, in the other (a charge that depen
 only on y_<i) is a finding, and so is a run that completes in one world and aborts in the other (whether
 a run completes must never depend on one user's data).
 
-Neighbouring worlds (:data:`NEIGHBOURS`), per relation and backend, the target being user 0:
+Neighbouring worlds (:data:`NEIGHBOURS`), per relation and backend. The target is user 0, or, for an
+algorithm whose users each take part in one cohort, the first user of the first cohort that is not
+everyone (:func:`choose_target`):
 
 * in-process, replace-one: ``outlier`` (all of the user's records replaced by the extreme records within
   the loaders' bounds, x = R e_0 with the opposite label) and ``failed`` (the user fails every request:
   a zero row in ``failed``, the federation's policy);
 * in-process, add-remove: ``absent`` (the enrolled user absent = failed in every request: zero-out,
-  :data:`~fedkl.privacy.guarantee.RELATION_TEXT`);
+  :data:`~fedkl.privacy.guarantee.RELATION_TEXT`) and ``absent-outlier`` (world D with the target's
+  records the outlier's, world D' without it);
 * LocalGrid (the Flower path, ClientApps over the wire; one other user drops out and one answers NaN in
   BOTH worlds), replace-one: ``negated`` (the client answers minus its honest answer: finite, inside
   every norm bound, the largest move a clipped answer can make), ``huge`` (1e6 in every coordinate),
-  ``nan``, ``drop`` (answers the handshake, then never); the finite lies only for algorithms whose
+  ``zero``, ``nan``, ``drop`` (answers the handshake, then never); the finite lies only for algorithms whose
   guarantee holds for any client (:mod:`fedkl.privacy.clients`); add-remove: ``absent`` (no node) and
   ``drop``.
 
@@ -110,6 +113,7 @@ NEIGHBOURS = (
     ),
     Neighbour("negated", "replace-one", "flower", "the client answers minus its honest answer", any_client=True),
     Neighbour("huge", "replace-one", "flower", f"the client answers {HUGE:g} in every coordinate", any_client=True),
+    Neighbour("zero", "replace-one", "flower", "the client answers exact zeros", any_client=True),
     Neighbour("nan", "replace-one", "flower", "the client answers NaN"),
     Neighbour("drop", "replace-one", "flower", "the client answers the handshake, then never"),
     Neighbour("absent", "add-remove", "flower", "no node holds the target (enrolled, absent)"),
@@ -393,6 +397,8 @@ def _flower_faults(kind: str | None, target: int = TARGET) -> dict:
                 else rep
             )
         )
+    elif kind == "zero":
+        faults[target] = localgrid.zero_reply()
     elif kind == "nan":
         faults[target] = localgrid.nan_reply()
     elif kind == "drop":
