@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import math
 import os
 import tempfile
@@ -747,6 +748,39 @@ def noise_law(record: Outcome, exact: Outcome, algorithm: str, relation: str, ba
 LAW_ALPHA = 1e-4  # the chi-square check's two-sided level (a correct mechanism is flagged with probability 2e-4)
 
 
+def _audit_searches(cfg, algorithm, seed, noise_scale, backends, report, problems, refusals, log) -> None:
+    """:func:`white_box_audit`'s searches, every relation x backend, into ``report`` / ``problems`` / ``refusals``."""
+    from fedkl.privacy.guarantee import RELATIONS
+
+    for relation in RELATIONS:
+        for backend in backends:
+            s = search(cfg, relation, backend, noise_seed=seed, noise_factor=noise_scale)
+            err = s.record.error or ""
+            if err.startswith("ValueError") and not s.record.releases:
+                refusals.append(f"{relation}: {err}")
+                break  # the relation is refused before any data: the same on every backend
+            entry = {"relation": relation, "backend": backend, "target": s.target, "kinds": {}}
+            for kind in s.kinds:
+                found = s.problems(kind)
+                worst = s.worst(kind)
+                entry["kinds"][kind] = {"problems": found, "worst_realised_declared": worst}
+                problems += [f"{relation} {backend} {kind}: {p}" for p in found]
+            if not s.record.error:
+                scales = noise_scales(s.record)
+                law = noise_law(s.record, s.exact, algorithm, relation, backend)
+                entry.update(noise_scales=scales, noise_law=law)
+                problems += [f"{relation} {backend} noise: {p}" for p in scales]
+                if min(law["p_low"], law["p_high"]) < LAW_ALPHA:
+                    problems.append(
+                        f"{relation} {backend} noise law: sum of squares {law['sum_squares']:.4g} over "
+                        f"{law['coordinates']} standardised coordinates (p_low {law['p_low']:.2g}, p_high {law['p_high']:.2g})"
+                    )
+            elif not s.kinds:
+                problems.append(f"{relation} {backend}: world D: {s.record.error}")
+            report["searches"].append(entry)
+            log(f"  {algorithm} {relation} {backend}: {len(s.kinds)} neighbour kinds, target user {s.target}")
+
+
 def white_box_audit(
     algorithm: str,
     epsilon: float,
@@ -786,33 +820,14 @@ def white_box_audit(
     }
     problems: list[str] = []
     refusals: list[str] = []
-    for relation in RELATIONS:
-        for backend in backends:
-            s = search(cfg, relation, backend, noise_seed=seed, noise_factor=noise_scale)
-            err = s.record.error or ""
-            if err.startswith("ValueError") and not s.record.releases:
-                refusals.append(f"{relation}: {err}")
-                break  # the relation is refused before any data: the same on every backend
-            entry = {"relation": relation, "backend": backend, "target": s.target, "kinds": {}}
-            for kind in s.kinds:
-                found = s.problems(kind)
-                worst = s.worst(kind)
-                entry["kinds"][kind] = {"problems": found, "worst_realised_declared": worst}
-                problems += [f"{relation} {backend} {kind}: {p}" for p in found]
-            if not s.record.error:
-                scales = noise_scales(s.record)
-                law = noise_law(s.record, s.exact, algorithm, relation, backend)
-                entry.update(noise_scales=scales, noise_law=law)
-                problems += [f"{relation} {backend} noise: {p}" for p in scales]
-                if min(law["p_low"], law["p_high"]) < LAW_ALPHA:
-                    problems.append(
-                        f"{relation} {backend} noise law: sum of squares {law['sum_squares']:.4g} over "
-                        f"{law['coordinates']} standardised coordinates (p_low {law['p_low']:.2g}, p_high {law['p_high']:.2g})"
-                    )
-            elif not s.kinds:
-                problems.append(f"{relation} {backend}: world D: {s.record.error}")
-            report["searches"].append(entry)
-            log(f"  {algorithm} {relation} {backend}: {len(s.kinds)} neighbour kinds, target user {s.target}")
+    # the LocalGrid worlds' failures are deliberate: their per-request warnings would bury the report
+    quiet = logging.getLogger("fedkl.flower.federation")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        _audit_searches(cfg, algorithm, seed, noise_scale, backends, report, problems, refusals, log)
+    finally:
+        quiet.setLevel(level)
     report["problems"] = problems
     report["noise_problems"] = sum(" noise" in p for p in problems)  # what the negative control must show
     report["refusals"] = refusals
