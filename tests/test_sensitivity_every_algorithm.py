@@ -11,7 +11,7 @@ sensitivity (noisy-gd's ``negated`` neighbour attains exactly 2C). The kinds run
 a subsample chosen for the CI budget: in-process, the record-level outlier and a failed user
 (replace-one) and the absent user next to an honest and an outlier present one (add-remove); LocalGrid,
 the in-bound lie (``negated``, any-client algorithms only) and the NaN answer (replace-one) and the
-dropout (add-remove). ``make audit`` runs every kind of :data:`fedkl.audit.whitebox.NEIGHBOURS`.
+dropout and the absent user next to a present one answering 1e6 (add-remove). ``make audit`` runs every kind of :data:`fedkl.audit.whitebox.NEIGHBOURS`.
 
 :data:`KNOWN` lists the failures found and owned by others (``xfail(strict=True)``: remove the entry
 when its fix lands). The negative controls register two wrong toy algorithms here (half the
@@ -40,7 +40,7 @@ KINDS = {
     ("replace-one", "inprocess"): ("outlier", "failed"),
     ("add-remove", "inprocess"): ("absent", "absent-outlier"),
     ("replace-one", "flower"): ("negated", "nan"),
-    ("add-remove", "flower"): ("drop",),
+    ("add-remove", "flower"): ("drop", "absent-huge"),
 }
 # settings beyond SMALL that take other release paths (name[variant] -> (algorithm, settings))
 VARIANTS = {
@@ -58,6 +58,7 @@ KNOWN: dict[tuple[str, str, str, str], str] = {
     **{("noisy-gd-conc", "add-remove", b, "absent-outlier"): _CONC for b in ("inprocess",)},
     **{("noisy-gd-conc[fresh]", "add-remove", "inprocess", k): _CONC for k in ("absent", "absent-outlier")},
     ("noisy-gd-conc[fresh]", "add-remove", "flower", "drop"): _CONC,
+    **{(a, "add-remove", "flower", "absent-huge"): _CONC for a in ("noisy-gd-conc", *list(VARIANTS)[:2])},
 }
 
 

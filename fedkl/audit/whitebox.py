@@ -42,8 +42,8 @@ everyone (:func:`choose_target`):
   BOTH worlds), replace-one: ``negated`` (the client answers minus its honest answer: finite, inside
   every norm bound, the largest move a clipped answer can make), ``huge`` (1e6 in every coordinate),
   ``zero``, ``nan``, ``drop`` (answers the handshake, then never); the finite lies only for algorithms whose
-  guarantee holds for any client (:mod:`fedkl.privacy.clients`); add-remove: ``absent`` (no node) and
-  ``drop``.
+  guarantee holds for any client (:mod:`fedkl.privacy.clients`); add-remove: ``absent`` (no node),
+  ``drop`` and ``absent-huge`` (world D with the target answering 1e6, world D' without its node).
 
 Noise check (world D's recording): every Gaussian draw inside a release has the std its charge implies
 (``sensitivity / sqrt(2 rho)``, the schedule's sigma, the stability test's sigma), every exponential
@@ -119,6 +119,14 @@ NEIGHBOURS = (
     Neighbour("drop", "replace-one", "flower", "the client answers the handshake, then never"),
     Neighbour("absent", "add-remove", "flower", "no node holds the target (enrolled, absent)"),
     Neighbour("drop", "add-remove", "flower", "the target's node drops out after the handshake"),
+    Neighbour(
+        "absent-huge",
+        "add-remove",
+        "flower",
+        f"world D: the target answers {HUGE:g} in every coordinate; world D': no node holds it",
+        any_client=True,
+        base="huge",
+    ),
 )
 BACKENDS = ("inprocess", "flower")
 
@@ -404,7 +412,7 @@ def _flower_faults(kind: str | None, target: int = TARGET) -> dict:
         faults[target] = localgrid.nan_reply()
     elif kind == "drop":
         faults[target] = localgrid.drop()
-    elif kind == "absent":
+    elif kind in ("absent", "absent-huge"):
         absent.append(target)
     elif kind is not None:
         raise ValueError(f"unknown LocalGrid neighbour {kind!r}")
