@@ -193,14 +193,32 @@ class _CountsFailed(_HalfSensitivity):
         return clip_rows(rows - c, tau)[0]
 
 
-TOYS = {"wb-toy-half-sensitivity": _HalfSensitivity, "wb-toy-counts-failed": _CountsFailed}
+class _ReplacesFailed(_HalfSensitivity):
+    """Declares ``zero`` (ZERO_SUMS) but replaces a failed user's row by a public vector of norm C (a
+    'replaced' rule): its sensitivity is right, its declaration is not."""
+
+    def sensitivity(self) -> float:
+        return sum_sensitivity(self.params.clip, self.relation)
+
+    def rows(self, answers, w):
+        rows = clip_rows(answers.values.to(torch.float64), self.params.clip)[0]
+        for u in answers.failed:
+            rows[answers.users.index(u), 0] = self.params.clip
+        return rows
+
+
+TOYS = {
+    "wb-toy-half-sensitivity": _HalfSensitivity,
+    "wb-toy-counts-failed": _CountsFailed,
+    "wb-toy-replaces-failed": _ReplacesFailed,
+}
 
 
 @pytest.fixture(scope="module")
 def toys():
     wrong = Absence("zero", "a failed user's zero row (the toy claims it enters as nothing)")
     for name, cls in TOYS.items():
-        register(name, _ToyParams, absence=ZERO_SUMS if cls is _HalfSensitivity else (wrong,))(cls)
+        register(name, _ToyParams, absence=(wrong,) if cls is _CountsFailed else ZERO_SUMS)(cls)
     yield
     for name in TOYS:
         unregister(name)
@@ -225,6 +243,15 @@ def test_search_catches_a_wrong_algorithm(toys, name, relation, backend, kind):
     if name == "wb-toy-half-sensitivity":
         good = wb.search(_config("noisy-gd"), relation, backend, [kind])
         assert not good.problems(kind) and good.worst(kind)[0] > good.worst(kind)[1] / 2
+
+
+def test_the_declared_zero_rule_is_checked(toys):
+    """A failed user and one answering exact zeros give equal exact values wherever an algorithm declares
+    the ``zero`` rule: true of noisy-gd, false of a toy that declares it but replaces failed users."""
+    for name, holds in (("noisy-gd", True), ("wb-toy-replaces-failed", False)):
+        cfg = _config(name) if name in SMALL else _plain(name, tempfile.mkdtemp(prefix="fedkl-wb-"), {})
+        s = wb.search(cfg, "replace-one", "flower", ["zero", "drop"])
+        assert not s.record.error and (s.zero_rule() == []) == holds, s.zero_rule()
 
 
 def test_noise_scales_match_the_charges_and_a_2x_error_is_caught():

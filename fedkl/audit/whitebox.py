@@ -604,6 +604,26 @@ class Search:
             out.append(f"world D made {len(base.releases)} releases, world D' ({kind}) {len(other.releases)}")
         return out
 
+    def zero_rule(self, answered: str = "zero", failed: str = "drop") -> list[str]:
+        """The declared ``zero`` absence rule, checked: for every release the algorithm declares ``zero``
+        (a failed user's answer is the zero vector), the exact values with the target answering exact
+        zeros (kind ``answered``) and with it failing (``failed``) must be equal. Empty when they are (or
+        when either kind did not run or complete)."""
+        a, b = self.kinds.get(answered), self.kinds.get(failed)
+        if a is None or b is None or a.error or b.error:
+            return []
+        spec = REGISTRY[self.algorithm]
+        backend = "inprocess" if self.backend == "inprocess" else "flower"
+        out = []
+        for x, y in zip(a.releases, b.releases):
+            rule = absence_for(spec.absence, x.label, self.relation, backend)
+            if rule.mode != "zero" or x.exact is None or y.exact is None or isinstance(x.exact, ScheduledGaussian):
+                continue
+            u, v = _flat(x.exact), _flat(y.exact)
+            if u.shape != v.shape or np.linalg.norm(u - v) > _tol(u, v, 0.0):
+                out.append(f"{x.label}: declared 'zero' but a failed user and one answering zeros differ")
+        return out
+
     def worst(self, kind: str) -> tuple[float, float] | None:
         """The largest realised / declared ratio's pair among ``kind``'s findings."""
         pairs = [(f.realised, f.declared) for f in self.findings.get(kind, []) if f.realised is not None and f.declared]
@@ -773,6 +793,7 @@ def _audit_searches(cfg, algorithm, seed, noise_scale, backends, report, problem
                 worst = s.worst(kind)
                 entry["kinds"][kind] = {"problems": found, "worst_realised_declared": worst}
                 problems += [f"{relation} {backend} {kind}: {p}" for p in found]
+            problems += [f"{relation} {backend} absence rule: {p}" for p in s.zero_rule()]
             if not s.record.error:
                 scales = noise_scales(s.record)
                 law = noise_law(s.record, s.exact, algorithm, relation, backend)
