@@ -710,7 +710,8 @@ def noise_scales(record: Outcome) -> list[str]:
         if kind == "scheduled-step":
             want = {"gaussian": (schedules.get(r.label.rsplit("#", 1)[0]) or {}).get("noise_scale")}
         elif kind == "GaussianCharge":
-            want = {"gaussian": None if not c.get("rho") else c["sensitivity"] / math.sqrt(2 * c["rho"])}
+            sens = c.get("sensitivity")
+            want = {"gaussian": None if not c.get("rho") or sens is None else sens / math.sqrt(2 * c["rho"])}
         elif kind == "ApproxDPCharge" and mech == "stability-gaussian":
             want = {"gaussian": c.get("noise_scale")}
         elif kind == "ApproxDPCharge" and mech == "above-threshold":
