@@ -10,7 +10,7 @@ STAMP := $(VENV)/.fedkl-installed
 # pip warns once per package about a configured local index folder it cannot read: drop those lines only
 QUIET := { grep -v "is ignored: it is neither" || true; }
 
-.PHONY: install data demo test stress clean
+.PHONY: install data demo test stress clean audit
 
 install: $(STAMP)
 
@@ -51,6 +51,16 @@ stress: $(STAMP)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
+
+# `make audit` (outside CI: ~AUDIT_MIN minutes on 2 cores): the white-box audit (fedkl/audit/whitebox.py) of every
+# registered algorithm at its small audit setting, then its negative control: every algorithm with world D's noise
+# halved (a 2x noise error) must be flagged VIOLATION. Both run; the target fails if either does.
+AUDIT_OUT ?= runs/audit-white-box
+.PHONY: audit
+audit: $(STAMP)
+	$(BENCH_ENV) $(FEDKL) audit --all --method white-box --out $(AUDIT_OUT)/claimed; status=$$?; \
+	$(BENCH_ENV) $(FEDKL) audit --all --method white-box --noise-scale 0.5 --expect violation \
+		--out $(AUDIT_OUT)/half-noise || exit 1; exit $$status
 
 # `make bench`: regenerate the benchmark tables and figures under simulations/results/ (utility vs
 # baselines, Flower's claimed vs real epsilon, speed, excess-risk slope) and collect them into

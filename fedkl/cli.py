@@ -274,7 +274,7 @@ def _audit(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
     }
     if args.users is not None:  # else each audit's own (many-run: the algorithm's small audit)
         common["base"] = args.users
-    verdicts = []
+    verdicts, caught = [], []
     for name in names:
         out = os.path.join(args.out, name) if args.all else args.out
         own = {k: v for k, v in settings.items() if not args.all or k in _run_keys_of(name)}
@@ -282,6 +282,13 @@ def _audit(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
         try:
             if args.method == "many-run":
                 report = many_run_audit(name, eps, out, runs=args.runs, settings=own, **common)
+            elif args.method == "white-box":
+                from fedkl.audit.whitebox import white_box_audit
+
+                report = white_box_audit(
+                    name, eps, out, settings=own, seed=args.seed, noise_scale=args.noise_scale,
+                    users=args.users, log=common["log"],
+                )  # fmt: skip
             elif args.method == "one-shot":
                 estimate = {k: v for k, v in common.items() if k != "confidence"}  # an estimate: no confidence
                 report = one_shot_estimate(name, eps, out, canaries=args.canaries, settings=own, **estimate)
@@ -293,6 +300,13 @@ def _audit(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
             sub.error(str(e))
         print(format_report(report), flush=True)
         verdicts.append(report["verdict"])
+        # a negative control is caught by what it breaks: the white-box audit must flag the noise itself
+        caught.append(report["verdict"] == "VIOLATION" and report.get("noise_problems", 1) > 0)
+    if args.expect == "violation":  # a negative control: every audited algorithm must be caught
+        missed = [n for n, c in zip(names, caught) if not c]
+        if missed:
+            print(f"negative control NOT caught on: {', '.join(missed)}", flush=True)
+        return 1 if missed else 0
     return 1 if {"VIOLATION", "failed"} & set(verdicts) else 0
 
 

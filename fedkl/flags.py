@@ -552,9 +552,23 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
     who.add_argument("--all", action="store_true", help="audit every registered algorithm (OUT/<algorithm>/)")
     audit.add_argument(
         "--method",
-        choices=("many-run", "one-run", "one-shot"),
+        choices=("many-run", "one-run", "one-shot", "white-box"),
         default="many-run",
-        help="many-run / one-run: lower bounds; one-shot: Andrew et al.'s estimate (no confidence) (default %(default)s)",
+        help="many-run / one-run: lower bounds; one-shot: Andrew et al.'s estimate (no confidence); white-box: "
+        "realised sensitivity on adversarial neighbours and the noise drawn vs each release's charge, no "
+        "sampling (fedkl/audit/whitebox.py) (default %(default)s)",
+    )
+    audit.add_argument(
+        "--noise-scale",
+        type=_positive(),
+        default=1.0,
+        help="white-box: scale world D's noise by this (0.5: the 2x-too-little-noise negative control) (default 1)",
+    )
+    audit.add_argument(
+        "--expect",
+        choices=("pass", "violation"),
+        default="pass",
+        help="exit 0 when every verdict is a pass (default) or, for a negative control, a VIOLATION",
     )
     audit.add_argument(
         "--epsilon",

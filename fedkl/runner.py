@@ -338,6 +338,7 @@ def train_federation(
     plan: list[dict] | Callable[[], list[dict]] | None = None,
     journal_header: dict | None = None,
     scratch: bool = False,
+    releaser_type: type[Releaser] = Releaser,
 ):
     """Train through ``federation`` with the ledger, filter and noise in this process, from ``w0``
     (default: the problem's initial parameters). Returns the algorithm's result, the ledger summary
@@ -346,7 +347,8 @@ def train_federation(
     ``journal``: a path, where this run's release journal is created (what ``--recover`` needs), or
     an open :class:`ReleaseJournal` of a run whose process died: then this call recovers that run
     (``run_id`` must be its id; :class:`fedkl.privacy.release.Releaser`); ``journal_header``: more
-    header entries for a new journal; ``scratch``: ``ledger_path`` is a throw-away ledger (no fsync). ``plan``: the run's planned
+    header entries for a new journal; ``scratch``: ``ledger_path`` is a throw-away ledger (no fsync);
+    ``releaser_type``: the Releaser class (the white-box audit's recording one, :mod:`fedkl.audit.whitebox`). ``plan``: the run's planned
     releases (:func:`planned_releases`), or a function that makes them, prepaid in time-bounded batches
     (:meth:`fedkl.privacy.release.Releaser.batch_size`) for an algorithm that declares ``plan_is_public``
     and is not adaptive (the function is called only then: PREPAID_NOTE below)."""
@@ -464,7 +466,7 @@ def train_federation(
                 journal = ReleaseJournal.create(
                     journal, {**header, "rho_left": rho_total, "approx_left": approx_left}, noise_draws=noise_state
                 )
-            releaser = Releaser(
+            releaser = releaser_type(
                 ledger,
                 noise,
                 ZCDPFilter(rho_total) if declared.run_wide_filter else None,

@@ -14,6 +14,7 @@ from fedkl import cli, runner
 from fedkl.algorithms.noisy_gd import NoisyGDConfig, NoisyGDParams, NoisyGradientDescent
 from fedkl.algorithms.registry import BuildContext, register, unregister
 from fedkl.data import load_dataset
+from fedkl.privacy.guarantee import ZERO_SUMS
 from fedkl.problems import problem_spec
 from fedkl.saved_model import FORMAT, SavedModel, load_model
 
@@ -111,7 +112,7 @@ def half_budget_gd():
         config = NoisyGDConfig(rounds=params.rounds, lr=params.lr, clip=params.clip, neighbouring=ctx.neighbouring)
         return Spy(config, ctx.rho_left / 2)
 
-    register("half-budget-gd", NoisyGDParams, step_size=4.0)(build)
+    register("half-budget-gd", NoisyGDParams, step_size=4.0, absence=ZERO_SUMS)(build)
     yield starts
     unregister("half-budget-gd")
 

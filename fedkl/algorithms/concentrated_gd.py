@@ -122,7 +122,7 @@ from fedkl.algorithms.registry import (
 from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import Federation, GradientsAtPoints
 from fedkl.federation.clipping import clip_rows
-from fedkl.privacy.guarantee import Guarantee, sum_sensitivity
+from fedkl.privacy.guarantee import Absence, Guarantee, sum_sensitivity
 from fedkl.privacy.release import Releaser
 
 NAME = "noisy-gd-conc"
@@ -460,7 +460,23 @@ class ConcentratedGDParams(Rounds, StepSize, Clip, Concentration):
     )
 
 
-@register(NAME, ConcentratedGDParams, step_size=4.0)
+# module docstring: a missing or non-finite answer contributes the zero displacement (the centre itself);
+# the centre's noisy-gd sum takes it as a zero row (the histogram centre counts each row's rotated coordinates)
+CONC_ABSENCE = (
+    Absence(
+        "zero",
+        "the fresh centre's noisy sum: a failed user's clipped gradient is the zero row",
+        releases="*/centre",
+    ),
+    Absence(
+        "replaced",
+        "the winsorized sum (and the histogram centre's counts): a failed, dropped or non-finite user is "
+        "replaced by the centre itself (zero displacement), i.e. left out of the sum; n is public",
+    ),
+)
+
+
+@register(NAME, ConcentratedGDParams, step_size=4.0, absence=CONC_ABSENCE)
 def build_concentrated_gd(params: ConcentratedGDParams, ctx: BuildContext) -> ConcentratedGD:
     """Noisy GD over users with a winsorized mean: gradients projected onto a ball of radius ~C/sqrt(m) around a private centre (zCDP)."""
     config = ConcentratedGDConfig(

@@ -53,7 +53,7 @@ from fedkl.algorithms.registry import BuildContext, Clip, PoissonSampling, Round
 from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import ClippedGradient, Federation
 from fedkl.privacy.accounting import GaussianSchedule
-from fedkl.privacy.guarantee import Guarantee
+from fedkl.privacy.guarantee import ZERO_SUMS, Guarantee
 from fedkl.privacy.release import Releaser
 
 OPTIMIZERS = ("sgd", "rmsprop", "adam", "adambc")
@@ -232,7 +232,7 @@ def _adaptive(optimizer: str, step_size: float):
 
     build.__name__ = f"build_dp_{optimizer}"
     build.__doc__ = f"DP-{optimizer.upper()} (paper 004): Poisson-sampled users, one (eps, delta) Gaussian schedule."
-    return register(f"dp-{optimizer}", AdaptiveDPParams, step_size=step_size, secagg=True)(build)
+    return register(f"dp-{optimizer}", AdaptiveDPParams, step_size=step_size, secagg=True, absence=ZERO_SUMS)(build)
 
 
 # default step sizes: simulations/studies/tune_step_sizes.toml (public tuning data; README "Default step sizes")
@@ -242,7 +242,7 @@ build_dp_adam = _adaptive("adam", 0.03)
 
 
 # step size: dp-adam's tuned value (dp-adambc was not tuned separately)
-@register("dp-adambc", DPAdamBCParams, step_size=0.03, secagg=True)
+@register("dp-adambc", DPAdamBCParams, step_size=0.03, secagg=True, absence=ZERO_SUMS)
 def build_dp_adambc(params: DPAdamBCParams, ctx: BuildContext) -> AdaptiveDPOptimizer:
     """DP-AdamBC (Tang et al. 2024): DP-Adam minus the noise variance in v; the same schedule as dp-adam."""
     eps, delta = ctx.approx_budget()

@@ -75,7 +75,7 @@ from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import ClippedLocalUpdate, Federation
 from fedkl.federation.clipping import clip_rows
 from fedkl.privacy.accounting import GaussianSchedule
-from fedkl.privacy.guarantee import Guarantee
+from fedkl.privacy.guarantee import ZERO_SUMS, Guarantee
 from fedkl.privacy.release import Releaser
 
 
@@ -279,7 +279,7 @@ class DPFedAvgParams(Rounds, StepSize, Clip, PoissonSampling, LocalUpdates):
     )
 
 
-@register("dp-fedavg", DPFedAvgParams, step_size=4.0, secagg=lambda p: not p.adaptive_clip)
+@register("dp-fedavg", DPFedAvgParams, step_size=4.0, secagg=lambda p: not p.adaptive_clip, absence=ZERO_SUMS)
 def build_dp_fedavg(params: DPFedAvgParams, ctx: BuildContext) -> DPFedAvg:
     """DP-FedAvg: sampled users' clipped local updates, one (eps, delta) sampled-Gaussian schedule.
 

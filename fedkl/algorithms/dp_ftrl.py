@@ -62,7 +62,7 @@ from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import ClippedLocalUpdate, Federation
 from fedkl.federation.clipping import clip_rows
 from fedkl.privacy.charges import GaussianCharge
-from fedkl.privacy.guarantee import RELATIONS, Guarantee, sum_sensitivity
+from fedkl.privacy.guarantee import RELATIONS, Absence, Guarantee, sum_sensitivity
 from fedkl.privacy.matrix_mechanism import FACTORIZATIONS, BufferedToeplitz, make_factorization, max_participations
 from fedkl.privacy.release import Releaser
 
@@ -302,7 +302,19 @@ class DPFTRLParams(Rounds, StepSize, Clip, LocalUpdates):
     )
 
 
-@register("dp-ftrl", DPFTRLParams, step_size=4.0, noise_state=True)
+# the releases are the running prefix sums of ONE matrix mechanism (module docstring): a failed user's
+# update is a zero row of its round's sum x_t; each charge is an increment of the stream's sensitivity
+PREFIX_SUMS = (
+    Absence(
+        "zero",
+        "a failed, dropped or non-finite user's clipped update is the zero row of its round's sum x_t; the "
+        "denominator n/b is public",
+        measure="prefix-increment",
+    ),
+)
+
+
+@register("dp-ftrl", DPFTRLParams, step_size=4.0, absence=PREFIX_SUMS, noise_state=True)
 def build_dp_ftrl(params: DPFTRLParams, ctx: BuildContext) -> DPFTRL:
     """DP-FTRL: correlated (tree or banded) noise on prefix sums of clipped local updates, b-min-sep cohorts (zCDP).
 

@@ -26,7 +26,7 @@ from fedkl.algorithms.fkt_phased import FKTPhasedERM, LocalizationConfig, Phased
 from fedkl.algorithms.fkt_reduction import SCReduction, SCReductionConfig
 from fedkl.algorithms.fkt_snowball import SnowballConfig, SnowballSGD
 from fedkl.algorithms.registry import BuildContext, Domain, param, register
-from fedkl.privacy.guarantee import SOLVER_ITERATES, ClientView
+from fedkl.privacy.guarantee import SOLVER_ITERATES, ZERO_SUMS, ClientView
 from fedkl.privacy.zcdp import rho_for_eps_delta
 
 
@@ -142,37 +142,37 @@ def _localization_view(params: LocalizationParams) -> ClientView:
     return ONE_SHOT_VIEW if params.fkt_solver == "one-shot" else SOLVER_ITERATES
 
 
-@register("fkt-snowball", SnowballParams, SNOWBALL_VIEW)
+@register("fkt-snowball", SnowballParams, SNOWBALL_VIEW, absence=ZERO_SUMS)
 def build_snowball(params: SnowballParams, ctx: BuildContext) -> SnowballSGD:
     """Snowball SGD (Alg 1): one pass, privacy of the last iterate by amplification by iteration."""
     return _snowball(params, ctx, params.fkt_schedule)
 
 
-@register("fkt-snowball-sc", FKTParams, SNOWBALL_VIEW)
+@register("fkt-snowball-sc", FKTParams, SNOWBALL_VIEW, absence=ZERO_SUMS)
 def build_snowball_sc(params: FKTParams, ctx: BuildContext) -> SnowballSGD:
     """Snowball SGD with the strongly convex schedule (Thm 5.4)."""
     return _snowball(params, ctx, "strongly-convex")
 
 
-@register("fkt-phased-sgd", LocalizationParams, _localization_view)
+@register("fkt-phased-sgd", LocalizationParams, _localization_view, absence=ZERO_SUMS)
 def build_phased_sgd(params: LocalizationParams, ctx: BuildContext) -> PhasedSGD:
     """Phased SGD (Alg 2, Thm 4.4): each user in one phase, < n gradients."""
     return PhasedSGD(_localization(params, ctx), _setting(params, ctx), ctx.rho_left)
 
 
-@register("fkt-phased-erm", LocalizationParams, _localization_view)
+@register("fkt-phased-erm", LocalizationParams, _localization_view, absence=ZERO_SUMS)
 def build_fkt_phased_erm(params: LocalizationParams, ctx: BuildContext) -> FKTPhasedERM:
     """Phased ERM (Alg 3, Thm 4.8): each phase solves a regularized ERM to a proven accuracy."""
     return FKTPhasedERM(_localization(params, ctx), _setting(params, ctx), ctx.rho_left)
 
 
-@register("fkt-sc-localization", LocalizationParams, _localization_view)
+@register("fkt-sc-localization", LocalizationParams, _localization_view, absence=ZERO_SUMS)
 def build_sc_localization(params: LocalizationParams, ctx: BuildContext) -> SCLocalization:
     """Strongly convex localization (Alg 5, Thm 5.3)."""
     return SCLocalization(_localization(params, ctx), _setting(params, ctx), ctx.rho_left)
 
 
-@register("fkt-sc-reduction", ReductionParams, _localization_view)
+@register("fkt-sc-reduction", ReductionParams, _localization_view, absence=ZERO_SUMS)
 def build_sc_reduction(params: ReductionParams, ctx: BuildContext) -> SCReduction:
     """The strongly convex reduction (Thm 5.1) around a convex phased algorithm."""
     config = SCReductionConfig(

@@ -45,7 +45,7 @@ from fedkl.algorithms.fkt_common import ConvexSetting, convex_setting, paper_rho
 from fedkl.algorithms.fkt_phased import LocalizationConfig, PhasedSGD
 from fedkl.algorithms.registry import BuildContext, Domain, param, register
 from fedkl.federation.base import FeatureClippedGradient, Query
-from fedkl.privacy.guarantee import SOLVER_ITERATES
+from fedkl.privacy.guarantee import SOLVER_ITERATES, ZERO_SUMS
 
 DEFAULT_RADIUS = 10.0  # the Domain default for a loss Lipschitz on all of R^d (logistic, hinge)
 
@@ -92,7 +92,7 @@ class GLLPhasedParams(Domain):
     )
 
 
-@register("gll-phased-sgd", GLLPhasedParams, SOLVER_ITERATES)
+@register("gll-phased-sgd", GLLPhasedParams, SOLVER_ITERATES, absence=ZERO_SUMS)
 def build_gll_phased_sgd(params: GLLPhasedParams, ctx: BuildContext) -> GLLPhasedSGD:
     """Phased-SGD for convex GLLs, feature clipping, no gradient clipping (paper 001, Alg 2 / Thm 6; zCDP)."""
     feature_clip = ctx.feature_bound if params.gll_feature_clip is None else params.gll_feature_clip

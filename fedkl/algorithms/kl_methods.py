@@ -30,6 +30,7 @@ from fedkl.algorithms.kl_common import KLConstants, KLResult
 from fedkl.algorithms.kl_spider import KLSpider, KLSpiderConfig
 from fedkl.algorithms.prox_point import PrivateProxPoint, ProxPointConfig
 from fedkl.algorithms.registry import AlgorithmParams, BuildContext, Clip, Rounds, StepSize, param, register
+from fedkl.privacy.guarantee import ZERO_SUMS
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ def _kl(params: KLConstantsParams, problem, who: str, required: bool = True) -> 
     return KLConstants(gamma=float(gamma), kappa=kappa, f0=params.kl_f0, beta=float(params.kl_beta))
 
 
-@register("kl-adaptive-gd", AdaptiveKLGDParams, step_size=0.01)
+@register("kl-adaptive-gd", AdaptiveKLGDParams, step_size=0.01, absence=ZERO_SUMS)
 def build_kl_adaptive_gd(params: AdaptiveKLGDParams, ctx: BuildContext) -> AdaptiveKLGD:
     """Algorithm 3: adaptive noisy GD until the budget is spent (no KL constants needed)."""
     config = AdaptiveKLGDConfig(
@@ -133,7 +134,7 @@ def build_kl_adaptive_gd(params: AdaptiveKLGDParams, ctx: BuildContext) -> Adapt
 
 
 # kl-spider and kl-prox-point: not tuned (no run without --kl-gamma); the previous default
-@register("kl-spider", KLSpiderParams, step_size=4.0)
+@register("kl-spider", KLSpiderParams, step_size=4.0, absence=ZERO_SUMS)
 def build_kl_spider(params: KLSpiderParams, ctx: BuildContext) -> KLSpider:
     """Algorithm 1: private SPIDER under the KL* condition (kappa in [1, 2]; needs gamma)."""
     config = KLSpiderConfig(
@@ -149,7 +150,7 @@ def build_kl_spider(params: KLSpiderParams, ctx: BuildContext) -> KLSpider:
     return KLSpider(config, ctx.rho_left)
 
 
-@register("kl-prox-point", ProxPointParams, step_size=4.0)
+@register("kl-prox-point", ProxPointParams, step_size=4.0, absence=ZERO_SUMS)
 def build_kl_prox_point(params: ProxPointParams, ctx: BuildContext) -> PrivateProxPoint:
     """Algorithms 2 + 4: private proximal point (kappa >= 2); inner rounds capped at ``rounds``."""
     prox_steps = params.kl_prox_steps

@@ -190,7 +190,7 @@ from fedkl.algorithms.vertex_cover import (
     worst_case_calls,
 )
 from fedkl.federation.base import CertifiedLocalMinimizer, Federation, LocalRegularizedMinimizer
-from fedkl.privacy.guarantee import PAPER_002_RELATIONS, PUBLIC_CENTRES, Guarantee
+from fedkl.privacy.guarantee import PAPER_002_RELATIONS, PUBLIC_CENTRES, STABILITY_TEST, Guarantee
 from fedkl.privacy.release import Releaser
 from fedkl.problems.base import Problem
 
@@ -863,7 +863,12 @@ class PhasedMeanOutputPertParams(MeanOutputPertParams):
     mean_phases: int = param(2, "phased-mean-output-pert: phases T, each at (eps/T, delta/T)", "heuristic")
 
 
-@register("mean-output-pert", MeanOutputPertParams, PUBLIC_CENTRES)
+# the mean family: a failed user's local vector is replaced by the public centre (user_vectors); every release
+# is a deletion-stability (PTR) theorem, not a sensitivity bound: left to the sampling audits
+MEAN_ABSENCE = STABILITY_TEST
+
+
+@register("mean-output-pert", MeanOutputPertParams, PUBLIC_CENTRES, absence=MEAN_ABSENCE)
 def build_mean_output_pert(params: MeanOutputPertParams, ctx: BuildContext) -> LocalMeanOutputPert:
     """One diameter-tested output perturbation of the users' local regularized minimizers (polynomial time).
 
@@ -889,7 +894,7 @@ def build_mean_output_pert(params: MeanOutputPertParams, ctx: BuildContext) -> L
     return alg
 
 
-@register("phased-mean-output-pert", PhasedMeanOutputPertParams, PUBLIC_CENTRES)
+@register("phased-mean-output-pert", PhasedMeanOutputPertParams, PUBLIC_CENTRES, absence=MEAN_ABSENCE)
 def build_phased_mean_output_pert(params: PhasedMeanOutputPertParams, ctx: BuildContext) -> PhasedMeanOutputPert:
     """T = ``mean_phases`` mean-output-pert releases at (eps/T, delta/T), lam_i = lam 4^i."""
     eps, dlt = ctx.approx_budget()

@@ -53,7 +53,7 @@ from fedkl.algorithms.registry import AlgorithmParams, AlgorithmResult, BuildCon
 from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import ClampedGradient, Federation
 from fedkl.privacy.charges import ExponentialCharge
-from fedkl.privacy.guarantee import Guarantee, check_relation, sum_sensitivity
+from fedkl.privacy.guarantee import ZERO_SUMS, Guarantee, check_relation, sum_sensitivity
 from fedkl.privacy.ledger import BudgetExceeded
 from fedkl.privacy.release import Releaser
 from fedkl.problems.polytope import DOMAINS, PolytopeDomain, make_domain
@@ -195,7 +195,7 @@ class NoisyFWParams(AlgorithmParams):
     )
 
 
-@register("noisy-fw", NoisyFWParams)
+@register("noisy-fw", NoisyFWParams, absence=ZERO_SUMS)
 def build_noisy_fw(params: NoisyFWParams, ctx: BuildContext) -> NoisyFrankWolfe:
     """Noisy Frank-Wolfe over an l1 ball or simplex, exponential-mechanism vertex selection (paper 001, Alg 3; zCDP)."""
     domain = make_domain(params.fw_domain, ctx.problem.num_params, params.fw_radius)

@@ -35,7 +35,7 @@ import torch
 from fedkl.algorithms.registry import AlgorithmResult, BuildContext, Clip, Rounds, StepSize, register
 from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import ClippedGradient, Federation
-from fedkl.privacy.guarantee import Guarantee
+from fedkl.privacy.guarantee import ZERO_SUMS, Guarantee
 from fedkl.privacy.release import Releaser
 
 RELATIONS = ("replace-one", "add-remove")
@@ -149,7 +149,7 @@ class NoisyGDParams(Rounds, StepSize, Clip):
     """noisy-gd: every user every round; the run's zCDP budget split evenly over the rounds."""
 
 
-@register("noisy-gd", NoisyGDParams, step_size=4.0, secagg=True)
+@register("noisy-gd", NoisyGDParams, step_size=4.0, secagg=True, absence=ZERO_SUMS)
 def build_noisy_gd(params: NoisyGDParams, ctx: BuildContext) -> NoisyGradientDescent:
     """Noisy full-batch gradient descent over users with per-user clipping (zCDP)."""
     return NoisyGradientDescent(

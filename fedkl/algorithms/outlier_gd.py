@@ -95,7 +95,7 @@ from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import Federation, GradientsAtPoints
 from fedkl.federation.clipping import clip_rows
 from fedkl.privacy.charges import APPROX_ZCDP_DELTA, ApproxDPCharge, GaussianCharge
-from fedkl.privacy.guarantee import Guarantee, check_relation
+from fedkl.privacy.guarantee import ZERO_SUMS, Guarantee, check_relation
 from fedkl.privacy.release import Releaser
 from fedkl.privacy.zcdp import rho_for_eps_delta
 
@@ -333,7 +333,12 @@ class OutlierGDParams(Rounds, StepSize, Clip, Concentration):
     )
 
 
-@register(NAME, OutlierGDParams, step_size=4.0)
+# the PTR test's (0, delta) charge releases nothing; a failed user's point is the zero vector (inside the
+# clip ball) in the weights, the kept weight and the weighted mean
+OUTLIER_ABSENCE = ZERO_SUMS
+
+
+@register(NAME, OutlierGDParams, step_size=4.0, absence=OUTLIER_ABSENCE)
 def build_outlier_gd(params: OutlierGDParams, ctx: BuildContext) -> OutlierGD:
     """Noisy GD over users with an outlier-removal mean (Asi & Liu 2023): the users close to most others, their weighted mean with PTR-tested noise ~C/sqrt(m) (approximate zCDP)."""
     eps, delta = ctx.approx_budget()

@@ -36,7 +36,7 @@ from fedkl.algorithms.phased_sco import PhasedSCO
 from fedkl.algorithms.registry import BuildContext, Domain, StabilityDelta, param, register
 from fedkl.algorithms.sc_output_pert import SCOutputPert, SCOutputPertConfig
 from fedkl.algorithms.sc_phased import SCPhasedERM, SCPhasedSCO
-from fedkl.privacy.guarantee import SOLVER_ITERATES
+from fedkl.privacy.guarantee import SOLVER_ITERATES, Absence
 
 
 @dataclass(frozen=True)
@@ -134,6 +134,25 @@ class PhasedParams(Domain, P002Release):
     )
 
 
+# the above-threshold selection of Delta counts users (a failed user is replaced by the public centre, far
+# from no one: a sensitivity-1 count); the deletion-stability releases are a PTR theorem, not a sensitivity bound
+P002_ABSENCE = (
+    Absence(
+        "replaced",
+        "the sparse-vector Delta selection's queries are counts over the users' local vectors, a failed user's "
+        "vector replaced by the public centre",
+        releases="*/select-Delta",
+    ),
+    Absence(
+        "replaced",
+        "the deletion-stability release: a failed user's local vector is to be replaced by the public centre (the "
+        "mean family does; the diameter tests still abort the run before any charge when a user fails: issue 28 "
+        "§2); its (eps, delta) is the stability theorem's, not a sensitivity bound",
+        measure="not-sensitivity",
+    ),
+)
+
+
 def phased_config(params: PhasedParams, eps: float, delta: float, seed: int) -> PhasedConfig:
     """The algorithms' :class:`PhasedConfig` from their Params, the budget and the run's seed."""
     rule = params.p002_delta_rule
@@ -165,7 +184,7 @@ def _phased(cls):
 
     build.__name__ = f"build_{cls.name.replace('-', '_')}"
     build.__doc__ = (cls.__doc__ or cls.name).strip().splitlines()[0]
-    return register(cls.name, PhasedParams, SOLVER_ITERATES)(build)
+    return register(cls.name, PhasedParams, SOLVER_ITERATES, absence=P002_ABSENCE)(build)
 
 
 build_phased_erm = _phased(PhasedERM)
@@ -174,7 +193,7 @@ build_sc_phased_erm = _phased(SCPhasedERM)
 build_sc_phased_sco = _phased(SCPhasedSCO)
 
 
-@register("sc-output-pert", SCOutputPertParams, SOLVER_ITERATES)
+@register("sc-output-pert", SCOutputPertParams, SOLVER_ITERATES, absence=P002_ABSENCE)
 def build_sc_output_pert(
     params: SCOutputPertParams, ctx: BuildContext
 ) -> SCOutputPert | DiameterSCOutputPert | SelectedDeltaSCOutputPert:

@@ -76,7 +76,7 @@ from fedkl.algorithms.registry import AlgorithmParams, AlgorithmResult, BuildCon
 from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import DualClippedGradient, Federation
 from fedkl.privacy.clients import ANY_CLIENTS
-from fedkl.privacy.guarantee import Guarantee
+from fedkl.privacy.guarantee import ZERO_SUMS, Guarantee
 from fedkl.privacy.release import Releaser
 from fedkl.problems.mirror import check_exponent, dual_exponent, mirror_gradient, mirror_inverse, project_ball
 
@@ -341,7 +341,7 @@ def weak_convexity_of(problem, feature_bound: float) -> float:
     return float(c.smoothness)
 
 
-@register(NAME, PGMDParams)
+@register(NAME, PGMDParams, absence=ZERO_SUMS)
 def build_pg_mirror_descent(params: PGMDParams, ctx: BuildContext) -> PGMirrorDescent:
     """Proximally guided private mirror descent, rho-weakly convex non-smooth losses over l_p (paper 001, Alg 6; zCDP)."""
     p = check_exponent(params.pgmd_p)

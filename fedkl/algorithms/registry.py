@@ -36,7 +36,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from fedkl.privacy.guarantee import RELEASED_MODELS, ClientView
+from fedkl.privacy.guarantee import RELEASED_MODELS, Absence, ClientView, absence_for, check_absence
 from fedkl.privacy.ledger import BudgetExceeded
 
 ORIGINS = ("theorem", "heuristic", "safety limit")
@@ -176,6 +176,13 @@ class AlgorithmSpec:
     secagg: bool | Callable[[Any], bool] = False
     # whether a release's noise depends on draws made for earlier releases (register's ``noise_state``)
     noise_state: bool = False
+    # how an absent, failed or non-finite user enters each released quantity (register's ``absence``)
+    absence: tuple[Absence, ...] = ()
+
+    def absence_rule(self, label: str, relation: str, backend: str) -> Absence:
+        """The declared :class:`~fedkl.privacy.guarantee.Absence` of release ``label`` under ``relation``
+        on ``backend`` (``"inprocess"`` or ``"flower"``)."""
+        return absence_for(self.absence, label, relation, backend)
 
     def sums_only(self, params: Any) -> bool:
         """Whether a run with ``params`` needs nothing but sums of clipped answers, so that it can
@@ -212,6 +219,7 @@ def register(
     step_size: float | None = None,
     secagg: bool | Callable[[Any], bool] = False,
     noise_state: bool = False,
+    absence: Absence | tuple[Absence, ...] | None = None,
 ) -> Callable:
     """Decorator: register ``build(params, ctx)`` as algorithm ``name`` with hyperparameters
     ``params`` (an :class:`AlgorithmParams` dataclass) and what a participating client sees
@@ -233,7 +241,17 @@ def register(
     journal keeps them as a secret and the Releaser plays them back (:mod:`fedkl.privacy.journal`,
     :class:`~fedkl.privacy.release.Releaser`); recovery with re-drawn noise would correlate later noise with
     draws that were never released. An algorithm whose state depends on earlier draws only through released
-    values (and charges computed from them) needs nothing: those are journalled before any ledger write."""
+    values (and charges computed from them) needs nothing: those are journalled before any ledger write.
+
+    ``absence`` (required): how an absent, failed or non-finite user enters each released quantity, per
+    relation and backend (:class:`~fedkl.privacy.guarantee.Absence`; the white-box sensitivity search,
+    :mod:`fedkl.audit.whitebox`, reads it for every registered algorithm)."""
+    if absence is None:
+        raise TypeError(
+            f"{name}: register(..., absence=Absence(...)) is required: say how an absent, failed or "
+            "non-finite user enters each released quantity (fedkl.privacy.guarantee.Absence)"
+        )
+    absence = check_absence(absence, name)
     has_lr = any(f.name == "lr" for f in dataclasses.fields(params)) if dataclasses.is_dataclass(params) else False
     if has_lr != (step_size is not None) or (step_size is not None and not step_size > 0):
         raise TypeError(f"{name}: give register(..., step_size=lr > 0) exactly when its Params have a step size lr")
@@ -253,7 +271,9 @@ def register(
     def decorate(build: Callable) -> Callable:
         if name in REGISTRY and REGISTRY[name].build is not build:
             raise ValueError(f"algorithm {name!r} is already registered")
-        REGISTRY[name] = AlgorithmSpec(name, params, build, client_view, step_size, secagg, noise_state=noise_state)
+        REGISTRY[name] = AlgorithmSpec(
+            name, params, build, client_view, step_size, secagg, absence=absence, noise_state=noise_state
+        )
         for f in dataclasses.fields(params):
             _FIELDS.setdefault(f.name, f)
         return build

@@ -89,7 +89,7 @@ from fedkl.federation.base import (
     Query,
 )
 from fedkl.privacy.charges import ExponentialCharge
-from fedkl.privacy.guarantee import RELEASED_MODELS, Guarantee, check_relation, sum_sensitivity
+from fedkl.privacy.guarantee import RELEASED_MODELS, ZERO_SUMS, Guarantee, check_relation, sum_sensitivity
 from fedkl.privacy.ledger import BudgetExceeded
 from fedkl.privacy.release import Releaser
 from fedkl.problems.lp_ball import LpBall
@@ -521,7 +521,9 @@ def _common(
     return rounds, batch, clip, smooth
 
 
-@register("vr-fw", VRFWParams, RELEASED_MODELS)  # clients get w_t, w_{t-1}: post-processing of releases
+@register(
+    "vr-fw", VRFWParams, RELEASED_MODELS, absence=ZERO_SUMS
+)  # clients get w_t, w_{t-1}: post-processing of releases
 def build_vr_fw(params: VRFWParams, ctx: BuildContext) -> VRFrankWolfe:
     """Variance-reduced Frank-Wolfe, smooth non-convex, l1 ball / simplex, exact per-slot ledger (paper 001, Alg 4; zCDP)."""
     domain = make_domain(params.vrfw_domain, ctx.problem.num_params, params.vrfw_radius)
@@ -534,7 +536,7 @@ def build_vr_fw(params: VRFWParams, ctx: BuildContext) -> VRFrankWolfe:
     )
 
 
-@register("vr-fw-lp", VRFWLpParams, RELEASED_MODELS)
+@register("vr-fw-lp", VRFWLpParams, RELEASED_MODELS, absence=ZERO_SUMS)
 def build_vr_fw_lp(params: VRFWLpParams, ctx: BuildContext) -> VRFrankWolfeLp:
     """Variance-reduced Frank-Wolfe, smooth non-convex, l_p ball (1 < p <= 2), Gaussian pair releases (paper 001, Alg 5; zCDP)."""
     domain = LpBall(ctx.problem.num_params, params.vrfw_p, params.vrfw_radius)

@@ -9,6 +9,9 @@ Two audits, both on whole users (the unit of privacy) and both running the algor
   the outlier's direction (⊥: NaN); the bound is :func:`fedkl.audit.bounds.two_sample_bound`, and
   the report adds its Gaussian-DP reading :func:`fedkl.audit.bounds.gdp_bound` (``gaussian_dp``: a
   bound on mu for any mechanism, on eps for those whose trade-off curve is Gaussian; never the verdict).
+* ``white-box`` (:func:`fedkl.audit.whitebox.white_box_audit`) — no sampling: every release's realised
+  sensitivity on adversarial neighbours against the one its noise was calibrated for, and every draw
+  against the scale its charge implies (:mod:`fedkl.audit.whitebox`).
 * :func:`one_run_audit` — ONE training with ``canaries`` canary users, each in or out (its mirror, or
   absent under add-remove) with probability 1/2; the score of canary i is the model's coordinate on its
   direction; the top ``k`` are guessed in and the bottom ``k`` out; the bound is
@@ -58,7 +61,7 @@ from fedkl.audit.report import (
 from fedkl.audit.settings import small_audit, small_settings
 from fedkl.audit.worlds import canary_world, neighbour_worlds
 
-METHODS = ("many-run", "one-run", "one-shot")
+METHODS = ("many-run", "one-run", "one-shot", "white-box")  # white-box: fedkl.audit.whitebox.white_box_audit
 
 
 def many_run_audit(
@@ -219,6 +222,10 @@ def one_run_audit(
 
 
 def format_report(report: dict) -> str:
+    if report["method"] == "white-box":
+        from fedkl.audit.whitebox import format_white_box
+
+        return format_white_box(report)
     c = report["claimed"]
     head = f"{report['algorithm']} ({report['method']} audit): claimed user-level eps={c['epsilon']:g}, delta={c['delta']:.3g}"
     if report["verdict"] == REFUSED:

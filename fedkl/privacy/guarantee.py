@@ -35,6 +35,7 @@ the README's attack model say so).
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -67,6 +68,100 @@ RELATION_TEXT = {
     "denominator uses (zero-out: an absent enrolled user contributes nothing)",
 }
 COMPOSITIONS = ("sequential", "parallel")
+
+# how an absent, failed or non-finite user enters a released quantity (Absence.mode)
+ABSENCE_MODES = ("zero", "left-out", "replaced")
+# how the white-box search (fedkl.audit.whitebox) measures a release's realised sensitivity (Absence.measure)
+MEASURES = ("sensitivity", "prefix-increment", "not-sensitivity")
+# the two kinds of transport an absence rule may differ on: the server computes every answer, or clients answer
+# over the Flower wire (a failed or dropped client's answer is a zero row, fedkl.flower.federation)
+ABSENCE_BACKENDS = ("inprocess", "flower")
+
+
+@dataclass(frozen=True)
+class Absence:
+    """How an absent, failed or non-finite user enters the released quantities an algorithm declares
+    (``register(..., absence=...)``: a tuple of these, the first that matches a release wins).
+
+    * ``mode``: ``"zero"`` (the user's answer is the zero vector in every released sum and every other
+      released statistic; the sensitivity is computed for present vs zero), ``"left-out"`` (the user is
+      excluded from the released statistic, whose every denominator and threshold is public) or
+      ``"replaced"`` (its answer is replaced by a public value); ``text`` says where, in one sentence.
+    * ``releases``: an :mod:`fnmatch` pattern over release labels (``"*"``: every release);
+      ``relations`` / ``backends``: where the rule holds (:data:`RELATIONS`, :data:`ABSENCE_BACKENDS`).
+    * ``measure``: how the white-box search (:mod:`fedkl.audit.whitebox`) compares the release's exact values
+      on neighbouring inputs with the sensitivity its charge was calibrated for: ``"sensitivity"`` (the
+      exact value moves by at most the charge's sensitivity: L2 for a Gaussian, the largest utility or
+      query move for the exponential mechanism or above-threshold); ``"prefix-increment"`` (the releases are
+      running prefix sums of one matrix mechanism whose charges are increments of the stream's sensitivity:
+      each release's increment over the previous one moves by at most the largest charged sensitivity so
+      far, which is at most the per-round answer bound times a column norm >= 1); ``"not-sensitivity"`` (the
+      guarantee is not a sensitivity bound, e.g. paper 002's deletion-stability test: left to the sampling
+      audit)."""
+
+    mode: str
+    text: str
+    releases: str = "*"
+    relations: tuple[str, ...] = RELATIONS
+    backends: tuple[str, ...] = ABSENCE_BACKENDS
+    measure: str = "sensitivity"
+
+    def __post_init__(self) -> None:
+        if self.mode not in ABSENCE_MODES:
+            raise ValueError(f"absence mode must be one of {ABSENCE_MODES}, got {self.mode!r}")
+        if self.measure not in MEASURES:
+            raise ValueError(f"absence measure must be one of {MEASURES}, got {self.measure!r}")
+        if not (isinstance(self.text, str) and self.text.strip()):
+            raise ValueError("an absence rule says in words how the absent user enters the release")
+        if not self.relations or not set(self.relations) <= set(RELATIONS):
+            raise ValueError(f"relations must be a non-empty subset of {RELATIONS}, got {self.relations!r}")
+        if not self.backends or not set(self.backends) <= set(ABSENCE_BACKENDS):
+            raise ValueError(f"backends must be a non-empty subset of {ABSENCE_BACKENDS}, got {self.backends!r}")
+
+    def covers(self, label: str, relation: str, backend: str) -> bool:
+        return relation in self.relations and backend in self.backends and fnmatch.fnmatchcase(label, self.releases)
+
+
+# the rule of every algorithm that releases noisy sums (or statistics of sums) of clipped answers
+ZERO_SUMS = (
+    Absence(
+        "zero",
+        "a failed, dropped, non-finite or absent user's answer is the zero vector in every released sum (the "
+        "federation's failure policy; its row is inside the clip ball) and every denominator is public",
+    ),
+)
+# paper 002's deletion-stability releases: a failed user is replaced by the public centre; the stability
+# Gaussian's guarantee is a PTR theorem, not a sensitivity bound (left to the sampling audit)
+STABILITY_TEST = (
+    Absence(
+        "replaced",
+        "the noisy deletion budget and the stability test's output: a failed user's local vector is the public "
+        "centre; the (eps, delta) is the deletion-stability theorem's, not a sensitivity bound",
+        releases="*",
+        measure="not-sensitivity",
+    ),
+)
+
+
+def check_absence(rules: object, who: str) -> tuple[Absence, ...]:
+    """``rules`` as a tuple of :class:`Absence`, refused (TypeError, one line) unless it is a non-empty
+    tuple of them whose catch-all rules (``releases="*"``) cover every relation and backend."""
+    if isinstance(rules, Absence):
+        rules = (rules,)
+    if not (isinstance(rules, tuple) and rules and all(isinstance(r, Absence) for r in rules)):
+        raise TypeError(f"{who}: absence must be a non-empty tuple of fedkl.privacy.guarantee.Absence, got {rules!r}")
+    for relation in RELATIONS:
+        for backend in ABSENCE_BACKENDS:
+            if not any(r.releases == "*" and r.covers("", relation, backend) for r in rules):
+                raise TypeError(
+                    f"{who}: no absence rule with releases='*' covers relation {relation!r} on backend {backend!r}"
+                )
+    return rules
+
+
+def absence_for(rules: tuple[Absence, ...], label: str, relation: str, backend: str) -> Absence:
+    """The first rule of ``rules`` that covers release ``label`` under ``relation`` on ``backend``."""
+    return next(r for r in rules if r.covers(label, relation, backend))
 
 
 @dataclass(frozen=True)
@@ -168,6 +263,14 @@ class Guarantee:
 
 
 __all__ = [
+    "ABSENCE_BACKENDS",
+    "ABSENCE_MODES",
+    "Absence",
+    "MEASURES",
+    "STABILITY_TEST",
+    "ZERO_SUMS",
+    "absence_for",
+    "check_absence",
     "check_relation",
     "sum_sensitivity",
     "ANY_CLIENTS",

@@ -32,7 +32,7 @@ from fedkl.federation.base import ClippedGradient
 from fedkl.flower import codec
 from fedkl.flower.server_app import run_flower_simulation
 from fedkl.privacy import PrivacyLedger
-from fedkl.privacy.guarantee import Guarantee
+from fedkl.privacy.guarantee import ZERO_SUMS, Guarantee
 from fedkl.runner import ALGORITHMS, RunConfig
 
 pytestmark = pytest.mark.flower
@@ -54,7 +54,7 @@ def test_every_hyperparameter_is_declared_once_with_help_and_a_flag():
         rounds: int = param(99, "a second definition of rounds")
 
     with pytest.raises(ValueError, match="already defined"):
-        register("redefines-rounds", Redefined)
+        register("redefines-rounds", Redefined, absence=ZERO_SUMS)
 
 
 def test_params_check_types_choices_and_ranges():
@@ -178,7 +178,7 @@ def toy_algorithm():
         """One noisy gradient step (a test's toy algorithm)."""
         return ToyOneStep(params, ctx.rho_left)
 
-    register("toy-one-step", ToyParams)(build)
+    register("toy-one-step", ToyParams, absence=ZERO_SUMS)(build)
     yield "toy-one-step"
     unregister("toy-one-step")
 
@@ -378,3 +378,24 @@ def test_what_clients_see_is_declared_for_every_algorithm(capsys):
     with pytest.raises(SystemExit):
         cli.main(["run", "--algorithm", "fkt-snowball", "--help"])
     assert "What a participating client sees: NOT only private values" in capsys.readouterr().out
+
+
+def test_register_requires_the_absence_declaration():
+    """Every algorithm says how an absent, failed or non-finite user enters its releases (issue 28 §3):
+    register refuses one without it, or one whose catch-all rules leave a relation or backend uncovered."""
+    from fedkl.privacy.guarantee import Absence
+
+    @dataclass(frozen=True)
+    class Undeclared(AlgorithmParams):
+        pass
+
+    with pytest.raises(TypeError, match="absence"):
+        register("no-absence", Undeclared)
+    partial = Absence("zero", "zero rows", relations=("add-remove",))
+    with pytest.raises(TypeError, match="replace-one"):
+        register("partial-absence", Undeclared, absence=(partial,))
+    assert "no-absence" not in REGISTRY and "partial-absence" not in REGISTRY
+    for spec in REGISTRY.values():
+        for relation in ("replace-one", "add-remove"):
+            for backend in ("inprocess", "flower"):
+                assert spec.absence_rule("any/label", relation, backend).mode in ("zero", "left-out", "replaced")

@@ -22,7 +22,7 @@ from fedkl.algorithms.registry import REGISTRY, AlgorithmResult, Clip, register,
 from fedkl.audit import many_run_audit, one_run_audit, one_shot_estimate
 from fedkl.federation.base import ClippedGradient
 from fedkl.privacy.charges import ApproxDPCharge
-from fedkl.privacy.guarantee import Guarantee
+from fedkl.privacy.guarantee import ZERO_SUMS, Guarantee
 
 SMALL = {"clip": 0.1, "reg": 0.0}  # below the logistic gradient's 1/2 at w = 0: the outlier's term is at the clip
 
@@ -102,7 +102,7 @@ BROKEN = {
 def broken_variants():
     for name, (params, build) in BROKEN.items():
         has_lr = any(f.name == "lr" for f in dataclasses.fields(params))
-        register(name, params, step_size=REGISTRY["noisy-gd"].step_size if has_lr else None)(build)
+        register(name, params, step_size=REGISTRY["noisy-gd"].step_size if has_lr else None, absence=ZERO_SUMS)(build)
     yield
     for name in BROKEN:
         unregister(name)
