@@ -50,16 +50,8 @@ VARIANTS = {
     "sc-output-pert[select-Delta]": ("sc-output-pert", {"p002_delta_select": "sparse-vector", "users": 60}),
 }
 P002 = ("phased-erm", "phased-sco", "sc-output-pert", "sc-phased-erm", "sc-phased-sco", *list(VARIANTS)[2:])
-_ABORT = "aborts when a user fails (paper 002's diameter/vertex-cover/matching tests; issue 28 §2, helper clients)"
-_CONC = "a failed/absent user's zero row is projected as an answer 0 - c_t (issue 28 §1, helper conc)"
-KNOWN: dict[tuple[str, str, str, str], str] = {
-    **{(a, "replace-one", "inprocess", "failed"): _ABORT for a in P002},
-    **{(a, "replace-one", "flower", "nan"): _ABORT for a in P002},
-    **{("noisy-gd-conc", "add-remove", b, "absent-outlier"): _CONC for b in ("inprocess",)},
-    **{("noisy-gd-conc[fresh]", "add-remove", "inprocess", k): _CONC for k in ("absent", "absent-outlier")},
-    ("noisy-gd-conc[fresh]", "add-remove", "flower", "drop"): _CONC,
-    **{(a, "add-remove", "flower", "absent-huge"): _CONC for a in ("noisy-gd-conc", *list(VARIANTS)[:2])},
-}
+# none left: the paper-002 aborts (issue 28 §2) and noisy-gd-conc's zero rows (§1) were fixed
+KNOWN: dict[tuple[str, str, str, str], str] = {}
 
 
 def _config(name: str, **extra):

@@ -657,7 +657,10 @@ def search(
     the negative control of the noise check; 1: as the algorithm draws it)."""
     cfg = dataclasses.replace(cfg, neighbouring=relation)
     if backend == "flower":
-        cfg = dataclasses.replace(cfg, kernels="reproducible")
+        # the search runs each algorithm under the trust model its guarantee states: an in-class guarantee
+        # is searched with the operator's opt-in (fedkl.privacy.clients.require_trust), and its neighbours
+        # are then only the kinds an in-class client can produce (neighbours(any_client=False))
+        cfg = dataclasses.replace(cfg, kernels="reproducible", clients="in-class")
     from fedkl.runner import load_run_dataset
 
     covered = kinds is None  # every kind the algorithm's client model covers (read from world D's guarantee)
