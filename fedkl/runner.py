@@ -41,7 +41,7 @@ from fedkl.data.files import SCHEMA_SETTINGS, is_data_file, loader_kwargs
 from fedkl.data.standin import STANDIN_RECORDS, public_standin
 from fedkl.federation.base import Federation
 from fedkl.federation.inprocess import InProcessFederation
-from fedkl.privacy import Budget, BudgetExceeded, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter
+from fedkl.privacy import Budget, BudgetExceeded, LedgerError, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter
 from fedkl.privacy.clients import FEDKL_CLIENTS
 from fedkl.privacy.guarantee import RELATION_TEXT, Guarantee
 from fedkl.privacy.journal import JournalError, ReleaseJournal
@@ -347,10 +347,11 @@ def train_federation(
     and is not adaptive (the function is called only then: PREPAID_NOTE below)."""
     observer = RUN_OBSERVER.get() or RunObserver()
     recovering = isinstance(journal, ReleaseJournal)
-    ledger = PrivacyLedger(
-        ledger_path, Budget(cfg.epsilon, delta, cfg.conversion), run_id, cfg.settings(), scratch=scratch
-    )
     if recovering:  # the run of a process that died: same run id; a refusal leaves that run as it is (not ended here)
+        check_recovery_ledger({"ledger": ledger_path, "run_id": run_id})  # never a new ledger
+    budget = Budget(cfg.epsilon, delta, cfg.conversion)
+    ledger = PrivacyLedger(ledger_path, budget, run_id, cfg.settings(), scratch=scratch, new_run=not recovering)
+    if recovering:
         try:
             ledger.take_over(federation.user_ids)
         except BaseException:
@@ -548,14 +549,27 @@ def _dry_run(cfg: RunConfig, standin: FederatedDataset, problem, n: int, delta: 
     }
 
 
+def absolute_paths(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with every path it holds (``out``, ``ledger``, a data file ``dataset``) absolute, resolved
+    against this process's working directory: done before a run starts, so that what the user typed means
+    the same in every process of the run (a deployment's ServerApp and ClientApps run in a temporary work
+    folder, which is deleted: a relative ledger there was deleted with it) and in the run's records."""
+    paths = {k: getattr(cfg, k) for k in ("out", "ledger")}
+    if is_data_file(cfg.dataset):
+        paths["dataset"] = cfg.dataset
+    changed = {k: os.path.abspath(v) for k, v in paths.items() if v is not None and not os.path.isabs(v)}
+    return dataclasses.replace(cfg, **changed) if changed else cfg
+
+
 def prepare_run(cfg: RunConfig, num_users: int, suffix: str = "") -> tuple[float, str, str, str, NoiseSource]:
     """What every run derives from its configuration: delta (default 1/n^1.1), a fresh run id, the
-    output folder (created), the ledger path and the noise source."""
+    output folder (created; absolute) the ledger path (absolute) and the noise source."""
     delta = cfg.delta if cfg.delta is not None else default_delta(num_users)
     run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
-    out = cfg.out or os.path.join("runs", f"{run_id}-{cfg.algorithm}-{cfg.dataset}{suffix}")
+    name = os.path.basename(cfg.dataset)  # a data file: its file name (the path may be absolute)
+    out = os.path.abspath(cfg.out or os.path.join("runs", f"{run_id}-{cfg.algorithm}-{name}{suffix}"))
     os.makedirs(out, exist_ok=True)
-    ledger_path = cfg.ledger or os.path.join(out, "ledger.sqlite")
+    ledger_path = os.path.abspath(cfg.ledger or os.path.join(out, "ledger.sqlite"))
     return delta, run_id, out, ledger_path, NoiseSource(cfg.noise_seed)
 
 
@@ -592,7 +606,9 @@ def run_training(
     prepay: bool = True,
     recover: ReleaseJournal | None = None,
 ) -> dict:
-    """Train with ``cfg.kernels`` in force (:func:`fedkl.problems.rowwise.kernels`); see :func:`_run_training`."""
+    """Train with ``cfg.kernels`` in force (:func:`fedkl.problems.rowwise.kernels`) and its paths absolute
+    (:func:`absolute_paths`); see :func:`_run_training`."""
+    cfg = absolute_paths(cfg)
     with kernels(cfg.kernels):
         return _run_training(cfg, log, dataset, model, resume, prepay, recover)
 
@@ -605,6 +621,7 @@ def open_recovery(run_dir: str, cfg: RunConfig | None = None) -> ReleaseJournal:
     charged) unless ``cfg`` (default: the settings in the journal, rebuilt) has exactly that run's settings."""
     journal = ReleaseJournal.open(os.path.join(run_dir, JOURNAL_FILE))
     try:
+        check_recovery_ledger(journal.header())
         settings = journal.header()["settings"]
         ours = json.loads(json.dumps((cfg or RunConfig.from_settings(**settings)).settings(), default=str))
         differ = sorted(k for k in set(settings) | set(ours) if settings.get(k) != ours.get(k))
@@ -617,6 +634,17 @@ def open_recovery(run_dir: str, cfg: RunConfig | None = None) -> ReleaseJournal:
         journal.close()
         raise
     return journal
+
+
+def check_recovery_ledger(header: dict) -> None:
+    """LedgerError (one line; nothing created, nothing charged) when the ledger of the run a journal
+    ``header`` describes is missing: a recovery never creates a ledger (a fresh one in its place would
+    stand for what the run spent, with nothing of it)."""
+    if not os.path.exists(header["ledger"]):
+        raise LedgerError(
+            f"the ledger of run {header['run_id']}, {header['ledger']}, is missing: it holds what the run spent "
+            "(a recovery never creates one); put it back from a copy and recover again (nothing was created or charged)"
+        )
 
 
 def recover_run(run_dir: str, log: Callable[[str], None] = print, before: Callable | None = None) -> dict:
@@ -698,10 +726,12 @@ def _run_training(
     # the federation the algorithm trains through; a deployment (transport.train) trains elsewhere
     federation = evaluator if transport is None or transport.open is None else transport.open(cfg, dataset)
     n = federation.num_users
-    delta, run_id, out, ledger_path, noise = prepare_run(cfg, n)
-    if recover is not None:  # the recovered run's own id, folder and ledger
+    if recover is None:
+        delta, run_id, out, ledger_path, noise = prepare_run(cfg, n)
+    else:  # the recovered run's own id, folder and ledger (a recovery creates no folder of its own)
         header = recover.header()
         run_id, out, ledger_path, delta = header["run_id"], header["out"], header["ledger"], header["delta"]
+        noise = NoiseSource(cfg.noise_seed)
     log(
         f"fedkl run {run_id}: {cfg.algorithm} on {cfg.dataset} ({n} users, "
         f"{dataset.train.num_records} train records, {problem.num_params} parameters); "

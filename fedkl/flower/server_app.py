@@ -311,6 +311,7 @@ def _train(
         "history": history,
         "ledger": summary,
         "ledger_path": ledger_path,
+        "out_dir": out,
         "user_ids": user_ids,
         "guarantee": declared.to_dict(),
         "backend": label,
@@ -438,7 +439,7 @@ def _deployed_train_observed(grid: Grid, rc: Any) -> None:
         journal=True,
         recover=rc.get("fedkl-recover") or None,
     )
-    out = os.path.dirname(res["ledger_path"])
+    out = res["out_dir"]  # fedkl-out, where `fedkl run --backend grpc` reads it (the ledger may be elsewhere)
     payload = {k: v for k, v in res.items() if k not in ("w", "user_ids")}
     payload["w"] = None if res["w"] is None else [float(x) for x in res["w"]]
     payload["users"] = len(res["user_ids"])

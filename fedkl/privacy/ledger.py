@@ -198,6 +198,8 @@ class PrivacyLedger:
         run_id: tag written on every release made through this handle.
         scratch: a throw-away ledger (a plan's dry run on a temporary file): no fsync
             (``synchronous=OFF``); never for a ledger that protects anyone's budget.
+        new_run: record ``run_id`` as a new ``running`` run (if the ledger has no such run); False for a
+            handle that continues a run (:meth:`take_over`), which must find the run there.
     """
 
     def __init__(
@@ -208,6 +210,7 @@ class PrivacyLedger:
         run_config: dict | None = None,
         timeout: float = 60.0,
         scratch: bool = False,
+        new_run: bool = True,
     ) -> None:
         self.path = os.fspath(path)
         self.run_id = run_id
@@ -235,7 +238,7 @@ class PrivacyLedger:
                 "delta_t REAL, PRIMARY KEY (rho, eps, delta))"
             )
             self.budget = self._init_budget(budget)
-            if run_id is not None:
+            if run_id is not None and new_run:
                 self._db.execute(
                     "INSERT OR IGNORE INTO runs (run_id, started, config, status, pid, host, proc_start) "
                     "VALUES (?, ?, ?, 'running', ?, ?, ?)",
