@@ -283,14 +283,16 @@ def _train(
     problem = make_problem(spec.problem, dataset, **spec.kwargs[1])
     user_ids = dataset.train.user_ids
     n = len(user_ids)
-    delta, run_id, out, ledger_path, noise = runner.prepare_run(cfg, n, suffix=f"-{label}")
-    journal_at: str | runner.ReleaseJournal | None = os.path.join(out, runner.JOURNAL_FILE) if journal else None
     replayed = None
-    if recover is not None:
+    if recover is None:
+        delta, run_id, out, ledger_path, noise = runner.prepare_run(cfg, n, suffix=f"-{label}")
+        journal_at: str | runner.ReleaseJournal | None = os.path.join(out, runner.JOURNAL_FILE) if journal else None
+    else:  # the recovered run's own id, folder, ledger (never created here) and delta
         journal_at = runner.open_recovery(recover, cfg)
         replayed = len(journal_at)  # all of them, once the run is done (else the Releaser refused it)
         header = journal_at.header()
         run_id, out, ledger_path, delta = header["run_id"], header["out"], header["ledger"], header["delta"]
+        noise = runner.NoiseSource(cfg.noise_seed)
     log(f"fedkl {label} {run_id}: {cfg.algorithm} on {spec.dataset} ({n} users, {problem.num_params} parameters)")
     # the server's own problem fixes the model size: a node answering for another is refused alone
     with federation_for(
