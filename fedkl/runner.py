@@ -366,6 +366,13 @@ def train_federation(
             ledger.reserve(federation.user_ids)  # verifies the ledger; LedgerBusy while another run holds these users
             rho_total, approx_left = ledger.rho_left(federation.user_ids), ledger.approx_left(federation.user_ids)
         observer.started(run_id, ledger_path)
+        if rho_total <= 0 and w0 is not None:  # --resume: what it is for, and what to do instead
+            raise BudgetExceeded(
+                f"--resume: ledger {ledger_path} has nothing left of these users' budget (eps={cfg.epsilon}, "
+                f"delta={delta:g}; the built-in algorithms spend all of it): --resume continues a run that left "
+                "budget on its ledger; to train more, start a new run with a larger --epsilon on a new --ledger "
+                "(a new guarantee: these users' privacy loss is then both runs' together; nothing was charged)"
+            )
         if rho_total <= 0:
             raise BudgetExceeded(
                 f"ledger {ledger_path}: the users' budget (eps={cfg.epsilon}, delta={delta:g}) "
