@@ -111,6 +111,7 @@ class RunConfig:
     epsilon: float = 2.0
     delta: float | None = None  # None: 1 / n^1.1 for n users
     force: bool = False  # run even when the algorithm's public forecast says noise would swamp the model
+    allow_large_delta: bool = False  # run with delta >= 1/n (refused otherwise: check_delta), said next to epsilon
     reg: float = 0.0
     neighbouring: str = "replace-one"
     conversion: str = "cks"
@@ -219,6 +220,32 @@ def default_delta(num_users: int) -> float:
     """delta = 1/n^1.1: below 1/n, as a user-level guarantee needs (a delta of 1/n could expose one
     whole user)."""
     return 1.0 / num_users**1.1
+
+
+def check_delta(delta: float, num_users: int, allow_large: bool = False) -> None:
+    """ValueError (one line, in the user's terms; before any data is used or budget charged) when ``delta``
+    means nothing for ``num_users`` users: fewer than 2 users (user-level privacy hides each user among
+    others), or ``delta >= 1/n``, which a mechanism meets by publishing one user's data outright (with
+    probability delta it may fail completely; 1/n of that is one whole user, chosen at random) -- unless
+    ``allow_large`` (``--allow-large-delta``: an explicit opt-in, said next to epsilon)."""
+    if num_users < 2:
+        raise ValueError(
+            f"the data hold {num_users} user(s): user-level privacy hides each user among other users, so it "
+            "needs at least 2 (check the user column, --user-column); nothing was charged"
+        )
+    if delta >= 1.0 / num_users and not allow_large:
+        raise ValueError(
+            f"delta = {delta:.3g} is at least 1/n = {1 / num_users:.3g} for n = {num_users} users: such a delta "
+            "allows publishing one user's data outright; use a delta below 1/n (the default is 1/n^1.1), or "
+            "--allow-large-delta to run anyway (said next to epsilon); nothing was charged"
+        )
+
+
+def large_delta_note(delta: float, num_users: int) -> str:
+    """What the privacy line adds when ``delta >= 1/n`` was allowed (``--allow-large-delta``), else ''."""
+    if delta < 1.0 / num_users:
+        return ""
+    return f"; WARNING: delta >= 1/n = {1 / num_users:.3g} (--allow-large-delta): one user's data may be published outright"
 
 
 def quality_metric(metrics: dict) -> str:
@@ -390,6 +417,7 @@ def train_federation(
             how = declared.accountant(cfg.conversion, getattr(cfg.params, "accountant", None))
             log(
                 f"budget: user-level ({cfg.neighbouring}) eps={cfg.epsilon}, delta={delta:.3g}, {how}; backend {cfg.backend}"
+                + large_delta_note(delta, federation.num_users)
             )
         else:
             shape = [
@@ -402,6 +430,7 @@ def train_federation(
                 f"zCDP rho={rho_total:.5g} ({cfg.conversion}); "
                 + ", ".join(x for x in shape if x)
                 + (f", noise std on the sum {sigma:.4g}" if isinstance(sigma, float) else "")
+                + large_delta_note(delta, federation.num_users)
             )
 
         progress = ProgressEgress(observer, log)
@@ -572,6 +601,7 @@ def prepare_run(cfg: RunConfig, num_users: int, suffix: str = "") -> tuple[float
     """What every run derives from its configuration: delta (default 1/n^1.1), a fresh run id, the
     output folder (created; absolute) the ledger path (absolute) and the noise source."""
     delta = cfg.delta if cfg.delta is not None else default_delta(num_users)
+    check_delta(delta, num_users, cfg.allow_large_delta)  # before the run's folder and ledger exist
     run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
     name = os.path.basename(cfg.dataset)  # a data file: its file name (the path may be absolute)
     out = os.path.abspath(cfg.out or os.path.join("runs", f"{run_id}-{cfg.algorithm}-{name}{suffix}"))
@@ -744,6 +774,8 @@ def _run_training(
         f"{dataset.train.num_records} train records, {problem.num_params} parameters); "
         f"noise: {noise.mode}" + (f"; resuming the released model of {resume}" if w0 is not None else "")
     )
+    for note in dataset.extra.get("notes", ()):  # what reading a data file did (columns left out, records clipped)
+        log(f"note: {os.path.basename(cfg.dataset)}: {note}")
 
     if transport is not None and transport.train is not None:  # ledger + noise live in the deployment's ServerApp
         # recovering: the ServerApp recovers the run of the folder holding the journal (fedkl-recover)
@@ -849,7 +881,10 @@ def _run_training(
         if eps < summary["max_user_epsilon"]
         else f"zCDP rho = {summary['max_user_rho']:.5g}, {cfg.conversion}"
     )
-    log(f"privacy: user-level ({cfg.neighbouring}) epsilon = {eps:.4f}, delta = {delta:.3g} ({how})")
+    log(
+        f"privacy: user-level ({cfg.neighbouring}) epsilon = {eps:.4f}, delta = {delta:.3g} ({how})"
+        + large_delta_note(delta, n)
+    )
     got = f"{test[key]:.4f}" if key in test else "n/a (the algorithm released no model)"
     log(f"test {key} = {got}   (trivial baseline {trivial.get(key, math.nan):.4f})")
     log(f"wrote {result_path}" + (f", {model_path}" if model_path else "") + f" and ledger {ledger_path}")
