@@ -646,6 +646,7 @@ def run_training(
     """Train with ``cfg.kernels`` in force (:func:`fedkl.problems.rowwise.kernels`) and its paths absolute
     (:func:`absolute_paths`); see :func:`_run_training`."""
     cfg = absolute_paths(cfg)
+    resume = None if resume is None else os.path.abspath(resume)  # recorded (journal, receipt): absolute
     with kernels(cfg.kernels):
         return _run_training(cfg, log, dataset, model, resume, prepay, recover)
 
@@ -691,6 +692,7 @@ def recover_run(run_dir: str, log: Callable[[str], None] = print, before: Callab
     data; what it released before the crash is returned from the journal. Not ``--resume`` (a new run
     warm-started from a finished run's released model). ``before(cfg)``: called with the run's
     configuration before it trains (``fedkl run`` registers a Flower backend there)."""
+    run_dir = os.path.abspath(run_dir)
     journal = open_recovery(run_dir)
     try:
         header = journal.header()

@@ -128,8 +128,10 @@ def test_resume_starts_from_the_released_model_and_charges_the_same_ledger(tmp_p
     assert code == 0 and torch.equal(half_budget_gd[0], torch.zeros_like(w))
     ledger = os.path.join(tmp_path, "a", "ledger.sqlite")
     (users, rho_first), releases = _ledger_rows(ledger)
-    # resumed with no setting repeated: the run's own settings, its ledger, its model as the start
-    code, second, _ = _run(tmp_path, monkeypatch, "--resume", str(tmp_path / "a"), "--out", str(tmp_path / "b"))
+    # resumed with no setting repeated: the run's own settings, its ledger, its model as the start (the run
+    # folder given relative: recorded absolute, as every path a run is given)
+    monkeypatch.chdir(tmp_path)
+    code, second, _ = _run(tmp_path, monkeypatch, "--resume", "a", "--out", str(tmp_path / "b"))
     assert code == 0
     assert torch.equal(half_budget_gd[1], w)  # the released model, exactly
     assert second["ledger"]["path"] == ledger and second["resumed_from"] == str(tmp_path / "a")
