@@ -811,6 +811,41 @@ def _run_training(
             if close is not None:
                 close()  # stops Ray for flower-sim
 
+    return write_run_files(
+        cfg, result, summary, declared, dataset=dataset, problem=problem, problem_name=problem_name, spec=spec,
+        evaluator=evaluator, run_id=run_id, delta=delta, out=out, ledger_path=ledger_path, noise=noise,
+        failures=failures, resume=resume, started=started, log=log, n=n,
+    )  # fmt: skip
+
+
+def write_run_files(
+    cfg: RunConfig,
+    result,
+    summary: dict,
+    declared: Guarantee,
+    *,
+    dataset: FederatedDataset,
+    problem,
+    problem_name: str,
+    spec: dict,
+    evaluator: InProcessFederation,
+    run_id: str,
+    delta: float,
+    out: str,
+    ledger_path: str,
+    noise: NoiseSource,
+    failures,
+    resume: str | None,
+    started: float,
+    log: Callable[[str], None],
+    n: int,
+    backend: str | None = None,
+) -> dict:
+    """What every entry point writes once a run has trained (``result``: its ``.w``, ``.rounds``, ``.sigma``,
+    ``.details``; ``summary``: the ledger's): ``model.pt`` with its privacy receipt, ``result.json`` (strict; the
+    non-private reference added when ``cfg.reference``), and the summary lines (privacy, test metric, files)
+    through ``log``; returns result.json's payload. ``backend``: the label result.json gives (default
+    ``cfg.backend``; the deployed ServerApp of ``flwr run`` says ``flwr-run``)."""
     trivial = problem.trivial_metrics(dataset.train, dataset.test)
     test = {} if result.w is None else evaluator.evaluate(result.w, "test")
     key = quality_metric(test or trivial)  # an algorithm may release "no output" (e.g. a failed stability test)
@@ -854,7 +889,7 @@ def _run_training(
         "accountant": receipt["accountant"],
         "guarantee": receipt["guarantee"],
         "budget": {"epsilon": cfg.epsilon, "delta": delta},
-        "backend": cfg.backend,
+        "backend": backend or cfg.backend,
         "test_metric": {"name": key, "value": test.get(key)},
         "test_metrics": test,
         "nonprivate_reference": "pending" if cfg.reference else None,

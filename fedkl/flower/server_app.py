@@ -314,12 +314,15 @@ def _train(
         "ledger": summary,
         "ledger_path": ledger_path,
         "out_dir": out,
+        "run_id": run_id,
+        "delta": delta,
         "user_ids": user_ids,
         "guarantee": declared.to_dict(),
         "backend": label,
         "failed_users": [h.get("failed_users") for h in history],
         "failures": failures,
         "replayed": replayed,  # recovering: the releases replayed from the journal (charged by the dead run)
+        "server": (dataset, problem, noise, declared),  # for the run's files (write_run_files); not JSON
     }
 
 
@@ -415,6 +418,7 @@ def _deployed_train(grid: Grid, rc: Any) -> None:
 
 
 def _deployed_train_observed(grid: Grid, rc: Any) -> None:
+    started = time.time()
     cfg = _run_config_from_user_config(rc)
     bindings = None
     if rc.get("fedkl-node-bindings") not in (None, ""):
@@ -442,10 +446,26 @@ def _deployed_train_observed(grid: Grid, rc: Any) -> None:
         recover=rc.get("fedkl-recover") or None,
     )
     out = res["out_dir"]  # fedkl-out, where `fedkl run --backend grpc` reads it (the ledger may be elsewhere)
-    payload = {k: v for k, v in res.items() if k not in ("w", "user_ids")}
+    dataset, problem, noise, declared = res["server"]
+    payload = {k: v for k, v in res.items() if k not in ("w", "user_ids", "server")}
     payload["w"] = None if res["w"] is None else [float(x) for x in res["w"]]
     payload["users"] = len(res["user_ids"])
     _write_json(os.path.join(out, "flower_result.json"), payload)
+    if dataset.train.num_records:  # the server holds the data (not sites loading their own): fedkl run's files
+        # model.pt, result.json and the summary lines, as every entry point (`flwr run .` has no fedkl run to
+        # write them; under `fedkl run --backend grpc` that process writes the same files again after this)
+        from types import SimpleNamespace
+
+        from fedkl.problems import problem_spec
+
+        runner.write_run_files(
+            cfg, SimpleNamespace(**{k: res[k] for k in ("w", "rounds", "sigma", "details")}), res["ledger"], declared,
+            dataset=dataset, problem=problem, problem_name=spec.problem,
+            spec=problem_spec(spec.problem, dataset, cfg.reg, cfg.model), evaluator=InProcessFederation(problem, dataset),
+            run_id=res["run_id"], delta=res["delta"], out=out, ledger_path=res["ledger_path"], noise=noise,
+            failures=res["failures"], resume=None, started=started, log=lambda s: print(s, flush=True),
+            n=len(res["user_ids"]), backend=cfg.backend if cfg.backend == "grpc" else "flwr-run",
+        )  # fmt: skip
 
 
 app = make_server_app(_deployed_main)

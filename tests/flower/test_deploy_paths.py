@@ -72,3 +72,23 @@ def test_every_path_a_run_is_given_is_absolute_before_it_starts(tmp_path, monkey
                                      "fedkl-recover": "r", "fedkl-users": 3})  # fmt: skip
     assert rc == {"fedkl-out": str(tmp_path / "o"), "fedkl-ledger": str(tmp_path / "l.sqlite"),
                   "fedkl-dataset": str(tmp_path / "d.csv"), "fedkl-recover": str(tmp_path / "r"), "fedkl-users": 3}  # fmt: skip
+
+
+def test_the_deployed_server_app_of_flwr_run_writes_the_files_and_lines_fedkl_run_does(tmp_path, capsys):
+    """`flwr run .` (or a ServerApp on a SuperLink) has no `fedkl run` process to write model.pt and result.json:
+    the ServerApp writes them (and the ledger), ends its output with fedkl run's summary lines, and `fedkl predict`
+    on its model reproduces the test metric it printed (issue 31: it wrote flower_result.json only)."""
+    out = tmp_path / "o"
+    rc = {"fedkl-dataset": "synthetic-logistic", "fedkl-users": 5, "fedkl-algorithm": "noisy-gd", "fedkl-rounds": 2,
+          "fedkl-seed": 3, "fedkl-reference": False, "fedkl-wait-for-nodes": 0, "fedkl-out": str(out)}  # fmt: skip
+    grid = LocalGrid(client_app.app, 5, run_config=rc)
+    server_app._deployed_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc))
+    said = capsys.readouterr().out
+    res = json.loads((out / "result.json").read_text())
+    assert (out / "model.pt").exists() and (out / "ledger.sqlite").exists() and (out / "flower_result.json").exists()
+    assert res["backend"] == "flwr-run" and res["rounds"] == 2 and res["model_path"] == str(out / "model.pt")
+    key, value = res["test_metric"]["name"], res["test_metric"]["value"]
+    assert f"privacy: user-level (replace-one) epsilon = {res['epsilon']:.4f}, delta = {res['delta']:.3g}" in said
+    assert f"test {key} = {value:.4f}" in said
+    assert main(["predict", "--model", str(out)]) == 0
+    assert f"{key} = {value:.6g}" in capsys.readouterr().out
