@@ -225,9 +225,9 @@ def default_delta(num_users: int) -> float:
 def check_delta(delta: float, num_users: int, allow_large: bool = False) -> None:
     """ValueError (one line, in the user's terms; before any data is used or budget charged) when ``delta``
     means nothing for ``num_users`` users: fewer than 2 users (user-level privacy hides each user among
-    others), or ``delta >= 1/n``, which a mechanism meets by publishing one user's data outright (with
-    probability delta it may fail completely; 1/n of that is one whole user, chosen at random) -- unless
-    ``allow_large`` (``--allow-large-delta``: an explicit opt-in, said next to epsilon)."""
+    others), or ``delta >= 1/n``: publishing the whole data of one user chosen uniformly at random is
+    (0, 1/n)-DP at user level, so such a guarantee allows exactly that -- unless ``allow_large``
+    (``--allow-large-delta``: an explicit opt-in, said next to epsilon)."""
     if num_users < 2:
         raise ValueError(
             f"the data hold {num_users} user(s): user-level privacy hides each user among other users, so it "
