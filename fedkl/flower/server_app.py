@@ -454,18 +454,26 @@ def _deployed_train_observed(grid: Grid, rc: Any) -> None:
     if dataset.train.num_records:  # the server holds the data (not sites loading their own): fedkl run's files
         # model.pt, result.json and the summary lines, as every entry point (`flwr run .` has no fedkl run to
         # write them; under `fedkl run --backend grpc` that process writes the same files again after this)
-        from types import SimpleNamespace
+        try:  # after flower_result.json: a failure here never turns a trained, charged run into a failed one
+            _write_run_files(cfg, res, spec, started, dataset, problem, noise, declared, out)
+        except Exception as exc:  # noqa: BLE001  (one line; the run's outcome is flower_result.json)
+            print(f"fedkl: could not write model.pt/result.json ({type(exc).__name__}: {exc})", flush=True)
 
-        from fedkl.problems import problem_spec
 
-        runner.write_run_files(
-            cfg, SimpleNamespace(**{k: res[k] for k in ("w", "rounds", "sigma", "details")}), res["ledger"], declared,
-            dataset=dataset, problem=problem, problem_name=spec.problem,
-            spec=problem_spec(spec.problem, dataset, cfg.reg, cfg.model), evaluator=InProcessFederation(problem, dataset),
-            run_id=res["run_id"], delta=res["delta"], out=out, ledger_path=res["ledger_path"], noise=noise,
-            failures=res["failures"], resume=None, started=started, log=lambda s: print(s, flush=True),
-            n=len(res["user_ids"]), backend=cfg.backend if cfg.backend == "grpc" else "flwr-run",
-        )  # fmt: skip
+def _write_run_files(cfg, res, spec, started, dataset, problem, noise, declared, out) -> None:
+    """:func:`fedkl.runner.write_run_files` of a deployed run (``res``: :func:`_train`'s result)."""
+    from types import SimpleNamespace
+
+    from fedkl.problems import problem_spec
+
+    runner.write_run_files(
+        cfg, SimpleNamespace(**{k: res[k] for k in ("w", "rounds", "sigma", "details")}), res["ledger"], declared,
+        dataset=dataset, problem=problem, problem_name=spec.problem,
+        spec=problem_spec(spec.problem, dataset, cfg.reg, cfg.model), evaluator=InProcessFederation(problem, dataset),
+        run_id=res["run_id"], delta=res["delta"], out=out, ledger_path=res["ledger_path"], noise=noise,
+        failures=res["failures"], resume=None, started=started, log=lambda s: print(s, flush=True),
+        n=len(res["user_ids"]), backend=cfg.backend if cfg.backend == "grpc" else "flwr-run",
+    )  # fmt: skip
 
 
 app = make_server_app(_deployed_main)
