@@ -298,6 +298,12 @@ def _add_run_arguments(run: argparse.ArgumentParser, algorithm: str | None, cat:
         "swamp the model (it is refused otherwise, before any data is read or budget spent)",
     )
     run.add_argument(
+        "--allow-large-delta",
+        action="store_true",
+        help="run with delta >= 1/n (n users), which allows publishing one user's data outright: refused "
+        "otherwise, before anything is read or charged; the privacy line then says so next to epsilon",
+    )
+    run.add_argument(
         "--secagg",
         action="store_true",
         help="Flower backends: aggregate the clipped answers through SecAgg+ so the server sees only their sum "

@@ -58,26 +58,31 @@ def ledger_report(action: str, path: str, run: str | None = None, limit: int | N
     with PrivacyLedger(path) as ledger:
         if action == "release-stale":
             return {"path": path, **ledger.release_stale()}
-        if action == "verify":
-            return {"path": path, "releases": ledger.num_releases(), **_verification(ledger)}
-        if action == "users":
-            return {"path": path, "budget": ledger.summary()["budget"], "users": ledger.user_spends(limit)}
-        if action == "releases":
-            rows = ledger.releases(run)
-            return {"path": path, "run": run, "releases": rows[-limit:] if limit else rows}
-        runs = [{**r, "started": _when(r["started"]), "ended": _when(r["ended"])} for r in ledger.runs()]
-        if action == "runs":
-            return {"path": path, "runs": runs}
-        statuses: dict[str, int] = {}
-        for r in runs:
-            statuses[r["status"]] = statuses.get(r["status"], 0) + 1
-        return {
-            "path": path,
-            **ledger.summary(),
-            "runs": statuses,
-            "active_runs": [r for r in runs if r["status"] == "running"],
-            "verify": _verification(ledger),
-        }
+        with ledger.snapshot():  # one moment of the ledger, while runs may charge it
+            return _report(ledger, action, path, run, limit)
+
+
+def _report(ledger: PrivacyLedger, action: str, path: str, run: str | None, limit: int | None) -> dict:
+    if action == "verify":
+        return {"path": path, "releases": ledger.num_releases(), **_verification(ledger)}
+    if action == "users":
+        return {"path": path, "budget": ledger.summary()["budget"], "users": ledger.user_spends(limit)}
+    if action == "releases":
+        rows = ledger.releases(run)
+        return {"path": path, "run": run, "releases": rows[-limit:] if limit else rows}
+    runs = [{**r, "started": _when(r["started"]), "ended": _when(r["ended"])} for r in ledger.runs()]
+    if action == "runs":
+        return {"path": path, "runs": runs}
+    statuses: dict[str, int] = {}
+    for r in runs:
+        statuses[r["status"]] = statuses.get(r["status"], 0) + 1
+    return {
+        "path": path,
+        **ledger.summary(),
+        "runs": statuses,
+        "active_runs": [r for r in runs if r["status"] == "running"],
+        "verify": _verification(ledger),
+    }
 
 
 def _print_report(action: str, res: dict) -> None:

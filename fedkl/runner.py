@@ -41,7 +41,7 @@ from fedkl.data.files import SCHEMA_SETTINGS, is_data_file, loader_kwargs
 from fedkl.data.standin import STANDIN_RECORDS, public_standin
 from fedkl.federation.base import Federation
 from fedkl.federation.inprocess import InProcessFederation
-from fedkl.privacy import Budget, BudgetExceeded, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter
+from fedkl.privacy import Budget, BudgetExceeded, LedgerError, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter
 from fedkl.privacy.clients import FEDKL_CLIENTS, TRUST_MODELS, assumption, require_trust
 from fedkl.privacy.guarantee import RELATION_TEXT, Guarantee
 from fedkl.privacy.journal import JournalError, ReleaseJournal
@@ -111,6 +111,7 @@ class RunConfig:
     epsilon: float = 2.0
     delta: float | None = None  # None: 1 / n^1.1 for n users
     force: bool = False  # run even when the algorithm's public forecast says noise would swamp the model
+    allow_large_delta: bool = False  # run with delta >= 1/n (refused otherwise: check_delta), said next to epsilon
     reg: float = 0.0
     neighbouring: str = "replace-one"
     conversion: str = "cks"
@@ -224,6 +225,32 @@ def default_delta(num_users: int) -> float:
     """delta = 1/n^1.1: below 1/n, as a user-level guarantee needs (a delta of 1/n could expose one
     whole user)."""
     return 1.0 / num_users**1.1
+
+
+def check_delta(delta: float, num_users: int, allow_large: bool = False) -> None:
+    """ValueError (one line, in the user's terms; before any data is used or budget charged) when ``delta``
+    means nothing for ``num_users`` users: fewer than 2 users (user-level privacy hides each user among
+    others), or ``delta >= 1/n``: publishing the whole data of one user chosen uniformly at random is
+    (0, 1/n)-DP at user level, so such a guarantee allows exactly that -- unless ``allow_large``
+    (``--allow-large-delta``: an explicit opt-in, said next to epsilon)."""
+    if num_users < 2:
+        raise ValueError(
+            f"the data hold {num_users} user(s): user-level privacy hides each user among other users, so it "
+            "needs at least 2 (check the user column, --user-column); nothing was charged"
+        )
+    if delta >= 1.0 / num_users and not allow_large:
+        raise ValueError(
+            f"delta = {delta:.3g} is at least 1/n = {1 / num_users:.3g} for n = {num_users} users: such a delta "
+            "allows publishing one user's data outright; use a delta below 1/n (the default is 1/n^1.1), or "
+            "--allow-large-delta to run anyway (said next to epsilon); nothing was charged"
+        )
+
+
+def large_delta_note(delta: float, num_users: int) -> str:
+    """What the privacy line adds when ``delta >= 1/n`` was allowed (``--allow-large-delta``), else ''."""
+    if delta < 1.0 / num_users:
+        return ""
+    return f"; WARNING: delta >= 1/n = {1 / num_users:.3g} (--allow-large-delta): one user's data may be published outright"
 
 
 def quality_metric(metrics: dict) -> str:
@@ -362,10 +389,11 @@ def train_federation(
             "did not keep (a run started before fedkl journalled them): with secure noise it cannot be recovered "
             "(nothing was charged)"
         )
-    ledger = PrivacyLedger(
-        ledger_path, Budget(cfg.epsilon, delta, cfg.conversion), run_id, cfg.settings(), scratch=scratch
-    )
     if recovering:  # the run of a process that died: same run id; a refusal leaves that run as it is (not ended here)
+        check_recovery_ledger({"ledger": ledger_path, "run_id": run_id})  # never a new ledger
+    budget = Budget(cfg.epsilon, delta, cfg.conversion)
+    ledger = PrivacyLedger(ledger_path, budget, run_id, cfg.settings(), scratch=scratch, new_run=not recovering)
+    if recovering:
         try:
             ledger.take_over(federation.user_ids)
         except BaseException:
@@ -380,6 +408,13 @@ def train_federation(
             ledger.reserve(federation.user_ids)  # verifies the ledger; LedgerBusy while another run holds these users
             rho_total, approx_left = ledger.rho_left(federation.user_ids), ledger.approx_left(federation.user_ids)
         observer.started(run_id, ledger_path)
+        if rho_total <= 0 and w0 is not None:  # --resume: what it is for, and what to do instead
+            raise BudgetExceeded(
+                f"--resume: ledger {ledger_path} has nothing left of these users' budget (eps={cfg.epsilon}, "
+                f"delta={delta:g}; the built-in algorithms spend all of it): --resume continues a run that left "
+                "budget on its ledger; to train more, start a new run with a larger --epsilon on a new --ledger "
+                "(a new guarantee: these users' privacy loss is then both runs' together; nothing was charged)"
+            )
         if rho_total <= 0:
             raise BudgetExceeded(
                 f"ledger {ledger_path}: the users' budget (eps={cfg.epsilon}, delta={delta:g}) "
@@ -404,6 +439,7 @@ def train_federation(
             how = declared.accountant(cfg.conversion, getattr(cfg.params, "accountant", None))
             log(
                 f"budget: user-level ({cfg.neighbouring}) eps={cfg.epsilon}, delta={delta:.3g}, {how}; backend {cfg.backend}"
+                + large_delta_note(delta, federation.num_users)
             )
         else:
             shape = [
@@ -416,6 +452,7 @@ def train_federation(
                 f"zCDP rho={rho_total:.5g} ({cfg.conversion}); "
                 + ", ".join(x for x in shape if x)
                 + (f", noise std on the sum {sigma:.4g}" if isinstance(sigma, float) else "")
+                + large_delta_note(delta, federation.num_users)
             )
 
         progress = ProgressEgress(observer, log)
@@ -574,14 +611,28 @@ def _dry_run(cfg: RunConfig, standin: FederatedDataset, problem, n: int, delta: 
     }
 
 
+def absolute_paths(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with every path it holds (``out``, ``ledger``, a data file ``dataset``) absolute, resolved
+    against this process's working directory: done before a run starts, so that what the user typed means
+    the same in every process of the run (a deployment's ServerApp and ClientApps run in a temporary work
+    folder, which is deleted: a relative ledger there was deleted with it) and in the run's records."""
+    paths = {k: getattr(cfg, k) for k in ("out", "ledger")}
+    if is_data_file(cfg.dataset):
+        paths["dataset"] = cfg.dataset
+    changed = {k: os.path.abspath(v) for k, v in paths.items() if v is not None and not os.path.isabs(v)}
+    return dataclasses.replace(cfg, **changed) if changed else cfg
+
+
 def prepare_run(cfg: RunConfig, num_users: int, suffix: str = "") -> tuple[float, str, str, str, NoiseSource]:
     """What every run derives from its configuration: delta (default 1/n^1.1), a fresh run id, the
-    output folder (created), the ledger path and the noise source."""
+    output folder (created; absolute) the ledger path (absolute) and the noise source."""
     delta = cfg.delta if cfg.delta is not None else default_delta(num_users)
+    check_delta(delta, num_users, cfg.allow_large_delta)  # before the run's folder and ledger exist
     run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
-    out = cfg.out or os.path.join("runs", f"{run_id}-{cfg.algorithm}-{cfg.dataset}{suffix}")
+    name = os.path.basename(cfg.dataset)  # a data file: its file name (the path may be absolute)
+    out = os.path.abspath(cfg.out or os.path.join("runs", f"{run_id}-{cfg.algorithm}-{name}{suffix}"))
     os.makedirs(out, exist_ok=True)
-    ledger_path = cfg.ledger or os.path.join(out, "ledger.sqlite")
+    ledger_path = os.path.abspath(cfg.ledger or os.path.join(out, "ledger.sqlite"))
     return delta, run_id, out, ledger_path, NoiseSource(cfg.noise_seed)
 
 
@@ -618,7 +669,10 @@ def run_training(
     prepay: bool = True,
     recover: ReleaseJournal | None = None,
 ) -> dict:
-    """Train with ``cfg.kernels`` in force (:func:`fedkl.problems.rowwise.kernels`); see :func:`_run_training`."""
+    """Train with ``cfg.kernels`` in force (:func:`fedkl.problems.rowwise.kernels`) and its paths absolute
+    (:func:`absolute_paths`); see :func:`_run_training`."""
+    cfg = absolute_paths(cfg)
+    resume = None if resume is None else os.path.abspath(resume)  # recorded (journal, receipt): absolute
     with kernels(cfg.kernels):
         return _run_training(cfg, log, dataset, model, resume, prepay, recover)
 
@@ -631,6 +685,7 @@ def open_recovery(run_dir: str, cfg: RunConfig | None = None) -> ReleaseJournal:
     charged) unless ``cfg`` (default: the settings in the journal, rebuilt) has exactly that run's settings."""
     journal = ReleaseJournal.open(os.path.join(run_dir, JOURNAL_FILE))
     try:
+        check_recovery_ledger(journal.header())
         settings = journal.header()["settings"]
         ours = json.loads(json.dumps((cfg or RunConfig.from_settings(**settings)).settings(), default=str))
         differ = sorted(k for k in set(settings) | set(ours) if settings.get(k) != ours.get(k))
@@ -645,6 +700,17 @@ def open_recovery(run_dir: str, cfg: RunConfig | None = None) -> ReleaseJournal:
     return journal
 
 
+def check_recovery_ledger(header: dict) -> None:
+    """LedgerError (one line; nothing created, nothing charged) when the ledger of the run a journal
+    ``header`` describes is missing: a recovery never creates a ledger (a fresh one in its place would
+    stand for what the run spent, with nothing of it)."""
+    if not os.path.exists(header["ledger"]):
+        raise LedgerError(
+            f"the ledger of run {header['run_id']}, {header['ledger']}, is missing: it holds what the run spent "
+            "(a recovery never creates one); put it back from a copy and recover again (nothing was created or charged)"
+        )
+
+
 def recover_run(run_dir: str, log: Callable[[str], None] = print, before: Callable | None = None) -> dict:
     """``fedkl run --recover RUN_DIR``: finish the run of ``RUN_DIR`` whose process died (kill -9,
     power loss, OOM ...), from its release journal and its ledger, without charging any release twice
@@ -652,6 +718,7 @@ def recover_run(run_dir: str, log: Callable[[str], None] = print, before: Callab
     data; what it released before the crash is returned from the journal. Not ``--resume`` (a new run
     warm-started from a finished run's released model). ``before(cfg)``: called with the run's
     configuration before it trains (``fedkl run`` registers a Flower backend there)."""
+    run_dir = os.path.abspath(run_dir)
     journal = open_recovery(run_dir)
     try:
         header = journal.header()
@@ -724,15 +791,19 @@ def _run_training(
     # the federation the algorithm trains through; a deployment (transport.train) trains elsewhere
     federation = evaluator if transport is None or transport.open is None else transport.open(cfg, dataset)
     n = federation.num_users
-    delta, run_id, out, ledger_path, noise = prepare_run(cfg, n)
-    if recover is not None:  # the recovered run's own id, folder and ledger
+    if recover is None:
+        delta, run_id, out, ledger_path, noise = prepare_run(cfg, n)
+    else:  # the recovered run's own id, folder and ledger (a recovery creates no folder of its own)
         header = recover.header()
         run_id, out, ledger_path, delta = header["run_id"], header["out"], header["ledger"], header["delta"]
+        noise = NoiseSource(cfg.noise_seed)
     log(
         f"fedkl run {run_id}: {cfg.algorithm} on {cfg.dataset} ({n} users, "
         f"{dataset.train.num_records} train records, {problem.num_params} parameters); "
         f"noise: {noise.mode}" + (f"; resuming the released model of {resume}" if w0 is not None else "")
     )
+    for note in dataset.extra.get("notes", ()):  # what reading a data file did (columns left out, records clipped)
+        log(f"note: {os.path.basename(cfg.dataset)}: {note}")
 
     if transport is not None and transport.train is not None:  # ledger + noise live in the deployment's ServerApp
         # recovering: the ServerApp recovers the run of the folder holding the journal (fedkl-recover)
@@ -766,6 +837,41 @@ def _run_training(
             if close is not None:
                 close()  # stops Ray for flower-sim
 
+    return write_run_files(
+        cfg, result, summary, declared, dataset=dataset, problem=problem, problem_name=problem_name, spec=spec,
+        evaluator=evaluator, run_id=run_id, delta=delta, out=out, ledger_path=ledger_path, noise=noise,
+        failures=failures, resume=resume, started=started, log=log, n=n,
+    )  # fmt: skip
+
+
+def write_run_files(
+    cfg: RunConfig,
+    result,
+    summary: dict,
+    declared: Guarantee,
+    *,
+    dataset: FederatedDataset,
+    problem,
+    problem_name: str,
+    spec: dict,
+    evaluator: InProcessFederation,
+    run_id: str,
+    delta: float,
+    out: str,
+    ledger_path: str,
+    noise: NoiseSource,
+    failures,
+    resume: str | None,
+    started: float,
+    log: Callable[[str], None],
+    n: int,
+    backend: str | None = None,
+) -> dict:
+    """What every entry point writes once a run has trained (``result``: its ``.w``, ``.rounds``, ``.sigma``,
+    ``.details``; ``summary``: the ledger's): ``model.pt`` with its privacy receipt, ``result.json`` (strict; the
+    non-private reference added when ``cfg.reference``), and the summary lines (privacy, test metric, files)
+    through ``log``; returns result.json's payload. ``backend``: the label result.json gives (default
+    ``cfg.backend``; the deployed ServerApp of ``flwr run`` says ``flwr-run``)."""
     trivial = problem.trivial_metrics(dataset.train, dataset.test)
     test = {} if result.w is None else evaluator.evaluate(result.w, "test")
     key = quality_metric(test or trivial)  # an algorithm may release "no output" (e.g. a failed stability test)
@@ -809,7 +915,7 @@ def _run_training(
         "accountant": receipt["accountant"],
         "guarantee": receipt["guarantee"],
         "budget": {"epsilon": cfg.epsilon, "delta": delta},
-        "backend": cfg.backend,
+        "backend": backend or cfg.backend,
         "test_metric": {"name": key, "value": test.get(key)},
         "test_metrics": test,
         "nonprivate_reference": "pending" if cfg.reference else None,
@@ -840,7 +946,7 @@ def _run_training(
     )
     log(
         f"privacy: user-level ({cfg.neighbouring}; {assumption(declared.clients)}) epsilon = {eps:.4f}, "
-        f"delta = {delta:.3g} ({how})"
+        f"delta = {delta:.3g} ({how})" + large_delta_note(delta, n)
     )
     got = f"{test[key]:.4f}" if key in test else "n/a (the algorithm released no model)"
     log(f"test {key} = {got}   (trivial baseline {trivial.get(key, math.nan):.4f})")

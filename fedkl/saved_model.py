@@ -125,7 +125,7 @@ def check_resume(run: str, settings: dict, ledger_path: str, spec: dict) -> torc
     if not os.path.exists(was):
         raise ValueError(f"--resume {run}: its ledger {was} is gone; nothing to continue")
     for key, value in receipt["settings"].items():
-        if key not in RUN_LOCAL and strict(settings.get(key)) != strict(value):
+        if key not in RUN_LOCAL and strict(_path(key, settings.get(key))) != strict(_path(key, value)):
             raise ValueError(
                 f"--resume {run}: {key} is {settings.get(key)!r} here but {value!r} in the resumed run; a resumed "
                 "run keeps its settings (drop the option, or start a new run)"
@@ -133,6 +133,13 @@ def check_resume(run: str, settings: dict, ledger_path: str, spec: dict) -> torc
     if spec != model.problem_spec:
         raise ValueError(f"--resume {run}: the data give problem {spec}, the saved model is {model.problem_spec}")
     return model.params
+
+
+def _path(key: str, value: Any) -> Any:
+    """A data file ``dataset`` as an absolute path (runs record it so since issue 31; older ones as typed)."""
+    from fedkl.data.files import is_data_file
+
+    return os.path.abspath(value) if key == "dataset" and is_data_file(value) else value
 
 
 def load_model(path: str, model: Any = None) -> SavedModel:

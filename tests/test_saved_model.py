@@ -129,8 +129,10 @@ def test_resume_starts_from_the_released_model_and_charges_the_same_ledger(tmp_p
     assert code == 0 and torch.equal(half_budget_gd[0], torch.zeros_like(w))
     ledger = os.path.join(tmp_path, "a", "ledger.sqlite")
     (users, rho_first), releases = _ledger_rows(ledger)
-    # resumed with no setting repeated: the run's own settings, its ledger, its model as the start
-    code, second, _ = _run(tmp_path, monkeypatch, "--resume", str(tmp_path / "a"), "--out", str(tmp_path / "b"))
+    # resumed with no setting repeated: the run's own settings, its ledger, its model as the start (the run
+    # folder given relative: recorded absolute, as every path a run is given)
+    monkeypatch.chdir(tmp_path)
+    code, second, _ = _run(tmp_path, monkeypatch, "--resume", "a", "--out", str(tmp_path / "b"))
     assert code == 0
     assert torch.equal(half_budget_gd[1], w)  # the released model, exactly
     assert second["ledger"]["path"] == ledger and second["resumed_from"] == str(tmp_path / "a")
@@ -153,7 +155,7 @@ def test_resume_refuses_other_settings_or_another_ledger_in_one_line(tmp_path, m
     assert "a resumed run charges the same ledger" in capsys.readouterr().err
     # noisy-gd spent the whole budget: nothing is left to continue with (exit 3, the budget code)
     assert cli.main(base) == 3
-    assert "already spent" in capsys.readouterr().err
+    assert "has nothing left of these users' budget" in capsys.readouterr().err
 
 
 def test_a_model_trained_on_your_own_arrays_predicts_in_python_and_the_cli_says_how(tmp_path, capsys):
@@ -168,3 +170,27 @@ def test_a_model_trained_on_your_own_arrays_predicts_in_python_and_the_cli_says_
     assert torch.equal(model.predict(data.test.X), torch.where(data.test.X.double() @ run.model >= 0, 1.0, -1.0))
     assert cli.main(["predict", "--model", str(tmp_path / "a")]) == 2
     assert "fedkl.load_model(PATH).evaluate(data)" in capsys.readouterr().err
+
+
+def test_the_readme_saved_model_commands_run_in_order(tmp_path, monkeypatch, capsys):
+    """The README's `fedkl run` / `predict` / `--resume` example, command by command as written: the run
+    writes its files, predict prints the metric the run printed, and resuming a built-in algorithm's run (it
+    spent the whole budget) stops with exit 3 and one line saying what --resume is for and what to do."""
+    import re
+    import shlex
+
+    readme = open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "README.md")).read()
+    section = readme[readme.index("### Saved models") :]
+    block = section[section.index("```\n") + 4 : section.index("```", section.index("```\n") + 4)]
+    commands = [shlex.split(line, comments=True) for line in block.splitlines() if line.startswith("fedkl ")]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FEDKL_CACHE_DIR", str(tmp_path / "cache"))
+    said = []
+    for argv in commands:
+        said.append((cli.main(argv[1:]), *capsys.readouterr()))
+    assert [code for code, _, _ in said] == [0, 0, 0, 3], said
+    printed = re.search(r"test accuracy = ([0-9.]+)", said[0][1]).group(1)
+    assert f"accuracy = {float(printed):.6g}" in said[1][1]  # predict: the metric the run printed
+    err = said[3][2].strip()
+    assert "--resume continues a run that left budget on its ledger" in err and "a new --ledger" in err
+    assert "\n" not in err and not os.path.exists("runs/more/ledger.sqlite")

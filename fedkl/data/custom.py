@@ -102,6 +102,15 @@ def from_dataframe(
         ]
         if not features:
             raise ValueError("no numeric feature column: name them with features=[...]")
+        unused = [c for c in frame.columns if c not in (user, label, *features)]
+        if unused:  # never dropped silently
+            import warnings
+
+            warnings.warn(
+                f"from_dataframe: column(s) {', '.join(map(repr, unused))} not used (not numeric; only numeric "
+                "columns are features unless features=[...] names them)",
+                stacklevel=2,
+            )
     if frame[list(features)].isna().to_numpy().any() or frame[label].isna().any():
         raise ValueError("the DataFrame has missing values in the feature or label columns: drop or impute them first")
     return from_arrays(

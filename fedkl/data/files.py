@@ -196,6 +196,15 @@ def check_frame(frame: Any, schema: Schema, source: str, extra_columns: Sequence
     return X / B, y, notes
 
 
+def unused_columns(frame: Any, taken: Sequence[str]) -> list[str]:
+    """The columns of ``frame`` other than ``taken`` that the default feature selection (every other
+    numeric, non-boolean column) leaves out: text, dates, booleans ... (named to the user, never dropped
+    silently)."""
+    from pandas.api.types import is_bool_dtype, is_numeric_dtype
+
+    return [c for c in frame.columns if c not in taken and (not is_numeric_dtype(frame[c]) or is_bool_dtype(frame[c]))]
+
+
 def _check_labels(y: np.ndarray, schema: Schema, source: str, notes: list[str]) -> np.ndarray:
     from pandas.api.types import is_numeric_dtype
 
@@ -242,6 +251,10 @@ def load_file(
     sch = Schema.from_settings(schema)
     frame = read_table(path)
     X, y, notes = check_frame(frame, sch, path, extra_columns=(user_column,))
+    unused = unused_columns(frame, (sch.label_column, user_column)) if sch.feature_columns is None else []
+    if unused:  # never dropped silently: said where the run says what it trains on
+        notes = [*notes, f"column(s) {', '.join(map(repr, unused))} not used (not numeric; only numeric columns "
+                 "are features unless --feature-columns names them)"]  # fmt: skip
     if frame[user_column].isna().any():
         raise DataError(f"{path}: the user column {user_column!r} has missing values")
     ds = from_arrays(
@@ -330,7 +343,8 @@ def _noted(ds: FederatedDataset, schema: Schema, notes: list[str]) -> FederatedD
     desc = ds.description + f"; features divided by the declared bound {schema.feature_bound:g}"
     if notes:
         desc += "; " + "; ".join(notes)
-    return dataclasses.replace(ds, description=desc, extra={**ds.extra, "clipped": notes})
+    clipped = [n for n in notes if "clipped" in n]
+    return dataclasses.replace(ds, description=desc, extra={**ds.extra, "clipped": clipped, "notes": notes})
 
 
 __all__ = [

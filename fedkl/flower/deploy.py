@@ -206,6 +206,22 @@ def _write_app(folder: Path, run_config: Mapping[str, Any]) -> None:
     (folder / "pyproject.toml").write_text("\n".join(lines) + "\n")
 
 
+PATH_KEYS = ("fedkl-out", "fedkl-ledger", "fedkl-recover")  # run-config keys holding a path (and a data file dataset)
+
+
+def absolute_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
+    """``run_config`` with its paths (:data:`PATH_KEYS`, a data file ``fedkl-dataset``) absolute, resolved
+    against this process's working directory: the SuperLink, SuperNodes and ServerApp run in the deployment's
+    work folder, where a relative path would name a file inside it (deleted with it)."""
+    from fedkl.data.files import is_data_file
+
+    rc = dict(run_config)
+    for key in (*PATH_KEYS, *(["fedkl-dataset"] if is_data_file(rc.get("fedkl-dataset")) else [])):
+        if isinstance(rc.get(key), str) and rc[key] and not os.path.isabs(rc[key]):
+            rc[key] = os.path.abspath(rc[key])
+    return rc
+
+
 def run_config_for(cfg: Any, spec: Any | None = None, out: str | None = None) -> dict[str, Any]:
     """``fedkl-*`` run-config keys for a :class:`fedkl.runner.RunConfig` (and optionally an explicit
     :class:`fedkl.flower.codec.ClientSpec`)."""
@@ -391,15 +407,17 @@ def run_grpc(
         raise ValueError("num_users must be >= 1")
     check_capacity(num_users)
     own_work = workdir is None
+    rc = absolute_run_config(run_config)  # here, before the work folder exists: the processes run there
     work = Path(workdir or tempfile.mkdtemp(prefix="fedkl-grpc-"))
     work.mkdir(parents=True, exist_ok=True)
-    rc = dict(run_config)
     rc.setdefault("fedkl-out", str(work / "out"))
-    # deleted at the end: a folder run_grpc made itself, not holding the run's out folder (its ledger)
+    # deleted at the end: a folder run_grpc made itself, not holding the run's out folder nor its ledger
     temporary = (
         own_work
         and os.environ.get(KEEP_WORK) != "1"
-        and not Path(rc["fedkl-out"]).resolve().is_relative_to(work.resolve())
+        and not any(
+            Path(rc[k]).resolve().is_relative_to(work.resolve()) for k in ("fedkl-out", "fedkl-ledger") if rc.get(k)
+        )
     )
     ok = False
     try:

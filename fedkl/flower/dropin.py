@@ -138,7 +138,9 @@ class UserLevelDPStrategy(Strategy):
         self.refused: dict[int, str] = {}  # node id -> why it is never sent the model
         self.evaluate_outside_guarantee = evaluate_outside_guarantee
         self.run_id = "flower-dropin-" + uuid.uuid4().hex[:8]
+        self.ledger_path = str(ledger_path)
         self.ledger = PrivacyLedger(ledger_path, self.budget, run_id=self.run_id, run_config=self._settings())
+        self.privacy_line: str | None = None  # said (Flower's log) when start() has ended the run
         self.releaser = Releaser(self.ledger, NoiseSource(noise_seed))
         self._sent: dict[int, tuple[ArrayRecord, list[int], list[str]]] = {}  # round -> (model, nodes, their users)
 
@@ -151,6 +153,26 @@ class UserLevelDPStrategy(Strategy):
             "rounds": self.rounds,
             "neighbouring": self.neighbouring,
         }
+
+    # --- the run ---------------------------------------------------------------------------------
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, *args: Any, **kw: Any) -> Any:
+        """Flower's :meth:`Strategy.start`, as ONE ledger run: when it returns, the run is ended ``finished``
+        in the ledger and :attr:`privacy_line` (user-level epsilon and delta, as ``fedkl run`` prints it) is
+        said through Flower's log; when it raises, the run is ended as :meth:`PrivacyLedger.end_status`
+        says (refused, failed, interrupted). A strategy serves one run: a second ``start`` is refused."""
+        if self.ledger is None:
+            raise RuntimeError(f"run {self.run_id} is over (its ledger run is closed): make a new strategy")
+        try:
+            result = super().start(grid, initial_arrays, num_rounds, *args, **kw)
+        except BaseException as exc:
+            if self.ledger is not None:
+                self.close(self.ledger.end_status(exc))
+            raise
+        self.close("finished")
+        from flwr.supercore import log
+
+        log(20, self.privacy_line)
+        return result
 
     # --- training ------------------------------------------------------------------------------
     def configure_train(
@@ -211,6 +233,7 @@ class UserLevelDPStrategy(Strategy):
         if not nodes:
             return None, None
         names = list(sent.keys())
+        dtypes = [sent[k].numpy().dtype for k in names]  # the app's own: the new model keeps them
         base = [np.asarray(sent[k].numpy(), dtype=np.float64) for k in names]
         flat0 = np.concatenate([b.ravel() for b in base])
         rows = torch.zeros((len(nodes), flat0.size), dtype=torch.float64)
@@ -235,8 +258,9 @@ class UserLevelDPStrategy(Strategy):
         )
         new = flat0 + self.server_lr * noisy.numpy() / len(nodes)
         out, start = {}, 0
-        for k, b in zip(names, base):
-            out[k] = Array(new[start : start + b.size].reshape(b.shape).astype(b.dtype, copy=False))
+        for k, b, dtype in zip(names, base, dtypes):
+            part = new[start : start + b.size].reshape(b.shape)  # computed in float64, returned as the app's dtype
+            out[k] = Array((np.rint(part) if np.issubdtype(dtype, np.integer) else part).astype(dtype))
             start += b.size
         return ArrayRecord(out), None
 
@@ -270,12 +294,22 @@ class UserLevelDPStrategy(Strategy):
     # --- reporting -----------------------------------------------------------------------------
     def epsilon_spent(self, user_id: str) -> float:
         """The user-level epsilon (at the budget's delta) spent by ``user_id`` in this ledger."""
+        if self.ledger is None:
+            with PrivacyLedger(self.ledger_path) as ledger:
+                return ledger.spend(user_id).epsilon(self.budget.delta, self.budget.conversion)
         return self.ledger.spend(user_id).epsilon(self.budget.delta, self.budget.conversion)
 
     def close(self, status: str = "finished") -> None:
-        """End this run in the ledger and close it (idempotent)."""
+        """End this run in the ledger (the first end recorded is kept), set :attr:`privacy_line` and close
+        the ledger (idempotent)."""
         if self.ledger is not None:
             self.ledger.finish_run(status)
+            s = self.ledger.summary()  # every user of the ledger: what its users have spent so far, as fedkl run
+            self.privacy_line = (
+                f"privacy: user-level ({self.neighbouring}) epsilon = {s['max_user_epsilon_exact']:.4f}, "
+                f"delta = {self.budget.delta:.3g} (zCDP rho = {s['max_user_rho']:.5g}, {self.budget.conversion} "
+                f"gives {s['max_user_epsilon']:.4f}; run {self.run_id} {status}, ledger {self.ledger_path})"
+            )
             self.ledger.close()
             self.ledger = None  # type: ignore[assignment]
 

@@ -283,14 +283,16 @@ def _train(
     problem = make_problem(spec.problem, dataset, **spec.kwargs[1])
     user_ids = dataset.train.user_ids
     n = len(user_ids)
-    delta, run_id, out, ledger_path, noise = runner.prepare_run(cfg, n, suffix=f"-{label}")
-    journal_at: str | runner.ReleaseJournal | None = os.path.join(out, runner.JOURNAL_FILE) if journal else None
     replayed = None
-    if recover is not None:
+    if recover is None:
+        delta, run_id, out, ledger_path, noise = runner.prepare_run(cfg, n, suffix=f"-{label}")
+        journal_at: str | runner.ReleaseJournal | None = os.path.join(out, runner.JOURNAL_FILE) if journal else None
+    else:  # the recovered run's own id, folder, ledger (never created here) and delta
         journal_at = runner.open_recovery(recover, cfg)
         replayed = len(journal_at)  # all of them, once the run is done (else the Releaser refused it)
         header = journal_at.header()
         run_id, out, ledger_path, delta = header["run_id"], header["out"], header["ledger"], header["delta"]
+        noise = runner.NoiseSource(cfg.noise_seed)
     log(f"fedkl {label} {run_id}: {cfg.algorithm} on {spec.dataset} ({n} users, {problem.num_params} parameters)")
     # the server's own problem fixes the model size: a node answering for another is refused alone
     with federation_for(
@@ -311,12 +313,16 @@ def _train(
         "history": history,
         "ledger": summary,
         "ledger_path": ledger_path,
+        "out_dir": out,
+        "run_id": run_id,
+        "delta": delta,
         "user_ids": user_ids,
         "guarantee": declared.to_dict(),
         "backend": label,
         "failed_users": [h.get("failed_users") for h in history],
         "failures": failures,
         "replayed": replayed,  # recovering: the releases replayed from the journal (charged by the dead run)
+        "server": (dataset, problem, noise, declared),  # for the run's files (write_run_files); not JSON
     }
 
 
@@ -412,6 +418,7 @@ def _deployed_train(grid: Grid, rc: Any) -> None:
 
 
 def _deployed_train_observed(grid: Grid, rc: Any) -> None:
+    started = time.time()
     cfg = _run_config_from_user_config(rc)
     bindings = None
     if rc.get("fedkl-node-bindings") not in (None, ""):
@@ -438,11 +445,35 @@ def _deployed_train_observed(grid: Grid, rc: Any) -> None:
         journal=True,
         recover=rc.get("fedkl-recover") or None,
     )
-    out = os.path.dirname(res["ledger_path"])
-    payload = {k: v for k, v in res.items() if k not in ("w", "user_ids")}
+    out = res["out_dir"]  # fedkl-out, where `fedkl run --backend grpc` reads it (the ledger may be elsewhere)
+    dataset, problem, noise, declared = res["server"]
+    payload = {k: v for k, v in res.items() if k not in ("w", "user_ids", "server")}
     payload["w"] = None if res["w"] is None else [float(x) for x in res["w"]]
     payload["users"] = len(res["user_ids"])
     _write_json(os.path.join(out, "flower_result.json"), payload)
+    if dataset.train.num_records:  # the server holds the data (not sites loading their own): fedkl run's files
+        # model.pt, result.json and the summary lines, as every entry point (`flwr run .` has no fedkl run to
+        # write them; under `fedkl run --backend grpc` that process writes the same files again after this)
+        try:  # after flower_result.json: a failure here never turns a trained, charged run into a failed one
+            _write_run_files(cfg, res, spec, started, dataset, problem, noise, declared, out)
+        except Exception as exc:  # noqa: BLE001  (one line; the run's outcome is flower_result.json)
+            print(f"fedkl: could not write model.pt/result.json ({type(exc).__name__}: {exc})", flush=True)
+
+
+def _write_run_files(cfg, res, spec, started, dataset, problem, noise, declared, out) -> None:
+    """:func:`fedkl.runner.write_run_files` of a deployed run (``res``: :func:`_train`'s result)."""
+    from types import SimpleNamespace
+
+    from fedkl.problems import problem_spec
+
+    runner.write_run_files(
+        cfg, SimpleNamespace(**{k: res[k] for k in ("w", "rounds", "sigma", "details")}), res["ledger"], declared,
+        dataset=dataset, problem=problem, problem_name=spec.problem,
+        spec=problem_spec(spec.problem, dataset, cfg.reg, cfg.model), evaluator=InProcessFederation(problem, dataset),
+        run_id=res["run_id"], delta=res["delta"], out=out, ledger_path=res["ledger_path"], noise=noise,
+        failures=res["failures"], resume=None, started=started, log=lambda s: print(s, flush=True),
+        n=len(res["user_ids"]), backend=cfg.backend if cfg.backend == "grpc" else "flwr-run",
+    )  # fmt: skip
 
 
 app = make_server_app(_deployed_main)

@@ -198,6 +198,8 @@ class PrivacyLedger:
         run_id: tag written on every release made through this handle.
         scratch: a throw-away ledger (a plan's dry run on a temporary file): no fsync
             (``synchronous=OFF``); never for a ledger that protects anyone's budget.
+        new_run: record ``run_id`` as a new ``running`` run (if the ledger has no such run); False for a
+            handle that continues a run (:meth:`take_over`), which must find the run there.
     """
 
     def __init__(
@@ -208,6 +210,7 @@ class PrivacyLedger:
         run_config: dict | None = None,
         timeout: float = 60.0,
         scratch: bool = False,
+        new_run: bool = True,
     ) -> None:
         self.path = os.fspath(path)
         self.run_id = run_id
@@ -235,7 +238,7 @@ class PrivacyLedger:
                 "delta_t REAL, PRIMARY KEY (rho, eps, delta))"
             )
             self.budget = self._init_budget(budget)
-            if run_id is not None:
+            if run_id is not None and new_run:
                 self._db.execute(
                     "INSERT OR IGNORE INTO runs (run_id, started, config, status, pid, host, proc_start) "
                     "VALUES (?, ?, ?, 'running', ?, ?, ?)",
@@ -951,10 +954,34 @@ class PrivacyLedger:
             "delta": b.delta,
         }
 
+    @contextlib.contextmanager
+    def snapshot(self):
+        """Read the ledger as of one moment: the statements inside are one read transaction (a run's charge
+        that would commit meanwhile waits for it, as for any reader of a rollback-journal file). Inside a
+        transaction of this handle already: that one. Every reading that combines several statements
+        (:meth:`verify`, ``fedkl ledger``'s reports) runs in one: read one statement at a time, a charge
+        committed in between made the users' totals newer than the release log read before them."""
+        if self._db.in_transaction:
+            yield
+            return
+        try:
+            self._db.execute("BEGIN")
+        except sqlite3.Error as e:
+            raise self._error(e) from None
+        try:
+            yield
+        finally:
+            if self._db.in_transaction:
+                self._db.execute("COMMIT")  # nothing written: ends the read
+
     def verify(self) -> None:
         """Recompute every release's cost from its stored typed charge and every user's totals from
-        the release log; raise LedgerError on any mismatch. (Rows written before typed charges, schema
-        1, have no charge to recompute; their stored costs still enter the totals.)"""
+        the release log, all read in one :meth:`snapshot`; raise LedgerError on any mismatch. (Rows written
+        before typed charges, schema 1, have no charge to recompute; their stored costs still enter the totals.)"""
+        with self.snapshot():
+            self._verify()
+
+    def _verify(self) -> None:
         per_cohort: dict[int, list[float]] = {}  # summed per cohort first: each cohort's members are read once
         for rid, rho, eps, delta, mechanism, sensitivity, noise_scale, charge, cohort_id in self._db.execute(
             "SELECT id, rho, eps, delta, mechanism, sensitivity, noise_scale, charge, cohort_id FROM releases"

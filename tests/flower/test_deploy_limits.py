@@ -67,19 +67,22 @@ def test_a_failed_deployment_moves_its_logs_to_the_out_folder_and_removes_its_te
 
 
 @pytest.mark.deployment
-def test_fedkl_run_over_grpc_writes_its_result_and_model(tmp_path):
+def test_fedkl_run_over_grpc_writes_its_result_and_model(tmp_path, monkeypatch):
     """`fedkl run --backend grpc` end to end (SuperLink + 3 SuperNodes): the run writes result.json and
     model.pt from the deployed ServerApp's outcome (it used to crash after training, reading a
-    ``rounds`` the deployment did not report)."""
+    ``rounds`` the deployment did not report), with the default relative --out: in the folder it was
+    run from, not in the deployment's temporary work folder (where its ledger was deleted, issue 31)."""
     import json
 
-    out = tmp_path / "o"
+    monkeypatch.chdir(tmp_path)
     argv = ["run", "--backend", "grpc", "--dataset", "synthetic-least-squares", "--problem", "least-squares"]
-    argv += ["--users", "3", "--rounds", "1", "--no-reference", "--out", str(out), "--seed", "3"]
+    argv += ["--users", "3", "--rounds", "1", "--no-reference", "--seed", "3"]
     assert main(argv) == 0
+    (out,) = (tmp_path / "runs").iterdir()
     res = json.loads((out / "result.json").read_text())
     assert res["rounds"] == 1 and res["backend"] == "grpc"
-    assert (out / "model.pt").exists()
+    assert (out / "model.pt").exists() and res["ledger"]["path"] == str(out / "ledger.sqlite")
+    assert (out / "ledger.sqlite").exists()
 
 
 @pytest.mark.deployment

@@ -215,3 +215,24 @@ def test_a_node_with_a_missing_duplicated_or_unenrolled_user_id_is_refused_alone
     with PrivacyLedger(ledger) as led:
         assert sorted(r["user_id"] for r in led.user_spends()) == ["ann", "cat"]
         assert [r["users"] for r in led.releases()] == [2, 2]
+
+
+def test_start_ends_the_ledger_run_says_the_privacy_line_and_keeps_the_apps_dtypes(tmp_path, monkeypatch):
+    """The drop-in's start() is one ledger run: ended "finished" when it returns (the app need not close
+    it), its user-level epsilon and delta said in one line as fedkl run says them, and the model it returns
+    has the app's dtypes (a float32 model stays float32: half the size of float64)."""
+    said: list[str] = []
+    import flwr.supercore
+
+    monkeypatch.setattr(flwr.supercore, "log", lambda level, msg, *a: said.append(msg % a if a else msg))
+    ledger = str(tmp_path / "l.sqlite")
+    s = _strategy(ledger)
+    w0 = ArrayRecord({"w": Array(np.zeros(3, dtype=np.float32))})
+    result = s.start(LocalGrid(_app(), 4, node_config=PEOPLE), w0, num_rounds=2, train_config=ConfigRecord())
+    assert result.arrays["w"].numpy().dtype == np.float32
+    with PrivacyLedger(ledger) as led:
+        assert [r["status"] for r in led.runs()] == ["finished"] and led.num_releases() == 2
+        spends = led.user_spends()
+    line = f"privacy: user-level (replace-one) epsilon = {max(r['epsilon_exact'] for r in spends):.4f}, delta = 0.001"
+    assert s.privacy_line.startswith(line) and s.privacy_line in said and "\n" not in s.privacy_line
+    assert s.epsilon_spent("person-2") == max(r["epsilon"] for r in spends)  # read from the ledger after the run

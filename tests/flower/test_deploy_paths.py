@@ -1,0 +1,94 @@
+"""`fedkl run --backend grpc` with relative paths (issue 31): every path the user gives is resolved where the
+user typed it, before anything starts, so a deployment whose ServerApp and ClientApps run in a temporary work
+folder (Flower starts them there) writes the ledger, result.json and model.pt where the user asked, and the
+work folder's removal never takes them along. The deployment is replaced by a LocalGrid served from inside the
+work folder (the ServerApp's and ClientApps' working directory in a real one); the real loopback deployment
+with a relative --out is test_deploy_limits.py::test_fedkl_run_over_grpc_writes_its_result_and_model."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from flwr.app import Context, RecordDict
+
+import fedkl.flower.backends  # noqa: F401  (registers the grpc backend)
+from fedkl.cli import main
+from fedkl.flower import client_app, deploy, server_app
+from fedkl.flower.localgrid import LocalGrid
+from fedkl.privacy import PrivacyLedger
+from fedkl.runner import RunConfig, absolute_paths
+
+pytestmark = pytest.mark.flower
+
+
+def _deploy_in_work(work: Path, rc: dict, num_users: int, *args) -> dict:
+    """run_grpc's _deploy with the SuperLink, SuperNodes and ServerApp replaced by a LocalGrid whose
+    ServerApp and ClientApps run with the work folder as their working directory, as Flower's do."""
+    rc = {**rc, "fedkl-wait-for-nodes": 0}
+    here = os.getcwd()
+    os.chdir(work)
+    try:
+        grid = LocalGrid(client_app.app, num_users, run_config=rc)
+        server_app._deployed_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc))
+    finally:
+        os.chdir(here)
+    return deploy.read_outcome(Path(rc["fedkl-out"]), work / "flwr-run.log")
+
+
+def test_fedkl_run_grpc_with_the_default_relative_out_keeps_ledger_model_and_result(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(deploy, "_deploy", _deploy_in_work)
+    monkeypatch.setattr(deploy.tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    (tmp_path / "me").mkdir()
+    monkeypatch.chdir(tmp_path / "me")
+    argv = ["run", "--backend", "grpc", "--dataset", "synthetic-least-squares", "--problem", "least-squares"]
+    argv += ["--users", "3", "--rounds", "1", "--no-reference", "--seed", "3", "--ledger", "my-ledger.sqlite"]
+    assert main(argv) == 0, capsys.readouterr().err
+    (out,) = (tmp_path / "me" / "runs").iterdir()  # the default --out, under the folder the user ran it from
+    res = json.loads((out / "result.json").read_text())
+    assert res["out_dir"] == str(out) and res["model_path"] == str(out / "model.pt") and (out / "model.pt").exists()
+    ledger = tmp_path / "me" / "my-ledger.sqlite"
+    assert res["ledger"]["path"] == str(ledger) and res["config"]["ledger"] == str(ledger)
+    with PrivacyLedger(ledger) as led:
+        assert [r["status"] for r in led.runs()] == ["finished"] and led.num_releases() == 1
+    assert list((tmp_path / "tmp").iterdir()) == []  # the work folder is gone, and nothing of the run was in it
+
+
+def test_every_path_a_run_is_given_is_absolute_before_it_starts(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = absolute_paths(RunConfig(dataset="data/users.csv", out="o", ledger="l.sqlite"))
+    assert (cfg.dataset, cfg.out, cfg.ledger) == (
+        str(tmp_path / "data/users.csv"),
+        str(tmp_path / "o"),
+        str(tmp_path / "l.sqlite"),
+    )
+    named = absolute_paths(RunConfig(dataset="synthetic-logistic"))  # a dataset name is not a path; no out: the default
+    assert (named.dataset, named.out, named.ledger) == ("synthetic-logistic", None, None)
+    # run_grpc itself resolves the path keys of a run config it is given (the caller's folder, not the work folder's)
+    rc = deploy.absolute_run_config({"fedkl-out": "o", "fedkl-ledger": "l.sqlite", "fedkl-dataset": "d.csv",
+                                     "fedkl-recover": "r", "fedkl-users": 3})  # fmt: skip
+    assert rc == {"fedkl-out": str(tmp_path / "o"), "fedkl-ledger": str(tmp_path / "l.sqlite"),
+                  "fedkl-dataset": str(tmp_path / "d.csv"), "fedkl-recover": str(tmp_path / "r"), "fedkl-users": 3}  # fmt: skip
+
+
+def test_the_deployed_server_app_of_flwr_run_writes_the_files_and_lines_fedkl_run_does(tmp_path, capsys):
+    """`flwr run .` (or a ServerApp on a SuperLink) has no `fedkl run` process to write model.pt and result.json:
+    the ServerApp writes them (and the ledger), ends its output with fedkl run's summary lines, and `fedkl predict`
+    on its model reproduces the test metric it printed (issue 31: it wrote flower_result.json only)."""
+    out = tmp_path / "o"
+    rc = {"fedkl-dataset": "synthetic-logistic", "fedkl-users": 5, "fedkl-algorithm": "noisy-gd", "fedkl-rounds": 2,
+          "fedkl-seed": 3, "fedkl-reference": False, "fedkl-wait-for-nodes": 0, "fedkl-out": str(out)}  # fmt: skip
+    grid = LocalGrid(client_app.app, 5, run_config=rc)
+    server_app._deployed_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc))
+    said = capsys.readouterr().out
+    res = json.loads((out / "result.json").read_text())
+    assert (out / "model.pt").exists() and (out / "ledger.sqlite").exists() and (out / "flower_result.json").exists()
+    assert res["backend"] == "flwr-run" and res["rounds"] == 2 and res["model_path"] == str(out / "model.pt")
+    key, value = res["test_metric"]["name"], res["test_metric"]["value"]
+    assert f"privacy: user-level (replace-one) epsilon = {res['epsilon']:.4f}, delta = {res['delta']:.3g}" in said
+    assert f"test {key} = {value:.4f}" in said
+    assert main(["predict", "--model", str(out)]) == 0
+    assert f"{key} = {value:.6g}" in capsys.readouterr().out
