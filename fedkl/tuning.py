@@ -73,6 +73,7 @@ import torch
 
 from fedkl.algorithms.registry import BuildContext, algorithm_spec, field_kind
 from fedkl.data import FederatedDataset
+from fedkl.data.files import SCHEMA_SETTINGS
 from fedkl.federation.inprocess import InProcessFederation
 from fedkl.privacy import Budget, BudgetExceeded, NoiseSource, PrivacyLedger, Releaser
 from fedkl.privacy.charges import SearchCharge, from_record
@@ -86,7 +87,17 @@ DEFAULT_ALGORITHMS = ("noisy-gd",)
 SEARCH_LABEL = "tune-search"
 STATE_FILE = "tune_state.json"
 # the run-level settings a tune passes to every trial (the rest are the trial's drawn hyperparameters)
-TRIAL_RUN_SETTINGS = ("dataset", "problem", "model", "reg", "neighbouring", "seed", "users")
+TRIAL_RUN_SETTINGS = (
+    "dataset",
+    "problem",
+    "model",
+    "reg",
+    "neighbouring",
+    "seed",
+    "users",
+    "kernels",
+    *SCHEMA_SETTINGS,
+)
 
 
 # --- the search space --------------------------------------------------------------------------------
@@ -139,6 +150,21 @@ def search_space(algorithms: tuple[str, ...] | list[str], grid: dict) -> list[tu
             spec.params(**c)  # type/range errors now
             points.append((name, c))
     return points
+
+
+def run_settings_and_grid(settings: dict, algorithms: list[str], grid: list[str] | dict) -> tuple[RunConfig, dict]:
+    """Flat ``fedkl tune`` settings -> the base RunConfig (run-level settings, first algorithm) and the
+    grid, where a hyperparameter set to a non-default value (``--clip 0.5``) is a one-value grid entry."""
+    from fedkl.algorithms.registry import hyperparameter_fields
+
+    hyper = hyperparameter_fields()
+    grid = parse_grid(grid)
+    run = {k: v for k, v in settings.items() if k not in hyper}
+    for key, value in settings.items():
+        if key in hyper and key not in grid and value != hyper[key].default:
+            grid[key] = [value]
+    run["algorithm"] = algorithms[0] if algorithms else run.get("algorithm", "noisy-gd")
+    return RunConfig.from_settings(**run), grid
 
 
 # --- the split -----------------------------------------------------------------------------------------
@@ -308,6 +334,8 @@ def tune(
     """Run the private search of ``cfg``'s data, budget (``cfg.epsilon``, ``cfg.delta``) and ledger
     over ``algorithms`` x ``grid`` (module docstring); write ``model.pt`` and ``result.json`` under
     ``cfg.out`` and return the result dict. ``before_trial(t)``: called before trial ``t`` (tests)."""
+    if cfg.backend != "inprocess" or cfg.secagg:
+        raise ValueError("fedkl tune trains its trials in-process (--backend inprocess, no --secagg)")
     if stopping not in STOPPING_RULES:
         raise ValueError(f"--stopping must be one of {', '.join(STOPPING_RULES)}, got {stopping!r}")
     law = Stopping.with_mean(stopping, trials, eta)  # ValueError before any data
@@ -521,4 +549,6 @@ def _write(cfg, data, train_ds, plan, best, summary, run_id, out, ledger_path, s
     return payload
 
 
-__all__ = ["SearchPlan", "parse_grid", "plan_search", "run_trial", "search_space", "split_users", "tune"]
+__all__ = [
+    "SearchPlan", "parse_grid", "plan_search", "run_settings_and_grid", "run_trial", "search_space", "split_users", "tune",
+]  # fmt: skip
