@@ -77,6 +77,7 @@ from fedkl.data.files import SCHEMA_SETTINGS
 from fedkl.federation.inprocess import InProcessFederation
 from fedkl.privacy import Budget, BudgetExceeded, NoiseSource, PrivacyLedger, Releaser
 from fedkl.privacy.charges import SearchCharge, from_record
+from fedkl.privacy.filter import BudgetExhausted
 from fedkl.privacy.selection import STOPPING_RULES, Stopping, search_epsilon
 from fedkl.problems import DEFAULT_PROBLEM, make_problem, problem_spec
 from fedkl.results import write_json
@@ -400,7 +401,7 @@ def tune(
         best = _search(cfg, space, law, plan, train_ds, val_ds.train, score_bound, log, before_trial)
         ledger.finish_run("finished")
     except BaseException as e:
-        ledger.finish_run(ledger.end_status(e))
+        ledger.finish_run("refused" if state is None else ledger.end_status(e))  # state: the charge is made
         ledger.close()
         raise
     ledger.verify()
@@ -420,8 +421,11 @@ def _preflight(cfg: RunConfig, space, train_ds: FederatedDataset, plan: SearchPl
     )  # fmt: skip
     for name, settings in space:
         trial = _trial_config(cfg, name, settings, plan, None)
-        alg = algorithm_spec(name).build(trial.params, ctx)
-        if not alg.guarantee.zcdp:
+        try:
+            alg = algorithm_spec(name).build(trial.params, ctx)
+        except BudgetExhausted:  # it asked for an (eps, delta) budget, of which a trial offers none
+            alg = None
+        if alg is None or not alg.guarantee.zcdp:
             raise ValueError(
                 f"{name} is not charged in zCDP; fedkl tune accounts zCDP trials only (nothing was read or charged)"
             )
@@ -523,6 +527,7 @@ def _write(cfg, data, train_ds, plan, best, summary, run_id, out, ledger_path, s
         "search": search,
         "selected": selected,
         "test_metrics": test,
+        "trivial_baseline": problem.trivial_metrics(data.train, data.test),
         "metrics_are_private": False,
         "ledger": summary,
         "config": public_settings(cfg.settings()),
