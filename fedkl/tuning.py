@@ -341,6 +341,8 @@ def tune(
         raise ValueError(f"--stopping must be one of {', '.join(STOPPING_RULES)}, got {stopping!r}")
     law = Stopping.with_mean(stopping, trials, eta)  # ValueError before any data
     space = search_space(tuple(algorithms), grid or {})
+    if cfg.delta is not None:  # the stopping rule's own cost, refused before the data is even loaded
+        plan_search(cfg.epsilon, cfg.delta, law)
     started = time.time()
     data = dataset if dataset is not None else load_run_dataset(cfg)  # the enrolment (user ids: public)
     n = data.train.num_users

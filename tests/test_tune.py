@@ -289,3 +289,15 @@ def test_cli_tune(tmp_path, capsys):
     assert json.load(open(os.path.join(out, "result.json")))["selected"]["settings"]["rounds"] == 2
     rc = main(["tune", "--dataset", "synthetic-logistic", "--users", "30", "--grid", "nope=1", "--out", out + "2"])
     assert rc == 2
+
+
+def test_refused_before_the_data_is_loaded_when_delta_is_given(tmp_path, monkeypatch):
+    import fedkl.tuning as tuning
+
+    def no_load(*a, **k):
+        raise AssertionError("the data was loaded")
+
+    monkeypatch.setattr(tuning, "load_run_dataset", no_load)
+    with pytest.raises(BudgetExhausted, match="does not fit"):
+        tune(_cfg(tmp_path, epsilon=0.02, delta=1e-6), ["noisy-gd"], GRID, trials=50.0, log=lambda _: None)
+    assert not os.path.exists(tmp_path / "run" / "ledger.sqlite")
