@@ -299,5 +299,5 @@ def test_refused_before_the_data_is_loaded_when_delta_is_given(tmp_path, monkeyp
 
     monkeypatch.setattr(tuning, "load_run_dataset", no_load)
     with pytest.raises(BudgetExhausted, match="does not fit"):
-        tune(_cfg(tmp_path, epsilon=0.02, delta=1e-6), ["noisy-gd"], GRID, trials=50.0, log=lambda _: None)
+        tune(_cfg(tmp_path, epsilon=0.001, delta=1e-6), ["noisy-gd"], GRID, trials=50.0, log=lambda _: None)
     assert not os.path.exists(tmp_path / "run" / "ledger.sqlite")
