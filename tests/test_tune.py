@@ -301,3 +301,23 @@ def test_refused_before_the_data_is_loaded_when_delta_is_given(tmp_path, monkeyp
     with pytest.raises(BudgetExhausted, match="does not fit"):
         tune(_cfg(tmp_path, epsilon=0.001, delta=1e-6), ["noisy-gd"], GRID, trials=50.0, log=lambda _: None)
     assert not os.path.exists(tmp_path / "run" / "ledger.sqlite")
+
+
+def test_the_ledger_reverifies_the_search_charge(tmp_path):
+    """A search charge whose recorded eps is below the theorem's (a tampered or miscomputed row) fails verify."""
+    import sqlite3
+
+    cfg = _cfg(tmp_path)
+    tune(cfg, ["noisy-gd"], GRID, trials=2.0, log=lambda _: None)
+    path = os.path.join(cfg.out, "ledger.sqlite")
+    db = sqlite3.connect(path)
+    (record,) = db.execute("SELECT charge FROM releases").fetchone()
+    record = json.loads(record)
+    db.execute(
+        "UPDATE releases SET charge = ?, eps = ?", (json.dumps({**record, "eps": record["eps"] / 2}), record["eps"] / 2)
+    )
+    db.execute("UPDATE users SET eps = ?", (record["eps"] / 2,))
+    db.commit()
+    db.close()
+    with PrivacyLedger(path) as ledger, pytest.raises(ValueError, match="more than the charge's eps"):
+        ledger.verify()
