@@ -42,6 +42,9 @@ stand-in ledger whose budget is ``rho_trial`` (it enforces the trial's size; it 
 ledger), and after each trial its stand-in ledger is checked to hold zCDP charges of at most
 ``rho_trial`` per user (else the search stops with an error).
 
+No table of the trials is written: the losing trials' settings and scores are not released (a table would
+need its own accounting), so the issue's per-trial table and plot are not part of this version.
+
 The charge. Before any trial starts (before any query reads a record), every enrolled user (training
 and validation) is charged the search's ``(eps, delta)`` as one ``SearchCharge`` (label
 ``tune-search``) on the real ledger; a search that does not fit every user's remaining budget is
@@ -377,7 +380,8 @@ def tune(
                 raise ValueError(
                     f"{ledger_path} has no search charge {state['charge_id']} of {run_id} (nothing was charged)"
                 )
-            eps_left, delta_left = from_record(row["charge"]).eps, from_record(row["charge"]).delta
+            stored = from_record(row["charge"])
+            eps_left, delta_left = stored.eps, stored.delta
         if eps_left <= 0 or delta_left <= 0:
             raise BudgetExceeded(f"ledger {ledger_path}: these users' budget is spent (nothing was read or charged)")
         plan = plan_search(eps_left, delta_left, law)
@@ -394,22 +398,19 @@ def tune(
             }
             write_json(state_path, state)
         else:
-            if (
-                from_record(next(r for r in ledger.releases(run_id) if r["id"] == state["charge_id"])["charge"])
-                != plan.charge
-            ):
+            if stored != plan.charge:
                 raise ValueError("the rerun's search is not the charged one (different settings?): nothing was charged")
             log(f"rerunning search {run_id} on its charge (release {state['charge_id']}): not charged again")
         best = _search(cfg, space, law, plan, train_ds, val_ds.train, score_bound, log, before_trial)
+        ledger.verify()
+        payload = _write(cfg, data, train_ds, plan, best, ledger.summary(), run_id, out, ledger_path, started, log)
         ledger.finish_run("finished")
     except BaseException as e:
         ledger.finish_run("refused" if state is None else ledger.end_status(e))  # state: the charge is made
-        ledger.close()
         raise
-    ledger.verify()
-    summary = ledger.summary()
-    ledger.close()
-    return _write(cfg, data, train_ds, plan, best, summary, run_id, out, ledger_path, started, log)
+    finally:
+        ledger.close()
+    return payload
 
 
 def _preflight(cfg: RunConfig, space, train_ds: FederatedDataset, plan: SearchPlan) -> None:
