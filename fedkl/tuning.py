@@ -34,7 +34,7 @@ law, budget and charge). NOT released: ``K``, the losing trials (their settings,
 released iterates) and the chosen trial's position; the trials' own progress and stand-in ledgers stay
 in memory and temporary files and are dropped. Per trial the console shows ``trial t: algorithm
 settings`` only (the operator's view on the server, like the ledger; it reveals ``K`` to whoever
-watches that console, so it is not part of any release: a deployment that publishes its console
+watches that console, and with the released settings which trial won, so it is not part of any release: a deployment that publishes its console
 must run with ``log=None``). The theorem covers the best output for ANY behaviour of ``Q`` that is
 ``rho_trial``-zCDP, so the real ledger's one :class:`~fedkl.privacy.charges.SearchCharge` covers
 everything the trials release: each trial runs with a real Releaser and real noise, on an in-memory
@@ -429,9 +429,8 @@ def _preflight(cfg: RunConfig, space, train_ds: FederatedDataset, plan: SearchPl
         except BudgetExhausted:  # it asked for an (eps, delta) budget, of which a trial offers none
             alg = None
         if alg is None or not alg.guarantee.zcdp:
-            raise ValueError(
-                f"{name} is not charged in zCDP; fedkl tune accounts zCDP trials only (nothing was read or charged)"
-            )
+            why = "asks for an (eps, delta) budget" if alg is None else "is not charged in zCDP"
+            raise ValueError(f"{name} {why}; fedkl tune accounts zCDP trials only (nothing was read or charged)")
         alg.guarantee.check_relation(cfg.neighbouring, name)
 
 

@@ -321,3 +321,45 @@ def test_the_ledger_reverifies_the_search_charge(tmp_path):
     db.close()
     with PrivacyLedger(path) as ledger, pytest.raises(ValueError, match="more than the charge's eps"):
         ledger.verify()
+
+
+def _algorithms():
+    import fedkl.algorithms.catalog  # noqa: F401  (every built-in algorithm registered)
+    from fedkl.algorithms.registry import REGISTRY
+
+    return sorted(REGISTRY)
+
+
+@pytest.mark.parametrize("name", _algorithms())
+def test_every_algorithm_is_refused_in_one_line_or_fits_its_trial(name, tmp_path):
+    """The seam, over every registered algorithm: the preflight (public values only) refuses it with a
+    one-line ValueError, or it is zCDP and one trial of it at its small setting charges at most rho_trial
+    on its stand-in ledger (what the search's charge covers)."""
+    import dataclasses
+
+    from build_helpers import SMALL
+
+    import fedkl.tuning as tuning
+    from fedkl.algorithms.registry import algorithm_spec
+
+    small = dict(SMALL.get(name, {}))
+    own = {f.name for f in dataclasses.fields(algorithm_spec(name).params)}
+    settings = {k: v for k, v in small.items() if k in own}
+    run = {k: v for k, v in small.items() if k not in own}
+    cfg = RunConfig.from_settings(
+        strict=False, **{**BASE, "rounds": 2, "users": 30, **run, "noise_seed": 1}, algorithm=name, out=str(tmp_path)
+    )
+    data = load_dataset("synthetic-logistic", seed=1, n_users=cfg.users)
+    plan = tuning.plan_search(4.0, 1e-3, Stopping.with_mean("tnb", 2.0))
+    try:
+        tuning._preflight(cfg, [(name, settings)], data, plan)
+    except ValueError as e:
+        assert "\n" not in str(e)
+        return
+    trial = tuning._trial_config(cfg, name, settings, plan, 7)
+    train_pos, val_pos = split_users(data.train.user_ids, 1, 0.3)
+    part = type(data)(**{**data.__dict__, "train": data.train.subset(train_pos), "test": data.test.subset(train_pos)})
+    w, score = tuning.run_trial(
+        trial, part, data.train.subset(val_pos), plan, tuning.NoiseSource(7), str(tmp_path), "t", 1.0
+    )
+    assert w is None or math.isfinite(score)
