@@ -5,6 +5,8 @@ The public Python API (one screen; ``fedkl.api``'s docstring has a runnable exam
 * :func:`train` (``fedkl.train(data, algorithm="noisy-gd", epsilon=2.0, ...)``) trains one
   registered algorithm at a user-level (epsilon, delta) budget, charging a per-user ledger, and
   returns a :class:`TrainedModel` (model, epsilon, delta, metrics, the result.json payload);
+* :func:`tune` (``fedkl.tune(data, ["noisy-gd"], {"lr": [0.5, 1]}, epsilon=2.0)``) picks the algorithm
+  and its settings by a private search whose whole cost is one ledger charge (:mod:`fedkl.tuning`);
 * :func:`algorithm` (``fedkl.algorithm("dp-sgd", rounds=30)``) is an algorithm with typed
   hyperparameters, checked before any data is read, for ``train(data, algorithm=...)``;
 * :func:`load_model` (``fedkl.load_model("runs/.../model.pt")``) reads a run's released model and
@@ -25,6 +27,7 @@ _LAZY = {
     "algorithm": "fedkl.api",
     "Algorithm": "fedkl.api",
     "train": "fedkl.api",
+    "tune": "fedkl.api",
     "TrainedModel": "fedkl.api",
     "load_model": "fedkl.api",
     "SavedModel": "fedkl.api",

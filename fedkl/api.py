@@ -154,4 +154,52 @@ def train(
     )
 
 
-__all__ = ["Algorithm", "SavedModel", "TrainedModel", "algorithm", "load_model", "train"]
+def tune(
+    data: str | FederatedDataset,
+    algorithms: str | list[str] | tuple[str, ...] = ("noisy-gd",),
+    grid: dict | None = None,
+    *,
+    epsilon: float = 2.0,
+    delta: float | None = None,
+    trials: float = 5.0,
+    stopping: str = "tnb",
+    eta: float = 0.0,
+    validation_fraction: float = 0.3,
+    score_bound: float = 1.0,
+    log: Callable[[str], None] | None = print,
+    **settings: Any,
+) -> TrainedModel:
+    """``fedkl tune`` from Python (:mod:`fedkl.tuning`): a private search over ``algorithms`` x ``grid``
+    (``{"lr": [0.5, 1, 2], "clip": [0.5, 1]}``) at user-level (epsilon, delta) for the WHOLE search,
+    charged once to the ledger before any trial. Returns the selected model as a :class:`TrainedModel`
+    (``result["selected"]``: its algorithm, settings and private validation score; ``result["search"]``:
+    the charge). ``settings``: the run-level ``fedkl run`` settings (``noise_seed``, ``out``, ``ledger``,
+    ``seed``, ``users``, ``problem`` ...) and hyperparameters fixed for every trial."""
+    from fedkl.tuning import run_settings_and_grid
+    from fedkl.tuning import tune as _tune
+
+    names = [algorithms] if isinstance(algorithms, str) else list(algorithms)
+    unknown = sorted(set(settings) - set(settings_fields()))
+    if unknown:
+        raise TypeError(f"unknown setting(s) {unknown}")
+    dataset = data if isinstance(data, FederatedDataset) else None
+    name = data.name if dataset is not None else data
+    cfg, full_grid = run_settings_and_grid(
+        {**settings, "dataset": name, "epsilon": epsilon, "delta": delta, "reference": False}, names, grid or {}
+    )
+    result = _tune(
+        cfg, names, full_grid, trials=trials, stopping=stopping, eta=eta, validation_fraction=validation_fraction,
+        score_bound=score_bound, log=log or (lambda _: None), dataset=dataset,
+    )  # fmt: skip
+    w = None if result["model_path"] is None else load_model(result["model_path"]).params
+    return TrainedModel(
+        model=w,
+        epsilon=float(result["epsilon"]),
+        delta=float(result["delta"]),
+        metrics=dict(result["test_metrics"]),
+        baseline=dict(result.get("trivial_baseline", {})),
+        result=result,
+    )
+
+
+__all__ = ["Algorithm", "SavedModel", "TrainedModel", "algorithm", "load_model", "train", "tune"]

@@ -172,9 +172,38 @@ def _run_settings(args: argparse.Namespace) -> dict:
         for k, v in vars(args).items()
         if k
         not in ("command", "config", "no_reference", "algorithms", "json", "charges", "resume", "recover", "prepay")
+        and k not in _TUNE_ONLY
     }
     settings["reference"] = not args.no_reference
     return settings
+
+
+_TUNE_ONLY = ("grid", "trials", "stopping", "eta", "validation_fraction", "score_bound")
+
+
+def _tune(args: argparse.Namespace, argv: list[str]) -> int:
+    """``fedkl tune``: the private search of :mod:`fedkl.tuning`. Exit 2 on a bad option or search
+    space, 3 when the search does not fit the budget or the ledger refuses it."""
+    from fedkl.privacy import BudgetExhausted, LedgerError
+    from fedkl.tuning import run_settings_and_grid, tune
+
+    names = (
+        [args.algorithm] if args.algorithms is None else [a.strip() for a in args.algorithms.split(",") if a.strip()]
+    )
+    try:
+        cfg, grid = run_settings_and_grid(_run_settings(args), names, args.grid)
+        tune(
+            cfg, names, grid, trials=args.trials, stopping=args.stopping, eta=args.eta,
+            validation_fraction=args.validation_fraction, score_bound=args.score_bound,
+            log=lambda s: print(s, flush=True),
+        )  # fmt: skip
+    except (BudgetExhausted, LedgerError) as e:
+        print(f"fedkl tune: error: {e}", file=sys.stderr)
+        return 3
+    except ValueError as e:
+        print(f"fedkl tune: error: {e} (see 'fedkl tune --help')", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -346,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.subcommands["run"].error(f"--config: {e}")  # type: ignore[attr-defined]
     if args.command == "plan":
         return _plan(args)
+    if args.command == "tune":
+        return _tune(args, argv)
     if args.command == "ledger":
         from fedkl.ledger_cli import ledger_command
 

@@ -367,7 +367,7 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
     cat = catalog()
     parser = _Parser(prog="fedkl", description="Federated learning with user-level differential privacy.")
     sub = parser.add_subparsers(
-        dest="command", metavar="{run,plan,account,predict,ledger,sweep,plot,report,audit}", parser_class=_Parser
+        dest="command", metavar="{run,tune,plan,account,predict,ledger,sweep,plot,report,audit}", parser_class=_Parser
     )
     sub.required = True
 
@@ -402,6 +402,54 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
         "second of releases, one ledger transaction each, instead of one per release; a release off the plan is "
         "charged on its own, prepaid releases never made stay charged (marked unused: a run that dies unrecovered "
         "over-charged about a second of releases); not for adaptive algorithms. --no-prepay: one transaction per release",
+    )
+    tune = sub.add_parser(
+        "tune",
+        help="private hyperparameter search: the best of a random number of trials, its whole cost one ledger charge",
+        description="Pick the algorithm and its settings privately (fedkl/tuning.py): K random trials (K ~ truncated "
+        "negative binomial or Poisson, Papernot & Steinke 2022), each trained on the training users of a public seeded "
+        "split and scored on the validation users by a user-level DP score; only the best trial's model and settings "
+        "are released. The whole search is charged once, to every user, before any trial (refused if it does not "
+        "fit). The run options below are the base of every trial; a hyperparameter flag fixes that setting.",
+    )
+    _add_run_arguments(tune, None, cat)
+    tune.add_argument(
+        "--algorithms",
+        default=None,
+        metavar="A,B,...",
+        help="the algorithms to search over (default: --algorithm); zCDP-charged algorithms only",
+    )
+    tune.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="NAME=V1,V2,...",
+        help="the values of one hyperparameter to search (repeatable), e.g. --grid lr=0.5,1,2 --grid clip=0.5,1",
+    )
+    tune.add_argument(
+        "--trials", type=_positive(), default=5.0, help="expected number of trials E[K] (default %(default)s)"
+    )
+    tune.add_argument(
+        "--stopping",
+        choices=("tnb", "poisson"),
+        default="tnb",
+        help="law of the number of trials: tnb (truncated negative binomial, Theorem 2) or poisson (Theorem 6) "
+        "(default %(default)s)",
+    )
+    tune.add_argument(
+        "--eta", type=float, default=0.0, help="tnb's eta > -1 (default %(default)s: the logarithmic law)"
+    )
+    tune.add_argument(
+        "--validation-fraction",
+        type=_interval(0.0, 1.0, False),
+        default=0.3,
+        help="expected share of users held out to score the trials (default %(default)s)",
+    )
+    tune.add_argument(
+        "--score-bound",
+        type=_positive(),
+        default=1.0,
+        help="regression: each validation user's mean loss is clipped to [0, B] (default %(default)s)",
     )
     plan = sub.add_parser(
         "plan",
@@ -609,6 +657,7 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
     )
     parser.subcommands = {  # type: ignore[attr-defined]
         "run": run,
+        "tune": tune,
         "plan": plan,
         "account": acc,
         "predict": predict,

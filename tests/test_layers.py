@@ -14,7 +14,7 @@ LAYERS = [
     ("fedkl.problems",),
     ("fedkl.federation",),
     ("fedkl.algorithms",),
-    ("fedkl.runner", "fedkl.saved_model", "fedkl.results"),
+    ("fedkl.runner", "fedkl.saved_model", "fedkl.results", "fedkl.tuning"),
     ("fedkl.flower",),
     ("fedkl.experiments", "fedkl.audit", "fedkl.cli", "fedkl.api", "fedkl"),
 ]

@@ -16,6 +16,12 @@ Three kinds, by the notion their cost is stated in:
   failure probability, Bun & Steinke 2016 Def. 8.1): the user's zCDP charges then hold only
   conditionally, so the Renyi-based conversions (CKS, Bun-Steinke) hold and the ledger's exact Gaussian
   conversion does not (the ledger refuses it for that user).
+* :class:`SearchCharge` — a whole private hyperparameter search (:mod:`fedkl.privacy.selection`,
+  ``fedkl tune``): ``(eps, delta)``-DP by Papernot & Steinke's random-stopping theorem for trials that
+  are each ``rho_trial``-zCDP and a number of trials of law ``stopping`` (``mu``, or ``eta``, ``gamma``).
+  Charged once, before any trial, to every enrolled user. Its construction (also when the ledger
+  re-reads it in :meth:`~fedkl.privacy.ledger.PrivacyLedger.verify`) recomputes the theorem's eps from
+  the recorded parameters and refuses a charge whose recorded eps is below it.
 
 Every charge validates its fields on construction (a bad value is a ValueError before anything
 is written) and reports ``cost() -> (rho, eps, delta)``, ``notion`` ("zcdp" or "approx-dp"),
@@ -119,14 +125,53 @@ class ApproxDPCharge:
         return 0.0, self.eps, self.delta
 
 
-Charge = Union[GaussianCharge, ExponentialCharge, ApproxDPCharge]
-CHARGE_TYPES: dict[str, type] = {c.__name__: c for c in (GaussianCharge, ExponentialCharge, ApproxDPCharge)}
+@dataclass(frozen=True)
+class SearchCharge:
+    """A private selection over ``rho_trial``-zCDP trials, ``(eps, delta)``-DP (module docstring)."""
+
+    eps: float
+    delta: float
+    rho_trial: float
+    stopping: str
+    mu: float | None = None
+    eta: float | None = None
+    gamma: float | None = None
+
+    mechanism = "private-selection"
+    notion = "approx-dp"
+    sensitivity = None
+    noise_scale = None
+
+    def __post_init__(self) -> None:
+        from fedkl.privacy.selection import Stopping, search_epsilon
+
+        _check("eps", self.eps)
+        _check("rho_trial", self.rho_trial)
+        if not 0 < self.delta < 1:
+            raise ValueError(f"delta must be in (0, 1), got {self.delta}")
+        bound = search_epsilon(self.rho_trial, Stopping(self.stopping, self.mu, self.eta, self.gamma), self.delta)
+        if not bound <= self.eps * (1 + 1e-9):
+            raise ValueError(
+                f"a search of {self.rho_trial:g}-zCDP trials ({self.stopping}) is ({bound:.6g}, {self.delta:g})-DP, "
+                f"more than the charge's eps={self.eps:g}"
+            )
+
+    def cost(self) -> tuple[float, float, float]:
+        return 0.0, self.eps, self.delta
+
+
+Charge = Union[GaussianCharge, ExponentialCharge, ApproxDPCharge, SearchCharge]
+CHARGE_TYPES: dict[str, type] = {
+    c.__name__: c for c in (GaussianCharge, ExponentialCharge, ApproxDPCharge, SearchCharge)
+}
 
 
 def to_record(charge: Charge) -> dict:
     """The stored form: ``{"type": class name, **fields}``."""
     if type(charge) not in CHARGE_TYPES.values():
-        raise TypeError(f"not a charge: {charge!r} (use GaussianCharge, ExponentialCharge or ApproxDPCharge)")
+        raise TypeError(
+            f"not a charge: {charge!r} (use GaussianCharge, ExponentialCharge, ApproxDPCharge or SearchCharge)"
+        )
     return {"type": type(charge).__name__, **asdict(charge)}
 
 
@@ -145,6 +190,7 @@ __all__ = [
     "Charge",
     "ExponentialCharge",
     "GaussianCharge",
+    "SearchCharge",
     "from_record",
     "to_record",
 ]

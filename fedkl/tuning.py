@@ -1,0 +1,561 @@
+"""``fedkl tune``: a user-level private hyperparameter search whose whole cost is one ledger charge.
+
+The mechanism (:mod:`fedkl.privacy.selection`; Papernot & Steinke 2022, random stopping). The search
+draws ``K`` (truncated negative binomial or Poisson, public law, secret draw) and runs ``K``
+independent trials of ONE base mechanism ``Q``; it releases only the best trial's output. One run of
+``Q``:
+
+1. draw an (algorithm, settings) point uniformly from the search space (secret randomness);
+2. train that algorithm on the TRAINING users only, sized to ``rho_trial`` zCDP (every trial gets the
+   same ``rho_trial``, whatever its settings);
+3. score the model on the VALIDATION users: each validation user's mean accuracy (classification) or
+   mean record loss clipped to ``[0, B]`` (otherwise; score = minus it) over its own records, clipped
+   to ``[0, B]`` (``B = 1`` for accuracy), summed over the validation users, plus Gaussian noise of
+   L2 sensitivity ``B`` (replace-one: one user's value moves by at most ``B``; add-remove: one user adds
+   or removes a value in ``[0, B]``) at ``rho_trial`` zCDP, divided by the public number of validation
+   users. A trial that releases no model scores ``-inf`` (post-processing).
+
+The split. A user is a validation user iff ``sha256(seed, user id) < validation fraction``: a
+function of its own public id and the public seed only, so adding or removing one user moves no other
+user between the parts, and replacing one user's data keeps its part. ``Q`` is therefore
+``rho_trial``-zCDP for every user under the run's relation: a training user's data enters the model
+(``rho_trial``, the trial's training is charged per user, on a stand-in ledger, as any fedkl run) and
+the score only as post-processing of it; a validation user's data enters the score only
+(``rho_trial``). So the budget split is: the whole per-trial ``rho_trial`` to training AND the whole of
+it to the score, because they charge disjoint users (parallel composition); ``rho_trial`` is the
+largest value (bisection) whose search bound (Theorem 2 or 6, converted at the search's delta) meets
+the users' (eps, delta) left on the ledger. :func:`plan_search` prints that split before anything is
+spent, and what one trial alone (the chosen model without the search) would have cost.
+
+What the selection reveals, and why the whole search is covered. Released (result.json, model.pt,
+the final lines on the console): the best trial's model, its algorithm and settings and its noisy
+validation score (the output of ``Q`` that the theorem releases), plus public values (the search's
+law, budget and charge). NOT released: ``K``, the losing trials (their settings, models, scores,
+released iterates) and the chosen trial's position; the trials' own progress and stand-in ledgers stay
+in memory and temporary files and are dropped. Per trial the console shows ``trial t: algorithm
+settings`` only (the operator's view on the server, like the ledger; it reveals ``K`` to whoever
+watches that console, and with the released settings which trial won, so it is not part of any release: a deployment that publishes its console
+must run with ``log=None``). The theorem covers the best output for ANY behaviour of ``Q`` that is
+``rho_trial``-zCDP, so the real ledger's one :class:`~fedkl.privacy.charges.SearchCharge` covers
+everything the trials release: each trial runs with a real Releaser and real noise, on an in-memory
+stand-in ledger whose budget is ``rho_trial`` (it enforces the trial's size; it is not the user's
+ledger), and after each trial its stand-in ledger is checked to hold zCDP charges of at most
+``rho_trial`` per user (else the search stops with an error).
+
+No table of the trials is written: the losing trials' settings and scores are not released (a table would
+need its own accounting), so the issue's per-trial table and plot are not part of this version.
+
+The charge. Before any trial starts (before any query reads a record), every enrolled user (training
+and validation) is charged the search's ``(eps, delta)`` as one ``SearchCharge`` (label
+``tune-search``) on the real ledger; a search that does not fit every user's remaining budget is
+refused then, before any record is read. Rerun on the same ``out`` folder: a search whose charge is
+made but which did not finish (crash) is rerun on that charge (found in the ledger by its row id and
+record; not charged again; nothing of the crashed search was released, and the rerun's output has the
+law of one search); a finished search is refused (a second output would be a second release).
+
+Seeded mode (``noise_seed``, tests and reproductions only, like ``fedkl run``): K, the settings draws
+and every trial's noise follow the seed; result.json then records the chosen trial's noise seed, so
+``fedkl run`` of the chosen settings on the training users reproduces the chosen model bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from fedkl.algorithms.registry import BuildContext, algorithm_spec, field_kind
+from fedkl.data import FederatedDataset
+from fedkl.data.files import SCHEMA_SETTINGS
+from fedkl.federation.inprocess import InProcessFederation
+from fedkl.privacy import Budget, BudgetExceeded, NoiseSource, PrivacyLedger, Releaser
+from fedkl.privacy.charges import SearchCharge, from_record
+from fedkl.privacy.filter import BudgetExhausted
+from fedkl.privacy.selection import STOPPING_RULES, Stopping, search_epsilon
+from fedkl.problems import DEFAULT_PROBLEM, make_problem, problem_spec
+from fedkl.results import write_json
+from fedkl.runner import RUN_OBSERVER, RunConfig, default_delta, load_run_dataset, quality_metric, train_federation
+from fedkl.saved_model import SavedModel, public_settings
+
+DEFAULT_ALGORITHMS = ("noisy-gd",)
+SEARCH_LABEL = "tune-search"
+STATE_FILE = "tune_state.json"
+# the run-level settings a tune passes to every trial (the rest are the trial's drawn hyperparameters)
+TRIAL_RUN_SETTINGS = (
+    "dataset",
+    "problem",
+    "model",
+    "reg",
+    "neighbouring",
+    "seed",
+    "users",
+    "kernels",
+    *SCHEMA_SETTINGS,
+)
+
+
+# --- the search space --------------------------------------------------------------------------------
+def parse_grid(items: list[str] | dict) -> dict[str, list[str]]:
+    """``["lr=0.5,1,2", "clip=0.5,1"]`` -> ``{"lr": ["0.5", "1", "2"], "clip": ["0.5", "1"]}``."""
+    if isinstance(items, dict):
+        return {k: list(v) if isinstance(v, (list, tuple)) else [v] for k, v in items.items()}
+    grid: dict[str, list[str]] = {}
+    for item in items:
+        key, sep, values = item.partition("=")
+        if not sep or not key or not values:
+            raise ValueError(f"--grid takes NAME=V1,V2,...; got {item!r}")
+        if key in grid:
+            raise ValueError(f"--grid {key} is given twice")
+        grid[key.strip()] = [v.strip() for v in values.split(",")]
+    return grid
+
+
+def _typed(field, value):
+    if not isinstance(value, str):
+        return value
+    kind = field_kind(field)
+    if kind is bool:
+        if value.lower() not in ("true", "false", "1", "0"):
+            raise ValueError(f"{field.name} takes true/false, got {value!r}")
+        return value.lower() in ("true", "1")
+    return kind(value)
+
+
+def search_space(algorithms: tuple[str, ...] | list[str], grid: dict) -> list[tuple[str, dict]]:
+    """Every (algorithm, settings) point: each algorithm times the product of the grid's values of
+    ITS hyperparameters (a grid name no listed algorithm has is an error; each point is validated
+    by the algorithm's Params now, before any data is read)."""
+    if not algorithms:
+        raise ValueError("the search space needs at least one algorithm")
+    grid = parse_grid(grid)
+    fields = {name: {f.name: f for f in dataclasses.fields(algorithm_spec(name).params)} for name in algorithms}
+    unused = sorted(k for k in grid if not any(k in own for own in fields.values()))
+    if unused:
+        raise ValueError(f"--grid {unused[0]}: no algorithm of the search ({', '.join(algorithms)}) has it")
+    points: list[tuple[str, dict]] = []
+    for name in dict.fromkeys(algorithms):
+        own = fields[name]
+        keys = [k for k in grid if k in own]
+        combos: list[dict] = [{}]
+        for k in keys:
+            combos = [{**c, k: _typed(own[k], v)} for c in combos for v in grid[k]]
+        for c in combos:
+            spec = algorithm_spec(name)
+            spec.params(**c)  # type/range errors now
+            points.append((name, c))
+    return points
+
+
+def run_settings_and_grid(settings: dict, algorithms: list[str], grid: list[str] | dict) -> tuple[RunConfig, dict]:
+    """Flat ``fedkl tune`` settings -> the base RunConfig (run-level settings, first algorithm) and the
+    grid, where a hyperparameter set to a non-default value (``--clip 0.5``) is a one-value grid entry."""
+    from fedkl.algorithms.registry import hyperparameter_fields
+
+    hyper = hyperparameter_fields()
+    grid = parse_grid(grid)
+    run = {k: v for k, v in settings.items() if k not in hyper}
+    for key, value in settings.items():
+        if key in hyper and key not in grid and value != hyper[key].default:
+            grid[key] = [value]
+    run["algorithm"] = algorithms[0] if algorithms else run.get("algorithm", "noisy-gd")
+    return RunConfig.from_settings(**run), grid
+
+
+# --- the split -----------------------------------------------------------------------------------------
+def split_users(user_ids, seed: int, validation_fraction: float) -> tuple[list[int], list[int]]:
+    """Positions of the training and the validation users: a user validates iff the first 8 bytes of
+    ``sha256("{seed}:{user id}")`` / 2^64 < ``validation_fraction`` (module docstring). Both parts non-empty."""
+    if not 0 < validation_fraction < 1:
+        raise ValueError(f"the validation fraction must be in (0, 1), got {validation_fraction}")
+    train, val = [], []
+    for i, uid in enumerate(user_ids):
+        h = int.from_bytes(hashlib.sha256(f"{seed}:{uid}".encode()).digest()[:8], "big") / 2.0**64
+        (val if h < validation_fraction else train).append(i)
+    if not train or not val:
+        raise ValueError(
+            f"the public split of {len(user_ids)} users at validation fraction {validation_fraction:g} left a part empty; "
+            "use more users or another fraction"
+        )
+    return train, val
+
+
+def _part(dataset: FederatedDataset, users: list[int], tag: str) -> FederatedDataset:
+    return dataclasses.replace(
+        dataset,
+        train=dataset.train.subset(users),
+        test=dataset.test.subset(users),
+        description=f"{dataset.description} ({tag}: {len(users)} users of the public tuning split)",
+    )
+
+
+# --- the budget ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SearchPlan:
+    """The split of one (eps, delta) over a search: ``rho_trial`` per trial (to training and to the
+    score, each: they charge disjoint users), the stand-in budget ``eps_trial`` whose zCDP cap is
+    exactly ``rho_trial``, and the search's charge."""
+
+    stopping: Stopping
+    delta: float
+    rho_trial: float
+    eps_trial: float
+    charge: SearchCharge
+
+    def lines(self) -> list[str]:
+        return [
+            f"search: {self.stopping.describe()}; each trial trains on the training users and is scored on the "
+            "validation users (disjoint: each part gets the whole per-trial budget)",
+            f"budget split: search (eps={self.charge.eps:.4g}, delta={self.delta:.3g}) charged once to every user -> "
+            f"per trial rho={self.rho_trial:.5g} zCDP to training and rho={self.rho_trial:.5g} to the score",
+            f"the chosen model alone (one trial, no search) would have cost eps={self.eps_trial:.4g} at delta={self.delta:.3g}",
+        ]
+
+
+def plan_search(epsilon: float, delta: float, stopping: Stopping) -> SearchPlan:
+    """The largest per-trial budget whose search is ``(epsilon, delta)``-DP (bisection on the trial's
+    stand-in eps; its zCDP cap ``Budget(eps_trial, delta, "cks").rho`` is the trial's rho).
+    BudgetExceeded when even a tiny trial does not fit (the stopping rule's own cost, ``ln E[K]/(l-1)``
+    and the like, exceeds epsilon)."""
+
+    def rho_of(eps_t: float) -> float:
+        return Budget(eps_t, delta, "cks").rho
+
+    lo, hi = min(1e-3, epsilon / 2), epsilon
+    if search_epsilon(rho_of(lo), stopping, delta) > epsilon:
+        raise BudgetExceeded(
+            f"a search with {stopping.describe()} does not fit (eps={epsilon:.4g}, delta={delta:.3g}) even with "
+            "trials of almost no budget: raise epsilon, or lower the expected number of trials (nothing was read or charged)"
+        )
+    for _ in range(60):
+        mid = math.sqrt(lo * hi)
+        if search_epsilon(rho_of(mid), stopping, delta) <= epsilon:
+            lo = mid
+        else:
+            hi = mid
+    rho = rho_of(lo)
+    charge = SearchCharge(
+        eps=epsilon, delta=delta, rho_trial=rho, stopping=stopping.rule, mu=stopping.mu, eta=stopping.eta,
+        gamma=stopping.gamma,
+    )  # fmt: skip
+    return SearchPlan(stopping, delta, rho, lo, charge)
+
+
+# --- one trial -------------------------------------------------------------------------------------------
+def score_values(problem, w: torch.Tensor, data, task: str, bound: float) -> tuple[torch.Tensor, float, bool]:
+    """Each user's mean quality over its records, clipped to ``[0, B]``: accuracy for classification
+    (``B = 1``), the mean record loss otherwise (``B = bound``). Returns the values, ``B`` and whether
+    higher is better. A user without records contributes 0."""
+    data = data.to(problem.dtype)
+    if task in ("binary", "multiclass"):
+        pred = problem.predict(w, data.X).reshape(-1).to(torch.float64)
+        per_record = (pred == data.y.reshape(-1).to(torch.float64)).to(torch.float64)
+        bound, higher = 1.0, True
+    else:
+        per_record, higher = problem.record_losses(w, data).to(torch.float64), False
+    counts = data.counts().to(torch.float64)
+    sums = torch.bincount(data.user_index, weights=per_record, minlength=data.num_users)
+    means = torch.where(counts > 0, sums / counts.clamp(min=1), torch.zeros_like(sums))
+    return means.clamp(0.0, bound), bound, higher
+
+
+def _trial_seed(noise_seed: int | None, t: int) -> int | None:
+    if noise_seed is None:
+        return None
+    return int(np.random.SeedSequence([int(noise_seed), int(t)]).generate_state(1)[0])
+
+
+def run_trial(
+    cfg: RunConfig,
+    train_ds: FederatedDataset,
+    val_data,
+    plan: SearchPlan,
+    noise: NoiseSource,
+    workdir: str,
+    tag: str,
+    score_bound: float,
+):
+    """One run of the base mechanism ``Q`` (module docstring): train ``cfg`` on ``train_ds`` sized to
+    ``plan.rho_trial`` on a stand-in ledger, check the stand-in ledger, release the private score.
+    Returns ``(model or None, noisy score)``."""
+    problem = make_problem(cfg.problem or DEFAULT_PROBLEM[train_ds.task], train_ds, reg=cfg.reg, model=cfg.model)
+    federation = InProcessFederation(problem, train_ds)
+    path = os.path.join(workdir, f"{tag}.sqlite")
+    token = RUN_OBSERVER.set(None)
+    try:
+        result, _, _ = train_federation(
+            cfg, federation, problem, train_ds, plan.delta, path, tag, noise, lambda _: None, scratch=True
+        )
+    finally:
+        RUN_OBSERVER.reset(token)
+    with PrivacyLedger(path) as standin:
+        spent = standin.max_user_totals()
+    if spent["eps"] > 0 or spent["delta"] > 0 or spent["rho"] > plan.rho_trial * (1 + 1e-9):
+        raise RuntimeError(
+            f"{cfg.algorithm}: a trial charged more than its rho={plan.rho_trial:.5g} zCDP ({spent}); the search's "
+            "charge does not cover it: stopped, nothing of this trial is released"
+        )
+    if result.w is None:
+        return None, -math.inf
+    w = torch.as_tensor(result.w).to(problem.dtype)
+    values, bound, higher = score_values(problem, w, val_data, train_ds.task, score_bound)
+    val_ids = list(val_data.user_ids)
+    with PrivacyLedger(
+        os.path.join(workdir, f"{tag}-score.sqlite"), Budget(plan.eps_trial, plan.delta, "cks"), "score", scratch=True
+    ) as ledger:
+        noisy = Releaser(ledger, noise).gaussian(
+            values.sum().reshape(1), sensitivity=bound, rho=ledger.rho_left(val_ids), user_ids=val_ids,
+            label="tune-score",
+        )  # fmt: skip
+    score = float(noisy[0]) / len(val_ids)
+    return result.w, (score if higher else -score)
+
+
+# --- the search ------------------------------------------------------------------------------------------
+def tune(
+    cfg: RunConfig,
+    algorithms: tuple[str, ...] | list[str] = DEFAULT_ALGORITHMS,
+    grid: dict | list[str] | None = None,
+    *,
+    trials: float = 5.0,
+    stopping: str = "tnb",
+    eta: float = 0.0,
+    validation_fraction: float = 0.3,
+    score_bound: float = 1.0,
+    log: Callable[[str], None] = print,
+    dataset: FederatedDataset | None = None,
+    before_trial: Callable[[int], None] | None = None,
+) -> dict:
+    """Run the private search of ``cfg``'s data, budget (``cfg.epsilon``, ``cfg.delta``) and ledger
+    over ``algorithms`` x ``grid`` (module docstring); write ``model.pt`` and ``result.json`` under
+    ``cfg.out`` and return the result dict. ``before_trial(t)``: called before trial ``t`` (tests)."""
+    if cfg.backend != "inprocess" or cfg.secagg:
+        raise ValueError("fedkl tune trains its trials in-process (--backend inprocess, no --secagg)")
+    if stopping not in STOPPING_RULES:
+        raise ValueError(f"--stopping must be one of {', '.join(STOPPING_RULES)}, got {stopping!r}")
+    law = Stopping.with_mean(stopping, trials, eta)  # ValueError before any data
+    space = search_space(tuple(algorithms), grid or {})
+    if cfg.delta is not None:  # the stopping rule's own cost, refused before the data is even loaded
+        plan_search(cfg.epsilon, cfg.delta, law)
+    started = time.time()
+    data = dataset if dataset is not None else load_run_dataset(cfg)  # the enrolment (user ids: public)
+    n = data.train.num_users
+    delta = cfg.delta if cfg.delta is not None else default_delta(n)
+    train_pos, val_pos = split_users(data.train.user_ids, cfg.seed, validation_fraction)
+    train_ds, val_ds = _part(data, train_pos, "training"), _part(data, val_pos, "validation")
+    users = list(data.train.user_ids)
+    out = cfg.out or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S") + f"-tune-{cfg.dataset}")
+    os.makedirs(out, exist_ok=True)
+    ledger_path = cfg.ledger or os.path.join(out, "ledger.sqlite")
+    state_path = os.path.join(out, STATE_FILE)
+    state = json.load(open(state_path)) if os.path.exists(state_path) else None
+    if state is not None and state.get("status") == "finished":
+        raise ValueError(
+            f"{out} holds a finished search ({state['run_id']}): its output is released; a second search is a second "
+            "release: use a new --out (nothing was read or charged)"
+        )
+    run_id = state["run_id"] if state else time.strftime("%Y%m%d-%H%M%S") + "-tune-" + uuid.uuid4().hex[:6]
+    ledger = PrivacyLedger(ledger_path, Budget(cfg.epsilon, delta, cfg.conversion), run_id, {"tune": cfg.settings()})
+    try:
+        log(
+            f"fedkl tune {run_id}: {len(space)} settings of {', '.join(dict.fromkeys(algorithms))} on {cfg.dataset} "
+            f"({n} users: {len(train_pos)} train, {len(val_pos)} validation by the public split seed={cfg.seed})"
+        )
+        if state is None:
+            ledger.reserve(users)
+            eps_left, delta_left = ledger.approx_left(users)
+        else:
+            ledger.take_over(users)
+            row = next((r for r in ledger.releases(run_id) if r["id"] == state["charge_id"]), None)
+            if row is None or row["label"] != SEARCH_LABEL:
+                raise ValueError(
+                    f"{ledger_path} has no search charge {state['charge_id']} of {run_id} (nothing was charged)"
+                )
+            stored = from_record(row["charge"])
+            eps_left, delta_left = stored.eps, stored.delta
+        if eps_left <= 0 or delta_left <= 0:
+            raise BudgetExceeded(f"ledger {ledger_path}: these users' budget is spent (nothing was read or charged)")
+        plan = plan_search(eps_left, delta_left, law)
+        _preflight(cfg, space, train_ds, plan)
+        for line in plan.lines():
+            log(line)
+        if state is None:
+            charge_id = ledger.charge(users, plan.charge, label=SEARCH_LABEL, details={"space": len(space)})
+            state = {
+                "run_id": run_id,
+                "charge_id": charge_id,
+                "status": "charged",
+                "ledger": os.path.abspath(ledger_path),
+            }
+            write_json(state_path, state)
+        else:
+            if stored != plan.charge:
+                raise ValueError("the rerun's search is not the charged one (different settings?): nothing was charged")
+            log(f"rerunning search {run_id} on its charge (release {state['charge_id']}): not charged again")
+        best = _search(cfg, space, law, plan, train_ds, val_ds.train, score_bound, log, before_trial)
+        ledger.verify()
+        payload = _write(cfg, data, train_ds, plan, best, ledger.summary(), run_id, out, ledger_path, started, log)
+        ledger.finish_run("finished")
+    except BaseException as e:
+        ledger.finish_run("refused" if state is None else ledger.end_status(e))  # state: the charge is made
+        raise
+    finally:
+        ledger.close()
+    return payload
+
+
+def _preflight(cfg: RunConfig, space, train_ds: FederatedDataset, plan: SearchPlan) -> None:
+    """Build every point of the space on public values (no record read) and refuse, in one line, one
+    that is not a zCDP-charged algorithm under this relation."""
+    problem = make_problem(cfg.problem or DEFAULT_PROBLEM[train_ds.task], train_ds, reg=cfg.reg, model=cfg.model)
+    ctx = BuildContext(
+        problem=problem, feature_bound=train_ds.feature_bound, user_ids=tuple(train_ds.train.user_ids),
+        delta=plan.delta, rho_left=plan.rho_trial, approx_left=(0.0, 0.0), conversion="cks",
+        neighbouring=cfg.neighbouring, seed=cfg.seed,
+    )  # fmt: skip
+    for name, settings in space:
+        trial = _trial_config(cfg, name, settings, plan, None)
+        try:
+            alg = algorithm_spec(name).build(trial.params, ctx)
+        except BudgetExhausted:  # it asked for an (eps, delta) budget, of which a trial offers none
+            alg = None
+        if alg is None or not alg.guarantee.zcdp:
+            why = "asks for an (eps, delta) budget" if alg is None else "is not charged in zCDP"
+            raise ValueError(f"{name} {why}; fedkl tune accounts zCDP trials only (nothing was read or charged)")
+        alg.guarantee.check_relation(cfg.neighbouring, name)
+
+
+def _trial_config(cfg: RunConfig, name: str, settings: dict, plan: SearchPlan, noise_seed: int | None) -> RunConfig:
+    base = {k: getattr(cfg, k) for k in TRIAL_RUN_SETTINGS}
+    return RunConfig.from_settings(
+        **base, algorithm=name, epsilon=plan.eps_trial, delta=plan.delta, conversion="cks", force=True,
+        reference=False, noise_seed=noise_seed, **settings,
+    )  # fmt: skip
+
+
+def _search(cfg, space, law, plan, train_ds, val_data, score_bound, log, before_trial) -> dict | None:
+    if cfg.noise_seed is None:
+        secret = NoiseSource(None)
+
+        def uniform() -> float:
+            return float(secret.uniform(1)[0])
+    else:
+        rng = np.random.default_rng(np.random.SeedSequence([int(cfg.noise_seed), 2**32 - 1]))
+
+        def uniform() -> float:
+            return float(rng.random())
+
+    k = law.sample(uniform)
+    best: dict | None = None
+    with tempfile.TemporaryDirectory() as workdir:
+        for t in range(1, k + 1):
+            name, settings = space[min(int(uniform() * len(space)), len(space) - 1)]
+            log(f"  trial {t}: {name} " + " ".join(f"{a}={v}" for a, v in settings.items()))
+            if before_trial is not None:
+                before_trial(t)
+            seed_t = _trial_seed(cfg.noise_seed, t)
+            trial = _trial_config(cfg, name, settings, plan, seed_t)
+            noise = NoiseSource(seed_t) if seed_t is not None else secret
+            w, score = run_trial(trial, train_ds, val_data, plan, noise, workdir, f"trial-{t}", score_bound)
+            if best is None or score > best["score"]:
+                best = {"w": w, "score": score, "config": trial}
+    return best
+
+
+def _write(cfg, data, train_ds, plan, best, summary, run_id, out, ledger_path, started, log) -> dict:
+    """The selected model and result.json (no losing trial, no K: module docstring)."""
+    chosen = None if best is None or best["w"] is None else best["config"]
+    problem_name = cfg.problem or DEFAULT_PROBLEM[data.task]
+    problem = make_problem(problem_name, data, reg=cfg.reg, model=cfg.model)
+    spec = problem_spec(problem_name, data, cfg.reg, cfg.model)
+    search = {
+        "mechanism": "private selection by random stopping (Papernot & Steinke 2022, fedkl.privacy.selection)",
+        "stopping": plan.stopping.describe(),
+        "expected_trials": plan.stopping.expected_trials,
+        "epsilon": plan.charge.eps,
+        "delta": plan.delta,
+        "charge": {"type": "SearchCharge", **dataclasses.asdict(plan.charge)},
+        "rho_per_trial_training": plan.rho_trial,
+        "rho_per_trial_score": plan.rho_trial,
+        "chosen_model_alone_epsilon": plan.eps_trial,
+        "split": "validation iff sha256(seed:user_id) < fraction (public)",
+    }
+    model_path, test, selected = None, {}, None
+    if chosen is not None:
+        w = torch.as_tensor(best["w"])
+        selected = {
+            "algorithm": chosen.algorithm,
+            "settings": {k: v for k, v in dataclasses.asdict(chosen.params).items()},
+            "validation_score": best["score"],
+            "validation_score_is_private": True,
+        }
+        if cfg.noise_seed is not None:
+            selected["trial_noise_seed"] = chosen.noise_seed  # seeded mode only (module docstring)
+        receipt = {
+            "algorithm": chosen.algorithm,
+            "run_id": run_id,
+            "epsilon": plan.charge.eps,
+            "delta": plan.delta,
+            "rho": None,
+            "budget": {"epsilon": cfg.epsilon, "delta": plan.delta, "conversion": cfg.conversion},
+            "neighbouring": cfg.neighbouring,
+            "accountant": "private selection (SearchCharge)",
+            "ledger": {"path": os.path.abspath(ledger_path), "run_id": run_id},
+            "dataset": cfg.dataset,
+            "settings": public_settings(chosen.settings()),
+            "search": search,
+        }
+        model_path = os.path.join(out, "model.pt")
+        SavedModel(w, spec, receipt).save(model_path)
+        test = InProcessFederation(problem, data).evaluate(w, "test")
+    payload = {
+        "run_id": run_id,
+        "command": "tune",
+        "dataset": cfg.dataset,
+        "users": data.train.num_users,
+        "training_users": train_ds.train.num_users,
+        "epsilon": plan.charge.eps,
+        "delta": plan.delta,
+        "neighbouring": cfg.neighbouring,
+        "search": search,
+        "selected": selected,
+        "test_metrics": test,
+        "trivial_baseline": problem.trivial_metrics(data.train, data.test),
+        "metrics_are_private": False,
+        "ledger": summary,
+        "config": public_settings(cfg.settings()),
+        "model_path": model_path,
+        "out_dir": out,
+        "wall_time_s": time.time() - started,
+    }
+    write_json(os.path.join(out, "result.json"), payload)
+    write_json(os.path.join(out, STATE_FILE), {**json.load(open(os.path.join(out, STATE_FILE))), "status": "finished"})
+    if selected is None:
+        log("selected: no model (no trial released one); the search's charge stands")
+    else:
+        key = quality_metric(test)
+        log(
+            f"selected: {selected['algorithm']} "
+            + " ".join(f"{k}={v}" for k, v in selected["settings"].items())
+            + f"  (private validation score {selected['validation_score']:.4f})"
+        )
+        log(f"test {key} = {test.get(key, math.nan):.4f} (not private: held-out records of the same users)")
+    log(
+        f"privacy: user-level ({cfg.neighbouring}) epsilon = {plan.charge.eps:.4f}, delta = {plan.delta:.3g} for the "
+        f"whole search (one SearchCharge); wrote {os.path.join(out, 'result.json')} and ledger {ledger_path}"
+    )
+    return payload
+
+
+__all__ = [
+    "SearchPlan", "parse_grid", "plan_search", "run_settings_and_grid", "run_trial", "search_space", "split_users", "tune",
+]  # fmt: skip

@@ -1,0 +1,365 @@
+"""fedkl tune (issue 32): the search's RDP bound against an exact computation, the one charge before any
+trial, refusal before any record is read, the printed split, nothing of the losing trials released, the
+chosen settings reproducing the chosen model, and a rerun that does not pay twice."""
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+from scipy import stats
+from scipy.special import logsumexp
+
+import fedkl
+from fedkl.data import load_dataset
+from fedkl.federation.inprocess import InProcessFederation
+from fedkl.privacy import BudgetExhausted, PrivacyLedger
+from fedkl.privacy.charges import SearchCharge, from_record, to_record
+from fedkl.privacy.selection import Stopping, dp_delta_from_rdp, search_epsilon, search_rdp, search_rdp_zcdp
+from fedkl.privacy.zcdp import delta_cks
+from fedkl.runner import RunConfig
+from fedkl.tuning import search_space, split_users, tune
+
+
+# --- the bound: an exact, independent computation -------------------------------------------------------
+def _renyi(p: np.ndarray, q: np.ndarray, order: float) -> float:
+    """D_order(p || q) of two pmfs on the same finite set, exactly (log-sum-exp); order 1: KL."""
+    m = p > 0
+    if order == 1:
+        return float(np.sum(p[m] * (np.log(p[m]) - np.log(q[m]))))
+    return float(logsumexp(order * np.log(p[m]) + (1 - order) * np.log(q[m])) / (order - 1))
+
+
+def _best_of_k(base: np.ndarray, pk: np.ndarray) -> np.ndarray:
+    """The law of the best of K i.i.d. draws of ``base`` (outcomes in increasing order), K ~ ``pk`` (k = 0..):
+    [P(K = 0) (output ⊥), P(best = outcome 0), ...], by direct summation over k of F^k."""
+    cdf = np.minimum(np.cumsum(base), 1.0)
+    below = np.concatenate([[0.0], cdf[:-1]])
+    k = np.arange(len(pk))
+    best = np.array([np.sum(pk * (hi**k - lo**k)) for lo, hi in zip(below, cdf)])  # term by term: no cancellation
+    return np.concatenate([[pk[0]], best])
+
+
+def _exact_curve(p, q):
+    """The base's exact RDP curve (both directions), vectorized over orders (order 1: KL)."""
+
+    def one_way(x, y, a):
+        terms = a[:, None] * np.log(x)[None, :] + (1 - a[:, None]) * np.log(y)[None, :]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            d = logsumexp(terms, axis=1) / (a - 1)
+        return np.where(a == 1, np.sum(x * (np.log(x) - np.log(y))), d)
+
+    def curve(orders):
+        a = np.atleast_1d(np.asarray(orders, dtype=float))
+        return np.maximum(one_way(p, q, a), one_way(q, p, a))
+
+    return curve
+
+
+def _base_mechanisms():
+    """eps0-DP mechanisms on two neighbouring inputs, outputs ordered by score: randomized response over
+    2 outcomes and a 3-level one; each is (eps0^2 / 2)-zCDP (Bun & Steinke 2016, Prop. 1.4)."""
+    e0 = 0.8
+    rr = np.array([1.0, math.exp(e0)]) / (1 + math.exp(e0))
+    three = np.array([1.0, math.exp(e0 / 2), math.exp(e0)])
+    three_q = np.array([math.exp(e0), math.exp(e0 / 2), 1.0])
+    return e0, [(rr, rr[::-1].copy()), (three / three.sum(), three_q / three_q.sum())]
+
+
+LAWS = [
+    ("poisson", lambda k: stats.poisson(4.0).pmf(k), Stopping("poisson", mu=4.0)),
+    ("log", lambda k: np.where(k > 0, stats.logser(1 - 0.1).pmf(np.maximum(k, 1)), 0.0), Stopping("tnb", eta=0.0, gamma=0.1)),
+    (
+        "negbin",
+        lambda k: np.where(k > 0, stats.nbinom(1.5, 0.3).pmf(k) / (1 - stats.nbinom(1.5, 0.3).pmf(0)), 0.0),
+        Stopping("tnb", eta=1.5, gamma=0.3),
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name,pmf,law", LAWS, ids=[x[0] for x in LAWS])
+def test_search_bound_holds_against_exact_divergence(name, pmf, law):
+    """The implemented Theorem 2 / Theorem 6 bound (for the base's zCDP rho, and for its exact RDP curve)
+    is at least the exact Renyi divergence of the best-of-K output, both directions, at several orders.
+    K's law comes from scipy (not from fedkl.privacy.selection), and so does the mean it implies."""
+    e0, mechanisms = _base_mechanisms()
+    rho = e0**2 / 2
+    k = np.arange(0, 400)
+    pk = pmf(k)
+    assert abs(pk.sum() - 1) < 1e-9
+    assert abs(np.sum(k * pk) - law.expected_trials) < 1e-6 * law.expected_trials
+    for p, q in mechanisms:
+        a, b = _best_of_k(p, pk), _best_of_k(q, pk)
+        curve = _exact_curve(p, q)
+        for order in (1.5, 2.0, 4.0, 8.0, 16.0, 32.0):
+            exact = max(_renyi(a, b, order), _renyi(b, a, order))
+            assert exact <= search_rdp(order, curve, law) + 1e-12
+            assert exact <= search_rdp_zcdp(order, rho, law) + 1e-12
+            assert curve(order)[0] <= rho * order  # the base really is rho-zCDP here
+    # a tight base (a discrete Gaussian shifted by one, scores = its values): the bound for its exact curve
+    # is within a small factor of the exact divergence somewhere, so a dropped term shows
+    j = np.arange(-6, 8)
+    p = np.exp(-(j**2) / 2.0) / np.exp(-(j**2) / 2.0).sum()
+    q = np.exp(-((j - 1) ** 2) / 2.0) / np.exp(-((j - 1) ** 2) / 2.0).sum()
+    a, b = _best_of_k(p, pk), _best_of_k(q, pk)
+    curve = _exact_curve(p, q)
+    ratios = []
+    for order in (1.1, 1.25, 1.5, 2.0, 3.0, 4.0, 8.0):
+        exact = max(_renyi(a, b, order), _renyi(b, a, order))
+        bound = search_rdp(order, curve, law)
+        assert exact <= bound + 1e-12
+        ratios.append(exact / bound)
+    assert max(ratios) > 0.2, ratios
+
+
+def test_bound_reduces_to_one_trial_and_reuses_the_cks_profile():
+    """eta -> -1: K = 1 almost surely, and the bound tends to one trial's RDP rho * l; Poisson's delta_hat
+    for zCDP is the CKS profile (fedkl.privacy.zcdp.delta_cks), never below it."""
+    rho = 0.3
+    law = Stopping("tnb", eta=-1 + 1e-9, gamma=0.5)
+    assert abs(law.expected_trials - 1) < 1e-6
+    for order in (1.5, 3.0, 10.0):
+        assert search_rdp_zcdp(order, rho, law) == pytest.approx(rho * order, abs=1e-6)
+    for eps in (0.1, 0.7, 2.0):
+        ours, cks = dp_delta_from_rdp(lambda a: rho * a, eps), delta_cks(rho, eps)
+        assert cks <= ours <= cks * (1 + 1e-3)
+    # a Poisson search with mu -> 0 costs nothing but ln(mu)/(l-1) < 0 at every order: eps -> 0
+    assert search_epsilon(rho, Stopping("poisson", mu=1e-6), 1e-5) < search_epsilon(
+        rho, Stopping("poisson", mu=1.0), 1e-5
+    )
+    assert search_epsilon(rho, Stopping("tnb", eta=-1 + 1e-9, gamma=0.5), 1e-5) == pytest.approx(
+        search_epsilon(rho, Stopping("tnb", eta=-1 + 1e-6, gamma=0.5), 1e-5), rel=1e-3
+    )
+
+
+@pytest.mark.parametrize("law", [x[2] for x in LAWS] + [Stopping("tnb", eta=-0.5, gamma=0.05)])
+def test_zcdp_closed_form_is_the_general_bound(law):
+    """The closed form for rho-zCDP trials (l_hat at sqrt(ln(1/gamma)/rho)) equals the general bound on the
+    curve rho * l, minimized over a grid (never above it, and within the grid's resolution)."""
+    for rho in (0.01, 0.3, 5.0):
+        for order in (1.2, 2.0, 9.0, 100.0):
+            closed, grid = search_rdp_zcdp(order, rho, law), search_rdp(order, lambda a: rho * a, law)
+            assert closed <= grid + 1e-12 and grid - closed <= 1e-5 * max(1.0, abs(grid))
+
+
+def test_search_charge_is_reverified():
+    law = Stopping.with_mean("tnb", 4.0)
+    eps = search_epsilon(0.05, law, 1e-5)
+    charge = SearchCharge(eps=eps, delta=1e-5, rho_trial=0.05, stopping="tnb", eta=law.eta, gamma=law.gamma)
+    assert from_record(to_record(charge)) == charge and charge.cost() == (0.0, eps, 1e-5)
+    with pytest.raises(ValueError, match="more than the charge's eps"):
+        SearchCharge(eps=eps * 0.99, delta=1e-5, rho_trial=0.05, stopping="tnb", eta=law.eta, gamma=law.gamma)
+
+
+# --- the search ---------------------------------------------------------------------------------------------
+USERS = 36
+BASE = dict(dataset="synthetic-logistic", problem="logistic", users=USERS, seed=1, reference=False, epsilon=4.0)
+
+
+def _cfg(tmp_path, sub="run", **kw):
+    return RunConfig.from_settings(**{**BASE, "noise_seed": 3, **kw}, out=str(tmp_path / sub))
+
+
+GRID = {"lr": ["0.5", "1.0"], "rounds": ["2", "3"]}
+
+
+def test_one_charge_before_any_trial_and_nothing_of_the_losers(tmp_path, monkeypatch):
+    import fedkl.tuning as tuning
+
+    cfg = _cfg(tmp_path)
+    ledger_path = str(tmp_path / "run" / "ledger.sqlite")
+    seen: dict = {"queries": 0, "scores": [], "lines": []}
+    original_sum, original_trial = InProcessFederation.sum, tuning.run_trial
+
+    def spy_sum(self, query, users=None):
+        if seen["queries"] == 0:  # the first query of the first trial: the search is already charged, once
+            with PrivacyLedger(ledger_path) as ledger:
+                rows = ledger.releases()
+            assert [r["mechanism"] for r in rows] == ["private-selection"] and rows[0]["users"] == USERS
+        seen["queries"] += 1
+        return original_sum(self, query, users)
+
+    def spy_trial(*args, **kw):
+        w, score = original_trial(*args, **kw)
+        seen["scores"].append(score)
+        return w, score
+
+    def log(line):
+        if line.startswith("budget split"):  # printed before anything is spent
+            with PrivacyLedger(ledger_path) as ledger:
+                assert ledger.num_releases() == 0
+        seen["lines"].append(line)
+
+    monkeypatch.setattr(InProcessFederation, "sum", spy_sum)
+    monkeypatch.setattr(tuning, "run_trial", spy_trial)
+    result = tune(cfg, ["noisy-gd"], GRID, trials=4.0, log=log)
+    assert seen["queries"] > 0 and len(seen["scores"]) >= 2, "pick a seed with at least two trials"
+    assert sum(line.startswith("  trial") for line in seen["lines"]) == len(seen["scores"])
+    with PrivacyLedger(ledger_path) as ledger:
+        ledger.verify()
+        assert [r["mechanism"] for r in ledger.releases()] == ["private-selection"]
+        charge = from_record(ledger.releases()[0]["charge"])
+    assert charge == SearchCharge(**{k: v for k, v in result["search"]["charge"].items() if k != "type"})
+    assert result["ledger"]["max_user_epsilon"] <= cfg.epsilon
+    best = max(seen["scores"])
+    assert result["selected"]["validation_score"] == best
+    text = open(os.path.join(cfg.out, "result.json")).read() + "\n".join(seen["lines"])
+    for score in seen["scores"]:
+        if score != best:  # a losing trial's score leaves the server neither in result.json nor on stdout
+            assert repr(score) not in text and f"{score:.4f}" not in text and f"{score:.3f}" not in text
+    assert "trials_run" not in text and "K =" not in text
+    # a finished search is not run again on the same folder (a second output would be a second release)
+    with pytest.raises(ValueError, match="finished search"):
+        tune(cfg, ["noisy-gd"], GRID, trials=4.0, log=None or (lambda _: None))
+
+
+def test_chosen_settings_reproduce_the_chosen_model(tmp_path):
+    data = load_dataset("synthetic-logistic", seed=1, n_users=USERS)
+    run = fedkl.tune(data, ["noisy-gd"], GRID, trials=3.0, log=None, **{k: v for k, v in BASE.items() if k not in ("dataset", "reference", "epsilon", "users")}, epsilon=4.0, noise_seed=3, out=str(tmp_path / "t"))  # fmt: skip
+    sel, search = run.result["selected"], run.result["search"]
+    train_pos, _ = split_users(data.train.user_ids, BASE["seed"], 0.3)
+    part = type(data)(**{**data.__dict__, "train": data.train.subset(train_pos), "test": data.test.subset(train_pos)})
+    again = fedkl.train(
+        part, sel["algorithm"], epsilon=search["chosen_model_alone_epsilon"], delta=run.delta, conversion="cks",
+        noise_seed=sel["trial_noise_seed"], seed=BASE["seed"], problem="logistic", force=True, log=None,
+        out=str(tmp_path / "again"), **sel["settings"],
+    )  # fmt: skip
+    assert again.model is not None and bool((again.model == run.model).all())
+
+
+def test_refused_before_any_record_is_read(tmp_path, monkeypatch):
+    def no_read(*a, **k):
+        raise AssertionError("a record was read")
+
+    monkeypatch.setattr(InProcessFederation, "sum", no_read)
+    monkeypatch.setattr(InProcessFederation, "evaluate", no_read)
+    # the stopping rule alone does not fit: ln E[K] / (l - 1) and the like exceed a tiny epsilon
+    with pytest.raises(BudgetExhausted, match="does not fit"):
+        tune(_cfg(tmp_path, epsilon=0.02), ["noisy-gd"], GRID, trials=50.0, log=lambda _: None)
+    with PrivacyLedger(str(tmp_path / "run" / "ledger.sqlite")) as ledger:
+        assert ledger.num_releases() == 0 and ledger.runs()[-1]["status"] == "refused"
+    # a ledger whose users already spent their budget on a search
+    ledger = str(tmp_path / "shared.sqlite")
+    monkeypatch.undo()
+    tune(_cfg(tmp_path, "first", ledger=ledger), ["noisy-gd"], GRID, trials=2.0, log=lambda _: None)
+    monkeypatch.setattr(InProcessFederation, "sum", no_read)
+    with pytest.raises(BudgetExhausted):
+        tune(_cfg(tmp_path, "second", ledger=ledger), ["noisy-gd"], GRID, trials=2.0, log=lambda _: None)
+    with PrivacyLedger(ledger) as led:
+        assert led.num_releases() == 1
+
+
+def test_refuses_non_zcdp_algorithms_and_bad_grids(tmp_path):
+    with pytest.raises(ValueError, match="zCDP trials only"):
+        tune(_cfg(tmp_path), ["noisy-gd", "dp-sgd"], {}, trials=2.0, log=lambda _: None)
+    with pytest.raises(ValueError, match="no algorithm of the search"):
+        search_space(["noisy-gd"], {"kl_gamma": ["1"]})
+    with pytest.raises(ValueError):
+        search_space(["noisy-gd"], {"rounds": ["-1"]})
+
+
+def test_crashed_search_is_rerun_on_its_charge(tmp_path):
+    cfg = _cfg(tmp_path)
+
+    def crash(t):
+        raise RuntimeError("power loss")
+
+    with pytest.raises(RuntimeError, match="power loss"):
+        tune(cfg, ["noisy-gd"], GRID, trials=3.0, log=lambda _: None, before_trial=crash)
+    lines: list[str] = []
+    result = tune(cfg, ["noisy-gd"], GRID, trials=3.0, log=lines.append)
+    assert any("not charged again" in line for line in lines)
+    with PrivacyLedger(os.path.join(cfg.out, "ledger.sqlite")) as ledger:
+        assert ledger.num_releases() == 1
+        ledger.verify()
+    assert json.load(open(os.path.join(cfg.out, "tune_state.json")))["status"] == "finished"
+    assert result["selected"] is not None
+
+
+def test_cli_tune(tmp_path, capsys):
+    from fedkl.cli import main
+
+    out = str(tmp_path / "cli")
+    rc = main(["tune", "--dataset", "synthetic-logistic", "--users", "30", "--epsilon", "4", "--grid", "lr=0.5,1",
+               "--rounds", "2", "--trials", "2", "--noise-seed", "0", "--no-reference", "--out", out])  # fmt: skip
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert text.index("budget split") < text.index("  trial 1") < text.index("selected:")
+    assert json.load(open(os.path.join(out, "result.json")))["selected"]["settings"]["rounds"] == 2
+    rc = main(["tune", "--dataset", "synthetic-logistic", "--users", "30", "--grid", "nope=1", "--out", out + "2"])
+    assert rc == 2
+
+
+def test_refused_before_the_data_is_loaded_when_delta_is_given(tmp_path, monkeypatch):
+    import fedkl.tuning as tuning
+
+    def no_load(*a, **k):
+        raise AssertionError("the data was loaded")
+
+    monkeypatch.setattr(tuning, "load_run_dataset", no_load)
+    with pytest.raises(BudgetExhausted, match="does not fit"):
+        tune(_cfg(tmp_path, epsilon=0.001, delta=1e-6), ["noisy-gd"], GRID, trials=50.0, log=lambda _: None)
+    assert not os.path.exists(tmp_path / "run" / "ledger.sqlite")
+
+
+def test_the_ledger_reverifies_the_search_charge(tmp_path):
+    """A search charge whose recorded eps is below the theorem's (a tampered or miscomputed row) fails verify."""
+    import sqlite3
+
+    cfg = _cfg(tmp_path)
+    tune(cfg, ["noisy-gd"], GRID, trials=2.0, log=lambda _: None)
+    path = os.path.join(cfg.out, "ledger.sqlite")
+    db = sqlite3.connect(path)
+    (record,) = db.execute("SELECT charge FROM releases").fetchone()
+    record = json.loads(record)
+    db.execute(
+        "UPDATE releases SET charge = ?, eps = ?", (json.dumps({**record, "eps": record["eps"] / 2}), record["eps"] / 2)
+    )
+    db.execute("UPDATE users SET eps = ?", (record["eps"] / 2,))
+    db.commit()
+    db.close()
+    with PrivacyLedger(path) as ledger, pytest.raises(ValueError, match="more than the charge's eps"):
+        ledger.verify()
+
+
+def _algorithms():
+    import fedkl.algorithms.catalog  # noqa: F401  (every built-in algorithm registered)
+    from fedkl.algorithms.registry import REGISTRY
+
+    return sorted(REGISTRY)
+
+
+@pytest.mark.parametrize("name", _algorithms())
+def test_every_algorithm_is_refused_in_one_line_or_fits_its_trial(name, tmp_path):
+    """The seam, over every registered algorithm: the preflight (public values only) refuses it with a
+    one-line ValueError, or it is zCDP and one trial of it at its small setting charges at most rho_trial
+    on its stand-in ledger (what the search's charge covers)."""
+    import dataclasses
+
+    from build_helpers import SMALL
+
+    import fedkl.tuning as tuning
+    from fedkl.algorithms.registry import algorithm_spec
+
+    small = dict(SMALL.get(name, {}))
+    own = {f.name for f in dataclasses.fields(algorithm_spec(name).params)}
+    settings = {k: v for k, v in small.items() if k in own}
+    run = {k: v for k, v in small.items() if k not in own}
+    cfg = RunConfig.from_settings(
+        strict=False, **{**BASE, "rounds": 2, "users": 30, **run, "noise_seed": 1}, algorithm=name, out=str(tmp_path)
+    )
+    data = load_dataset("synthetic-logistic", seed=1, n_users=cfg.users)
+    plan = tuning.plan_search(4.0, 1e-3, Stopping.with_mean("tnb", 2.0))
+    try:
+        tuning._preflight(cfg, [(name, settings)], data, plan)
+    except ValueError as e:
+        assert "\n" not in str(e)
+        return
+    trial = tuning._trial_config(cfg, name, settings, plan, 7)
+    train_pos, val_pos = split_users(data.train.user_ids, 1, 0.3)
+    part = type(data)(**{**data.__dict__, "train": data.train.subset(train_pos), "test": data.test.subset(train_pos)})
+    w, score = tuning.run_trial(
+        trial, part, data.train.subset(val_pos), plan, tuning.NoiseSource(7), str(tmp_path), "t", 1.0
+    )
+    assert w is None or math.isfinite(score)
