@@ -199,26 +199,11 @@ class AlwaysFailing(Federation):
 
 def _train(tmp_path, name: str, failing: bool):
     """(ledger rows, declared guarantee) of ``name``'s small run in-process, with user 1 failing every query."""
-    from build_helpers import SMALL
+    from build_helpers import small_config
 
-    from fedkl.runner import RunConfig, load_run_data, prepare_run, train_federation
+    from fedkl.runner import load_run_data, prepare_run, train_federation
 
-    kw = dict(SMALL[name])
-    settings = dict(
-        dataset="synthetic-logistic",
-        users=kw.pop("users", 12),
-        algorithm=name,
-        epsilon=3.0,
-        rounds=3,
-        lr=0.5,
-        clip=1.0,
-        seed=2,
-        noise_seed=5,
-        reference=False,
-        force=True,
-        out=str(tmp_path / ("failing" if failing else "honest")),
-    )
-    cfg = RunConfig.from_settings(strict=False, **{**settings, **kw})
+    cfg = small_config(name, tmp_path / ("failing" if failing else "honest"))
     dataset, problem, _ = load_run_data(cfg)
     fed = InProcessFederation(problem, dataset)
     fed = AlwaysFailing(fed, 1) if failing else fed
