@@ -253,8 +253,8 @@ def plan_search(epsilon: float, delta: float, stopping: Stopping) -> SearchPlan:
 # --- one trial -------------------------------------------------------------------------------------------
 def score_values(problem, w: torch.Tensor, data, task: str, bound: float) -> tuple[torch.Tensor, float, bool]:
     """Each user's mean quality over its records, clipped to ``[0, B]``: accuracy for classification
-    (``B = 1``), the mean record loss otherwise (``B = bound``). Returns the values, ``B`` and whether
-    higher is better. A user without records contributes 0."""
+    (``B = 1``), the mean record loss otherwise (``B = bound``; a NaN mean counts as ``B``, the worst). Returns the values,
+    ``B`` and whether higher is better. A user without records contributes 0."""
     data = data.to(problem.dtype)
     if task in ("binary", "multiclass"):
         pred = problem.predict(w, data.X).reshape(-1).to(torch.float64)
@@ -265,6 +265,9 @@ def score_values(problem, w: torch.Tensor, data, task: str, bound: float) -> tup
     counts = data.counts().to(torch.float64)
     sums = torch.bincount(data.user_index, weights=per_record, minlength=data.num_users)
     means = torch.where(counts > 0, sums / counts.clamp(min=1), torch.zeros_like(sums))
+    # a NaN mean (one user's records can make its own loss NaN, e.g. 0 * inf) would turn the whole sum NaN:
+    # an unbounded change by one user. It counts as the worst value, B: still in [0, B], per user.
+    means = torch.where(torch.isnan(means), torch.full_like(means, bound), means)
     return means.clamp(0.0, bound), bound, higher
 
 
@@ -346,7 +349,6 @@ def tune(
     space = search_space(tuple(algorithms), grid or {})
     if cfg.delta is not None:  # the stopping rule's own cost, refused before the data is even loaded
         plan_search(cfg.epsilon, cfg.delta, law)
-    started = time.time()
     data = dataset if dataset is not None else load_run_dataset(cfg)  # the enrolment (user ids: public)
     n = data.train.num_users
     delta = cfg.delta if cfg.delta is not None else default_delta(n)
@@ -403,7 +405,7 @@ def tune(
             log(f"rerunning search {run_id} on its charge (release {state['charge_id']}): not charged again")
         best = _search(cfg, space, law, plan, train_ds, val_ds.train, score_bound, log, before_trial)
         ledger.verify()
-        payload = _write(cfg, data, train_ds, plan, best, ledger.summary(), run_id, out, ledger_path, started, log)
+        payload = _write(cfg, data, train_ds, plan, best, ledger.summary(), run_id, out, ledger_path, log)
         ledger.finish_run("finished")
     except BaseException as e:
         ledger.finish_run("refused" if state is None else ledger.end_status(e))  # state: the charge is made
@@ -471,7 +473,7 @@ def _search(cfg, space, law, plan, train_ds, val_data, score_bound, log, before_
     return best
 
 
-def _write(cfg, data, train_ds, plan, best, summary, run_id, out, ledger_path, started, log) -> dict:
+def _write(cfg, data, train_ds, plan, best, summary, run_id, out, ledger_path, log) -> dict:
     """The selected model and result.json (no losing trial, no K: module docstring)."""
     chosen = None if best is None or best["w"] is None else best["config"]
     problem_name = cfg.problem or DEFAULT_PROBLEM[data.task]
@@ -535,8 +537,7 @@ def _write(cfg, data, train_ds, plan, best, summary, run_id, out, ledger_path, s
         "config": public_settings(cfg.settings()),
         "model_path": model_path,
         "out_dir": out,
-        "wall_time_s": time.time() - started,
-    }
+    }  # no wall time: it grows with K and the trials' settings, which are not released (module docstring)
     write_json(os.path.join(out, "result.json"), payload)
     write_json(os.path.join(out, STATE_FILE), {**json.load(open(os.path.join(out, STATE_FILE))), "status": "finished"})
     if selected is None:

@@ -363,3 +363,59 @@ def test_every_algorithm_is_refused_in_one_line_or_fits_its_trial(name, tmp_path
         trial, part, data.train.subset(val_pos), plan, tuning.NoiseSource(7), str(tmp_path), "t", 1.0
     )
     assert w is None or math.isfinite(score)
+
+
+# --- review fixes ---------------------------------------------------------------------------------------------
+def test_one_users_nan_loss_moves_the_score_by_at_most_the_bound():
+    """A user whose own records make its loss NaN counts as the worst value B: the sum stays finite and
+    within B of its neighbour's (a NaN sum would be an unbounded change by one user)."""
+    import torch
+
+    from fedkl.tuning import score_values
+
+    data = load_dataset("synthetic-logistic", seed=1, n_users=6).train
+
+    class Fake:
+        dtype = torch.float64
+
+        def __init__(self, bad_user):
+            self.bad_user = bad_user
+
+        def record_losses(self, w, d):
+            losses = torch.full((d.X.shape[0],), 0.25, dtype=torch.float64)
+            if self.bad_user is not None:
+                losses[d.user_index == self.bad_user] = float("nan")
+            return losses
+
+    honest, _, _ = score_values(Fake(None), torch.zeros(1), data, "regression", 2.0)
+    nan, bound, higher = score_values(Fake(3), torch.zeros(1), data, "regression", 2.0)
+    assert not higher and bound == 2.0 and bool(torch.isfinite(nan).all())
+    assert float(nan[3]) == 2.0 and abs(float(nan.sum() - honest.sum())) <= bound
+
+
+def test_result_json_does_not_depend_on_the_number_of_trials(tmp_path, monkeypatch):
+    """K is not released: two searches whose first trial wins, with K = 1 and K = 3, write the same
+    result.json up to their run's own names (no wall time, no count)."""
+    import fedkl.tuning as tuning
+
+    original = tuning.run_trial
+
+    def first_wins(cfg, train_ds, val_data, plan, noise, workdir, tag, score_bound):
+        w, _ = original(cfg, train_ds, val_data, plan, noise, workdir, tag, score_bound)
+        return w, (1.0 if tag == "trial-1" else 0.0)
+
+    monkeypatch.setattr(tuning, "run_trial", first_wins)
+    results = []
+    for k in (1, 3):
+        monkeypatch.setattr(Stopping, "sample", lambda self, uniform, k=k: k)
+        cfg = _cfg(tmp_path, f"k{k}")
+        tune(cfg, ["noisy-gd"], {"lr": ["0.5"]}, trials=3.0, log=lambda _: None)
+        text = open(os.path.join(cfg.out, "result.json")).read()
+        results.append(
+            json.loads(
+                text.replace(f"k{k}", "OUT").replace(
+                    json.load(open(os.path.join(cfg.out, "tune_state.json")))["run_id"], "RUN"
+                )
+            )
+        )
+    assert results[0] == results[1]
