@@ -48,9 +48,10 @@ need its own accounting), so the issue's per-trial table and plot are not part o
 The charge. Before any trial starts (before any query reads a record), every enrolled user (training
 and validation) is charged the search's ``(eps, delta)`` as one ``SearchCharge`` (label
 ``tune-search``) on the real ledger; a search that does not fit every user's remaining budget is
-refused then, before any record is read. Rerun on the same ``out`` folder: a search whose charge is
-made but which did not finish (crash) is rerun on that charge (found in the ledger by its row id and
-record; not charged again; nothing of the crashed search was released, and the rerun's output has the
+refused then, before any record is read. ``tune_state.json`` names the search's run BEFORE the charge is
+made, so a crash between the charge and any later write cannot cause a second charge. Rerun on the same
+``out`` folder: a search whose charge is made but which did not finish (crash) is rerun on that charge
+(found in the ledger by its run; not charged again; a run named but never charged is rerun as a new search; nothing of the crashed search was released, and the rerun's output has the
 law of one search); a finished search is refused (a second output would be a second release).
 
 Seeded mode (``noise_seed``, tests and reproductions only, like ``fedkl run``): K, the settings draws
@@ -347,8 +348,9 @@ def tune(
         raise ValueError(f"--stopping must be one of {', '.join(STOPPING_RULES)}, got {stopping!r}")
     law = Stopping.with_mean(stopping, trials, eta)  # ValueError before any data
     space = search_space(tuple(algorithms), grid or {})
-    if cfg.delta is not None:  # the stopping rule's own cost, refused before the data is even loaded
-        plan_search(cfg.epsilon, cfg.delta, law)
+    delta_before = cfg.delta if cfg.delta is not None else _default_delta_before_loading(cfg)
+    if delta_before is not None:  # the stopping rule's own cost, refused before the data is even loaded
+        plan_search(cfg.epsilon, delta_before, law)
     data = dataset if dataset is not None else load_run_dataset(cfg)  # the enrolment (user ids: public)
     n = data.train.num_users
     delta = cfg.delta if cfg.delta is not None else default_delta(n)
@@ -365,23 +367,22 @@ def tune(
             f"{out} holds a finished search ({state['run_id']}): its output is released; a second search is a second "
             "release: use a new --out (nothing was read or charged)"
         )
-    run_id = state["run_id"] if state else time.strftime("%Y%m%d-%H%M%S") + "-tune-" + uuid.uuid4().hex[:6]
+    # The state names the run BEFORE its charge is made (status "charging"), so a crash between the charge and
+    # the state's update cannot lead to a second charge: the rerun finds the charge in the ledger by its run.
+    row = _search_charge_of(ledger_path, state)
+    run_id = state["run_id"] if row is not None else time.strftime("%Y%m%d-%H%M%S") + "-tune-" + uuid.uuid4().hex[:6]
     ledger = PrivacyLedger(ledger_path, Budget(cfg.epsilon, delta, cfg.conversion), run_id, {"tune": cfg.settings()})
+    charge_id = None
     try:
         log(
             f"fedkl tune {run_id}: {len(space)} settings of {', '.join(dict.fromkeys(algorithms))} on {cfg.dataset} "
             f"({n} users: {len(train_pos)} train, {len(val_pos)} validation by the public split seed={cfg.seed})"
         )
-        if state is None:
+        if row is None:
             ledger.reserve(users)
             eps_left, delta_left = ledger.approx_left(users)
         else:
             ledger.take_over(users)
-            row = next((r for r in ledger.releases(run_id) if r["id"] == state["charge_id"]), None)
-            if row is None or row["label"] != SEARCH_LABEL:
-                raise ValueError(
-                    f"{ledger_path} has no search charge {state['charge_id']} of {run_id} (nothing was charged)"
-                )
             stored = from_record(row["charge"])
             eps_left, delta_left = stored.eps, stored.delta
         if eps_left <= 0 or delta_left <= 0:
@@ -390,29 +391,59 @@ def tune(
         _preflight(cfg, space, train_ds, plan)
         for line in plan.lines():
             log(line)
-        if state is None:
+        state = {"run_id": run_id, "status": "charging", "ledger": os.path.abspath(ledger_path)}
+        if row is None:
+            write_json(state_path, state)  # before the charge (above)
             charge_id = ledger.charge(users, plan.charge, label=SEARCH_LABEL, details={"space": len(space)})
-            state = {
-                "run_id": run_id,
-                "charge_id": charge_id,
-                "status": "charged",
-                "ledger": os.path.abspath(ledger_path),
-            }
-            write_json(state_path, state)
         else:
             if stored != plan.charge:
                 raise ValueError("the rerun's search is not the charged one (different settings?): nothing was charged")
-            log(f"rerunning search {run_id} on its charge (release {state['charge_id']}): not charged again")
+            charge_id = row["id"]
+            log(f"rerunning search {run_id} on its charge (release {charge_id}): not charged again")
+        state = {**state, "charge_id": charge_id, "status": "charged"}
+        write_json(state_path, state)
         best = _search(cfg, space, law, plan, train_ds, val_ds.train, score_bound, log, before_trial)
         ledger.verify()
         payload = _write(cfg, data, train_ds, plan, best, ledger.summary(), run_id, out, ledger_path, log)
         ledger.finish_run("finished")
     except BaseException as e:
-        ledger.finish_run("refused" if state is None else ledger.end_status(e))  # state: the charge is made
+        ledger.finish_run("refused" if charge_id is None else ledger.end_status(e))
         raise
     finally:
         ledger.close()
     return payload
+
+
+def _default_delta_before_loading(cfg: RunConfig) -> float | None:
+    """The default delta ``1/n^1.1`` (:func:`fedkl.runner.default_delta`) when the configuration alone fixes
+    the number of users (a synthetic dataset with ``users``), else None: a file's or a real dataset's user
+    count is known only once it is loaded (no cheap count), and the largest default any enrolment could
+    have (n = 2) fits every search, so there the check runs after loading, still before any query and any
+    charge (pass ``--delta`` to be refused before the data is loaded)."""
+    if cfg.users is not None and str(cfg.dataset).startswith("synthetic-"):
+        return default_delta(int(cfg.users))
+    return None
+
+
+def _search_charge_of(ledger_path: str, state: dict | None) -> dict | None:
+    """The search charge (ledger row) of the run named by ``state``, or None when that run made none (it
+    crashed before its charge: rerun as a new search). A state that records a charge the ledger lacks is
+    an error (the wrong --ledger?)."""
+    if state is None:
+        return None
+    row = None
+    if os.path.exists(ledger_path):
+        with PrivacyLedger(ledger_path) as peek:
+            row = next((r for r in peek.releases(state["run_id"]) if r["label"] == SEARCH_LABEL), None)
+    if row is None and state.get("charge_id") is not None:
+        raise ValueError(
+            f"{ledger_path} has no search charge {state['charge_id']} of {state['run_id']} (nothing was charged)"
+        )
+    if row is not None and state.get("charge_id") not in (None, row["id"]):
+        raise ValueError(
+            f"{ledger_path}: the search charge of {state['run_id']} is {row['id']}, not {state['charge_id']}"
+        )
+    return row
 
 
 def _preflight(cfg: RunConfig, space, train_ds: FederatedDataset, plan: SearchPlan) -> None:

@@ -237,8 +237,7 @@ def test_refused_before_any_record_is_read(tmp_path, monkeypatch):
     # the stopping rule alone does not fit: ln E[K] / (l - 1) and the like exceed a tiny epsilon
     with pytest.raises(BudgetExhausted, match="does not fit"):
         tune(_cfg(tmp_path, epsilon=0.02), ["noisy-gd"], GRID, trials=50.0, log=lambda _: None)
-    with PrivacyLedger(str(tmp_path / "run" / "ledger.sqlite")) as ledger:
-        assert ledger.num_releases() == 0 and ledger.runs()[-1]["status"] == "refused"
+    assert not os.path.exists(tmp_path / "run" / "ledger.sqlite")  # --users fixes n: refused before loading
     # a ledger whose users already spent their budget on a search
     ledger = str(tmp_path / "shared.sqlite")
     monkeypatch.undo()
@@ -419,3 +418,62 @@ def test_result_json_does_not_depend_on_the_number_of_trials(tmp_path, monkeypat
             )
         )
     assert results[0] == results[1]
+
+
+def test_refused_before_loading_at_the_default_delta_of_a_known_enrolment(tmp_path, monkeypatch):
+    """Without --delta, a synthetic dataset's --users fixes the default delta 1/n^1.1: a search that cannot
+    fit it is refused before the data is loaded."""
+    import fedkl.tuning as tuning
+
+    assert load_dataset("synthetic-logistic", seed=1, n_users=USERS).train.num_users == USERS  # n is exact
+
+    def no_load(*a, **k):
+        raise AssertionError("the data was loaded")
+
+    monkeypatch.setattr(tuning, "load_run_dataset", no_load)
+    with pytest.raises(BudgetExhausted, match="does not fit"):
+        tune(_cfg(tmp_path, epsilon=0.01), ["noisy-gd"], GRID, trials=50.0, log=lambda _: None)
+    assert not os.path.exists(tmp_path / "run" / "ledger.sqlite")
+
+
+def test_a_crash_between_the_charge_and_the_state_does_not_charge_twice(tmp_path, monkeypatch):
+    import fedkl.tuning as tuning
+
+    cfg = _cfg(tmp_path)
+    ledger_path = os.path.join(cfg.out, "ledger.sqlite")
+    real = tuning.write_json
+
+    def fail_after_the_charge(path, payload):
+        if path.endswith("tune_state.json") and payload.get("charge_id") is not None:
+            raise OSError("disk full")  # the charge is made; recording it fails
+        return real(path, payload)
+
+    monkeypatch.setattr(tuning, "write_json", fail_after_the_charge)
+    with pytest.raises(OSError, match="disk full"):
+        tune(cfg, ["noisy-gd"], GRID, trials=2.0, log=lambda _: None)
+    with PrivacyLedger(ledger_path) as ledger:
+        assert ledger.num_releases() == 1
+    monkeypatch.undo()
+    lines: list[str] = []
+    result = tune(cfg, ["noisy-gd"], GRID, trials=2.0, log=lines.append)
+    assert any("not charged again" in line for line in lines)
+    with PrivacyLedger(ledger_path) as ledger:
+        assert ledger.num_releases() == 1
+        ledger.verify()
+    assert result["search"]["charge"]["eps"] <= cfg.epsilon
+
+
+def test_a_crash_in_the_charge_is_rerun_as_a_new_search(tmp_path, monkeypatch):
+    cfg = _cfg(tmp_path)
+
+    def power_loss(self, *a, **k):
+        raise RuntimeError("power loss")  # before the charge commits: nothing charged
+
+    monkeypatch.setattr(PrivacyLedger, "charge", power_loss)
+    with pytest.raises(RuntimeError, match="power loss"):
+        tune(cfg, ["noisy-gd"], GRID, trials=2.0, log=lambda _: None)
+    monkeypatch.undo()
+    tune(cfg, ["noisy-gd"], GRID, trials=2.0, log=lambda _: None)
+    with PrivacyLedger(os.path.join(cfg.out, "ledger.sqlite")) as ledger:
+        assert ledger.num_releases() == 1
+        assert [r["status"] for r in ledger.runs()] == ["refused", "finished"]
