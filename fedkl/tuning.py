@@ -132,10 +132,77 @@ def _typed(field, value):
     return kind(value)
 
 
+DIST_KINDS = ("log", "uniform", "int")
+
+
+@dataclass(frozen=True)
+class Dist:
+    """A hyperparameter drawn afresh for every trial: ``log`` (log-uniform on ``[lo, hi]``, ``lo > 0``),
+    ``uniform`` (on ``[lo, hi]``) or ``int`` (uniform on the integers ``lo..hi``). Written as a one-value
+    grid entry ``NAME=KIND:LO:HI`` (``--grid lr=log:0.1:10``). Its draws use the search's SECRET randomness,
+    like the choice of the grid point: the theorem needs i.i.d. trials, and a public (seeded) sequence of
+    settings would tell from the released settings which trial won, hence a lower bound on K."""
+
+    kind: str
+    lo: float
+    hi: float
+
+    def __post_init__(self) -> None:
+        if self.kind not in DIST_KINDS:
+            raise ValueError(f"a distribution is one of {', '.join(DIST_KINDS)}, got {self.kind!r}")
+        if not (math.isfinite(self.lo) and math.isfinite(self.hi) and self.lo < self.hi):
+            raise ValueError(f"{self}: needs finite lo < hi")
+        if self.kind == "log" and not self.lo > 0:
+            raise ValueError(f"{self}: a log-uniform range needs lo > 0")
+        if self.kind == "int" and (self.lo != int(self.lo) or self.hi != int(self.hi)):
+            raise ValueError(f"{self}: an integer range needs integer ends")
+
+    @classmethod
+    def parse(cls, text: str) -> "Dist | None":
+        """``"log:0.1:10"`` -> Dist; None for a plain value."""
+        parts = text.split(":") if isinstance(text, str) else []
+        if len(parts) != 3 or parts[0] not in DIST_KINDS:
+            return None
+        try:
+            lo, hi = float(parts[1]), float(parts[2])
+        except ValueError:
+            raise ValueError(f"{text!r}: a distribution is KIND:LO:HI with numbers LO < HI") from None
+        return cls(parts[0], lo, hi)
+
+    def ends(self) -> tuple:
+        return (int(self.lo), int(self.hi)) if self.kind == "int" else (self.lo, self.hi)
+
+    def sample(self, uniform: Callable[[], float]):
+        u = float(uniform())
+        if self.kind == "log":
+            return min(self.hi, max(self.lo, math.exp(math.log(self.lo) + u * (math.log(self.hi) - math.log(self.lo)))))
+        if self.kind == "uniform":
+            return min(self.hi, self.lo + u * (self.hi - self.lo))
+        lo, hi = self.ends()
+        return lo + min(int(u * (hi - lo + 1)), hi - lo)
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.lo:g}:{self.hi:g}"
+
+
+def _concrete(settings: dict) -> list[dict]:
+    """The settings with every distribution at its low end, then at its high end (validation, preflight)."""
+    if not any(isinstance(v, Dist) for v in settings.values()):
+        return [settings]
+    return [{k: (v.ends()[i] if isinstance(v, Dist) else v) for k, v in settings.items()} for i in (0, 1)]
+
+
+def draw_settings(settings: dict, uniform: Callable[[], float]) -> dict:
+    """One trial's settings: every distribution drawn (in the point's key order) from ``uniform``."""
+    return {k: (v.sample(uniform) if isinstance(v, Dist) else v) for k, v in settings.items()}
+
+
 def search_space(algorithms: tuple[str, ...] | list[str], grid: dict) -> list[tuple[str, dict]]:
     """Every (algorithm, settings) point: each algorithm times the product of the grid's values of
     ITS hyperparameters (a grid name no listed algorithm has is an error; each point is validated
-    by the algorithm's Params now, before any data is read)."""
+    by the algorithm's Params now, before any data is read). A one-value entry ``KIND:LO:HI`` is a
+    :class:`Dist`, drawn per trial (``int`` for integer hyperparameters, ``log``/``uniform`` for real ones;
+    both ends validated)."""
     if not algorithms:
         raise ValueError("the search space needs at least one algorithm")
     grid = parse_grid(grid)
@@ -149,10 +216,21 @@ def search_space(algorithms: tuple[str, ...] | list[str], grid: dict) -> list[tu
         keys = [k for k in grid if k in own]
         combos: list[dict] = [{}]
         for k in keys:
-            combos = [{**c, k: _typed(own[k], v)} for c in combos for v in grid[k]]
+            values = grid[k]
+            dist = Dist.parse(values[0]) if len(values) == 1 else None
+            if dist is not None:
+                kind = field_kind(own[k])
+                if kind not in ((int,) if dist.kind == "int" else (float,)):
+                    raise ValueError(
+                        f"--grid {k}={dist}: {k} is {kind.__name__}; use int:LO:HI for integers, log/uniform for reals"
+                    )
+                combos = [{**c, k: dist} for c in combos]
+            else:
+                combos = [{**c, k: _typed(own[k], v)} for c in combos for v in values]
         for c in combos:
             spec = algorithm_spec(name)
-            spec.params(**c)  # type/range errors now
+            for concrete in _concrete(c):
+                spec.params(**concrete)  # type/range errors now
             points.append((name, c))
     return points
 
@@ -455,16 +533,17 @@ def _preflight(cfg: RunConfig, space, train_ds: FederatedDataset, plan: SearchPl
         delta=plan.delta, rho_left=plan.rho_trial, approx_left=(0.0, 0.0), conversion="cks",
         neighbouring=cfg.neighbouring, seed=cfg.seed,
     )  # fmt: skip
-    for name, settings in space:
-        trial = _trial_config(cfg, name, settings, plan, None)
-        try:
-            alg = algorithm_spec(name).build(trial.params, ctx)
-        except BudgetExhausted:  # it asked for an (eps, delta) budget, of which a trial offers none
-            alg = None
-        if alg is None or not alg.guarantee.zcdp:
-            why = "asks for an (eps, delta) budget" if alg is None else "is not charged in zCDP"
-            raise ValueError(f"{name} {why}; fedkl tune accounts zCDP trials only (nothing was read or charged)")
-        alg.guarantee.check_relation(cfg.neighbouring, name)
+    for name, point in space:
+        for settings in _concrete(point):
+            trial = _trial_config(cfg, name, settings, plan, None)
+            try:
+                alg = algorithm_spec(name).build(trial.params, ctx)
+            except BudgetExhausted:  # it asked for an (eps, delta) budget, of which a trial offers none
+                alg = None
+            if alg is None or not alg.guarantee.zcdp:
+                why = "asks for an (eps, delta) budget" if alg is None else "is not charged in zCDP"
+                raise ValueError(f"{name} {why}; fedkl tune accounts zCDP trials only (nothing was read or charged)")
+            alg.guarantee.check_relation(cfg.neighbouring, name)
 
 
 def _trial_config(cfg: RunConfig, name: str, settings: dict, plan: SearchPlan, noise_seed: int | None) -> RunConfig:
@@ -491,7 +570,8 @@ def _search(cfg, space, law, plan, train_ds, val_data, score_bound, log, before_
     best: dict | None = None
     with tempfile.TemporaryDirectory() as workdir:
         for t in range(1, k + 1):
-            name, settings = space[min(int(uniform() * len(space)), len(space) - 1)]
+            name, point = space[min(int(uniform() * len(space)), len(space) - 1)]
+            settings = draw_settings(point, uniform)
             log(f"  trial {t}: {name} " + " ".join(f"{a}={v}" for a, v in settings.items()))
             if before_trial is not None:
                 before_trial(t)
@@ -589,5 +669,5 @@ def _write(cfg, data, train_ds, plan, best, summary, run_id, out, ledger_path, l
 
 
 __all__ = [
-    "SearchPlan", "parse_grid", "plan_search", "run_settings_and_grid", "run_trial", "search_space", "split_users", "tune",
+    "Dist", "SearchPlan", "parse_grid", "plan_search", "run_settings_and_grid", "run_trial", "search_space", "split_users", "tune",
 ]  # fmt: skip

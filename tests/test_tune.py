@@ -477,3 +477,42 @@ def test_a_crash_in_the_charge_is_rerun_as_a_new_search(tmp_path, monkeypatch):
     with PrivacyLedger(os.path.join(cfg.out, "ledger.sqlite")) as ledger:
         assert ledger.num_releases() == 1
         assert [r["status"] for r in ledger.runs()] == ["refused", "finished"]
+
+
+def test_distributions_are_drawn_per_trial_within_their_ranges():
+    from fedkl.tuning import Dist, draw_settings
+
+    rng = np.random.default_rng(0)
+    n = 4000
+    log = [Dist.parse("log:0.1:10").sample(rng.random) for _ in range(n)]
+    ints = [Dist.parse("int:2:5").sample(rng.random) for _ in range(n)]
+    assert all(0.1 <= v <= 10 for v in log) and set(ints) == {2, 3, 4, 5}
+    tol = 4 * math.sqrt(0.25 / n)  # 4 standard errors of a proportion
+    assert abs(np.mean(np.array(log) < 1.0) - 0.5) < tol  # log-uniform: half below the geometric midpoint
+    for k in (2, 3, 4, 5):
+        assert abs(ints.count(k) / n - 0.25) < 4 * math.sqrt(0.25 * 0.75 / n)
+    assert Dist.parse("0.5") is None
+    drawn = draw_settings({"lr": Dist.parse("uniform:1:2"), "rounds": 3}, rng.random)
+    assert 1 <= drawn["lr"] <= 2 and drawn["rounds"] == 3
+
+
+def test_search_space_validates_distributions_before_any_data():
+    points = search_space(["noisy-gd"], {"lr": ["log:0.1:10"], "rounds": ["2", "3"]})
+    assert len(points) == 2 and str(points[0][1]["lr"]) == "log:0.1:10"
+    with pytest.raises(ValueError, match="int:LO:HI"):
+        search_space(["noisy-gd"], {"rounds": ["log:1:5"]})
+    with pytest.raises(ValueError):
+        search_space(["noisy-gd"], {"rounds": ["int:0:5"]})  # rounds 0 refused by the Params, at the low end
+    with pytest.raises(ValueError, match="lo > 0"):
+        search_space(["noisy-gd"], {"lr": ["log:0:1"]})
+
+
+def test_tune_draws_settings_from_a_distribution(tmp_path):
+    lines: list[str] = []
+    result = tune(_cfg(tmp_path), ["noisy-gd"], {"lr": ["log:0.1:3"], "rounds": ["int:1:3"]}, trials=3.0,
+                  log=lines.append)  # fmt: skip
+    sel = result["selected"]["settings"]
+    assert 0.1 <= sel["lr"] <= 3 and sel["rounds"] in (1, 2, 3)
+    trial_lines = [line for line in lines if line.startswith("  trial")]
+    assert trial_lines and all("log:" not in line for line in trial_lines)  # drawn values, not the law
+    assert any(f"lr={sel['lr']}" in line and f"rounds={sel['rounds']}" in line for line in trial_lines)
