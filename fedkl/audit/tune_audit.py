@@ -17,7 +17,9 @@ add-remove pair of the score. Every trial's exact score is then a constant of th
 (``(blank + 1) / n_val`` vs ``blank / n_val``) whatever the trained model: the whole privacy of the
 outlier rests on the search's noisy score and its selection.
 
-Statistic: the released ``validation_score`` of result.json (⊥, no model: NaN). Negative control
+Statistic: the released ``validation_score`` of result.json (⊥, no model: NaN). ``target="model"`` audits
+the other path: the outlier is a training user on its own coordinate and the statistic is the released
+model's coordinate on it (:func:`tune_worlds`). Negative control
 (``leak=True``): the same search where every trial also hands out its EXACT validation score, e.g. a
 progress line ``trial t: accuracy 0.8333``; the statistic is then the largest leaked score. A correct
 search is flagged with probability at most ``1 - confidence``; the control is flagged whenever the runs
@@ -55,24 +57,42 @@ def _ids_in_part(prefix: str, count: int, seed: int, fraction: float, validation
 
 
 def tune_worlds(
-    base: int = 12, blank: int = 3, records: int = 4, dim: int = 3, seed: int = 0, fraction: float = 0.3
+    base: int = 12,
+    blank: int = 3,
+    records: int = 4,
+    dim: int = 3,
+    seed: int = 0,
+    fraction: float = 0.3,
+    target: str = "score",
 ) -> tuple[FederatedDataset, FederatedDataset]:
-    """``(W0, W1)`` (module docstring)."""
-    X, y, owners = _base_users(np.random.default_rng(seed), base, records, dim, 0)
-    owners = [o.replace("b", "t") for o in owners]
-    train_ids = _ids_in_part("t", base, seed, fraction, validation=False)
-    rename = {f"t{u:05d}": train_ids[u] for u in range(base)}
+    """``(W0, W1)`` (module docstring). ``target="model"``: the outlier is a TRAINING user instead, all of
+    whose records are ``x = e_0`` (labels -1 / +1), the other training users having 0 in coordinate 0, so
+    the released model's coordinate 0 carries all of its influence (as :func:`fedkl.audit.worlds.neighbour_pair`)."""
+    if target not in ("score", "model"):
+        raise ValueError(f"target must be 'score' or 'model', got {target!r}")
+    first = 1 if target == "model" else 0
+    X, y, owners = _base_users(np.random.default_rng(seed), base, records, dim, first)
+    train_ids = _ids_in_part("t", base + 1, seed, fraction, validation=False)
+    rename = {f"b{u:05d}": train_ids[u] for u in range(base)}
     owners = [rename[o] for o in owners]
-    val_ids = _ids_in_part(OUTLIER_PREFIX, blank + 1, seed, fraction, validation=True)
-    zeros = np.zeros(((blank + 1) * records, dim))
+    val_ids = _ids_in_part(OUTLIER_PREFIX, blank + (target == "score"), seed, fraction, validation=True)
+    Xv = np.zeros((len(val_ids) * records, dim))
     owners_v = [u for u in val_ids for _ in range(records)]
     worlds = []
     for outlier_label in (-1, 1):
-        yv = np.concatenate([np.ones(blank * records), np.full(records, outlier_label)])
+        yv = np.ones(len(val_ids) * records)
+        Xt, yt, ot = X, y, owners
+        if target == "score":
+            yv[blank * records :] = outlier_label
+        else:
+            x_out = np.zeros((records, dim))
+            x_out[:, 0] = 1.0
+            Xt, yt = np.vstack([X, x_out]), np.concatenate([y, np.full(records, outlier_label)])
+            ot = owners + [train_ids[base]] * records
         worlds.append(
             from_arrays(
-                np.vstack([X, zeros]), np.concatenate([y, yv]), owners + owners_v, task="binary",
-                test_fraction=0.25, split_seed=seed, name=f"tune-audit-w{int(outlier_label > 0)}",
+                np.vstack([Xt, Xv]), np.concatenate([yt, yv]), ot + owners_v, task="binary",
+                test_fraction=0.25, split_seed=seed, name=f"tune-audit-{target}-w{int(outlier_label > 0)}",
             )
         )  # fmt: skip
     return worlds[0], worlds[1]
@@ -108,6 +128,7 @@ def tune_audit(
     *,
     runs: int = 30,
     leak: bool = False,
+    target: str = "score",
     trials: float = 2.0,
     confidence: float = 0.95,
     seed: int = 0,
@@ -115,9 +136,12 @@ def tune_audit(
 ) -> dict:
     """``runs`` searches per world (module docstring); returns the report (claim, bound, verdict)."""
     from fedkl.runner import RunConfig, default_delta
+    from fedkl.saved_model import load_model
     from fedkl.tuning import tune
 
-    worlds = tune_worlds(seed=seed)
+    if leak and target != "score":
+        raise ValueError("the leaky control leaks validation scores: target='score'")
+    worlds = tune_worlds(seed=seed, target=target)
     delta = default_delta(worlds[0].train.num_users)
     stats: list[list[float]] = [[], []]
     with tempfile.TemporaryDirectory() as tmp:
@@ -133,9 +157,12 @@ def tune_audit(
                                   dataset=worlds[world])  # fmt: skip
                 if leak:
                     stats[world].append(max(leaked) if leaked else math.nan)
+                elif result["selected"] is None:
+                    stats[world].append(math.nan)
+                elif target == "score":
+                    stats[world].append(float(result["selected"]["validation_score"]))
                 else:
-                    sel = result["selected"]
-                    stats[world].append(math.nan if sel is None else float(sel["validation_score"]))
+                    stats[world].append(float(load_model(result["model_path"]).params[0]))
             if log is not None and (run + 1) % max(1, runs // 5) == 0:
                 log(f"  tune audit{' (leaky control)' if leak else ''}: {run + 1}/{runs} runs per world")
     s0, s1 = np.array(stats[0]), np.array(stats[1])
@@ -150,7 +177,9 @@ def tune_audit(
             "neighbouring": "replace-one (also add-remove: module docstring)",
         },
         "runs_per_world": runs,
-        "statistic": "largest leaked exact score" if leak else "released validation_score (⊥: NaN)",
+        "statistic": "largest leaked exact score"
+        if leak
+        else ("released validation_score" if target == "score" else "released model's coordinate 0") + " (⊥: NaN)",
         **bound,
         "largest_attainable_bound": epsilon_from_rates(
             clopper_pearson_upper(0, ev["runs_d0"], (1 - confidence) / 2),

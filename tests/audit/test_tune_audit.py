@@ -20,3 +20,11 @@ def test_tune_is_not_flagged_and_the_leaky_control_is():
     assert control["verdict"] == "VIOLATION" and control["epsilon_lower_bound"] > EPS
     honest = tune_audit(EPS, runs=16)
     assert honest["verdict"] == "consistent with claim" and honest["epsilon_lower_bound"] <= EPS
+
+
+def test_tune_model_path_is_not_flagged():
+    """The outlier as a training user on its own coordinate; the statistic is the released model's coordinate."""
+    _, val = split_users(tune_worlds(target="model")[0].train.user_ids, 0, 0.3)
+    assert all(tune_worlds(target="model")[0].train.user_ids[i].startswith("tune-outlier") for i in val)
+    report = tune_audit(EPS, runs=16, target="model")
+    assert report["verdict"] == "consistent with claim" and report["epsilon_lower_bound"] <= EPS
