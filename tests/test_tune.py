@@ -516,3 +516,29 @@ def test_tune_draws_settings_from_a_distribution(tmp_path):
     trial_lines = [line for line in lines if line.startswith("  trial")]
     assert trial_lines and all("log:" not in line for line in trial_lines)  # drawn values, not the law
     assert any(f"lr={sel['lr']}" in line and f"rounds={sel['rounds']}" in line for line in trial_lines)
+
+
+@pytest.mark.parametrize("relation", ["replace-one", "add-remove"])
+def test_score_noise_is_calibrated_to_the_bound_under_both_relations(tmp_path, relation):
+    """The score's release: sensitivity B (values in [0, B]: replacing one user's value, or zeroing it out,
+    moves the sum by at most B), noise std B / sqrt(2 rho_trial); checked on adversarial neighbours."""
+    import torch
+
+    import fedkl.tuning as tuning
+    from fedkl.problems import make_problem
+    from fedkl.privacy import NoiseSource
+
+    data = load_dataset("synthetic-logistic", seed=1, n_users=USERS)
+    train_pos, val_pos = split_users(data.train.user_ids, 1, 0.3)
+    train_ds, val_ds = tuning._part(data, train_pos, "t"), tuning._part(data, val_pos, "v")
+    plan = tuning.plan_search(4.0, 1e-3, Stopping.with_mean("tnb", 2.0))
+    cfg = tuning._trial_config(_cfg(tmp_path, neighbouring=relation), "noisy-gd", {"rounds": 2}, plan, 5)
+    w, _ = tuning.run_trial(cfg, train_ds, val_ds.train, plan, NoiseSource(5), str(tmp_path), "t1", 1.0)
+    with PrivacyLedger(str(tmp_path / "t1-score.sqlite")) as ledger:
+        (row,) = ledger.releases()
+    assert row["sensitivity"] == 1.0 and math.isclose(row["noise_scale"], 1.0 / math.sqrt(2 * plan.rho_trial))
+    # every validation user's value lies in [0, B]: replacing it (replace-one) or zeroing it out (add-remove
+    # against the public enrolment: an absent user contributes 0) moves the sum by at most B
+    problem = make_problem("logistic", train_ds)
+    values, bound, _ = tuning.score_values(problem, torch.as_tensor(w).to(problem.dtype), val_ds.train, "binary", 1.0)
+    assert bound == 1.0 and bool(((values >= 0) & (values <= bound)).all()) and len(values) == len(val_pos)
