@@ -521,12 +521,12 @@ def test_tune_draws_settings_from_a_distribution(tmp_path):
 @pytest.mark.parametrize("relation", ["replace-one", "add-remove"])
 def test_score_noise_is_calibrated_to_the_bound_under_both_relations(tmp_path, relation):
     """The score's release: sensitivity B (values in [0, B]: replacing one user's value, or zeroing it out,
-    moves the sum by at most B), noise std B / sqrt(2 rho_trial); checked on adversarial neighbours."""
+    moves the sum by at most B), noise std B / sqrt(2 rho_trial)."""
     import torch
 
     import fedkl.tuning as tuning
-    from fedkl.problems import make_problem
     from fedkl.privacy import NoiseSource
+    from fedkl.problems import make_problem
 
     data = load_dataset("synthetic-logistic", seed=1, n_users=USERS)
     train_pos, val_pos = split_users(data.train.user_ids, 1, 0.3)
