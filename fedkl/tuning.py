@@ -440,10 +440,11 @@ def tune(
     ledger_path = cfg.ledger or os.path.join(out, "ledger.sqlite")
     state_path = os.path.join(out, STATE_FILE)
     state = json.load(open(state_path)) if os.path.exists(state_path) else None
-    if state is not None and state.get("status") == "finished":
+    if state is not None and state.get("status") in ("releasing", "finished"):
         raise ValueError(
-            f"{out} holds a finished search ({state['run_id']}): its output is released; a second search is a second "
-            "release: use a new --out (nothing was read or charged)"
+            f"{out} holds a {'finished' if state['status'] == 'finished' else 'released (its writing cut short)'} "
+            f"search ({state['run_id']}): its output may be out; a second search is a second release: use a new --out "
+            "(nothing was read or charged)"
         )
     # The state names the run BEFORE its charge is made (status "charging"), so a crash between the charge and
     # the state's update cannot lead to a second charge: the rerun finds the charge in the ledger by its run.
@@ -585,7 +586,11 @@ def _search(cfg, space, law, plan, train_ds, val_data, score_bound, log, before_
 
 
 def _write(cfg, data, train_ds, plan, best, summary, run_id, out, ledger_path, log) -> dict:
-    """The selected model and result.json (no losing trial, no K: module docstring)."""
+    """The selected model and result.json (no losing trial, no K: module docstring). The state says
+    ``releasing`` before the first file is written: a rerun after a crash while writing is refused (part of
+    the output may be out; rerunning would release a second search on the same charge)."""
+    state_path = os.path.join(out, STATE_FILE)
+    write_json(state_path, {**json.load(open(state_path)), "status": "releasing"})
     chosen = None if best is None or best["w"] is None else best["config"]
     problem_name = cfg.problem or DEFAULT_PROBLEM[data.task]
     problem = make_problem(problem_name, data, reg=cfg.reg, model=cfg.model)
@@ -650,7 +655,7 @@ def _write(cfg, data, train_ds, plan, best, summary, run_id, out, ledger_path, l
         "out_dir": out,
     }  # no wall time: it grows with K and the trials' settings, which are not released (module docstring)
     write_json(os.path.join(out, "result.json"), payload)
-    write_json(os.path.join(out, STATE_FILE), {**json.load(open(os.path.join(out, STATE_FILE))), "status": "finished"})
+    write_json(state_path, {**json.load(open(state_path)), "status": "finished"})
     if selected is None:
         log("selected: no model (no trial released one); the search's charge stands")
     else:

@@ -542,3 +542,25 @@ def test_score_noise_is_calibrated_to_the_bound_under_both_relations(tmp_path, r
     problem = make_problem("logistic", train_ds)
     values, bound, _ = tuning.score_values(problem, torch.as_tensor(w).to(problem.dtype), val_ds.train, "binary", 1.0)
     assert bound == 1.0 and bool(((values >= 0) & (values <= bound)).all()) and len(values) == len(val_pos)
+
+
+def test_a_crash_while_writing_the_output_is_not_rerun(tmp_path, monkeypatch):
+    """model.pt is out, result.json fails: a rerun would release a second search on the same charge: refused."""
+    import fedkl.tuning as tuning
+
+    cfg = _cfg(tmp_path)
+    real = tuning.write_json
+
+    def fail_result(path, payload):
+        if path.endswith("result.json"):
+            raise OSError("disk full")
+        return real(path, payload)
+
+    monkeypatch.setattr(tuning, "write_json", fail_result)
+    with pytest.raises(OSError, match="disk full"):
+        tune(cfg, ["noisy-gd"], GRID, trials=2.0, log=lambda _: None)
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="second release"):
+        tune(cfg, ["noisy-gd"], GRID, trials=2.0, log=lambda _: None)
+    with PrivacyLedger(os.path.join(cfg.out, "ledger.sqlite")) as ledger:
+        assert ledger.num_releases() == 1
