@@ -49,10 +49,16 @@ The charge. Before any trial starts (before any query reads a record), every enr
 and validation) is charged the search's ``(eps, delta)`` as one ``SearchCharge`` (label
 ``tune-search``) on the real ledger; a search that does not fit every user's remaining budget is
 refused then, before any record is read. ``tune_state.json`` names the search's run BEFORE the charge is
-made, so a crash between the charge and any later write cannot cause a second charge. Rerun on the same
-``out`` folder: a search whose charge is made but which did not finish (crash) is rerun on that charge
-(found in the ledger by its run; not charged again; a run named but never charged is rerun as a new search; nothing of the crashed search was released, and the rerun's output has the
-law of one search); a finished search is refused (a second output would be a second release).
+made (status ``charging``), so a crash between the charge and any later write cannot cause a second
+charge. Rerun on the same ``out`` folder: a search whose charge is made but which did not finish (crash)
+is rerun on that charge (found in the ledger by its run; not charged again; nothing of the crashed search
+was released, and the rerun's output has the law of one search); a run named but never charged is rerun
+as a new search; a finished search, or one whose output files were being written (status ``releasing``,
+set before the first file), is refused (a second output would be a second release).
+
+Side channels closed: result.json holds no wall time (it grows with K and the trials' settings); a
+validation user's NaN mean loss counts as the worst value ``B`` (a NaN would make the whole sum NaN: an
+unbounded change by one user).
 
 Seeded mode (``noise_seed``, tests and reproductions only, like ``fedkl run``): K, the settings draws
 and every trial's noise follow the seed; result.json then records the chosen trial's noise seed, so
