@@ -68,6 +68,7 @@ and every trial's noise follow the seed; result.json then records the chosen tri
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -306,6 +307,7 @@ class SearchPlan:
         ]
 
 
+@functools.lru_cache(maxsize=64)  # pure; a search calls it twice, an audit once per world and run
 def plan_search(epsilon: float, delta: float, stopping: Stopping) -> SearchPlan:
     """The largest per-trial budget whose search is ``(epsilon, delta)``-DP (bisection on the trial's
     stand-in eps; its zCDP cap ``Budget(eps_trial, delta, "cks").rho`` is the trial's rho).

@@ -564,3 +564,16 @@ def test_a_crash_while_writing_the_output_is_not_rerun(tmp_path, monkeypatch):
         tune(cfg, ["noisy-gd"], GRID, trials=2.0, log=lambda _: None)
     with PrivacyLedger(os.path.join(cfg.out, "ledger.sqlite")) as ledger:
         assert ledger.num_releases() == 1
+
+
+@pytest.mark.parametrize("law", [x[2] for x in LAWS] + [Stopping("tnb", eta=-0.5, gamma=0.05)])
+def test_search_epsilon_is_the_conversion_of_the_per_order_bound(law):
+    """search_epsilon's vectorized TNB curve is search_rdp_zcdp at every order (converted the same way)."""
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
+
+    from fedkl.privacy.selection import ORDERS
+
+    for rho in (1e-4, 0.05, 1.0):
+        curve = [search_rdp_zcdp(o, rho, law) for o in ORDERS]
+        expected = rdp_lib.compute_epsilon(list(ORDERS), curve, 1e-5)[0]
+        assert search_epsilon(rho, law, 1e-5) == pytest.approx(expected, rel=1e-12, abs=1e-12)
