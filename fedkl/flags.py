@@ -424,7 +424,8 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="NAME=V1,V2,...",
-        help="the values of one hyperparameter to search (repeatable), e.g. --grid lr=0.5,1,2 --grid clip=0.5,1",
+        help="the values of one hyperparameter to search (repeatable), e.g. --grid lr=0.5,1,2 --grid clip=0.5,1; "
+        "or a range drawn afresh per trial: --grid lr=log:0.1:10 (log-uniform), uniform:LO:HI, int:LO:HI",
     )
     tune.add_argument(
         "--trials", type=_positive(), default=5.0, help="expected number of trials E[K] (default %(default)s)"

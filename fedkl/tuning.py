@@ -48,10 +48,17 @@ need its own accounting), so the issue's per-trial table and plot are not part o
 The charge. Before any trial starts (before any query reads a record), every enrolled user (training
 and validation) is charged the search's ``(eps, delta)`` as one ``SearchCharge`` (label
 ``tune-search``) on the real ledger; a search that does not fit every user's remaining budget is
-refused then, before any record is read. Rerun on the same ``out`` folder: a search whose charge is
-made but which did not finish (crash) is rerun on that charge (found in the ledger by its row id and
-record; not charged again; nothing of the crashed search was released, and the rerun's output has the
-law of one search); a finished search is refused (a second output would be a second release).
+refused then, before any record is read. ``tune_state.json`` names the search's run BEFORE the charge is
+made (status ``charging``), so a crash between the charge and any later write cannot cause a second
+charge. Rerun on the same ``out`` folder: a search whose charge is made but which did not finish (crash)
+is rerun on that charge (found in the ledger by its run; not charged again; nothing of the crashed search
+was released, and the rerun's output has the law of one search); a run named but never charged is rerun
+as a new search; a finished search, or one whose output files were being written (status ``releasing``,
+set before the first file), is refused (a second output would be a second release).
+
+Side channels closed: result.json holds no wall time (it grows with K and the trials' settings); a
+validation user's NaN mean loss counts as the worst value ``B`` (a NaN would make the whole sum NaN: an
+unbounded change by one user).
 
 Seeded mode (``noise_seed``, tests and reproductions only, like ``fedkl run``): K, the settings draws
 and every trial's noise follow the seed; result.json then records the chosen trial's noise seed, so
@@ -61,6 +68,7 @@ and every trial's noise follow the seed; result.json then records the chosen tri
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -131,10 +139,77 @@ def _typed(field, value):
     return kind(value)
 
 
+DIST_KINDS = ("log", "uniform", "int")
+
+
+@dataclass(frozen=True)
+class Dist:
+    """A hyperparameter drawn afresh for every trial: ``log`` (log-uniform on ``[lo, hi]``, ``lo > 0``),
+    ``uniform`` (on ``[lo, hi]``) or ``int`` (uniform on the integers ``lo..hi``). Written as a one-value
+    grid entry ``NAME=KIND:LO:HI`` (``--grid lr=log:0.1:10``). Its draws use the search's SECRET randomness,
+    like the choice of the grid point: the theorem needs i.i.d. trials, and a public (seeded) sequence of
+    settings would tell from the released settings which trial won, hence a lower bound on K."""
+
+    kind: str
+    lo: float
+    hi: float
+
+    def __post_init__(self) -> None:
+        if self.kind not in DIST_KINDS:
+            raise ValueError(f"a distribution is one of {', '.join(DIST_KINDS)}, got {self.kind!r}")
+        if not (math.isfinite(self.lo) and math.isfinite(self.hi) and self.lo < self.hi):
+            raise ValueError(f"{self}: needs finite lo < hi")
+        if self.kind == "log" and not self.lo > 0:
+            raise ValueError(f"{self}: a log-uniform range needs lo > 0")
+        if self.kind == "int" and (self.lo != int(self.lo) or self.hi != int(self.hi)):
+            raise ValueError(f"{self}: an integer range needs integer ends")
+
+    @classmethod
+    def parse(cls, text: str) -> "Dist | None":
+        """``"log:0.1:10"`` -> Dist; None for a plain value."""
+        parts = text.split(":") if isinstance(text, str) else []
+        if len(parts) != 3 or parts[0] not in DIST_KINDS:
+            return None
+        try:
+            lo, hi = float(parts[1]), float(parts[2])
+        except ValueError:
+            raise ValueError(f"{text!r}: a distribution is KIND:LO:HI with numbers LO < HI") from None
+        return cls(parts[0], lo, hi)
+
+    def ends(self) -> tuple:
+        return (int(self.lo), int(self.hi)) if self.kind == "int" else (self.lo, self.hi)
+
+    def sample(self, uniform: Callable[[], float]):
+        u = float(uniform())
+        if self.kind == "log":
+            return min(self.hi, max(self.lo, math.exp(math.log(self.lo) + u * (math.log(self.hi) - math.log(self.lo)))))
+        if self.kind == "uniform":
+            return min(self.hi, self.lo + u * (self.hi - self.lo))
+        lo, hi = self.ends()
+        return lo + min(int(u * (hi - lo + 1)), hi - lo)
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.lo:g}:{self.hi:g}"
+
+
+def _concrete(settings: dict) -> list[dict]:
+    """The settings with every distribution at its low end, then at its high end (validation, preflight)."""
+    if not any(isinstance(v, Dist) for v in settings.values()):
+        return [settings]
+    return [{k: (v.ends()[i] if isinstance(v, Dist) else v) for k, v in settings.items()} for i in (0, 1)]
+
+
+def draw_settings(settings: dict, uniform: Callable[[], float]) -> dict:
+    """One trial's settings: every distribution drawn (in the point's key order) from ``uniform``."""
+    return {k: (v.sample(uniform) if isinstance(v, Dist) else v) for k, v in settings.items()}
+
+
 def search_space(algorithms: tuple[str, ...] | list[str], grid: dict) -> list[tuple[str, dict]]:
     """Every (algorithm, settings) point: each algorithm times the product of the grid's values of
     ITS hyperparameters (a grid name no listed algorithm has is an error; each point is validated
-    by the algorithm's Params now, before any data is read)."""
+    by the algorithm's Params now, before any data is read). A one-value entry ``KIND:LO:HI`` is a
+    :class:`Dist`, drawn per trial (``int`` for integer hyperparameters, ``log``/``uniform`` for real ones;
+    both ends validated)."""
     if not algorithms:
         raise ValueError("the search space needs at least one algorithm")
     grid = parse_grid(grid)
@@ -148,10 +223,21 @@ def search_space(algorithms: tuple[str, ...] | list[str], grid: dict) -> list[tu
         keys = [k for k in grid if k in own]
         combos: list[dict] = [{}]
         for k in keys:
-            combos = [{**c, k: _typed(own[k], v)} for c in combos for v in grid[k]]
+            values = grid[k]
+            dist = Dist.parse(values[0]) if len(values) == 1 else None
+            if dist is not None:
+                kind = field_kind(own[k])
+                if kind not in ((int,) if dist.kind == "int" else (float,)):
+                    raise ValueError(
+                        f"--grid {k}={dist}: {k} is {kind.__name__}; use int:LO:HI for integers, log/uniform for reals"
+                    )
+                combos = [{**c, k: dist} for c in combos]
+            else:
+                combos = [{**c, k: _typed(own[k], v)} for c in combos for v in values]
         for c in combos:
             spec = algorithm_spec(name)
-            spec.params(**c)  # type/range errors now
+            for concrete in _concrete(c):
+                spec.params(**concrete)  # type/range errors now
             points.append((name, c))
     return points
 
@@ -221,6 +307,7 @@ class SearchPlan:
         ]
 
 
+@functools.lru_cache(maxsize=64)  # pure; a search calls it twice, an audit once per world and run
 def plan_search(epsilon: float, delta: float, stopping: Stopping) -> SearchPlan:
     """The largest per-trial budget whose search is ``(epsilon, delta)``-DP (bisection on the trial's
     stand-in eps; its zCDP cap ``Budget(eps_trial, delta, "cks").rho`` is the trial's rho).
@@ -253,8 +340,8 @@ def plan_search(epsilon: float, delta: float, stopping: Stopping) -> SearchPlan:
 # --- one trial -------------------------------------------------------------------------------------------
 def score_values(problem, w: torch.Tensor, data, task: str, bound: float) -> tuple[torch.Tensor, float, bool]:
     """Each user's mean quality over its records, clipped to ``[0, B]``: accuracy for classification
-    (``B = 1``), the mean record loss otherwise (``B = bound``). Returns the values, ``B`` and whether
-    higher is better. A user without records contributes 0."""
+    (``B = 1``), the mean record loss otherwise (``B = bound``; a NaN mean counts as ``B``, the worst). Returns the values,
+    ``B`` and whether higher is better. A user without records contributes 0."""
     data = data.to(problem.dtype)
     if task in ("binary", "multiclass"):
         pred = problem.predict(w, data.X).reshape(-1).to(torch.float64)
@@ -265,6 +352,9 @@ def score_values(problem, w: torch.Tensor, data, task: str, bound: float) -> tup
     counts = data.counts().to(torch.float64)
     sums = torch.bincount(data.user_index, weights=per_record, minlength=data.num_users)
     means = torch.where(counts > 0, sums / counts.clamp(min=1), torch.zeros_like(sums))
+    # a NaN mean (one user's records can make its own loss NaN, e.g. 0 * inf) would turn the whole sum NaN:
+    # an unbounded change by one user. It counts as the worst value, B: still in [0, B], per user.
+    means = torch.where(torch.isnan(means), torch.full_like(means, bound), means)
     return means.clamp(0.0, bound), bound, higher
 
 
@@ -344,9 +434,9 @@ def tune(
         raise ValueError(f"--stopping must be one of {', '.join(STOPPING_RULES)}, got {stopping!r}")
     law = Stopping.with_mean(stopping, trials, eta)  # ValueError before any data
     space = search_space(tuple(algorithms), grid or {})
-    if cfg.delta is not None:  # the stopping rule's own cost, refused before the data is even loaded
-        plan_search(cfg.epsilon, cfg.delta, law)
-    started = time.time()
+    delta_before = cfg.delta if cfg.delta is not None else _default_delta_before_loading(cfg)
+    if delta_before is not None:  # the stopping rule's own cost, refused before the data is even loaded
+        plan_search(cfg.epsilon, delta_before, law)
     data = dataset if dataset is not None else load_run_dataset(cfg)  # the enrolment (user ids: public)
     n = data.train.num_users
     delta = cfg.delta if cfg.delta is not None else default_delta(n)
@@ -358,28 +448,28 @@ def tune(
     ledger_path = cfg.ledger or os.path.join(out, "ledger.sqlite")
     state_path = os.path.join(out, STATE_FILE)
     state = json.load(open(state_path)) if os.path.exists(state_path) else None
-    if state is not None and state.get("status") == "finished":
+    if state is not None and state.get("status") in ("releasing", "finished"):
         raise ValueError(
-            f"{out} holds a finished search ({state['run_id']}): its output is released; a second search is a second "
-            "release: use a new --out (nothing was read or charged)"
+            f"{out} holds a {'finished' if state['status'] == 'finished' else 'released (its writing cut short)'} "
+            f"search ({state['run_id']}): its output may be out; a second search is a second release: use a new --out "
+            "(nothing was read or charged)"
         )
-    run_id = state["run_id"] if state else time.strftime("%Y%m%d-%H%M%S") + "-tune-" + uuid.uuid4().hex[:6]
+    # The state names the run BEFORE its charge is made (status "charging"), so a crash between the charge and
+    # the state's update cannot lead to a second charge: the rerun finds the charge in the ledger by its run.
+    row = _search_charge_of(ledger_path, state)
+    run_id = state["run_id"] if row is not None else time.strftime("%Y%m%d-%H%M%S") + "-tune-" + uuid.uuid4().hex[:6]
     ledger = PrivacyLedger(ledger_path, Budget(cfg.epsilon, delta, cfg.conversion), run_id, {"tune": cfg.settings()})
+    charge_id = None
     try:
         log(
             f"fedkl tune {run_id}: {len(space)} settings of {', '.join(dict.fromkeys(algorithms))} on {cfg.dataset} "
             f"({n} users: {len(train_pos)} train, {len(val_pos)} validation by the public split seed={cfg.seed})"
         )
-        if state is None:
+        if row is None:
             ledger.reserve(users)
             eps_left, delta_left = ledger.approx_left(users)
         else:
             ledger.take_over(users)
-            row = next((r for r in ledger.releases(run_id) if r["id"] == state["charge_id"]), None)
-            if row is None or row["label"] != SEARCH_LABEL:
-                raise ValueError(
-                    f"{ledger_path} has no search charge {state['charge_id']} of {run_id} (nothing was charged)"
-                )
             stored = from_record(row["charge"])
             eps_left, delta_left = stored.eps, stored.delta
         if eps_left <= 0 or delta_left <= 0:
@@ -388,29 +478,59 @@ def tune(
         _preflight(cfg, space, train_ds, plan)
         for line in plan.lines():
             log(line)
-        if state is None:
+        state = {"run_id": run_id, "status": "charging", "ledger": os.path.abspath(ledger_path)}
+        if row is None:
+            write_json(state_path, state)  # before the charge (above)
             charge_id = ledger.charge(users, plan.charge, label=SEARCH_LABEL, details={"space": len(space)})
-            state = {
-                "run_id": run_id,
-                "charge_id": charge_id,
-                "status": "charged",
-                "ledger": os.path.abspath(ledger_path),
-            }
-            write_json(state_path, state)
         else:
             if stored != plan.charge:
                 raise ValueError("the rerun's search is not the charged one (different settings?): nothing was charged")
-            log(f"rerunning search {run_id} on its charge (release {state['charge_id']}): not charged again")
+            charge_id = row["id"]
+            log(f"rerunning search {run_id} on its charge (release {charge_id}): not charged again")
+        state = {**state, "charge_id": charge_id, "status": "charged"}
+        write_json(state_path, state)
         best = _search(cfg, space, law, plan, train_ds, val_ds.train, score_bound, log, before_trial)
         ledger.verify()
-        payload = _write(cfg, data, train_ds, plan, best, ledger.summary(), run_id, out, ledger_path, started, log)
+        payload = _write(cfg, data, train_ds, plan, best, ledger.summary(), run_id, out, ledger_path, log)
         ledger.finish_run("finished")
     except BaseException as e:
-        ledger.finish_run("refused" if state is None else ledger.end_status(e))  # state: the charge is made
+        ledger.finish_run("refused" if charge_id is None else ledger.end_status(e))
         raise
     finally:
         ledger.close()
     return payload
+
+
+def _default_delta_before_loading(cfg: RunConfig) -> float | None:
+    """The default delta ``1/n^1.1`` (:func:`fedkl.runner.default_delta`) when the configuration alone fixes
+    the number of users (a synthetic dataset with ``users``), else None: a file's or a real dataset's user
+    count is known only once it is loaded (no cheap count), and the largest default any enrolment could
+    have (n = 2) fits every search, so there the check runs after loading, still before any query and any
+    charge (pass ``--delta`` to be refused before the data is loaded)."""
+    if cfg.users is not None and str(cfg.dataset).startswith("synthetic-"):
+        return default_delta(int(cfg.users))
+    return None
+
+
+def _search_charge_of(ledger_path: str, state: dict | None) -> dict | None:
+    """The search charge (ledger row) of the run named by ``state``, or None when that run made none (it
+    crashed before its charge: rerun as a new search). A state that records a charge the ledger lacks is
+    an error (the wrong --ledger?)."""
+    if state is None:
+        return None
+    row = None
+    if os.path.exists(ledger_path):
+        with PrivacyLedger(ledger_path) as peek:
+            row = next((r for r in peek.releases(state["run_id"]) if r["label"] == SEARCH_LABEL), None)
+    if row is None and state.get("charge_id") is not None:
+        raise ValueError(
+            f"{ledger_path} has no search charge {state['charge_id']} of {state['run_id']} (nothing was charged)"
+        )
+    if row is not None and state.get("charge_id") not in (None, row["id"]):
+        raise ValueError(
+            f"{ledger_path}: the search charge of {state['run_id']} is {row['id']}, not {state['charge_id']}"
+        )
+    return row
 
 
 def _preflight(cfg: RunConfig, space, train_ds: FederatedDataset, plan: SearchPlan) -> None:
@@ -422,16 +542,17 @@ def _preflight(cfg: RunConfig, space, train_ds: FederatedDataset, plan: SearchPl
         delta=plan.delta, rho_left=plan.rho_trial, approx_left=(0.0, 0.0), conversion="cks",
         neighbouring=cfg.neighbouring, seed=cfg.seed,
     )  # fmt: skip
-    for name, settings in space:
-        trial = _trial_config(cfg, name, settings, plan, None)
-        try:
-            alg = algorithm_spec(name).build(trial.params, ctx)
-        except BudgetExhausted:  # it asked for an (eps, delta) budget, of which a trial offers none
-            alg = None
-        if alg is None or not alg.guarantee.zcdp:
-            why = "asks for an (eps, delta) budget" if alg is None else "is not charged in zCDP"
-            raise ValueError(f"{name} {why}; fedkl tune accounts zCDP trials only (nothing was read or charged)")
-        alg.guarantee.check_relation(cfg.neighbouring, name)
+    for name, point in space:
+        for settings in _concrete(point):
+            trial = _trial_config(cfg, name, settings, plan, None)
+            try:
+                alg = algorithm_spec(name).build(trial.params, ctx)
+            except BudgetExhausted:  # it asked for an (eps, delta) budget, of which a trial offers none
+                alg = None
+            if alg is None or not alg.guarantee.zcdp:
+                why = "asks for an (eps, delta) budget" if alg is None else "is not charged in zCDP"
+                raise ValueError(f"{name} {why}; fedkl tune accounts zCDP trials only (nothing was read or charged)")
+            alg.guarantee.check_relation(cfg.neighbouring, name)
 
 
 def _trial_config(cfg: RunConfig, name: str, settings: dict, plan: SearchPlan, noise_seed: int | None) -> RunConfig:
@@ -458,7 +579,8 @@ def _search(cfg, space, law, plan, train_ds, val_data, score_bound, log, before_
     best: dict | None = None
     with tempfile.TemporaryDirectory() as workdir:
         for t in range(1, k + 1):
-            name, settings = space[min(int(uniform() * len(space)), len(space) - 1)]
+            name, point = space[min(int(uniform() * len(space)), len(space) - 1)]
+            settings = draw_settings(point, uniform)
             log(f"  trial {t}: {name} " + " ".join(f"{a}={v}" for a, v in settings.items()))
             if before_trial is not None:
                 before_trial(t)
@@ -471,8 +593,12 @@ def _search(cfg, space, law, plan, train_ds, val_data, score_bound, log, before_
     return best
 
 
-def _write(cfg, data, train_ds, plan, best, summary, run_id, out, ledger_path, started, log) -> dict:
-    """The selected model and result.json (no losing trial, no K: module docstring)."""
+def _write(cfg, data, train_ds, plan, best, summary, run_id, out, ledger_path, log) -> dict:
+    """The selected model and result.json (no losing trial, no K: module docstring). The state says
+    ``releasing`` before the first file is written: a rerun after a crash while writing is refused (part of
+    the output may be out; rerunning would release a second search on the same charge)."""
+    state_path = os.path.join(out, STATE_FILE)
+    write_json(state_path, {**json.load(open(state_path)), "status": "releasing"})
     chosen = None if best is None or best["w"] is None else best["config"]
     problem_name = cfg.problem or DEFAULT_PROBLEM[data.task]
     problem = make_problem(problem_name, data, reg=cfg.reg, model=cfg.model)
@@ -535,10 +661,9 @@ def _write(cfg, data, train_ds, plan, best, summary, run_id, out, ledger_path, s
         "config": public_settings(cfg.settings()),
         "model_path": model_path,
         "out_dir": out,
-        "wall_time_s": time.time() - started,
-    }
+    }  # no wall time: it grows with K and the trials' settings, which are not released (module docstring)
     write_json(os.path.join(out, "result.json"), payload)
-    write_json(os.path.join(out, STATE_FILE), {**json.load(open(os.path.join(out, STATE_FILE))), "status": "finished"})
+    write_json(state_path, {**json.load(open(state_path)), "status": "finished"})
     if selected is None:
         log("selected: no model (no trial released one); the search's charge stands")
     else:
@@ -557,5 +682,5 @@ def _write(cfg, data, train_ds, plan, best, summary, run_id, out, ledger_path, s
 
 
 __all__ = [
-    "SearchPlan", "parse_grid", "plan_search", "run_settings_and_grid", "run_trial", "search_space", "split_users", "tune",
+    "Dist", "SearchPlan", "parse_grid", "plan_search", "run_settings_and_grid", "run_trial", "search_space", "split_users", "tune",
 ]  # fmt: skip

@@ -237,8 +237,7 @@ def test_refused_before_any_record_is_read(tmp_path, monkeypatch):
     # the stopping rule alone does not fit: ln E[K] / (l - 1) and the like exceed a tiny epsilon
     with pytest.raises(BudgetExhausted, match="does not fit"):
         tune(_cfg(tmp_path, epsilon=0.02), ["noisy-gd"], GRID, trials=50.0, log=lambda _: None)
-    with PrivacyLedger(str(tmp_path / "run" / "ledger.sqlite")) as ledger:
-        assert ledger.num_releases() == 0 and ledger.runs()[-1]["status"] == "refused"
+    assert not os.path.exists(tmp_path / "run" / "ledger.sqlite")  # --users fixes n: refused before loading
     # a ledger whose users already spent their budget on a search
     ledger = str(tmp_path / "shared.sqlite")
     monkeypatch.undo()
@@ -363,3 +362,218 @@ def test_every_algorithm_is_refused_in_one_line_or_fits_its_trial(name, tmp_path
         trial, part, data.train.subset(val_pos), plan, tuning.NoiseSource(7), str(tmp_path), "t", 1.0
     )
     assert w is None or math.isfinite(score)
+
+
+# --- review fixes ---------------------------------------------------------------------------------------------
+def test_one_users_nan_loss_moves_the_score_by_at_most_the_bound():
+    """A user whose own records make its loss NaN counts as the worst value B: the sum stays finite and
+    within B of its neighbour's (a NaN sum would be an unbounded change by one user)."""
+    import torch
+
+    from fedkl.tuning import score_values
+
+    data = load_dataset("synthetic-logistic", seed=1, n_users=6).train
+
+    class Fake:
+        dtype = torch.float64
+
+        def __init__(self, bad_user):
+            self.bad_user = bad_user
+
+        def record_losses(self, w, d):
+            losses = torch.full((d.X.shape[0],), 0.25, dtype=torch.float64)
+            if self.bad_user is not None:
+                losses[d.user_index == self.bad_user] = float("nan")
+            return losses
+
+    honest, _, _ = score_values(Fake(None), torch.zeros(1), data, "regression", 2.0)
+    nan, bound, higher = score_values(Fake(3), torch.zeros(1), data, "regression", 2.0)
+    assert not higher and bound == 2.0 and bool(torch.isfinite(nan).all())
+    assert float(nan[3]) == 2.0 and abs(float(nan.sum() - honest.sum())) <= bound
+
+
+def test_result_json_does_not_depend_on_the_number_of_trials(tmp_path, monkeypatch):
+    """K is not released: two searches whose first trial wins, with K = 1 and K = 3, write the same
+    result.json up to their run's own names (no wall time, no count)."""
+    import fedkl.tuning as tuning
+
+    original = tuning.run_trial
+
+    def first_wins(cfg, train_ds, val_data, plan, noise, workdir, tag, score_bound):
+        w, _ = original(cfg, train_ds, val_data, plan, noise, workdir, tag, score_bound)
+        return w, (1.0 if tag == "trial-1" else 0.0)
+
+    monkeypatch.setattr(tuning, "run_trial", first_wins)
+    results = []
+    for k in (1, 3):
+        monkeypatch.setattr(Stopping, "sample", lambda self, uniform, k=k: k)
+        cfg = _cfg(tmp_path, f"k{k}")
+        tune(cfg, ["noisy-gd"], {"lr": ["0.5"]}, trials=3.0, log=lambda _: None)
+        text = open(os.path.join(cfg.out, "result.json")).read()
+        results.append(
+            json.loads(
+                text.replace(f"k{k}", "OUT").replace(
+                    json.load(open(os.path.join(cfg.out, "tune_state.json")))["run_id"], "RUN"
+                )
+            )
+        )
+    assert results[0] == results[1]
+
+
+def test_refused_before_loading_at_the_default_delta_of_a_known_enrolment(tmp_path, monkeypatch):
+    """Without --delta, a synthetic dataset's --users fixes the default delta 1/n^1.1: a search that cannot
+    fit it is refused before the data is loaded."""
+    import fedkl.tuning as tuning
+
+    assert load_dataset("synthetic-logistic", seed=1, n_users=USERS).train.num_users == USERS  # n is exact
+
+    def no_load(*a, **k):
+        raise AssertionError("the data was loaded")
+
+    monkeypatch.setattr(tuning, "load_run_dataset", no_load)
+    with pytest.raises(BudgetExhausted, match="does not fit"):
+        tune(_cfg(tmp_path, epsilon=0.01), ["noisy-gd"], GRID, trials=50.0, log=lambda _: None)
+    assert not os.path.exists(tmp_path / "run" / "ledger.sqlite")
+
+
+def test_a_crash_between_the_charge_and_the_state_does_not_charge_twice(tmp_path, monkeypatch):
+    import fedkl.tuning as tuning
+
+    cfg = _cfg(tmp_path)
+    ledger_path = os.path.join(cfg.out, "ledger.sqlite")
+    real = tuning.write_json
+
+    def fail_after_the_charge(path, payload):
+        if path.endswith("tune_state.json") and payload.get("charge_id") is not None:
+            raise OSError("disk full")  # the charge is made; recording it fails
+        return real(path, payload)
+
+    monkeypatch.setattr(tuning, "write_json", fail_after_the_charge)
+    with pytest.raises(OSError, match="disk full"):
+        tune(cfg, ["noisy-gd"], GRID, trials=2.0, log=lambda _: None)
+    with PrivacyLedger(ledger_path) as ledger:
+        assert ledger.num_releases() == 1
+    monkeypatch.undo()
+    lines: list[str] = []
+    result = tune(cfg, ["noisy-gd"], GRID, trials=2.0, log=lines.append)
+    assert any("not charged again" in line for line in lines)
+    with PrivacyLedger(ledger_path) as ledger:
+        assert ledger.num_releases() == 1
+        ledger.verify()
+    assert result["search"]["charge"]["eps"] <= cfg.epsilon
+
+
+def test_a_crash_in_the_charge_is_rerun_as_a_new_search(tmp_path, monkeypatch):
+    cfg = _cfg(tmp_path)
+
+    def power_loss(self, *a, **k):
+        raise RuntimeError("power loss")  # before the charge commits: nothing charged
+
+    monkeypatch.setattr(PrivacyLedger, "charge", power_loss)
+    with pytest.raises(RuntimeError, match="power loss"):
+        tune(cfg, ["noisy-gd"], GRID, trials=2.0, log=lambda _: None)
+    monkeypatch.undo()
+    tune(cfg, ["noisy-gd"], GRID, trials=2.0, log=lambda _: None)
+    with PrivacyLedger(os.path.join(cfg.out, "ledger.sqlite")) as ledger:
+        assert ledger.num_releases() == 1
+        assert [r["status"] for r in ledger.runs()] == ["refused", "finished"]
+
+
+def test_distributions_are_drawn_per_trial_within_their_ranges():
+    from fedkl.tuning import Dist, draw_settings
+
+    rng = np.random.default_rng(0)
+    n = 4000
+    log = [Dist.parse("log:0.1:10").sample(rng.random) for _ in range(n)]
+    ints = [Dist.parse("int:2:5").sample(rng.random) for _ in range(n)]
+    assert all(0.1 <= v <= 10 for v in log) and set(ints) == {2, 3, 4, 5}
+    tol = 4 * math.sqrt(0.25 / n)  # 4 standard errors of a proportion
+    assert abs(np.mean(np.array(log) < 1.0) - 0.5) < tol  # log-uniform: half below the geometric midpoint
+    for k in (2, 3, 4, 5):
+        assert abs(ints.count(k) / n - 0.25) < 4 * math.sqrt(0.25 * 0.75 / n)
+    assert Dist.parse("0.5") is None
+    drawn = draw_settings({"lr": Dist.parse("uniform:1:2"), "rounds": 3}, rng.random)
+    assert 1 <= drawn["lr"] <= 2 and drawn["rounds"] == 3
+
+
+def test_search_space_validates_distributions_before_any_data():
+    points = search_space(["noisy-gd"], {"lr": ["log:0.1:10"], "rounds": ["2", "3"]})
+    assert len(points) == 2 and str(points[0][1]["lr"]) == "log:0.1:10"
+    with pytest.raises(ValueError, match="int:LO:HI"):
+        search_space(["noisy-gd"], {"rounds": ["log:1:5"]})
+    with pytest.raises(ValueError):
+        search_space(["noisy-gd"], {"rounds": ["int:0:5"]})  # rounds 0 refused by the Params, at the low end
+    with pytest.raises(ValueError, match="lo > 0"):
+        search_space(["noisy-gd"], {"lr": ["log:0:1"]})
+
+
+def test_tune_draws_settings_from_a_distribution(tmp_path):
+    lines: list[str] = []
+    result = tune(_cfg(tmp_path), ["noisy-gd"], {"lr": ["log:0.1:3"], "rounds": ["int:1:3"]}, trials=3.0,
+                  log=lines.append)  # fmt: skip
+    sel = result["selected"]["settings"]
+    assert 0.1 <= sel["lr"] <= 3 and sel["rounds"] in (1, 2, 3)
+    trial_lines = [line for line in lines if line.startswith("  trial")]
+    assert trial_lines and all("log:" not in line for line in trial_lines)  # drawn values, not the law
+    assert any(f"lr={sel['lr']}" in line and f"rounds={sel['rounds']}" in line for line in trial_lines)
+
+
+@pytest.mark.parametrize("relation", ["replace-one", "add-remove"])
+def test_score_noise_is_calibrated_to_the_bound_under_both_relations(tmp_path, relation):
+    """The score's release: sensitivity B (values in [0, B]: replacing one user's value, or zeroing it out,
+    moves the sum by at most B), noise std B / sqrt(2 rho_trial)."""
+    import torch
+
+    import fedkl.tuning as tuning
+    from fedkl.privacy import NoiseSource
+    from fedkl.problems import make_problem
+
+    data = load_dataset("synthetic-logistic", seed=1, n_users=USERS)
+    train_pos, val_pos = split_users(data.train.user_ids, 1, 0.3)
+    train_ds, val_ds = tuning._part(data, train_pos, "t"), tuning._part(data, val_pos, "v")
+    plan = tuning.plan_search(4.0, 1e-3, Stopping.with_mean("tnb", 2.0))
+    cfg = tuning._trial_config(_cfg(tmp_path, neighbouring=relation), "noisy-gd", {"rounds": 2}, plan, 5)
+    w, _ = tuning.run_trial(cfg, train_ds, val_ds.train, plan, NoiseSource(5), str(tmp_path), "t1", 1.0)
+    with PrivacyLedger(str(tmp_path / "t1-score.sqlite")) as ledger:
+        (row,) = ledger.releases()
+    assert row["sensitivity"] == 1.0 and math.isclose(row["noise_scale"], 1.0 / math.sqrt(2 * plan.rho_trial))
+    # every validation user's value lies in [0, B]: replacing it (replace-one) or zeroing it out (add-remove
+    # against the public enrolment: an absent user contributes 0) moves the sum by at most B
+    problem = make_problem("logistic", train_ds)
+    values, bound, _ = tuning.score_values(problem, torch.as_tensor(w).to(problem.dtype), val_ds.train, "binary", 1.0)
+    assert bound == 1.0 and bool(((values >= 0) & (values <= bound)).all()) and len(values) == len(val_pos)
+
+
+def test_a_crash_while_writing_the_output_is_not_rerun(tmp_path, monkeypatch):
+    """model.pt is out, result.json fails: a rerun would release a second search on the same charge: refused."""
+    import fedkl.tuning as tuning
+
+    cfg = _cfg(tmp_path)
+    real = tuning.write_json
+
+    def fail_result(path, payload):
+        if path.endswith("result.json"):
+            raise OSError("disk full")
+        return real(path, payload)
+
+    monkeypatch.setattr(tuning, "write_json", fail_result)
+    with pytest.raises(OSError, match="disk full"):
+        tune(cfg, ["noisy-gd"], GRID, trials=2.0, log=lambda _: None)
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="second release"):
+        tune(cfg, ["noisy-gd"], GRID, trials=2.0, log=lambda _: None)
+    with PrivacyLedger(os.path.join(cfg.out, "ledger.sqlite")) as ledger:
+        assert ledger.num_releases() == 1
+
+
+@pytest.mark.parametrize("law", [x[2] for x in LAWS] + [Stopping("tnb", eta=-0.5, gamma=0.05)])
+def test_search_epsilon_is_the_conversion_of_the_per_order_bound(law):
+    """search_epsilon's vectorized TNB curve is search_rdp_zcdp at every order (converted the same way)."""
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
+
+    from fedkl.privacy.selection import ORDERS
+
+    for rho in (1e-4, 0.05, 1.0):
+        curve = [search_rdp_zcdp(o, rho, law) for o in ORDERS]
+        expected = rdp_lib.compute_epsilon(list(ORDERS), curve, 1e-5)[0]
+        assert search_epsilon(rho, law, 1e-5) == pytest.approx(expected, rel=1e-12, abs=1e-12)

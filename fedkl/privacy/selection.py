@@ -197,7 +197,16 @@ def search_epsilon(rho: float, stopping: Stopping, delta: float) -> float:
 
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta}")
-    curve = [search_rdp_zcdp(o, rho, stopping) for o in ORDERS]
+    if stopping.rule == "tnb":  # search_rdp_zcdp over every order at once (the same closed form)
+        if not (rho > 0 and math.isfinite(rho)):
+            raise ValueError(f"rho must be finite and > 0, got {rho}")
+        orders = np.array(ORDERS)
+        log_g = math.log(1 / stopping.gamma)
+        lh = max(1.0, math.sqrt(log_g / rho))
+        fixed = (1 + stopping.eta) * (rho * (lh - 1) + log_g / lh)
+        curve = list(rho * orders + fixed + math.log(_tnb_mean(stopping.eta, stopping.gamma)) / (orders - 1))
+    else:
+        curve = [search_rdp_zcdp(o, rho, stopping) for o in ORDERS]
     eps, _ = rdp_lib.compute_epsilon(list(ORDERS), curve, delta)
     return float(eps)
 
