@@ -48,7 +48,7 @@ from fedkl.privacy.journal import JournalError, ReleaseJournal
 from fedkl.privacy.release import PREPAY_WINDOW_S
 from fedkl.problems import DEFAULT_PROBLEM, make_problem, problem_spec
 from fedkl.problems.rowwise import KERNEL_MODES, kernels
-from fedkl.results import reference_metrics, write_json
+from fedkl.results import reference_metrics, write_json, write_round_metrics
 from fedkl.saved_model import SavedModel, check_resume, public_settings
 
 BACKENDS = ("inprocess", "flower-local", "flower-sim", "grpc", "ray-shards")
@@ -951,6 +951,12 @@ def write_run_files(
     got = f"{test[key]:.4f}" if key in test else "n/a (the algorithm released no model)"
     log(f"test {key} = {got}   (trivial baseline {trivial.get(key, math.nan):.4f})")
     log(f"wrote {result_path}" + (f", {model_path}" if model_path else "") + f" and ledger {ledger_path}")
+    try:  # after result.json: a figure that cannot be drawn never fails a trained, charged run
+        line = write_round_metrics(out, getattr(result, "history", None), f"{cfg.algorithm} on {cfg.dataset}")
+    except Exception as exc:  # noqa: BLE001  (one line; the run's outcome is result.json)
+        line = f"note: could not write the per-round metrics ({type(exc).__name__}: {exc})"
+    if line:
+        log(line)
     if cfg.reference:
         payload["nonprivate_reference"] = reference_metrics(evaluator, spec, log)
         payload["wall_time_s"] = time.time() - started

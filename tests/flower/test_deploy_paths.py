@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from flwr.app import Context, RecordDict
+from run_files import check_round_metrics  # tests/run_files.py
 
 import fedkl.flower.backends  # noqa: F401  (registers the grpc backend)
 from fedkl.cli import main
@@ -88,7 +89,10 @@ def test_the_deployed_server_app_of_flwr_run_writes_the_files_and_lines_fedkl_ru
     assert (out / "model.pt").exists() and (out / "ledger.sqlite").exists() and (out / "flower_result.json").exists()
     assert res["backend"] == "flwr-run" and res["rounds"] == 2 and res["model_path"] == str(out / "model.pt")
     key, value = res["test_metric"]["name"], res["test_metric"]["value"]
-    assert f"privacy: user-level (replace-one) epsilon = {res['epsilon']:.4f}, delta = {res['delta']:.3g}" in said
+    assert "privacy: user-level (replace-one; any clients) epsilon" in said  # the assumption next to epsilon
+    assert f"epsilon = {res['epsilon']:.4f}, delta = {res['delta']:.3g}" in said
     assert f"test {key} = {value:.4f}" in said
     assert main(["predict", "--model", str(out)]) == 0
     assert f"{key} = {value:.6g}" in capsys.readouterr().out
+    check_round_metrics(out, 2)  # the per-round metrics and curves of every entry point (issue 31, Operations)
+    assert f"wrote 2 rounds' metrics: {out / 'metrics.jsonl'}" in said
