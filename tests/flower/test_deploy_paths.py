@@ -56,6 +56,7 @@ def test_fedkl_run_grpc_with_the_default_relative_out_keeps_ledger_model_and_res
     with PrivacyLedger(ledger) as led:
         assert [r["status"] for r in led.runs()] == ["finished"] and led.num_releases() == 1
     assert list((tmp_path / "tmp").iterdir()) == []  # the work folder is gone, and nothing of the run was in it
+    check_round_metrics(out, 1)  # the per-round metrics, from the history the ServerApp returned
 
 
 def test_every_path_a_run_is_given_is_absolute_before_it_starts(tmp_path, monkeypatch):
