@@ -6,7 +6,8 @@ A record is ``{"round": t, "rounds": T, **fields, "failed_users": failed, "secon
 ``fields`` in the order given (norms of released values, rho spent, the round's public shape),
 ``failed_users`` only where the algorithm counts them, ``seconds`` since ``start`` (the round's
 wall time), ``extra`` (a release's own details) last. Every value is public or computed from
-releases: the records are published in result.json.
+releases: the records are handed out as the run's progress and written next to result.json as the run's
+per-round metrics (``metrics.jsonl``, ``metrics.csv``, ``curves.png``: :func:`fedkl.results.write_round_metrics`).
 """
 
 from __future__ import annotations
