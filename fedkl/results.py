@@ -20,6 +20,7 @@ import os
 from typing import Callable
 
 from fedkl.algorithms.nonprivate import nonprivate_minimizer
+from fedkl.algorithms.round_log import NOT_PUBLIC
 from fedkl.data.base import FederatedDataset
 from fedkl.federation.inprocess import InProcessFederation
 
@@ -59,10 +60,11 @@ TENSORBOARD_DIR = "tensorboard"  # its TensorBoard event files, where the tensor
 
 
 def round_rows(history: list | None) -> list[dict]:
-    """One row per round record of a run's history (:mod:`fedkl.algorithms.round_log`: public by construction,
-    the progress records the run already handed out): ``round`` first (the record's, else its position), then
-    the record's scalar fields (numbers, strings, booleans) in its own order, strict (a non-finite float as its
-    string); a list or dict field (a release's own details) is left out."""
+    """One row per round record of a run's history (:mod:`fedkl.algorithms.round_log`: the progress records the
+    run already handed out): ``round`` first (the record's, else its position), then the record's scalar fields
+    (numbers, strings, booleans) in its own order, strict (a non-finite float as its string); a list or dict field
+    (a release's own details) and a field that is not public (``round_log.NOT_PUBLIC``: a secret sample's size)
+    are left out."""
     rows = []
     for i, rec in enumerate(history or (), 1):
         if not isinstance(rec, dict):
@@ -70,7 +72,7 @@ def round_rows(history: list | None) -> list[dict]:
         row = {"round": strict(rec.get("round", i))}
         for k, v in rec.items():
             v = strict(v)
-            if k != "round" and (isinstance(v, (int, float, str, bool)) or v is None):
+            if k != "round" and k not in NOT_PUBLIC and (isinstance(v, (int, float, str, bool)) or v is None):
                 row[str(k)] = v
         rows.append(row)
     return rows

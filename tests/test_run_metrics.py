@@ -28,12 +28,14 @@ def test_an_in_process_run_writes_its_round_metrics_and_curves(tmp_path):
 
 
 def test_tensorboard_event_files_where_tensorboard_is_installed_else_a_line_on_the_csv(tmp_path, monkeypatch):
-    history = [{"round": t, "rounds": 2, "noisy_grad_norm": 0.5 * t, "rho_spent": 0.1 * t, "extra": [1, 2]}
-               for t in (1, 2)]  # fmt: skip
+    history = [{"round": t, "rounds": 2, "noisy_grad_norm": 0.5 * t, "rho_spent": 0.1 * t, "extra": [1, 2],
+                "sampled": 7 + t} for t in (1, 2)]  # fmt: skip
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # not installed: the import fails
     line = write_round_metrics(str(tmp_path), history)
     assert "TensorBoard is not installed" in line and "metrics.csv" in line
-    assert "extra" not in (tmp_path / "metrics.csv").read_text()  # a list field is not a scalar metric
+    header = (tmp_path / "metrics.csv").read_text().splitlines()[0]
+    assert header == "round,rounds,noisy_grad_norm,rho_spent"  # a list field is not a scalar metric, and
+    assert "sampled" not in (tmp_path / "metrics.jsonl").read_text()  # a secret Poisson sample's size is not public
     scalars, closed = [], []
 
     class Writer:  # torch.utils.tensorboard.SummaryWriter's interface
