@@ -383,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
         return ledger_command(args)
     if args.command == "predict":
         return _predict(args)
+    if args.command == "deploy":
+        return _deploy_certs(args)
     if args.command == "audit":
         return _audit(args, parser.subcommands["audit"])  # type: ignore[attr-defined]
     if args.command == "account":
@@ -413,6 +415,33 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fedkl run: error: {e} (see 'fedkl run --algorithm {args.algorithm} --help')", file=sys.stderr)
         return 2
     return _train(cfg, args.resume, prepay=args.prepay)
+
+
+def _deploy_certs(args) -> int:
+    """``fedkl deploy certs DIR``: the files, then the Flower commands that use them (one line each)."""
+    from pathlib import Path
+
+    from fedkl.flower.deploy import deployment_certificates
+
+    if args.node_keys < 0:
+        print("fedkl deploy: error: --node-keys must be >= 0", file=sys.stderr)
+        return 2
+    try:
+        paths = deployment_certificates(Path(args.folder).resolve(), args.host, args.days, args.node_keys, args.force)
+    except (FileExistsError, ValueError) as e:
+        print(f"fedkl deploy: error: {e}", file=sys.stderr)
+        return 2
+    ca, cert, key = paths["ca"], paths["cert"], paths["key"]
+    host = args.host[0] if args.host else "127.0.0.1"
+    print(f"wrote {ca} (the CA: give it to every SuperNode and flwr), {cert} and {key} (0600: the SuperLink's only)")
+    if args.node_keys:
+        print(f"wrote node-0 .. node-{args.node_keys - 1} key pairs in {ca.parent} (.key to its node only, 0600)")
+    print(
+        f"SuperLink: flower-superlink --ssl-ca-certfile {ca} --ssl-certfile {cert} --ssl-keyfile {key} --host 0.0.0.0 --port 8000"
+    )
+    print(f"SuperNode: flower-supernode --root-certificates {ca} --superlink {host}:8000 ...")
+    print(f'flwr:      $FLWR_HOME/config.toml [superlink.<name>] address = "{host}:8000", root-certificates = "{ca}"')
+    return 0
 
 
 def _register_backend(cfg) -> None:

@@ -367,7 +367,9 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
     cat = catalog()
     parser = _Parser(prog="fedkl", description="Federated learning with user-level differential privacy.")
     sub = parser.add_subparsers(
-        dest="command", metavar="{run,tune,plan,account,predict,ledger,sweep,plot,report,audit}", parser_class=_Parser
+        dest="command",
+        metavar="{run,tune,plan,account,predict,ledger,deploy,sweep,plot,report,audit}",
+        parser_class=_Parser,
     )
     sub.required = True
 
@@ -532,6 +534,26 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
         default=None,
         help="users: the N most charged; releases: the N latest (default all)",
     )
+    deploy = sub.add_parser(
+        "deploy",
+        help="deployment helpers: certs writes a CA and the SuperLink's TLS certificate (and SuperNode keys)",
+        description="certs: write DIR/ca.crt (a CA: every SuperNode's --root-certificates and the flwr "
+        "connection's root-certificates), DIR/server.pem and DIR/server.key (the SuperLink's --ssl-certfile and "
+        "--ssl-keyfile, --ssl-ca-certfile DIR/ca.crt), for localhost, 127.0.0.1 and every --host; with "
+        "--node-keys N also node-0..N-1 .key/.pub pairs for --enable-supernode-auth. The CA's own key is not "
+        "kept. Existing files are refused unless --force.",
+    )
+    deploy.add_argument("action", choices=("certs",))
+    deploy.add_argument("folder", metavar="DIR", help="where the files are written (made if missing)")
+    deploy.add_argument(
+        "--host",
+        action="append",
+        default=[],
+        help="a name or IP address the SuperLink is reached at (repeatable; localhost and 127.0.0.1 always)",
+    )
+    deploy.add_argument("--days", type=_positive(), default=365.0, help="validity in days (default %(default)s)")
+    deploy.add_argument("--node-keys", type=int, default=0, metavar="N", help="also write N SuperNode key pairs")
+    deploy.add_argument("--force", action="store_true", help="replace existing files")
     sweep = sub.add_parser(
         "sweep",
         help="run the cartesian product of a TOML sweep file into a CSV/JSON-lines table (resumable)",

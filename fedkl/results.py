@@ -12,6 +12,7 @@ second run on the same data and problem reads it instead of training it again.
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 import math
@@ -19,6 +20,7 @@ import os
 from typing import Callable
 
 from fedkl.algorithms.nonprivate import nonprivate_minimizer
+from fedkl.algorithms.round_log import NOT_PUBLIC
 from fedkl.data.base import FederatedDataset
 from fedkl.federation.inprocess import InProcessFederation
 
@@ -51,6 +53,119 @@ def write_json(path: str, payload: dict) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+METRICS_FILES = ("metrics.jsonl", "metrics.csv", "curves.png")  # what write_round_metrics writes in a run's folder
+TENSORBOARD_DIR = "tensorboard"  # its TensorBoard event files, where the tensorboard package is installed
+
+
+def round_rows(history: list | None) -> list[dict]:
+    """One row per round record of a run's history (:mod:`fedkl.algorithms.round_log`: the progress records the
+    run already handed out): ``round`` first (the record's, else its position), then the record's scalar fields
+    (numbers, strings, booleans) in its own order, strict (a non-finite float as its string); a list or dict field
+    (a release's own details) and a field that is not public (``round_log.NOT_PUBLIC``: a secret sample's size)
+    are left out."""
+    rows = []
+    for i, rec in enumerate(history or (), 1):
+        if not isinstance(rec, dict):
+            continue
+        row = {"round": strict(rec.get("round", i))}
+        for k, v in rec.items():
+            v = strict(v)
+            if k != "round" and k not in NOT_PUBLIC and (isinstance(v, (int, float, str, bool)) or v is None):
+                row[str(k)] = v
+        rows.append(row)
+    return rows
+
+
+def _curves(rows: list[dict]) -> dict[str, list[tuple[float, float]]]:
+    """``{field: [(round, value)]}`` of every numeric field but ``round``/``rounds`` (finite values only)."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    for row in rows:
+        x = row["round"]
+        if not isinstance(x, (int, float)) or isinstance(x, bool):
+            continue
+        for k, v in row.items():
+            if k in ("round", "rounds") or isinstance(v, bool) or not isinstance(v, (int, float)):
+                continue
+            if math.isfinite(v):
+                out.setdefault(k, []).append((x, v))
+    return out
+
+
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (files only, no display): imported when a figure is drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def savefig(fig, out: str, dpi: int = 120) -> None:
+    """Save ``fig`` as ``out`` (its folder made)."""
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    fig.savefig(out, dpi=dpi)
+
+
+def write_round_metrics(out: str, history: list | None, title: str = "") -> str | None:
+    """Write a run's per-round metrics in its folder ``out``: ``metrics.jsonl`` (one JSON object a round:
+    :func:`round_rows`), ``metrics.csv`` (the same rows; the columns of every round, empty where a round lacks
+    one), ``curves.png`` (one panel per numeric field against the round) and, where the ``tensorboard`` package
+    is installed, TensorBoard event files in ``out/tensorboard`` (``torch.utils.tensorboard``; a scalar per field
+    and round). Nothing new leaves: the rows are the run's public round records (module
+    :mod:`fedkl.algorithms.round_log`). Returns the line to print, or None where the run kept no round records
+    (a one-shot release: nothing is written)."""
+    rows = round_rows(history)
+    if not rows:
+        return None
+    os.makedirs(out, exist_ok=True)
+    jsonl, csv_path, png = (os.path.join(out, name) for name in METRICS_FILES)
+    with open(jsonl, "w") as f:
+        for row in rows:
+            f.write(json.dumps(row, allow_nan=False) + "\n")
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    with open(csv_path, "w", newline="") as f:
+        writer = csv.DictWriter(f, columns, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+    curves = _curves(rows)
+    plt = pyplot()
+    cols = min(len(curves), 3) or 1
+    nrows = max(1, math.ceil(len(curves) / cols))
+    fig, axes = plt.subplots(nrows, cols, figsize=(3.6 * cols, 2.6 * nrows), squeeze=False)
+    for ax, (name, pts) in zip(axes.flat, curves.items()):
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="." if len(pts) < 50 else None)
+        ax.set_title(name.replace("_", " "), fontsize=9)
+        ax.set_xlabel("round", fontsize=8)
+        ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[len(curves) :]:
+        ax.axis("off")
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    savefig(fig, png, dpi=80)
+    plt.close(fig)
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # torch's writer needs the tensorboard package (not a dependency of fedkl)
+        return (
+            f"wrote {len(rows)} rounds' metrics: {jsonl}, {csv_path} and {png} (TensorBoard is not installed: "
+            "open metrics.csv in a spreadsheet or pandas.read_csv, or `pip install tensorboard` for event files)"
+        )
+    board = os.path.join(out, TENSORBOARD_DIR)
+    writer = SummaryWriter(log_dir=board)
+    try:
+        for name, pts in curves.items():
+            for x, v in pts:
+                writer.add_scalar(name, v, int(x))
+    finally:
+        writer.close()
+    return (
+        f"wrote {len(rows)} rounds' metrics: {jsonl}, {csv_path}, {png} and TensorBoard event files "
+        f"(tensorboard --logdir {board})"
+    )
 
 
 def cache_dir() -> str:

@@ -48,7 +48,7 @@ from fedkl.privacy.journal import JournalError, ReleaseJournal
 from fedkl.privacy.release import PREPAY_WINDOW_S
 from fedkl.problems import DEFAULT_PROBLEM, make_problem, problem_spec
 from fedkl.problems.rowwise import KERNEL_MODES, kernels
-from fedkl.results import reference_metrics, write_json
+from fedkl.results import reference_metrics, write_json, write_round_metrics
 from fedkl.saved_model import SavedModel, check_resume, public_settings
 
 BACKENDS = ("inprocess", "flower-local", "flower-sim", "grpc", "ray-shards")
@@ -510,6 +510,8 @@ def train_federation(
                 journal=journal,
                 replay=recovering,
             )
+            if hasattr(releaser, "see_algorithm"):  # the plan's dry run (_ScheduleCut)
+                releaser.see_algorithm(alg)
             # PREPAID_NOTE: prepaid only where the plan made before the data is this run's: an algorithm that
             # declares ``plan_is_public`` (its releases' number, order, labels, charge records and cohorts follow
             # from public values) and is not adaptive. Elsewhere a release can differ from the plan (kl-spider
@@ -590,18 +592,68 @@ def planned_releases(cfg: RunConfig, dataset: FederatedDataset, records_per_user
         RUN_OBSERVER.reset(token)
 
 
+class _PlanCut(Exception):
+    """The dry run stopped where the rest of its plan follows from the algorithm's schedule (``args``: the
+    algorithm's declared :class:`Guarantee` and its ``plan_schedule()``)."""
+
+
+class _ScheduleCut(Releaser):
+    """The dry run's Releaser. An algorithm whose plan is a schedule declares ``plan_schedule() -> (count,
+    label)``: it makes ``count`` releases, release ``k`` labelled ``label(k)``, each with release 0's typed
+    charge, mechanism and cohort. Its dry run is then stopped at the draw of its second release (both charged
+    on the throw-away ledger, so both are the run's own code's records); :func:`_scheduled` checks the second
+    against the schedule and writes out the rest. Planning then costs two rounds, not ``count`` (a 20,000-round
+    run's dry run took a minute: issue 31); an algorithm without ``plan_schedule`` runs its whole dry run."""
+
+    schedule: tuple[int, Callable[[int], str]] | None = None
+    guarantee: Guarantee | None = None
+
+    def see_algorithm(self, alg) -> None:
+        declare = getattr(alg, "plan_schedule", None)
+        self.schedule, self.guarantee = (declare() if declare is not None else None), alg.guarantee
+
+    def _emit(self, seq, *args, **kwargs):
+        if self.schedule is not None and seq >= 1:
+            raise _PlanCut(self.guarantee, self.schedule)
+        return super()._emit(seq, *args, **kwargs)
+
+
+def _scheduled(rows: list[dict], totals: dict, count: int, label: Callable[[int], str]) -> tuple[list[dict], dict]:
+    """The plan of ``count`` releases from the dry run's first two (``rows``; ``totals``: their most charged
+    user's rho, eps and delta): release ``k`` is the first with ``label(k)``, seq ``k`` and the ledger id it
+    would get. A second release that is not what the schedule says is a ValueError (no plan is better than a
+    wrong one)."""
+
+    def nth(k: int) -> dict:
+        return {**rows[0], "id": rows[0]["id"] + k, "seq": k, "label": label(k)}
+
+    if len(rows) != 2 or rows[1] != nth(1):
+        raise ValueError(
+            f"the algorithm declares its plan a schedule of {count} like releases, but its dry run's release 1 is "
+            f"{rows[1]['label'] if len(rows) > 1 else 'missing'}, not {nth(1)['label']} with release 0's charge"
+        )
+    return [nth(k) for k in range(count)], {k: v / 2 * count for k, v in totals.items()}
+
+
 def _dry_run(cfg: RunConfig, standin: FederatedDataset, problem, n: int, delta: float) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "plan.sqlite")
         noise = NoiseSource(cfg.noise_seed if cfg.noise_seed is not None else 0)
         federation = InProcessFederation(problem, standin)
-        _, _, declared = train_federation(
-            cfg, federation, problem, standin, delta, path, "plan", noise, lambda _: None, scratch=True
-        )
+        schedule = None
+        try:
+            _, _, declared = train_federation(
+                cfg, federation, problem, standin, delta, path, "plan", noise, lambda _: None, scratch=True,
+                releaser_type=_ScheduleCut,
+            )  # fmt: skip
+        except _PlanCut as cut:
+            declared, schedule = cut.args
         with PrivacyLedger(path) as ledger:
             cohorts = ledger.cohorts()
             releases = [{**r, "members": cohorts[r["cohort"]]} for r in ledger.releases()]
             per_user_max = ledger.max_user_totals()
+    if schedule is not None:
+        releases, per_user_max = _scheduled(releases, per_user_max, *schedule)
     return {
         "users": n,
         "delta": delta,
@@ -951,6 +1003,12 @@ def write_run_files(
     got = f"{test[key]:.4f}" if key in test else "n/a (the algorithm released no model)"
     log(f"test {key} = {got}   (trivial baseline {trivial.get(key, math.nan):.4f})")
     log(f"wrote {result_path}" + (f", {model_path}" if model_path else "") + f" and ledger {ledger_path}")
+    try:  # after result.json: a figure that cannot be drawn never fails a trained, charged run
+        line = write_round_metrics(out, getattr(result, "history", None), f"{cfg.algorithm} on {cfg.dataset}")
+    except Exception as exc:  # noqa: BLE001  (one line; the run's outcome is result.json)
+        line = f"note: could not write the per-round metrics ({type(exc).__name__}: {exc})"
+    if line:
+        log(line)
     if cfg.reference:
         payload["nonprivate_reference"] = reference_metrics(evaluator, spec, log)
         payload["wall_time_s"] = time.time() - started

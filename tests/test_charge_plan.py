@@ -7,12 +7,14 @@ adaptive): its first charge is fixed and the rest stay within the same budget.""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from build_helpers import small_config  # tests/build_helpers.py
 
 from fedkl import cli
 from fedkl.algorithms.registry import REGISTRY
+from fedkl.algorithms.round_log import NOT_PUBLIC
 from fedkl.planner import charge_plan, public_standin
 from fedkl.privacy import Budget, PrivacyLedger
 from fedkl.runner import RunConfig, load_run_dataset, run_training
@@ -34,7 +36,9 @@ def test_the_plan_is_the_runs_charges_with_adaptive_clipping(tmp_path):
 
 def _plan_equals_run(cfg: RunConfig) -> tuple[dict, dict]:
     plan = charge_plan(cfg)
-    result = run_training(cfg, log=lambda s: None)
+    said: list[str] = []
+    result = run_training(cfg, log=said.append)
+    _check_round_metrics(Path(result["out_dir"]), said)
     with PrivacyLedger(result["ledger"]["path"]) as ledger:
         real = [{k: r[k] for k in KEEP} for r in ledger.releases()]
     assert real and plan["releases"]
@@ -46,6 +50,20 @@ def _plan_equals_run(cfg: RunConfig) -> tuple[dict, dict]:
     else:
         assert real == plan["releases"]
     return plan, result
+
+
+def _check_round_metrics(out: Path, said: list[str]) -> None:
+    """Every algorithm's run writes its per-round metrics without a failure (one JSON object a round, the CSV's
+    rows the same, a valid PNG), or, a one-shot release, none of the files (issue 31, Operations)."""
+    assert not [line for line in said if "could not write the per-round metrics" in line]
+    if not (out / "metrics.jsonl").exists():
+        assert not any(line.startswith("wrote ") and "rounds' metrics" in line for line in said)
+        return
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rows and all("round" in r and not NOT_PUBLIC & set(r) for r in rows)  # no secret sample size
+    assert (out / "metrics.csv").read_text().count("\n") == len(rows) + 1
+    assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert any(f"wrote {len(rows)} rounds' metrics" in line for line in said)
 
 
 def test_the_standin_keeps_only_public_shape():

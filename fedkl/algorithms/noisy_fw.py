@@ -122,6 +122,11 @@ class NoisyFrankWolfe:
         """Of every utility ``-<v_j - c, S_t>``: ``max_j ||v_j - c||_1`` times the l_inf sensitivity of S_t."""
         return self.domain.l1_radius * sum_sensitivity(self.bound, self.neighbouring)
 
+    def plan_schedule(self) -> tuple[int, Callable[[int], str]]:
+        """The plan as a schedule (fedkl.runner._ScheduleCut): one release a round, each with the first's
+        charge and cohort (every user, eps_per_round), labelled by its round (from 1)."""
+        return self.rounds, lambda k: f"{self.name}/round-{k + 1}"
+
     @property
     def eps_per_round(self) -> float:
         """``eps0`` with ``T eps0^2 / 8 = rho_total``."""

@@ -102,6 +102,11 @@ class NoisyGradientDescent:
         self.config = config
         self.rho_total = float(rho_total)
 
+    def plan_schedule(self) -> tuple[int, Callable[[int], str]]:
+        """The plan as a schedule (fedkl.runner._ScheduleCut): one release a round, each with the first's
+        charge and cohort (every user, rho_total / rounds), labelled by its round."""
+        return self.config.rounds, lambda k: f"{self.name}/round-{k}"
+
     @property
     def rho_per_round(self) -> float:
         return self.rho_total / self.config.rounds

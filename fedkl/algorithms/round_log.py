@@ -5,14 +5,21 @@ the run observer).
 A record is ``{"round": t, "rounds": T, **fields, "failed_users": failed, "seconds": s, **extra}``:
 ``fields`` in the order given (norms of released values, rho spent, the round's public shape),
 ``failed_users`` only where the algorithm counts them, ``seconds`` since ``start`` (the round's
-wall time), ``extra`` (a release's own details) last. Every value is public or computed from
-releases: the records are published in result.json.
+wall time), ``extra`` (a release's own details) last. Every value but those of :data:`NOT_PUBLIC` is
+public or computed from releases (``seconds`` and ``failed_users`` are, like result.json's ``wall_time_s``
+and ``failures``, what the server sees: not private releases): the records are handed out as the run's progress and written next to result.json as the run's
+per-round metrics (``metrics.jsonl``, ``metrics.csv``, ``curves.png``: :func:`fedkl.results.write_round_metrics`).
 """
 
 from __future__ import annotations
 
 import time
 from typing import Callable
+
+# a record's fields that are NOT public: ``sampled``, the realised size of a secret Poisson sample (dp-sgd/
+# rmsprop/adam, dp-fedavg: amplification by sampling needs the sample secret, which is why their released sums
+# divide by the public q n). Kept in the in-process history (tests read it), never written to a run's files.
+NOT_PUBLIC = frozenset({"sampled"})
 
 
 class RoundLog:

@@ -17,6 +17,7 @@ from typing import Any
 
 from fedkl.experiments.config import ConfigError
 from fedkl.experiments.table import check_unique, read_table
+from fedkl.results import pyplot, savefig
 
 
 def _num(v: Any) -> float | None:
@@ -88,15 +89,6 @@ def _panel_constant(rows: list[dict], panel: str | None, p: str, column: str) ->
     return statistics.fmean(vals) if vals else None
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_privacy_utility(
     rows: list[dict],
     out: str,
@@ -113,7 +105,7 @@ def plot_privacy_utility(
     if not rows:
         raise ConfigError("no rows to plot (empty table, or every row filtered out / failed)")
     summary = summarize(rows, x, y, group, panel)
-    plt = _pyplot()
+    plt = pyplot()
     panels = list(summary)
     fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 3.6), squeeze=False)
     metric = _order(r.get("metric", "") for r in rows)
@@ -146,7 +138,7 @@ def plot_privacy_utility(
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    _savefig(fig, out)
+    savefig(fig, out)
     plt.close(fig)
     return summary
 
@@ -181,7 +173,7 @@ def plot_slope(
     if not rows:
         raise ConfigError("no rows to plot (empty table, or every row filtered out / failed)")
     summary = summarize(rows, x, y, group, None)[""]
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.2, 4.0))
     fits: dict[str, dict] = {}
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -224,14 +216,9 @@ def plot_slope(
     if title:
         ax.set_title(title, fontsize=9)
     fig.tight_layout()
-    _savefig(fig, out)
+    savefig(fig, out)
     plt.close(fig)
     return fits
-
-
-def _savefig(fig, out: str) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    fig.savefig(out, dpi=120)
 
 
 def markdown_privacy_utility(

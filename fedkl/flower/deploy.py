@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import math
 import os
 import shutil
 import signal
@@ -104,15 +105,37 @@ def _wait_port(port: int, timeout: float, procs: list) -> None:
     raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout} s")
 
 
-def make_certificates(folder: Path) -> dict[str, Path]:
-    """A throw-away CA and a server certificate for 127.0.0.1 / localhost (valid 1 day)."""
+CERT_FILES = {"ca": "ca.crt", "cert": "server.pem", "key": "server.key"}  # what make_certificates writes
+
+
+def _san(host: str):
+    """A subjectAltName entry: an IP address where ``host`` is one, else a DNS name."""
     import ipaddress
+
+    from cryptography import x509
+
+    try:
+        return x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        return x509.DNSName(host)
+
+
+def make_certificates(folder: Path, hosts: Sequence[str] = (), days: float = 1.0) -> dict[str, Path]:
+    """A CA and a SuperLink server certificate signed by it, for 127.0.0.1, localhost and ``hosts`` (the
+    names or addresses the SuperLink is reached at; the first is its common name, else 127.0.0.1), valid
+    ``days`` (a run's own: 1 day, deleted with the run; ``fedkl deploy certs``: the operator's). Writes
+    :data:`CERT_FILES` in ``folder`` (the key 0600; the CA's key is not kept) and returns their paths by
+    role: ``flower-superlink --ssl-ca-certfile ca --ssl-certfile cert --ssl-keyfile key``, and ``ca`` as a
+    SuperNode's ``--root-certificates`` and the ``flwr`` connection's ``root-certificates``."""
 
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
+    if not (days > 0 and math.isfinite(days)):
+        raise ValueError(f"a certificate is valid for a finite number of days > 0, got {days}")
+    names = [*hosts, "127.0.0.1", "localhost"] if hosts else ["127.0.0.1", "localhost"]
     now = datetime.datetime.now(datetime.timezone.utc)
     ca_key = ec.generate_private_key(ec.SECP384R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fedkl run CA")])
@@ -123,34 +146,39 @@ def make_certificates(folder: Path) -> dict[str, Path]:
         .public_key(ca_key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(ca_key, hashes.SHA256())
     )
     key = ec.generate_private_key(ec.SECP384R1())
     cert = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
         .issuer_name(ca_name)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
-            critical=False,
-        )
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.SubjectAlternativeName([_san(h) for h in dict.fromkeys(names)]), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
     folder.mkdir(parents=True, exist_ok=True)
-    paths = {"ca": folder / "ca.crt", "cert": folder / "server.pem", "key": folder / "server.key"}
+    paths = {role: folder / name for role, name in CERT_FILES.items()}
     paths["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     paths["cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    paths["key"].write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    _write_secret(
+        paths["key"],
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
     )
-    os.chmod(paths["key"], 0o600)
     return paths
+
+
+def _write_secret(path: Path, data: bytes) -> None:
+    """Write a private key readable by its owner only from the start (0600; an existing file is replaced)."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
 
 
 def make_node_keys(folder: Path, name: str) -> tuple[Path, Path]:
@@ -160,12 +188,33 @@ def make_node_keys(folder: Path, name: str) -> tuple[Path, Path]:
 
     key = ec.generate_private_key(ec.SECP384R1())
     priv, pub = folder / f"{name}.key", folder / f"{name}.pub"
-    priv.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption())
+    _write_secret(
+        priv,
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+        ),
     )
-    os.chmod(priv, 0o600)
     pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH))
     return priv, pub
+
+
+def deployment_certificates(
+    folder: Path, hosts: Sequence[str] = (), days: float = 365.0, node_keys: int = 0, force: bool = False
+) -> dict[str, Path]:
+    """``fedkl deploy certs``: :func:`make_certificates` for a real deployment (``hosts``: the coordinator's
+    names or addresses; ``days`` valid) and ``node_keys`` SuperNode key pairs (:func:`make_node_keys`,
+    ``node-<i>.key``/``.pub``) in ``folder``. An existing file of these is refused (a new CA would lock out every
+    node given the old one) unless ``force``; nothing is written then. Returns the paths by role (``ca``,
+    ``cert``, ``key``, ``node-<i>``: the private key)."""
+    folder = Path(folder)
+    names = list(CERT_FILES.values()) + [f"node-{i}.{ext}" for i in range(node_keys) for ext in ("key", "pub")]
+    there = [n for n in names if (folder / n).exists()]
+    if there and not force:
+        raise FileExistsError(f"{folder} already holds {', '.join(there)}: nothing written (--force replaces them)")
+    paths = make_certificates(folder, hosts, days)
+    for i in range(node_keys):
+        paths[f"node-{i}"] = make_node_keys(folder, f"node-{i}")[0]
+    return paths
 
 
 def _toml_value(v: Any) -> str:

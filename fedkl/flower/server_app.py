@@ -467,7 +467,7 @@ def _write_run_files(cfg, res, spec, started, dataset, problem, noise, declared,
     from fedkl.problems import problem_spec
 
     runner.write_run_files(
-        cfg, SimpleNamespace(**{k: res[k] for k in ("w", "rounds", "sigma", "details")}), res["ledger"], declared,
+        cfg, SimpleNamespace(**{k: res[k] for k in ("w", "rounds", "sigma", "details", "history")}), res["ledger"], declared,
         dataset=dataset, problem=problem, problem_name=spec.problem,
         spec=problem_spec(spec.problem, dataset, cfg.reg, cfg.model), evaluator=InProcessFederation(problem, dataset),
         run_id=res["run_id"], delta=res["delta"], out=out, ledger_path=res["ledger_path"], noise=noise,

@@ -234,7 +234,15 @@ class Releaser:
         self.prepaid_batches = []
 
     def _set_plan(self, releases: Sequence[dict]) -> None:
-        self._plan = [{**r, "charge": _canonical(r["charge"]), "cohort": cohort_digest(r["members"])} for r in releases]
+        digests: dict[int, str] = {}  # a scheduled plan's releases share one members list: sorted and hashed once
+
+        def digest(members) -> str:
+            key = id(members)  # the lists live in ``releases`` while this runs: an id names one list
+            if key not in digests:
+                digests[key] = cohort_digest(members)
+            return digests[key]
+
+        self._plan = [{**r, "charge": _canonical(r["charge"]), "cohort": digest(r["members"])} for r in releases]
 
     def _rate_batch(self, seq: int) -> int | None:
         """``max(1, round(window_s / mean seconds per release since the first))`` (a huge number when

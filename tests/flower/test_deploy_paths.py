@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from flwr.app import Context, RecordDict
+from run_files import check_round_metrics  # tests/run_files.py
 
 import fedkl.flower.backends  # noqa: F401  (registers the grpc backend)
 from fedkl.cli import main
@@ -55,6 +56,7 @@ def test_fedkl_run_grpc_with_the_default_relative_out_keeps_ledger_model_and_res
     with PrivacyLedger(ledger) as led:
         assert [r["status"] for r in led.runs()] == ["finished"] and led.num_releases() == 1
     assert list((tmp_path / "tmp").iterdir()) == []  # the work folder is gone, and nothing of the run was in it
+    check_round_metrics(out, 1)  # the per-round metrics, from the history the ServerApp returned
 
 
 def test_every_path_a_run_is_given_is_absolute_before_it_starts(tmp_path, monkeypatch):
@@ -88,7 +90,10 @@ def test_the_deployed_server_app_of_flwr_run_writes_the_files_and_lines_fedkl_ru
     assert (out / "model.pt").exists() and (out / "ledger.sqlite").exists() and (out / "flower_result.json").exists()
     assert res["backend"] == "flwr-run" and res["rounds"] == 2 and res["model_path"] == str(out / "model.pt")
     key, value = res["test_metric"]["name"], res["test_metric"]["value"]
-    assert f"privacy: user-level (replace-one) epsilon = {res['epsilon']:.4f}, delta = {res['delta']:.3g}" in said
+    assert "privacy: user-level (replace-one; any clients) epsilon" in said  # the assumption next to epsilon
+    assert f"epsilon = {res['epsilon']:.4f}, delta = {res['delta']:.3g}" in said
     assert f"test {key} = {value:.4f}" in said
     assert main(["predict", "--model", str(out)]) == 0
     assert f"{key} = {value:.6g}" in capsys.readouterr().out
+    check_round_metrics(out, 2)  # the per-round metrics and curves of every entry point (issue 31, Operations)
+    assert f"wrote 2 rounds' metrics: {out / 'metrics.jsonl'}" in said

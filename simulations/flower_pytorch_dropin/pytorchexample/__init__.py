@@ -1,0 +1,1 @@
+"""pytorchexample: Flower's PyTorch quickstart app with fedkl's user-level DP (README "Drop-in")."""

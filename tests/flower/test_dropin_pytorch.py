@@ -1,0 +1,76 @@
+"""The drop-in example that is Flower's PyTorch quickstart plus the diff (issue 31): simulations/
+flower_pytorch_dropin/ differs from the template's structure only by the lines marked ``# fedkl``, four, each
+shown in the README's diff; run on the LocalGrid with its own run config it charges every sampled user in one
+finished ledger run, logs the privacy line, and saves the app's float32 model."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch
+from flwr.app import Context, RecordDict
+
+from fedkl.flower.localgrid import LocalGrid
+from fedkl.privacy import Budget, PrivacyLedger
+
+pytestmark = pytest.mark.flower
+
+ROOT = Path(__file__).resolve().parents[2]
+APP = ROOT / "simulations" / "flower_pytorch_dropin"
+
+
+def _marked() -> list[str]:
+    return [
+        line.strip()
+        for path in sorted((APP / "pytorchexample").glob("*.py"))
+        for line in path.read_text().splitlines()
+        if line.rstrip().endswith(("# fedkl", "# fedkl  # fmt: skip"))
+    ]
+
+
+def test_the_diff_is_the_four_marked_lines_the_readme_shows():
+    marked = _marked()
+    assert len(marked) == 4
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"```diff\n(.*?)```", readme, re.S).group(1)
+    assert sorted(line[1:].strip() for line in block.splitlines() if line.startswith("+")) == sorted(marked)
+    for path in (APP / "pytorchexample").glob("*.py"):  # without them: the plain Flower app still compiles
+        plain = "\n".join(line for line in path.read_text().splitlines() if line.strip() not in marked)
+        compile(plain, str(path), "exec")
+        assert "fedkl" not in "\n".join(line for line in plain.splitlines() if not line.startswith('"""'))
+
+
+def test_the_pytorch_quickstart_with_the_diff_trains_with_user_level_dp(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(APP))
+    monkeypatch.chdir(tmp_path)  # the app's relative ledger.sqlite and final_model.pt
+    said: list[str] = []
+    import flwr.supercore
+
+    monkeypatch.setattr(flwr.supercore, "log", lambda level, msg, *a: said.append(msg % a if a else msg))
+    from pytorchexample import client_app, server_app
+    from pytorchexample.task import Net
+
+    config = tomllib.loads((APP / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
+    assert config["components"] == {
+        "serverapp": "pytorchexample.server_app:app",
+        "clientapp": "pytorchexample.client_app:app",
+    }
+    rc = config["config"]
+    nodes, rounds = 4, rc["num-server-rounds"]
+    grid = LocalGrid(client_app.app, nodes, run_config=rc)
+    server_app.main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc))
+    with PrivacyLedger(str(tmp_path / "ledger.sqlite")) as led:
+        assert [r["status"] for r in led.runs()] == ["finished"] and led.num_releases() == rounds
+        sizes = [r["users"] for r in led.releases()]
+        spends = led.user_spends()
+    assert sizes == [int(nodes * rc["fraction-train"])] * rounds  # FedAvg's sample, every member charged
+    assert {r["user_id"] for r in spends} <= {f"user-{p}" for p in range(nodes)}  # the declared users
+    assert max(r["rho"] for r in spends) <= Budget(2.0, 1e-5).rho * (1 + 1e-9)
+    eps = max(r["epsilon_exact"] for r in spends)
+    assert any(line.startswith(f"privacy: user-level (replace-one) epsilon = {eps:.4f}") for line in said)
+    state = torch.load(tmp_path / "final_model.pt")
+    assert all(v.dtype == torch.float32 for v in state.values())
+    Net().load_state_dict(state)  # the app's own model, as the template saves it
