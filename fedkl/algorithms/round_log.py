@@ -22,6 +22,11 @@ from typing import Callable
 NOT_PUBLIC = frozenset({"sampled"})
 
 
+def public_history(history: list[dict] | None) -> list[dict]:
+    """``history`` without the :data:`NOT_PUBLIC` fields: what a run may write to its files."""
+    return [{k: v for k, v in rec.items() if k not in NOT_PUBLIC} for rec in history or ()]
+
+
 class RoundLog:
     """``rounds``: the public number of rounds (the records' ``rounds``); ``progress``: called with
     every record as soon as it is made (None: nobody listens)."""

@@ -40,6 +40,7 @@ from flwr.app import Context  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
 
 from fedkl import runner  # noqa: E402
+from fedkl.algorithms.round_log import public_history  # noqa: E402
 from fedkl.data import load_dataset  # noqa: E402
 from fedkl.federation.base import Federation  # noqa: E402
 from fedkl.federation.inprocess import InProcessFederation  # noqa: E402
@@ -450,6 +451,7 @@ def _deployed_train_observed(grid: Grid, rc: Any) -> None:
     payload = {k: v for k, v in res.items() if k not in ("w", "user_ids", "server")}
     payload["w"] = None if res["w"] is None else [float(x) for x in res["w"]]
     payload["users"] = len(res["user_ids"])
+    payload["history"] = public_history(res["history"])  # never a secret sample's size (round_log.NOT_PUBLIC)
     _write_json(os.path.join(out, "flower_result.json"), payload)
     if dataset.train.num_records:  # the server holds the data (not sites loading their own): fedkl run's files
         # model.pt, result.json and the summary lines, as every entry point (`flwr run .` has no fedkl run to
