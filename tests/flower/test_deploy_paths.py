@@ -97,3 +97,20 @@ def test_the_deployed_server_app_of_flwr_run_writes_the_files_and_lines_fedkl_ru
     assert f"{key} = {value:.6g}" in capsys.readouterr().out
     check_round_metrics(out, 2)  # the per-round metrics and curves of every entry point (issue 31, Operations)
     assert f"wrote 2 rounds' metrics: {out / 'metrics.jsonl'}" in said
+
+
+def test_the_server_apps_files_never_carry_a_secret_samples_size(tmp_path, capsys):
+    """dp-sgd's Poisson sample must stay secret (its amplification assumes it): the ServerApp's
+    flower_result.json and metrics files carry the public round records only (round_log.NOT_PUBLIC; it wrote
+    each round's `sampled` count into flower_result.json)."""
+    out = tmp_path / "o"
+    rc = {"fedkl-dataset": "synthetic-logistic", "fedkl-users": 6, "fedkl-algorithm": "dp-sgd", "fedkl-rounds": 2,
+          "fedkl-seed": 3, "fedkl-reference": False, "fedkl-wait-for-nodes": 0, "fedkl-out": str(out),
+          "fedkl-neighbouring": "add-remove", "fedkl-sampling-rate": 0.5, "fedkl-accountant": "rdp"}  # fmt: skip
+    grid = LocalGrid(client_app.app, 6, run_config=rc)
+    server_app._deployed_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc))
+    capsys.readouterr()
+    history = json.loads((out / "flower_result.json").read_text())["history"]
+    assert len(history) == 2 and all("noisy_grad_norm" in rec for rec in history)
+    assert not any("sampled" in rec for rec in history)
+    assert "sampled" not in (out / "metrics.jsonl").read_text()
