@@ -190,7 +190,10 @@ def test_the_readme_saved_model_commands_run_in_order(tmp_path, monkeypatch, cap
         said.append((cli.main(argv[1:]), *capsys.readouterr()))
     assert [code for code, _, _ in said] == [0, 0, 0, 3], said
     printed = re.search(r"test accuracy = ([0-9.]+)", said[0][1]).group(1)
-    assert f"accuracy = {float(printed):.6g}" in said[1][1]  # predict: the metric the run printed
+    predicted = re.search(r"accuracy = ([0-9.]+)", said[1][1]).group(1)
+    # predict: the metric the run printed (the run prints 4 decimals, predict 6 significant digits; secure noise
+    # makes every run's accuracy differ, so compare at the run's precision: 0.66125 prints 0.6613 or 0.6612)
+    assert abs(float(predicted) - float(printed)) <= 0.5e-4 + 1e-12, (printed, predicted)
     err = said[3][2].strip()
     assert "--resume continues a run that left budget on its ledger" in err and "a new --ledger" in err
     assert "\n" not in err and not os.path.exists("runs/more/ledger.sqlite")
