@@ -123,9 +123,8 @@ def run_process(args: list[str], tree: str, cwd: str) -> dict:
     return out
 
 
-def processes(args: argparse.Namespace) -> dict:
+def processes(args: argparse.Namespace, tmp: str) -> dict:
     trees = {"now": ROOT, **({"before": os.path.abspath(args.before)} if args.before else {})}
-    tmp = tempfile.mkdtemp(prefix="fedkl-bench-")
     small = os.path.join(tmp, "users1k.npz")
     make = (
         f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); import bench_startup as b; "
@@ -207,7 +206,13 @@ def main(argv: list[str] | None = None) -> dict:
         p.error("--repeats must be >= 3")
     results_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
     if args.processes:
-        table = processes(args)
+        import shutil
+
+        tmp = tempfile.mkdtemp(prefix="fedkl-bench-")
+        try:
+            table = processes(args, tmp)
+        finally:  # the generated files (1 GB with --big) and the runs' outputs
+            shutil.rmtree(tmp, ignore_errors=True)
         load = os.getloadavg()
         loaded = (
             f"Load average at the end: {load[0]:.1f} on {os.cpu_count()} cores; interleaved repeats, noisy-gd "
