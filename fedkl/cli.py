@@ -343,7 +343,7 @@ def _run_keys_of(algorithm: str) -> set[str]:
     """The flat settings ``algorithm``'s runs take (run-level fields and its own hyperparameters)."""
     import dataclasses
 
-    from fedkl.algorithms.catalog import REGISTRY
+    from fedkl.algorithms.registry import REGISTRY  # this algorithm's module only
     from fedkl.runner import RunConfig
 
     run_level = {f.name for f in dataclasses.fields(RunConfig)} - {"params"}

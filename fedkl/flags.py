@@ -121,6 +121,7 @@ def live_catalog() -> dict:
             "step_size": spec.step_size,
             "clients_see": spec.clients_see(spec.params()).describe(),
             "view_depends_on_params": callable(spec.client_view),
+            "module": spec.build.__module__,
         }
         for name, spec in ((name, REGISTRY[name]) for name in names)
     }
@@ -141,7 +142,8 @@ def live_catalog() -> dict:
 def catalog() -> dict:
     """The grammar's facts: :func:`live_catalog` when the algorithms are already imported (it then
     includes any algorithm registered since), else the torch-free ``flags_catalog.json``."""
-    if "fedkl.algorithms.catalog" in sys.modules:
+    registry = sys.modules.get("fedkl.algorithms.registry")
+    if "fedkl.algorithms.catalog" in sys.modules or (registry is not None and registry.unlisted()):
         return live_catalog()
     with open(CATALOG_PATH, encoding="utf-8") as f:
         return json.load(f)
@@ -694,7 +696,8 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
 
 
 if __name__ == "__main__":  # python -m fedkl.flags: rewrite flags_catalog.json from the code
+    live = live_catalog()  # before the file is opened for writing: the algorithm registry reads it
     with open(CATALOG_PATH, "w", encoding="utf-8") as out:
-        json.dump(live_catalog(), out, indent=1)
+        json.dump(live, out, indent=1)
         out.write("\n")
     print(f"wrote {CATALOG_PATH}")

@@ -25,7 +25,6 @@ from typing import Callable
 import numpy as np
 import torch
 
-from fedkl.algorithms.catalog import ALGORITHMS  # noqa: F401  (re-exported: the built-in algorithms)
 from fedkl.algorithms.forecast import LEARNS_LITTLE, gradient_forecast
 from fedkl.algorithms.registry import (
     REGISTRY,
@@ -34,7 +33,9 @@ from fedkl.algorithms.registry import (
     BuildContext,
     algorithm_spec,
     algorithms_using,
+    builtin_modules,
     hyperparameter_fields,
+    listed_default,
 )
 from fedkl.data import FederatedDataset, load_dataset
 from fedkl.data.files import SCHEMA_SETTINGS, is_data_file, loader_kwargs
@@ -51,6 +52,8 @@ from fedkl.problems.rowwise import KERNEL_MODES, kernels
 from fedkl.results import reference_metrics, write_json, write_round_metrics
 from fedkl.saved_model import SavedModel, check_resume, public_settings
 
+# the built-in algorithms (re-exported), from the catalog file: a run imports only the one it trains
+ALGORITHMS = tuple(builtin_modules())
 BACKENDS = ("inprocess", "flower-local", "flower-sim", "grpc", "ray-shards")
 FAST_BACKENDS = ("inprocess", "ray-shards")  # where --kernels fast runs (the server computes every answer)
 KERNEL_SETTINGS = (
@@ -187,6 +190,8 @@ class RunConfig:
                 run_kw[key] = value
             elif key in own:
                 params_kw[key] = value
+            elif listed_default(key)[0] and _same(value, listed_default(key)[1]):
+                continue  # another algorithm's setting at its default (dropped below too), without loading them all
             else:
                 users = algorithms_using(key)
                 if not users:

@@ -18,7 +18,8 @@ An entry is ``(name, Params, build)``:
   from the ledger by the runner: algorithms never read the ledger.
 
 Adding an algorithm is one module with a ``Params`` class and a decorated builder, plus its import
-line in :mod:`fedkl.algorithms.catalog`::
+line in :mod:`fedkl.algorithms.catalog` (then ``python -m fedkl.flags``: the catalog file names the module
+that registers each algorithm, which a run imports alone; see :class:`_Registry`)::
 
     @dataclass(frozen=True)
     class MyParams(Rounds, StepSize, Clip):
@@ -32,7 +33,11 @@ line in :mod:`fedkl.algorithms.catalog`::
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib
+import json
 import math
+import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -207,7 +212,99 @@ class AlgorithmSpec:
         return doc.splitlines()[0] if doc else ""
 
 
-REGISTRY: dict[str, AlgorithmSpec] = {}
+_CATALOG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "flags_catalog.json")
+
+
+@functools.lru_cache(maxsize=1)
+def _catalog() -> dict:
+    try:
+        with open(_CATALOG) as f:
+            return json.load(f)
+    except (OSError, ValueError):  # no catalog file (being rewritten): every lookup loads all
+        return {}
+
+
+def builtin_modules() -> dict[str, str]:
+    """Every built-in algorithm's name -> the module that registers it, from ``fedkl/flags_catalog.json``
+    (written from the code by ``python -m fedkl.flags``; tests/test_flags_catalog.py keeps it equal)."""
+    entries = _catalog().get("algorithms", {})
+    return {name: entry["module"] for name, entry in entries.items() if "module" in entry}
+
+
+def listed_default(name: str) -> tuple[bool, Any]:
+    """``(True, default)`` of a built-in hyperparameter as the catalog file lists it, without importing
+    any algorithm; ``(False, None)`` when the file does not list it."""
+    entry = _catalog().get("hyperparameters", {}).get(name)
+    return (False, None) if entry is None else (True, entry["default"])
+
+
+class _Registry(dict):
+    """``REGISTRY``: algorithm name -> :class:`AlgorithmSpec`, filled on demand (issue 34). Looking up one
+    built-in name (``REGISTRY[name]``, ``name in REGISTRY``, ``get``) imports only the module that registers
+    it, so a run imports the one algorithm it trains; reading the whole registry (iterating, ``len``,
+    ``keys``, ``values``, ``items``) first imports every algorithm (:func:`load_all`), so registry-wide
+    readers (``--all`` audits, the planner, the tests) see everything, as before."""
+
+    def _lookup(self, name: object) -> None:
+        if dict.__contains__(self, name) or not isinstance(name, str):
+            return
+        module = builtin_modules().get(name)
+        if module is not None:
+            importlib.import_module(module)
+        else:  # not a built-in the catalog file names (a plug-in's, a typo): look everywhere
+            load_all()
+
+    def __getitem__(self, name):
+        self._lookup(name)
+        return dict.__getitem__(self, name)
+
+    def __contains__(self, name) -> bool:
+        self._lookup(name)
+        return dict.__contains__(self, name)
+
+    def get(self, name, default=None):
+        self._lookup(name)
+        return dict.get(self, name, default)
+
+    def __iter__(self):
+        load_all()
+        return dict.__iter__(self)
+
+    def __len__(self) -> int:
+        load_all()
+        return dict.__len__(self)
+
+    def keys(self):
+        load_all()
+        return dict.keys(self)
+
+    def values(self):
+        load_all()
+        return dict.values(self)
+
+    def items(self):
+        load_all()
+        return dict.items(self)
+
+    def copy(self) -> dict:
+        load_all()
+        return dict(dict.items(self))
+
+
+def load_all() -> None:
+    """Import every built-in algorithm (each module the catalog file names; importing
+    :mod:`fedkl.algorithms.catalog` does the same from its import list): what a reader of the whole
+    registry needs. Looking up one algorithm by name does not."""
+    for module in dict.fromkeys(builtin_modules().values()):
+        importlib.import_module(module)
+
+
+def unlisted() -> list[str]:
+    """Registered algorithms that are not built in (registered by a plug-in or a test), without loading any."""
+    return [name for name in dict.keys(REGISTRY) if name not in builtin_modules()]
+
+
+REGISTRY: dict[str, AlgorithmSpec] = _Registry()
 _FIELDS: dict[str, dataclasses.Field] = {}  # every registered hyperparameter: one definition per name
 
 
@@ -297,7 +394,8 @@ def algorithm_spec(name: str) -> AlgorithmSpec:
 
 
 def hyperparameter_fields() -> dict[str, dataclasses.Field]:
-    """Every registered hyperparameter, by name (one definition each)."""
+    """Every registered hyperparameter, by name (one definition each; loads every algorithm)."""
+    load_all()
     return dict(_FIELDS)
 
 
@@ -387,6 +485,7 @@ __all__ = [
     "algorithms_using",
     "field_kind",
     "hyperparameter_fields",
+    "load_all",
     "param",
     "register",
     "unregister",

@@ -33,6 +33,23 @@ class UserData:
     user_ids: tuple[str, ...]
 
     def __post_init__(self) -> None:
+        self._check(finite=True, unique=True)
+
+    @classmethod
+    def _checked(
+        cls, X: torch.Tensor, y: torch.Tensor, user_index: torch.Tensor, user_ids: tuple[str, ...], *, unique: bool
+    ) -> "UserData":
+        """A :class:`UserData` whose features the caller KNOWS are finite (rows of a checked one, or a
+        matrix the file loader checked column by column), and whose ids are known distinct when
+        ``unique``: the cheap checks (shapes, dtype, index range) still run, the full ``isfinite`` pass
+        over ``X`` and the set of every user id do not (issue 34: they ran for every cohort and user)."""
+        obj = cls.__new__(cls)
+        for name, value in (("X", X), ("y", y), ("user_index", user_index), ("user_ids", user_ids)):
+            object.__setattr__(obj, name, value)
+        obj._check(finite=False, unique=not unique)
+        return obj
+
+    def _check(self, *, finite: bool, unique: bool) -> None:
         if self.X.dim() != 2:
             raise ValueError(f"X must be 2-D (records x features), got shape {tuple(self.X.shape)}")
         n_rec = self.X.shape[0]
@@ -45,9 +62,9 @@ class UserData:
             raise ValueError("user_index must be int64")
         if n_rec and (int(self.user_index.min()) < 0 or int(self.user_index.max()) >= len(self.user_ids)):
             raise ValueError("user_index out of range of user_ids")
-        if not torch.isfinite(self.X).all():
+        if finite and not torch.isfinite(self.X).all():
             raise ValueError("X contains NaN or infinite values")
-        if len(set(self.user_ids)) != len(self.user_ids):
+        if unique and len(set(self.user_ids)) != len(self.user_ids):
             raise ValueError("user_ids must be unique")
 
     @property
@@ -87,11 +104,14 @@ class UserData:
         offsets = torch.cumsum(lens, 0) - lens
         within = torch.arange(int(lens.sum())) - torch.repeat_interleave(offsets, lens)
         rec, perm = order[torch.repeat_interleave(lo, lens) + within].sort()
-        return UserData(
-            X=self.X[rec],
-            y=self.y[rec],
-            user_index=torch.repeat_interleave(torch.arange(len(users)), lens)[perm],
-            user_ids=tuple(self.user_ids[int(u)] for u in users),
+        # rows of this (checked) data are finite; distinct positions give distinct ids
+        distinct = len(users) <= 1 or len(torch.unique(users)) == len(users)
+        return UserData._checked(
+            self.X[rec],
+            self.y[rec],
+            torch.repeat_interleave(torch.arange(len(users)), lens)[perm],
+            tuple(self.user_ids[int(u)] for u in users),
+            unique=distinct,
         )
 
     def to(self, dtype: torch.dtype) -> "UserData":

@@ -57,8 +57,33 @@ def from_arrays(
         raise ValueError("X contains NaN or infinite values")
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")
-    keys = np.array([str(u) for u in users])
-    user_ids, user_index = np.unique(keys, return_inverse=True)
+    user_ids, user_index = user_keys(users)
+    y, kw = labels(y, task, num_classes, label_bound)
+    test = split_by_user(user_index, len(user_ids), test_fraction, np.random.default_rng(split_seed))
+    desc = describe(name, len(user_ids), X.shape, test_fraction, split_seed)
+    return make_federated(name, project_rows(X), y, user_index, user_ids, test, task, desc, **kw)
+
+
+def user_keys(users: np.ndarray) -> tuple[tuple[str, ...], np.ndarray]:
+    """``(user_ids, user_index)``: the distinct users as strings in sorted string order, and each
+    record's position among them (int64). Integer ids are made distinct as integers and turned into
+    strings once per user (not once per record), then put in the same string order."""
+    users = np.asarray(users)
+    if users.dtype.kind in "iu":
+        values, inverse = np.unique(users, return_inverse=True)
+        names = np.array([str(v) for v in values.tolist()])
+        order = np.argsort(names, kind="stable")
+        rank = np.empty(len(order), dtype=np.int64)
+        rank[order] = np.arange(len(order))
+        return tuple(names[order].tolist()), rank[inverse.reshape(-1)]
+    keys = users if users.dtype.kind == "U" else np.array([str(u) for u in users])
+    names, inverse = np.unique(keys, return_inverse=True)
+    return tuple(names.tolist()), inverse.reshape(-1).astype(np.int64)
+
+
+def labels(y: np.ndarray, task: str, num_classes: int | None, label_bound: float | None) -> tuple[np.ndarray, dict]:
+    """The labels as the task stores them (binary: -1/+1 floats; multiclass: int64; regression: float64)
+    and the dataset keywords they set."""
     kw: dict[str, Any] = {"feature_bound": 1.0, "extra": {}}
     if task == "binary":
         values = set(np.unique(y).tolist())
@@ -74,13 +99,13 @@ def from_arrays(
         y = y.astype(np.float64)
         if label_bound is not None:
             kw["extra"]["label_bound"] = float(label_bound)
-    test = split_by_user(user_index, len(user_ids), test_fraction, np.random.default_rng(split_seed))
-    desc = (
-        f"{name}: {len(user_ids)} users, {X.shape[0]} records, {X.shape[1]} features (projected onto the unit "
+    return y, kw
+
+
+def describe(name: str, n_users: int, shape: tuple[int, int], test_fraction: float, split_seed: int) -> str:
+    return (
+        f"{name}: {n_users} users, {shape[0]} records, {shape[1]} features (projected onto the unit "
         f"ball); split within each user, test_fraction={test_fraction:g}, split_seed={split_seed}"
-    )
-    return make_federated(
-        name, project_rows(X), y, user_index.astype(np.int64), tuple(user_ids.tolist()), test, task, desc, **kw
     )
 
 

@@ -20,6 +20,9 @@ set, a record beyond a bound. ``on_bound="clip"`` (documented, opt-in) instead c
 bound (features onto the ball of radius ``B``, regression labels to ``[-L, L]``) and says how many.
 Features are then divided by ``B``, so the problems see ``feature_bound = 1`` (a public, per-record map:
 apply the same division when you use the model).
+
+An ``.npz`` is read without pandas, one column at a time, straight into each split's matrix: one
+copy of the data (issue 34).
 """
 
 from __future__ import annotations
@@ -118,23 +121,64 @@ def read_table(path: str) -> Any:
     """A pandas DataFrame from a ``.csv``, ``.npz`` or ``.parquet`` file."""
     import pandas as pd
 
+    if path.lower().endswith(".npz"):
+        cols = _table(path)
+        return pd.DataFrame({c: cols.get(c) for c in cols.names})
+    return _table(path).frame
+
+
+class _Columns:
+    """A data file's columns as 1-D numpy arrays. An ``.npz`` is read without pandas, one column at a
+    time when asked (its names, dtypes and lengths come from the array headers); a ``.csv`` or
+    ``.parquet`` through a pandas DataFrame (``frame``)."""
+
+    def __init__(self, path: str, frame: Any = None, npz: Any = None, headers: dict | None = None) -> None:
+        self.path, self.frame, self._npz, self._headers = path, frame, npz, headers or {}
+        self.names = list(frame.columns) if frame is not None else list(self._headers)
+        self.rows = len(frame) if frame is not None else next(iter(self._headers.values()))[0][0]
+
+    def get(self, name: str, dtype: Any = None) -> np.ndarray:
+        if self.frame is not None:
+            return self.frame[name].to_numpy(dtype)
+        try:
+            value = self._npz[name]
+        except Exception as exc:  # e.g. an object array (allow_pickle=False)
+            raise DataError(f"{self.path}: cannot read ({type(exc).__name__}: {' '.join(str(exc).split())[:300]})")
+        return value if dtype is None else value.astype(dtype, copy=False)
+
+    def dtype(self, name: str) -> np.dtype:
+        return self.frame[name].dtype if self.frame is not None else self._headers[name][1]
+
+    def numeric(self, name: str) -> bool:
+        """A numeric, non-boolean column (what may be a feature)."""
+        if self.frame is not None:
+            from pandas.api.types import is_bool_dtype, is_numeric_dtype
+
+            return is_numeric_dtype(self.frame[name]) and not is_bool_dtype(self.frame[name])
+        return self.dtype(name).kind in "iufc"
+
+    def has_missing(self, name: str) -> bool:
+        if self.frame is not None:
+            return bool(self.frame[name].isna().any())
+        value = self.get(name)
+        return value.dtype.kind in "fc" and bool(np.isnan(value).any())
+
+
+def _table(path: str) -> _Columns:
     if not os.path.isfile(path):
         raise DataError(f"{path}: no such file")
     low = path.lower()
     try:
         if low.endswith(".csv"):
-            return pd.read_csv(path)
+            import pandas as pd
+
+            return _Columns(path, frame=pd.read_csv(path))
         if low.endswith(".npz"):
-            with np.load(path, allow_pickle=False) as z:
-                cols = {k: z[k] for k in z.files}
-            bad = [k for k, v in cols.items() if v.ndim != 1]
-            if bad:
-                raise DataError(f"{path}: array {bad[0]!r} is not 1-D (an .npz holds one 1-D array per column)")
-            if len({len(v) for v in cols.values()}) > 1:
-                raise DataError(f"{path}: the arrays have different lengths")
-            return pd.DataFrame(cols)
+            return _npz_columns(path)
         if low.endswith(".parquet"):
-            return pd.read_parquet(path)
+            import pandas as pd
+
+            return _Columns(path, frame=pd.read_parquet(path))
     except DataError:
         raise
     except ImportError:  # pandas needs an engine for parquet
@@ -147,69 +191,120 @@ def read_table(path: str) -> Any:
     raise DataError(f"{path}: unknown format; use one of {', '.join(SUFFIXES)}")
 
 
-def check_frame(frame: Any, schema: Schema, source: str, extra_columns: Sequence[str] = ()) -> tuple:
-    """``(X, y, notes)``: the feature matrix divided by the feature bound, the labels, and what was clipped
-    (``notes``: one line per clip). :class:`DataError` with the first problem otherwise."""
-    from pandas.api.types import is_bool_dtype, is_numeric_dtype
+def _npz_columns(path: str) -> _Columns:
+    """The columns of an ``.npz`` from its array headers (no array is read here)."""
+    z = np.load(path, allow_pickle=False)
+    headers = {}
+    for name in z.files:
+        with z.zip.open(name + ".npy") as f:
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, _, dtype = read(f)
+        headers[name] = (shape, dtype)
+    bad = [k for k, (shape, _) in headers.items() if len(shape) != 1]
+    if bad:
+        raise DataError(f"{path}: array {bad[0]!r} is not 1-D (an .npz holds one 1-D array per column)")
+    if len({shape for shape, _ in headers.values()}) > 1:
+        raise DataError(f"{path}: the arrays have different lengths")
+    if not headers:
+        raise DataError(f"{path}: no records")
+    return _Columns(path, npz=z, headers=headers)
 
+
+def _features(cols: _Columns, schema: Schema, source: str, extra_columns: Sequence[str]) -> tuple[str, ...]:
+    """The feature columns, checked: present, numeric; and the file has records."""
     features = schema.feature_columns
     if features is None:
-        features = tuple(
-            c
-            for c in frame.columns
-            if c not in (schema.label_column, *extra_columns)
-            and is_numeric_dtype(frame[c])
-            and not is_bool_dtype(frame[c])
-        )
+        features = tuple(c for c in cols.names if c not in (schema.label_column, *extra_columns) and cols.numeric(c))
         if not features:
             raise DataError(f"{source}: no numeric feature column; name them (--feature-columns)")
-    missing = [c for c in (*features, schema.label_column, *extra_columns) if c not in frame.columns]
+    missing = [c for c in (*features, schema.label_column, *extra_columns) if c not in cols.names]
     if missing:
-        raise DataError(f"{source}: missing column(s) {missing} (file has {list(frame.columns)[:10]})")
-    if len(frame) == 0:
+        raise DataError(f"{source}: missing column(s) {missing} (file has {cols.names[:10]})")
+    if cols.rows == 0:
         raise DataError(f"{source}: no records")
     for c in features:
-        if not is_numeric_dtype(frame[c]) or is_bool_dtype(frame[c]):
-            raise DataError(f"{source}: feature column {c!r} is not numeric (dtype {frame[c].dtype})")
-    X = frame[list(features)].to_numpy(np.float64)
-    bad = ~np.isfinite(X)
-    if bad.any():
-        r, c = np.argwhere(bad)[0]
-        raise DataError(
-            f"{source}: {int(bad.any(axis=1).sum())} record(s) have NaN or infinite features "
-            f"(first: row {r}, column {features[c]!r})"
-        )
-    y = frame[schema.label_column].to_numpy()
-    notes = []
-    B = float(schema.feature_bound)
-    norms = np.linalg.norm(X, axis=1)
-    over = norms > B
-    if over.any():
-        if schema.on_bound == "refuse":
+        if not cols.numeric(c):
+            raise DataError(f"{source}: feature column {c!r} is not numeric (dtype {cols.dtype(c)})")
+    return features
+
+
+def _check_features(cols: _Columns, features: Sequence[str], schema: Schema, source: str) -> tuple:
+    """``(factor, notes)`` after one pass over the feature columns, one column in memory at a time:
+    every value finite, every record within the feature bound (or the per-record clip factor, when
+    ``on_bound="clip"``; None when nothing is clipped).
+
+    The squared norms are summed column by column, left to right: the order numpy's ``norm(X, axis=1)``
+    adds them in on the column-major matrix the loader built before issue 34, so every record's norm,
+    hence the clipped and projected features, are the same bits."""
+    sumsq = None
+    for j, c in enumerate(features):
+        v = cols.get(c, np.float64)
+        finite = np.isfinite(v)
+        if not finite.all():
+            bad = np.zeros(cols.rows, dtype=bool)
+            for name in features:
+                bad |= ~np.isfinite(cols.get(name, np.float64))
+            r = int(np.flatnonzero(bad)[0])
+            col = next(name for name in features if not np.isfinite(cols.get(name, np.float64)[r]))
             raise DataError(
-                f"{source}: {int(over.sum())} record(s) have ||x|| above the declared feature bound {B:g} "
-                f"(largest {norms.max():.4g}, row {int(norms.argmax())}); scale the columns or clip (on_bound=clip)"
+                f"{source}: {int(bad.sum())} record(s) have NaN or infinite features (first: row {r}, column {col!r})"
             )
-        X = X * np.minimum(1.0, B / np.where(over, norms, B))[:, None]
-        notes.append(f"{int(over.sum())} record(s) clipped to the feature bound {B:g}")
-    y = _check_labels(y, schema, source, notes)
-    return X / B, y, notes
+        sumsq = v * v if sumsq is None else np.add(sumsq, v * v, out=sumsq)
+        del v, finite
+    norms = np.sqrt(sumsq, out=sumsq)
+    B = float(schema.feature_bound)
+    over = norms > B
+    if not over.any():
+        return None, []
+    if schema.on_bound == "refuse":
+        raise DataError(
+            f"{source}: {int(over.sum())} record(s) have ||x|| above the declared feature bound {B:g} "
+            f"(largest {norms.max():.4g}, row {int(norms.argmax())}); scale the columns or clip (on_bound=clip)"
+        )
+    return np.minimum(1.0, B / np.where(over, norms, B)), [
+        f"{int(over.sum())} record(s) clipped to the feature bound {B:g}"
+    ]
 
 
-def unused_columns(frame: Any, taken: Sequence[str]) -> list[str]:
-    """The columns of ``frame`` other than ``taken`` that the default feature selection (every other
-    numeric, non-boolean column) leaves out: text, dates, booleans ... (named to the user, never dropped
-    silently)."""
-    from pandas.api.types import is_bool_dtype, is_numeric_dtype
+def _feature_matrices(cols: _Columns, features: Sequence[str], B: float, factor: Any, parts: Sequence) -> list:
+    """The projected feature matrix of each row set in ``parts`` (C-ordered float64), filled column by
+    column: each record clipped (``factor``), divided by ``B``, projected onto the unit ball. The only
+    copy of the data: one matrix row per record, plus one column at a time."""
+    out = [np.empty((len(rows), len(features))) for rows in parts]
+    sumsq = [np.zeros(len(rows)) for rows in parts]
+    scratch = [np.empty(len(rows)) for rows in parts]
+    for j, c in enumerate(features):
+        v = cols.get(c, np.float64)
+        v = v * factor if factor is not None else v / B  # a new array (never the file's own), then in place
+        if factor is not None:
+            v /= B
+        for rows, X, s, tmp in zip(parts, out, sumsq, scratch):
+            np.take(v, rows, out=tmp)
+            X[:, j] = tmp
+            if j:
+                s += np.multiply(tmp, tmp, out=tmp)
+            else:
+                np.multiply(tmp, tmp, out=s)
+        del v
+    for X, s in zip(out, sumsq):  # project_rows: x / max(1, ||x||)
+        X /= np.maximum(1.0, np.sqrt(s, out=s))[:, None]
+    return out
 
-    return [c for c in frame.columns if c not in taken and (not is_numeric_dtype(frame[c]) or is_bool_dtype(frame[c]))]
+
+def _unused_note(cols: _Columns, taken: Sequence[str]) -> list[str]:
+    """The columns other than ``taken`` that the default feature selection (every other numeric,
+    non-boolean column) leaves out: text, dates, booleans ... (named to the user, never dropped silently)."""
+    unused = [c for c in cols.names if c not in taken and not cols.numeric(c)]
+    if not unused:
+        return []
+    return [f"column(s) {', '.join(map(repr, unused))} not used (not numeric; only numeric columns "
+            "are features unless --feature-columns names them)"]  # fmt: skip
 
 
 def _check_labels(y: np.ndarray, schema: Schema, source: str, notes: list[str]) -> np.ndarray:
-    from pandas.api.types import is_numeric_dtype
-
     what = f"{source}: label column {schema.label_column!r}"
-    if not (is_numeric_dtype(y.dtype) or y.dtype == bool):
+    if y.dtype.kind not in "biufc":
         raise DataError(f"{what} is not numeric (dtype {y.dtype})")
     yf = y.astype(np.float64)
     if not np.isfinite(yf).all():
@@ -243,32 +338,15 @@ def load_file(
 ) -> FederatedDataset:
     """A user-partitioned file as a :class:`FederatedDataset` (``fedkl run --dataset FILE``): the
     ``user_column`` names each record's user; ``schema`` holds the :class:`Schema` fields
-    (``label_column``, ``task``, ``feature_columns``, ``feature_bound``, ``label_bound``, ``on_bound``)."""
-    from fedkl.data.custom import from_arrays
+    (``label_column``, ``task``, ``feature_columns``, ``feature_bound``, ``label_bound``, ``on_bound``).
 
+    One pass over the feature columns checks them; the split is drawn from the users; a second pass
+    writes each record straight into its train or test matrix (:func:`_load`). The dataset is the one
+    ``fedkl.from_arrays`` made of the column-major matrix before issue 34 (same users, order, split, bits)."""
     if not user_column:
         raise DataError(f"{path}: a user-partitioned file needs its user column (--user-column)")
     sch = Schema.from_settings(schema)
-    frame = read_table(path)
-    X, y, notes = check_frame(frame, sch, path, extra_columns=(user_column,))
-    unused = unused_columns(frame, (sch.label_column, user_column)) if sch.feature_columns is None else []
-    if unused:  # never dropped silently: said where the run says what it trains on
-        notes = [*notes, f"column(s) {', '.join(map(repr, unused))} not used (not numeric; only numeric columns "
-                 "are features unless --feature-columns names them)"]  # fmt: skip
-    if frame[user_column].isna().any():
-        raise DataError(f"{path}: the user column {user_column!r} has missing values")
-    ds = from_arrays(
-        X,
-        y,
-        frame[user_column].to_numpy(),
-        task=sch.task,
-        test_fraction=test_fraction,
-        split_seed=split_seed,
-        name=os.path.basename(path),
-        num_classes=sch.num_classes,
-        label_bound=sch.label_bound,
-    )
-    return _noted(ds, sch, notes)
+    return _load(_table(path), sch, path, user_column, None, split_seed, test_fraction, os.path.basename(path))
 
 
 def load_site(
@@ -276,23 +354,53 @@ def load_site(
 ) -> FederatedDataset:
     """One site's (one user's) own file, checked against the run's ``schema``: a one-user dataset.
     Any user column in the file is ignored: the whole file belongs to ``user_id``."""
-    from fedkl.data.custom import from_arrays
-
     if schema.feature_columns is None:
         raise DataError("a site's schema must name its feature columns (the server fixes the model's shape)")
-    X, y, notes = check_frame(read_table(path), schema, path)
-    ds = from_arrays(
-        X,
-        y,
-        np.full(len(y), str(user_id), dtype=object),
-        task=schema.task,
-        test_fraction=test_fraction,
-        split_seed=split_seed,
-        name=f"site {user_id}",
-        num_classes=schema.num_classes,
-        label_bound=schema.label_bound,
+    return _load(_table(path), schema, path, None, str(user_id), split_seed, test_fraction, f"site {user_id}")
+
+
+def _load(
+    cols: _Columns,
+    sch: Schema,
+    source: str,
+    user_column: str | None,
+    user_id: str | None,
+    split_seed: int,
+    test_fraction: float,
+    name: str,
+) -> FederatedDataset:
+    import torch
+
+    from fedkl.data.base import UserData
+    from fedkl.data.custom import describe, labels, user_keys
+    from fedkl.data.real import split_by_user
+
+    features = _features(cols, sch, source, (user_column,) if user_column else ())
+    factor, notes = _check_features(cols, features, sch, source)
+    y = _check_labels(cols.get(sch.label_column), sch, source, notes)
+    if user_column:
+        if sch.feature_columns is None:  # never dropped silently: said where the run says what it trains on
+            notes = [*notes, *_unused_note(cols, (sch.label_column, user_column))]
+        if cols.has_missing(user_column):
+            raise DataError(f"{source}: the user column {user_column!r} has missing values")
+        user_ids, user_index = user_keys(cols.get(user_column))
+    else:
+        user_ids, user_index = (user_id,), np.zeros(cols.rows, dtype=np.int64)
+    y, kw = labels(y, sch.task, sch.num_classes, sch.label_bound)
+    is_test = split_by_user(user_index, len(user_ids), test_fraction, np.random.default_rng(split_seed))
+    parts = (np.flatnonzero(~is_test), np.flatnonzero(is_test))
+    del is_test
+    matrices = _feature_matrices(cols, features, float(sch.feature_bound), factor, parts)
+    # every value was checked finite (clipping, dividing and projecting keep it so); the ids are distinct
+    train, test = (
+        UserData._checked(
+            torch.from_numpy(X), torch.as_tensor(y[rows]), torch.from_numpy(user_index[rows]), user_ids, unique=True
+        )
+        for X, rows in zip(matrices, parts)
     )
-    return _noted(ds, schema, notes)
+    desc = describe(name, len(user_ids), (cols.rows, len(features)), test_fraction, split_seed)
+    ds = FederatedDataset(name=name, train=train, test=test, task=sch.task, description=desc, **kw)
+    return _noted(ds, sch, notes)
 
 
 def parse_sites(sites: Sequence[str] | str | None) -> tuple[str, ...]:

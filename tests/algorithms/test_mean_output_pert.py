@@ -809,3 +809,20 @@ def test_phased_lam_rule_chains_the_predicted_centre_error(tmp_path, rho_fractio
         assert len({p["lam"] for p in phases}) == 1  # every ⊥ keeps the centre and its prediction
     fixed = replace(cfg, lam_rule="fixed")
     assert [fixed.phase_config(i).lam for i in (1, 2, 3)] == [2.0, 8.0, 32.0]
+
+
+def test_the_default_local_solver_is_the_batched_newton(tmp_path, monkeypatch):
+    """issue 34: a default mean-output-pert run on a GLM solves every user with the batched Newton solver,
+    never the per-user scipy L-BFGS loop (21-24x slower at 10k users, same vectors to 1e-8: the test above)."""
+    import fedkl
+    from fedkl.problems.base import Problem
+
+    def no_loop(*args, **kwargs):
+        raise AssertionError("the per-user L-BFGS loop ran")
+
+    monkeypatch.setattr(Problem, "local_minimizers", no_loop)
+    run = fedkl.train(
+        "synthetic-logistic", "mean-output-pert", epsilon=2.0, users=40, reg=0.1, force=True, noise_seed=0,
+        log=None, out=str(tmp_path / "run"),
+    )  # fmt: skip
+    assert run.result["config"]["mean_local_solver"] == "newton"

@@ -140,8 +140,8 @@ def test_the_deployed_server_knows_only_the_schema_and_enrolment(tmp_path, monke
     server_reads = []
     import fedkl.data.files as files
 
-    real = files.read_table
-    monkeypatch.setattr(files, "read_table", lambda path: server_reads.append(path) or real(path))
+    real = files._table
+    monkeypatch.setattr(files, "_table", lambda path: server_reads.append(path) or real(path))
     grid = _grid(paths, run_config=rc)
     client_app._USERS.clear()
     seen = len(server_reads)
