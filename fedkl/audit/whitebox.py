@@ -76,7 +76,6 @@ from fedkl.algorithms.catalog import REGISTRY
 from fedkl.data.base import FederatedDataset
 from fedkl.federation.base import Answers
 from fedkl.federation.inprocess import InProcessFederation
-from fedkl.privacy.guarantee import absence_for
 from fedkl.privacy.mechanisms import ExponentialMechanism
 from fedkl.privacy.release import Releaser, ScheduledGaussian
 from fedkl.privacy.rng import NoiseSource
@@ -541,7 +540,7 @@ def compare(algorithm: str, relation: str, backend: str, d: Sequence[Release], e
         if kind == "ApproxDPCharge" and c.get("mechanism") == "gaussian-schedule":
             schedules[a.label] = c
             continue
-        rule = absence_for(spec.absence, a.label, relation, absence_backend)
+        rule = spec.absence_rule(a.label, relation, absence_backend)
         if kind == "scheduled-step":
             sched = schedules.get(a.label.rsplit("#", 1)[0])
             mech, sens = "gaussian-schedule", (sched or {}).get("sensitivity")
@@ -616,7 +615,7 @@ class Search:
         backend = "inprocess" if self.backend == "inprocess" else "flower"
         out = []
         for x, y in zip(a.releases, b.releases):
-            rule = absence_for(spec.absence, x.label, self.relation, backend)
+            rule = spec.absence_rule(x.label, self.relation, backend)
             if rule.mode != "zero" or x.exact is None or y.exact is None or isinstance(x.exact, ScheduledGaussian):
                 continue
             u, v = _flat(x.exact), _flat(y.exact)
@@ -759,7 +758,7 @@ def noise_law(record: Outcome, exact: Outcome, algorithm: str, relation: str, ba
         if c.get("type") == "ApproxDPCharge" and c.get("mechanism") == "gaussian-schedule":
             schedules[r.label] = c
             continue
-        if absence_for(spec.absence, r.label, relation, absence_backend).measure != "sensitivity":
+        if spec.absence_rule(r.label, relation, absence_backend).measure != "sensitivity":
             continue
         if c.get("type") == "scheduled-step":
             sigma = (schedules.get(r.label.rsplit("#", 1)[0]) or {}).get("noise_scale")
