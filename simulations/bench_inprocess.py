@@ -28,7 +28,8 @@ import time
 
 import torch
 
-from fedkl.algorithms.noisy_gd import NoisyGDConfig, NoisyGradientDescent
+from fedkl.algorithms.contract import BuildContext
+from fedkl.algorithms.noisy_gd import NoisyGDParams, NoisyGradientDescent
 from fedkl.data import load_dataset
 from fedkl.federation.inprocess import InProcessFederation, clip_rows
 from fedkl.privacy import Budget, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter
@@ -102,7 +103,7 @@ def bench(n_users: int, m: int, d: int, rounds: int, repeats: int) -> dict:
             lambda: ledger.charge(ids, GaussianCharge(rho=1e-9), label="bench"), repeats
         )
         for mode in ("fast", "reproducible"):
-            alg = NoisyGradientDescent(NoisyGDConfig(rounds=rounds, lr=1.0), rho_total=1.0)
+            alg = NoisyGradientDescent(NoisyGDParams(rounds=rounds, lr=1.0), BuildContext.fresh(rho=1.0))
             with kernels(mode):
                 result = alg.run(fed, Releaser(ledger, NoiseSource(0), ZCDPFilter(1.0)), w)
             row[f"round_{mode}_median_s"] = statistics.median(h["seconds"] for h in result.history)

@@ -240,7 +240,8 @@ def _torch_round_fn(kind: str, X: np.ndarray, y: np.ndarray, a):
 def _fedkl_runner(mode: str, X: np.ndarray, y: np.ndarray, a):
     import torch
 
-    from fedkl.algorithms.noisy_gd import NoisyGDConfig, NoisyGradientDescent
+    from fedkl.algorithms.contract import BuildContext
+    from fedkl.algorithms.noisy_gd import NoisyGDParams, NoisyGradientDescent
     from fedkl.data.real import make_federated
     from fedkl.federation.base import ClippedGradient
     from fedkl.federation.inprocess import InProcessFederation
@@ -284,7 +285,7 @@ def _fedkl_runner(mode: str, X: np.ndarray, y: np.ndarray, a):
             return 0.0, (w0 - a.lr * total / n).numpy()
         rho = rounds / (2.0 * a.noise**2)  # add-remove: sigma = C / sqrt(2 rho / T) = z C
         alg = NoisyGradientDescent(
-            NoisyGDConfig(rounds=rounds, lr=a.lr, clip=a.clip, neighbouring="add-remove"), rho_total=rho
+            NoisyGDParams(rounds=rounds, lr=a.lr, clip=a.clip), BuildContext.fresh(rho=rho, neighbouring="add-remove")
         )
         with tempfile.TemporaryDirectory() as tmp:
             ledger = PrivacyLedger(os.path.join(tmp, "ledger.sqlite"), Budget(1e6, 1e-5))

@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from fedkl.algorithms.noisy_gd import NoisyGDConfig, NoisyGradientDescent
+from fedkl.algorithms.contract import BuildContext
+from fedkl.algorithms.noisy_gd import NoisyGDParams, NoisyGradientDescent
 from fedkl.data import load_dataset
 from fedkl.federation.inprocess import InProcessFederation
 from fedkl.privacy import Budget, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> dict:
             "choose another --out for a new experiment"
         )
     releaser = Releaser(ledger, NoiseSource(args.noise_seed), ZCDPFilter(rho))
-    algorithm = NoisyGradientDescent(NoisyGDConfig(rounds=args.rounds, lr=4.0, clip=1.0), rho)
+    algorithm = NoisyGradientDescent(NoisyGDParams(rounds=args.rounds, lr=4.0, clip=1.0), BuildContext.fresh(rho=rho))
     result = algorithm.run(federation, releaser, problem.init_params())
 
     metrics = federation.evaluate(result.w, "test")  # evaluation only: not a private release

@@ -1,6 +1,7 @@
 """Models as artefacts (issue 20): model.pt reloads bit-for-bit with its privacy receipt, `fedkl predict`
 reports the run's metrics, and `fedkl run --resume` starts from the released model on the same ledger."""
 
+import dataclasses
 import json
 import os
 import sqlite3
@@ -11,10 +12,9 @@ import torch
 
 import fedkl
 from fedkl import cli, runner
-from fedkl.algorithms.noisy_gd import NoisyGDConfig, NoisyGDParams, NoisyGradientDescent
-from fedkl.algorithms.registry import BuildContext, register, unregister
+from fedkl.algorithms.noisy_gd import NoisyGradientDescent
+from fedkl.algorithms.registry import register, unregister
 from fedkl.data import load_dataset
-from fedkl.privacy.guarantee import ZERO_SUMS
 from fedkl.problems import problem_spec
 from fedkl.saved_model import FORMAT, SavedModel, load_model
 
@@ -102,17 +102,19 @@ def half_budget_gd():
     starts = []
 
     class Spy(NoisyGradientDescent):
+        """noisy-gd on half the budget left (a test's algorithm)."""
+
+        name = "half-budget-gd"
+
+        def __init__(self, params, ctx):
+            super().__init__(params, dataclasses.replace(ctx, rho_left=ctx.rho_left / 2))
+
         def run(self, federation, releaser, w0, progress=None):
             if not releaser.ledger.scratch:  # not the plan's dry run (prepaid charges)
                 starts.append(w0.clone())
             return super().run(federation, releaser, w0, progress)
 
-    def build(params: NoisyGDParams, ctx: BuildContext):
-        """noisy-gd on half the budget left (a test's algorithm)."""
-        config = NoisyGDConfig(rounds=params.rounds, lr=params.lr, clip=params.clip, neighbouring=ctx.neighbouring)
-        return Spy(config, ctx.rho_left / 2)
-
-    register("half-budget-gd", NoisyGDParams, step_size=4.0, absence=ZERO_SUMS)(build)
+    register(Spy)
     yield starts
     unregister("half-budget-gd")
 

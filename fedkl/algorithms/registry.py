@@ -36,138 +36,29 @@ import dataclasses
 import functools
 import importlib
 import json
-import math
 import os
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
-from fedkl.privacy.guarantee import RELEASED_MODELS, Absence, ClientView, absence_for, check_absence
-from fedkl.privacy.ledger import BudgetExceeded
-
-ORIGINS = ("theorem", "heuristic", "safety limit")
-# the largest (eps, delta) budget a builder accepts: the calibrations evaluate e^eps (float64 overflows at ~709)
-MAX_APPROX_EPSILON = 700.0
-
-
-def param(
-    default: Any, help: str, origin: str = "heuristic", choices: tuple | None = None, positive: bool = False
-) -> Any:
-    """A hyperparameter field: its default, its one-sentence help, whether the default is the
-    theorem's value (``"theorem"``), a tunable choice (``"heuristic"``) or a work cap (``"safety
-    limit"``) (a longer note may follow the word, e.g. ``"theorem at 1"``), its choices, and
-    whether it must be > 0 (and finite, unless its default is infinite)."""
-    if origin.split(" ")[0] not in {o.split(" ")[0] for o in ORIGINS}:
-        raise ValueError(f"origin must start with one of {ORIGINS}, got {origin!r}")
-    if choices is not None and default is not None and default not in choices:
-        raise ValueError(f"default {default!r} is not among the choices {choices}")
-    return dataclasses.field(
-        default=default, metadata={"help": help, "origin": origin, "choices": choices, "positive": positive}
-    )
-
-
-def _base_type(annotation: Any) -> type:
-    """``int`` / ``float`` / ``str`` / ``bool`` of an annotation such as ``int | None``."""
-    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
-    for name, kind in (("bool", bool), ("int", int), ("float", float), ("str", str)):
-        if text.split("|")[0].strip() == name:
-            return kind
-    raise TypeError(
-        f"unsupported hyperparameter annotation {annotation!r} (use int, float, str or bool, optionally | None)"
-    )
-
-
-@dataclass(frozen=True)
-class AlgorithmParams:
-    """Base of every algorithm's hyperparameters: checks each value's type and choices (one-line
-    errors naming the flag); the algorithm's own configuration checks the ranges."""
-
-    def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            flag = "--" + f.name.replace("_", "-")
-            if value is None:
-                if f.default is not None:
-                    raise ValueError(f"{flag} must be given (no default of 'none')")
-                continue
-            kind = _base_type(f.type)
-            if kind is bool:
-                if not isinstance(value, bool):
-                    raise ValueError(f"{flag} must be true or false, got {value!r}")
-            elif kind is int:
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
-                    raise ValueError(f"{flag} must be an integer, got {value!r}")
-                object.__setattr__(self, f.name, int(value))
-            elif kind is float:
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-                    raise ValueError(f"{flag} must be a number, got {value!r}")
-                object.__setattr__(self, f.name, float(value))
-            elif not isinstance(value, str):
-                raise ValueError(f"{flag} must be a string, got {value!r}")
-            if f.metadata.get("positive") and not (value > 0 and (math.isfinite(value) or f.default == math.inf)):
-                raise ValueError(
-                    f"{flag} must be > 0" + ("" if f.default == math.inf else " and finite") + f", got {value}"
-                )
-            choices = f.metadata.get("choices")
-            if choices is not None and value not in choices:
-                raise ValueError(f"{flag} must be one of {', '.join(choices)}; got {value!r}")
-
-
-class AlgorithmResult:
-    """The one result type: every algorithm's ``run`` returns an instance of a subclass (a dataclass
-    with the fields it has). The runner and the transports read only these attributes:
-
-    * ``w`` — the released model (a private output), or None when the algorithm released ⊥;
-    * ``rounds`` — federated rounds (queries to the users), ``sigma`` — the noise std of its releases
-      (a number or a list), ``rho_spent`` — the zCDP it charged, when it speaks zCDP;
-    * ``details`` — public parameters and labelled non-private diagnostics (result.json's
-      ``algorithm_details``), ``history`` — per-round records.
-
-    An attribute of this list that a subclass does not define reads as None (through
-    ``__getattr__``, so that the subclasses' dataclass fields keep their own defaults)."""
-
-    _OPTIONAL = frozenset({"w", "rounds", "sigma", "rho_spent", "details", "history"})
-
-    def __getattr__(self, name: str):
-        if name in AlgorithmResult._OPTIONAL:
-            return None
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-
-@dataclass(frozen=True)
-class BuildContext:
-    """What a builder may read besides its Params: public run-level values and the budget left.
-
-    ``rho_left``: the zCDP budget every user can still afford under the run's conversion;
-    ``approx_left``: the (eps, delta) every user can still afford (basic composition in the ledger);
-    ``conversion``: the budget's zCDP -> (eps, delta) conversion; ``delta``: the run's delta;
-    ``neighbouring``: the user-level relation; ``seed``: the run's public seed (cohort hashing)."""
-
-    problem: Any
-    feature_bound: float
-    user_ids: tuple
-    delta: float
-    rho_left: float
-    approx_left: tuple[float, float]
-    conversion: str
-    neighbouring: str
-    seed: int
-
-    @property
-    def num_users(self) -> int:
-        return len(self.user_ids)
-
-    def approx_budget(self) -> tuple[float, float]:
-        """``approx_left``, refusing a spent budget (BudgetExceeded before any data is read) and an
-        epsilon above :data:`MAX_APPROX_EPSILON` (ValueError: the calibrations need e^eps)."""
-        eps, delta = self.approx_left
-        if eps <= 0 or delta <= 0:
-            raise BudgetExceeded("the users' (eps, delta) budget is spent; nothing to train with")
-        if eps > MAX_APPROX_EPSILON:
-            raise ValueError(
-                f"epsilon={eps:g} is beyond what the (eps, delta) calibrations compute (e^eps overflows above "
-                f"{MAX_APPROX_EPSILON:g}); noise this small gives no meaningful privacy: use a smaller epsilon"
-            )
-        return eps, delta
+from fedkl.algorithms.contract import (
+    MAX_APPROX_EPSILON,
+    ORIGINS,
+    RUN_SETTINGS,
+    Algorithm,
+    AlgorithmParams,
+    AlgorithmResult,
+    BuildContext,
+    Clip,
+    Domain,
+    PoissonSampling,
+    Rounds,
+    SmallAudit,
+    StabilityDelta,
+    StepSize,
+    _base_type,
+    param,
+)
+from fedkl.privacy.guarantee import RELEASED_MODELS, Absence, ClientView, Guarantee, absence_for, check_absence
 
 
 @dataclass(frozen=True)
@@ -183,6 +74,14 @@ class AlgorithmSpec:
     noise_state: bool = False
     # how an absent, failed or non-finite user enters each released quantity (register's ``absence``)
     absence: tuple[Absence, ...] = ()
+    cls: type | None = None  # the Algorithm class (None: a builder function registered the old way)
+    small: Mapping[str, Any] | None = None  # the class's fast test setting
+    audit: SmallAudit | None = None  # the class's CI audit setting
+
+    @property
+    def guarantee(self) -> Guarantee | None:
+        """The algorithm's declared :class:`~fedkl.privacy.guarantee.Guarantee` (its class attribute)."""
+        return None if self.cls is None else self.cls.guarantee
 
     def absence_rule(self, label: str, relation: str, backend: str) -> Absence:
         """The declared :class:`~fedkl.privacy.guarantee.Absence` of release ``label`` under ``relation``
@@ -308,52 +207,106 @@ REGISTRY: dict[str, AlgorithmSpec] = _Registry()
 _FIELDS: dict[str, dataclasses.Field] = {}  # every registered hyperparameter: one definition per name
 
 
-def register(
-    name: str,
-    params: type,
-    client_view: ClientView | Callable[[Any], ClientView] = RELEASED_MODELS,
-    *,
-    step_size: float | None = None,
-    secagg: bool | Callable[[Any], bool] = False,
-    noise_state: bool = False,
-    absence: Absence | tuple[Absence, ...] | None = None,
-) -> Callable:
-    """Decorator: register ``build(params, ctx)`` as algorithm ``name`` with hyperparameters
-    ``params`` (an :class:`AlgorithmParams` dataclass) and what a participating client sees
-    (``client_view``: a :class:`~fedkl.privacy.guarantee.ClientView`, or a function of the params;
-    default: the released models only). Refuses a second algorithm of the same name and a
-    hyperparameter name already defined differently by another algorithm's Params.
+def register(cls_or_name: Any = None, params: type | None = None, client_view: Any = RELEASED_MODELS, **legacy: Any):
+    """Class decorator: register an :class:`~fedkl.algorithms.contract.Algorithm` subclass under its
+    ``name``, refusing an incomplete declaration at import (:func:`_check_class`), a name already taken, and
+    a hyperparameter name already defined differently by another algorithm's Params::
 
-    ``step_size``: the algorithm's default ``lr`` (required when its Params have the shared
-    :class:`StepSize` field, whose own default None means "the algorithm's"); each algorithm's value
-    was chosen by simulations/studies/tune_step_sizes.toml on public tuning data.
+        @register
+        class NoisyGD(Algorithm[NoisyGDParams]):
+            name = "noisy-gd"
+            Params = NoisyGDParams
+            ...
 
-    ``secagg``: True (or a function of the params) when the algorithm asks the federation only for
-    sums of clipped answers (``federation.sum`` and ``Answers.total()``), so ``--secagg`` may serve it
-    (:meth:`AlgorithmSpec.sums_only`).
+    The declarations it reads (fedkl.algorithms.contract.Algorithm): ``step_size`` is the default ``lr``
+    (given exactly when Params have :class:`StepSize`'s lr; chosen by simulations/studies/tune_step_sizes.toml
+    on public tuning data); ``sums_only``: True (or a function of the params) when the algorithm asks the
+    federation only for sums of clipped answers, so ``--secagg`` may serve it; ``noise_state``: True when a
+    release's noise depends on the noise drawn for earlier releases, not only through the values released
+    (a correlated-noise generator: dp-ftrl's tree, banded and BLT noise) -- crash recovery must then rebuild
+    the generator from the very draws the first process made: the run's journal keeps them as a secret and
+    the Releaser plays them back (:mod:`fedkl.privacy.journal`); ``absence``: how an absent, failed or
+    non-finite user enters each released quantity, per relation and backend (the white-box sensitivity
+    search, :mod:`fedkl.audit.whitebox`, reads it for every registered algorithm).
 
-    ``noise_state``: True when a release's noise depends on the noise drawn for earlier releases, not only
-    through the values released (a correlated-noise generator: dp-ftrl's tree, banded and BLT noise).
-    Crash recovery must then rebuild the generator from the very draws the first process made: the run's
-    journal keeps them as a secret and the Releaser plays them back (:mod:`fedkl.privacy.journal`,
-    :class:`~fedkl.privacy.release.Releaser`); recovery with re-drawn noise would correlate later noise with
-    draws that were never released. An algorithm whose state depends on earlier draws only through released
-    values (and charges computed from them) needs nothing: those are journalled before any ledger write.
-
-    ``absence`` (required): how an absent, failed or non-finite user enters each released quantity, per
-    relation and backend (:class:`~fedkl.privacy.guarantee.Absence`; the white-box sensitivity search,
-    :mod:`fedkl.audit.whitebox`, reads it for every registered algorithm)."""
+    Transitional: ``register(name, Params, client_view, step_size=, secagg=, noise_state=, absence=)``
+    decorating a builder function ``build(params, ctx)`` (the old form, until every algorithm is a class)."""
+    if isinstance(cls_or_name, type):
+        cls = cls_or_name
+        _check_class(cls)
+        spec = AlgorithmSpec(
+            cls.name,
+            cls.Params,
+            cls,
+            cls.clients_see,
+            cls.step_size,
+            cls.sums_only,
+            noise_state=cls.noise_state,
+            absence=check_absence(cls.absence, cls.name),
+            cls=cls,
+            small=dict(cls.small),
+            audit=cls.audit,
+        )
+        _add(spec)
+        return cls
+    name, absence = cls_or_name, legacy.pop("absence", None)
     if absence is None:
         raise TypeError(
             f"{name}: register(..., absence=Absence(...)) is required: say how an absent, failed or "
             "non-finite user enters each released quantity (fedkl.privacy.guarantee.Absence)"
         )
     absence = check_absence(absence, name)
-    has_lr = any(f.name == "lr" for f in dataclasses.fields(params)) if dataclasses.is_dataclass(params) else False
-    if has_lr != (step_size is not None) or (step_size is not None and not step_size > 0):
-        raise TypeError(f"{name}: give register(..., step_size=lr > 0) exactly when its Params have a step size lr")
+    step_size = legacy.get("step_size")
+    _check_params(name, params, step_size)
+
+    def decorate(build: Callable) -> Callable:
+        _add(
+            AlgorithmSpec(
+                name,
+                params,
+                _with_default_hooks(build),
+                client_view,
+                step_size,
+                legacy.get("secagg", False),
+                noise_state=legacy.get("noise_state", False),
+                absence=absence,
+            )
+        )
+        return build
+
+    return decorate
+
+
+def _with_default_hooks(build: Callable) -> Callable:
+    """Transitional: an old-form builder's object gets the Algorithm hooks it lacks (their defaults)."""
+
+    @functools.wraps(build)
+    def built(params: Any, ctx: BuildContext) -> Any:
+        alg = build(params, ctx)
+        for hook in ("forecast", "warnings", "plan_schedule", "sigma", "gaussian_releases_only", "plan_is_public"):
+            if hook not in dir(alg):
+                setattr(
+                    alg,
+                    hook,
+                    getattr(Algorithm, hook)
+                    if hook in ("sigma", "gaussian_releases_only", "plan_is_public")
+                    else getattr(Algorithm, hook).__get__(alg),
+                )
+        return alg
+
+    built.raw = build
+    return built
+
+
+def _check_params(name: str, params: Any, step_size: float | None) -> None:
+    """``params`` is a frozen :class:`AlgorithmParams` dataclass whose every field is a :func:`param`, whose
+    lr exists exactly when ``step_size`` is given, and whose hyperparameter names mean what they mean in
+    every other registered algorithm."""
     if not (isinstance(params, type) and issubclass(params, AlgorithmParams) and dataclasses.is_dataclass(params)):
-        raise TypeError(f"{name}: params must be a frozen dataclass deriving from AlgorithmParams, got {params!r}")
+        raise TypeError(f"{name}: Params must be a frozen dataclass deriving from AlgorithmParams, got {params!r}")
+    has_lr = any(f.name == "lr" for f in dataclasses.fields(params))
+    if has_lr != (step_size is not None) or (step_size is not None and not step_size > 0):
+        raise TypeError(f"{name}: declare step_size = lr > 0 exactly when its Params have a step size lr")
     for f in dataclasses.fields(params):
         if "help" not in f.metadata:
             raise TypeError(f"{name}: hyperparameter {f.name} is not declared with param(default, help, ...)")
@@ -365,17 +318,39 @@ def register(
                 "inherit the same field (a shared mixin) instead of redefining it"
             )
 
-    def decorate(build: Callable) -> Callable:
-        if name in REGISTRY and REGISTRY[name].build is not build:
-            raise ValueError(f"algorithm {name!r} is already registered")
-        REGISTRY[name] = AlgorithmSpec(
-            name, params, build, client_view, step_size, secagg, absence=absence, noise_state=noise_state
-        )
-        for f in dataclasses.fields(params):
-            _FIELDS.setdefault(f.name, f)
-        return build
 
-    return decorate
+def _check_class(cls: type) -> None:
+    """Refuse an incomplete :class:`Algorithm` subclass at import, with one line naming what is missing."""
+    label = getattr(cls, "name", cls.__name__)
+    if not issubclass(cls, Algorithm):
+        raise TypeError(f"{label}: @register decorates a subclass of fedkl.algorithms.contract.Algorithm")
+    missing = [a for a in ("name", "Params", "guarantee", "absence", "small", "audit") if a not in dir(cls)]
+    if missing:
+        raise TypeError(f"{label}: an Algorithm must declare {', '.join(missing)} (fedkl.algorithms.contract)")
+    if not isinstance(cls.name, str) or not cls.name:
+        raise TypeError(f"{cls.__name__}: name must be a non-empty string")
+    if not isinstance(cls.guarantee, Guarantee):
+        raise TypeError(f"{label}: guarantee must be a fedkl.privacy.guarantee.Guarantee")
+    if not isinstance(cls.audit, SmallAudit):
+        raise TypeError(f"{label}: audit must be a fedkl.algorithms.contract.SmallAudit")
+    if cls.__abstractmethods__:
+        raise TypeError(f"{label}: implement {', '.join(sorted(cls.__abstractmethods__))}")
+    _check_params(label, cls.Params, cls.step_size)
+    own = {f.name for f in dataclasses.fields(cls.Params)} | RUN_SETTINGS
+    for what, setting in (("small", cls.small), ("audit.settings", cls.audit.settings)):
+        unknown = sorted(set(setting) - own)
+        if unknown:
+            raise TypeError(f"{label}: {what} names {unknown}, which are not settings of {cls.Params.__name__}")
+
+
+def _add(spec: AlgorithmSpec) -> None:
+    if dict.__contains__(REGISTRY, spec.name):
+        known = dict.__getitem__(REGISTRY, spec.name)
+        if getattr(known.build, "raw", known.build) is not getattr(spec.build, "raw", spec.build):
+            raise ValueError(f"algorithm {spec.name!r} is already registered")
+    REGISTRY[spec.name] = spec
+    for f in dataclasses.fields(spec.params):
+        _FIELDS.setdefault(f.name, f)
 
 
 def unregister(name: str) -> None:
@@ -407,68 +382,9 @@ def field_kind(f: dataclasses.Field) -> type:
     return _base_type(f.type)
 
 
-# ---- hyperparameters shared by several algorithms: one definition each ----
-
-
-@dataclass(frozen=True)
-class Rounds(AlgorithmParams):
-    rounds: int = param(10, "federated rounds", "heuristic", positive=True)
-
-
-@dataclass(frozen=True)
-class StepSize(AlgorithmParams):
-    lr: float | None = param(
-        None,
-        "step size (default: the algorithm's own, chosen on public tuning data by simulations/studies/tune_step_sizes.toml; "
-        "`fedkl run --algorithm NAME --help` shows it)",
-        "heuristic",
-        positive=True,
-    )
-
-
-@dataclass(frozen=True)
-class Clip(AlgorithmParams):
-    clip: float = param(1.0, "per-user gradient clip norm C", "heuristic", positive=True)
-
-
-@dataclass(frozen=True)
-class PoissonSampling(AlgorithmParams):
-    sampling_rate: float = param(1.0, "Poisson user sampling rate q (1: everyone every round)", "heuristic")
-    accountant: str = param(
-        "pld", "dp-accounting accountant of the sampled Gaussian schedule", "theorem", choices=("pld", "rdp")
-    )
-
-
-@dataclass(frozen=True)
-class StabilityDelta(AlgorithmParams):
-    stability_delta: float = param(
-        0.5,
-        "paper-002 deletion-stability threshold Delta (sc-output-pert; the phased "
-        "algorithms with --p002-delta-rule fixed: Delta_1)",
-        "heuristic",
-        positive=True,
-    )
-
-
-@dataclass(frozen=True)
-class Domain(AlgorithmParams):
-    radius: float | None = param(
-        None,
-        "paper-002 phased, paper-003 and gll-phased-sgd: the domain K = {||w|| <= RADIUS}; iterates and released "
-        "centres are projected onto K (paper 002's default: G0/reg when --reg > 0, the ball that holds every "
-        "phase minimizer, else 10 for a loss Lipschitz on all of R^d; needed where the loss is Lipschitz only "
-        "on a bounded domain, e.g. least squares without --reg)",
-        "theorem",
-    )
-    distance: float | None = param(
-        None,
-        "paper-002 phased, paper-003 and gll-phased-sgd: a public bound D >= ||w0 - w*|| (paper 002: in lambda*; "
-        "paper 003: the step sizes) (default RADIUS + ||w0||)",
-        "theorem",
-    )
-
-
 __all__ = [
+    "MAX_APPROX_EPSILON",
+    "Algorithm",
     "AlgorithmParams",
     "AlgorithmResult",
     "AlgorithmSpec",
@@ -479,6 +395,7 @@ __all__ = [
     "PoissonSampling",
     "REGISTRY",
     "Rounds",
+    "SmallAudit",
     "StabilityDelta",
     "StepSize",
     "algorithm_spec",

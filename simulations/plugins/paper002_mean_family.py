@@ -58,8 +58,9 @@ from dataclasses import dataclass
 
 import torch
 
+from fedkl.algorithms.contract import BuildContext
 from fedkl.algorithms.mean_type_inner import MeanTypeInner, gaussian_users_rule
-from fedkl.algorithms.noisy_gd import NoisyGDConfig, NoisyGradientDescent
+from fedkl.algorithms.noisy_gd import NoisyGDParams, NoisyGradientDescent
 from fedkl.algorithms.phased_common import PhaseCall, kappa, setting_for_problem
 from fedkl.algorithms.phased_erm import PhasedConfig, PhasedERM
 from fedkl.algorithms.phased_sco import PhasedSCO
@@ -214,10 +215,11 @@ def draw(fam: Family, stream: str, sweep: str, n: int, m: int, seed: int) -> Mea
 
 
 def noisy_gd(fam: Family, fed: MeanFederation, key: tuple, clip: float, rounds: int) -> dict:
-    """fedkl's noisy GD at (eps, delta) with clip C and T rounds, from w0 = 0: its excess empirical risk."""
+    """fedkl's noisy GD at (eps, delta) with clip C and T rounds, from w0 = 0: its excess empirical risk (as
+    `fedkl run` trains it: no projection; the noisy-gd config's radius went with issue 29)."""
     c = fam.cfg
     rho = Budget(c.eps, c.delta).rho
-    gd = NoisyGradientDescent(NoisyGDConfig(rounds=rounds, lr=1.0, clip=clip, radius=c.radius), rho)
+    gd = NoisyGradientDescent(NoisyGDParams(rounds=rounds, lr=1.0, clip=clip), BuildContext.fresh(rho=rho))
     filt = ZCDPFilter(rho)
     res = gd.run(
         fed, Releaser(Recorder(), NoiseSource(seed_of(*key, clip, rounds)), filt), torch.zeros(c.d, dtype=torch.float64)

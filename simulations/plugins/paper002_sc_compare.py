@@ -43,7 +43,8 @@ import tempfile
 
 import torch
 
-from fedkl.algorithms.noisy_gd import NoisyGDConfig, NoisyGradientDescent
+from fedkl.algorithms.contract import BuildContext
+from fedkl.algorithms.noisy_gd import NoisyGDParams, NoisyGradientDescent
 from fedkl.algorithms.sc_output_pert import SCOutputPert, SCOutputPertConfig
 from fedkl.data import load_dataset, synthetic_least_squares
 from fedkl.experiments import register_runner, runner_result
@@ -89,7 +90,7 @@ ridge_erm = _harness("ridge_erm")
 scaled_delta = _harness("scaled_delta")
 
 
-def _private_noisy_gd(problem, fed, eps: float, delta: float, config: NoisyGDConfig, seed: int) -> tuple:
+def _private_noisy_gd(problem, fed, eps: float, delta: float, config: NoisyGDParams, seed: int) -> tuple:
     """A real private noisy-GD run: its own ledger with budget (eps, delta), rho by CKS, zCDP filter
     (in a scratch folder, tmpfs when available: the ledger fsyncs every charge)."""
     folder = tempfile.mkdtemp(prefix="paper002-compare-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
@@ -97,7 +98,7 @@ def _private_noisy_gd(problem, fed, eps: float, delta: float, config: NoisyGDCon
         with PrivacyLedger(os.path.join(folder, "ledger.sqlite"), Budget(eps, delta)) as ledger:
             rho = ledger.rho_left(fed.user_ids)
             releaser = Releaser(ledger, NoiseSource(seed), ZCDPFilter(rho))
-            alg = NoisyGradientDescent(config, rho)
+            alg = NoisyGradientDescent(config, BuildContext.fresh(rho=rho))
             res = alg.run(fed, releaser, torch.zeros(problem.num_params, dtype=torch.float64))
             ledger.verify()
             spent = ledger.summary()["max_user_rho"]
@@ -148,7 +149,7 @@ def synthetic_point(s) -> dict:
         out.update(outcome="law", sigma=sigma)
     else:  # noisy-gd, a real private run at the public step 1/beta
         lr = 1.0 / problem.constants(ds.feature_bound, param_bound=scale.B).smoothness
-        config = NoisyGDConfig(rounds=int(s.rounds), lr=lr, clip=float(s.clip))
+        config = NoisyGDParams(rounds=int(s.rounds), lr=lr, clip=float(s.clip))
         w, sigma = _private_noisy_gd(
             problem, fed, eps, delta, config, noise_seed("gd", m, seed, float(s.clip), int(s.rounds))
         )

@@ -17,7 +17,7 @@ from fedkl.algorithms.concentrated_gd import (
     build_concentrated_gd,
     winsorized_sum,
 )
-from fedkl.algorithms.noisy_gd import NoisyGDConfig, NoisyGradientDescent
+from fedkl.algorithms.noisy_gd import NoisyGDParams, NoisyGradientDescent
 from fedkl.algorithms.nonprivate import nonprivate_minimizer
 from fedkl.algorithms.registry import BuildContext
 from fedkl.data import load_dataset
@@ -223,7 +223,7 @@ def _excess(tmp_path, algorithm, n_users, m, eps, seeds=2, root=False):
         w_opt = nonprivate_minimizer(fed.problem, ds.train)
         rho = ledger.budget.rho
         if algorithm == "noisy-gd":
-            alg = NoisyGradientDescent(NoisyGDConfig(rounds=30, lr=16.0), rho)
+            alg = NoisyGradientDescent(NoisyGDParams(rounds=30, lr=16.0), BuildContext.fresh(rho=rho))
         else:
             cfg = ConcentratedGDConfig(rounds=30, lr=16.0, records=int(0.8 * m), scale=2.0, centre=algorithm)
             alg = ConcentratedGD(cfg, rho, fed.num_users, fed.num_params)

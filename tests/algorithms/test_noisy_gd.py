@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from fedkl.algorithms.noisy_gd import NoisyGDConfig, NoisyGradientDescent
+from fedkl.algorithms.contract import BuildContext
+from fedkl.algorithms.noisy_gd import NoisyGDParams, NoisyGradientDescent
 from fedkl.algorithms.nonprivate import nonprivate_minimizer
 from fedkl.data import load_dataset
 from fedkl.federation.inprocess import InProcessFederation
@@ -38,7 +39,9 @@ class _Recorder(Releaser):
 def test_noise_std_matches_user_level_sensitivity(tmp_path, relation, factor):
     ds, fed, ledger = _setup(tmp_path, d=150)
     rho, rounds, clip = ledger.budget.rho, 40, 0.7
-    alg = NoisyGradientDescent(NoisyGDConfig(rounds=rounds, lr=0.5, clip=clip, neighbouring=relation), rho)
+    alg = NoisyGradientDescent(
+        NoisyGDParams(rounds=rounds, lr=0.5, clip=clip), BuildContext.fresh(rho=rho, neighbouring=relation)
+    )
     expected = factor * clip / math.sqrt(2 * rho / rounds)
     assert alg.sigma == pytest.approx(expected, rel=1e-12)
     rel = _Recorder(ledger, NoiseSource(11), ZCDPFilter(rho))
@@ -56,7 +59,7 @@ def test_noise_std_matches_user_level_sensitivity(tmp_path, relation, factor):
 def test_every_round_charged_to_every_user_and_budget_enforced(tmp_path):
     ds, fed, ledger = _setup(tmp_path)
     rho, rounds = ledger.budget.rho, 12
-    alg = NoisyGradientDescent(NoisyGDConfig(rounds=rounds, lr=1.0), rho)
+    alg = NoisyGradientDescent(NoisyGDParams(rounds=rounds, lr=1.0), BuildContext.fresh(rho=rho))
     alg.run(fed, Releaser(ledger, NoiseSource(0), ZCDPFilter(rho)), fed.problem.init_params())
     assert ledger.num_releases() == rounds
     for uid in fed.user_ids:
@@ -67,7 +70,7 @@ def test_every_round_charged_to_every_user_and_budget_enforced(tmp_path):
     ledger.verify()
     # the budget is spent: one more run (a fresh filter, the same users) is refused by the ledger
     with pytest.raises(BudgetExhausted):
-        NoisyGradientDescent(NoisyGDConfig(rounds=1), rho).run(
+        NoisyGradientDescent(NoisyGDParams(rounds=1, lr=1.0), BuildContext.fresh(rho=rho)).run(
             fed, Releaser(ledger, NoiseSource(0), ZCDPFilter(rho)), fed.problem.init_params()
         )
     assert ledger.num_releases() == rounds
@@ -75,7 +78,7 @@ def test_every_round_charged_to_every_user_and_budget_enforced(tmp_path):
 
 def test_filter_stops_an_algorithm_that_overspends(tmp_path):
     ds, fed, ledger = _setup(tmp_path, eps=50.0)
-    alg = NoisyGradientDescent(NoisyGDConfig(rounds=10), rho_total=0.1)
+    alg = NoisyGradientDescent(NoisyGDParams(rounds=10, lr=1.0), BuildContext.fresh(rho=0.1))
     with pytest.raises(BudgetExhausted):
         alg.run(fed, Releaser(ledger, NoiseSource(0), ZCDPFilter(0.05)), fed.problem.init_params())
     assert ledger.num_releases() == 5  # the sixth release was refused before any charge
@@ -87,7 +90,7 @@ def _excess_risk(tmp_path, n_users, eps, seeds=4):
         ds, fed, ledger = _setup(tmp_path, n_users=n_users, seed=100 + s, eps=eps)
         w_opt = nonprivate_minimizer(fed.problem, ds.train)
         rho = ledger.budget.rho
-        res = NoisyGradientDescent(NoisyGDConfig(rounds=15, lr=4.0), rho).run(
+        res = NoisyGradientDescent(NoisyGDParams(rounds=15, lr=4.0), BuildContext.fresh(rho=rho)).run(
             fed, Releaser(ledger, NoiseSource(s), ZCDPFilter(rho)), fed.problem.init_params()
         )
         out.append(fed.problem.loss(res.w, ds.train) - fed.problem.loss(w_opt, ds.train))

@@ -11,7 +11,7 @@ import pytest
 import torch
 from build_helpers import counting_federation  # tests/build_helpers.py
 
-from fedkl.algorithms.noisy_gd import NoisyGDConfig, NoisyGradientDescent
+from fedkl.algorithms.noisy_gd import NoisyGDParams, NoisyGradientDescent
 from fedkl.algorithms.nonprivate import nonprivate_minimizer
 from fedkl.algorithms.outlier_gd import (
     OutlierGD,
@@ -280,7 +280,7 @@ def test_converges_and_beats_noisy_gd_when_users_hold_many_records(tmp_path):
         res = alg.run(fed, Releaser(ledger, NoiseSource(0)), fed.problem.init_params())
         out[m] = float(fed.problem.loss(res.w, ds.train) - fed.problem.loss(w_opt, ds.train))
     gd_ledger = PrivacyLedger(tmp_path / "gd.sqlite", Budget(4.0, 1e-5))
-    gd = NoisyGradientDescent(NoisyGDConfig(rounds=30, lr=16.0), gd_ledger.budget.rho)
+    gd = NoisyGradientDescent(NoisyGDParams(rounds=30, lr=16.0), BuildContext.fresh(rho=gd_ledger.budget.rho))
     res = gd.run(fed, Releaser(gd_ledger, NoiseSource(0)), fed.problem.init_params())
     gd_excess = float(fed.problem.loss(res.w, ds.train) - fed.problem.loss(w_opt, ds.train))
     assert out[1000] < 0.7 * gd_excess and out[1000] < 0.3 * out[100], (out, gd_excess)

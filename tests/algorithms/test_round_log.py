@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from fedkl.algorithms.noisy_gd import NoisyGDConfig, NoisyGradientDescent
+from fedkl.algorithms.contract import BuildContext
+from fedkl.algorithms.noisy_gd import NoisyGDParams, NoisyGradientDescent
 from fedkl.algorithms.round_log import RoundLog
 from fedkl.data import load_dataset
 from fedkl.federation.inprocess import InProcessFederation
@@ -32,7 +33,7 @@ def test_noisy_gd_reports_one_record_per_round_through_the_log(tmp_path):
     problem = make_problem("logistic", ds)
     fed = InProcessFederation(problem, ds)
     ledger = PrivacyLedger(tmp_path / "l.sqlite", Budget(8.0, 1e-5))
-    alg = NoisyGradientDescent(NoisyGDConfig(rounds=3, lr=1.0, clip=1.0), rho_total=0.3)
+    alg = NoisyGradientDescent(NoisyGDParams(rounds=3, lr=1.0, clip=1.0), BuildContext.fresh(rho=0.3))
     seen = []
     res = alg.run(fed, Releaser(ledger, NoiseSource(0)), problem.init_params(), seen.append)
     assert res.history == seen and [r["round"] for r in seen] == [1, 2, 3]

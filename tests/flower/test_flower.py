@@ -20,7 +20,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict  # noqa: E402
 
-from fedkl.algorithms.noisy_gd import NoisyGDConfig, NoisyGradientDescent  # noqa: E402
+from fedkl.algorithms.contract import BuildContext
+from fedkl.algorithms.noisy_gd import NoisyGDParams, NoisyGradientDescent  # noqa: E402
 from fedkl.data import load_dataset  # noqa: E402
 from fedkl.federation.base import (  # noqa: E402
     QUERY_KINDS,
@@ -395,7 +396,7 @@ def test_handshake_needs_all_users_unless_enrolment_is_given():
 
 def _noisy_gd_with(federation, tmp_path, name, rounds=4, rho=0.5):
     ledger = PrivacyLedger(tmp_path / f"{name}.sqlite", Budget(8.0, 1e-5))
-    alg = NoisyGradientDescent(NoisyGDConfig(rounds=rounds, lr=0.5, clip=0.3), rho)
+    alg = NoisyGradientDescent(NoisyGDParams(rounds=rounds, lr=0.5, clip=0.3), BuildContext.fresh(rho=rho))
 
     class Recorder(Releaser):
         values: list = []

@@ -12,7 +12,8 @@ import pytest
 import torch
 from flwr.app import Context, RecordDict
 
-from fedkl.algorithms.noisy_gd import NoisyGDConfig, NoisyGradientDescent
+from fedkl.algorithms.contract import BuildContext
+from fedkl.algorithms.noisy_gd import NoisyGDParams, NoisyGradientDescent
 from fedkl.data import load_dataset
 from fedkl.data.base import FederatedDataset, UserData
 from fedkl.data.files import Schema, load_site
@@ -72,7 +73,7 @@ def _one_machine(paths) -> InProcessFederation:
 def _noisy_gd(federation, tmp_path, name):
     ledger = PrivacyLedger(tmp_path / f"{name}.sqlite", Budget(8.0, 1e-5))
     rel = Releaser(ledger, NoiseSource(7), ZCDPFilter(0.5))
-    res = NoisyGradientDescent(NoisyGDConfig(rounds=3, lr=0.5, clip=0.5), 0.5).run(
+    res = NoisyGradientDescent(NoisyGDParams(rounds=3, lr=0.5, clip=0.5), BuildContext.fresh(rho=0.5)).run(
         federation, rel, torch.zeros(federation.num_params, dtype=torch.float64)
     )
     return res, ledger
