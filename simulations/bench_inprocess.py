@@ -29,7 +29,7 @@ import time
 import torch
 
 from fedkl.algorithms.contract import BuildContext
-from fedkl.algorithms.noisy_gd import NoisyGDParams, NoisyGradientDescent
+from fedkl.algorithms.gradient.noisy_gd import NoisyGDParams, NoisyGradientDescent
 from fedkl.data import load_dataset
 from fedkl.federation.inprocess import InProcessFederation, clip_rows
 from fedkl.privacy import Budget, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter

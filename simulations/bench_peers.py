@@ -241,7 +241,7 @@ def _fedkl_runner(mode: str, X: np.ndarray, y: np.ndarray, a):
     import torch
 
     from fedkl.algorithms.contract import BuildContext
-    from fedkl.algorithms.noisy_gd import NoisyGDParams, NoisyGradientDescent
+    from fedkl.algorithms.gradient.noisy_gd import NoisyGDParams, NoisyGradientDescent
     from fedkl.data.real import make_federated
     from fedkl.federation.base import ClippedGradient
     from fedkl.federation.inprocess import InProcessFederation

@@ -2,8 +2,8 @@
 
     .venv/bin/python simulations/bench_phase_split.py [--epsilon 2] [--repeats 3]
 
-The optimal split (fedkl/algorithms/phased_erm.py, "The split between phases") calibrates each distinct
-phase budget with the whole-release profile (fedkl/algorithms/stability_profile.py), where the equal split
+The optimal split (fedkl/algorithms/output_perturbation/phased_erm.py, "The split between phases") calibrates each distinct
+phase budget with the whole-release profile (fedkl/algorithms/output_perturbation/stability_profile.py), where the equal split
 calibrates one. For each split, in a fresh process each time (empty calibration caches), it measures
 
   plan s   PhasedERM.forecast (the plan, the split and the first release's forecast), data already loaded

@@ -33,7 +33,7 @@ import time
 
 import torch
 
-from fedkl.algorithms.noisy_gd import NoisyGradientDescent
+from fedkl.algorithms.gradient.noisy_gd import NoisyGradientDescent
 from fedkl.data.synthetic import synthetic_logistic
 from fedkl.privacy.journal import ReleaseJournal
 from fedkl.privacy.ledger import PrivacyLedger

@@ -13,7 +13,7 @@ import argparse
 import os
 
 from fedkl.algorithms.contract import BuildContext
-from fedkl.algorithms.noisy_gd import NoisyGDParams, NoisyGradientDescent
+from fedkl.algorithms.gradient.noisy_gd import NoisyGDParams, NoisyGradientDescent
 from fedkl.data import load_dataset
 from fedkl.federation.inprocess import InProcessFederation
 from fedkl.privacy import Budget, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter

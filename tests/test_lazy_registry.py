@@ -29,7 +29,7 @@ import fedkl.algorithms.catalog as catalog  # the explicit import list: nothing 
 print(json.dumps({"one": one, "names": names, "builtin": sorted(builtin_modules()), "module": spec.build.__module__,
                   "catalog": sorted(catalog.ALGORITHMS)}))
 """)
-    assert got["module"] == "fedkl.algorithms.noisy_gd"
+    assert got["module"] == "fedkl.algorithms.gradient.noisy_gd"
     assert "fedkl.algorithms.catalog" not in got["one"] and len(got["one"]) <= 8, got["one"]
     assert got["names"] == got["builtin"] == got["catalog"] and len(got["names"]) >= 25
 

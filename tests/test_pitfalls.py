@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedkl.algorithms.dp_adaptive import AdaptiveDPConfig, AdaptiveDPOptimizer
+from fedkl.algorithms.gradient.dp_adaptive import AdaptiveDPConfig, AdaptiveDPOptimizer
 from fedkl.data.custom import from_arrays
 from fedkl.federation.inprocess import InProcessFederation
 from fedkl.privacy import Budget, NoiseSource, PrivacyLedger, Releaser

@@ -12,7 +12,7 @@ import torch
 
 import fedkl
 from fedkl import cli, runner
-from fedkl.algorithms.noisy_gd import NoisyGradientDescent
+from fedkl.algorithms.gradient.noisy_gd import NoisyGradientDescent
 from fedkl.algorithms.registry import register, unregister
 from fedkl.data import load_dataset
 from fedkl.problems import problem_spec

@@ -3,22 +3,21 @@
 
 from __future__ import annotations
 
-from fedkl.algorithms import (  # noqa: F401  (each module registers its algorithms on import)
-    concentrated_gd,
-    dp_adaptive,
-    dp_fedavg,
-    dp_ftrl,
-    fkt,
-    gll_phased,
-    kl_methods,
-    mean_output_pert,
-    noisy_fw,
-    noisy_gd,
-    outlier_gd,
-    p002,
-    pg_mirror_descent,
-    vr_frank_wolfe,
-)
+# each module registers its algorithms on import: a new algorithm adds its one line here
+import fedkl.algorithms.frank_wolfe.gll_phased  # noqa: F401
+import fedkl.algorithms.frank_wolfe.noisy_fw  # noqa: F401
+import fedkl.algorithms.frank_wolfe.pg_mirror_descent  # noqa: F401
+import fedkl.algorithms.frank_wolfe.vr_frank_wolfe  # noqa: F401
+import fedkl.algorithms.gradient.concentrated_gd  # noqa: F401
+import fedkl.algorithms.gradient.dp_adaptive  # noqa: F401
+import fedkl.algorithms.gradient.dp_fedavg  # noqa: F401
+import fedkl.algorithms.gradient.dp_ftrl  # noqa: F401
+import fedkl.algorithms.gradient.noisy_gd  # noqa: F401
+import fedkl.algorithms.gradient.outlier_gd  # noqa: F401
+import fedkl.algorithms.kl.kl_methods  # noqa: F401
+import fedkl.algorithms.localization.fkt  # noqa: F401
+import fedkl.algorithms.output_perturbation.mean_output_pert  # noqa: F401
+import fedkl.algorithms.output_perturbation.p002  # noqa: F401
 from fedkl.algorithms.registry import REGISTRY, algorithm_spec
 
 ALGORITHMS = tuple(REGISTRY)  # the built-in algorithms (REGISTRY also holds any registered later)

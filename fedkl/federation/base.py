@@ -482,7 +482,7 @@ class GradientsAtOwnPoints(Query):
 
     The server uses it to RECOMPUTE a quantity that a client reported and a proof needs to be true
     (paper 002's diameter test: the residual of a reported local minimizer, see
-    :mod:`fedkl.algorithms.diameter_output_pert`), instead of trusting the report. A user whose
+    :mod:`fedkl.algorithms.output_perturbation.diameter_output_pert`), instead of trusting the report. A user whose
     answer is non-finite is reported in ``failed`` and its row is zero.
     """
 

@@ -4,7 +4,7 @@
 :class:`MeanFederation` holds one row per user (xbar_u) and answers, vectorised, the queries fedkl's
 algorithms send for this family: :class:`~fedkl.federation.base.ClippedGradient` (noisy GD) and
 :class:`~fedkl.federation.base.GradientsAtPoints` (SCOutputPert's certificate and the mean-type test of
-:mod:`fedkl.algorithms.mean_type_inner`), with ``grad f_u(w) = (1 + reg) w - xbar_u``.
+:mod:`fedkl.algorithms.output_perturbation.mean_type_inner`), with ``grad f_u(w) = (1 + reg) w - xbar_u``.
 """
 
 from __future__ import annotations

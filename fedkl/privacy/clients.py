@@ -20,12 +20,12 @@ result.json (``clients_assumed``).
   constants of records within the loaders' bounds), e.g. because the client is fedkl's ClientApp, which
   checks its records' bounds where they are loaded (:class:`fedkl.data.base.FederatedDataset`). An answer
   that is missing, non-finite or outside what any in-class loss can give is not trusted either: the user
-  is handled as failed inside the privacy analysis (never an abort: fedkl/algorithms/diameter_output_pert.py,
+  is handled as failed inside the privacy analysis (never an abort: fedkl/algorithms/output_perturbation/diameter_output_pert.py,
   "Failures"). Anything a client reports BEYOND its gradients (a local minimizer's residual, a
   certificate's norm) is recomputed or bounded by the server from gradient answers, never trusted. The
   proofs use convexity or smoothness of every user's loss (amplification by iteration, strongly convex
   minimizer stability, the deletion-jump lemma). The server checks what finitely many answers can show
-  (the interpolation conditions of :mod:`fedkl.algorithms.interpolation` on the paper-002 tests' answers):
+  (the interpolation conditions of :mod:`fedkl.algorithms.output_perturbation.interpolation` on the paper-002 tests' answers):
   it catches an inconsistent client, but not one that picks an in-class loss after seeing the iterates
   (see there). Running under this model where clients run their own code (every Flower backend) is an
   explicit opt-in (``fedkl run --clients in-class``, :func:`require_trust`), and the printed privacy line

@@ -632,7 +632,7 @@ class Releaser:
         ``value = choose(R1)`` -> return ``None`` (the output ⊥, also a release: it was charged)
         or ``value + N(0, sigma^2 I)``. ``choose`` maps the noisy deletion budget to the exact value
         of the chosen stable dataset (or None); the (eps, delta) claim is the caller's theorem
-        (:mod:`fedkl.algorithms.del_output_pert`), this method guarantees the order and the charge.
+        (:mod:`fedkl.algorithms.output_perturbation.del_output_pert`), this method guarantees the order and the charge.
 
         A zCDP filter cannot account an approximate-DP release, so a Releaser that has one refuses
         (use a Releaser without filter: the ledger enforces the (eps, delta) budget).

@@ -11,7 +11,7 @@ population minimizer ``theta_pop``.
 * :class:`QuadraticMean` - the :class:`~fedkl.problems.base.Problem` (constants only: the data live in
   a :class:`~fedkl.federation.means.MeanFederation`, which answers the algorithms' queries from the means).
 * :func:`draw_user_means` - the users' means.
-* :class:`~fedkl.algorithms.mean_type_inner.MeanTypeInner` - an exact, efficient DelOutputPert for this
+* :class:`~fedkl.algorithms.output_perturbation.mean_type_inner.MeanTypeInner` - an exact, efficient DelOutputPert for this
   family, the inner release of the phased algorithms at any n (its module holds the privacy proof).
 """
 

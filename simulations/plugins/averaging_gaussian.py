@@ -13,7 +13,11 @@ import os
 
 import torch
 
-from fedkl.algorithms.mean_output_pert import LocalMeanOutputPert, LocalMeanOutputPertConfig, local_radius
+from fedkl.algorithms.output_perturbation.mean_output_pert import (
+    LocalMeanOutputPert,
+    LocalMeanOutputPertConfig,
+    local_radius,
+)
 from fedkl.experiments import register_runner
 from fedkl.federation.inprocess import InProcessFederation
 from fedkl.privacy import Budget, NoiseSource, PrivacyLedger, Releaser

@@ -14,7 +14,7 @@ and the same data serves every method of a (stream, along, n, m, seed). Columns:
 exact excess risks, the prediction of the noise recursion, the derived convex bound and the regime
 diagnostics (noisy GD: the excess risks only).
 
-Noisy GD is :class:`fedkl.algorithms.noisy_gd.NoisyGradientDescent` (per-user clipping to C, Gaussian
+Noisy GD is :class:`fedkl.algorithms.gradient.noisy_gd.NoisyGradientDescent` (per-user clipping to C, Gaussian
 noise on the sum with replace-one sensitivity 2C, lr = 1 = 1/smoothness, iterates projected onto K),
 rho = Budget(eps, delta).rho (the CKS conversion the ledger uses), enforced by a ZCDPFilter. Charges go
 to in-memory recorders (the repetitions would exhaust a real ledger); the ledger tests are in
@@ -34,11 +34,11 @@ Mechanisms: the algorithms are fedkl's :class:`PhasedERM`, :class:`PhasedSCO`, :
 :class:`SCPhasedSCO` with their theorem schedules (T = ceil(ln nm) / floor(log2(n/N0)), lambda* /
 lambda_SCO, beta = 1/(nm) or 1/(2n^2 m), ⊥ keeps the centre, centres clipped and projected), at
 user-level (eps, delta) = (4, 1e-5), replace-one, calibration "tight" (DelOutputPert's (4 kappa + 1)
-Delta recount with the analytic Gaussian, proved in fedkl/algorithms/del_output_pert.py). Their inner
-release is :class:`~fedkl.algorithms.mean_type_inner.MeanTypeInner`: paper 002's DelOutputPert of the EXACT
+Delta recount with the analytic Gaussian, proved in fedkl/algorithms/output_perturbation/del_output_pert.py). Their inner
+release is :class:`~fedkl.algorithms.output_perturbation.mean_type_inner.MeanTypeInner`: paper 002's DelOutputPert of the EXACT
 phase minimizer with an exact, hereditary and sound test predicate (the diameter of the user means;
 proof in that module), which runs at any n; fedkl's SCOutputPert enumeration stops at 20 users. The
-threshold is the public rule :func:`~fedkl.algorithms.mean_type_inner.gaussian_users_rule`
+threshold is the public rule :func:`~fedkl.algorithms.output_perturbation.mean_type_inner.gaussian_users_rule`
 (Delta = 2 s (sqrt d + sqrt(2 ln(n/beta))) / (sqrt(m) mu (n - 4 kappa - 1)): the test passes w.p. 1 - beta
 for users drawn from the public model). "Alg 2" is one such release at the full (eps, delta) with no
 regularizer (the SCOutputPert step of Alg 5/6 on its own). Charges go to an in-memory recorder (a
@@ -59,12 +59,12 @@ from dataclasses import dataclass
 import torch
 
 from fedkl.algorithms.contract import BuildContext
-from fedkl.algorithms.mean_type_inner import MeanTypeInner, gaussian_users_rule
-from fedkl.algorithms.noisy_gd import NoisyGDParams, NoisyGradientDescent
-from fedkl.algorithms.phased_common import PhaseCall, kappa, setting_for_problem
-from fedkl.algorithms.phased_erm import PhasedConfig, PhasedERM
-from fedkl.algorithms.phased_sco import PhasedSCO
-from fedkl.algorithms.sc_phased import SCPhasedERM, SCPhasedSCO
+from fedkl.algorithms.gradient.noisy_gd import NoisyGDParams, NoisyGradientDescent
+from fedkl.algorithms.output_perturbation.mean_type_inner import MeanTypeInner, gaussian_users_rule
+from fedkl.algorithms.output_perturbation.phased_common import PhaseCall, kappa, setting_for_problem
+from fedkl.algorithms.output_perturbation.phased_erm import PhasedConfig, PhasedERM
+from fedkl.algorithms.output_perturbation.phased_sco import PhasedSCO
+from fedkl.algorithms.output_perturbation.sc_phased import SCPhasedERM, SCPhasedSCO
 from fedkl.experiments import register_runner, runner_result
 from fedkl.federation.means import MeanFederation
 from fedkl.privacy import Budget, NoiseSource, Releaser, ZCDPFilter
@@ -193,7 +193,7 @@ def predicted_sq_error(name: str, history: list[dict], e0_sq: float, d: int, tar
 
 
 def derived_bound(fam: Family, name: str, n: int, m: int, details: dict | None) -> float:
-    """The explicit upper bound on E[excess] that sets lambda (fedkl/algorithms/phased_common.py),
+    """The explicit upper bound on E[excess] that sets lambda (fedkl/algorithms/output_perturbation/phased_common.py),
     for the convex algorithms (the ideal noisy process M' of the proof of Thm 4.1; the last phase's
     G sqrt(d) sigma_T term is added): Phased-ERM (8/sqrt 3) c D G sqrt(d)/(n sqrt m), Phased-SCO
     2 sqrt(2 D^2 G^2 (16 + 8 (T-1) d c^2/n)/(n m)). NaN for the others (their bounds are O~ only)."""

@@ -16,7 +16,7 @@ Methods (the runner's own setting ``method``):
   theta* + N(0, s^2 I), s = analytic Gaussian at (eps, delta) for the replace-one sensitivity
   2G/(mu n) + 2 tau of the (tau-accurate) ridge minimizer; its output LAW is sampled (no release).
 * ``noisy-gd`` (synthetic only; on MovieLens the study runs fedkl's own ``noisy-gd`` through
-  ``fedkl.runner``): :class:`fedkl.algorithms.noisy_gd.NoisyGradientDescent` with ``fedkl run``'s
+  ``fedkl.runner``): :class:`fedkl.algorithms.gradient.noisy_gd.NoisyGradientDescent` with ``fedkl run``'s
   ``clip`` and ``rounds`` and the public step 1/beta, a real private run: its own PrivacyLedger with
   budget (eps, delta) in a scratch folder, a Releaser with a zCDP filter, a seeded NoiseSource.
 * ``nonprivate-ridge`` (MovieLens reference): the accuracy of the ridge minimizer (reg = mu) that
@@ -44,8 +44,8 @@ import tempfile
 import torch
 
 from fedkl.algorithms.contract import BuildContext
-from fedkl.algorithms.noisy_gd import NoisyGDParams, NoisyGradientDescent
-from fedkl.algorithms.sc_output_pert import SCOutputPert, SCOutputPertConfig
+from fedkl.algorithms.gradient.noisy_gd import NoisyGDParams, NoisyGradientDescent
+from fedkl.algorithms.output_perturbation.sc_output_pert import SCOutputPert, SCOutputPertConfig
 from fedkl.data import load_dataset, synthetic_least_squares
 from fedkl.experiments import register_runner, runner_result
 from fedkl.experiments.report import load_function

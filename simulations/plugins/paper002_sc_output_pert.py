@@ -18,7 +18,7 @@ theta* is solved in closed form (normal equations with the loader's user weighti
 :func:`fedkl.data.erm_least_squares`), so the excess EMPIRICAL risk ``F(theta^) - F(theta*)`` =
 ``0.5 e^T H e`` (e = theta^ - theta*, H the Hessian of F) is exact. For each (n, m) and each seed
 (a new dataset AND new noise per seed) we release SCOutputPert (paper 002 Alg. 2 with App. C's
-certificate, :mod:`fedkl.algorithms.sc_output_pert`) at user-level (eps, delta) = (4, 1e-5),
+certificate, :mod:`fedkl.algorithms.output_perturbation.sc_output_pert`) at user-level (eps, delta) = (4, 1e-5),
 calibration "tight", with the public deletion threshold
 
     Delta(n, m) = a G / (mu n sqrt(m)),   a = 1   (the note's "optimistic" Delta, §4 Table 4a)
@@ -67,8 +67,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedkl.algorithms.del_output_pert import DelOutputPert, StabilityPlan
-from fedkl.algorithms.sc_output_pert import SCOutputPert, SCOutputPertConfig
+from fedkl.algorithms.output_perturbation.del_output_pert import DelOutputPert, StabilityPlan
+from fedkl.algorithms.output_perturbation.sc_output_pert import SCOutputPert, SCOutputPertConfig
 from fedkl.data import synthetic_least_squares
 from fedkl.data.base import FederatedDataset
 from fedkl.experiments import register_runner, runner_result

@@ -16,7 +16,7 @@ the runner's own ``level``, ``optimizer``, ``sigma``, ``batch`` (expected batch 
 
 What runs (fedkl's code path)
 -----------------------------
-Every run is fedkl's :class:`~fedkl.algorithms.dp_adaptive.AdaptiveDPOptimizer` (Poisson user
+Every run is fedkl's :class:`~fedkl.algorithms.gradient.dp_adaptive.AdaptiveDPOptimizer` (Poisson user
 sampling at rate q with secure-or-seeded randomness, clipped per-user gradient sum, Gaussian noise of
 multiplier z on the sum, fixed denominator q n, then the SGD/RMSProp/Adam step), charged up front to a
 real :class:`~fedkl.privacy.PrivacyLedger` through a :class:`~fedkl.privacy.Releaser`: the epsilon
@@ -65,7 +65,7 @@ import numpy as np
 import torch
 
 from fedkl.algorithms.catalog import REGISTRY
-from fedkl.algorithms.dp_adaptive import AdaptiveDPConfig, AdaptiveDPOptimizer
+from fedkl.algorithms.gradient.dp_adaptive import AdaptiveDPConfig, AdaptiveDPOptimizer
 from fedkl.data.base import UserData
 from fedkl.data.images import load_fashion_mnist, load_mnist, load_zscored
 from fedkl.experiments import register_runner, runner_result

@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 
-from fedkl.algorithms.phased_common import noise_ratio
+from fedkl.algorithms.output_perturbation.phased_common import noise_ratio
 from fedkl.experiments.report import load_function
 
 # the log-log fit of the slopes study's report (loaded by path, as fedkl report loads both)

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from fedkl.algorithms.del_output_pert import DelOutputPertConfig
+from fedkl.algorithms.output_perturbation.del_output_pert import DelOutputPertConfig
 from fedkl.experiments.report import load_function
 
 # the log-log fit of the slopes study's report (loaded by path, as fedkl report loads both)
@@ -35,7 +35,7 @@ def predicted_slope_se(x: np.ndarray, d: int) -> float:
 
 def delta_uc_local_slope(n: int, kappa: int, beta: float = 1e-3) -> float:
     """d ln Delta_uc / d ln n at n (note §2B's explicit Cor. 3.7), by a central difference."""
-    from fedkl.algorithms.sc_output_pert import delta_union_bound
+    from fedkl.algorithms.output_perturbation.sc_output_pert import delta_union_bound
 
     h = 0.02
     lo, hi = max(int(round(n * (1 - h))), 4 * kappa + 2), int(round(n * (1 + h)))

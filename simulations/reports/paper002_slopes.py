@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from fedkl.algorithms.phased_common import kappa
+from fedkl.algorithms.output_perturbation.phased_common import kappa
 
 ALGORITHMS = ("alg2-output-pert", "phased-erm", "sc-phased-erm", "phased-sco", "sc-phased-sco")
 LABELS = {

@@ -10,8 +10,8 @@ import torch
 from build_helpers import build
 from release_spies import record_schedule_releases
 
-from fedkl.algorithms import adaptive_clip
-from fedkl.algorithms.dp_fedavg import DPFedAvg, DPFedAvgConfig
+from fedkl.algorithms.gradient import adaptive_clip
+from fedkl.algorithms.gradient.dp_fedavg import DPFedAvg, DPFedAvgConfig
 from fedkl.data import load_dataset
 from fedkl.federation.base import ClippedLocalUpdate
 from fedkl.federation.inprocess import InProcessFederation

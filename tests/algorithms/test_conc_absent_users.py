@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import torch
 
-from fedkl.algorithms.concentrated_gd import ConcentratedGD, ConcentratedGDConfig
-from fedkl.algorithms.histogram_centre import histogram_counts, histogram_sensitivity, rotate, rotation_signs
-from fedkl.algorithms.outlier_gd import OutlierGD, OutlierGDConfig
+from fedkl.algorithms.gradient.concentrated_gd import ConcentratedGD, ConcentratedGDConfig
+from fedkl.algorithms.gradient.histogram_centre import histogram_counts, histogram_sensitivity, rotate, rotation_signs
+from fedkl.algorithms.gradient.outlier_gd import OutlierGD, OutlierGDConfig
 from fedkl.data import load_dataset
 from fedkl.data.base import FederatedDataset, UserData
 from fedkl.federation.inprocess import InProcessFederation
@@ -204,7 +204,7 @@ def test_a_row_whose_rotation_overflows_votes_for_the_end_bins_and_never_aborts(
         for j in range(D):
             expected = bins - 1 if true[j] > 0 else 0 if true[j] < 0 else zero_bin
             assert one[j, expected] == 1.0 and one[j].sum() == 1.0
-    from fedkl.algorithms.histogram_centre import _hadamard
+    from fedkl.algorithms.gradient.histogram_centre import _hadamard
 
     assert torch.isnan(_hadamard(rows * signs)).any()  # unscaled, the sums do overflow: the case is exercised
     assert not torch.isnan(rotate(rows, signs)).any()

@@ -10,14 +10,14 @@ import pytest
 import torch
 from build_helpers import counting_federation  # tests/build_helpers.py
 
-from fedkl.algorithms.concentrated_gd import (
+from fedkl.algorithms.gradient.concentrated_gd import (
     ConcentratedGD,
     ConcentratedGDConfig,
     ConcentratedGDParams,
     build_concentrated_gd,
     winsorized_sum,
 )
-from fedkl.algorithms.noisy_gd import NoisyGDParams, NoisyGradientDescent
+from fedkl.algorithms.gradient.noisy_gd import NoisyGDParams, NoisyGradientDescent
 from fedkl.algorithms.nonprivate import nonprivate_minimizer
 from fedkl.algorithms.registry import BuildContext
 from fedkl.data import load_dataset
@@ -321,11 +321,11 @@ def test_fedkl_run_refuses_bad_settings_in_one_line_before_any_charge(tmp_path, 
     assert not (out / "ledger.sqlite").exists() or PrivacyLedger(out / "ledger.sqlite").num_releases() == 0
 
 
-# --conc-centre histogram (Levy et al.'s coarse centre: fedkl/algorithms/histogram_centre.py)
+# --conc-centre histogram (Levy et al.'s coarse centre: fedkl/algorithms/gradient/histogram_centre.py)
 
 
 def test_the_rotation_is_orthogonal_and_public():
-    from fedkl.algorithms.histogram_centre import padded_dim, rotate, rotation_signs, unrotate
+    from fedkl.algorithms.gradient.histogram_centre import padded_dim, rotate, rotation_signs, unrotate
 
     g = torch.Generator().manual_seed(4)
     x = torch.randn(7, 11, generator=g, dtype=torch.float64)
@@ -342,7 +342,12 @@ def test_histogram_sensitivity_is_attained_and_never_exceeded(relation, factor):
     """Every user adds one count per rotated coordinate, so replacing user 0's vector by ANY other
     (huge, non-finite, anywhere) changes the table by <= sqrt(2 D) (zero-out: sqrt(D)); the pair that
     sends user 0 to opposite end bins on every coordinate attains it."""
-    from fedkl.algorithms.histogram_centre import histogram_counts, histogram_sensitivity, rotation_signs, unrotate
+    from fedkl.algorithms.gradient.histogram_centre import (
+        histogram_counts,
+        histogram_sensitivity,
+        rotation_signs,
+        unrotate,
+    )
 
     n, d, clip, width = 30, 11, 1.0, 0.3
     D = 16
@@ -380,7 +385,12 @@ def test_histogram_sensitivity_is_attained_and_never_exceeded(relation, factor):
 def test_histogram_centre_is_within_its_error_bound_of_concentrated_users():
     """Users within r of their mean: the noiseless table's centre lies within sqrt(D) w = 2 r L of the mean
     (the module's bound), far inside the clip."""
-    from fedkl.algorithms.histogram_centre import bin_width, centre_from_counts, histogram_counts, rotation_signs
+    from fedkl.algorithms.gradient.histogram_centre import (
+        bin_width,
+        centre_from_counts,
+        histogram_counts,
+        rotation_signs,
+    )
 
     n, d, clip, r = 400, 10, 1.0, 0.05
     g = torch.Generator().manual_seed(2)

@@ -1,4 +1,4 @@
-"""The blocked conflict graph (fedkl.algorithms.conflict_graph) is the dense construction's graph."""
+"""The blocked conflict graph (fedkl.algorithms.output_perturbation.conflict_graph) is the dense construction's graph."""
 
 import math
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedkl.algorithms import conflict_graph
-from fedkl.algorithms.mean_output_pert import _FP_PAD, conflict_edges, pairwise_distances
+from fedkl.algorithms.output_perturbation import conflict_graph
+from fedkl.algorithms.output_perturbation.mean_output_pert import _FP_PAD, conflict_edges, pairwise_distances
 
 
 def dense_edges(V: torch.Tensor, rho: float, err: torch.Tensor | None) -> list[tuple[int, int]]:

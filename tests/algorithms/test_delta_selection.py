@@ -18,8 +18,8 @@ import pytest
 import torch
 from test_diameter_output_pert import DELTA, EPS, LAM, M, N, _federation, _hockey_stick
 
-from fedkl.algorithms.diameter_output_pert import DiameterTestConfig, SelectedDeltaSCOutputPert
-from fedkl.algorithms.sc_output_pert import SCOutputPertConfig
+from fedkl.algorithms.output_perturbation.diameter_output_pert import DiameterTestConfig, SelectedDeltaSCOutputPert
+from fedkl.algorithms.output_perturbation.sc_output_pert import SCOutputPertConfig
 from fedkl.privacy import Budget, NoiseSource, PrivacyLedger, Releaser
 from fedkl.privacy.mechanisms import TruncatedDiscreteLaplace
 from fedkl.privacy.sparse_vector import AboveThreshold
@@ -182,7 +182,7 @@ def test_selection_finds_a_small_delta_on_iid_users_and_reports_it(tmp_path):
 
 # --- the phased algorithms: every call chooses its Delta privately --------------------------------------
 def _phased_selected(prob, ds, test):
-    from fedkl.algorithms.phased_erm import PhasedConfig, PhasedERM
+    from fedkl.algorithms.output_perturbation.phased_erm import PhasedConfig, PhasedERM
 
     cfg = PhasedConfig(
         eps=EPS,
@@ -205,7 +205,7 @@ def test_exact_audit_of_phased_erm_with_selected_delta_on_neighbouring_federatio
     a public centre (phase 1: w0; phase 2: the run's released model, the same value on both sides: the
     guarantee holds for every fixed centre). The run charges 2 entries per call, (eps_sel, 0) then (eps_i - eps_sel, delta_i), and
     the ledger's total is the budget (adaptive basic composition of the audited calls)."""
-    from fedkl.algorithms.phased_common import PhaseCall, SelectedDeltaInnerRelease
+    from fedkl.algorithms.output_perturbation.phased_common import PhaseCall, SelectedDeltaInnerRelease
 
     worst = 0.0
     for others in (0, 2):
@@ -255,7 +255,7 @@ def test_chosen_delta_tracks_the_diameter_floor_on_iid_users_and_beats_the_old_l
     (test_diameter_output_pert.py::test_no_local_minimizer_test_beats_the_condition_number). Against the
     earlier lemma ((L/mu)^2/k), grid (ratio 2, 12 values) and share (1/4), the expected chosen Delta
     is at least 1.5x smaller and the chance of stopping on a capped score (a sure ⊥) is smaller."""
-    import fedkl.algorithms.diameter_output_pert as dop_module
+    import fedkl.algorithms.output_perturbation.diameter_output_pert as dop_module
 
     fed, prob, ds = _federation(seed=3)
     center = torch.zeros(prob.num_params, dtype=torch.float64)

@@ -1,4 +1,4 @@
-"""The share of eps spent choosing Delta privately (fedkl/algorithms/delta_share.py): the expected
+"""The share of eps spent choosing Delta privately (fedkl/algorithms/output_perturbation/delta_share.py): the expected
 noise of the idealised IID score profile, checked against sampled AboveThreshold runs, and the rule
 that picks the share of least expected noise from public values."""
 
@@ -7,8 +7,14 @@ import math
 import numpy as np
 import pytest
 
-from fedkl.algorithms.del_output_pert import DelOutputPertConfig
-from fedkl.algorithms.delta_share import SHARES, expected_overshoot, ranked_shares, release_share, release_shares
+from fedkl.algorithms.output_perturbation.del_output_pert import DelOutputPertConfig
+from fedkl.algorithms.output_perturbation.delta_share import (
+    SHARES,
+    expected_overshoot,
+    ranked_shares,
+    release_share,
+    release_shares,
+)
 from fedkl.privacy.rng import NoiseSource
 from fedkl.privacy.sparse_vector import AboveThreshold
 
@@ -79,8 +85,8 @@ def test_release_share_with_the_real_calibrations():
 def test_the_share_rule_skips_shares_whose_release_the_test_refuses_at_n():
     """select_fraction=None in a phased call: the best-ranked share at n users large enough for it, else
     the first share of the ranking whose release the diameter test accepts at n (public: n, eps, delta)."""
-    from fedkl.algorithms.delta_share import release_shares
-    from fedkl.algorithms.phased_common import SCInnerRelease, SelectedDeltaInnerRelease
+    from fedkl.algorithms.output_perturbation.delta_share import release_shares
+    from fedkl.algorithms.output_perturbation.phased_common import SCInnerRelease, SelectedDeltaInnerRelease
     from fedkl.problems.quadratic_mean import QuadraticMean
 
     eps, delta = 2.0, 1e-3
@@ -106,9 +112,13 @@ def test_the_rule_is_the_default_share_of_sc_output_pert_and_the_phased_algorith
     best-ranked share of least predicted noise on its own grid (ratio sqrt 2, 11 values), which at
     fertility-partition's n = 1000 (delta = 1/n^1.1) is larger than the old 1/4: the capped scores ahead of
     the floor then rarely stop AboveThreshold (tests/algorithms/test_delta_selection.py measures it)."""
-    from fedkl.algorithms.diameter_output_pert import GRID_RATIO, GRID_SIZE, SelectedDeltaSCOutputPert
-    from fedkl.algorithms.p002 import PhasedParams, SCOutputPertParams
-    from fedkl.algorithms.sc_output_pert import SCOutputPertConfig
+    from fedkl.algorithms.output_perturbation.diameter_output_pert import (
+        GRID_RATIO,
+        GRID_SIZE,
+        SelectedDeltaSCOutputPert,
+    )
+    from fedkl.algorithms.output_perturbation.p002 import PhasedParams, SCOutputPertParams
+    from fedkl.algorithms.output_perturbation.sc_output_pert import SCOutputPertConfig
 
     assert SCOutputPertParams().p002_select_fraction is None and PhasedParams().p002_select_fraction is None
     n, delta = 1000, 1000**-1.1

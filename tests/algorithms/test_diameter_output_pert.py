@@ -1,6 +1,6 @@
 """The polynomial-time deletion tests of paper 002's output perturbation (fedkl's derivation):
 the maximum-matching score, the deletion-jump lemma, DiameterSCOutputPert and its use by the phased
-algorithms (fedkl.algorithms.matching, .diameter_output_pert, .phased_common.SCInnerRelease).
+algorithms (fedkl.algorithms.output_perturbation.matching, .diameter_output_pert, .phased_common.SCInnerRelease).
 
 Privacy is checked EXACTLY where it can be: the released law is an atom at ⊥ plus a Gaussian, so its
 hockey-stick divergence between neighbouring datasets has a closed form (no sampling error). Sampled
@@ -20,14 +20,19 @@ from scipy import stats
 # the thread fixture (autouse) and the stand-in ledger of the output-perturbation tests
 from test_output_pert import _CountingLedger, _one_thread  # noqa: E402,F401
 
-from fedkl.algorithms.del_output_pert import DelOutputPert, DelOutputPertConfig
-from fedkl.algorithms.diameter_output_pert import DiameterSCOutputPert, DiameterTestConfig, jump_factor, resolve_test
-from fedkl.algorithms.matching import matching_cover, maximum_matching
-from fedkl.algorithms.phased_common import PhaseCall, SCInnerRelease, setting_for_problem
-from fedkl.algorithms.phased_erm import PhasedConfig
-from fedkl.algorithms.phased_sco import PhasedSCO
-from fedkl.algorithms.sc_output_pert import SCOutputPertConfig
-from fedkl.algorithms.vertex_cover import graph_from_edges, min_vertex_cover, worst_case_calls
+from fedkl.algorithms.output_perturbation.del_output_pert import DelOutputPert, DelOutputPertConfig
+from fedkl.algorithms.output_perturbation.diameter_output_pert import (
+    DiameterSCOutputPert,
+    DiameterTestConfig,
+    jump_factor,
+    resolve_test,
+)
+from fedkl.algorithms.output_perturbation.matching import matching_cover, maximum_matching
+from fedkl.algorithms.output_perturbation.phased_common import PhaseCall, SCInnerRelease, setting_for_problem
+from fedkl.algorithms.output_perturbation.phased_erm import PhasedConfig
+from fedkl.algorithms.output_perturbation.phased_sco import PhasedSCO
+from fedkl.algorithms.output_perturbation.sc_output_pert import SCOutputPertConfig
+from fedkl.algorithms.output_perturbation.vertex_cover import graph_from_edges, min_vertex_cover, worst_case_calls
 from fedkl.data.synthetic import synthetic_logistic
 from fedkl.federation.base import Federation
 from fedkl.federation.inprocess import InProcessFederation
@@ -446,7 +451,7 @@ def test_inner_release_chooses_exact_up_to_20_users_and_the_diameter_test_above(
 def test_iid_users_pass_the_diameter_test_at_delta_uc():
     """In the paper's regime (exchangeable users, Delta_uc of Cor 3.7) the conflict graph is empty: the
     release is theta~ + N(0, sigma^2 I) with no deletion, as in Thm 3.1 (the test costs no utility)."""
-    from fedkl.algorithms.sc_output_pert import delta_union_bound
+    from fedkl.algorithms.output_perturbation.sc_output_pert import delta_union_bound
 
     n, m, d, lam, eps, delta = 200, 200, 3, 1.0, 8.0, 0.01
     ds = synthetic_logistic(n, m, d, seed=0)
@@ -468,7 +473,7 @@ def test_mean_output_pert_matching_score_exact_audit(calibration):
     """MeanOutputPert with the matching score on random 2-D user vectors with outliers: for random and
     adversarial replace-one neighbours, the score moves by <= 1, the two released means are within the
     sensitivity (8 kappa + 2) Delta, and the exact hockey-stick divergence is <= delta both ways."""
-    from fedkl.algorithms.mean_output_pert import MeanOutputPertConfig, mean_stability_plan
+    from fedkl.algorithms.output_perturbation.mean_output_pert import MeanOutputPertConfig, mean_stability_plan
 
     rng = np.random.default_rng(7)
     n = 40
@@ -514,7 +519,7 @@ def test_mean_output_pert_matching_score_exact_audit(calibration):
 
 
 def test_mean_output_pert_auto_switches_to_matching_instead_of_refusing():
-    from fedkl.algorithms.mean_output_pert import MeanOutputPertConfig
+    from fedkl.algorithms.output_perturbation.mean_output_pert import MeanOutputPertConfig
 
     big = MeanOutputPertConfig(0.5, 1e-6, rho=1.0)  # kappa 32: the cover's bound exceeds 4e6 calls
     assert big.score(600) == "matching" and big.dop(600).score == "matching"

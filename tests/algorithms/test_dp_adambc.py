@@ -8,7 +8,7 @@ import pytest
 import torch
 from release_spies import record_schedule_releases
 
-from fedkl.algorithms.dp_adaptive import AdaptiveDPConfig, AdaptiveDPOptimizer
+from fedkl.algorithms.gradient.dp_adaptive import AdaptiveDPConfig, AdaptiveDPOptimizer
 from fedkl.algorithms.nonprivate import nonprivate_minimizer
 from fedkl.data import load_dataset
 from fedkl.federation.inprocess import InProcessFederation

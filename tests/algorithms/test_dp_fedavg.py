@@ -7,7 +7,7 @@ import pytest
 import torch
 from release_spies import record_schedule_releases
 
-from fedkl.algorithms.dp_fedavg import DPFedAvg, DPFedAvgConfig
+from fedkl.algorithms.gradient.dp_fedavg import DPFedAvg, DPFedAvgConfig
 from fedkl.data import load_dataset
 from fedkl.federation.base import ClippedLocalUpdate
 from fedkl.federation.inprocess import InProcessFederation

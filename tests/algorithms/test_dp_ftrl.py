@@ -1,4 +1,4 @@
-"""DP-FTRL with correlated noise (fedkl/algorithms/dp_ftrl.py): the (b, k) participation scheduler,
+"""DP-FTRL with correlated noise (fedkl/algorithms/gradient/dp_ftrl.py): the (b, k) participation scheduler,
 the noise scale against enumerated sensitivity, adversarial neighbours, per-participation ledger
 charges that add up to the mechanism's rho, refusals before data, Flower bit for bit, MovieLens."""
 
@@ -14,7 +14,7 @@ from build_helpers import SMALL
 from test_algorithm_registry import _flower_equals_inprocess  # tests/algorithms: the shared Flower check
 
 from fedkl import cli
-from fedkl.algorithms.dp_ftrl import DPFTRL, DPFTRLConfig, ParticipationScheduler
+from fedkl.algorithms.gradient.dp_ftrl import DPFTRL, DPFTRLConfig, ParticipationScheduler
 from fedkl.data import load_dataset
 from fedkl.data.base import FederatedDataset, UserData
 from fedkl.federation.base import ClippedLocalUpdate

@@ -5,7 +5,7 @@ the iterates depend on an honest user's data. So it fails in world x (honest use
 and answers honestly in world x' (the other way). Before issue 28 the paper-002 releases aborted on
 any failed answer: the run's completion then revealed the honest user's data with certainty. Now both
 worlds complete and charge the same ledger rows; the failed client is handled inside the privacy
-analysis (fedkl/algorithms/diameter_output_pert.py and sc_output_pert.py, "Failures").
+analysis (fedkl/algorithms/output_perturbation/diameter_output_pert.py and sc_output_pert.py, "Failures").
 """
 
 from __future__ import annotations
@@ -16,8 +16,12 @@ import pytest
 import torch
 from test_output_pert import _one_thread  # noqa: F401  (autouse: one torch thread)
 
-from fedkl.algorithms.diameter_output_pert import DiameterSCOutputPert, DiameterTestConfig, SelectedDeltaSCOutputPert
-from fedkl.algorithms.sc_output_pert import SCOutputPert, SCOutputPertConfig
+from fedkl.algorithms.output_perturbation.diameter_output_pert import (
+    DiameterSCOutputPert,
+    DiameterTestConfig,
+    SelectedDeltaSCOutputPert,
+)
+from fedkl.algorithms.output_perturbation.sc_output_pert import SCOutputPert, SCOutputPertConfig
 from fedkl.data.synthetic import synthetic_logistic
 from fedkl.federation.base import Answers, Federation, GradientsAtPoints
 from fedkl.federation.inprocess import InProcessFederation

@@ -52,7 +52,7 @@ import pytest
 import torch
 from scipy.stats import chi2
 
-from fedkl.algorithms.fkt import (
+from fedkl.algorithms.localization.fkt import (
     FKTPhasedERM,
     LocalizationConfig,
     PhasedSGD,
@@ -63,8 +63,8 @@ from fedkl.algorithms.fkt import (
     SnowballSGD,
     convex_setting,
 )
-from fedkl.algorithms.fkt_common import ConvexSetting, cohort_order
-from fedkl.algorithms.fkt_phased import project_two_balls
+from fedkl.algorithms.localization.fkt_common import ConvexSetting, cohort_order
+from fedkl.algorithms.localization.fkt_phased import project_two_balls
 from fedkl.data import load_dataset
 from fedkl.data.base import FederatedDataset, UserData
 from fedkl.federation.base import Answers, ClippedGradient, Federation

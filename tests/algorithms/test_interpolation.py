@@ -1,4 +1,4 @@
-"""The server's interpolation check of a client's gradient answers (fedkl/algorithms/interpolation.py):
+"""The server's interpolation check of a client's gradient answers (fedkl/algorithms/output_perturbation/interpolation.py):
 an honest client (one fixed mu-strongly convex, L-smooth loss) is never rejected; a non-convex, too steep
 or too flat answer set is; the pairwise (co-coercivity) condition is not sufficient; and in the diameter
 test a client that mimics a typical user at its own point is caught (issue 28 §2)."""
@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_output_pert import _one_thread  # noqa: F401  (autouse: one torch thread)
 
-from fedkl.algorithms.diameter_output_pert import DiameterSCOutputPert, DiameterTestConfig
-from fedkl.algorithms.interpolation import answer_scale, interpolable, pairwise_interpolable
-from fedkl.algorithms.sc_output_pert import SCOutputPertConfig
+from fedkl.algorithms.output_perturbation.diameter_output_pert import DiameterSCOutputPert, DiameterTestConfig
+from fedkl.algorithms.output_perturbation.interpolation import answer_scale, interpolable, pairwise_interpolable
+from fedkl.algorithms.output_perturbation.sc_output_pert import SCOutputPertConfig
 from fedkl.data.synthetic import synthetic_least_squares, synthetic_logistic
 from fedkl.federation.base import Answers, CertifiedLocalMinimizer, Federation, GradientsAtOwnPoints, GradientsAtPoints
 from fedkl.federation.inprocess import InProcessFederation
@@ -174,9 +174,9 @@ def test_the_certificate_is_only_believed_on_in_class_answers(monkeypatch):
     """SCOutputPert's Lemma C.1 certificate bounds the deletion jumps of in-class answers only: when the full
     solve's and the certificate's answers are not one in-class function's, the exact enumeration decides
     (stubbed here: which path decides is what is checked)."""
-    from fedkl.algorithms import sc_output_pert
-    from fedkl.algorithms.del_output_pert import StabilityPlan
-    from fedkl.algorithms.sc_output_pert import SCOutputPert
+    from fedkl.algorithms.output_perturbation import sc_output_pert
+    from fedkl.algorithms.output_perturbation.del_output_pert import StabilityPlan
+    from fedkl.algorithms.output_perturbation.sc_output_pert import SCOutputPert
 
     monkeypatch.setattr(
         sc_output_pert, "exact_stability", lambda f, n, cfg: StabilityPlan(n, None, None, None, "exact")

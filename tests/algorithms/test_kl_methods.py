@@ -23,10 +23,10 @@ import numpy as np
 import pytest
 import torch
 
-from fedkl.algorithms.kl_adaptive_gd import AdaptiveKLGD, AdaptiveKLGDConfig
-from fedkl.algorithms.kl_common import KLConstants
-from fedkl.algorithms.kl_spider import ANCHOR_WEIGHT, KLSpider, KLSpiderConfig
-from fedkl.algorithms.prox_point import PrivateProxPoint, ProxPointConfig
+from fedkl.algorithms.kl.kl_adaptive_gd import AdaptiveKLGD, AdaptiveKLGDConfig
+from fedkl.algorithms.kl.kl_common import KLConstants
+from fedkl.algorithms.kl.kl_spider import ANCHOR_WEIGHT, KLSpider, KLSpiderConfig
+from fedkl.algorithms.kl.prox_point import PrivateProxPoint, ProxPointConfig
 from fedkl.data import load_dataset
 from fedkl.federation.base import ClippedGradient, GradientDifference
 from fedkl.federation.inprocess import InProcessFederation

@@ -14,13 +14,13 @@ from build_helpers import build
 from release_spies import charge_record
 from scipy import stats
 
-from fedkl.algorithms.del_output_pert import (
+from fedkl.algorithms.output_perturbation.del_output_pert import (
     DelOutputPert,
     exact_stability,
     exact_stability_predicate,
     mean_of_user_vectors,
 )
-from fedkl.algorithms.mean_output_pert import (
+from fedkl.algorithms.output_perturbation.mean_output_pert import (
     LAM_RULES,
     LocalMeanOutputPert,
     LocalMeanOutputPertConfig,
@@ -36,7 +36,7 @@ from fedkl.algorithms.mean_output_pert import (
     pairwise_distances,
     predicted_excess,
 )
-from fedkl.algorithms.vertex_cover import (
+from fedkl.algorithms.output_perturbation.vertex_cover import (
     CallCounter,
     branch_calls,
     cover_at_most,
@@ -324,7 +324,7 @@ def test_profile_calibration_exact_audit_on_neighbours(test):
     the two kept means are within the theorem's gap(d, d') Delta, and the exact hockey-stick divergence
     of the whole released law (⊥ atom + Gaussian) is <= delta at eps in both directions. sigma/Delta is
     calibrate()'s for the score, and 1% less noise breaks the theorem's worst case."""
-    from fedkl.algorithms.stability_profile import calibrate, chain_factor, worst_case_divergence
+    from fedkl.algorithms.output_perturbation.stability_profile import calibrate, chain_factor, worst_case_divergence
 
     n, rho = 30, 0.5
     cfg = MeanOutputPertConfig(EPS, DELTA, rho, test=test)

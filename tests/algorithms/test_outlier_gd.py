@@ -11,9 +11,8 @@ import pytest
 import torch
 from build_helpers import counting_federation  # tests/build_helpers.py
 
-from fedkl.algorithms.noisy_gd import NoisyGDParams, NoisyGradientDescent
-from fedkl.algorithms.nonprivate import nonprivate_minimizer
-from fedkl.algorithms.outlier_gd import (
+from fedkl.algorithms.gradient.noisy_gd import NoisyGDParams, NoisyGradientDescent
+from fedkl.algorithms.gradient.outlier_gd import (
     OutlierGD,
     OutlierGDConfig,
     OutlierGDParams,
@@ -22,6 +21,7 @@ from fedkl.algorithms.outlier_gd import (
     outlier_weights,
     weighted_mean,
 )
+from fedkl.algorithms.nonprivate import nonprivate_minimizer
 from fedkl.algorithms.registry import BuildContext
 from fedkl.data import load_dataset
 from fedkl.federation.inprocess import InProcessFederation

@@ -13,15 +13,15 @@ import torch
 from release_spies import charge_record
 from scipy import stats
 
-from fedkl.algorithms.del_output_pert import (
+from fedkl.algorithms.output_perturbation.del_output_pert import (
     DelOutputPert,
     DelOutputPertConfig,
     exact_stability,
     masks_tensor,
     mean_of_user_vectors,
 )
-from fedkl.algorithms.phased_erm import PhasedERM, PhasedERMConfig
-from fedkl.algorithms.sc_output_pert import SCOutputPert, SCOutputPertConfig, lemma_c1_bound
+from fedkl.algorithms.output_perturbation.phased_erm import PhasedERM, PhasedERMConfig
+from fedkl.algorithms.output_perturbation.sc_output_pert import SCOutputPert, SCOutputPertConfig, lemma_c1_bound
 from fedkl.data import load_dataset
 from fedkl.federation.base import GradientsAtPoints
 from fedkl.federation.inprocess import InProcessFederation
@@ -457,7 +457,7 @@ def test_phased_erm_charges_each_phase_and_keeps_the_center_on_bottom(tmp_path, 
 def test_profile_calibration_is_the_smallest_noise_its_theorem_allows(eps, delta, score):
     """The profile calibration meets its theorem's worst case exactly at its sigma (1% less noise breaks
     delta on some reachable pair) and is well below the tight calibration's noise."""
-    from fedkl.algorithms.stability_profile import calibrate, worst_case_divergence
+    from fedkl.algorithms.output_perturbation.stability_profile import calibrate, worst_case_divergence
 
     p = calibrate(eps, delta, score)
     budget = p.deletion_budget
@@ -474,7 +474,7 @@ def test_profile_split_is_the_grid_split_of_least_noise_and_spends_the_whole_bud
     test and the Gaussian is the public-grid point of least sigma/Delta (every error bound of the
     algorithms grows with sigma), and at the chosen sigma the whole release's worst case IS delta:
     the composed total equals the budget (nothing left unspent, nothing over)."""
-    from fedkl.algorithms.stability_profile import (
+    from fedkl.algorithms.output_perturbation.stability_profile import (
         DELTA_FRACTIONS,
         EPS_FRACTIONS,
         _smallest_ratio,

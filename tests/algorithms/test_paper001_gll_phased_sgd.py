@@ -20,9 +20,9 @@ import pytest
 import torch
 
 from fedkl import cli
-from fedkl.algorithms.fkt_common import cohort_order, convex_setting, paper_rho
-from fedkl.algorithms.fkt_phased import LocalizationConfig
-from fedkl.algorithms.gll_phased import GLLPhasedSGD, paper001_schedule
+from fedkl.algorithms.frank_wolfe.gll_phased import GLLPhasedSGD, paper001_schedule
+from fedkl.algorithms.localization.fkt_common import cohort_order, convex_setting, paper_rho
+from fedkl.algorithms.localization.fkt_phased import LocalizationConfig
 from fedkl.data import load_dataset
 from fedkl.data.base import UserData
 from fedkl.federation.base import FeatureClippedGradient

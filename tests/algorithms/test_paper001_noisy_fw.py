@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from fedkl import cli
-from fedkl.algorithms.noisy_fw import NoisyFrankWolfe, step_size, theorem_rounds
+from fedkl.algorithms.frank_wolfe.noisy_fw import NoisyFrankWolfe, step_size, theorem_rounds
 from fedkl.data import load_dataset
 from fedkl.data.base import UserData
 from fedkl.federation.base import ClampedGradient

@@ -21,8 +21,8 @@ import torch
 from test_algorithm_registry import _flower_equals_inprocess  # tests/algorithms/test_algorithm_registry.py
 
 from fedkl import cli
-from fedkl.algorithms.fkt_common import cohort_order
-from fedkl.algorithms.pg_mirror_descent import PGMDSetting, PGMirrorDescent, theorem_outer_rounds
+from fedkl.algorithms.frank_wolfe.pg_mirror_descent import PGMDSetting, PGMirrorDescent, theorem_outer_rounds
+from fedkl.algorithms.localization.fkt_common import cohort_order
 from fedkl.data import load_dataset
 from fedkl.data.base import FederatedDataset, UserData
 from fedkl.federation.base import DualClippedGradient

@@ -20,7 +20,7 @@ import pytest
 import torch
 from build_helpers import counting_federation
 
-from fedkl.algorithms.vr_frank_wolfe import (
+from fedkl.algorithms.frank_wolfe.vr_frank_wolfe import (
     VRFrankWolfe,
     VRFrankWolfeLp,
     fit_rounds,

@@ -1,9 +1,9 @@
-"""Phased-ERM's split of (eps, delta) between its phases (fedkl/algorithms/phased_erm.py, "The split
+"""Phased-ERM's split of (eps, delta) between its phases (fedkl/algorithms/output_perturbation/phased_erm.py, "The split
 between phases"): the rule minimises the error bound's S = sum_j w_j c_j^2, the charges sum to the
 budget, and the equal split stays available for reproducing the paper.
 
 Plans are public (no data); the run uses the quadratic mean family with the exact mean-type inner
-release (fedkl/algorithms/mean_type_inner.py), as in test_phased_output_pert.py.
+release (fedkl/algorithms/output_perturbation/mean_type_inner.py), as in test_phased_output_pert.py.
 """
 
 import dataclasses
@@ -19,9 +19,15 @@ import torch
 from test_diameter_output_pert import M, _federation, audit_neighbours  # noqa: E402
 from test_output_pert import _one_thread  # noqa: E402,F401  (the thread fixture, autouse)
 
-from fedkl.algorithms.mean_type_inner import MeanTypeInner, gaussian_users_rule
-from fedkl.algorithms.phased_common import geometric_split, kappa, phase_weights, setting_for_problem, split_bound
-from fedkl.algorithms.phased_erm import PhasedConfig, PhasedERM
+from fedkl.algorithms.output_perturbation.mean_type_inner import MeanTypeInner, gaussian_users_rule
+from fedkl.algorithms.output_perturbation.phased_common import (
+    geometric_split,
+    kappa,
+    phase_weights,
+    setting_for_problem,
+    split_bound,
+)
+from fedkl.algorithms.output_perturbation.phased_erm import PhasedConfig, PhasedERM
 from fedkl.federation.means import MeanFederation
 from fedkl.privacy import Budget, NoiseSource, PrivacyLedger, Releaser
 from fedkl.problems.quadratic_mean import QuadraticMean, draw_user_means
@@ -275,7 +281,12 @@ def test_profile_calibration_search_and_cache_return_exactly_the_exhaustive_valu
     ratio so far) and starts at the usual winner: it returns exactly (==, every field) what bisecting every
     grid point in grid order returns (the first point of least ratio), and its cached value is the uncached
     one."""
-    from fedkl.algorithms.stability_profile import DELTA_FRACTIONS, EPS_FRACTIONS, _smallest_ratio, calibrate
+    from fedkl.algorithms.output_perturbation.stability_profile import (
+        DELTA_FRACTIONS,
+        EPS_FRACTIONS,
+        _smallest_ratio,
+        calibrate,
+    )
     from fedkl.privacy.mechanisms import TruncatedDiscreteLaplace
 
     exhaustive = None
@@ -297,7 +308,7 @@ def test_worst_case_divergence_is_the_largest_pairwise_hockey_stick(score):
     Pr[R1 < d] plus a Gaussian at the chain gap (c d + c d' + 2) Delta, fully apart beyond the depth)."""
     from test_diameter_output_pert import _hockey_stick
 
-    from fedkl.algorithms.stability_profile import chain_factor, worst_case_divergence
+    from fedkl.algorithms.output_perturbation.stability_profile import chain_factor, worst_case_divergence
     from fedkl.privacy.mechanisms import TruncatedDiscreteLaplace
 
     c = chain_factor(score)

@@ -4,7 +4,7 @@ Data: the mean-estimation family of note §7 T6(a) (fedkl/problems/quadratic_mea
 user means drawn exactly from N(theta_pop, s^2 I / m), so the optimum is known in closed form
 (theta* = mean of the user means, theta_pop for the population) and every phase's minimizer is exact.
 Inner releases: fedkl's SCOutputPert (n <= 20: its certificate or its exact enumeration) or, for
-larger cohorts, the exact mean-type DelOutputPert of fedkl/algorithms/mean_type_inner.py. Fixed seeds
+larger cohorts, the exact mean-type DelOutputPert of fedkl/algorithms/output_perturbation/mean_type_inner.py. Fixed seeds
 everywhere; sampled checks use tolerances of a few standard errors of their own sample.
 """
 
@@ -24,10 +24,10 @@ import pytest
 import torch
 from release_spies import charge_record
 
-from fedkl.algorithms.del_output_pert import DelOutputPertConfig
-from fedkl.algorithms.mean_type_inner import MeanTypeInner, gaussian_users_rule
-from fedkl.algorithms.p002 import PhasedParams
-from fedkl.algorithms.phased_common import (
+from fedkl.algorithms.output_perturbation.del_output_pert import DelOutputPertConfig
+from fedkl.algorithms.output_perturbation.mean_type_inner import MeanTypeInner, gaussian_users_rule
+from fedkl.algorithms.output_perturbation.p002 import PhasedParams
+from fedkl.algorithms.output_perturbation.phased_common import (
     CohortFederation,
     PhaseCall,
     lam_sco,
@@ -35,9 +35,9 @@ from fedkl.algorithms.phased_common import (
     sco_cohorts,
     setting_for_problem,
 )
-from fedkl.algorithms.phased_erm import PhasedConfig, PhasedERM
-from fedkl.algorithms.phased_sco import PhasedSCO
-from fedkl.algorithms.sc_phased import SCPhasedERM, SCPhasedSCO
+from fedkl.algorithms.output_perturbation.phased_erm import PhasedConfig, PhasedERM
+from fedkl.algorithms.output_perturbation.phased_sco import PhasedSCO
+from fedkl.algorithms.output_perturbation.sc_phased import SCPhasedERM, SCPhasedSCO
 from fedkl.federation.means import MeanFederation
 from fedkl.privacy import Budget, BudgetExceeded, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter
 from fedkl.privacy.charges import ApproxDPCharge
@@ -459,7 +459,7 @@ def test_mean_type_inner_is_fedkl_mean_output_pert_with_the_phase_minimizers():
     """The mean-type inner release equals fedkl's MeanOutputPert (the note's §5(c) mechanism) run
     on v_u = (xbar_u + lam c)/(1 + lam), with rho = Delta (n - 4 kappa - 1): same deletions, same ⊥,
     same value up to the last bits of sigma; with 3 outlying users the vertex cover decides."""
-    from fedkl.algorithms.mean_output_pert import MeanOutputPert, MeanOutputPertConfig
+    from fedkl.algorithms.output_perturbation.mean_output_pert import MeanOutputPert, MeanOutputPertConfig
 
     n, eps, delta, lam = 40, 20.0, 0.1, 0.3
     means = draw_user_means(n, 10**4, D, POP, 1.0, 21)

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from fedkl.algorithms.contract import BuildContext
-from fedkl.algorithms.noisy_gd import NoisyGDParams, NoisyGradientDescent
+from fedkl.algorithms.gradient.noisy_gd import NoisyGDParams, NoisyGradientDescent
 from fedkl.algorithms.round_log import RoundLog
 from fedkl.data import load_dataset
 from fedkl.federation.inprocess import InProcessFederation

@@ -19,8 +19,8 @@ import torch
 from test_diameter_output_pert import _hockey_stick
 from test_output_pert import _one_thread  # noqa: F401  (autouse: one torch thread)
 
-from fedkl.algorithms.diameter_output_pert import DiameterSCOutputPert, DiameterTestConfig
-from fedkl.algorithms.sc_output_pert import SCOutputPert, SCOutputPertConfig
+from fedkl.algorithms.output_perturbation.diameter_output_pert import DiameterSCOutputPert, DiameterTestConfig
+from fedkl.algorithms.output_perturbation.sc_output_pert import SCOutputPert, SCOutputPertConfig
 from fedkl.data import load_dataset
 from fedkl.data.synthetic import synthetic_least_squares
 from fedkl.federation.base import (
@@ -231,20 +231,10 @@ def test_records_outside_the_declared_bounds_are_refused_where_data_enters(bad):
 
 
 def test_every_algorithm_declares_what_it_assumes_of_clients(tmp_path):
-    from fedkl.algorithms import (
-        dp_adaptive,
-        dp_fedavg,
-        fkt_phased,
-        fkt_reduction,
-        fkt_snowball,
-        kl_adaptive_gd,
-        kl_spider,
-        mean_output_pert,
-        noisy_gd,
-        phased_erm,
-        prox_point,
-        sc_phased,
-    )
+    from fedkl.algorithms.gradient import dp_adaptive, dp_fedavg, noisy_gd
+    from fedkl.algorithms.kl import kl_adaptive_gd, kl_spider, prox_point
+    from fedkl.algorithms.localization import fkt_phased, fkt_reduction, fkt_snowball
+    from fedkl.algorithms.output_perturbation import mean_output_pert, phased_erm, sc_phased
 
     classes = [
         noisy_gd.NoisyGradientDescent,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from fedkl.algorithms.noisy_gd import NoisyGDParams, NoisyGradientDescent
+from fedkl.algorithms.gradient.noisy_gd import NoisyGDParams, NoisyGradientDescent
 from fedkl.algorithms.registry import REGISTRY, AlgorithmResult, Clip, register, unregister
 from fedkl.audit import many_run_audit, one_run_audit, one_shot_estimate
 from fedkl.federation.base import ClippedGradient

@@ -21,7 +21,7 @@ import torch  # noqa: E402
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict  # noqa: E402
 
 from fedkl.algorithms.contract import BuildContext
-from fedkl.algorithms.noisy_gd import NoisyGDParams, NoisyGradientDescent  # noqa: E402
+from fedkl.algorithms.gradient.noisy_gd import NoisyGDParams, NoisyGradientDescent  # noqa: E402
 from fedkl.data import load_dataset  # noqa: E402
 from fedkl.federation.base import (  # noqa: E402
     QUERY_KINDS,

@@ -528,11 +528,11 @@ def test_the_mid_run_dry_run_leaves_the_runs_random_states_and_never_fails_the_r
 
 def test_plan_is_public_is_declared_by_exactly_the_listed_algorithms():
     """The list above is the code's: those four algorithms declare their plan public, kl-spider does not."""
-    from fedkl.algorithms.dp_fedavg import DPFedAvg
-    from fedkl.algorithms.dp_ftrl import DPFTRL
-    from fedkl.algorithms.kl_spider import KLSpider
-    from fedkl.algorithms.noisy_fw import NoisyFrankWolfe
-    from fedkl.algorithms.noisy_gd import NoisyGradientDescent
+    from fedkl.algorithms.frank_wolfe.noisy_fw import NoisyFrankWolfe
+    from fedkl.algorithms.gradient.dp_fedavg import DPFedAvg
+    from fedkl.algorithms.gradient.dp_ftrl import DPFTRL
+    from fedkl.algorithms.gradient.noisy_gd import NoisyGradientDescent
+    from fedkl.algorithms.kl.kl_spider import KLSpider
 
     assert {c.name for c in (DPFedAvg, DPFTRL, NoisyFrankWolfe, NoisyGradientDescent) if c.plan_is_public} == (
         PLAN_IS_PUBLIC

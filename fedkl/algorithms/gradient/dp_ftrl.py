@@ -1,0 +1,337 @@
+"""User-level DP-FTRL with correlated noise (Kairouz et al. 2021; banded matrix factorization as in
+Choquette-Choo et al. 2023 / McMahan, Xu, Zhang 2024), without sampling or shuffling.
+
+Participation is a public schedule (:class:`ParticipationScheduler`): user u (public id) gets a
+residue r_u in 0..b-1 (users ranked by a keyed hash of their ids and the run's seed, residue = rank
+mod b) and is asked in rounds t = r_u, r_u + b, r_u + 2b, ..., at most k times: any two of its
+rounds are >= b apart (minimum separation b) and it takes part at most k times. A user that would
+violate either is not asked (:meth:`ParticipationScheduler.admit`). Round t = 0..T-1:
+
+    cohort_t: the users scheduled at t (public; every cohort is non-empty: n >= b, T <= k b)
+    each asked user u: h_u = clip_C(w_u^K - w_t)   the clipped local update from the current
+                       model w_t (query :class:`~fedkl.federation.base.ClippedLocalUpdate`,
+                       re-clipped on the server as in :mod:`fedkl.algorithms.gradient.dp_fedavg`)
+    x_t   = sum_{u in cohort_t} h_u
+    S^_t  = sum_{s <= t} x_s + (B Z)_t          (the matrix mechanism's noisy prefix sum; Z i.i.d. N(0, sigma^2))
+    w_t+1 = w_0 + server_lr * S^_t / (n / b)     (FTRL with a quadratic regulariser at w_0; fixed
+                                                  public denominator: the mean cohort size)
+
+The factorization A = B C (:mod:`fedkl.privacy.matrix_mechanism`) is the binary tree
+(``--factorization tree``), the banded square-root Toeplitz factor (``--factorization banded``,
+``--band``; band 1 is independent noise per round), or an m-buffer BLT (``--blt-buffers``):
+``--factorization blt`` is the square-root factor's Gauss-Chebyshev rational approximation,
+``--factorization blt-opt`` a BLT optimised for this run's public (T, b, k) as in McMahan, Xu, Zhang
+2024 (mean squared prefix-sum error; constrained so that its coefficients stay non-negative and
+non-increasing and the closed-form sensitivity holds; deterministic, so anyone recomputes C).
+
+Guarantee: the whole run is ONE Gaussian mechanism on ``C x`` (the S^_t are post-processing of
+``C x + Z``) with L2 sensitivity ``Delta_K = c * max_pi ||C 1_pi||`` over every (b, k) pattern pi
+(c = C add-remove, 2C replace-one: the user's per-round answer changes by at most c), computed
+exactly (matrix_mechanism's proofs and DP). The inputs are adaptive (x_t depends on w_t, i.e. on
+earlier releases); for a square, invertible, lower-triangular C, as all three are, the Gaussian
+matrix mechanism has the same privacy under adaptively chosen inputs (Denisov et al. 2022, Thm 2.1),
+and S^_t = (A C^{-1} (C x + Z))_t needs only rows <= t of C x + Z. Hence ``rho = Delta_K^2 / (2 sigma^2)``-zCDP for every
+user and ``mu = Delta_K / sigma``-GDP: the exact (eps, delta) is the mu-GDP profile (the ledger's
+``gaussian`` conversion). sigma is set so that rho is the budget every user can still afford.
+
+Ledger: a user is charged at each participation, before the round's release, the increment
+``(Delta_j^2 - Delta_{j-1}^2) / (2 sigma^2)`` of its j-th participation (a
+:class:`~fedkl.privacy.charges.GaussianCharge` with sensitivity ``sqrt(Delta_j^2 - Delta_{j-1}^2)``
+and noise scale sigma), Delta_j the max over patterns with at most j participations. A user asked
+j times has paid ``Delta_j^2 / (2 sigma^2)``, at least the zCDP of the whole stream's mechanism for
+its pattern (which has j participations, gaps >= b), and its Gaussian charges compose as GDP to
+exactly ``Delta_j / sigma``. A user never asked is never charged: its records are never read.
+What is private: every S^_t, hence every iterate and the final model. What an asked client sees:
+the current model w_t (a private output). Composition: each user's ledger holds its own total (no
+run-wide filter: users take part in different rounds).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from fedkl.algorithms.gradient.dp_fedavg import LocalUpdates
+from fedkl.algorithms.registry import AlgorithmResult, BuildContext, Clip, Rounds, StepSize, param, register
+from fedkl.algorithms.round_log import RoundLog
+from fedkl.federation.base import ClippedLocalUpdate, Federation
+from fedkl.federation.clipping import clip_rows
+from fedkl.privacy.charges import GaussianCharge
+from fedkl.privacy.guarantee import RELATIONS, Absence, Guarantee, sum_sensitivity
+from fedkl.privacy.matrix_mechanism import FACTORIZATIONS, BufferedToeplitz, make_factorization, max_participations
+from fedkl.privacy.release import Releaser
+
+
+class ParticipationScheduler:
+    """Deterministic cohorts from public ids: residue = rank of ``sha256(seed:id)`` mod b; user u is
+    asked at rounds ≡ r_u (mod b), at most k times. :meth:`admit` enforces b and k on any candidate
+    list from the history of who was asked (a violating user is not asked)."""
+
+    def __init__(self, user_ids: Sequence[str], rounds: int, min_separation: int, max_participations: int, seed: int):
+        n, b, k = len(user_ids), min_separation, max_participations
+        self.check(n, rounds, b, k)
+        self.rounds, self.b, self.k = int(rounds), int(b), int(k)
+        keyed = sorted(range(n), key=lambda i: hashlib.sha256(f"{seed}:{user_ids[i]}".encode()).hexdigest())
+        self.residue = [0] * n
+        for rank, i in enumerate(keyed):
+            self.residue[i] = rank % b
+        self.last: dict[int, int] = {}
+        self.count: dict[int, int] = {}
+
+    @staticmethod
+    def check(n: int, rounds: int, b: int, k: int) -> None:
+        """Refuse (one line, before any data is read) a schedule with a round that asks nobody."""
+        max_participations(rounds, b, k)  # positive integers
+        if n < b:
+            raise ValueError(f"--min-separation {b} is more than the {n} users: some rounds would ask nobody")
+        if rounds > k * b:
+            raise ValueError(
+                f"--rounds {rounds} > --max-participations x --min-separation = {k * b}: the later rounds would "
+                "ask nobody; raise --max-participations or --min-separation, or lower --rounds"
+            )
+
+    def planned(self, t: int) -> list[int]:
+        """The users scheduled at round t (public)."""
+        if t // self.b >= self.k:
+            return []
+        return [i for i, r in enumerate(self.residue) if r == t % self.b]
+
+    def admit(self, t: int, candidates: Sequence[int]) -> list[int]:
+        """The candidates that may take part in round t (>= b rounds since their last participation,
+        fewer than k so far), recorded as participating; the others are not asked."""
+        ok = [
+            u
+            for u in candidates
+            if self.count.get(u, 0) < self.k and (u not in self.last or t - self.last[u] >= self.b)
+        ]
+        for u in ok:
+            self.last[u] = t
+            self.count[u] = self.count.get(u, 0) + 1
+        return ok
+
+
+@dataclass(frozen=True)
+class DPFTRLConfig:
+    rounds: int = 10
+    clip: float = 1.0
+    factorization: str = "tree"
+    band: int | None = None  # banded: default the min separation
+    blt_buffers: int = 4
+    min_separation: int = 1
+    max_participations: int | None = None  # default: as many as the rounds allow
+    local_steps: int = 5
+    local_lr: float = 0.5
+    batch_size: int | None = None
+    server_lr: float = 1.0
+    neighbouring: str = "add-remove"
+
+    def __post_init__(self) -> None:
+        if self.factorization not in FACTORIZATIONS:
+            raise ValueError(f"factorization must be one of {FACTORIZATIONS}, got {self.factorization!r}")
+        if self.neighbouring not in RELATIONS:
+            raise ValueError(f"neighbouring must be one of {RELATIONS}, got {self.neighbouring!r}")
+        for name in ("clip", "local_lr", "server_lr"):
+            v = getattr(self, name)
+            if not (v > 0 and math.isfinite(v)):
+                raise ValueError(f"{name} must be finite and > 0, got {v}")
+        max_participations(self.rounds, self.min_separation, self.participations)  # validates the integers
+        if self.band is not None and (int(self.band) != self.band or self.band < 1):
+            raise ValueError(f"band must be a positive integer, got {self.band}")
+        if int(self.blt_buffers) != self.blt_buffers or self.blt_buffers < 1:
+            raise ValueError(f"blt_buffers must be a positive integer, got {self.blt_buffers}")
+        ClippedLocalUpdate(torch.zeros(1), self.clip, self.local_steps, self.local_lr, self.batch_size)
+
+    @property
+    def participations(self) -> int:
+        """k: the given maximum, or every round of the residue (ceil(T / b))."""
+        if self.max_participations is not None:
+            return self.max_participations
+        return -(-self.rounds // self.min_separation)
+
+    @property
+    def factor(self):
+        band = self.min_separation if self.band is None else self.band
+        return make_factorization(
+            self.factorization, self.rounds, band, self.blt_buffers, self.min_separation, self.participations
+        )
+
+    @property
+    def answer_bound(self) -> float:
+        """c: how far one user's answer in one round can move the round sum."""
+        return sum_sensitivity(self.clip, self.neighbouring)
+
+
+@dataclass
+class DPFTRLResult(AlgorithmResult):
+    w: torch.Tensor
+    rho_spent: float
+    rounds: int
+    sigma: float
+    history: list[dict] = field(default_factory=list)
+    details: dict = field(default_factory=dict)
+
+
+class DPFTRL:
+    """See the module docstring. ``rho``: the zCDP every user can still afford; ``seed``: the run's
+    public seed (cohorts)."""
+
+    name = "dp-ftrl"
+    # every release's number, order, label, typed charge and cohort follow from public values only (the
+    # config, n, the user ids, a public seed), never from the data or an earlier release: a plan made before
+    # the data is this run's, so `fedkl run` prepays it (fedkl.runner, PREPAID_NOTE)
+    plan_is_public = True
+    guarantee = Guarantee("zcdp", "parallel")
+
+    def __init__(self, config: DPFTRLConfig, rho: float, seed: int = 0) -> None:
+        if not (rho > 0 and math.isfinite(rho)):
+            raise ValueError(f"rho must be finite and > 0, got {rho}")
+        self.config = config
+        self.rho = float(rho)
+        self.seed = int(seed)
+        cfg = config
+        # per unit of c, for j = 1..K participations (exact; refused here if too costly, before any data)
+        self.sensitivity_squares = cfg.factor.sensitivity_squares(cfg.min_separation, cfg.participations)
+        self.sensitivity = cfg.answer_bound * math.sqrt(self.sensitivity_squares[-1])
+        self.noise_std = self.sensitivity / math.sqrt(2.0 * self.rho)
+
+    def charge(self, j: int) -> GaussianCharge:
+        """What a user's j-th participation costs (module docstring)."""
+        sq = self.sensitivity_squares
+        increment = sq[j - 1] - (sq[j - 2] if j > 1 else 0.0)
+        sens = self.config.answer_bound * math.sqrt(increment)
+        return GaussianCharge(sens**2 / (2.0 * self.noise_std**2), sens)
+
+    def run(
+        self,
+        federation: Federation,
+        releaser: Releaser,
+        w0: torch.Tensor,
+        progress: Callable[[dict], None] | None = None,
+    ) -> DPFTRLResult:
+        cfg = self.config
+        n = federation.num_users
+        ids = federation.ids_of(list(range(n)))
+        scheduler = ParticipationScheduler(ids, cfg.rounds, cfg.min_separation, cfg.participations, self.seed)
+        factor = cfg.factor
+        noise = factor.noise()
+        denominator = n / cfg.min_separation
+        w = w0.clone()
+        prefix = torch.zeros_like(w)
+        log = RoundLog(cfg.rounds, progress)
+        for t in range(cfg.rounds):
+            start = time.perf_counter()
+            users = scheduler.admit(t, scheduler.planned(t))
+            index = {scheduler.count[u] for u in users}
+            if len(index) != 1:  # every cohort's users are at the same participation (the scheduler's plan)
+                raise RuntimeError(f"round {t}: the cohort is not at one participation index ({sorted(index)})")
+            j = index.pop()
+            answers = federation.compute(
+                ClippedLocalUpdate(w, cfg.clip, cfg.local_steps, cfg.local_lr, cfg.batch_size), users
+            )
+            rows, _ = clip_rows(answers.values.to(w.dtype), cfg.clip)  # server-side re-clip
+            prefix = prefix + rows.sum(0)
+            if not torch.isfinite(prefix).all():
+                raise ValueError(f"{self.name}/round-{t}: refusing to release a non-finite value (nothing was charged)")
+            exact = prefix.clone()
+            released = releaser.release(
+                self.charge(j),
+                lambda: exact + noise.step(releaser.noise.gaussian(tuple(exact.shape), self.noise_std)).to(exact.dtype),
+                user_ids=federation.ids_of(users),
+                label=f"{self.name}/round-{t}",
+                details={"round": t, "participation": j, "factorization": cfg.factorization},
+            )
+            w = w0 + cfg.server_lr * released / denominator
+            norm = float(released.norm()) / denominator
+            log.round(t + 1, start, len(answers.failed), noisy_prefix_norm=norm, asked=len(users))
+        return DPFTRLResult(
+            w=w,
+            rho_spent=self.rho,
+            rounds=cfg.rounds,
+            sigma=self.noise_std,
+            history=log.history,
+            details={
+                "factorization": cfg.factorization,
+                "band": factor.band if cfg.factorization == "banded" else None,
+                "blt_buffers": cfg.blt_buffers if cfg.factorization.startswith("blt") else None,
+                "blt_parameters": (
+                    {"omega": factor.omegas.tolist(), "theta": factor.decays.tolist()}
+                    if isinstance(factor, BufferedToeplitz)
+                    else None
+                ),
+                "min_separation": cfg.min_separation,
+                "max_participations": cfg.participations,
+                "sensitivity": self.sensitivity,
+                "sensitivity_by_participations": [cfg.answer_bound * math.sqrt(s) for s in self.sensitivity_squares],
+                "noise_std": self.noise_std,
+                "mu_gdp": self.sensitivity / self.noise_std,
+                "fixed_denominator": denominator,
+                "neighbouring": cfg.neighbouring,
+                "local_steps": cfg.local_steps,
+                "local_lr": cfg.local_lr,
+                "server_lr": cfg.server_lr,
+            },
+        )
+
+
+@dataclass(frozen=True)
+class DPFTRLParams(Rounds, StepSize, Clip, LocalUpdates):
+    factorization: str = param(
+        "tree",
+        "dp-ftrl: the correlated-noise factorization: binary tree (Kairouz et al. 2021), the banded "
+        "square-root Toeplitz factor, a BLT (buffered linear Toeplitz) approximation of the square-root factor, "
+        "or a BLT optimised for the participation pattern (blt-opt)",
+        "heuristic",
+        choices=FACTORIZATIONS,
+    )
+    band: int | None = param(
+        None, "dp-ftrl --factorization banded: band width (default --min-separation)", positive=True
+    )
+    blt_buffers: int = param(
+        4, "dp-ftrl --factorization blt|blt-opt: number of buffers m (noise memory)", positive=True
+    )
+    min_separation: int = param(
+        1, "dp-ftrl: minimum number of rounds b between two participations of one user", "heuristic", positive=True
+    )
+    max_participations: int | None = param(
+        None, "dp-ftrl: most participations k per user (default: as many as --rounds allow)", positive=True
+    )
+
+
+# the releases are the running prefix sums of ONE matrix mechanism (module docstring): a failed user's
+# update is a zero row of its round's sum x_t; each charge is an increment of the stream's sensitivity
+PREFIX_SUMS = (
+    Absence(
+        "zero",
+        "a failed, dropped or non-finite user's clipped update is the zero row of its round's sum x_t; the "
+        "denominator n/b is public",
+        measure="prefix-increment",
+    ),
+)
+
+
+@register("dp-ftrl", DPFTRLParams, step_size=4.0, absence=PREFIX_SUMS, noise_state=True)
+def build_dp_ftrl(params: DPFTRLParams, ctx: BuildContext) -> DPFTRL:
+    """DP-FTRL: correlated (tree or banded) noise on prefix sums of clipped local updates, b-min-sep cohorts (zCDP).
+
+    ``local_lr`` None: the run's ``lr``. The budget: the zCDP every user can still afford."""
+    config = DPFTRLConfig(
+        rounds=params.rounds,
+        clip=params.clip,
+        factorization=params.factorization,
+        band=params.band,
+        blt_buffers=params.blt_buffers,
+        min_separation=params.min_separation,
+        max_participations=params.max_participations,
+        local_steps=params.local_steps,
+        local_lr=params.lr if params.local_lr is None else params.local_lr,
+        batch_size=params.batch_size,
+        server_lr=params.server_lr,
+        neighbouring=ctx.neighbouring,
+    )
+    ParticipationScheduler.check(ctx.num_users, config.rounds, config.min_separation, config.participations)
+    return DPFTRL(config, ctx.rho_left, ctx.seed)
