@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from fedkl.algorithms.output_perturbation.del_output_pert import DelOutputPertConfig
+from fedkl.algorithms.output_perturbation.del_output_pert import DeletionRelease
 from fedkl.experiments.report import load_function
 
 # the log-log fit of the slopes study's report (loaded by path, as fedkl report loads both)
@@ -68,8 +68,8 @@ def phased_erm_users_needed(eps: float, delta: float, nm: int) -> dict:
     return {
         "nm": nm,
         "phases": T,
-        "kappa_per_phase": DelOutputPertConfig(eps / T, delta / T, 1.0).kappa,
-        "users_needed": 8 * DelOutputPertConfig(eps / T, delta / T, 1.0).kappa,
+        "kappa_per_phase": DeletionRelease(eps / T, delta / T, 1.0).kappa,
+        "users_needed": 8 * DeletionRelease(eps / T, delta / T, 1.0).kappa,
     }
 
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 from test_diameter_output_pert import DELTA, EPS, LAM, M, N, _federation, _hockey_stick
 
-from fedkl.algorithms.output_perturbation.diameter_output_pert import DiameterTestConfig, SelectedDeltaSCOutputPert
+from fedkl.algorithms.output_perturbation.diameter_output_pert import DiameterTest, SelectedDeltaSCOutputPert
 from fedkl.algorithms.output_perturbation.sc_output_pert import SCOutputPertConfig
 from fedkl.privacy import Budget, NoiseSource, PrivacyLedger, Releaser
 from fedkl.privacy.mechanisms import TruncatedDiscreteLaplace
@@ -99,9 +99,7 @@ def _selected(prob, ds, Delta, test):
         extra_reg=LAM,
         calibration="tight",
     )
-    return SelectedDeltaSCOutputPert(
-        cfg, DiameterTestConfig(test=test), select_fraction=0.25, grid_ratio=2.0, grid_size=6
-    )
+    return SelectedDeltaSCOutputPert(cfg, DiameterTest(test=test), select_fraction=0.25, grid_ratio=2.0, grid_size=6)
 
 
 def _release_law(plan, dop):
@@ -262,7 +260,7 @@ def test_chosen_delta_tracks_the_diameter_floor_on_iid_users_and_beats_the_old_l
     cfg = SCOutputPertConfig.for_problem(
         prob, ds.feature_bound, center, eps=EPS, delta=DELTA, Delta=4.0, extra_reg=0.1, calibration="profile"
     )
-    mech = SelectedDeltaSCOutputPert(cfg, DiameterTestConfig(test="matching"), users=N)
+    mech = SelectedDeltaSCOutputPert(cfg, DiameterTest(test="matching"), users=N)
     first = mech.candidates[0]
     assert first.condition == pytest.approx(3.5) and len(mech.grid) == 11
     law, scores, (V, err, _) = _selection_law(mech, fed, center)
@@ -283,7 +281,7 @@ def test_chosen_delta_tracks_the_diameter_floor_on_iid_users_and_beats_the_old_l
         return c * c / k
 
     monkeypatch.setattr(dop_module, "jump_factor", old_factor)
-    old = SelectedDeltaSCOutputPert(cfg, DiameterTestConfig(test="matching"), 0.25, 2.0, 12, users=N)
+    old = SelectedDeltaSCOutputPert(cfg, DiameterTest(test="matching"), 0.25, 2.0, 12, users=N)
     law_o, scores_o, _ = _selection_law(old, fed, center)
     grid_o = np.array(old.grid)
     capped_o = np.array([s > 2 * old.candidates[0].kappa for s in scores_o])

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from fedkl.algorithms.output_perturbation.del_output_pert import DelOutputPertConfig
+from fedkl.algorithms.output_perturbation.del_output_pert import DeletionRelease
 from fedkl.algorithms.output_perturbation.delta_share import (
     SHARES,
     expected_overshoot,
@@ -77,7 +77,7 @@ def test_release_share_with_the_real_calibrations():
     for eps in (1.0, 8.0):
         f = release_share(eps, delta, "tight", "matching")
         assert 0.3 <= f <= 0.45
-        exact = {g: DelOutputPertConfig(eps * (1 - g), delta, 1.0, "tight", score="matching") for g in (f, 0.25)}
+        exact = {g: DeletionRelease(eps * (1 - g), delta, 1.0, "tight", score="matching") for g in (f, 0.25)}
         cost = {g: d.sigma * expected_overshoot(g * eps, d.kappa, 2.0, 12, 6) for g, d in exact.items()}
         assert cost[f] < cost[0.25]
 

@@ -20,10 +20,10 @@ from scipy import stats
 # the thread fixture (autouse) and the stand-in ledger of the output-perturbation tests
 from test_output_pert import _CountingLedger, _one_thread  # noqa: E402,F401
 
-from fedkl.algorithms.output_perturbation.del_output_pert import DelOutputPert, DelOutputPertConfig
+from fedkl.algorithms.output_perturbation.del_output_pert import DeletionRelease, DelOutputPert
 from fedkl.algorithms.output_perturbation.diameter_output_pert import (
     DiameterSCOutputPert,
-    DiameterTestConfig,
+    DiameterTest,
     jump_factor,
     resolve_test,
 )
@@ -123,7 +123,7 @@ def test_matching_refuses_bad_edges():
 @pytest.mark.parametrize("calibration", ["paper", "tight"])
 def test_matching_score_sensitivity_depth_and_sigma(calibration):
     for eps, delta in ((1.0, 1e-6), (2.0, 1e-3), (8.0, 0.1)):
-        c = DelOutputPertConfig(eps, delta, 0.5, calibration, score="matching")
+        c = DeletionRelease(eps, delta, 0.5, calibration, score="matching")
         k = c.kappa
         assert c.depth == 8 * k and c.sensitivity == pytest.approx((8 * k + 2) * 0.5)
         # the output step is (eps_bar, delta_bar)-DP by the exact analytic-Gaussian characterisation
@@ -133,7 +133,7 @@ def test_matching_score_sensitivity_depth_and_sigma(calibration):
         else:  # analytic: tight at (eps_bar, delta_bar)
             assert c.gaussian.epsilon(c.delta_bar) == pytest.approx(c.eps_bar, rel=1e-3)
     with pytest.raises(ValueError):
-        DelOutputPertConfig(1.0, 1e-6, 0.5, score="greedy")
+        DeletionRelease(1.0, 1e-6, 0.5, score="greedy")
 
 
 def test_auto_picks_the_exact_cover_while_its_work_bound_fits():
@@ -262,7 +262,7 @@ def _mechanism(prob, ds, Delta, test="matching", calibration="tight", eps=EPS, d
         extra_reg=LAM,
         calibration=calibration,
     )
-    return DiameterSCOutputPert(cfg, DiameterTestConfig(test=test))
+    return DiameterSCOutputPert(cfg, DiameterTest(test=test))
 
 
 def _hockey_stick(p_bot, a, mu1, q_bot, b, mu2, sigma, eps):
@@ -434,8 +434,8 @@ def test_inner_release_chooses_exact_up_to_20_users_and_the_diameter_test_above(
     inner = SCInnerRelease(prob, ds.feature_bound, calibration="tight")
     assert inner.kind(20, EPS, DELTA) == "exact" and inner.kind(40, EPS, DELTA) == "vertex-cover"
     assert inner.kind(40, 0.5, 1e-6) == "matching"
-    assert inner.noise_ratio(40, EPS, DELTA) == DelOutputPertConfig(EPS, DELTA, 1.0, "tight").sigma
-    assert inner.noise_ratio(40, 0.5, 1e-6) == DelOutputPertConfig(0.5, 1e-6, 1.0, "tight", score="matching").sigma
+    assert inner.noise_ratio(40, EPS, DELTA) == DeletionRelease(EPS, DELTA, 1.0, "tight").sigma
+    assert inner.noise_ratio(40, 0.5, 1e-6) == DeletionRelease(0.5, 1e-6, 1.0, "tight", score="matching").sigma
     with pytest.raises(ValueError, match="max_exact_users"):
         SCInnerRelease(prob, ds.feature_bound, test="exact").check(40, EPS, DELTA)
     fed = InProcessFederation(prob, ds)
@@ -463,7 +463,7 @@ def test_iid_users_pass_the_diameter_test_at_delta_uc():
     Delta = delta_union_bound(2.0, lam, n, m_min, probe.dop.kappa, 1 / (n * m))
     for test in ("vertex-cover", "matching"):
         cfg = SCOutputPertConfig.for_problem(prob, 1.0, center, eps=eps, delta=delta, Delta=Delta, extra_reg=lam)
-        plan, diag = DiameterSCOutputPert(cfg, DiameterTestConfig(test=test)).plan(fed, center)
+        plan, diag = DiameterSCOutputPert(cfg, DiameterTest(test=test)).plan(fed, center)
         assert diag["conflict_edges"] == 0 and plan.dist == 0 and plan.deleted == ()
 
 
@@ -543,7 +543,7 @@ def test_the_matching_score_is_capped_at_its_own_releases_kappa():
         prob, ds.feature_bound, torch.zeros(d, dtype=torch.float64), eps=eps, delta=delta, Delta=1.0,
         extra_reg=LAM, calibration="profile",
     )  # fmt: skip
-    mech = DiameterSCOutputPert(cfg, DiameterTestConfig(test="matching"))
+    mech = DiameterSCOutputPert(cfg, DiameterTest(test="matching"))
     assert mech.dop(n).score == "matching" and (mech.release_kappa(n), mech.kappa) == (3, 4)
     assert mech.dop(n).deletion_budget.pmf().shape[0] == 2 * 3 + 1  # R1 in {0, ..., 6}
     # 7 disjoint conflicting pairs (a_i, b_i) = (+-0.6 rho e_i) around a cluster at 0: nu = 7, every other

@@ -18,7 +18,7 @@ from test_output_pert import _one_thread  # noqa: F401  (autouse: one torch thre
 
 from fedkl.algorithms.output_perturbation.diameter_output_pert import (
     DiameterSCOutputPert,
-    DiameterTestConfig,
+    DiameterTest,
     SelectedDeltaSCOutputPert,
 )
 from fedkl.algorithms.output_perturbation.sc_output_pert import SCOutputPert, SCOutputPertConfig
@@ -85,8 +85,8 @@ def _mechanism(kind: str, prob, ds, n: int):
     if kind == "exact":
         return SCOutputPert(cfg)
     if kind == "sparse-vector":
-        return SelectedDeltaSCOutputPert(cfg, DiameterTestConfig(test="matching"), 0.25)
-    return DiameterSCOutputPert(cfg, DiameterTestConfig(test=kind))
+        return SelectedDeltaSCOutputPert(cfg, DiameterTest(test="matching"), 0.25)
+    return DiameterSCOutputPert(cfg, DiameterTest(test=kind))
 
 
 def _kept_value(kind, fed, prob, ds, n, center, path):

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_output_pert import _one_thread  # noqa: F401  (autouse: one torch thread)
 
-from fedkl.algorithms.output_perturbation.diameter_output_pert import DiameterSCOutputPert, DiameterTestConfig
+from fedkl.algorithms.output_perturbation.diameter_output_pert import DiameterSCOutputPert, DiameterTest
 from fedkl.algorithms.output_perturbation.interpolation import answer_scale, interpolable, pairwise_interpolable
 from fedkl.algorithms.output_perturbation.sc_output_pert import SCOutputPertConfig
 from fedkl.data.synthetic import synthetic_least_squares, synthetic_logistic
@@ -129,7 +129,7 @@ def test_a_client_mimicking_a_typical_user_at_its_own_point_is_caught():
     cfg = SCOutputPertConfig.for_problem(
         prob, ds.feature_bound, center, eps=8.0, delta=0.1, Delta=0.05, extra_reg=1.0, calibration="tight"
     )
-    mech = DiameterSCOutputPert(cfg, DiameterTestConfig(test="vertex-cover"))
+    mech = DiameterSCOutputPert(cfg, DiameterTest(test="vertex-cover"))
     honest, diag = mech.plan(fed, center)
     assert LIAR in honest.deleted and diag["interpolation_failed"] == []  # honest: never flagged
     caught, diag = mech.plan(Mimic(fed), center)
@@ -150,7 +150,7 @@ def test_an_out_of_class_answer_in_the_solve_is_caught():
     cfg = SCOutputPertConfig.for_problem(
         prob, ds.feature_bound, center, eps=8.0, delta=0.3, Delta=0.5, extra_reg=0.5, calibration="tight"
     )
-    mech = DiameterSCOutputPert(cfg, DiameterTestConfig(test="vertex-cover"))
+    mech = DiameterSCOutputPert(cfg, DiameterTest(test="vertex-cover"))
 
     class Steep(Federation):
         user_ids = property(lambda self: fed.user_ids)

@@ -14,8 +14,8 @@ from release_spies import charge_record
 from scipy import stats
 
 from fedkl.algorithms.output_perturbation.del_output_pert import (
+    DeletionRelease,
     DelOutputPert,
-    DelOutputPertConfig,
     exact_stability,
     masks_tensor,
     mean_of_user_vectors,
@@ -64,17 +64,17 @@ def _outlier_values(n, outliers, seed=0):
 
 # --- constants --------------------------------------------------------------------------------
 def test_constants_follow_algorithm_1_and_the_note_table():
-    cfg = DelOutputPertConfig(eps=1.0, delta=1e-6, Delta=1.0)
+    cfg = DeletionRelease(eps=1.0, delta=1e-6, Delta=1.0)
     assert cfg.eps_bar == 0.5 and cfg.delta_bar == pytest.approx(1e-6 / (math.exp(0.5) + 2))
     assert cfg.kappa == 1 + math.ceil(math.log(1 / cfg.delta_bar) / 0.5) == 32  # note §4 table
     assert cfg.sensitivity == 8 * 32
     assert cfg.sigma == pytest.approx(2 * math.sqrt(math.log(2 / cfg.delta_bar)) * 8 * 32 / 0.5)
     assert cfg.sigma == pytest.approx(4071, rel=1e-3)
-    tight = DelOutputPertConfig(eps=1.0, delta=1e-6, Delta=1.0, calibration="tight")
+    tight = DeletionRelease(eps=1.0, delta=1e-6, Delta=1.0, calibration="tight")
     assert tight.sensitivity == 4 * 32 + 1 and tight.sigma == pytest.approx(1109, rel=2e-3)
     # the paper's sigma gives the output step (eps_bar, delta_bar) by the exact analytic Gaussian
     for eps in (0.5, 1, 4, 8):
-        c = DelOutputPertConfig(eps=eps, delta=1e-5, Delta=0.1)
+        c = DeletionRelease(eps=eps, delta=1e-5, Delta=0.1)
         assert c.gaussian.epsilon(c.delta_bar) <= c.eps_bar and c.kappa >= 3
 
 
@@ -86,7 +86,7 @@ def test_exact_stability_matches_brute_force_definition():
         v = torch.tensor(rng.normal(0, 0.1, (n, 2)))
         v[rng.integers(0, n, 2)] += 3.0
         f = mean_of_user_vectors(v)
-        cfg = DelOutputPertConfig(8, 0.1, float(rng.choice([0.05, 0.2, 0.5, 1.0, 2.0])))
+        cfg = DeletionRelease(8, 0.1, float(rng.choice([0.05, 0.2, 0.5, 1.0, 2.0])))
 
         def F(y):
             m = torch.zeros(1, n, dtype=torch.bool)
@@ -122,13 +122,13 @@ def test_exact_test_refuses_large_n_before_reading_data():
         return torch.zeros(masks.shape[0], 1)
 
     with pytest.raises(ValueError, match="max_exact_users"):
-        exact_stability(f, 21, DelOutputPertConfig(8, 0.1, 0.3))
+        exact_stability(f, 21, DeletionRelease(8, 0.1, 0.3))
     assert not called
 
 
 # --- privacy of the test: ⊥ frequencies on neighbours -----------------------------------------
 def test_bottom_frequencies_on_neighbours_respect_eps_delta():
-    cfg = DelOutputPertConfig(eps=4.0, delta=0.2, Delta=0.3)  # kappa = 3, visible TDLap tails
+    cfg = DeletionRelease(eps=4.0, delta=0.2, Delta=0.3)  # kappa = 3, visible TDLap tails
     n, N = 16, 20000
     pmf = cfg.deletion_budget.pmf()
     datasets = {k: _outlier_values(n, k) for k in (2, 3, 4)}
@@ -185,7 +185,7 @@ def test_exact_privacy_profile_on_neighbouring_datasets(calibration):
     """Audit (note §7 T2): the exact hockey-stick divergence of the whole output law (⊥ atom +
     Gaussian) is <= delta at eps, both directions, for neighbours that change the deletion count,
     that swap a typical user, and at the edge where nothing is stable any more."""
-    cfg = DelOutputPertConfig(eps=4.0, delta=0.2, Delta=0.3, calibration=calibration)
+    cfg = DeletionRelease(eps=4.0, delta=0.2, Delta=0.3, calibration=calibration)
     n = 16
     base = _outlier_values(n, 0, seed=5)
     datasets = {}
@@ -210,7 +210,7 @@ def test_exact_privacy_profile_on_neighbouring_datasets(calibration):
 
 
 def test_nothing_stable_gives_bottom_every_time_and_is_charged():
-    cfg = DelOutputPertConfig(eps=8.0, delta=0.1, Delta=0.3)  # kappa = 3: at most 6 deletions
+    cfg = DeletionRelease(eps=8.0, delta=0.1, Delta=0.3)  # kappa = 3: at most 6 deletions
     n = 14
     plan = exact_stability(mean_of_user_vectors(_outlier_values(n, 7)), n, cfg)
     assert plan.dist is None
@@ -224,7 +224,7 @@ def test_nothing_stable_gives_bottom_every_time_and_is_charged():
 @pytest.mark.parametrize("calibration", ["paper", "tight", "profile"])
 @pytest.mark.statistical
 def test_noise_std_matches_sigma(calibration):
-    cfg = DelOutputPertConfig(eps=8.0, delta=0.1, Delta=0.05, calibration=calibration)
+    cfg = DeletionRelease(eps=8.0, delta=0.1, Delta=0.05, calibration=calibration)
     n, d, draws = 14, 40, 300
     v = torch.tensor(np.random.default_rng(2).uniform(-0.01, 0.01, (n, d)))
     plan = exact_stability(mean_of_user_vectors(v), n, cfg)
@@ -258,7 +258,7 @@ def test_ledger_charged_before_release_and_exhausted_budget_refused(tmp_path):
         return charge(*a, **k)
 
     ledger.charge = spy_charge
-    cfg = DelOutputPertConfig(eps=0.6, delta=6e-4, Delta=1.0)
+    cfg = DeletionRelease(eps=0.6, delta=6e-4, Delta=1.0)
     f = mean_of_user_vectors(torch.tensor(np.random.default_rng(3).uniform(-0.01, 0.01, (n, 3))))
     # a zCDP filter cannot account an (eps, delta) release: refused, nothing charged
     with pytest.raises(ValueError, match="zCDP filter"):
@@ -463,8 +463,8 @@ def test_profile_calibration_is_the_smallest_noise_its_theorem_allows(eps, delta
     budget = p.deletion_budget
     assert worst_case_divergence(eps, p.sigma_over_Delta, budget, score) <= delta
     assert worst_case_divergence(eps, 0.99 * p.sigma_over_Delta, budget, score) > delta
-    prof = DelOutputPertConfig(eps, delta, 1.0, "profile", score=score)
-    tight = DelOutputPertConfig(eps, delta, 1.0, "tight", score=score)
+    prof = DeletionRelease(eps, delta, 1.0, "profile", score=score)
+    tight = DeletionRelease(eps, delta, 1.0, "tight", score=score)
     assert prof.sigma == p.sigma_over_Delta and prof.kappa == p.kappa <= tight.kappa
     assert prof.sigma < 0.6 * tight.sigma
 

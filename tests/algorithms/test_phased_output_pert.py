@@ -24,7 +24,7 @@ import pytest
 import torch
 from release_spies import charge_record
 
-from fedkl.algorithms.output_perturbation.del_output_pert import DelOutputPertConfig
+from fedkl.algorithms.output_perturbation.del_output_pert import DeletionRelease
 from fedkl.algorithms.output_perturbation.mean_type_inner import MeanTypeInner, gaussian_users_rule
 from fedkl.algorithms.output_perturbation.p002 import PhasedParams
 from fedkl.algorithms.output_perturbation.phased_common import (
@@ -110,7 +110,7 @@ def test_phased_erm_schedule_matches_the_formulas():
     plan = alg.plan(n, _zeros())
     T = math.ceil(math.log(n * m))
     assert plan.phases == T == 14
-    dop = DelOutputPertConfig(eps / T, delta / T, 1.0, "paper")
+    dop = DeletionRelease(eps / T, delta / T, 1.0, "paper")
     k, ratio, G = dop.kappa, dop.sigma, st.lipschitz
     beta_i = 1.0 / (n * m) / T
     c = ratio * _delta_uc(2 * G, 1.0, n, m, k, beta_i) * n * math.sqrt(m) / (2 * G)
@@ -141,7 +141,7 @@ def test_phased_sco_schedule_cohorts_and_lambda():
     ids = tuple(f"user:{u}" for u in range(n))
     alg = PhasedSCO(PhasedConfig(eps=eps, delta=delta, records=m, seed=seed), prob, X, setting=st)
     plan = alg.plan(n, _zeros(), user_ids=ids)
-    k = DelOutputPertConfig(eps, delta, 1.0).kappa
+    k = DeletionRelease(eps, delta, 1.0).kappa
     n0 = 8 * k
     T = math.floor(math.log2(n / n0))
     assert (k, n0, T, plan.phases) == (5, 40, 6, 6)
@@ -161,7 +161,7 @@ def test_phased_sco_schedule_cohorts_and_lambda():
     ]
     # lambda_SCO (pitfall 6) with c = max over cohorts; Delta_i = Delta_uc(2G, 1 + lam_i, n_i, m, kappa, beta/T)
     G, beta_i = st.lipschitz, 1.0 / (n * m) / T
-    ratio = DelOutputPertConfig(eps, delta, 1.0).sigma
+    ratio = DeletionRelease(eps, delta, 1.0).sigma
     c = ratio * max(_delta_uc(2 * G, 1.0, len(ch), m, k, beta_i) * len(ch) * math.sqrt(m) / (2 * G) for ch in cohorts)
     lam = (G / RADIUS) * math.sqrt((8 + 4 * (T - 1) * D * c * c / n) / (n * m))
     assert plan.lam == pytest.approx(lam, rel=1e-12) == lam_sco(c, G, RADIUS, D, n, m, T)
@@ -180,7 +180,7 @@ def test_strongly_convex_localisation_schedule(cls):
         n, _zeros(), tuple(f"user:{u}" for u in range(n))
     )
     beta = 1.0 / (2 * n * n * m)
-    dop = DelOutputPertConfig(eps / 2, delta / 2, 1.0)
+    dop = DeletionRelease(eps / 2, delta / 2, 1.0)
     G, mu = st.lipschitz, 1.0
     Delta0 = _delta_uc(G, mu, n, m, dop.kappa, beta)
     sigma0 = dop.sigma * Delta0
@@ -467,7 +467,7 @@ def test_mean_type_inner_is_fedkl_mean_output_pert_with_the_phase_minimizers():
     fed = MeanFederation(means)
     center = torch.tensor([0.5, 0.0, 0.0, 0.1], dtype=torch.float64)
     Delta = 0.02
-    k = DelOutputPertConfig(eps, delta, 1.0).kappa
+    k = DeletionRelease(eps, delta, 1.0).kappa
     V = (means + lam * center) / (1 + lam)
     for seed in range(6):
         mine = MeanTypeInner(calibration="tight")(

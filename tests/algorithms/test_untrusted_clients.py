@@ -19,7 +19,7 @@ import torch
 from test_diameter_output_pert import _hockey_stick
 from test_output_pert import _one_thread  # noqa: F401  (autouse: one torch thread)
 
-from fedkl.algorithms.output_perturbation.diameter_output_pert import DiameterSCOutputPert, DiameterTestConfig
+from fedkl.algorithms.output_perturbation.diameter_output_pert import DiameterSCOutputPert, DiameterTest
 from fedkl.algorithms.output_perturbation.sc_output_pert import SCOutputPert, SCOutputPertConfig
 from fedkl.data import load_dataset
 from fedkl.data.synthetic import synthetic_least_squares
@@ -124,7 +124,7 @@ def _audit(cls, n: int, test: str, Delta: float):
     cfg = SCOutputPertConfig.for_problem(
         prob, ds.feature_bound, center, eps=EPS, delta=DELTA, Delta=Delta, extra_reg=LAM, calibration="tight"
     )
-    mech = cls(cfg, DiameterTestConfig(test=test))
+    mech = cls(cfg, DiameterTest(test=test))
     dop = mech.dop(n)
     px, _ = mech.plan(fx, center)
     py, _ = mech.plan(fy, center)

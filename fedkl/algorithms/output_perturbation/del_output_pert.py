@@ -91,7 +91,7 @@ _CHUNK = 4096
 
 def deletion_depth(score: str, kappa: int) -> int:
     """How deep the proof's deletion chains go: 4 kappa for the exact score (paper's Algorithm 1),
-    8 kappa for the matching score (see :class:`DelOutputPertConfig`); ``score`` may also be a pairwise
+    8 kappa for the matching score (see :class:`DeletionRelease`); ``score`` may also be a pairwise
     test's name ("vertex-cover" is exact)."""
     return (8 if score == "matching" else 4) * kappa
 
@@ -120,7 +120,7 @@ class DeletionBudget:
 
 
 @dataclass(frozen=True)
-class DelOutputPertConfig(DeletionBudget):
+class DeletionRelease(DeletionBudget):
     """Public parameters of one DelOutputPert release (none may depend on the data).
 
     Args:
@@ -317,7 +317,7 @@ def mean_of_user_vectors(vectors: torch.Tensor, empty: torch.Tensor | None = Non
     return f
 
 
-def exact_stability(f: SubsetFunction, n: int, config: DelOutputPertConfig) -> StabilityPlan:
+def exact_stability(f: SubsetFunction, n: int, config: DeletionRelease) -> StabilityPlan:
     """The exact test of Algorithm 1 by enumeration (reference implementation; n <= max_exact_users).
 
     Computes ``A(y) = Dbar_{4 kappa - k(y)} f(y)`` for every y = x_{-S} with k(y) = |S| deletions by
@@ -384,7 +384,7 @@ StablePredicate = Callable[[torch.Tensor], torch.Tensor]
 
 
 def exact_stability_predicate(
-    f: SubsetFunction, stable: StablePredicate, n: int, config: DelOutputPertConfig
+    f: SubsetFunction, stable: StablePredicate, n: int, config: DeletionRelease
 ) -> StabilityPlan:
     """Algorithm 1 with a user-supplied stability predicate, by enumeration (reference; n <= max_exact_users).
 
@@ -394,7 +394,7 @@ def exact_stability_predicate(
     * (H) heredity: ``P(y, b) => P(y - i, b - 1)`` for every user i of y (gives Obs 3.5,
       ``dist(x) <= dist(x') + 1``: delete the replaced user too);
     * (S) soundness: ``P(y, b) => Dbar_b f(y) <= Delta`` (gives the chain bound of the output step,
-      hence the same sensitivity and sigma as :class:`DelOutputPertConfig`).
+      hence the same sensitivity and sigma as :class:`DeletionRelease`).
 
     Here ``stable(masks)`` must return, for every row y = x_{-S} of the ``(k, n)`` bool ``masks``,
     ``P(y, 4 kappa - |S|)`` (a ``(k,)`` bool tensor); it is the CALLER's job that this P has (H)
@@ -457,7 +457,7 @@ class DelOutputPert:
 
     name = "del-output-pert"
 
-    def __init__(self, config: DelOutputPertConfig) -> None:
+    def __init__(self, config: DeletionRelease) -> None:
         self.config = config
 
     def release(

@@ -43,7 +43,7 @@ from typing import Callable
 
 import numpy as np
 
-from fedkl.algorithms.output_perturbation.del_output_pert import DelOutputPertConfig
+from fedkl.algorithms.output_perturbation.del_output_pert import DeletionRelease
 from fedkl.privacy.sparse_vector import AboveThreshold
 
 SHARES = tuple(float(f) for f in np.round(np.arange(0.05, 0.801, 0.025), 3))
@@ -101,8 +101,8 @@ def release_shares(
     depends on the noise's slope in eps, nearly the same for both)."""
     score = "matching" if test == "matching" else "exact"
 
-    def dop(e: float) -> DelOutputPertConfig:
-        return DelOutputPertConfig(e, delta, 1.0, calibration, score=score)
+    def dop(e: float) -> DeletionRelease:
+        return DeletionRelease(e, delta, 1.0, calibration, score=score)
 
     return ranked_shares(eps, lambda e: dop(e).sigma, lambda e: dop(e).kappa, grid_ratio, grid_size)
 

@@ -60,7 +60,7 @@ PROVES ``||v_u - v_w|| <= rho``. An edge depends only on its two users, so repla
 only that user's edges. A kept set (the complement of a vertex cover) has diameter <= rho, and so
 does every subset of it.
 
-The test and the release: two scores, one proof pattern (DelOutputPertConfig)
+The test and the release: two scores, one proof pattern (DeletionRelease)
 -----------------------------------------------------------------------------
 ``depth`` is 4 kappa for the exact score and 8 kappa for the matching score. The threshold is the one
 public number ``rho = (Delta - 2 tau) / j(L/mu, n - depth)``. It needs n >= depth + 2, because
@@ -78,7 +78,7 @@ every deletion step then starts from >= 2 users, as the lemma requires. It also 
   ("paper") or (4 kappa + 1) Delta ("tight").
 * ``matching`` (polynomial at every kappa). The score is the maximum matching nu of the conflict
   graph, and the deletion set is a vertex cover with at most 2 nu users (:mod:`fedkl.algorithms.output_perturbation.matching`).
-  The proof is in :class:`~fedkl.algorithms.output_perturbation.del_output_pert.DelOutputPertConfig` ("The matching
+  The proof is in :class:`~fedkl.algorithms.output_perturbation.del_output_pert.DeletionRelease` ("The matching
   score"). It needs every deletion step of its chains, which start from kept sets and from sets of
   >= n - 8 kappa users, to move f~ by <= Delta. That is the lemma with k >= n - depth, plus 2 tau.
   Sensitivity is (8 kappa + 2) Delta, and it costs at most O(n^2 d) distances (blocked and pruned,
@@ -162,8 +162,8 @@ from typing import Callable
 import torch
 
 from fedkl.algorithms.output_perturbation.del_output_pert import (
+    DeletionRelease,
     DelOutputPert,
-    DelOutputPertConfig,
     DelOutputPertResult,
     StabilityPlan,
     check_release_start,
@@ -224,7 +224,7 @@ def jump_factor(condition: float, k: int) -> float:
 
 
 @dataclass(frozen=True)
-class DiameterTestConfig:
+class DiameterTest:
     """The diameter test's own public parameters (the release's are an :class:`SCOutputPertConfig`).
 
     Args:
@@ -257,9 +257,9 @@ class DiameterSCOutputPert:
     name = "sc-output-pert"
     guarantee = Guarantee("approx-dp", clients=IN_CLASS_CLIENTS, relations=PAPER_002_RELATIONS)
 
-    def __init__(self, config: SCOutputPertConfig, test: DiameterTestConfig | None = None) -> None:
+    def __init__(self, config: SCOutputPertConfig, test: DiameterTest | None = None) -> None:
         self.config = config
-        self.test = test or DiameterTestConfig()
+        self.test = test or DiameterTest()
         self.solver = SCOutputPert(config)  # f~: the fixed-iteration solver
 
     # --- public quantities (no data) ------------------------------------------------------------
@@ -271,7 +271,7 @@ class DiameterSCOutputPert:
         """kappa of the release's OWN deletion budget R1 ~ TDLap (support {0, ..., 2 kappa}) at n users: the
         cap of the score (issue 28 §2).
 
-        Why the cap must be this kappa. The analysed mechanism (DelOutputPertConfig, "The matching
+        Why the cap must be this kappa. The analysed mechanism (DeletionRelease, "The matching
         score", and the profile theorem of :mod:`fedkl.algorithms.output_perturbation.stability_profile`) outputs ⊥ iff
         score > R1. Deciding only whether the score exceeds 2 kappa_r (kappa_r: R1's) and reporting
         "above" (always ⊥) then is exactly that mechanism: a score above 2 kappa_r exceeds every R1.
@@ -289,10 +289,10 @@ class DiameterSCOutputPert:
         """ "vertex-cover" or "matching" at n users."""
         return resolve_test(self.test.test, n, self.kappa, self.test.max_vc_calls)
 
-    def dop(self, n: int) -> DelOutputPertConfig:
+    def dop(self, n: int) -> DeletionRelease:
         """The release's DelOutputPert parameters (R1 law, sensitivity, sigma) at n users."""
         cfg = self.config
-        return DelOutputPertConfig(
+        return DeletionRelease(
             cfg.eps,
             cfg.delta,
             cfg.Delta,
@@ -591,14 +591,14 @@ class SelectedDeltaSCOutputPert:
     def __init__(
         self,
         config: SCOutputPertConfig,
-        test: DiameterTestConfig | None = None,
+        test: DiameterTest | None = None,
         select_fraction: float | None = None,
         grid_ratio: float = GRID_RATIO,
         grid_size: int = GRID_SIZE,
         threshold: float | None = None,
         users: int | None = None,
     ) -> None:
-        test = test or DiameterTestConfig()
+        test = test or DiameterTest()
         if select_fraction is None:  # the public rule of fedkl/algorithms/output_perturbation/delta_share.py
 
             def accepts(f: float) -> bool:  # the release at eps (1 - f) runs at the public n = users
@@ -689,7 +689,7 @@ class SelectedDeltaSCOutputPert:
 
 __all__ = [
     "DiameterSCOutputPert",
-    "DiameterTestConfig",
+    "DiameterTest",
     "SelectedDeltaSCOutputPert",
     "TESTS",
     "jump_factor",

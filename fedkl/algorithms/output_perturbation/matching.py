@@ -5,7 +5,7 @@ With a pairwise stability predicate ("no two kept users conflict") that is the m
 of the conflict graph: NP-hard, and the exact FPT search of :mod:`fedkl.algorithms.output_perturbation.vertex_cover`
 has a worst case of ~1.38^{2 kappa} calls, infeasible at the kappa of Phased-ERM's phases. This
 module gives the polynomial-time replacement used by the ``matching`` score of
-:class:`fedkl.algorithms.output_perturbation.del_output_pert.DelOutputPertConfig`:
+:class:`fedkl.algorithms.output_perturbation.del_output_pert.DeletionRelease`:
 
 * the score is nu(G), the size of a MAXIMUM matching (Edmonds' blossom algorithm, networkx);
 * the deletion set is a vertex cover C of G with |C| <= 2 nu(G): the endpoints of a maximum matching

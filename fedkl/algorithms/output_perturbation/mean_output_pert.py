@@ -117,7 +117,7 @@ before any data is read (no time-out, no "certificate or ⊥": an inexact existe
 the analysed mechanism, note §6.2), unless ``test`` allows the matching score instead (``auto``,
 the default, switches to it exactly when the cover's bound exceeds the budget, a public decision).
 
-The matching score (``test="matching"``; proof in :class:`~fedkl.algorithms.output_perturbation.del_output_pert.DelOutputPertConfig`).
+The matching score (``test="matching"``; proof in :class:`~fedkl.algorithms.output_perturbation.del_output_pert.DeletionRelease`).
 The score is the maximum matching nu of the conflict graph (Edmonds' blossom algorithm: polynomial
 at every kappa), and the deletion set is a cover of at most 2 nu users (:mod:`fedkl.algorithms.output_perturbation.matching`).
 nu moves by <= 1 when one user is replaced, so the ⊥ step is unchanged. The proof's chains start
@@ -170,8 +170,8 @@ import torch
 from fedkl.algorithms.output_perturbation.conflict_graph import conflict_edges as blocked_conflict_edges
 from fedkl.algorithms.output_perturbation.del_output_pert import (
     DeletionBudget,
+    DeletionRelease,
     DelOutputPert,
-    DelOutputPertConfig,
     DelOutputPertResult,
     StabilityPlan,
     check_release_start,
@@ -211,9 +211,9 @@ LAM_RULES = ("fixed", "predicted-error")
 
 
 @functools.lru_cache(maxsize=256)
-def _dop(eps: float, delta: float, Delta: float, calibration: str, score: str = "exact") -> DelOutputPertConfig:
+def _dop(eps: float, delta: float, Delta: float, calibration: str, score: str = "exact") -> DeletionRelease:
     # cached: the analytic-Gaussian calibration is a root search (an immutable result)
-    return DelOutputPertConfig(eps, delta, Delta, calibration, score=score)
+    return DeletionRelease(eps, delta, Delta, calibration, score=score)
 
 
 def _positive(name: str, v: float) -> None:
@@ -289,7 +289,7 @@ class MeanOutputPertConfig(DeletionBudget):
 
     def depth(self, n: int) -> int:
         """4 kappa (vertex cover) or 8 kappa (matching): every deletion step of the proof starts from a
-        set of >= n - depth users (DelOutputPertConfig)."""
+        set of >= n - depth users (DeletionRelease)."""
         return deletion_depth(self.score(n), self.kappa)
 
     @property
@@ -314,7 +314,7 @@ class MeanOutputPertConfig(DeletionBudget):
         self.check(n)
         return self.rho / (n - self.depth(n) - 1)
 
-    def dop(self, n: int) -> DelOutputPertConfig:
+    def dop(self, n: int) -> DeletionRelease:
         """The Algorithm-1 parameters (noise, sensitivity, R1 law) of a release over n users."""
         return _dop(
             self.eps,

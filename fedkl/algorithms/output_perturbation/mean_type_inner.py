@@ -19,7 +19,7 @@ Privacy argument of :class:`MeanTypeInner`:
   users farther apart than rho), computed exactly by fedkl's
   :func:`~fedkl.algorithms.output_perturbation.vertex_cover.min_vertex_cover` (capped at 2 kappa: beyond it the output
   is ⊥ for every R1); the chosen set is its canonical minimum cover. Noise, sensitivity and kappa are
-  DelOutputPert's (:class:`~fedkl.algorithms.output_perturbation.del_output_pert.DelOutputPertConfig`); the release goes
+  DelOutputPert's (:class:`~fedkl.algorithms.output_perturbation.del_output_pert.DeletionRelease`); the release goes
   through :meth:`Releaser.stability_gaussian` (charge, then R1, then the output).
 
   This is fedkl's :mod:`~fedkl.algorithms.output_perturbation.mean_output_pert` mechanism (the note's §5(c)) with
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fedkl.algorithms.output_perturbation.del_output_pert import DelOutputPertConfig
+from fedkl.algorithms.output_perturbation.del_output_pert import DeletionRelease
 from fedkl.algorithms.output_perturbation.phased_common import InnerOutcome, PhaseCall
 from fedkl.algorithms.output_perturbation.vertex_cover import min_vertex_cover
 from fedkl.federation.base import Federation, GradientsAtPoints
@@ -67,18 +67,18 @@ def conflict_graph(v: torch.Tensor, rho: float) -> dict[int, set[int]]:
 
 
 @functools.lru_cache(maxsize=1024)
-def _unit_config(eps: float, delta: float, calibration: str) -> DelOutputPertConfig:
+def _unit_config(eps: float, delta: float, calibration: str) -> DeletionRelease:
     """DelOutputPert's constants at Delta = 1. kappa and the TDLap law do not depend on Delta; the
     sensitivity ((8 kappa or 4 kappa + 1) Delta) and sigma (the classic formula, or the analytic
     Gaussian, whose sigma/sensitivity depends only on (eps_bar, delta_bar)) are linear in Delta, so
     scaling these constants IS the calibration at Delta (computed once instead of per call)."""
-    return DelOutputPertConfig(eps, delta, 1.0, calibration, max_exact_users=1)
+    return DeletionRelease(eps, delta, 1.0, calibration, max_exact_users=1)
 
 
 @dataclass
 class MeanTypeInner:
     """Exact DelOutputPert for QuadraticMean over a MeanFederation view (module docstring).
-    ``base_mu`` = 1 + reg of the problem; ``calibration`` as DelOutputPertConfig."""
+    ``base_mu`` = 1 + reg of the problem; ``calibration`` as DeletionRelease."""
 
     base_mu: float = 1.0
     calibration: str = "paper"

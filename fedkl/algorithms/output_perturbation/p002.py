@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from fedkl.algorithms.output_perturbation.diameter_output_pert import (
     DiameterSCOutputPert,
-    DiameterTestConfig,
+    DiameterTest,
     SelectedDeltaSCOutputPert,
 )
 from fedkl.algorithms.output_perturbation.phased_common import (
@@ -224,7 +224,7 @@ def build_sc_output_pert(
                 "vertex-cover or matching"
             )
         test = "auto" if params.p002_test == "auto" else params.p002_test
-        alg = SelectedDeltaSCOutputPert(config, DiameterTestConfig(test=test), params.p002_select_fraction, users=n)
+        alg = SelectedDeltaSCOutputPert(config, DiameterTest(test=test), params.p002_select_fraction, users=n)
         alg.check(n)  # public refusal at build time
         return alg
     chooser = SCInnerRelease(problem, ctx.feature_bound, calibration=params.p002_calibration, test=params.p002_test)
@@ -232,7 +232,7 @@ def build_sc_output_pert(
     chooser.check(n, config.eps, config.delta)  # public refusal at build time
     if kind == "exact":
         return SCOutputPert(config)
-    return DiameterSCOutputPert(config, DiameterTestConfig(test=kind))
+    return DiameterSCOutputPert(config, DiameterTest(test=kind))
 
 
 __all__ = [

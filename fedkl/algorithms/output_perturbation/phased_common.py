@@ -70,11 +70,11 @@ from typing import Callable, Sequence, Union
 
 import torch
 
-from fedkl.algorithms.output_perturbation.del_output_pert import DelOutputPertConfig, deletion_depth
+from fedkl.algorithms.output_perturbation.del_output_pert import DeletionRelease, deletion_depth
 from fedkl.algorithms.output_perturbation.delta_share import release_share
 from fedkl.algorithms.output_perturbation.diameter_output_pert import (
     DiameterSCOutputPert,
-    DiameterTestConfig,
+    DiameterTest,
     SelectedDeltaSCOutputPert,
     resolve_test,
 )
@@ -153,14 +153,14 @@ class SCInnerRelease:
         use_certificate: bool = True,
         test: str = "auto",
         factory: Callable[[SCOutputPertConfig], object] = SCOutputPert,
-        diameter: DiameterTestConfig | None = None,
+        diameter: DiameterTest | None = None,
     ) -> None:
         if test not in INNER_TESTS:
             raise ValueError(f"test must be one of {INNER_TESTS}, got {test!r}")
         self.problem, self.feature_bound = problem, float(feature_bound)
         self.calibration, self.max_exact_users, self.use_certificate = calibration, max_exact_users, use_certificate
         self.test, self.factory = test, factory
-        self.diameter = diameter or DiameterTestConfig()
+        self.diameter = diameter or DiameterTest()
 
     def kind(self, n: int, eps: float, delta: float) -> str:
         """ "exact", "vertex-cover" or "matching" for a call over n users at (eps, delta)."""
@@ -169,11 +169,9 @@ class SCInnerRelease:
         sub = "auto" if self.test == "auto" else self.test
         return resolve_test(sub, n, kappa(eps, delta, self.calibration), self.diameter.max_vc_calls)
 
-    def dop(self, n: int, eps: float, delta: float, Delta: float = 1.0) -> DelOutputPertConfig:
+    def dop(self, n: int, eps: float, delta: float, Delta: float = 1.0) -> DeletionRelease:
         kind = self.kind(n, eps, delta)
-        return DelOutputPertConfig(
-            eps, delta, Delta, self.calibration, score="matching" if kind == "matching" else "exact"
-        )
+        return DeletionRelease(eps, delta, Delta, self.calibration, score="matching" if kind == "matching" else "exact")
 
     def noise_ratio(self, n: int, eps: float, delta: float) -> float:
         """sigma / Delta of the call (public)."""
@@ -367,14 +365,14 @@ def precheck_calls(inner: InnerRelease, calls: Sequence[tuple[int, float, float]
 def noise_ratio(eps: float, delta: float, calibration: str = "paper") -> float:
     """sigma / Delta of one DelOutputPert release at (eps, delta) (public; both calibrations are
     linear in Delta)."""
-    return DelOutputPertConfig(eps, delta, 1.0, calibration).sigma
+    return DeletionRelease(eps, delta, 1.0, calibration).sigma
 
 
 @functools.lru_cache(maxsize=1024)
 def kappa(eps: float, delta: float, calibration: str = "tight") -> int:
     """kappa of DelOutputPert at (eps, delta): the TDLap centre, 4 kappa = the test depth ("paper" and
     "tight" share it; the whole-release "profile" calibration chooses its own TDLap)."""
-    return DelOutputPertConfig(eps, delta, 1.0, calibration).kappa
+    return DeletionRelease(eps, delta, 1.0, calibration).kappa
 
 
 # --- cohorts -------------------------------------------------------------------------------------

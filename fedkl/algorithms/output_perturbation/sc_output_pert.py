@@ -90,8 +90,8 @@ import torch
 
 from fedkl.algorithms.output_perturbation.del_output_pert import (
     CALIBRATIONS,
+    DeletionRelease,
     DelOutputPert,
-    DelOutputPertConfig,
     DelOutputPertResult,
     StabilityPlan,
     exact_stability,
@@ -114,7 +114,7 @@ class SCOutputPertConfig:
     """Public parameters (none may depend on the data).
 
     Args:
-        eps, delta, Delta, calibration, max_exact_users: as :class:`DelOutputPertConfig`.
+        eps, delta, Delta, calibration, max_exact_users: as :class:`DeletionRelease`.
         strong_convexity: mu_f, strong convexity of every f_u (e.g. the problem's ``reg``).
         smoothness: beta_f, smoothness of every f_u.
         start_grad_bound: G0 >= max_u ||grad f_u(c)|| at the center c = w0.
@@ -165,8 +165,8 @@ class SCOutputPertConfig:
         return cls(strong_convexity=c.strong_convexity, smoothness=c.smoothness, start_grad_bound=c.lipschitz, **kw)
 
     @property
-    def dop(self) -> DelOutputPertConfig:
-        return DelOutputPertConfig(self.eps, self.delta, self.Delta, self.calibration, self.max_exact_users)
+    def dop(self) -> DeletionRelease:
+        return DeletionRelease(self.eps, self.delta, self.Delta, self.calibration, self.max_exact_users)
 
     @property
     def mu(self) -> float:
