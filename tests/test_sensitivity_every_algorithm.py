@@ -29,7 +29,7 @@ import torch
 from build_helpers import SMALL, small_config
 
 from fedkl.algorithms.catalog import REGISTRY
-from fedkl.algorithms.registry import AlgorithmResult, Clip, Rounds, register, unregister
+from fedkl.algorithms.registry import Algorithm, AlgorithmResult, Clip, Rounds, SmallAudit, register, unregister
 from fedkl.audit import whitebox as wb
 from fedkl.federation.base import ClippedGradient
 from fedkl.federation.clipping import clip_rows
@@ -139,13 +139,18 @@ class _ToyResult(AlgorithmResult):
     w: torch.Tensor | None
 
 
-class _HalfSensitivity:
+class _HalfSensitivity(Algorithm[_ToyParams]):
     """BROKEN: noisy sums of clipped gradients whose noise is calibrated for half the sensitivity."""
 
+    Params = _ToyParams
     guarantee = Guarantee("zcdp")
+    absence = ZERO_SUMS
+    small: dict = {}
+    audit = SmallAudit()
 
     def __init__(self, params, ctx):
-        self.params, self.rho, self.relation = params, ctx.rho_left, ctx.neighbouring
+        super().__init__(params, ctx)
+        self.rho, self.relation = ctx.rho_left, ctx.neighbouring
 
     def sensitivity(self) -> float:
         return sum_sensitivity(self.params.clip, self.relation) / 2
@@ -210,7 +215,7 @@ TOYS = {
 def toys():
     wrong = Absence("zero", "a failed user's zero row (the toy claims it enters as nothing)")
     for name, cls in TOYS.items():
-        register(name, _ToyParams, absence=(wrong,) if cls is _CountsFailed else ZERO_SUMS)(cls)
+        register(type(cls.__name__, (cls,), {"name": name, "absence": (wrong,) if cls is _CountsFailed else ZERO_SUMS}))
     yield
     for name in TOYS:
         unregister(name)

@@ -18,11 +18,13 @@ from build_helpers import SMALL  # tests/build_helpers.py
 from fedkl import cli
 from fedkl.algorithms.registry import (
     REGISTRY,
+    Algorithm,
     AlgorithmParams,
     AlgorithmResult,
     BuildContext,
     Clip,
     Rounds,
+    SmallAudit,
     hyperparameter_fields,
     param,
     register,
@@ -54,7 +56,34 @@ def test_every_hyperparameter_is_declared_once_with_help_and_a_flag():
         rounds: int = param(99, "a second definition of rounds")
 
     with pytest.raises(ValueError, match="already defined"):
-        register("redefines-rounds", Redefined, absence=ZERO_SUMS)
+        register(_declared("redefines-rounds", Redefined))
+    assert "redefines-rounds" not in REGISTRY
+
+
+def _declared(name, params, **overrides):
+    """An otherwise complete Algorithm subclass (declarations overridden by ``overrides``; None deletes one)."""
+    attrs = {"name": name, "Params": params, "guarantee": Guarantee("zcdp"), "absence": ZERO_SUMS, "small": {}}
+    attrs.update(audit=SmallAudit(), run=lambda self, federation, releaser, w0, progress=None: None)
+    attrs.update(overrides)
+    return type(name, (Algorithm,), {k: v for k, v in attrs.items() if v is not None})
+
+
+@pytest.mark.parametrize("missing", ["name", "Params", "guarantee", "absence", "small", "audit", "run"])
+def test_register_refuses_an_incomplete_algorithm_class_at_import(missing):
+    """@register reads the class's declarations and refuses, with one line naming it, a class that lacks one."""
+    with pytest.raises(TypeError, match=missing):
+        register(_declared("incomplete-alg", ToyParams, **{missing: None}))
+    assert "incomplete-alg" not in REGISTRY
+
+
+def test_register_refuses_small_settings_that_are_not_the_algorithms():
+    with pytest.raises(TypeError, match="not settings of ToyParams"):
+        register(_declared("bad-small", ToyParams, small={"toy_stepp": 0.1}))
+    with pytest.raises(TypeError, match="not settings of ToyParams"):
+        register(_declared("bad-audit", ToyParams, audit=SmallAudit(settings={"no_such": 1})))
+    with pytest.raises(TypeError, match="step_size"):  # a step size declared without an lr in Params
+        register(_declared("bad-lr", ToyParams, step_size=1.0))
+    assert not {"bad-small", "bad-audit", "bad-lr"} & set(REGISTRY)
 
 
 def test_params_check_types_choices_and_ranges():
@@ -142,14 +171,19 @@ class ToyParams(Rounds, Clip):
     toy_step: float = param(0.5, "toy-one-step: the step size of its single noisy gradient step", positive=True)
 
 
-class ToyOneStep:
+class ToyOneStep(Algorithm[ToyParams]):
     """One noisy clipped-gradient step from w0: one Gaussian release of sensitivity 2C (replace-one)."""
 
     name = "toy-one-step"
+    Params = ToyParams
     guarantee = Guarantee("zcdp")
+    absence = ZERO_SUMS
+    small: dict = {}
+    audit = SmallAudit()
 
-    def __init__(self, params: ToyParams, rho: float):
-        self.params, self.rho = params, rho
+    def __init__(self, params: ToyParams, ctx: BuildContext):
+        super().__init__(params, ctx)
+        self.rho = ctx.rho_left
 
     def run(self, federation, releaser, w0, progress=None):
         users = list(range(federation.num_users))
@@ -174,11 +208,7 @@ class ToyResult(AlgorithmResult):
 
 @pytest.fixture
 def toy_algorithm():
-    def build(params: ToyParams, ctx: BuildContext) -> ToyOneStep:
-        """One noisy gradient step (a test's toy algorithm)."""
-        return ToyOneStep(params, ctx.rho_left)
-
-    register("toy-one-step", ToyParams, absence=ZERO_SUMS)(build)
+    register(ToyOneStep)
     yield "toy-one-step"
     unregister("toy-one-step")
 
@@ -390,10 +420,10 @@ def test_register_requires_the_absence_declaration():
         pass
 
     with pytest.raises(TypeError, match="absence"):
-        register("no-absence", Undeclared)
+        register(_declared("no-absence", Undeclared, absence=None))
     partial = Absence("zero", "zero rows", relations=("add-remove",))
     with pytest.raises(TypeError, match="replace-one"):
-        register("partial-absence", Undeclared, absence=(partial,))
+        register(_declared("partial-absence", Undeclared, absence=(partial,)))
     assert "no-absence" not in REGISTRY and "partial-absence" not in REGISTRY
     for spec in REGISTRY.values():
         for relation in ("replace-one", "add-remove"):

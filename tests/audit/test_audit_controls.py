@@ -10,15 +10,14 @@ Confidence: every bound is one-sided at 95%, so a correct algorithm is flagged w
 most 5% per audit; the seeds are fixed, so each assertion is deterministic.
 """
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
 import pytest
 import torch
 
-from fedkl.algorithms.gradient.noisy_gd import NoisyGDParams, NoisyGradientDescent
-from fedkl.algorithms.registry import REGISTRY, AlgorithmResult, Clip, register, unregister
+from fedkl.algorithms.gradient.noisy_gd import NoisyGradientDescent
+from fedkl.algorithms.registry import Algorithm, AlgorithmResult, Clip, SmallAudit, register, unregister
 from fedkl.audit import many_run_audit, one_run_audit, one_shot_estimate
 from fedkl.federation.base import ClippedGradient
 from fedkl.privacy.charges import ApproxDPCharge
@@ -35,22 +34,32 @@ class _QuarterNoise(NoisyGradientDescent):
         self.sensitivity /= 4  # BROKEN: noise a quarter of what the relation needs
 
 
-def _quarter_noise(params, ctx):
-    return _QuarterNoise(params, ctx)
-
-
 @dataclass
 class _Result(AlgorithmResult):
     w: torch.Tensor | None
 
 
-class _CertifiedOrBottom:
+@dataclass(frozen=True)
+class _ClipOnly(Clip):
+    """the broken variants' one hyperparameter"""
+
+
+class _Broken(Algorithm):
+    Params = _ClipOnly
+    absence = ZERO_SUMS
+    small: dict = {}
+    audit = SmallAudit()
+
+
+class _CertifiedOrBottom(_Broken):
     """BROKEN: one gradient step; a deletion-stability test on the EXACT data (no noisy threshold)
     and, when it certifies, the exact step released without noise, else ⊥. Claims (eps, delta)."""
 
+    name = "broken-certificate-or-bottom"
     guarantee = Guarantee("approx-dp")
 
     def __init__(self, params, ctx):
+        super().__init__(params, ctx)
         self.clip, self.eps, self.delta = params.clip, *ctx.approx_budget()
 
     def run(self, federation, releaser, w0, progress=None):
@@ -65,14 +74,16 @@ class _CertifiedOrBottom:
         return _Result(w=w)
 
 
-class _RecordWeightedMean:
+class _RecordWeightedMean(_Broken):
     """BROKEN: a step along the users' clipped gradients weighted by their record counts and divided
     by the total number of records (a data-dependent denominator), with the Gaussian noise of the
     unweighted mean (sensitivity 2C/n under replace-one). Claims rho-zCDP."""
 
+    name = "broken-record-weighted-mean"
     guarantee = Guarantee("zcdp")
 
     def __init__(self, params, ctx):
+        super().__init__(params, ctx)
         self.clip, self.rho = params.clip, ctx.rho_left
 
     def run(self, federation, releaser, w0, progress=None):
@@ -86,26 +97,16 @@ class _RecordWeightedMean:
         return _Result(w=w0 - 10 * noisy)
 
 
-@dataclass(frozen=True)
-class _ClipOnly(Clip):
-    """the broken variants' one hyperparameter"""
-
-
-BROKEN = {
-    "broken-quarter-noise": (NoisyGDParams, _quarter_noise),
-    "broken-certificate-or-bottom": (_ClipOnly, _CertifiedOrBottom),
-    "broken-record-weighted-mean": (_ClipOnly, _RecordWeightedMean),
-}
+BROKEN = (_QuarterNoise, _CertifiedOrBottom, _RecordWeightedMean)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def broken_variants():
-    for name, (params, build) in BROKEN.items():
-        has_lr = any(f.name == "lr" for f in dataclasses.fields(params))
-        register(name, params, step_size=REGISTRY["noisy-gd"].step_size if has_lr else None, absence=ZERO_SUMS)(build)
+    for cls in BROKEN:
+        register(cls)
     yield
-    for name in BROKEN:
-        unregister(name)
+    for cls in BROKEN:
+        unregister(cls.name)
 
 
 def test_noise_scaled_down_4x_is_flagged(tmp_path):
