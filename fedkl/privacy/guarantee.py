@@ -59,7 +59,7 @@ def sum_sensitivity(bound: float, neighbouring: str) -> float:
 
 
 # paper 002's deletion-stability test (and fedkl's diameter test and whole-release profile) is proven for
-# replace-one (seed-002 note §1); under add-remove the test's deletion budget would have to be defined
+# replace-one (docs/derivations/paper-002.md §1); under add-remove the test's deletion budget would have to be defined
 # by the remaining users against a public enrolment count, which no proof here covers: refused
 PAPER_002_RELATIONS = ("replace-one",)
 RELATION_TEXT = {
