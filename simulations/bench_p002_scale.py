@@ -13,7 +13,7 @@ run's. It prints wall time and peak RSS per algorithm and population:
   * ``--before DIR``: the same runs with another checkout's ``fedkl`` (e.g. the code before this change)
     at the populations listed in ``--before-users``.
 
-Results also go to simulations/results/bench_p002_scale.json. Times on a shared machine vary: the README
+Results also go to simulations/results/bench_p002_scale.json. Times on a shared machine vary: docs/studies/performance.md
 quotes them as measured under load.
 """
 
