@@ -108,7 +108,7 @@ def catalog_markdown() -> str:
     return "\n".join(out)
 
 
-def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ARG001 (MkDocs hook signature)
+def on_page_markdown(markdown: str, page, config, files) -> str:
     if page.file.src_uri != PAGE:
         return markdown
     if MARKER not in markdown:

@@ -54,7 +54,7 @@ def on_files(files, config):
     return files
 
 
-def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ARG001 (MkDocs hook signature)
+def on_page_markdown(markdown: str, page, config, files) -> str:
     if page.file.src_uri != INDEX:
         return markdown
     if MARKER not in markdown:
