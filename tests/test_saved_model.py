@@ -172,7 +172,7 @@ def test_a_model_trained_on_your_own_arrays_predicts_in_python_and_the_cli_says_
     assert "fedkl.load_model(PATH).evaluate(data)" in capsys.readouterr().err
 
 
-def test_the_readme_saved_model_commands_run_in_order(tmp_path, monkeypatch, capsys):
+def test_the_docs_saved_model_commands_run_in_order(tmp_path, monkeypatch, capsys):
     """The docs' `fedkl run` / `predict` / `--resume` example (docs/getting-started.md, "Saved models"), command
     by command as written: the run
     writes its files, predict prints the metric the run printed, and resuming a built-in algorithm's run (it

@@ -152,7 +152,7 @@ def test_the_deployed_server_knows_only_the_schema_and_enrolment(tmp_path, monke
     assert load_dataset("sites", sites=",".join(SITES), **SCHEMA).train.num_records == 0
 
 
-def test_the_readme_node_config_parses_into_what_the_client_reads():
+def test_the_docs_node_config_parses_into_what_the_client_reads():
     """docs/how-to/deploy.md step 3's --node-config, parsed by Flower's own parser as a SuperNode does."""
     import re
     from pathlib import Path
