@@ -25,7 +25,8 @@ CHARGES = {
 
 
 def _guarantee(spec):
-    """The algorithm's declared :class:`fedkl.privacy.guarantee.Guarantee` (the one read of it)."""
+    """The algorithm's declared :class:`fedkl.privacy.guarantee.Guarantee`: the one place this generator reads it
+    (``AlgorithmSpec.guarantee`` comes with the algorithm classes of issue 29 §1)."""
     return spec.guarantee
 
 
