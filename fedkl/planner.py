@@ -121,7 +121,7 @@ def charge_plan(cfg: RunConfig, records_per_user: int = STANDIN_RECORDS) -> dict
     scale, sensitivity and the users it charges) must be a function of public values and earlier
     releases only, never of the records, or its accounting would itself leak. For algorithms whose
     charges depend on no earlier release, the stand-in's charges are therefore exactly the real
-    run's; ``tests/test_planner.py`` checks that equality for every registered algorithm (and so
+    run's; ``tests/test_charge_plan.py`` checks that equality for every registered algorithm (and so
     fails if a charge ever starts to depend on the data). Algorithms that choose later costs from
     earlier noisy releases (``Guarantee.adaptive``: kl-adaptive-gd) get one realisation of their
     plan, under the same total that the run-wide filter enforces.

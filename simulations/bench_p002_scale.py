@@ -1,6 +1,6 @@
 """Benchmark: paper 002's phased-erm and mean-output-pert at 1,000 to 100,000 synthetic users.
 
-    .venv/bin/python simulations/bench_p002_scale.py [--users 1000 4000 16000 100000] [--before /work/main]
+    .venv/bin/python simulations/bench_p002_scale.py [--users 1000 4000 16000 100000] [--before <a checkout before the change>]
 
 Each point is one full ``fedkl.train`` run (imports excluded from its time) (synthetic-logistic, the loader's default records per user
 and dimension, eps = 2, in-process backend, one thread) in its own subprocess, so the peak RSS is that
@@ -13,7 +13,7 @@ run's. It prints wall time and peak RSS per algorithm and population:
   * ``--before DIR``: the same runs with another checkout's ``fedkl`` (e.g. the code before this change)
     at the populations listed in ``--before-users``.
 
-Results also go to simulations/results/bench_p002_scale.json. Times on a shared machine vary: the README
+Results also go to simulations/results/bench_p002_scale.json. Times on a shared machine vary: docs/studies/performance.md
 quotes them as measured under load.
 """
 

@@ -1,6 +1,6 @@
-"""Example networks for ``fedkl run --problem torch --model simulations/nets.py:NAME`` (README,
-"Your own network"). A factory takes ``(input_dim, num_outputs)`` and returns a torch.nn.Module
-mapping flat feature rows to logits; no BatchNorm (batch statistics mix users' records)."""
+"""Example networks for ``fedkl run --problem torch --model simulations/nets.py:NAME`` (docs/how-to/own-model.md).
+A factory takes ``(input_dim, num_outputs)`` and returns a torch.nn.Module mapping flat feature rows to logits;
+no BatchNorm (batch statistics mix users' records)."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Collect the generated benchmark tables into one README-includable markdown file.
+"""Collect the generated benchmark tables into one markdown file (the docs' Benchmarks page, docs/hooks/studies.py).
 
     .venv/bin/python simulations/readme_tables.py [--results simulations/results] [--out simulations/results/README_tables.md]
 

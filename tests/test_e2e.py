@@ -1,4 +1,4 @@
-"""The README's main job, end to end: user-level DP training on MovieLens beats the trivial predictor."""
+"""`make demo`'s job (README), end to end: user-level DP training on MovieLens beats the trivial predictor."""
 
 import json
 import os

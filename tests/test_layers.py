@@ -1,4 +1,4 @@
-"""The library's layers run one way (README, "Library map"): nothing imports a layer above it, and
+"""The library's layers run one way (docs/concepts/architecture.md): nothing imports a layer above it, and
 there is no import cycle between modules — counting imports inside functions too, so a cycle cannot
 hide behind a function-local import. The Flower transport is one subpackage above the run layer."""
 

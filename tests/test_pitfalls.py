@@ -1,5 +1,5 @@
 """The DP-training pitfalls (jax_privacy's "Common pitfalls in DP training", McKenna & McMahan) that
-the README's pitfall table maps to tests; the two that had no direct test live here.
+the pitfall table (docs/concepts/pitfalls.md) maps to tests; the two that had no direct test live here.
 
 * A data-dependent denominator: DP-SGD/DP-FedAvg divide the released sum by the public q n, never by
   the realised number of sampled users (which would make the update's scale a function of the

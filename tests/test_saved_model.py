@@ -174,15 +174,16 @@ def test_a_model_trained_on_your_own_arrays_predicts_in_python_and_the_cli_says_
     assert "fedkl.load_model(PATH).evaluate(data)" in capsys.readouterr().err
 
 
-def test_the_readme_saved_model_commands_run_in_order(tmp_path, monkeypatch, capsys):
-    """The README's `fedkl run` / `predict` / `--resume` example, command by command as written: the run
+def test_the_docs_saved_model_commands_run_in_order(tmp_path, monkeypatch, capsys):
+    """The docs' `fedkl run` / `predict` / `--resume` example (docs/getting-started.md, "Saved models"), command
+    by command as written: the run
     writes its files, predict prints the metric the run printed, and resuming a built-in algorithm's run (it
     spent the whole budget) stops with exit 3 and one line saying what --resume is for and what to do."""
     import re
     import shlex
 
-    readme = open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "README.md")).read()
-    section = readme[readme.index("### Saved models") :]
+    page = open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs", "getting-started.md")).read()
+    section = page[page.index("## Saved models") :]
     block = section[section.index("```\n") + 4 : section.index("```", section.index("```\n") + 4)]
     commands = [shlex.split(line, comments=True) for line in block.splitlines() if line.startswith("fedkl ")]
     monkeypatch.chdir(tmp_path)

@@ -132,7 +132,7 @@ class FederatedDataset:
         num_classes: for multiclass tasks.
         feature_bound: an upper bound R on ``||x||_2`` over all records (enforced by the loader),
             which the problems' Lipschitz constants are stated under.
-        description: the user unit, counts and the split, for result files and the README.
+        description: the user unit, counts and the split, for result files and the docs.
         optimum: for synthetic data, the known population optimum (else None).
     """
 

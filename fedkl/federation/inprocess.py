@@ -286,6 +286,6 @@ class InProcessFederation(Federation):
         w = self._params(query.w)
         return self.problem.local_updates(w, self._data(users), query.local_steps, query.local_lr, query.batch_size)
 
-    # --- non-private evaluation (research use: see README, "What is private") -------------------
+    # --- non-private evaluation (research use: docs/concepts/guarantee.md, "What is private") -------------------
     def evaluate(self, w: torch.Tensor, split: str = "test") -> dict[str, float]:
         return self.problem.metrics(self._params(w), self._data(list(range(self.num_users)), split))

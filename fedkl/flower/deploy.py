@@ -77,7 +77,7 @@ def check_capacity(num_users: int) -> None:
         raise ValueError(
             f"--backend grpc starts one local SuperNode (~{NODE_MEMORY_BYTES / 2**20:.0f} MB) per user: "
             f"{num_users} users do not fit, this machine can hold {can} now; use --backend flower-local or "
-            "flower-sim, fewer users (--users), or SuperNodes on their own hosts (README 'Deploying')"
+            "flower-sim, fewer users (--users), or SuperNodes on their own hosts (docs/how-to/deploy.md)"
         )
 
 

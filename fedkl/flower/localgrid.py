@@ -43,7 +43,7 @@ CLIENT_APP_RAISED_EXCEPTION = 2
 
 
 def _set_task_identity(run_id: int) -> None:
-    # Message() outside a Flower run needs the (internal) task identity set (deps.md, gotcha 7).
+    # Flower 1.41's Message() outside a Flower run needs its (internal) task identity set: run, node and task ids.
     from flwr.supercore.task_identity import TaskIdentity
 
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, 0, 1

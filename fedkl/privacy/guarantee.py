@@ -26,7 +26,7 @@ released, public centres), or also values that are NOT private outputs (solver i
 phase, Snowball's intermediate iterates). A client is an observer too: where it sees non-private
 values, the run's (eps, delta) holds against the final model's recipients and outsiders, not against
 the participating clients (``fedkl run --algorithm NAME --help``, result.json's ``clients_see`` and
-the README's attack model say so).
+the attack model, docs/concepts/attack-model.md, say so).
 * ``adaptive``: later releases' costs are chosen from earlier (private) releases, under a run-wide
   zCDP filter (fully adaptive composition). Otherwise every charge (mechanism, cost, noise scale,
   sensitivity, users) is fixed by public values before any data is read, which is what lets
@@ -59,7 +59,7 @@ def sum_sensitivity(bound: float, neighbouring: str) -> float:
 
 
 # paper 002's deletion-stability test (and fedkl's diameter test and whole-release profile) is proven for
-# replace-one (seed-002 note §1); under add-remove the test's deletion budget would have to be defined
+# replace-one (docs/derivations/paper-002.md §1); under add-remove the test's deletion budget would have to be defined
 # by the remaining users against a public enrolment count, which no proof here covers: refused
 PAPER_002_RELATIONS = ("replace-one",)
 RELATION_TEXT = {

@@ -7,7 +7,7 @@ What a private selection needs from the domain is public and data-free:
 * ``center`` ``c``: a fixed point of W, the iterates' start;
 * ``scores(g)``: ``<v_j - c, g>`` for every vertex ``j`` (vector of length ``num_vertices``). Scoring
   relative to ``c`` does not change the argmin (it subtracts ``<c, g>`` from every score), but it
-  bounds each score's sensitivity by ``||v_j - c||_1 * ||g - g'||_inf`` (note seed-001, pitfall 11):
+  bounds each score's sensitivity by ``||v_j - c||_1 * ||g - g'||_inf`` (docs/derivations/paper-001.md §6, pitfall 11):
 * ``l1_radius`` = ``max_j ||v_j - c||_1``: the factor of that sensitivity (the l1 ball's radius r,
   not its diameter 2r);
 * ``l2_bound`` = ``max_j ||v_j||_2`` >= ``||w||_2`` on W (for a problem whose Lipschitz constant

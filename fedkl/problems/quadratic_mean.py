@@ -1,5 +1,5 @@
-"""The mean-estimation family of note §7 T6(a): a problem whose optimum is known in closed form, for
-paper 002's tests and experiments.
+"""The mean-estimation family of docs/derivations/paper-002.md §7 T6(a): a problem whose optimum is known in
+closed form, for paper 002's tests and experiments.
 
 Loss ``l(theta; x) = 0.5 ||theta - x||^2`` (1-strongly convex, 1-smooth; G-Lipschitz on bounded sets).
 User u's objective is ``f_u(theta) = 0.5 ||theta - xbar_u||^2 + const (+ reg/2 ||theta||^2)``, so a user is

@@ -37,7 +37,7 @@ identical); ``fedkl`` uses ``load_mnist``/``load_fashion_mnist`` as they are (pi
 to unit norm: inputs ~30x smaller than z-scored ones, which slows the first layer of plain SGD in
 particular). Both are per-record maps with public constants: no privacy cost.
 
-Optimizers as pyvacy + torch.optim ran them (notes seed-004 §2): DP-SGD (plain), DP-RMSProp = torch
+Optimizers as pyvacy + torch.optim ran them (docs/derivations/paper-004.md §2): DP-SGD (plain), DP-RMSProp = torch
 RMSprop (beta2 = 0.99, nu = 1e-8, no bias correction, no cap), DP-Adam = torch Adam (0.9, 0.999,
 nu = 1e-8, bias-corrected, no cap).
 

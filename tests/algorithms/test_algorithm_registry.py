@@ -382,14 +382,14 @@ def test_new_query_kinds_over_flower_sim_ray(tmp_path):
 
 
 def test_what_clients_see_is_declared_for_every_algorithm(capsys):
-    """Every algorithm declares what a participating client receives; the README's attack-model
-    table, `--help` and the fkt one-shot mode agree with the declarations."""
+    """Every algorithm declares what a participating client receives; the attack-model table
+    (docs/concepts/attack-model.md), `--help` and the fkt one-shot mode agree with the declarations."""
     import fnmatch
     import pathlib
     import re
 
-    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
-    table = readme.split("## Attack model", 1)[1].split("* **Public facts", 1)[0]
+    page = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "concepts" / "attack-model.md").read_text()
+    table = page.split("* **What each party sees", 1)[1].split("* **Public facts", 1)[0]
     rows = [r for r in table.splitlines() if r.strip().startswith("| `")]
     seen = set()
     for row in rows:

@@ -6,7 +6,7 @@ box, the selections or LMO forced so that both worlds follow the same trajectory
 release sees moves by exactly the stated sensitivity where the step attains its public bound, by no
 more elsewhere, and not at all before the user's slot is read; the exponential mechanism's privacy
 loss at the stated scale is within the charged eps and above it at half the scale. Ledger: each user
-pays, per release its slot influences, the closed-form cost of note seed-001 §5.2 (vr-fw) or rho/2 for
+pays, per release its slot influences, the closed-form cost of docs/derivations/paper-001.md §5.2 (vr-fw) or rho/2 for
 each of its pair (vr-fw-lp), the most charged slot exactly the budget, unslotted users nothing.
 Refusals come before any query. Utility: the Frank–Wolfe gap of the released model falls with n.
 """
@@ -227,7 +227,7 @@ def test_vr_fw_selection_sensitivity_per_slot_is_attained_by_adversarial_neighbo
 
 
 def test_vr_fw_sensitivities_are_the_notes_closed_form_and_halve_under_add_remove():
-    """Note seed-001 §5.2: e_t(k) = (2(k+1)/b) [a_t(k) L1 D eta_{k-1} + c_t(k) L0], k = 0: 2 L0 a_t(1)/b
+    """docs/derivations/paper-001.md §5.2: e_t(k) = (2(k+1)/b) [a_t(k) L1 D eta_{k-1} + c_t(k) L0], k = 0: 2 L0 a_t(1)/b
     (a_t(k) = prod_{j=k..t}(1 - eta_j), c_t(k) = eta_k prod_{j=k+1..t}(1 - eta_j)); D the l1 diameter 2r;
     utilities scaled by max ||v - c||_1 = r. b = 12 is divisible by every t + 1 here."""
     alg, L0, L1, r_ = _vr_fw(), 0.3, 0.5, 2.0

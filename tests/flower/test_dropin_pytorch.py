@@ -1,6 +1,6 @@
 """The drop-in example that is Flower's PyTorch quickstart plus the diff (issue 31): simulations/
 flower_pytorch_dropin/ differs from the template's structure only by the lines marked ``# fedkl``, four, each
-shown in the README's diff; run on the LocalGrid with its own run config it charges every sampled user in one
+shown in the diff of docs/how-to/flower-dropin.md; run on the LocalGrid with its own run config it charges every sampled user in one
 finished ledger run, logs the privacy line, and saves the app's float32 model."""
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ def _marked() -> list[str]:
     ]
 
 
-def test_the_diff_is_the_four_marked_lines_the_readme_shows():
+def test_the_diff_is_the_four_marked_lines_the_docs_show():
     marked = _marked()
     assert len(marked) == 4
-    readme = (ROOT / "README.md").read_text()
-    block = re.search(r"```diff\n(.*?)```", readme, re.S).group(1)
+    page = (ROOT / "docs" / "how-to" / "flower-dropin.md").read_text()
+    block = re.search(r"```diff\n(.*?)```", page, re.S).group(1)
     assert sorted(line[1:].strip() for line in block.splitlines() if line.startswith("+")) == sorted(marked)
     for path in (APP / "pytorchexample").glob("*.py"):  # without them: the plain Flower app still compiles
         plain = "\n".join(line for line in path.read_text().splitlines() if line.strip() not in marked)

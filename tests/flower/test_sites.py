@@ -153,15 +153,15 @@ def test_the_deployed_server_knows_only_the_schema_and_enrolment(tmp_path, monke
     assert load_dataset("sites", sites=",".join(SITES), **SCHEMA).train.num_records == 0
 
 
-def test_the_readme_node_config_parses_into_what_the_client_reads():
-    """README "Deploying" step 3's --node-config, parsed by Flower's own parser as a SuperNode does."""
+def test_the_docs_node_config_parses_into_what_the_client_reads():
+    """docs/how-to/deploy.md step 3's --node-config, parsed by Flower's own parser as a SuperNode does."""
     import re
     from pathlib import Path
 
     from flwr.common.config import parse_config_args
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    node_config = parse_config_args([re.search(r'--node-config "([^"]+)"', readme).group(1)])
+    page = (Path(__file__).resolve().parents[2] / "docs" / "how-to" / "deploy.md").read_text()
+    node_config = parse_config_args([re.search(r'--node-config "([^"]+)"', page).group(1)])
     assert node_config["partition-id"] == 7 and node_config["data-path"] == "/srv/site7/records.csv"
     assert Schema(label_column="y", feature_columns="age,bmi,dose").differences(node_config) == []
 
