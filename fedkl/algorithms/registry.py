@@ -101,7 +101,7 @@ class AlgorithmSpec:
 
     def resolve(self, params: Any) -> Any:
         """``params`` with the step size left unset (``lr`` None) set to this algorithm's default."""
-        if self.step_size is not None and getattr(params, "lr", 0.0) is None:
+        if self.step_size is not None and params.lr is None:  # register checked: a step size exactly when lr
             return dataclasses.replace(params, lr=self.step_size)
         return params
 
