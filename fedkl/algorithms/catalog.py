@@ -14,7 +14,9 @@ import fedkl.algorithms.gradient.dp_fedavg  # noqa: F401
 import fedkl.algorithms.gradient.dp_ftrl  # noqa: F401
 import fedkl.algorithms.gradient.noisy_gd  # noqa: F401
 import fedkl.algorithms.gradient.outlier_gd  # noqa: F401
-import fedkl.algorithms.kl.kl_methods  # noqa: F401
+import fedkl.algorithms.kl.kl_adaptive_gd  # noqa: F401
+import fedkl.algorithms.kl.kl_spider  # noqa: F401
+import fedkl.algorithms.kl.prox_point  # noqa: F401
 import fedkl.algorithms.localization.fkt  # noqa: F401
 import fedkl.algorithms.output_perturbation.mean_output_pert  # noqa: F401
 import fedkl.algorithms.output_perturbation.p002  # noqa: F401

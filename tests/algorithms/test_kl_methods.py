@@ -18,15 +18,17 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 
 import numpy as np
 import pytest
 import torch
 
-from fedkl.algorithms.kl.kl_adaptive_gd import AdaptiveKLGD, AdaptiveKLGDConfig
+from fedkl.algorithms.contract import BuildContext
+from fedkl.algorithms.kl.kl_adaptive_gd import AdaptiveKLGD, AdaptiveKLGDParams
 from fedkl.algorithms.kl.kl_common import KLConstants
-from fedkl.algorithms.kl.kl_spider import ANCHOR_WEIGHT, KLSpider, KLSpiderConfig
-from fedkl.algorithms.kl.prox_point import PrivateProxPoint, ProxPointConfig
+from fedkl.algorithms.kl.kl_spider import ANCHOR_WEIGHT, KLSpider, KLSpiderParams
+from fedkl.algorithms.kl.prox_point import PrivateProxPoint, ProxPointParams
 from fedkl.data import load_dataset
 from fedkl.federation.base import ClippedGradient, GradientDifference
 from fedkl.federation.inprocess import InProcessFederation
@@ -68,17 +70,22 @@ def _excess(ds, problem, w) -> float:
     return problem.loss(w, ds.train) - problem.loss(ds.extra["erm_optimum"], ds.train)
 
 
-def _make(name: str, rho: float, mu: float, L1: float, **kw):
+def _ctx(rho: float, neighbouring: str = "replace-one") -> BuildContext:
+    return BuildContext.fresh(rho=rho, neighbouring=neighbouring)
+
+
+def _make(name: str, rho: float, mu: float, L1: float, neighbouring: str = "replace-one", **kw):
     """The three algorithms on a PL problem (gamma = 1/sqrt(2 mu), kappa = 2, lr = 1/(2 L1)), with the
     heuristic constants that make the schedules usable at n <= 1000 (privacy does not depend on them)."""
-    kl = KLConstants(gamma=1.0 / math.sqrt(2.0 * mu), kappa=2.0)
+    ctx = _ctx(rho, neighbouring)
+    gamma = 1.0 / math.sqrt(2.0 * mu)
     if name == "adaptive":
-        return AdaptiveKLGD(AdaptiveKLGDConfig(lr=1.0 / (2.0 * L1), **kw), rho)
+        return AdaptiveKLGD(AdaptiveKLGDParams(lr=1.0 / (2.0 * L1), **kw), ctx)
     if name == "spider":
-        kw = {"contraction_constant": 1.0, "floor_constant": 1.0, **kw}
-        return KLSpider(KLSpiderConfig(kl, smoothness=L1, **kw), rho)
-    kw = {"prox_steps": 5, "inner_rounds": 6, **kw}
-    return PrivateProxPoint(ProxPointConfig(weak_convexity=kw.pop("weak_convexity", 0.05), kl=kl, **kw), rho)
+        kw = {"kl_contraction_constant": 1.0, "kl_floor_constant": 1.0, **kw}
+        return KLSpider(KLSpiderParams(kl_gamma=gamma, kl_smoothness=L1, **kw), ctx)
+    kw = {"kl_prox_steps": 5, "kl_inner_rounds": 6, "kl_weak_convexity": 0.05, **kw}
+    return PrivateProxPoint(ProxPointParams(kl_gamma=gamma, **kw), ctx)
 
 
 def _run(name: str, n: int, rho: float, seed: int, **kw) -> float:
@@ -251,7 +258,7 @@ def test_query_sensitivities_on_adversarial_neighbours(dishonest_records):
 # adaptive noisy GD (Algorithm 3)
 # --------------------------------------------------------------------------------------------------
 def test_adaptive_gradient_cost_follows_the_noisy_norm():
-    alg = AdaptiveKLGD(AdaptiveKLGDConfig(clip=0.5), rho_total=0.8)
+    alg = AdaptiveKLGD(AdaptiveKLGDParams(clip=0.5), _ctx(0.8))
     n, d = 400, 7
     plan = alg.plan(n, d)
     assert plan.rho_norm == pytest.approx(math.sqrt(0.8) / n)
@@ -265,7 +272,7 @@ def test_adaptive_gradient_cost_follows_the_noisy_norm():
     for N in (1e-4, 0.0, -0.2):  # tiny or negative noisy norms: the floor, never a cheaper release
         assert alg.gradient_rho(plan, N, n, d) == pytest.approx(plan.rho_cap)
     with pytest.raises(ValueError, match="too small"):
-        AdaptiveKLGD(AdaptiveKLGDConfig(), rho_total=1e-4).plan(n=10, d=3)
+        AdaptiveKLGD(AdaptiveKLGDParams(), _ctx(1e-4)).plan(n=10, d=3)
 
 
 @pytest.mark.parametrize("relation,factor", [("replace-one", 2.0), ("add-remove", 1.0)])
@@ -274,7 +281,7 @@ def test_adaptive_noise_charges_and_stop_at_filter(relation, factor):
     for seed in range(4):
         ds, problem, fed, mu, L1 = _least_squares(120, seed, d=40)
         n, d = fed.num_users, fed.num_params
-        alg = AdaptiveKLGD(AdaptiveKLGDConfig(lr=1.0 / (2 * L1), clip=clip, neighbouring=relation), rho)
+        alg = AdaptiveKLGD(AdaptiveKLGDParams(lr=1.0 / (2 * L1), clip=clip), _ctx(rho, relation))
         ledger = PrivacyLedger(":memory:", BIG)
         flt = ZCDPFilter(rho)
         rec = _Recorder(ledger, NoiseSource(4 + seed), flt)
@@ -302,7 +309,7 @@ def test_adaptive_round_cap_spends_the_rest_on_the_last_step():
     rho = 1.0
     ledger = PrivacyLedger(":memory:", BIG)
     flt = ZCDPFilter(rho)
-    res = AdaptiveKLGD(AdaptiveKLGDConfig(lr=1.0 / (2 * L1), max_rounds=2), rho).run(
+    res = AdaptiveKLGD(AdaptiveKLGDParams(lr=1.0 / (2 * L1), kl_max_rounds=2), _ctx(rho)).run(
         fed, Releaser(ledger, NoiseSource(0), flt), problem.init_params()
     )
     assert res.rounds == 2 and res.details["stopped"] == "max_rounds"
@@ -313,20 +320,22 @@ def test_adaptive_round_cap_spends_the_rest_on_the_last_step():
 
 def test_adaptive_exhausted_budget_stops_it(tmp_path):
     ds, problem, fed, mu, L1 = _least_squares(200, 2)
-    cfg = AdaptiveKLGDConfig(lr=1.0 / (2 * L1))
+    params = AdaptiveKLGDParams(lr=1.0 / (2 * L1))
     # an exhausted filter: refused before anything is released
     ledger = PrivacyLedger(tmp_path / "a.sqlite", Budget(2.0, 1e-5))
     flt = ZCDPFilter(0.5)
     flt.spend(0.5)
     with pytest.raises(BudgetExhausted):
-        AdaptiveKLGD(cfg, 0.5).run(fed, Releaser(ledger, NoiseSource(0), flt), problem.init_params())
+        AdaptiveKLGD(params, _ctx(0.5)).run(fed, Releaser(ledger, NoiseSource(0), flt), problem.init_params())
     assert ledger.num_releases() == 0
     # users whose ledger budget is smaller than what the algorithm was told: the ledger refuses a
     # release mid-run; what was released stays within the users' budget
     ledger = PrivacyLedger(tmp_path / "b.sqlite", Budget(0.5, 1e-5))
     rho = 10 * ledger.budget.rho
     with pytest.raises(BudgetExceeded):
-        AdaptiveKLGD(cfg, rho).run(fed, Releaser(ledger, NoiseSource(0), ZCDPFilter(rho)), problem.init_params())
+        AdaptiveKLGD(params, _ctx(rho)).run(
+            fed, Releaser(ledger, NoiseSource(0), ZCDPFilter(rho)), problem.init_params()
+        )
     assert ledger.num_releases() >= 1
     ledger.verify()
     assert max(ledger.epsilon(u) for u in fed.user_ids) <= 0.5 * (1 + 1e-9)
@@ -335,7 +344,7 @@ def test_adaptive_exhausted_budget_stops_it(tmp_path):
 def test_adaptive_exponential_selection_is_charged():
     ds, problem, fed, mu, L1 = _least_squares(300, 3)
     rho, clip = 2.0, 1.0
-    alg = AdaptiveKLGD(AdaptiveKLGDConfig(lr=1.0 / (2 * L1), clip=clip, select="exponential"), rho)
+    alg = AdaptiveKLGD(AdaptiveKLGDParams(lr=1.0 / (2 * L1), clip=clip, kl_select="exponential"), _ctx(rho))
     ledger = PrivacyLedger(":memory:", BIG)
     flt = ZCDPFilter(rho)
     res = alg.run(fed, Releaser(ledger, NoiseSource(9), flt), problem.init_params())
@@ -367,7 +376,8 @@ def test_adaptive_converges_at_the_stated_rates():
 # --------------------------------------------------------------------------------------------------
 def test_spider_schedule_follows_the_theorem():
     gamma, L1, C, rho, n, d, beta = 1.5, 0.5, 1.0, 0.5, 10_000, 5, 0.1
-    sched = KLSpider(KLSpiderConfig(KLConstants(gamma, 2.0, beta=beta), smoothness=L1, clip=C), rho).schedule(n, d)
+    params = KLSpiderParams(kl_gamma=gamma, kl_kappa=2.0, kl_beta=beta, kl_smoothness=L1, clip=C)
+    sched = KLSpider(params, _ctx(rho)).schedule(n, d)
     F0 = (C * gamma) ** 2
     assert sched.f0 == pytest.approx(F0)
     assert sched.c == pytest.approx(1 + 1 / (64 * gamma**2 * L1))
@@ -390,13 +400,14 @@ def test_spider_schedule_follows_the_theorem():
     assert sched.rho_anchor / sched.rho_diff[0] == pytest.approx(ANCHOR_WEIGHT)
     # kappa < 2: longer phases as the target shrinks, worst case still exactly rho
     s15 = KLSpider(
-        KLSpiderConfig(KLConstants(gamma, 1.5), smoothness=L1, contraction_constant=1, floor_constant=1), rho
+        KLSpiderParams(kl_gamma=gamma, kl_kappa=1.5, kl_smoothness=L1, kl_contraction_constant=1, kl_floor_constant=1),
+        _ctx(rho),
     ).schedule(n, d)
     assert s15.T[0] < s15.T[-1] and list(s15.M) == [math.ceil(t - 1e-9) for t in s15.T]
     assert all(t == pytest.approx((s15.f0 / p) ** (1 / 3)) for t, p in zip(s15.T, s15.targets))
     assert s15.worst_case_rho == pytest.approx(rho, rel=1e-12)
     assert (
-        KLSpider(KLSpiderConfig(KLConstants(gamma), smoothness=L1, neighbouring="add-remove"), rho)
+        KLSpider(KLSpiderParams(kl_gamma=gamma, kl_smoothness=L1), _ctx(rho, "add-remove"))
         .schedule(n, d)
         .sensitivity_anchor
         == C
@@ -449,7 +460,7 @@ def test_spider_round_cap():
     ds, problem, fed, mu, L1 = _least_squares(200, 7)
     ledger = PrivacyLedger(":memory:", BIG)
     flt = ZCDPFilter(1.0)
-    res = _make("spider", 1.0, mu, L1, max_rounds=5).run(
+    res = _make("spider", 1.0, mu, L1, kl_max_rounds=5).run(
         fed, Releaser(ledger, NoiseSource(0), flt), problem.init_params()
     )
     assert res.rounds == ledger.num_releases() == 5 and res.details["stopped"] == "max_rounds"
@@ -471,8 +482,8 @@ def test_spider_converges_at_the_stated_rates():
 # --------------------------------------------------------------------------------------------------
 def test_prox_point_schedule_follows_the_theorem():
     gamma, Lw, C, rho, n, d, beta = 1.2, 0.3, 1.0, 0.5, 2000, 5, 0.1
-    kl = KLConstants(gamma, 2.0, beta=beta)
-    sched = PrivateProxPoint(ProxPointConfig(Lw, kl, clip=C), rho).schedule(n, d)
+    base = dict(kl_weak_convexity=Lw, kl_gamma=gamma, kl_kappa=2.0, kl_beta=beta, clip=C)
+    sched = PrivateProxPoint(ProxPointParams(**base, rounds=10**9), _ctx(rho)).schedule(n, d)  # rounds: no cap
     F0 = (C * gamma) ** 2
     bracket = max(1.0, math.log(F0) + 2 * math.log(n * math.sqrt(rho) / (gamma * C * math.sqrt(d))))
     T = math.ceil((1 + 32 * gamma**2 * Lw) * bracket)
@@ -480,16 +491,16 @@ def test_prox_point_schedule_follows_the_theorem():
     assert (sched.T, sched.T_in, sched.T_in_theorem) == (T, T_in, T_in)
     assert sched.rho_release == pytest.approx(rho / (T * T_in))
     assert sched.sigma == pytest.approx(2 * C / math.sqrt(2 * rho / (T * T_in)))
-    capped = PrivateProxPoint(ProxPointConfig(Lw, kl, clip=C, max_inner_rounds=7), rho).schedule(n, d)
+    capped = PrivateProxPoint(ProxPointParams(**base, rounds=7), _ctx(rho)).schedule(n, d)
     assert capped.T_in == 7 and capped.T_in_theorem == T_in and capped.rho_release == pytest.approx(rho / (T * 7))
-    assert ProxPointConfig(Lw, kl, clip=C).radius == pytest.approx(C / (2 * Lw))
+    assert PrivateProxPoint(ProxPointParams(**base), _ctx(rho)).radius == pytest.approx(C / (2 * Lw))
 
 
 @pytest.mark.parametrize("relation,factor", [("replace-one", 2.0), ("add-remove", 1.0)])
 def test_prox_point_noise_and_charges(relation, factor):
     ds, problem, fed, mu, L1 = _least_squares(150, 8, d=30)
     rho, clip = 1.0, 0.6
-    alg = _make("ppm", rho, mu, L1, clip=clip, neighbouring=relation, prox_steps=3, inner_rounds=5)
+    alg = _make("ppm", rho, mu, L1, clip=clip, neighbouring=relation, kl_prox_steps=3, kl_inner_rounds=5)
     ledger = PrivacyLedger(":memory:", BIG)
     flt = ZCDPFilter(rho)
     rec = _Recorder(ledger, NoiseSource(6), flt)
@@ -504,7 +515,7 @@ def test_prox_point_noise_and_charges(relation, factor):
 def test_prox_point_exhausted_budget_stops_it():
     ds, problem, fed, mu, L1 = _least_squares(100, 9)
     rho = 1.0
-    alg = _make("ppm", rho, mu, L1, prox_steps=2, inner_rounds=5)
+    alg = _make("ppm", rho, mu, L1, kl_prox_steps=2, kl_inner_rounds=5)
     ledger = PrivacyLedger(":memory:", BIG)
     flt = ZCDPFilter(rho / 2)
     with pytest.raises(BudgetExhausted):
@@ -527,38 +538,43 @@ def test_prox_point_converges_at_the_stated_rates():
 # configuration and builders
 # --------------------------------------------------------------------------------------------------
 def test_bad_configurations_are_refused():
-    kl = KLConstants(1.0)
-    for bad in (
-        dict(lr=0.0),
-        dict(clip=-1.0),
-        dict(beta=1.0),
-        dict(neighbouring="swap"),
-        dict(select="best"),
-        dict(select_fraction=1.0),
-        dict(max_rounds=0),
-        dict(norm_rho=-1.0),
+    """Each out-of-range hyperparameter is refused by its Params with a one-line error naming the flag."""
+    for cls, bad, flag in (
+        (AdaptiveKLGDParams, dict(lr=0.0), "--lr"),
+        (AdaptiveKLGDParams, dict(clip=-1.0), "--clip"),
+        (AdaptiveKLGDParams, dict(kl_beta=1.0), "--kl-beta"),
+        (AdaptiveKLGDParams, dict(kl_select="best"), "--kl-select"),
+        (AdaptiveKLGDParams, dict(kl_select_fraction=1.0), "--kl-select-fraction"),
+        (AdaptiveKLGDParams, dict(kl_max_rounds=0), "--kl-max-rounds"),
+        (AdaptiveKLGDParams, dict(kl_norm_rho=-1.0), "--kl-norm-rho"),
+        (KLSpiderParams, dict(kl_kappa=2.5), "--kl-kappa: KL-Spider is for kappa in"),
+        (KLSpiderParams, dict(kl_kappa=0.5), "--kl-kappa must be finite and >= 1"),
+        (KLSpiderParams, dict(kl_smoothness=0.0), "--kl-smoothness"),
+        (KLSpiderParams, dict(kl_phases=0), "--kl-phases"),
+        (KLSpiderParams, dict(kl_floor_constant=0.0), "--kl-floor-constant"),
+        (KLSpiderParams, dict(kl_gamma=0.0), "--kl-gamma"),
+        (KLSpiderParams, dict(kl_f0=-1.0), "--kl-f0"),
+        (ProxPointParams, dict(kl_kappa=1.5), "--kl-kappa: the proximal point method is for kappa >= 2"),
+        (ProxPointParams, dict(kl_weak_convexity=0.0), "--kl-weak-convexity"),
+        (ProxPointParams, dict(kl_contraction_constant=0.0), "--kl-contraction-constant"),
+        (ProxPointParams, dict(kl_inner_rounds=0), "--kl-inner-rounds"),
     ):
-        with pytest.raises(ValueError):
-            AdaptiveKLGDConfig(**bad)
+        with pytest.raises(ValueError, match=re.escape(flag)):
+            cls(**bad)
     for bad in (dict(gamma=0.0), dict(gamma=1.0, kappa=0.5), dict(gamma=1.0, f0=-1.0), dict(gamma=1.0, beta=0.0)):
         with pytest.raises(ValueError):
             KLConstants(**bad)
-    with pytest.raises(ValueError, match="kappa in"):
-        KLSpiderConfig(KLConstants(1.0, kappa=2.5), smoothness=1.0)
-    for bad in (dict(smoothness=0.0), dict(smoothness=1.0, phases=0), dict(smoothness=1.0, floor_constant=0.0)):
-        with pytest.raises(ValueError):
-            KLSpiderConfig(kl, **bad)
-    with pytest.raises(ValueError, match="kappa >= 2"):
-        ProxPointConfig(0.1, KLConstants(1.0, kappa=1.5))
-    with pytest.raises(ValueError, match="KL constants"):
-        ProxPointConfig(0.1)
-    with pytest.raises(ValueError):
-        ProxPointConfig(0.0, kl)
-    with pytest.raises(ValueError):
-        AdaptiveKLGD(AdaptiveKLGDConfig(), rho_total=0.0)
+    with pytest.raises(ValueError, match="needs the KL\\* constant gamma"):  # no gamma, no problem to derive it
+        PrivateProxPoint(ProxPointParams(), _ctx(1.0))
+    for cls in (AdaptiveKLGD, KLSpider, PrivateProxPoint):
+        params = cls.Params(**({} if cls is AdaptiveKLGD else {"kl_gamma": 1.0}))
+        with pytest.raises(ValueError, match="rho_total"):
+            cls(params, _ctx(0.0))
+        with pytest.raises(ValueError, match="swap"):
+            cls(params, _ctx(1.0, "swap"))
     ds, problem, fed, *_ = _least_squares(100, 0)
     with pytest.raises(ValueError, match="filter"):  # adaptive costs need a filter
-        AdaptiveKLGD(AdaptiveKLGDConfig(), 1.0).run(
+        AdaptiveKLGD(AdaptiveKLGDParams(), _ctx(1.0)).run(
             fed, Releaser(PrivacyLedger(":memory:", BIG), NoiseSource(0)), problem.init_params()
         )
 
@@ -574,7 +590,7 @@ def test_builders_read_the_run_config():
 
     plain = dict(lr=0.5, clip=0.7, neighbouring="add-remove")
     agd = build(cfg("kl-adaptive-gd", **plain), 0.3, **common)
-    assert (agd.config.lr, agd.config.clip, agd.config.neighbouring, agd.config.select) == (
+    assert (agd.params.lr, agd.params.clip, agd.ctx.neighbouring, agd.params.kl_select) == (
         0.5,
         0.7,
         "add-remove",
@@ -586,15 +602,17 @@ def test_builders_read_the_run_config():
         build(cfg("kl-prox-point", **plain), 0.3, **common)
     reg_problem = make_problem("least-squares", ds, reg=0.08)
     sp = build(cfg("kl-spider", lr=0.5, reg=0.08), 0.3, **{**common, "problem": reg_problem})
-    assert sp.config.kl.gamma == pytest.approx(1 / math.sqrt(0.16)) and sp.config.smoothness == pytest.approx(1.0)
-    assert (sp.config.contraction_constant, sp.config.floor_constant, sp.config.kl.kappa) == (64.0, 32.0, 2.0)
+    assert sp.kl.gamma == pytest.approx(1 / math.sqrt(0.16)) and sp.smoothness == pytest.approx(1.0)
+    assert (sp.contraction_constant, sp.floor_constant, sp.kl.kappa) == (64.0, 32.0, 2.0)
     pp_cfg = cfg("kl-prox-point", lr=0.5, reg=0.08)
     pp = build(pp_cfg, 0.3, **{**common, "problem": reg_problem})
-    assert pp.config.weak_convexity == pytest.approx(1.0) and pp.config.max_inner_rounds == pp_cfg.params.rounds
-    assert pp.config.contraction_constant == 32.0
+    assert pp.weak_convexity == pytest.approx(1.0)
+    pp_sched = pp.schedule(100, problem.num_params)  # the theorem's T_in, capped at --rounds
+    assert pp_sched.T_in == min(pp_sched.T_in_theorem, pp_cfg.params.rounds) == pp_cfg.params.rounds
+    assert pp.contraction_constant == 32.0
     extra = dict(kl_gamma=2.0, kl_kappa=1.5, kl_contraction_constant=2.0, kl_prox_steps=4, kl_select="exponential")
-    assert build(cfg("kl-spider", **extra), 0.3, **common).config.kl.kappa == 1.5
-    assert build(cfg("kl-adaptive-gd", **extra), 0.3, **common).config.select == "exponential"
+    assert build(cfg("kl-spider", **extra), 0.3, **common).kl.kappa == 1.5
+    assert build(cfg("kl-adaptive-gd", **extra), 0.3, **common).params.kl_select == "exponential"
     with pytest.raises(ValueError, match="kappa >= 2"):
         build(cfg("kl-prox-point", **extra), 0.3, **common)
     with pytest.raises(ValueError, match="kl_select='exponential' does not apply to kl-spider"):

@@ -14,7 +14,7 @@ norms make a round cheap, small ones expensive; the floor ``sigma_floor = Delta 
 caps a round's gradient cost at ``rho_cap``. As in the paper, ``rho_norm + rho_cap = rho/2``
 (``rho`` = the loop's budget) with ``rho_norm = sqrt(rho)/n`` by default: every round but the last
 is admitted while at most rho/2 is spent, so the last one (at most rho/2) still fits. The output is
-the LAST iterate, or (``select="exponential"``, Theorem 5) an iterate chosen by the exponential
+the LAST iterate, or (``kl_select="exponential"``, Theorem 5) an iterate chosen by the exponential
 mechanism.
 
 Guarantee: user-level rho-zCDP, rho = the run's budget (``min(rho_total, filter.remaining)``).
@@ -26,7 +26,7 @@ Guarantee: user-level rho-zCDP, rho = the run's budget (``min(rho_total, filter.
   FULLY ADAPTIVE zCDP filter (Whitehouse et al. 2023; :class:`fedkl.privacy.filter.ZCDPFilter`):
   each release is checked against the filter and charged to every user's ledger entry before the
   noise is drawn, at the rho computed from the sigma actually used (so a negative or tiny N_t can
-  only make a round MORE private: sigma_t >= sigma_floor; the note's pitfall 3).
+  only make a round MORE private: sigma_t >= sigma_floor; docs/derivations/paper-000.md §6, pitfall 3).
 * Selection (optional): utilities ``u_t = -||S_t / n||`` of the candidates w_0..w_T (earlier
   private outputs) have sensitivity ``Delta / n``; the exponential mechanism with ``eps`` is
   ``eps^2/8``-zCDP (bounded range) and is charged (``rho_sel``, reserved before the loop) through
@@ -51,60 +51,45 @@ from typing import Callable
 
 import torch
 
-from fedkl.algorithms.kl.kl_common import KLResult, check_count, check_positive
+from fedkl.algorithms.contract import Algorithm, BuildContext, SmallAudit, param
+from fedkl.algorithms.kl.kl_common import KLBase, KLResult, MaxRounds, check_positive
+from fedkl.algorithms.registry import register
 from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import ClippedGradient, Federation
 from fedkl.privacy.filter import BudgetExhausted
-from fedkl.privacy.guarantee import Guarantee, check_relation, sum_sensitivity
+from fedkl.privacy.guarantee import ZERO_SUMS, Guarantee, check_relation, sum_sensitivity
 from fedkl.privacy.release import Releaser
 
 SELECTIONS = ("last", "exponential")
 
 
 @dataclass(frozen=True)
-class AdaptiveKLGDConfig:
-    """Hyperparameters of :class:`AdaptiveKLGD`.
+class AdaptiveKLGDParams(KLBase, MaxRounds):
+    """kl-adaptive-gd: ``lr`` (the theorem's is 1/(2 L1)), ``clip`` C (the theorem's L0), ``kl_beta``
+    (the failure probability in ``A = log(n sqrt(rho) / beta)``, clamped to A >= 1), ``kl_norm_rho``,
+    ``kl_select`` / ``kl_select_fraction`` (the default 1/9 gives the paper's ``eps = sqrt(rho_loop)``:
+    ``eps^2/8 = rho/9`` when ``rho_loop = 8 rho/9``) and ``kl_max_rounds`` (None: until the filter would
+    be exhausted; the capped last round spends everything the loop has left, at least ``rho_norm + rho_cap``)."""
 
-    Attributes:
-        lr: step size; the theorem's is ``1/(2 L1)``.
-        clip: per-user clip C (the theorem's L0).
-        beta: failure probability in ``A = log(n sqrt(rho) / beta)`` (clamped to A >= 1).
-        neighbouring: ``replace-one`` (Delta = 2C) or ``add-remove`` (Delta = C).
-        norm_rho: zCDP cost of each norm release; None: the paper's ``sqrt(rho)/n``.
-        select: ``last`` (Theorem 4) or ``exponential`` (Theorem 5's selection of the output iterate).
-        select_fraction: share of the budget reserved for the selection; the default 1/9 gives the
-            paper's ``eps = sqrt(rho_loop)`` (``eps^2/8 = rho/9`` when ``rho_loop = 8 rho/9``).
-        max_rounds: optional cap on the rounds (None: until the filter would be exhausted). The
-            capped last round spends everything the loop has left (at least ``rho_norm + rho_cap``).
-    """
-
-    lr: float = 0.5
-    clip: float = 1.0
-    beta: float = 0.1
-    neighbouring: str = "replace-one"
-    norm_rho: float | None = None
-    select: str = "last"
-    select_fraction: float = 1.0 / 9.0
-    max_rounds: int | None = None
+    kl_select: str = param(
+        "last",
+        "kl-adaptive-gd output: last (Thm 4) or exponential (Thm 5, exponential-mechanism selection of an iterate)",
+        "theorem",
+        choices=SELECTIONS,
+    )
+    kl_select_fraction: float = param(
+        1.0 / 9.0,
+        "kl-adaptive-gd: budget share of the exponential selection (1/9: the paper's eps = sqrt(rho))",
+        "theorem",
+    )
+    kl_norm_rho: float | None = param(
+        None, "kl-adaptive-gd: zCDP cost of each gradient-norm release (default sqrt(rho)/n)", "theorem", positive=True
+    )
 
     def __post_init__(self) -> None:
-        check_positive("lr", self.lr)
-        check_positive("clip", self.clip)
-        if not 0 < self.beta < 1:
-            raise ValueError(f"beta must be in (0, 1), got {self.beta!r}")
-        check_relation(self.neighbouring)
-        if self.norm_rho is not None:
-            check_positive("norm_rho", self.norm_rho)
-        if self.select not in SELECTIONS:
-            raise ValueError(f"select must be one of {SELECTIONS}, got {self.select!r}")
-        if not 0 < self.select_fraction < 1:
-            raise ValueError(f"select_fraction must be in (0, 1), got {self.select_fraction!r}")
-        check_count("max_rounds", self.max_rounds)
-
-    @property
-    def sensitivity(self) -> float:
-        """L2 sensitivity of S_t, and of ||S_t||, under the relation."""
-        return sum_sensitivity(self.clip, self.neighbouring)
+        super().__post_init__()
+        if not 0 < self.kl_select_fraction < 1:
+            raise ValueError(f"--kl-select-fraction must be in (0, 1), got {self.kl_select_fraction}")
 
 
 @dataclass(frozen=True)
@@ -130,33 +115,47 @@ class AdaptivePlan:
         return int(self.rho_loop / self.rho_norm) + 1
 
 
-class AdaptiveKLGD:
-    """Paper 000, Algorithm 3 over users; see the module docstring. ``rho_total``: this run's zCDP budget."""
+@register
+class AdaptiveKLGD(Algorithm[AdaptiveKLGDParams]):
+    """Algorithm 3: adaptive noisy GD until the budget is spent (no KL constants needed).
+
+    Paper 000, Algorithm 3 over users; see the module docstring. ``ctx.rho_left``: this run's zCDP budget."""
 
     name = "kl-adaptive-gd"
+    Params = AdaptiveKLGDParams
     guarantee = Guarantee("zcdp", adaptive=True)  # the gradient's rho follows the released norm
+    absence = ZERO_SUMS
+    step_size = 0.01
+    small = {"reg": 0.1, "kl_max_rounds": 3}
+    audit = SmallAudit()
 
     @property
     def gaussian_releases_only(self) -> bool:
         """Every zCDP charge is a Gaussian release (the exact Gaussian conversion applies) unless the
         output iterate is chosen by the exponential mechanism."""
-        return self.config.select != "exponential"
+        return self.params.kl_select != "exponential"
 
-    def __init__(self, config: AdaptiveKLGDConfig, rho_total: float) -> None:
-        check_positive("rho_total", rho_total)
-        self.config = config
-        self.rho_total = float(rho_total)
+    def __init__(self, params: AdaptiveKLGDParams, ctx: BuildContext) -> None:
+        super().__init__(params, ctx)
+        check_positive("rho_total", ctx.rho_left)
+        check_relation(ctx.neighbouring)
+        self.rho_total = float(ctx.rho_left)
+
+    @property
+    def sensitivity(self) -> float:
+        """L2 sensitivity of S_t, and of ||S_t||, under the relation."""
+        return sum_sensitivity(self.params.clip, self.ctx.neighbouring)
 
     def plan(self, n: int, d: int, rho: float | None = None) -> AdaptivePlan:
         """The constants for n users, d parameters and budget rho (default ``rho_total``)."""
-        cfg = self.config
+        cfg = self.params
         rho = self.rho_total if rho is None else float(rho)
         check_positive("rho", rho)
         if n < 1 or d < 1:
             raise ValueError(f"need n >= 1 users and d >= 1 parameters, got {n}, {d}")
-        rho_select = cfg.select_fraction * rho if cfg.select == "exponential" else 0.0
+        rho_select = cfg.kl_select_fraction * rho if cfg.kl_select == "exponential" else 0.0
         rho_loop = rho - rho_select
-        rho_norm = cfg.norm_rho if cfg.norm_rho is not None else math.sqrt(rho_loop) / n
+        rho_norm = cfg.kl_norm_rho if cfg.kl_norm_rho is not None else math.sqrt(rho_loop) / n
         rho_cap = rho_loop / 2.0 - rho_norm
         if not rho_cap > 0:
             raise ValueError(
@@ -164,13 +163,13 @@ class AdaptiveKLGD:
                 f"half the loop's budget {rho_loop / 2:.4g} (with the default rho_norm = sqrt(rho)/n: "
                 f"n sqrt(rho) = {n * math.sqrt(rho_loop):.3g} must exceed 2); nothing was released"
             )
-        delta_s = cfg.sensitivity
+        delta_s = self.sensitivity
         return AdaptivePlan(
             rho=rho,
             rho_select=rho_select,
             rho_norm=rho_norm,
             rho_cap=rho_cap,
-            A=max(1.0, math.log(n * math.sqrt(rho_loop) / cfg.beta)),
+            A=max(1.0, math.log(n * math.sqrt(rho_loop) / cfg.kl_beta)),
             sigma_norm=delta_s / math.sqrt(2.0 * rho_norm),
             sigma_floor=delta_s / math.sqrt(2.0 * rho_cap),
             eps_select=math.sqrt(8.0 * rho_select) if rho_select > 0 else None,
@@ -180,7 +179,7 @@ class AdaptiveKLGD:
         """zCDP cost of the gradient release after the norm release gave ``N_t = noisy_norm`` (mean
         scale): ``Delta^2 / (2 (n sigma_t)^2)`` with ``sigma_t = max(N_t/sqrt(d A), floor/n)``; at most rho_cap."""
         sigma_sum = max(n * noisy_norm / math.sqrt(d * plan.A), plan.sigma_floor)  # a non-positive N_t -> floor
-        return min(self.config.sensitivity**2 / (2.0 * sigma_sum**2), plan.rho_cap)
+        return min(self.sensitivity**2 / (2.0 * sigma_sum**2), plan.rho_cap)
 
     def run(
         self,
@@ -189,7 +188,7 @@ class AdaptiveKLGD:
         w0: torch.Tensor,
         progress: Callable[[dict], None] | None = None,
     ) -> KLResult:
-        cfg = self.config
+        cfg, neighbouring = self.params, self.ctx.neighbouring
         flt = releaser.filter
         if flt is None:
             raise ValueError(
@@ -212,12 +211,12 @@ class AdaptiveKLGD:
             raise
         spent_before = flt.spent
         budget_end = spent_before + plan.rho  # the run never takes the filter past this point
-        delta_s = cfg.sensitivity
+        delta_s = self.sensitivity
         w = w0.clone()
-        selecting = cfg.select == "exponential"
+        selecting = cfg.kl_select == "exponential"
         iterates: list[torch.Tensor] = [w.clone()] if selecting else []
         exact_norms: list[float] = []  # ||S(w_t)||/n, kept on the server for the selection; never released
-        log = RoundLog(plan.max_rounds_bound if cfg.max_rounds is None else cfg.max_rounds, progress)
+        log = RoundLog(plan.max_rounds_bound if cfg.kl_max_rounds is None else cfg.kl_max_rounds, progress)
         sigma_sum = None
         stopped = "budget"
 
@@ -230,7 +229,7 @@ class AdaptiveKLGD:
             total = federation.sum(ClippedGradient(w, cfg.clip), users).total()
             if selecting:
                 exact_norms.append(float(total.norm()) / n)
-            last_by_cap = cfg.max_rounds is not None and t == cfg.max_rounds - 1
+            last_by_cap = cfg.kl_max_rounds is not None and t == cfg.kl_max_rounds - 1
             if last_by_cap:  # spend what the loop has left on one precise final step (>= rho_norm + rho_cap)
                 noisy_norm = None
                 rho_grad = budget_end - plan.rho_select - flt.spent
@@ -242,7 +241,7 @@ class AdaptiveKLGD:
                     rho=plan.rho_norm,
                     user_ids=user_ids,
                     label=f"{self.name}/round-{t}/norm",
-                    details={"round": t, "clip": cfg.clip, "neighbouring": cfg.neighbouring, "query": "norm"},
+                    details={"round": t, "clip": cfg.clip, "neighbouring": neighbouring, "query": "norm"},
                 )
                 noisy_norm = float(released[0]) / n
                 rho_grad = self.gradient_rho(plan, noisy_norm, n, d)
@@ -253,7 +252,7 @@ class AdaptiveKLGD:
                 rho=rho_grad,
                 user_ids=user_ids,
                 label=f"{self.name}/round-{t}/grad",
-                details={"round": t, "clip": cfg.clip, "neighbouring": cfg.neighbouring, "query": "gradient"},
+                details={"round": t, "clip": cfg.clip, "neighbouring": neighbouring, "query": "gradient"},
             )
             w = w - cfg.lr * noisy.to(w.dtype) / n
             if selecting:
@@ -271,8 +270,8 @@ class AdaptiveKLGD:
             "sigma_norm_sum": plan.sigma_norm,
             "sigma_floor_sum": plan.sigma_floor,
             "stopped": stopped,
-            "select": cfg.select,
-            "neighbouring": cfg.neighbouring,
+            "select": cfg.kl_select,
+            "neighbouring": neighbouring,
             "sensitivity": delta_s,
         }
         if selecting:
@@ -299,7 +298,7 @@ class AdaptiveKLGD:
 
         The candidates are earlier private outputs; each utility is a norm of a mean of clipped
         terms, so it moves by at most Delta/n between neighbours (triangle inequality)."""
-        cfg = self.config
+        cfg = self.params
         n = len(users)
         norms = list(exact_norms)
         for v in iterates[len(norms) :]:  # the last iterate's gradient was never queried
@@ -308,9 +307,9 @@ class AdaptiveKLGD:
         index = releaser.exponential(
             scores,
             eps=plan.eps_select,
-            sensitivity=cfg.sensitivity / n,
+            sensitivity=self.sensitivity / n,
             user_ids=user_ids,
             label=f"{self.name}/select",
-            details={"neighbouring": cfg.neighbouring, "clip": cfg.clip},
+            details={"neighbouring": self.ctx.neighbouring, "clip": cfg.clip},
         )
         return iterates[index].clone(), index

@@ -11,7 +11,15 @@ Every release is a SUM over users of terms whose norm is bounded by a clip B fix
 sensitivity :func:`sum_sensitivity` (2B replace-one, B add-remove); the algorithms divide by the
 public n. The paper states its noise for the mean with Delta = L0/n and charges (Delta/sigma)^2;
 fedkl instead charges every release exactly ``rho = Delta^2 / (2 sigma^2)`` with the relation's Delta
-(see ``notes/seed-000.md``, pitfall 1), so the constants below are derived, not copied.
+(see docs/derivations/paper-000.md §6, pitfall 1), so the constants below are derived, not copied.
+
+The hyperparameters the three algorithms share are the mixins below (:class:`KLBase`,
+:class:`KLConstantsParams`, :class:`MaxRounds`; one definition per flag); each algorithm's ``Params``
+sits next to its class. ``None`` means the theorem's value: ``kl_gamma`` 1/sqrt(2 reg) (a convex loss +
+(reg/2)||w||^2 is PL; :meth:`KLConstantsParams.constants`), ``kl_f0`` (clip gamma)^kappa,
+``kl_smoothness`` and ``kl_weak_convexity`` 1/(2 lr), ``kl_contraction_constant`` 64 (spider) / 32 (prox
+point), ``kl_floor_constant`` 32, ``kl_norm_rho`` sqrt(rho)/n; ``reg`` (through the problem) and
+``neighbouring`` come from the run.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fedkl.algorithms.registry import AlgorithmResult
+from fedkl.algorithms.contract import AlgorithmParams, AlgorithmResult, Clip, StepSize, param
 
 
 def check_positive(name: str, value: float) -> None:
@@ -29,15 +37,9 @@ def check_positive(name: str, value: float) -> None:
         raise ValueError(f"{name} must be finite and > 0, got {value!r}")
 
 
-def check_count(name: str, value: int | None) -> None:
-    """``None`` or a positive integer."""
-    if value is not None and (int(value) != value or value < 1):
-        raise ValueError(f"{name} must be a positive integer (or None), got {value!r}")
-
-
 def log_bracket(f0: float, kappa: float, n: int, rho: float, gamma: float, lipschitz: float, d: int) -> float:
     """``log F0 + kappa log(n sqrt(rho) / (gamma L0 sqrt(d)))`` clamped to >= 1 (the bracket in the
-    paper's K and T; it is <= 0 for small n, see the note's pitfall 6)."""
+    paper's K and T; it is <= 0 for small n: docs/derivations/paper-000.md §6, pitfall 6)."""
     value = math.log(f0) + kappa * math.log(n * math.sqrt(rho) / (gamma * lipschitz * math.sqrt(d)))
     return max(1.0, value)
 
@@ -70,6 +72,66 @@ class KLConstants:
     def initial_gap(self, lipschitz: float) -> float:
         """F0: the given bound, else ``(L0 gamma)^kappa``."""
         return self.f0 if self.f0 is not None else (lipschitz * self.gamma) ** self.kappa
+
+
+@dataclass(frozen=True)
+class KLBase(StepSize, Clip):
+    kl_beta: float = param(0.1, "failure probability beta of the rates", "theorem")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0 < self.kl_beta < 1:
+            raise ValueError(f"--kl-beta must be in (0, 1), got {self.kl_beta}")
+
+
+@dataclass(frozen=True)
+class KLConstantsParams(KLBase):
+    kl_gamma: float | None = param(
+        None,
+        "gamma of the (gamma, kappa)-KL* condition (default 1/sqrt(2 reg) for a convex problem with --reg > 0, "
+        "which makes F PL)",
+        "theorem",
+        positive=True,
+    )
+    kl_kappa: float = param(2.0, "kappa of the KL* condition (2 = PL)", "theorem")
+    kl_f0: float | None = param(None, "F0 >= F(w0) - F* (default (clip gamma)^kappa)", "theorem", positive=True)
+    kl_contraction_constant: float | None = param(
+        None, "the 64 (spider) / 32 (prox point) in c, K, T; smaller values are heuristic", "theorem", positive=True
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not (self.kl_kappa >= 1 and math.isfinite(self.kl_kappa)):
+            raise ValueError(f"--kl-kappa must be finite and >= 1, got {self.kl_kappa}")
+
+    def constants(self, problem, who: str, required: bool = True) -> KLConstants | None:
+        """The KL* constants; gamma defaults to the PL constant a convex loss + (reg/2)||w||^2 has
+        (mu >= reg, gamma = 1/sqrt(2 reg)). None when gamma is neither given nor derivable and not
+        ``required``."""
+        kappa = float(self.kl_kappa)
+        gamma = self.kl_gamma
+        if gamma is None and problem is not None and problem.reg > 0 and kappa == 2.0 and problem.convex:
+            gamma = 1.0 / math.sqrt(2.0 * problem.reg)
+        if gamma is None:
+            if not required:
+                return None
+            raise ValueError(
+                f"{who} needs the KL* constant gamma: give kl_gamma (or, for a convex problem with kappa = 2, "
+                f"reg > 0, which makes F reg-strongly convex hence PL with gamma = 1/sqrt(2 reg))"
+            )
+        return KLConstants(gamma=float(gamma), kappa=kappa, f0=self.kl_f0, beta=float(self.kl_beta))
+
+
+@dataclass(frozen=True)
+class MaxRounds(AlgorithmParams):
+    kl_max_rounds: int | None = param(
+        None, "kl-adaptive-gd / kl-spider: cap on federated rounds", "heuristic", positive=True
+    )
+
+
+def or_default(value, default):
+    """``value``, or ``default`` where it is None (the theorem's value)."""
+    return default if value is None else value
 
 
 @dataclass

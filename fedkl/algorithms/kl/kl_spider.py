@@ -11,7 +11,7 @@ K phases; phase k has a data-independent excess-risk target ``Phi_k = max(Phi_{k
         t += 1
         if t <= M_k:  g += (sum_u clip_{C_k}(grad f_u(w_new) - grad f_u(w)) + N(0, sigma_k^2 I)) / n
         w = w_new
-    (the next phase starts from the iterate at exit: the note's pitfall 5, the paper's proof)
+    (the next phase starts from the iterate at exit: docs/derivations/paper-000.md §6, pitfall 5, the paper's proof)
 
 ``C_k = L1 s_k = Phi_k^(1/kappa)/(4 gamma)`` is fixed before the round and does not depend on the
 data, so clipping the per-user differences at C_k (done where the data lives, the
@@ -23,7 +23,7 @@ Constants (paper, Algorithm 1): ``c = 1 + F0^((2-kappa)/kappa) / (a gamma^2 L1)`
 ``K = ceil((1 + a F0^(-(2-kappa)/kappa) gamma^2 L1) * max(1, log F0 + kappa log(n sqrt(rho)/(gamma L0 sqrt d))))``,
 ``beta' = (beta/K) (gamma L0 sqrt(K d)/(n sqrt(rho) F0^(1/kappa)))^(2-kappa)`` (capped at beta/K),
 ``floor = min((b gamma L0 sqrt(K d log(1/beta'))/(n sqrt(rho)))^kappa, F0)``, with the theorem's
-a = 64, b = 32 (``contraction_constant``, ``floor_constant``: smaller values are heuristics that
+a = 64, b = 32 (``kl_contraction_constant``, ``kl_floor_constant``: smaller values are heuristics that
 make the schedule usable at moderate n; privacy does not depend on them).
 
 Guarantee: user-level rho-zCDP (rho = ``rho_total``), by the zCDP composition of Gaussian releases
@@ -53,57 +53,46 @@ from typing import Callable
 
 import torch
 
+from fedkl.algorithms.contract import Algorithm, BuildContext, SmallAudit, param
 from fedkl.algorithms.kl.kl_common import (
-    KLConstants,
+    KLConstantsParams,
     KLResult,
-    check_count,
+    MaxRounds,
     check_positive,
     log_bracket,
+    or_default,
 )
+from fedkl.algorithms.registry import register
 from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import ClippedGradient, Federation, GradientDifference
-from fedkl.privacy.guarantee import Guarantee, check_relation, sum_sensitivity
+from fedkl.privacy.guarantee import ZERO_SUMS, Guarantee, check_relation, sum_sensitivity
 from fedkl.privacy.release import Releaser
 
 ANCHOR_WEIGHT = 16.0  # paper's per-release costs, anchor : difference = 1/(2K) : 1/(32 T_k K) = 16 : 1/T_k
 
 
 @dataclass(frozen=True)
-class KLSpiderConfig:
-    """Hyperparameters of :class:`KLSpider` (see the module docstring for the formulas).
+class KLSpiderParams(KLConstantsParams, MaxRounds):
+    """kl-spider (see the module docstring for the formulas): the KL* constants (kappa in [1, 2]),
+    ``kl_smoothness`` L1 (sets the step length; the difference clip C_k does not depend on it), ``clip``
+    (the anchor clip C, the theorem's L0), ``kl_contraction_constant`` a in c and K (theorem: 64),
+    ``kl_floor_constant`` b in the Phi floor (theorem: 32), ``kl_phases`` K (None: the theorem's) and
+    ``kl_max_rounds`` (a cap on the releases; the schedule is still calibrated for all of them)."""
 
-    Attributes:
-        kl: the KL* constants (gamma, kappa in [1, 2], F0, beta).
-        smoothness: L1 (sets the step length; the difference clip C_k does not depend on it).
-        clip: the anchor clip C (the theorem's L0).
-        neighbouring: ``replace-one`` or ``add-remove``.
-        contraction_constant: a in c and K (theorem: 64).
-        floor_constant: b in the Phi floor (theorem: 32).
-        phases: K; None: the theorem's.
-        max_rounds: optional cap on the releases (the schedule is still calibrated for all of them).
-    """
-
-    kl: KLConstants
-    smoothness: float
-    clip: float = 1.0
-    neighbouring: str = "replace-one"
-    contraction_constant: float = 64.0
-    floor_constant: float = 32.0
-    phases: int | None = None
-    max_rounds: int | None = None
+    kl_smoothness: float | None = param(None, "kl-spider: L1 (default 1/(2 lr))", "theorem", positive=True)
+    kl_floor_constant: float | None = param(
+        None, "kl-spider: the 32 in the Phi floor; smaller values are heuristic", "theorem", positive=True
+    )
+    kl_phases: int | None = param(
+        None, "kl-spider: number of phases K (default the theorem's)", "heuristic", positive=True
+    )
 
     def __post_init__(self) -> None:
-        if not 1.0 <= self.kl.kappa <= 2.0:
+        super().__post_init__()
+        if not 1.0 <= self.kl_kappa <= 2.0:
             raise ValueError(
-                f"KL-Spider is for kappa in [1, 2], got {self.kl.kappa} (use kl-prox-point for kappa >= 2)"
+                f"--kl-kappa: KL-Spider is for kappa in [1, 2], got {self.kl_kappa} (use kl-prox-point for kappa >= 2)"
             )
-        check_positive("smoothness", self.smoothness)
-        check_positive("clip", self.clip)
-        check_relation(self.neighbouring)
-        check_positive("contraction_constant", self.contraction_constant)
-        check_positive("floor_constant", self.floor_constant)
-        check_count("phases", self.phases)
-        check_count("max_rounds", self.max_rounds)
 
 
 @dataclass(frozen=True)
@@ -137,27 +126,52 @@ class SpiderSchedule:
         return self.sensitivity_diff[k] / math.sqrt(2.0 * self.rho_diff[k])
 
 
-class KLSpider:
-    """Paper 000, Algorithm 1 over users; see the module docstring."""
+@register
+class KLSpider(Algorithm[KLSpiderParams]):
+    """Algorithm 1: private SPIDER under the KL* condition (kappa in [1, 2]; needs gamma).
+
+    Paper 000, Algorithm 1 over users; see the module docstring. ``ctx.rho_left``: this run's zCDP budget;
+    gamma defaults to the PL constant of a convex problem with ``reg`` > 0
+    (:meth:`~fedkl.algorithms.kl.kl_common.KLConstantsParams.constants`)."""
 
     name = "kl-spider"
+    Params = KLSpiderParams
     guarantee = Guarantee("zcdp")
+    absence = ZERO_SUMS
+    step_size = 4.0  # not tuned (no run without --kl-gamma): the previous default
+    small = {"reg": 0.1, "kl_max_rounds": 4, "kl_contraction_constant": 1.0, "kl_floor_constant": 1.0}
+    audit = SmallAudit()
 
-    def __init__(self, config: KLSpiderConfig, rho_total: float) -> None:
-        check_positive("rho_total", rho_total)
-        self.config = config
-        self.rho_total = float(rho_total)
+    def __init__(self, params: KLSpiderParams, ctx: BuildContext) -> None:
+        super().__init__(params, ctx)
+        self.kl = self.params.constants(ctx.problem, self.name)
+        check_positive("rho_total", ctx.rho_left)
+        check_relation(ctx.neighbouring)
+        self.rho_total = float(ctx.rho_left)
+
+    @property
+    def smoothness(self) -> float:
+        """L1: ``kl_smoothness``, else 1/(2 lr)."""
+        return float(or_default(self.params.kl_smoothness, 1.0 / (2.0 * self.params.lr)))
+
+    @property
+    def contraction_constant(self) -> float:
+        return float(or_default(self.params.kl_contraction_constant, 64.0))
+
+    @property
+    def floor_constant(self) -> float:
+        return float(or_default(self.params.kl_floor_constant, 32.0))
 
     def schedule(self, n: int, d: int) -> SpiderSchedule:
-        cfg, kl = self.config, self.config.kl
+        cfg, kl, neighbouring = self.params, self.kl, self.ctx.neighbouring
         if n < 1 or d < 1:
             raise ValueError(f"need n >= 1 users and d >= 1 parameters, got {n}, {d}")
-        rho, L0, L1, g, kappa = self.rho_total, cfg.clip, cfg.smoothness, kl.gamma, kl.kappa
+        rho, L0, L1, g, kappa = self.rho_total, cfg.clip, self.smoothness, kl.gamma, kl.kappa
         f0 = kl.initial_gap(L0)
         e = (2.0 - kappa) / kappa
-        a, b = cfg.contraction_constant, cfg.floor_constant
+        a, b = self.contraction_constant, self.floor_constant
         c = 1.0 + f0**e / (a * g * g * L1)
-        K = cfg.phases or math.ceil((1.0 + a * f0 ** (-e) * g * g * L1) * log_bracket(f0, kappa, n, rho, g, L0, d))
+        K = cfg.kl_phases or math.ceil((1.0 + a * f0 ** (-e) * g * g * L1) * log_bracket(f0, kappa, n, rho, g, L0, d))
         root = n * math.sqrt(rho)
         ratio = g * L0 * math.sqrt(K * d) / (root * f0 ** (1 / kappa))
         beta_prime = (kl.beta / K) * min(1.0, ratio ** (2 - kappa))  # capped at beta/K (see the docstring)
@@ -184,8 +198,8 @@ class KLSpider:
             diff_clip=diff_clip,
             rho_anchor=ANCHOR_WEIGHT * rho / Z,
             rho_diff=tuple(rho / (t * Z) for t in T),
-            sensitivity_anchor=sum_sensitivity(L0, cfg.neighbouring),
-            sensitivity_diff=tuple(sum_sensitivity(cc, cfg.neighbouring) for cc in diff_clip),
+            sensitivity_anchor=sum_sensitivity(L0, neighbouring),
+            sensitivity_diff=tuple(sum_sensitivity(cc, neighbouring) for cc in diff_clip),
         )
 
     def run(
@@ -195,7 +209,7 @@ class KLSpider:
         w0: torch.Tensor,
         progress: Callable[[dict], None] | None = None,
     ) -> KLResult:
-        cfg, kl = self.config, self.config.kl
+        cfg, kl, neighbouring, max_rounds = self.params, self.kl, self.ctx.neighbouring, self.params.kl_max_rounds
         n, d = federation.num_users, federation.num_params
         users = list(range(n))
         user_ids = federation.ids_of(users)
@@ -204,7 +218,7 @@ class KLSpider:
         rounds, spent, steps = 0, 0.0, 0
         stopped = "phases"
         bound = sched.K + sum(sched.M)
-        log = RoundLog(bound if cfg.max_rounds is None else min(bound, cfg.max_rounds), progress)
+        log = RoundLog(bound if max_rounds is None else min(bound, max_rounds), progress)
         info, start = {}, 0.0  # the last release's details and start (its record is made once est is known)
 
         def release(value: torch.Tensor, sensitivity: float, rho: float, label: str, details: dict) -> torch.Tensor:
@@ -216,7 +230,7 @@ class KLSpider:
                 rho=rho,
                 user_ids=user_ids,
                 label=f"{self.name}/{label}",
-                details={**info, "neighbouring": cfg.neighbouring},
+                details={**info, "neighbouring": neighbouring},
             )
             rounds += 1
             spent += rho
@@ -226,7 +240,7 @@ class KLSpider:
             log.round(rounds, start, extra=info, noisy_grad_norm=float(estimate.norm()), rho_spent=spent)
 
         for k in range(sched.K):
-            if cfg.max_rounds is not None and rounds >= cfg.max_rounds:
+            if max_rounds is not None and rounds >= max_rounds:
                 stopped = "max_rounds"
                 break
             phi_root = sched.targets[k] ** (1 / kl.kappa)
@@ -249,7 +263,7 @@ class KLSpider:
                 steps += 1
                 t += 1
                 if t <= sched.M[k]:
-                    if cfg.max_rounds is not None and rounds >= cfg.max_rounds:
+                    if max_rounds is not None and rounds >= max_rounds:
                         w = w_new
                         stopped = "max_rounds"
                         break
@@ -281,10 +295,10 @@ class KLSpider:
             "worst_case_rho": sched.worst_case_rho,
             "steps": steps,
             "stopped": stopped,
-            "neighbouring": cfg.neighbouring,
+            "neighbouring": neighbouring,
             "gamma": kl.gamma,
             "kappa": kl.kappa,
-            "smoothness": cfg.smoothness,
+            "smoothness": self.smoothness,
         }
         return KLResult(
             w=w, rounds=rounds, sigma=sched.sigma_anchor, rho_spent=spent, history=log.history, details=details

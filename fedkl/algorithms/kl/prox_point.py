@@ -3,7 +3,7 @@
 For kappa >= 2 (KL*), F Lipschitz and L~1-weakly convex (no smoothness needed). Outer step t = 1..T,
 centre ``c = w_{t-1}``; the prox objective ``F_t(w) = F(w) + L~1 ||w - c||^2 = F(w) + ||w - c||^2/(2 eta)``
 (``eta = 1/(2 L~1)``; the paper's box writes L~1, its proof L~1/2: fedkl takes L~1 so that F_t is
-L~1-strongly convex, the note's pitfall 7) is minimized by noisy projected GD (Algorithm 4):
+L~1-strongly convex, docs/derivations/paper-000.md §6, pitfall 7) is minimized by noisy projected GD (Algorithm 4):
 
     v_1 = c;  for s = 1..T_in:
         S_s     = sum_u clip_C(grad f_u(v_s))                                  (federation)
@@ -16,9 +16,9 @@ mean gradient, of norm <= C). Clients only return clipped gradients: they never 
 problems (FedProx-style local work is outside the analysis).
 
 Constants (theorem): ``T = ceil((1 + a F0^((kappa-2)/kappa) gamma^2 L~1) * max(1, log F0 + kappa
-log(n sqrt(rho)/(gamma L0 sqrt d))))`` with a = 32 (``contraction_constant``), ``beta' = beta/T``,
+log(n sqrt(rho)/(gamma L0 sqrt d))))`` with a = 32 (``kl_contraction_constant``), ``beta' = beta/T``,
 ``rho' = rho/T``, ``T_in = ceil(n^2 rho' log^2(2/beta')/d)`` (Theorem 9; typically 10^4 or more, so
-``max_inner_rounds`` caps it in practice: a heuristic that costs utility, never privacy).
+``rounds`` caps it in practice: a heuristic that costs utility, never privacy).
 
 Guarantee: user-level rho-zCDP (rho = ``rho_total``). Every inner round releases a sum of
 per-user gradients clipped to C: L2 sensitivity ``Delta = 2C`` (replace-one; the paper's 2L0/n on
@@ -42,70 +42,46 @@ from typing import Callable
 
 import torch
 
+from fedkl.algorithms.contract import Algorithm, BuildContext, Rounds, SmallAudit, param
 from fedkl.algorithms.kl.kl_common import (
-    KLConstants,
+    KLConstantsParams,
     KLResult,
-    check_count,
     check_positive,
     log_bracket,
+    or_default,
     project_ball,
 )
+from fedkl.algorithms.registry import register
 from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import ClippedGradient, Federation
-from fedkl.privacy.guarantee import Guarantee, check_relation, sum_sensitivity
+from fedkl.privacy.guarantee import ZERO_SUMS, Guarantee, check_relation, sum_sensitivity
 from fedkl.privacy.release import Releaser
 
 
 @dataclass(frozen=True)
-class ProxPointConfig:
-    """Hyperparameters of :class:`PrivateProxPoint`.
+class ProxPointParams(KLConstantsParams, Rounds):
+    """kl-prox-point: ``kl_weak_convexity`` L~1 > 0 (any positive value for a convex F; the prox step is
+    1/(2 L~1)), the KL* constants (kappa >= 2; needed only for the theorem's T and T_in), ``clip`` C (the
+    theorem's L0), ``kl_contraction_constant`` a in T (theorem: 32), ``kl_prox_steps`` T and
+    ``kl_inner_rounds`` T_in (None: the theorem's; T_in capped at ``rounds``)."""
 
-    Attributes:
-        weak_convexity: L~1 > 0 (any positive value for a convex F); the prox step is 1/(2 L~1).
-        kl: the KL* constants (kappa >= 2); needed only for the theorem's T.
-        clip: per-user clip C (the theorem's L0).
-        neighbouring: ``replace-one`` or ``add-remove``.
-        contraction_constant: a in T (theorem: 32).
-        prox_steps: T; None: the theorem's.
-        inner_rounds: T_in; None: the theorem's, capped by ``max_inner_rounds``.
-        max_inner_rounds: cap on the theorem's T_in (None: no cap).
-    """
-
-    weak_convexity: float
-    kl: KLConstants | None = None
-    clip: float = 1.0
-    neighbouring: str = "replace-one"
-    contraction_constant: float = 32.0
-    prox_steps: int | None = None
-    inner_rounds: int | None = None
-    max_inner_rounds: int | None = None
+    kl_weak_convexity: float | None = param(
+        None, "kl-prox-point: L~1 (default 1/(2 lr), i.e. the prox step is lr)", "theorem", positive=True
+    )
+    kl_prox_steps: int | None = param(
+        None, "kl-prox-point: outer steps T (default the theorem's)", "heuristic", positive=True
+    )
+    kl_inner_rounds: int | None = param(
+        None, "kl-prox-point: inner rounds T_in (default the theorem's, capped at --rounds)", "heuristic", positive=True
+    )
 
     def __post_init__(self) -> None:
-        check_positive("weak_convexity", self.weak_convexity)
-        check_positive("clip", self.clip)
-        check_relation(self.neighbouring)
-        check_positive("contraction_constant", self.contraction_constant)
-        for name in ("prox_steps", "inner_rounds", "max_inner_rounds"):
-            check_count(name, getattr(self, name))
-        if self.kl is not None and self.kl.kappa < 2:
+        super().__post_init__()
+        if self.kl_kappa < 2:
             raise ValueError(
-                f"the proximal point method is for kappa >= 2, got {self.kl.kappa} "
+                f"--kl-kappa: the proximal point method is for kappa >= 2, got {self.kl_kappa} "
                 "(use kl-spider or kl-adaptive-gd for kappa in [1, 2])"
             )
-        if self.kl is None and (self.prox_steps is None or self.inner_rounds is None and self.max_inner_rounds is None):
-            raise ValueError(
-                "the theorem's prox steps T and inner rounds T_in need the KL constants: give kl "
-                "(gamma, kappa) or both prox_steps and inner_rounds / max_inner_rounds"
-            )
-
-    @property
-    def sensitivity(self) -> float:
-        return sum_sensitivity(self.clip, self.neighbouring)
-
-    @property
-    def radius(self) -> float:
-        """Radius of the ball around each centre that holds the prox minimizer: C/(2 L~1)."""
-        return self.clip / (2.0 * self.weak_convexity)
 
 
 @dataclass(frozen=True)
@@ -118,29 +94,62 @@ class ProxSchedule:
     sigma: float  # noise std on the sum
 
 
-class PrivateProxPoint:
-    """Paper 000, Algorithm 2 (+ Algorithm 4) over users; see the module docstring."""
+@register
+class PrivateProxPoint(Algorithm[ProxPointParams]):
+    """Algorithms 2 + 4: private proximal point (kappa >= 2); inner rounds capped at ``rounds``.
+
+    Paper 000, Algorithm 2 (+ Algorithm 4) over users; see the module docstring. ``ctx.rho_left``: this
+    run's zCDP budget. The KL* constants (``self.kl``) are needed only for the theorem's T (without
+    ``kl_prox_steps``) and T_in; None when T is given and gamma is neither given nor derivable."""
 
     name = "kl-prox-point"
+    Params = ProxPointParams
     guarantee = Guarantee("zcdp")
+    absence = ZERO_SUMS
+    step_size = 4.0  # not tuned (no run without --kl-gamma): the previous default
+    small = {"reg": 0.1, "kl_prox_steps": 2, "rounds": 2}
+    audit = SmallAudit()
 
-    def __init__(self, config: ProxPointConfig, rho_total: float) -> None:
-        check_positive("rho_total", rho_total)
-        self.config = config
-        self.rho_total = float(rho_total)
+    def __init__(self, params: ProxPointParams, ctx: BuildContext) -> None:
+        super().__init__(params, ctx)
+        self.kl = self.params.constants(ctx.problem, self.name, required=params.kl_prox_steps is None)
+        check_positive("rho_total", ctx.rho_left)
+        check_relation(ctx.neighbouring)
+        self.rho_total = float(ctx.rho_left)
+
+    @property
+    def weak_convexity(self) -> float:
+        """L~1: ``kl_weak_convexity``, else 1/(2 lr) (the prox step is then lr)."""
+        return float(or_default(self.params.kl_weak_convexity, 1.0 / (2.0 * self.params.lr)))
+
+    @property
+    def contraction_constant(self) -> float:
+        return float(or_default(self.params.kl_contraction_constant, 32.0))
+
+    @property
+    def sensitivity(self) -> float:
+        return sum_sensitivity(self.params.clip, self.ctx.neighbouring)
+
+    @property
+    def radius(self) -> float:
+        """Radius of the ball around each centre that holds the prox minimizer: C/(2 L~1)."""
+        return self.params.clip / (2.0 * self.weak_convexity)
 
     def schedule(self, n: int, d: int) -> ProxSchedule:
-        cfg, kl, rho = self.config, self.config.kl, self.rho_total
+        cfg, kl, rho = self.params, self.kl, self.rho_total
         if n < 1 or d < 1:
             raise ValueError(f"need n >= 1 users and d >= 1 parameters, got {n}, {d}")
-        if cfg.prox_steps is not None:
-            T = cfg.prox_steps
+        if cfg.kl_prox_steps is not None:
+            T = cfg.kl_prox_steps
         else:
             f0 = kl.initial_gap(cfg.clip)
             T = math.ceil(
                 (
                     1.0
-                    + cfg.contraction_constant * f0 ** ((kl.kappa - 2.0) / kl.kappa) * kl.gamma**2 * cfg.weak_convexity
+                    + self.contraction_constant
+                    * f0 ** ((kl.kappa - 2.0) / kl.kappa)
+                    * kl.gamma**2
+                    * self.weak_convexity
                 )
                 * log_bracket(f0, kl.kappa, n, rho, kl.gamma, cfg.clip, d)
             )
@@ -148,12 +157,12 @@ class PrivateProxPoint:
         theorem = None
         if beta_prime is not None:
             theorem = max(1, math.ceil(n * n * (rho / T) * math.log(2.0 / beta_prime) ** 2 / d))
-        if cfg.inner_rounds is not None:
-            T_in = cfg.inner_rounds
+        if cfg.kl_inner_rounds is not None:
+            T_in = cfg.kl_inner_rounds
         elif theorem is None:
-            T_in = cfg.max_inner_rounds
+            T_in = cfg.rounds
         else:
-            T_in = theorem if cfg.max_inner_rounds is None else min(theorem, cfg.max_inner_rounds)
+            T_in = min(theorem, cfg.rounds)
         rho_release = rho / (T * T_in)
         return ProxSchedule(
             T=T,
@@ -161,7 +170,7 @@ class PrivateProxPoint:
             T_in_theorem=theorem,
             beta_prime=beta_prime,
             rho_release=rho_release,
-            sigma=cfg.sensitivity / math.sqrt(2.0 * rho_release),
+            sigma=self.sensitivity / math.sqrt(2.0 * rho_release),
         )
 
     def run(
@@ -171,12 +180,12 @@ class PrivateProxPoint:
         w0: torch.Tensor,
         progress: Callable[[dict], None] | None = None,
     ) -> KLResult:
-        cfg = self.config
+        cfg, neighbouring = self.params, self.ctx.neighbouring
         n, d = federation.num_users, federation.num_params
         users = list(range(n))
         user_ids = federation.ids_of(users)
         sched = self.schedule(n, d)
-        L = cfg.weak_convexity
+        L = self.weak_convexity
         total_rounds = sched.T * sched.T_in
         w = w0.clone()
         log = RoundLog(total_rounds, progress)
@@ -190,16 +199,16 @@ class PrivateProxPoint:
                 total = federation.sum(ClippedGradient(v, cfg.clip), users).total()
                 noisy = releaser.gaussian(
                     total,
-                    sensitivity=cfg.sensitivity,
+                    sensitivity=self.sensitivity,
                     rho=sched.rho_release,
                     user_ids=user_ids,
                     label=f"{self.name}/prox-{t}/round-{s}",
-                    details={"prox_step": t, "inner_round": s, "clip": cfg.clip, "neighbouring": cfg.neighbouring},
+                    details={"prox_step": t, "inner_round": s, "clip": cfg.clip, "neighbouring": neighbouring},
                 )
                 rounds += 1
                 spent += sched.rho_release
                 grad = noisy.to(w.dtype) / n + 2.0 * L * (v - center)
-                v = project_ball(v - grad / (L * s), center, cfg.radius)
+                v = project_ball(v - grad / (L * s), center, self.radius)
                 avg += s * v
                 norm = float(noisy.norm()) / n
                 log.round(rounds, start, noisy_grad_norm=norm, rho_spent=spent, prox_step=t + 1)
@@ -212,8 +221,8 @@ class PrivateProxPoint:
             "rho_release": sched.rho_release,
             "weak_convexity": L,
             "prox_eta": 1.0 / (2.0 * L),
-            "radius": cfg.radius,
-            "neighbouring": cfg.neighbouring,
-            "sensitivity": cfg.sensitivity,
+            "radius": self.radius,
+            "neighbouring": neighbouring,
+            "sensitivity": self.sensitivity,
         }
         return KLResult(w=w, rounds=rounds, sigma=sched.sigma, rho_spent=spent, history=log.history, details=details)
