@@ -15,7 +15,9 @@ import fedkl.algorithms.gradient.dp_ftrl  # noqa: F401
 import fedkl.algorithms.gradient.noisy_gd  # noqa: F401
 import fedkl.algorithms.gradient.outlier_gd  # noqa: F401
 import fedkl.algorithms.kl.kl_methods  # noqa: F401
-import fedkl.algorithms.localization.fkt  # noqa: F401
+import fedkl.algorithms.localization.fkt_phased  # noqa: F401
+import fedkl.algorithms.localization.fkt_reduction  # noqa: F401
+import fedkl.algorithms.localization.fkt_snowball  # noqa: F401
 import fedkl.algorithms.output_perturbation.mean_output_pert  # noqa: F401
 import fedkl.algorithms.output_perturbation.p002  # noqa: F401
 from fedkl.algorithms.registry import REGISTRY, algorithm_spec
