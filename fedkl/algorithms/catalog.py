@@ -17,7 +17,9 @@ import fedkl.algorithms.gradient.outlier_gd  # noqa: F401
 import fedkl.algorithms.kl.kl_adaptive_gd  # noqa: F401
 import fedkl.algorithms.kl.kl_spider  # noqa: F401
 import fedkl.algorithms.kl.prox_point  # noqa: F401
-import fedkl.algorithms.localization.fkt  # noqa: F401
+import fedkl.algorithms.localization.fkt_phased  # noqa: F401
+import fedkl.algorithms.localization.fkt_reduction  # noqa: F401
+import fedkl.algorithms.localization.fkt_snowball  # noqa: F401
 import fedkl.algorithms.output_perturbation.mean_output_pert  # noqa: F401
 import fedkl.algorithms.output_perturbation.p002  # noqa: F401
 from fedkl.algorithms.registry import REGISTRY, algorithm_spec

@@ -46,25 +46,24 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 from scipy.stats import chi2
 
-from fedkl.algorithms.localization.fkt import (
+from fedkl.algorithms.contract import BuildContext
+from fedkl.algorithms.localization.fkt_common import ConvexSetting, cohort_order, convex_setting
+from fedkl.algorithms.localization.fkt_phased import (
     FKTPhasedERM,
-    LocalizationConfig,
+    LocalizationParams,
     PhasedSGD,
     SCLocalization,
-    SCReduction,
-    SCReductionConfig,
-    SnowballConfig,
-    SnowballSGD,
-    convex_setting,
+    project_two_balls,
 )
-from fedkl.algorithms.localization.fkt_common import ConvexSetting, cohort_order
-from fedkl.algorithms.localization.fkt_phased import project_two_balls
+from fedkl.algorithms.localization.fkt_reduction import ReductionParams, SCReduction
+from fedkl.algorithms.localization.fkt_snowball import SCSnowballSGD, SnowballParams, SnowballSGD
 from fedkl.data import load_dataset
 from fedkl.data.base import FederatedDataset, UserData
 from fedkl.federation.base import Answers, ClippedGradient, Federation
@@ -116,28 +115,59 @@ def _lipschitz(ds, radius: float, reg: float) -> float:
     return radius + ds.extra["label_bound"] + reg * radius
 
 
-def _algorithm(
-    name: str,
+CLASSES = {
+    "fkt-snowball": SnowballSGD,
+    "fkt-snowball-sc": SCSnowballSGD,
+    "fkt-phased-sgd": PhasedSGD,
+    "fkt-phased-erm": FKTPhasedERM,
+    "fkt-sc-localization": SCLocalization,
+    "fkt-sc-reduction": SCReduction,
+}
+
+
+class _Constants:
+    """A convex problem whose public constants are those of ``setting``: builds an algorithm on a
+    setting (as :func:`convex_setting` states it) that no real problem needs to have (no smoothness
+    constant, a chosen L, ...)."""
+
+    convex, name = True, "fixed constants"
+
+    def __init__(self, setting: ConvexSetting):
+        self.setting, self.num_params = setting, setting.dim
+
+    def constants(self, feature_bound, radius):
+        s = self.setting
+        return SimpleNamespace(lipschitz=s.lipschitz, smoothness=s.smoothness, strong_convexity=s.strong_convexity)
+
+
+def _make(
+    cls,
     setting: ConvexSetting,
     rho: float,
     *,
     relation: str = "replace-one",
-    solver=None,
     seed: int = 0,
     delta: float = DELTA,
-    **loc,
+    conversion: str = "cks",
+    **params,
 ):
-    config = LocalizationConfig(solver=solver, neighbouring=relation, seed=seed, **loc)
-    if name in ("fkt-snowball", "fkt-snowball-sc"):
-        variant = loc.get("variant") or ("strongly-convex" if name == "fkt-snowball-sc" else "jnn")
-        return SnowballSGD(SnowballConfig(variant, relation, seed), setting, rho, delta=delta)
-    if name == "fkt-phased-sgd":
-        return PhasedSGD(config, setting, rho)
-    if name == "fkt-phased-erm":
-        return FKTPhasedERM(config, setting, rho)
-    if name == "fkt-sc-localization":
-        return SCLocalization(config, setting, rho)
-    return SCReduction(SCReductionConfig(localization=config), setting, rho)
+    """``cls`` built as the runner builds it, on ``setting``, with ``rho`` zCDP left to each user (and an
+    (eps, delta) left of (500, ``delta``): Snowball then gets rho itself and converts at ``delta``)."""
+    ctx = BuildContext(_Constants(setting), 1.0, (), delta, rho, (500.0, delta), conversion, relation, seed)
+    domain = dict(radius=setting.radius, distance=setting.distance, strong_convexity=setting.strong_convexity)
+    return cls(cls.Params(**domain, **params), ctx)
+
+
+def _snowball(variant: str, setting: ConvexSetting, rho: float, **kw):
+    if variant == "strongly-convex":
+        return _make(SCSnowballSGD, setting, rho, **kw)
+    return _make(SnowballSGD, setting, rho, fkt_schedule=variant, **kw)
+
+
+def _algorithm(name: str, setting: ConvexSetting, rho: float, *, solver=None, **kw):
+    if name.startswith("fkt-snowball"):
+        return _make(CLASSES[name], setting, rho, **kw)
+    return _make(CLASSES[name], setting, rho, fkt_solver=solver, **kw)
 
 
 class _Recorder(Releaser):
@@ -421,7 +451,7 @@ def test_snowball_noise_and_amplification_charges(variant, relation):
         ledger = PrivacyLedger(":memory:", BIG)
         fed = _Watched(problem, ds, ledger)
         rec = _Recorder(ledger, NoiseSource(7 + seed))
-        alg = SnowballSGD(SnowballConfig(variant, relation, seed), setting, rho, delta=DELTA)
+        alg = _snowball(variant, setting, rho, relation=relation, seed=seed)
         res = alg.run(fed, rec, problem.init_params())
         batches, steps, T = res.details["batches"], res.details["steps"], res.rounds
         assert len(batches) == len(steps) == T == len(rec.scheduled) == len(fed.requests) and sum(batches) <= n
@@ -551,13 +581,13 @@ def test_phased_algorithms_refuse_a_run_wide_filter():
     ds, problem, setting = _setup(64, 0)
     ledger = PrivacyLedger(":memory:", BIG)
     fed = _Watched(problem, ds, ledger)
-    for alg in (PhasedSGD(LocalizationConfig(), setting, 0.5), FKTPhasedERM(LocalizationConfig(), setting, 0.5)):
+    for alg in (_make(PhasedSGD, setting, 0.5), _make(FKTPhasedERM, setting, 0.5)):
         with pytest.raises(ValueError, match="filter"):
             alg.run(fed, Releaser(ledger, NoiseSource(0), ZCDPFilter(0.5)), problem.init_params())
     _, problem_sc, setting_sc = _setup(64, 0, reg=0.3)
     for alg in (
-        SCLocalization(LocalizationConfig(), setting_sc, 0.5),
-        SCReduction(SCReductionConfig(), setting_sc, 0.5),
+        _make(SCLocalization, setting_sc, 0.5),
+        _make(SCReduction, setting_sc, 0.5),
     ):
         with pytest.raises(ValueError, match="filter"):
             alg.run(fed, Releaser(ledger, NoiseSource(0), ZCDPFilter(0.5)), problem_sc.init_params())
@@ -628,7 +658,12 @@ def test_phase_sensitivity_on_adversarial_neighbours(name, solver, relation):
     n = 24 if solver == "subgradient" else 40
     ds, problem, setting = _setup(n, 11, d=4, reg=reg, m=3)
     alg = _algorithm(
-        name, setting, 0.5, relation=relation, solver=solver, **({"erm_tol": 4.0} if solver == "subgradient" else {})
+        name,
+        setting,
+        0.5,
+        relation=relation,
+        solver=solver,
+        **({"fkt_erm_tol": 4.0} if solver == "subgradient" else {}),
     )
     if name == "fkt-sc-reduction":  # its phases are its inner Phased-SGD's, on the first run's pool
         alg = alg.inner
@@ -665,7 +700,7 @@ def test_one_shot_sensitivity_is_tight_and_needs_no_data_bounds(dishonest_record
     the phase value by exactly gamma_i = 2 (L/lam_i)/n_i, never more. Such records model DISHONEST
     clients (fedkl's datasets and ClientApp refuse them), so the bounds check is switched off here."""
     ds, problem, setting = _setup(24, 12, d=3, m=3)
-    alg = PhasedSGD(LocalizationConfig(solver="one-shot"), setting, 0.5)
+    alg = _make(PhasedSGD, setting, 0.5, fkt_solver="one-shot")
     ph = alg.plan(cohort_order(ds.train.user_ids, 0), RADIUS)[0]
     assert ph.sensitivity == pytest.approx(2 * (setting.lipschitz / ph.reg) / len(ph.users))
     g = torch.Generator().manual_seed(2)
@@ -687,7 +722,7 @@ def test_snowball_coupled_runs_stay_within_the_batch_shift(variant, relation):
     reg = 0.3 if variant == "strongly-convex" else 0.0
     n = 90
     ds, problem, setting = _setup(n, 13, d=4, reg=reg, m=3)
-    alg = SnowballSGD(SnowballConfig(variant, relation), setting, 0.5, delta=DELTA)
+    alg = _snowball(variant, setting, 0.5, relation=relation)
     f = 2.0 if relation == "replace-one" else 1.0
     plan = alg.plan(n, problem.init_params())
     fed0 = _Watched(problem, ds)
@@ -838,7 +873,7 @@ def test_snowball_horizon_follows_the_sample_count_bound(variant):
     c = 4.0 if variant == "constant" else 8 * math.sqrt(3)
     horizons = []
     for rho in (0.002, 0.01, 0.05, 0.25, 1.0, 4.0):
-        alg = SnowballSGD(SnowballConfig(variant), setting, rho, delta=DELTA)
+        alg = _snowball(variant, setting, rho)
         plan = alg.plan(n, torch.zeros(d))
         rho_p = math.sqrt(2 * rho)
         assert plan.users <= n and plan.horizon >= n**2 / (c**2 * d / rho_p**2 + 4 * n) - 1
@@ -895,67 +930,76 @@ def test_bad_configurations_are_refused():
         no_radius.resolve_distance(torch.zeros(3))
     rough = replace(setting, smoothness=None)  # no smoothness constant: no contraction, no Lemma 4.3
     for make in (
-        lambda: SnowballSGD(SnowballConfig(), rough, 0.5, delta=DELTA),
-        lambda: PhasedSGD(LocalizationConfig(), rough, 0.5),
-        lambda: FKTPhasedERM(LocalizationConfig(solver="gd"), rough, 0.5),
-        lambda: SCLocalization(LocalizationConfig(), replace(rough, strong_convexity=0.1), 0.5),
+        lambda: _snowball("jnn", rough, 0.5),
+        lambda: _make(PhasedSGD, rough, 0.5),
+        lambda: _make(FKTPhasedERM, rough, 0.5, fkt_solver="gd"),
+        lambda: _make(SCLocalization, replace(rough, strong_convexity=0.1), 0.5),
     ):
         with pytest.raises(ValueError, match="smooth"):
             make()
-    FKTPhasedERM(LocalizationConfig(solver="subgradient"), rough, 0.5)  # the non-smooth case of the paper
-    PhasedSGD(LocalizationConfig(solver="one-shot"), rough, 0.5)  # private by its clip alone
+    _make(FKTPhasedERM, rough, 0.5, fkt_solver="subgradient")  # the non-smooth case of the paper
+    _make(PhasedSGD, rough, 0.5, fkt_solver="one-shot")  # private by its clip alone
     for make in (
-        lambda: SnowballSGD(SnowballConfig("strongly-convex"), setting, 0.5, delta=DELTA),
-        lambda: SCLocalization(LocalizationConfig(), setting, 0.5),
-        lambda: SCReduction(SCReductionConfig(), setting, 0.5),
+        lambda: _snowball("strongly-convex", setting, 0.5),
+        lambda: _make(SCLocalization, setting, 0.5),
+        lambda: _make(SCReduction, setting, 0.5),
     ):
         with pytest.raises(ValueError, match="strongly convex"):
             make()
-    for bad in (dict(variant="adagrad"), dict(neighbouring="swap")):
-        with pytest.raises(ValueError):
-            SnowballConfig(**bad)
-    for bad in (
-        dict(neighbouring="swap"),
-        dict(batch=0),
-        dict(batch=1.5),
-        dict(min_cohort=0),
-        dict(erm_tol=0.0),
-        dict(erm_tol=float("nan")),
-        dict(max_solver_rounds=0),
-        dict(sc_c=1.9),
+    with pytest.raises(ValueError, match="fkt-schedule must be one of"):
+        SnowballParams(fkt_schedule="adagrad")
+    for cls in CLASSES.values():  # the relation is the run's (BuildContext): every algorithm checks it
+        with pytest.raises(ValueError, match="neighbouring"):
+            _make(cls, replace(setting, strong_convexity=0.3), 0.5, relation="swap")
+    for bad, flag in (
+        (dict(fkt_batch=0), "--fkt-batch must be >= 1"),
+        (dict(fkt_batch=1.5), "--fkt-batch must be an integer"),
+        (dict(fkt_min_cohort=0), "--fkt-min-cohort must be >= 1"),
+        (dict(fkt_erm_tol=0.0), "--fkt-erm-tol must be finite and > 0"),
+        (dict(fkt_erm_tol=float("nan")), "--fkt-erm-tol must be a number"),
+        (dict(fkt_erm_tol=float("inf")), "--fkt-erm-tol must be finite and > 0"),
+        (dict(fkt_max_solver_rounds=0), "--fkt-max-solver-rounds must be >= 1"),
+        (dict(fkt_sc_c=1.9), "--fkt-sc-c must be finite and >= 2"),
     ):
-        with pytest.raises(ValueError):
-            LocalizationConfig(**bad)
-    for bad in (dict(inner="snowball"), dict(c=0.0)):
-        with pytest.raises(ValueError):
-            SCReductionConfig(**bad)
+        for params in (LocalizationParams, ReductionParams):  # ReductionParams are its inner algorithm's too
+            with pytest.raises(ValueError, match=flag):
+                params(**bad)
+    for bad, flag in (
+        (dict(fkt_inner="snowball"), "--fkt-inner must be one of"),
+        (dict(fkt_reduction_c=0.0), "--fkt-reduction-c must be finite and > 0"),
+    ):
+        with pytest.raises(ValueError, match=flag):
+            ReductionParams(**bad)
     with pytest.raises(ValueError, match="solver"):
-        FKTPhasedERM(LocalizationConfig(solver="psgd"), setting, 0.5)
+        _make(FKTPhasedERM, setting, 0.5, fkt_solver="psgd")
     with pytest.raises(ValueError, match="solver"):
-        PhasedSGD(LocalizationConfig(solver="gd"), setting, 0.5)
+        _make(PhasedSGD, setting, 0.5, fkt_solver="gd")
     for rho in (0.0, -1.0, float("inf")):
         with pytest.raises(ValueError, match="rho"):
-            PhasedSGD(LocalizationConfig(), setting, rho)
-        with pytest.raises(ValueError, match="rho"):
-            SnowballSGD(SnowballConfig(), setting, rho, delta=DELTA)
-    for kw in (dict(delta=0.0), dict(delta=1.0), dict(delta=DELTA, conversion="rdp")):
+            _make(PhasedSGD, setting, rho)
+        if rho <= 0:  # (Snowball's rho is capped by the (eps, delta) left: never infinite)
+            with pytest.raises(ValueError, match="rho"):
+                _snowball("jnn", setting, rho)
+    for kw in (dict(delta=1.0), dict(conversion="rdp"), dict(conversion="gaussian")):
         with pytest.raises(ValueError):
-            SnowballSGD(SnowballConfig(), setting, 0.5, **kw)
+            _snowball("jnn", setting, 0.5, **kw)
+    with pytest.raises(BudgetExceeded):  # no delta left
+        _snowball("jnn", setting, 0.5, delta=0.0)
     # plans that cannot run are refused before any data is read or anything is charged
     ledger = PrivacyLedger(":memory:", BIG)
     small_ds, small_problem, small_setting = _setup(3, 0)
     fed = _Watched(small_problem, small_ds, ledger)
     sc_setting = replace(small_setting, strong_convexity=0.3)
     for alg, match in (
-        (SnowballSGD(SnowballConfig(), small_setting, 0.01, delta=DELTA), "at least"),
-        (PhasedSGD(LocalizationConfig(min_cohort=2), small_setting, 0.5), "too few"),
-        (SCReduction(SCReductionConfig(), sc_setting, 0.5), "at least 4"),
+        (_snowball("jnn", small_setting, 0.01), "at least"),
+        (_make(PhasedSGD, small_setting, 0.5, fkt_min_cohort=2), "too few"),
+        (_make(SCReduction, sc_setting, 0.5), "at least 4"),
     ):
         with pytest.raises(ValueError, match=match):
             alg.run(fed, Releaser(ledger, NoiseSource(0)), small_problem.init_params())
     big = _Watched(problem, ds, ledger)
     with pytest.raises(ValueError, match="max_solver_rounds"):
-        FKTPhasedERM(LocalizationConfig(solver="subgradient", max_solver_rounds=100), setting, 0.5).run(
+        _make(FKTPhasedERM, setting, 0.5, fkt_solver="subgradient", fkt_max_solver_rounds=100).run(
             big, Releaser(ledger, NoiseSource(0)), problem.init_params()
         )
     assert fed.requests == big.requests == [] and ledger.num_releases() == 0
@@ -1004,10 +1048,10 @@ def test_builders_read_the_run_config():
             eps_left, delta_left = ledger.approx_left(ds.train.user_ids)
             assert alg.delta == delta_left and alg.conversion == "cks"
             assert alg.rho_total <= 0.3 and zcdp_to_eps(alg.rho_total, delta_left) <= eps_left * (1 + 1e-9)
-            assert alg.config.variant == ("strongly-convex" if name == "fkt-snowball-sc" else "constant")
-            assert (alg.config.neighbouring, alg.config.seed) == ("add-remove", 4)
+            assert alg.variant == ("strongly-convex" if name == "fkt-snowball-sc" else "constant")
+            assert (alg.ctx.neighbouring, alg.ctx.seed) == ("add-remove", 4)
         else:
-            loc = alg.config.localization if name == "fkt-sc-reduction" else alg.config
+            loc = alg.inner if name == "fkt-sc-reduction" else alg  # the phase driver's public inputs
             assert (
                 loc.solver,
                 loc.neighbouring,
@@ -1016,10 +1060,10 @@ def test_builders_read_the_run_config():
                 loc.min_cohort,
                 loc.erm_tol,
                 loc.max_solver_rounds,
-                loc.sc_c,
+                loc.params.fkt_sc_c,
             ) == ("one-shot", "add-remove", 4, 2, 3, 0.5, 7, 3.0)
             assert alg.rho_total == 0.3
-    assert build(cfg("fkt-sc-reduction"), 0.3, **common).config.c == 5.0
+    assert build(cfg("fkt-sc-reduction"), 0.3, **common).params.fkt_reduction_c == 5.0
     with pytest.raises(ValueError, match="fkt-schedule must be one of jnn, constant"):
         cfg("fkt-snowball", fkt_schedule="strongly-convex")
     with pytest.raises(ValueError, match="fkt_batch=2 does not apply to fkt-snowball"):

@@ -22,7 +22,6 @@ import torch
 from fedkl import cli
 from fedkl.algorithms.frank_wolfe.gll_phased import GLLPhasedSGD, paper001_schedule
 from fedkl.algorithms.localization.fkt_common import cohort_order, convex_setting, paper_rho
-from fedkl.algorithms.localization.fkt_phased import LocalizationConfig
 from fedkl.data import load_dataset
 from fedkl.data.base import UserData
 from fedkl.federation.base import FeatureClippedGradient
@@ -40,7 +39,7 @@ def _setup(n=16, d=4, seed=0, problem="logistic", m=6, **kw):
 
 def _alg(prob, rho=0.5, radius=2.0, neighbouring="replace-one", feature_clip=1.0, seed=0):
     setting = convex_setting(prob, feature_clip, radius=radius)
-    return GLLPhasedSGD(LocalizationConfig("psgd", neighbouring, seed), setting, rho, feature_clip)
+    return GLLPhasedSGD(setting, rho, feature_clip, neighbouring=neighbouring, seed=seed)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -170,9 +169,9 @@ def test_refusals_happen_before_any_query(tmp_path):
     with pytest.raises(ValueError, match="not convex"):
         _alg(make_problem("mlp", ds))
     with pytest.raises(ValueError, match="feature_clip"):
-        GLLPhasedSGD(LocalizationConfig("psgd"), convex_setting(prob, 1.0, radius=1.0), 0.5, 0.0)
+        GLLPhasedSGD(convex_setting(prob, 1.0, radius=1.0), 0.5, 0.0)
     with pytest.raises(ValueError, match="radius"):
-        GLLPhasedSGD(LocalizationConfig("psgd"), convex_setting(prob, 1.0), 0.5, 1.0)
+        GLLPhasedSGD(convex_setting(prob, 1.0), 0.5, 1.0)
     assert cli.main(["run", "--algorithm", "gll-phased-sgd", "--gll-feature-clip", "-1", "--users", "10"]) == 2
 
 

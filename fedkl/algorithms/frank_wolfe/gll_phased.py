@@ -1,8 +1,8 @@
 """Phased-SGD for convex generalized linear losses over an l2 ball (paper 001, Bassily–Guzmán–Menart,
 Alg 1 + Alg 2 / Thm 6), at user level: ``gll-phased-sgd``.
 
-It is FKT20's Phased-SGD (:class:`fedkl.algorithms.localization.fkt_phased.PhasedSGD`, whose phase driver it
-reuses) with paper 001's oracle and schedule:
+It is FKT20's Phased-SGD (:class:`fedkl.algorithms.localization.fkt_phased.PhasedSGD`, whose phase driver,
+:class:`~fedkl.algorithms.localization.fkt_phased.PhaseDriver`, it reuses) with paper 001's oracle and schedule:
 
 * **Oracle (Alg 1).** Each user answers the gradient of its mean GLL loss computed on its records
   with every feature vector clipped to ``||x|| <= R`` (:class:`~fedkl.federation.base.FeatureClippedGradient`),
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import torch
 
 from fedkl.algorithms.localization.fkt_common import ConvexSetting, convex_setting, paper_rho
-from fedkl.algorithms.localization.fkt_phased import LocalizationConfig, PhasedSGD
+from fedkl.algorithms.localization.fkt_phased import PhaseDriver
 from fedkl.algorithms.registry import BuildContext, Domain, param, register
 from fedkl.federation.base import FeatureClippedGradient, Query
 from fedkl.privacy.guarantee import SOLVER_ITERATES, ZERO_SUMS
@@ -59,18 +59,27 @@ def paper001_schedule(n: int, rho: float, setting: ConvexSetting, diameter: floa
     return [(n // 2**k, min(eta * 4.0**-k, 2.0 / beta)) for k in range(1, int(math.log2(n)) + 1) if n // 2**k >= 1]
 
 
-class GLLPhasedSGD(PhasedSGD):
-    """See the module docstring. ``feature_clip``: R, the l2 bound every client clips its features to."""
+class GLLPhasedSGD(PhaseDriver):
+    """See the module docstring. ``feature_clip``: R, the l2 bound every client clips its features to;
+    ``neighbouring`` and ``seed`` (cohort hashing): the run's."""
 
     name = "gll-phased-sgd"
     solvers = ("psgd",)
 
-    def __init__(self, config: LocalizationConfig, setting: ConvexSetting, rho_total: float, feature_clip: float):
+    def __init__(
+        self,
+        setting: ConvexSetting,
+        rho_total: float,
+        feature_clip: float,
+        *,
+        neighbouring: str = "replace-one",
+        seed: int = 0,
+    ):
         if not (feature_clip > 0 and math.isfinite(feature_clip)):
             raise ValueError(f"feature_clip must be finite and > 0, got {feature_clip}")
         if setting.radius is None:
             raise ValueError(f"{self.name}: Thm 6 is constrained: give the l2 ball's --radius")
-        super().__init__(config, setting, rho_total)
+        self.setup(setting, rho_total, solver="psgd", neighbouring=neighbouring, seed=seed)
         self.feature_clip = float(feature_clip)
 
     def schedule(self, n: int, distance: float) -> list[tuple[int, float]]:
@@ -100,5 +109,4 @@ def build_gll_phased_sgd(params: GLLPhasedParams, ctx: BuildContext) -> GLLPhase
         raise ValueError(f"--gll-feature-clip must be finite and > 0, got {feature_clip}")
     radius = DEFAULT_RADIUS if params.radius is None else params.radius
     setting = convex_setting(ctx.problem, feature_clip, radius=radius, distance=params.distance)
-    config = LocalizationConfig(solver="psgd", neighbouring=ctx.neighbouring, seed=ctx.seed)
-    return GLLPhasedSGD(config, setting, ctx.rho_left, feature_clip)
+    return GLLPhasedSGD(setting, ctx.rho_left, feature_clip, neighbouring=ctx.neighbouring, seed=ctx.seed)

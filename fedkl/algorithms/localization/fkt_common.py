@@ -1,7 +1,8 @@
 """Shared pieces of the paper-003 algorithms (Feldman, Koren, Talwar 2020, "Private Stochastic Convex
-Optimization: Optimal Rates in Linear Time"): public constants, cohorts, projection, budget checks.
+Optimization: Optimal Rates in Linear Time"): public constants, cohorts, projection, budget checks, and
+:class:`FKTParams`, the hyperparameters every paper-003 algorithm reads.
 
-User-level mapping (notes/seed-003.md §5). One user = one sample of the paper: user u's loss is
+User-level mapping (docs/derivations/paper-003.md §5). One user = one sample of the paper: user u's loss is
 ``f_u(w)`` = the mean of its records' losses (plus the problem's ``(reg/2)||w||^2``), so every user
 weighs ``1/n_i`` in its cohort whatever its record count. The constants of ``f_u`` are those of the
 record loss, read from ``problem.constants(feature_bound, radius)``:
@@ -35,7 +36,7 @@ from typing import Sequence
 
 import torch
 
-from fedkl.algorithms.registry import AlgorithmResult
+from fedkl.algorithms.contract import AlgorithmResult, BuildContext, Domain, param
 from fedkl.privacy.ledger import BudgetExceeded
 from fedkl.privacy.release import Releaser
 from fedkl.problems.base import Problem
@@ -57,7 +58,8 @@ def replace_factor(neighbouring: str) -> float:
 
 def paper_rho(rho_zcdp: float) -> float:
     """The paper's privacy parameter: its guarantee (alpha, alpha rho_p^2/2)-RDP is (rho_p^2/2)-zCDP,
-    so rho_p = sqrt(2 rho) for a zCDP budget rho (note §1: the paper's rho is not Bun-Steinke's)."""
+    so rho_p = sqrt(2 rho) for a zCDP budget rho (docs/derivations/paper-003.md §1: the paper's rho is
+    not Bun-Steinke's)."""
     return math.sqrt(2.0 * rho_zcdp)
 
 
@@ -158,6 +160,28 @@ def convex_setting(
         distance,
         problem.num_params,
     )
+
+
+@dataclass(frozen=True)
+class FKTParams(Domain):
+    """What every paper-003 algorithm reads: the domain and the strong convexity used in steps."""
+
+    strong_convexity: float | None = param(
+        None,
+        "paper-003 strongly convex variants: lam (default: the problem's, = --reg); used only in step sizes "
+        "and averaging weights, never in a sensitivity",
+        "theorem",
+    )
+
+    def setting(self, ctx: BuildContext) -> ConvexSetting:
+        """The run's :class:`ConvexSetting`: ``ctx``'s problem and feature bound on this domain."""
+        return convex_setting(
+            ctx.problem,
+            ctx.feature_bound,
+            radius=self.radius,
+            distance=self.distance,
+            strong_convexity=self.strong_convexity,
+        )
 
 
 def cohort_order(user_ids: Sequence[str], seed: int) -> list[int]:

@@ -11,16 +11,17 @@ charged to the users of C_i only. **Guarantee: user-level rho-zCDP** (replace-on
 n public), hence (eps, delta)-DP by the ledger's conversion: a user of C_i is read by phase i only,
 whose output is a Gaussian mechanism of sensitivity gamma_i given the earlier (private) outputs, and
 every later phase is post-processing plus other users' data (parallel composition: each user's cost
-is rho once, not k rho). The exact Gaussian formula replaces the paper's constants (note pitfall 6:
-sigma_i = 4 L eta_i/rho_p in Alg. 2 is twice what Lemma 4.3 needs). **Private outputs: the phase
-outputs w_1..w_k** (the model is w_k).
+is rho once, not k rho). The exact Gaussian formula replaces the paper's constants
+(docs/derivations/paper-003.md §6, pitfall 6: sigma_i = 4 L eta_i/rho_p in Alg. 2 is twice what
+Lemma 4.3 needs). **Private outputs: the phase outputs w_1..w_k** (the model is w_k).
 
 Schedules (public), with rho_p = sqrt(2 rho) the paper's parameter and f = 2 (replace-one) or 1
 (add-remove):
 
 * Phased-SGD / Phased-ERM: eta = (D/L) min{4/sqrt(n), rho_p/sqrt(d)} (Thm 4.8's eps/sqrt(d ln 1/delta)
   is rho_p for a Gaussian); n_i = floor(n/2^i) (times the batch), eta_i = eta 4^-i; phases stop
-  when n_i < min_cohort (note pitfall 5: k = ceil(log2 n) would make the last n_i < 1).
+  when n_i < min_cohort (docs/derivations/paper-003.md §6, pitfall 5: k = ceil(log2 n) would make
+  the last n_i < 1).
 * Strongly convex localization: k = ceil(ln ln n) phases of equal size floor(n/k), eta_i =
   eta 2^(-2^i) with eta = 4 c k ln(n)/(lam n), c >= 2, exponentially weighted averages (Lemma 5.2,
   weights (1 - eta_i lam)^-t); eta_i capped at 1/(2 lam) (Lemma 5.2's condition).
@@ -39,15 +40,15 @@ Phase solvers and their sensitivities (derivations in each function):
   constants, so no stopping time leaks and no failure probability is left: the release is pure
   zCDP instead of the paper's (eps, 2 delta) (Lemma 4.6 needs the delta only for its randomized
   solver). gamma_i = f L/(lam_i n_i) + 2 r_i (= 3 L eta_i at tol = 1, replace-one; the paper's
-  4 L eta_i uses the loose minimizer bound 4L/(lam n), note §2C). **Client view:** every solver
-  iterate of its phase (not private with respect to the other users of the phase).
+  4 L eta_i uses the loose minimizer bound 4L/(lam n), docs/derivations/paper-003.md §2C). **Client
+  view:** every solver iterate of its phase (not private with respect to the other users of the phase).
 * ``subgradient`` (Phased-ERM, any convex Lipschitz loss, the paper's non-smooth case): projected
   subgradient method on F_i over K ∩ B(w_{i-1}, L/lam_i) with steps 2/(lam_i (t+1)) and the t-weighted
   average (Lacoste-Julien, Schmidt & Bach 2012: F_i(avg) - F_i* <= 2 G^2/(lam_i (T+1)), G = 2L), for
   the T that proves ||w~ - w*_i|| <= r_i; same gamma_i. O(n_i^2) rounds of the whole cohort.
-* ``one-shot`` (the note's variant for deployments where intermediate iterates must not leave the
-  server): each user of C_i receives ONLY w_{i-1} and lam_i and returns its local proximal point
-  v_u = argmin_v f_u(v) + (lam_i/2)||v - w_{i-1}||^2; the server releases
+* ``one-shot`` (the variant of docs/derivations/paper-003.md §5 for deployments where intermediate
+  iterates must not leave the server): each user of C_i receives ONLY w_{i-1} and lam_i and returns
+  its local proximal point v_u = argmin_v f_u(v) + (lam_i/2)||v - w_{i-1}||^2; the server releases
   w_{i-1} + (1/n_i) sum_u clip_C(v_u - w_{i-1}), C = L/lam_i (inactive for L-Lipschitz losses).
   gamma_i = f C / n_i (= L eta_i replace-one). Private for ANY loss (the clip bounds each user's
   term: no convexity needed); the paper's utility analysis does not cover it. **Client view:** only
@@ -63,8 +64,10 @@ from typing import Callable
 
 import torch
 
+from fedkl.algorithms.contract import Algorithm, BuildContext, SmallAudit, param
 from fedkl.algorithms.localization.fkt_common import (
     ConvexSetting,
+    FKTParams,
     FKTResult,
     check_parallel_releaser,
     check_relation,
@@ -74,9 +77,10 @@ from fedkl.algorithms.localization.fkt_common import (
     project,
     replace_factor,
 )
+from fedkl.algorithms.registry import register
 from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import ClippedGradient, Federation, LocalRegularizedMinimizer, Query
-from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, Guarantee
+from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, SOLVER_ITERATES, ZERO_SUMS, ClientView, Guarantee
 from fedkl.privacy.release import Releaser
 
 CLIENT_VIEW = {
@@ -91,31 +95,55 @@ CLIENT_VIEW = {
 
 
 @dataclass(frozen=True)
-class LocalizationConfig:
-    """Public parameters (module docstring). ``solver`` None: the algorithm's default; ``batch``:
-    users per SGD step (1 = the paper); ``min_cohort``: the smallest phase; ``erm_tol``: r_i / (L eta_i)
-    for the ERM solvers (1 = the paper's accuracy); ``max_solver_rounds``: refuse plans above it;
-    ``sc_c``: c of Thm 5.3 (>= 2)."""
+class LocalizationParams(FKTParams):
+    """The phased algorithms' hyperparameters (module docstring)."""
 
-    solver: str | None = None
-    neighbouring: str = "replace-one"
-    seed: int = 0
-    batch: int = 1
-    min_cohort: int = 1
-    erm_tol: float = 1.0
-    max_solver_rounds: int = 100_000
-    sc_c: float = 2.0
+    fkt_solver: str | None = param(
+        None,
+        "phase solver: psgd (fkt-phased-sgd, fkt-sc-localization), gd or subgradient (fkt-phased-erm), or "
+        "one-shot (any phased algorithm: clients see only private outputs)",
+        "theorem (one-shot: heuristic utility, private for any loss)",
+        choices=("psgd", "gd", "subgradient", "one-shot"),
+    )
+    fkt_batch: int = param(
+        1,
+        "users per SGD step in the psgd phase solver (1 = the paper; b > 1 divides the "
+        "sensitivity by b but is not analysed)",
+        "heuristic for b > 1",
+    )
+    fkt_min_cohort: int = param(1, "the smallest phase cohort; later phases are dropped", "heuristic")
+    fkt_erm_tol: float = param(
+        1.0,
+        "fkt-phased-erm solver accuracy r_i = TOL * L * eta_i (1 = the paper's Delta_i); smaller values shrink "
+        "the sensitivity 1 + 2 TOL (x L eta_i) at the cost of more solver rounds",
+        "theorem at 1",
+    )
+    fkt_max_solver_rounds: int = param(
+        100_000, "refuse fkt-phased-erm plans needing more solver rounds than this", "safety limit"
+    )
+    fkt_sc_c: float = param(2.0, "fkt-sc-localization: c >= 2 of Thm 5.3 (eta = 4 c k ln n/(lam n))", "theorem")
 
     def __post_init__(self) -> None:
-        check_relation(self.neighbouring)
-        for name in ("batch", "min_cohort", "max_solver_rounds"):
-            v = getattr(self, name)
-            if int(v) != v or v < 1:
-                raise ValueError(f"{name} must be a positive integer, got {v}")
-        if not (self.erm_tol > 0 and math.isfinite(self.erm_tol)):
-            raise ValueError(f"erm_tol must be finite and > 0, got {self.erm_tol}")
-        if not (self.sc_c >= 2 and math.isfinite(self.sc_c)):
-            raise ValueError(f"sc_c must be finite and >= 2 (Thm 5.3), got {self.sc_c}")
+        super().__post_init__()
+        for flag, value in (
+            ("--fkt-batch", self.fkt_batch),
+            ("--fkt-min-cohort", self.fkt_min_cohort),
+            ("--fkt-max-solver-rounds", self.fkt_max_solver_rounds),
+        ):
+            if value < 1:
+                raise ValueError(f"{flag} must be >= 1, got {value}")
+        if not (self.fkt_erm_tol > 0 and math.isfinite(self.fkt_erm_tol)):
+            raise ValueError(f"--fkt-erm-tol must be finite and > 0, got {self.fkt_erm_tol}")
+        if not (self.fkt_sc_c >= 2 and math.isfinite(self.fkt_sc_c)):
+            raise ValueError(f"--fkt-sc-c must be finite and >= 2 (Thm 5.3), got {self.fkt_sc_c}")
+
+
+ONE_SHOT_VIEW = ClientView(True, "the previous phase's private output (or the public w0) and lam_i only (one-shot)")
+
+
+def localization_view(params: LocalizationParams) -> ClientView:
+    """Phased fkt algorithms: clients see the phase solver's iterates unless the solver is one-shot."""
+    return ONE_SHOT_VIEW if params.fkt_solver == "one-shot" else SOLVER_ITERATES
 
 
 @dataclass
@@ -162,25 +190,47 @@ def project_two_balls(p: torch.Tensor, radius: float | None, center: torch.Tenso
     return m + ring * perp / norm
 
 
-class _Localization:
-    """The phase driver shared by the three algorithms (subclasses set the schedule)."""
+class PhaseDriver:
+    """The phase driver (module docstring) shared by the phased paper-003 algorithms and
+    ``gll-phased-sgd`` (:mod:`fedkl.algorithms.frank_wolfe.gll_phased`): an unregistered mixin.
+    Subclasses set ``name``, ``solvers``, ``weighted`` and :meth:`schedule` (and may change
+    :meth:`gradient_query`), and call :meth:`setup` once, from their constructor."""
 
     name = "fkt-localization"
     guarantee = Guarantee("zcdp", "parallel", IN_CLASS_CLIENTS)
     solvers: tuple[str, ...] = ()
     weighted = False  # exponentially weighted PSGD averages (Lemma 5.2)
 
-    def __init__(self, config: LocalizationConfig, setting: ConvexSetting, rho_total: float) -> None:
+    def setup(
+        self,
+        setting: ConvexSetting,
+        rho_total: float,
+        *,
+        solver: str | None,
+        neighbouring: str,
+        seed: int,
+        batch: int = 1,
+        min_cohort: int = 1,
+        erm_tol: float = 1.0,
+        max_solver_rounds: int = 100_000,
+    ) -> None:
+        """Fix the public inputs of every plan: ``setting`` (see :func:`fkt_common.convex_setting`), each
+        participating user's zCDP budget ``rho_total``, the phase ``solver`` (None: the first of
+        ``solvers``), the relation, the cohort-hashing ``seed``, ``batch`` users per SGD step (1 = the
+        paper), the smallest phase ``min_cohort``, ``erm_tol`` = r_i / (L eta_i) for the ERM solvers (1 =
+        the paper's accuracy) and ``max_solver_rounds`` (plans above it are refused)."""
+        check_relation(neighbouring)
         if not (rho_total > 0 and math.isfinite(rho_total)):
             raise ValueError(f"rho_total must be finite and > 0, got {rho_total}")
-        solver = config.solver or self.solvers[0]
+        solver = solver or self.solvers[0]
         if solver not in self.solvers:
             raise ValueError(f"{self.name}: solver must be one of {self.solvers}, got {solver!r}")
         if solver in ("psgd", "gd"):
             setting.require_smooth(f"{self.name} with the {solver} solver")
-        self.config, self.setting, self.solver = config, setting, solver
-        self.rho_total = float(rho_total)
-        self.factor = replace_factor(config.neighbouring)
+        self.setting, self.solver, self.rho_total = setting, solver, float(rho_total)
+        self.neighbouring, self.seed, self.factor = neighbouring, seed, replace_factor(neighbouring)
+        self.batch, self.min_cohort = batch, min_cohort
+        self.erm_tol, self.max_solver_rounds = erm_tol, max_solver_rounds
 
     # --- the public plan -----------------------------------------------------------------------
     def schedule(self, n: int, distance: float) -> list[tuple[int, float]]:
@@ -190,12 +240,12 @@ class _Localization:
     def plan(self, pool: list[int], distance: float) -> list[Phase]:
         """The phases of a run on ``pool`` (positions in hashed order): sizes, steps, regularization,
         sensitivity and solver rounds, from public values only (refuses bad plans before any data)."""
-        s, cfg = self.setting, self.config
+        s = self.setting
         sched = self.schedule(len(pool), distance)
         if not sched:
             raise ValueError(
                 f"{self.name}: {len(pool)} users are too few for one phase "
-                f"(min_cohort={cfg.min_cohort}, batch={cfg.batch})"
+                f"(min_cohort={self.min_cohort}, batch={self.batch})"
             )
         phases, start = [], 0
         for i, (size, eta) in enumerate(sched, start=1):
@@ -204,22 +254,22 @@ class _Localization:
             start += size
             L = s.lipschitz
             if self.solver == "psgd":
-                ph.sensitivity = self.factor * L * eta / cfg.batch
-                ph.solver_rounds = size // cfg.batch
+                ph.sensitivity = self.factor * L * eta / self.batch
+                ph.solver_rounds = size // self.batch
             elif self.solver == "one-shot":
                 ph.sensitivity = self.factor * (L / lam_i) / size
                 ph.solver_rounds = 1
             else:
-                r = cfg.erm_tol * L * eta
+                r = self.erm_tol * L * eta
                 ph.sensitivity = self.factor * L / (lam_i * size) + 2.0 * r
                 ph.solver_rounds = (
                     _gd_rounds(L, s.smoothness, lam_i, r) if self.solver == "gd" else _subgradient_rounds(L, lam_i, r)
                 )
                 ph.info["accuracy"] = r
-                if ph.solver_rounds > cfg.max_solver_rounds:
+                if ph.solver_rounds > self.max_solver_rounds:
                     raise ValueError(
                         f"{self.name}: phase {i} needs {ph.solver_rounds} {self.solver} rounds to "
-                        f"prove its accuracy (max_solver_rounds={cfg.max_solver_rounds}); use fewer "
+                        f"prove its accuracy (max_solver_rounds={self.max_solver_rounds}); use fewer "
                         "users, the gd solver (smooth losses) or a larger erm_tol"
                     )
             phases.append(ph)
@@ -235,7 +285,7 @@ class _Localization:
     ) -> FKTResult:
         check_parallel_releaser(releaser, self.name)
         w = project(torch.as_tensor(w0).to(torch.float64).clone(), self.setting.radius)
-        order = cohort_order(federation.user_ids, self.config.seed)
+        order = cohort_order(federation.user_ids, self.seed)
         phases = self.plan(order, self.setting.resolve_distance(w))
         check_zcdp_budget(
             releaser, federation.ids_of([u for ph in phases for u in ph.users]), self.rho_total, self.name
@@ -280,7 +330,7 @@ class _Localization:
                     "reg": ph.reg,
                     "solver": self.solver,
                     "solver_rounds": ph.solver_rounds,
-                    "neighbouring": self.config.neighbouring,
+                    "neighbouring": self.neighbouring,
                 },
             )
             w = project(noisy.to(torch.float64), self.setting.radius)
@@ -302,7 +352,7 @@ class _Localization:
     def describe(self, federation: Federation, records: list[dict]) -> dict:
         used = sum(r["users"] for r in records)
         return {
-            "dp": f"user-level rho-zCDP ({self.config.neighbouring}, n public): each user is in one phase and "
+            "dp": f"user-level rho-zCDP ({self.neighbouring}, n public): each user is in one phase and "
             f"is charged rho={self.rho_total:.4g} once, by that phase's Gaussian release",
             "private_outputs": "the phase outputs w_1..w_k (the model is w_k)",
             "client_view": CLIENT_VIEW[self.solver],
@@ -333,7 +383,7 @@ class _Localization:
         only at the step that reads the differing user, by at most eta f L/b (its clipped term of the
         batch mean changes by <= f L/b); every iterate and any fixed convex combination of iterates
         (uniform or exponential weights) stays within f L eta/b."""
-        b, eta = self.config.batch, ph.step
+        b, eta = self.batch, ph.step
         lam = self.setting.strong_convexity
         avg, failed = torch.zeros_like(w), 0
         for j in range(ph.solver_rounds):
@@ -418,67 +468,101 @@ def _subgradient_rounds(L: float, lam: float, r: float) -> int:
     return max(1, math.ceil(16.0 * L**2 / (lam**2 * r**2)) - 1)
 
 
-class PhasedSGD(_Localization):
-    """Phased-SGD (Alg. 2, Thm 4.4): E F(w_k) - F* = O(L D (1/sqrt(n) + sqrt(d)/(rho_p n))) for convex,
-    L-Lipschitz, beta-smooth losses with eta <= 2/beta; < n gradients, one per user.
+class _Localization(PhaseDriver, Algorithm[LocalizationParams]):
+    """A registered phased algorithm: its plan's inputs come from its Params and the BuildContext
+    (:meth:`PhaseDriver.setup`); each participating user's zCDP budget is the run's zCDP left."""
 
-    With the exact noise sigma_i = 2 L eta_i/rho_p the proof of Thm 4.4 gives the constant ~ 1.7 on
-    1/sqrt(n) and ~ 20 on sqrt(d)/(rho_p n) (the paper's 10 assumes sigma_i = L eta_i/rho_p)."""
+    Params = LocalizationParams
+    absence = ZERO_SUMS
+    clients_see = staticmethod(localization_view)
+    audit = SmallAudit()
+
+    def __init__(self, params: LocalizationParams, ctx: BuildContext) -> None:
+        super().__init__(params, ctx)
+        self.setup(
+            params.setting(ctx),
+            ctx.rho_left,
+            solver=params.fkt_solver,
+            neighbouring=ctx.neighbouring,
+            seed=ctx.seed,
+            batch=params.fkt_batch,
+            min_cohort=params.fkt_min_cohort,
+            erm_tol=params.fkt_erm_tol,
+            max_solver_rounds=params.fkt_max_solver_rounds,
+        )
+
+
+@register
+class PhasedSGD(_Localization):
+    """Phased SGD (Alg 2, Thm 4.4): each user in one phase, < n gradients.
+
+    E F(w_k) - F* = O(L D (1/sqrt(n) + sqrt(d)/(rho_p n))) for convex, L-Lipschitz, beta-smooth losses with
+    eta <= 2/beta. With the exact noise sigma_i = 2 L eta_i/rho_p the proof of Thm 4.4 gives the constant
+    ~ 1.7 on 1/sqrt(n) and ~ 20 on sqrt(d)/(rho_p n) (the paper's 10 assumes sigma_i = L eta_i/rho_p)."""
 
     name = "fkt-phased-sgd"
+    small = {"radius": 2.0}
     solvers = ("psgd", "one-shot")
 
     def schedule(self, n: int, distance: float) -> list[tuple[int, float]]:
         return _halving_schedule(self, n, distance, cap=self.solver == "psgd")
 
 
+@register
 class FKTPhasedERM(_Localization):
-    """Phased-ERM of paper 003 (Alg. 3, Thm 4.8): O(L D (1/sqrt(n) + sqrt(d)/(rho_p n))) for convex
-    L-Lipschitz losses (smooth: ``gd`` solver, O(n log n) gradients; non-smooth: ``subgradient``,
-    O(n^3)); pure zCDP here (module docstring), where the paper has (eps, 2 delta)."""
+    """Phased ERM (Alg 3, Thm 4.8): each phase solves a regularized ERM to a proven accuracy.
+
+    O(L D (1/sqrt(n) + sqrt(d)/(rho_p n))) for convex L-Lipschitz losses (smooth: ``gd`` solver,
+    O(n log n) gradients; non-smooth: ``subgradient``, O(n^3)); pure zCDP here (module docstring), where
+    the paper has (eps, 2 delta)."""
 
     name = "fkt-phased-erm"
+    small = {"radius": 2.0}
     solvers = ("gd", "subgradient", "one-shot")
 
     def schedule(self, n: int, distance: float) -> list[tuple[int, float]]:
         return _halving_schedule(self, n, distance, cap=False)
 
 
+@register
 class SCLocalization(_Localization):
-    """Strongly convex localization (Thm 5.3): O((L^2 ln n lnln n/lam)(1/n + d lnln n/(rho_p^2 n^2)))
-    for lam-strongly convex F, provided beta/lam <= n/(k ln n)."""
+    """Strongly convex localization (Alg 5, Thm 5.3).
+
+    O((L^2 ln n lnln n/lam)(1/n + d lnln n/(rho_p^2 n^2))) for lam-strongly convex F, provided
+    beta/lam <= n/(k ln n)."""
 
     name = "fkt-sc-localization"
+    small = {"radius": 2.0, "reg": 0.1}
     solvers = ("psgd", "one-shot")
     weighted = True
 
-    def __init__(self, config: LocalizationConfig, setting: ConvexSetting, rho_total: float) -> None:
+    def setup(self, setting: ConvexSetting, rho_total: float, **public) -> None:
         setting.require_strongly_convex(self.name)
-        super().__init__(config, setting, rho_total)
+        super().setup(setting, rho_total, **public)
 
     def schedule(self, n: int, distance: float) -> list[tuple[int, float]]:
-        cfg, s = self.config, self.setting
+        s, b = self.setting, self.batch
         lam = s.strong_convexity
         k = max(1, math.ceil(math.log(math.log(n)))) if n >= 3 else 1
-        size = cfg.batch * (n // (k * cfg.batch))
-        if size < max(cfg.min_cohort, cfg.batch):
+        size = b * (n // (k * b))
+        if size < max(self.min_cohort, b):
             return []
-        eta = 4.0 * cfg.sc_c * k * math.log(n) / (lam * n)
+        eta = 4.0 * self.params.fkt_sc_c * k * math.log(n) / (lam * n)
         cap = 1.0 / (2.0 * lam)
         if self.solver == "psgd":
             cap = min(cap, 2.0 / s.smoothness)
         return [(size, min(eta * 2.0 ** -(2**i), cap)) for i in range(1, k + 1)]
 
 
-def _halving_schedule(alg: _Localization, n: int, distance: float, cap: bool) -> list[tuple[int, float]]:
+def _halving_schedule(alg: PhaseDriver, n: int, distance: float, cap: bool) -> list[tuple[int, float]]:
     """n_i = b floor(n / (2^i b)) while n_i >= max(min_cohort, b); eta_i = eta 4^-i with
     eta = (D/L) min{4/sqrt(n), rho_p/sqrt(d)} (capped at 2/beta when the solver needs it)."""
-    cfg, s = alg.config, alg.setting
+    s, b = alg.setting, alg.batch
     eta = (distance / s.lipschitz) * min(4.0 / math.sqrt(n), paper_rho(alg.rho_total) / math.sqrt(s.dim))
     out, i = [], 1
     while True:
-        size = cfg.batch * (n // (2**i * cfg.batch))
-        if size < max(cfg.min_cohort, cfg.batch):
+        size = b * (n // (2**i * b))
+        if size < max(alg.min_cohort, b):
             return out
         eta_i = eta * 4.0**-i
         out.append((size, min(eta_i, 2.0 / s.smoothness) if cap else eta_i))

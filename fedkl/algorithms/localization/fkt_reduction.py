@@ -2,8 +2,9 @@
 
 Run a convex localization algorithm (Phased-SGD, or the paper-003 Phased-ERM) k = ceil(log2 log2 n)
 times, each run warm-started at the previous run's output and given its own pool of FRESH users of
-GROWING size n_j = floor(2^(j-2) n / log2 n) (sum < n; note pitfall 4: the pools grow). Run j uses the
-distance bound D_{j-1} that strong convexity gives from the previous run's guarantee:
+GROWING size n_j = floor(2^(j-2) n / log2 n) (sum < n; docs/derivations/paper-003.md §6, pitfall 4:
+the pools grow). Run j uses the distance bound D_{j-1} that strong convexity gives from the previous
+run's guarantee:
 
     D_0 = min(L/lam, D, diam K)       (lam ||w0 - w*||^2 <= <grad F(w0), w0 - w*> <= L ||w0 - w*||)
     D_j = min(sqrt(2 c L D_{j-1} (1/sqrt(n_j) + sqrt(d)/(rho_p n_j)) / lam), diam K)
@@ -24,13 +25,13 @@ reach clients).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
+from fedkl.algorithms.contract import Algorithm, BuildContext, SmallAudit, param
 from fedkl.algorithms.localization.fkt_common import (
-    ConvexSetting,
     FKTResult,
     check_parallel_releaser,
     check_zcdp_budget,
@@ -38,28 +39,37 @@ from fedkl.algorithms.localization.fkt_common import (
     paper_rho,
     project,
 )
-from fedkl.algorithms.localization.fkt_phased import FKTPhasedERM, LocalizationConfig, PhasedSGD
+from fedkl.algorithms.localization.fkt_phased import FKTPhasedERM, LocalizationParams, PhasedSGD, localization_view
+from fedkl.algorithms.registry import register
 from fedkl.federation.base import Federation
-from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, Guarantee
+from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, ZERO_SUMS, Guarantee
 from fedkl.privacy.release import Releaser
 
 INNER = {"phased-sgd": PhasedSGD, "phased-erm": FKTPhasedERM}
 
 
 @dataclass(frozen=True)
-class SCReductionConfig:
-    """``inner``: the convex algorithm; ``c``: its constant in c L D (1/sqrt(n) + sqrt(d)/(rho_p n));
-    ``localization``: the inner algorithm's configuration (solver, relation, seed, ...)."""
+class ReductionParams(LocalizationParams):
+    """``fkt_inner``: the convex algorithm; ``fkt_reduction_c``: its constant c in
+    c L D (1/sqrt(n) + sqrt(d)/(rho_p n)); the inner algorithm reads the other settings."""
 
-    inner: str = "phased-sgd"
-    c: float = 20.0
-    localization: LocalizationConfig = field(default_factory=LocalizationConfig)
+    fkt_inner: str = param(
+        "phased-sgd",
+        "fkt-sc-reduction inner algorithm: phased-sgd or phased-erm",
+        "theorem",
+        choices=("phased-sgd", "phased-erm"),
+    )
+    fkt_reduction_c: float = param(
+        20.0,
+        "fkt-sc-reduction: the inner algorithm's constant c in c L D (1/sqrt n + sqrt d/(rho_p n)) that sets "
+        "the next run's distance bound (20: Thm 4.4's proof with the exact noise)",
+        "theorem (a constant derived from its proof)",
+    )
 
     def __post_init__(self) -> None:
-        if self.inner not in INNER:
-            raise ValueError(f"inner must be one of {tuple(INNER)}, got {self.inner!r}")
-        if not (self.c > 0 and math.isfinite(self.c)):
-            raise ValueError(f"c must be finite and > 0, got {self.c}")
+        super().__post_init__()
+        if not (self.fkt_reduction_c > 0 and math.isfinite(self.fkt_reduction_c)):
+            raise ValueError(f"--fkt-reduction-c must be finite and > 0, got {self.fkt_reduction_c}")
 
 
 def pool_sizes(n: int) -> list[int]:
@@ -71,16 +81,26 @@ def pool_sizes(n: int) -> list[int]:
     return [int(2.0 ** (j - 2) * n / log_n) for j in range(1, k + 1)]
 
 
-class SCReduction:
-    """See the module docstring."""
+@register
+class SCReduction(Algorithm[ReductionParams]):
+    """The strongly convex reduction (Thm 5.1) around a convex phased algorithm.
+
+    See the module docstring; ``inner`` is the ``--fkt-inner`` algorithm built from the same Params and
+    context (each user's zCDP budget: the run's zCDP left)."""
 
     name = "fkt-sc-reduction"
+    Params = ReductionParams
     guarantee = Guarantee("zcdp", "parallel", IN_CLASS_CLIENTS)
+    absence = ZERO_SUMS
+    clients_see = staticmethod(localization_view)
+    small = {"radius": 2.0, "reg": 0.1, "users": 48}
+    audit = SmallAudit()
 
-    def __init__(self, config: SCReductionConfig, setting: ConvexSetting, rho_total: float) -> None:
-        setting.require_strongly_convex(self.name)
-        self.config, self.setting = config, setting
-        self.inner = INNER[config.inner](config.localization, setting, rho_total)
+    def __init__(self, params: ReductionParams, ctx: BuildContext) -> None:
+        super().__init__(params, ctx)
+        self.setting = params.setting(ctx)
+        self.setting.require_strongly_convex(self.name)
+        self.inner = INNER[params.fkt_inner](params, ctx)
         self.rho_total = self.inner.rho_total
 
     def run(
@@ -91,9 +111,9 @@ class SCReduction:
         progress: Callable[[dict], None] | None = None,
     ) -> FKTResult:
         check_parallel_releaser(releaser, self.name)
-        s, cfg = self.setting, self.config
+        s, c = self.setting, self.params.fkt_reduction_c
         w = project(torch.as_tensor(w0).to(torch.float64).clone(), s.radius)
-        order = cohort_order(federation.user_ids, cfg.localization.seed)
+        order = cohort_order(federation.user_ids, self.ctx.seed)
         lam, L = s.strong_convexity, s.lipschitz
         dist = min(L / lam, s.diameter, s.distance if s.distance is not None else math.inf)
         plans, dists, start = [], [], 0
@@ -102,7 +122,7 @@ class SCReduction:
             start += size
             plans.append(self.inner.plan(pool, dist))
             dists.append(dist)
-            bound = cfg.c * L * dist * (1 / math.sqrt(size) + math.sqrt(s.dim) / (paper_rho(self.rho_total) * size))
+            bound = c * L * dist * (1 / math.sqrt(size) + math.sqrt(s.dim) / (paper_rho(self.rho_total) * size))
             dist = min(math.sqrt(2.0 * bound / lam), s.diameter)
         check_zcdp_budget(
             releaser, federation.ids_of([u for p in plans for ph in p for u in ph.users]), self.rho_total, self.name
@@ -116,11 +136,11 @@ class SCReduction:
         details = self.inner.describe(federation, records)
         details.update(
             {
-                "inner": cfg.inner,
+                "inner": self.params.fkt_inner,
                 "runs": len(plans),
                 "pool_sizes": [sum(len(ph.users) for ph in p) for p in plans],
                 "distances": dists,
-                "c": cfg.c,
+                "c": c,
                 "strong_convexity": lam,
             }
         )

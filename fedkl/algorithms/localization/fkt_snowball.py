@@ -7,7 +7,8 @@ Projected noisy SGD over growing batches of FRESH users, last iterate out:
     w_t  = Proj_K(w_{t-1} - eta_t (g_t + xi_t)),  xi_t ~ N(0, sigma^2 I),  sigma = L / sqrt(d)
     output w_T (only)
 
-The noise is inside the step, ``eta_t (g_t + xi_t)`` (note pitfall 1: line 2 of Alg. 1 is misprinted).
+The noise is inside the step, ``eta_t (g_t + xi_t)`` (docs/derivations/paper-003.md §6, pitfall 1:
+line 2 of Alg. 1 is misprinted).
 
 Step sizes (public): ``variant="constant"`` (Thm 3.5): eta = D/(L sqrt(2T)); ``"jnn"`` (Thm 3.6, the
 Jain-Nagaraj-Netrapalli halving schedule with c = D/(sqrt 2 L), no log factor); ``"strongly-convex"``
@@ -25,9 +26,10 @@ gives ``D_alpha(w_T || w'_T) <= alpha s_t^2 / (2 sum_{r>=t} eta_r^2 sigma^2)``, 
 
     rho_t = (f eta_t L / B_t)^2 / (2 sum_{r>=t} eta_r^2 sigma^2)   for every user of batch t.
 
-B_t is the smallest integer with rho_t <= rho (the exact formula, note pitfall 6; the theorems'
-ceil(2 sqrt(d/(T-t+1))/rho_p) and ceil(4 sqrt(3d/(T-t+1))/rho_p) with rho_p = sqrt(2 rho) are
-sufficient values of the same condition), and T the largest horizon whose batches fit in n users.
+B_t is the smallest integer with rho_t <= rho (the exact formula, docs/derivations/paper-003.md §6,
+pitfall 6; the theorems' ceil(2 sqrt(d/(T-t+1))/rho_p) and ceil(4 sqrt(3d/(T-t+1))/rho_p) with
+rho_p = sqrt(2 rho) are sufficient values of the same condition), and T the largest horizon whose
+batches fit in n users.
 
 Ledger: batch t's users are charged their rho_t (not rho) — a user is in one batch only, and the
 other batches' noise is not a release. To keep the number of ledger transactions small, rho_t is
@@ -35,9 +37,10 @@ rounded UP to the grid rho 2^(-j/8) (at most 9.1% above it) and batches of equal
 share one charge (one schedule of as many noise draws as batches). Because amplification by iteration protects only the LAST
 iterate, the per-step noisy gradients are not releases accounted by ``Releaser.gaussian``; they are
 drawn through ``Releaser.schedule_gaussian`` (one noise draw per batch at sigma), whose charge is in
-(eps, delta): rho_t is converted at the constructor's ``delta`` (CKS by default). Every batch is
-charged BEFORE the first gradient is requested; a ledger that cannot afford a batch stops the run
-with BudgetExceeded before any charge (checked up front) and nothing is released.
+(eps, delta): rho_t is converted at the delta the users have left (the budget's conversion, CKS by
+default). Every batch is charged BEFORE the first gradient is requested; a ledger that cannot afford
+a batch stops the run with BudgetExceeded before any charge (checked up front) and nothing is
+released.
 
 **What is private: w_T only.** The intermediate iterates are NOT outputs: the average iterate can be
 non-private (paper §6). **What a participating client sees:** a user of batch t receives w_{t-1},
@@ -58,8 +61,10 @@ from typing import Callable
 
 import torch
 
+from fedkl.algorithms.contract import Algorithm, BuildContext, SmallAudit, param
 from fedkl.algorithms.localization.fkt_common import (
     ConvexSetting,
+    FKTParams,
     FKTResult,
     check_relation,
     cohort_order,
@@ -67,28 +72,34 @@ from fedkl.algorithms.localization.fkt_common import (
     replace_factor,
     split_cohorts,
 )
+from fedkl.algorithms.registry import register
 from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import ClippedGradient, Federation
-from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, Guarantee
+from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, ZERO_SUMS, ClientView, Guarantee
 from fedkl.privacy.ledger import BudgetExceeded
 from fedkl.privacy.release import Releaser
-from fedkl.privacy.zcdp import CONVERSIONS, zcdp_to_eps
+from fedkl.privacy.zcdp import CONVERSIONS, rho_for_eps_delta, zcdp_to_eps
 
 VARIANTS = ("jnn", "constant", "strongly-convex")
 
 
 @dataclass(frozen=True)
-class SnowballConfig:
-    """Public parameters. ``variant``: step schedule (module docstring); ``seed``: cohort hashing."""
+class SnowballParams(FKTParams):
+    fkt_schedule: str = param(
+        "jnn",
+        "fkt-snowball step sizes: jnn (Thm 3.6, no log factor) or constant (Thm 3.5)",
+        "theorem",
+        choices=("jnn", "constant"),
+    )
 
-    variant: str = "jnn"
-    neighbouring: str = "replace-one"
-    seed: int = 0
 
-    def __post_init__(self) -> None:
-        if self.variant not in VARIANTS:
-            raise ValueError(f"variant must be one of {VARIANTS}, got {self.variant!r}")
-        check_relation(self.neighbouring)
+SNOWBALL_VIEW = ClientView(
+    False,
+    "a client of batch t receives the intermediate iterate w_{t-1}, private towards earlier batches' users only "
+    "at the zCDP in algorithm_details.iterate_exposure_rho, not at the run's budget (only the last iterate is); "
+    "no mode avoids it: use a phased fkt algorithm with --fkt-solver one-shot where clients may see only private "
+    "values",
+)
 
 
 @dataclass(frozen=True)
@@ -213,22 +224,28 @@ def charge_groups(plan: SnowballPlan) -> dict[tuple[int, int], list[int]]:
     return out
 
 
-class SnowballSGD:
-    """See the module docstring.
+class _Snowball(Algorithm[FKTParams]):
+    """The body of both Snowball algorithms (module docstring); each registered subclass fixes the
+    step schedule (:attr:`variant`).
 
-    Args:
-        config: :class:`SnowballConfig`.
-        setting: the public constants (L, beta, lam, K, D); see :func:`fkt_common.convex_setting`.
-        rho_total: each participating user's zCDP budget for this run (the largest rho_t allowed).
-        delta: the delta at which each batch's rho_t is converted into the (eps, delta) charge of the
-            ledger (e.g. from ``ledger.approx_left``); ``conversion``: "cks" or "bun_steinke".
-    """
+    Built from ``ctx``: each participating user's zCDP budget ``rho_total`` (the largest rho_t allowed)
+    is the run's zCDP left, capped at the zCDP of the (eps, delta) every user can still afford (the
+    per-batch charges are (eps, delta)); ``delta``: the delta left, at which each batch's rho_t is
+    converted into its (eps, delta) charge; ``conversion``: the budget's, "cks" or "bun_steinke"."""
 
     guarantee = Guarantee("approx-dp", "parallel", IN_CLASS_CLIENTS)
+    absence = ZERO_SUMS
+    clients_see = SNOWBALL_VIEW
+    audit = SmallAudit()
 
-    def __init__(
-        self, config: SnowballConfig, setting: ConvexSetting, rho_total: float, *, delta: float, conversion: str = "cks"
-    ) -> None:
+    def __init__(self, params: FKTParams, ctx: BuildContext) -> None:
+        super().__init__(params, ctx)
+        # the per-batch charges are (eps, delta): convert at what the users can afford
+        eps_left, delta_left = ctx.approx_budget()
+        rho_total = min(ctx.rho_left, rho_for_eps_delta(eps_left, delta_left, ctx.conversion))
+        check_relation(ctx.neighbouring)
+        setting = params.setting(ctx)
+        delta, conversion = delta_left, ctx.conversion
         if not (rho_total > 0 and math.isfinite(rho_total)):
             raise ValueError(f"rho_total must be finite and > 0, got {rho_total}")
         if not 0 < delta < 1:
@@ -241,14 +258,15 @@ class SnowballSGD:
                 "Gaussian mechanism's: the exact Gaussian conversion does not apply; use cks or bun_steinke"
             )
         setting.require_smooth("Snowball-SGD")
-        if config.variant == "strongly-convex":
+        if self.variant == "strongly-convex":
             setting.require_strongly_convex("Snowball-SGD (strongly convex)")
-        self.config, self.setting = config, setting
+        self.setting = setting
         self.rho_total, self.delta, self.conversion = float(rho_total), float(delta), conversion
 
     @property
-    def name(self) -> str:
-        return "fkt-snowball-sc" if self.config.variant == "strongly-convex" else "fkt-snowball"
+    def variant(self) -> str:
+        """The step schedule (module docstring): one of :data:`VARIANTS`."""
+        raise NotImplementedError
 
     def plan(self, n: int, w0: torch.Tensor) -> SnowballPlan:
         """The public schedule :meth:`run` uses for n users from ``w0`` (projected onto K first)."""
@@ -257,8 +275,8 @@ class SnowballSGD:
             n,
             self.setting,
             self.rho_total,
-            self.config.variant,
-            self.config.neighbouring,
+            self.variant,
+            self.ctx.neighbouring,
             self.setting.resolve_distance(w),
         )
 
@@ -269,13 +287,13 @@ class SnowballSGD:
         w0: torch.Tensor,
         progress: Callable[[dict], None] | None = None,
     ) -> FKTResult:
-        cfg, s = self.config, self.setting
+        s, neighbouring = self.setting, self.ctx.neighbouring
         w = project(torch.as_tensor(w0).to(torch.float64).clone(), s.radius)
         distance = s.resolve_distance(w)
-        plan = plan_snowball(federation.num_users, s, self.rho_total, cfg.variant, cfg.neighbouring, distance)
-        batches = split_cohorts(cohort_order(federation.user_ids, cfg.seed), plan.batches)
+        plan = plan_snowball(federation.num_users, s, self.rho_total, self.variant, neighbouring, distance)
+        batches = split_cohorts(cohort_order(federation.user_ids, self.ctx.seed), plan.batches)
         ids = [federation.ids_of(b) for b in batches]
-        factor = replace_factor(cfg.neighbouring)
+        factor = replace_factor(neighbouring)
         groups = charge_groups(plan)
         eps_of = {
             j: zcdp_to_eps(charge_cost(plan.rho, j), self.delta, self.conversion)  # one conversion per grid
@@ -320,11 +338,11 @@ class SnowballSGD:
             log.round(t + 1, start, len(answers.failed), batch=len(users), step=eta)
         exposure = max(factor**2 * s.lipschitz**2 / (2 * b**2 * plan.sigma**2) for b in plan.batches)
         details = {
-            "dp": f"user-level rho-zCDP of the last iterate ({cfg.neighbouring}, n public) by amplification by "
+            "dp": f"user-level rho-zCDP of the last iterate ({neighbouring}, n public) by amplification by "
             f"iteration; batch t charged its rho_t rounded up to the grid rho 2^(-j/8) (max "
             f"{max(plan.costs):.4g} <= rho {self.rho_total:.4g}), converted to (eps, delta) at delta={self.delta:.3g} ({self.conversion})",
             "private_outputs": "the last iterate only",
-            "variant": cfg.variant,
+            "variant": self.variant,
             "horizon": plan.horizon,
             "users_used": plan.users,
             "users_unused": federation.num_users - plan.users,
@@ -346,3 +364,28 @@ class SnowballSGD:
             details=details,
             history=log.history,
         )
+
+
+@register
+class SnowballSGD(_Snowball):
+    """Snowball SGD (Alg 1): one pass, privacy of the last iterate by amplification by iteration.
+
+    Step sizes ``--fkt-schedule``: jnn (Thm 3.6) or constant (Thm 3.5); see the module docstring."""
+
+    name = "fkt-snowball"
+    Params = SnowballParams
+    small = {"radius": 2.0}
+
+    @property
+    def variant(self) -> str:
+        return self.params.fkt_schedule
+
+
+@register
+class SCSnowballSGD(_Snowball):
+    """Snowball SGD with the strongly convex schedule (Thm 5.4)."""
+
+    name = "fkt-snowball-sc"
+    Params = FKTParams
+    small = {"radius": 2.0, "reg": 0.1}
+    variant = "strongly-convex"
