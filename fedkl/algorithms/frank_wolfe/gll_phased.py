@@ -8,21 +8,21 @@ reuses) with paper 001's oracle and schedule:
   with every feature vector clipped to ``||x|| <= R`` (:class:`~fedkl.federation.base.FeatureClippedGradient`),
   and the gradient itself is NOT clipped: the loss on clipped features is still a convex, L-Lipschitz
   (L = L0 R), beta-smooth function, so every SGD step stays non-expansive, which the sensitivity
-  proof needs (gradient clipping would break it; note seed-001, pitfall 15). The Moreau smoothing of
+  proof needs (gradient clipping would break it; docs/derivations/paper-001.md §6, pitfall 15). The Moreau smoothing of
   a non-smooth GLL is the problem's: ``smoothed-hinge`` IS the hinge's Moreau envelope
   ``l_beta`` with ``beta = 1/smoothing`` (its closed-form prox, no bisection: alpha = 0), ``absolute``
   (regression, ``|<w, x> - y|``) answers the gradient of its envelope (the Huber loss, closed-form prox,
   ``beta = moreau_beta``: :mod:`fedkl.problems.robust_regression`), ``huber`` is smooth, and
   ``logistic`` needs none. An answer above the norm bound L is invalid (the user contributes zero,
   an identity step).
-* **Schedule (Thm 6, note pitfalls 3, 5, 6).** ``rho_p = sqrt(2 rho)`` (the paper's/FKT's rho);
+* **Schedule (Thm 6, docs/derivations/paper-001.md §6, pitfalls 3, 5, 6).** ``rho_p = sqrt(2 rho)`` (the paper's/FKT's rho);
   ``eta = (D / (3 L)) min{rho_p / sqrt(d), 1/sqrt(n)}`` with D the domain's diameter; phases
   k = 1..floor(log2 n) on disjoint cohorts of ``T_k = floor(n / 2^k)`` users (hashed order), one user
   per step, step ``eta_k = eta 4^-k`` (capped at 2/beta: the contraction condition); the phase output
   is the average of the evaluation points plus ``N(0, sigma_k^2 I)`` with ``sigma_k = Delta_k / rho_p``
   and ``Delta_k = 2 L eta_k`` (replace-one: the differing user's step moves by at most 2 L eta_k and
   every other step is non-expansive; L eta_k under add-remove). With the exact oracle alpha = 0, so the
-  note's ``Delta_k = 2 G eta_k + 2 eta_k T_k alpha`` is ``2 L eta_k``; the paper's box
+  derivation's ``Delta_k = 2 G eta_k + 2 eta_k T_k alpha`` is ``2 L eta_k``; the paper's box
   ``sigma_k = 4 L0 R eta_k / rho`` is not used (pitfall 5).
 
 **Guarantee: user-level rho-zCDP** (each user is in one phase and is charged rho once, by that phase's

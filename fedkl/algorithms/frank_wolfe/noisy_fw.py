@@ -20,7 +20,7 @@ bounded-range selection costing eps0^2/8 (docs/derivations/paper-001.md §5.2 an
   step divides by nothing data-dependent), whatever the clients compute (any clients);
 * the utility of vertex j moves by at most ``|<v_j - c, S_t - S'_t>| <= ||v_j - c||_1 * 2G``, so
   ``Delta = 2 G max_j ||v_j - c||_1`` (the paper's 3 L0 R D / n is one record's contribution of a
-  mean and uses the diameter D: pitfalls 6 and 11);
+  mean and uses the diameter D: docs/derivations/paper-001.md §6, pitfalls 6 and 11);
 * the exponential mechanism with ``eps0`` and sensitivity Delta is eps0-DP and eps0^2/8-zCDP
   (Cesar & Rogers 2021); the candidates are public, and w_t is post-processing of earlier
   selections; T selections compose to ``T eps0^2/8 = rho``: ``eps0 = sqrt(8 rho / T)``.
