@@ -41,11 +41,12 @@ from dataclasses import dataclass
 
 import torch
 
+from fedkl.algorithms.contract import Algorithm, BuildContext, Domain, SmallAudit, param
 from fedkl.algorithms.localization.fkt_common import ConvexSetting, convex_setting, paper_rho
 from fedkl.algorithms.localization.fkt_phased import LocalizationConfig, PhasedSGD
-from fedkl.algorithms.registry import BuildContext, Domain, param, register
+from fedkl.algorithms.registry import register
 from fedkl.federation.base import FeatureClippedGradient, Query
-from fedkl.privacy.guarantee import SOLVER_ITERATES, ZERO_SUMS
+from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, SOLVER_ITERATES, ZERO_SUMS, Guarantee
 
 DEFAULT_RADIUS = 10.0  # the Domain default for a loss Lipschitz on all of R^d (logistic, hinge)
 
@@ -59,28 +60,6 @@ def paper001_schedule(n: int, rho: float, setting: ConvexSetting, diameter: floa
     return [(n // 2**k, min(eta * 4.0**-k, 2.0 / beta)) for k in range(1, int(math.log2(n)) + 1) if n // 2**k >= 1]
 
 
-class GLLPhasedSGD(PhasedSGD):
-    """See the module docstring. ``feature_clip``: R, the l2 bound every client clips its features to."""
-
-    name = "gll-phased-sgd"
-    solvers = ("psgd",)
-
-    def __init__(self, config: LocalizationConfig, setting: ConvexSetting, rho_total: float, feature_clip: float):
-        if not (feature_clip > 0 and math.isfinite(feature_clip)):
-            raise ValueError(f"feature_clip must be finite and > 0, got {feature_clip}")
-        if setting.radius is None:
-            raise ValueError(f"{self.name}: Thm 6 is constrained: give the l2 ball's --radius")
-        super().__init__(config, setting, rho_total)
-        self.feature_clip = float(feature_clip)
-
-    def schedule(self, n: int, distance: float) -> list[tuple[int, float]]:
-        diameter = self.setting.distance if self.setting.distance is not None else self.setting.diameter
-        return paper001_schedule(n, self.rho_total, self.setting, diameter)
-
-    def gradient_query(self, w: torch.Tensor) -> Query:
-        return FeatureClippedGradient(w, self.feature_clip, self.setting.lipschitz)
-
-
 @dataclass(frozen=True)
 class GLLPhasedParams(Domain):
     """gll-phased-sgd: the l2 ball (radius; default 10) and the clients' feature clip."""
@@ -91,14 +70,45 @@ class GLLPhasedParams(Domain):
         "theorem",
     )
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        clip = self.gll_feature_clip
+        if clip is not None and not (clip > 0 and math.isfinite(clip)):
+            raise ValueError(f"--gll-feature-clip must be finite and > 0, got {clip}")
 
-@register("gll-phased-sgd", GLLPhasedParams, SOLVER_ITERATES, absence=ZERO_SUMS)
-def build_gll_phased_sgd(params: GLLPhasedParams, ctx: BuildContext) -> GLLPhasedSGD:
-    """Phased-SGD for convex GLLs, feature clipping, no gradient clipping (paper 001, Alg 2 / Thm 6; zCDP)."""
-    feature_clip = ctx.feature_bound if params.gll_feature_clip is None else params.gll_feature_clip
-    if not (feature_clip > 0 and math.isfinite(feature_clip)):
-        raise ValueError(f"--gll-feature-clip must be finite and > 0, got {feature_clip}")
-    radius = DEFAULT_RADIUS if params.radius is None else params.radius
-    setting = convex_setting(ctx.problem, feature_clip, radius=radius, distance=params.distance)
-    config = LocalizationConfig(solver="psgd", neighbouring=ctx.neighbouring, seed=ctx.seed)
-    return GLLPhasedSGD(config, setting, ctx.rho_left, feature_clip)
+
+@register
+class GLLPhasedSGD(PhasedSGD, Algorithm[GLLPhasedParams]):
+    """Phased-SGD for convex GLLs, feature clipping, no gradient clipping (paper 001, Alg 2 / Thm 6; zCDP).
+
+    See the module docstring. Built from the params and the budget: ``feature_clip`` R (``gll_feature_clip``,
+    else the data's feature bound), the l2 ball of ``radius`` (default 10) and ``distance``, the run's zCDP
+    (``ctx.rho_left``), relation and cohort-hashing seed. The phase driver (plan, run) is
+    :class:`~fedkl.algorithms.localization.fkt_phased.PhasedSGD`'s with the psgd solver."""
+
+    name = "gll-phased-sgd"
+    Params = GLLPhasedParams
+    guarantee = Guarantee("zcdp", "parallel", IN_CLASS_CLIENTS)
+    absence = ZERO_SUMS
+    clients_see = SOLVER_ITERATES
+    small = {"radius": 2.0}
+    audit = SmallAudit()
+    solvers = ("psgd",)
+
+    def __init__(self, params: GLLPhasedParams, ctx: BuildContext) -> None:
+        Algorithm.__init__(self, params, ctx)  # PhasedSGD's constructor takes the phase driver's inputs
+        feature_clip = ctx.feature_bound if params.gll_feature_clip is None else params.gll_feature_clip
+        if not (feature_clip > 0 and math.isfinite(feature_clip)):
+            raise ValueError(f"{self.name}: the data's feature bound is {feature_clip}: give --gll-feature-clip")
+        radius = DEFAULT_RADIUS if params.radius is None else params.radius
+        setting = convex_setting(ctx.problem, feature_clip, radius=radius, distance=params.distance)
+        config = LocalizationConfig(solver="psgd", neighbouring=ctx.neighbouring, seed=ctx.seed)
+        PhasedSGD.__init__(self, config, setting, ctx.rho_left)
+        self.feature_clip = float(feature_clip)
+
+    def schedule(self, n: int, distance: float) -> list[tuple[int, float]]:
+        diameter = self.setting.distance if self.setting.distance is not None else self.setting.diameter
+        return paper001_schedule(n, self.rho_total, self.setting, diameter)
+
+    def gradient_query(self, w: torch.Tensor) -> Query:
+        return FeatureClippedGradient(w, self.feature_clip, self.setting.lipschitz)
