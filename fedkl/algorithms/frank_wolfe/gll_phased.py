@@ -8,14 +8,15 @@ reuses) with paper 001's oracle and schedule:
   with every feature vector clipped to ``||x|| <= R`` (:class:`~fedkl.federation.base.FeatureClippedGradient`),
   and the gradient itself is NOT clipped: the loss on clipped features is still a convex, L-Lipschitz
   (L = L0 R), beta-smooth function, so every SGD step stays non-expansive, which the sensitivity
-  proof needs (gradient clipping would break it; docs/derivations/paper-001.md §6, pitfall 15). The Moreau smoothing of
-  a non-smooth GLL is the problem's: ``smoothed-hinge`` IS the hinge's Moreau envelope
+  proof needs (gradient clipping would break it; docs/derivations/paper-001.md §6, pitfall 15). The
+  Moreau smoothing of a non-smooth GLL is the problem's: ``smoothed-hinge`` IS the hinge's Moreau envelope
   ``l_beta`` with ``beta = 1/smoothing`` (its closed-form prox, no bisection: alpha = 0), ``absolute``
   (regression, ``|<w, x> - y|``) answers the gradient of its envelope (the Huber loss, closed-form prox,
   ``beta = moreau_beta``: :mod:`fedkl.problems.robust_regression`), ``huber`` is smooth, and
   ``logistic`` needs none. An answer above the norm bound L is invalid (the user contributes zero,
   an identity step).
-* **Schedule (Thm 6, docs/derivations/paper-001.md §6, pitfalls 3, 5, 6).** ``rho_p = sqrt(2 rho)`` (the paper's/FKT's rho);
+* **Schedule (Thm 6, docs/derivations/paper-001.md §6, pitfalls 3, 5, 6).** ``rho_p = sqrt(2 rho)`` (the
+  paper's/FKT's rho);
   ``eta = (D / (3 L)) min{rho_p / sqrt(d), 1/sqrt(n)}`` with D the domain's diameter; phases
   k = 1..floor(log2 n) on disjoint cohorts of ``T_k = floor(n / 2^k)`` users (hashed order), one user
   per step, step ``eta_k = eta 4^-k`` (capped at 2/beta: the contraction condition); the phase output

@@ -11,9 +11,10 @@ C_r only, approximately solves the proximal subproblem
 
 and its output is the next prox centre w_{r+1}. Rounds 1..R-1 run: the paper's round R computes
 w_{R+1}, which its output never uses, so cohort C_R is neither read nor charged. The released model
-is ONE prox centre w_{r*}, r* uniform on {1..R}, drawn by the server from a seeded public RNG (``random.Random`` of the run's
-seed) before any data is read: the model is w_1 = w0 with probability 1/R, as the theorem's output
-(docs/derivations/paper-001.md §6, pitfall 13: the centres, not the prox points).
+is ONE prox centre w_{r*}, r* uniform on {1..R}, drawn by the server from a seeded public RNG
+(``random.Random`` of the run's seed) before any data is read: the model is w_1 = w0 with probability
+1/R, as the theorem's output (docs/derivations/paper-001.md §6, pitfall 13: the centres, not the prox
+points).
 
 Inner solver (fedkl's; the paper uses [AFKT21]'s A_SC, Thm 19, as a black box and gives no
 pseudocode). With kappa = 1/(p-1) (the strong convexity of ||.||_p^2/2 in ||.||_p), the regularizer

@@ -2,9 +2,10 @@
 Menart): ``vr-fw`` (Alg 4, A_polySFW: an l1 ball or a simplex, Thm 10/11) and ``vr-fw-lp`` (Alg 5, A_nSFW:
 an l_p ball, 1 < p <= 2, l2 included, Thm 13/14), at user level (one user = one client = the unit).
 
-**Slots (docs/derivations/paper-001.md §5; "pitfall N" below is item N of its §6).** Rounds r = 0..R-1 of 2^r steps t = 0..2^r - 1; slot (r, t) is a disjoint
-cohort of ``m_t = floor(b/(t+1))`` users, taken in the order of ``sha256(seed, user id)`` (public,
-data-free; surplus users are never asked nor charged). ``eta_t = 1/sqrt(t+1)`` (eta_0 = 1).
+**Slots (docs/derivations/paper-001.md §5; "pitfall N" below is item N of its §6).** Rounds r = 0..R-1
+of 2^r steps t = 0..2^r - 1; slot (r, t) is a disjoint cohort of ``m_t = floor(b/(t+1))`` users, taken
+in the order of ``sha256(seed, user id)`` (public, data-free; surplus users are never asked nor charged).
+``eta_t = 1/sqrt(t+1)`` (eta_0 = 1).
 
     t = 0 (anchor):  grad_0 = (1/b) sum_u clip_C0(grad f_u(w_0))
     t >= 1 (pair):   g_t = (1/m_t) sum_u clip_C0(grad f_u(w_t)),
@@ -25,8 +26,8 @@ difference bound; ``L1``: ``||grad f(w) - grad f(v)||_inf <= L1 ||w - v||_1``, w
 smoothness constant satisfies). The estimates grad_t carry NO noise: they stay on the server (trusted,
 never logged or sent; pitfall 14), and only the vertex selections are released, by the exponential
 mechanism (Gumbel report-noisy-min, bounded range: eps^2/8 zCDP, instead of the paper's Laplace RNM with
-advanced composition, which is off by ~sqrt 2: pitfall 7). **Exact per-slot ledger (docs/derivations/paper-001.md §5.2).** A
-user of slot (r, k) moves grad_t, t >= k, by at most (l_inf)
+advanced composition, which is off by ~sqrt 2: pitfall 7). **Exact per-slot ledger
+(docs/derivations/paper-001.md §5.2).** A user of slot (r, k) moves grad_t, t >= k, by at most (l_inf)
 
     e_t(k) = prod_{j=k+1..t}(1 - eta_j) * [(1 - eta_k) 2 L1 D eta_{k-1} + eta_k 2 C0] / m_k   (k = 0: 2 C0/b)
 
