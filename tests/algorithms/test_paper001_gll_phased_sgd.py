@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from fedkl import cli
-from fedkl.algorithms.frank_wolfe.gll_phased import GLLPhasedSGD, paper001_schedule
+from fedkl.algorithms.contract import BuildContext
+from fedkl.algorithms.frank_wolfe.gll_phased import GLLPhasedParams, GLLPhasedSGD, paper001_schedule
 from fedkl.algorithms.localization.fkt_common import cohort_order, convex_setting, paper_rho
 from fedkl.data import load_dataset
 from fedkl.data.base import UserData
@@ -38,8 +39,11 @@ def _setup(n=16, d=4, seed=0, problem="logistic", m=6, **kw):
 
 
 def _alg(prob, rho=0.5, radius=2.0, neighbouring="replace-one", feature_clip=1.0, seed=0):
-    setting = convex_setting(prob, feature_clip, radius=radius)
-    return GLLPhasedSGD(setting, rho, feature_clip, neighbouring=neighbouring, seed=seed)
+    """gll-phased-sgd built as `fedkl run` builds it, with ``rho`` zCDP left."""
+    params = GLLPhasedParams(radius=radius, gll_feature_clip=feature_clip)
+    alg = GLLPhasedSGD(params, BuildContext.fresh(rho=rho, problem=prob, neighbouring=neighbouring, seed=seed))
+    assert alg.setting == convex_setting(prob, feature_clip, radius=radius)
+    return alg
 
 
 # --------------------------------------------------------------------------------------------------
@@ -168,10 +172,11 @@ def test_refusals_happen_before_any_query(tmp_path):
     assert fed.calls == 0
     with pytest.raises(ValueError, match="not convex"):
         _alg(make_problem("mlp", ds))
-    with pytest.raises(ValueError, match="feature_clip"):
-        GLLPhasedSGD(convex_setting(prob, 1.0, radius=1.0), 0.5, 0.0)
-    with pytest.raises(ValueError, match="radius"):
-        GLLPhasedSGD(convex_setting(prob, 1.0), 0.5, 1.0)
+    with pytest.raises(ValueError, match="--gll-feature-clip must be finite and > 0, got 0.0"):
+        _alg(prob, feature_clip=0.0)
+    # without --radius the l2 ball is the default one (Thm 6 is constrained)
+    default = GLLPhasedSGD(GLLPhasedParams(), BuildContext.fresh(rho=0.5, problem=prob))
+    assert default.setting.radius == 10.0 and default.feature_clip == 1.0  # the data's feature bound
     assert cli.main(["run", "--algorithm", "gll-phased-sgd", "--gll-feature-clip", "-1", "--users", "10"]) == 2
 
 

@@ -21,7 +21,8 @@ import pytest
 import torch
 
 from fedkl import cli
-from fedkl.algorithms.frank_wolfe.noisy_fw import NoisyFrankWolfe, step_size, theorem_rounds
+from fedkl.algorithms.contract import BuildContext
+from fedkl.algorithms.frank_wolfe.noisy_fw import NoisyFrankWolfe, NoisyFWParams, step_size, theorem_rounds
 from fedkl.data import load_dataset
 from fedkl.data.base import UserData
 from fedkl.federation.base import ClampedGradient
@@ -75,6 +76,14 @@ def _federation(n: int = 20, d: int = 6, seed: int = 0, m: int = 6):
     return ds, problem, InProcessFederation(problem, ds)
 
 
+def _fw(problem, rounds: int, clamp: float, rho: float, *, radius: float = 1.0, neighbouring: str = "replace-one"):
+    """noisy-fw over the l1 ball of ``radius`` in the problem's dimension, built as `fedkl run` builds it
+    (T = ``rounds``, G = ``clamp``) on ``rho`` zCDP left (and a fresh (2, 1e-5) budget's (eps, delta))."""
+    params = NoisyFWParams(fw_radius=radius, fw_rounds=rounds, fw_clamp=clamp)
+    ctx = BuildContext.fresh(eps=2.0, delta=1e-5, problem=problem, neighbouring=neighbouring)
+    return NoisyFrankWolfe(params, dataclasses.replace(ctx, rho_left=rho))
+
+
 def test_clamped_gradient_is_the_coordinatewise_clamp_of_each_users_gradient():
     ds, problem, fed = _federation()
     w = torch.randn(6, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
@@ -121,9 +130,10 @@ def _first_selection(monkeypatch, ds, alg: NoisyFrankWolfe, tmp_path, tag: str):
 
 @pytest.mark.parametrize("neighbouring", ["replace-one", "add-remove"])
 def test_selection_sensitivity_is_attained_by_adversarial_neighbours(monkeypatch, tmp_path, neighbouring):
-    ds, _, _ = _federation(n=15, d=4)
-    domain = L1Ball(4, 2.0)
-    alg = NoisyFrankWolfe(domain, rounds=1, bound=0.25, rho_total=0.05, neighbouring=neighbouring)
+    ds, problem, _ = _federation(n=15, d=4)
+    alg = _fw(problem, rounds=1, clamp=0.25, rho=0.05, radius=2.0, neighbouring=neighbouring)
+    domain = alg.domain
+    assert isinstance(domain, L1Ball) and domain.radius == 2.0
     if neighbouring == "replace-one":  # user 0's gradient at 0 is -y e_0/2: clamped to -/+ 0.25 e_0
         a = _first_selection(monkeypatch, _with_user0(ds, 1.0), alg, tmp_path, "a")
         b = _first_selection(monkeypatch, _with_user0(ds, -1.0), alg, tmp_path, "b")
@@ -213,10 +223,11 @@ def test_refusals_happen_before_any_query(tmp_path):
     fed = counting_federation(problem, ds)
     with PrivacyLedger(tmp_path / "l.sqlite", Budget(1.0, 1e-5)) as led:
         releaser = Releaser(led, NoiseSource(0), ZCDPFilter(10.0))
-        wrong_dim = NoisyFrankWolfe(L1Ball(5, 1.0), 3, 1.0, led.rho_left(fed.user_ids))
+        five = make_problem("logistic", load_dataset("synthetic-logistic", n_users=4, m=2, d=5, seed=0))
+        wrong_dim = _fw(five, 3, 1.0, led.rho_left(fed.user_ids))
         with pytest.raises(ValueError, match="coordinates"):
             wrong_dim.run(fed, releaser, problem.init_params())
-        too_much = NoisyFrankWolfe(L1Ball(4, 1.0), 3, 1.0, 2 * led.rho_left(fed.user_ids))
+        too_much = _fw(problem, 3, 1.0, 2 * led.rho_left(fed.user_ids))
         with pytest.raises(BudgetExceeded, match="nothing was read"):
             too_much.run(fed, releaser, problem.init_params())
         assert led.num_releases() == 0
@@ -230,6 +241,10 @@ def test_refusals_happen_before_any_query(tmp_path):
         RunConfig.from_settings(algorithm="noisy-fw", fw_radius=0.0)
     with pytest.raises(ValueError, match="--fw-domain must be one of"):
         RunConfig.from_settings(algorithm="noisy-fw", fw_domain="cube")
+    with pytest.raises(ValueError, match="--fw-rounds must be >= 1, got 0"):
+        RunConfig.from_settings(algorithm="noisy-fw", fw_rounds=0)
+    with pytest.raises(ValueError, match="--fw-clamp must be finite and > 0, got -1"):
+        NoisyFWParams(fw_clamp=-1.0)
 
 
 @pytest.mark.flower
@@ -293,7 +308,7 @@ def test_excess_risk_falls_with_n_at_about_the_theorem_rate(tmp_path):
             budget = Budget(eps, 1e-6)
             with PrivacyLedger(tmp_path / f"{n}-{seed}.sqlite", budget) as led:
                 T = theorem_rounds(n, eps, budget.delta, domain.num_vertices)
-                alg = NoisyFrankWolfe(domain, T, 1.0, led.rho_left(fed.user_ids))
+                alg = _fw(problem, T, 1.0, led.rho_left(fed.user_ids), radius=radius)
                 w = alg.run(fed, Releaser(led, NoiseSource(seed), ZCDPFilter(alg.rho_total)), problem.init_params()).w
             vals.append(max(problem.loss(w, ds.train) - f_star, 1e-12))
         excess.append(math.exp(np.mean(np.log(vals))))
@@ -308,7 +323,8 @@ def test_excess_risk_falls_with_n_at_about_the_theorem_rate(tmp_path):
 # --------------------------------------------------------------------------------------------------
 def _run(domain, fed, problem, tmp_path, tag, rounds=6):
     with PrivacyLedger(tmp_path / f"{tag}.sqlite", Budget(2.0, 1e-5)) as led:
-        alg = NoisyFrankWolfe(domain, rounds, 0.3, led.rho_left(fed.user_ids))
+        alg = _fw(problem, rounds, 0.3, led.rho_left(fed.user_ids))
+        alg.domain = domain  # any polytope of the problem's dimension (research code; the CLI names one)
         return alg.run(fed, Releaser(led, NoiseSource(4), ZCDPFilter(alg.rho_total)), problem.init_params())
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import numpy as np
 import pytest
@@ -21,7 +22,13 @@ import torch
 from test_algorithm_registry import _flower_equals_inprocess  # tests/algorithms/test_algorithm_registry.py
 
 from fedkl import cli
-from fedkl.algorithms.frank_wolfe.pg_mirror_descent import PGMDSetting, PGMirrorDescent, theorem_outer_rounds
+from fedkl.algorithms.contract import BuildContext
+from fedkl.algorithms.frank_wolfe.pg_mirror_descent import (
+    PGMDParams,
+    PGMDSetting,
+    PGMirrorDescent,
+    theorem_outer_rounds,
+)
 from fedkl.algorithms.localization.fkt_common import cohort_order
 from fedkl.data import load_dataset
 from fedkl.data.base import FederatedDataset, UserData
@@ -51,6 +58,23 @@ def _realizable(n: int, m: int = 4, d: int = 5, seed: int = 0, scale: float = 2.
 
 def _setting(p=2.0, d=5, lipschitz=0.25, rho=CURVATURE, distance=2.0, neighbouring="replace-one"):
     return PGMDSetting(lipschitz, rho, distance, p, d, neighbouring)
+
+
+def _alg(s: PGMDSetting, rho: float, *, seed: int = 0, outer_rounds=None, inner_rounds=None) -> PGMirrorDescent:
+    """pg-mirror-descent with the constants of ``s`` given as flags, built as `fedkl run` builds it (on a
+    problem of s.dim parameters, the run's ``seed``) with ``rho`` zCDP left."""
+    params = PGMDParams(
+        pgmd_p=s.p,
+        pgmd_lipschitz=s.lipschitz,
+        pgmd_weak_convexity=s.weak_convexity,
+        pgmd_distance=s.distance,
+        pgmd_outer_rounds=outer_rounds,
+        pgmd_inner_rounds=inner_rounds,
+    )
+    ctx = BuildContext.fresh(rho=rho, problem=SigmoidAbsolute(s.dim), neighbouring=s.neighbouring, seed=seed)
+    alg = PGMirrorDescent(params, ctx)
+    assert alg.setting == s
+    return alg
 
 
 # --------------------------------------------------------------------------------------------------
@@ -173,7 +197,7 @@ def test_the_plan_follows_thm20_with_hashed_disjoint_cohorts(p, neighbouring, fa
                 (kt * kappa**2) ** (-1 / 3) * (2.0 * n**2 * 8 * rho * CURVATURE / (0.25 * d)) ** (1 / 3)))  # fmt: skip
     assert theorem_outer_rounds(n, rho, s) == R >= 2
     ids = tuple(f"user-{i}" for i in range(n))
-    plan = PGMirrorDescent(s, rho, seed=4).plan(ids)
+    plan = _alg(s, rho, seed=4).plan(ids)
     m = n // R
     assert plan.outer_rounds == R and len(plan.cohorts) == R - 1 and plan.inner_rounds == m
     assert all(len(c) == m for c in plan.cohorts)
@@ -186,9 +210,9 @@ def test_the_plan_follows_thm20_with_hashed_disjoint_cohorts(p, neighbouring, fa
     # the prox weight and the ball that holds the prox point
     assert s.beta == pytest.approx(2 * CURVATURE * kappa) and s.inner_radius == pytest.approx(2 * 0.25 / s.beta)
     # the released centre's index: public (same seed -> same index, whatever the data), spread over 0..R-1
-    again = PGMirrorDescent(s, rho, seed=4).plan(ids)
+    again = _alg(s, rho, seed=4).plan(ids)
     assert again.output_index == plan.output_index and 0 <= plan.output_index < R
-    picks = {PGMirrorDescent(s, rho, seed=k).plan(ids).output_index for k in range(200)}
+    picks = {_alg(s, rho, seed=k).plan(ids).output_index for k in range(200)}
     assert picks == set(range(R))
 
 
@@ -214,7 +238,7 @@ def test_release_sensitivity_is_attained_by_adversarial_neighbours(monkeypatch, 
     prob = make_problem("logistic", ds)
     L0 = 0.05  # below every user's gradient norm at 0: the clip binds
     s = _setting(p=p, d=d, lipschitz=L0, rho=0.25)
-    alg = PGMirrorDescent(s, 0.5, outer_rounds=3, inner_rounds=2)
+    alg = _alg(s, 0.5, outer_rounds=3, inner_rounds=2)
     plan = alg.plan(ds.train.user_ids)
     first = plan.cohorts[0][0]
     seen = []
@@ -250,7 +274,7 @@ def test_the_noise_has_the_planned_scale(monkeypatch, tmp_path):
     n, d = 60, 20
     ds = load_dataset("synthetic-logistic", n_users=n, m=3, d=d, seed=1)
     prob = make_problem("logistic", ds)
-    alg = PGMirrorDescent(_setting(p=1.5, d=d, lipschitz=1.0, rho=0.25), 0.4, outer_rounds=4, inner_rounds=10)
+    alg = _alg(_setting(p=1.5, d=d, lipschitz=1.0, rho=0.25), 0.4, outer_rounds=4, inner_rounds=10)
     plan = alg.plan(ds.train.user_ids)
     diffs = []
     original = Releaser.gaussian
@@ -279,7 +303,7 @@ def test_each_user_is_charged_rho_in_its_cohorts_releases_only(tmp_path):
     assert cli.main([*args, "--noise-seed", "1", "--no-reference", "--out", str(out)]) == 0
     ds = load_dataset("synthetic-logistic", n_users=40, seed=0)
     ids = ds.train.user_ids
-    plan = PGMirrorDescent(_setting(p=1.5, d=ds.train.dim), 1.0, outer_rounds=4, inner_rounds=3).plan(ids)
+    plan = _alg(_setting(p=1.5, d=ds.train.dim), 1.0, outer_rounds=4, inner_rounds=3).plan(ids)
     with PrivacyLedger(out / "ledger.sqlite") as led:
         led.verify()
         rel = led.releases()
@@ -304,15 +328,13 @@ def test_refusals_happen_before_any_query(tmp_path, capsys):
     s = _setting(d=4, lipschitz=1.0, rho=0.25)
     with PrivacyLedger(tmp_path / "l.sqlite", Budget(1.0, 1e-5)) as led:
         with pytest.raises(ValueError, match="run-wide zCDP filter"):
-            PGMirrorDescent(s, 0.05, outer_rounds=2).run(
-                fed, Releaser(led, NoiseSource(0), ZCDPFilter(1.0)), prob.init_params()
-            )
+            _alg(s, 0.05, outer_rounds=2).run(fed, Releaser(led, NoiseSource(0), ZCDPFilter(1.0)), prob.init_params())
         with pytest.raises(BudgetExceeded, match="nothing was charged"):
-            PGMirrorDescent(s, 10.0, outer_rounds=2).run(fed, Releaser(led, NoiseSource(0)), prob.init_params())
+            _alg(s, 10.0, outer_rounds=2).run(fed, Releaser(led, NoiseSource(0)), prob.init_params())
         with pytest.raises(ValueError, match="need 2 <= R <= n"):
-            PGMirrorDescent(s, 0.05, outer_rounds=17).run(fed, Releaser(led, NoiseSource(0)), prob.init_params())
+            _alg(s, 0.05, outer_rounds=17).run(fed, Releaser(led, NoiseSource(0)), prob.init_params())
         with pytest.raises(ValueError, match="need 2 <= R <= n"):
-            PGMirrorDescent(s, 1e-9).run(fed, Releaser(led, NoiseSource(0)), prob.init_params())  # Thm 20's R = 1
+            _alg(s, 1e-9).run(fed, Releaser(led, NoiseSource(0)), prob.init_params())  # Thm 20's R = 1
         assert led.num_releases() == 0
     assert fed.calls == 0
     for bad in (1.0, 2.5, 0.0):
@@ -320,8 +342,16 @@ def test_refusals_happen_before_any_query(tmp_path, capsys):
             _setting(p=bad)
     with pytest.raises(ValueError, match="weak_convexity"):
         _setting(rho=0.0)
-    with pytest.raises(ValueError, match="inner_rounds"):
-        PGMirrorDescent(s, 0.5, inner_rounds=0)
+    for flag, value, message in (
+        ("pgmd_inner_rounds", 0, "--pgmd-inner-rounds must be >= 1, got 0"),
+        ("pgmd_outer_rounds", -1, "--pgmd-outer-rounds must be >= 1, got -1"),
+        ("pgmd_lipschitz", 0.0, "--pgmd-lipschitz must be finite and > 0, got 0.0"),
+        ("pgmd_weak_convexity", float("nan"), "--pgmd-weak-convexity must be a number, got nan"),
+        ("pgmd_weak_convexity", -1.0, "--pgmd-weak-convexity must be finite and > 0, got -1.0"),
+        ("pgmd_p", 1.0, "--pgmd-p must satisfy 1 < p <= 2, got 1.0"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            PGMDParams(**{flag: value})
     base = ["run", "--algorithm", "pg-mirror-descent", "--dataset", "synthetic-logistic", "--users", "10"]
     for extra, why in (
         (["--pgmd-p", "3"], "1 < p <= 2"),
@@ -362,7 +392,7 @@ def _centre_losses(n: int, p: float, seed: int) -> tuple[float, float, float]:
     prob = SigmoidAbsolute(5)
     fed = InProcessFederation(prob, ds)
     with PrivacyLedger(":memory:", Budget(4.0, 1e-6)) as led:
-        alg = PGMirrorDescent(_setting(p=p), led.rho_left(fed.user_ids), seed=seed)
+        alg = _alg(_setting(p=p), led.rho_left(fed.user_ids), seed=seed)
         res = alg.run(fed, Releaser(led, NoiseSource(seed)), prob.init_params())
     losses = [prob.loss(c, ds.train) for c in res.centres]
     assert torch.equal(res.w, res.centres[alg.plan(fed.user_ids).output_index])

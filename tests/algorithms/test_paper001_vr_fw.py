@@ -13,16 +13,21 @@ Refusals come before any query. Utility: the Frank–Wolfe gap of the released m
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
 
 import numpy as np
 import pytest
 import torch
 from build_helpers import counting_federation
 
+from fedkl.algorithms.contract import BuildContext
 from fedkl.algorithms.frank_wolfe.vr_frank_wolfe import (
     VRFrankWolfe,
     VRFrankWolfeLp,
+    VRFWLpParams,
+    VRFWParams,
     fit_rounds,
     lp_kappa,
     lp_rounds,
@@ -146,8 +151,19 @@ def _slot_user(alg, n: int, r: int, k: int) -> int:
 ROUNDS, BATCH, N, D = 3, 12, 60, 3
 
 
+def _build(cls, d, rounds, batch, clip, smooth, rho, *, radius=2.0, p=2.0, neighbouring="replace-one", seed=1, n=N):
+    """``cls`` (vr-fw over the l1 ball, vr-fw-lp over the l_p ball, of ``radius`` in R^d) built as `fedkl run`
+    builds it for ``n`` users with R, b, C0 and L1 given, on ``rho`` zCDP left (the logistic problem's d)."""
+    given = dict(vrfw_radius=radius, vrfw_rounds=rounds, vrfw_batch=batch, vrfw_clip=clip, vrfw_smoothness=smooth)
+    params = VRFWParams(**given) if cls is VRFrankWolfe else VRFWLpParams(vrfw_p=p, **given)
+    problem = make_problem("logistic", load_dataset("synthetic-logistic", n_users=2, m=2, d=d, seed=0))
+    ids = [f"user-{i:03d}" for i in range(n)]
+    ctx = BuildContext.fresh(eps=2.0, delta=1e-5, user_ids=ids, problem=problem, neighbouring=neighbouring, seed=seed)
+    return cls(params, dataclasses.replace(ctx, rho_left=rho))
+
+
 def _vr_fw(neighbouring: str = "replace-one") -> VRFrankWolfe:
-    return VRFrankWolfe(L1Ball(D, 2.0), ROUNDS, BATCH, 0.3, 0.5, 0.4, neighbouring, seed=1)
+    return _build(VRFrankWolfe, D, ROUNDS, BATCH, 0.3, 0.5, 0.4, neighbouring=neighbouring)
 
 
 def _forced_trajectory(r: int) -> list[torch.Tensor]:
@@ -279,7 +295,8 @@ def _gaussian_values(monkeypatch, alg, fed, tmp_path, tag):
 
 @pytest.mark.parametrize("slot", [(1, 0), (2, 2), (2, 3)])
 def test_vr_fw_lp_pair_sensitivities_are_attained_by_adversarial_neighbours(monkeypatch, tmp_path, slot):
-    alg = VRFrankWolfeLp(LpBall(D, 2.0, 1.5), ROUNDS, BATCH, 0.3, 0.5, 0.4, seed=1)
+    alg = _build(VRFrankWolfeLp, D, ROUNDS, BATCH, 0.3, 0.5, 0.4, radius=1.5, p=2.0)
+    assert isinstance(alg.domain, LpBall) and (alg.domain.p, alg.domain.radius) == (2.0, 1.5)
     r, k = slot
     target = _slot_user(alg, N, r, k)
     a = _gaussian_values(monkeypatch, alg, Scripted(N, D, target, +1.0), tmp_path, "a")
@@ -318,7 +335,7 @@ def test_vr_fw_charges_every_slot_its_own_cost_per_selection(tmp_path):
     ds, problem, fed = _fed(N, D)
     with PrivacyLedger(tmp_path / "l.sqlite", Budget(2.0, 1e-5)) as led:
         rho = led.rho_left(fed.user_ids)
-        alg = VRFrankWolfe(L1Ball(D, 2.0), ROUNDS, BATCH, 0.3, 0.5, rho, seed=1)
+        alg = _build(VRFrankWolfe, D, ROUNDS, BATCH, 0.3, 0.5, rho)
         alg.run(fed, Releaser(led, NoiseSource(3)), problem.init_params())
         led.verify()
         releases = led.releases()
@@ -344,7 +361,7 @@ def test_vr_fw_lp_charges_each_slotted_user_rho_once(tmp_path):
     ds, problem, fed = _fed(N, D)
     with PrivacyLedger(tmp_path / "l.sqlite", Budget(2.0, 1e-5)) as led:
         rho = led.rho_left(fed.user_ids)
-        alg = VRFrankWolfeLp(LpBall(D, 1.5, 1.0), ROUNDS, BATCH, 0.3, 0.5, rho, seed=1)
+        alg = _build(VRFrankWolfeLp, D, ROUNDS, BATCH, 0.3, 0.5, rho, radius=1.0, p=1.5)
         alg.run(fed, Releaser(led, NoiseSource(3)), problem.init_params())
         led.verify()
         releases = led.releases()
@@ -365,10 +382,10 @@ def test_refusals_happen_before_any_query(tmp_path):
         rho = led.rho_left(fed.user_ids)
         releaser = Releaser(led, NoiseSource(0))
         cases = [
-            (VRFrankWolfe(L1Ball(5, 1.0), 2, 4, 1.0, 0.25, rho), ValueError, "coordinates"),
-            (VRFrankWolfe(L1Ball(4, 1.0), 2, 4, 1.0, 0.25, 2 * rho), BudgetExceeded, "nothing was read"),
-            (VRFrankWolfeLp(LpBall(4, 2.0, 1.0), 4, 8, 1.0, 0.25, rho), ValueError, "users, there are 40"),
-            (VRFrankWolfeLp(LpBall(4, 2.0, 1.0), 3, 3, 1.0, 0.25, rho), ValueError, "b >= 2"),
+            (_build(VRFrankWolfe, 5, 2, 4, 1.0, 0.25, rho, radius=1.0, n=40), ValueError, "coordinates"),
+            (_build(VRFrankWolfe, 4, 2, 4, 1.0, 0.25, 2 * rho, radius=1.0, n=40), BudgetExceeded, "nothing was read"),
+            # a plan made for more users than the federation has
+            (_build(VRFrankWolfeLp, 4, 4, 8, 1.0, 0.25, rho, radius=1.0, n=200), ValueError, "users, there are 40"),
         ]
         for alg, error, message in cases:
             with pytest.raises(error, match=message):
@@ -380,13 +397,28 @@ def test_refusals_happen_before_any_query(tmp_path):
     cfg = RunConfig.from_settings(algorithm="vr-fw", dataset="synthetic-logistic")
     with pytest.raises(BudgetExceeded):
         build(cfg, 0.0, problem=problem, dataset=ds, delta=1e-5)
-    for bad, message in (({"vrfw_rounds": 9}, "users; there are"), ({"vrfw_p": 2.5}, "1 < p <= 2")):
-        cfg = RunConfig.from_settings(algorithm="vr-fw-lp", dataset="synthetic-logistic", **bad)
-        with PrivacyLedger(tmp_path / f"{len(message)}.sqlite", Budget(1.0, 1e-5)) as led:
-            with pytest.raises(ValueError, match=message):
-                build(cfg, 0.1, problem=problem, dataset=ds, delta=1e-5, ledger=led, user_ids=ds.train.user_ids)
+    cfg = RunConfig.from_settings(algorithm="vr-fw-lp", dataset="synthetic-logistic", vrfw_rounds=9)
+    with PrivacyLedger(tmp_path / "rounds.sqlite", Budget(1.0, 1e-5)) as led:
+        with pytest.raises(ValueError, match="users; there are"):
+            build(cfg, 0.1, problem=problem, dataset=ds, delta=1e-5, ledger=led, user_ids=ds.train.user_ids)
+    with pytest.raises(ValueError, match="1 < p <= 2"):
+        RunConfig.from_settings(algorithm="vr-fw-lp", dataset="synthetic-logistic", vrfw_p=2.5)
     with pytest.raises(ValueError, match="--vrfw-output must be one of"):
         RunConfig.from_settings(algorithm="vr-fw", vrfw_output="best")
+    # a schedule that does not fit the population is refused when the algorithm is built
+    for rounds, batch, message in ((4, 8, "need b >= 2^(R-1) and 56 users; there are 40"), (3, 3, "b >= 2^(R-1)")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            _build(VRFrankWolfeLp, 4, rounds, batch, 1.0, 0.25, 0.1, n=40)
+    for flag, value, message in (
+        ("vrfw_rounds", 0, "--vrfw-rounds must be >= 1, got 0"),
+        ("vrfw_batch", -2, "--vrfw-batch must be >= 1, got -2"),
+        ("vrfw_clip", 0.0, "--vrfw-clip must be finite and > 0, got 0.0"),
+        ("vrfw_smoothness", float("inf"), "--vrfw-smoothness must be finite and > 0, got inf"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            VRFWParams(**{flag: value})
+    with pytest.raises(ValueError, match="--vrfw-p must satisfy 1 < p <= 2, got 1.0"):
+        VRFWLpParams(vrfw_p=1.0)
 
 
 def test_a_problem_without_constants_needs_them_given(tmp_path):
@@ -438,12 +470,12 @@ def _gap(alg_name: str, n: int, seed: int, tmp_path, eps: float = 4.0, d: int = 
     with PrivacyLedger(tmp_path / f"{alg_name}-{n}-{seed}.sqlite", Budget(eps, delta)) as led:
         rho = led.rho_left(fed.user_ids)
         if alg_name == "vr-fw":
-            dom = L1Ball(d, radius)
-            rounds = fit_rounds(polytope_rounds(n, eps, delta, dom.num_vertices), b, n)
-            alg = VRFrankWolfe(dom, rounds, b, 1.0, 0.25, rho, seed=seed)
+            rounds = fit_rounds(polytope_rounds(n, eps, delta, L1Ball(d, radius).num_vertices), b, n)
+            alg = _build(VRFrankWolfe, d, rounds, b, 1.0, 0.25, rho, radius=radius, seed=seed, n=n)
         else:
-            dom = LpBall(d, 2.0, radius)
-            alg = VRFrankWolfeLp(dom, fit_rounds(lp_rounds(n, eps, delta, d, 2.0), b, n), b, 1.0, 0.25, rho, seed=seed)
+            rounds = fit_rounds(lp_rounds(n, eps, delta, d, 2.0), b, n)
+            alg = _build(VRFrankWolfeLp, d, rounds, b, 1.0, 0.25, rho, radius=radius, p=2.0, seed=seed, n=n)
+        dom = alg.domain
         w = alg.run(fed, Releaser(led, NoiseSource(seed)), problem.init_params()).w
     g = problem.gradient(w, ds.train)
     v = dom.vertex(dom.lmo(g)) if alg_name == "vr-fw" else dom.lmo(g)

@@ -9,7 +9,7 @@ Round t = 1..T, with W = conv(V) (:mod:`fedkl.problems.polytope`) and centre c:
 
 The exponential mechanism is report-noisy-min with Gumbel noise (the same distribution): it replaces
 the paper's Laplace report-noisy-max, whose pure-DP cost eps0 composes as eps0^2/2 zCDP, by a
-bounded-range selection costing eps0^2/8 (note seed-001, §5.2 and pitfall 7).
+bounded-range selection costing eps0^2/8 (docs/derivations/paper-001.md §5.2 and §6, pitfall 7).
 
 **Guarantee: user-level rho-zCDP** (rho = the run's budget, every user charged every round), hence
 (eps, delta)-DP by the ledger's conversion. Derivation:
@@ -20,7 +20,7 @@ bounded-range selection costing eps0^2/8 (note seed-001, §5.2 and pitfall 7).
   step divides by nothing data-dependent), whatever the clients compute (any clients);
 * the utility of vertex j moves by at most ``|<v_j - c, S_t - S'_t>| <= ||v_j - c||_1 * 2G``, so
   ``Delta = 2 G max_j ||v_j - c||_1`` (the paper's 3 L0 R D / n is one record's contribution of a
-  mean and uses the diameter D: pitfalls 6 and 11);
+  mean and uses the diameter D: docs/derivations/paper-001.md §6, pitfalls 6 and 11);
 * the exponential mechanism with ``eps0`` and sensitivity Delta is eps0-DP and eps0^2/8-zCDP
   (Cesar & Rogers 2021); the candidates are public, and w_t is post-processing of earlier
   selections; T selections compose to ``T eps0^2/8 = rho``: ``eps0 = sqrt(8 rho / T)``.
@@ -49,11 +49,12 @@ from typing import Callable
 
 import torch
 
-from fedkl.algorithms.registry import AlgorithmParams, AlgorithmResult, BuildContext, param, register
+from fedkl.algorithms.contract import Algorithm, AlgorithmParams, AlgorithmResult, BuildContext, SmallAudit, param
+from fedkl.algorithms.registry import register
 from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import ClampedGradient, Federation
 from fedkl.privacy.charges import ExponentialCharge
-from fedkl.privacy.guarantee import ZERO_SUMS, Guarantee, check_relation, sum_sensitivity
+from fedkl.privacy.guarantee import ZERO_SUMS, Guarantee, sum_sensitivity
 from fedkl.privacy.ledger import BudgetExceeded
 from fedkl.privacy.release import Releaser
 from fedkl.problems.polytope import DOMAINS, PolytopeDomain, make_domain
@@ -91,31 +92,74 @@ class NoisyFWResult(AlgorithmResult):
     history: list[dict] = field(default_factory=list)
 
 
-class NoisyFrankWolfe:
-    """See the module docstring. ``rounds``: T; ``bound``: the clamp G; ``rho_total``: the run's zCDP."""
+@dataclass(frozen=True)
+class NoisyFWParams(AlgorithmParams):
+    """noisy-fw: Frank–Wolfe over an l1 ball / simplex with exponential-mechanism vertex selection."""
+
+    fw_domain: str = param("l1-ball", "noisy-fw: the constraint set W", "heuristic", choices=DOMAINS)
+    fw_radius: float = param(
+        1.0, "noisy-fw: the radius r of the l1 ball {||w||_1 <= r} (simplex: its sum r)", "heuristic", positive=True
+    )
+    fw_rounds: int | None = param(
+        None, "noisy-fw: Frank-Wolfe rounds T (default: Thm 9's n eps / (ln J ln n sqrt(ln 1/delta)))", "theorem"
+    )
+    fw_clamp: float | None = param(
+        None,
+        "noisy-fw: the l_inf clamp G of every user's gradient (default: the problem's L0 on the domain)",
+        "theorem",
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.fw_rounds is not None and self.fw_rounds < 1:
+            raise ValueError(f"--fw-rounds must be >= 1, got {self.fw_rounds}")
+        if self.fw_clamp is not None and not (self.fw_clamp > 0 and math.isfinite(self.fw_clamp)):
+            raise ValueError(f"--fw-clamp must be finite and > 0, got {self.fw_clamp}")
+
+
+@register
+class NoisyFrankWolfe(Algorithm[NoisyFWParams]):
+    """Noisy Frank-Wolfe over an l1 ball or simplex, exponential-mechanism vertex selection (paper 001, Alg 3; zCDP).
+
+    See the module docstring. Built from the params and the budget: ``domain`` (``fw_domain`` of the
+    problem's dimension and ``fw_radius``; research code may put any
+    :class:`~fedkl.problems.polytope.PolytopeDomain` of that dimension in its place before ``run``, e.g. a
+    :class:`~fedkl.problems.polytope.VertexPolytope`), ``rounds`` T (``fw_rounds``, else Thm 9's from the
+    users' (eps, delta)), ``bound`` the clamp G (``fw_clamp``, else the problem's L0 on the domain) and
+    ``rho_total`` (the run's zCDP, ``ctx.rho_left``)."""
 
     name = "noisy-fw"
+    Params = NoisyFWParams
+    guarantee = Guarantee("zcdp")
+    absence = ZERO_SUMS
     # every release's number, order, label, typed charge and cohort follow from public values only (the
-    # config, n, the user ids, a public seed), never from the data or an earlier release: a plan made before
+    # params, n, the user ids, a public seed), never from the data or an earlier release: a plan made before
     # the data is this run's, so `fedkl run` prepays it (fedkl.runner, PREPAID_NOTE)
     plan_is_public = True
-    guarantee = Guarantee("zcdp")
     gaussian_releases_only = False  # exponential-mechanism charges: the exact Gaussian conversion does not apply
+    small = {"fw_rounds": 4}
+    audit = SmallAudit()
 
-    def __init__(
-        self, domain: PolytopeDomain, rounds: int, bound: float, rho_total: float, neighbouring: str = "replace-one"
-    ) -> None:
-        if int(rounds) != rounds or rounds < 1:
-            raise ValueError(f"rounds must be a positive integer, got {rounds}")
-        for name, v in (("bound", bound), ("rho_total", rho_total)):
-            if not (v > 0 and math.isfinite(v)):
-                raise ValueError(f"{name} must be finite and > 0, got {v}")
-        check_relation(neighbouring)
-        self.domain = domain
+    def __init__(self, params: NoisyFWParams, ctx: BuildContext) -> None:
+        super().__init__(params, ctx)
+        self.domain: PolytopeDomain = make_domain(params.fw_domain, ctx.problem.num_params, params.fw_radius)
+        eps, delta = ctx.approx_budget()
+        if not ctx.rho_left > 0:
+            raise BudgetExceeded("noisy-fw: the users' zCDP budget is spent; nothing to train with")
+        if not math.isfinite(ctx.rho_left):
+            raise ValueError(f"noisy-fw: the zCDP budget must be finite, got rho={ctx.rho_left}")
+        rounds = params.fw_rounds
+        if rounds is None:
+            rounds = theorem_rounds(ctx.num_users, eps, delta, self.domain.num_vertices)
+        bound = params.fw_clamp
+        if bound is None:
+            bound = ctx.problem.constants(ctx.feature_bound, param_bound=self.domain.l2_bound).lipschitz
+            if bound is None or not (bound > 0 and math.isfinite(bound)):
+                raise ValueError(f"noisy-fw: the problem's Lipschitz bound on the domain is {bound}: give --fw-clamp")
         self.rounds = int(rounds)
         self.bound = float(bound)
-        self.rho_total = float(rho_total)
-        self.neighbouring = neighbouring
+        self.rho_total = float(ctx.rho_left)
+        self.neighbouring = ctx.neighbouring
 
     @property
     def sensitivity(self) -> float:
@@ -180,41 +224,3 @@ class NoisyFrankWolfe:
             "neighbouring": self.neighbouring,
         }
         return NoisyFWResult(w=w, rounds=self.rounds, rho_spent=spent, details=details, history=log.history)
-
-
-@dataclass(frozen=True)
-class NoisyFWParams(AlgorithmParams):
-    """noisy-fw: Frank–Wolfe over an l1 ball / simplex with exponential-mechanism vertex selection."""
-
-    fw_domain: str = param("l1-ball", "noisy-fw: the constraint set W", "heuristic", choices=DOMAINS)
-    fw_radius: float = param(
-        1.0, "noisy-fw: the radius r of the l1 ball {||w||_1 <= r} (simplex: its sum r)", "heuristic", positive=True
-    )
-    fw_rounds: int | None = param(
-        None, "noisy-fw: Frank-Wolfe rounds T (default: Thm 9's n eps / (ln J ln n sqrt(ln 1/delta)))", "theorem"
-    )
-    fw_clamp: float | None = param(
-        None,
-        "noisy-fw: the l_inf clamp G of every user's gradient (default: the problem's L0 on the domain)",
-        "theorem",
-    )
-
-
-@register("noisy-fw", NoisyFWParams, absence=ZERO_SUMS)
-def build_noisy_fw(params: NoisyFWParams, ctx: BuildContext) -> NoisyFrankWolfe:
-    """Noisy Frank-Wolfe over an l1 ball or simplex, exponential-mechanism vertex selection (paper 001, Alg 3; zCDP)."""
-    domain = make_domain(params.fw_domain, ctx.problem.num_params, params.fw_radius)
-    eps, delta = ctx.approx_budget()
-    if not ctx.rho_left > 0:
-        raise BudgetExceeded("noisy-fw: the users' zCDP budget is spent; nothing to train with")
-    rounds = params.fw_rounds
-    if rounds is None:
-        rounds = theorem_rounds(ctx.num_users, eps, delta, domain.num_vertices)
-    elif rounds < 1:
-        raise ValueError(f"--fw-rounds must be >= 1, got {rounds}")
-    bound = params.fw_clamp
-    if bound is None:
-        bound = ctx.problem.constants(ctx.feature_bound, param_bound=domain.l2_bound).lipschitz
-    elif not (bound > 0 and math.isfinite(bound)):
-        raise ValueError(f"--fw-clamp must be finite and > 0, got {bound}")
-    return NoisyFrankWolfe(domain, rounds, bound, ctx.rho_left, ctx.neighbouring)

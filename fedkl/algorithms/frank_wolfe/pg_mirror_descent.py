@@ -11,9 +11,10 @@ C_r only, approximately solves the proximal subproblem
 
 and its output is the next prox centre w_{r+1}. Rounds 1..R-1 run: the paper's round R computes
 w_{R+1}, which its output never uses, so cohort C_R is neither read nor charged. The released model
-is ONE prox centre w_{r*}, r* uniform on {1..R}, drawn by the server from a seeded public RNG (``random.Random`` of the run's
-seed) before any data is read: the model is w_1 = w0 with probability 1/R, as the theorem's output
-(note pitfall 13: the centres, not the prox points).
+is ONE prox centre w_{r*}, r* uniform on {1..R}, drawn by the server from a seeded public RNG
+(``random.Random`` of the run's seed) before any data is read: the model is w_1 = w0 with probability
+1/R, as the theorem's output (docs/derivations/paper-001.md §6, pitfall 13: the centres, not the prox
+points).
 
 Inner solver (fedkl's; the paper uses [AFKT21]'s A_SC, Thm 19, as a black box and gives no
 pseudocode). With kappa = 1/(p-1) (the strong convexity of ||.||_p^2/2 in ||.||_p), the regularizer
@@ -64,6 +65,7 @@ from typing import Callable
 
 import torch
 
+from fedkl.algorithms.contract import Algorithm, AlgorithmParams, AlgorithmResult, BuildContext, SmallAudit, param
 from fedkl.algorithms.localization.fkt_common import (
     check_parallel_releaser,
     check_relation,
@@ -72,7 +74,7 @@ from fedkl.algorithms.localization.fkt_common import (
     replace_factor,
     split_cohorts,
 )
-from fedkl.algorithms.registry import AlgorithmParams, AlgorithmResult, BuildContext, param, register
+from fedkl.algorithms.registry import register
 from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import DualClippedGradient, Federation
 from fedkl.privacy.clients import ANY_CLIENTS
@@ -175,27 +177,93 @@ class PGMDResult(AlgorithmResult):
     history: list[dict] = field(default_factory=list)
 
 
-class PGMirrorDescent:
-    """See the module docstring. ``outer_rounds`` / ``inner_rounds`` None: Thm 20's R / the cohort size."""
+@dataclass(frozen=True)
+class PGMDParams(AlgorithmParams):
+    """pg-mirror-descent: the geometry p and the public constants of Thm 20."""
+
+    pgmd_p: float = param(2.0, "pg-mirror-descent: the l_p geometry, 1 < p <= 2 (2: Euclidean)", "heuristic")
+    pgmd_lipschitz: float | None = param(
+        None,
+        "pg-mirror-descent: L0, the public bound on ||grad f_u||_q that clients clip to (q = p/(p-1); default: "
+        "the problem's l2 Lipschitz constant, a valid l_q bound)",
+        "theorem",
+    )
+    pgmd_weak_convexity: float | None = param(
+        None,
+        "pg-mirror-descent: rho, the weak-convexity modulus of the loss (default: the problem's; a smooth "
+        "loss is L1-weakly convex)",
+        "theorem",
+    )
+    pgmd_distance: float = param(
+        1.0, "pg-mirror-descent: D, a public bound on ||w0 - w*||_p (enters Thm 20's R)", "heuristic", positive=True
+    )
+    pgmd_outer_rounds: int | None = param(
+        None, "pg-mirror-descent: R prox rounds on disjoint cohorts (default: Thm 20's R)", "theorem"
+    )
+    pgmd_inner_rounds: int | None = param(
+        None, "pg-mirror-descent: mirror-descent rounds per prox round (default: the cohort size n/R)", "heuristic"
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 1.0 < self.pgmd_p <= 2.0:
+            raise ValueError(f"--pgmd-p must satisfy 1 < p <= 2, got {self.pgmd_p}")
+        for flag, v in (("--pgmd-lipschitz", self.pgmd_lipschitz), ("--pgmd-weak-convexity", self.pgmd_weak_convexity)):
+            if v is not None and not (v > 0 and math.isfinite(v)):
+                raise ValueError(f"{flag} must be finite and > 0, got {v}")
+        for flag, v in (
+            ("--pgmd-outer-rounds", self.pgmd_outer_rounds),
+            ("--pgmd-inner-rounds", self.pgmd_inner_rounds),
+        ):
+            if v is not None and v < 1:
+                raise ValueError(f"{flag} must be >= 1, got {v}")
+
+
+def weak_convexity_of(problem, feature_bound: float) -> float:
+    """The problem's stated weak-convexity modulus, else its smoothness L1 (L1-smooth implies
+    L1-weakly convex, paper 001 Cor 26); ValueError if it states neither."""
+    if hasattr(problem, "weak_convexity"):
+        return float(problem.weak_convexity(feature_bound))
+    c = problem.constants(feature_bound, None)
+    if c.smoothness is None:
+        raise ValueError(
+            f"{NAME}: {problem.name} states no weak-convexity modulus or smoothness: give --pgmd-weak-convexity"
+        )
+    return float(c.smoothness)
+
+
+@register
+class PGMirrorDescent(Algorithm[PGMDParams]):
+    """Proximally guided private mirror descent, rho-weakly convex non-smooth losses over l_p (paper 001, Alg 6; zCDP).
+
+    See the module docstring. Built from the params and the budget: ``setting`` (the given constants, else
+    the problem's: its l2 Lipschitz constant, a valid l_q bound, and its weak-convexity modulus or
+    smoothness), ``rho_total`` (``ctx.rho_left``), ``seed`` (the run's), ``outer_rounds`` /
+    ``inner_rounds`` (None: Thm 20's R / the cohort size)."""
 
     name = NAME
+    Params = PGMDParams
     guarantee = Guarantee("zcdp", "parallel", ANY_CLIENTS)
+    absence = ZERO_SUMS
+    small = {"pgmd_outer_rounds": 3, "pgmd_inner_rounds": 2}
+    audit = SmallAudit(settings={"reg": 0.0})  # Alg 6 needs a globally Lipschitz loss (no ridge term)
 
-    def __init__(
-        self,
-        setting: PGMDSetting,
-        rho_total: float,
-        *,
-        seed: int = 0,
-        outer_rounds: int | None = None,
-        inner_rounds: int | None = None,
-    ) -> None:
-        self.setting = setting
-        self.rho_total = _positive("rho_total", rho_total)
-        for name, v in (("outer_rounds", outer_rounds), ("inner_rounds", inner_rounds)):
-            if v is not None and (isinstance(v, bool) or int(v) != v or v < 1):
-                raise ValueError(f"{NAME}: {name} must be a positive integer, got {v!r}")
-        self.seed, self.outer_rounds, self.inner_rounds = int(seed), outer_rounds, inner_rounds
+    def __init__(self, params: PGMDParams, ctx: BuildContext) -> None:
+        super().__init__(params, ctx)
+        lipschitz, rho_wc = params.pgmd_lipschitz, params.pgmd_weak_convexity
+        try:
+            if lipschitz is None:
+                lipschitz = ctx.problem.constants(ctx.feature_bound, None).lipschitz
+            if rho_wc is None:
+                rho_wc = weak_convexity_of(ctx.problem, ctx.feature_bound)
+        except ValueError as exc:
+            raise ValueError(f"{NAME} runs on R^d and needs a globally Lipschitz loss: {exc}") from exc
+        self.setting = PGMDSetting(
+            lipschitz, rho_wc, params.pgmd_distance, params.pgmd_p, ctx.problem.num_params, ctx.neighbouring
+        )
+        self.rho_total = _positive("rho_total", ctx.rho_left)
+        self.seed = int(ctx.seed)
+        self.outer_rounds, self.inner_rounds = params.pgmd_outer_rounds, params.pgmd_inner_rounds
 
     def plan(self, user_ids: tuple[str, ...] | list[str]) -> PGMDPlan:
         """Cohorts, rounds, sensitivity and output index from public values only (refuses before data)."""
@@ -298,66 +366,3 @@ class PGMirrorDescent:
             "output_centre": plan.output_index + 1,
             "output_rule": "uniform prox centre w_{r*}, r* drawn from a public RNG seeded by the run's seed",
         }
-
-
-@dataclass(frozen=True)
-class PGMDParams(AlgorithmParams):
-    """pg-mirror-descent: the geometry p and the public constants of Thm 20."""
-
-    pgmd_p: float = param(2.0, "pg-mirror-descent: the l_p geometry, 1 < p <= 2 (2: Euclidean)", "heuristic")
-    pgmd_lipschitz: float | None = param(
-        None,
-        "pg-mirror-descent: L0, the public bound on ||grad f_u||_q that clients clip to (q = p/(p-1); default: "
-        "the problem's l2 Lipschitz constant, a valid l_q bound)",
-        "theorem",
-    )
-    pgmd_weak_convexity: float | None = param(
-        None,
-        "pg-mirror-descent: rho, the weak-convexity modulus of the loss (default: the problem's; a smooth "
-        "loss is L1-weakly convex)",
-        "theorem",
-    )
-    pgmd_distance: float = param(
-        1.0, "pg-mirror-descent: D, a public bound on ||w0 - w*||_p (enters Thm 20's R)", "heuristic", positive=True
-    )
-    pgmd_outer_rounds: int | None = param(
-        None, "pg-mirror-descent: R prox rounds on disjoint cohorts (default: Thm 20's R)", "theorem"
-    )
-    pgmd_inner_rounds: int | None = param(
-        None, "pg-mirror-descent: mirror-descent rounds per prox round (default: the cohort size n/R)", "heuristic"
-    )
-
-
-def weak_convexity_of(problem, feature_bound: float) -> float:
-    """The problem's stated weak-convexity modulus, else its smoothness L1 (L1-smooth implies
-    L1-weakly convex, paper 001 Cor 26); ValueError if it states neither."""
-    if hasattr(problem, "weak_convexity"):
-        return float(problem.weak_convexity(feature_bound))
-    c = problem.constants(feature_bound, None)
-    if c.smoothness is None:
-        raise ValueError(
-            f"{NAME}: {problem.name} states no weak-convexity modulus or smoothness: give --pgmd-weak-convexity"
-        )
-    return float(c.smoothness)
-
-
-@register(NAME, PGMDParams, absence=ZERO_SUMS)
-def build_pg_mirror_descent(params: PGMDParams, ctx: BuildContext) -> PGMirrorDescent:
-    """Proximally guided private mirror descent, rho-weakly convex non-smooth losses over l_p (paper 001, Alg 6; zCDP)."""
-    p = check_exponent(params.pgmd_p)
-    lipschitz, rho_wc = params.pgmd_lipschitz, params.pgmd_weak_convexity
-    try:
-        if lipschitz is None:
-            lipschitz = ctx.problem.constants(ctx.feature_bound, None).lipschitz
-        if rho_wc is None:
-            rho_wc = weak_convexity_of(ctx.problem, ctx.feature_bound)
-    except ValueError as exc:
-        raise ValueError(f"{NAME} runs on R^d and needs a globally Lipschitz loss: {exc}") from exc
-    setting = PGMDSetting(lipschitz, rho_wc, params.pgmd_distance, p, ctx.problem.num_params, ctx.neighbouring)
-    return PGMirrorDescent(
-        setting,
-        ctx.rho_left,
-        seed=ctx.seed,
-        outer_rounds=params.pgmd_outer_rounds,
-        inner_rounds=params.pgmd_inner_rounds,
-    )

@@ -2,9 +2,10 @@
 Menart): ``vr-fw`` (Alg 4, A_polySFW: an l1 ball or a simplex, Thm 10/11) and ``vr-fw-lp`` (Alg 5, A_nSFW:
 an l_p ball, 1 < p <= 2, l2 included, Thm 13/14), at user level (one user = one client = the unit).
 
-**Slots (note seed-001 §5).** Rounds r = 0..R-1 of 2^r steps t = 0..2^r - 1; slot (r, t) is a disjoint
-cohort of ``m_t = floor(b/(t+1))`` users, taken in the order of ``sha256(seed, user id)`` (public,
-data-free; surplus users are never asked nor charged). ``eta_t = 1/sqrt(t+1)`` (eta_0 = 1).
+**Slots (docs/derivations/paper-001.md §5; "pitfall N" below is item N of its §6).** Rounds r = 0..R-1
+of 2^r steps t = 0..2^r - 1; slot (r, t) is a disjoint cohort of ``m_t = floor(b/(t+1))`` users, taken
+in the order of ``sha256(seed, user id)`` (public, data-free; surplus users are never asked nor charged).
+``eta_t = 1/sqrt(t+1)`` (eta_0 = 1).
 
     t = 0 (anchor):  grad_0 = (1/b) sum_u clip_C0(grad f_u(w_0))
     t >= 1 (pair):   g_t = (1/m_t) sum_u clip_C0(grad f_u(w_t)),
@@ -25,8 +26,8 @@ difference bound; ``L1``: ``||grad f(w) - grad f(v)||_inf <= L1 ||w - v||_1``, w
 smoothness constant satisfies). The estimates grad_t carry NO noise: they stay on the server (trusted,
 never logged or sent; pitfall 14), and only the vertex selections are released, by the exponential
 mechanism (Gumbel report-noisy-min, bounded range: eps^2/8 zCDP, instead of the paper's Laplace RNM with
-advanced composition, which is off by ~sqrt 2: pitfall 7). **Exact per-slot ledger (note §5.2).** A
-user of slot (r, k) moves grad_t, t >= k, by at most (l_inf)
+advanced composition, which is off by ~sqrt 2: pitfall 7). **Exact per-slot ledger
+(docs/derivations/paper-001.md §5.2).** A user of slot (r, k) moves grad_t, t >= k, by at most (l_inf)
 
     e_t(k) = prod_{j=k+1..t}(1 - eta_j) * [(1 - eta_k) 2 L1 D eta_{k-1} + eta_k 2 C0] / m_k   (k = 0: 2 C0/b)
 
@@ -41,7 +42,7 @@ computed on the SAME cohort, as two Gaussian releases at rho/2 each (pitfall 8: 
 composition" drops this sum), sensitivities ``2 C0/m_t`` and ``2 L1 D eta_{t-1}/m_t`` in l2; the LMO and
 the recursion are post-processing. Clipping is in l2 at C0 (the problems' constants are l2 bounds): the
 Gaussian noise needs only an l2 bound, and the l2 clip keeps every gradient the dual-norm clip
-``||g||_q <= L0`` would keep (``||g||_2 <= d^(1/p - 1/2) ||g||_q``), so it is the note's
+``||g||_q <= L0`` would keep (``||g||_2 <= d^(1/p - 1/2) ||g||_q``), so it is the derivation's
 ``C0 = L0 d^(1/p-1/2)`` l2 clip without the loss of the conversion; D = 2r (the l2 diameter of the l_p
 ball for p <= 2).
 
@@ -72,13 +73,14 @@ import math
 import random
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, TypeVar
 
 import torch
 
+from fedkl.algorithms.contract import Algorithm, AlgorithmParams, BuildContext, SmallAudit, param
 from fedkl.algorithms.frank_wolfe.noisy_fw import NoisyFWResult, refuse_unaffordable
 from fedkl.algorithms.localization.fkt_common import cohort_order, split_cohorts
-from fedkl.algorithms.registry import AlgorithmParams, BuildContext, param, register
+from fedkl.algorithms.registry import register
 from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import (
     ClampedGradient,
@@ -89,7 +91,7 @@ from fedkl.federation.base import (
     Query,
 )
 from fedkl.privacy.charges import ExponentialCharge
-from fedkl.privacy.guarantee import RELEASED_MODELS, ZERO_SUMS, Guarantee, check_relation, sum_sensitivity
+from fedkl.privacy.guarantee import RELEASED_MODELS, ZERO_SUMS, Guarantee, sum_sensitivity
 from fedkl.privacy.ledger import BudgetExceeded
 from fedkl.privacy.release import Releaser
 from fedkl.problems.lp_ball import LpBall
@@ -157,48 +159,139 @@ def fit_rounds(rounds: int, batch: int, n: int) -> int:
 
 
 # --------------------------------------------------------------------------------------------------
+# the hyperparameters
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class VRFWCommon(AlgorithmParams):
+    """Hyperparameters shared by vr-fw and vr-fw-lp."""
+
+    vrfw_radius: float = param(
+        1.0, "vr-fw, vr-fw-lp: the radius of the constraint set (l1 / l_p ball; simplex: its sum)", "heuristic",
+        positive=True,
+    )  # fmt: skip
+    vrfw_rounds: int | None = param(
+        None, "vr-fw, vr-fw-lp: restarts R (2^R - 1 slots; default: Thm 11 / Thm 14's, lowered to fit n)", "theorem"
+    )
+    vrfw_batch: int | None = param(
+        None, "vr-fw, vr-fw-lp: anchor cohort b; slot t has floor(b/(t+1)) users (default: n / ln^2 n)", "theorem"
+    )
+    vrfw_clip: float | None = param(
+        None,
+        "vr-fw, vr-fw-lp: the gradient clip C0 (vr-fw: l_inf clamp; vr-fw-lp: l2) (default: the problem's L0 on W)",
+        "theorem",
+    )
+    vrfw_smoothness: float | None = param(
+        None,
+        "vr-fw, vr-fw-lp: L1; differences are clipped at L1 * ||w_t - w_{t-1}|| (default: the problem's smoothness)",
+        "theorem",
+    )
+    vrfw_output: str = param(
+        "last",
+        "vr-fw, vr-fw-lp: the model: the last iterate, or `uniform`, an iterate drawn uniformly from the 2^R - 1 "
+        "(Thm 11/14's output, w_0^0 included: at the theorems' small R often the start)",
+        "heuristic",
+        choices=OUTPUTS,
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for flag, v in (("--vrfw-rounds", self.vrfw_rounds), ("--vrfw-batch", self.vrfw_batch)):
+            if v is not None and v < 1:
+                raise ValueError(f"{flag} must be >= 1, got {v}")
+        for flag, v in (("--vrfw-clip", self.vrfw_clip), ("--vrfw-smoothness", self.vrfw_smoothness)):
+            if v is not None and not (v > 0 and math.isfinite(v)):
+                raise ValueError(f"{flag} must be finite and > 0, got {v}")
+
+
+@dataclass(frozen=True)
+class VRFWParams(VRFWCommon):
+    """vr-fw: variance-reduced Frank–Wolfe over an l1 ball / simplex (paper 001, Alg 4)."""
+
+    vrfw_domain: str = param("l1-ball", "vr-fw: the constraint set W", "heuristic", choices=DOMAINS)
+
+
+@dataclass(frozen=True)
+class VRFWLpParams(VRFWCommon):
+    """vr-fw-lp: variance-reduced Frank–Wolfe over an l_p ball (paper 001, Alg 5)."""
+
+    vrfw_p: float = param(2.0, "vr-fw-lp: p of the l_p ball, 1 < p <= 2", "heuristic")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 1.0 < self.vrfw_p <= 2.0:
+            raise ValueError(f"--vrfw-p must satisfy 1 < p <= 2, got {self.vrfw_p}")
+
+
+P = TypeVar("P", bound=VRFWCommon)
+
+
+# --------------------------------------------------------------------------------------------------
 # the shared driver
 # --------------------------------------------------------------------------------------------------
 VRFWResult = NoisyFWResult  # the same fields: model, rounds, rho spent, details, history
 
 
-class _VarianceReducedFW:
-    """The slot loop of Alg 4 and Alg 5; a subclass says how the estimate is released and the point
-    chosen. ``rounds``: R; ``batch``: b; ``clip``: C0; ``smoothness``: L1; ``rho_total``: every user's zCDP."""
+class _VarianceReducedFW(Algorithm[P]):
+    """The slot loop of Alg 4 and Alg 5, built from the params and the budget as `fedkl run` builds it; a
+    subclass says how the estimate is released and the point chosen (``build_domain``, ``theorem_rounds``,
+    ``estimate``, ``direction``, ...). Attributes: ``domain``; ``rounds`` R (``vrfw_rounds``, else the
+    theorem's, lowered to fit n); ``batch`` b (``vrfw_batch``, else n/ln^2 n); ``clip`` C0 and ``smoothness``
+    L1 (given, else the problem's on the domain); ``rho_total`` every user's zCDP (``ctx.rho_left``)."""
 
-    name = "vr-fw"
     guarantee = Guarantee("zcdp", composition="parallel")
+    absence = ZERO_SUMS
+    clients_see = RELEASED_MODELS  # clients get w_t, w_{t-1}: post-processing of releases
+    audit = SmallAudit()
 
-    def __init__(
-        self,
-        rounds: int,
-        batch: int,
-        clip: float,
-        smoothness: float,
-        rho_total: float,
-        neighbouring: str = "replace-one",
-        seed: int = 0,
-        output: str = "last",
-    ) -> None:
-        for name, v in (("rounds", rounds), ("batch", batch)):
-            if isinstance(v, bool) or int(v) != v or v < 1:
-                raise ValueError(f"{name} must be a positive integer, got {v}")
-        for name, v in (("clip", clip), ("smoothness", smoothness), ("rho_total", rho_total)):
-            if not (v > 0 and math.isfinite(v)):
-                raise ValueError(f"{name} must be finite and > 0, got {v}")
-        if output not in OUTPUTS:
-            raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
-        check_relation(neighbouring)
+    def __init__(self, params: P, ctx: BuildContext) -> None:
+        super().__init__(params, ctx)
+        self.domain = self.build_domain(params, ctx.problem.num_params)
+        eps, delta = ctx.approx_budget()
+        if not ctx.rho_left > 0:
+            raise BudgetExceeded(f"{self.name}: the users' zCDP budget is spent; nothing to train with")
+        if not math.isfinite(ctx.rho_left):
+            raise ValueError(f"{self.name}: the zCDP budget must be finite, got rho={ctx.rho_left}")
+        n = ctx.num_users
+        batch = theorem_batch(n) if params.vrfw_batch is None else params.vrfw_batch
+        if params.vrfw_rounds is None:
+            rounds = fit_rounds(self.theorem_rounds(n, eps, delta), batch, n)
+        else:
+            rounds = params.vrfw_rounds
+        if not schedule_fits(rounds, batch, n):
+            raise ValueError(
+                f"--vrfw-rounds {rounds} with --vrfw-batch {batch} need b >= 2^(R-1) and "
+                f"{users_needed(rounds, batch)} users; there are {n}"
+            )
+        constants = ctx.problem.constants(ctx.feature_bound, param_bound=self.domain.l2_bound)
+        clip = constants.lipschitz if params.vrfw_clip is None else params.vrfw_clip
+        smooth = constants.smoothness if params.vrfw_smoothness is None else params.vrfw_smoothness
+        for flag, v in (("--vrfw-clip", clip), ("--vrfw-smoothness", smooth)):
+            if v is None or not (v > 0 and math.isfinite(v)):
+                raise ValueError(f"{flag} must be finite and > 0 (the problem has no such constant: give it), got {v}")
         self.rounds, self.batch = int(rounds), int(batch)
-        self.clip, self.smoothness, self.rho_total = float(clip), float(smoothness), float(rho_total)
-        self.neighbouring, self.seed, self.output = neighbouring, int(seed), output
+        self.clip, self.smoothness, self.rho_total = float(clip), float(smooth), float(ctx.rho_left)
+        self.neighbouring, self.seed, self.output = ctx.neighbouring, int(ctx.seed), params.vrfw_output
 
     # --- subclass hooks --------------------------------------------------------------------------
-    dim: int
-    diameter: float  # bounds ||w_t - w_{t-1}|| / eta_{t-1} in the norm of step_norm
+    def build_domain(self, params: P, dim: int):
+        """The constraint set W of ``dim`` coordinates named by ``params``."""
+        raise NotImplementedError
+
+    def theorem_rounds(self, n: int, eps: float, delta: float) -> int:
+        """The theorem's R for n users and the users' (eps, delta) (before fitting it to n)."""
+        raise NotImplementedError
+
+    @property
+    def dim(self) -> int:
+        return self.domain.dim
+
+    @property
+    def diameter(self) -> float:
+        """Bounds ``||w_t - w_{t-1}|| / eta_{t-1}`` in the norm of ``step_norm``."""
+        raise NotImplementedError
 
     def start(self) -> torch.Tensor:
-        raise NotImplementedError
+        return self.domain.center
 
     def step_norm(self, step: torch.Tensor) -> float:
         raise NotImplementedError
@@ -307,20 +400,26 @@ class _VarianceReducedFW:
 # --------------------------------------------------------------------------------------------------
 # Alg 4: polytope / l1 ball, exact server state, private vertex selections with the per-slot ledger
 # --------------------------------------------------------------------------------------------------
-class VRFrankWolfe(_VarianceReducedFW):
-    """Alg 4 (see the module docstring): ``domain`` a :class:`~fedkl.problems.polytope.PolytopeDomain`."""
+@register
+class VRFrankWolfe(_VarianceReducedFW[VRFWParams]):
+    """Variance-reduced Frank-Wolfe, smooth non-convex, l1 ball / simplex, exact per-slot ledger (paper 001, Alg 4; zCDP).
+
+    See the module docstring; ``domain`` is a :class:`~fedkl.problems.polytope.PolytopeDomain`."""
 
     name = "vr-fw"
+    Params = VRFWParams
     gaussian_releases_only = False  # exponential-mechanism charges
+    small = {"users": 20, "vrfw_rounds": 3, "vrfw_batch": 4}  # 18 users in 7 slots: anchors and (g, diff) pairs
 
-    def __init__(self, domain: PolytopeDomain, *args, **kw) -> None:
-        super().__init__(*args, **kw)
-        self.domain = domain
-        self.dim = domain.dim
-        self.diameter = 2.0 * domain.l1_radius  # >= the l1 diameter of W (triangle inequality through c)
+    def build_domain(self, params: VRFWParams, dim: int) -> PolytopeDomain:
+        return make_domain(params.vrfw_domain, dim, params.vrfw_radius)
 
-    def start(self) -> torch.Tensor:
-        return self.domain.center
+    def theorem_rounds(self, n: int, eps: float, delta: float) -> int:
+        return polytope_rounds(n, eps, delta, self.domain.num_vertices)
+
+    @property
+    def diameter(self) -> float:
+        return 2.0 * self.domain.l1_radius  # >= the l1 diameter of W (triangle inequality through c)
 
     def step_norm(self, step: torch.Tensor) -> float:
         return float(step.abs().sum())
@@ -389,20 +488,25 @@ class VRFrankWolfe(_VarianceReducedFW):
 # --------------------------------------------------------------------------------------------------
 # Alg 5: l_p ball, Gaussian releases of the anchor and of the (g, D) pair
 # --------------------------------------------------------------------------------------------------
-class VRFrankWolfeLp(_VarianceReducedFW):
-    """Alg 5 (see the module docstring): ``domain`` an :class:`~fedkl.problems.lp_ball.LpBall`."""
+@register
+class VRFrankWolfeLp(_VarianceReducedFW[VRFWLpParams]):
+    """Variance-reduced Frank-Wolfe, smooth non-convex, l_p ball (1 < p <= 2), Gaussian pair releases (paper 001, Alg 5; zCDP).
+
+    See the module docstring; ``domain`` is an :class:`~fedkl.problems.lp_ball.LpBall`."""
 
     name = "vr-fw-lp"
-    gaussian_releases_only = True
+    Params = VRFWLpParams
+    small = {"users": 20, "vrfw_rounds": 3, "vrfw_batch": 4}
 
-    def __init__(self, domain: LpBall, *args, **kw) -> None:
-        super().__init__(*args, **kw)
-        self.domain = domain
-        self.dim = domain.dim
-        self.diameter = domain.l2_diameter
+    def build_domain(self, params: VRFWLpParams, dim: int) -> LpBall:
+        return LpBall(dim, params.vrfw_p, params.vrfw_radius)
 
-    def start(self) -> torch.Tensor:
-        return self.domain.center
+    def theorem_rounds(self, n: int, eps: float, delta: float) -> int:
+        return lp_rounds(n, eps, delta, self.domain.dim, self.domain.p)
+
+    @property
+    def diameter(self) -> float:
+        return self.domain.l2_diameter
 
     def step_norm(self, step: torch.Tensor) -> float:
         return float(torch.linalg.vector_norm(step))
@@ -443,110 +547,6 @@ class VRFrankWolfeLp(_VarianceReducedFW):
 
     def describe(self) -> dict:
         return {**self.domain.describe(), **super().describe()}
-
-
-# --------------------------------------------------------------------------------------------------
-# registration
-# --------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class VRFWCommon(AlgorithmParams):
-    """Hyperparameters shared by vr-fw and vr-fw-lp."""
-
-    vrfw_radius: float = param(
-        1.0, "vr-fw, vr-fw-lp: the radius of the constraint set (l1 / l_p ball; simplex: its sum)", "heuristic",
-        positive=True,
-    )  # fmt: skip
-    vrfw_rounds: int | None = param(
-        None, "vr-fw, vr-fw-lp: restarts R (2^R - 1 slots; default: Thm 11 / Thm 14's, lowered to fit n)", "theorem"
-    )
-    vrfw_batch: int | None = param(
-        None, "vr-fw, vr-fw-lp: anchor cohort b; slot t has floor(b/(t+1)) users (default: n / ln^2 n)", "theorem"
-    )
-    vrfw_clip: float | None = param(
-        None,
-        "vr-fw, vr-fw-lp: the gradient clip C0 (vr-fw: l_inf clamp; vr-fw-lp: l2) (default: the problem's L0 on W)",
-        "theorem",
-    )
-    vrfw_smoothness: float | None = param(
-        None,
-        "vr-fw, vr-fw-lp: L1; differences are clipped at L1 * ||w_t - w_{t-1}|| (default: the problem's smoothness)",
-        "theorem",
-    )
-    vrfw_output: str = param(
-        "last",
-        "vr-fw, vr-fw-lp: the model: the last iterate, or `uniform`, an iterate drawn uniformly from the 2^R - 1 "
-        "(Thm 11/14's output, w_0^0 included: at the theorems' small R often the start)",
-        "heuristic",
-        choices=OUTPUTS,
-    )  # fmt: skip
-
-
-@dataclass(frozen=True)
-class VRFWParams(VRFWCommon):
-    """vr-fw: variance-reduced Frank–Wolfe over an l1 ball / simplex (paper 001, Alg 4)."""
-
-    vrfw_domain: str = param("l1-ball", "vr-fw: the constraint set W", "heuristic", choices=DOMAINS)
-
-
-@dataclass(frozen=True)
-class VRFWLpParams(VRFWCommon):
-    """vr-fw-lp: variance-reduced Frank–Wolfe over an l_p ball (paper 001, Alg 5)."""
-
-    vrfw_p: float = param(2.0, "vr-fw-lp: p of the l_p ball, 1 < p <= 2", "heuristic")
-
-
-def _common(
-    name: str, params: VRFWCommon, ctx: BuildContext, param_bound: float, rounds_default: Callable[[], int]
-) -> tuple:
-    """``(R, b, C0, L1)`` from the params, the problem's constants and the theorem's schedule."""
-    if not ctx.rho_left > 0:
-        raise BudgetExceeded(f"{name}: the users' zCDP budget is spent; nothing to train with")
-    n = ctx.num_users
-    batch = theorem_batch(n) if params.vrfw_batch is None else params.vrfw_batch
-    if params.vrfw_rounds is None:
-        rounds = fit_rounds(rounds_default(), batch, n)
-    else:
-        rounds = params.vrfw_rounds
-    if not schedule_fits(rounds, batch, n):
-        raise ValueError(
-            f"--vrfw-rounds {rounds} with --vrfw-batch {batch} need b >= 2^(R-1) and {users_needed(rounds, batch)} "
-            f"users; there are {n}"
-        )
-    constants = ctx.problem.constants(ctx.feature_bound, param_bound=param_bound)
-    clip = constants.lipschitz if params.vrfw_clip is None else params.vrfw_clip
-    smooth = constants.smoothness if params.vrfw_smoothness is None else params.vrfw_smoothness
-    for flag, v in (("--vrfw-clip", clip), ("--vrfw-smoothness", smooth)):
-        if v is None or not (v > 0 and math.isfinite(v)):
-            raise ValueError(f"{flag} must be finite and > 0 (the problem has no such constant: give it), got {v}")
-    return rounds, batch, clip, smooth
-
-
-@register(
-    "vr-fw", VRFWParams, RELEASED_MODELS, absence=ZERO_SUMS
-)  # clients get w_t, w_{t-1}: post-processing of releases
-def build_vr_fw(params: VRFWParams, ctx: BuildContext) -> VRFrankWolfe:
-    """Variance-reduced Frank-Wolfe, smooth non-convex, l1 ball / simplex, exact per-slot ledger (paper 001, Alg 4; zCDP)."""
-    domain = make_domain(params.vrfw_domain, ctx.problem.num_params, params.vrfw_radius)
-    eps, delta = ctx.approx_budget()
-    rounds, batch, clip, smooth = _common(
-        "vr-fw", params, ctx, domain.l2_bound, lambda: polytope_rounds(ctx.num_users, eps, delta, domain.num_vertices)
-    )
-    return VRFrankWolfe(
-        domain, rounds, batch, clip, smooth, ctx.rho_left, ctx.neighbouring, ctx.seed, params.vrfw_output
-    )
-
-
-@register("vr-fw-lp", VRFWLpParams, RELEASED_MODELS, absence=ZERO_SUMS)
-def build_vr_fw_lp(params: VRFWLpParams, ctx: BuildContext) -> VRFrankWolfeLp:
-    """Variance-reduced Frank-Wolfe, smooth non-convex, l_p ball (1 < p <= 2), Gaussian pair releases (paper 001, Alg 5; zCDP)."""
-    domain = LpBall(ctx.problem.num_params, params.vrfw_p, params.vrfw_radius)
-    eps, delta = ctx.approx_budget()
-    rounds, batch, clip, smooth = _common(
-        "vr-fw-lp", params, ctx, domain.l2_bound, lambda: lp_rounds(ctx.num_users, eps, delta, domain.dim, domain.p)
-    )
-    return VRFrankWolfeLp(
-        domain, rounds, batch, clip, smooth, ctx.rho_left, ctx.neighbouring, ctx.seed, params.vrfw_output
-    )
 
 
 __all__ = [
