@@ -20,6 +20,7 @@ from scipy import stats
 # the thread fixture (autouse) and the stand-in ledger of the output-perturbation tests
 from test_output_pert import _CountingLedger, _one_thread  # noqa: E402,F401
 
+from fedkl.algorithms.contract import BuildContext
 from fedkl.algorithms.output_perturbation.del_output_pert import DeletionRelease, DelOutputPert
 from fedkl.algorithms.output_perturbation.diameter_output_pert import (
     DiameterSCOutputPert,
@@ -29,7 +30,7 @@ from fedkl.algorithms.output_perturbation.diameter_output_pert import (
 )
 from fedkl.algorithms.output_perturbation.matching import matching_cover, maximum_matching
 from fedkl.algorithms.output_perturbation.phased_common import PhaseCall, SCInnerRelease, setting_for_problem
-from fedkl.algorithms.output_perturbation.phased_erm import PhasedConfig
+from fedkl.algorithms.output_perturbation.phased_erm import PhasedParams
 from fedkl.algorithms.output_perturbation.phased_sco import PhasedSCO
 from fedkl.algorithms.output_perturbation.sc_output_pert import SCOutputPertConfig
 from fedkl.algorithms.output_perturbation.vertex_cover import graph_from_edges, min_vertex_cover, worst_case_calls
@@ -418,9 +419,10 @@ def test_refusals_come_from_public_values_before_any_data_is_read(tmp_path):
     fed = Spy(prob, ds)
     setting = setting_for_problem(prob, ds.feature_bound, radius=3.0)
     alg = PhasedSCO(
-        PhasedConfig(EPS, DELTA, phases=3, min_cohort=2, test="matching", delta_rule="scaled"),
-        prob,
-        ds.feature_bound,
+        PhasedParams(
+            p002_phases=3, p002_min_cohort=2, p002_test="matching", p002_delta_rule="scaled", p002_calibration="paper"
+        ),
+        BuildContext.fresh(eps=EPS, delta=DELTA, problem=prob, feature_bound=ds.feature_bound),
         setting=setting,
     )
     with pytest.raises(ValueError, match="diameter test needs at least"):
