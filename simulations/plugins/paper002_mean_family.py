@@ -20,7 +20,7 @@ rho = Budget(eps, delta).rho (the CKS conversion the ledger uses), enforced by a
 to in-memory recorders (the repetitions would exhaust a real ledger); the ledger tests are in
 tests/algorithms/test_phased_output_pert.py and tests/algorithms/test_noisy_gd.py.
 
-The family (note §7 T6(a); :mod:`fedkl.problems.quadratic_mean`)
+The family (docs/derivations/paper-002.md §7 T6(a); :mod:`fedkl.problems.quadratic_mean`)
 ----------------------------------------------------------------
 ``l(theta; x) = 0.5 ||theta - x||^2`` in d = 4, records ``x ~ N(theta_pop, I)``, user means drawn
 exactly from ``N(theta_pop, I/m)`` (so m up to 1e12 costs nothing), theta* = the mean of the user means

@@ -466,7 +466,7 @@ def test_mean_type_inner_is_fedkl_mean_output_pert_with_the_phase_minimizers():
     """The mean-type inner release equals fedkl's MeanOutputPert (the note's §5(c) mechanism) run
     on v_u = (xbar_u + lam c)/(1 + lam), with rho = Delta (n - 4 kappa - 1): same deletions, same ⊥,
     same value up to the last bits of sigma; with 3 outlying users the vertex cover decides."""
-    from fedkl.algorithms.output_perturbation.mean_output_pert import MeanOutputPert, MeanOutputPertConfig
+    from fedkl.algorithms.output_perturbation.mean_output_pert import MeanOutputPert
 
     n, eps, delta, lam = 40, 20.0, 0.1, 0.3
     means = draw_user_means(n, 10**4, D, POP, 1.0, 21)
@@ -480,7 +480,7 @@ def test_mean_type_inner_is_fedkl_mean_output_pert_with_the_phase_minimizers():
         mine = MeanTypeInner(calibration="tight")(
             fed, Releaser(_Recorder(), NoiseSource(seed)), PhaseCall("x", 1, eps, delta, Delta, lam, center)
         )
-        ref = MeanOutputPert(MeanOutputPertConfig(eps, delta, Delta * (n - 4 * k - 1), "tight")).run_vectors(
+        ref = MeanOutputPert(eps, delta, Delta * (n - 4 * k - 1), "tight").run_vectors(
             V, Releaser(_Recorder(), NoiseSource(seed)), fed.user_ids
         )
         assert mine.diagnostics["dist"] == ref.diagnostics["dist"] == 3

@@ -30,9 +30,9 @@ Any public split (eps_1..eps_T, delta_1..delta_T) with sum eps_i = eps, sum delt
 (eps, delta)-DP by the same proof: basic composition holds for ADAPTIVELY chosen releases (phase i's
 centre is phase i-1's output) as long as each one's budget is fixed before the run, and the split is a
 function of (n, m, eps, delta, T, the constants) only. (Advanced composition would not pay at T ~ 12-16,
-note §2E.) Which split is best is a utility question, answered from the bound:
+docs/derivations/paper-002.md §2E, "the note".) Which split is best is a utility question, answered from the bound:
 
-* Telescoping Lemma 4.2 over the ideal noisy iterates (note §2E) gives, with sigma_i the phase noise,
+* Telescoping Lemma 4.2 over the ideal noisy iterates (the note §2E) gives, with sigma_i the phase noise,
   ``E[excess] <= 2 lam D^2 + sum_{i<T} (lam_{i+1}/2) d sigma_i^2 + G sqrt(d) sigma_T``. With
   ``sigma_i = c_i 2G/(lam_i n sqrt m)`` (phased_common; c_i = (sigma/Delta)(eps_i, delta_i) x the
   rule's factor at kappa_i, beta_i) and lam_i = lam 4^i the i-th term is
@@ -70,13 +70,13 @@ note §2E.) Which split is best is a utility question, answered from the bound:
   takes 0.41 s against the equal split's 0.04 s and c falls from 7.0e5 to 4.2e5
   (simulations/bench_phase_split.py); at n = 5000, m = 100, eps = 8 the gain is S / 60.
 
-Parameters (defaults are the theorem's; pitfalls of note §6)
+Parameters (defaults are the theorem's; pitfalls of the note §6)
 -------------------------------------------------------------
 * T = ceil(ln(n m)) (m = ``records``, public), beta = 1/(n m), beta' = beta / T; the split above.
 * lam = lambda* = (2/sqrt 3) c G sqrt(d)/(D n sqrt m), NOT the paper's G sqrt(d)/(R n sqrt m), which
   leaves c^2 instead of c in the bound (pitfall 7); c = (sigma/Delta of the inner release at
   (eps/T, delta/T)) x (the threshold rule's factor), D >= ||w0 - theta*|| public.
-* Delta_i: ``uc`` = Delta_uc(2G, mu + lam_i, n, m, kappa', beta') (note §2B, pitfall 1), ``scaled`` or
+* Delta_i: ``uc`` = Delta_uc(2G, mu + lam_i, n, m, kappa', beta') (the note §2B, pitfall 1), ``scaled`` or
   the legacy ``fixed`` Delta_1 / 4^(i-1).
 * K_i = K ∩ B(theta^_{i-1}, R_i), centred at the PREVIOUS OUTPUT (the paper prints theta_{i-1},
   pitfall 5). The inner release minimises over R^d, where the ball is provably inactive
@@ -88,7 +88,7 @@ exact test (``test="exact"``: certificate, else enumeration) refuses n > 20. The
 of :mod:`fedkl.algorithms.output_perturbation.diameter_output_pert`. That test releases the same minimizer, is exact, and
 runs in polynomial time; it needs n >= 8 kappa' + 2 users (matching score), or n >= 4 kappa' + 2 when the
 vertex-cover search fits its work budget. So ``fedkl run --algorithm phased-erm`` runs on MovieLens
-(671 users). At the theorem's lambda* the noise constant c is ~1e5-1e6 at n < 1000 (note §4), so
+(671 users). At the theorem's lambda* the noise constant c is ~1e5-1e6 at n < 1000 (the note §4), so
 lam_i is large, the phases barely move the centre, and the model stays close to w0 (result.json
 says so). See simulations/studies/paper002_slopes.toml for the regime where the theorem applies.
 """
@@ -154,7 +154,7 @@ class PhasedParams(Domain, P002Release):
     p002_lam: float | None = param(
         None,
         "paper-002 phased algorithms: base regularization lam, lam_i = lam 4^i (default: lambda* of the "
-        "re-derived bound, note pitfalls 6/7)",
+        "re-derived bound, docs/derivations/paper-002.md pitfalls 6/7)",
         "theorem",
     )
     p002_delta_rule: str = param(
