@@ -490,6 +490,36 @@ def test_mean_type_inner_is_fedkl_mean_output_pert_with_the_phase_minimizers():
         assert mine.sigma == pytest.approx(ref.sigma, rel=1e-9)
 
 
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        ({"p002_phases": 0}, "--p002-phases must be >= 1, got 0"),
+        ({"p002_records": 0}, "--p002-records must be >= 1, got 0"),
+        ({"p002_lam": -1.0}, "--p002-lam must be finite and > 0, got -1.0"),
+        ({"p002_delta_scale": math.inf}, "--p002-delta-scale must be finite and > 0, got inf"),
+        ({"p002_beta": 1.0}, "--p002-beta must be in \\(0, 1\\), got 1.0"),
+        ({"p002_select_fraction": 1.5}, "--p002-select-fraction must be in \\(0, 1\\), got 1.5"),
+        ({"p002_min_cohort": 1}, "--p002-min-cohort must be >= 2, got 1"),
+    ],
+)
+def test_phased_params_refuse_bad_values_naming_the_flag(bad, message):
+    with pytest.raises(ValueError, match=message):
+        PhasedParams(**bad)
+
+
+def test_the_class_built_directly_trains_what_fedkl_run_trains():
+    """PhasedParams is the only configuration: research code that builds a phased class from its defaults gets
+    the CLI's profile calibration and optimal split (PhasedConfig defaulted to the paper's constants)."""
+    from fedkl.runner import RunConfig
+
+    ctx = BuildContext.fresh(eps=2.0, delta=1e-5, problem=QuadraticMean(D), feature_bound=X)
+    for cls in (PhasedERM, PhasedSCO, SCPhasedERM, SCPhasedSCO):
+        alg = cls(PhasedParams(), ctx)
+        assert alg.params == RunConfig.from_settings(algorithm=cls.name).params
+        assert alg.inner.calibration == "profile" and alg.params.split == "optimal" and alg.rule == "uc"
+        assert (alg.eps, alg.delta) == (2.0, 1e-5)
+
+
 def test_builders_read_hyperparameters(tmp_path):
     from build_helpers import build
 
