@@ -13,9 +13,10 @@ import os
 
 import torch
 
+from fedkl.algorithms.contract import BuildContext
 from fedkl.algorithms.output_perturbation.mean_output_pert import (
     LocalMeanOutputPert,
-    LocalMeanOutputPertConfig,
+    MeanOutputPertParams,
     local_radius,
 )
 from fedkl.experiments import register_runner
@@ -38,7 +39,9 @@ def run(settings, log) -> dict:
     ledger = PrivacyLedger(os.path.join(cfg.out, "ledger.sqlite"), Budget(cfg.epsilon, delta))
     lam = float(settings.mean_lam)
     w0 = problem.init_params().to(torch.float64)
-    alg = LocalMeanOutputPert(LocalMeanOutputPertConfig(1.0, 0.5, lam), problem, dataset.feature_bound)
+    # only its users' local minimizers are read (the default newton solver); the (eps, delta) is never spent
+    ctx = BuildContext.fresh(eps=1.0, delta=0.5, problem=problem, feature_bound=dataset.feature_bound)
+    alg = LocalMeanOutputPert(MeanOutputPertParams(mean_lam=lam), ctx)
     V, _ = alg.user_vectors(fed, w0)
     R = local_radius(problem, dataset.feature_bound, w0, lam)
     dist = (V - w0).norm(dim=1, keepdim=True)

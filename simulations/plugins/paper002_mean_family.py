@@ -20,7 +20,7 @@ rho = Budget(eps, delta).rho (the CKS conversion the ledger uses), enforced by a
 to in-memory recorders (the repetitions would exhaust a real ledger); the ledger tests are in
 tests/algorithms/test_phased_output_pert.py and tests/algorithms/test_noisy_gd.py.
 
-The family (note §7 T6(a); :mod:`fedkl.problems.quadratic_mean`)
+The family (docs/derivations/paper-002.md §7 T6(a); :mod:`fedkl.problems.quadratic_mean`)
 ----------------------------------------------------------------
 ``l(theta; x) = 0.5 ||theta - x||^2`` in d = 4, records ``x ~ N(theta_pop, I)``, user means drawn
 exactly from ``N(theta_pop, I/m)`` (so m up to 1e12 costs nothing), theta* = the mean of the user means
@@ -62,7 +62,7 @@ from fedkl.algorithms.contract import BuildContext
 from fedkl.algorithms.gradient.noisy_gd import NoisyGDParams, NoisyGradientDescent
 from fedkl.algorithms.output_perturbation.mean_type_inner import MeanTypeInner, gaussian_users_rule
 from fedkl.algorithms.output_perturbation.phased_common import PhaseCall, kappa, setting_for_problem
-from fedkl.algorithms.output_perturbation.phased_erm import PhasedConfig, PhasedERM
+from fedkl.algorithms.output_perturbation.phased_erm import PhasedERM, PhasedParams
 from fedkl.algorithms.output_perturbation.phased_sco import PhasedSCO
 from fedkl.algorithms.output_perturbation.sc_phased import SCPhasedERM, SCPhasedSCO
 from fedkl.experiments import register_runner, runner_result
@@ -141,11 +141,9 @@ class Family:
         self.inner = MeanTypeInner(base_mu=1.0, calibration=c.calibration)
         self.pop = torch.tensor(THETA_POP[: c.d] + (0.0,) * max(0, c.d - len(THETA_POP)), dtype=torch.float64)
 
-    def config(self, m: int) -> PhasedConfig:
-        c = self.cfg
-        return PhasedConfig(  # the equal split: the committed tables' (the default is optimal since issue 13)
-            eps=c.eps, delta=c.delta, records=m, delta_rule=self.rule, calibration=c.calibration, phase_split="equal"
-        )
+    def params(self, m: int) -> PhasedParams:
+        # the equal split: the committed tables' (the default is optimal since issue 13)
+        return PhasedParams(p002_records=m, p002_calibration=self.cfg.calibration, p002_phase_split="equal")
 
     def algorithm(self, name: str, m: int):
         cls = {
@@ -154,7 +152,9 @@ class Family:
             "phased-sco": PhasedSCO,
             "sc-phased-sco": SCPhasedSCO,
         }[name]
-        return cls(self.config(m), self.problem, self.cfg.feature_bound, setting=self.setting, inner=self.inner)
+        c = self.cfg  # Phased-SCO's cohort hash: seed 0
+        ctx = BuildContext.fresh(eps=c.eps, delta=c.delta, problem=self.problem, feature_bound=c.feature_bound)
+        return cls(self.params(m), ctx, setting=self.setting, inner=self.inner, delta_rule=self.rule)
 
     def output_pert(self, fed: MeanFederation, m: int, noise: NoiseSource) -> dict:
         """Alg 2 alone: one release at (eps, delta), Delta by the rule with beta = 1/(nm), projected onto K."""

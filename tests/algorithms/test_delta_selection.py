@@ -180,19 +180,21 @@ def test_selection_finds_a_small_delta_on_iid_users_and_reports_it(tmp_path):
 
 # --- the phased algorithms: every call chooses its Delta privately --------------------------------------
 def _phased_selected(prob, ds, test):
-    from fedkl.algorithms.output_perturbation.phased_erm import PhasedConfig, PhasedERM
+    from fedkl.algorithms.contract import BuildContext
+    from fedkl.algorithms.output_perturbation.phased_common import setting_for_problem
+    from fedkl.algorithms.output_perturbation.phased_erm import PhasedERM, PhasedParams
 
-    cfg = PhasedConfig(
-        eps=EPS,
-        delta=DELTA,
-        lam=LAM,
-        phases=2,
-        calibration="profile",
-        records=M,
-        test=test,
-        delta_select="sparse-vector",
+    params = PhasedParams(
+        p002_lam=LAM,
+        p002_phases=2,
+        p002_calibration="profile",
+        p002_records=M,
+        p002_test=test,
+        p002_delta_select="sparse-vector",
+        p002_select_fraction=0.25,
     )
-    return PhasedERM(cfg, prob, ds.feature_bound)
+    ctx = BuildContext.fresh(eps=EPS, delta=DELTA, problem=prob, feature_bound=ds.feature_bound)
+    return PhasedERM(params, ctx, setting=setting_for_problem(prob, ds.feature_bound))
 
 
 @pytest.mark.parametrize("test", ["matching", "vertex-cover"])

@@ -117,7 +117,8 @@ def test_the_rule_is_the_default_share_of_sc_output_pert_and_the_phased_algorith
         GRID_SIZE,
         SelectedDeltaSCOutputPert,
     )
-    from fedkl.algorithms.output_perturbation.p002 import PhasedParams, SCOutputPertParams
+    from fedkl.algorithms.output_perturbation.p002 import SCOutputPertParams
+    from fedkl.algorithms.output_perturbation.phased_erm import PhasedParams
     from fedkl.algorithms.output_perturbation.sc_output_pert import SCOutputPertConfig
 
     assert SCOutputPertParams().p002_select_fraction is None and PhasedParams().p002_select_fraction is None

@@ -20,6 +20,7 @@ from scipy import stats
 # the thread fixture (autouse) and the stand-in ledger of the output-perturbation tests
 from test_output_pert import _CountingLedger, _one_thread  # noqa: E402,F401
 
+from fedkl.algorithms.contract import BuildContext
 from fedkl.algorithms.output_perturbation.del_output_pert import DeletionRelease, DelOutputPert
 from fedkl.algorithms.output_perturbation.diameter_output_pert import (
     DiameterSCOutputPert,
@@ -29,7 +30,7 @@ from fedkl.algorithms.output_perturbation.diameter_output_pert import (
 )
 from fedkl.algorithms.output_perturbation.matching import matching_cover, maximum_matching
 from fedkl.algorithms.output_perturbation.phased_common import PhaseCall, SCInnerRelease, setting_for_problem
-from fedkl.algorithms.output_perturbation.phased_erm import PhasedConfig
+from fedkl.algorithms.output_perturbation.phased_erm import PhasedParams
 from fedkl.algorithms.output_perturbation.phased_sco import PhasedSCO
 from fedkl.algorithms.output_perturbation.sc_output_pert import SCOutputPertConfig
 from fedkl.algorithms.output_perturbation.vertex_cover import graph_from_edges, min_vertex_cover, worst_case_calls
@@ -418,9 +419,10 @@ def test_refusals_come_from_public_values_before_any_data_is_read(tmp_path):
     fed = Spy(prob, ds)
     setting = setting_for_problem(prob, ds.feature_bound, radius=3.0)
     alg = PhasedSCO(
-        PhasedConfig(EPS, DELTA, phases=3, min_cohort=2, test="matching", delta_rule="scaled"),
-        prob,
-        ds.feature_bound,
+        PhasedParams(
+            p002_phases=3, p002_min_cohort=2, p002_test="matching", p002_delta_rule="scaled", p002_calibration="paper"
+        ),
+        BuildContext.fresh(eps=EPS, delta=DELTA, problem=prob, feature_bound=ds.feature_bound),
         setting=setting,
     )
     with pytest.raises(ValueError, match="diameter test needs at least"):
@@ -473,11 +475,11 @@ def test_mean_output_pert_matching_score_exact_audit(calibration):
     """MeanOutputPert with the matching score on random 2-D user vectors with outliers: for random and
     adversarial replace-one neighbours, the score moves by <= 1, the two released means are within the
     sensitivity (8 kappa + 2) Delta, and the exact hockey-stick divergence is <= delta both ways."""
-    from fedkl.algorithms.output_perturbation.mean_output_pert import MeanOutputPertConfig, mean_stability_plan
+    from fedkl.algorithms.output_perturbation.mean_output_pert import MeanOutputPert, mean_stability_plan
 
     rng = np.random.default_rng(7)
     n = 40
-    cfg = MeanOutputPertConfig(EPS, DELTA, rho=0.5, calibration=calibration, test="matching")
+    cfg = MeanOutputPert(EPS, DELTA, rho=0.5, calibration=calibration, test="matching")
     dop = cfg.dop(n)
     assert cfg.score(n) == "matching" and dop.score == "matching"
     assert cfg.Delta(n) == pytest.approx(0.5 / (n - 8 * cfg.kappa - 1))
@@ -519,16 +521,16 @@ def test_mean_output_pert_matching_score_exact_audit(calibration):
 
 
 def test_mean_output_pert_auto_switches_to_matching_instead_of_refusing():
-    from fedkl.algorithms.output_perturbation.mean_output_pert import MeanOutputPertConfig
+    from fedkl.algorithms.output_perturbation.mean_output_pert import MeanOutputPert
 
-    big = MeanOutputPertConfig(0.5, 1e-6, rho=1.0)  # kappa 32: the cover's bound exceeds 4e6 calls
+    big = MeanOutputPert(0.5, 1e-6, rho=1.0)  # kappa 32: the cover's bound exceeds 4e6 calls
     assert big.score(600) == "matching" and big.dop(600).score == "matching"
     assert big.Delta(600) == pytest.approx(1.0 / (600 - 8 * big.kappa - 1))
     with pytest.raises(ValueError, match="8 kappa"):
         big.check(8 * big.kappa + 1)
     with pytest.raises(ValueError, match="work budget"):
-        MeanOutputPertConfig(0.5, 1e-6, rho=1.0, test="vertex-cover").check(600)
-    small = MeanOutputPertConfig(EPS, DELTA, rho=1.0)
+        MeanOutputPert(0.5, 1e-6, rho=1.0, test="vertex-cover").check(600)
+    small = MeanOutputPert(EPS, DELTA, rho=1.0)
     assert small.score(100) == "vertex-cover" and small.Delta(100) == pytest.approx(1.0 / (100 - 4 * small.kappa - 1))
 
 

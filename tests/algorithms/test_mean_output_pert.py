@@ -14,6 +14,7 @@ from build_helpers import build
 from release_spies import charge_record
 from scipy import stats
 
+from fedkl.algorithms.contract import BuildContext
 from fedkl.algorithms.output_perturbation.del_output_pert import (
     DelOutputPert,
     exact_stability,
@@ -23,11 +24,10 @@ from fedkl.algorithms.output_perturbation.del_output_pert import (
 from fedkl.algorithms.output_perturbation.mean_output_pert import (
     LAM_RULES,
     LocalMeanOutputPert,
-    LocalMeanOutputPertConfig,
     MeanOutputPert,
-    MeanOutputPertConfig,
+    MeanOutputPertParams,
     PhasedMeanOutputPert,
-    PhasedMeanOutputPertConfig,
+    PhasedMeanOutputPertParams,
     conflict_edges,
     diameter_predicate,
     local_radius,
@@ -55,6 +55,17 @@ from fedkl.runner import RunConfig
 # (eps, delta) = (4, 0.2): eps_bar = 2, delta_bar = 0.2/(e^2 + 2), kappa = 3 (2 kappa = 6 deletions,
 # n >= 4 kappa + 2 = 14 users): visible TDLap tails at sizes the enumeration reference can check.
 EPS, DELTA = 4.0, 0.2
+
+
+def _local(eps, delta, prob, feature_bound, lam, cls=LocalMeanOutputPert, **mean):
+    """``cls`` on a fresh (eps, delta) budget with --mean-lam ``lam`` and the other --mean-* settings ``mean``
+    (without the prefix)."""
+    params = cls.Params(mean_lam=lam, **{f"mean_{k}": v for k, v in mean.items()})
+    return cls(params, BuildContext.fresh(eps=eps, delta=delta, problem=prob, feature_bound=feature_bound))
+
+
+def _phased(eps, delta, prob, feature_bound, lam, phases, **mean):
+    return _local(eps, delta, prob, feature_bound, lam, PhasedMeanOutputPert, phases=phases, **mean)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -173,7 +184,7 @@ def test_plan_equals_enumeration_reference_and_is_sound_for_the_dbar_test():
     seen = set()
     for V, rho in _instances(40, seed=2):
         n = V.shape[0]
-        cfg = MeanOutputPertConfig(EPS, DELTA, rho)
+        cfg = MeanOutputPert(EPS, DELTA, rho)
         plan, diag = mean_stability_plan(V, cfg)
         f = mean_of_user_vectors(V)
         ref = exact_stability_predicate(f, diameter_predicate(V, rho), n, cfg.dop(n))
@@ -227,13 +238,13 @@ def test_release_agrees_in_distribution_with_the_reference():
     reference is Algorithm 1 verbatim."""
     n, N = 16, 3000
     V = _outliers(n, 3, d=2, seed=4)
-    cfg = MeanOutputPertConfig(EPS, DELTA, rho=0.5)
+    cfg = MeanOutputPert(EPS, DELTA, rho=0.5)
     f = mean_of_user_vectors(V)
     ref = exact_stability(f, n, cfg.dop(n))
     pred = exact_stability_predicate(f, diameter_predicate(V, 0.5), n, cfg.dop(n))
     assert (ref.dist, ref.deleted) == (pred.dist, pred.deleted) == (3, (0, 1, 2))
     assert torch.equal(ref.value, pred.value)
-    mech = MeanOutputPert(cfg)
+    mech = cfg
     rel_a, rel_b = Releaser(_CountingLedger(), NoiseSource(11)), Releaser(_CountingLedger(), NoiseSource(12))
     a = [mech.run_vectors(V, rel_a, _ids(n)).theta for _ in range(N)]
     b = [DelOutputPert(cfg.dop(n)).release(ref, rel_b, _ids(n), "ref") for _ in range(N)]
@@ -274,7 +285,7 @@ def test_bottom_frequencies_and_privacy_profile_on_neighbours(calibration):
     user): sampled ⊥ frequencies within e^eps p' + delta, and the exact (eps, delta) profile of the
     whole output law (⊥ atom + Gaussian) <= delta in both directions."""
     n, N, rho = 16, 4000, 0.5
-    cfg = MeanOutputPertConfig(EPS, DELTA, rho, calibration)
+    cfg = MeanOutputPert(EPS, DELTA, rho, calibration)
     pmf = cfg.deletion_budget.pmf()
     data = {k: _outliers(n, k, seed=5) for k in range(0, 8)}  # k = 7 > 2 kappa: always ⊥
     swap = {}
@@ -304,7 +315,7 @@ def test_bottom_frequencies_and_privacy_profile_on_neighbours(calibration):
     for k in (1, 2, 3, 4):
         rel = Releaser(_CountingLedger(), NoiseSource(20 + k))
         plan = plans[("out", k)]
-        observed[k] = sum(MeanOutputPert(cfg).release(plan, rel, _ids(n), "t") is None for _ in range(N)) / N
+        observed[k] = sum(cfg.release(plan, rel, _ids(n), "t") is None for _ in range(N)) / N
         se = math.sqrt(law[("out", k)][0] * (1 - law[("out", k)][0]) / N)
         assert abs(observed[k] - law[("out", k)][0]) <= 5 * se
     for a, b in ((1, 2), (2, 1), (2, 3), (3, 2), (3, 4), (4, 3)):
@@ -327,7 +338,7 @@ def test_profile_calibration_exact_audit_on_neighbours(test):
     from fedkl.algorithms.output_perturbation.stability_profile import calibrate, chain_factor, worst_case_divergence
 
     n, rho = 30, 0.5
-    cfg = MeanOutputPertConfig(EPS, DELTA, rho, test=test)
+    cfg = MeanOutputPert(EPS, DELTA, rho, test=test)
     assert cfg.calibration == "profile"  # the default
     score = "matching" if test == "matching" else "exact"
     p, dop = calibrate(EPS, DELTA, score), cfg.dop(n)
@@ -336,7 +347,7 @@ def test_profile_calibration_exact_audit_on_neighbours(test):
     assert cfg.Delta(n) == pytest.approx(rho / (n - 4 * c * k - 1)) and dop.Delta == cfg.Delta(n)
     assert cfg.sigma(n) == pytest.approx(p.sigma_over_Delta * cfg.Delta(n), rel=1e-12)
     assert worst_case_divergence(EPS, 0.99 * p.sigma_over_Delta, p.deletion_budget, score) > DELTA
-    tight = MeanOutputPertConfig(EPS, DELTA, rho, "tight", test=test)
+    tight = MeanOutputPert(EPS, DELTA, rho, "tight", test=test)
     assert cfg.sigma(n) / cfg.Delta(n) < 0.6 * tight.sigma(n) / tight.Delta(n)
     pmf = p.deletion_budget.pmf()
 
@@ -371,7 +382,7 @@ def test_profile_calibration_exact_audit_on_neighbours(test):
 @pytest.mark.statistical
 def test_sensitivity_sigma_and_noise_std(calibration):
     n, d, draws, rho = 16, 40, 300, 0.2
-    cfg = MeanOutputPertConfig(EPS, DELTA, rho, calibration)
+    cfg = MeanOutputPert(EPS, DELTA, rho, calibration)
     k = cfg.kappa
     eps_bar, delta_bar = EPS / 2, DELTA / (math.exp(EPS / 2) + 2)
     Delta = rho / (n - 4 * k - 1)
@@ -385,7 +396,7 @@ def test_sensitivity_sigma_and_noise_std(calibration):
     plan, _ = mean_stability_plan(V, cfg)
     assert plan.dist == 0 and torch.allclose(plan.value, V.mean(0))
     rel = Releaser(_CountingLedger(), NoiseSource(7))
-    noise = torch.stack([MeanOutputPert(cfg).release(plan, rel, _ids(n), "t") - plan.value for _ in range(draws)])
+    noise = torch.stack([cfg.release(plan, rel, _ids(n), "t") - plan.value for _ in range(draws)])
     N = noise.numel()
     assert abs(float(noise.std()) / cfg.sigma(n) - 1) < 5 / math.sqrt(2 * N)
     assert abs(float(noise.mean())) < 5 * cfg.sigma(n) / math.sqrt(N)
@@ -441,7 +452,7 @@ def test_local_mean_output_pert_charges_once_per_user_before_the_release(tmp_pat
     events = []
     _spy_federation(fed, events)
     ledger = _spy_ledger(tmp_path / "l.sqlite", events, 10.0, 0.5)
-    alg = LocalMeanOutputPert(LocalMeanOutputPertConfig(EPS, DELTA, lam=1.0, rho_fraction=1.0), prob, ds.feature_bound)
+    alg = _local(EPS, DELTA, prob, ds.feature_bound, 1.0, rho_fraction=1.0)
     w0 = torch.zeros(prob.num_params, dtype=torch.float64)
     # a zCDP filter cannot account an (eps, delta) release: refused before anything is read or charged
     with pytest.raises(ValueError, match="zCDP filter"):
@@ -466,8 +477,8 @@ def test_bottom_is_charged_like_a_release(tmp_path):
     n = 16
     V = _outliers(n, 7)  # 7 > 2 kappa deletions needed: ⊥ for every R1
     ledger = PrivacyLedger(tmp_path / "l.sqlite", Budget(epsilon=100.0, delta=0.9))
-    cfg = MeanOutputPertConfig(EPS, DELTA, rho=0.5)
-    outs = [MeanOutputPert(cfg).run_vectors(V, Releaser(ledger, NoiseSource(s)), _ids(n)) for s in range(3)]
+    cfg = MeanOutputPert(EPS, DELTA, rho=0.5)
+    outs = [cfg.run_vectors(V, Releaser(ledger, NoiseSource(s)), _ids(n)) for s in range(3)]
     assert all(o.theta is None and o.bottom for o in outs)
     assert ledger.num_releases() == 3 and all(ledger.spend(u).releases == 3 for u in _ids(n))
     assert ledger.spend("u0").eps == pytest.approx(3 * EPS)
@@ -478,9 +489,9 @@ def test_phased_charges_each_phase_once_per_user_and_keeps_the_centre_on_bottom(
     n = 16
     ds, prob, fed = _logistic(n, seed=2)
     ledger = PrivacyLedger(tmp_path / "l.sqlite", Budget(epsilon=8.0, delta=0.45))
-    cfg = PhasedMeanOutputPertConfig(8.0, 0.4, lam=0.5, phases=2, rho_fraction=rho_fraction)
+    alg = _phased(8.0, 0.4, prob, ds.feature_bound, 0.5, 2, rho_fraction=rho_fraction)
     w0 = torch.zeros(prob.num_params, dtype=torch.float64)
-    res = PhasedMeanOutputPert(cfg, prob, ds.feature_bound).run(fed, Releaser(ledger, NoiseSource(3)), w0)
+    res = alg.run(fed, Releaser(ledger, NoiseSource(3)), w0)
     assert res.bottoms == expect_bottoms and res.phases == 2
     assert res.details["bottoms"] == expect_bottoms and len(res.details["nonprivate_diagnostics"]["dist"]) == 2
     if expect_bottoms == 2:
@@ -502,33 +513,31 @@ def test_refusals_happen_before_any_data_is_read(tmp_path):
     w0 = torch.zeros(prob.num_params, dtype=torch.float64)
     rel = Releaser(_CountingLedger(), NoiseSource(0))
     with pytest.raises(ValueError, match="4 kappa \\+ 2 = 14"):
-        LocalMeanOutputPert(
-            LocalMeanOutputPertConfig(EPS, DELTA, 1.0, calibration="tight"), prob, ds.feature_bound
-        ).run(fed, rel, w0)
+        _local(EPS, DELTA, prob, ds.feature_bound, 1.0, calibration="tight").run(fed, rel, w0)
     ds, prob, fed = _logistic(30)
     _spy_federation(fed, events)
-    tiny = LocalMeanOutputPertConfig(
-        EPS, DELTA, 1.0, calibration="tight", max_vc_calls=10, test="vertex-cover"
+    tiny = _local(
+        EPS, DELTA, prob, ds.feature_bound, 1.0, calibration="tight", max_vc_calls=10, test="vertex-cover"
     )  # k = 6: 45 calls
     with pytest.raises(ValueError, match="work budget"):
-        LocalMeanOutputPert(tiny, prob, ds.feature_bound).run(fed, rel, w0)
+        tiny.run(fed, rel, w0)
     # "auto" (the default) takes the matching score instead, which needs n >= 8 kappa + 2 = 26 <= 30: no refusal
     assert (
-        LocalMeanOutputPertConfig(EPS, DELTA, 1.0, calibration="tight", max_vc_calls=10).mechanism(1.0).score(30)
+        _local(EPS, DELTA, prob, ds.feature_bound, 1.0, calibration="tight", max_vc_calls=10).mechanism(1.0).score(30)
         == "matching"
     )
     # Phased: (eps/T, delta/T) per phase; T = 4 at (4, 0.2) gives kappa = 10: 2 kappa = 20 -> 5,911 calls
     ds, prob, fed = _logistic(45)  # >= 4 kappa + 2 = 42
     _spy_federation(fed, events)
-    phased = PhasedMeanOutputPertConfig(
-        EPS, DELTA, 1.0, phases=4, calibration="tight", max_vc_calls=5000, test="vertex-cover"
+    phased = _phased(
+        EPS, DELTA, prob, ds.feature_bound, 1.0, 4, calibration="tight", max_vc_calls=5000, test="vertex-cover"
     )
     with pytest.raises(ValueError, match="work budget"):
-        PhasedMeanOutputPert(phased, prob, ds.feature_bound).run(fed, rel, w0)
+        phased.run(fed, rel, w0)
     with pytest.raises(ValueError, match="8 kappa \\+ 2"):  # auto: matching, which needs 82 users here
-        PhasedMeanOutputPert(replace(phased, test="auto"), prob, ds.feature_bound).run(fed, rel, w0)
+        PhasedMeanOutputPert(replace(phased.params, mean_test="auto"), phased.ctx).run(fed, rel, w0)
     with pytest.raises(ValueError, match="users"):
-        mean_stability_plan(torch.zeros(10, 2), MeanOutputPertConfig(EPS, DELTA, 1.0, "tight"))
+        mean_stability_plan(torch.zeros(10, 2), MeanOutputPert(EPS, DELTA, 1.0, "tight"))
     assert events == [] and rel.ledger.charges == []
     # the builders refuse from the public n alone, reading the RunConfig fields
     ledger = PrivacyLedger(tmp_path / "l.sqlite", Budget(epsilon=EPS, delta=DELTA))
@@ -546,7 +555,7 @@ def test_refusals_happen_before_any_data_is_read(tmp_path):
     with pytest.raises(ValueError, match="work budget"):
         build(phased, 0.0, **common, user_ids=fed.user_ids)
     alg = build(single, 0.0, **common, user_ids=fed.user_ids)
-    assert alg.config.eps == pytest.approx(EPS) and alg.config.delta < DELTA and alg.config.rho_fraction == 0.3
+    assert alg.eps == pytest.approx(EPS) and alg.delta < DELTA and alg.params.mean_rho_fraction == 0.3
     with pytest.raises(ValueError, match="4 kappa"):
         build(single, 0.0, **common, user_ids=fed.user_ids[:13])
     with pytest.raises(ValueError, match="4 kappa \\+ 2 = 42"):
@@ -556,21 +565,21 @@ def test_refusals_happen_before_any_data_is_read(tmp_path):
 
 def test_bad_input_is_refused_with_a_clear_error():
     with pytest.raises(ValueError, match="rho"):
-        MeanOutputPertConfig(EPS, DELTA, rho=0.0)
+        MeanOutputPert(EPS, DELTA, rho=0.0)
     with pytest.raises(ValueError, match="delta"):
-        MeanOutputPertConfig(EPS, 1.0, rho=1.0)
+        MeanOutputPert(EPS, 1.0, rho=1.0)
     with pytest.raises(ValueError, match="calibration"):
-        MeanOutputPertConfig(EPS, DELTA, 1.0, calibration="loose")
-    with pytest.raises(ValueError, match="lam"):
-        LocalMeanOutputPertConfig(EPS, DELTA, lam=0.0)
-    with pytest.raises(ValueError, match="phases"):
-        PhasedMeanOutputPertConfig(EPS, DELTA, 1.0, phases=0)
+        MeanOutputPert(EPS, DELTA, 1.0, calibration="loose")
+    with pytest.raises(ValueError, match="--mean-lam must be finite and > 0"):
+        MeanOutputPertParams(mean_lam=0.0)
+    with pytest.raises(ValueError, match="--mean-phases must be >= 1"):
+        PhasedMeanOutputPertParams(mean_phases=0)
     V = _outliers(16, 0)
     V[3, 0] = float("nan")
     with pytest.raises(ValueError, match="finite"):
-        mean_stability_plan(V, MeanOutputPertConfig(EPS, DELTA, 1.0))
+        mean_stability_plan(V, MeanOutputPert(EPS, DELTA, 1.0))
     with pytest.raises(ValueError, match="user ids"):
-        MeanOutputPert(MeanOutputPertConfig(EPS, DELTA, 1.0)).run_vectors(
+        MeanOutputPert(EPS, DELTA, 1.0).run_vectors(
             _outliers(16, 0), Releaser(_CountingLedger(), NoiseSource(0)), _ids(15)
         )
 
@@ -586,7 +595,7 @@ def test_failed_users_get_the_public_centre():
         return ans
 
     fed.compute = broken
-    alg = LocalMeanOutputPert(LocalMeanOutputPertConfig(EPS, DELTA, lam=1.0), prob, ds.feature_bound)
+    alg = _local(EPS, DELTA, prob, ds.feature_bound, 1.0)
     w0 = torch.full((prob.num_params,), 0.1, dtype=torch.float64)
     V, substituted = alg.user_vectors(fed, w0)
     assert substituted == 1 and torch.equal(V[5], w0) and torch.isfinite(V).all()
@@ -604,7 +613,7 @@ def test_predicate_reference_refuses_large_n_before_reading_data():
         return torch.ones(masks.shape[0], dtype=torch.bool)
 
     with pytest.raises(ValueError, match="max_exact_users"):
-        exact_stability_predicate(f, stable, 21, MeanOutputPertConfig(EPS, DELTA, 1.0).dop(30))
+        exact_stability_predicate(f, stable, 21, MeanOutputPert(EPS, DELTA, 1.0).dop(30))
     assert called == []
 
 
@@ -613,8 +622,7 @@ def test_forecast_is_the_release_noise_against_the_local_radius(tmp_path):
     radius G0/(mu + lam) bounds every local minimizer's (hence the mean's) distance from the centre."""
     ds, prob, fed = _logistic(60, reg=0.1)
     w0 = torch.zeros(prob.num_params, dtype=torch.float64)
-    cfg = LocalMeanOutputPertConfig(EPS, DELTA, lam=1.0, rho_fraction=0.5, lam_rule="fixed")
-    alg = LocalMeanOutputPert(cfg, prob, ds.feature_bound)
+    alg = _local(EPS, DELTA, prob, ds.feature_bound, 1.0, rho_fraction=0.5, lam_rule="fixed")
     f = alg.forecast(60, w0)
     assert f["signal_radius"] == local_radius(prob, ds.feature_bound, w0, 1.0)
     assert f["noise_over_signal"] == pytest.approx(f["sigma"] * math.sqrt(prob.num_params) / f["signal_radius"])
@@ -622,12 +630,8 @@ def test_forecast_is_the_release_noise_against_the_local_radius(tmp_path):
     assert float(V.norm(dim=1).max()) <= f["signal_radius"] * (1 + 1e-9)
     res = alg.run(fed, Releaser(PrivacyLedger(tmp_path / "l.sqlite", Budget(EPS, DELTA * 1.01)), NoiseSource(0)), w0)
     assert res.sigma == pytest.approx(f["sigma"], rel=1e-12)
-    phased = PhasedMeanOutputPert(
-        PhasedMeanOutputPertConfig(EPS, DELTA, 1.0, phases=2, rho_fraction=0.5, lam_rule="fixed"),
-        prob,
-        ds.feature_bound,
-    )
-    first = LocalMeanOutputPert(phased.config.phase_config(1), prob, ds.feature_bound)
+    phased = _phased(EPS, DELTA, prob, ds.feature_bound, 1.0, 2, rho_fraction=0.5, lam_rule="fixed")
+    first = _local(EPS / 2, DELTA / 2, prob, ds.feature_bound, 4.0, rho_fraction=0.5)  # (eps/T, delta/T), lam 4^1
     assert phased.forecast(60, w0) == first.forecast(60, w0)  # the first phase moves the model the most
 
 
@@ -653,16 +657,16 @@ def test_newton_local_solver_matches_lbfgs_and_is_per_user(reg):
     w0 = torch.full((prob.num_params,), 0.1, dtype=torch.float64)
     vectors = {}
     for solver in ("lbfgs", "newton"):
-        cfg = LocalMeanOutputPertConfig(EPS, DELTA, lam=1.0, local_solver=solver)
-        vectors[solver], substituted = LocalMeanOutputPert(cfg, prob, ds.feature_bound).user_vectors(fed, w0)
+        alg = _local(EPS, DELTA, prob, ds.feature_bound, 1.0, local_solver=solver)
+        vectors[solver], substituted = alg.user_vectors(fed, w0)
         assert substituted == 0
     assert not torch.equal(vectors["lbfgs"], vectors["newton"])  # two solvers, not one aliased twice
     torch.testing.assert_close(vectors["newton"], vectors["lbfgs"], rtol=0, atol=1e-8)
     for u in (0, 7, 15):
         alone = fed.compute(CertifiedLocalMinimizer(w0, 1.0, 1e-10, 500), [u]).values[0, : prob.num_params]
         assert torch.equal(alone.to(torch.float64), vectors["newton"][u])
-    with pytest.raises(ValueError, match="local_solver"):
-        LocalMeanOutputPertConfig(EPS, DELTA, lam=1.0, local_solver="sgd")
+    with pytest.raises(ValueError, match="--mean-local-solver must be one of"):
+        MeanOutputPertParams(mean_local_solver="sgd")
 
 
 def test_newton_local_solver_is_a_flag(tmp_path):
@@ -717,23 +721,23 @@ def test_chosen_lam_is_the_rule_on_public_values_and_fixed_keeps_the_old_lam():
     n = 300
     ds, prob, _ = _logistic(8, reg=0.1)  # the data are never read by chosen_lam
     w0 = torch.zeros(prob.num_params, dtype=torch.float64)
-    assert LocalMeanOutputPertConfig(8.0, 1e-4, lam=1.0).lam_rule == LAM_RULES[0] == "fixed"
-    cfg = LocalMeanOutputPertConfig(8.0, 1e-4, lam=1.0, rho_fraction=0.25, lam_rule="predicted-error")
-    lam, info = LocalMeanOutputPert(cfg, prob, ds.feature_bound).chosen_lam(n, w0)
+    assert MeanOutputPertParams().mean_lam_rule == LAM_RULES[0] == "fixed"
+    alg = _local(8.0, 1e-4, prob, ds.feature_bound, 1.0, rho_fraction=0.25, lam_rule="predicted-error")
+    lam, info = alg.chosen_lam(n, w0)
     c = prob.constants(ds.feature_bound, param_bound=1e-12)
-    K = cfg.mechanism(1.0).sigma(n) * 0.25 * 2 * c.lipschitz
+    K = alg.mechanism(1.0).sigma(n) * 0.25 * 2 * c.lipschitz
     assert lam == pytest.approx(prob.num_params * K**2 / (0.1 * (c.lipschitz / 0.1) ** 2), rel=1e-12)
     assert info["centre_error"] == pytest.approx(c.lipschitz / 0.1)
     # the release's rho and sigma use that lam: sigma(lam) = K/(mu + lam)
-    alg, _ = LocalMeanOutputPert(cfg, prob, ds.feature_bound).resolved(n, w0)
-    assert alg.config.lam == lam and alg.config.mechanism(alg.rho(w0)).sigma(n) == pytest.approx(K / (0.1 + lam))
-    fixed = replace(cfg, lam_rule="fixed")
-    assert LocalMeanOutputPert(fixed, prob, ds.feature_bound).chosen_lam(n, w0) == (1.0, {"lam_rule": "fixed"})
+    resolved, _ = alg.resolved(n, w0)
+    assert resolved.lam == lam and resolved.mechanism(resolved.rho(w0)).sigma(n) == pytest.approx(K / (0.1 + lam))
+    fixed = LocalMeanOutputPert(replace(alg.params, mean_lam_rule="fixed"), alg.ctx)
+    assert fixed.chosen_lam(n, w0) == (1.0, {"lam_rule": "fixed"})
     _, prob0, _ = _logistic(8, reg=0.0)
-    lam0, info0 = LocalMeanOutputPert(cfg, prob0, ds.feature_bound).chosen_lam(n, w0)
+    lam0, info0 = LocalMeanOutputPert(alg.params, replace(alg.ctx, problem=prob0)).chosen_lam(n, w0)
     assert lam0 == 1.0 and info0["lam_rule"].startswith("fixed (predicted-error needs mu > 0")
-    with pytest.raises(ValueError, match="lam_rule"):
-        LocalMeanOutputPertConfig(8.0, 1e-4, lam=1.0, lam_rule="oracle")
+    with pytest.raises(ValueError, match="--mean-lam-rule must be one of"):
+        MeanOutputPertParams(mean_lam_rule="oracle")
 
 
 def _objective_minimum(prob, data):
@@ -762,8 +766,7 @@ def test_large_eps_release_is_the_unshrunk_mean_of_local_minimizers(tmp_path):
     theta_star, f_star = _objective_minimum(prob, ds.train)
     excess = {}
     for rule in LAM_RULES:
-        cfg = LocalMeanOutputPertConfig(eps, delta, lam=1.0, rho_fraction=1.0, local_solver="newton", lam_rule=rule)
-        alg = LocalMeanOutputPert(cfg, prob, ds.feature_bound)
+        alg = _local(eps, delta, prob, ds.feature_bound, 1.0, rho_fraction=1.0, local_solver="newton", lam_rule=rule)
         ledger = PrivacyLedger(tmp_path / f"{rule}.sqlite", Budget(eps, 2 * delta))
         res = alg.run(fed, Releaser(ledger, NoiseSource(0)), w0)
         fixed, _ = alg.resolved(n, w0)
@@ -776,7 +779,7 @@ def test_large_eps_release_is_the_unshrunk_mean_of_local_minimizers(tmp_path):
         assert abs(prob.loss(res.theta, ds.train) - prob.loss(vbar, ds.train)) <= tol
         excess[rule] = prob.loss(vbar, ds.train) - f_star
         if rule == "predicted-error":
-            assert res.diagnostics["lam_choice"]["lam"] == fixed.config.lam < 0.01
+            assert res.diagnostics["lam_choice"]["lam"] == fixed.lam < 0.01
     assert 0 <= excess["predicted-error"] < 0.01 * excess["fixed"]
 
 
@@ -788,11 +791,9 @@ def test_phased_lam_rule_chains_the_predicted_centre_error(tmp_path, rho_fractio
     n, mu = 60, 0.1
     ds, prob, fed = _logistic(n, reg=mu)
     w0 = torch.zeros(prob.num_params, dtype=torch.float64)
-    cfg = PhasedMeanOutputPertConfig(
-        30.0, 1e-3, lam=0.5, phases=3, rho_fraction=rho_fraction, lam_rule="predicted-error"
-    )
+    alg = _phased(30.0, 1e-3, prob, ds.feature_bound, 0.5, 3, rho_fraction=rho_fraction, lam_rule="predicted-error")
     ledger = PrivacyLedger(tmp_path / "l.sqlite", Budget(epsilon=30.0, delta=2e-3))
-    res = PhasedMeanOutputPert(cfg, prob, ds.feature_bound).run(fed, Releaser(ledger, NoiseSource(1)), w0)
+    res = alg.run(fed, Releaser(ledger, NoiseSource(1)), w0)
     assert res.bottoms == expect_bottoms
     phases = res.details["phases"]
     G0 = prob.constants(ds.feature_bound, param_bound=1e-12).lipschitz
@@ -807,8 +808,8 @@ def test_phased_lam_rule_chains_the_predicted_centre_error(tmp_path, rho_fractio
         assert phases[1]["lam"] > phases[0]["lam"]  # a closer centre allows a larger lam (less noise)
     else:
         assert len({p["lam"] for p in phases}) == 1  # every ⊥ keeps the centre and its prediction
-    fixed = replace(cfg, lam_rule="fixed")
-    assert [fixed.phase_config(i).lam for i in (1, 2, 3)] == [2.0, 8.0, 32.0]
+    fixed = PhasedMeanOutputPert(replace(alg.params, mean_lam_rule="fixed"), alg.ctx)
+    assert [fixed.phase(i).chosen_lam(n, w0)[0] for i in (1, 2, 3)] == [2.0, 8.0, 32.0]
 
 
 def test_the_default_local_solver_is_the_batched_newton(tmp_path, monkeypatch):

@@ -13,6 +13,7 @@ import torch
 from release_spies import charge_record
 from scipy import stats
 
+from fedkl.algorithms.contract import BuildContext
 from fedkl.algorithms.output_perturbation.del_output_pert import (
     DeletionRelease,
     DelOutputPert,
@@ -20,7 +21,8 @@ from fedkl.algorithms.output_perturbation.del_output_pert import (
     masks_tensor,
     mean_of_user_vectors,
 )
-from fedkl.algorithms.output_perturbation.phased_erm import PhasedERM, PhasedERMConfig
+from fedkl.algorithms.output_perturbation.phased_common import setting_for_problem
+from fedkl.algorithms.output_perturbation.phased_erm import PhasedERM, PhasedParams
 from fedkl.algorithms.output_perturbation.sc_output_pert import SCOutputPert, SCOutputPertConfig, lemma_c1_bound
 from fedkl.data import load_dataset
 from fedkl.federation.base import GradientsAtPoints
@@ -438,9 +440,13 @@ def test_phased_erm_charges_each_phase_and_keeps_the_center_on_bottom(tmp_path, 
     n = 10
     ds, prob, fed = _logistic(n, reg=0.0, m=10)
     ledger = PrivacyLedger(tmp_path / "l.sqlite", Budget(epsilon=16.0, delta=0.25))
-    cfg = PhasedERMConfig(eps=16.0, delta=0.2, lam=0.05, Delta_1=Delta_1, phases=2)
+    params = PhasedParams(
+        p002_lam=0.05, stability_delta=Delta_1, p002_delta_rule="fixed", p002_phases=2, p002_calibration="paper"
+    )
+    ctx = BuildContext.fresh(eps=16.0, delta=0.2, problem=prob, feature_bound=ds.feature_bound)
+    alg = PhasedERM(params, ctx, setting=setting_for_problem(prob, ds.feature_bound))  # K = R^d
     w0 = torch.zeros(2, dtype=torch.float64)
-    res = PhasedERM(cfg, prob, ds.feature_bound).run(fed, Releaser(ledger, NoiseSource(3)), w0)
+    res = alg.run(fed, Releaser(ledger, NoiseSource(3)), w0)
     assert res.bottoms == expect_bottoms and res.phases == 2
     if expect_bottoms == 2:
         assert torch.equal(res.w, w0)  # ⊥ in every phase: the public start point, post-processing

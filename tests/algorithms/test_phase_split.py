@@ -19,6 +19,7 @@ import torch
 from test_diameter_output_pert import M, _federation, audit_neighbours  # noqa: E402
 from test_output_pert import _one_thread  # noqa: E402,F401  (the thread fixture, autouse)
 
+from fedkl.algorithms.contract import BuildContext
 from fedkl.algorithms.output_perturbation.mean_type_inner import MeanTypeInner, gaussian_users_rule
 from fedkl.algorithms.output_perturbation.phased_common import (
     geometric_split,
@@ -27,7 +28,7 @@ from fedkl.algorithms.output_perturbation.phased_common import (
     setting_for_problem,
     split_bound,
 )
-from fedkl.algorithms.output_perturbation.phased_erm import PhasedConfig, PhasedERM
+from fedkl.algorithms.output_perturbation.phased_erm import PhasedERM, PhasedParams
 from fedkl.federation.means import MeanFederation
 from fedkl.privacy import Budget, NoiseSource, PrivacyLedger, Releaser
 from fedkl.problems.quadratic_mean import QuadraticMean, draw_user_means
@@ -40,6 +41,14 @@ POP = torch.tensor([1.0, -0.5, 0.25, 0.0], dtype=torch.float64)
 def _problem():
     prob = QuadraticMean(D)
     return prob, setting_for_problem(prob, X, radius=3.0)
+
+
+def _alg(eps, delta, setting, *, problem=None, fb=X, inner=None, rule=None, **p002):
+    """PhasedERM on a fresh (eps, delta) budget with the ``--p002-*`` settings ``p002`` (without the prefix)
+    over the paper's calibration (the default these tests were written against, unless they say otherwise)."""
+    params = PhasedParams(**{"p002_calibration": "paper", **{f"p002_{k}": v for k, v in p002.items()}})
+    ctx = BuildContext.fresh(eps=eps, delta=delta, problem=problem or QuadraticMean(D), feature_bound=fb)
+    return PhasedERM(params, ctx, setting=setting, inner=inner, delta_rule=rule)
 
 
 class PowerLawInner:
@@ -57,9 +66,10 @@ class PowerLawInner:
 
 
 def _power_law_alg(p, eps=4.0, delta=1e-5, T=8):
-    prob, st = _problem()
-    cfg = PhasedConfig(eps=eps, delta=delta, phases=T, records=100, delta_rule="scaled", phase_split="optimal")
-    return PhasedERM(cfg, prob, X, setting=st, inner=PowerLawInner(p))
+    _, st = _problem()
+    return _alg(
+        eps, delta, st, inner=PowerLawInner(p), phases=T, records=100, delta_rule="scaled", phase_split="optimal"
+    )
 
 
 def _S(alg, n, eps_split, delta_split, beta):
@@ -105,16 +115,16 @@ def test_optimal_split_minimises_the_bound_against_every_alternative(p):
 
 
 def test_the_equal_split_reproduces_the_paper():
-    """--p002-phase-split equal (and the default "auto" with the paper's constants, PhasedConfig's
-    calibration default): (eps/T, delta/T) in every phase, c of that budget."""
+    """--p002-phase-split equal (and the default "auto" with the paper's constants, --p002-calibration
+    paper): (eps/T, delta/T) in every phase, c of that budget."""
     n, eps, delta, T = 10**6, 4.0, 1e-5, 8
-    prob, st = _problem()
-    cfg = PhasedConfig(eps=eps, delta=delta, phases=T, records=100, delta_rule="scaled")
-    plan = PhasedERM(cfg, prob, X, setting=st, inner=PowerLawInner(2.0)).plan(n, torch.zeros(D, dtype=torch.float64))
+    _, st = _problem()
+    alg = _alg(eps, delta, st, inner=PowerLawInner(2.0), phases=T, records=100, delta_rule="scaled")
+    plan = alg.plan(n, torch.zeros(D, dtype=torch.float64))
     assert [(s.eps, s.delta) for s in plan.specs] == [(eps / T, delta / T)] * T
     assert plan.extra["split_exponent"] == 0.0 and plan.noise_constant == pytest.approx(50.0 * (eps / T) ** -2.0)
-    with pytest.raises(ValueError, match="phase_split"):
-        PhasedConfig(eps=eps, delta=delta, phase_split="geometric")
+    with pytest.raises(ValueError, match="--p002-phase-split must be one of"):
+        PhasedParams(p002_phase_split="geometric")
 
 
 def test_optimal_split_with_the_real_release_beats_every_admissible_alternative():
@@ -124,9 +134,9 @@ def test_optimal_split_with_the_real_release_beats_every_admissible_alternative(
     (n >= 8 kappa_j). Its S is within 2% of every admissible member of a grid of alternatives (the
     geometric family at exponents 0..0.3, with delta split like eps or equally: the slack is c's
     departure from a power law; measured 0.6% here), and far below the equal split's (S / 60)."""
-    prob, st = _problem()
+    _, st = _problem()
     n, m, eps, delta = 5000, 100, 8.0, 1e-5
-    alg = PhasedERM(PhasedConfig(eps=eps, delta=delta, records=m, phase_split="optimal"), prob, X, setting=st)
+    alg = _alg(eps, delta, st, records=m, phase_split="optimal")
     plan = alg.plan(n, torch.zeros(D, dtype=torch.float64))
     T = plan.phases
     beta = plan.beta / T
@@ -152,13 +162,11 @@ def test_optimal_split_with_the_real_release_beats_every_admissible_alternative(
 def test_optimal_split_charges_sum_to_the_budget(tmp_path):
     """A run charges every user one entry per phase at the plan's (eps_j, delta_j), decreasing in j,
     summing to the budget (basic composition), and reports the split in result details."""
-    prob, st = _problem()
+    _, st = _problem()
     n, m, eps, delta, T = 256, 10**8, 20.0, 0.2, 4
     fed = MeanFederation(draw_user_means(n, m, D, POP, 1.0, 3))
-    cfg = PhasedConfig(
-        eps=eps, delta=delta, records=m, delta_rule=gaussian_users_rule(1.0, D), phases=T, phase_split="optimal"
-    )
-    alg = PhasedERM(cfg, prob, X, setting=st, inner=MeanTypeInner())
+    rule = gaussian_users_rule(1.0, D)
+    alg = _alg(eps, delta, st, inner=MeanTypeInner(), rule=rule, records=m, phases=T, phase_split="optimal")
     plan = alg.plan(n, torch.zeros(D, dtype=torch.float64))
     ledger = PrivacyLedger(os.path.join(tmp_path, "l.sqlite"), Budget(eps, delta * 1.01))
     res = alg.run(fed, Releaser(ledger, NoiseSource(1)), torch.zeros(D, dtype=torch.float64))
@@ -184,8 +192,8 @@ AUDIT_N, AUDIT_EPS, AUDIT_DELTA, AUDIT_T = 60, 8.0, 0.3, 4
 @functools.lru_cache(maxsize=2)
 def _audit_plan(eps=AUDIT_EPS, delta=AUDIT_DELTA):
     fed, prob, ds = _federation(n=AUDIT_N)
-    cfg = PhasedConfig(eps=eps, delta=delta, phases=AUDIT_T, records=M, calibration="profile")
-    alg = PhasedERM(cfg, prob, ds.feature_bound, setting=setting_for_problem(prob, ds.feature_bound, radius=3.0))
+    st = setting_for_problem(prob, ds.feature_bound, radius=3.0)
+    alg = _alg(eps, delta, st, problem=prob, fb=ds.feature_bound, phases=AUDIT_T, records=M, calibration="profile")
     return alg, alg.plan(AUDIT_N, torch.zeros(prob.num_params, dtype=torch.float64))
 
 
@@ -194,17 +202,15 @@ def test_the_default_split_is_the_optimal_one_and_the_paper_constants_keep_the_e
     paper's constants (calibration "paper"), where it is the paper's (eps/T, delta/T); the optimal split's
     last phase has the smallest budget and the deepest test (kappa above the equal split's)."""
     alg, plan = _audit_plan()
-    assert PhasedConfig(eps=1.0, delta=0.1).phase_split == "auto"
-    assert alg.config.split == "optimal" and plan.extra["phase_split"].startswith("optimal")
+    assert PhasedParams().p002_phase_split == "auto"
+    assert alg.params.split == "optimal" and plan.extra["phase_split"].startswith("optimal")
     e, d = [s.eps for s in plan.specs], [s.delta for s in plan.specs]
     assert e == sorted(e, reverse=True) and d == sorted(d, reverse=True) and e[-1] < AUDIT_EPS / AUDIT_T
     k_equal = kappa(AUDIT_EPS / AUDIT_T, AUDIT_DELTA / AUDIT_T, "profile")
     assert kappa(e[-1], d[-1], "profile") == plan.kappa > k_equal
-    paper = dataclasses.replace(alg.config, calibration="paper")
-    assert paper.split == "equal" and dataclasses.replace(paper, phase_split="optimal").split == "optimal"
-    eq = PhasedERM(paper, alg.problem, alg.feature_bound, setting=alg.setting).plan(
-        AUDIT_N, torch.zeros(3, dtype=torch.float64)
-    )
+    paper = dataclasses.replace(alg.params, p002_calibration="paper")
+    assert paper.split == "equal" and dataclasses.replace(paper, p002_phase_split="optimal").split == "optimal"
+    eq = PhasedERM(paper, alg.ctx, setting=alg.setting).plan(AUDIT_N, torch.zeros(3, dtype=torch.float64))
     assert [(s.eps, s.delta) for s in eq.specs] == [(AUDIT_EPS / AUDIT_T, AUDIT_DELTA / AUDIT_T)] * AUDIT_T
 
 

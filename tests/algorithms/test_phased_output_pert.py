@@ -24,9 +24,9 @@ import pytest
 import torch
 from release_spies import charge_record
 
+from fedkl.algorithms.contract import BuildContext
 from fedkl.algorithms.output_perturbation.del_output_pert import DeletionRelease
 from fedkl.algorithms.output_perturbation.mean_type_inner import MeanTypeInner, gaussian_users_rule
-from fedkl.algorithms.output_perturbation.p002 import PhasedParams
 from fedkl.algorithms.output_perturbation.phased_common import (
     CohortFederation,
     PhaseCall,
@@ -35,7 +35,7 @@ from fedkl.algorithms.output_perturbation.phased_common import (
     sco_cohorts,
     setting_for_problem,
 )
-from fedkl.algorithms.output_perturbation.phased_erm import PhasedConfig, PhasedERM
+from fedkl.algorithms.output_perturbation.phased_erm import PhasedERM, PhasedParams
 from fedkl.algorithms.output_perturbation.phased_sco import PhasedSCO
 from fedkl.algorithms.output_perturbation.sc_phased import SCPhasedERM, SCPhasedSCO
 from fedkl.federation.means import MeanFederation
@@ -95,6 +95,14 @@ def _zeros():
     return torch.zeros(D, dtype=torch.float64)
 
 
+def _alg(cls, eps, delta, setting, *, problem=None, inner=None, rule=None, seed=0, **p002):
+    """``cls`` on a fresh (eps, delta) budget, with the quadratic problem's ``setting`` and the ``--p002-*``
+    settings ``p002`` (without the prefix) over the paper's calibration, which these tests were written for."""
+    params = PhasedParams(**{"p002_calibration": "paper", **{f"p002_{k}": v for k, v in p002.items()}})
+    ctx = BuildContext.fresh(eps=eps, delta=delta, problem=problem or QuadraticMean(D), feature_bound=X, seed=seed)
+    return cls(params, ctx, setting=setting, inner=inner, delta_rule=rule)
+
+
 # --- schedules (public: computed before any data) -------------------------------------------------
 def _delta_uc(G, mu, n, m, k, beta):
     """note §2B's Delta_uc, written out independently of the library."""
@@ -106,7 +114,7 @@ def _delta_uc(G, mu, n, m, k, beta):
 def test_phased_erm_schedule_matches_the_formulas():
     prob, st = _problem()
     n, m, eps, delta = 5000, 100, 50.0, 1e-3
-    alg = PhasedERM(PhasedConfig(eps=eps, delta=delta, records=m, phase_split="equal"), prob, X, setting=st)
+    alg = _alg(PhasedERM, eps, delta, st, records=m, phase_split="equal")
     plan = alg.plan(n, _zeros())
     T = math.ceil(math.log(n * m))
     assert plan.phases == T == 14
@@ -129,7 +137,7 @@ def test_phased_erm_schedule_matches_the_formulas():
     assert bound(lam_star) < min(bound(lam_star * 1.05), bound(lam_star / 1.05))
     assert plan.lam / (G * math.sqrt(D) / (Dist * n * math.sqrt(m))) == pytest.approx(2 / math.sqrt(3) * c)
     # the uc rule is refused (public n, nothing read) below 4 kappa' + 2 users
-    fixed_T = PhasedERM(replace(alg.config, phases=T), prob, X, setting=st)
+    fixed_T = PhasedERM(replace(alg.params, p002_phases=T), alg.ctx, setting=st)
     assert fixed_T.plan(4 * k + 2, _zeros()).kappa == k
     with pytest.raises(ValueError, match="4 kappa"):
         fixed_T.plan(4 * k + 1, _zeros())
@@ -139,7 +147,7 @@ def test_phased_sco_schedule_cohorts_and_lambda():
     prob, st = _problem()
     n, m, eps, delta, seed = 5000, 100, 8.0, 1e-5, 7
     ids = tuple(f"user:{u}" for u in range(n))
-    alg = PhasedSCO(PhasedConfig(eps=eps, delta=delta, records=m, seed=seed), prob, X, setting=st)
+    alg = _alg(PhasedSCO, eps, delta, st, seed=seed, records=m)
     plan = alg.plan(n, _zeros(), user_ids=ids)
     k = DeletionRelease(eps, delta, 1.0).kappa
     n0 = 8 * k
@@ -155,7 +163,7 @@ def test_phased_sco_schedule_cohorts_and_lambda():
     assert len(flat) == len(set(flat)) == n - (n >> T) and min(len(c) for c in cohorts) >= n0
     assert cohorts != [
         list(s.users)
-        for s in alg.__class__(replace(alg.config, seed=seed + 1), prob, X, setting=st)
+        for s in alg.__class__(alg.params, replace(alg.ctx, seed=seed + 1), setting=st)
         .plan(n, _zeros(), user_ids=ids)
         .specs
     ]
@@ -176,9 +184,7 @@ def test_phased_sco_schedule_cohorts_and_lambda():
 def test_strongly_convex_localisation_schedule(cls):
     prob, st = _problem()
     n, m, eps, delta = 5000, 100, 16.0, 1e-3
-    plan = cls(PhasedConfig(eps=eps, delta=delta, records=m), prob, X, setting=st).plan(
-        n, _zeros(), tuple(f"user:{u}" for u in range(n))
-    )
+    plan = _alg(cls, eps, delta, st, records=m).plan(n, _zeros(), tuple(f"user:{u}" for u in range(n)))
     beta = 1.0 / (2 * n * n * m)
     dop = DeletionRelease(eps / 2, delta / 2, 1.0)
     G, mu = st.lipschitz, 1.0
@@ -203,8 +209,8 @@ def test_phased_erm_ledger_charges_T_times_eps_over_T(tmp_path):
     n, m, eps, delta, T = 16, 10**12, 30.0, 0.3, 3
     fed = _fed(n, m)
     ledger = _ledger(tmp_path, eps, 0.31)
-    cfg = PhasedConfig(eps=eps, delta=delta, phases=T, records=m, phase_split="equal")  # the paper's split
-    res = PhasedERM(cfg, prob, X, setting=st).run(fed, Releaser(ledger, NoiseSource(1)), _zeros())
+    alg = _alg(PhasedERM, eps, delta, st, phases=T, records=m, phase_split="equal")  # the paper's split
+    res = alg.run(fed, Releaser(ledger, NoiseSource(1)), _zeros())
     rels = ledger.releases()
     assert [(r["label"], r["users"]) for r in rels] == [(f"phased-erm/phase-{i}", n) for i in (1, 2, 3)]
     assert all(r["eps"] == pytest.approx(eps / T) and r["delta"] == pytest.approx(delta / T) for r in rels)
@@ -220,8 +226,7 @@ def test_phased_sco_charges_each_user_once_and_only_its_cohort(tmp_path):
     n, m, eps, delta = 256, 10**8, 10.0, 0.1
     fed = _fed(n, m, seed=3)
     ledger = _ledger(tmp_path, eps, 0.11)
-    cfg = PhasedConfig(eps=eps, delta=delta, records=m, delta_rule=gaussian_users_rule(1.0, D), seed=5)
-    alg = PhasedSCO(cfg, prob, X, setting=st, inner=MeanTypeInner())
+    alg = _alg(PhasedSCO, eps, delta, st, inner=MeanTypeInner(), rule=gaussian_users_rule(1.0, D), seed=5, records=m)
     plan = alg.plan(n, _zeros(), user_ids=fed.user_ids)
     assert plan.phases == 3 and [len(s.users) for s in plan.specs] == [128, 64, 32]
     res = alg.run(fed, Releaser(ledger, NoiseSource(2)), _zeros())
@@ -251,8 +256,8 @@ def test_strongly_convex_variants_charge_two_halves(tmp_path, cls):
     n, m, eps, delta = 256, 10**8, 20.0, 0.2
     fed = _fed(n, m, seed=4)
     ledger = _ledger(tmp_path, eps, 0.21)
-    cfg = PhasedConfig(eps=eps, delta=delta, records=m, delta_rule=gaussian_users_rule(1.0, D), phases=3, min_cohort=32)
-    alg = cls(cfg, prob, X, setting=st, inner=MeanTypeInner())
+    rule = gaussian_users_rule(1.0, D)
+    alg = _alg(cls, eps, delta, st, inner=MeanTypeInner(), rule=rule, records=m, phases=3, min_cohort=32)
     res = alg.run(fed, Releaser(ledger, NoiseSource(5)), _zeros())
     rels = ledger.releases()
     assert rels[0]["label"] == f"{cls.name}/localize" and rels[0]["users"] == n
@@ -278,12 +283,12 @@ def test_strongly_convex_variants_charge_two_halves(tmp_path, cls):
 
 def _all_algorithms(prob, st, n, m, eps, delta):
     rule = gaussian_users_rule(1.0, D)
-    base = PhasedConfig(eps=eps, delta=delta, records=m, delta_rule=rule, phases=3, min_cohort=32)
+    base = {"records": m, "phases": 3, "min_cohort": 32}
     return [
-        PhasedERM(base, prob, X, setting=st, inner=MeanTypeInner()),
-        PhasedSCO(replace(base, phases=None), prob, X, setting=st, inner=MeanTypeInner()),
-        SCPhasedERM(base, prob, X, setting=st, inner=MeanTypeInner()),
-        SCPhasedSCO(base, prob, X, setting=st, inner=MeanTypeInner()),
+        _alg(PhasedERM, eps, delta, st, inner=MeanTypeInner(), rule=rule, **base),
+        _alg(PhasedSCO, eps, delta, st, inner=MeanTypeInner(), rule=rule, **{**base, "phases": None}),
+        _alg(SCPhasedERM, eps, delta, st, inner=MeanTypeInner(), rule=rule, **base),
+        _alg(SCPhasedSCO, eps, delta, st, inner=MeanTypeInner(), rule=rule, **base),
     ]
 
 
@@ -317,19 +322,21 @@ def test_refusals_before_reading_data(tmp_path):
     prob, st = _problem()
     fed = _fed(16, 10**6)
     ledger = _ledger(tmp_path, 30.0, 0.31)
-    cfg = PhasedConfig(eps=30.0, delta=0.3, records=10**6)  # T = ceil(ln 16e6) = 17 -> kappa' too big
+    cfg = {"records": 10**6}  # T = ceil(ln 16e6) = 17 -> kappa' too big
     with pytest.raises(ValueError, match="4 kappa"):
-        PhasedERM(cfg, prob, X, setting=st).run(fed, Releaser(ledger, NoiseSource(0)), _zeros())
+        _alg(PhasedERM, 30.0, 0.3, st, **cfg).run(fed, Releaser(ledger, NoiseSource(0)), _zeros())
     with pytest.raises(ValueError, match="zCDP filter"):
-        PhasedERM(replace(cfg, phases=3), prob, X, setting=st).run(
+        _alg(PhasedERM, 30.0, 0.3, st, phases=3, **cfg).run(
             fed, Releaser(ledger, NoiseSource(0), ZCDPFilter(1.0)), _zeros()
         )
     weak = QuadraticMean(D)
     flat = replace(setting_for_problem(weak, X, radius=RADIUS), strong_convexity=0.0)
     with pytest.raises(ValueError, match="strongly convex"):
-        SCPhasedERM(replace(cfg, phases=3), weak, X, setting=flat).run(fed, Releaser(ledger, NoiseSource(0)), _zeros())
+        _alg(SCPhasedERM, 30.0, 0.3, flat, problem=weak, phases=3, **cfg).run(
+            fed, Releaser(ledger, NoiseSource(0)), _zeros()
+        )
     with pytest.raises(ValueError, match="fixed threshold rule"):
-        SCPhasedSCO(replace(cfg, Delta_1=1.0), prob, X, setting=st)
+        _alg(SCPhasedSCO, 30.0, 0.3, st, delta_rule="fixed", **cfg)
     assert fed.queries == 0 and ledger.num_releases() == 0
 
 
@@ -351,7 +358,7 @@ def test_bottom_keeps_the_previous_centre(tmp_path):
         return outs[-1]
 
     ledger = _ledger(tmp_path, 30.0, 0.31)
-    res = PhasedERM(PhasedConfig(eps=30.0, delta=0.3, phases=3, records=m), prob, X, setting=st, inner=inner).run(
+    res = _alg(PhasedERM, 30.0, 0.3, st, inner=inner, phases=3, records=m).run(
         fed, Releaser(ledger, NoiseSource(9)), _zeros()
     )
     assert [o.theta is None for o in outs] == [False, True, False]
@@ -372,8 +379,8 @@ def test_localisation_bottom_aborts_the_strongly_convex_variants(tmp_path):
         return base(f, r, replace(call, Delta=1e-12))
 
     ledger = _ledger(tmp_path, 60.0, 0.61)
-    cfg = PhasedConfig(eps=60.0, delta=0.6, phases=3, records=10**12)
-    res = SCPhasedERM(cfg, prob, X, setting=st, inner=inner).run(fed, Releaser(ledger, NoiseSource(0)), _zeros())
+    alg = _alg(SCPhasedERM, 60.0, 0.6, st, inner=inner, phases=3, records=10**12)
+    res = alg.run(fed, Releaser(ledger, NoiseSource(0)), _zeros())
     assert res.w is None and res.bottoms == 1 and res.details["aborted"] == "localization ⊥"
     assert [(r["label"], r["eps"]) for r in ledger.releases()] == [("sc-phased-erm/localize", 30.0)]
 
@@ -398,7 +405,7 @@ def test_phased_erm_converges_to_the_empirical_optimum():
     n, m, R = 16, 10**12, 100
     fed = _fed(n, m, seed=11)
     theta_star = fed.means.mean(0)
-    alg = PhasedERM(PhasedConfig(eps=30.0, delta=0.3, phases=3, records=m), prob, X, setting=st)
+    alg = _alg(PhasedERM, 30.0, 0.3, st, phases=3, records=m)
     sq, hist = [], None
     for rep in range(R):
         res = alg.run(fed, Releaser(_Recorder(), NoiseSource(1000 + rep)), _zeros())
@@ -417,12 +424,12 @@ def test_sc_phased_erm_and_phased_sco_converge():
     prob, st = _problem()
     n, m, R = 256, 10**8, 40
     rule = gaussian_users_rule(1.0, D)
-    cfg = PhasedConfig(eps=20.0, delta=0.2, records=m, delta_rule=rule, phases=3)
+    cfg = {"records": m, "phases": 3}
     fed = _fed(n, m, seed=12)
     theta_star = fed.means.mean(0)
     sq = []
     for rep in range(R):
-        res = SCPhasedERM(cfg, prob, X, setting=st, inner=MeanTypeInner()).run(
+        res = _alg(SCPhasedERM, 20.0, 0.2, st, inner=MeanTypeInner(), rule=rule, **cfg).run(
             fed, Releaser(_Recorder(), NoiseSource(2000 + rep)), _zeros()
         )
         assert res.bottoms == 0 and not any(h["clipped"] or h["projected"] for h in res.history)
@@ -431,7 +438,7 @@ def test_sc_phased_erm_and_phased_sco_converge():
     v = _predicted_sq_error(hist[1:], D * hist[0]["sigma"] ** 2)  # theta0 = theta* + N(0, sigma0^2 I)
     assert abs(np.mean(sq) - v) <= 4 * v * math.sqrt(2 / (D * R))
 
-    sco = PhasedSCO(replace(cfg, phases=None, min_cohort=32), prob, X, setting=st, inner=MeanTypeInner())
+    sco = _alg(PhasedSCO, 20.0, 0.2, st, inner=MeanTypeInner(), rule=rule, records=m, min_cohort=32)
     sq = []
     for rep in range(R):
         f = _fed(n, m, seed=100 + rep)
@@ -459,7 +466,7 @@ def test_mean_type_inner_is_fedkl_mean_output_pert_with_the_phase_minimizers():
     """The mean-type inner release equals fedkl's MeanOutputPert (the note's §5(c) mechanism) run
     on v_u = (xbar_u + lam c)/(1 + lam), with rho = Delta (n - 4 kappa - 1): same deletions, same ⊥,
     same value up to the last bits of sigma; with 3 outlying users the vertex cover decides."""
-    from fedkl.algorithms.output_perturbation.mean_output_pert import MeanOutputPert, MeanOutputPertConfig
+    from fedkl.algorithms.output_perturbation.mean_output_pert import MeanOutputPert
 
     n, eps, delta, lam = 40, 20.0, 0.1, 0.3
     means = draw_user_means(n, 10**4, D, POP, 1.0, 21)
@@ -473,7 +480,7 @@ def test_mean_type_inner_is_fedkl_mean_output_pert_with_the_phase_minimizers():
         mine = MeanTypeInner(calibration="tight")(
             fed, Releaser(_Recorder(), NoiseSource(seed)), PhaseCall("x", 1, eps, delta, Delta, lam, center)
         )
-        ref = MeanOutputPert(MeanOutputPertConfig(eps, delta, Delta * (n - 4 * k - 1), "tight")).run_vectors(
+        ref = MeanOutputPert(eps, delta, Delta * (n - 4 * k - 1), "tight").run_vectors(
             V, Releaser(_Recorder(), NoiseSource(seed)), fed.user_ids
         )
         assert mine.diagnostics["dist"] == ref.diagnostics["dist"] == 3
@@ -481,6 +488,36 @@ def test_mean_type_inner_is_fedkl_mean_output_pert_with_the_phase_minimizers():
         if mine.theta is not None:
             assert torch.allclose(mine.theta, ref.theta, rtol=0, atol=1e-9 * ref.sigma)
         assert mine.sigma == pytest.approx(ref.sigma, rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        ({"p002_phases": 0}, "--p002-phases must be >= 1, got 0"),
+        ({"p002_records": 0}, "--p002-records must be >= 1, got 0"),
+        ({"p002_lam": -1.0}, "--p002-lam must be finite and > 0, got -1.0"),
+        ({"p002_delta_scale": math.inf}, "--p002-delta-scale must be finite and > 0, got inf"),
+        ({"p002_beta": 1.0}, "--p002-beta must be in \\(0, 1\\), got 1.0"),
+        ({"p002_select_fraction": 1.5}, "--p002-select-fraction must be in \\(0, 1\\), got 1.5"),
+        ({"p002_min_cohort": 1}, "--p002-min-cohort must be >= 2, got 1"),
+    ],
+)
+def test_phased_params_refuse_bad_values_naming_the_flag(bad, message):
+    with pytest.raises(ValueError, match=message):
+        PhasedParams(**bad)
+
+
+def test_the_class_built_directly_trains_what_fedkl_run_trains():
+    """PhasedParams is the only configuration: research code that builds a phased class from its defaults gets
+    the CLI's profile calibration and optimal split (PhasedConfig defaulted to the paper's constants)."""
+    from fedkl.runner import RunConfig
+
+    ctx = BuildContext.fresh(eps=2.0, delta=1e-5, problem=QuadraticMean(D), feature_bound=X)
+    for cls in (PhasedERM, PhasedSCO, SCPhasedERM, SCPhasedSCO):
+        alg = cls(PhasedParams(), ctx)
+        assert alg.params == RunConfig.from_settings(algorithm=cls.name).params
+        assert alg.inner.calibration == "profile" and alg.params.split == "optimal" and alg.rule == "uc"
+        assert (alg.eps, alg.delta) == (2.0, 1e-5)
 
 
 def test_builders_read_hyperparameters(tmp_path):
@@ -515,9 +552,9 @@ def test_builders_read_hyperparameters(tmp_path):
             ledger=ledger,
             user_ids=fed.user_ids,
         )
-        c = alg.config
-        assert alg.name == name and c.eps == pytest.approx(8.0) and c.delta == pytest.approx(1e-5, rel=1e-6)
-        assert (c.records, c.phases, c.rule, c.delta_scale, c.calibration, c.seed) == (
+        c = alg.params
+        assert alg.name == name and alg.eps == pytest.approx(8.0) and alg.delta == pytest.approx(1e-5, rel=1e-6)
+        assert (c.p002_records, c.p002_phases, alg.rule, c.p002_delta_scale, c.p002_calibration, alg.ctx.seed) == (
             10**6,
             4,
             "scaled",
@@ -525,7 +562,8 @@ def test_builders_read_hyperparameters(tmp_path):
             "tight",
             3,
         )
-        assert c.lam is None and c.beta is None and alg.setting.radius == RADIUS
+        assert c.p002_lam is None and c.p002_beta is None and alg.setting.radius == RADIUS
+        assert alg.inner.calibration == "tight"  # the inner release reads --p002-calibration too
 
 
 def test_slope_experiment_point_is_in_the_theorem_regime(tmp_path):

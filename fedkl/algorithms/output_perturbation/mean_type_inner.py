@@ -8,7 +8,7 @@ Privacy argument of :class:`MeanTypeInner`:
   f(y) = argmin_theta mean_{u in y} f_u(theta) + (lam/2)||theta - c||^2 = (mean_{u in y} v_u + lam c)/mu_i,
   v_u = xbar_u, mu_i = 1 + reg + lam. The mechanism is Algorithm 1 with the test predicate
   ``P(y, b): diam{v_u : u in y} <= Delta mu_i (|y| - b - 1)`` in place of ``Dbar_b f(y) <= Delta``. The
-  proof of Thm 3.3 uses only (note §2A) (H) heredity, P(y, b) => P(y - i, b - 1) (the diameter can only
+  proof of Thm 3.3 uses only (docs/derivations/paper-002.md §2A) (H) heredity, P(y, b) => P(y - i, b - 1) (the diameter can only
   shrink and |y| - b - 1 is unchanged), and (S) soundness, P(y, b) => Dbar_b f(y) <= Delta: for z ⊆ y
   with |z| >= |y| - b >= 2 and i in z, ||f(z) - f(z - i)|| = ||v_i - mean_z v|| / (mu_i (|z| - 1)) <=
   diam(V_y) / (mu_i (|y| - b - 1)) <= Delta. (|y| - b >= 2 holds inside the algorithm because
@@ -22,7 +22,7 @@ Privacy argument of :class:`MeanTypeInner`:
   DelOutputPert's (:class:`~fedkl.algorithms.output_perturbation.del_output_pert.DeletionRelease`); the release goes
   through :meth:`Releaser.stability_gaussian` (charge, then R1, then the output).
 
-  This is fedkl's :mod:`~fedkl.algorithms.output_perturbation.mean_output_pert` mechanism (the note's §5(c)) with
+  This is fedkl's :mod:`~fedkl.algorithms.output_perturbation.mean_output_pert` mechanism (docs/derivations/paper-002.md §5(c)) with
   v_u = user u's exact regularized minimizer (x̄_u + lam c)/mu_i, whose mean IS the phase minimizer
   for this loss, so here it is DelOutputPert of the paper's f. Differences, for speed at n up to
   64,000 and kappa' up to ~600 (Phased-ERM's per-phase kappa): the conflict graph is built in O(n d)

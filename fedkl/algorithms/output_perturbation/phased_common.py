@@ -16,13 +16,13 @@ delta)`` (its public refusal: every call is checked before the first one reads d
 ``noise_ratio(n, eps, delta)`` (sigma/Delta, used in lambda*) and ``min_users(eps, delta)`` (Phased-SCO's
 smallest cohort).
 
-Public schedule (re-derived in /work/shared/notes/seed-002.md; natural log throughout)
+Public schedule (re-derived in docs/derivations/paper-002.md, "the note"; natural log throughout)
 ------------------------------------------------------------------------------------------
 * Noise constant. With ``ratio(eps_i, delta_i) = sigma_i / Delta_i`` of the inner release and a
   threshold rule ``Delta_i = f_i G_i / (mu_i n_i sqrt(m))`` (``G_i`` the Lipschitz constant of the
   call's loss, 2G in the phases; ``mu_i = mu + lam_i``; ``f_i`` the rule's dimensionless factor), the
   phase noise is ``sigma_i = c_i 2G / (lam_i n_i sqrt(m))`` with
-  ``c_i = ratio f_i lam_i / mu_i <= ratio f_i =: c`` (the note's c, §2E).
+  ``c_i = ratio f_i lam_i / mu_i <= ratio f_i =: c`` (c of docs/derivations/paper-002.md §2E).
 * Phased-ERM (Alg 3, Thm 4.1). Telescoping Lemma 4.2 with the ideal noisy iterates gives
   ``E[excess] <= 2 lam D^2 + (8/3) c^2 d G^2 / (lam n^2 m) + G sqrt(d) sigma_T`` (D >= ||w0 - theta*||).
   The paper's ``lam = G sqrt(d)/(D n sqrt(m))`` leaves ``c^2`` in the bound; minimising the first two
@@ -50,7 +50,7 @@ Public schedule (re-derived in /work/shared/notes/seed-002.md; natural log throu
 * ⊥ (unspecified in the paper, pitfall 3): the phase keeps the previous centre (post-processing of
   the output ⊥) and records the phase in ``bottoms``. Under the random-permutation model a ⊥ has
   probability <= beta' per phase.
-* Thresholds. ``uc`` (theorem): Delta_uc of note §2B (Cor 3.7 with the union bound the printed Alg 2
+* Thresholds. ``uc`` (theorem): Delta_uc of docs/derivations/paper-002.md §2B (Cor 3.7 with the union bound the printed Alg 2
   omits, pitfall 1) with ``G -> G_i``, ``mu -> mu_i``, r = 4 kappa; needs n_i >= 4 kappa + 2.
   ``scaled`` (heuristic): ``A G_i/(mu_i n_i sqrt m)``. ``fixed`` (Phased-ERM/SCO only, legacy):
   ``Delta_1 / 4^(i-1)``. Any public threshold is private; the rule only decides whether tests pass.

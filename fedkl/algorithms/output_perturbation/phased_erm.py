@@ -30,9 +30,9 @@ Any public split (eps_1..eps_T, delta_1..delta_T) with sum eps_i = eps, sum delt
 (eps, delta)-DP by the same proof: basic composition holds for ADAPTIVELY chosen releases (phase i's
 centre is phase i-1's output) as long as each one's budget is fixed before the run, and the split is a
 function of (n, m, eps, delta, T, the constants) only. (Advanced composition would not pay at T ~ 12-16,
-note §2E.) Which split is best is a utility question, answered from the bound:
+docs/derivations/paper-002.md §2E, "the note".) Which split is best is a utility question, answered from the bound:
 
-* Telescoping Lemma 4.2 over the ideal noisy iterates (note §2E) gives, with sigma_i the phase noise,
+* Telescoping Lemma 4.2 over the ideal noisy iterates (the note §2E) gives, with sigma_i the phase noise,
   ``E[excess] <= 2 lam D^2 + sum_{i<T} (lam_{i+1}/2) d sigma_i^2 + G sqrt(d) sigma_T``. With
   ``sigma_i = c_i 2G/(lam_i n sqrt m)`` (phased_common; c_i = (sigma/Delta)(eps_i, delta_i) x the
   rule's factor at kappa_i, beta_i) and lam_i = lam 4^i the i-th term is
@@ -70,13 +70,13 @@ note §2E.) Which split is best is a utility question, answered from the bound:
   takes 0.41 s against the equal split's 0.04 s and c falls from 7.0e5 to 4.2e5
   (simulations/bench_phase_split.py); at n = 5000, m = 100, eps = 8 the gain is S / 60.
 
-Parameters (defaults are the theorem's; pitfalls of note §6)
+Parameters (defaults are the theorem's; pitfalls of the note §6)
 -------------------------------------------------------------
 * T = ceil(ln(n m)) (m = ``records``, public), beta = 1/(n m), beta' = beta / T; the split above.
 * lam = lambda* = (2/sqrt 3) c G sqrt(d)/(D n sqrt m), NOT the paper's G sqrt(d)/(R n sqrt m), which
   leaves c^2 instead of c in the bound (pitfall 7); c = (sigma/Delta of the inner release at
   (eps/T, delta/T)) x (the threshold rule's factor), D >= ||w0 - theta*|| public.
-* Delta_i: ``uc`` = Delta_uc(2G, mu + lam_i, n, m, kappa', beta') (note §2B, pitfall 1), ``scaled`` or
+* Delta_i: ``uc`` = Delta_uc(2G, mu + lam_i, n, m, kappa', beta') (the note §2B, pitfall 1), ``scaled`` or
   the legacy ``fixed`` Delta_1 / 4^(i-1).
 * K_i = K ∩ B(theta^_{i-1}, R_i), centred at the PREVIOUS OUTPUT (the paper prints theta_{i-1},
   pitfall 5). The inner release minimises over R^d, where the ball is provably inactive
@@ -88,7 +88,7 @@ exact test (``test="exact"``: certificate, else enumeration) refuses n > 20. The
 of :mod:`fedkl.algorithms.output_perturbation.diameter_output_pert`. That test releases the same minimizer, is exact, and
 runs in polynomial time; it needs n >= 8 kappa' + 2 users (matching score), or n >= 4 kappa' + 2 when the
 vertex-cover search fits its work budget. So ``fedkl run --algorithm phased-erm`` runs on MovieLens
-(671 users). At the theorem's lambda* the noise constant c is ~1e5-1e6 at n < 1000 (note §4), so
+(671 users). At the theorem's lambda* the noise constant c is ~1e5-1e6 at n < 1000 (the note §4), so
 lam_i is large, the phases barely move the centre, and the model stays close to w0 (result.json
 says so). See simulations/studies/paper002_slopes.toml for the regime where the theorem applies.
 """
@@ -101,10 +101,10 @@ from typing import Callable
 
 import torch
 
+from fedkl.algorithms.contract import Algorithm, BuildContext, Domain, SmallAudit, param
+from fedkl.algorithms.output_perturbation.p002 import P002_ABSENCE, P002Release
 from fedkl.algorithms.output_perturbation.phased_common import (
     DELTA_RULES,
-    DELTA_SELECTIONS,
-    INNER_TESTS,
     PHASE_SPLITS,
     DeltaRule,
     InnerRelease,
@@ -124,121 +124,88 @@ from fedkl.algorithms.output_perturbation.phased_common import (
     rule_factor,
     run_phases,
     sc_output_pert_inner,
-    setting_for_problem,
+    setting_from_run_config,
     split_bound,
 )
+from fedkl.algorithms.registry import register
 from fedkl.federation.base import Federation
-from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, PAPER_002_RELATIONS, Guarantee
+from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, PAPER_002_RELATIONS, SOLVER_ITERATES, Guarantee
 from fedkl.privacy.release import Releaser
-from fedkl.problems.base import Problem
 
 
 @dataclass(frozen=True)
-class PhasedConfig:
-    """Public parameters of a phased algorithm (Phased-ERM, Phased-SCO and the strongly convex
-    variants). None means "the theorem's value" (see each algorithm's docstring).
+class PhasedParams(Domain, P002Release):
+    """The four phased algorithms' hyperparameters (``--p002-*``; ``radius``/``distance`` shared with paper
+    003, ``stability_delta`` only with ``p002_delta_rule = "fixed"``: Delta_1). The total (eps, delta) each
+    user is charged comes from the budget (:class:`~fedkl.algorithms.contract.BuildContext`), Phased-SCO's
+    cohort hash seed from the run. None means "the theorem's value" (each algorithm's docstring)."""
 
-    Args:
-        eps, delta: the TOTAL (eps, delta) each user is charged.
-        lam: base regularization (lam_i = lam 4^i); None: lambda* (ERM) / lambda_SCO (SCO).
-        Delta_1: the legacy fixed rule's phase-1 threshold (Delta_i = Delta_1 / 4^(i-1)).
-        phases: T; None: ceil(ln(nm)) (ERM) / floor(log2(n/N0)) (SCO).
-        calibration, max_exact_users, use_certificate: the default inner release's (SCOutputPert).
-        delta_rule: "uc", "scaled", "fixed" or a function (see phased_common); None: "fixed" when
-            Delta_1 is given, else "uc".
-        delta_scale: A of the "scaled" rule.
-        records: m, the public number of records per user.
-        beta: utility failure probability; None: 1/(nm) (1/(2 n^2 m) for the SC variants).
-        min_cohort: N0 of Phased-SCO; None: 8 kappa(eps, delta) (at least the inner release's minimum).
-        seed: the public seed of Phased-SCO's cohort hash.
-        test: the default inner release's deletion test (:class:`~fedkl.algorithms.output_perturbation.phased_common.SCInnerRelease`):
-            "auto", "exact", "vertex-cover" or "matching".
-        delta_select, select_fraction: "fixed" (every call at its rule's Delta) or "sparse-vector" (every
-            call chooses its Delta privately below the rule's, spending select_fraction of its eps (None: the
-            share of least expected noise on the IID profile, fedkl/algorithms/output_perturbation/delta_share.py):
-            :class:`~fedkl.algorithms.output_perturbation.phased_common.SelectedDeltaInnerRelease`).
-        phase_split: Phased-ERM's split of (eps, delta) between its T phases: "optimal" (the split that
-            minimises the error bound, module docstring; each phase's noise calibrated separately), "equal"
-            ((eps/T, delta/T), the paper's) or "auto" (the default: "equal" with ``calibration="paper"``,
-            else "optimal"; :attr:`split`).
-    """
-
-    eps: float
-    delta: float
-    lam: float | None = None
-    Delta_1: float | None = None
-    phases: int | None = None
-    calibration: str = "paper"
-    max_exact_users: int = 20
-    use_certificate: bool = True
-    delta_rule: DeltaRule | None = None
-    delta_scale: float = 1.0
-    records: int = 1
-    beta: float | None = None
-    min_cohort: int | None = None
-    seed: int = 0
-    test: str = "auto"
-    delta_select: str = "fixed"
-    select_fraction: float | None = 0.25
-    phase_split: str = "auto"
+    p002_records: int = param(
+        1,
+        "paper-002 phased algorithms: m, the PUBLIC number of records per user in the thresholds "
+        "Delta ~ 1/(n sqrt m) and in T = ceil(ln(nm)) (1 claims no sqrt(m) gain; any public value is private)",
+        "theorem",
+    )
+    p002_phases: int | None = param(
+        None,
+        "paper-002 phased algorithms: T (default ceil(ln(n m)) for Phased-ERM, floor(log2(n/N0)) for Phased-SCO)",
+        "theorem",
+    )
+    p002_lam: float | None = param(
+        None,
+        "paper-002 phased algorithms: base regularization lam, lam_i = lam 4^i (default: lambda* of the "
+        "re-derived bound, docs/derivations/paper-002.md pitfalls 6/7)",
+        "theorem",
+    )
+    p002_delta_rule: str = param(
+        "uc",
+        "paper-002 phased algorithms: the per-call deletion threshold: uc (Delta_uc, Cor 3.7 with its union "
+        "bound), scaled (P002_DELTA_SCALE G_i/(mu_i n_i sqrt m)) or fixed (STABILITY_DELTA / 4^(i-1); "
+        "phased-erm/phased-sco only)",
+        "theorem (uc) / heuristic (scaled, fixed)",
+        choices=DELTA_RULES,
+    )
+    p002_delta_scale: float = param(1.0, "paper-002 phased algorithms: A of the scaled threshold rule", "heuristic")
+    p002_beta: float | None = param(
+        None,
+        "paper-002 phased algorithms: utility failure probability beta inside Delta_uc (default 1/(nm); "
+        "1/(2 n^2 m) for the strongly convex variants)",
+        "theorem",
+    )
+    p002_phase_split: str = param(
+        "auto",
+        "phased-erm / sc-phased-erm: the split of (eps, delta) between the T phases: optimal (eps_i, delta_i ~ "
+        "4^(-i a), a = 1/(2p+1) from the noise's slope p, the split that minimises the error bound; "
+        "fedkl/algorithms/output_perturbation/phased_erm.py), equal ((eps/T, delta/T), the paper's) or auto (optimal, but equal "
+        "with --p002-calibration paper)",
+        "theorem",
+        choices=PHASE_SPLITS,
+    )
+    p002_min_cohort: int | None = param(
+        None, "phased-sco / sc-phased-sco: N0, the smallest cohort (default 8 kappa(eps, delta))", "theorem"
+    )
 
     def __post_init__(self) -> None:
-        if not (self.eps > 0 and math.isfinite(self.eps) and 0 < self.delta < 1):
-            raise ValueError("need finite eps > 0 and 0 < delta < 1")
-        if self.phases is not None and (int(self.phases) != self.phases or self.phases < 1):
-            raise ValueError(f"phases must be a positive integer, got {self.phases}")
-        for name in ("lam", "Delta_1", "beta"):
-            v = getattr(self, name)
+        super().__post_init__()
+        if self.p002_phases is not None and self.p002_phases < 1:
+            raise ValueError(f"--p002-phases must be >= 1, got {self.p002_phases}")
+        for flag, v in (("--p002-lam", self.p002_lam), ("--p002-delta-scale", self.p002_delta_scale)):
             if v is not None and not (v > 0 and math.isfinite(v)):
-                raise ValueError(f"{name} must be None or finite and > 0, got {v}")
-        if self.beta is not None and not self.beta < 1:
-            raise ValueError(f"beta must be < 1, got {self.beta}")
-        if not (self.delta_scale > 0 and math.isfinite(self.delta_scale)):
-            raise ValueError(f"delta_scale must be finite and > 0, got {self.delta_scale}")
-        if int(self.records) != self.records or self.records < 1:
-            raise ValueError(f"records (m) must be a positive integer, got {self.records}")
-        if self.min_cohort is not None and (int(self.min_cohort) != self.min_cohort or self.min_cohort < 2):
-            raise ValueError(f"min_cohort must be an integer >= 2, got {self.min_cohort}")
-        if self.test not in INNER_TESTS:
-            raise ValueError(f"test must be one of {INNER_TESTS}, got {self.test!r}")
-        if self.delta_select not in DELTA_SELECTIONS:
-            raise ValueError(f"delta_select must be one of {DELTA_SELECTIONS}, got {self.delta_select!r}")
-        if self.phase_split not in PHASE_SPLITS:
-            raise ValueError(f"phase_split must be one of {PHASE_SPLITS}, got {self.phase_split!r}")
-        if self.select_fraction is not None and not 0 < self.select_fraction < 1:
-            raise ValueError(f"select_fraction must be in (0, 1), got {self.select_fraction}")
-        rule = self.rule
-        if not callable(rule) and rule not in DELTA_RULES:
-            raise ValueError(f"delta_rule must be one of {DELTA_RULES} or a function, got {rule!r}")
-        if rule == "fixed" and self.Delta_1 is None:
-            raise ValueError("the fixed threshold rule needs Delta_1")
-
-    @property
-    def rule(self) -> DeltaRule:
-        if self.delta_rule is not None:
-            return self.delta_rule
-        return "fixed" if self.Delta_1 is not None else "uc"
+                raise ValueError(f"{flag} must be finite and > 0, got {v}")
+        for flag, v in (("--p002-beta", self.p002_beta), ("--p002-select-fraction", self.p002_select_fraction)):
+            if v is not None and not 0 < v < 1:
+                raise ValueError(f"{flag} must be in (0, 1), got {v}")
+        if self.p002_records < 1:
+            raise ValueError(f"--p002-records must be >= 1, got {self.p002_records}")
+        if self.p002_min_cohort is not None and self.p002_min_cohort < 2:
+            raise ValueError(f"--p002-min-cohort must be >= 2, got {self.p002_min_cohort}")
 
     @property
     def split(self) -> str:
-        """The split rule in force: ``phase_split``, with "auto" resolved ("equal" for the paper's constants)."""
-        if self.phase_split != "auto":
-            return self.phase_split
-        return "equal" if self.calibration == "paper" else "optimal"
-
-    # legacy accessors (the first version's fixed schedule)
-    def lam_i(self, i: int) -> float:
-        if self.lam is None:
-            raise ValueError("lam is set at run time (lambda*): use PhasedERM.plan")
-        return self.lam * 4.0**i
-
-    def Delta_i(self, i: int) -> float:
-        if self.Delta_1 is None:
-            raise ValueError("Delta_i depends on the rule and n: use PhasedERM.plan")
-        return self.Delta_1 / 4.0 ** (i - 1)
-
-
-PhasedERMConfig = PhasedConfig  # the name the runner and the first tests use
+        """The split rule in force: ``p002_phase_split``, "auto" resolved ("equal" for the paper's constants)."""
+        if self.p002_phase_split != "auto":
+            return self.p002_phase_split
+        return "equal" if self.p002_calibration == "paper" else "optimal"
 
 
 @dataclass(frozen=True)
@@ -282,86 +249,91 @@ class PhaseSplit:
         return math.sqrt(3.0 * self.bound)
 
 
-def _phase_delta(
-    config: PhasedConfig, setting: PhasedSetting, i: int, lam_i: float, n_i: int, kappa_: int, beta_i: float
-) -> float:
-    rule = config.rule
-    if rule == "fixed":
-        return config.Delta_1 / 4.0 ** (i - 1)
-    G = setting.require_lipschitz(f"the {rule!r} threshold rule")
-    return rule_delta(
-        rule,
-        G_call=2.0 * G,
-        mu=setting.strong_convexity + lam_i,
-        n_call=n_i,
-        m=config.records,
-        kappa_=kappa_,
-        beta=beta_i,
-        scale=config.delta_scale,
-    )
-
-
-class PhasedERM:
+@register
+class PhasedERM(Algorithm[PhasedParams]):
     """Algorithm 3 of paper 002 (see the module docstring).
 
-    Args:
-        config: :class:`PhasedConfig`.
-        problem, feature_bound: the loss and the loader-enforced record bound (for the default
-            inner release and the default :class:`PhasedSetting`).
-        setting: public constants (default :func:`setting_for_problem`).
-        inner: the inner release (default :func:`sc_output_pert_inner`).
+    ``PhasedERM(params, ctx)`` spends the (eps, delta) every user can still afford (``ctx.approx_budget()``);
+    the public constants are :func:`setting_from_run_config` of the run's problem, ``--radius`` and
+    ``--distance``, the inner release :func:`sc_output_pert_inner` with ``--p002-calibration``/``-test``/
+    ``-delta-select``/``-select-fraction``. Research code may replace three of these (keyword-only; the
+    runner never does): ``setting`` (public constants), ``inner`` (another inner release, e.g.
+    :class:`~fedkl.algorithms.output_perturbation.mean_type_inner.MeanTypeInner`) and ``delta_rule`` (a
+    threshold function in place of ``--p002-delta-rule``, see phased_common's ``DeltaRule``).
     """
 
     name = "phased-erm"
+    Params = PhasedParams
     guarantee = Guarantee("approx-dp", clients=IN_CLASS_CLIENTS, relations=PAPER_002_RELATIONS)
+    absence = P002_ABSENCE
+    clients_see = SOLVER_ITERATES
+    small: dict = {"reg": 0.1, "p002_delta_rule": "fixed", "p002_phases": 2, "p002_lam": 0.05}
+    audit = SmallAudit(epsilon=2.0, runs=70, users=130, records=2, settings={"p002_phases": 2})
 
     def __init__(
         self,
-        config: PhasedConfig,
-        problem: Problem | None = None,
-        feature_bound: float | None = None,
+        params: PhasedParams,
+        ctx: BuildContext,
         *,
         setting: PhasedSetting | None = None,
         inner: InnerRelease | None = None,
+        delta_rule: DeltaRule | None = None,
     ) -> None:
-        self.config = config
-        self.problem = problem
-        self.feature_bound = None if feature_bound is None else float(feature_bound)
+        super().__init__(params, ctx)
+        self.eps, self.delta = ctx.approx_budget()  # what every user can still afford (all of it when fresh)
+        self.rule: DeltaRule = params.p002_delta_rule if delta_rule is None else delta_rule
+        if not callable(self.rule) and self.rule not in DELTA_RULES:
+            raise ValueError(f"delta_rule must be one of {DELTA_RULES} or a function, got {self.rule!r}")
+        if (setting is None or inner is None) and ctx.problem is None:
+            raise ValueError(
+                "give the problem (BuildContext problem=, feature_bound=), or a setting and an inner release"
+            )
         if setting is None:
-            if problem is None or feature_bound is None:
-                raise ValueError("give a problem and its feature bound, or a PhasedSetting")
-            setting = setting_for_problem(problem, feature_bound)
+            setting = setting_from_run_config(ctx.problem, ctx.feature_bound, params.radius, params.distance)
         self.setting = setting
         if inner is None:
-            if problem is None or feature_bound is None:
-                raise ValueError("the default inner release (SCOutputPert) needs the problem and its feature bound")
             inner = sc_output_pert_inner(
-                problem,
-                float(feature_bound),
-                calibration=config.calibration,
-                max_exact_users=config.max_exact_users,
-                use_certificate=config.use_certificate,
-                test=config.test,
-                delta_select=config.delta_select,
-                select_fraction=config.select_fraction,
+                ctx.problem,
+                float(ctx.feature_bound),
+                calibration=params.p002_calibration,
+                test=params.p002_test,
+                delta_select=params.p002_delta_select,
+                select_fraction=params.p002_select_fraction,
             )
         self.inner = inner
+
+    def phase_delta(self, i: int, lam_i: float, n_i: int, kappa_: int, beta_i: float) -> float:
+        """Delta_i of a call over n_i users (the threshold rule; ``fixed``: STABILITY_DELTA / 4^(i-1))."""
+        p, st = self.params, self.setting
+        if self.rule == "fixed":
+            return float(p.stability_delta) / 4.0 ** (i - 1)
+        G = st.require_lipschitz(f"the {self.rule!r} threshold rule")
+        return rule_delta(
+            self.rule,
+            G_call=2.0 * G,
+            mu=st.strong_convexity + lam_i,
+            n_call=n_i,
+            m=p.p002_records,
+            kappa_=kappa_,
+            beta=beta_i,
+            scale=p.p002_delta_scale,
+        )
 
     # --- the public schedule -------------------------------------------------------------------
     def plan(self, n: int, w0: torch.Tensor, *, distance: float | None = None) -> PhasedPlan:
         """T, the split, lam, Delta_i (public). ``distance`` overrides the setting's D (the SC variants' R')."""
-        cfg, st = self.config, self.setting
-        m = cfg.records
-        T = cfg.phases if cfg.phases is not None else erm_phases(n, m)
-        beta = cfg.beta if cfg.beta is not None else 1.0 / (n * m)
+        p, st = self.params, self.setting
+        m = p.p002_records
+        T = p.p002_phases if p.p002_phases is not None else erm_phases(n, m)
+        beta = p.p002_beta if p.p002_beta is not None else 1.0 / (n * m)
         beta_i = beta / T
         split = self.phase_split(n, T, beta_i)
-        c = None if cfg.rule == "fixed" else split.effective_c
+        c = None if self.rule == "fixed" else split.effective_c
         lam, D = self.base_lam(c, "lambda*", w0, distance, lambda c_, G, D_: lam_star_erm(c_, G, D_, st.dim, n, m))
         specs = []
         for i, (e_i, d_i, k_i) in enumerate(zip(split.eps, split.delta, split.kappas), start=1):
             lam_i = lam * 4.0**i
-            specs.append(PhaseSpec(i, e_i, d_i, lam_i, _phase_delta(cfg, st, i, lam_i, n, k_i, beta_i)))
+            specs.append(PhaseSpec(i, e_i, d_i, lam_i, self.phase_delta(i, lam_i, n, k_i, beta_i)))
         extra = {
             "phase_split": split.rule,
             "split_exponent": split.exponent,
@@ -375,10 +347,10 @@ class PhasedERM:
     def phase_c(self, n: int, eps: float, delta: float, beta: float) -> tuple[int, float]:
         """(kappa_j, c_j) of one phase at (eps, delta) over n users: c_j = the noise constant, or for the
         fixed rule sigma_j/Delta_j (public; ValueError where the uc rule refuses the call)."""
-        cfg = self.config
-        k = kappa(eps, delta, cfg.calibration)
-        if cfg.rule == "fixed":
-            return k, inner_noise_ratio(self.inner, n, eps, delta, cfg.calibration)
+        p = self.params
+        k = kappa(eps, delta, p.p002_calibration)
+        if self.rule == "fixed":
+            return k, inner_noise_ratio(self.inner, n, eps, delta, p.p002_calibration)
         return k, float(self.noise_constant([n], eps, delta, k, beta))
 
     def costed_split(self, n: int, eps: tuple, delta: tuple, beta: float, exponent: float, rule: str) -> PhaseSplit:
@@ -392,22 +364,21 @@ class PhasedERM:
     def noise_exponent(self, n: int, T: int, beta: float) -> float:
         """p, the log-slope of the phase noise constant (c_j ~ eps_j^-p) between eps/T and 2 eps/T at
         delta/T (the constant c_j where the rule defines it at both points, else sigma/Delta). Public."""
-        cfg = self.config
-        lo, hi, d = cfg.eps / T, 2 * cfg.eps / T, cfg.delta / T
+        p = self.params
+        lo, hi, d = self.eps / T, 2 * self.eps / T, self.delta / T
         try:
             c_lo, c_hi = self.phase_c(n, lo, d, beta)[1], self.phase_c(n, hi, d, beta)[1]
         except ValueError:  # the rule refuses a call at eps/T over n users: the release's own slope
-            c_lo = inner_noise_ratio(self.inner, n, lo, d, cfg.calibration)
-            c_hi = inner_noise_ratio(self.inner, n, hi, d, cfg.calibration)
+            c_lo = inner_noise_ratio(self.inner, n, lo, d, p.p002_calibration)
+            c_hi = inner_noise_ratio(self.inner, n, hi, d, p.p002_calibration)
         return max(math.log(c_lo / c_hi) / math.log(hi / lo), 0.0)
 
     def split_feasible(self, n: int, T: int, beta: float, a: float, max_kappa: int) -> bool:
         """Whether every call of the split eps_j, delta_j ~ w_j^a runs at n users with kappa_j <=
         ``max_kappa`` (public). Only the last phase is asked: it has the smallest (eps_j, delta_j), and
         kappa and the refusals only grow as they shrink."""
-        cfg = self.config
         w = phase_weights(T)
-        e, d = geometric_split(cfg.eps, w, a)[-1], geometric_split(cfg.delta, w, a)[-1]
+        e, d = geometric_split(self.eps, w, a)[-1], geometric_split(self.delta, w, a)[-1]
         try:
             precheck_calls(self.inner, [(n, e, d)])
             k, _ = self.phase_c(n, e, d, beta)
@@ -418,17 +389,16 @@ class PhasedERM:
     def phase_split(self, n: int, T: int, beta: float) -> PhaseSplit:
         """The split of (eps, delta) between the T phases (module docstring, "The split between phases").
 
-        By :attr:`PhasedConfig.split`: ``equal``: (eps/T, delta/T). ``optimal``: eps_j, delta_j ~ w_j^a with
+        By :attr:`PhasedParams.split`: ``equal``: (eps/T, delta/T). ``optimal``: eps_j, delta_j ~ w_j^a with
         a = 1/(2p+1), p the noise constant's log-slope (:meth:`noise_exponent`), or, where a call of that
         split would be refused at this n or leave Cor 3.7's regime (n >= 8 kappa_j; where the equal split is
         already outside it, no phase deeper than the equal split's), an admissible a of the grid a k/16,
         k = 15..1, found by bisection (admissibility shrinks as a grows: the last phase's budget falls); the
         equal split whenever it has the smaller bound S. Every candidate is a function of public values only."""
-        cfg = self.config
         equal = self.costed_split(
-            n, (cfg.eps / T,) * T, (cfg.delta / T,) * T, beta, 0.0, "equal (eps/T, delta/T), basic composition"
+            n, (self.eps / T,) * T, (self.delta / T,) * T, beta, 0.0, "equal (eps/T, delta/T), basic composition"
         )
-        if cfg.split == "equal" or T == 1:
+        if self.params.split == "equal" or T == 1:
             return equal
         p = self.noise_exponent(n, T, beta)
         a = 1.0 / (2.0 * p + 1.0)
@@ -444,8 +414,8 @@ class PhasedERM:
         w = phase_weights(T)
         best = self.costed_split(
             n,
-            geometric_split(cfg.eps, w, a),
-            geometric_split(cfg.delta, w, a),
+            geometric_split(self.eps, w, a),
+            geometric_split(self.delta, w, a),
             beta,
             a,
             f"optimal: eps_j, delta_j ~ w_j^{a:.4g} (noise slope p = {p:.3g}), basic composition",
@@ -469,7 +439,7 @@ class PhasedERM:
         plan = self.public_plan(n, w0, user_ids)
         first = plan.specs[0]
         n_call = n if first.users is None else len(first.users)
-        ratio = inner_noise_ratio(self.inner, n_call, first.eps, first.delta, self.config.calibration)
+        ratio = inner_noise_ratio(self.inner, n_call, first.eps, first.delta, self.params.p002_calibration)
         sigma = ratio * first.Delta
         signal = self.setting.require_lipschitz("the forecast") / (self.setting.strong_convexity + first.lam)
         noise = sigma * math.sqrt(torch.as_tensor(w0).numel())
@@ -485,14 +455,14 @@ class PhasedERM:
     def noise_constant(self, call_sizes: list[int], eps: float, delta: float, kappa_: int, beta: float) -> float | None:
         """c = max over the calls (n_i users each) of sigma_i/Delta_i x the threshold rule's factor
         (phased_common); None for the fixed rule, which defines none."""
-        cfg = self.config
-        if cfg.rule == "fixed":
+        p = self.params
+        if self.rule == "fixed":
             return None
-        G2 = 2.0 * self.setting.require_lipschitz(f"the {cfg.rule!r} threshold rule")
+        G2 = 2.0 * self.setting.require_lipschitz(f"the {self.rule!r} threshold rule")
         return max(
-            inner_noise_ratio(self.inner, n_i, eps, delta, cfg.calibration)
+            inner_noise_ratio(self.inner, n_i, eps, delta, p.p002_calibration)
             * rule_factor(
-                cfg.rule, G_call=G2, n_call=n_i, m=cfg.records, kappa_=kappa_, beta=beta, scale=cfg.delta_scale
+                self.rule, G_call=G2, n_call=n_i, m=p.p002_records, kappa_=kappa_, beta=beta, scale=p.p002_delta_scale
             )
             for n_i in call_sizes
         )
@@ -506,8 +476,8 @@ class PhasedERM:
         formula: Callable[[float, float, float], float],
     ) -> tuple[float, float | None]:
         """(lam, D): the given lam, else ``formula(c, G, D)`` with the public D (``distance`` or the setting's)."""
-        if self.config.lam is not None:
-            return self.config.lam, None
+        if self.params.p002_lam is not None:
+            return self.params.p002_lam, None
         if c is None:
             raise ValueError(
                 f"{name} needs the noise constant c, which the fixed threshold rule does not define: "
@@ -528,7 +498,7 @@ class PhasedERM:
         check_approx_releaser(releaser, self.name)
         w0 = torch.as_tensor(w0)
         plan = self.plan(federation.num_users, w0)
-        require_budget(releaser, [(federation.user_ids, self.config.eps, self.config.delta)], self.name)
+        require_budget(releaser, [(federation.user_ids, self.eps, self.delta)], self.name)
         return self.run_plan(
             federation, releaser, self.setting.project(w0.to(torch.float64)), plan, progress, out_dtype=w0.dtype
         )
@@ -563,18 +533,18 @@ class PhasedERM:
         details = {
             "dp": f"approximate (eps, delta)-DP, user level, replace-one, n public; basic composition of "
             f"{plan.phases} phases (eps_i, delta_i) summing to (eps, delta)",
-            "eps": self.config.eps,
-            "delta": self.config.delta,
+            "eps": self.eps,
+            "delta": self.delta,
             "phases": plan.phases,
             "lam": plan.lam,
-            "lam_rule": "given" if self.config.lam is not None else "lambda* (pitfall 7)",
+            "lam_rule": "given" if self.params.p002_lam is not None else "lambda* (pitfall 7)",
             "noise_constant_c": plan.noise_constant,
             "distance_D": plan.distance,
             "beta": plan.beta,
             "kappa_per_phase": plan.kappa,
             **plan.extra,
-            "delta_rule": self.config.rule if isinstance(self.config.rule, str) else "custom",
-            "records_m": self.config.records,
+            "delta_rule": self.rule if isinstance(self.rule, str) else "custom",
+            "records_m": self.params.p002_records,
             "bottoms": bottoms,
             "schedule": history,
             "nonprivate_diagnostics": {"decided_by": decided},
@@ -584,5 +554,4 @@ class PhasedERM:
         )
 
 
-# --- runner builder -------------------------------------------------------------------------------
-__all__ = ["PhaseSplit", "PhasedConfig", "PhasedERM", "PhasedERMConfig", "PhasedPlan", "PhasedResult"]
+__all__ = ["PhaseSplit", "PhasedERM", "PhasedParams", "PhasedPlan", "PhasedResult"]

@@ -37,6 +37,7 @@ from typing import Callable
 
 import torch
 
+from fedkl.algorithms.contract import SmallAudit
 from fedkl.algorithms.output_perturbation.phased_common import (
     PhasedResult,
     PhaseSpec,
@@ -48,24 +49,25 @@ from fedkl.algorithms.output_perturbation.phased_common import (
     sco_min_cohort,
     sco_phases,
 )
-from fedkl.algorithms.output_perturbation.phased_erm import (
-    PhasedERM,
-    PhasedPlan,
-    _phase_delta,
-)
+from fedkl.algorithms.output_perturbation.phased_erm import PhasedERM, PhasedPlan
+from fedkl.algorithms.registry import register
 from fedkl.federation.base import Federation
 from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, PAPER_002_RELATIONS, Guarantee
 from fedkl.privacy.release import Releaser
 
 
+@register
 class PhasedSCO(PhasedERM):
     """Algorithm 4 of paper 002 (see the module docstring). Same constructor as
-    :class:`~fedkl.algorithms.output_perturbation.phased_erm.PhasedERM`."""
+    :class:`~fedkl.algorithms.output_perturbation.phased_erm.PhasedERM`; the cohort hash's seed is the run's
+    (``ctx.seed``)."""
 
     name = "phased-sco"
     guarantee = Guarantee(
         "approx-dp", "parallel", IN_CLASS_CLIENTS, relations=PAPER_002_RELATIONS
     )  # each user in one hashed cohort
+    small: dict = {"reg": 0.1, "p002_delta_rule": "fixed", "p002_phases": 1, "p002_min_cohort": 4, "p002_lam": 0.05}
+    audit = SmallAudit(epsilon=2.0, runs=70, users=100, records=2)
 
     def public_plan(self, n: int, w0: torch.Tensor, user_ids: tuple[str, ...] | None = None) -> PhasedPlan:
         return self.plan(n, w0, user_ids=user_ids)
@@ -74,17 +76,18 @@ class PhasedSCO(PhasedERM):
         self, n: int, w0: torch.Tensor, *, distance: float | None = None, user_ids: tuple[str, ...] | None = None
     ) -> PhasedPlan:
         """N0, T, the cohorts (positions; needs ``user_ids``), lam and Delta_i: public."""
-        cfg, st = self.config, self.setting
-        m = cfg.records
+        p, st = self.params, self.setting
+        m = p.p002_records
         if user_ids is None or len(user_ids) != n:
             raise ValueError("Phased-SCO's cohorts are a hash of the user ids: give all n user ids")
-        n0 = cfg.min_cohort
+        n0 = p.p002_min_cohort
         if n0 is None:  # 8 kappa, and at least what the inner release accepts (the matching test: 8 kappa + 1)
             own = getattr(self.inner, "min_users", None)
             n0 = max(
-                sco_min_cohort(cfg.eps, cfg.delta, cfg.calibration), own(cfg.eps, cfg.delta) if own is not None else 0
+                sco_min_cohort(self.eps, self.delta, p.p002_calibration),
+                own(self.eps, self.delta) if own is not None else 0,
             )
-        T = cfg.phases if cfg.phases is not None else sco_phases(n, n0)
+        T = p.p002_phases if p.p002_phases is not None else sco_phases(n, n0)
         if T < 1:
             raise ValueError(
                 f"Phased-SCO needs n >= 2 N0 = {2 * n0} users (N0 = 8 kappa(eps, delta) keeps every "
@@ -92,24 +95,21 @@ class PhasedSCO(PhasedERM):
             )
         if (n >> T) < 2:
             raise ValueError(f"{T} phases leave a last cohort of {n >> (T - 1)} - {n >> T} users at n = {n}: too few")
-        cohorts = sco_cohorts(user_ids, T, cfg.seed)
-        beta = cfg.beta if cfg.beta is not None else 1.0 / (n * m)
+        cohorts = sco_cohorts(user_ids, T, self.ctx.seed)
+        beta = p.p002_beta if p.p002_beta is not None else 1.0 / (n * m)
         beta_i = beta / T
-        k = kappa(cfg.eps, cfg.delta, cfg.calibration)
-        c = self.noise_constant([len(ch) for ch in cohorts], cfg.eps, cfg.delta, k, beta_i)
+        k = kappa(self.eps, self.delta, p.p002_calibration)
+        c = self.noise_constant([len(ch) for ch in cohorts], self.eps, self.delta, k, beta_i)
         lam, D = self.base_lam(c, "lambda_SCO", w0, distance, lambda c_, G, D_: lam_sco(c_, G, D_, st.dim, n, m, T))
         specs = []
         for i, cohort in enumerate(cohorts, start=1):
             lam_i = lam * 4.0**i
-            specs.append(
-                PhaseSpec(
-                    i, cfg.eps, cfg.delta, lam_i, _phase_delta(cfg, st, i, lam_i, len(cohort), k, beta_i), tuple(cohort)
-                )
-            )
+            Delta_i = self.phase_delta(i, lam_i, len(cohort), k, beta_i)
+            specs.append(PhaseSpec(i, self.eps, self.delta, lam_i, Delta_i, tuple(cohort)))
         return PhasedPlan(
             T,
-            cfg.eps,
-            cfg.delta,
+            self.eps,
+            self.delta,
             lam,
             beta,
             k,
@@ -134,7 +134,7 @@ class PhasedSCO(PhasedERM):
         w0 = torch.as_tensor(w0)
         plan = self.plan(federation.num_users, w0, user_ids=federation.user_ids)
         used = [u for spec in plan.specs for u in spec.users]
-        require_budget(releaser, [(federation.ids_of(used), self.config.eps, self.config.delta)], self.name)
+        require_budget(releaser, [(federation.ids_of(used), self.eps, self.delta)], self.name)
         return self.run_plan(
             federation, releaser, self.setting.project(w0.to(torch.float64)), plan, progress, out_dtype=w0.dtype
         )
@@ -146,7 +146,7 @@ class PhasedSCO(PhasedERM):
             f"over {plan.phases} disjoint hashed cohorts, each user charged (eps, delta) once"
         )
         res.details.update(plan.extra)
-        res.details["lam_rule"] = "given" if self.config.lam is not None else "lambda_SCO (pitfall 6)"
+        res.details["lam_rule"] = "given" if self.params.p002_lam is not None else "lambda_SCO (pitfall 6)"
         return res
 
 

@@ -37,7 +37,10 @@ from typing import Callable
 
 import torch
 
+from fedkl.algorithms.contract import Algorithm, BuildContext, SmallAudit
+from fedkl.algorithms.output_perturbation.p002 import P002_ABSENCE
 from fedkl.algorithms.output_perturbation.phased_common import (
+    DeltaRule,
     InnerRelease,
     PhaseCall,
     PhasedResult,
@@ -49,16 +52,12 @@ from fedkl.algorithms.output_perturbation.phased_common import (
     require_budget,
     rule_delta,
 )
-from fedkl.algorithms.output_perturbation.phased_erm import (
-    PhasedConfig,
-    PhasedERM,
-    PhasedPlan,
-)
+from fedkl.algorithms.output_perturbation.phased_erm import PhasedERM, PhasedParams, PhasedPlan
 from fedkl.algorithms.output_perturbation.phased_sco import PhasedSCO
+from fedkl.algorithms.registry import register
 from fedkl.federation.base import Federation
-from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, PAPER_002_RELATIONS, Guarantee
+from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, PAPER_002_RELATIONS, SOLVER_ITERATES, Guarantee
 from fedkl.privacy.release import Releaser
-from fedkl.problems.base import Problem
 
 
 @dataclass(frozen=True)
@@ -75,53 +74,54 @@ class SCPlan:
     phased: PhasedPlan
 
 
-class _StronglyConvexPhased:
-    """Algorithms 5/6 (see the module docstring); ``phased_class`` is PhasedERM or PhasedSCO."""
+class _StronglyConvexPhased(Algorithm[PhasedParams]):
+    """Algorithms 5/6 (see the module docstring); ``phased_class`` is PhasedERM or PhasedSCO, run as an
+    internal engine on half the budget. Same constructor as
+    :class:`~fedkl.algorithms.output_perturbation.phased_erm.PhasedERM`."""
 
-    name = ""
+    Params = PhasedParams
     guarantee = Guarantee("approx-dp", clients=IN_CLASS_CLIENTS, relations=PAPER_002_RELATIONS)
+    absence = P002_ABSENCE
+    clients_see = SOLVER_ITERATES
     phased_class: type = PhasedERM
     population = False  # Alg 6 adds Prop B.1's statistical radius to R'
 
     def __init__(
         self,
-        config: PhasedConfig,
-        problem: Problem | None = None,
-        feature_bound: float | None = None,
+        params: PhasedParams,
+        ctx: BuildContext,
         *,
         setting: PhasedSetting | None = None,
         inner: InnerRelease | None = None,
+        delta_rule: DeltaRule | None = None,
     ) -> None:
-        if config.rule == "fixed":
+        super().__init__(params, ctx)
+        self.rule: DeltaRule = params.p002_delta_rule if delta_rule is None else delta_rule
+        if self.rule == "fixed":
             raise ValueError(f"{self.name}: the fixed threshold rule has no localisation threshold; use uc or scaled")
-        self.config = config
-        self._template = self.phased_class(
-            replace(config, eps=config.eps / 2, delta=config.delta / 2),
-            problem,
-            feature_bound,
-            setting=setting,
-            inner=inner,
-        )
+        self.eps, self.delta = ctx.approx_budget()
+        # the phased part's budget: (eps/2, delta/2) of what every user can still afford
+        self._half = replace(ctx, approx_left=(self.eps / 2, self.delta / 2))
+        self._template = self.phased_class(params, self._half, setting=setting, inner=inner, delta_rule=delta_rule)
         self.setting = self._template.setting
         self.inner = self._template.inner
 
     def _phased(self, beta: float) -> PhasedERM:
-        alg = self.phased_class(replace(self._template.config, beta=beta), setting=self.setting, inner=self.inner)
-        alg.name = self.name
-        return alg
+        p = replace(self.params, p002_beta=beta)
+        return self.phased_class(p, self._half, setting=self.setting, inner=self.inner, delta_rule=self.rule)
 
     def plan(self, n: int, w0: torch.Tensor, user_ids: tuple[str, ...] | None = None) -> SCPlan:
-        cfg, st = self.config, self.setting
+        p, st = self.params, self.setting
         mu = st.strong_convexity
         if not mu > 0:
             raise ValueError(f"{self.name} needs a strongly convex loss: give --reg > 0 (nothing was read or charged)")
         G = st.require_lipschitz(self.name)
-        m = cfg.records
-        beta = cfg.beta if cfg.beta is not None else 1.0 / (2.0 * n * n * m)
-        eps0, delta0 = cfg.eps / 2, cfg.delta / 2
-        k0 = kappa(eps0, delta0, cfg.calibration)
-        Delta0 = rule_delta(cfg.rule, G_call=G, mu=mu, n_call=n, m=m, kappa_=k0, beta=beta, scale=cfg.delta_scale)
-        sigma0 = inner_noise_ratio(self.inner, n, eps0, delta0, cfg.calibration) * Delta0
+        m = p.p002_records
+        beta = p.p002_beta if p.p002_beta is not None else 1.0 / (2.0 * n * n * m)
+        eps0, delta0 = self.eps / 2, self.delta / 2
+        k0 = kappa(eps0, delta0, p.p002_calibration)
+        Delta0 = rule_delta(self.rule, G_call=G, mu=mu, n_call=n, m=m, kappa_=k0, beta=beta, scale=p.p002_delta_scale)
+        sigma0 = inner_noise_ratio(self.inner, n, eps0, delta0, p.p002_calibration) * Delta0
         r = sigma0 * (math.sqrt(st.dim) + math.sqrt(2.0 * math.log(1.0 / beta)))
         if self.population:
             r += 30.0 * G * math.sqrt(math.log(2.0 / beta)) / (mu * math.sqrt(n * m))
@@ -145,12 +145,14 @@ class _StronglyConvexPhased:
         }
 
     def _needs(self, federation: Federation, plan: SCPlan) -> list[tuple[list[str], float, float]]:
-        cfg = self.config
         if self.phased_class is PhasedERM:
-            return [(list(federation.user_ids), cfg.eps, cfg.delta)]
+            return [(list(federation.user_ids), self.eps, self.delta)]
         used = sorted({u for spec in plan.phased.specs for u in spec.users})
         unused = sorted(set(range(federation.num_users)) - set(used))
-        return [(federation.ids_of(used), cfg.eps, cfg.delta), (federation.ids_of(unused), cfg.eps / 2, cfg.delta / 2)]
+        return [
+            (federation.ids_of(used), self.eps, self.delta),
+            (federation.ids_of(unused), self.eps / 2, self.delta / 2),
+        ]
 
     def run(
         self,
@@ -207,8 +209,8 @@ class _StronglyConvexPhased:
             details = {
                 "dp": "approximate (eps, delta)-DP, user level, replace-one, n public; the localisation "
                 "release output ⊥, so the run stopped after charging (eps/2, delta/2)",
-                "eps": self.config.eps,
-                "delta": self.config.delta,
+                "eps": self.eps,
+                "delta": self.delta,
                 "aborted": "localization ⊥",
                 **base,
                 "bottoms": [0],
@@ -220,7 +222,15 @@ class _StronglyConvexPhased:
         center = self.setting.project(theta0)
         local["projected"] = not torch.equal(center, theta0)
         res = self._phased(plan.beta).run_plan(
-            federation, releaser, center, plan.phased, progress, out_dtype=w0.dtype, index_offset=1, total_rounds=total
+            federation,
+            releaser,
+            center,
+            plan.phased,
+            progress,
+            out_dtype=w0.dtype,
+            index_offset=1,
+            total_rounds=total,
+            label=self.name,
         )
         res.history.insert(0, local)
         res.details["schedule"] = res.history
@@ -229,7 +239,7 @@ class _StronglyConvexPhased:
             "approximate (eps, delta)-DP, user level, replace-one, n public; localisation at "
             "(eps/2, delta/2) then " + res.details["dp"].split("; ", 1)[1] + " at (eps/2, delta/2)"
         )
-        res.details["eps"], res.details["delta"] = self.config.eps, self.config.delta
+        res.details["eps"], res.details["delta"] = self.eps, self.delta
         res.details["lam_rule"] += " with D = R'"
         res.phases += 1
         res.sigmas.insert(0, out.sigma)
@@ -239,20 +249,26 @@ class _StronglyConvexPhased:
         return res
 
 
+@register
 class SCPhasedERM(_StronglyConvexPhased):
     """Algorithm 5 (Strongly-Convex-ERM): localisation + Phased-ERM. Thm 4.3: O~(G^2 d/(mu n^2 m))."""
 
     name = "sc-phased-erm"
     phased_class = PhasedERM
     population = False
+    small: dict = {"reg": 0.5, "p002_delta_rule": "scaled", "p002_phases": 1}
+    audit = SmallAudit(epsilon=2.0, runs=70, users=120, records=2, settings={"p002_phases": 1})
 
 
+@register
 class SCPhasedSCO(_StronglyConvexPhased):
     """Algorithm 6 (Strongly-Convex-SCO): localisation + Phased-SCO. Thm 5.3: O~((G^2/mu)(d/(n^2 m) + 1/(nm)))."""
 
     name = "sc-phased-sco"
     phased_class = PhasedSCO
     population = True
+    small: dict = {"reg": 0.5, "p002_delta_rule": "scaled", "p002_phases": 1, "p002_min_cohort": 4}
+    audit = SmallAudit(epsilon=2.0, runs=70, users=260, records=2)
 
 
 __all__ = ["SCPhasedERM", "SCPhasedSCO", "SCPlan"]
