@@ -18,6 +18,7 @@ import fedkl.algorithms.kl.kl_methods  # noqa: F401
 import fedkl.algorithms.localization.fkt  # noqa: F401
 import fedkl.algorithms.output_perturbation.mean_output_pert  # noqa: F401
 import fedkl.algorithms.output_perturbation.p002  # noqa: F401
+import fedkl.algorithms.output_perturbation.sc_output_pert  # noqa: F401
 from fedkl.algorithms.registry import REGISTRY, algorithm_spec
 
 ALGORITHMS = tuple(REGISTRY)  # the built-in algorithms (REGISTRY also holds any registered later)

@@ -10,8 +10,9 @@ names, builders, hyperparameters.
 
 Every algorithm here is registered (:mod:`fedkl.algorithms.registry`) with its Params:
 :class:`PhasedParams` for the phased four (``radius``/``distance`` shared with paper 003, the
-``p002_*`` fields, ``stability_delta`` only with ``p002_delta_rule = "fixed"``) and
-:class:`SCOutputPertParams` for the single release; ``seed`` (Phased-SCO's cohort hash) comes from
+``p002_*`` fields, ``stability_delta`` only with ``p002_delta_rule = "fixed"``); the single release
+``sc-output-pert`` is :mod:`fedkl.algorithms.output_perturbation.sc_output_pert` (its Params derive from
+:class:`P002Release`, here); ``seed`` (Phased-SCO's cohort hash) comes from
 the run. Each takes its (eps, delta) from the budget the users can still afford (the whole budget on
 a fresh ledger). All make (eps, delta) releases (their classes declare ``Guarantee("approx-dp",
 ...)``), so the runner gives them a Releaser WITHOUT the zCDP filter; they refuse a filtered
@@ -22,22 +23,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedkl.algorithms.output_perturbation.diameter_output_pert import (
-    DiameterSCOutputPert,
-    DiameterTest,
-    SelectedDeltaSCOutputPert,
-)
 from fedkl.algorithms.output_perturbation.phased_common import (
     DELTA_RULES,
     DELTA_SELECTIONS,
     INNER_TESTS,
     PHASE_SPLITS,
-    SCInnerRelease,
     setting_from_run_config,
 )
 from fedkl.algorithms.output_perturbation.phased_erm import PhasedConfig, PhasedERM
 from fedkl.algorithms.output_perturbation.phased_sco import PhasedSCO
-from fedkl.algorithms.output_perturbation.sc_output_pert import SCOutputPert, SCOutputPertConfig
 from fedkl.algorithms.output_perturbation.sc_phased import SCPhasedERM, SCPhasedSCO
 from fedkl.algorithms.registry import BuildContext, Domain, StabilityDelta, param, register
 from fedkl.privacy.guarantee import SOLVER_ITERATES, Absence
@@ -83,11 +77,6 @@ class P002Release(StabilityDelta):
         "heuristic",
         positive=True,
     )
-
-
-@dataclass(frozen=True)
-class SCOutputPertParams(P002Release):
-    """sc-output-pert: Delta = ``stability_delta``, or chosen privately below it."""
 
 
 @dataclass(frozen=True)
@@ -197,56 +186,16 @@ build_sc_phased_erm = _phased(SCPhasedERM)
 build_sc_phased_sco = _phased(SCPhasedSCO)
 
 
-@register("sc-output-pert", SCOutputPertParams, SOLVER_ITERATES, absence=P002_ABSENCE)
-def build_sc_output_pert(
-    params: SCOutputPertParams, ctx: BuildContext
-) -> SCOutputPert | DiameterSCOutputPert | SelectedDeltaSCOutputPert:
-    """One SCOutputPert release (Alg 2) with the deletion test ``--p002-test`` (auto: the paper's exact
-    test up to 20 users, else the polynomial-time diameter test), Delta = ``--stability-delta``."""
-    problem = ctx.problem
-    if problem.reg <= 0:
-        raise ValueError("sc-output-pert needs a strongly convex objective: give --reg > 0")
-    eps, delta = ctx.approx_budget()  # what every user can still afford (all of it on a fresh ledger)
-    config = SCOutputPertConfig.for_problem(
-        problem,
-        ctx.feature_bound,
-        problem.init_params(),
-        eps=eps,
-        delta=delta,
-        Delta=params.stability_delta,
-        calibration=params.p002_calibration,
-    )
-    n = ctx.num_users
-    if params.p002_delta_select == "sparse-vector":
-        if params.p002_test == "exact":
-            raise ValueError(
-                "--p002-delta-select sparse-vector uses the diameter test: give --p002-test auto, "
-                "vertex-cover or matching"
-            )
-        test = "auto" if params.p002_test == "auto" else params.p002_test
-        alg = SelectedDeltaSCOutputPert(config, DiameterTest(test=test), params.p002_select_fraction, users=n)
-        alg.check(n)  # public refusal at build time
-        return alg
-    chooser = SCInnerRelease(problem, ctx.feature_bound, calibration=params.p002_calibration, test=params.p002_test)
-    kind = chooser.kind(n, config.eps, config.delta)
-    chooser.check(n, config.eps, config.delta)  # public refusal at build time
-    if kind == "exact":
-        return SCOutputPert(config)
-    return DiameterSCOutputPert(config, DiameterTest(test=kind))
-
-
 __all__ = [
     "P002Release",
     "PhasedConfig",
     "PhasedERM",
     "PhasedParams",
     "PhasedSCO",
-    "SCOutputPertParams",
     "SCPhasedERM",
     "SCPhasedSCO",
     "build_phased_erm",
     "build_phased_sco",
-    "build_sc_output_pert",
     "build_sc_phased_erm",
     "build_sc_phased_sco",
     "phased_config",
