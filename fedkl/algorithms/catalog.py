@@ -21,9 +21,9 @@ import fedkl.algorithms.localization.fkt_phased  # noqa: F401
 import fedkl.algorithms.localization.fkt_reduction  # noqa: F401
 import fedkl.algorithms.localization.fkt_snowball  # noqa: F401
 import fedkl.algorithms.output_perturbation.mean_output_pert  # noqa: F401
-import fedkl.algorithms.output_perturbation.p002  # noqa: F401
 import fedkl.algorithms.output_perturbation.phased_erm  # noqa: F401
 import fedkl.algorithms.output_perturbation.phased_sco  # noqa: F401
+import fedkl.algorithms.output_perturbation.sc_output_pert  # noqa: F401
 import fedkl.algorithms.output_perturbation.sc_phased  # noqa: F401
 from fedkl.algorithms.registry import REGISTRY, algorithm_spec
 

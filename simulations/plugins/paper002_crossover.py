@@ -62,7 +62,7 @@ import time
 import numpy as np
 
 import fedkl
-from fedkl.algorithms.output_perturbation.sc_output_pert import delta_union_bound
+from fedkl.algorithms.output_perturbation.exact_output_pert import delta_union_bound
 from fedkl.data import load_dataset
 from fedkl.experiments import register_runner, runner_result
 

@@ -45,7 +45,7 @@ import torch
 
 from fedkl.algorithms.contract import BuildContext
 from fedkl.algorithms.gradient.noisy_gd import NoisyGDParams, NoisyGradientDescent
-from fedkl.algorithms.output_perturbation.sc_output_pert import SCOutputPert, SCOutputPertConfig
+from fedkl.algorithms.output_perturbation.exact_output_pert import SCOutputPert
 from fedkl.data import load_dataset, synthetic_least_squares
 from fedkl.experiments import register_runner, runner_result
 from fedkl.experiments.report import load_function
@@ -110,15 +110,13 @@ def _private_noisy_gd(problem, fed, eps: float, delta: float, config: NoisyGDPar
 
 
 def _sc_release(problem, ds, fed, center, eps, delta, Delta, tol, seed: int, label: str) -> dict:
-    alg = SCOutputPert(
-        SCOutputPertConfig.for_problem(
-            problem, ds.feature_bound, center, eps=eps, delta=delta, Delta=Delta, tol=tol, calibration="tight"
-        )
+    alg = SCOutputPert.for_problem(
+        problem, ds.feature_bound, center, eps=eps, delta=delta, Delta=Delta, tol=tol, calibration="tight"
     )
     try:
         out = certified_release(alg, fed, center, Releaser(EvaluationRecorder(), NoiseSource(seed)), label)
     except Undetermined:
-        return {"outcome": "undetermined", "w": None, "sigma": alg.config.dop.sigma, "certificate_bound": math.nan}
+        return {"outcome": "undetermined", "w": None, "sigma": alg.dop.sigma, "certificate_bound": math.nan}
     return {"outcome": "certified", "w": out.theta, "sigma": out.sigma, "certificate_bound": out.bound}
 
 
@@ -182,10 +180,10 @@ def movielens_point(s) -> dict:
         w = rel.pop("w")
         out.update(rel)
     else:  # the tau-accurate ridge minimizer: the reference itself, or perturbed by the classic law
-        cfg = SCOutputPertConfig.for_problem(
-            problem, ds.feature_bound, center, eps=eps, delta=delta, Delta=tol * 1000, tol=tol
+        solver = SCOutputPert.for_problem(
+            problem, ds.feature_bound, center, eps=eps, delta=delta, Delta=tol * 1000, tol=tol, calibration="paper"
         )
-        w = SCOutputPert(cfg).solve(fed, torch.ones(1, n, dtype=torch.bool), center)[0]
+        w = solver.solve(fed, torch.ones(1, n, dtype=torch.bool), center)[0]
         if s.method == "global-sens-law":
             sigma = GaussianMechanism.analytic(2 * scale.G / (reg * n) + 2 * tol, eps, delta).sigma
             w = w + NoiseSource(noise_seed("ml-gs", eps, seed)).gaussian((problem.num_params,), sigma)

@@ -18,7 +18,7 @@ theta* is solved in closed form (normal equations with the loader's user weighti
 :func:`fedkl.data.erm_least_squares`), so the excess EMPIRICAL risk ``F(theta^) - F(theta*)`` =
 ``0.5 e^T H e`` (e = theta^ - theta*, H the Hessian of F) is exact. For each (n, m) and each seed
 (a new dataset AND new noise per seed) we release SCOutputPert (paper 002 Alg. 2 with App. C's
-certificate, :mod:`fedkl.algorithms.output_perturbation.sc_output_pert`) at user-level (eps, delta) = (4, 1e-5),
+certificate, :mod:`fedkl.algorithms.output_perturbation.exact_output_pert`) at user-level (eps, delta) = (4, 1e-5),
 calibration "tight", with the public deletion threshold
 
     Delta(n, m) = a G / (mu n sqrt(m)),   a = 1   (the note's "optimistic" Delta, §4 Table 4a)
@@ -68,7 +68,7 @@ import numpy as np
 import torch
 
 from fedkl.algorithms.output_perturbation.del_output_pert import DelOutputPert, StabilityPlan
-from fedkl.algorithms.output_perturbation.sc_output_pert import SCOutputPert, SCOutputPertConfig
+from fedkl.algorithms.output_perturbation.exact_output_pert import SCOutputPert
 from fedkl.data import synthetic_least_squares
 from fedkl.data.base import FederatedDataset
 from fedkl.experiments import register_runner, runner_result
@@ -201,10 +201,10 @@ def certified_release(
     theta = alg.solve(federation, full, center)[0]
     passed, bound = alg.certify(federation, theta, center)
     if not passed:
-        raise Undetermined(f"certificate bound {bound:.4g} > Delta {alg.config.Delta:.4g} at n={n}")
+        raise Undetermined(f"certificate bound {bound:.4g} > Delta {alg.Delta:.4g} at n={n}")
     plan = StabilityPlan(n, 0, (), theta, "certificate")
-    out = DelOutputPert(alg.config.dop).release(plan, releaser, federation.ids_of(list(range(n))), label)
-    return CertifiedOutcome(out, theta, bound, alg.config.dop.sigma)
+    out = DelOutputPert(alg.dop).release(plan, releaser, federation.ids_of(list(range(n))), label)
+    return CertifiedOutcome(out, theta, bound, alg.dop.sigma)
 
 
 def noise_seed(*key) -> int:
@@ -229,10 +229,8 @@ def run_point(settings) -> dict:
     scale = public_scale(problem, ds.feature_bound)
     Delta = scaled_delta(scale, reg, n, m_train, settings.delta_scale)
     center = torch.zeros(d, dtype=torch.float64)
-    alg = SCOutputPert(
-        SCOutputPertConfig.for_problem(
-            problem, ds.feature_bound, center, eps=eps, delta=delta, Delta=Delta, calibration=CALIBRATION
-        )
+    alg = SCOutputPert.for_problem(
+        problem, ds.feature_bound, center, eps=eps, delta=delta, Delta=Delta, calibration=CALIBRATION
     )
     theta_star, H = ridge_erm(ds, reg)
     noise = NoiseSource(noise_seed(sweep, n, m, seed))  # independent noise at every point and seed
@@ -249,12 +247,12 @@ def run_point(settings) -> dict:
         "delta_scale": settings.delta_scale,
         "calibration": CALIBRATION,
         "m_train": m_train,
-        "kappa": alg.config.dop.kappa,
+        "kappa": alg.dop.kappa,
         "Delta": Delta,
         "sigma": outcome.sigma,
         "certificate_bound": outcome.bound,
         "solver_error": float((outcome.solver_value - theta_star).norm()),
-        "tau": alg.config.tau,
+        "tau": alg.tau,
         "param_error": float(e.norm()),
         "excess_risk": float(0.5 * e @ H @ e),
         "expected_param_error": outcome.sigma * math.sqrt(d),

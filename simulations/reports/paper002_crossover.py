@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from fedkl.algorithms.output_perturbation.sc_output_pert import delta_union_bound
+from fedkl.algorithms.output_perturbation.exact_output_pert import delta_union_bound
 from fedkl.algorithms.output_perturbation.stability_profile import calibrate as profile_calibration
 from fedkl.experiments.config import ConfigError
 from fedkl.experiments.plot import write_text

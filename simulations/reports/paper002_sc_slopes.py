@@ -35,7 +35,7 @@ def predicted_slope_se(x: np.ndarray, d: int) -> float:
 
 def delta_uc_local_slope(n: int, kappa: int, beta: float = 1e-3) -> float:
     """d ln Delta_uc / d ln n at n (note §2B's explicit Cor. 3.7), by a central difference."""
-    from fedkl.algorithms.output_perturbation.sc_output_pert import delta_union_bound
+    from fedkl.algorithms.output_perturbation.exact_output_pert import delta_union_bound
 
     h = 0.02
     lo, hi = max(int(round(n * (1 - h))), 4 * kappa + 2), int(round(n * (1 + h)))

@@ -19,7 +19,7 @@ import torch
 from test_diameter_output_pert import DELTA, EPS, LAM, M, N, _federation, _hockey_stick
 
 from fedkl.algorithms.output_perturbation.diameter_output_pert import DiameterTest, SelectedDeltaSCOutputPert
-from fedkl.algorithms.output_perturbation.sc_output_pert import SCOutputPertConfig
+from fedkl.algorithms.output_perturbation.exact_output_pert import SCOutputPert
 from fedkl.privacy import Budget, NoiseSource, PrivacyLedger, Releaser
 from fedkl.privacy.mechanisms import TruncatedDiscreteLaplace
 from fedkl.privacy.sparse_vector import AboveThreshold
@@ -89,7 +89,7 @@ def test_above_threshold_is_charged_before_it_is_drawn(tmp_path):
 
 # --- the composed mechanism: exact audit on neighbouring federations ---------------------------------
 def _selected(prob, ds, Delta, test):
-    cfg = SCOutputPertConfig.for_problem(
+    solver = SCOutputPert.for_problem(
         prob,
         ds.feature_bound,
         torch.zeros(prob.num_params, dtype=torch.float64),
@@ -99,7 +99,7 @@ def _selected(prob, ds, Delta, test):
         extra_reg=LAM,
         calibration="tight",
     )
-    return SelectedDeltaSCOutputPert(cfg, DiameterTest(test=test), select_fraction=0.25, grid_ratio=2.0, grid_size=6)
+    return SelectedDeltaSCOutputPert(solver, DiameterTest(test=test), select_fraction=0.25, grid_ratio=2.0, grid_size=6)
 
 
 def _release_law(plan, dop):
@@ -142,7 +142,7 @@ def test_exact_audit_of_the_selected_delta_release(test):
         fy, _, _ = _federation(base + (0,))
         mech = _selected(prob, ds, Delta, test)
         center = torch.zeros(prob.num_params, dtype=torch.float64)
-        assert mech.candidates[0].config.eps == pytest.approx(0.75 * EPS)
+        assert mech.candidates[0].solver.eps == pytest.approx(0.75 * EPS)
         P, sx = _joint_law(mech, fx, center)
         Q, sy = _joint_law(mech, fy, center)
         assert all(abs(a - b) <= 1 for a, b in zip(sx, sy))  # the queries' sensitivity
@@ -259,10 +259,10 @@ def test_chosen_delta_tracks_the_diameter_floor_on_iid_users_and_beats_the_old_l
 
     fed, prob, ds = _federation(seed=3)
     center = torch.zeros(prob.num_params, dtype=torch.float64)
-    cfg = SCOutputPertConfig.for_problem(
+    solver = SCOutputPert.for_problem(
         prob, ds.feature_bound, center, eps=EPS, delta=DELTA, Delta=4.0, extra_reg=0.1, calibration="profile"
     )
-    mech = SelectedDeltaSCOutputPert(cfg, DiameterTest(test="matching"), users=N)
+    mech = SelectedDeltaSCOutputPert(solver, DiameterTest(test="matching"), users=N)
     first = mech.candidates[0]
     assert first.condition == pytest.approx(3.5) and len(mech.grid) == 11
     law, scores, (V, err, _) = _selection_law(mech, fed, center)
@@ -273,7 +273,7 @@ def test_chosen_delta_tracks_the_diameter_floor_on_iid_users_and_beats_the_old_l
     grid = np.array(mech.grid)
     assert all(jump <= D for D, s in zip(grid, scores) if s == 0)
     diam = float(torch.cdist(V, V).max()) + 2 * float(err.max())
-    floor = dop_module.jump_factor(first.condition, N - first.dop(N).depth) * diam + 2 * cfg.tau
+    floor = dop_module.jump_factor(first.condition, N - first.dop(N).depth) * diam + 2 * solver.tau
     assert grid[0] < floor < grid[-1]
     assert law[grid <= math.sqrt(2) * floor * (1 + 1e-9)].sum() >= 0.5
     capped = np.array([s > 2 * first.kappa for s in scores])
@@ -283,7 +283,7 @@ def test_chosen_delta_tracks_the_diameter_floor_on_iid_users_and_beats_the_old_l
         return c * c / k
 
     monkeypatch.setattr(dop_module, "jump_factor", old_factor)
-    old = SelectedDeltaSCOutputPert(cfg, DiameterTest(test="matching"), 0.25, 2.0, 12, users=N)
+    old = SelectedDeltaSCOutputPert(solver, DiameterTest(test="matching"), 0.25, 2.0, 12, users=N)
     law_o, scores_o, _ = _selection_law(old, fed, center)
     grid_o = np.array(old.grid)
     capped_o = np.array([s > 2 * old.candidates[0].kappa for s in scores_o])

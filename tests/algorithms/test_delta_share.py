@@ -117,18 +117,18 @@ def test_the_rule_is_the_default_share_of_sc_output_pert_and_the_phased_algorith
         GRID_SIZE,
         SelectedDeltaSCOutputPert,
     )
-    from fedkl.algorithms.output_perturbation.p002 import SCOutputPertParams
+    from fedkl.algorithms.output_perturbation.exact_output_pert import SCOutputPert
     from fedkl.algorithms.output_perturbation.phased_erm import PhasedParams
-    from fedkl.algorithms.output_perturbation.sc_output_pert import SCOutputPertConfig
+    from fedkl.algorithms.output_perturbation.sc_output_pert import SCOutputPertParams
 
     assert SCOutputPertParams().p002_select_fraction is None and PhasedParams().p002_select_fraction is None
     n, delta = 1000, 1000**-1.1
     for eps in (2.0, 8.0):
-        cfg = SCOutputPertConfig(eps, delta, 0.05, 0.1, 0.35, 1.0, calibration="profile")
-        mech = SelectedDeltaSCOutputPert(cfg, users=n)
+        solver = SCOutputPert(eps, delta, 0.05, 0.1, 0.35, 1.0, calibration="profile")
+        mech = SelectedDeltaSCOutputPert(solver, users=n)
         ranked = release_shares(eps, delta, "profile", "auto", GRID_RATIO, GRID_SIZE)
         assert mech.select_fraction == ranked[0] > 0.25
         assert len(mech.grid) == GRID_SIZE and mech.grid[-1] / mech.grid[0] == pytest.approx(
             GRID_RATIO ** (GRID_SIZE - 1)
         )
-        assert SelectedDeltaSCOutputPert(cfg, select_fraction=0.25, users=n).select_fraction == 0.25  # reproduction
+        assert SelectedDeltaSCOutputPert(solver, select_fraction=0.25, users=n).select_fraction == 0.25  # reproduction

@@ -28,11 +28,11 @@ from fedkl.algorithms.output_perturbation.diameter_output_pert import (
     jump_factor,
     resolve_test,
 )
+from fedkl.algorithms.output_perturbation.exact_output_pert import SCOutputPert
 from fedkl.algorithms.output_perturbation.matching import matching_cover, maximum_matching
 from fedkl.algorithms.output_perturbation.phased_common import PhaseCall, SCInnerRelease, setting_for_problem
 from fedkl.algorithms.output_perturbation.phased_erm import PhasedParams
 from fedkl.algorithms.output_perturbation.phased_sco import PhasedSCO
-from fedkl.algorithms.output_perturbation.sc_output_pert import SCOutputPertConfig
 from fedkl.algorithms.output_perturbation.vertex_cover import graph_from_edges, min_vertex_cover, worst_case_calls
 from fedkl.data.synthetic import synthetic_logistic
 from fedkl.federation.base import Federation
@@ -253,7 +253,7 @@ def _federation(outliers=(), flip=True, seed=0, n=N):
 
 
 def _mechanism(prob, ds, Delta, test="matching", calibration="tight", eps=EPS, delta=DELTA):
-    cfg = SCOutputPertConfig.for_problem(
+    solver = SCOutputPert.for_problem(
         prob,
         ds.feature_bound,
         torch.zeros(prob.num_params, dtype=torch.float64),
@@ -263,7 +263,7 @@ def _mechanism(prob, ds, Delta, test="matching", calibration="tight", eps=EPS, d
         extra_reg=LAM,
         calibration=calibration,
     )
-    return DiameterSCOutputPert(cfg, DiameterTest(test=test))
+    return DiameterSCOutputPert(solver, DiameterTest(test=test))
 
 
 def _hockey_stick(p_bot, a, mu1, q_bot, b, mu2, sigma, eps):
@@ -352,8 +352,8 @@ def test_plan_keeps_a_conflict_free_set_and_reports_the_score():
     mask[0, kept] = True
     assert torch.equal(plan.value, mech.solver.solve(fed, mask, center)[0])
     # rho is the public formula
-    cfg = mech.config
-    assert diag["rho"] == pytest.approx((cfg.Delta - 2 * cfg.tau) * (N - 8 * mech.kappa) / (cfg.beta / cfg.mu) ** 2)
+    sol = mech.solver
+    assert diag["rho"] == pytest.approx((sol.Delta - 2 * sol.tau) * (N - 8 * mech.kappa) / (sol.beta / sol.mu) ** 2)
     # exact cover variant: the minimum cover, and at most the matching's
     vc = _mechanism(prob, ds, 0.1, "vertex-cover")
     plan_vc, diag_vc = vc.plan(fed, center)
@@ -453,19 +453,23 @@ def test_inner_release_chooses_exact_up_to_20_users_and_the_diameter_test_above(
 def test_iid_users_pass_the_diameter_test_at_delta_uc():
     """In the paper's regime (exchangeable users, Delta_uc of Cor 3.7) the conflict graph is empty: the
     release is theta~ + N(0, sigma^2 I) with no deletion, as in Thm 3.1 (the test costs no utility)."""
-    from fedkl.algorithms.output_perturbation.sc_output_pert import delta_union_bound
+    from fedkl.algorithms.output_perturbation.exact_output_pert import delta_union_bound
 
     n, m, d, lam, eps, delta = 200, 200, 3, 1.0, 8.0, 0.01
     ds = synthetic_logistic(n, m, d, seed=0)
     prob = make_problem("logistic", ds)
     fed = InProcessFederation(prob, ds)
     center = torch.zeros(d, dtype=torch.float64)
-    probe = SCOutputPertConfig.for_problem(prob, 1.0, center, eps=eps, delta=delta, Delta=1.0, extra_reg=lam)
+    probe = SCOutputPert.for_problem(
+        prob, 1.0, center, eps=eps, delta=delta, Delta=1.0, extra_reg=lam, calibration="paper"
+    )
     m_min = int(ds.train.counts().min())
     Delta = delta_union_bound(2.0, lam, n, m_min, probe.dop.kappa, 1 / (n * m))
     for test in ("vertex-cover", "matching"):
-        cfg = SCOutputPertConfig.for_problem(prob, 1.0, center, eps=eps, delta=delta, Delta=Delta, extra_reg=lam)
-        plan, diag = DiameterSCOutputPert(cfg, DiameterTest(test=test)).plan(fed, center)
+        solver = SCOutputPert.for_problem(
+            prob, 1.0, center, eps=eps, delta=delta, Delta=Delta, extra_reg=lam, calibration="paper"
+        )
+        plan, diag = DiameterSCOutputPert(solver, DiameterTest(test=test)).plan(fed, center)
         assert diag["conflict_edges"] == 0 and plan.dist == 0 and plan.deleted == ()
 
 
@@ -541,11 +545,11 @@ def test_the_matching_score_is_capped_at_its_own_releases_kappa():
     eps, delta, n, d = 16.0, 1e-6, 40, 8
     ds = synthetic_logistic(n, 4, d - 1, seed=0)
     prob = make_problem("logistic", ds)
-    cfg = SCOutputPertConfig.for_problem(
+    solver = SCOutputPert.for_problem(
         prob, ds.feature_bound, torch.zeros(d, dtype=torch.float64), eps=eps, delta=delta, Delta=1.0,
         extra_reg=LAM, calibration="profile",
     )  # fmt: skip
-    mech = DiameterSCOutputPert(cfg, DiameterTest(test="matching"))
+    mech = DiameterSCOutputPert(solver, DiameterTest(test="matching"))
     assert mech.dop(n).score == "matching" and (mech.release_kappa(n), mech.kappa) == (3, 4)
     assert mech.dop(n).deletion_budget.pmf().shape[0] == 2 * 3 + 1  # R1 in {0, ..., 6}
     # 7 disjoint conflicting pairs (a_i, b_i) = (+-0.6 rho e_i) around a cluster at 0: nu = 7, every other

@@ -5,7 +5,7 @@ the iterates depend on an honest user's data. So it fails in world x (honest use
 and answers honestly in world x' (the other way). Before issue 28 the paper-002 releases aborted on
 any failed answer: the run's completion then revealed the honest user's data with certainty. Now both
 worlds complete and charge the same ledger rows; the failed client is handled inside the privacy
-analysis (fedkl/algorithms/output_perturbation/diameter_output_pert.py and sc_output_pert.py, "Failures").
+analysis (fedkl/algorithms/output_perturbation/diameter_output_pert.py and exact_output_pert.py, "Failures").
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from fedkl.algorithms.output_perturbation.diameter_output_pert import (
     DiameterTest,
     SelectedDeltaSCOutputPert,
 )
-from fedkl.algorithms.output_perturbation.sc_output_pert import SCOutputPert, SCOutputPertConfig
+from fedkl.algorithms.output_perturbation.exact_output_pert import SCOutputPert
 from fedkl.data.synthetic import synthetic_logistic
 from fedkl.federation.base import Answers, Federation, GradientsAtPoints
 from fedkl.federation.inprocess import InProcessFederation
@@ -72,7 +72,7 @@ def _world(n: int, outlier: bool):
 
 
 def _mechanism(kind: str, prob, ds, n: int):
-    cfg = SCOutputPertConfig.for_problem(
+    solver = SCOutputPert.for_problem(
         prob,
         ds.feature_bound,
         torch.zeros(prob.num_params, dtype=torch.float64),
@@ -83,10 +83,10 @@ def _mechanism(kind: str, prob, ds, n: int):
         calibration="tight",
     )
     if kind == "exact":
-        return SCOutputPert(cfg)
+        return solver
     if kind == "sparse-vector":
-        return SelectedDeltaSCOutputPert(cfg, DiameterTest(test="matching"), 0.25)
-    return DiameterSCOutputPert(cfg, DiameterTest(test=kind))
+        return SelectedDeltaSCOutputPert(solver, DiameterTest(test="matching"), 0.25)
+    return DiameterSCOutputPert(solver, DiameterTest(test=kind))
 
 
 def _kept_value(kind, fed, prob, ds, n, center, path):
@@ -152,7 +152,7 @@ def test_the_solver_never_aborts_and_an_in_class_run_is_unchanged(bad):
     n = 12
     fed, prob, ds = _world(n, False)
     center = torch.zeros(prob.num_params, dtype=torch.float64)
-    alg = SCOutputPert(_mechanism("exact", prob, ds, n).config)
+    alg = _mechanism("exact", prob, ds, n)
     masks = torch.ones(3, n, dtype=torch.bool)
     masks[1, LIAR] = False
     masks[2, :5] = False

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from test_output_pert import _one_thread  # noqa: F401  (autouse: one torch thread)
 
 from fedkl.algorithms.output_perturbation.diameter_output_pert import DiameterSCOutputPert, DiameterTest
+from fedkl.algorithms.output_perturbation.exact_output_pert import SCOutputPert
 from fedkl.algorithms.output_perturbation.interpolation import answer_scale, interpolable, pairwise_interpolable
-from fedkl.algorithms.output_perturbation.sc_output_pert import SCOutputPertConfig
 from fedkl.data.synthetic import synthetic_least_squares, synthetic_logistic
 from fedkl.federation.base import Answers, CertifiedLocalMinimizer, Federation, GradientsAtOwnPoints, GradientsAtPoints
 from fedkl.federation.inprocess import InProcessFederation
@@ -126,10 +126,10 @@ def test_a_client_mimicking_a_typical_user_at_its_own_point_is_caught():
     prob = make_problem("least-squares", ds)
     fed = InProcessFederation(prob, ds)
     center = torch.zeros(prob.num_params, dtype=torch.float64)
-    cfg = SCOutputPertConfig.for_problem(
+    solver = SCOutputPert.for_problem(
         prob, ds.feature_bound, center, eps=8.0, delta=0.1, Delta=0.05, extra_reg=1.0, calibration="tight"
     )
-    mech = DiameterSCOutputPert(cfg, DiameterTest(test="vertex-cover"))
+    mech = DiameterSCOutputPert(solver, DiameterTest(test="vertex-cover"))
     honest, diag = mech.plan(fed, center)
     assert LIAR in honest.deleted and diag["interpolation_failed"] == []  # honest: never flagged
     caught, diag = mech.plan(Mimic(fed), center)
@@ -147,10 +147,10 @@ def test_an_out_of_class_answer_in_the_solve_is_caught():
     prob = make_problem("logistic", ds, reg=0.1)
     fed = InProcessFederation(prob, ds)
     center = torch.zeros(prob.num_params, dtype=torch.float64)
-    cfg = SCOutputPertConfig.for_problem(
+    solver = SCOutputPert.for_problem(
         prob, ds.feature_bound, center, eps=8.0, delta=0.3, Delta=0.5, extra_reg=0.5, calibration="tight"
     )
-    mech = DiameterSCOutputPert(cfg, DiameterTest(test="vertex-cover"))
+    mech = DiameterSCOutputPert(solver, DiameterTest(test="vertex-cover"))
 
     class Steep(Federation):
         user_ids = property(lambda self: fed.user_ids)
@@ -161,7 +161,7 @@ def test_an_out_of_class_answer_in_the_solve_is_caught():
             if type(query) is not GradientsAtPoints or torch.equal(torch.as_tensor(query.points)[0], center):
                 return ans
             v = ans.values.clone()
-            v[LIAR] = v[LIAR] + 5 * cfg.smoothness * (torch.as_tensor(query.points) - center)  # too steep
+            v[LIAR] = v[LIAR] + 5 * solver.smoothness * (torch.as_tensor(query.points) - center)  # too steep
             return Answers(ans.users, v, ans.failed)
 
     plain, diag = mech.plan(fed, center)
@@ -174,12 +174,11 @@ def test_the_certificate_is_only_believed_on_in_class_answers(monkeypatch):
     """SCOutputPert's Lemma C.1 certificate bounds the deletion jumps of in-class answers only: when the full
     solve's and the certificate's answers are not one in-class function's, the exact enumeration decides
     (stubbed here: which path decides is what is checked)."""
-    from fedkl.algorithms.output_perturbation import sc_output_pert
+    from fedkl.algorithms.output_perturbation import exact_output_pert
     from fedkl.algorithms.output_perturbation.del_output_pert import StabilityPlan
-    from fedkl.algorithms.output_perturbation.sc_output_pert import SCOutputPert
 
     monkeypatch.setattr(
-        sc_output_pert, "exact_stability", lambda f, n, cfg: StabilityPlan(n, None, None, None, "exact")
+        exact_output_pert, "exact_stability", lambda f, n, dop: StabilityPlan(n, None, None, None, "exact")
     )
 
     n = 16
@@ -187,7 +186,10 @@ def test_the_certificate_is_only_believed_on_in_class_answers(monkeypatch):
     prob = make_problem("least-squares", ds)
     fed = InProcessFederation(prob, ds)
     center = torch.zeros(prob.num_params, dtype=torch.float64)
-    cfg = SCOutputPertConfig.for_problem(prob, ds.feature_bound, center, eps=8.0, delta=0.1, Delta=0.5, extra_reg=1.0)
+    release = dict(eps=8.0, delta=0.1, Delta=0.5, extra_reg=1.0, calibration="paper")
+
+    def engine() -> SCOutputPert:
+        return SCOutputPert.for_problem(prob, ds.feature_bound, center, **release)
 
     class Flipped(Federation):  # LIAR's answer at the public centre points the wrong way (same norm)
         user_ids = property(lambda self: fed.user_ids)
@@ -202,8 +204,7 @@ def test_the_certificate_is_only_believed_on_in_class_answers(monkeypatch):
             v[LIAR, (points == center).all(dim=1)] *= -1
             return Answers(ans.users, v, ans.failed)
 
-    assert SCOutputPert(cfg).plan(fed, center).decided_by == "certificate"
-    assert SCOutputPert(cfg).plan(Flipped(), center).decided_by == "exact"
-    unchecked = SCOutputPert(cfg)
-    unchecked.answers_in_class = lambda record, c: True
-    assert unchecked.plan(Flipped(), center).decided_by == "certificate"
+    assert engine().plan(fed, center).decided_by == "certificate"
+    assert engine().plan(Flipped(), center).decided_by == "exact"
+    monkeypatch.setattr(SCOutputPert, "answers_in_class", lambda self, record, c: True)  # the check skipped
+    assert engine().plan(Flipped(), center).decided_by == "certificate"

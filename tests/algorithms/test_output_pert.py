@@ -21,9 +21,9 @@ from fedkl.algorithms.output_perturbation.del_output_pert import (
     masks_tensor,
     mean_of_user_vectors,
 )
+from fedkl.algorithms.output_perturbation.exact_output_pert import SCOutputPert, lemma_c1_bound
 from fedkl.algorithms.output_perturbation.phased_common import setting_for_problem
 from fedkl.algorithms.output_perturbation.phased_erm import PhasedERM, PhasedParams
-from fedkl.algorithms.output_perturbation.sc_output_pert import SCOutputPert, SCOutputPertConfig, lemma_c1_bound
 from fedkl.data import load_dataset
 from fedkl.federation.base import GradientsAtPoints
 from fedkl.federation.inprocess import InProcessFederation
@@ -284,24 +284,24 @@ def _logistic(n, seed=1, m=25, d=2, reg=0.2, heterogeneity=0.0):
     return ds, prob, InProcessFederation(prob, ds)
 
 
-def _sc_config(prob, ds, **kw):
+def _sc_release(prob, ds, **kw):
     kw.setdefault("eps", 8.0)
     kw.setdefault("delta", 0.1)
-    return SCOutputPertConfig.for_problem(prob, ds.feature_bound, torch.zeros(prob.num_params), **kw)
+    kw.setdefault("calibration", "paper")
+    return SCOutputPert.for_problem(prob, ds.feature_bound, torch.zeros(prob.num_params), **kw)
 
 
 def test_solver_meets_its_certified_tolerance_on_every_user_set():
     ds = load_dataset("synthetic-least-squares", n_users=9, m=12, d=3, seed=4, heterogeneity=1.0)
     prob = make_problem("least-squares", ds, reg=0.3)
     fed = InProcessFederation(prob, ds)
-    cfg = _sc_config(prob, ds, Delta=0.05)
-    alg = SCOutputPert(cfg)
+    alg = _sc_release(prob, ds, Delta=0.05)
     codes = np.arange(1, 1 << 9)
     masks = masks_tensor(codes, 9)
     got = alg.solve(fed, masks, torch.zeros(3, dtype=torch.float64))
     A, b = _ls_stats(ds, prob.reg)
     exact = torch.stack([torch.linalg.solve(A[m].mean(0), b[m].mean(0)) for m in masks])
-    assert float((got - exact).norm(dim=1).max()) <= cfg.tau
+    assert float((got - exact).norm(dim=1).max()) <= alg.tau
 
 
 def _ls_stats(ds, reg):
@@ -362,10 +362,10 @@ def test_certificate_claim_bounds_measured_deletion_sensitivity_of_the_solver(se
     n = 14
     ds, prob, fed = _logistic(n, seed=seed, m=8 + 4 * seed, heterogeneity=heterogeneity, reg=reg)
     w0 = torch.zeros(2, dtype=torch.float64)
-    alg = SCOutputPert(_sc_config(prob, ds, Delta=0.5))
+    alg = _sc_release(prob, ds, Delta=0.5)
     theta = alg.solve(fed, torch.ones(1, n, dtype=torch.bool), w0)[0]
     _, claimed = alg.certify(fed, theta, w0)
-    plan = exact_stability(lambda m: alg.solve(fed, m, w0), n, alg.config.dop)
+    plan = exact_stability(lambda m: alg.solve(fed, m, w0), n, alg.dop)
     assert 0 < plan.dbar_full <= claimed
 
 
@@ -374,12 +374,11 @@ def test_fast_path_and_exact_path_give_the_same_output_distribution():
     n = 16
     ds, prob, fed = _logistic(n)
     w0 = torch.zeros(2, dtype=torch.float64)
-    cfg = _sc_config(prob, ds, Delta=3.0)
-    fast = SCOutputPert(cfg)
+    fast = _sc_release(prob, ds, Delta=3.0)
     plan_fast = fast.plan(fed, w0)
     assert plan_fast.decided_by == "certificate" and fast.stats == {"certificate": 1, "exact": 0}
     # soundness: the exact enumeration agrees that x itself is stable, and picks the same value
-    plan_exact = exact_stability(lambda m: fast.solve(fed, m, w0), n, cfg.dop)
+    plan_exact = exact_stability(lambda m: fast.solve(fed, m, w0), n, fast.dop)
     assert (plan_exact.dist, plan_exact.deleted) == (0, ())
     # the certificate's claim (U + 2 tau) bounds the measured Dbar_{4 kappa} f~(x) of the enumeration
     theta = fast.solve(fed, torch.ones(1, n, dtype=torch.bool), w0)[0]
@@ -389,7 +388,7 @@ def test_fast_path_and_exact_path_give_the_same_output_distribution():
     draws = {}
     for name, plan, seed in (("fast", plan_fast, 1), ("exact", plan_exact, 2)):
         rel = Releaser(_CountingLedger(), NoiseSource(seed))
-        out = [DelOutputPert(cfg.dop).release(plan, rel, _ids(n), "t") for _ in range(2000)]
+        out = [DelOutputPert(fast.dop).release(plan, rel, _ids(n), "t") for _ in range(2000)]
         assert all(o is not None for o in out)  # dist = 0 <= R1 always: never ⊥
         draws[name] = torch.stack(out).numpy()
     for j in range(2):
@@ -400,15 +399,14 @@ def test_certificate_that_does_not_settle_falls_back_to_the_exact_test(tmp_path)
     n = 14
     ds, prob, fed = _logistic(n, seed=2, heterogeneity=3.0)
     w0 = torch.zeros(2, dtype=torch.float64)
-    cfg = _sc_config(prob, ds, Delta=0.3)
-    alg = SCOutputPert(cfg)
+    alg = _sc_release(prob, ds, Delta=0.3)
     th = alg.solve(fed, torch.ones(1, n, dtype=torch.bool), w0)[0]
     assert not alg.certify(fed, th, w0)[0]  # n = 14: (n - 4 kappa - 1) = 1, the bound is loose
     ledger = PrivacyLedger(tmp_path / "l.sqlite", Budget(epsilon=10.0, delta=0.5))
     res = alg.run(fed, Releaser(ledger, NoiseSource(5)), w0)
     assert alg.stats == {"certificate": 0, "exact": 1} and res.diagnostics["decided_by"] == "exact"
     assert alg.fast_path_rate == 0.0
-    exact = exact_stability(lambda m: alg.solve(fed, m, w0), n, cfg.dop)
+    exact = exact_stability(lambda m: alg.solve(fed, m, w0), n, alg.dop)
     assert res.diagnostics["dist"] == exact.dist
     (rel,) = ledger.releases()
     assert (rel["eps"], rel["delta"], rel["users"]) == (8.0, 0.1, n)
@@ -420,7 +418,7 @@ def test_sc_output_pert_refuses_large_n_before_reading_data():
     compute = fed.compute
     fed.compute = lambda q, users=None: asked.append(q) or compute(q, users)
     with pytest.raises(ValueError, match="max_exact_users"):
-        SCOutputPert(_sc_config(prob, ds, Delta=1.0)).run(
+        _sc_release(prob, ds, Delta=1.0).run(
             fed, Releaser(_CountingLedger(), NoiseSource(0)), torch.zeros(2, dtype=torch.float64)
         )
     assert asked == []

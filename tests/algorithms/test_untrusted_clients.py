@@ -20,7 +20,7 @@ from test_diameter_output_pert import _hockey_stick
 from test_output_pert import _one_thread  # noqa: F401  (autouse: one torch thread)
 
 from fedkl.algorithms.output_perturbation.diameter_output_pert import DiameterSCOutputPert, DiameterTest
-from fedkl.algorithms.output_perturbation.sc_output_pert import SCOutputPert, SCOutputPertConfig
+from fedkl.algorithms.output_perturbation.exact_output_pert import SCOutputPert
 from fedkl.data import load_dataset
 from fedkl.data.synthetic import synthetic_least_squares
 from fedkl.federation.base import (
@@ -81,15 +81,15 @@ class TrustingDiameterTest(DiameterSCOutputPert):
     """The OLD behaviour, kept here as the negative control: the reported residual is believed, and the
     solver takes every answer (no in-class bound on the answers, no ball for the iterates)."""
 
-    def __init__(self, config, test=None):
-        super().__init__(config, test)
-        self.solver = _UncheckedSolver(config)
+    def __init__(self, solver, test=None):
+        fields = {f.name: getattr(solver, f.name) for f in dataclasses.fields(solver) if f.init}
+        super().__init__(_UncheckedSolver(**fields), test)
 
     def checked_local_vectors(self, federation, center):
         t = self.test
-        ans = federation.compute(CertifiedLocalMinimizer(center, self.config.extra_reg, t.local_tol, t.local_max_iter))
+        ans = federation.compute(CertifiedLocalMinimizer(center, self.solver.extra_reg, t.local_tol, t.local_max_iter))
         d = federation.num_params
-        return ans.values[:, :d], ans.values[:, d] / self.config.mu, 0
+        return ans.values[:, :d], ans.values[:, d] / self.solver.mu, 0
 
 
 def _federation(n: int, honest_outlier: bool):
@@ -121,10 +121,10 @@ def _audit(cls, n: int, test: str, Delta: float):
     fx, prob, ds = _federation(n, False)
     fy, _, _ = _federation(n, True)
     center = torch.zeros(prob.num_params, dtype=torch.float64)
-    cfg = SCOutputPertConfig.for_problem(
+    solver = SCOutputPert.for_problem(
         prob, ds.feature_bound, center, eps=EPS, delta=DELTA, Delta=Delta, extra_reg=LAM, calibration="tight"
     )
-    mech = cls(cfg, DiameterTest(test=test))
+    mech = cls(solver, DiameterTest(test=test))
     dop = mech.dop(n)
     px, _ = mech.plan(fx, center)
     py, _ = mech.plan(fy, center)
@@ -157,13 +157,13 @@ def _honest(n=16):
 def test_the_reported_residual_is_recomputed_not_believed():
     fed, prob, ds = _honest()
     center = torch.zeros(prob.num_params, dtype=torch.float64)
-    cfg = SCOutputPertConfig.for_problem(
-        prob, ds.feature_bound, center, eps=EPS, delta=DELTA, Delta=0.05, extra_reg=LAM
+    solver = SCOutputPert.for_problem(
+        prob, ds.feature_bound, center, eps=EPS, delta=DELTA, Delta=0.05, extra_reg=LAM, calibration="paper"
     )
-    mech = DiameterSCOutputPert(cfg)
+    mech = DiameterSCOutputPert(solver)
     V, err, understated = mech.checked_local_vectors(fed, center)
     assert understated == 0  # honest clients' reports agree with the server's recomputation
-    reported = fed.compute(CertifiedLocalMinimizer(center, LAM)).values[:, -1] / cfg.mu
+    reported = fed.compute(CertifiedLocalMinimizer(center, LAM)).values[:, -1] / solver.mu
     assert torch.allclose(err, reported, rtol=1e-6, atol=1e-15)
     # a client that reports someone else's minimizer with residual 0 gets the residual its gradients imply
     liar = LyingClient(fed, V[TYPICAL])
@@ -171,18 +171,18 @@ def test_the_reported_residual_is_recomputed_not_believed():
     V2, err2, understated2 = mech.checked_local_vectors(liar, center)
     g = fed.compute(GradientsAtOwnPoints(V2)).values[LIAR] + LAM * (V2[LIAR] - center)
     assert torch.equal(V2[LIAR], V[TYPICAL]) and understated2 == 1
-    assert float(err2[LIAR]) == pytest.approx(float(g.norm()) / cfg.mu) and float(err2[LIAR]) > 0
+    assert float(err2[LIAR]) == pytest.approx(float(g.norm()) / solver.mu) and float(err2[LIAR]) > 0
 
 
 def test_a_gradient_that_breaks_the_public_G0_conflicts_with_everyone():
     fed, prob, ds = _honest()
     center = torch.zeros(prob.num_params, dtype=torch.float64)
-    cfg = SCOutputPertConfig.for_problem(
-        prob, ds.feature_bound, center, eps=EPS, delta=DELTA, Delta=0.05, extra_reg=LAM
+    solver = SCOutputPert.for_problem(
+        prob, ds.feature_bound, center, eps=EPS, delta=DELTA, Delta=0.05, extra_reg=LAM, calibration="paper"
     )
     liar = LyingClient(fed, torch.zeros(prob.num_params, dtype=torch.float64))
-    liar.b[0] = 2 * cfg.start_grad_bound  # ||grad f_u(c)|| > G0: no record within the bounds does that
-    mech = DiameterSCOutputPert(cfg)
+    liar.b[0] = 2 * solver.start_grad_bound  # ||grad f_u(c)|| > G0: no record within the bounds does that
+    mech = DiameterSCOutputPert(solver)
     _, err, _ = mech.checked_local_vectors(liar, center)
     assert math.isinf(float(err[LIAR])) and torch.isfinite(torch.cat([err[:LIAR], err[LIAR + 1 :]])).all()
     edges = mech.conflict_edges(*mech.local_vectors(liar, center), mech.rho(16))
@@ -194,13 +194,14 @@ def test_the_certificate_norms_are_computed_from_gradients_by_the_server():
     (the solver's oracle), so a client has no norm to under-report."""
     fed, prob, ds = _honest(16)
     center = torch.zeros(prob.num_params, dtype=torch.float64)
-    cfg = SCOutputPertConfig.for_problem(prob, ds.feature_bound, center, eps=EPS, delta=DELTA, Delta=0.5, extra_reg=LAM)
-    alg = SCOutputPert(cfg)
+    alg = SCOutputPert.for_problem(
+        prob, ds.feature_bound, center, eps=EPS, delta=DELTA, Delta=0.5, extra_reg=LAM, calibration="paper"
+    )
     theta = alg.solve(fed, torch.ones(1, 16, dtype=torch.bool), center)[0]
     passed, bound = alg.certify(fed, theta, center)
     g = fed.compute(GradientsAtPoints(theta.unsqueeze(0))).values[:, 0] + LAM * (theta - center)
-    gamma = float(g.norm(dim=1).max()) + cfg.beta * cfg.tau
-    assert passed and bound == pytest.approx(cfg.certificate_bound(16, gamma) + 2 * cfg.tau, rel=1e-12)
+    gamma = float(g.norm(dim=1).max()) + alg.beta * alg.tau
+    assert passed and bound == pytest.approx(alg.certificate_bound(16, gamma) + 2 * alg.tau, rel=1e-12)
     # one client whose gradient at theta~ is far from the others' makes the certificate fail (the exact
     # enumeration then decides): there is no reported norm it could shrink instead
     liar = LyingClient(fed, torch.zeros(prob.num_params, dtype=torch.float64))

@@ -1,7 +1,7 @@
 """DelOutputPert: user-level output perturbation for functions of low LOCAL DELETION sensitivity.
 
 Paper 002 (Ghazi, Kamath, Kumar, Meka, Manurangsi, Zhang, "On User-Level Private Convex
-Optimization"), Algorithm 1 and Theorem 3.3; constants re-derived in /work/shared/notes/seed-002.md.
+Optimization"), Algorithm 1 and Theorem 3.3; constants re-derived in docs/derivations/paper-002.md.
 
 Guarantee
 ---------
@@ -10,7 +10,7 @@ neighbours if they differ in ALL records of ONE user; the number of users n is p
 fixed before the run), as are eps, delta and the target deletion sensitivity ``Delta``. It holds for
 EVERY deterministic function ``f`` of the SET of remaining users (convexity, Lipschitzness or the
 accuracy of a solver are never used by the privacy proof; they only make the test pass). The
-relation add-remove is NOT covered (the test budget would have to be defined by size, note §1).
+relation add-remove is NOT covered (the test budget would have to be defined by size, docs/derivations/paper-002.md §1).
 
 Mechanism (natural log throughout; the paper's constants are the default)::
 
@@ -48,7 +48,7 @@ dist(x) <= dist(x') + 1); the value part gives (e^eps_bar + 1) delta_bar + e^{2 
 (e^eps_bar + 2) delta_bar + e^{eps} = delta + e^eps. ⊥ is an output: it is charged like a value.
 
 The existence decision (dist <= R1) must be EXACT: any cheaper test that is not of this form
-(certificate-or-⊥, greedy deletion, a timeout) is not the analysed mechanism (note §6.2). The exact
+(certificate-or-⊥, greedy deletion, a timeout) is not the analysed mechanism (docs/derivations/paper-002.md §6.2). The exact
 reference here enumerates every set within 4 kappa + 1 deletions of x with a bitmask dynamic
 programme: time and memory ~2^n, so it refuses n > ``max_exact_users`` (default 20, at most 24)
 before touching any data.
@@ -389,7 +389,7 @@ def exact_stability_predicate(
     """Algorithm 1 with a user-supplied stability predicate, by enumeration (reference; n <= max_exact_users).
 
     The proof of Thm 3.3 uses the test ``Dbar_{4 kappa - |S|} f(x_{-S}) <= Delta`` only through two
-    properties of a predicate ``P(y, b)`` (note §2A, "what the proof uses"):
+    properties of a predicate ``P(y, b)`` (docs/derivations/paper-002.md §2A, "what the proof uses"):
 
     * (H) heredity: ``P(y, b) => P(y - i, b - 1)`` for every user i of y (gives Obs 3.5,
       ``dist(x) <= dist(x') + 1``: delete the replaced user too);

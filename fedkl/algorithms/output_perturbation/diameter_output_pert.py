@@ -1,13 +1,13 @@
 """SCOutputPert in polynomial time at any n: Algorithm 2 of paper 002 with a local-minimizer DIAMETER test.
 
-:class:`~fedkl.algorithms.output_perturbation.sc_output_pert.SCOutputPert` releases ``f~(x) = theta~`` (the minimizer of
+:class:`~fedkl.algorithms.output_perturbation.exact_output_pert.SCOutputPert` releases ``f~(x) = theta~`` (the minimizer of
 the strongly convex objective, by a fixed-iteration solver) through DelOutputPert with the paper's
 exact test, ``Dbar_{4 kappa - |S|} f~(x_{-S}) <= Delta``. Deciding that test exactly enumerates ~2^n
 user sets; the Appendix C certificate only settles it when it passes. So SCOutputPert refuses
 n > 20, and with it every phased algorithm on a real dataset. This module releases THE SAME f~ (the
 ERM minimizer that the paper's utility theorems are about) through a test that is exact and
-polynomial time, derived below. The paper does not have it; notes §2A ("what the proof uses") and
-§5(c) give the ingredients.
+polynomial time, derived below. The paper does not have it; docs/derivations/paper-002.md §2A ("what the
+proof uses") and §5(c) give the ingredients.
 
 Guarantee
 ---------
@@ -124,7 +124,7 @@ Failures (issue 28 §2): no answer aborts the run, so whether it completes never
 A user whose answer is missing, malformed or non-finite at the public centre or at its own reported
 point (:meth:`DiameterSCOutputPert.checked_local_vectors`), or fails in ANY round of the solve of the
 kept set (missing, non-finite, or above the bound no in-class loss exceeds:
-:meth:`~fedkl.algorithms.output_perturbation.sc_output_pert.SCOutputPert.solve`), gets an infinite local error: it conflicts
+:meth:`~fedkl.algorithms.output_perturbation.exact_output_pert.SCOutputPert.solve`), gets an infinite local error: it conflicts
 with every user, the test is redone and the new kept set solved again, until a solve sees no new
 failure (each pass adds a user: at most n passes). The release is charged once, as without failures.
 Why this keeps the guarantee:
@@ -169,10 +169,10 @@ from fedkl.algorithms.output_perturbation.del_output_pert import (
     check_release_start,
 )
 from fedkl.algorithms.output_perturbation.delta_share import release_share
+from fedkl.algorithms.output_perturbation.exact_output_pert import SCOutputPert, release_forecast
 from fedkl.algorithms.output_perturbation.interpolation import in_class
 from fedkl.algorithms.output_perturbation.matching import deletion_set
 from fedkl.algorithms.output_perturbation.mean_output_pert import conflict_edges
-from fedkl.algorithms.output_perturbation.sc_output_pert import SCOutputPert, SCOutputPertConfig, release_forecast
 from fedkl.algorithms.output_perturbation.vertex_cover import (
     DEFAULT_MAX_VC_CALLS,
     TESTS,
@@ -225,7 +225,7 @@ def jump_factor(condition: float, k: int) -> float:
 
 @dataclass(frozen=True)
 class DiameterTest:
-    """The diameter test's own public parameters (the release's are an :class:`SCOutputPertConfig`).
+    """The diameter test's own public parameters (the release's are its :class:`SCOutputPert`'s fields).
 
     Args:
         test: "auto", "vertex-cover" (exact minimum cover, work-bounded) or "matching".
@@ -257,15 +257,14 @@ class DiameterSCOutputPert:
     name = "sc-output-pert"
     guarantee = Guarantee("approx-dp", clients=IN_CLASS_CLIENTS, relations=PAPER_002_RELATIONS)
 
-    def __init__(self, config: SCOutputPertConfig, test: DiameterTest | None = None) -> None:
-        self.config = config
+    def __init__(self, solver: SCOutputPert, test: DiameterTest | None = None) -> None:
+        self.solver = solver  # f~ (the fixed-iteration solver) and the release's public parameters
         self.test = test or DiameterTest()
-        self.solver = SCOutputPert(config)  # f~: the fixed-iteration solver
 
     # --- public quantities (no data) ------------------------------------------------------------
     @property
     def kappa(self) -> int:
-        return self.config.dop.kappa
+        return self.solver.dop.kappa
 
     def release_kappa(self, n: int) -> int:
         """kappa of the release's OWN deletion budget R1 ~ TDLap (support {0, ..., 2 kappa}) at n users: the
@@ -291,49 +290,48 @@ class DiameterSCOutputPert:
 
     def dop(self, n: int) -> DeletionRelease:
         """The release's DelOutputPert parameters (R1 law, sensitivity, sigma) at n users."""
-        cfg = self.config
+        s = self.solver
         return DeletionRelease(
-            cfg.eps,
-            cfg.delta,
-            cfg.Delta,
-            cfg.calibration,
-            cfg.max_exact_users,
+            s.eps,
+            s.delta,
+            s.Delta,
+            s.calibration,
+            s.max_exact_users,
             score="matching" if self.score(n) == "matching" else "exact",
         )
 
     @property
     def condition(self) -> float:
         """L / mu of every F_u."""
-        return self.config.beta / self.config.mu
+        return self.solver.beta / self.solver.mu
 
     def check(self, n: int) -> None:
         """Refuse, from public values only, a configuration this test cannot run exactly."""
-        cfg = self.config
         score = self.score(n)
         depth = self.dop(n).depth
         if n < depth + 2:
             raise ValueError(
                 f"the {score} diameter test needs n >= {'8' if score == 'matching' else '4'} kappa + 2 = {depth + 2} users "
-                f"at (eps={cfg.eps:g}, delta={cfg.delta:g}) (kappa={self.kappa}); got n={n}. Refused before "
+                f"at (eps={self.solver.eps:g}, delta={self.solver.delta:g}) (kappa={self.kappa}); got n={n}. Refused before "
                 "reading any data (raise eps or delta, use fewer phases, or use more users)."
             )
-        if not cfg.Delta > 2 * cfg.tau:
-            raise ValueError(f"Delta={cfg.Delta:g} must exceed 2 tau={2 * cfg.tau:g} (the solver accuracy)")
+        Delta, tau = self.solver.Delta, self.solver.tau
+        if not Delta > 2 * tau:
+            raise ValueError(f"Delta={Delta:g} must exceed 2 tau={2 * tau:g} (the solver accuracy)")
         if score == "vertex-cover":
             require_work_budget(2 * self.release_kappa(n), self.test.max_vc_calls)
 
     def rho(self, n: int) -> float:
         """The conflict threshold (Delta - 2 tau) / j(L/mu, n - depth) (module docstring)."""
         self.check(n)
-        cfg = self.config
-        return (cfg.Delta - 2 * cfg.tau) / jump_factor(self.condition, n - self.dop(n).depth)
+        return (self.solver.Delta - 2 * self.solver.tau) / jump_factor(self.condition, n - self.dop(n).depth)
 
     def sigma(self, n: int) -> float:
         return self.dop(n).sigma
 
     def forecast(self, n: int, w0: torch.Tensor, user_ids=None) -> dict:
-        """:func:`~fedkl.algorithms.output_perturbation.sc_output_pert.release_forecast` at n users (public values only)."""
-        return release_forecast(self.sigma(n), self.config.Delta, self.config, torch.as_tensor(w0).numel())
+        """:func:`~fedkl.algorithms.output_perturbation.exact_output_pert.release_forecast` at n users (public values only)."""
+        return release_forecast(self.sigma(n), self.solver.Delta, self.solver, torch.as_tensor(w0).numel())
 
     # --- the test (NOT private; only its release is) ---------------------------------------------
     def local_vectors(self, federation: Federation, center: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -350,25 +348,25 @@ class DiameterSCOutputPert:
         otherwise gets the edges its gradients imply (module docstring, "Clients"). ``understated``
         (NOT private, a server-side diagnostic) counts the users whose reported residual is below
         the recomputed one: lying or broken clients (honest ones agree to rounding)."""
-        cfg, t = self.config, self.test
+        sol, t = self.solver, self.test
         n, d = federation.num_users, federation.num_params
         center = center.to(torch.float64)
-        ans = federation.compute(CertifiedLocalMinimizer(center, cfg.extra_reg, t.local_tol, t.local_max_iter))
+        ans = federation.compute(CertifiedLocalMinimizer(center, sol.extra_reg, t.local_tol, t.local_max_iter))
         values = _rows(ans, (n, d + 1))
         failed = _failed_rows(ans, values)
         V = torch.where(failed.unsqueeze(1), center, values[:, :d])
         grads = federation.compute(GradientsAtOwnPoints(V))
         g = _rows(grads, (n, d))
         failed |= _failed_rows(grads, g)
-        residual = (g + cfg.extra_reg * (V - center)).norm(dim=1)
+        residual = (g + sol.extra_reg * (V - center)).norm(dim=1)
         understated = int(((values[:, d] < residual * (1 - 1e-6) - 1e-12) & ~failed).sum())
         # the public G0 >= ||grad f_u(c)|| that fixes f~'s iteration count: a user whose gradient at the centre
         # breaks it (no honest client can) gets an infinite error, i.e. conflicts with everyone
         start = federation.compute(GradientsAtPoints(center.unsqueeze(0)))
         g0 = _rows(start, (n, 1, d)).reshape(n, d)
         failed |= _failed_rows(start, g0)
-        err = residual / cfg.mu
-        err[~(g0.norm(dim=1) <= cfg.start_grad_bound * (1 + _G0_PAD))] = math.inf
+        err = residual / sol.mu
+        err[~(g0.norm(dim=1) <= sol.start_grad_bound * (1 + _G0_PAD))] = math.inf
         # a failed or non-finite answer (module docstring, "Failures"): the user conflicts with everyone
         err[failed] = math.inf
         # the two answers must be gradients of one (mu_f, beta_f) function (exact for two points:
@@ -386,8 +384,9 @@ class DiameterSCOutputPert:
         """``(n,)`` bool: whether each user's gradient answers ``grads[u, i]`` at ``points[u, i]`` are those of
         one mu_f-strongly convex, beta_f-smooth function (:mod:`fedkl.algorithms.output_perturbation.interpolation`: exact up to
         ``interpolation.EXACT_MAX`` answers per user, the pairwise co-coercivity condition above)."""
-        cfg = self.config
-        return in_class(points, grads, center, cfg.strong_convexity, cfg.smoothness, cfg.start_grad_bound)
+        return in_class(
+            points, grads, center, self.solver.strong_convexity, self.solver.smoothness, self.solver.start_grad_bound
+        )
 
     def conflict_edges(self, V: torch.Tensor, err: torch.Tensor, rho: float) -> list[tuple[int, int]]:
         """u < w with ||v~_u - v~_w|| + e_u + e_w > rho (1 - 1e-9): a missing edge proves ||v_u - v_w|| <= rho."""
@@ -507,7 +506,6 @@ class DiameterSCOutputPert:
         vectors: tuple[torch.Tensor, torch.Tensor, int] | None = None,
     ) -> DelOutputPertResult:
         """The test and the (eps, delta) release (after :meth:`check`)."""
-        cfg = self.config
         n = federation.num_users
         plan, diag = self.plan(federation, center, vectors)
         dop = DelOutputPert(self.dop(n))
@@ -517,10 +515,10 @@ class DiameterSCOutputPert:
             federation.ids_of(range(n)),
             label or self.name,
             {
-                "mu": cfg.mu,
-                "beta": cfg.beta,
-                "tau": cfg.tau,
-                "iterations": cfg.iterations,
+                "mu": self.solver.mu,
+                "beta": self.solver.beta,
+                "tau": self.solver.tau,
+                "iterations": self.solver.iterations,
                 "test": f"diameter ({diag['test']})",
                 "rho": diag["rho"],
             },
@@ -590,7 +588,7 @@ class SelectedDeltaSCOutputPert:
 
     def __init__(
         self,
-        config: SCOutputPertConfig,
+        solver: SCOutputPert,
         test: DiameterTest | None = None,
         select_fraction: float | None = None,
         grid_ratio: float = GRID_RATIO,
@@ -603,15 +601,15 @@ class SelectedDeltaSCOutputPert:
 
             def accepts(f: float) -> bool:  # the release at eps (1 - f) runs at the public n = users
                 try:
-                    DiameterSCOutputPert(replace(config, eps=config.eps * (1 - f)), test).check(users)
+                    DiameterSCOutputPert(replace(solver, eps=solver.eps * (1 - f)), test).check(users)
                 except ValueError:
                     return False
                 return True
 
             select_fraction = release_share(
-                config.eps,
-                config.delta,
-                config.calibration,
+                solver.eps,
+                solver.delta,
+                solver.calibration,
                 test.test,
                 float(grid_ratio),
                 int(grid_size),
@@ -623,11 +621,11 @@ class SelectedDeltaSCOutputPert:
             raise ValueError(f"grid_ratio must be finite and > 1, got {grid_ratio}")
         if int(grid_size) != grid_size or grid_size < 2:
             raise ValueError(f"grid_size must be an integer >= 2, got {grid_size}")
-        self.config = config
+        self.solver = solver
         self.select_fraction = float(select_fraction)
-        self.eps_select = config.eps * select_fraction
-        release = replace(config, eps=config.eps - self.eps_select)
-        self.grid = tuple(config.Delta / grid_ratio**k for k in range(int(grid_size) - 1, -1, -1))
+        self.eps_select = solver.eps * select_fraction
+        release = replace(solver, eps=solver.eps - self.eps_select)
+        self.grid = tuple(solver.Delta / grid_ratio**k for k in range(int(grid_size) - 1, -1, -1))
         self.candidates = tuple(DiameterSCOutputPert(replace(release, Delta=D), test) for D in self.grid)
         kappa = self.candidates[0].kappa
         self.threshold = float(kappa / 2 if threshold is None else threshold)

@@ -60,7 +60,7 @@ group step. Where it is applied: the diameter test (every answer a user gives in
 centre, at its reported point, every solver round; :mod:`fedkl.algorithms.output_perturbation.diameter_output_pert`, so the
 Delta selection and the phased algorithms' inner releases through it) and SCOutputPert's certificate (the
 full solve's and the certificate's answers; the exact enumeration needs nothing of the answers, so a
-failing check only sends the decision there: :mod:`fedkl.algorithms.output_perturbation.sc_output_pert`).
+failing check only sends the decision there: :mod:`fedkl.algorithms.output_perturbation.exact_output_pert`).
 
 What it cannot do: close case 2. The remaining case is the ADAPTIVE in-class client, who answers with the
 gradient of an in-class function it picks after seeing iterates (so A_x != A_x'). Its transcript in each

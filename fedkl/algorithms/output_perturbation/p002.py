@@ -1,5 +1,4 @@
-"""Paper 002 (Ghazi et al., "On User-Level Private Convex Optimization") phased algorithms in fedkl:
-names, builders, hyperparameters.
+"""Paper 002 (Ghazi et al., "On User-Level Private Convex Optimization"): what its algorithms share.
 
 | name | paper | problem class | guarantee (user level, replace-one, n public) | ledger per user | rate |
 |---|---|---|---|---|---|
@@ -10,9 +9,10 @@ names, builders, hyperparameters.
 
 The phased four are registered classes (:mod:`fedkl.algorithms.output_perturbation.phased_erm`,
 ``phased_sco``, ``sc_phased``) whose Params are
-:class:`~fedkl.algorithms.output_perturbation.phased_erm.PhasedParams` (:class:`P002Release` below, the
-``p002_*`` phase fields, ``radius``/``distance`` shared with paper 003); the single release is registered
-here with :class:`SCOutputPertParams`; ``seed`` (Phased-SCO's cohort hash) comes from the run. Each takes its (eps, delta) from the budget the users can still afford (the whole budget on
+:class:`~fedkl.algorithms.output_perturbation.phased_erm.PhasedParams`; the single release ``sc-output-pert``
+is :mod:`fedkl.algorithms.output_perturbation.sc_output_pert`. Their Params derive from :class:`P002Release`
+(here): the deletion test, the calibration and the choice of Delta. ``seed`` (Phased-SCO's cohort hash) comes
+from the run. Each takes its (eps, delta) from the budget the users can still afford (the whole budget on
 a fresh ledger). All make (eps, delta) releases (their classes declare ``Guarantee("approx-dp",
 ...)``), so the runner gives them a Releaser WITHOUT the zCDP filter; they refuse a filtered
 Releaser before reading data.
@@ -22,15 +22,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedkl.algorithms.output_perturbation.diameter_output_pert import (
-    DiameterSCOutputPert,
-    DiameterTest,
-    SelectedDeltaSCOutputPert,
-)
-from fedkl.algorithms.output_perturbation.phased_common import DELTA_SELECTIONS, INNER_TESTS, SCInnerRelease
-from fedkl.algorithms.output_perturbation.sc_output_pert import SCOutputPert, SCOutputPertConfig
-from fedkl.algorithms.registry import BuildContext, StabilityDelta, param, register
-from fedkl.privacy.guarantee import SOLVER_ITERATES, Absence
+from fedkl.algorithms.output_perturbation.phased_common import DELTA_SELECTIONS, INNER_TESTS
+from fedkl.algorithms.registry import StabilityDelta, param
+from fedkl.privacy.guarantee import Absence
 
 
 @dataclass(frozen=True)
@@ -75,11 +69,6 @@ class P002Release(StabilityDelta):
     )
 
 
-@dataclass(frozen=True)
-class SCOutputPertParams(P002Release):
-    """sc-output-pert: Delta = ``stability_delta``, or chosen privately below it."""
-
-
 # the above-threshold selection of Delta counts users (a failed user is replaced by the public centre, far
 # from no one: a sensitivity-1 count); the deletion-stability releases are a PTR theorem, not a sensitivity bound
 P002_ABSENCE = (
@@ -99,42 +88,4 @@ P002_ABSENCE = (
 )
 
 
-@register("sc-output-pert", SCOutputPertParams, SOLVER_ITERATES, absence=P002_ABSENCE)
-def build_sc_output_pert(
-    params: SCOutputPertParams, ctx: BuildContext
-) -> SCOutputPert | DiameterSCOutputPert | SelectedDeltaSCOutputPert:
-    """One SCOutputPert release (Alg 2) with the deletion test ``--p002-test`` (auto: the paper's exact
-    test up to 20 users, else the polynomial-time diameter test), Delta = ``--stability-delta``."""
-    problem = ctx.problem
-    if problem.reg <= 0:
-        raise ValueError("sc-output-pert needs a strongly convex objective: give --reg > 0")
-    eps, delta = ctx.approx_budget()  # what every user can still afford (all of it on a fresh ledger)
-    config = SCOutputPertConfig.for_problem(
-        problem,
-        ctx.feature_bound,
-        problem.init_params(),
-        eps=eps,
-        delta=delta,
-        Delta=params.stability_delta,
-        calibration=params.p002_calibration,
-    )
-    n = ctx.num_users
-    if params.p002_delta_select == "sparse-vector":
-        if params.p002_test == "exact":
-            raise ValueError(
-                "--p002-delta-select sparse-vector uses the diameter test: give --p002-test auto, "
-                "vertex-cover or matching"
-            )
-        test = "auto" if params.p002_test == "auto" else params.p002_test
-        alg = SelectedDeltaSCOutputPert(config, DiameterTest(test=test), params.p002_select_fraction, users=n)
-        alg.check(n)  # public refusal at build time
-        return alg
-    chooser = SCInnerRelease(problem, ctx.feature_bound, calibration=params.p002_calibration, test=params.p002_test)
-    kind = chooser.kind(n, config.eps, config.delta)
-    chooser.check(n, config.eps, config.delta)  # public refusal at build time
-    if kind == "exact":
-        return SCOutputPert(config)
-    return DiameterSCOutputPert(config, DiameterTest(test=kind))
-
-
-__all__ = ["P002_ABSENCE", "P002Release", "SCOutputPertParams", "build_sc_output_pert"]
+__all__ = ["P002_ABSENCE", "P002Release"]

@@ -8,7 +8,7 @@ minimizer of a strongly convex objective), each (eps_i, delta_i)-DP, user level,
 public. The phased algorithms only decide WHICH users a call sees, its (eps_i, delta_i), its public
 threshold Delta_i, its extra regularizer lam_i and its centre; everything they do with an output is
 post-processing. The inner release is a parameter (:data:`InnerRelease`), by default
-:class:`SCInnerRelease`: fedkl's :class:`~fedkl.algorithms.output_perturbation.sc_output_pert.SCOutputPert` (the paper's
+:class:`SCInnerRelease`: fedkl's :class:`~fedkl.algorithms.output_perturbation.exact_output_pert.SCOutputPert` (the paper's
 test) up to 20 users per call, else the same minimizer through the polynomial-time diameter test of
 :mod:`fedkl.algorithms.output_perturbation.diameter_output_pert` (``test`` / ``--p002-test``). So another private release
 can be swapped in without touching the phased code. An inner release may also state ``check(n, eps,
@@ -78,7 +78,7 @@ from fedkl.algorithms.output_perturbation.diameter_output_pert import (
     SelectedDeltaSCOutputPert,
     resolve_test,
 )
-from fedkl.algorithms.output_perturbation.sc_output_pert import SCOutputPert, SCOutputPertConfig, delta_union_bound
+from fedkl.algorithms.output_perturbation.exact_output_pert import SCOutputPert, delta_union_bound
 from fedkl.algorithms.output_perturbation.vertex_cover import require_work_budget
 from fedkl.algorithms.registry import AlgorithmResult
 from fedkl.federation.base import Answers, Federation
@@ -129,7 +129,7 @@ class SCInnerRelease:
     """The default inner release: SCOutputPert (paper 002, Alg 2) of the phase objective, with the
     deletion test chosen by ``test`` from PUBLIC values (the call's n, eps, delta) only:
 
-    * ``exact``: :class:`~fedkl.algorithms.output_perturbation.sc_output_pert.SCOutputPert`, the paper's test (the Lemma
+    * ``exact``: :class:`~fedkl.algorithms.output_perturbation.exact_output_pert.SCOutputPert`, the paper's test (the Lemma
       C.1 certificate, else enumeration of ~2^n user sets): n <= ``max_exact_users``;
     * ``vertex-cover`` / ``matching``: :class:`~fedkl.algorithms.output_perturbation.diameter_output_pert.DiameterSCOutputPert`,
       the same f~ through the local-minimizer diameter test, polynomial time (matching) or FPT with a
@@ -140,7 +140,7 @@ class SCInnerRelease:
     Every choice is an (eps, delta)-DP release, user level, replace-one, n public (each module's
     docstring has the proof), charged to every user of the federation before it is made.
     :meth:`check` refuses a call from public values only; the phased algorithms call it for EVERY
-    call before the first one reads data. ``factory`` replaces the exact class (tests).
+    call before the first one reads data.
     """
 
     def __init__(
@@ -152,14 +152,13 @@ class SCInnerRelease:
         max_exact_users: int = 20,
         use_certificate: bool = True,
         test: str = "auto",
-        factory: Callable[[SCOutputPertConfig], object] = SCOutputPert,
         diameter: DiameterTest | None = None,
     ) -> None:
         if test not in INNER_TESTS:
             raise ValueError(f"test must be one of {INNER_TESTS}, got {test!r}")
         self.problem, self.feature_bound = problem, float(feature_bound)
         self.calibration, self.max_exact_users, self.use_certificate = calibration, max_exact_users, use_certificate
-        self.test, self.factory = test, factory
+        self.test = test
         self.diameter = diameter or DiameterTest()
 
     def kind(self, n: int, eps: float, delta: float) -> str:
@@ -203,8 +202,9 @@ class SCInnerRelease:
         if kind == "vertex-cover":
             require_work_budget(2 * kappa(eps, delta, self.calibration), self.diameter.max_vc_calls)
 
-    def config(self, call: "PhaseCall") -> SCOutputPertConfig:
-        return SCOutputPertConfig.for_problem(
+    def config(self, call: "PhaseCall") -> SCOutputPert:
+        """The call's exact-test release (its fields: the call's public parameters)."""
+        return SCOutputPert.for_problem(
             self.problem,
             self.feature_bound,
             call.center,
@@ -221,7 +221,7 @@ class SCInnerRelease:
         kind = self.kind(federation.num_users, call.eps, call.delta)
         config = self.config(call)
         if kind == "exact":
-            alg = self.factory(config)
+            alg = config
         else:
             alg = DiameterSCOutputPert(config, replace(self.diameter, test=kind))
         res = alg.run(federation, releaser, call.center, label=call.label)
