@@ -223,6 +223,8 @@ def test_refusals_come_before_any_data_is_read(tmp_path):
     ctx = BuildContext(problem, 1.0, tuple(fed.user_ids), 1e-5, 0.0, (0.0, 0.0), "cks", "replace-one", 0)
     with pytest.raises(ValueError, match="zCDP budget"):  # a spent budget
         ConcentratedGD(ConcentratedGDParams(lr=1.0), ctx)
+    with pytest.raises(ValueError, match="no problem"):  # research code that forgot the problem: one line
+        ConcentratedGD(ConcentratedGDParams(lr=1.0), BuildContext.fresh(rho=1.0, user_ids=fed.user_ids))
     wrong_n = _conc(1.0, fed.num_users + 1, fed.num_params)
     ledger = PrivacyLedger(tmp_path / "refusals.sqlite", Budget(2.0, 1e-5))
     with pytest.raises(ValueError, match="nothing was read"):

@@ -207,6 +207,8 @@ def concentration_scale(scale: float | None, num_users: int, beta: float) -> flo
 
 def population(ctx: BuildContext) -> tuple[int, int]:
     """``(n, d)`` of the run (public: the enrolled users and the model's size), refusing an empty one."""
+    if ctx.problem is None:
+        raise ValueError("the build context names no problem (its number of parameters d): give problem=")
     n, d = ctx.num_users, ctx.problem.num_params
     if n < 1 or d < 1:
         raise ValueError(f"need at least one user and one parameter, got n={n}, d={d}")
