@@ -11,6 +11,7 @@ import fedkl.algorithms.frank_wolfe.vr_frank_wolfe  # noqa: F401
 import fedkl.algorithms.gradient.concentrated_gd  # noqa: F401
 import fedkl.algorithms.gradient.dp_adaptive  # noqa: F401
 import fedkl.algorithms.gradient.dp_fedavg  # noqa: F401
+import fedkl.algorithms.gradient.dp_fedopt  # noqa: F401
 import fedkl.algorithms.gradient.dp_ftrl  # noqa: F401
 import fedkl.algorithms.gradient.noisy_gd  # noqa: F401
 import fedkl.algorithms.gradient.outlier_gd  # noqa: F401

@@ -16,7 +16,7 @@ the runner's own ``level``, ``optimizer``, ``sigma``, ``batch`` (expected batch 
 
 What runs (fedkl's code path)
 -----------------------------
-Every run is fedkl's :class:`~fedkl.algorithms.gradient.dp_adaptive.AdaptiveDPOptimizer` (Poisson user
+Every run is fedkl's ``dp-<optimizer>`` class (:mod:`fedkl.algorithms.gradient.dp_adaptive`: Poisson user
 sampling at rate q with secure-or-seeded randomness, clipped per-user gradient sum, Gaussian noise of
 multiplier z on the sum, fixed denominator q n, then the SGD/RMSProp/Adam step), charged up front to a
 real :class:`~fedkl.privacy.PrivacyLedger` through a :class:`~fedkl.privacy.Releaser`: the epsilon
@@ -41,8 +41,8 @@ Optimizers as pyvacy + torch.optim ran them (docs/derivations/paper-004.md §2):
 RMSprop (beta2 = 0.99, nu = 1e-8, no bias correction, no cap), DP-Adam = torch Adam (0.9, 0.999,
 nu = 1e-8, bias-corrected, no cap).
 
-Calibration: fedkl's ``noise_multiplier_for`` is memoised per (eps, delta, q, T) (a pure function;
-:class:`CachedCalibrationOptimizer` overrides only ``schedule``), since runs share schedules.
+Calibration: fedkl's schedule calibration is memoised per (eps, delta, q, T) (a pure function:
+:func:`fedkl.algorithms.gradient.poisson_schedule.calibrate`), since runs share schedules.
 
 Gradient kernel (``kernel``): ``ghost`` (default) computes the clipped per-user gradient sum with
 :func:`fedkl.federation.ghost_clipping.ghost_clipped_sum` (fedkl's InProcessFederation default, what
@@ -65,7 +65,7 @@ import numpy as np
 import torch
 
 from fedkl.algorithms.catalog import REGISTRY
-from fedkl.algorithms.gradient.dp_adaptive import AdaptiveDPConfig, AdaptiveDPOptimizer
+from fedkl.algorithms.contract import BuildContext
 from fedkl.data.base import UserData
 from fedkl.data.images import load_fashion_mnist, load_mnist, load_zscored
 from fedkl.experiments import register_runner, runner_result
@@ -73,7 +73,7 @@ from fedkl.federation.base import ClippedGradient, Federation
 from fedkl.federation.ghost_clipping import record_metrics
 from fedkl.federation.inprocess import InProcessFederation
 from fedkl.privacy import Budget, NoiseSource, PrivacyLedger, Releaser
-from fedkl.privacy.accounting import GaussianSchedule, noise_multiplier_for, schedule_epsilon
+from fedkl.privacy.accounting import GaussianSchedule, schedule_epsilon
 from fedkl.problems.mlp import MLP
 
 NAME = "paper004-adaptive"
@@ -109,22 +109,6 @@ COLUMNS = (
     "train_loss",
 )
 TIMING_COLUMNS = ("records", "stock_s", "ghost_s", "rel_diff")
-
-
-@functools.lru_cache(maxsize=None)
-def _calibrated(eps: float, delta: float, q: float, rounds: int, accountant: str) -> float:
-    return noise_multiplier_for(eps, delta, q, rounds, accountant)
-
-
-class CachedCalibrationOptimizer(AdaptiveDPOptimizer):
-    """fedkl's optimizer, unchanged except that the noise calibration (a pure function of eps, delta, q,
-    T and the accountant: fedkl's ``noise_multiplier_for``) is memoised, since the three optimizers and
-    the two datasets share each (sigma, q, T) schedule."""
-
-    def schedule(self) -> GaussianSchedule:
-        cfg = self.config
-        z = _calibrated(self.eps, self.delta, cfg.sampling_rate, cfg.rounds, cfg.accountant)
-        return GaussianSchedule(z, cfg.sampling_rate, cfg.rounds)
 
 
 class EvalHook(Federation):
@@ -217,17 +201,9 @@ def run_one(s, n: int, per_user: int, noise_seed: int, ledger_dir: str) -> tuple
         run_config={"optimizer": s.optimizer, "sigma": sigma, "lr": lr, "steps": T, "q": q},
     )
     eps_left, delta_left = ledger.approx_left(fed.user_ids)
-    cfg = AdaptiveDPConfig(
-        optimizer=s.optimizer,
-        rounds=T,
-        lr=lr,
-        clip=CLIP,
-        sampling_rate=q,
-        accountant="pld",
-        neighbouring="add-remove",
-        **OPT_KW[s.optimizer],
-    )
-    alg = CachedCalibrationOptimizer(cfg, eps_left, delta_left)
+    cls = REGISTRY[f"dp-{s.optimizer}"].cls
+    params = cls.Params(rounds=T, lr=lr, clip=CLIP, sampling_rate=q, accountant="pld", **OPT_KW[s.optimizer])
+    alg = cls(params, BuildContext.fresh(eps=eps_left, delta=delta_left, neighbouring="add-remove"))
     evals: dict[int, dict] = {}
     t0 = time.perf_counter()
 

@@ -10,8 +10,9 @@ import torch
 from build_helpers import build
 from release_spies import record_schedule_releases
 
+from fedkl.algorithms.contract import BuildContext
 from fedkl.algorithms.gradient import adaptive_clip
-from fedkl.algorithms.gradient.dp_fedavg import DPFedAvg, DPFedAvgConfig
+from fedkl.algorithms.gradient.dp_fedavg import DPFedAvg, DPFedAvgParams
 from fedkl.data import load_dataset
 from fedkl.federation.base import ClippedLocalUpdate
 from fedkl.federation.inprocess import InProcessFederation
@@ -29,8 +30,19 @@ def _fed(n_users=30, m=7, d=4, seed=0):
 
 
 def _adaptive(**kw):
-    base = dict(local_steps=1, local_lr=0.5, accountant="rdp", adaptive_clip=True, clip_count_noise=2.0)
-    return DPFedAvgConfig(**{**base, **kw})
+    base = dict(
+        rounds=30, clip=1.0, local_steps=1, local_lr=0.5, accountant="rdp", adaptive_clip=True, clip_count_noise=2.0
+    )
+    return {**base, **kw}
+
+
+def _alg(cfg, eps, delta, user_ids=()):
+    """dp-fedavg at ``cfg`` (DPFedAvgParams, plus ``neighbouring``: add-remove by default) for the (eps, delta) left."""
+    params = dict(cfg)
+    ctx = BuildContext.fresh(
+        eps=eps, delta=delta, user_ids=user_ids, neighbouring=params.pop("neighbouring", "add-remove")
+    )
+    return DPFedAvg(DPFedAvgParams(**params), ctx)
 
 
 @pytest.mark.parametrize("neighbouring", RELATIONS)
@@ -95,7 +107,7 @@ def test_sensitivity_holds_and_is_attained_on_adversarial_neighbours(neighbourin
 def _run(tmp_path, cfg, eps=3.0, delta=1e-5, noise_seed=0, **fed_kw):
     ds, fed = _fed(**fed_kw)
     ledger = PrivacyLedger(pathlib.Path(tmp_path) / "l.sqlite", Budget(eps, delta))
-    alg = DPFedAvg(cfg, *ledger.approx_left(fed.user_ids))
+    alg = _alg(cfg, *ledger.approx_left(fed.user_ids), fed.user_ids)
     res = alg.run(fed, Releaser(ledger, NoiseSource(noise_seed)), fed.problem.init_params())
     return fed, ledger, alg, res
 
@@ -129,7 +141,7 @@ def test_clip_tracks_the_target_quantile_of_update_norms(tmp_path, quantile):
     over the last 20 rounds the fraction of norms below the clip is gamma within 0.05 (the count's
     noise sigma_b / n = 0.005; one user is 1/n = 0.005; a round moves the clip by <= exp(eta |b - gamma|))."""
     cfg = _adaptive(rounds=120, clip=1.0, server_lr=1e-6, clip_quantile=quantile, clip_count_noise=1.0)
-    fed, ledger, alg, res = _run(tmp_path, cfg, eps=1e3, n_users=200)
+    fed, ledger, alg, res = _run(tmp_path, cfg, eps=700.0, n_users=200)
     w0 = fed.problem.init_params()
     norms = fed.compute(ClippedLocalUpdate(w0, 1e9, 1, 0.5)).values.norm(dim=1)
     first = float((norms <= res.history[0]["clip"]).double().mean())
@@ -137,7 +149,7 @@ def test_clip_tracks_the_target_quantile_of_update_norms(tmp_path, quantile):
     tail = [float((norms <= r["clip"]).double().mean()) for r in res.history[-20:]]
     assert abs(sum(tail) / len(tail) - quantile) < 0.05
     assert res.details["final_clip"] == pytest.approx(
-        res.history[-1]["clip"] * math.exp(-cfg.clip_lr * (res.history[-1]["unclipped_fraction"] - quantile))
+        res.history[-1]["clip"] * math.exp(-alg.params.clip_lr * (res.history[-1]["unclipped_fraction"] - quantile))
     )
 
 
@@ -151,7 +163,7 @@ def test_one_schedule_charged_to_everyone_up_front(tmp_path):
     assert row["sensitivity"] == pytest.approx(adaptive_clip.norm_bound(alg.count_scale))
     ledger.verify()
     clips = [r["clip"] for r in res.history]
-    assert clips[0] == cfg.clip and len(set(clips)) == len(clips)  # it adapts every round
+    assert clips[0] == cfg["clip"] and len(set(clips)) == len(clips)  # it adapts every round
 
 
 @pytest.mark.parametrize(
@@ -159,8 +171,8 @@ def test_one_schedule_charged_to_everyone_up_front(tmp_path):
     [
         ({"clip_count_noise": 0.05}, "count noise 0.05 must exceed z/2"),
         ({"clip_count_noise": 0.05, "neighbouring": "replace-one"}, "must exceed z ="),
-        ({"clip_quantile": 1.0}, "clip_quantile"),
-        ({"clip_count_noise": None}, "clip_count_noise"),
+        ({"clip_quantile": 1.0}, "--clip-quantile"),
+        ({"clip_count_noise": -1.0}, "--clip-count-noise"),
         ({"clip_lr": 10.0, "rounds": 100}, "float range"),
     ],
 )
@@ -168,7 +180,7 @@ def test_refusals_before_data(tmp_path, kw, message):
     """Refused with one line before the federation is asked anything and before any charge."""
     ledger = PrivacyLedger(tmp_path / "l.sqlite", Budget(3.0, 1e-5))
     with pytest.raises(ValueError, match=message):
-        DPFedAvg(_adaptive(**{"rounds": 5, **kw}), *ledger.approx_left(["u0", "u1"]))
+        _alg(_adaptive(**{"rounds": 5, **kw}), *ledger.approx_left(["u0", "u1"]), ["u0", "u1"])
     assert ledger.num_releases() == 0
 
 
@@ -176,10 +188,10 @@ def test_replace_one_needs_more_count_noise_than_add_remove(tmp_path):
     """Between z/2 and z the count noise has a scale under add-remove and none under replace-one."""
     ledger = PrivacyLedger(tmp_path / "l.sqlite", Budget(3.0, 1e-5))
     eps, delta = ledger.approx_left(["u0"])
-    z = DPFedAvg(_adaptive(rounds=5, sampling_rate=1.0), eps, delta).schedule().noise_multiplier
-    DPFedAvg(_adaptive(rounds=5, sampling_rate=1.0, clip_count_noise=0.75 * z), eps, delta)
+    z = _alg(_adaptive(rounds=5, sampling_rate=1.0), eps, delta).schedule().noise_multiplier
+    _alg(_adaptive(rounds=5, sampling_rate=1.0, clip_count_noise=0.75 * z), eps, delta)
     with pytest.raises(ValueError, match="must exceed z ="):
-        DPFedAvg(_adaptive(rounds=5, neighbouring="replace-one", clip_count_noise=0.75 * z), eps, delta)
+        _alg(_adaptive(rounds=5, neighbouring="replace-one", clip_count_noise=0.75 * z), eps, delta)
 
 
 def test_builder_default_count_noise_is_the_expected_cohort_over_20(tmp_path):
@@ -199,7 +211,7 @@ def test_builder_default_count_noise_is_the_expected_cohort_over_20(tmp_path):
     )
     kw = dict(problem=fed.problem, dataset=ds, delta=1e-5, ledger=ledger)
     alg = build(cfg, 0.0, user_ids=fed.user_ids, **kw)
-    assert alg.config.clip_count_noise == pytest.approx(0.5 * 400 / 20)
+    assert alg.clip_count_noise == pytest.approx(0.5 * 400 / 20)
     with pytest.raises(ValueError, match="must exceed z/2"):
         build(cfg, 0.0, user_ids=fed.user_ids[:20], **kw)  # q n / 20 = 0.5
     assert ledger.num_releases() == 0

@@ -12,18 +12,21 @@ the adaptive composition of the per-release Gaussian mechanisms needs."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
-from fedkl.algorithms.gradient.concentrated_gd import ConcentratedGD, ConcentratedGDConfig
+from fedkl.algorithms.contract import BuildContext
+from fedkl.algorithms.gradient.concentrated_gd import ConcentratedGD, ConcentratedGDParams
 from fedkl.algorithms.gradient.histogram_centre import histogram_counts, histogram_sensitivity, rotate, rotation_signs
-from fedkl.algorithms.gradient.outlier_gd import OutlierGD, OutlierGDConfig
+from fedkl.algorithms.gradient.outlier_gd import OutlierGD, OutlierGDParams
 from fedkl.data import load_dataset
 from fedkl.data.base import FederatedDataset, UserData
 from fedkl.federation.inprocess import InProcessFederation
 from fedkl.privacy import Budget, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter
+from fedkl.privacy.zcdp import zcdp_to_eps
 from fedkl.problems import make_problem
 
 N, M, D = 10, 6, 8  # D a power of two: the rotated dimension is d itself
@@ -110,11 +113,17 @@ def _realised_over_charged(tmp_path, make_alg, backend, absent="failed") -> dict
     return worst
 
 
+def _context(relation: str, **budget) -> BuildContext:
+    """The run's public values: N users, D parameters, ``relation``, and the budget."""
+    ids = _inprocess("present", 1.0).user_ids
+    return BuildContext.fresh(user_ids=ids, problem=SimpleNamespace(num_params=D), neighbouring=relation, **budget)
+
+
 def _conc(centre: str, relation: str):
     # a small radius against the centre's norm (scale 0.5, m = 6): the absent user's old zero row,
     # projected as 0 - c_t, is far from the present user's projection
-    cfg = ConcentratedGDConfig(rounds=3, lr=0.5, clip=1.0, records=M, scale=0.5, centre=centre, neighbouring=relation)
-    return lambda: ConcentratedGD(cfg, 50.0, N, D)
+    params = ConcentratedGDParams(rounds=3, lr=0.5, clip=1.0, conc_records=M, conc_scale=0.5, conc_centre=centre)
+    return lambda: ConcentratedGD(params, _context(relation, rho=50.0))
 
 
 def _check(worst: dict[str, float], relation: str, kinds: tuple[str, ...]) -> None:
@@ -237,8 +246,9 @@ def test_conc_histogram_run_with_a_1e308_answer_completes(tmp_path):
 def _outlier(relation: str):
     # R = 5 C / sqrt(6) > 2 C: every clipped point is within R of every other, so the PTR test passes
     # (s_q ~ 0.7 at rho 90 over 2 rounds) and the mean is released in both worlds
-    cfg = OutlierGDConfig(rounds=2, lr=0.5, clip=1.0, records=M, scale=5.0, neighbouring=relation)
-    return lambda: OutlierGD(cfg, 90.0, 1e-6, N, D)
+    # (eps, 2e-6): half of delta pays the PTR tests (delta_ptr 1e-6), the rest leaves rho = 90
+    params = OutlierGDParams(rounds=2, lr=0.5, clip=1.0, conc_records=M, conc_scale=5.0)
+    return lambda: OutlierGD(params, _context(relation, eps=zcdp_to_eps(90.0, 1e-6), delta=2e-6))
 
 
 @pytest.mark.parametrize("backend", ["inprocess", pytest.param("flower", marks=pytest.mark.flower)])

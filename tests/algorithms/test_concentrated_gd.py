@@ -5,18 +5,13 @@ charged for, two charges per round, refusals before any data, and convergence (b
 when users hold many records)."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 from build_helpers import counting_federation  # tests/build_helpers.py
 
-from fedkl.algorithms.gradient.concentrated_gd import (
-    ConcentratedGD,
-    ConcentratedGDConfig,
-    ConcentratedGDParams,
-    build_concentrated_gd,
-    winsorized_sum,
-)
+from fedkl.algorithms.gradient.concentrated_gd import ConcentratedGD, ConcentratedGDParams, winsorized_sum
 from fedkl.algorithms.gradient.noisy_gd import NoisyGDParams, NoisyGradientDescent
 from fedkl.algorithms.nonprivate import nonprivate_minimizer
 from fedkl.algorithms.registry import BuildContext
@@ -49,6 +44,14 @@ class _Recorder(Releaser):
         return out
 
 
+def _conc(rho, n, d, relation="replace-one", **params):
+    """noisy-gd-conc built for n users, d parameters and a zCDP budget rho (``params``: ConcentratedGDParams)."""
+    ctx = BuildContext.fresh(
+        rho=rho, user_ids=[f"u{i}" for i in range(n)], problem=SimpleNamespace(num_params=d), neighbouring=relation
+    )
+    return ConcentratedGD(ConcentratedGDParams(**params), ctx)
+
+
 def _tau_by_hand(clip, m, beta, n, d, rho_centre, factor, scale=None):
     k = scale if scale is not None else 2 * (1 + math.sqrt(2 * math.log(n / beta)))
     sigma_centre = factor * clip / math.sqrt(2 * rho_centre)
@@ -57,9 +60,7 @@ def _tau_by_hand(clip, m, beta, n, d, rho_centre, factor, scale=None):
 
 def test_tau_is_the_public_formula_and_shrinks_like_one_over_sqrt_m():
     rho, n, d = 0.5, 200, 11
-    algs = {
-        m: ConcentratedGD(ConcentratedGDConfig(rounds=5, records=m, centre="fresh"), rho, n, d) for m in (4, 16, 64)
-    }
+    algs = {m: _conc(rho, n, d, rounds=5, conc_records=m, conc_centre="fresh") for m in (4, 16, 64)}
     for m, alg in algs.items():
         rho_centre = 0.5 * rho / 5
         assert alg.rho_centre == pytest.approx(rho_centre, rel=1e-12)
@@ -69,7 +70,7 @@ def test_tau_is_the_public_formula_and_shrinks_like_one_over_sqrt_m():
     e = algs[4].centre_error
     assert (algs[16].tau - e) / (algs[4].tau - e) == pytest.approx(0.5, rel=1e-12)
     assert (algs[64].tau - e) / (algs[16].tau - e) == pytest.approx(0.5, rel=1e-12)
-    scaled = ConcentratedGD(ConcentratedGDConfig(rounds=5, records=16, scale=1.5), rho, n, d)
+    scaled = _conc(rho, n, d, rounds=5, conc_records=16, conc_scale=1.5)
     assert scaled.tau == pytest.approx(1.5 / 4 + e, rel=1e-12)
 
 
@@ -81,8 +82,17 @@ def test_noise_of_both_stages_matches_their_sensitivities(tmp_path, relation, fa
     0.9%; 5 of them is far inside the x2 of the wrong relation or a scale computed from C instead of tau."""
     ds, fed, ledger = _setup(tmp_path, d=150)
     rho, rounds, clip, m = ledger.budget.rho, 40, 0.7, 25
-    cfg = ConcentratedGDConfig(rounds=rounds, lr=0.5, clip=clip, records=m, centre="fresh", neighbouring=relation)
-    alg = ConcentratedGD(cfg, rho, fed.num_users, fed.num_params)
+    alg = _conc(
+        rho,
+        fed.num_users,
+        fed.num_params,
+        relation=relation,
+        rounds=rounds,
+        lr=0.5,
+        clip=clip,
+        conc_records=m,
+        conc_centre="fresh",
+    )
     rho1, rho2 = 0.5 * rho / rounds, 0.5 * rho / rounds
     tau = _tau_by_hand(clip, m, 0.05, fed.num_users, fed.num_params, rho1, factor)
     expected = (factor * clip / math.sqrt(2 * rho1), factor * tau / math.sqrt(2 * rho2))
@@ -147,7 +157,7 @@ def test_release_law_is_the_charged_gaussian_mechanism_on_the_worst_pair(tmp_pat
     mechanism, the charge the ledger holds (GaussianCharge(rho2, 2 tau)) and no less."""
     ds, fed, ledger = _setup(tmp_path)
     rho = ledger.budget.rho
-    alg = ConcentratedGD(ConcentratedGDConfig(rounds=3, records=20, centre="fresh"), rho, fed.num_users, fed.num_params)
+    alg = _conc(rho, fed.num_users, fed.num_params, rounds=3, lr=1.0, conc_records=20, conc_centre="fresh")
     alg.run(fed, Releaser(ledger, NoiseSource(1), ZCDPFilter(rho)), fed.problem.init_params())
     winsorized = [r for r in ledger.releases() if r["label"].endswith("/winsorized")]
     assert len(winsorized) == 3
@@ -161,8 +171,9 @@ def test_release_law_is_the_charged_gaussian_mechanism_on_the_worst_pair(tmp_pat
 def test_fresh_centres_charge_centre_and_winsorized_mean_every_round_to_every_user(tmp_path):
     ds, fed, ledger = _setup(tmp_path)
     rho, rounds = ledger.budget.rho, 4
-    cfg = ConcentratedGDConfig(rounds=rounds, clip=0.5, records=20, centre="fresh")
-    alg = ConcentratedGD(cfg, rho, fed.num_users, fed.num_params)
+    alg = _conc(
+        rho, fed.num_users, fed.num_params, rounds=rounds, lr=1.0, clip=0.5, conc_records=20, conc_centre="fresh"
+    )
     res = alg.run(fed, Releaser(ledger, NoiseSource(0), ZCDPFilter(rho)), fed.problem.init_params())
     releases = ledger.releases()
     assert [r["label"] for r in releases] == [
@@ -182,22 +193,27 @@ def test_fresh_centres_charge_centre_and_winsorized_mean_every_round_to_every_us
 @pytest.mark.parametrize(
     "bad",
     [
-        {"records": 0},
-        {"records": 2.5},
-        {"scale": -1.0},
-        {"beta": 1.0},
-        {"beta": 0.0},
-        {"centre_share": 0.0},
-        {"centre_share": 1.0},
+        {"conc_records": 0},
+        {"conc_records": 2.5},
+        {"conc_scale": -1.0},
+        {"conc_beta": 1.0},
+        {"conc_beta": 0.0},
+        {"conc_centre_share": 0.0},
+        {"conc_centre_share": 1.0},
         {"clip": float("inf")},
         {"neighbouring": "swap"},
-        {"centre": "middle"},
+        {"conc_centre": "middle"},
     ],
 )
 def test_bad_settings_are_refused_in_one_line(bad):
+    """Each refused in one line naming its flag: the hyperparameters by the Params, the relation by the class."""
     with pytest.raises(ValueError) as err:
-        ConcentratedGDConfig(**bad)
+        if "neighbouring" in bad:
+            _conc(1.0, 10, 3, relation=bad["neighbouring"])
+        else:
+            ConcentratedGDParams(**bad)
     assert "\n" not in str(err.value)
+    assert ("neighbouring" if "neighbouring" in bad else "--" + next(iter(bad)).replace("_", "-")) in str(err.value)
 
 
 def test_refusals_come_before_any_data_is_read(tmp_path):
@@ -205,9 +221,11 @@ def test_refusals_come_before_any_data_is_read(tmp_path):
     problem = make_problem("logistic", ds)
     fed = counting_federation(problem, ds)
     ctx = BuildContext(problem, 1.0, tuple(fed.user_ids), 1e-5, 0.0, (0.0, 0.0), "cks", "replace-one", 0)
-    with pytest.raises(ValueError, match="rho_total"):  # a spent budget
-        build_concentrated_gd(ConcentratedGDParams(lr=1.0), ctx)
-    wrong_n = ConcentratedGD(ConcentratedGDConfig(), 1.0, fed.num_users + 1, fed.num_params)
+    with pytest.raises(ValueError, match="zCDP budget"):  # a spent budget
+        ConcentratedGD(ConcentratedGDParams(lr=1.0), ctx)
+    with pytest.raises(ValueError, match="no problem"):  # research code that forgot the problem: one line
+        ConcentratedGD(ConcentratedGDParams(lr=1.0), BuildContext.fresh(rho=1.0, user_ids=fed.user_ids))
+    wrong_n = _conc(1.0, fed.num_users + 1, fed.num_params)
     ledger = PrivacyLedger(tmp_path / "refusals.sqlite", Budget(2.0, 1e-5))
     with pytest.raises(ValueError, match="nothing was read"):
         wrong_n.run(fed, Releaser(ledger, NoiseSource(0)), problem.init_params())
@@ -225,8 +243,16 @@ def _excess(tmp_path, algorithm, n_users, m, eps, seeds=2, root=False):
         if algorithm == "noisy-gd":
             alg = NoisyGradientDescent(NoisyGDParams(rounds=30, lr=16.0), BuildContext.fresh(rho=rho))
         else:
-            cfg = ConcentratedGDConfig(rounds=30, lr=16.0, records=int(0.8 * m), scale=2.0, centre=algorithm)
-            alg = ConcentratedGD(cfg, rho, fed.num_users, fed.num_params)
+            alg = _conc(
+                rho,
+                fed.num_users,
+                fed.num_params,
+                rounds=30,
+                lr=16.0,
+                conc_records=int(0.8 * m),
+                conc_scale=2.0,
+                conc_centre=algorithm,
+            )
         res = alg.run(fed, Releaser(ledger, NoiseSource(s), ZCDPFilter(rho)), fed.problem.init_params())
         out.append(fed.problem.loss(res.w, ds.train) - fed.problem.loss(w_opt, ds.train))
     return sum(out) / len(out)
@@ -250,8 +276,7 @@ def test_converges_and_beats_noisy_gd_when_users_hold_many_records(tmp_path):
 def test_previous_centre_radii_follow_the_public_schedule():
     rho, n, d, T, m = 0.5, 300, 7, 6, 25
     for relation, factor in (("replace-one", 2.0), ("add-remove", 1.0)):
-        cfg = ConcentratedGDConfig(rounds=T, clip=0.8, records=m, scale=2.0, neighbouring=relation)
-        alg = ConcentratedGD(cfg, rho, n, d)
+        alg = _conc(rho, n, d, relation=relation, rounds=T, clip=0.8, conc_records=m, conc_scale=2.0)
         a = factor * (math.sqrt(d) + math.sqrt(2 * math.log(1 / 0.05))) / (n * math.sqrt(2 * rho / T))
         expected = [0.8]
         for _ in range(T - 1):
@@ -266,8 +291,7 @@ def test_previous_centre_noise_and_charges_follow_the_radii(tmp_path):
     the released noise divided by 2 tau_t/sqrt(2 rho_t) is N(0, 1): 30 rounds x 150 coordinates."""
     ds, fed, ledger = _setup(tmp_path, d=150)
     rho, rounds, clip = ledger.budget.rho, 30, 0.7
-    cfg = ConcentratedGDConfig(rounds=rounds, lr=0.5, clip=clip, records=25, scale=2.0)
-    alg = ConcentratedGD(cfg, rho, fed.num_users, fed.num_params)
+    alg = _conc(rho, fed.num_users, fed.num_params, rounds=rounds, lr=0.5, clip=clip, conc_records=25, conc_scale=2.0)
     radii = alg.radii
     assert radii[0] == clip and abs(math.log(radii[-1] / clip)) > math.log(2)
     rel = _Recorder(ledger, NoiseSource(3), ZCDPFilter(rho))
@@ -409,8 +433,9 @@ def test_histogram_centre_is_within_its_error_bound_of_concentrated_users():
 def test_histogram_centres_charge_histogram_and_winsorized_mean_every_round(tmp_path):
     ds, fed, ledger = _setup(tmp_path)
     rho, rounds = ledger.budget.rho, 3
-    cfg = ConcentratedGDConfig(rounds=rounds, clip=0.5, records=20, centre="histogram")
-    alg = ConcentratedGD(cfg, rho, fed.num_users, fed.num_params)
+    alg = _conc(
+        rho, fed.num_users, fed.num_params, rounds=rounds, lr=1.0, clip=0.5, conc_records=20, conc_centre="histogram"
+    )
     r = alg.scale * 0.5 / math.sqrt(20)
     D = 8  # d = 8 is a power of two
     L = math.sqrt(2 * math.log(2 * fed.num_users * D / 0.05))
@@ -444,8 +469,17 @@ def test_histogram_noise_matches_its_sensitivity(tmp_path):
     sample std's standard error is < 1%, 5 of them far inside the sqrt(2) of the wrong relation."""
     ds, fed, ledger = _setup(tmp_path, d=30)
     rho, rounds = ledger.budget.rho, 20
-    cfg = ConcentratedGDConfig(rounds=rounds, lr=0.5, records=25, scale=0.3, centre="histogram")  # ~20 bins
-    alg = ConcentratedGD(cfg, rho, fed.num_users, fed.num_params)
+    alg = _conc(
+        rho,
+        fed.num_users,
+        fed.num_params,
+        rounds=rounds,
+        lr=0.5,
+        conc_records=25,
+        conc_scale=0.3,
+        conc_centre="histogram",
+        clip=1.0,
+    )  # ~20 bins
     rel = _Recorder(ledger, NoiseSource(8), ZCDPFilter(rho))
     alg.run(fed, rel, fed.problem.init_params())
     sigma = math.sqrt(2 * 32) / math.sqrt(2 * rho / rounds / 2)

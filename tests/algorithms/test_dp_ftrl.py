@@ -14,7 +14,8 @@ from build_helpers import SMALL
 from test_algorithm_registry import _flower_equals_inprocess  # tests/algorithms: the shared Flower check
 
 from fedkl import cli
-from fedkl.algorithms.gradient.dp_ftrl import DPFTRL, DPFTRLConfig, ParticipationScheduler
+from fedkl.algorithms.contract import BuildContext
+from fedkl.algorithms.gradient.dp_ftrl import DPFTRL, DPFTRLParams, ParticipationScheduler
 from fedkl.data import load_dataset
 from fedkl.data.base import FederatedDataset, UserData
 from fedkl.federation.base import ClippedLocalUpdate
@@ -24,6 +25,15 @@ from fedkl.privacy import Budget, NoiseSource, PrivacyLedger, Releaser
 from fedkl.privacy import matrix_mechanism as mm
 from fedkl.privacy.zcdp import eps_gaussian
 from fedkl.problems import make_problem
+
+
+def _ftrl(rho, user_ids, neighbouring="add-remove", seed=0, **params):
+    """dp-ftrl for ``user_ids`` with zCDP ``rho`` left (``params``: DPFTRLParams)."""
+    ctx = BuildContext.fresh(rho=rho, user_ids=user_ids, neighbouring=neighbouring, seed=seed)
+    return DPFTRL(DPFTRLParams(**params), ctx)
+
+
+IDS = [f"u{i}" for i in range(12)]
 
 
 def _fed(n_users=12, m=6, d=4, seed=0):
@@ -72,12 +82,10 @@ def test_schedules_that_would_ask_nobody_are_refused(n, rounds, b, k, msg):
     "factorization, band", [("tree", None), ("banded", 2), ("banded", 5), ("blt", None), ("blt-opt", None)]
 )
 def test_noise_std_is_the_enumerated_worst_pattern_over_sqrt_2rho(relation, factor, factorization, band):
-    cfg = DPFTRLConfig(
-        rounds=9, clip=0.7, factorization=factorization, band=band, min_separation=2, max_participations=3,
-        neighbouring=relation,
-    )  # fmt: skip
-    alg = DPFTRL(cfg, rho=0.3)
-    brute = mm.brute_force_max(cfg.factor.matrix(), 2, 3)
+    # T = 9 rounds, b = 3, k = 3 (a schedule that asks someone every round: T <= k b)
+    alg = _ftrl(0.3, IDS, relation, rounds=9, clip=0.7, factorization=factorization, band=band, min_separation=3,
+                max_participations=3, local_lr=0.5)  # fmt: skip
+    brute = mm.brute_force_max(alg.factor.matrix(), 3, 3)
     expected = factor * 0.7 * math.sqrt(max(brute)) / math.sqrt(2 * 0.3)
     assert alg.noise_std == pytest.approx(expected, rel=1e-12)
     # the charges of one user's j participations add up to Delta_j^2 / (2 sigma^2); at k: the budget
@@ -110,8 +118,8 @@ def test_run_draws_the_calibrated_noise_and_charges_each_participation(tmp_path,
     ds, fed = _fed(n_users=12, d=400)  # 8 rounds x 401 coordinates of Z
     ledger = PrivacyLedger(tmp_path / "l.sqlite", Budget(2.0, 1e-5, "gaussian"))
     rho = ledger.budget.rho
-    cfg = DPFTRLConfig(rounds=8, clip=0.5, factorization=factorization, min_separation=3, max_participations=3)
-    alg = DPFTRL(cfg, rho, seed=4)
+    alg = _ftrl(rho, fed.user_ids, seed=4, rounds=8, clip=0.5, factorization=factorization, min_separation=3,
+                max_participations=3, local_lr=0.5)  # fmt: skip
     noise = _DrawRecorder(3)
     alg.run(fed, Releaser(ledger, noise), fed.problem.init_params())
     Z = torch.stack([z for _, z in noise.draws])
@@ -148,10 +156,10 @@ def test_adversarial_neighbours_stay_within_the_calibrated_sensitivity(dishonest
         ("blt-opt", "replace-one"),
         ("tree", "add-remove"),
     ):
-        cfg = DPFTRLConfig(rounds=8, clip=0.3, factorization=factorization, band=3, min_separation=2,
-                           max_participations=4, neighbouring=relation, local_steps=2)  # fmt: skip
-        alg = DPFTRL(cfg, rho=0.5, seed=1)
-        C = cfg.factor.matrix()
+        alg = _ftrl(0.5, fed.user_ids, relation, seed=1, rounds=8, clip=0.3, factorization=factorization, band=3,
+                    min_separation=2, max_participations=4, local_steps=2, local_lr=0.5)  # fmt: skip
+        cfg = alg.params
+        C = alg.factor.matrix()
         sched = ParticipationScheduler(fed.user_ids, 8, 2, 4, seed=1)
         cohorts = [sched.planned(t) for t in range(8)]
         worst = 0.0
@@ -165,7 +173,7 @@ def test_adversarial_neighbours_stay_within_the_calibrated_sensitivity(dishonest
             diff = []
             for t in range(8):
                 w = torch.randn(fed.problem.num_params, generator=g, dtype=torch.float64)
-                q = ClippedLocalUpdate(w, cfg.clip, cfg.local_steps, cfg.local_lr)
+                q = ClippedLocalUpdate(w, cfg.clip, cfg.local_steps, alg.local_lr)
                 users = cohorts[t]
                 a = clip_rows(fed.compute(q, users).values, cfg.clip)[0].sum(0)
                 others = [u for u in users if u != victim] if relation == "add-remove" else users
@@ -177,7 +185,7 @@ def test_adversarial_neighbours_stay_within_the_calibrated_sensitivity(dishonest
             assert np.linalg.norm(C @ D) <= alg.sensitivity * (1 + 1e-9)
         assert alg.sensitivity == pytest.approx(alg.noise_std * math.sqrt(2 * 0.5), rel=1e-12)
         # the adversary gets close: a scale for fewer participations (e.g. k = 1) would fail above
-        assert worst >= 0.6 * alg.sensitivity > cfg.answer_bound * math.sqrt(cfg.factor.sensitivity_squares(2, 1)[0])
+        assert worst >= 0.6 * alg.sensitivity > alg.answer_bound * math.sqrt(alg.factor.sensitivity_squares(2, 1)[0])
 
 
 def test_dp_ftrl_over_flower_equals_inprocess_for_every_factorization(tmp_path):

@@ -6,6 +6,7 @@ many records)."""
 
 import math
 from statistics import NormalDist
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,9 +15,7 @@ from build_helpers import counting_federation  # tests/build_helpers.py
 from fedkl.algorithms.gradient.noisy_gd import NoisyGDParams, NoisyGradientDescent
 from fedkl.algorithms.gradient.outlier_gd import (
     OutlierGD,
-    OutlierGDConfig,
     OutlierGDParams,
-    build_outlier_gd,
     neighbour_scores,
     outlier_weights,
     weighted_mean,
@@ -104,7 +103,7 @@ def _alg(fed, ledger, **cfg):
     ctx = BuildContext(
         fed.problem, 1.0, ids, b.delta, ledger.rho_left(ids), ledger.approx_left(ids), "cks", "replace-one", 0
     )
-    return build_outlier_gd(params, ctx)
+    return OutlierGD(params, ctx)
 
 
 class _Recorder(Releaser):
@@ -202,9 +201,12 @@ def test_refusals_come_before_any_data_is_read(tmp_path):
     ids = tuple(fed.user_ids)
     spent = BuildContext(problem, 1.0, ids, 1e-5, 0.0, (0.0, 0.0), "cks", "replace-one", 0)
     with pytest.raises(Exception, match="spent"):
-        build_outlier_gd(OutlierGDParams(lr=1.0), spent)
+        OutlierGD(OutlierGDParams(lr=1.0), spent)
     big = PrivacyLedger(tmp_path / "big.sqlite", Budget(50.0, 1e-5))
-    wrong_n = OutlierGD(OutlierGDConfig(), 1e4, 1e-6, fed.num_users + 1, fed.num_params)
+    wrong_ids = [*ids, "one-more"]
+    wrong_n = OutlierGD(
+        OutlierGDParams(), BuildContext.fresh(eps=50.0, delta=1e-5, user_ids=wrong_ids, problem=problem)
+    )
     with pytest.raises(ValueError, match="nothing was read"):
         wrong_n.run(fed, Releaser(big, NoiseSource(0)), problem.init_params())
     assert fed.calls == 0 and ledger.num_releases() == 0 and big.num_releases() == 0
@@ -213,18 +215,27 @@ def test_refusals_come_before_any_data_is_read(tmp_path):
 @pytest.mark.parametrize(
     "bad",
     [
-        {"records": 0},
-        {"scale": -1.0},
-        {"beta": 1.0},
-        {"test_share": 0.0},
-        {"delta_share": 1.0},
+        {"conc_records": 0},
+        {"conc_scale": -1.0},
+        {"conc_beta": 1.0},
+        {"outlier_test_share": 0.0},
+        {"outlier_delta_share": 1.0},
         {"neighbouring": "swap"},
     ],
 )
 def test_bad_settings_are_refused_in_one_line(bad):
+    """Each refused in one line naming its flag: the hyperparameters by the Params, the relation by the class."""
     with pytest.raises(ValueError) as err:
-        OutlierGDConfig(**bad)
+        if "neighbouring" in bad:
+            ids = [f"u{i}" for i in range(400)]
+            ctx = BuildContext.fresh(
+                eps=4.0, delta=1e-5, user_ids=ids, problem=SimpleNamespace(num_params=3), neighbouring="swap"
+            )
+            OutlierGD(OutlierGDParams(), ctx)
+        else:
+            OutlierGDParams(**bad)
     assert "\n" not in str(err.value)
+    assert ("neighbouring" if "neighbouring" in bad else "--" + next(iter(bad)).replace("_", "-")) in str(err.value)
 
 
 def test_the_exact_gaussian_conversion_is_refused_before_any_charge(tmp_path):

@@ -239,7 +239,7 @@ def test_every_algorithm_declares_what_it_assumes_of_clients(tmp_path):
 
     classes = [
         noisy_gd.NoisyGradientDescent,
-        dp_adaptive.AdaptiveDPOptimizer,
+        dp_adaptive.AdaptiveDP,
         dp_fedavg.DPFedAvg,
         kl_adaptive_gd.AdaptiveKLGD,
         kl_spider.KLSpider,

@@ -100,6 +100,17 @@ from typing import Callable
 
 import torch
 
+from fedkl.algorithms.contract import (
+    Algorithm,
+    AlgorithmParams,
+    AlgorithmResult,
+    BuildContext,
+    Clip,
+    Rounds,
+    SmallAudit,
+    StepSize,
+    param,
+)
 from fedkl.algorithms.gradient.histogram_centre import (
     ROTATION_SEED,
     bin_width,
@@ -109,16 +120,7 @@ from fedkl.algorithms.gradient.histogram_centre import (
     padded_dim,
     rotation_signs,
 )
-from fedkl.algorithms.registry import (
-    AlgorithmParams,
-    AlgorithmResult,
-    BuildContext,
-    Clip,
-    Rounds,
-    StepSize,
-    param,
-    register,
-)
+from fedkl.algorithms.registry import register
 from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import Federation, GradientsAtPoints
 from fedkl.federation.clipping import clip_rows
@@ -165,42 +167,92 @@ def check_built_for(alg, federation: Federation) -> None:
         )
 
 
-def check_concentration_settings(cfg) -> None:
-    """The one-line refusals shared by noisy-gd-conc's and noisy-gd-outlier's configs (rounds, lr, clip,
-    the declared m, k, beta)."""
-    if int(cfg.rounds) != cfg.rounds or cfg.rounds < 1:
-        raise ValueError(f"rounds must be a positive integer, got {cfg.rounds}")
-    for name in ("lr", "clip"):
-        v = getattr(cfg, name)
-        if not (v > 0 and math.isfinite(v)):
-            raise ValueError(f"{name} must be finite and > 0, got {v}")
-    if int(cfg.records) != cfg.records or cfg.records < 1:
-        raise ValueError(f"--conc-records must be a positive integer, got {cfg.records}")
-    if cfg.scale is not None and not (cfg.scale > 0 and math.isfinite(cfg.scale)):
-        raise ValueError(f"--conc-scale must be finite and > 0, got {cfg.scale}")
-    if not 0 < cfg.beta < 1:
-        raise ValueError(f"--conc-beta must be in (0, 1), got {cfg.beta}")
+@dataclass(frozen=True)
+class Concentration(AlgorithmParams):
+    """The public concentration claim shared by noisy-gd-conc and noisy-gd-outlier."""
+
+    conc_records: int = param(
+        1,
+        "noisy-gd-conc, noisy-gd-outlier: the public number m of records every user holds (declared, never read from "
+        "the data; a user with fewer is less concentrated: bias, not privacy loss); the radius is ~ C/sqrt(m)",
+        "heuristic",
+        positive=True,
+    )
+    conc_scale: float | None = param(
+        None,
+        "noisy-gd-conc, noisy-gd-outlier: k in the radius k C/sqrt(m) (default: the concentration theorem's "
+        "2 (1 + sqrt(2 ln(n/beta))) at a fixed model)",
+        "theorem",
+    )
+    conc_beta: float = param(
+        0.05,
+        "noisy-gd-conc, noisy-gd-outlier: failure probability beta of the concentration (and noise) bounds",
+        "theorem",
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.conc_scale is not None and not (self.conc_scale > 0 and math.isfinite(self.conc_scale)):
+            raise ValueError(f"--conc-scale must be finite and > 0, got {self.conc_scale}")
+        if not 0 < self.conc_beta < 1:
+            raise ValueError(f"--conc-beta must be in (0, 1), got {self.conc_beta}")
+
+
+def concentration_scale(scale: float | None, num_users: int, beta: float) -> float:
+    """k: ``--conc-scale``, else the fixed-model theorem's 2 (1 + sqrt(2 ln(n/beta))) (module docstring)."""
+    if scale is not None:
+        return scale
+    return 2.0 * (1.0 + math.sqrt(2.0 * math.log(num_users / beta)))
+
+
+def population(ctx: BuildContext) -> tuple[int, int]:
+    """``(n, d)`` of the run (public: the enrolled users and the model's size), refusing an empty one."""
+    if ctx.problem is None:
+        raise ValueError("the build context names no problem (its number of parameters d): give problem=")
+    n, d = ctx.num_users, ctx.problem.num_params
+    if n < 1 or d < 1:
+        raise ValueError(f"need at least one user and one parameter, got n={n}, d={d}")
+    return n, d
 
 
 @dataclass(frozen=True)
-class ConcentratedGDConfig:
-    rounds: int = 30
-    lr: float = 1.0
-    clip: float = 1.0
-    records: int = 1
-    scale: float | None = None
-    beta: float = 0.05
-    centre_share: float = 0.5
-    centre: str = "previous"
-    neighbouring: str = "replace-one"
+class ConcentratedGDParams(Rounds, StepSize, Clip, Concentration):
+    """noisy-gd-conc: every user every round; one Gaussian release per round (two with fresh centres)."""
+
+    conc_centre_share: float = param(
+        0.5,
+        "noisy-gd-conc: share of each round's zCDP budget spent on the private centre (fresh and histogram)",
+        "heuristic",
+    )
+    conc_centre: str = param(
+        "previous",
+        "noisy-gd-conc: the ball's centre: fresh (a private noisy mean each round, two releases per round), "
+        "histogram (Levy et al.'s private per-coordinate histogram in a random rotation, two releases per round) "
+        "or previous (the previous round's released estimate, free; round 0 is noisy-gd's; one release per round)",
+        "heuristic",
+        choices=CENTRES,
+    )
 
     def __post_init__(self) -> None:
-        check_concentration_settings(self)
-        if not 0 < self.centre_share < 1:
-            raise ValueError(f"--conc-centre-share must be in (0, 1), got {self.centre_share}")
-        if self.centre not in CENTRES:
-            raise ValueError(f"--conc-centre must be one of {', '.join(CENTRES)}, got {self.centre!r}")
-        sum_sensitivity(1.0, self.neighbouring)
+        super().__post_init__()
+        if not 0 < self.conc_centre_share < 1:
+            raise ValueError(f"--conc-centre-share must be in (0, 1), got {self.conc_centre_share}")
+
+
+# module docstring: a missing or non-finite answer contributes the zero displacement (the centre itself);
+# the centre's noisy-gd sum takes it as a zero row (the histogram centre counts each row's rotated coordinates)
+CONC_ABSENCE = (
+    Absence(
+        "zero",
+        "the fresh centre's noisy sum: a failed user's clipped gradient is the zero row",
+        releases="*/centre",
+    ),
+    Absence(
+        "replaced",
+        "the winsorized sum (and the histogram centre's counts): a failed, dropped or non-finite user is "
+        "replaced by the centre itself (zero displacement), i.e. left out of the sum; n is public",
+    ),
+)
 
 
 @dataclass
@@ -213,39 +265,46 @@ class ConcentratedGDResult(AlgorithmResult):
     history: list[dict] = field(default_factory=list)
 
 
-class ConcentratedGD:
-    """See the module docstring. ``rho_total`` is split evenly over the rounds, each round's share
-    between the centre (``centre_share``) and the winsorized mean."""
+@register
+class ConcentratedGD(Algorithm[ConcentratedGDParams]):
+    """Noisy GD over users with a winsorized mean: gradients projected onto a ball of radius ~C/sqrt(m) around a private centre (zCDP).
+
+    See the module docstring. The run's zCDP budget (``ctx.rho_left``) is split evenly over the rounds,
+    each round's share between the centre (``--conc-centre-share``) and the winsorized mean."""
 
     name = NAME
+    Params = ConcentratedGDParams
     guarantee = Guarantee("zcdp")
+    absence = CONC_ABSENCE
+    step_size = 4.0
+    small = {"conc_records": 20}
+    audit = SmallAudit()
 
-    def __init__(self, config: ConcentratedGDConfig, rho_total: float, num_users: int, dim: int) -> None:
-        if not (rho_total > 0 and math.isfinite(rho_total)):
-            raise ValueError(f"rho_total must be finite and > 0, got {rho_total}")
-        if num_users < 1 or dim < 1:
-            raise ValueError(f"need at least one user and one parameter, got n={num_users}, d={dim}")
-        self.config = config
-        self.rho_total = float(rho_total)
-        self.num_users = int(num_users)
-        self.dim = int(dim)
+    def __init__(self, params: ConcentratedGDParams, ctx: BuildContext) -> None:
+        super().__init__(params, ctx)
+        if not (ctx.rho_left > 0 and math.isfinite(ctx.rho_left)):
+            raise ValueError(f"the zCDP budget must be finite and > 0, got rho={ctx.rho_left}")
+        self.neighbouring = ctx.neighbouring
+        sum_sensitivity(1.0, self.neighbouring)  # refuses an unknown relation
+        self.rho_total = float(ctx.rho_left)
+        self.num_users, self.dim = population(ctx)
 
     def warnings(self) -> list[str]:
         """Public settings that make this run a worse noisy-gd, said by ``fedkl run`` before any budget is spent."""
-        tau = self.tau_histogram if self.config.centre == "histogram" else self.tau
-        return records_warning(self.name, self.config.records, tau, self.config.clip)
+        tau = self.tau_histogram if self.params.conc_centre == "histogram" else self.tau
+        return records_warning(self.name, self.params.conc_records, tau, self.params.clip)
 
     @property
     def rho_centre(self) -> float:
-        return self.config.centre_share * self.rho_total / self.config.rounds
+        return self.params.conc_centre_share * self.rho_total / self.params.rounds
 
     @property
     def rho_winsorized(self) -> float:
-        return (1.0 - self.config.centre_share) * self.rho_total / self.config.rounds
+        return (1.0 - self.params.conc_centre_share) * self.rho_total / self.params.rounds
 
     @property
     def sensitivity_centre(self) -> float:
-        return sum_sensitivity(self.config.clip, self.config.neighbouring)
+        return sum_sensitivity(self.params.clip, self.neighbouring)
 
     @property
     def sigma_centre(self) -> float:
@@ -258,32 +317,32 @@ class ConcentratedGD:
     @property
     def scale(self) -> float:
         """k in tau = k C / sqrt(m) + e: ``--conc-scale``, else the fixed-w theorem's 2 (1 + sqrt(2 ln(n/beta)))."""
-        return concentration_scale(self.config.scale, self.num_users, self.config.beta)
+        return concentration_scale(self.params.conc_scale, self.num_users, self.params.conc_beta)
 
     @property
     def centre_error(self) -> float:
         """e: a bound on the centre's noise norm / n, holding with probability >= 1 - beta."""
         return (
             self.sigma_centre
-            * (math.sqrt(self.dim) + math.sqrt(2.0 * math.log(1.0 / self.config.beta)))
+            * (math.sqrt(self.dim) + math.sqrt(2.0 * math.log(1.0 / self.params.conc_beta)))
             / self.num_users
         )
 
     @property
     def tau(self) -> float:
         """The projection radius: public (C, m, beta, n, d, rho only)."""
-        cfg = self.config
-        return self.scale * cfg.clip / math.sqrt(cfg.records) + self.centre_error
+        p = self.params
+        return self.scale * p.clip / math.sqrt(p.conc_records) + self.centre_error
 
     @property
     def concentration_radius(self) -> float:
         """r = k C / sqrt(m): the users' spread around their mean (module docstring)."""
-        return self.scale * self.config.clip / math.sqrt(self.config.records)
+        return self.scale * self.params.clip / math.sqrt(self.params.conc_records)
 
     @property
     def bin_width(self) -> float:
         """``--conc-centre histogram``: the public bin width w = 2 r L / sqrt(D) (histogram_centre)."""
-        return bin_width(self.concentration_radius, self.num_users, self.dim, self.config.beta)
+        return bin_width(self.concentration_radius, self.num_users, self.dim, self.params.conc_beta)
 
     @property
     def tau_histogram(self) -> float:
@@ -292,12 +351,12 @@ class ConcentratedGD:
 
     @property
     def sensitivity_histogram(self) -> float:
-        return histogram_sensitivity(self.dim, self.config.neighbouring)
+        return histogram_sensitivity(self.dim, self.neighbouring)
 
     @property
     def sensitivity_winsorized(self) -> float:
-        tau = self.tau_histogram if self.config.centre == "histogram" else self.tau
-        return sum_sensitivity(tau, self.config.neighbouring)
+        tau = self.tau_histogram if self.params.conc_centre == "histogram" else self.tau
+        return sum_sensitivity(tau, self.neighbouring)
 
     @property
     def sigma_winsorized(self) -> float:
@@ -305,20 +364,20 @@ class ConcentratedGD:
 
     @property
     def rho_round(self) -> float:
-        return self.rho_total / self.config.rounds
+        return self.rho_total / self.params.rounds
 
     @property
     def radii(self) -> list[float]:
         """``--conc-centre previous``: the public radius of every round, tau_0 = C (centre 0: noisy-gd's
         round) and tau_t = k C/sqrt(m) + a tau_(t-1), a tau_(t-1) the bound on the previous estimate's
         noise norm / n (module docstring)."""
-        cfg = self.config
-        factor = sum_sensitivity(1.0, cfg.neighbouring)
-        tail = math.sqrt(self.dim) + math.sqrt(2.0 * math.log(1.0 / cfg.beta))
+        p = self.params
+        factor = sum_sensitivity(1.0, self.neighbouring)
+        tail = math.sqrt(self.dim) + math.sqrt(2.0 * math.log(1.0 / p.conc_beta))
         a = factor * tail / (self.num_users * math.sqrt(2.0 * self.rho_round))
-        radii = [cfg.clip]
-        while len(radii) < cfg.rounds:
-            radii.append(self.scale * cfg.clip / math.sqrt(cfg.records) + a * radii[-1])
+        radii = [p.clip]
+        while len(radii) < p.rounds:
+            radii.append(self.scale * p.clip / math.sqrt(p.conc_records) + a * radii[-1])
         return radii
 
     def run(
@@ -328,13 +387,13 @@ class ConcentratedGD:
         w0: torch.Tensor,
         progress: Callable[[dict], None] | None = None,
     ) -> ConcentratedGDResult:
-        cfg = self.config
+        cfg, neighbouring = self.params, self.neighbouring
         n = federation.num_users
         check_built_for(self, federation)
         users = list(range(n))
         user_ids = federation.ids_of(users)
-        fresh = cfg.centre == "fresh"
-        histogram = cfg.centre == "histogram"
+        fresh = cfg.conc_centre == "fresh"
+        histogram = cfg.conc_centre == "histogram"
         if histogram:
             radii = [self.tau_histogram] * cfg.rounds
         else:
@@ -351,7 +410,7 @@ class ConcentratedGD:
             answers = federation.compute(GradientsAtPoints(w.unsqueeze(0)), users)
             grads = answers.values[:, 0, :].to(w.dtype)
             present = answers.answered()  # a failed user's zero row is not data: it is left out of every release
-            common = {"round": t, "neighbouring": cfg.neighbouring, "failed": len(answers.failed)}
+            common = {"round": t, "neighbouring": neighbouring, "failed": len(answers.failed)}
             if histogram:
                 signs = rotation_signs(self.dim, ROTATION_SEED + t)  # public randomness
                 noisy_counts = releaser.gaussian(
@@ -378,7 +437,7 @@ class ConcentratedGD:
                 centre = noisy_centre_sum.to(w.dtype) / n  # a function of stage 1's release only
             else:
                 centre = previous  # a function of earlier releases only
-            sensitivity = sum_sensitivity(tau, cfg.neighbouring)
+            sensitivity = sum_sensitivity(tau, neighbouring)
             displacement, _ = winsorized_sum(grads, centre, tau, present)
             noisy_displacement = releaser.gaussian(
                 displacement,
@@ -394,7 +453,7 @@ class ConcentratedGD:
             previous = grad
             w = w - cfg.lr * grad
             log.round(t + 1, start, len(answers.failed), noisy_grad_norm=float(grad.norm()), rho_spent=spent)
-        details = {"tau": radii[-1], "scale": self.scale, "records": cfg.records, "centre": cfg.centre}
+        details = {"tau": radii[-1], "scale": self.scale, "records": cfg.conc_records, "centre": cfg.conc_centre}
         if histogram:
             details["bin_width"] = self.bin_width
             details["centre_error_bound"] = self.tau_histogram - self.concentration_radius
@@ -410,98 +469,15 @@ class ConcentratedGD:
         )
 
 
-@dataclass(frozen=True)
-class Concentration(AlgorithmParams):
-    """The public concentration claim shared by noisy-gd-conc and noisy-gd-outlier."""
-
-    conc_records: int = param(
-        1,
-        "noisy-gd-conc, noisy-gd-outlier: the public number m of records every user holds (declared, never read from "
-        "the data; a user with fewer is less concentrated: bias, not privacy loss); the radius is ~ C/sqrt(m)",
-        "heuristic",
-        positive=True,
-    )
-    conc_scale: float | None = param(
-        None,
-        "noisy-gd-conc, noisy-gd-outlier: k in the radius k C/sqrt(m) (default: the concentration theorem's "
-        "2 (1 + sqrt(2 ln(n/beta))) at a fixed model)",
-        "theorem",
-    )
-    conc_beta: float = param(
-        0.05,
-        "noisy-gd-conc, noisy-gd-outlier: failure probability beta of the concentration (and noise) bounds",
-        "theorem",
-    )
-
-
-def concentration_scale(scale: float | None, num_users: int, beta: float) -> float:
-    """k: ``--conc-scale``, else the fixed-model theorem's 2 (1 + sqrt(2 ln(n/beta))) (module docstring)."""
-    if scale is not None:
-        return scale
-    return 2.0 * (1.0 + math.sqrt(2.0 * math.log(num_users / beta)))
-
-
-@dataclass(frozen=True)
-class ConcentratedGDParams(Rounds, StepSize, Clip, Concentration):
-    """noisy-gd-conc: every user every round; one Gaussian release per round (two with fresh centres)."""
-
-    conc_centre_share: float = param(
-        0.5,
-        "noisy-gd-conc: share of each round's zCDP budget spent on the private centre (fresh and histogram)",
-        "heuristic",
-    )
-    conc_centre: str = param(
-        "previous",
-        "noisy-gd-conc: the ball's centre: fresh (a private noisy mean each round, two releases per round), "
-        "histogram (Levy et al.'s private per-coordinate histogram in a random rotation, two releases per round) "
-        "or previous (the previous round's released estimate, free; round 0 is noisy-gd's; one release per round)",
-        "heuristic",
-        choices=CENTRES,
-    )
-
-
-# module docstring: a missing or non-finite answer contributes the zero displacement (the centre itself);
-# the centre's noisy-gd sum takes it as a zero row (the histogram centre counts each row's rotated coordinates)
-CONC_ABSENCE = (
-    Absence(
-        "zero",
-        "the fresh centre's noisy sum: a failed user's clipped gradient is the zero row",
-        releases="*/centre",
-    ),
-    Absence(
-        "replaced",
-        "the winsorized sum (and the histogram centre's counts): a failed, dropped or non-finite user is "
-        "replaced by the centre itself (zero displacement), i.e. left out of the sum; n is public",
-    ),
-)
-
-
-@register(NAME, ConcentratedGDParams, step_size=4.0, absence=CONC_ABSENCE)
-def build_concentrated_gd(params: ConcentratedGDParams, ctx: BuildContext) -> ConcentratedGD:
-    """Noisy GD over users with a winsorized mean: gradients projected onto a ball of radius ~C/sqrt(m) around a private centre (zCDP)."""
-    config = ConcentratedGDConfig(
-        rounds=params.rounds,
-        lr=params.lr,
-        clip=params.clip,
-        records=params.conc_records,
-        scale=params.conc_scale,
-        beta=params.conc_beta,
-        centre_share=params.conc_centre_share,
-        centre=params.conc_centre,
-        neighbouring=ctx.neighbouring,
-    )
-    return ConcentratedGD(config, ctx.rho_left, ctx.num_users, ctx.problem.num_params)
-
-
 __all__ = [
+    "CONC_ABSENCE",
     "ConcentratedGD",
-    "ConcentratedGDConfig",
     "ConcentratedGDParams",
     "ConcentratedGDResult",
     "Concentration",
     "check_built_for",
-    "records_warning",
-    "check_concentration_settings",
     "concentration_scale",
+    "population",
+    "records_warning",
     "winsorized_sum",
 ]

@@ -53,111 +53,146 @@ from typing import Callable
 
 import torch
 
-from fedkl.algorithms.gradient import adaptive_clip
-from fedkl.algorithms.gradient.poisson_schedule import (
-    PoissonScheduledRun,
-    ScheduleResult,
-    calibrate,
-    check_schedule_config,
-    sum_sensitivity,
-)
-from fedkl.algorithms.registry import (
+from fedkl.algorithms.contract import (
     AlgorithmParams,
     BuildContext,
     Clip,
     PoissonSampling,
     Rounds,
+    SmallAudit,
     StepSize,
     param,
-    register,
 )
+from fedkl.algorithms.gradient import adaptive_clip
+from fedkl.algorithms.gradient.poisson_schedule import (
+    SCHEDULED,
+    PoissonScheduledRun,
+    ScheduledAlgorithm,
+    ScheduleResult,
+    check_sampling_rate,
+)
+from fedkl.algorithms.registry import register
 from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import ClippedLocalUpdate, Federation
 from fedkl.federation.clipping import clip_rows
-from fedkl.privacy.accounting import GaussianSchedule
-from fedkl.privacy.guarantee import ZERO_SUMS, Guarantee
+from fedkl.privacy.guarantee import ZERO_SUMS
 from fedkl.privacy.release import Releaser
 
 
-@dataclass(frozen=True)
-class DPFedAvgConfig:
-    """Hyperparameters. ``batch_size=None``: each local step uses all of the user's records."""
+def _flag_error(err: ValueError) -> ValueError:
+    """A setting's one-line error with the setting named as its flag (``local_steps`` -> ``--local-steps``)."""
+    name, rest = str(err).split(" ", 1)
+    return ValueError(f"--{name.replace('_', '-')} {rest}")
 
-    rounds: int = 30
-    clip: float = 1.0
-    sampling_rate: float = 1.0
-    local_steps: int = 5
-    local_lr: float = 0.5
-    batch_size: int | None = None
-    server_lr: float = 1.0
-    server_momentum: float = 0.0
-    neighbouring: str = "add-remove"
-    accountant: str = "pld"
-    adaptive_clip: bool = False
-    clip_quantile: float = 0.5
-    clip_lr: float = 0.2
-    clip_count_noise: float | None = None  # required with adaptive_clip (the builder: q n / 20)
+
+@dataclass(frozen=True)
+class LocalUpdates(AlgorithmParams):
+    """The clipped local-update query's settings (DP-FedAvg and DP-FTRL ask the same query)."""
+
+    local_steps: int = param(
+        5, "dp-fedavg, dp-ftrl: local SGD steps K per asked user (K = 1 with local lr 1 is DP-FedSGD)", "heuristic"
+    )
+    local_lr: float | None = param(None, "dp-fedavg, dp-ftrl: local step size (default --lr)", "heuristic")
+    batch_size: int | None = param(
+        None, "dp-fedavg, dp-ftrl: records per local step, cyclic mini-batches (default all records)", "heuristic"
+    )
+    server_lr: float = param(1.0, "dp-fedavg, dp-ftrl: server step size on the noisy mean delta", "heuristic")
 
     def __post_init__(self) -> None:
-        check_schedule_config(self.rounds, self.sampling_rate, self.neighbouring, self.accountant)
+        super().__post_init__()
+        if not (self.server_lr > 0 and math.isfinite(self.server_lr)):
+            raise ValueError(f"--server-lr must be finite and > 0, got {self.server_lr}")
+        try:  # the query checks local_steps, local_lr and batch_size with the same rules the clients apply
+            ClippedLocalUpdate(torch.zeros(1), 1.0, self.local_steps, self.local_update_lr(1.0), self.batch_size)
+        except ValueError as e:
+            raise _flag_error(e) from None
+
+    def local_update_lr(self, lr: float | None) -> float:
+        """The local step size: ``--local-lr``, else the run's ``lr`` (resolved by the algorithm)."""
+        return lr if self.local_lr is None else self.local_lr
+
+
+@dataclass(frozen=True)
+class DPFedAvgParams(Rounds, StepSize, Clip, PoissonSampling, LocalUpdates):
+    server_momentum: float = param(0.0, "dp-fedavg: server momentum (0 = plain FedAvg)", "heuristic")
+    adaptive_clip: bool = param(
+        False,
+        "dp-fedavg: adapt the clip to a private quantile of the update norms (Andrew et al. 2021), "
+        "starting from --clip (default: the fixed clip)",
+        "heuristic",
+    )
+    clip_quantile: float = param(0.5, "dp-fedavg --adaptive-clip: target quantile gamma of the update norms")
+    clip_lr: float = param(0.2, "dp-fedavg --adaptive-clip: geometric clip learning rate eta_C", positive=True)
+    clip_count_noise: float | None = param(
+        None,
+        "dp-fedavg --adaptive-clip: noise std sigma_b of the count of unclipped updates "
+        "(default: expected cohort q n / 20, Andrew et al.)",
+        positive=True,
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_sampling_rate(self.sampling_rate)
+        if not 0 <= self.server_momentum < 1:
+            raise ValueError(f"--server-momentum must be in [0, 1), got {self.server_momentum}")
         if self.adaptive_clip:
             if not 0 < self.clip_quantile < 1:
-                raise ValueError(f"clip_quantile must be in (0, 1), got {self.clip_quantile}")
-            if not (self.clip_lr > 0 and math.isfinite(self.clip_lr)):
-                raise ValueError(f"clip_lr must be finite and > 0, got {self.clip_lr}")
-            if self.clip_count_noise is None or not (
-                self.clip_count_noise > 0 and math.isfinite(self.clip_count_noise)
-            ):
-                raise ValueError(f"clip_count_noise must be finite and > 0, got {self.clip_count_noise}")
+                raise ValueError(f"--clip-quantile must be in (0, 1), got {self.clip_quantile}")
             # the clip moves by at most a factor exp(clip_lr) per round: keep every C_t a positive float
             span = self.clip_lr * self.rounds
             if span > 600 or self.clip * math.exp(-span) == 0 or not math.isfinite(self.clip * math.exp(span)):
-                raise ValueError("clip_lr * rounds is too large: the adaptive clip could leave the float range")
-        for name in ("clip", "local_lr", "server_lr"):
-            v = getattr(self, name)
-            if not (v > 0 and math.isfinite(v)):
-                raise ValueError(f"{name} must be finite and > 0, got {v}")
-        if not 0 <= self.server_momentum < 1:
-            raise ValueError(f"server_momentum must be in [0, 1), got {self.server_momentum}")
-        # the query validates local_steps and batch_size with the same rules the clients apply
-        ClippedLocalUpdate(torch.zeros(1), self.clip, self.local_steps, self.local_lr, self.batch_size)
-
-    @property
-    def sensitivity(self) -> float:
-        """L2 sensitivity of the released sum under the configured relation, with the fixed clip
-        (adaptive clipping releases a normalised vector: :mod:`fedkl.algorithms.gradient.adaptive_clip`)."""
-        return sum_sensitivity(self.clip, self.neighbouring)
+                raise ValueError("--clip-lr x --rounds is too large: the adaptive clip could leave the float range")
 
 
 DPFedAvgResult = ScheduleResult
 
 
-class DPFedAvg:
-    """See the module docstring. ``eps``/``delta``: the user-level budget this run may charge."""
+@register
+class DPFedAvg(ScheduledAlgorithm[DPFedAvgParams]):
+    """DP-FedAvg: sampled users' clipped local updates, one (eps, delta) sampled-Gaussian schedule.
+
+    See the module docstring. The budget is what every user can still afford, charged up front as one
+    (eps, delta) schedule; ``local_lr`` None: the run's ``lr``; ``clip_count_noise`` None: the expected
+    cohort q n / 20. The server step (momentum SGD on the noisy mean delta) is :meth:`server_step`, which
+    a server-optimizer variant overrides (post-processing of the same releases)."""
 
     name = "dp-fedavg"
+    Params = DPFedAvgParams
+    absence = ZERO_SUMS
+    step_size = 4.0
+    # secure aggregation serves the fixed clip; adaptive clipping needs each user's indicator
+    sums_only = staticmethod(lambda params: not params.adaptive_clip)
     # every release's number, order, label, typed charge and cohort follow from public values only (the
-    # config, n, the user ids, a public seed), never from the data or an earlier release: a plan made before
+    # params, n, the user ids, a public seed), never from the data or an earlier release: a plan made before
     # the data is this run's, so `fedkl run` prepays it (fedkl.runner, PREPAID_NOTE)
     plan_is_public = True
-    guarantee = Guarantee("schedule")
+    small = {**SCHEDULED, "local_steps": 2, "batch_size": 3}
+    audit = SmallAudit()
 
-    def __init__(self, config: DPFedAvgConfig, eps: float, delta: float) -> None:
-        if not (eps > 0 and math.isfinite(eps)) or not 0 < delta < 1:
-            raise ValueError(f"need a finite eps > 0 and 0 < delta < 1, got eps={eps}, delta={delta}")
-        self.config = config
-        self.eps = eps
-        self.delta = delta
+    def __init__(self, params: DPFedAvgParams, ctx: BuildContext) -> None:
+        super().__init__(params, ctx)
+        self.local_lr = self.params.local_update_lr(self.params.lr)
+        self.clip_count_noise = (
+            params.sampling_rate * ctx.num_users / 20 if params.clip_count_noise is None else params.clip_count_noise
+        )
         self.count_scale = None
-        if config.adaptive_clip:  # refuse a setting without a count scale before anything is read
+        if params.adaptive_clip:  # refuse a setting without a count scale before anything is read
             z = self.schedule().noise_multiplier
-            self.count_scale = adaptive_clip.count_scale(z, config.clip_count_noise, config.neighbouring)
+            self.count_scale = adaptive_clip.count_scale(z, self.clip_count_noise, self.neighbouring)
 
-    def schedule(self) -> GaussianSchedule:
-        """The T-fold (subsampled) Gaussian schedule calibrated to (eps, delta) by dp-accounting."""
-        cfg = self.config
-        z, _ = calibrate(self.eps, self.delta, cfg.sampling_rate, cfg.rounds, cfg.accountant)
-        return GaussianSchedule(z, cfg.sampling_rate, cfg.rounds)
+    def server_state(self, w: torch.Tensor) -> dict:
+        """The server optimizer's state before round 1 (``w``: the initial model)."""
+        return {"velocity": torch.zeros_like(w)}
+
+    def server_step(self, w: torch.Tensor, delta_t: torch.Tensor, state: dict) -> torch.Tensor:
+        """The next model from the released noisy mean update ``delta_t`` (post-processing):
+        ``v = beta v + delta_t``, ``w + server_lr v``."""
+        state["velocity"] = self.params.server_momentum * state["velocity"] + delta_t
+        return w + self.params.server_lr * state["velocity"]
+
+    def server_details(self) -> dict:
+        """The server optimizer's settings, for the result's details."""
+        return {"server_lr": self.params.server_lr, "server_momentum": self.params.server_momentum}
 
     def run(
         self,
@@ -166,9 +201,9 @@ class DPFedAvg:
         w0: torch.Tensor,
         progress: Callable[[dict], None] | None = None,
     ) -> DPFedAvgResult:
-        cfg = self.config
+        cfg, local_lr = self.params, self.local_lr
         scale = self.count_scale
-        adaptive = {} if scale is None else {"count_scale": scale, "clip_count_noise": cfg.clip_count_noise}
+        adaptive = {} if scale is None else {"count_scale": scale, "clip_count_noise": self.clip_count_noise}
         run = PoissonScheduledRun(
             federation,
             releaser,
@@ -179,12 +214,12 @@ class DPFedAvg:
             clip=cfg.clip if scale is None else adaptive_clip.norm_bound(scale),
             sampling_rate=cfg.sampling_rate,
             rounds=cfg.rounds,
-            neighbouring=cfg.neighbouring,
+            neighbouring=self.neighbouring,
             accountant=cfg.accountant,
-            details={"local_steps": cfg.local_steps, "local_lr": cfg.local_lr, **adaptive},
+            details={"local_steps": cfg.local_steps, "local_lr": local_lr, **adaptive},
         )
         w = w0.clone()
-        velocity = torch.zeros_like(w)
+        server = self.server_state(w)
         clip = cfg.clip
         log = RoundLog(cfg.rounds, progress)
         for t in range(1, cfg.rounds + 1):
@@ -192,7 +227,7 @@ class DPFedAvg:
             users = run.sample()
             total = torch.zeros(len(w) + (scale is not None), dtype=w.dtype)
             failed = 0
-            query = ClippedLocalUpdate(w, clip, cfg.local_steps, cfg.local_lr, cfg.batch_size)
+            query = ClippedLocalUpdate(w, clip, cfg.local_steps, local_lr, cfg.batch_size)
             if users and federation.sums_only and scale is None:
                 # secure aggregation: the clients' clip bounds each user (fedkl.flower.secagg), no re-clip
                 answers = federation.sum(query, users)
@@ -216,19 +251,17 @@ class DPFedAvg:
                 clip, extra["unclipped_fraction"] = adaptive_clip.next_clip(
                     clip, float(released[-1]), scale, cfg.clip_quantile, cfg.clip_lr
                 )
-            velocity = cfg.server_momentum * velocity + delta_t
-            w = w + cfg.server_lr * velocity
+            w = self.server_step(w, delta_t, server)
             log.round(t, start, failed, noisy_update_norm=float(delta_t.norm()), **extra, sampled=len(users))
         return run.result(
             w,
             log.history,
             {
-                "neighbouring": cfg.neighbouring,
+                "neighbouring": self.neighbouring,
                 "local_steps": cfg.local_steps,
-                "local_lr": cfg.local_lr,
+                "local_lr": local_lr,
                 "batch_size": cfg.batch_size,
-                "server_lr": cfg.server_lr,
-                "server_momentum": cfg.server_momentum,
+                **self.server_details(),
                 "fixed_denominator": run.denominator,
                 "adaptive_clip": cfg.adaptive_clip,
                 **(
@@ -244,64 +277,3 @@ class DPFedAvg:
                 ),
             },
         )
-
-
-@dataclass(frozen=True)
-class LocalUpdates(AlgorithmParams):
-    """The clipped local-update query's settings (DP-FedAvg and DP-FTRL ask the same query)."""
-
-    local_steps: int = param(
-        5, "dp-fedavg, dp-ftrl: local SGD steps K per asked user (K = 1 with local lr 1 is DP-FedSGD)", "heuristic"
-    )
-    local_lr: float | None = param(None, "dp-fedavg, dp-ftrl: local step size (default --lr)", "heuristic")
-    batch_size: int | None = param(
-        None, "dp-fedavg, dp-ftrl: records per local step, cyclic mini-batches (default all records)", "heuristic"
-    )
-    server_lr: float = param(1.0, "dp-fedavg, dp-ftrl: server step size on the noisy mean delta", "heuristic")
-
-
-@dataclass(frozen=True)
-class DPFedAvgParams(Rounds, StepSize, Clip, PoissonSampling, LocalUpdates):
-    server_momentum: float = param(0.0, "dp-fedavg: server momentum (0 = plain FedAvg)", "heuristic")
-    adaptive_clip: bool = param(
-        False,
-        "dp-fedavg: adapt the clip to a private quantile of the update norms (Andrew et al. 2021), "
-        "starting from --clip (default: the fixed clip)",
-        "heuristic",
-    )
-    clip_quantile: float = param(0.5, "dp-fedavg --adaptive-clip: target quantile gamma of the update norms")
-    clip_lr: float = param(0.2, "dp-fedavg --adaptive-clip: geometric clip learning rate eta_C", positive=True)
-    clip_count_noise: float | None = param(
-        None,
-        "dp-fedavg --adaptive-clip: noise std sigma_b of the count of unclipped updates "
-        "(default: expected cohort q n / 20, Andrew et al.)",
-        positive=True,
-    )
-
-
-@register("dp-fedavg", DPFedAvgParams, step_size=4.0, secagg=lambda p: not p.adaptive_clip, absence=ZERO_SUMS)
-def build_dp_fedavg(params: DPFedAvgParams, ctx: BuildContext) -> DPFedAvg:
-    """DP-FedAvg: sampled users' clipped local updates, one (eps, delta) sampled-Gaussian schedule.
-
-    The budget is what every user can still afford, charged up front as one (eps, delta) schedule;
-    ``local_lr`` None: the run's ``lr``; ``clip_count_noise`` None: the expected cohort q n / 20."""
-    eps, delta_left = ctx.approx_budget()
-    config = DPFedAvgConfig(
-        rounds=params.rounds,
-        clip=params.clip,
-        sampling_rate=params.sampling_rate,
-        local_steps=params.local_steps,
-        local_lr=params.lr if params.local_lr is None else params.local_lr,
-        batch_size=params.batch_size,
-        server_lr=params.server_lr,
-        server_momentum=params.server_momentum,
-        neighbouring=ctx.neighbouring,
-        accountant=params.accountant,
-        adaptive_clip=params.adaptive_clip,
-        clip_quantile=params.clip_quantile,
-        clip_lr=params.clip_lr,
-        clip_count_noise=(
-            params.sampling_rate * ctx.num_users / 20 if params.clip_count_noise is None else params.clip_count_noise
-        ),
-    )
-    return DPFedAvg(config, eps, delta_left)

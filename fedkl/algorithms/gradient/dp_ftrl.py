@@ -56,13 +56,23 @@ from typing import Callable, Sequence
 
 import torch
 
+from fedkl.algorithms.contract import (
+    Algorithm,
+    AlgorithmResult,
+    BuildContext,
+    Clip,
+    Rounds,
+    SmallAudit,
+    StepSize,
+    param,
+)
 from fedkl.algorithms.gradient.dp_fedavg import LocalUpdates
-from fedkl.algorithms.registry import AlgorithmResult, BuildContext, Clip, Rounds, StepSize, param, register
+from fedkl.algorithms.registry import register
 from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import ClippedLocalUpdate, Federation
 from fedkl.federation.clipping import clip_rows
 from fedkl.privacy.charges import GaussianCharge
-from fedkl.privacy.guarantee import RELATIONS, Absence, Guarantee, sum_sensitivity
+from fedkl.privacy.guarantee import Absence, Guarantee, check_relation, sum_sensitivity
 from fedkl.privacy.matrix_mechanism import FACTORIZATIONS, BufferedToeplitz, make_factorization, max_participations
 from fedkl.privacy.release import Releaser
 
@@ -116,35 +126,31 @@ class ParticipationScheduler:
 
 
 @dataclass(frozen=True)
-class DPFTRLConfig:
-    rounds: int = 10
-    clip: float = 1.0
-    factorization: str = "tree"
-    band: int | None = None  # banded: default the min separation
-    blt_buffers: int = 4
-    min_separation: int = 1
-    max_participations: int | None = None  # default: as many as the rounds allow
-    local_steps: int = 5
-    local_lr: float = 0.5
-    batch_size: int | None = None
-    server_lr: float = 1.0
-    neighbouring: str = "add-remove"
+class DPFTRLParams(Rounds, StepSize, Clip, LocalUpdates):
+    factorization: str = param(
+        "tree",
+        "dp-ftrl: the correlated-noise factorization: binary tree (Kairouz et al. 2021), the banded "
+        "square-root Toeplitz factor, a BLT (buffered linear Toeplitz) approximation of the square-root factor, "
+        "or a BLT optimised for the participation pattern (blt-opt)",
+        "heuristic",
+        choices=FACTORIZATIONS,
+    )
+    band: int | None = param(
+        None, "dp-ftrl --factorization banded: band width (default --min-separation)", positive=True
+    )
+    blt_buffers: int = param(
+        4, "dp-ftrl --factorization blt|blt-opt: number of buffers m (noise memory)", positive=True
+    )
+    min_separation: int = param(
+        1, "dp-ftrl: minimum number of rounds b between two participations of one user", "heuristic", positive=True
+    )
+    max_participations: int | None = param(
+        None, "dp-ftrl: most participations k per user (default: as many as --rounds allow)", positive=True
+    )
 
     def __post_init__(self) -> None:
-        if self.factorization not in FACTORIZATIONS:
-            raise ValueError(f"factorization must be one of {FACTORIZATIONS}, got {self.factorization!r}")
-        if self.neighbouring not in RELATIONS:
-            raise ValueError(f"neighbouring must be one of {RELATIONS}, got {self.neighbouring!r}")
-        for name in ("clip", "local_lr", "server_lr"):
-            v = getattr(self, name)
-            if not (v > 0 and math.isfinite(v)):
-                raise ValueError(f"{name} must be finite and > 0, got {v}")
+        super().__post_init__()
         max_participations(self.rounds, self.min_separation, self.participations)  # validates the integers
-        if self.band is not None and (int(self.band) != self.band or self.band < 1):
-            raise ValueError(f"band must be a positive integer, got {self.band}")
-        if int(self.blt_buffers) != self.blt_buffers or self.blt_buffers < 1:
-            raise ValueError(f"blt_buffers must be a positive integer, got {self.blt_buffers}")
-        ClippedLocalUpdate(torch.zeros(1), self.clip, self.local_steps, self.local_lr, self.batch_size)
 
     @property
     def participations(self) -> int:
@@ -153,17 +159,17 @@ class DPFTRLConfig:
             return self.max_participations
         return -(-self.rounds // self.min_separation)
 
-    @property
-    def factor(self):
-        band = self.min_separation if self.band is None else self.band
-        return make_factorization(
-            self.factorization, self.rounds, band, self.blt_buffers, self.min_separation, self.participations
-        )
 
-    @property
-    def answer_bound(self) -> float:
-        """c: how far one user's answer in one round can move the round sum."""
-        return sum_sensitivity(self.clip, self.neighbouring)
+# the releases are the running prefix sums of ONE matrix mechanism (module docstring): a failed user's
+# update is a zero row of its round's sum x_t; each charge is an increment of the stream's sensitivity
+PREFIX_SUMS = (
+    Absence(
+        "zero",
+        "a failed, dropped or non-finite user's clipped update is the zero row of its round's sum x_t; the "
+        "denominator n/b is public",
+        measure="prefix-increment",
+    ),
+)
 
 
 @dataclass
@@ -176,34 +182,59 @@ class DPFTRLResult(AlgorithmResult):
     details: dict = field(default_factory=dict)
 
 
-class DPFTRL:
-    """See the module docstring. ``rho``: the zCDP every user can still afford; ``seed``: the run's
-    public seed (cohorts)."""
+@register
+class DPFTRL(Algorithm[DPFTRLParams]):
+    """DP-FTRL: correlated (tree or banded) noise on prefix sums of clipped local updates, b-min-sep cohorts (zCDP).
+
+    See the module docstring. ``local_lr`` None: the run's ``lr``. The budget: the zCDP every user can still
+    afford (``ctx.rho_left``); ``ctx.seed``: the run's public seed (cohorts)."""
 
     name = "dp-ftrl"
+    Params = DPFTRLParams
+    guarantee = Guarantee("zcdp", "parallel")
+    absence = PREFIX_SUMS
+    step_size = 4.0
+    noise_state = True  # the factorization's noise generator carries earlier draws (register's noise_state)
     # every release's number, order, label, typed charge and cohort follow from public values only (the
-    # config, n, the user ids, a public seed), never from the data or an earlier release: a plan made before
+    # params, n, the user ids, a public seed), never from the data or an earlier release: a plan made before
     # the data is this run's, so `fedkl run` prepays it (fedkl.runner, PREPAID_NOTE)
     plan_is_public = True
-    guarantee = Guarantee("zcdp", "parallel")
+    small = {"neighbouring": "add-remove", "min_separation": 2, "max_participations": 2, "local_steps": 2}
+    audit = SmallAudit()
 
-    def __init__(self, config: DPFTRLConfig, rho: float, seed: int = 0) -> None:
-        if not (rho > 0 and math.isfinite(rho)):
-            raise ValueError(f"rho must be finite and > 0, got {rho}")
-        self.config = config
-        self.rho = float(rho)
-        self.seed = int(seed)
-        cfg = config
+    def __init__(self, params: DPFTRLParams, ctx: BuildContext) -> None:
+        super().__init__(params, ctx)
+        check_relation(ctx.neighbouring)
+        if not (ctx.rho_left > 0 and math.isfinite(ctx.rho_left)):
+            raise ValueError(f"the zCDP budget must be finite and > 0, got rho={ctx.rho_left}")
+        p = self.params
+        ParticipationScheduler.check(ctx.num_users, p.rounds, p.min_separation, p.participations)
+        self.neighbouring = ctx.neighbouring
+        self.rho = float(ctx.rho_left)
+        self.seed = int(ctx.seed)
+        self.local_lr = p.local_update_lr(p.lr)
         # per unit of c, for j = 1..K participations (exact; refused here if too costly, before any data)
-        self.sensitivity_squares = cfg.factor.sensitivity_squares(cfg.min_separation, cfg.participations)
-        self.sensitivity = cfg.answer_bound * math.sqrt(self.sensitivity_squares[-1])
+        self.sensitivity_squares = self.factor.sensitivity_squares(p.min_separation, p.participations)
+        self.sensitivity = self.answer_bound * math.sqrt(self.sensitivity_squares[-1])
         self.noise_std = self.sensitivity / math.sqrt(2.0 * self.rho)
+
+    @property
+    def factor(self):
+        """The factorization C of this run's public (T, b, k) (matrix_mechanism)."""
+        p = self.params
+        band = p.min_separation if p.band is None else p.band
+        return make_factorization(p.factorization, p.rounds, band, p.blt_buffers, p.min_separation, p.participations)
+
+    @property
+    def answer_bound(self) -> float:
+        """c: how far one user's answer in one round can move the round sum."""
+        return sum_sensitivity(self.params.clip, self.neighbouring)
 
     def charge(self, j: int) -> GaussianCharge:
         """What a user's j-th participation costs (module docstring)."""
         sq = self.sensitivity_squares
         increment = sq[j - 1] - (sq[j - 2] if j > 1 else 0.0)
-        sens = self.config.answer_bound * math.sqrt(increment)
+        sens = self.answer_bound * math.sqrt(increment)
         return GaussianCharge(sens**2 / (2.0 * self.noise_std**2), sens)
 
     def run(
@@ -213,11 +244,11 @@ class DPFTRL:
         w0: torch.Tensor,
         progress: Callable[[dict], None] | None = None,
     ) -> DPFTRLResult:
-        cfg = self.config
+        cfg, local_lr = self.params, self.local_lr
         n = federation.num_users
         ids = federation.ids_of(list(range(n)))
         scheduler = ParticipationScheduler(ids, cfg.rounds, cfg.min_separation, cfg.participations, self.seed)
-        factor = cfg.factor
+        factor = self.factor
         noise = factor.noise()
         denominator = n / cfg.min_separation
         w = w0.clone()
@@ -231,7 +262,7 @@ class DPFTRL:
                 raise RuntimeError(f"round {t}: the cohort is not at one participation index ({sorted(index)})")
             j = index.pop()
             answers = federation.compute(
-                ClippedLocalUpdate(w, cfg.clip, cfg.local_steps, cfg.local_lr, cfg.batch_size), users
+                ClippedLocalUpdate(w, cfg.clip, cfg.local_steps, local_lr, cfg.batch_size), users
             )
             rows, _ = clip_rows(answers.values.to(w.dtype), cfg.clip)  # server-side re-clip
             prefix = prefix + rows.sum(0)
@@ -266,72 +297,13 @@ class DPFTRL:
                 "min_separation": cfg.min_separation,
                 "max_participations": cfg.participations,
                 "sensitivity": self.sensitivity,
-                "sensitivity_by_participations": [cfg.answer_bound * math.sqrt(s) for s in self.sensitivity_squares],
+                "sensitivity_by_participations": [self.answer_bound * math.sqrt(s) for s in self.sensitivity_squares],
                 "noise_std": self.noise_std,
                 "mu_gdp": self.sensitivity / self.noise_std,
                 "fixed_denominator": denominator,
-                "neighbouring": cfg.neighbouring,
+                "neighbouring": self.neighbouring,
                 "local_steps": cfg.local_steps,
-                "local_lr": cfg.local_lr,
+                "local_lr": local_lr,
                 "server_lr": cfg.server_lr,
             },
         )
-
-
-@dataclass(frozen=True)
-class DPFTRLParams(Rounds, StepSize, Clip, LocalUpdates):
-    factorization: str = param(
-        "tree",
-        "dp-ftrl: the correlated-noise factorization: binary tree (Kairouz et al. 2021), the banded "
-        "square-root Toeplitz factor, a BLT (buffered linear Toeplitz) approximation of the square-root factor, "
-        "or a BLT optimised for the participation pattern (blt-opt)",
-        "heuristic",
-        choices=FACTORIZATIONS,
-    )
-    band: int | None = param(
-        None, "dp-ftrl --factorization banded: band width (default --min-separation)", positive=True
-    )
-    blt_buffers: int = param(
-        4, "dp-ftrl --factorization blt|blt-opt: number of buffers m (noise memory)", positive=True
-    )
-    min_separation: int = param(
-        1, "dp-ftrl: minimum number of rounds b between two participations of one user", "heuristic", positive=True
-    )
-    max_participations: int | None = param(
-        None, "dp-ftrl: most participations k per user (default: as many as --rounds allow)", positive=True
-    )
-
-
-# the releases are the running prefix sums of ONE matrix mechanism (module docstring): a failed user's
-# update is a zero row of its round's sum x_t; each charge is an increment of the stream's sensitivity
-PREFIX_SUMS = (
-    Absence(
-        "zero",
-        "a failed, dropped or non-finite user's clipped update is the zero row of its round's sum x_t; the "
-        "denominator n/b is public",
-        measure="prefix-increment",
-    ),
-)
-
-
-@register("dp-ftrl", DPFTRLParams, step_size=4.0, absence=PREFIX_SUMS, noise_state=True)
-def build_dp_ftrl(params: DPFTRLParams, ctx: BuildContext) -> DPFTRL:
-    """DP-FTRL: correlated (tree or banded) noise on prefix sums of clipped local updates, b-min-sep cohorts (zCDP).
-
-    ``local_lr`` None: the run's ``lr``. The budget: the zCDP every user can still afford."""
-    config = DPFTRLConfig(
-        rounds=params.rounds,
-        clip=params.clip,
-        factorization=params.factorization,
-        band=params.band,
-        blt_buffers=params.blt_buffers,
-        min_separation=params.min_separation,
-        max_participations=params.max_participations,
-        local_steps=params.local_steps,
-        local_lr=params.lr if params.local_lr is None else params.local_lr,
-        batch_size=params.batch_size,
-        server_lr=params.server_lr,
-        neighbouring=ctx.neighbouring,
-    )
-    ParticipationScheduler.check(ctx.num_users, config.rounds, config.min_separation, config.participations)
-    return DPFTRL(config, ctx.rho_left, ctx.seed)

@@ -75,22 +75,24 @@ from typing import Callable
 
 import torch
 
-from fedkl.algorithms.gradient.concentrated_gd import (
-    Concentration,
-    check_built_for,
-    check_concentration_settings,
-    concentration_scale,
-    records_warning,
-)
-from fedkl.algorithms.registry import (
+from fedkl.algorithms.contract import (
+    Algorithm,
     AlgorithmResult,
     BuildContext,
     Clip,
     Rounds,
+    SmallAudit,
     StepSize,
     param,
-    register,
 )
+from fedkl.algorithms.gradient.concentrated_gd import (
+    Concentration,
+    check_built_for,
+    concentration_scale,
+    population,
+    records_warning,
+)
+from fedkl.algorithms.registry import register
 from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import Federation, GradientsAtPoints
 from fedkl.federation.clipping import clip_rows
@@ -131,24 +133,27 @@ MEAN_FACTOR = 7.0  # ||mean - mean'|| <= 7 Dm / W_min
 
 
 @dataclass(frozen=True)
-class OutlierGDConfig:
-    rounds: int = 30
-    lr: float = 1.0
-    clip: float = 1.0
-    records: int = 1
-    scale: float | None = None
-    beta: float = 0.05
-    test_share: float = 0.2
-    delta_share: float = 0.5
-    neighbouring: str = "replace-one"
+class OutlierGDParams(Rounds, StepSize, Clip, Concentration):
+    """noisy-gd-outlier: every user every round; per round a PTR test and the weighted (outliers removed) noisy mean."""
+
+    outlier_test_share: float = param(
+        0.2, "noisy-gd-outlier: share of each round's zCDP budget spent on the PTR test", "heuristic"
+    )
+    outlier_delta_share: float = param(
+        0.5, "noisy-gd-outlier: share of the run's delta paid by the PTR tests' failure probability", "heuristic"
+    )
 
     def __post_init__(self) -> None:
-        check_concentration_settings(self)
-        if not 0 < self.test_share < 1:
-            raise ValueError(f"--outlier-test-share must be in (0, 1), got {self.test_share}")
-        if not 0 < self.delta_share < 1:
-            raise ValueError(f"--outlier-delta-share must be in (0, 1), got {self.delta_share}")
-        check_relation(self.neighbouring)
+        super().__post_init__()
+        if not 0 < self.outlier_test_share < 1:
+            raise ValueError(f"--outlier-test-share must be in (0, 1), got {self.outlier_test_share}")
+        if not 0 < self.outlier_delta_share < 1:
+            raise ValueError(f"--outlier-delta-share must be in (0, 1), got {self.outlier_delta_share}")
+
+
+# the PTR test's (0, delta) charge releases nothing; a failed user's point is the zero vector (inside the
+# clip ball) in the weights, the kept weight and the weighted mean
+OUTLIER_ABSENCE = ZERO_SUMS
 
 
 @dataclass
@@ -161,28 +166,42 @@ class OutlierGDResult(AlgorithmResult):
     history: list[dict] = field(default_factory=list)
 
 
-class OutlierGD:
-    """See the module docstring. ``rho_total`` (zCDP part) and ``delta_ptr_total`` (the PTR failures)
-    come from the builder's (eps, delta) split; every public quantity is fixed here, before any data."""
+@register
+class OutlierGD(Algorithm[OutlierGDParams]):
+    """Noisy GD over users with an outlier-removal mean (Asi & Liu 2023): the users close to most others, their weighted mean with PTR-tested noise ~C/sqrt(m) (approximate zCDP).
+
+    See the module docstring. The (eps, delta) left is split: ``--outlier-delta-share`` of delta pays the
+    PTR failures (``delta_ptr_total``), the zCDP part ``rho_total`` is the rest's; every public quantity is
+    fixed here, before any data."""
 
     name = NAME
+    Params = OutlierGDParams
     guarantee = Guarantee("approx-zcdp")  # Gaussian charges plus (0, delta_ptr) per round (module docstring)
+    absence = OUTLIER_ABSENCE
+    step_size = 4.0
     gaussian_releases_only = False  # the PTR's delta: the exact Gaussian conversion does not apply
+    small = {"users": 300, "conc_records": 10, "outlier_test_share": 0.5}  # its PTR test needs n >> noise
+    # its PTR test needs the kept weight's noise well below n (module docstring): one round, 300 users, eps 2
+    audit = SmallAudit(
+        epsilon=2.0,
+        runs=70,
+        users=300,
+        records=2,
+        settings={"rounds": 1, "outlier_test_share": 0.5, "conc_records": 2},
+    )
 
-    def __init__(
-        self, config: OutlierGDConfig, rho_total: float, delta_ptr_total: float, num_users: int, dim: int
-    ) -> None:
-        if not (rho_total > 0 and math.isfinite(rho_total)):
-            raise ValueError(f"rho_total must be finite and > 0, got {rho_total}")
-        if not 0 < delta_ptr_total < 1:
-            raise ValueError(f"the PTR delta must be in (0, 1), got {delta_ptr_total}")
-        if num_users < 1 or dim < 1:
-            raise ValueError(f"need at least one user and one parameter, got n={num_users}, d={dim}")
-        self.config = config
-        self.rho_total = float(rho_total)
-        self.delta_ptr_total = float(delta_ptr_total)
-        self.num_users = int(num_users)
-        self.dim = int(dim)
+    def __init__(self, params: OutlierGDParams, ctx: BuildContext) -> None:
+        super().__init__(params, ctx)
+        check_relation(ctx.neighbouring)
+        self.neighbouring = ctx.neighbouring
+        eps, delta = ctx.approx_budget()
+        self.delta_ptr_total = params.outlier_delta_share * delta
+        self.rho_total = rho_for_eps_delta(eps, delta - self.delta_ptr_total, ctx.conversion)
+        if not (self.rho_total > 0 and math.isfinite(self.rho_total)):
+            raise ValueError(f"the zCDP budget must be finite and > 0, got rho={self.rho_total}")
+        if not 0 < self.delta_ptr_total < 1:
+            raise ValueError(f"the PTR delta must be in (0, 1), got {self.delta_ptr_total}")
+        self.num_users, self.dim = population(ctx)
         if self.min_weight < 1:
             raise ValueError(
                 f"{NAME}: at this budget the PTR test's noise ({self.sigma_test:.3g} on the kept weight) leaves "
@@ -192,23 +211,23 @@ class OutlierGD:
 
     def warnings(self) -> list[str]:
         """Public settings that make this run a worse noisy-gd, said by ``fedkl run`` before any budget is spent."""
-        return records_warning(self.name, self.config.records, self.radius, self.config.clip)
+        return records_warning(self.name, self.params.conc_records, self.radius, self.params.clip)
 
     @property
     def rho_round(self) -> float:
-        return self.rho_total / self.config.rounds
+        return self.rho_total / self.params.rounds
 
     @property
     def rho_test(self) -> float:
-        return self.config.test_share * self.rho_round
+        return self.params.outlier_test_share * self.rho_round
 
     @property
     def rho_mean(self) -> float:
-        return (1.0 - self.config.test_share) * self.rho_round
+        return (1.0 - self.params.outlier_test_share) * self.rho_round
 
     @property
     def delta_ptr(self) -> float:
-        return self.delta_ptr_total / self.config.rounds
+        return self.delta_ptr_total / self.params.rounds
 
     @property
     def sigma_test(self) -> float:
@@ -218,7 +237,11 @@ class OutlierGD:
     def min_weight(self) -> float:
         """W_min = n - 3 - s_q (z(delta_ptr) + z(beta))."""
         z = NormalDist().inv_cdf
-        return self.num_users - WEIGHT_SENSITIVITY - self.sigma_test * (z(1 - self.delta_ptr) + z(1 - self.config.beta))
+        return (
+            self.num_users
+            - WEIGHT_SENSITIVITY
+            - self.sigma_test * (z(1 - self.delta_ptr) + z(1 - self.params.conc_beta))
+        )
 
     @property
     def threshold(self) -> float:
@@ -227,8 +250,8 @@ class OutlierGD:
 
     @property
     def radius(self) -> float:
-        cfg = self.config
-        return concentration_scale(cfg.scale, self.num_users, cfg.beta) * cfg.clip / math.sqrt(cfg.records)
+        p = self.params
+        return concentration_scale(p.conc_scale, self.num_users, p.conc_beta) * p.clip / math.sqrt(p.conc_records)
 
     @property
     def sensitivity(self) -> float:
@@ -247,7 +270,7 @@ class OutlierGD:
         w0: torch.Tensor,
         progress: Callable[[dict], None] | None = None,
     ) -> OutlierGDResult:
-        cfg = self.config
+        cfg = self.params
         n = federation.num_users
         check_built_for(self, federation)
         releaser.require(self.guarantee.charges, self.name)
@@ -262,7 +285,7 @@ class OutlierGD:
             answers = federation.compute(GradientsAtPoints(w.unsqueeze(0)), users)
             points = clip_rows(answers.values[:, 0, :].to(torch.float64), cfg.clip)[0]
             weights = outlier_weights(neighbour_scores(points, self.radius))
-            common = {"round": t, "neighbouring": cfg.neighbouring, "failed": len(answers.failed)}
+            common = {"round": t, "neighbouring": self.neighbouring, "failed": len(answers.failed)}
             label = f"{self.name}/round-{t}"
             releaser.release(
                 ApproxDPCharge(0.0, self.delta_ptr, APPROX_ZCDP_DELTA),
@@ -309,7 +332,7 @@ class OutlierGD:
             "sensitivity": B,
             "passed_rounds": passed,
             "delta_ptr_total": self.delta_ptr_total,
-            "records": cfg.records,
+            "records": cfg.conc_records,
         }
         return OutlierGDResult(
             w=w,
@@ -321,46 +344,9 @@ class OutlierGD:
         )
 
 
-@dataclass(frozen=True)
-class OutlierGDParams(Rounds, StepSize, Clip, Concentration):
-    """noisy-gd-outlier: every user every round; per round a PTR test and the weighted (outliers removed) noisy mean."""
-
-    outlier_test_share: float = param(
-        0.2, "noisy-gd-outlier: share of each round's zCDP budget spent on the PTR test", "heuristic"
-    )
-    outlier_delta_share: float = param(
-        0.5, "noisy-gd-outlier: share of the run's delta paid by the PTR tests' failure probability", "heuristic"
-    )
-
-
-# the PTR test's (0, delta) charge releases nothing; a failed user's point is the zero vector (inside the
-# clip ball) in the weights, the kept weight and the weighted mean
-OUTLIER_ABSENCE = ZERO_SUMS
-
-
-@register(NAME, OutlierGDParams, step_size=4.0, absence=OUTLIER_ABSENCE)
-def build_outlier_gd(params: OutlierGDParams, ctx: BuildContext) -> OutlierGD:
-    """Noisy GD over users with an outlier-removal mean (Asi & Liu 2023): the users close to most others, their weighted mean with PTR-tested noise ~C/sqrt(m) (approximate zCDP)."""
-    eps, delta = ctx.approx_budget()
-    config = OutlierGDConfig(
-        rounds=params.rounds,
-        lr=params.lr,
-        clip=params.clip,
-        records=params.conc_records,
-        scale=params.conc_scale,
-        beta=params.conc_beta,
-        test_share=params.outlier_test_share,
-        delta_share=params.outlier_delta_share,
-        neighbouring=ctx.neighbouring,
-    )
-    delta_ptr = config.delta_share * delta
-    rho = rho_for_eps_delta(eps, delta - delta_ptr, ctx.conversion)
-    return OutlierGD(config, rho, delta_ptr, ctx.num_users, ctx.problem.num_params)
-
-
 __all__ = [
+    "OUTLIER_ABSENCE",
     "OutlierGD",
-    "OutlierGDConfig",
     "OutlierGDParams",
     "OutlierGDResult",
     "neighbour_scores",

@@ -20,32 +20,37 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 import torch
 
-from fedkl.algorithms.registry import AlgorithmResult
+from fedkl.algorithms.contract import Algorithm, AlgorithmResult, BuildContext, PoissonSampling
 from fedkl.federation.base import Federation
-from fedkl.privacy.accounting import ACCOUNTANTS, GaussianSchedule, noise_multiplier_for, schedule_epsilon
-from fedkl.privacy.guarantee import sum_sensitivity
+from fedkl.privacy.accounting import GaussianSchedule, noise_multiplier_for, schedule_epsilon
+from fedkl.privacy.guarantee import Guarantee, check_relation, sum_sensitivity
 from fedkl.privacy.release import Releaser
 
+# the small test setting of the scheduled algorithms (their ``small``): the dp-accounting schedules use RDP
+# there (PLD calibration at the tiny populations of the tests takes a minute per run)
+SCHEDULED = {"neighbouring": "add-remove", "sampling_rate": 0.5, "accountant": "rdp"}
 
-def check_schedule_config(rounds, sampling_rate: float, neighbouring: str, accountant: str) -> None:
-    """Refuse a schedule the accounting above does not cover (clear message, nothing charged)."""
-    if int(rounds) != rounds or rounds < 1:
-        raise ValueError(f"rounds must be a positive integer, got {rounds}")
+
+def check_sampling_rate(sampling_rate: float) -> None:
+    """Refuse a rate the Poisson sampling cannot have (one line naming the flag)."""
     if not 0 < sampling_rate <= 1:
-        raise ValueError(f"sampling rate must be in (0, 1], got {sampling_rate}")
-    if neighbouring not in ("add-remove", "replace-one"):
-        raise ValueError(f"neighbouring must be 'add-remove' or 'replace-one', got {neighbouring!r}")
+        raise ValueError(f"--sampling-rate must be in (0, 1], got {sampling_rate}")
+
+
+def check_schedule_relation(neighbouring: str, sampling_rate: float) -> None:
+    """Refuse a relation the accounting above does not cover (clear message, before anything is read
+    or charged): Poisson amplification is accounted under add-remove only."""
+    check_relation(neighbouring)
     if neighbouring == "replace-one" and sampling_rate < 1:
         raise ValueError(
             "Poisson user sampling is accounted under add-remove only: use "
             "--neighbouring add-remove, or --sampling-rate 1 for replace-one"
         )
-    if accountant not in ACCOUNTANTS:
-        raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
 
 
 @functools.lru_cache(maxsize=512)
@@ -56,6 +61,33 @@ def calibrate(eps: float, delta: float, sampling_rate: float, rounds: int, accou
     PLD schedule takes seconds and repeated runs (seeds) ask for the same one."""
     z = noise_multiplier_for(eps, delta, sampling_rate, rounds, accountant)
     return z, schedule_epsilon(GaussianSchedule(z, sampling_rate, rounds), delta, accountant)
+
+
+P = TypeVar("P", bound=PoissonSampling)
+
+
+class ScheduledAlgorithm(Algorithm[P]):
+    """Base of the algorithms that run one schedule (not registered): the relation and the (eps, delta)
+    every user can still afford, refused before anything is read where the accounting above does not
+    cover them, and the calibrated :meth:`schedule`. Its Params have ``rounds`` and
+    :class:`~fedkl.algorithms.contract.PoissonSampling`'s settings."""
+
+    guarantee = Guarantee("schedule")
+
+    def __init__(self, params: P, ctx: BuildContext) -> None:
+        super().__init__(params, ctx)
+        check_schedule_relation(ctx.neighbouring, params.sampling_rate)
+        self.neighbouring = ctx.neighbouring
+        eps, delta = ctx.approx_budget()
+        if not (eps > 0 and math.isfinite(eps)) or not 0 < delta < 1:
+            raise ValueError(f"need a finite eps > 0 and 0 < delta < 1, got eps={eps}, delta={delta}")
+        self.eps, self.delta = eps, delta
+
+    def schedule(self) -> GaussianSchedule:
+        """The T-fold (subsampled) Gaussian schedule calibrated to (eps, delta) by dp-accounting."""
+        p = self.params
+        z, _ = calibrate(self.eps, self.delta, p.sampling_rate, p.rounds, p.accountant)
+        return GaussianSchedule(z, p.sampling_rate, p.rounds)
 
 
 @dataclass
