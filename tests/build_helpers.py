@@ -27,58 +27,20 @@ def build(cfg, rho_total: float, *, problem, dataset, delta: float, ledger=None,
     return algorithm_spec(cfg.algorithm).build(cfg.params, context)
 
 
-# small, fast settings per algorithm (the schedules the theorems set are data-independent, so a
-# short run exercises every query and release kind the algorithm makes). The dp-accounting schedules
-# use RDP here: PLD calibration at the tiny populations of this test takes a minute per run.
-# "users": the population when 12 users are too few for the algorithm's plan.
-SCHEDULED = {"neighbouring": "add-remove", "sampling_rate": 0.5, "accountant": "rdp"}
-_LEGACY_SMALL = {  # transitional (issue 29): an Algorithm class declares its own ``small``
-    "noisy-gd": {},
-    "noisy-gd-conc": {"conc_records": 20},
-    "noisy-gd-outlier": {"users": 300, "conc_records": 10, "outlier_test_share": 0.5},  # its PTR test needs n >> noise
-    "noisy-fw": {"fw_rounds": 4},
-    "vr-fw": {"users": 20, "vrfw_rounds": 3, "vrfw_batch": 4},  # 18 users in 7 slots: anchors and (g, diff) pairs
-    "vr-fw-lp": {"users": 20, "vrfw_rounds": 3, "vrfw_batch": 4},
-    "gll-phased-sgd": {"radius": 2.0},
-    "pg-mirror-descent": {"pgmd_outer_rounds": 3, "pgmd_inner_rounds": 2},
-    "dp-sgd": SCHEDULED,
-    "dp-rmsprop": {**SCHEDULED, "lr": 0.05},
-    "dp-adam": {**SCHEDULED, "lr": 0.05},
-    "dp-adambc": {**SCHEDULED, "lr": 0.05},
-    "dp-fedavg": {**SCHEDULED, "local_steps": 2, "batch_size": 3},
-    "dp-ftrl": {"neighbouring": "add-remove", "min_separation": 2, "max_participations": 2, "local_steps": 2},
-    "sc-output-pert": {"reg": 0.5},
-    "phased-erm": {"reg": 0.1, "p002_delta_rule": "fixed", "p002_phases": 2, "p002_lam": 0.05},
-    "phased-sco": {"reg": 0.1, "p002_delta_rule": "fixed", "p002_phases": 1, "p002_min_cohort": 4, "p002_lam": 0.05},
-    "sc-phased-erm": {"reg": 0.5, "p002_delta_rule": "scaled", "p002_phases": 1},
-    "sc-phased-sco": {"reg": 0.5, "p002_delta_rule": "scaled", "p002_phases": 1, "p002_min_cohort": 4},
-    "mean-output-pert": {"users": 40, "mean_rho_fraction": 0.5},
-    "phased-mean-output-pert": {"users": 60, "mean_rho_fraction": 0.5},
-    "kl-adaptive-gd": {"reg": 0.1, "kl_max_rounds": 3},
-    "kl-spider": {"reg": 0.1, "kl_max_rounds": 4, "kl_contraction_constant": 1.0, "kl_floor_constant": 1.0},
-    "kl-prox-point": {"reg": 0.1, "kl_prox_steps": 2, "rounds": 2},
-    "fkt-snowball": {"radius": 2.0},
-    "fkt-snowball-sc": {"radius": 2.0, "reg": 0.1},
-    "fkt-phased-sgd": {"radius": 2.0},
-    "fkt-phased-erm": {"radius": 2.0},
-    "fkt-sc-reduction": {"radius": 2.0, "reg": 0.1, "users": 48},
-    "fkt-sc-localization": {"radius": 2.0, "reg": 0.1},
-}
-
-
 class _Small(Mapping):
-    """name -> the algorithm's small setting: its class's ``small`` declaration (issue 29), else the legacy
-    table above (algorithms not yet converted)."""
+    """name -> the algorithm's small, fast setting: its class's ``small`` declaration (issue 29; the schedules
+    the theorems set are data-independent, so a short run exercises every query and release kind the
+    algorithm makes; "users": the population when 12 users are too few for the algorithm's plan). A view of
+    the registry, not a second table."""
 
     def __getitem__(self, name):
-        spec = REGISTRY[name]
-        return dict(spec.small) if spec.small is not None else _LEGACY_SMALL[name]
+        return dict(REGISTRY[name].small)
 
     def __iter__(self):
-        return iter([n for n, s in REGISTRY.items() if s.small is not None or n in _LEGACY_SMALL])
+        return iter(REGISTRY)
 
     def __len__(self):
-        return len(list(iter(self)))
+        return len(REGISTRY)
 
 
 SMALL = _Small()

@@ -74,14 +74,14 @@ class AlgorithmSpec:
     noise_state: bool = False
     # how an absent, failed or non-finite user enters each released quantity (register's ``absence``)
     absence: tuple[Absence, ...] = ()
-    cls: type | None = None  # the Algorithm class (None: a builder function registered the old way)
-    small: Mapping[str, Any] | None = None  # the class's fast test setting
-    audit: SmallAudit | None = None  # the class's CI audit setting
+    cls: type | None = None  # the Algorithm class (build is the class itself)
+    small: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the class's fast test setting
+    audit: SmallAudit = SmallAudit()  # the class's CI audit setting
 
     @property
-    def guarantee(self) -> Guarantee | None:
+    def guarantee(self) -> Guarantee:
         """The algorithm's declared :class:`~fedkl.privacy.guarantee.Guarantee` (its class attribute)."""
-        return None if self.cls is None else self.cls.guarantee
+        return self.cls.guarantee
 
     def absence_rule(self, label: str, relation: str, backend: str) -> Absence:
         """The declared :class:`~fedkl.privacy.guarantee.Absence` of release ``label`` under ``relation``
@@ -207,7 +207,7 @@ REGISTRY: dict[str, AlgorithmSpec] = _Registry()
 _FIELDS: dict[str, dataclasses.Field] = {}  # every registered hyperparameter: one definition per name
 
 
-def register(cls_or_name: Any = None, params: type | None = None, client_view: Any = RELEASED_MODELS, **legacy: Any):
+def register(cls: type) -> type:
     """Class decorator: register an :class:`~fedkl.algorithms.contract.Algorithm` subclass under its
     ``name``, refusing an incomplete declaration at import (:func:`_check_class`), a name already taken, and
     a hyperparameter name already defined differently by another algorithm's Params::
@@ -227,14 +227,10 @@ def register(cls_or_name: Any = None, params: type | None = None, client_view: A
     the generator from the very draws the first process made: the run's journal keeps them as a secret and
     the Releaser plays them back (:mod:`fedkl.privacy.journal`); ``absence``: how an absent, failed or
     non-finite user enters each released quantity, per relation and backend (the white-box sensitivity
-    search, :mod:`fedkl.audit.whitebox`, reads it for every registered algorithm).
-
-    Transitional: ``register(name, Params, client_view, step_size=, secagg=, noise_state=, absence=)``
-    decorating a builder function ``build(params, ctx)`` (the old form, until every algorithm is a class)."""
-    if isinstance(cls_or_name, type):
-        cls = cls_or_name
-        _check_class(cls)
-        spec = AlgorithmSpec(
+    search, :mod:`fedkl.audit.whitebox`, reads it for every registered algorithm)."""
+    _check_class(cls)
+    _add(
+        AlgorithmSpec(
             cls.name,
             cls.Params,
             cls,
@@ -247,55 +243,8 @@ def register(cls_or_name: Any = None, params: type | None = None, client_view: A
             small=dict(cls.small),
             audit=cls.audit,
         )
-        _add(spec)
-        return cls
-    name, absence = cls_or_name, legacy.pop("absence", None)
-    if absence is None:
-        raise TypeError(
-            f"{name}: register(..., absence=Absence(...)) is required: say how an absent, failed or "
-            "non-finite user enters each released quantity (fedkl.privacy.guarantee.Absence)"
-        )
-    absence = check_absence(absence, name)
-    step_size = legacy.get("step_size")
-    _check_params(name, params, step_size)
-
-    def decorate(build: Callable) -> Callable:
-        _add(
-            AlgorithmSpec(
-                name,
-                params,
-                _with_default_hooks(build),
-                client_view,
-                step_size,
-                legacy.get("secagg", False),
-                noise_state=legacy.get("noise_state", False),
-                absence=absence,
-            )
-        )
-        return build
-
-    return decorate
-
-
-def _with_default_hooks(build: Callable) -> Callable:
-    """Transitional: an old-form builder's object gets the Algorithm hooks it lacks (their defaults)."""
-
-    @functools.wraps(build)
-    def built(params: Any, ctx: BuildContext) -> Any:
-        alg = build(params, ctx)
-        for hook in ("forecast", "warnings", "plan_schedule", "sigma", "gaussian_releases_only", "plan_is_public"):
-            if hook not in dir(alg):
-                setattr(
-                    alg,
-                    hook,
-                    getattr(Algorithm, hook)
-                    if hook in ("sigma", "gaussian_releases_only", "plan_is_public")
-                    else getattr(Algorithm, hook).__get__(alg),
-                )
-        return alg
-
-    built.raw = build
-    return built
+    )
+    return cls
 
 
 def _check_params(name: str, params: Any, step_size: float | None) -> None:
@@ -344,10 +293,8 @@ def _check_class(cls: type) -> None:
 
 
 def _add(spec: AlgorithmSpec) -> None:
-    if dict.__contains__(REGISTRY, spec.name):
-        known = dict.__getitem__(REGISTRY, spec.name)
-        if getattr(known.build, "raw", known.build) is not getattr(spec.build, "raw", spec.build):
-            raise ValueError(f"algorithm {spec.name!r} is already registered")
+    if dict.__contains__(REGISTRY, spec.name) and dict.__getitem__(REGISTRY, spec.name).cls is not spec.cls:
+        raise ValueError(f"algorithm {spec.name!r} is already registered")
     REGISTRY[spec.name] = spec
     for f in dataclasses.fields(spec.params):
         _FIELDS.setdefault(f.name, f)

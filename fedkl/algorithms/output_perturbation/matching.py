@@ -12,7 +12,7 @@ module gives the polynomial-time replacement used by the ``matching`` score of
   (every edge has a matched endpoint, else the matching could grow), then pruned in a fixed order
   (a matched vertex whose neighbours are all in the cover is dropped).
 
-The two facts the privacy proof uses (tested in tests/test_matching.py against brute force):
+The two facts the privacy proof uses (tested in tests/algorithms/test_diameter_output_pert.py against brute force):
 
 1. |nu(G) - nu(G')| <= 1 when G' is G with ONE vertex's edges replaced (a replaced user): both
    contain H = G - v, and nu(H) <= nu(G) <= nu(H) + 1 (a matching of G loses at most the one edge at v).
