@@ -375,27 +375,17 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
     )
     sub.required = True
 
-    run = _run_command(sub, algorithm, cat)
-    tune, plan, predict = _tune_command(sub, cat), _plan_command(sub, cat), _predict_command(sub, cat)
-    acc, ledger = _account_command(sub), _ledger_command(sub)
-    _deploy_command(sub)
-    sweep, plot, report, audit = _sweep_command(sub), _plot_command(sub), _report_command(sub), _audit_command(sub, cat)
-    parser.subcommands = {  # type: ignore[attr-defined]
-        "run": run,
-        "tune": tune,
-        "plan": plan,
-        "account": acc,
-        "predict": predict,
-        "ledger": ledger,
-        "sweep": sweep,
-        "plot": plot,
-        "report": report,
-        "audit": audit,
-    }
+    _run_command(sub, algorithm, cat)
+    for command in (_tune_command, _plan_command, _predict_command):
+        command(sub, cat)
+    for command in (_account_command, _ledger_command, _deploy_command, _sweep_command, _plot_command, _report_command):
+        command(sub)
+    _audit_command(sub, cat)
+    parser.subcommands = sub.choices  # type: ignore[attr-defined]  # name -> its parser
     return parser
 
 
-def _run_command(sub, algorithm: str | None, cat: dict) -> argparse.ArgumentParser:
+def _run_command(sub, algorithm: str | None, cat: dict) -> None:
     """``fedkl run``: the run options (of ``algorithm`` only, when given) and how the run starts."""
     run = sub.add_parser(
         "run",
@@ -429,10 +419,9 @@ def _run_command(sub, algorithm: str | None, cat: dict) -> argparse.ArgumentPars
         "charged on its own, prepaid releases never made stay charged (marked unused: a run that dies unrecovered "
         "over-charged about a second of releases); not for adaptive algorithms. --no-prepay: one transaction per release",
     )
-    return run
 
 
-def _tune_command(sub, cat: dict) -> argparse.ArgumentParser:
+def _tune_command(sub, cat: dict) -> None:
     """``fedkl tune``: the run options as the base of every trial, and the search."""
     tune = sub.add_parser(
         "tune",
@@ -459,7 +448,6 @@ def _tune_command(sub, cat: dict) -> argparse.ArgumentParser:
         "or a range drawn afresh per trial: --grid lr=log:0.1:10 (log-uniform), uniform:LO:HI, int:LO:HI",
     )
     _tune_law(tune)
-    return tune
 
 
 def _tune_law(tune: argparse.ArgumentParser) -> None:
@@ -491,7 +479,7 @@ def _tune_law(tune: argparse.ArgumentParser) -> None:
     )
 
 
-def _plan_command(sub, cat: dict) -> argparse.ArgumentParser:
+def _plan_command(sub, cat: dict) -> None:
     """``fedkl plan``: the run options, the algorithms to rank, ``--charges``."""
     plan = sub.add_parser(
         "plan",
@@ -514,10 +502,9 @@ def _plan_command(sub, cat: dict) -> argparse.ArgumentParser:
         "code on a public stand-in of the users (their ids, zero records); nothing of yours is read or charged",
     )
     plan.add_argument("--json", action="store_true", help="print one JSON object")
-    return plan
 
 
-def _predict_command(sub, cat: dict) -> argparse.ArgumentParser:
+def _predict_command(sub, cat: dict) -> None:
     """``fedkl predict``: a saved model and the data options."""
     predict = sub.add_parser(
         "predict",
@@ -530,10 +517,9 @@ def _predict_command(sub, cat: dict) -> argparse.ArgumentParser:
     _add_data_arguments(predict, None, None, cat)
     predict.add_argument("--split", choices=("test", "train"), default="test", help="which split (default test)")
     predict.add_argument("--json", action="store_true", help="print one JSON object")
-    return predict
 
 
-def _account_command(sub) -> argparse.ArgumentParser:
+def _account_command(sub) -> None:
     """``fedkl account``: privacy arithmetic."""
     acc = sub.add_parser(
         "account",
@@ -562,10 +548,9 @@ def _account_command(sub) -> argparse.ArgumentParser:
     acc.add_argument("--rho", type=_positive(), help="convert rho-zCDP to (eps, delta) instead")
     acc.add_argument("--zcdp", action="store_true", help="with --epsilon: the rho-zCDP budget that converts to it")
     acc.add_argument("--json", action="store_true", help="print one JSON object")
-    return acc
 
 
-def _ledger_command(sub) -> argparse.ArgumentParser:
+def _ledger_command(sub) -> None:
     """``fedkl ledger``: inspect, verify, release stale runs."""
     ledger = sub.add_parser(
         "ledger",
@@ -586,10 +571,9 @@ def _ledger_command(sub) -> argparse.ArgumentParser:
         default=None,
         help="users: the N most charged; releases: the N latest (default all)",
     )
-    return ledger
 
 
-def _deploy_command(sub) -> argparse.ArgumentParser:
+def _deploy_command(sub) -> None:
     """``fedkl deploy``: deployment helpers (certificates)."""
     deploy = sub.add_parser(
         "deploy",
@@ -611,10 +595,9 @@ def _deploy_command(sub) -> argparse.ArgumentParser:
     deploy.add_argument("--days", type=_positive(), default=365.0, help="validity in days (default %(default)s)")
     deploy.add_argument("--node-keys", type=int, default=0, metavar="N", help="also write N SuperNode key pairs")
     deploy.add_argument("--force", action="store_true", help="replace existing files")
-    return deploy
 
 
-def _sweep_command(sub) -> argparse.ArgumentParser:
+def _sweep_command(sub) -> None:
     """``fedkl sweep``: a TOML sweep file into a table."""
     sweep = sub.add_parser(
         "sweep",
@@ -639,10 +622,9 @@ def _sweep_command(sub) -> argparse.ArgumentParser:
     sweep.add_argument("--dry-run", action="store_true", help="list the points and whether each is done; run nothing")
     sweep.add_argument("--max-runs", type=_positive(int), default=None, help="stop after this many new runs")
     sweep.add_argument("--verbose", action="store_true", help="print every run's own log")
-    return sweep
 
 
-def _plot_command(sub) -> argparse.ArgumentParser:
+def _plot_command(sub) -> None:
     """``fedkl plot``: a figure of a sweep table."""
     plot = sub.add_parser(
         "plot",
@@ -672,10 +654,9 @@ def _plot_command(sub) -> argparse.ArgumentParser:
     plot.add_argument("--theory-label", default="theory", help="slope: legend label of the theory line")
     plot.add_argument("--title", default=None)
     plot.add_argument("--markdown", default=None, metavar="FILE.md", help="also write the plotted numbers as markdown")
-    return plot
 
 
-def _report_command(sub) -> argparse.ArgumentParser:
+def _report_command(sub) -> None:
     """``fedkl report``: a study's report from its table."""
     report = sub.add_parser(
         "report",
@@ -686,10 +667,9 @@ def _report_command(sub) -> argparse.ArgumentParser:
     report.add_argument("file", metavar="STUDY.toml", help="the study's sweep file")
     report.add_argument("--table", default=None, help="read this CSV instead of the file's [sweep] table")
     report.add_argument("--out-dir", default=None, help="write the outputs into this folder instead")
-    return report
 
 
-def _audit_command(sub, cat: dict) -> argparse.ArgumentParser:
+def _audit_command(sub, cat: dict) -> None:
     """``fedkl audit``: what is audited and how (:func:`_audit_sizes`: the claim and the sizes)."""
     audit = sub.add_parser(
         "audit",
@@ -724,7 +704,6 @@ def _audit_command(sub, cat: dict) -> argparse.ArgumentParser:
         help="exit 0 when every verdict is a pass (default) or, for a negative control, a VIOLATION",
     )
     _audit_sizes(audit)
-    return audit
 
 
 def _audit_sizes(audit: argparse.ArgumentParser) -> None:
