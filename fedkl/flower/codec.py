@@ -391,7 +391,8 @@ class ClientSpec:
                 str(user_config.get("fedkl-problem-kwargs", "{}")),
             )
         settings = {k: user_config.get("fedkl-" + k.replace("_", "-")) or None for k in DATA_SETTINGS}  # "": unset
-        settings.update(seed=int(user_config.get("fedkl-seed") or 0), reg=float(user_config.get("fedkl-reg") or 0.0))
+        settings.update(dataset=dataset, seed=int(user_config.get("fedkl-seed") or 0))
+        settings.update(reg=float(user_config.get("fedkl-reg") or 0.0))
         settings.update(problem=user_config.get("fedkl-problem") or None, model=user_config.get("fedkl-model") or None)
         return cls.from_run_config(SimpleNamespace(**settings))
 
