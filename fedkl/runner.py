@@ -463,7 +463,6 @@ def _reserve(run: _Run, ledger: PrivacyLedger, journal, w0) -> tuple[float, tupl
         ledger.reserve(ids)  # verifies the ledger; LedgerBusy while another run holds these users
         rho_total, approx_left = ledger.rho_left(ids), ledger.approx_left(ids)
     run.observer.started(run.run_id, run.ledger_path)
-    spent = f"ledger {run.ledger_path}: the users' budget (eps={cfg.epsilon}, delta={run.delta:g}) is already spent"
     if rho_total <= 0 and w0 is not None:  # --resume: what it is for, and what to do instead
         raise BudgetExceeded(
             f"--resume: ledger {run.ledger_path} has nothing left of these users' budget (eps={cfg.epsilon}, "
@@ -472,7 +471,10 @@ def _reserve(run: _Run, ledger: PrivacyLedger, journal, w0) -> tuple[float, tupl
             "(a new guarantee: these users' privacy loss is then both runs' together; nothing was charged)"
         )
     if rho_total <= 0:
-        raise BudgetExceeded(f"{spent}; nothing to train with")
+        raise BudgetExceeded(
+            f"ledger {run.ledger_path}: the users' budget (eps={cfg.epsilon}, delta={run.delta:g}) "
+            "is already spent; nothing to train with"
+        )
     if rho_total < ledger.budget.rho * (1 - 1e-9):
         run.log(f"resuming ledger {run.ledger_path}: rho {rho_total:.4g} of {ledger.budget.rho:.4g} left")
     return rho_total, approx_left
