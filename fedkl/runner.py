@@ -1035,9 +1035,13 @@ class Trained:
 
     @classmethod
     def from_record(cls, rec: dict) -> "Trained":
-        w = None if rec["w"] is None else torch.tensor(rec["w"], dtype=torch.float64)
-        result = Released(w, rec["rounds"], rec["sigma"], rec["rho_spent"], rec["details"], rec["history"])
-        return cls(result, rec["ledger"], Guarantee.from_dict(rec["guarantee"]), rec["failures"])
+        """The Trained of a :meth:`record` (an older ServerApp's record may lack the optional entries)."""
+        w = None if rec.get("w") is None else torch.tensor(rec["w"], dtype=torch.float64)
+        opt = [rec.get(k) for k in ("rounds", "sigma", "rho_spent")] + [
+            rec.get("details") or {},
+            rec.get("history") or [],
+        ]
+        return cls(Released(w, *opt), rec["ledger"], Guarantee.from_dict(rec["guarantee"]), rec.get("failures"))
 
 
 def write_run_files(
