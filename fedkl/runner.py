@@ -1037,11 +1037,9 @@ class Trained:
     def from_record(cls, rec: dict) -> "Trained":
         """The Trained of a :meth:`record` (an older ServerApp's record may lack the optional entries)."""
         w = None if rec.get("w") is None else torch.tensor(rec["w"], dtype=torch.float64)
-        opt = [rec.get(k) for k in ("rounds", "sigma", "rho_spent")] + [
-            rec.get("details") or {},
-            rec.get("history") or [],
-        ]
-        return cls(Released(w, *opt), rec["ledger"], Guarantee.from_dict(rec["guarantee"]), rec.get("failures"))
+        get = rec.get
+        result = Released(w, get("rounds"), get("sigma"), get("rho_spent"), get("details") or {}, get("history") or [])
+        return cls(result, rec["ledger"], Guarantee.from_dict(rec["guarantee"]), get("failures"))
 
 
 def write_run_files(
