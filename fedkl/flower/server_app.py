@@ -246,15 +246,14 @@ def run_flower_simulation(
         raise ValueError(f"kernels {cfg.kernels!r} is in-process only: over {backend} use kernels='reproducible'")
     if backend == "inprocess":  # the reference, through the very same training code
 
-        def federation_for(spec: ClientSpec, ids: Sequence[str], num_params: int) -> Any:
-            dkw, pkw = spec.kwargs
-            dataset = load_dataset(spec.dataset, **dkw)
-            return contextlib.nullcontext(InProcessFederation(make_problem(spec.problem, dataset, **pkw), dataset))
+        def federation_for(spec: ClientSpec, dataset: Any, problem: Any) -> Any:  # the server's own data, as fedkl run
+            return contextlib.nullcontext(InProcessFederation(problem, dataset))
 
     else:
         open_kw.setdefault("secagg", getattr(cfg, "secagg", False))
 
-        def federation_for(spec: ClientSpec, ids: Sequence[str], num_params: int) -> Any:
+        def federation_for(spec: ClientSpec, dataset: Any, problem: Any) -> Any:
+            ids, num_params = dataset.train.user_ids, problem.num_params
             return open_federation(backend, spec, user_ids=ids, num_params=num_params, **open_kw)
 
     trained, place, dataset, _, replayed = _train(cfg, backend, federation_for, log, spec)
@@ -266,7 +265,7 @@ def run_flower_simulation(
 def _train(
     cfg: Any,
     label: str,
-    federation_for: Callable[[ClientSpec, tuple[str, ...], int], Any],
+    federation_for: Callable[[ClientSpec, Any, Any], Any],
     log: Callable[[str], None],
     spec: ClientSpec | None = None,
     journal: bool = False,
@@ -292,7 +291,7 @@ def _train(
         journal_at = os.path.join(place.out, runner.JOURNAL_FILE)
     log(f"fedkl {label} {place.run_id}: {cfg.algorithm} on {spec.dataset} ({len(user_ids)} users, {problem.num_params} parameters)")  # fmt: skip
     # the server's own problem fixes the model size: a node answering for another is refused alone
-    with federation_for(spec, user_ids, problem.num_params) as federation:  # ledger, filter, noise as `fedkl run`
+    with federation_for(spec, dataset, problem) as federation:  # ledger, filter, noise as `fedkl run`
         result, summary, declared = runner.train_federation(
             cfg, federation, problem, dataset, place.delta, place.ledger_path, place.run_id, place.noise, log,
             journal=journal_at, journal_header={"out": os.path.abspath(place.out), "deployed": label == "grpc"},
@@ -417,11 +416,11 @@ def _deployed_train_observed(grid: Grid, rc: Any) -> None:
     trained, place, dataset, problem, replayed = _train(
         cfg,
         "grpc",
-        lambda spec, ids, num_params: contextlib.nullcontext(
+        lambda spec, dataset, problem: contextlib.nullcontext(
             FlowerFederation(
                 grid,
-                user_ids=ids,
-                num_params=num_params,
+                user_ids=dataset.train.user_ids,
+                num_params=problem.num_params,
                 timeout=_seconds(rc, "fedkl-timeout"),
                 wait_for_nodes=_seconds(rc, "fedkl-wait-for-nodes"),
                 handshake_timeout=_seconds(rc, "fedkl-handshake-timeout"),
