@@ -124,7 +124,7 @@ DATA_SETTINGS = ("dataset", "seed", "users", "sites", *SCHEMA_SETTINGS)
 def dataset_kwargs(settings: Mapping[str, Any]) -> dict:
     """The :func:`fedkl.data.load_dataset` keywords of flat run settings (``dataset``, ``seed``, ``users``,
     ``sites`` and the schema settings; absent ones are None): the one rule ``fedkl run``, a Flower ServerApp
-    and its ClientApps load a run's data by. A data file and the schema of a ``sites`` deployment (whose
+    and its ClientApps load a run's data by (here, below both: a ClientApp never imports the runner). A data file and the schema of a ``sites`` deployment (whose
     nodes load their own files) are split by ``seed`` and read with the schema settings; MovieLens and
     TV16 have fixed users split by ``seed``; a synthetic set is drawn with ``seed`` and ``users``.
     ValueError (one line) for a setting that does not apply to the dataset."""
