@@ -375,6 +375,18 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
     )
     sub.required = True
 
+    _run_command(sub, algorithm, cat)
+    for command in (_tune_command, _plan_command, _predict_command):
+        command(sub, cat)
+    for command in (_account_command, _ledger_command, _deploy_command, _sweep_command, _plot_command, _report_command):
+        command(sub)
+    _audit_command(sub, cat)
+    parser.subcommands = sub.choices  # type: ignore[attr-defined]  # name -> its parser
+    return parser
+
+
+def _run_command(sub, algorithm: str | None, cat: dict) -> None:
+    """``fedkl run``: the run options (of ``algorithm`` only, when given) and how the run starts."""
     run = sub.add_parser(
         "run",
         help="train a model with user-level DP and write result.json + ledger",
@@ -407,6 +419,10 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
         "charged on its own, prepaid releases never made stay charged (marked unused: a run that dies unrecovered "
         "over-charged about a second of releases); not for adaptive algorithms. --no-prepay: one transaction per release",
     )
+
+
+def _tune_command(sub, cat: dict) -> None:
+    """``fedkl tune``: the run options as the base of every trial, and the search."""
     tune = sub.add_parser(
         "tune",
         help="private hyperparameter search: the best of a random number of trials, its whole cost one ledger charge",
@@ -431,6 +447,11 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
         help="the values of one hyperparameter to search (repeatable), e.g. --grid lr=0.5,1,2 --grid clip=0.5,1; "
         "or a range drawn afresh per trial: --grid lr=log:0.1:10 (log-uniform), uniform:LO:HI, int:LO:HI",
     )
+    _tune_law(tune)
+
+
+def _tune_law(tune: argparse.ArgumentParser) -> None:
+    """``fedkl tune``: the law of the number of trials, the validation split and the score bound."""
     tune.add_argument(
         "--trials", type=_positive(), default=5.0, help="expected number of trials E[K] (default %(default)s)"
     )
@@ -456,6 +477,10 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
         default=1.0,
         help="regression: each validation user's mean loss is clipped to [0, B] (default %(default)s)",
     )
+
+
+def _plan_command(sub, cat: dict) -> None:
+    """``fedkl plan``: the run options, the algorithms to rank, ``--charges``."""
     plan = sub.add_parser(
         "plan",
         help="before any budget is spent: each algorithm's noise against the signal, ranked",
@@ -478,6 +503,9 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
     )
     plan.add_argument("--json", action="store_true", help="print one JSON object")
 
+
+def _predict_command(sub, cat: dict) -> None:
+    """``fedkl predict``: a saved model and the data options."""
     predict = sub.add_parser(
         "predict",
         help="metrics of a saved model (model.pt) on a dataset",
@@ -490,6 +518,9 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
     predict.add_argument("--split", choices=("test", "train"), default="test", help="which split (default test)")
     predict.add_argument("--json", action="store_true", help="print one JSON object")
 
+
+def _account_command(sub) -> None:
+    """``fedkl account``: privacy arithmetic."""
     acc = sub.add_parser(
         "account",
         help="(eps, delta) of a noise schedule, or the noise for a target eps",
@@ -517,6 +548,10 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
     acc.add_argument("--rho", type=_positive(), help="convert rho-zCDP to (eps, delta) instead")
     acc.add_argument("--zcdp", action="store_true", help="with --epsilon: the rho-zCDP budget that converts to it")
     acc.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _ledger_command(sub) -> None:
+    """``fedkl ledger``: inspect, verify, release stale runs."""
     ledger = sub.add_parser(
         "ledger",
         help="inspect a privacy ledger (budget, per-user spend, releases, runs), verify it, release stale runs",
@@ -536,6 +571,10 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
         default=None,
         help="users: the N most charged; releases: the N latest (default all)",
     )
+
+
+def _deploy_command(sub) -> None:
+    """``fedkl deploy``: deployment helpers (certificates)."""
     deploy = sub.add_parser(
         "deploy",
         help="deployment helpers: certs writes a CA and the SuperLink's TLS certificate (and SuperNode keys)",
@@ -556,6 +595,10 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
     deploy.add_argument("--days", type=_positive(), default=365.0, help="validity in days (default %(default)s)")
     deploy.add_argument("--node-keys", type=int, default=0, metavar="N", help="also write N SuperNode key pairs")
     deploy.add_argument("--force", action="store_true", help="replace existing files")
+
+
+def _sweep_command(sub) -> None:
+    """``fedkl sweep``: a TOML sweep file into a table."""
     sweep = sub.add_parser(
         "sweep",
         help="run the cartesian product of a TOML sweep file into a CSV/JSON-lines table (resumable)",
@@ -580,6 +623,9 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
     sweep.add_argument("--max-runs", type=_positive(int), default=None, help="stop after this many new runs")
     sweep.add_argument("--verbose", action="store_true", help="print every run's own log")
 
+
+def _plot_command(sub) -> None:
+    """``fedkl plot``: a figure of a sweep table."""
     plot = sub.add_parser(
         "plot",
         help="PNG figure (and markdown table) of a sweep table: privacy-utility or log-log slope",
@@ -608,6 +654,10 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
     plot.add_argument("--theory-label", default="theory", help="slope: legend label of the theory line")
     plot.add_argument("--title", default=None)
     plot.add_argument("--markdown", default=None, metavar="FILE.md", help="also write the plotted numbers as markdown")
+
+
+def _report_command(sub) -> None:
+    """``fedkl report``: a study's report from its table."""
     report = sub.add_parser(
         "report",
         help="write a study's report (markdown, figures) from its sweep table, without training",
@@ -617,6 +667,10 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
     report.add_argument("file", metavar="STUDY.toml", help="the study's sweep file")
     report.add_argument("--table", default=None, help="read this CSV instead of the file's [sweep] table")
     report.add_argument("--out-dir", default=None, help="write the outputs into this folder instead")
+
+
+def _audit_command(sub, cat: dict) -> None:
+    """``fedkl audit``: what is audited and how (:func:`_audit_sizes`: the claim and the sizes)."""
     audit = sub.add_parser(
         "audit",
         help="empirical lower bound on an algorithm's user-level epsilon from real runs, against its claim",
@@ -649,6 +703,11 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
         default="pass",
         help="exit 0 when every verdict is a pass (default) or, for a negative control, a VIOLATION",
     )
+    _audit_sizes(audit)
+
+
+def _audit_sizes(audit: argparse.ArgumentParser) -> None:
+    """``fedkl audit``: the claimed (eps, delta), the runs, canaries and users, the output."""
     audit.add_argument(
         "--epsilon",
         type=_positive(),
@@ -680,19 +739,6 @@ def build_parser(algorithm: str | None = None) -> argparse.ArgumentParser:
         help="a `fedkl run` setting of the audited runs over the small setting of fedkl/audit/settings.py "
         "(reg 0.1, clip 0.1, radius 5), e.g. --set clip=0.5 (repeatable)",
     )
-    parser.subcommands = {  # type: ignore[attr-defined]
-        "run": run,
-        "tune": tune,
-        "plan": plan,
-        "account": acc,
-        "predict": predict,
-        "ledger": ledger,
-        "sweep": sweep,
-        "plot": plot,
-        "report": report,
-        "audit": audit,
-    }
-    return parser
 
 
 if __name__ == "__main__":  # python -m fedkl.flags: rewrite flags_catalog.json from the code

@@ -53,8 +53,8 @@ def plan(settings: dict, algorithms: Iterable[str] | None = None) -> dict:
         row = {"algorithm": name, "ratio": None, "why": ""}
         try:
             alg = build_algorithm(cfg, problem, dataset.feature_bound, user_ids, delta, ledger)
-            if hasattr(alg, "forecast"):
-                f = alg.forecast(n, problem.init_params(), user_ids)
+            f = alg.forecast(n, problem.init_params(), user_ids)
+            if f is not None:
                 row.update(
                     kind="output perturbation",
                     ratio=f["noise_over_signal"],

@@ -10,8 +10,10 @@ What is private and what is not (also in the README):
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -20,11 +22,12 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
 
+from fedkl.algorithms.contract import Clip, PoissonSampling, Rounds
 from fedkl.algorithms.forecast import LEARNS_LITTLE, gradient_forecast
 from fedkl.algorithms.registry import (
     REGISTRY,
@@ -37,8 +40,9 @@ from fedkl.algorithms.registry import (
     hyperparameter_fields,
     listed_default,
 )
+from fedkl.algorithms.round_log import public_history
 from fedkl.data import FederatedDataset, load_dataset
-from fedkl.data.files import SCHEMA_SETTINGS, is_data_file, loader_kwargs
+from fedkl.data.files import DATA_SETTINGS, dataset_kwargs, is_data_file
 from fedkl.data.standin import STANDIN_RECORDS, public_standin
 from fedkl.federation.base import Federation
 from fedkl.federation.inprocess import InProcessFederation
@@ -68,10 +72,8 @@ class Transport:
     (:mod:`fedkl.flower.backends`); the run layer never imports a transport.
 
     ``open(cfg, dataset) -> Federation``: a federation the algorithm trains through here (closed with
-    its ``close()``), or ``train(cfg, dataset, out, log[, recover=RUN_DIR]) -> (result, ledger summary)``: a
-    run that keeps its ledger, noise and journal elsewhere (a deployment's ServerApp; ``recover``: recover
-    that run there); ``result`` has ``.w`` and
-    ``.guarantee`` (the algorithm's declared :class:`Guarantee`)."""
+    its ``close()``), or ``train(cfg, dataset, out, log[, recover=RUN_DIR]) -> Trained``: a run that keeps
+    its ledger, noise and journal elsewhere (a deployment's ServerApp; ``recover``: recover that run there)."""
 
     open: Callable | None = None
     train: Callable | None = None
@@ -383,183 +385,258 @@ def train_federation(
     ``releaser_type``: the Releaser class (the white-box audit's recording one, :mod:`fedkl.audit.whitebox`). ``plan``: the run's planned
     releases (:func:`planned_releases`), or a function that makes them, prepaid in time-bounded batches
     (:meth:`fedkl.privacy.release.Releaser.batch_size`) for an algorithm that declares ``plan_is_public``
-    and is not adaptive (the function is called only then: PREPAID_NOTE below)."""
-    observer = RUN_OBSERVER.get() or RunObserver()
-    recovering = isinstance(journal, ReleaseJournal)
+    and is not adaptive (the function is called only then: PREPAID_NOTE below).
+
+    The steps, in order (nothing is read from the users' data and nothing is charged before the last
+    refusal): :func:`_open_ledger`, :func:`_reserve`, :func:`build_algorithm` (refuses a relation the
+    guarantee does not cover), :func:`_refuse` (trust, conversion, forecast; then the warnings),
+    :func:`_open_journal` and :func:`_open_releaser` (prepay), :func:`_train`, :func:`_close`."""
+    observer, recovering = RUN_OBSERVER.get() or RunObserver(), isinstance(journal, ReleaseJournal)
+    run = _Run(cfg, federation, problem, delta, ledger_path, run_id, noise, log, observer, recovering)
+    ledger = _open_ledger(run, journal, scratch)
+    # cfg.kernels in force here too, for callers that train without run_training (the audit, the ServerApp)
+    with kernels(cfg.kernels), ledger:
+        left = _reserve(run, ledger, journal, w0)
+        alg = build_algorithm(cfg, problem, dataset.feature_bound, federation.user_ids, delta, ledger, left)
+        # --secagg: the server no longer sees (nor bounds) each answer (fedkl/flower/secagg.py)
+        declared = dataclasses.replace(alg.guarantee, clients=FEDKL_CLIENTS) if cfg.secagg else alg.guarantee
+        forecast = _refuse(run, alg, declared, ledger, left[0])
+        journal = _open_journal(run, journal, journal_header, left)
+        with _ended(run, ledger, journal):
+            releaser = _open_releaser(run, alg, declared, ledger, journal, left[0], plan, releaser_type)
+            result = _train(run, alg, releaser, w0, forecast)
+        return result, _close(run, ledger, journal, result, scratch), declared
+
+
+@dataclass(frozen=True)
+class _Run:
+    """The fixed inputs of one :func:`train_federation` call, read by its steps."""
+
+    cfg: RunConfig
+    federation: Federation
+    problem: object
+    delta: float
+    ledger_path: str
+    run_id: str
+    noise: NoiseSource
+    log: Callable[[str], None]
+    observer: RunObserver
+    recovering: bool  # the journal is the open one of a run whose process died
+
+
+def _open_ledger(run: _Run, journal: str | ReleaseJournal | None, scratch: bool) -> PrivacyLedger:
+    """The run's ledger handle: a new run on it, or (``journal`` open: recovering) the dead run taken over. A
+    recovery is refused (JournalError, LedgerError) before anything changes: the dead run is left as it is."""
+    cfg, recovering = run.cfg, run.recovering
     # a release's noise depends on earlier draws: the journal keeps them (a secret; fedkl.privacy.journal)
-    noise_state = algorithm_spec(cfg.algorithm).noise_state
-    if recovering and noise_state and not journal.keeps_draws and noise.mode == "secure":
+    if (
+        recovering
+        and algorithm_spec(cfg.algorithm).noise_state
+        and not journal.keeps_draws
+        and run.noise.mode == "secure"
+    ):
         raise JournalError(
             f"{journal.path}: {cfg.algorithm}'s later noise depends on earlier draws, which this run's journal "
             "did not keep (a run started before fedkl journalled them): with secure noise it cannot be recovered "
             "(nothing was charged)"
         )
-    if recovering:  # the run of a process that died: same run id; a refusal leaves that run as it is (not ended here)
-        check_recovery_ledger({"ledger": ledger_path, "run_id": run_id})  # never a new ledger
-    budget = Budget(cfg.epsilon, delta, cfg.conversion)
-    ledger = PrivacyLedger(ledger_path, budget, run_id, cfg.settings(), scratch=scratch, new_run=not recovering)
+    if recovering:  # never a new ledger
+        check_recovery_ledger({"ledger": run.ledger_path, "run_id": run.run_id})
+    budget = Budget(cfg.epsilon, run.delta, cfg.conversion)
+    ledger = PrivacyLedger(run.ledger_path, budget, run.run_id, cfg.settings(), scratch=scratch, new_run=not recovering)
     if recovering:
         try:
-            ledger.take_over(federation.user_ids)
+            ledger.take_over(run.federation.user_ids)
         except BaseException:
             ledger.close()
             raise
-    # cfg.kernels in force here too, for callers that train without run_training (the audit, the ServerApp)
-    with kernels(cfg.kernels), ledger:
-        if recovering:  # its users' budget as it had it
-            header = journal.header()
-            rho_total, approx_left = header["rho_left"], tuple(header["approx_left"])
-        else:
-            ledger.reserve(federation.user_ids)  # verifies the ledger; LedgerBusy while another run holds these users
-            rho_total, approx_left = ledger.rho_left(federation.user_ids), ledger.approx_left(federation.user_ids)
-        observer.started(run_id, ledger_path)
-        if rho_total <= 0 and w0 is not None:  # --resume: what it is for, and what to do instead
-            raise BudgetExceeded(
-                f"--resume: ledger {ledger_path} has nothing left of these users' budget (eps={cfg.epsilon}, "
-                f"delta={delta:g}; the built-in algorithms spend all of it): --resume continues a run that left "
-                "budget on its ledger; to train more, start a new run with a larger --epsilon on a new --ledger "
-                "(a new guarantee: these users' privacy loss is then both runs' together; nothing was charged)"
-            )
-        if rho_total <= 0:
-            raise BudgetExceeded(
-                f"ledger {ledger_path}: the users' budget (eps={cfg.epsilon}, delta={delta:g}) "
-                "is already spent; nothing to train with"
-            )
-        if rho_total < ledger.budget.rho * (1 - 1e-9):
-            log(f"resuming ledger {ledger_path}: rho {rho_total:.4g} of {ledger.budget.rho:.4g} left")
-        left = (rho_total, approx_left)
-        alg = build_algorithm(cfg, problem, dataset.feature_bound, federation.user_ids, delta, ledger, left)
-        sigma = getattr(alg, "sigma", None)
-        declared: Guarantee = alg.guarantee
-        if cfg.secagg:  # the server no longer sees (nor bounds) each answer: fedkl/flower/secagg.py
-            declared = dataclasses.replace(declared, clients=FEDKL_CLIENTS)
-        try:  # a weaker trust model is an explicit opt-in where clients run their own code
-            require_trust(
-                alg.guarantee.clients, cfg.clients, getattr(federation, "clients_run_own_code", False), cfg.algorithm
-            )
-        except ValueError:
-            ledger.finish_run("refused")
-            raise
-        if not declared.zcdp:  # zCDP rho, rounds and clip are not what these algorithms use
-            how = declared.accountant(cfg.conversion, getattr(cfg.params, "accountant", None))
-            log(
-                f"budget: user-level ({cfg.neighbouring}) eps={cfg.epsilon}, delta={delta:.3g}, {how}; backend {cfg.backend}"
-                + large_delta_note(delta, federation.num_users)
-            )
-        else:
-            shape = [
-                f"{cfg.params.rounds} rounds" if hasattr(cfg.params, "rounds") else "",
-                f"clip {cfg.params.clip}" if hasattr(cfg.params, "clip") else "",
-                f"backend {cfg.backend}",
-            ]
-            log(
-                f"budget: user-level ({cfg.neighbouring}) eps={cfg.epsilon}, delta={delta:.3g} -> "
-                f"zCDP rho={rho_total:.5g} ({cfg.conversion}); "
-                + ", ".join(x for x in shape if x)
-                + (f", noise std on the sum {sigma:.4g}" if isinstance(sigma, float) else "")
-                + large_delta_note(delta, federation.num_users)
-            )
+    return ledger
 
-        progress = ProgressEgress(observer, log)
-        if cfg.conversion == "gaussian" and not getattr(alg, "gaussian_releases_only", True):
-            ledger.finish_run("refused")
+
+def _reserve(run: _Run, ledger: PrivacyLedger, journal, w0) -> tuple[float, tuple[float, float]]:
+    """``(rho_left, approx_left)``: what the run's users can afford (a recovered run: what they had when it first
+    started, from its journal), once the ledger has reserved them; BudgetExceeded when nothing is left."""
+    ids, cfg = run.federation.user_ids, run.cfg
+    if run.recovering:  # its users' budget as it had it
+        rho_total, approx_left = journal.header()["rho_left"], tuple(journal.header()["approx_left"])
+    else:
+        ledger.reserve(ids)  # verifies the ledger; LedgerBusy while another run holds these users
+        rho_total, approx_left = ledger.rho_left(ids), ledger.approx_left(ids)
+    run.observer.started(run.run_id, run.ledger_path)
+    if rho_total <= 0 and w0 is not None:  # --resume: what it is for, and what to do instead
+        raise BudgetExceeded(
+            f"--resume: ledger {run.ledger_path} has nothing left of these users' budget (eps={cfg.epsilon}, "
+            f"delta={run.delta:g}; the built-in algorithms spend all of it): --resume continues a run that left "
+            "budget on its ledger; to train more, start a new run with a larger --epsilon on a new --ledger "
+            "(a new guarantee: these users' privacy loss is then both runs' together; nothing was charged)"
+        )
+    if rho_total <= 0:
+        raise BudgetExceeded(
+            f"ledger {run.ledger_path}: the users' budget (eps={cfg.epsilon}, delta={run.delta:g}) "
+            "is already spent; nothing to train with"
+        )
+    if rho_total < ledger.budget.rho * (1 - 1e-9):
+        run.log(f"resuming ledger {run.ledger_path}: rho {rho_total:.4g} of {ledger.budget.rho:.4g} left")
+    return rho_total, approx_left
+
+
+def _refuse(run: _Run, alg, declared: Guarantee, ledger: PrivacyLedger, rho_total: float) -> dict | None:
+    """The refusals a built algorithm gets before any data is read (its run ended ``refused``): the clients'
+    trust model, the exact Gaussian conversion of a non-Gaussian release, a forecast whose noise swamps the
+    model. Logs the budget line, then the warnings on public settings; returns the forecast (or None)."""
+    cfg, n = run.cfg, run.federation.num_users
+    try:  # a weaker trust model is an explicit opt-in where clients run their own code
+        require_trust(alg.guarantee.clients, cfg.clients, run.federation.clients_run_own_code, cfg.algorithm)
+        run.log(_budget_line(cfg, declared, alg.sigma, run.delta, rho_total, n))
+        if cfg.conversion == "gaussian" and not alg.gaussian_releases_only:
             raise ValueError(
                 f"{cfg.algorithm} with these settings makes a zCDP release that is not Gaussian, so the "
                 "exact Gaussian conversion does not hold for it: use --conversion cks (nothing was read "
                 "or charged)"
             )
-        forecast = (
-            alg.forecast(federation.num_users, problem.init_params(), federation.user_ids)
-            if hasattr(alg, "forecast")
-            else None
+        forecast = alg.forecast(n, run.problem.init_params(), run.federation.user_ids)
+        _refuse_forecast(cfg, forecast, n, run.log)
+    except ValueError:
+        ledger.finish_run("refused")
+        raise
+    grad = gradient_forecast(alg, cfg.params, n, run.problem.num_params, cfg.neighbouring)
+    if grad is not None and grad[0] > LEARNS_LITTLE:  # before any budget is spent (`fedkl plan` ranks them)
+        run.log(
+            f"warning: predicted to learn little: the noise is {grad[0]:.3g}x the largest signal ({grad[1]}); "
+            f"at eps={cfg.epsilon} and n={n} such runs score about the majority class: raise "
+            "eps, users or rounds, or see `fedkl plan`"
         )
-        if forecast is not None:
-            log("forecast (public values, before any data): " + ", ".join(f"{k} {v:.4g}" for k, v in forecast.items()))
-            if forecast["noise_over_signal"] > 1 and not cfg.force:
-                ledger.finish_run("refused")
-                raise ValueError(
-                    f"{cfg.algorithm}: its first release's noise (norm ~{forecast['noise_norm']:.3g}) is "
-                    f"{forecast['noise_over_signal']:.3g}x the farthest the model can move ({forecast['signal_radius']:.3g}) "
-                    f"at this budget and n={federation.num_users}: the model would be noise around its start. Nothing "
-                    "was read or charged. noisy-gd learns here (--algorithm noisy-gd; `fedkl plan` ranks every "
-                    "algorithm on these settings); --force runs it anyway"
-                )
-            if forecast["noise_over_signal"] > LEARNS_LITTLE:  # before any budget is spent
-                log(
-                    f"warning: predicted to learn little: the first release's noise is "
-                    f"{forecast['noise_over_signal']:.3g}x the farthest the model can move; such runs can land "
-                    "below the majority class: raise eps or users, or see `fedkl plan`"
-                )
-        grad = gradient_forecast(alg, cfg.params, federation.num_users, problem.num_params, cfg.neighbouring)
-        if grad is not None and grad[0] > LEARNS_LITTLE:  # before any budget is spent (`fedkl plan` ranks them)
-            log(
-                f"warning: predicted to learn little: the noise is {grad[0]:.3g}x the largest signal ({grad[1]}); "
-                f"at eps={cfg.epsilon} and n={federation.num_users} such runs score about the majority class: raise "
-                "eps, users or rounds, or see `fedkl plan`"
-            )
-        for line in alg.warnings() if hasattr(alg, "warnings") else ():  # public settings, before any budget is spent
-            log(f"warning: {line}")
-        try:
-            # no run-wide filter for (eps, delta) releases, nor for algorithms whose users each take part in
-            # one disjoint cohort (parallel composition: the per-user ledger enforces every user's budget)
-            if isinstance(journal, str):
-                header = {**(journal_header or {}), "run_id": run_id, "settings": cfg.settings(), "delta": delta}
-                header["ledger"] = os.path.abspath(ledger_path)
-                journal = ReleaseJournal.create(
-                    journal, {**header, "rho_left": rho_total, "approx_left": approx_left}, noise_draws=noise_state
-                )
-            releaser = releaser_type(
-                ledger,
-                noise,
-                ZCDPFilter(rho_total) if declared.run_wide_filter else None,
-                journal=journal,
-                replay=recovering,
-            )
-            if hasattr(releaser, "see_algorithm"):  # the plan's dry run (_ScheduleCut)
-                releaser.see_algorithm(alg)
-            # PREPAID_NOTE: prepaid only where the plan made before the data is this run's: an algorithm that
-            # declares ``plan_is_public`` (its releases' number, order, labels, charge records and cohorts follow
-            # from public values) and is not adaptive. Elsewhere a release can differ from the plan (kl-spider
-            # stops a phase on a released estimate; sc-phased-sco's charge records carry the privately chosen
-            # Delta): the plan is then dropped, but the rows prepaid ahead stay charged and refused a later
-            # release the budget was sized for. Those algorithms are charged release by release.
-            if plan is not None and not declared.adaptive and getattr(alg, "plan_is_public", False):
-                releaser.plan(lambda: _planned(plan, log), window_s=PREPAY_WINDOW_S)
-            # every egress flushes the journal first (fedkl.privacy.journal): progress records, a
-            # transport's messages to nodes, and (below, and the finally) the end of the run
-            progress.flush = federation.before_send = releaser.flush
-            start = problem.init_params() if w0 is None else w0
-            result = alg.run(federation, releaser, start, progress)
-            releaser.finish()
-            releaser.flush()
-            if recovering:
-                log(
-                    f"recovered run {run_id}: {releaser.replayed} releases replayed from its journal, none charged twice"
-                )
-            if not isinstance(result, AlgorithmResult):
-                raise TypeError(
-                    f"{cfg.algorithm}: run() must return an AlgorithmResult (fedkl.algorithms.registry), "
-                    f"got {type(result).__name__}"
-                )
-            if forecast is not None and isinstance(result.details, dict):
-                result.details["forecast"] = forecast  # the price, in result.json's algorithm_details
-        except BaseException as e:
-            ledger.finish_run(ledger.end_status(e))  # interrupted (Ctrl-C) or failed
-            raise
-        finally:
-            federation.before_send = None
-            if journal is not None and not isinstance(journal, str):
-                journal.close()  # flushes: every exit path leaves the journal durable
-        ledger.finish_run("finished")
-        if journal is not None and not isinstance(journal, str):
-            journal.purge_secret()  # a finished run cannot be recovered: its noise draws are needed no more
-        observer.trained(result.w is not None)
-        if scratch:  # a dry run's throw-away ledger: nothing to verify or report
-            return result, {}, declared
-        ledger.verify()
-        summary = ledger.summary()
+    for line in alg.warnings():  # public settings, before any budget is spent
+        run.log(f"warning: {line}")
+    return forecast
 
-    return result, summary, declared
+
+def _budget_line(cfg: RunConfig, declared: Guarantee, sigma, delta: float, rho_total: float, n: int) -> str:
+    """The run's budget as its log says it (zCDP rho, rounds, clip and noise where the algorithm speaks zCDP)."""
+    if not declared.zcdp:  # zCDP rho, rounds and clip are not what these algorithms use
+        how = accountant(cfg, declared)
+        return f"budget: user-level ({cfg.neighbouring}) eps={cfg.epsilon}, delta={delta:.3g}, {how}; backend {cfg.backend}" + large_delta_note(delta, n)  # fmt: skip
+    shape = [
+        f"{cfg.params.rounds} rounds" if isinstance(cfg.params, Rounds) else "",
+        f"clip {cfg.params.clip}" if isinstance(cfg.params, Clip) else "",
+        f"backend {cfg.backend}",
+    ]
+    return (
+        f"budget: user-level ({cfg.neighbouring}) eps={cfg.epsilon}, delta={delta:.3g} -> "
+        f"zCDP rho={rho_total:.5g} ({cfg.conversion}); "
+        + ", ".join(x for x in shape if x)
+        + (f", noise std on the sum {sigma:.4g}" if isinstance(sigma, float) else "")
+        + large_delta_note(delta, n)
+    )
+
+
+def accountant(cfg: RunConfig, declared: Guarantee) -> str:
+    """The accountant ``declared`` names for this run (a Poisson-sampled schedule's: its ``--accountant``)."""
+    return declared.accountant(cfg.conversion, cfg.params.accountant if isinstance(cfg.params, PoissonSampling) else None)  # fmt: skip
+
+
+def _refuse_forecast(cfg: RunConfig, forecast: dict | None, n: int, log: Callable[[str], None]) -> None:
+    """Log an output perturbation's public forecast; refuse it (ValueError) when its first release's noise
+    swamps the model (unless ``--force``), warn when the model is predicted to learn little."""
+    if forecast is None:
+        return
+    log("forecast (public values, before any data): " + ", ".join(f"{k} {v:.4g}" for k, v in forecast.items()))
+    if forecast["noise_over_signal"] > 1 and not cfg.force:
+        raise ValueError(
+            f"{cfg.algorithm}: its first release's noise (norm ~{forecast['noise_norm']:.3g}) is "
+            f"{forecast['noise_over_signal']:.3g}x the farthest the model can move ({forecast['signal_radius']:.3g}) "
+            f"at this budget and n={n}: the model would be noise around its start. Nothing "
+            "was read or charged. noisy-gd learns here (--algorithm noisy-gd; `fedkl plan` ranks every "
+            "algorithm on these settings); --force runs it anyway"
+        )
+    if forecast["noise_over_signal"] > LEARNS_LITTLE:  # before any budget is spent
+        log(
+            f"warning: predicted to learn little: the first release's noise is "
+            f"{forecast['noise_over_signal']:.3g}x the farthest the model can move; such runs can land "
+            "below the majority class: raise eps or users, or see `fedkl plan`"
+        )
+
+
+def _open_journal(run: _Run, journal, header: dict | None, left: tuple) -> ReleaseJournal | None:
+    """The run's release journal: created at ``journal`` (a path) with the run's header, or the open journal
+    of the run being recovered, or None (no journal)."""
+    if not isinstance(journal, str):
+        return journal
+    header = {**(header or {}), "run_id": run.run_id, "settings": run.cfg.settings(), "delta": run.delta}
+    header["ledger"] = os.path.abspath(run.ledger_path)
+    header.update(rho_left=left[0], approx_left=left[1])
+    return ReleaseJournal.create(journal, header, noise_draws=algorithm_spec(run.cfg.algorithm).noise_state)
+
+
+@contextlib.contextmanager
+def _ended(run: _Run, ledger: PrivacyLedger, journal: ReleaseJournal | None):
+    """Every exit leaves the journal durable (closed: flushed) and no transport hook behind; an exception ends
+    the ledger's run first, with its exact status (interrupted, refused or failed)."""
+    try:
+        yield
+    except BaseException as e:
+        ledger.finish_run(ledger.end_status(e))
+        raise
+    finally:
+        run.federation.before_send = None
+        if journal is not None:
+            journal.close()
+
+
+def _open_releaser(run: _Run, alg, declared: Guarantee, ledger, journal, rho_total: float, plan, releaser_type):
+    """The run's Releaser: a run-wide zCDP filter where the guarantee needs one (none for (eps, delta)
+    releases, nor where each user takes part in one disjoint cohort: parallel composition, the per-user
+    ledger enforces every budget), the journal (replayed when recovering) and the prepaid plan."""
+    filt = ZCDPFilter(rho_total) if declared.run_wide_filter else None
+    releaser = releaser_type(ledger, run.noise, filt, journal=journal, replay=run.recovering)
+    if isinstance(releaser, _ScheduleCut):  # the plan's dry run
+        releaser.see_algorithm(alg)
+    # PREPAID_NOTE: prepaid only where the plan made before the data is this run's: an algorithm that
+    # declares ``plan_is_public`` (its releases' number, order, labels, charge records and cohorts follow
+    # from public values) and is not adaptive. Elsewhere a release can differ from the plan (kl-spider
+    # stops a phase on a released estimate; sc-phased-sco's charge records carry the privately chosen
+    # Delta): the plan is then dropped, but the rows prepaid ahead stay charged and refused a later
+    # release the budget was sized for. Those algorithms are charged release by release.
+    if plan is not None and not declared.adaptive and alg.plan_is_public:
+        releaser.plan(lambda: _planned(plan, run.log), window_s=PREPAY_WINDOW_S)
+    # every egress flushes the journal first (fedkl.privacy.journal): progress records, a
+    # transport's messages to nodes, and the end of the run
+    run.federation.before_send = releaser.flush
+    return releaser
+
+
+def _train(run: _Run, alg, releaser: Releaser, w0, forecast: dict | None) -> AlgorithmResult:
+    """The algorithm's run from ``w0`` (default: the problem's initial parameters), its progress handed out."""
+    progress = ProgressEgress(run.observer, run.log)
+    progress.flush = releaser.flush
+    result = alg.run(run.federation, releaser, run.problem.init_params() if w0 is None else w0, progress)
+    releaser.finish()
+    releaser.flush()
+    if run.recovering:
+        run.log(
+            f"recovered run {run.run_id}: {releaser.replayed} releases replayed from its journal, none charged twice"
+        )
+    if not isinstance(result, AlgorithmResult):
+        raise TypeError(
+            f"{run.cfg.algorithm}: run() must return an AlgorithmResult (fedkl.algorithms.registry), "
+            f"got {type(result).__name__}"
+        )
+    if forecast is not None and isinstance(result.details, dict):
+        result.details["forecast"] = forecast  # the price, in result.json's algorithm_details
+    return result
+
+
+def _close(run: _Run, ledger: PrivacyLedger, journal, result: AlgorithmResult, scratch: bool) -> dict:
+    """End the trained run on the ledger, forget its noise draws (a finished run cannot be recovered) and
+    return the verified ledger summary ({} for a dry run's throw-away ledger)."""
+    ledger.finish_run("finished")
+    if journal is not None:
+        journal.purge_secret()
+    run.observer.trained(result.w is not None)
+    if scratch:
+        return {}
+    ledger.verify()
+    return ledger.summary()
 
 
 def _planned(plan: list[dict] | Callable[[], list[dict]], log: Callable[[str], None]) -> list[dict] | None:
@@ -614,8 +691,7 @@ class _ScheduleCut(Releaser):
     guarantee: Guarantee | None = None
 
     def see_algorithm(self, alg) -> None:
-        declare = getattr(alg, "plan_schedule", None)
-        self.schedule, self.guarantee = (declare() if declare is not None else None), alg.guarantee
+        self.schedule, self.guarantee = alg.plan_schedule(), alg.guarantee
 
     def _emit(self, seq, *args, **kwargs):
         if self.schedule is not None and seq >= 1:
@@ -680,9 +756,23 @@ def absolute_paths(cfg: RunConfig) -> RunConfig:
     return dataclasses.replace(cfg, **changed) if changed else cfg
 
 
-def prepare_run(cfg: RunConfig, num_users: int, suffix: str = "") -> tuple[float, str, str, str, NoiseSource]:
+class RunPlace(NamedTuple):
+    """Where a run is recorded: its delta, id, folder and ledger (absolute paths) and its noise source."""
+
+    delta: float
+    run_id: str
+    out: str
+    ledger_path: str
+    noise: NoiseSource
+
+
+def prepare_run(cfg: RunConfig, num_users: int, suffix: str = "", recover: ReleaseJournal | None = None) -> RunPlace:
     """What every run derives from its configuration: delta (default 1/n^1.1), a fresh run id, the
-    output folder (created; absolute) the ledger path (absolute) and the noise source."""
+    output folder (created; absolute) the ledger path (absolute) and the noise source; ``recover``: the
+    journal of a run to recover, whose own place it is (a recovery creates no folder of its own)."""
+    if recover is not None:
+        h = recover.header()
+        return RunPlace(h["delta"], h["run_id"], h["out"], h["ledger"], NoiseSource(cfg.noise_seed))
     delta = cfg.delta if cfg.delta is not None else default_delta(num_users)
     check_delta(delta, num_users, cfg.allow_large_delta)  # before the run's folder and ledger exist
     run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
@@ -690,31 +780,21 @@ def prepare_run(cfg: RunConfig, num_users: int, suffix: str = "") -> tuple[float
     out = os.path.abspath(cfg.out or os.path.join("runs", f"{run_id}-{cfg.algorithm}-{name}{suffix}"))
     os.makedirs(out, exist_ok=True)
     ledger_path = os.path.abspath(cfg.ledger or os.path.join(out, "ledger.sqlite"))
-    return delta, run_id, out, ledger_path, NoiseSource(cfg.noise_seed)
+    return RunPlace(delta, run_id, out, ledger_path, NoiseSource(cfg.noise_seed))
 
 
 def load_run_dataset(cfg: RunConfig) -> FederatedDataset:
-    """The dataset of a run configuration (real datasets: split by ``seed``; synthetic ones: drawn
-    with ``seed`` and ``users``; a data file: split by ``seed``, read with its schema settings)."""
-    schema = loader_kwargs({k: getattr(cfg, k, None) for k in SCHEMA_SETTINGS})  # cfg may be a plugin's namespace
-    if is_data_file(cfg.dataset):
-        if cfg.users is not None:
-            raise ValueError(f"--users applies to synthetic datasets; {cfg.dataset} has the users of its user column")
-        return load_dataset(cfg.dataset, split_seed=cfg.seed, **schema)
-    if schema:
-        raise ValueError(f"{', '.join(SCHEMA_SETTINGS)} apply to --dataset FILE (a .csv/.npz/.parquet file)")
-    if cfg.dataset in ("movielens", "tv16"):
-        if cfg.users is not None:
-            raise ValueError(f"--users applies to synthetic datasets; {cfg.dataset} has a fixed set of users")
-        return load_dataset(cfg.dataset, split_seed=cfg.seed)
-    return load_dataset(cfg.dataset, seed=cfg.seed, **({"n_users": cfg.users} if cfg.users else {}))
+    """The dataset of a run configuration, by :func:`fedkl.data.files.dataset_kwargs` (the rule every
+    backend's server and client load by)."""
+    return load_dataset(cfg.dataset, **dataset_kwargs({k: getattr(cfg, k, None) for k in DATA_SETTINGS}))
 
 
-def load_run_data(cfg: RunConfig) -> tuple:
-    """``(dataset, problem, problem name)`` of a run configuration (:func:`load_run_dataset`)."""
-    dataset = load_run_dataset(cfg)
-    problem_name = cfg.problem or DEFAULT_PROBLEM[dataset.task]
-    return dataset, make_problem(problem_name, dataset, reg=cfg.reg, model=cfg.model), problem_name
+def load_run_data(cfg: RunConfig, dataset: FederatedDataset | None = None, model=None) -> tuple:
+    """``(dataset, problem, problem name)`` of a run configuration (:func:`load_run_dataset`); ``dataset``,
+    ``model``: your own dataset and network objects instead (a network's problem is ``torch``)."""
+    dataset = load_run_dataset(cfg) if dataset is None else dataset
+    name = cfg.problem or ("torch" if model is not None else DEFAULT_PROBLEM[dataset.task])
+    return dataset, make_problem(name, dataset, reg=cfg.reg, model=cfg.model if model is None else model), name
 
 
 def run_training(
@@ -822,6 +902,26 @@ def _run_training(
     ledger transaction each (False: one transaction per release); ``recover``: the journal of a run to recover (:func:`recover_run`).
     A run trained in this process keeps its release journal in ``out/journal.sqlite``."""
     started = time.time()
+    _refuse_backend(cfg, dataset, model)
+    data = RunData.load(cfg, dataset, model)
+    transport = transport_for(cfg.backend)
+    w0 = _resumed_model(cfg, resume, transport, data)
+    # the federation the algorithm trains through; a deployment (transport.train) trains elsewhere
+    federation = data.evaluator if transport is None or transport.open is None else transport.open(cfg, data.dataset)
+    place = prepare_run(cfg, federation.num_users, recover=recover)
+    _log_start(cfg, data, place, federation.num_users, resume if w0 is not None else None, log)
+    if transport is not None and transport.train is not None:  # ledger + noise live in the deployment's ServerApp
+        # recovering: the ServerApp recovers the run of the folder holding the journal (fedkl-recover), with the
+        # run's own fedkl-out (cfg.out: that run's ServerApp settings, which its recovery must repeat)
+        recovering = {} if recover is None else {"recover": os.path.dirname(os.path.abspath(recover.path))}
+        trained = transport.train(cfg, data.dataset, (recover is not None and cfg.out) or place.out, log, **recovering)
+    else:
+        trained = _train_here(cfg, data, federation, place, w0, resume, prepay, recover, log)
+    return write_run_files(cfg, trained, data, place, resume=resume, started=started, log=log)
+
+
+def _refuse_backend(cfg: RunConfig, dataset, model) -> None:
+    """What the backend cannot do, refused before anything is read: SecAgg without Flower, objects over a transport."""
     if cfg.secagg and cfg.backend in ("inprocess", "ray-shards"):
         raise ValueError("--secagg aggregates over Flower: use --backend flower-local, flower-sim or grpc")
     for what, given in (("a dataset", dataset), ("a model", model)):
@@ -830,196 +930,240 @@ def _run_training(
                 f"{what} given as an object trains in-process only (backend {cfg.backend!r} builds its "
                 "clients from names: use a dataset name and --model package.module:factory)"
             )
-    if dataset is None and model is None:
-        dataset, problem, problem_name = load_run_data(cfg)
-    else:
-        dataset = dataset if dataset is not None else load_run_dataset(cfg)
-        problem_name = cfg.problem or ("torch" if model is not None else DEFAULT_PROBLEM[dataset.task])
-        problem = make_problem(problem_name, dataset, reg=cfg.reg, model=model if model is not None else cfg.model)
-    spec = problem_spec(problem_name, dataset, cfg.reg, model if model is not None else cfg.model)
-    evaluator = InProcessFederation(problem, dataset)  # non-private evaluation (research use)
-    transport = transport_for(cfg.backend)
-    w0 = None
-    if resume is not None:
-        if transport is not None and transport.train is not None:
-            raise ValueError(f"--resume trains through the ledger of this process; backend {cfg.backend} keeps its own")
-        ledger = cfg.ledger or os.path.join(cfg.out or "", "ledger.sqlite")
-        w0 = check_resume(resume, cfg.settings(), ledger, spec).to(problem.dtype)
-    # the federation the algorithm trains through; a deployment (transport.train) trains elsewhere
-    federation = evaluator if transport is None or transport.open is None else transport.open(cfg, dataset)
-    n = federation.num_users
-    if recover is None:
-        delta, run_id, out, ledger_path, noise = prepare_run(cfg, n)
-    else:  # the recovered run's own id, folder and ledger (a recovery creates no folder of its own)
-        header = recover.header()
-        run_id, out, ledger_path, delta = header["run_id"], header["out"], header["ledger"], header["delta"]
-        noise = NoiseSource(cfg.noise_seed)
+
+
+def _resumed_model(cfg: RunConfig, resume: str | None, transport: Transport | None, data: RunData):
+    """The released model a ``--resume`` run starts from (checked against its run: check_resume), else None."""
+    if resume is None:
+        return None
+    if transport is not None and transport.train is not None:
+        raise ValueError(f"--resume trains through the ledger of this process; backend {cfg.backend} keeps its own")
+    ledger = cfg.ledger or os.path.join(cfg.out or "", "ledger.sqlite")
+    return check_resume(resume, cfg.settings(), ledger, data.spec).to(data.problem.dtype)
+
+
+def _log_start(cfg: RunConfig, data: RunData, place: RunPlace, n: int, resumed: str | None, log) -> None:
     log(
-        f"fedkl run {run_id}: {cfg.algorithm} on {cfg.dataset} ({n} users, "
-        f"{dataset.train.num_records} train records, {problem.num_params} parameters); "
-        f"noise: {noise.mode}" + (f"; resuming the released model of {resume}" if w0 is not None else "")
+        f"fedkl run {place.run_id}: {cfg.algorithm} on {cfg.dataset} ({n} users, "
+        f"{data.dataset.train.num_records} train records, {data.problem.num_params} parameters); "
+        f"noise: {place.noise.mode}" + (f"; resuming the released model of {resumed}" if resumed else "")
     )
-    for note in dataset.extra.get("notes", ()):  # what reading a data file did (columns left out, records clipped)
+    for note in data.dataset.extra.get("notes", ()):  # what reading a data file did (columns left out, records clipped)
         log(f"note: {os.path.basename(cfg.dataset)}: {note}")
 
-    if transport is not None and transport.train is not None:  # ledger + noise live in the deployment's ServerApp
-        # recovering: the ServerApp recovers the run of the folder holding the journal (fedkl-recover)
-        # (with the run's own fedkl-out, cfg.out: that run's ServerApp settings, which its recovery must repeat)
-        recovering = {} if recover is None else {"recover": os.path.dirname(os.path.abspath(recover.path))}
-        result, summary = transport.train(cfg, dataset, (recover is not None and cfg.out) or out, log, **recovering)
-        declared = result.guarantee
-        failures = getattr(result, "failures", None)
-    else:
-        try:
-            journal = recover if recover is not None else os.path.join(out, JOURNAL_FILE)
-            plan = (lambda: planned_releases(cfg, dataset)["releases"]) if prepay and recover is None else None
-            result, summary, declared = train_federation(
-                cfg,
-                federation,
-                problem,
-                dataset,
-                delta,
-                ledger_path,
-                run_id,
-                noise,
-                log,
-                w0,
-                journal,
-                plan,
-                journal_header={"out": os.path.abspath(out), "resumed_from": resume},
-            )
-        finally:
-            failures = federation.failure_report()  # per request, per user: why (Flower backends)
-            close = getattr(federation, "close", None)
-            if close is not None:
-                close()  # stops Ray for flower-sim
 
-    return write_run_files(
-        cfg, result, summary, declared, dataset=dataset, problem=problem, problem_name=problem_name, spec=spec,
-        evaluator=evaluator, run_id=run_id, delta=delta, out=out, ledger_path=ledger_path, noise=noise,
-        failures=failures, resume=resume, started=started, log=log, n=n,
-    )  # fmt: skip
+def _train_here(cfg, data: RunData, federation, place: RunPlace, w0, resume, prepay, recover, log) -> Trained:
+    """:func:`train_federation` in this process, with the run's journal and prepaid plan; the federation's
+    failure report kept and the federation closed (Ray stopped for flower-sim) on every exit."""
+    try:
+        journal = recover if recover is not None else os.path.join(place.out, JOURNAL_FILE)
+        plan = (lambda: planned_releases(cfg, data.dataset)["releases"]) if prepay and recover is None else None
+        result, summary, declared = train_federation(
+            cfg, federation, data.problem, data.dataset, place.delta, place.ledger_path, place.run_id, place.noise,
+            log, w0, journal, plan, journal_header={"out": os.path.abspath(place.out), "resumed_from": resume},
+        )  # fmt: skip
+    finally:
+        failures = federation.failure_report()  # per request, per user: why (Flower backends)
+        close = getattr(federation, "close", None)
+        if close is not None:
+            close()
+    return Trained(result, summary, declared, failures)
+
+
+@dataclass
+class RunData:
+    """A run's data and problem, as every backend's server side holds them: ``dataset``, ``problem``, its
+    ``name`` and ``spec`` (what model.pt records, :func:`fedkl.problems.problem_spec`), and ``evaluator``,
+    the in-process federation over them (the in-process backend trains through it; the NOT private
+    evaluation and reference read it)."""
+
+    dataset: FederatedDataset
+    problem: object
+    name: str
+    spec: dict
+
+    @classmethod
+    def load(cls, cfg: RunConfig, dataset: FederatedDataset | None = None, model=None) -> "RunData":
+        """``cfg``'s data and problem (:func:`load_run_data`; ``dataset``, ``model``: your own objects)."""
+        dataset, problem, name = load_run_data(cfg, dataset, model)
+        return cls(dataset, problem, name, problem_spec(name, dataset, cfg.reg, cfg.model if model is None else model))
+
+    @functools.cached_property
+    def evaluator(self) -> InProcessFederation:
+        return InProcessFederation(self.problem, self.dataset)
+
+
+@dataclass
+class Released(AlgorithmResult):
+    """An algorithm's result read back from a deployment's record (:meth:`Trained.from_record`)."""
+
+    w: torch.Tensor | None = None
+    rounds: int | None = None
+    sigma: object = None
+    rho_spent: float | None = None
+    details: dict = dataclasses.field(default_factory=dict)
+    history: list = dataclasses.field(default_factory=list)
+
+
+@dataclass
+class Trained:
+    """What a training returned, wherever it ran (this process, or a deployment's ServerApp): the algorithm's
+    ``result``, the ledger ``summary``, the ``declared`` guarantee and the transport's ``failures`` report.
+    :func:`write_run_files` writes a run's files from it; :meth:`record` is its strict-JSON form, the one a
+    deployed ServerApp hands back (``flower_result.json``), read back by :meth:`from_record`."""
+
+    result: AlgorithmResult
+    summary: dict
+    declared: Guarantee
+    failures: dict | None = None
+
+    def record(self) -> dict:
+        """The JSON form: the released model as a list (None: no output), the public round records only
+        (never a secret sample's size, :data:`fedkl.algorithms.round_log.NOT_PUBLIC`)."""
+        r = self.result
+        return {
+            "w": None if r.w is None else [float(x) for x in r.w],
+            "rounds": r.rounds,
+            "sigma": r.sigma,
+            "rho_spent": r.rho_spent,
+            "details": r.details or {},
+            "history": public_history(r.history),
+            "ledger": self.summary,
+            "guarantee": self.declared.to_dict(),
+            "failures": self.failures,
+        }
+
+    @classmethod
+    def from_record(cls, rec: dict) -> "Trained":
+        """The Trained of a :meth:`record` (an older ServerApp's record may lack the optional entries)."""
+        w = None if rec.get("w") is None else torch.tensor(rec["w"], dtype=torch.float64)
+        get = rec.get
+        result = Released(w, get("rounds"), get("sigma"), get("rho_spent"), get("details") or {}, get("history") or [])
+        return cls(result, rec["ledger"], Guarantee.from_dict(rec["guarantee"]), get("failures"))
 
 
 def write_run_files(
     cfg: RunConfig,
-    result,
-    summary: dict,
-    declared: Guarantee,
+    trained: Trained,
+    data: RunData,
+    place: RunPlace,
     *,
-    dataset: FederatedDataset,
-    problem,
-    problem_name: str,
-    spec: dict,
-    evaluator: InProcessFederation,
-    run_id: str,
-    delta: float,
-    out: str,
-    ledger_path: str,
-    noise: NoiseSource,
-    failures,
     resume: str | None,
     started: float,
     log: Callable[[str], None],
-    n: int,
     backend: str | None = None,
 ) -> dict:
-    """What every entry point writes once a run has trained (``result``: its ``.w``, ``.rounds``, ``.sigma``,
-    ``.details``; ``summary``: the ledger's): ``model.pt`` with its privacy receipt, ``result.json`` (strict; the
-    non-private reference added when ``cfg.reference``), and the summary lines (privacy, test metric, files)
-    through ``log``; returns result.json's payload. ``backend``: the label result.json gives (default
-    ``cfg.backend``; the deployed ServerApp of ``flwr run`` says ``flwr-run``)."""
-    trivial = problem.trivial_metrics(dataset.train, dataset.test)
-    test = {} if result.w is None else evaluator.evaluate(result.w, "test")
+    """What every entry point writes once a run has trained (``trained``: the algorithm's result, the ledger
+    summary, the declared guarantee, the failures), whatever the backend: ``model.pt`` with its privacy receipt,
+    ``result.json`` (strict; the non-private reference added when ``cfg.reference``), and the summary lines
+    (privacy, test metric, files) through ``log``; returns result.json's payload. ``backend``: the label
+    result.json gives (default ``cfg.backend``; the deployed ServerApp of ``flwr run`` says ``flwr-run``)."""
+    result, receipt = trained.result, _receipt(cfg, trained, place, resume)
+    trivial = data.problem.trivial_metrics(data.dataset.train, data.dataset.test)
+    test = {} if result.w is None else data.evaluator.evaluate(result.w, "test")
     key = quality_metric(test or trivial)  # an algorithm may release "no output" (e.g. a failed stability test)
-    eps = summary.get("max_user_epsilon_exact", summary["max_user_epsilon"])  # a deployment's older ServerApp: bound
-    receipt = {
-        "algorithm": cfg.algorithm,
-        "run_id": run_id,
-        "epsilon": eps,
-        "delta": delta,
-        "rho": summary["max_user_rho"],
-        "budget": {"epsilon": cfg.epsilon, "delta": delta, "conversion": cfg.conversion},
-        "neighbouring": cfg.neighbouring,
-        "accountant": declared.accountant(cfg.conversion, getattr(cfg.params, "accountant", None)),
-        "guarantee": declared.to_dict(),
-        "clients_assumed": declared.clients.describe(),
-        "clients_see": algorithm_spec(cfg.algorithm).clients_see(cfg.params).describe(),
-        "ledger": {"path": os.path.abspath(summary.get("path") or ledger_path), "run_id": run_id},
-        "dataset": cfg.dataset,
-        "resumed_from": resume,
-        "settings": public_settings(cfg.settings()),
-    }
     model_path = None
     if result.w is not None:  # the released model only (a private output): never the reference
-        model_path = os.path.join(out, "model.pt")
-        SavedModel(torch.as_tensor(result.w), spec, receipt).save(model_path)
-    payload = {
-        "run_id": run_id,
-        "algorithm": cfg.algorithm,
-        "dataset": cfg.dataset,
-        "dataset_description": dataset.description,
-        "problem": problem_name,
-        "users": n,
-        "epsilon": eps,
-        "epsilon_by_budget_conversion": summary["max_user_epsilon"],
-        "delta": delta,
-        "rho": summary["max_user_rho"],
-        "neighbouring": cfg.neighbouring,
-        "neighbouring_means": RELATION_TEXT[cfg.neighbouring],
-        "clients_assumed": receipt["clients_assumed"],
-        "clients_see": receipt["clients_see"],
-        "accountant": receipt["accountant"],
-        "guarantee": receipt["guarantee"],
-        "budget": {"epsilon": cfg.epsilon, "delta": delta},
-        "backend": backend or cfg.backend,
-        "test_metric": {"name": key, "value": test.get(key)},
-        "test_metrics": test,
-        "nonprivate_reference": "pending" if cfg.reference else None,
-        "trivial_baseline": trivial,
-        "seed": cfg.seed,
-        **noise.describe(),
-        "rounds": result.rounds,
-        "sigma_sum": result.sigma,
-        "algorithm_details": result.details or {},
-        "failures": failures,
-        "ledger": summary,
-        "config": cfg.settings(),
-        "wall_time_s": time.time() - started,
-        "metrics_are_private": False,
-        "out_dir": out,
-        "model_path": model_path,
-        "resumed_from": resume,
-    }
-    result_path = os.path.join(out, "result.json")
+        model_path = os.path.join(place.out, "model.pt")
+        SavedModel(torch.as_tensor(result.w), data.spec, receipt).save(model_path)
+    payload = _payload(cfg, trained, data, place, receipt, backend)
+    payload["test_metric"], payload["test_metrics"] = {"name": key, "value": test.get(key)}, test
+    payload.update(trivial_baseline=trivial, wall_time_s=time.time() - started, model_path=model_path)
+    result_path = os.path.join(place.out, "result.json")
     write_json(result_path, payload)  # the private result first: an evaluation below cannot lose it
-    how = (
-        receipt["accountant"]
-        if not declared.zcdp
-        else f"zCDP rho = {summary['max_user_rho']:.5g}; exact Gaussian conversion, {cfg.conversion} gives "
-        f"{summary['max_user_epsilon']:.4f}"
-        if eps < summary["max_user_epsilon"]
-        else f"zCDP rho = {summary['max_user_rho']:.5g}, {cfg.conversion}"
-    )
-    log(
-        f"privacy: user-level ({cfg.neighbouring}; {assumption(declared.clients)}) epsilon = {eps:.4f}, "
-        f"delta = {delta:.3g} ({how})" + large_delta_note(delta, n)
-    )
+    log(_privacy_line(cfg, trained, place, receipt, payload["users"]))
     got = f"{test[key]:.4f}" if key in test else "n/a (the algorithm released no model)"
     log(f"test {key} = {got}   (trivial baseline {trivial.get(key, math.nan):.4f})")
-    log(f"wrote {result_path}" + (f", {model_path}" if model_path else "") + f" and ledger {ledger_path}")
+    log(f"wrote {result_path}" + (f", {model_path}" if model_path else "") + f" and ledger {place.ledger_path}")
     try:  # after result.json: a figure that cannot be drawn never fails a trained, charged run
-        line = write_round_metrics(out, getattr(result, "history", None), f"{cfg.algorithm} on {cfg.dataset}")
+        line = write_round_metrics(place.out, result.history, f"{cfg.algorithm} on {cfg.dataset}")
     except Exception as exc:  # noqa: BLE001  (one line; the run's outcome is result.json)
         line = f"note: could not write the per-round metrics ({type(exc).__name__}: {exc})"
     if line:
         log(line)
     if cfg.reference:
-        payload["nonprivate_reference"] = reference_metrics(evaluator, spec, log)
+        payload["nonprivate_reference"] = reference_metrics(data.evaluator, data.spec, log)
         payload["wall_time_s"] = time.time() - started
         write_json(result_path, payload)
-        log(
-            f"non-private reference {key} = {payload['nonprivate_reference'].get(key, math.nan):.4f}; updated {result_path}"
-        )
+        ref = payload["nonprivate_reference"].get(key, math.nan)
+        log(f"non-private reference {key} = {ref:.4f}; updated {result_path}")
     log(f"done in {payload['wall_time_s']:.1f} s")
     return payload
+
+
+def _receipt(cfg: RunConfig, trained: Trained, place: RunPlace, resume: str | None) -> dict:
+    """The privacy receipt model.pt carries (and result.json repeats): the guarantee and what it rests on."""
+    summary, declared = trained.summary, trained.declared
+    return {
+        "algorithm": cfg.algorithm,
+        "run_id": place.run_id,
+        "epsilon": summary.get("max_user_epsilon_exact", summary["max_user_epsilon"]),  # an older ServerApp: bound
+        "delta": place.delta,
+        "rho": summary["max_user_rho"],
+        "budget": {"epsilon": cfg.epsilon, "delta": place.delta, "conversion": cfg.conversion},
+        "neighbouring": cfg.neighbouring,
+        "accountant": accountant(cfg, declared),
+        "guarantee": declared.to_dict(),
+        "clients_assumed": declared.clients.describe(),
+        "clients_see": algorithm_spec(cfg.algorithm).clients_see(cfg.params).describe(),
+        "ledger": {"path": os.path.abspath(summary.get("path") or place.ledger_path), "run_id": place.run_id},
+        "dataset": cfg.dataset,
+        "resumed_from": resume,
+        "settings": public_settings(cfg.settings()),
+    }
+
+
+def _payload(cfg: RunConfig, trained: Trained, data: RunData, place: RunPlace, receipt: dict, backend) -> dict:
+    """result.json's fields (its test metrics, trivial baseline, wall time and model path: placeholders here)."""
+    summary, result = trained.summary, trained.result
+    return {
+        "run_id": place.run_id,
+        "algorithm": cfg.algorithm,
+        "dataset": cfg.dataset,
+        "dataset_description": data.dataset.description,
+        "problem": data.name,
+        "users": data.dataset.train.num_users,
+        "epsilon": receipt["epsilon"],
+        "epsilon_by_budget_conversion": summary["max_user_epsilon"],
+        "delta": place.delta,
+        "rho": summary["max_user_rho"],
+        "neighbouring": cfg.neighbouring,
+        "neighbouring_means": RELATION_TEXT[cfg.neighbouring],
+        **{k: receipt[k] for k in ("clients_assumed", "clients_see", "accountant", "guarantee")},
+        "budget": {"epsilon": cfg.epsilon, "delta": place.delta},
+        "backend": backend or cfg.backend,
+        "test_metric": None,
+        "test_metrics": None,
+        "nonprivate_reference": "pending" if cfg.reference else None,
+        "trivial_baseline": None,
+        "seed": cfg.seed,
+        **place.noise.describe(),
+        "rounds": result.rounds,
+        "sigma_sum": result.sigma,
+        "algorithm_details": result.details or {},
+        "failures": trained.failures,
+        "ledger": summary,
+        "config": cfg.settings(),
+        "wall_time_s": None,
+        "metrics_are_private": False,
+        "out_dir": place.out,
+        "model_path": None,
+        "resumed_from": receipt["resumed_from"],
+    }
+
+
+def _privacy_line(cfg: RunConfig, trained: Trained, place: RunPlace, receipt: dict, n: int) -> str:
+    """The run's guarantee as its log says it (epsilon, delta, and how they were computed)."""
+    summary, eps, delta = trained.summary, receipt["epsilon"], place.delta
+    how = (
+        receipt["accountant"]
+        if not trained.declared.zcdp
+        else f"zCDP rho = {summary['max_user_rho']:.5g}; exact Gaussian conversion, {cfg.conversion} gives "
+        f"{summary['max_user_epsilon']:.4f}"
+        if eps < summary["max_user_epsilon"]
+        else f"zCDP rho = {summary['max_user_rho']:.5g}, {cfg.conversion}"
+    )
+    return (
+        f"privacy: user-level ({cfg.neighbouring}; {assumption(trained.declared.clients)}) epsilon = {eps:.4f}, "
+        f"delta = {delta:.3g} ({how})" + large_delta_note(delta, n)
+    )

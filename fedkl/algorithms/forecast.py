@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import math
 
+from fedkl.algorithms.contract import Clip, Rounds
+
 # above this ratio `fedkl run` warns that the model is predicted to learn little. A heuristic, read off
 # the public datasets of simulations/studies/tune_step_sizes.toml at eps = 2: on adult (ratio 0.52-0.60 for the
 # gradient methods) no step size beats the majority class; tv16 (0.18-0.21) and MovieLens (0.03) learn.
@@ -23,18 +25,19 @@ LEARNS_LITTLE = 0.5
 
 def gradient_forecast(alg, params, n: int, dim: int, neighbouring: str) -> tuple[float, str] | None:
     """``(ratio, why)`` for a built gradient method ``alg`` with ``params`` on ``n`` users and ``dim``
-    parameters (public values only), or None when ``alg`` is not one."""
-    rounds = getattr(params, "rounds", None)
-    clip = getattr(params, "clip", None)
-    if rounds is None or clip is None:
+    parameters (public values only), or None when ``alg`` is not one. A gradient method's Params are a
+    :class:`Rounds` and a :class:`Clip` (a type test, not duck typing: registration keeps one definition of
+    each hyperparameter name, so wherever ``rounds`` and ``clip`` exist they are these mixins' fields)."""
+    if not isinstance(params, Rounds) or not isinstance(params, Clip):
         return None
+    rounds, clip = params.rounds, params.clip
     if alg.guarantee.charges == "schedule":  # Poisson-sampled schedules: z = sigma / sensitivity on the sum
         z = alg.schedule().noise_multiplier
         q = params.sampling_rate
         sensitivity = clip if neighbouring == "add-remove" else 2 * clip
         per_round = z * sensitivity * math.sqrt(dim) / (q * n) / clip
         why = f"noise multiplier {z:.3g} on a cohort of ~{q * n:.0f} users"
-    elif isinstance(getattr(alg, "sigma", None), float):
+    elif isinstance(alg.sigma, float):
         per_round = alg.sigma * math.sqrt(dim) / n / clip
         why = f"noise std {alg.sigma:.3g} on the sum of {n} clipped gradients"
     else:

@@ -117,6 +117,32 @@ def loader_kwargs(settings: Mapping[str, Any]) -> dict:
     return {k: settings[k] for k in SCHEMA_SETTINGS if settings.get(k) is not None}
 
 
+# the flat run settings that say how a run's data is loaded (dataset_kwargs)
+DATA_SETTINGS = ("dataset", "seed", "users", "sites", *SCHEMA_SETTINGS)
+
+
+def dataset_kwargs(settings: Mapping[str, Any]) -> dict:
+    """The :func:`fedkl.data.load_dataset` keywords of flat run settings (``dataset``, ``seed``, ``users``,
+    ``sites`` and the schema settings; absent ones are None): the one rule ``fedkl run``, a Flower ServerApp
+    and its ClientApps load a run's data by (here, below both: a ClientApp never imports the runner). A data file and the schema of a ``sites`` deployment (whose
+    nodes load their own files) are split by ``seed`` and read with the schema settings; MovieLens and
+    TV16 have fixed users split by ``seed``; a synthetic set is drawn with ``seed`` and ``users``.
+    ValueError (one line) for a setting that does not apply to the dataset."""
+    name, seed, users = settings["dataset"], settings.get("seed") or 0, settings.get("users")
+    schema = loader_kwargs(settings)
+    if is_data_file(name) or name == "sites":
+        if users is not None and name != "sites":
+            raise ValueError(f"--users applies to synthetic datasets; {name} has the users of its user column")
+        return {"split_seed": seed, **({"sites": settings.get("sites")} if name == "sites" else {}), **schema}
+    if schema:
+        raise ValueError(f"{', '.join(SCHEMA_SETTINGS)} apply to --dataset FILE (a .csv/.npz/.parquet file)")
+    if name in ("movielens", "tv16"):
+        if users is not None:
+            raise ValueError(f"--users applies to synthetic datasets; {name} has a fixed set of users")
+        return {"split_seed": seed}
+    return {"seed": seed, **({"n_users": users} if users else {})}
+
+
 def read_table(path: str) -> Any:
     """A pandas DataFrame from a ``.csv``, ``.npz`` or ``.parquet`` file."""
     import pandas as pd
@@ -456,8 +482,10 @@ def _noted(ds: FederatedDataset, schema: Schema, notes: list[str]) -> FederatedD
 
 
 __all__ = [
+    "DATA_SETTINGS",
     "DataError",
     "Schema",
+    "dataset_kwargs",
     "is_data_file",
     "load_file",
     "loader_kwargs",

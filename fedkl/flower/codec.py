@@ -349,19 +349,11 @@ class ClientSpec:
 
     @staticmethod
     def loader_kwargs(cfg: Any) -> dict:
-        """The loader kwargs ``fedkl run`` uses for a :class:`fedkl.runner.RunConfig` (a data file or a
-        ``"sites"`` deployment: its schema settings, and for sites the enrolment list ``cfg.sites``)."""
-        from fedkl.data.files import SCHEMA_SETTINGS, is_data_file, loader_kwargs
+        """The loader kwargs ``fedkl run`` uses for a :class:`fedkl.runner.RunConfig` (or a deployment's
+        settings): :func:`fedkl.data.files.dataset_kwargs`, the one rule."""
+        from fedkl.data.files import DATA_SETTINGS, dataset_kwargs
 
-        schema = loader_kwargs({k: getattr(cfg, k, None) for k in SCHEMA_SETTINGS})
-        if is_data_file(cfg.dataset):
-            return {"split_seed": cfg.seed, **schema}
-        if cfg.dataset == "sites":
-            return {"split_seed": cfg.seed, "sites": getattr(cfg, "sites", None), **schema}
-        if cfg.dataset in ("movielens", "tv16"):
-            return {"split_seed": cfg.seed}
-        users = getattr(cfg, "users", None)
-        return {"seed": cfg.seed, **({"n_users": users} if users else {})}
+        return dataset_kwargs({k: getattr(cfg, k, None) for k in DATA_SETTINGS})
 
     @classmethod
     def from_run_config(cls, cfg: Any, task: str | None = None) -> "ClientSpec":
@@ -385,7 +377,7 @@ class ClientSpec:
         ``fedkl-dataset-kwargs`` / ``fedkl-problem-kwargs`` or, like ``fedkl run``, ``fedkl-seed``,
         ``fedkl-users``, ``fedkl-reg``, ``fedkl-model``, the data-file schema keys (``fedkl-label-column``,
         ``fedkl-feature-columns``, ...) and ``fedkl-sites``. None if no dataset is configured."""
-        from fedkl.data.files import SCHEMA_SETTINGS
+        from fedkl.data.files import DATA_SETTINGS
 
         if "fedkl-dataset" not in user_config:
             return None
@@ -398,17 +390,11 @@ class ClientSpec:
                 str(user_config.get("fedkl-dataset-kwargs", "{}")),
                 str(user_config.get("fedkl-problem-kwargs", "{}")),
             )
-        ns = SimpleNamespace(
-            dataset=dataset,
-            problem=user_config.get("fedkl-problem") or None,  # "" (TOML's unset) is the default
-            seed=int(user_config.get("fedkl-seed") or 0),
-            reg=float(user_config.get("fedkl-reg") or 0.0),
-            model=user_config.get("fedkl-model") or None,
-            users=user_config.get("fedkl-users") or None,
-            sites=user_config.get("fedkl-sites") or None,
-            **{k: user_config.get("fedkl-" + k.replace("_", "-")) or None for k in SCHEMA_SETTINGS},
-        )
-        return cls.from_run_config(ns)
+        settings = {k: user_config.get("fedkl-" + k.replace("_", "-")) or None for k in DATA_SETTINGS}  # "": unset
+        settings.update(dataset=dataset, seed=int(user_config.get("fedkl-seed") or 0))
+        settings.update(reg=float(user_config.get("fedkl-reg") or 0.0))
+        settings.update(problem=user_config.get("fedkl-problem") or None, model=user_config.get("fedkl-model") or None)
+        return cls.from_run_config(SimpleNamespace(**settings))
 
     def to_user_config(self) -> dict[str, str]:
         return {

@@ -38,14 +38,10 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Mapping, Sequence
-
-import torch
 
 from fedkl.flower.codec import ClientSpec
 from fedkl.flower.federation import STALL_FACTOR, answer_deadline, connect_deadline
-from fedkl.privacy.guarantee import Guarantee
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout holding fedkl/ (on the nodes' PYTHONPATH)
 
@@ -763,14 +759,13 @@ def _deploy(
         stop_processes([p for p, _ in procs], work=work)
 
 
-def train_over_grpc(
-    cfg: Any, dataset: Any, out: str, log=print, recover: str | None = None, **kw: Any
-) -> tuple[Any, dict]:
+def train_over_grpc(cfg: Any, dataset: Any, out: str, log=print, recover: str | None = None, **kw: Any) -> Any:
     """``fedkl run --backend grpc``: train ``cfg`` on a fresh local deployment (:func:`run_grpc`, one
     SuperNode per user of ``dataset``); the ServerApp writes the ledger at ``cfg.ledger`` or
     ``<out>/ledger.sqlite`` and its release journal in ``out``; ``recover``: the out folder of a run whose
-    ServerApp died, recovered by this one (``fedkl-recover``; ``fedkl run --backend grpc --recover``). Returns ``(result, ledger_summary)`` where ``result`` has ``.w`` (a
-    float64 tensor, or None for "no output"), ``.history`` and ``.failed_users``."""
+    ServerApp died, recovered by this one (``fedkl-recover``; ``fedkl run --backend grpc --recover``). Returns
+    the :class:`fedkl.runner.Trained` the ServerApp recorded (``flower_result.json``), which this process writes
+    its run files from (:func:`fedkl.runner.write_run_files`, the one writer)."""
     spec = ClientSpec.from_run_config(cfg, task=dataset.task)
     ids = dataset.train.user_ids
     rc = run_config_for(cfg, spec, out=out)
@@ -779,17 +774,6 @@ def train_over_grpc(
     res = run_grpc(rc, len(ids), user_ids=ids, log=log, **kw)
     if res.get("replayed") is not None:
         log(f"fedkl grpc: the ServerApp recovered {recover}: {res['replayed']} releases replayed from its journal")
-    w = None if res.get("w") is None else torch.tensor(res["w"], dtype=torch.float64)
-    result = SimpleNamespace(
-        w=w,
-        history=res.get("history", []),
-        failed_users=res.get("failed_users"),
-        failures=res.get("failures"),
-        rho_spent=res.get("rho_spent"),
-        sigma=res.get("sigma"),
-        rounds=res.get("rounds"),
-        details=res.get("details") or {},
-        workdir=res.get("workdir"),
-        guarantee=Guarantee.from_dict(res["guarantee"]),
-    )
-    return result, res["ledger"]
+    from fedkl.runner import Trained
+
+    return Trained.from_record(res)

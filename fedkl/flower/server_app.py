@@ -40,7 +40,6 @@ from flwr.app import Context  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
 
 from fedkl import runner  # noqa: E402
-from fedkl.algorithms.round_log import public_history  # noqa: E402
 from fedkl.data import load_dataset  # noqa: E402
 from fedkl.federation.base import Federation  # noqa: E402
 from fedkl.federation.inprocess import InProcessFederation  # noqa: E402
@@ -48,7 +47,8 @@ from fedkl.flower.client_app import make_client_app  # noqa: E402
 from fedkl.flower.codec import ClientSpec  # noqa: E402
 from fedkl.flower.federation import FlowerFederation  # noqa: E402
 from fedkl.flower.localgrid import LocalGrid  # noqa: E402
-from fedkl.problems import make_problem  # noqa: E402
+from fedkl.problems import make_problem, problem_spec  # noqa: E402
+from fedkl.results import write_json  # noqa: E402
 from fedkl.runner import RunConfig  # noqa: E402
 
 BACKENDS = ("inprocess", "flower-local", "flower-sim")
@@ -246,32 +246,33 @@ def run_flower_simulation(
         raise ValueError(f"kernels {cfg.kernels!r} is in-process only: over {backend} use kernels='reproducible'")
     if backend == "inprocess":  # the reference, through the very same training code
 
-        def federation_for(spec: ClientSpec, ids: Sequence[str], num_params: int) -> Any:
-            dkw, pkw = spec.kwargs
-            dataset = load_dataset(spec.dataset, **dkw)
-            return contextlib.nullcontext(InProcessFederation(make_problem(spec.problem, dataset, **pkw), dataset))
+        def federation_for(spec: ClientSpec, dataset: Any, problem: Any) -> Any:  # the server's own data, as fedkl run
+            return contextlib.nullcontext(InProcessFederation(problem, dataset))
 
-        return _train(cfg, backend, federation_for, log, spec)
-    open_kw.setdefault("secagg", getattr(cfg, "secagg", False))
-    return _train(
-        cfg,
-        backend,
-        lambda spec, ids, num_params: open_federation(backend, spec, user_ids=ids, num_params=num_params, **open_kw),
-        log,
-        spec,
-    )
+    else:
+        open_kw.setdefault("secagg", getattr(cfg, "secagg", False))
+
+        def federation_for(spec: ClientSpec, dataset: Any, problem: Any) -> Any:
+            ids, num_params = dataset.train.user_ids, problem.num_params
+            return open_federation(backend, spec, user_ids=ids, num_params=num_params, **open_kw)
+
+    trained, place, dataset, _, replayed = _train(cfg, backend, federation_for, log, spec)
+    r = trained.result
+    raw = {"w": r.w, "rho_spent": r.rho_spent, "sigma": r.sigma, "rounds": r.rounds, "details": r.details or {}}
+    return {**raw, "history": r.history or [], **_outcome(trained, place, dataset, backend, replayed)}
 
 
 def _train(
     cfg: Any,
     label: str,
-    federation_for: Callable[[ClientSpec, tuple[str, ...], int], Any],
+    federation_for: Callable[[ClientSpec, Any, Any], Any],
     log: Callable[[str], None],
     spec: ClientSpec | None = None,
     journal: bool = False,
     recover: str | None = None,
-) -> dict:
-    """``journal``: keep the run's release journal in its out folder (``journal.sqlite``, what a
+) -> tuple:
+    """``(Trained, RunPlace, dataset, problem, replayed)`` of a training over ``label``.
+    ``journal``: keep the run's release journal in its out folder (``journal.sqlite``, what a
     recovery needs); ``recover``: the out folder of a run whose process died, recovered here
     (:func:`fedkl.runner.open_recovery`: its run id, ledger and delta; its releases replayed)."""
     # The server uses the dataset only for the enrolment list (user ids, n) and the problem's shape
@@ -283,47 +284,39 @@ def _train(
         dataset = load_dataset(spec.dataset, **spec.kwargs[0])
     problem = make_problem(spec.problem, dataset, **spec.kwargs[1])
     user_ids = dataset.train.user_ids
-    n = len(user_ids)
-    replayed = None
-    if recover is None:
-        delta, run_id, out, ledger_path, noise = runner.prepare_run(cfg, n, suffix=f"-{label}")
-        journal_at: str | runner.ReleaseJournal | None = os.path.join(out, runner.JOURNAL_FILE) if journal else None
-    else:  # the recovered run's own id, folder, ledger (never created here) and delta
-        journal_at = runner.open_recovery(recover, cfg)
-        replayed = len(journal_at)  # all of them, once the run is done (else the Releaser refused it)
-        header = journal_at.header()
-        run_id, out, ledger_path, delta = header["run_id"], header["out"], header["ledger"], header["delta"]
-        noise = runner.NoiseSource(cfg.noise_seed)
-    log(f"fedkl {label} {run_id}: {cfg.algorithm} on {spec.dataset} ({n} users, {problem.num_params} parameters)")
+    recovered = None if recover is None else runner.open_recovery(recover, cfg)  # never creates a ledger
+    place = runner.prepare_run(cfg, len(user_ids), f"-{label}", recovered)
+    journal_at, replayed = recovered, None if recovered is None else len(recovered)  # replayed: all, once done
+    if recovered is None and journal:
+        journal_at = os.path.join(place.out, runner.JOURNAL_FILE)
+    log(f"fedkl {label} {place.run_id}: {cfg.algorithm} on {spec.dataset} ({len(user_ids)} users, {problem.num_params} parameters)")  # fmt: skip
     # the server's own problem fixes the model size: a node answering for another is refused alone
-    with federation_for(
-        spec, user_ids, problem.num_params
-    ) as federation:  # ledger, filter and noise exactly as `fedkl run`
+    with federation_for(spec, dataset, problem) as federation:  # ledger, filter, noise as `fedkl run`
         result, summary, declared = runner.train_federation(
-            cfg, federation, problem, dataset, delta, ledger_path, run_id, noise, log,
-            journal=journal_at, journal_header={"out": os.path.abspath(out), "deployed": label == "grpc"},
+            cfg, federation, problem, dataset, place.delta, place.ledger_path, place.run_id, place.noise, log,
+            journal=journal_at, journal_header={"out": os.path.abspath(place.out), "deployed": label == "grpc"},
         )  # fmt: skip
         failures = federation.failure_report()
-    history = result.history or []
+    return runner.Trained(result, summary, declared, failures), place, dataset, problem, replayed
+
+
+def _outcome(trained: runner.Trained, place: runner.RunPlace, dataset: Any, label: str, replayed: int | None) -> dict:
+    """Where and how a training over ``label`` ran, next to its result (run_flower_simulation's dict, and
+    flower_result.json: :meth:`fedkl.runner.Trained.record` with these)."""
+    history = trained.result.history or []
     return {
-        "w": result.w,
-        "rho_spent": result.rho_spent,
-        "sigma": result.sigma,
-        "rounds": result.rounds,
-        "details": result.details or {},
-        "history": history,
-        "ledger": summary,
-        "ledger_path": ledger_path,
-        "out_dir": out,
-        "run_id": run_id,
-        "delta": delta,
-        "user_ids": user_ids,
-        "guarantee": declared.to_dict(),
+        "ledger": trained.summary,
+        "ledger_path": place.ledger_path,
+        "out_dir": place.out,
+        "run_id": place.run_id,
+        "delta": place.delta,
+        "users": len(dataset.train.user_ids),
+        "user_ids": dataset.train.user_ids,
+        "guarantee": trained.declared.to_dict(),
         "backend": label,
         "failed_users": [h.get("failed_users") for h in history],
-        "failures": failures,
+        "failures": trained.failures,
         "replayed": replayed,  # recovering: the releases replayed from the journal (charged by the dead run)
-        "server": (dataset, problem, noise, declared),  # for the run's files (write_run_files); not JSON
     }
 
 
@@ -362,19 +355,13 @@ def _deployed_main(grid: Grid, context: Context) -> None:
         _deployed_train(grid, rc)
     except Exception as exc:
         if out:
-            _write_json(os.path.join(out, "flower_error.json"), {"error": f"{type(exc).__name__}: {exc}"})
+            os.makedirs(out, exist_ok=True)
+            write_json(os.path.join(out, "flower_error.json"), {"error": f"{type(exc).__name__}: {exc}"})
         raise
 
 
 def _seconds(rc: Any, key: str) -> float | None:
     return float(rc[key]) if rc.get(key) not in (None, "") else None
-
-
-def _write_json(path: str, payload: dict) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-        json.dump(payload, f, indent=2, default=str)
-    os.replace(path + ".tmp", path)
 
 
 PROGRESS = "fedkl progress: "  # the prefix of the deployed ServerApp's progress lines (streamed by run_grpc)
@@ -426,14 +413,14 @@ def _deployed_train_observed(grid: Grid, rc: Any) -> None:
         with open(rc["fedkl-node-bindings"]) as f:
             bindings = {str(k): int(v) for k, v in json.load(f).items()}
     spec = ClientSpec.from_user_config(rc)  # exactly what the clients load
-    res = _train(
+    trained, place, dataset, problem, replayed = _train(
         cfg,
         "grpc",
-        lambda spec, ids, num_params: contextlib.nullcontext(
+        lambda spec, dataset, problem: contextlib.nullcontext(
             FlowerFederation(
                 grid,
-                user_ids=ids,
-                num_params=num_params,
+                user_ids=dataset.train.user_ids,
+                num_params=problem.num_params,
                 timeout=_seconds(rc, "fedkl-timeout"),
                 wait_for_nodes=_seconds(rc, "fedkl-wait-for-nodes"),
                 handshake_timeout=_seconds(rc, "fedkl-handshake-timeout"),
@@ -446,36 +433,22 @@ def _deployed_train_observed(grid: Grid, rc: Any) -> None:
         journal=True,
         recover=rc.get("fedkl-recover") or None,
     )
-    out = res["out_dir"]  # fedkl-out, where `fedkl run --backend grpc` reads it (the ledger may be elsewhere)
-    dataset, problem, noise, declared = res["server"]
-    payload = {k: v for k, v in res.items() if k not in ("w", "user_ids", "server")}
-    payload["w"] = None if res["w"] is None else [float(x) for x in res["w"]]
-    payload["users"] = len(res["user_ids"])
-    payload["history"] = public_history(res["history"])  # never a secret sample's size (round_log.NOT_PUBLIC)
-    _write_json(os.path.join(out, "flower_result.json"), payload)
+    # in fedkl-out, where `fedkl run --backend grpc` reads it back (Trained.from_record; the ledger may be elsewhere)
+    outcome = {k: v for k, v in _outcome(trained, place, dataset, "grpc", replayed).items() if k != "user_ids"}
+    write_json(os.path.join(place.out, "flower_result.json"), {**trained.record(), **outcome})
     if dataset.train.num_records:  # the server holds the data (not sites loading their own): fedkl run's files
-        # model.pt, result.json and the summary lines, as every entry point (`flwr run .` has no fedkl run to
-        # write them; under `fedkl run --backend grpc` that process writes the same files again after this)
+        # model.pt, result.json and the summary lines, by the one writer of every backend (`flwr run .` has no
+        # fedkl run to write them; under `fedkl run --backend grpc` that process writes the same files again)
         try:  # after flower_result.json: a failure here never turns a trained, charged run into a failed one
-            _write_run_files(cfg, res, spec, started, dataset, problem, noise, declared, out)
+            data = runner.RunData(
+                dataset, problem, spec.problem, problem_spec(spec.problem, dataset, cfg.reg, cfg.model)
+            )
+            runner.write_run_files(
+                cfg, trained, data, place, resume=None, started=started, log=lambda s: print(s, flush=True),
+                backend=cfg.backend if cfg.backend == "grpc" else "flwr-run",
+            )  # fmt: skip
         except Exception as exc:  # noqa: BLE001  (one line; the run's outcome is flower_result.json)
             print(f"fedkl: could not write model.pt/result.json ({type(exc).__name__}: {exc})", flush=True)
-
-
-def _write_run_files(cfg, res, spec, started, dataset, problem, noise, declared, out) -> None:
-    """:func:`fedkl.runner.write_run_files` of a deployed run (``res``: :func:`_train`'s result)."""
-    from types import SimpleNamespace
-
-    from fedkl.problems import problem_spec
-
-    runner.write_run_files(
-        cfg, SimpleNamespace(**{k: res[k] for k in ("w", "rounds", "sigma", "details", "history")}), res["ledger"], declared,
-        dataset=dataset, problem=problem, problem_name=spec.problem,
-        spec=problem_spec(spec.problem, dataset, cfg.reg, cfg.model), evaluator=InProcessFederation(problem, dataset),
-        run_id=res["run_id"], delta=res["delta"], out=out, ledger_path=res["ledger_path"], noise=noise,
-        failures=res["failures"], resume=None, started=started, log=lambda s: print(s, flush=True),
-        n=len(res["user_ids"]), backend=cfg.backend if cfg.backend == "grpc" else "flwr-run",
-    )  # fmt: skip
 
 
 app = make_server_app(_deployed_main)

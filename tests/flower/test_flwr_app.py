@@ -10,11 +10,13 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 from flwr.app import Context, RecordDict
 
 from fedkl import runner
 from fedkl.flower import client_app, codec, server_app
 from fedkl.flower.localgrid import LocalGrid
+from fedkl.saved_model import load_model
 
 pytestmark = pytest.mark.flower
 
@@ -70,9 +72,17 @@ def test_app_config_keys_are_run_settings_and_train_as_they_are(tmp_path):
     assert (cfg.dataset, cfg.users, cfg.epsilon) == (rc["fedkl-dataset"], rc["fedkl-users"], runner.RunConfig().epsilon)
     grid = LocalGrid(client_app.app, users, run_config=rc)  # the nodes of `--federation-config num-supernodes=N`
     server_app._deployed_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc))
-    res = json.loads((tmp_path / "out" / "flower_result.json").read_text())
+
+    def strict(path):  # the one writer of every backend writes strict JSON (no NaN/Infinity literals)
+        return json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+
+    res = strict(tmp_path / "out" / "flower_result.json")
     assert res["users"] == users and res["failed_users"] == [0] * rounds
     assert res["ledger"]["releases"] == rounds and res["failures"]["counts"] == {}
+    saved = strict(tmp_path / "out" / "result.json")  # and the run's files, by the runner's writer
+    assert saved["backend"] == "flwr-run" and saved["rounds"] == rounds and saved["ledger"] == res["ledger"]
+    model = load_model(saved["model_path"])
+    assert torch.equal(runner.Trained.from_record(res).result.w, model.params.to(torch.float64))
 
 
 def test_every_key_the_docs_set_is_one_flower_accepts():
