@@ -210,6 +210,11 @@ class Releaser:
         if self.journal is not None:
             self.journal.flush()
 
+    def _flush_before_ledger_write(self) -> None:
+        """A ledger row is egress of every value released before it (a charge may be computed from them):
+        the journal is made durable first (:mod:`fedkl.privacy.journal`, egress point 1)."""
+        self.flush()
+
     def _take_backing(self, seq: int, label: str, record: dict, cohort: str) -> bool:
         """In recovery, consume the ledger row that backs release ``seq`` (True), if one matches it; a
         row that does not match is a different run: refused (an older version's ``'prepaid'`` row excepted:
@@ -333,9 +338,7 @@ class Releaser:
                     f"recovery: release {seq} ({label}) is journalled but the ledger has no charge of this run for "
                     "it: not the ledger of that run; nothing was released"
                 )
-            # a ledger row is egress of every value released before it (a charge may be computed from
-            # them): the journal is made durable first (fedkl.privacy.journal, egress point 1)
-            self.flush()
+            self._flush_before_ledger_write()
             self.ledger.charge(user_ids, charge, label=label, details=details, seq=seq)
         if self.filter is not None:
             self.filter.spend(rho)
