@@ -143,12 +143,12 @@ def test_recovery_refuses_a_different_run(tmp_path, monkeypatch):
 
 
 def test_a_run_an_older_version_prepaid_and_killed_recovers_without_charging_twice(tmp_path, monkeypatch):
-    """A ledger written before prepay was removed: the first process charged releases ahead in batches
-    (rows marked 'prepaid': releases 1..5, and one the plan foresaw that the run never made, for a user
-    outside the run's cohort: the run spends its whole budget) and died after
-    2 journalled releases. Those rows are charges like any other: the ledger verifies, and the recovery lets
-    each back the release it was charged for (nothing charged twice; a prepaid row that matches no release
-    stays charged), ending with the uninterrupted run's model and releases."""
+    """A ledger written before prepay was removed: the first process charged releases ahead in batches (rows
+    marked 'prepaid': releases 1..4, and at seq 5 a release its plan foresaw for another cohort, an outsider:
+    the run spends its whole budget) and died after 2 journalled releases. Those rows are charges like any
+    other: the ledger verifies, and the recovery lets each back the release it was charged for (nothing
+    charged twice); the prepaid row that matches no release stays charged and refuses nothing, and release 5
+    is charged on its own. The run ends with the uninterrupted run's model and releases."""
     from fedkl.privacy.charges import from_record
     from fedkl.privacy.ledger import cohort_digest
 
@@ -162,10 +162,10 @@ def test_a_run_an_older_version_prepaid_and_killed_recovers_without_charging_twi
     run_id = json.loads(_header(tmp_path / "crashed" / JOURNAL_FILE)["run_id"])
     with PrivacyLedger(ledger) as led:
         members = led.cohorts()
-    off_plan = {**clean_rows[4], "label": "noisy-gd/a-release-never-made", "cohort": cohort_digest(["outsider"])}
+    off_plan = {**clean_rows[5], "label": "noisy-gd/a-release-never-made", "cohort": cohort_digest(["outsider"])}
     members[off_plan["cohort"]] = ["outsider"]
     late = PrivacyLedger(ledger, run_id=run_id)  # (not `with`: its exit would end the run)
-    for row in clean_rows[3:] + [off_plan]:  # what the old prepay had charged ahead of the crash
+    for row in [*clean_rows[3:5], off_plan]:  # what the old prepay had charged ahead of the crash
         late.charge(members[row["cohort"]], from_record(row["charge"]), label=row["label"], seq=row["seq"])
     late._db.execute("UPDATE releases SET state = 'prepaid' WHERE seq >= 1")
     late.close()
@@ -176,8 +176,8 @@ def test_a_run_an_older_version_prepaid_and_killed_recovers_without_charging_twi
     assert "2 releases replayed" in " ".join(lines)
     assert torch.equal(_model(tmp_path / "crashed"), _model(tmp_path / "clean"))
     rows = _ledger_rows(ledger)
-    assert [r.pop("state") for r in rows] == [None] + ["prepaid"] * ROUNDS  # no row added by the recovery
-    strip = [{k: v for k, v in r.items() if k != "state"} for r in (*clean_rows, off_plan)]
+    assert [r.pop("state") for r in rows] == [None] + ["prepaid"] * 5 + [None]  # one row added: release 5
+    strip = [{k: v for k, v in r.items() if k != "state"} for r in (*clean_rows[:5], off_plan, clean_rows[5])]
     assert rows == strip
     with PrivacyLedger(ledger) as led, PrivacyLedger(clean["ledger"]["path"]) as ref:
         led.verify()
