@@ -170,8 +170,7 @@ def _run_settings(args: argparse.Namespace) -> dict:
     settings = {
         k: v
         for k, v in vars(args).items()
-        if k
-        not in ("command", "config", "no_reference", "algorithms", "json", "charges", "resume", "recover", "prepay")
+        if k not in ("command", "config", "no_reference", "algorithms", "json", "charges", "resume", "recover")
         and k not in _TUNE_ONLY
     }
     settings["reference"] = not args.no_reference
@@ -414,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"fedkl run: error: {e} (see 'fedkl run --algorithm {args.algorithm} --help')", file=sys.stderr)
         return 2
-    return _train(cfg, args.resume, prepay=args.prepay)
+    return _train(cfg, args.resume)
 
 
 def _deploy_certs(args) -> int:
@@ -449,7 +448,7 @@ def _register_backend(cfg) -> None:
         import fedkl.flower.backends  # noqa: F401  (registers the Flower backends)
 
 
-def _train(cfg, resume: str | None = None, prepay: bool = True, recover: str | None = None) -> int:
+def _train(cfg, resume: str | None = None, recover: str | None = None) -> int:
     """``fedkl run`` with its configuration parsed: train, with a progress bar on a terminal; a
     budget or ledger problem exits 3, Ctrl-C (or SIGTERM) one line and 128 + the signal."""
     from fedkl.privacy import BudgetExhausted, LedgerError
@@ -474,7 +473,7 @@ def _train(cfg, resume: str | None = None, prepay: bool = True, recover: str | N
             recover_run(recover, log=lambda s: print(s, flush=True), before=_register_backend)
             return 0
         _register_backend(cfg)
-        run_training(cfg, log=lambda s: print(s, flush=True), resume=resume, prepay=prepay)
+        run_training(cfg, log=lambda s: print(s, flush=True), resume=resume)
     except KeyboardInterrupt:
         if main_thread:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the report short

@@ -410,15 +410,6 @@ def _run_command(sub, algorithm: str | None, cat: dict) -> None:
         "from its release journal and ledger; what it released before is returned from the journal and nothing is "
         "charged twice (not --resume: that starts a new run from a finished run's model); takes no other option",
     )
-    run.add_argument(
-        "--prepay",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="(default) charge the run's planned releases (`fedkl plan --charges`) ahead, in batches of about one "
-        "second of releases, one ledger transaction each, instead of one per release; a release off the plan is "
-        "charged on its own, prepaid releases never made stay charged (marked unused: a run that dies unrecovered "
-        "over-charged about a second of releases); not for adaptive algorithms. --no-prepay: one transaction per release",
-    )
 
 
 def _tune_command(sub, cat: dict) -> None:

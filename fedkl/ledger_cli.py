@@ -117,7 +117,8 @@ def _print_report(action: str, res: dict) -> None:
             "delta",
             "users",
         ]
-        cols.append("state")  # prepaid: charged ahead in a batch; unused: charged ahead, never made (still charged)
+        if any(r["state"] for r in res["releases"]):  # an older version's 'prepaid'/'unused' rows (still charged)
+            cols.append("state")
         print(format_table(res["releases"], cols))
     elif action == "runs":
         cols = ["run_id", "status", "started", "ended", "pid", "host", "releases", "reserved_users", "note"]

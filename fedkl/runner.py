@@ -17,14 +17,12 @@ import functools
 import json
 import math
 import os
-import random
 import tempfile
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
-import numpy as np
 import torch
 
 from fedkl.algorithms.contract import Clip, PoissonSampling, Rounds
@@ -50,7 +48,6 @@ from fedkl.privacy import Budget, BudgetExceeded, LedgerError, NoiseSource, Priv
 from fedkl.privacy.clients import FEDKL_CLIENTS, TRUST_MODELS, assumption, require_trust
 from fedkl.privacy.guarantee import RELATION_TEXT, Guarantee
 from fedkl.privacy.journal import JournalError, ReleaseJournal
-from fedkl.privacy.release import PREPAY_WINDOW_S
 from fedkl.problems import DEFAULT_PROBLEM, make_problem, problem_spec
 from fedkl.problems.rowwise import KERNEL_MODES, kernels
 from fedkl.results import reference_metrics, write_json, write_round_metrics
@@ -369,7 +366,6 @@ def train_federation(
     log: Callable[[str], None],
     w0=None,
     journal: str | ReleaseJournal | None = None,
-    plan: list[dict] | Callable[[], list[dict]] | None = None,
     journal_header: dict | None = None,
     scratch: bool = False,
     releaser_type: type[Releaser] = Releaser,
@@ -382,15 +378,13 @@ def train_federation(
     an open :class:`ReleaseJournal` of a run whose process died: then this call recovers that run
     (``run_id`` must be its id; :class:`fedkl.privacy.release.Releaser`); ``journal_header``: more
     header entries for a new journal; ``scratch``: ``ledger_path`` is a throw-away ledger (no fsync);
-    ``releaser_type``: the Releaser class (the white-box audit's recording one, :mod:`fedkl.audit.whitebox`). ``plan``: the run's planned
-    releases (:func:`planned_releases`), or a function that makes them, prepaid in time-bounded batches
-    (:meth:`fedkl.privacy.release.Releaser.batch_size`) for an algorithm that declares ``plan_is_public``
-    and is not adaptive (the function is called only then: PREPAID_NOTE below).
+    ``releaser_type``: the Releaser class (the white-box audit's recording one, :mod:`fedkl.audit.whitebox`;
+    the plan's dry run's, :class:`_ScheduleCut`).
 
     The steps, in order (nothing is read from the users' data and nothing is charged before the last
     refusal): :func:`_open_ledger`, :func:`_reserve`, :func:`build_algorithm` (refuses a relation the
     guarantee does not cover), :func:`_refuse` (trust, conversion, forecast; then the warnings),
-    :func:`_open_journal` and :func:`_open_releaser` (prepay), :func:`_train`, :func:`_close`."""
+    :func:`_open_journal` and :func:`_open_releaser`, :func:`_train`, :func:`_close`."""
     observer, recovering = RUN_OBSERVER.get() or RunObserver(), isinstance(journal, ReleaseJournal)
     run = _Run(cfg, federation, problem, delta, ledger_path, run_id, noise, log, observer, recovering)
     ledger = _open_ledger(run, journal, scratch)
@@ -403,7 +397,7 @@ def train_federation(
         forecast = _refuse(run, alg, declared, ledger, left[0])
         journal = _open_journal(run, journal, journal_header, left)
         with _ended(run, ledger, journal):
-            releaser = _open_releaser(run, alg, declared, ledger, journal, left[0], plan, releaser_type)
+            releaser = _open_releaser(run, alg, declared, ledger, journal, left[0], releaser_type)
             result = _train(run, alg, releaser, w0, forecast)
         return result, _close(run, ledger, journal, result, scratch), declared
 
@@ -583,22 +577,15 @@ def _ended(run: _Run, ledger: PrivacyLedger, journal: ReleaseJournal | None):
             journal.close()
 
 
-def _open_releaser(run: _Run, alg, declared: Guarantee, ledger, journal, rho_total: float, plan, releaser_type):
+def _open_releaser(run: _Run, alg, declared: Guarantee, ledger, journal, rho_total: float, releaser_type):
     """The run's Releaser: a run-wide zCDP filter where the guarantee needs one (none for (eps, delta)
     releases, nor where each user takes part in one disjoint cohort: parallel composition, the per-user
-    ledger enforces every budget), the journal (replayed when recovering) and the prepaid plan."""
+    ledger enforces every budget) and the journal (replayed when recovering). It charges each release
+    right before its noise is drawn."""
     filt = ZCDPFilter(rho_total) if declared.run_wide_filter else None
     releaser = releaser_type(ledger, run.noise, filt, journal=journal, replay=run.recovering)
     if isinstance(releaser, _ScheduleCut):  # the plan's dry run
         releaser.see_algorithm(alg)
-    # PREPAID_NOTE: prepaid only where the plan made before the data is this run's: an algorithm that
-    # declares ``plan_is_public`` (its releases' number, order, labels, charge records and cohorts follow
-    # from public values) and is not adaptive. Elsewhere a release can differ from the plan (kl-spider
-    # stops a phase on a released estimate; sc-phased-sco's charge records carry the privately chosen
-    # Delta): the plan is then dropped, but the rows prepaid ahead stay charged and refused a later
-    # release the budget was sized for. Those algorithms are charged release by release.
-    if plan is not None and not declared.adaptive and alg.plan_is_public:
-        releaser.plan(lambda: _planned(plan, run.log), window_s=PREPAY_WINDOW_S)
     # every egress flushes the journal first (fedkl.privacy.journal): progress records, a
     # transport's messages to nodes, and the end of the run
     run.federation.before_send = releaser.flush
@@ -610,7 +597,6 @@ def _train(run: _Run, alg, releaser: Releaser, w0, forecast: dict | None) -> Alg
     progress = ProgressEgress(run.observer, run.log)
     progress.flush = releaser.flush
     result = alg.run(run.federation, releaser, run.problem.init_params() if w0 is None else w0, progress)
-    releaser.finish()
     releaser.flush()
     if run.recovering:
         run.log(
@@ -637,24 +623,6 @@ def _close(run: _Run, ledger: PrivacyLedger, journal, result: AlgorithmResult, s
         return {}
     ledger.verify()
     return ledger.summary()
-
-
-def _planned(plan: list[dict] | Callable[[], list[dict]], log: Callable[[str], None]) -> list[dict] | None:
-    """The plan to prepay; None (each release charged on its own, the safe way) when the dry run that
-    makes it fails: prepaying is an optimisation, never a reason for a run to fail."""
-    if not callable(plan):
-        return plan
-    # made mid-run (fedkl.privacy.release.Releaser.plan): the run's global random states are left as they were
-    states = (random.getstate(), np.random.get_state(), torch.random.get_rng_state())
-    try:
-        return plan()
-    except Exception as e:  # noqa: BLE001  (any failure of the dry run; Ctrl-C still stops the run)
-        log(f"note: no prepaid charges (the plan's dry run failed: {e}); each release is charged on its own")
-        return None
-    finally:
-        random.setstate(states[0])
-        np.random.set_state(states[1])
-        torch.random.set_rng_state(states[2])
 
 
 def planned_releases(cfg: RunConfig, dataset: FederatedDataset, records_per_user: int = STANDIN_RECORDS) -> dict:
@@ -803,7 +771,6 @@ def run_training(
     dataset: FederatedDataset | None = None,
     model: Callable | torch.nn.Module | None = None,
     resume: str | None = None,
-    prepay: bool = True,
     recover: ReleaseJournal | None = None,
 ) -> dict:
     """Train with ``cfg.kernels`` in force (:func:`fedkl.problems.rowwise.kernels`) and its paths absolute
@@ -811,7 +778,7 @@ def run_training(
     cfg = absolute_paths(cfg)
     resume = None if resume is None else os.path.abspath(resume)  # recorded (journal, receipt): absolute
     with kernels(cfg.kernels):
-        return _run_training(cfg, log, dataset, model, resume, prepay, recover)
+        return _run_training(cfg, log, dataset, model, resume, recover)
 
 
 JOURNAL_FILE = "journal.sqlite"  # in the run folder: the release journal (fedkl.privacy.journal)
@@ -882,7 +849,6 @@ def _run_training(
     dataset: FederatedDataset | None = None,
     model: Callable | torch.nn.Module | None = None,
     resume: str | None = None,
-    prepay: bool = True,
     recover: ReleaseJournal | None = None,
 ) -> dict:
     """Train, write ``model.pt`` (the released model with its privacy receipt, when there is one:
@@ -897,9 +863,7 @@ def _run_training(
     ``resume``: a run folder (or its model.pt) whose released model this run starts from, on that
     run's ledger and with its settings (:func:`fedkl.saved_model.check_resume`); not a setting of
     the run, so a resumed run's settings (and a sweep's row keys) are those of a fresh one.
-    ``prepay`` (default): charge the run's planned releases (:func:`planned_releases`, a dry run on a
-    public stand-in, made only for an algorithm that declares ``plan_is_public``) in time-bounded batches, one
-    ledger transaction each (False: one transaction per release); ``recover``: the journal of a run to recover (:func:`recover_run`).
+    ``recover``: the journal of a run to recover (:func:`recover_run`).
     A run trained in this process keeps its release journal in ``out/journal.sqlite``."""
     started = time.time()
     _refuse_backend(cfg, dataset, model)
@@ -916,7 +880,7 @@ def _run_training(
         recovering = {} if recover is None else {"recover": os.path.dirname(os.path.abspath(recover.path))}
         trained = transport.train(cfg, data.dataset, (recover is not None and cfg.out) or place.out, log, **recovering)
     else:
-        trained = _train_here(cfg, data, federation, place, w0, resume, prepay, recover, log)
+        trained = _train_here(cfg, data, federation, place, w0, resume, recover, log)
     return write_run_files(cfg, trained, data, place, resume=resume, started=started, log=log)
 
 
@@ -952,15 +916,14 @@ def _log_start(cfg: RunConfig, data: RunData, place: RunPlace, n: int, resumed: 
         log(f"note: {os.path.basename(cfg.dataset)}: {note}")
 
 
-def _train_here(cfg, data: RunData, federation, place: RunPlace, w0, resume, prepay, recover, log) -> Trained:
-    """:func:`train_federation` in this process, with the run's journal and prepaid plan; the federation's
+def _train_here(cfg, data: RunData, federation, place: RunPlace, w0, resume, recover, log) -> Trained:
+    """:func:`train_federation` in this process, with the run's journal; the federation's
     failure report kept and the federation closed (Ray stopped for flower-sim) on every exit."""
     try:
         journal = recover if recover is not None else os.path.join(place.out, JOURNAL_FILE)
-        plan = (lambda: planned_releases(cfg, data.dataset)["releases"]) if prepay and recover is None else None
         result, summary, declared = train_federation(
             cfg, federation, data.problem, data.dataset, place.delta, place.ledger_path, place.run_id, place.noise,
-            log, w0, journal, plan, journal_header={"out": os.path.abspath(place.out), "resumed_from": resume},
+            log, w0, journal, journal_header={"out": os.path.abspath(place.out), "resumed_from": resume},
         )  # fmt: skip
     finally:
         failures = federation.failure_report()  # per request, per user: why (Flower backends)

@@ -215,7 +215,7 @@ def test_ctrl_c_ends_a_run_with_one_line_exit_130_and_the_run_marked_interrupted
     with PrivacyLedger(out / "ledger.sqlite") as led:
         (run,) = led.runs()
         assert run["status"] == "interrupted" and run["reserved_users"] == 0
-        # the first progress line is round 1's (then at most one a second); prepaid rows count as charged
+        # the first progress line is round 1's (then at most one a second)
         assert 1 <= run["releases"] < 20000 and f"made {run['releases']} release(s)" in lines[0]
         led.verify()
 

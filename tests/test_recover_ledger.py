@@ -36,7 +36,7 @@ def _crashed_run(tmp_path, monkeypatch, k: int = 2):
     with monkeypatch.context() as m:
         m.setattr(ReleaseJournal, "record", record)
         with pytest.raises(Died):
-            run_training(RunConfig.from_settings(**SETTINGS, out=str(out)), log=lambda s: None, prepay=False)
+            run_training(RunConfig.from_settings(**SETTINGS, out=str(out)), log=lambda s: None)
     return out
 
 

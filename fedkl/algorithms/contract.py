@@ -4,7 +4,7 @@ the CLI, the planner, the audit and the tests (no other table names an algorithm
 * :class:`Algorithm` — the base class. Its class attributes are the declarations: ``name``, ``Params``
   (the ONLY configuration: defaults, help, origin, choices), ``guarantee``, ``absence`` (how an absent,
   failed or non-finite user enters each release), ``clients_see``, ``step_size``, ``sums_only``
-  (``--secagg``), ``plan_is_public``, ``noise_state``, ``small`` (the fast test setting) and ``audit``
+  (``--secagg``), ``noise_state``, ``small`` (the fast test setting) and ``audit``
   (the CI audit setting). Its hooks (``forecast``, ``warnings``, ``plan_schedule``, ``sigma``,
   ``gaussian_releases_only``) have defaults, so the runner calls them unconditionally.
   ``Algorithm(params, budget)`` sizes its noise once from the :class:`BuildContext`; it never reads
@@ -285,9 +285,6 @@ class Algorithm(ABC, Generic[P]):
     step_size: ClassVar[float | None] = None  # the default lr, exactly when Params has StepSize's lr
     # True (or a function of the params) when only sums of clipped answers are asked for (--secagg)
     sums_only: ClassVar[bool | Callable[[Any], bool]] = False
-    # every release's number, order, label, charge and cohort follow from public values only: `fedkl run`
-    # prepays the plan (fedkl.runner, PREPAID_NOTE)
-    plan_is_public: ClassVar[bool] = False
     # a release's noise depends on draws made for earlier releases (recovery replays them; register's doc)
     noise_state: ClassVar[bool] = False
     # every zCDP release is Gaussian (the exact Gaussian conversion applies); an instance may say otherwise

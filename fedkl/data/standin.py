@@ -1,5 +1,4 @@
-"""A public stand-in of a federated dataset: its public shape, no record's value (fedkl plan --charges,
-fedkl run's prepaid charges)."""
+"""A public stand-in of a federated dataset: its public shape, no record's value (fedkl plan --charges)."""
 
 from __future__ import annotations
 

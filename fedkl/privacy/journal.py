@@ -17,15 +17,13 @@ fsync one by one: the journal is flushed before every egress, i.e. before anythi
 released value can leave the process. The egress points of a run (:func:`fedkl.runner.train_federation`
 and the transports), each preceded by :meth:`Releaser.flush <fedkl.privacy.release.Releaser.flush>`:
 
-1. every ledger transaction of the run (a release's charge, a prepaid batch, the ``unused`` mark at the
-   end): :class:`~fedkl.privacy.release.Releaser` flushes before each. A charge may be computed from a
-   released value (kl-adaptive-gd's gradient release is charged at a rho chosen from the noisy norm just
-   released), so a durable ledger row can carry information about every value released before it: if it
+1. every ledger transaction of the run (a release's charge): :class:`~fedkl.privacy.release.Releaser`
+   flushes before each. A charge may be computed from a released value (kl-adaptive-gd's gradient
+   release is charged at a rho chosen from the noisy norm just released), so a durable ledger row can carry information about every value released before it: if it
    were durable while such a value was only buffered, a recovery would redraw that value (a second draw
    under one charge, and a recomputed charge that no longer matches the row: a run that can never be
-   recovered). A ledger row is therefore egress of every value released before it. Cheap: a prepaid run
-   writes the ledger about once a second; a run charged release by release already pays a ledger
-   transaction per release;
+   recovered). A ledger row is therefore egress of every value released before it. Cheap: the run
+   already pays a durable ledger transaction per release;
 2. every progress record the runner hands out (its log lines, which carry ``noisy_grad_norm`` and
    metrics, and the :class:`~fedkl.runner.RunObserver`'s ``round``): flushed first, throttled to at
    most one a second plus the first and last round (so a fast run fsyncs about once a second);

@@ -36,9 +36,8 @@ take any participating user's ``eps(u)`` above the budget's epsilon. The refusal
 the ledger alone (public bookkeeping), never from the users' data.
 
 Each release row carries its number in its run (``seq``, :class:`fedkl.privacy.release.Releaser`)
-and a ``state`` (:data:`RELEASE_STATES`): :meth:`PrivacyLedger.prepay` charges a batch of planned
-releases in one transaction, ahead of the releases; :meth:`PrivacyLedger.take_over` hands a run whose
-process died to the process that recovers it (``fedkl run --recover``).
+and a ``state`` (:data:`RELEASE_STATES`); :meth:`PrivacyLedger.take_over` hands a run whose process died
+to the process that recovers it (``fedkl run --recover``).
 
 Cohorts (the list of users a release charged) are stored once per distinct cohort, so full
 participation over many rounds costs one row per round, and :meth:`PrivacyLedger.verify` can
@@ -64,10 +63,10 @@ from fedkl.privacy.filter import BudgetExhausted
 from fedkl.privacy.zcdp import CONVERSIONS, rho_for_eps_delta, zcdp_to_eps
 
 SCHEMA_VERSION = 4  # 2: releases.charge holds the typed charge; 3: runs' pid/host, reservations; 4: releases' seq
-# and state (prepaid releases). Older: upgraded
-# A release row's state: NULL charged when it was made; 'prepaid' charged ahead with a batch (PrivacyLedger.prepay)
-# and made, or not yet made by a run still going; 'unused' charged ahead and never made (the run ended first): it
-# stays charged (over-charging is safe), the mark only says why
+# and state. Older: upgraded
+# A release row's state: NULL (charged right before it was made: every row this version writes). An older
+# version also wrote 'prepaid' (charged ahead in a batch) and 'unused' (charged ahead, never made): such rows
+# are charges like any other (every total counts them, verify checks them; recovery: fedkl.privacy.release)
 RELEASE_STATES = (None, "prepaid", "unused")
 _REL_TOL = 1e-12
 # What is left of a budget (rho, or an (eps, delta) part) below this fraction of the budget counts as spent.
@@ -608,41 +607,16 @@ class PrivacyLedger:
         Raises :class:`BudgetExceeded` (nothing written) if any user would exceed the budget,
         :class:`LedgerBusy` if another running run holds any of them (:meth:`reserve`).
         """
-        return self.prepay([(user_ids, charge, label, details, seq)], state=None)[0]
-
-    def prepay(self, entries: Sequence[tuple], *, state: str | None = "prepaid") -> list[int]:
-        """Charge a batch of planned releases, each ``(user_ids, charge, label, details, seq)``, in ONE
-        durable transaction (one fsync for the batch), marked ``state`` (``'prepaid'``: charged before
-        the release is made; see :data:`RELEASE_STATES`). All or nothing: if any entry would take a
-        user over budget (the entries' costs add up, in order), nothing is written. Returns the
-        release ids, in order.
-
-        Consecutive entries with the same users are written together: the cohort is loaded and
-        checked once, each entry's cost is added to every distinct total in order and checked after
-        each addition (exactly the sums and checks of charging them one by one), and each user's row
-        is updated once with the result."""
-        prepared = [
-            (self._members(user_ids), charge, label, details, seq) for user_ids, charge, label, details, seq in entries
-        ]
+        members = self._members(user_ids)
         with self._transaction() as db:
-            ids: list[int] = []
-            groups: list[list] = []
-            start = 0
-            while start < len(prepared):
-                members, stop = prepared[start][0], start + 1
-                while stop < len(prepared) and (prepared[stop][0] is members or prepared[stop][0] == members):
-                    stop += 1
-                self._fill_cohort(members)
-                holder = self._holder()
-                if holder is not None:
-                    raise LedgerBusy(self._busy_message(holder, "nothing was charged or released"))
-                made, groups = self._insert(db, members, prepared[start:stop], state)
-                ids += made
-                start = stop
+            self._fill_cohort(members)
+            holder = self._holder()
+            if holder is not None:
+                raise LedgerBusy(self._busy_message(holder, "nothing was charged or released"))
+            release_id, groups = self._insert(db, members, charge, label, details, seq)
             version = self._data_version()
-        if groups:  # committed: the totals of the last cohort charged, for the next transaction
-            self._groups_after = (version, self._filled, groups)
-        return ids
+        self._groups_after = (version, self._filled, groups)  # committed: the cohort's totals, for the next charge
+        return release_id
 
     def _members(self, user_ids: Sequence[str]) -> list[str]:
         """The sorted user ids of a release (remembered for the last list: a run asks the same users)."""
@@ -659,33 +633,28 @@ class PrivacyLedger:
         return members
 
     def _insert(
-        self, db, members: list[str], entries: Sequence[tuple], state: str | None
-    ) -> tuple[list[int], list[list]]:
+        self, db, members: list[str], charge: Charge, label: str, details: dict | None, seq: int | None
+    ) -> tuple[int, list[list]]:
         """Inside a write transaction whose temp.cohort holds ``members``: refuse, before writing
-        anything, an entry (``(members, charge, label, details, seq)``, in order) that would take a
-        user over budget given the entries before it; else write the release rows and add their
-        summed cost to every member's totals (one statement). Returns the release ids and the
-        cohort's distinct totals after the entries (:meth:`_cohort_groups`)."""
-        costs = []
-        for _, charge, _, _, _ in entries:
-            record = to_record(charge)  # TypeError for anything but a typed charge
-            rho, eps, delta = charge.cost()
-            mechanism = charge.mechanism
-            if (
-                rho > 0 and mechanism != "gaussian" or mechanism == APPROX_ZCDP_DELTA
-            ) and self.budget.conversion == "gaussian":
-                raise LedgerError(
-                    f"this ledger converts zCDP by the exact Gaussian profile (conversion 'gaussian'), which "
-                    f"holds only for Gaussian releases; a {mechanism!r} charge is refused (nothing was "
-                    "charged or released). Use conversion 'cks' for this algorithm."
-                )
-            costs.append((record, rho, eps, delta))
+        anything, a charge that would take a user over budget; else write the release row and add its
+        cost to every member's totals (one statement). Returns the release id and the cohort's distinct
+        totals after the charge (:meth:`_cohort_groups`)."""
+        record = to_record(charge)  # TypeError for anything but a typed charge
+        rho, eps, delta = charge.cost()
+        mechanism = charge.mechanism
+        if (
+            rho > 0 and mechanism != "gaussian" or mechanism == APPROX_ZCDP_DELTA
+        ) and self.budget.conversion == "gaussian":
+            raise LedgerError(
+                f"this ledger converts zCDP by the exact Gaussian profile (conversion 'gaussian'), which "
+                f"holds only for Gaussian releases; a {mechanism!r} charge is refused (nothing was "
+                "charged or released). Use conversion 'cks' for this algorithm."
+            )
         groups = self._cohort_groups()
         before = [tuple(g[:3]) for g in groups]
-        for _, rho, eps, delta in costs:
-            self._check_fits(groups, rho, eps, delta)
-            for g in groups:  # the totals after this entry, summed in the order one-by-one charging sums them
-                g[0], g[1], g[2] = g[0] + rho, g[1] + eps, g[2] + delta
+        self._check_fits(groups, rho, eps, delta)
+        for g in groups:
+            g[0], g[1], g[2] = g[0] + rho, g[1] + eps, g[2] + delta
         digest = _digest(members)
         row = db.execute("SELECT id FROM cohorts WHERE digest = ?", (digest,)).fetchone()
         if row is None:
@@ -695,61 +664,47 @@ class PrivacyLedger:
             )
             row = db.execute("SELECT id FROM cohorts WHERE digest = ?", (digest,)).fetchone()
         cohort_id = row[0]
-        ids = []
-        for (_, charge, label, details, seq), (record, rho, eps, delta) in zip(entries, costs):
-            cur = db.execute(
-                "INSERT INTO releases (run_id, label, mechanism, sensitivity, noise_scale, rho, eps, delta, "
-                "cohort_id, created, details, charge, seq, state) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    self.run_id,
-                    label,
-                    charge.mechanism,
-                    charge.sensitivity,
-                    charge.noise_scale,
-                    rho,
-                    eps,
-                    delta,
-                    cohort_id,
-                    time.time(),
-                    json.dumps(details or {}, default=str),
-                    json.dumps(record),
-                    seq,
-                    state,
-                ),
-            )
-            ids.append(int(cur.lastrowid))
+        cur = db.execute(
+            "INSERT INTO releases (run_id, label, mechanism, sensitivity, noise_scale, rho, eps, delta, "
+            "cohort_id, created, details, charge, seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                self.run_id,
+                label,
+                mechanism,
+                charge.sensitivity,
+                charge.noise_scale,
+                rho,
+                eps,
+                delta,
+                cohort_id,
+                time.time(),
+                json.dumps(details or {}, default=str),
+                json.dumps(record),
+                seq,
+            ),
+        )
+        release_id = int(cur.lastrowid)
         # every member's row: its old totals -> the new ones (one statement: each row is updated once,
         # from its old values, even where one group's new totals equal another group's old ones)
         if any(g[5] for g in groups):
             db.execute("INSERT OR IGNORE INTO users SELECT user_id, 0.0, 0.0, 0.0, 0 FROM temp.cohort WHERE true")
         if len(groups) == 1:  # all members had the same totals: they all get the same new ones
             db.execute(
-                "UPDATE users SET rho = ?, eps = ?, delta = ?, releases = releases + ? "
+                "UPDATE users SET rho = ?, eps = ?, delta = ?, releases = releases + 1 "
                 "WHERE user_id IN (SELECT user_id FROM temp.cohort)",
-                (*groups[0][:3], len(entries)),
+                groups[0][:3],
             )
-            return ids, groups
+            return release_id, groups
         db.execute("DELETE FROM temp.totals")
         db.executemany(
             "INSERT INTO temp.totals VALUES (?, ?, ?, ?, ?, ?)", (b + tuple(g[:3]) for b, g in zip(before, groups))
         )
         db.execute(
             "UPDATE users SET (rho, eps, delta) = (SELECT t.rho_t, t.eps_t, t.delta_t FROM temp.totals t "
-            "WHERE t.rho = users.rho AND t.eps = users.eps AND t.delta = users.delta), releases = releases + ? "
-            "WHERE user_id IN (SELECT user_id FROM temp.cohort)",
-            (len(entries),),
+            "WHERE t.rho = users.rho AND t.eps = users.eps AND t.delta = users.delta), releases = releases + 1 "
+            "WHERE user_id IN (SELECT user_id FROM temp.cohort)"
         )
-        return ids, groups
-
-    def mark_unused(self, release_ids: Iterable[int]) -> None:
-        """Mark prepaid releases of this handle's run that were never made ``'unused'`` (one
-        transaction). They stay charged: nothing is refunded."""
-        ids = [(int(i), self.run_id) for i in release_ids]
-        if ids:
-            with self._transaction() as db:
-                db.executemany(
-                    "UPDATE releases SET state = 'unused' WHERE id = ? AND run_id IS ? AND state = 'prepaid'", ids
-                )
+        return release_id, groups
 
     # --- reading -----------------------------------------------------------------------------
     def spend(self, user_id: str) -> UserSpend:

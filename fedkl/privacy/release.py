@@ -16,8 +16,8 @@ only safe order:
 If step 3 raises, nothing is released; if the process dies after step 3, the charge is already on
 disk. Algorithms never add noise themselves: they call this class.
 
-Numbered releases, the journal, prepaid charges and crash recovery
-------------------------------------------------------------------
+Numbered releases, the journal and crash recovery
+-------------------------------------------------
 A Releaser numbers its releases 0, 1, 2 ... (``seq``, in call order; the steps of a
 :class:`ScheduledGaussian` too) and records ``seq`` with each ledger row. With a
 :class:`~fedkl.privacy.journal.ReleaseJournal` it records each drawn value (with its seq, label,
@@ -27,19 +27,12 @@ charge and cohort digest) right after step 5 and before returning it; the journa
 :mod:`fedkl.privacy.journal`), so no value, nor anything computed from one, leaves the process
 unjournalled.
 
-Prepaid (:meth:`Releaser.plan`): where the whole list of a run's charges is known before any data is
-read (the plan of an algorithm that declares ``plan_is_public``, :func:`fedkl.runner.planned_releases`), the Releaser
-charges a batch of planned releases in ONE ledger transaction when a release matches the plan's
-next entry, and later releases consume those rows in order (no ledger write each). ``fedkl run``
-does this by default with time-bounded batches (:meth:`Releaser.batch_size`, :data:`PREPAY_WINDOW_S`):
-the first batch is one release, each later one about a second of the run's measured release rate, so
-a process that dies and is never recovered over-charged about a second of releases at most. A release is
-backed by a ledger row only if the row has exactly its seq, label, typed charge and cohort, and each
-row backs at most one drawn value: so every drawn value is charged, before it is drawn, exactly its
-own cost (never under-charged). A release that does not match the plan is charged as usual (and the
-plan is dropped); prepaid rows never used stay charged and are marked ``unused`` when the run
-finishes (over-charging is safe; nothing is refunded, since a row cannot be proven unused by a run
-that died).
+Every release is charged by the Releaser, in its own ledger transaction, right before its noise is
+drawn. (Charging a run's planned releases ahead in batches, "prepay", was removed in issue 29 §3: the
+dry run that made the plan cost about what the batches saved, ``simulations/results/bench_prepay.md``.
+A ledger row an older version wrote as ``'prepaid'`` or ``'unused'`` is a charge like any other: it
+counts in every total, :meth:`~fedkl.privacy.ledger.PrivacyLedger.verify` checks it, and recovery lets it
+back the release it was charged for, below.)
 
 Recovery (``replay``: the journal of a run whose process died, and the ledger rows of that run): the
 same deterministic run is re-executed. For seq i:
@@ -70,8 +63,9 @@ from released values (kl-adaptive-gd) is never durable before those values are: 
 value a durable charge depends on. Each ledger row therefore backs at most one value that ever left a
 process, and every such value was charged before it was drawn: after recovery the ledger holds each release once, and with a
 seeded noise stream the run's releases and model equal the uninterrupted run's bit for bit.
-A row of the run that is not prepaid and does not match the release at its seq means the recovery
-is not the same run (other settings): refused. The run-wide zCDP filter is spent for replayed
+A row of the run that does not match the release at its seq means the recovery is not the same run
+(other settings): refused; except a row an older version charged ahead (``'prepaid'``): its plan could
+be dropped mid-run, so such a row may match no release; it stays charged (never refunded) and backs nothing. The run-wide zCDP filter is spent for replayed
 releases as for new ones.
 """
 
@@ -79,22 +73,20 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from typing import Callable, Sequence, TypeVar
 
 import numpy as np
 import torch
 
-from fedkl.privacy.charges import ApproxDPCharge, Charge, ExponentialCharge, GaussianCharge, from_record, to_record
+from fedkl.privacy.charges import ApproxDPCharge, Charge, ExponentialCharge, GaussianCharge, to_record
 from fedkl.privacy.filter import BudgetExhausted, ZCDPFilter
 from fedkl.privacy.journal import JournalEntry, ReleaseJournal
-from fedkl.privacy.ledger import BudgetExceeded, PrivacyLedger, cohort_digest
+from fedkl.privacy.ledger import PrivacyLedger, cohort_digest
 from fedkl.privacy.mechanisms import ExponentialMechanism, GaussianMechanism, TruncatedDiscreteLaplace
 from fedkl.privacy.rng import NoiseSource
 from fedkl.privacy.sparse_vector import AboveThreshold
 
 T = TypeVar("T")
-PREPAY_WINDOW_S = 1.0  # a run's prepaid batch covers about this many seconds of its releases (Releaser.batch_size)
 _STEP = {
     "type": "scheduled-step"
 }  # the charge record journalled for a ScheduledGaussian step (charged with its schedule)
@@ -176,19 +168,12 @@ class Releaser:
         self.journal = journal
         self.seq = 0  # the next release's number
         self.replayed = 0  # releases answered from the journal
-        self.ledger_writes = 0  # ledger transactions made by this Releaser (charges and prepaid batches)
         self._journalled: dict[int, JournalEntry] = {}
         self._draws: dict[int, np.ndarray] = {}  # in recovery: the first process's noise draws, by seq
-        self._backing: dict[int, list[dict]] = {}  # seq -> ledger rows of this run not yet backing a value
-        self._plan: list[dict] | None = None
-        self._batch = 0
+        # in recovery: seq -> the ledger rows the first process charged that back no value yet
+        self._backing: dict[int, list[dict]] = {}
         self._last_cohort: tuple[tuple, str] | None = None
         self._last_record: tuple[tuple, dict] | None = None
-        self._make_plan: Callable[[], Sequence[dict] | None] | None = None  # the plan, not made yet (plan())
-        self._window: float | None = None
-        self._clock: Callable[[], float] = time.monotonic
-        self._started: tuple[float, int] | None = None  # (clock, seq) at the first prepaid batch
-        self.prepaid_batches: list[int] = []  # the size of each prepaid batch charged, in order
         if replay:
             if journal is None or getattr(ledger, "run_id", None) is None:
                 raise ValueError("recovery needs the run's journal and a ledger opened with its run_id")
@@ -197,73 +182,6 @@ class Releaser:
             for row in ledger.run_releases():
                 if row["seq"] is not None:
                     self._backing.setdefault(row["seq"], []).append(row)
-
-    def plan(
-        self,
-        releases: Sequence[dict] | Callable[[], Sequence[dict] | None],
-        batch: int | None = None,
-        window_s: float | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        """Prepay from ``releases``, the run's planned releases in order (each ``label``, ``charge``:
-        the typed-charge record, ``members``: the user ids): when a release matches the plan's entry
-        at its seq, the next batch of planned releases is charged in one ledger transaction. The
-        batch: ``batch`` releases; or, with ``window_s``, time-bounded (:meth:`batch_size`: about
-        ``window_s`` seconds of the run's measured release rate, so that a run that dies and is
-        never recovered was over-charged at most that much); neither: all the rest of the plan.
-        ``clock``: monotonic seconds. ``releases`` may be a function that makes the plan (a dry run:
-        it costs about a run on zero records): with ``window_s`` it is called only once the measured
-        rate says a batch would hold 2 releases or more (a run whose releases are each a second or
-        longer gains nothing from prepaying: it never pays for the plan); None from it: no plan.
-        Call before the first release."""
-        if batch is not None and batch < 1:
-            raise ValueError(f"a prepaid batch holds at least one release, got {batch}")
-        if batch is not None and window_s is not None:
-            raise ValueError("a prepaid batch is sized by a count or by a time window, not both")
-        if window_s is not None and not (window_s > 0 and math.isfinite(window_s)):
-            raise ValueError(f"the prepaid window must be finite and > 0 seconds, got {window_s}")
-        self._window, self._clock, self._started = window_s, clock, None
-        self._make_plan = None
-        if callable(releases):
-            if window_s is None:
-                releases = releases() or []
-            else:
-                self._make_plan, releases = releases, []
-        self._set_plan(releases)
-        self._batch = batch or len(self._plan)
-        self.prepaid_batches = []
-
-    def _set_plan(self, releases: Sequence[dict]) -> None:
-        digests: dict[int, str] = {}  # a scheduled plan's releases share one members list: sorted and hashed once
-
-        def digest(members) -> str:
-            key = id(members)  # the lists live in ``releases`` while this runs: an id names one list
-            if key not in digests:
-                digests[key] = cohort_digest(members)
-            return digests[key]
-
-        self._plan = [{**r, "charge": _canonical(r["charge"]), "cohort": digest(r["members"])} for r in releases]
-
-    def _rate_batch(self, seq: int) -> int | None:
-        """``max(1, round(window_s / mean seconds per release since the first))`` (a huge number when
-        the clock has not moved); None at the first call, which starts the clock."""
-        now = self._clock()
-        if self._started is None:
-            self._started = (now, seq)
-            return None
-        made = seq - self._started[1]
-        per_release = (now - self._started[0]) / made if made > 0 else 0.0
-        return 1 << 62 if per_release <= 0 else max(1, round(self._window / per_release))
-
-    def batch_size(self, seq: int) -> int:
-        """How many planned releases, from ``seq`` on, the next prepaid batch charges. Time-bounded
-        (``window_s``): 1 for the first batch (no rate is known yet); then ``max(1, round(window_s /
-        mean seconds per release since the first))``; capped by what is left of the plan."""
-        left = len(self._plan or ()) - seq
-        if self._window is None:
-            return min(self._batch, left)
-        size = self._rate_batch(seq)
-        return min(1 if size is None else size, left)
 
     def _cohort(self, user_ids: Sequence[str]) -> str:
         """:func:`cohort_digest` of ``user_ids``, remembered for the last cohort (a round over the same
@@ -293,27 +211,14 @@ class Releaser:
             self.journal.flush()
 
     def _flush_before_ledger_write(self) -> None:
-        """A ledger transaction is egress of every value released before it (a charge may be computed
-        from them): the journal is made durable first (:mod:`fedkl.privacy.journal`, egress point 1)."""
+        """A ledger row is egress of every value released before it (a charge may be computed from them):
+        the journal is made durable first (:mod:`fedkl.privacy.journal`, egress point 1)."""
         self.flush()
 
-    def unused_prepaid(self) -> list[int]:
-        """Ids of the prepaid ledger rows that backed no value (yet)."""
-        return [row["id"] for rows in self._backing.values() for row in rows if row["state"] == "prepaid"]
-
-    def finish(self) -> None:
-        """At the end of a run that completed: mark its prepaid rows that backed no value ``unused``
-        (they stay charged)."""
-        unused = self.unused_prepaid()
-        if unused:
-            self._flush_before_ledger_write()
-            self.ledger.mark_unused(unused)
-            self.ledger_writes += 1
-        self._backing.clear()
-
     def _take_backing(self, seq: int, label: str, record: dict, cohort: str) -> bool:
-        """Consume the ledger row that backs release ``seq`` (True), if one matches it; a charged
-        (not prepaid) row that does not match is a different run: refused."""
+        """In recovery, consume the ledger row that backs release ``seq`` (True), if one matches it; a
+        row that does not match is a different run: refused (an older version's ``'prepaid'`` row excepted:
+        module docstring)."""
         rows = self._backing.get(seq, [])
         for row in rows:
             if (row["label"], _canonical(row["charge"]), row["cohort"]) == (label, record, cohort):
@@ -326,58 +231,6 @@ class Releaser:
                     f"{row['charge']} there: not the same run (same settings, data and code?); nothing was released"
                 )
         return False
-
-    def _prepay(self, seq: int, label: str, record: dict, cohort: str) -> None:
-        """Charge the next batch of the plan in one transaction if release ``seq`` is its next entry;
-        drop the plan otherwise (or when the batch does not fit the budget)."""
-        if self._make_plan is not None:  # the plan is made once prepaying would batch 2 releases or more
-            size = self._rate_batch(seq)
-            if size is None or size < 2:
-                return  # this release is charged on its own
-            make, self._make_plan = self._make_plan, None
-            t = self._clock()
-            self._set_plan(make() or [])
-            self._batch = len(self._plan)
-            started, first = self._started  # the rate leaves the dry run's time out (it is not a release)
-            self._started = (started + self._clock() - t, first)
-        plan = self._plan
-        if plan is None:
-            return
-        if seq >= len(plan) or (plan[seq]["label"], plan[seq]["charge"], plan[seq]["cohort"]) != (
-            label,
-            record,
-            cohort,
-        ):
-            self._plan = None
-            return
-        end, stop = seq, seq + self.batch_size(seq)
-        while end < stop and not self._backing.get(end):
-            end += 1
-        if end == seq:
-            return
-        entries = [
-            (p["members"], from_record(p["charge"]), p["label"], {"prepaid": True}, s)
-            for s, p in enumerate(plan[seq:end], start=seq)
-        ]
-        self._flush_before_ledger_write()
-        try:
-            ids = self.ledger.prepay(entries)
-        except BudgetExceeded:
-            self._plan = None  # the release itself is charged (or refused) on its own
-            return
-        self.ledger_writes += 1
-        self.prepaid_batches.append(len(ids))
-        for (_, _, _, _, s), rid, p in zip(entries, ids, plan[seq:end]):
-            self._backing.setdefault(s, []).append(
-                {
-                    "id": rid,
-                    "seq": s,
-                    "state": "prepaid",
-                    "label": p["label"],
-                    "charge": p["charge"],
-                    "cohort": p["cohort"],
-                }
-            )
 
     def _emit(self, seq: int, label: str, record: dict, cohort: str, sample: Callable[[], T]) -> T:
         """Draw release ``seq`` (already charged) and journal it (with its noise draws, if the journal
@@ -444,10 +297,9 @@ class Releaser:
         return left(list(user_ids), ahead) if ahead else left(list(user_ids))
 
     def _charged_ahead(self) -> list[int]:
-        """The ledger rows of this run charged ahead of the releases made so far: prepaid rows not
-        used yet, and in recovery the rows the first process charged that the replay has not reached.
-        Budget questions do not count them, so that an algorithm sees the budget as a run charged
-        per release sees it at the same point (and a replay as its first process saw it)."""
+        """In recovery, the ledger rows the first process charged that the replay has not reached (and an
+        older version's prepaid rows that back no release). Budget questions do not count them, so that a
+        replay sees the budget as its first process saw it at the same point."""
         return [row["id"] for rows in self._backing.values() for row in rows]
 
     def require(self, notion: str, who: str) -> None:
@@ -486,11 +338,8 @@ class Releaser:
                     f"recovery: release {seq} ({label}) is journalled but the ledger has no charge of this run for "
                     "it: not the ledger of that run; nothing was released"
                 )
-            self._prepay(seq, label, record, cohort)
-            if not self._take_backing(seq, label, record, cohort):
-                self._flush_before_ledger_write()
-                self.ledger.charge(user_ids, charge, label=label, details=details, seq=seq)
-                self.ledger_writes += 1
+            self._flush_before_ledger_write()
+            self.ledger.charge(user_ids, charge, label=label, details=details, seq=seq)
         if self.filter is not None:
             self.filter.spend(rho)
         return self._emit(seq, label, record, cohort, sample)

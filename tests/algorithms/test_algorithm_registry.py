@@ -105,7 +105,7 @@ def test_params_check_types_choices_and_ranges():
 def test_cli_flags_reach_the_run_config(monkeypatch):
     seen = {}
 
-    def fake_run(cfg, log, resume=None, prepay=False):
+    def fake_run(cfg, log, resume=None):
         seen["cfg"] = cfg
         return {}
 

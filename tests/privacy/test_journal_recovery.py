@@ -1,5 +1,5 @@
-"""Crash recovery (``fedkl run --recover``) and prepaid charges (``fedkl run``'s default; ``--no-prepay``:
-one ledger transaction per release).
+"""Crash recovery (``fedkl run --recover``): every release charged in its own ledger transaction right
+before its noise is drawn, the journal durable at egress.
 
 A run dies after k releases (a crash injected into the journal's commit, so the k-th release is
 charged but never journalled: the hardest spot); recovering it gives the model and the ledger of the
@@ -65,11 +65,11 @@ def _spends(path) -> list[dict]:
 
 @pytest.mark.parametrize("k", [0, 3])
 def test_recovery_gives_the_uninterrupted_run_bit_for_bit(tmp_path, monkeypatch, k):
-    clean = run_training(_cfg(tmp_path / "clean"), log=lambda s: None, prepay=False)
+    clean = run_training(_cfg(tmp_path / "clean"), log=lambda s: None)
     with monkeypatch.context() as m:
         _crash_after(m, k)
         with pytest.raises(Crash):
-            run_training(_cfg(tmp_path / "crashed"), log=lambda s: None, prepay=False)
+            run_training(_cfg(tmp_path / "crashed"), log=lambda s: None)
     ledger = tmp_path / "crashed" / "ledger.sqlite"
     assert len(_ledger_rows(ledger)) == k + 1  # release k was charged, never journalled
     lines = []
@@ -142,140 +142,48 @@ def test_recovery_refuses_a_different_run(tmp_path, monkeypatch):
     led.close()
 
 
-def test_the_default_prepaid_run_equals_per_release_charging(tmp_path, monkeypatch):
-    """``fedkl run`` prepays by default: the same release rows (seq, label, typed charge, cohort; the
-    states aside), the same per-user totals and the same model as a --no-prepay run. (A long window:
-    prepaying pays from the second release on, whatever this machine's speed; the first is charged
-    while the rate is measured.)"""
-    import fedkl.runner as runner
+def test_a_run_an_older_version_prepaid_and_killed_recovers_without_charging_twice(tmp_path, monkeypatch):
+    """A ledger written before prepay was removed: the first process charged releases ahead in batches (rows
+    marked 'prepaid': releases 1..4, and at seq 5 a release its plan foresaw for another cohort, an outsider:
+    the run spends its whole budget) and died after 2 journalled releases. Those rows are charges like any
+    other: the ledger verifies, and the recovery lets each back the release it was charged for (nothing
+    charged twice); the prepaid row that matches no release stays charged and refuses nothing, and release 5
+    is charged on its own. The run ends with the uninterrupted run's model and releases."""
+    from fedkl.privacy.charges import from_record
+    from fedkl.privacy.ledger import cohort_digest
 
-    monkeypatch.setattr(runner, "PREPAY_WINDOW_S", 1e9)
-    clean = run_training(_cfg(tmp_path / "clean"), log=lambda s: None, prepay=False)
-    prepaid = run_training(_cfg(tmp_path / "prepaid"), log=lambda s: None)
-    assert torch.equal(_model(tmp_path / "prepaid"), _model(tmp_path / "clean"))
-    rows = _ledger_rows(tmp_path / "prepaid" / "ledger.sqlite")
-    assert [r["state"] for r in rows] == [None] + ["prepaid"] * (ROUNDS - 1)
-    strip = [{k: r[k] for k in ("seq", "label", "charge", "cohort")} for r in rows]
-    assert strip == [
-        {k: r[k] for k in ("seq", "label", "charge", "cohort")} for r in _ledger_rows(clean["ledger"]["path"])
-    ]
-    assert _spends(prepaid["ledger"]["path"]) == _spends(clean["ledger"]["path"])
-    assert prepaid["ledger"]["max_user_epsilon"] == clean["ledger"]["max_user_epsilon"]
-
-
-def test_a_prepaid_run_killed_mid_run_recovers_to_the_prepaid_ledger(tmp_path, monkeypatch):
-    """Recovery treats prepaid rows like charged ones: each backs one release, none is charged again."""
-    import fedkl.runner as runner
-
-    monkeypatch.setattr(runner, "PREPAY_WINDOW_S", 1e9)  # releases 1..5 prepaid at release 1
     clean = run_training(_cfg(tmp_path / "clean"), log=lambda s: None)
+    clean_rows = _ledger_rows(clean["ledger"]["path"])
     with monkeypatch.context() as m:
         _crash_after(m, 2)
         with pytest.raises(Crash):
             run_training(_cfg(tmp_path / "crashed"), log=lambda s: None)
     ledger = tmp_path / "crashed" / "ledger.sqlite"
-    states = [r["state"] for r in _ledger_rows(ledger)]
-    assert states == [None] + ["prepaid"] * (ROUNDS - 1)  # all charged before the crash
+    run_id = json.loads(_header(tmp_path / "crashed" / JOURNAL_FILE)["run_id"])
+    with PrivacyLedger(ledger) as led:
+        members = led.cohorts()
+    off_plan = {**clean_rows[5], "label": "noisy-gd/a-release-never-made", "cohort": cohort_digest(["outsider"])}
+    members[off_plan["cohort"]] = ["outsider"]
+    late = PrivacyLedger(ledger, run_id=run_id)  # (not `with`: its exit would end the run)
+    for row in [*clean_rows[3:5], off_plan]:  # what the old prepay had charged ahead of the crash
+        late.charge(members[row["cohort"]], from_record(row["charge"]), label=row["label"], seq=row["seq"])
+    late._db.execute("UPDATE releases SET state = 'prepaid' WHERE seq >= 1")
+    late.close()
+    with PrivacyLedger(ledger) as led:
+        led.verify()  # an older version's rows are read and verified like any other
     lines = []
     recover_run(str(tmp_path / "crashed"), log=lines.append)
     assert "2 releases replayed" in " ".join(lines)
     assert torch.equal(_model(tmp_path / "crashed"), _model(tmp_path / "clean"))
-    assert _ledger_rows(ledger) == _ledger_rows(clean["ledger"]["path"])
-    assert _spends(ledger) == _spends(clean["ledger"]["path"])
-
-
-def _bare_releaser(tmp_path, journal=True):
-    led = PrivacyLedger(tmp_path / "l.sqlite", Budget(5.0, 1e-6), run_id="r")
-    j = ReleaseJournal.create(tmp_path / "j.sqlite", {"run_id": "r"}) if journal else None
-    return led, Releaser(led, NoiseSource(0), journal=j)
-
-
-PLAN = [{"label": f"round-{i}", "charge": {"type": "GaussianCharge", "rho": 0.01, "sensitivity": 1.0},
-         "members": ["a", "b"]} for i in range(5)]  # fmt: skip
-
-
-def _release(rel, i, rho=0.01, users=("a", "b")):
-    return rel.gaussian(torch.zeros(2), sensitivity=1.0, rho=rho, user_ids=list(users), label=f"round-{i}")
-
-
-def test_a_run_stopped_early_is_never_under_charged_and_marks_the_unused_rows(tmp_path):
-    led, rel = _bare_releaser(tmp_path)
-    rel.plan(PLAN)
-    for i in range(2):
-        _release(rel, i)
-    assert rel.ledger_writes == 1  # the whole plan in one transaction
-    assert led.spend("a").rho == pytest.approx(0.05)  # stopped after 2 of 5: charged for all 5
-    rel.finish()
-    assert [r["state"] for r in led.releases()] == ["prepaid"] * 2 + ["unused"] * 3
-    assert led.spend("a").rho == pytest.approx(0.05)  # nothing refunded
-    led.verify()
-
-
-def test_a_release_off_the_plan_is_charged_on_its_own(tmp_path):
-    led, rel = _bare_releaser(tmp_path)
-    rel.plan(PLAN)
-    _release(rel, 0)
-    _release(rel, 1, rho=0.02)  # not the planned charge: charged at release, the plan dropped
-    _release(rel, 2)  # the prepaid row for seq 2 matches: it backs this release
-    assert [(r["seq"], r["state"], r["rho"]) for r in led.releases()] == [
-        (0, "prepaid", 0.01), (1, "prepaid", 0.01), (2, "prepaid", 0.01), (3, "prepaid", 0.01), (4, "prepaid", 0.01),
-        (1, None, 0.02),
-    ]  # fmt: skip
-    rel.finish()
-    assert [r["state"] for r in led.releases()] == ["prepaid", "unused", "prepaid", "unused", "unused", None]
-    assert led.spend("b").rho == pytest.approx(0.07)
-    assert led.spend("b").releases == 6
-
-
-def test_time_bounded_batches_cover_about_one_second_of_releases(tmp_path):
-    """The first batch is one release; each later one max(1, round(window / mean seconds per release
-    so far)), capped by the plan (a clock injected: 0.25 s a release, then 2 s a release)."""
-    led, rel = _bare_releaser(tmp_path)
-    now = [0.0]
-    plan = [{**PLAN[0], "label": f"round-{i}"} for i in range(12)]
-    rel.plan(plan, window_s=1.0, clock=lambda: now[0])
-    for i in range(12):
-        _release(rel, i)
-        now[0] += 0.25 if i < 5 else 2.0
-    # seq 0: 1; seq 1: 0.25 s/release -> 4 (1..4); seq 5: 1.25 s / 5 -> 4 (5..8); seq 9: (1.25 + 4 * 2) / 9
-    # = 1.03 s a release -> 1; seq 10: 11.25 / 10 -> 1; seq 11: 13.25 / 11 -> 1
-    assert rel.prepaid_batches == [1, 4, 4, 1, 1, 1] and rel.ledger_writes == 6
-    assert [(r["seq"], r["state"]) for r in led.releases()] == [(i, "prepaid") for i in range(12)]
-    assert led.spend("a").rho == pytest.approx(0.12)  # each release charged once
-    fast = Releaser(led, NoiseSource(0))  # a clock that does not move: no rate, the rest of the plan at once
-    fast.plan(plan[:5], window_s=1.0, clock=lambda: 0.0)
-    assert [fast.batch_size(0), fast.batch_size(1), fast.batch_size(4)] == [1, 4, 1]
-    with pytest.raises(ValueError, match="not both"):
-        fast.plan(plan, batch=2, window_s=1.0)
-
-
-def test_the_plan_is_made_only_once_prepaying_would_batch_two_releases(tmp_path):
-    """A plan function (the dry run) is called at the first release whose measured rate gives a batch
-    of 2 or more, and never for a run whose releases take a second or more each (it would gain nothing)."""
-    for per_release, made_at in ((0.25, [1]), (2.0, [])):
-        (tmp_path / str(per_release)).mkdir()
-        led, rel = _bare_releaser(tmp_path / str(per_release))
-        now, calls = [0.0], []
-
-        def make():
-            calls.append(rel.seq)
-            return [{**PLAN[0], "label": f"round-{i}"} for i in range(6)]
-
-        rel.plan(make, window_s=1.0, clock=lambda: now[0])
-        for i in range(6):
-            _release(rel, i)
-            now[0] += per_release
-        assert calls == made_at
-        states = [r["state"] for r in led.releases()]
-        assert states == ([None, "prepaid", "prepaid", "prepaid", "prepaid", "prepaid"] if made_at else [None] * 6)
-        assert led.spend("a").releases == 6  # each release charged once either way
-
-
-def test_a_plan_that_does_not_match_the_first_release_prepays_nothing(tmp_path):
-    led, rel = _bare_releaser(tmp_path)
-    rel.plan(PLAN)
-    _release(rel, 0, users=("a",))  # another cohort than planned
-    assert [(r["seq"], r["state"]) for r in led.releases()] == [(0, None)]
+    rows = _ledger_rows(ledger)
+    assert [r.pop("state") for r in rows] == [None] + ["prepaid"] * 5 + [None]  # one row added: release 5
+    strip = [{k: v for k, v in r.items() if k != "state"} for r in (*clean_rows[:5], off_plan, clean_rows[5])]
+    assert rows == strip
+    with PrivacyLedger(ledger) as led, PrivacyLedger(clean["ledger"]["path"]) as ref:
+        led.verify()
+        spends = led.user_spends()
+        assert [u for u in spends if u["user_id"] != "outsider"] == ref.user_spends()  # each release charged once
+        assert [u["releases"] for u in spends if u["user_id"] == "outsider"] == [1]  # and stays charged
 
 
 # every kind of release: scheduled Gaussian steps (dp-fedavg), the exponential mechanism (noisy-fw),
@@ -375,37 +283,6 @@ def test_recover_of_a_run_whose_process_lives_is_refused_and_leaves_it_running(t
 
 # one of each kind of release and of budget question asked mid-run (fkt-snowball's approx_left per batch,
 # phased-erm's per phase); all 29 registered algorithms passed this once (3 min: too slow for every run)
-PREPAID = [*KINDS, "noisy-gd", "dp-ftrl", "fkt-snowball", "phased-erm", "kl-spider", "sc-phased-sco"]
-PLAN_IS_PUBLIC = {"noisy-gd", "dp-ftrl", "dp-fedavg", "noisy-fw"}  # the algorithms that declare plan_is_public
-
-
-@pytest.mark.parametrize("name", PREPAID)
-def test_prepaid_run_of_every_algorithm_charges_what_it_makes(tmp_path, monkeypatch, name):
-    """Prepaid (the default) on every kind of algorithm: the same releases as charged one by one (same seq, label,
-    typed charge, cohort), all prepaid for a non-adaptive algorithm, and the same model."""
-
-    def cfg(out):
-        return small_config(name, out)
-
-    import fedkl.runner as runner
-
-    monkeypatch.setattr(runner, "PREPAY_WINDOW_S", 1e9)  # the plan is made at the second release
-    clean = run_training(cfg(tmp_path / "clean"), log=lambda s: None, prepay=False)
-    prepaid = run_training(cfg(tmp_path / "prepaid"), log=lambda s: None)
-    strip = ("seq", "label", "charge", "cohort")
-    rows = _ledger_rows(prepaid["ledger"]["path"])
-    assert [{k: r[k] for k in strip} for r in rows] == [
-        {k: r[k] for k in strip} for r in _ledger_rows(clean["ledger"]["path"])
-    ]
-    states = [r["state"] for r in rows]
-    # prepaid only for the algorithms that declare their plan public (fedkl.runner, PREPAID_NOTE)
-    per_release = clean["guarantee"].get("adaptive") or name not in PLAN_IS_PUBLIC
-    assert states[0] is None and set(states[1:]) <= ({None} if per_release else {"prepaid"})
-    assert _spends(prepaid["ledger"]["path"]) == _spends(clean["ledger"]["path"])
-    if clean["model_path"]:
-        assert torch.equal(_model(tmp_path / "prepaid"), _model(tmp_path / "clean"))
-
-
 def _lose_the_buffer(m) -> None:
     """A crash drops what the journal buffered (its values and noise draws): ``close`` (the runner's
     ``finally``) finds nothing to flush."""
@@ -419,33 +296,28 @@ def _lose_the_buffer(m) -> None:
     m.setattr(ReleaseJournal, "close", crashed)
 
 
-@pytest.mark.parametrize("prepay", [False, True], ids=["charged-per-release", "prepaid"])
-def test_a_release_buffered_but_never_flushed_is_redrawn_under_its_charge(tmp_path, monkeypatch, prepay):
-    """The journal is durable at egress, not per release: prepaid, releases 1..3 are recorded but only in
-    memory when the process 'dies' at release 4 (no progress line in between: the throttle is long, and the
-    prepaid batch was written before them). They never left the process, so the recovery redraws them
-    against their (durable) charges, charging nothing twice, and ends with the uninterrupted run's model and
-    ledger. Charged release by release, each ledger write is egress of the values before it: 0..3 are
-    durable before release 4's charge, and recovery returns them."""
+def test_a_release_buffered_but_never_flushed_is_redrawn_under_its_charge(tmp_path, monkeypatch):
+    """The journal is durable at egress, not per release, and each ledger write is egress of the values
+    before it: when the process 'dies' at release 4 (no progress line since round 1: the throttle is long),
+    0..3 were made durable before release 4's charge, and recovery returns them; release 4 (charged, drawn,
+    only buffered) never left the process, so it is redrawn under its durable charge, charging nothing twice,
+    and the run ends with the uninterrupted run's model and ledger."""
     import fedkl.runner as runner
 
     clean = tmp_path / "clean"
-    run_training(_cfg(clean), log=lambda s: None, prepay=prepay)
+    run_training(_cfg(clean), log=lambda s: None)
     with monkeypatch.context() as m:
         m.setattr(runner, "PROGRESS_EVERY_S", 1e9)  # only round 1's record flushes before the crash
         _crash_after(m, 4)
         _lose_the_buffer(m)
         with pytest.raises(Crash):
-            run_training(_cfg(tmp_path / "crashed"), log=lambda s: None, prepay=prepay)
+            run_training(_cfg(tmp_path / "crashed"), log=lambda s: None)
     journal = ReleaseJournal.open(tmp_path / "crashed" / JOURNAL_FILE)
     held = sorted(journal.entries())
-    # prepaid: what the first progress line needed (1..3 were lost with the process); else what release 4's
-    # charge flushed before it was written
-    assert held == ([0] if prepay else [0, 1, 2, 3])
+    assert held == [0, 1, 2, 3]  # what release 4's charge flushed before it was written
     journal.close()
     ledger = tmp_path / "crashed" / "ledger.sqlite"
-    seqs = [r["seq"] for r in _ledger_rows(ledger)]  # 0..4 charged (durable before drawn); prepaid: maybe more
-    assert seqs == list(range(len(seqs))) and (len(seqs) == 5 if not prepay else 5 <= len(seqs) <= ROUNDS)
+    assert [r["seq"] for r in _ledger_rows(ledger)] == list(range(5))  # 0..4 charged (durable before drawn)
     lines = []
     recover_run(str(tmp_path / "crashed"), log=lines.append)
     assert f"{len(held)} releases replayed" in " ".join(lines)
@@ -500,46 +372,6 @@ def test_progress_lines_are_throttled_to_one_a_second_with_first_last_and_eta():
     assert lines[-1] == "  round   10/10  noisy grad norm 2.5"
 
 
-def test_the_mid_run_dry_run_leaves_the_runs_random_states_and_never_fails_the_run():
-    """The plan is made mid-run: whatever it draws from the global random generators, the run's next
-    draws are the ones it would have made; a failing dry run means no plan (one line), not a failed run."""
-    import random
-
-    import numpy as np
-
-    from fedkl.runner import _planned
-
-    def dry_run():
-        random.random(), np.random.rand(), torch.rand(3)
-        return [{"label": "x"}]
-
-    torch.manual_seed(7)
-    expected = torch.rand(2)
-    torch.manual_seed(7)
-    assert _planned(dry_run, print) == [{"label": "x"}]
-    assert torch.equal(torch.rand(2), expected)
-    lines: list[str] = []
-
-    def broken():
-        raise RuntimeError("no stand-in")
-
-    assert _planned(broken, lines.append) is None and "no prepaid charges" in lines[0] and "no stand-in" in lines[0]
-
-
-def test_plan_is_public_is_declared_by_exactly_the_listed_algorithms():
-    """The list above is the code's: those four algorithms declare their plan public, kl-spider does not."""
-    from fedkl.algorithms.frank_wolfe.noisy_fw import NoisyFrankWolfe
-    from fedkl.algorithms.gradient.dp_fedavg import DPFedAvg
-    from fedkl.algorithms.gradient.dp_ftrl import DPFTRL
-    from fedkl.algorithms.gradient.noisy_gd import NoisyGradientDescent
-    from fedkl.algorithms.kl.kl_spider import KLSpider
-
-    assert {c.name for c in (DPFedAvg, DPFTRL, NoisyFrankWolfe, NoisyGradientDescent) if c.plan_is_public} == (
-        PLAN_IS_PUBLIC
-    )
-    assert not getattr(KLSpider, "plan_is_public", False)  # it stops a phase on a released estimate
-
-
 def test_dp_ftrl_recovered_with_secure_noise_continues_from_the_original_draws(tmp_path, monkeypatch):
     """issue 28 §1: dp-ftrl's later noise depends on earlier draws (the tree generator). With secure noise
     (os.urandom, nothing to replay), a crash after k journalled releases and a recovery: the generator is
@@ -562,7 +394,7 @@ def test_dp_ftrl_recovered_with_secure_noise_continues_from_the_original_draws(t
     with monkeypatch.context() as m:
         _crash_after(m, k)  # releases 0..k-1 journalled (they left the process), release k drawn, never journalled
         with pytest.raises(Crash):
-            run_training(cfg, log=lambda s: None, prepay=False)
+            run_training(cfg, log=lambda s: None)
     first, fed[:] = list(fed), []
     lines = []
     recover_run(str(tmp_path / "run"), log=lines.append)

@@ -559,67 +559,57 @@ def test_two_processes_race_for_the_last_budget(tmp_path):
         led.verify()
 
 
-def _batch_entries(rng: random.Random) -> list[tuple]:
-    """Releases over overlapping cohorts of 6 users (consecutive entries often share theirs), with
-    Gaussian and (eps, delta) charges: totals that differ between users and collide across groups."""
+def test_charges_over_overlapping_cohorts_give_each_user_the_sum_of_its_releases_in_order(tmp_path):
+    """Releases over overlapping cohorts of 6 users, with Gaussian and (eps, delta) charges (totals that
+    differ between users and collide across groups, each cohort's users updated in one statement): every
+    user's totals are exactly (floats compared exactly) the sum, in order, of the costs of its releases."""
     cohorts = [["a", "b", "c"], ["a", "b", "c"], ["c", "d"], ["a", "b", "c", "d", "e", "f"], ["e"]]
-    out = []
-    for i in range(40):
-        members = cohorts[rng.randrange(len(cohorts))]
-        charge = (
-            GaussianCharge(rng.choice([0.001, 0.002, 0.003]), 1.0)
-            if rng.random() < 0.7
-            else ApproxDPCharge(0.01, 1e-9, "ptr", 1.0, 1.0)
-        )
-        out.append((members, charge, f"r{i}", None, i))
-    return out
-
-
-def test_a_batch_gives_the_totals_of_charging_one_by_one(tmp_path):
-    """One upsert per user per run of equal cohorts (ledger.prepay): bit-equal per-user totals and the
-    same release rows as one charge per release, whatever the overlap of the cohorts."""
     for seed in range(3):
-        entries = _batch_entries(random.Random(seed))
-        one = PrivacyLedger(tmp_path / f"one{seed}.sqlite", BUDGET, run_id="r")
-        for members, charge, label, details, seq in entries:
-            one.charge(members, charge, label=label, details=details, seq=seq)
-        batched = PrivacyLedger(tmp_path / f"batch{seed}.sqlite", BUDGET, run_id="r")
-        batched.prepay(entries[:17])
-        batched.prepay(entries[17:])
-        assert batched.user_spends() == one.user_spends()  # floats compared exactly
-        strip = ("seq", "label", "charge", "cohort", "rho", "eps", "delta", "users")
-        assert [{k: r[k] for k in strip} for r in batched.releases()] == [
-            {k: r[k] for k in strip} for r in one.releases()
-        ]
-        batched.verify()
-        one.close()
-        batched.close()
+        rng = random.Random(seed)
+        led = PrivacyLedger(tmp_path / f"l{seed}.sqlite", BUDGET, run_id="r")
+        expected: dict[str, list] = {}
+        for i in range(40):
+            members = cohorts[rng.randrange(len(cohorts))]
+            charge = (
+                GaussianCharge(rng.choice([0.001, 0.002, 0.003]), 1.0)
+                if rng.random() < 0.7
+                else ApproxDPCharge(0.01, 1e-9, "ptr", 1.0, 1.0)
+            )
+            led.charge(members, charge, label=f"r{i}", seq=i)
+            for m in members:
+                t = expected.setdefault(m, [0.0, 0.0, 0.0, 0])
+                t[:] = [t[0] + charge.cost()[0], t[1] + charge.cost()[1], t[2] + charge.cost()[2], t[3] + 1]
+        got = {u["user_id"]: [u["rho"], u["eps"], u["delta"], u["releases"]] for u in led.user_spends()}
+        assert got == expected
+        assert [r["seq"] for r in led.releases()] == list(range(40))
+        led.verify()
+        led.close()
 
 
-def test_a_batch_is_checked_in_order_and_refused_whole(tmp_path):
-    """The budget check of a batch is as strict as one by one: the first entry that would take a user
-    over budget (given the entries before it) refuses the whole batch, with nothing written."""
+def test_a_charge_that_takes_one_user_over_budget_is_refused_whole(tmp_path):
+    """One user over budget refuses the charge for every user, with nothing written; a charge that
+    exactly fits is made."""
     led = PrivacyLedger(tmp_path / "l.sqlite", BUDGET, run_id="r")
     rho = BUDGET.rho / 4
     led.charge(["a"], GaussianCharge(rho, 1.0), label="first")
+    for i in range(3):
+        led.charge(["a", "b"], GaussianCharge(rho, 1.0), label=f"r{i}", seq=i)  # a: exactly 4 quarters
     before = led.user_spends()
-    entries = [(["a", "b"], GaussianCharge(rho, 1.0), f"r{i}", None, i) for i in range(4)]  # a: 5 quarters
     with pytest.raises(BudgetExceeded, match="1 user"):
-        led.prepay(entries)
-    assert led.user_spends() == before and led.num_releases() == 1
-    ids = led.prepay(entries[:3])  # a: exactly 4 quarters
-    assert len(ids) == 3 and led.spend("a").releases == 4 and led.spend("b").rho == 3 * rho
+        led.charge(["a", "b"], GaussianCharge(rho, 1.0), label="r3", seq=3)  # a: 5 quarters
+    assert led.user_spends() == before and led.num_releases() == 4
+    assert led.spend("a").releases == 4 and led.spend("b").rho == 3 * rho
     led.verify()
     led.close()
 
 
-def test_a_batch_adds_once_where_one_group_reaches_another_groups_totals(tmp_path):
-    """User a has spent r, b nothing; a batch charging both r: b's new total is a's old one, and each
+def test_a_charge_adds_once_where_one_group_reaches_another_groups_totals(tmp_path):
+    """User a has spent r, b nothing; a charge of r to both: b's new total is a's old one, and each
     user is still charged exactly once."""
     led = PrivacyLedger(tmp_path / "l.sqlite", BUDGET, run_id="r")
     r = BUDGET.rho / 8
     led.charge(["a"], GaussianCharge(r, 1.0), label="first")
-    led.prepay([(["a", "b"], GaussianCharge(r, 1.0), "both", None, 0)])
+    led.charge(["a", "b"], GaussianCharge(r, 1.0), label="both", seq=0)
     assert (led.spend("a").rho, led.spend("b").rho) == (r + r, r)
     assert (led.spend("a").releases, led.spend("b").releases) == (2, 1)
     led.verify()

@@ -1,8 +1,7 @@
 """kill -9 at every release index, for every registered algorithm, with secure noise (issue 28, §3).
 
 For each algorithm of the registry at its small setting (tests/build_helpers.py SMALL), with secure
-(unseeded) noise and ``fedkl run``'s defaults (prepaid where the algorithm declares ``plan_is_public``),
-the process "dies" at each crash point below; ``fedkl run --recover`` then finishes the run from its
+(unseeded) noise and ``fedkl run``'s defaults (each release charged right before its draw), the process "dies" at each crash point below; ``fedkl run --recover`` then finishes the run from its
 journal and ledger, and the generic check asserts:
 
 (a) every value that left the first process (durable in its journal) is returned unchanged by the recovery;
@@ -24,8 +23,8 @@ one that redraws a value a durable charge was computed from is refused (the char
 Crash points (a kill -9 is simulated in-process: a BaseException raised by a spy, and the journal's
 in-memory buffer dropped, as the process's memory would be):
 
-* ``charged k``: at the start of release k's draw. Its ledger row is durable (written at this release or
-  prepaid), nothing of it is drawn, and whatever the journal had buffered since the last flush is lost.
+* ``charged k``: at the start of release k's draw. Its ledger row is durable (written at this release, or
+  with its schedule), nothing of it is drawn, and whatever the journal had buffered since the last flush is lost.
   A death anywhere from the ledger write to the next flush leaves the same state on disk (the draw, the
   buffer and in-process computation write nothing), so this one point stands for that whole window: the
   one where a charge computed from a buffered value (kl-adaptive-gd) could be durable without the value.
@@ -42,7 +41,7 @@ numbers), so every kind of release each algorithm makes is hit. ``flushed`` poin
 flush (everything journalled). An earlier flush needs no point of its own: a crash right after it leaves what
 the ``charged`` point of the next release leaves when that release writes its ledger row (the Releaser
 flushes before every ledger write: the same journal, one row more), and the middle flush stands for the
-prepaid and scheduled releases, which write none. A crash that leaves the same state on disk as an earlier
+scheduled releases, which write none. A crash that leaves the same state on disk as an earlier
 point (journal, lost draws, ledger rows) is not recovered twice. Negative controls: dp-ftrl registered without
 its ``noise_state`` declaration, and kl-adaptive-gd under a Releaser that writes the ledger without flushing
 the journal first (the old behaviour): the check fails on both.
@@ -89,8 +88,6 @@ class Process:
         emit = Releaser._emit
 
         def spy(rel, seq, label, record, cohort, sample):
-            if getattr(rel.ledger, "scratch", False):  # a prepaid plan's dry run on a public stand-in
-                return emit(rel, seq, label, record, cohort, sample)
             rows = rel.ledger.run_releases()
             step = record.get("type") == "scheduled-step"  # charged with its schedule, at an earlier seq
             ok = (
@@ -237,13 +234,11 @@ def check_recovery(
     if clean.result["model_path"]:
         assert torch.equal(_model(dead_dir), _model(clean.dir)), f"{where}: not the uninterrupted run's model"
     # (b, d) one ledger row per seq, the uninterrupted run's rows (a recovery charges per release past the
-    # rows its first process charged or prepaid: states aside) and per-user spends
+    # rows its first process charged) and per-user spends
     rows = _ledger_rows(dead_dir / "ledger.sqlite")
     seqs = [r["seq"] for r in rows]
     assert len(seqs) == len(set(seqs)), f"{where}: a seq charged twice: {seqs}"
-    assert {r.pop("state") for r in rows} <= {None, "prepaid"}, f"{where}: a prepaid row left unused"
-    clean_rows = [{k: v for k, v in r.items() if k != "state"} for r in _ledger_rows(clean.result["ledger"]["path"])]
-    assert rows == clean_rows, f"{where}: not the uninterrupted run's ledger rows"
+    assert rows == _ledger_rows(clean.result["ledger"]["path"]), f"{where}: not the uninterrupted run's ledger rows"
     assert _spends(dead_dir / "ledger.sqlite") == _spends(clean.result["ledger"]["path"]), f"{where}: spends"
 
 
@@ -259,13 +254,6 @@ def check_every_point(name: str, tmp_path, monkeypatch, settings: dict | None = 
         except AssertionError as e:
             failures.append(str(e).splitlines()[0][:400])
     return failures
-
-
-@pytest.fixture(autouse=True)
-def _prepay_at_the_second_release(monkeypatch):
-    """A long prepay window: the plan is made at the second release whatever this machine's speed (the
-    prepaid rows, and so the ledgers compared, do not depend on timing)."""
-    monkeypatch.setattr(runner, "PREPAY_WINDOW_S", 1e9)
 
 
 @pytest.mark.parametrize("name", NAMES)

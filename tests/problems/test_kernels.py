@@ -241,8 +241,7 @@ def _modes_seen_by(monkeypatch, name: str) -> list[str]:
     seen, real = [], getattr(runner, name)
 
     def spy(*args, **kw):
-        if not kw.get("scratch"):  # not the plan's dry run (prepaid charges)
-            seen.append(kernel_mode())
+        seen.append(kernel_mode())
         return real(*args, **kw)
 
     monkeypatch.setattr(runner, name, spy)

@@ -132,10 +132,6 @@ class NoisyFrankWolfe(Algorithm[NoisyFWParams]):
     Params = NoisyFWParams
     guarantee = Guarantee("zcdp")
     absence = ZERO_SUMS
-    # every release's number, order, label, typed charge and cohort follow from public values only (the
-    # params, n, the user ids, a public seed), never from the data or an earlier release: a plan made before
-    # the data is this run's, so `fedkl run` prepays it (fedkl.runner, PREPAID_NOTE)
-    plan_is_public = True
     gaussian_releases_only = False  # exponential-mechanism charges: the exact Gaussian conversion does not apply
     small = {"fw_rounds": 4}
     audit = SmallAudit()

@@ -162,10 +162,6 @@ class DPFedAvg(ScheduledAlgorithm[DPFedAvgParams]):
     step_size = 4.0
     # secure aggregation serves the fixed clip; adaptive clipping needs each user's indicator
     sums_only = staticmethod(lambda params: not params.adaptive_clip)
-    # every release's number, order, label, typed charge and cohort follow from public values only (the
-    # params, n, the user ids, a public seed), never from the data or an earlier release: a plan made before
-    # the data is this run's, so `fedkl run` prepays it (fedkl.runner, PREPAID_NOTE)
-    plan_is_public = True
     small = {**SCHEDULED, "local_steps": 2, "batch_size": 3}
     audit = SmallAudit()
 

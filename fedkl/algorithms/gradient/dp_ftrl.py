@@ -195,10 +195,6 @@ class DPFTRL(Algorithm[DPFTRLParams]):
     absence = PREFIX_SUMS
     step_size = 4.0
     noise_state = True  # the factorization's noise generator carries earlier draws (register's noise_state)
-    # every release's number, order, label, typed charge and cohort follow from public values only (the
-    # params, n, the user ids, a public seed), never from the data or an earlier release: a plan made before
-    # the data is this run's, so `fedkl run` prepays it (fedkl.runner, PREPAID_NOTE)
-    plan_is_public = True
     small = {"neighbouring": "add-remove", "min_separation": 2, "max_participations": 2, "local_steps": 2}
     audit = SmallAudit()
 

@@ -66,10 +66,6 @@ class NoisyGradientDescent(Algorithm[NoisyGDParams]):
     absence = ZERO_SUMS
     step_size = 4.0
     sums_only = True
-    # every release's number, order, label, typed charge and cohort follow from public values only (the
-    # params, n, the user ids, a public seed), never from the data or an earlier release: a plan made before
-    # the data is this run's, so `fedkl run` prepays it (fedkl.runner, PREPAID_NOTE)
-    plan_is_public = True
     small: dict = {}
     audit = SmallAudit()
 

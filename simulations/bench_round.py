@@ -1,25 +1,24 @@
 """Benchmark: a full ``fedkl run`` round against the one-bmm floor, and the durable bookkeeping's share.
 
-    nice -n 15 .venv/bin/python simulations/bench_prepay.py [--users 1000 10000 100000] [--records 100 100 25]
-        [--rounds 10] [--repeats 3] [--per-release-max-users 10000]
+    nice -n 15 .venv/bin/python simulations/bench_round.py [--users 1000 10000 100000] [--records 100 100 25]
+        [--rounds 10] [--repeats 3]
 
 The task of ``simulations/bench_peers.py`` (user-level noisy GD, logistic regression, d = 50, one torch
 thread) on ``synthetic-logistic`` data of ``--users`` users x ``--records`` records each (80 % train). For each
-size, ``--repeats`` times each (interleaved, so that a change of load hits all alike):
+size, ``--repeats`` times each (interleaved, so that a change of load hits both alike):
 
 * ``floor``: the true floor, hand-written in torch on the same shape (float64): ``X @ w``, sigmoid, ONE
   batched matmul for the per-user gradients, ``torch.linalg.vector_norm``, clip, sum, noise, step;
-* ``default``: :func:`fedkl.runner.run_training` with the defaults (in-process, fast kernels, the
-  journal durable at egress, prepaid in time-bounded batches), the dataset passed in (not loaded);
-* ``per-release`` (up to ``--per-release-max-users``): the same with ``prepay=False`` (one ledger
-  transaction per release).
+* ``run``: :func:`fedkl.runner.run_training` with the defaults (in-process, fast kernels, each release
+  charged in its own ledger transaction right before its noise is drawn, the journal durable at egress),
+  the dataset passed in (not loaded).
 
-It reports per round: the training loop (``NoisyGradientDescent.run``: queries, Releaser, ledger,
-journal; the plan's dry run, made inside it once prepaying pays, is left out and reported apart) and the whole run (``run_training``'s wall time: reserve and verify, the plan's dry run,
-forecast, the loop, result.json and model.pt; no non-private reference) divided by the rounds, each
-against the floor (min and median over the repeats); the ledger's and the journal's time inside the
-loop (their share of it: the bookkeeping), their transactions, and the plan's dry run. Results:
-``simulations/results/bench_prepay.{json,md}``.
+It reports per round: the training loop (``NoisyGradientDescent.run``: queries, Releaser, ledger, journal)
+and the whole run (``run_training``'s wall time: reserve and verify, forecast, the loop, result.json and
+model.pt; no non-private reference) divided by the rounds, each against the floor (min and median over the
+repeats); the ledger's and the journal's time inside the loop (their share of it: the bookkeeping) and their
+transactions. Results: ``simulations/results/bench_round.{json,md}``. (It replaces ``bench_prepay.py``, which
+also measured the prepaid charges removed in issue 29 §3: ``simulations/results/bench_prepay.md``.)
 """
 
 from __future__ import annotations
@@ -43,15 +42,14 @@ D, CLIP, LR = 50, 1.0, 0.5
 
 
 class Timer:
-    """Wraps methods of classes and adds up their wall time (outside the plan's dry run)."""
+    """Wraps methods of classes and adds up their wall time."""
 
     def __init__(self) -> None:
         self.spent: dict[str, list[float]] = {}
-        self.returned: dict[str, object] = {}  # the last value each wrapped method returned (outside the dry run)
-        self.in_dry_run = False
+        self.returned: dict[str, object] = {}  # the last value each wrapped method returned
         self._saved: list = []
 
-    def wrap(self, cls, name: str, key: str, skip_dry_run: bool = True) -> None:
+    def wrap(self, cls, name: str, key: str) -> None:
         original = getattr(cls, name)
         spent = self.spent.setdefault(key, [])
 
@@ -59,12 +57,10 @@ class Timer:
             t = time.perf_counter()
             try:
                 out = original(*a, **kw)
-                if not self.in_dry_run:
-                    self.returned[key] = out
+                self.returned[key] = out
                 return out
             finally:
-                if not (skip_dry_run and self.in_dry_run):
-                    spent.append(time.perf_counter() - t)
+                spent.append(time.perf_counter() - t)
 
         setattr(cls, name, timed)
         self._saved.append((cls, name, original))
@@ -94,37 +90,22 @@ def floor_round_s(n: int, m: int, rounds: int, seed: int = 0) -> tuple[float, fl
     return sum(each) / rounds, statistics.median(each)
 
 
-def one_run(dataset, rounds: int, prepay: bool, tmp: str) -> dict:
-    import fedkl.runner as runner
-
+def one_run(dataset, rounds: int, tmp: str) -> dict:
     timer = Timer()
-    timer.wrap(PrivacyLedger, "prepay", "ledger")
+    timer.wrap(PrivacyLedger, "charge", "ledger")
     timer.wrap(ReleaseJournal, "flush", "journal")
     timer.wrap(NoisyGradientDescent, "run", "loop")
-    planned = runner.planned_releases
-
-    def dry_run(*a, **kw):
-        timer.in_dry_run = True
-        t = time.perf_counter()
-        try:
-            return planned(*a, **kw)
-        finally:
-            timer.in_dry_run = False
-            timer.spent.setdefault("dry_run", []).append(time.perf_counter() - t)
-
-    runner.planned_releases = dry_run
     try:
         cfg = RunConfig.from_settings(
             dataset="synthetic-logistic", users=len(dataset.train.user_ids), algorithm="noisy-gd", rounds=rounds,
             epsilon=2.0, lr=LR, clip=CLIP, seed=1, noise_seed=2, reference=False,
-            out=os.path.join(tmp, f"run-{prepay}-{time.monotonic_ns()}"),
+            out=os.path.join(tmp, f"run-{time.monotonic_ns()}"),
         )  # fmt: skip
         started = time.perf_counter()
-        run_training(cfg, log=lambda s: None, dataset=dataset, prepay=prepay)
+        run_training(cfg, log=lambda s: None, dataset=dataset)
         wall = time.perf_counter() - started
         round_s = [rec["seconds"] for rec in timer.returned["loop"].history]  # each round's wall time (RoundLog)
     finally:
-        runner.planned_releases = planned
         timer.restore()
     s = timer.spent
     return {
@@ -134,14 +115,13 @@ def one_run(dataset, rounds: int, prepay: bool, tmp: str) -> dict:
         "ledger_transactions": len(s["ledger"]),
         "journal_s": sum(s["journal"]),
         "journal_flushes": len(s["journal"]),
-        "dry_run_s": sum(s.get("dry_run", [])),
         "median_round_s": statistics.median(round_s),
     }
 
 
 def summarize(n: int, m: int, rounds: int, floors: list[tuple[float, float]], runs: list[dict]) -> dict:
     floor, floor_round = [f[0] for f in floors], [f[1] for f in floors]
-    loop = [(r["loop_s"] - r["dry_run_s"]) / rounds for r in runs]  # the dry run (made inside it) apart
+    loop = [r["loop_s"] / rounds for r in runs]
     whole = [r["wall_s"] / rounds for r in runs]
     book = [(r["ledger_s"] + r["journal_s"]) / r["loop_s"] for r in runs]
     f_min, f_med = min(floor), statistics.median(floor)
@@ -162,7 +142,6 @@ def summarize(n: int, m: int, rounds: int, floors: list[tuple[float, float]], ru
         "bookkeeping_share_of_loop": [min(book), statistics.median(book)],
         "ledger_transactions": runs[0]["ledger_transactions"],
         "journal_flushes": runs[0]["journal_flushes"],
-        "dry_run_s": [min(r["dry_run_s"] for r in runs), statistics.median(r["dry_run_s"] for r in runs)],
         "runs": runs,
     }
 
@@ -172,29 +151,29 @@ def markdown(rows: list[dict], settings: dict) -> str:
         return f"{v[0]:{fmt}} / {v[1]:{fmt}}"
 
     lines = [
-        f"# bench_prepay: a full round vs the one-bmm floor ({settings['rounds']} rounds, d = {D}, one thread; "
+        f"# bench_round: a full round vs the one-bmm floor ({settings['rounds']} rounds, d = {D}, one thread; "
         f"min / median of {settings['repeats']} interleaved repeats)",
         "",
-        "| users | train records a user | mode | floor ms/round | loop ms/round | loop / floor | median round / floor's "
-        "| run / floor | bookkeeping share of loop | ledger txns | journal flush calls | dry run s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| users | train records a user | floor ms/round | loop ms/round | loop / floor | median round / floor's "
+        "| run / floor | bookkeeping share of loop | ledger txns | journal flush calls |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['users']:,} | {r['records']} | {r['mode']} | {pair(r['floor_ms'], '.1f')} | {pair(r['loop_ms'], '.1f')} | "
+            f"| {r['users']:,} | {r['records']} | {pair(r['floor_ms'], '.1f')} | {pair(r['loop_ms'], '.1f')} | "
             f"{pair(r['loop_over_floor'], '.2f')} | {pair(r['median_round_over_floor'], '.2f')} | "
             f"{pair(r['run_over_floor'], '.2f')} | "
             f"{r['bookkeeping_share_of_loop'][0]:.0%} / {r['bookkeeping_share_of_loop'][1]:.0%} | "
-            f"{r['ledger_transactions']} | {r['journal_flushes']} | {pair(r['dry_run_s'], '.2f')} |"
+            f"{r['ledger_transactions']} | {r['journal_flushes']} |"
         )
     lines += [
         "",
-        "loop: `NoisyGradientDescent.run` (queries, Releaser, ledger, journal; the plan's dry run, made inside it, "
-        "left out and shown apart) per round; median round / floor's: a run's median round (each round's wall "
-        "time as the run's history records it) against the floor's median round, the steady state without the run's "
-        "one-time costs (the first release charged on its own, the first prepaid batch, the first flush, first calls); "
-        "run: `run_training`'s wall "
-        "time per round (reserve and verify, the plan's dry run, the loop, result.json, model.pt; data passed in). "
+        "loop: `NoisyGradientDescent.run` (queries, Releaser, ledger, journal) per round; median round / floor's: a "
+        "run's median round (each round's wall time as the run's history records it) against the floor's median "
+        "round, the steady state without the run's one-time costs (the first flush, first calls); run: "
+        "`run_training`'s wall time per round (reserve and verify, the loop, result.json, model.pt; data passed in). "
+        "Every release is charged in its own ledger transaction right before its noise is drawn (prepaid charges "
+        "were removed: [bench_prepay](bench_prepay.md)). "
         f"Load while measured: {settings['load']}.",
     ]
     return "\n".join(lines) + "\n"
@@ -206,8 +185,7 @@ def main() -> None:
     ap.add_argument("--records", type=int, nargs="+", default=[100, 100, 25], help="per --users entry (or one for all)")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--per-release-max-users", type=int, default=10000)
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "bench_prepay"))
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "bench_round"))
     args = ap.parse_args()
     torch.set_num_threads(1)
     rows = []
@@ -216,23 +194,19 @@ def main() -> None:
         for n, m_all in zip(args.users, records, strict=True):
             dataset = synthetic_logistic(n_users=n, m=m_all, d=D, seed=0)
             m = dataset.train.num_records // n
-            modes = ["default"] + (["per-release"] if n <= args.per_release_max_users else [])
-            floor, runs = [], {mode: [] for mode in modes}
+            floor, runs = [], []
             for seed in range(args.repeats):  # interleaved: a load change hits the floor and the runs alike
                 floor.append(floor_round_s(n, m, args.rounds, seed))
-                for mode in modes:
-                    runs[mode].append(one_run(dataset, args.rounds, mode == "default", tmp))
-            for mode in modes:
-                row = {"mode": mode, **summarize(n, m, args.rounds, floor, runs[mode])}
-                rows.append(row)
-                print(
-                    f"{n:>7} users {mode:>11}: floor {row['floor_ms'][0]:.1f} ms, loop {row['loop_ms'][0]:.1f} ms "
-                    f"({row['loop_over_floor'][0]:.2f}x / median {row['loop_over_floor'][1]:.2f}x), run "
-                    f"{row['run_over_floor'][0]:.2f}x; bookkeeping {row['bookkeeping_share_of_loop'][0]:.0%} of the "
-                    f"loop; {row['ledger_transactions']} ledger txns, {row['journal_flushes']} journal flushes, "
-                    f"dry run {row['dry_run_s'][0]:.2f} s",
-                    flush=True,
-                )
+                runs.append(one_run(dataset, args.rounds, tmp))
+            row = summarize(n, m, args.rounds, floor, runs)
+            rows.append(row)
+            print(
+                f"{n:>7} users: floor {row['floor_ms'][0]:.1f} ms, loop {row['loop_ms'][0]:.1f} ms "
+                f"({row['loop_over_floor'][0]:.2f}x / median {row['loop_over_floor'][1]:.2f}x), run "
+                f"{row['run_over_floor'][0]:.2f}x; bookkeeping {row['bookkeeping_share_of_loop'][0]:.0%} of the "
+                f"loop; {row['ledger_transactions']} ledger txns, {row['journal_flushes']} journal flushes",
+                flush=True,
+            )
             del dataset
     settings = {**vars(args), "load": " ".join(f"{x:.1f}" for x in os.getloadavg())}
     with open(args.out + ".json", "w") as f:
