@@ -58,7 +58,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Iterable, Sequence
 
-from fedkl.privacy.charges import APPROX_ZCDP_DELTA, Charge, from_record, to_record
+from fedkl.privacy.charges import APPROX_ZCDP_DELTA, Charge, Need, from_record, to_record
 from fedkl.privacy.filter import BudgetExhausted
 from fedkl.privacy.zcdp import CONVERSIONS, rho_for_eps_delta, zcdp_to_eps
 
@@ -571,9 +571,34 @@ class PrivacyLedger:
             )
         ]
 
-    def _check_fits(self, groups: list[list], rho: float, eps: float, delta: float) -> None:
+    def check(self, needs: Iterable[Need]) -> None:
+        """Refuse (BudgetExceeded naming a user and the amounts; nothing charged) unless every user can
+        afford the sum of what ``needs`` charge them, with the one tolerance every charge is checked with
+        (:meth:`_check_fits`): the runner calls it once, with the algorithm's declared needs, before any
+        data is read (issue 29: affordability is checked once). LedgerBusy while another run holds them."""
+        totals: dict[str, tuple[float, float, float]] = {}
+        for users, charge in needs:
+            cost = charge.cost()
+            for u in set(map(str, users)):
+                totals[u] = tuple(a + b for a, b in zip(totals.get(u, (0.0, 0.0, 0.0)), cost))
+        cohorts: dict[tuple[float, float, float], list[str]] = {}
+        for u, total in totals.items():
+            cohorts.setdefault(total, []).append(u)
+        for (rho, eps, delta), users in sorted(cohorts.items()):
+            self._db.execute("BEGIN")
+            try:
+                self._fill_cohort(sorted(users))
+                holder = self._holder()
+                if holder is not None:
+                    raise LedgerBusy(self._busy_message(holder, "nothing was read or charged"))
+                self._check_fits(self._cohort_groups(), rho, eps, delta, "the run")
+            finally:
+                if self._db.in_transaction:
+                    self._db.execute("COMMIT")
+
+    def _check_fits(self, groups: list[list], rho: float, eps: float, delta: float, what: str = "this release") -> None:
         """Raise BudgetExceeded if any user of ``groups`` (:meth:`_cohort_groups`, the totals so far)
-        would go over budget after this charge."""
+        would go over budget after this charge (``what`` makes it, in the message)."""
         b = self.budget
         for rho_u, eps_u, delta_u, example, count, *_ in groups:
             rho_after, eps_after, delta_after = rho_u + rho, eps_u + eps, delta_u + delta
@@ -585,8 +610,9 @@ class PrivacyLedger:
                 now = UserSpend(example, rho_u, eps_u, delta_u).epsilon(b.delta, b.conversion)
                 after = UserSpend(example, rho_after, eps_after, delta_after).epsilon(b.delta, b.conversion)
                 raise BudgetExceeded(
-                    f"privacy budget exhausted: this release would take {count} user(s) (e.g. {example!r}) "
-                    f"from eps={now:.4g} to eps={after:.4g} > budget eps={b.epsilon:g} at delta={b.delta:g}. "
+                    f"privacy budget exhausted: {what} would take {count} user(s) (e.g. {example!r}) "
+                    f"from eps={now:.4g} to eps={after:.4g} > budget eps={b.epsilon:g} at delta={b.delta:g} "
+                    f"(charging rho={rho:.4g}, eps={eps:.4g}, delta={delta:.3g} more). "
                     "Nothing was charged or released; lower the number of rounds, raise the noise, "
                     "or use a new ledger for new data."
                 )
