@@ -23,9 +23,9 @@ NAMES = sorted(SMALL)
 # bound on what they charge, not yet the exact total (they charge some users less: unused users, a schedule
 # accounted below its budget, adaptive stops). Checked one way (charged <= declared) until each declares its own.
 UPPER_BOUND = {"dp-adam", "dp-adambc", "dp-fedadam", "dp-fedavg", "dp-fedyogi", "dp-ftrl", "dp-rmsprop", "dp-sgd",
-               "fkt-phased-erm", "fkt-phased-sgd", "fkt-sc-reduction", "fkt-snowball", "fkt-snowball-sc",
-               "gll-phased-sgd", "kl-spider", "pg-mirror-descent", "phased-sco",
-               "sc-phased-sco", "vr-fw", "vr-fw-lp"}  # fmt: skip
+               "fkt-snowball", "fkt-snowball-sc",
+               "kl-spider",
+               "vr-fw", "vr-fw-lp"}  # fmt: skip
 
 
 def _totals(needs) -> dict[str, tuple[float, float, float]]:
