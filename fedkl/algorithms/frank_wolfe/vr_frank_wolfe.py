@@ -78,7 +78,7 @@ from typing import Callable, TypeVar
 import torch
 
 from fedkl.algorithms.contract import Algorithm, AlgorithmParams, BuildContext, SmallAudit, param
-from fedkl.algorithms.frank_wolfe.noisy_fw import NoisyFWResult, refuse_unaffordable
+from fedkl.algorithms.frank_wolfe.noisy_fw import NoisyFWResult
 from fedkl.algorithms.localization.fkt_common import cohort_order, split_cohorts
 from fedkl.algorithms.registry import register
 from fedkl.algorithms.round_log import RoundLog
@@ -92,7 +92,6 @@ from fedkl.federation.base import (
 )
 from fedkl.privacy.charges import ExponentialCharge
 from fedkl.privacy.guarantee import RELEASED_MODELS, ZERO_SUMS, Guarantee, sum_sensitivity
-from fedkl.privacy.ledger import BudgetExceeded
 from fedkl.privacy.release import Releaser
 from fedkl.problems.lp_ball import LpBall
 from fedkl.problems.polytope import DOMAINS, PolytopeDomain, make_domain
@@ -247,10 +246,8 @@ class _VarianceReducedFW(Algorithm[P]):
         super().__init__(params, ctx)
         self.domain = self.build_domain(params, ctx.problem.num_params)
         eps, delta = ctx.approx_budget()
-        if not ctx.rho_left > 0:
-            raise BudgetExceeded(f"{self.name}: the users' zCDP budget is spent; nothing to train with")
-        if not math.isfinite(ctx.rho_left):
-            raise ValueError(f"{self.name}: the zCDP budget must be finite, got rho={ctx.rho_left}")
+        if not (ctx.rho_left > 0 and math.isfinite(ctx.rho_left)):
+            raise ValueError(f"{self.name}: the zCDP budget must be finite and > 0, got rho={ctx.rho_left}")
         n = ctx.num_users
         batch = theorem_batch(n) if params.vrfw_batch is None else params.vrfw_batch
         if params.vrfw_rounds is None:
@@ -349,7 +346,6 @@ class _VarianceReducedFW(Algorithm[P]):
             )
         cohorts = self.cohorts(federation.user_ids)
         ids = [[federation.ids_of(slot) for slot in round_] for round_ in cohorts]
-        refuse_unaffordable(self.name, releaser, [u for round_ in ids for slot in round_ for u in slot], self.rho_total)
         w = self.start().to(w0.dtype)
         points: list[torch.Tensor] = []  # w_r^t, t < 2^r: the iterates Thm 11/14 draw the output from
         log = RoundLog(2**self.rounds - 1, progress)
