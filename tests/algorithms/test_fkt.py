@@ -135,6 +135,9 @@ class _Constants:
     def __init__(self, setting: ConvexSetting):
         self.setting, self.num_params = setting, setting.dim
 
+    def init_params(self):
+        return torch.zeros(self.num_params, dtype=torch.float64)
+
     def constants(self, feature_bound, radius):
         s = self.setting
         return SimpleNamespace(lipschitz=s.lipschitz, smoothness=s.smoothness, strong_convexity=s.strong_convexity)
