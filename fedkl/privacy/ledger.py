@@ -750,50 +750,26 @@ class PrivacyLedger:
     def epsilon(self, user_id: str) -> float:
         return self.spend(user_id).epsilon(self.budget.delta, self.budget.conversion)
 
-    def _distinct_spends(
-        self, user_ids: Iterable[str], without: Sequence[int] = ()
-    ) -> list[tuple[float, float, float]] | None:
+    def _distinct_spends(self, user_ids: Iterable[str]) -> list[tuple[float, float, float]] | None:
         """The distinct (rho, eps, delta) totals among the listed users (unknown users: zeros); None
-        when another running run holds any of them (nothing is left to this handle). ``without``:
-        release ids whose costs are not counted (a recovered run's view of the budget as its first
-        process had it, :meth:`fedkl.privacy.release.Releaser.rho_left`)."""
+        when another running run holds any of them (nothing is left to this handle)."""
         self._db.execute("BEGIN")
         try:
             self._fill_cohort(sorted(set(map(str, user_ids))))
             if self._holder() is not None:
                 return None
-            if not without:
-                return self._db.execute(
-                    "SELECT DISTINCT COALESCE(u.rho, 0), COALESCE(u.eps, 0), COALESCE(u.delta, 0) "
-                    "FROM temp.cohort c LEFT JOIN users u ON u.user_id = c.user_id"
-                ).fetchall()
-            spends = {
-                user: [r, e, d]
-                for user, r, e, d in self._db.execute(
-                    "SELECT c.user_id, COALESCE(u.rho, 0), COALESCE(u.eps, 0), COALESCE(u.delta, 0) "
-                    "FROM temp.cohort c LEFT JOIN users u ON u.user_id = c.user_id"
-                )
-            }
-            for rid in without:
-                rho, eps, delta, members = self._db.execute(
-                    "SELECT r.rho, r.eps, r.delta, c.members FROM releases r JOIN cohorts c ON c.id = r.cohort_id "
-                    "WHERE r.id = ?",
-                    (int(rid),),
-                ).fetchone()
-                for m in json.loads(members):
-                    if m in spends:
-                        t = spends[m]
-                        t[0], t[1], t[2] = max(t[0] - rho, 0.0), max(t[1] - eps, 0.0), max(t[2] - delta, 0.0)
-            return sorted({tuple(t) for t in spends.values()})
+            return self._db.execute(
+                "SELECT DISTINCT COALESCE(u.rho, 0), COALESCE(u.eps, 0), COALESCE(u.delta, 0) "
+                "FROM temp.cohort c LEFT JOIN users u ON u.user_id = c.user_id"
+            ).fetchall()
         finally:
             if self._db.in_transaction:
                 self._db.execute("COMMIT")
 
-    def rho_left(self, user_ids: Iterable[str], without: Sequence[int] = ()) -> float:
+    def rho_left(self, user_ids: Iterable[str]) -> float:
         """The largest zCDP charge every listed user can still afford (0 below :data:`SPENT_BELOW`
-        of the budget's rho, and for users another running run holds); ``without``: release ids not
-        counted (:meth:`_distinct_spends`)."""
-        groups = self._distinct_spends(user_ids, without)
+        of the budget's rho, and for users another running run holds)."""
+        groups = self._distinct_spends(user_ids)
         b = self.budget
         left = min(
             (max(_rho_cap(b.epsilon - e, b.delta - d, b.conversion) - r, 0.0) for r, e, d in groups or ()),
@@ -801,7 +777,7 @@ class PrivacyLedger:
         )
         return left if left >= SPENT_BELOW * b.rho else 0.0
 
-    def approx_left(self, user_ids: Iterable[str], without: Sequence[int] = ()) -> tuple[float, float]:
+    def approx_left(self, user_ids: Iterable[str]) -> tuple[float, float]:
         """An (eps, delta) charge that every listed user can still afford (conservative).
 
         A user with zCDP spend rho_u keeps half of its remaining delta for the zCDP conversion; the
@@ -809,7 +785,7 @@ class PrivacyLedger:
         below the budget) is offered. Returns (0, 0) when nothing is left: when the eps or the delta
         left is below :data:`SPENT_BELOW` of the budget's, or another running run holds these users.
         """
-        groups = self._distinct_spends(user_ids, without)
+        groups = self._distinct_spends(user_ids)
         if groups is None:
             return 0.0, 0.0
         b = self.budget
