@@ -22,7 +22,7 @@ NAMES = sorted(SMALL)
 # algorithms whose needs() is still the default (the budget they were sized to, for every user): an upper
 # bound on what they charge, not yet the exact total (they charge some users less or not at all). Checked one
 # way (charged <= declared) until each declares its own.
-UPPER_BOUND = {"dp-ftrl", "kl-spider", "vr-fw", "vr-fw-lp"}
+UPPER_BOUND = {"kl-spider", "vr-fw", "vr-fw-lp"}
 
 
 def _totals(needs) -> dict[str, tuple[float, float, float]]:
