@@ -19,9 +19,9 @@ from fedkl.privacy.charges import ApproxDPCharge, GaussianCharge, Need
 from fedkl.privacy.ledger import _REL_TOL, Budget, BudgetExceeded, PrivacyLedger
 
 NAMES = sorted(SMALL)
-# algorithms whose needs() is still the default (the budget they were sized to, for every user): an upper
-# bound on what they charge, not yet the exact total (they charge some users less or not at all). Checked one
-# way (charged <= declared) until each declares its own.
+# needs() is a bound, checked one way (charged <= declared): kl-spider's adaptive stop only removes releases
+# (it declares the budget it is sized to); vr-fw's per-slot charges are not yet declared exactly (the default:
+# rho_total to every user, which the run never exceeds).
 UPPER_BOUND = {"kl-spider", "vr-fw", "vr-fw-lp"}
 
 
