@@ -20,9 +20,8 @@ from fedkl.privacy.ledger import _REL_TOL, Budget, BudgetExceeded, PrivacyLedger
 
 NAMES = sorted(SMALL)
 # needs() is a bound, checked one way (charged <= declared): kl-spider's adaptive stop only removes releases
-# (it declares the budget it is sized to); vr-fw's per-slot charges are not yet declared exactly (the default:
-# rho_total to every user, which the run never exceeds).
-UPPER_BOUND = {"kl-spider", "vr-fw", "vr-fw-lp"}
+# (it declares the budget it is sized to).
+UPPER_BOUND = {"kl-spider"}
 
 
 def _totals(needs) -> dict[str, tuple[float, float, float]]:

@@ -73,7 +73,7 @@ import math
 import random
 import time
 from dataclasses import dataclass
-from typing import Callable, TypeVar
+from typing import Callable, Sequence, TypeVar
 
 import torch
 
@@ -90,7 +90,7 @@ from fedkl.federation.base import (
     GradientDifference,
     Query,
 )
-from fedkl.privacy.charges import ExponentialCharge
+from fedkl.privacy.charges import ExponentialCharge, GaussianCharge, Need
 from fedkl.privacy.guarantee import RELEASED_MODELS, ZERO_SUMS, Guarantee, sum_sensitivity
 from fedkl.privacy.release import Releaser
 from fedkl.problems.lp_ball import LpBall
@@ -305,6 +305,15 @@ class _VarianceReducedFW(Algorithm[P]):
     def direction(self, releaser: Releaser, r: int, t: int, grad, slots: list[list[str]], label: str):
         raise NotImplementedError
 
+    def slot_needs(self, r: int, t: int, slots: list[tuple[str, ...]]) -> list[Need]:
+        """What step (r, t) charges the users of round r's slots (``slots``: their ids)."""
+        raise NotImplementedError
+
+    def needs(self, user_ids: Sequence[str]) -> tuple[Need, ...]:
+        """Every step's charges to its slots (the public plan: :meth:`cohorts`); unused users nothing."""
+        ids = [[tuple(user_ids[u] for u in slot) for slot in round_] for round_ in self.cohorts(user_ids)]
+        return tuple(need for r in range(self.rounds) for t in range(2**r) for need in self.slot_needs(r, t, ids[r]))
+
     # --- public, data-free values ----------------------------------------------------------------
     def difference_bound(self, t: int) -> float:
         """``L1 D eta_{t-1}``: the data-free bound on slot t's difference clip (pitfall 9)."""
@@ -461,6 +470,9 @@ class VRFrankWolfe(_VarianceReducedFW[VRFWParams]):
         m = self.batch // (t + 1)
         return sums[0] / m, sums[1] / m
 
+    def slot_needs(self, r, t, slots):
+        return [Need(slots[k], charge) for k, charge in enumerate(self.slot_charges(r, t))]
+
     def direction(self, releaser, r, t, grad, slots, label):
         charges = self.slot_charges(r, t)
         for k in range(t):  # every earlier slot this selection depends on, each at its own cost
@@ -537,6 +549,10 @@ class VRFrankWolfeLp(_VarianceReducedFW[VRFWLpParams]):
             for total, s, part in zip(sums, sens, ("g", "diff"))
         )
         return out[0] if t == 0 else out
+
+    def slot_needs(self, r, t, slots):
+        sens = self.sensitivities(t)
+        return [Need(slots[t], GaussianCharge(self.rho_total / len(sens), s)) for s in sens]
 
     def direction(self, releaser, r, t, grad, slots, label):
         return self.domain.lmo(grad)
