@@ -383,7 +383,7 @@ def train_federation(
 
     The steps, in order (nothing is read from the users' data and nothing is charged before the last
     refusal): :func:`_open_ledger`, :func:`_reserve`, :func:`build_algorithm` (refuses a relation the
-    guarantee does not cover), :func:`_refuse` (trust, conversion, forecast; then the warnings),
+    guarantee does not cover), :func:`_afford` (the algorithm's declared needs), :func:`_refuse` (trust, conversion, forecast; then the warnings),
     :func:`_open_journal` and :func:`_open_releaser`, :func:`_train`, :func:`_close`."""
     observer, recovering = RUN_OBSERVER.get() or RunObserver(), isinstance(journal, ReleaseJournal)
     run = _Run(cfg, federation, problem, delta, ledger_path, run_id, noise, log, observer, recovering)
@@ -392,6 +392,7 @@ def train_federation(
     with kernels(cfg.kernels), ledger:
         left = _reserve(run, ledger, journal, w0)
         alg = build_algorithm(cfg, problem, dataset.feature_bound, federation.user_ids, delta, ledger, left)
+        _afford(run, alg, ledger)
         # --secagg: the server no longer sees (nor bounds) each answer (fedkl/flower/secagg.py)
         declared = dataclasses.replace(alg.guarantee, clients=FEDKL_CLIENTS) if cfg.secagg else alg.guarantee
         forecast = _refuse(run, alg, declared, ledger, left[0])
@@ -472,6 +473,18 @@ def _reserve(run: _Run, ledger: PrivacyLedger, journal, w0) -> tuple[float, tupl
     if rho_total < ledger.budget.rho * (1 - 1e-9):
         run.log(f"resuming ledger {run.ledger_path}: rho {rho_total:.4g} of {ledger.budget.rho:.4g} left")
     return rho_total, approx_left
+
+
+def _afford(run: _Run, alg, ledger: PrivacyLedger) -> None:
+    """The one affordability check (issue 29): every user can pay what the algorithm declares it will charge
+    them (``alg.needs``), before any data is read; BudgetExceeded, nothing charged. A recovered run is not
+    re-checked: its charges so far are on the ledger, and its needs were checked when it first started."""
+    if run.recovering:
+        return
+    try:
+        ledger.check(alg.needs(run.federation.user_ids))
+    except BudgetExceeded as e:
+        raise BudgetExceeded(f"ledger {run.ledger_path}: {e}") from None
 
 
 def _refuse(run: _Run, alg, declared: Guarantee, ledger: PrivacyLedger, rho_total: float) -> dict | None:

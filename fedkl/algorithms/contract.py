@@ -5,7 +5,7 @@ the CLI, the planner, the audit and the tests (no other table names an algorithm
   (the ONLY configuration: defaults, help, origin, choices), ``guarantee``, ``absence`` (how an absent,
   failed or non-finite user enters each release), ``clients_see``, ``step_size``, ``sums_only``
   (``--secagg``), ``noise_state``, ``small`` (the fast test setting) and ``audit``
-  (the CI audit setting). Its hooks (``forecast``, ``warnings``, ``plan_schedule``, ``sigma``,
+  (the CI audit setting). Its hooks (``needs``, ``forecast``, ``warnings``, ``plan_schedule``, ``sigma``,
   ``gaussian_releases_only``) have defaults, so the runner calls them unconditionally.
   ``Algorithm(params, budget)`` sizes its noise once from the :class:`BuildContext`; it never reads
   the ledger. Research code builds one as the CLI does::
@@ -15,7 +15,7 @@ the CLI, the planner, the audit and the tests (no other table names an algorithm
   and gets the CLI's defaults (``Params`` is the one place they live).
 * :class:`AlgorithmParams` — the base of every ``Params`` dataclass, with :func:`param` fields and the
   shared mixins (:class:`Rounds`, :class:`StepSize`, :class:`Clip`, ...): one definition per name.
-* :class:`AlgorithmResult`, :class:`BuildContext`, :class:`SmallAudit`.
+* :class:`AlgorithmResult`, :class:`BuildContext`, :class:`SmallAudit`, :class:`Need` (what ``needs()`` declares).
 
 :func:`fedkl.algorithms.registry.register` decorates the class and refuses an incomplete one at import.
 """
@@ -28,6 +28,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generic, Mapping, Sequence, TypeVar
 
+from fedkl.privacy.charges import ApproxDPCharge, GaussianCharge, Need
 from fedkl.privacy.guarantee import RELEASED_MODELS, Absence, ClientView, Guarantee
 from fedkl.privacy.ledger import Budget, BudgetExceeded
 
@@ -299,6 +300,18 @@ class Algorithm(ABC, Generic[P]):
             params = dataclasses.replace(params, lr=self.step_size)
         self.params: P = params
         self.ctx = ctx
+
+    def needs(self, user_ids: Sequence[str]) -> Sequence[Need]:
+        """What the run on ``user_ids`` will charge each cohort in all (:class:`Need`), from public values only:
+        :func:`fedkl.runner.train_federation` checks it once against the ledger (``PrivacyLedger.check``)
+        before any data is read. A research run that calls :meth:`run` directly skips that check: the ledger
+        still refuses every over-budget charge when it is made, so such a run may stop half-way.
+        Default: the budget it was built with (``ctx``), to every user; an algorithm that charges some users
+        less, or not at all, says so here (tests/test_needs_every_algorithm.py compares it with the run's
+        charges); an adaptive one states the bound it is sized to."""
+        if self.guarantee.charges == "zcdp":
+            return (Need(tuple(user_ids), GaussianCharge(self.ctx.rho_left)),)
+        return (Need(tuple(user_ids), ApproxDPCharge(*self.ctx.approx_left, mechanism="declared-needs")),)
 
     def forecast(self, n: int, w0: torch.Tensor, user_ids: Sequence[str] | None = None) -> dict | None:
         """The first release's public noise-to-signal forecast (output perturbation), or None."""

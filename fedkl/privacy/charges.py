@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Union
+from typing import NamedTuple, Sequence, Union
 
 # the mechanism of a (0, delta) charge that is the delta of approximate zCDP (module docstring)
 APPROX_ZCDP_DELTA = "propose-test-release"
@@ -166,6 +166,15 @@ CHARGE_TYPES: dict[str, type] = {
 }
 
 
+class Need(NamedTuple):
+    """What a run will charge ``users`` in all (one typed charge whose cost is the sum of their releases'),
+    computed from public values before any data is read: an algorithm's ``needs()``, checked once by
+    :meth:`fedkl.privacy.ledger.PrivacyLedger.check`."""
+
+    users: Sequence[str]
+    charge: Charge
+
+
 def to_record(charge: Charge) -> dict:
     """The stored form: ``{"type": class name, **fields}``."""
     if type(charge) not in CHARGE_TYPES.values():
@@ -190,6 +199,7 @@ __all__ = [
     "Charge",
     "ExponentialCharge",
     "GaussianCharge",
+    "Need",
     "SearchCharge",
     "from_record",
     "to_record",

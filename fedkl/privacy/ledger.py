@@ -58,7 +58,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Iterable, Sequence
 
-from fedkl.privacy.charges import APPROX_ZCDP_DELTA, Charge, from_record, to_record
+from fedkl.privacy.charges import APPROX_ZCDP_DELTA, Charge, Need, from_record, to_record
 from fedkl.privacy.filter import BudgetExhausted
 from fedkl.privacy.zcdp import CONVERSIONS, rho_for_eps_delta, zcdp_to_eps
 
@@ -571,9 +571,34 @@ class PrivacyLedger:
             )
         ]
 
-    def _check_fits(self, groups: list[list], rho: float, eps: float, delta: float) -> None:
+    def check(self, needs: Iterable[Need]) -> None:
+        """Refuse (BudgetExceeded naming a user and the amounts; nothing charged) unless every user can
+        afford the sum of what ``needs`` charge them, with the one tolerance every charge is checked with
+        (:meth:`_check_fits`): the runner calls it once, with the algorithm's declared needs, before any
+        data is read (issue 29: affordability is checked once). LedgerBusy while another run holds them."""
+        totals: dict[str, tuple[float, float, float]] = {}
+        for users, charge in needs:
+            cost = charge.cost()
+            for u in set(map(str, users)):
+                totals[u] = tuple(a + b for a, b in zip(totals.get(u, (0.0, 0.0, 0.0)), cost))
+        cohorts: dict[tuple[float, float, float], list[str]] = {}
+        for u, total in totals.items():
+            cohorts.setdefault(total, []).append(u)
+        for (rho, eps, delta), users in sorted(cohorts.items()):
+            self._db.execute("BEGIN")
+            try:
+                self._fill_cohort(sorted(users))
+                holder = self._holder()
+                if holder is not None:
+                    raise LedgerBusy(self._busy_message(holder, "nothing was read or charged"))
+                self._check_fits(self._cohort_groups(), rho, eps, delta, "the run")
+            finally:
+                if self._db.in_transaction:
+                    self._db.execute("COMMIT")
+
+    def _check_fits(self, groups: list[list], rho: float, eps: float, delta: float, what: str = "this release") -> None:
         """Raise BudgetExceeded if any user of ``groups`` (:meth:`_cohort_groups`, the totals so far)
-        would go over budget after this charge."""
+        would go over budget after this charge (``what`` makes it, in the message)."""
         b = self.budget
         for rho_u, eps_u, delta_u, example, count, *_ in groups:
             rho_after, eps_after, delta_after = rho_u + rho, eps_u + eps, delta_u + delta
@@ -585,8 +610,9 @@ class PrivacyLedger:
                 now = UserSpend(example, rho_u, eps_u, delta_u).epsilon(b.delta, b.conversion)
                 after = UserSpend(example, rho_after, eps_after, delta_after).epsilon(b.delta, b.conversion)
                 raise BudgetExceeded(
-                    f"privacy budget exhausted: this release would take {count} user(s) (e.g. {example!r}) "
-                    f"from eps={now:.4g} to eps={after:.4g} > budget eps={b.epsilon:g} at delta={b.delta:g}. "
+                    f"privacy budget exhausted: {what} would take {count} user(s) (e.g. {example!r}) "
+                    f"from eps={now:.4g} to eps={after:.4g} > budget eps={b.epsilon:g} at delta={b.delta:g} "
+                    f"(charging rho={rho:.4g}, eps={eps:.4g}, delta={delta:.3g} more). "
                     "Nothing was charged or released; lower the number of rounds, raise the noise, "
                     "or use a new ledger for new data."
                 )
@@ -724,50 +750,26 @@ class PrivacyLedger:
     def epsilon(self, user_id: str) -> float:
         return self.spend(user_id).epsilon(self.budget.delta, self.budget.conversion)
 
-    def _distinct_spends(
-        self, user_ids: Iterable[str], without: Sequence[int] = ()
-    ) -> list[tuple[float, float, float]] | None:
+    def _distinct_spends(self, user_ids: Iterable[str]) -> list[tuple[float, float, float]] | None:
         """The distinct (rho, eps, delta) totals among the listed users (unknown users: zeros); None
-        when another running run holds any of them (nothing is left to this handle). ``without``:
-        release ids whose costs are not counted (a recovered run's view of the budget as its first
-        process had it, :meth:`fedkl.privacy.release.Releaser.rho_left`)."""
+        when another running run holds any of them (nothing is left to this handle)."""
         self._db.execute("BEGIN")
         try:
             self._fill_cohort(sorted(set(map(str, user_ids))))
             if self._holder() is not None:
                 return None
-            if not without:
-                return self._db.execute(
-                    "SELECT DISTINCT COALESCE(u.rho, 0), COALESCE(u.eps, 0), COALESCE(u.delta, 0) "
-                    "FROM temp.cohort c LEFT JOIN users u ON u.user_id = c.user_id"
-                ).fetchall()
-            spends = {
-                user: [r, e, d]
-                for user, r, e, d in self._db.execute(
-                    "SELECT c.user_id, COALESCE(u.rho, 0), COALESCE(u.eps, 0), COALESCE(u.delta, 0) "
-                    "FROM temp.cohort c LEFT JOIN users u ON u.user_id = c.user_id"
-                )
-            }
-            for rid in without:
-                rho, eps, delta, members = self._db.execute(
-                    "SELECT r.rho, r.eps, r.delta, c.members FROM releases r JOIN cohorts c ON c.id = r.cohort_id "
-                    "WHERE r.id = ?",
-                    (int(rid),),
-                ).fetchone()
-                for m in json.loads(members):
-                    if m in spends:
-                        t = spends[m]
-                        t[0], t[1], t[2] = max(t[0] - rho, 0.0), max(t[1] - eps, 0.0), max(t[2] - delta, 0.0)
-            return sorted({tuple(t) for t in spends.values()})
+            return self._db.execute(
+                "SELECT DISTINCT COALESCE(u.rho, 0), COALESCE(u.eps, 0), COALESCE(u.delta, 0) "
+                "FROM temp.cohort c LEFT JOIN users u ON u.user_id = c.user_id"
+            ).fetchall()
         finally:
             if self._db.in_transaction:
                 self._db.execute("COMMIT")
 
-    def rho_left(self, user_ids: Iterable[str], without: Sequence[int] = ()) -> float:
+    def rho_left(self, user_ids: Iterable[str]) -> float:
         """The largest zCDP charge every listed user can still afford (0 below :data:`SPENT_BELOW`
-        of the budget's rho, and for users another running run holds); ``without``: release ids not
-        counted (:meth:`_distinct_spends`)."""
-        groups = self._distinct_spends(user_ids, without)
+        of the budget's rho, and for users another running run holds)."""
+        groups = self._distinct_spends(user_ids)
         b = self.budget
         left = min(
             (max(_rho_cap(b.epsilon - e, b.delta - d, b.conversion) - r, 0.0) for r, e, d in groups or ()),
@@ -775,7 +777,7 @@ class PrivacyLedger:
         )
         return left if left >= SPENT_BELOW * b.rho else 0.0
 
-    def approx_left(self, user_ids: Iterable[str], without: Sequence[int] = ()) -> tuple[float, float]:
+    def approx_left(self, user_ids: Iterable[str]) -> tuple[float, float]:
         """An (eps, delta) charge that every listed user can still afford (conservative).
 
         A user with zCDP spend rho_u keeps half of its remaining delta for the zCDP conversion; the
@@ -783,7 +785,7 @@ class PrivacyLedger:
         below the budget) is offered. Returns (0, 0) when nothing is left: when the eps or the delta
         left is below :data:`SPENT_BELOW` of the budget's, or another running run holds these users.
         """
-        groups = self._distinct_spends(user_ids, without)
+        groups = self._distinct_spends(user_ids)
         if groups is None:
             return 0.0, 0.0
         b = self.budget

@@ -279,29 +279,6 @@ class Releaser:
         a zCDP filter cannot account (eps, delta) releases."""
         return notion == "zcdp" or self.filter is None
 
-    def approx_left(self, user_ids: Sequence[str]) -> tuple[float, float] | None:
-        """The (eps, delta) every listed user can still afford, for a plan's check before any data
-        is read (None: a stand-in ledger that keeps no budget). Algorithms ask here, never the ledger."""
-        left = getattr(self.ledger, "approx_left", None)
-        if left is None:
-            return None
-        ahead = self._charged_ahead()
-        return left(list(user_ids), ahead) if ahead else left(list(user_ids))
-
-    def rho_left(self, user_ids: Sequence[str]) -> float | None:
-        """The zCDP rho every listed user can still afford (None: a stand-in ledger without a budget)."""
-        left = getattr(self.ledger, "rho_left", None)
-        if left is None:
-            return None
-        ahead = self._charged_ahead()
-        return left(list(user_ids), ahead) if ahead else left(list(user_ids))
-
-    def _charged_ahead(self) -> list[int]:
-        """In recovery, the ledger rows the first process charged that the replay has not reached (and an
-        older version's prepaid rows that back no release). Budget questions do not count them, so that a
-        replay sees the budget as its first process saw it at the same point."""
-        return [row["id"] for rows in self._backing.values() for row in rows]
-
     def require(self, notion: str, who: str) -> None:
         """Refuse, before any data is read, an algorithm whose releases this Releaser cannot account."""
         if not self.accepts(notion):

@@ -135,6 +135,9 @@ class _Constants:
     def __init__(self, setting: ConvexSetting):
         self.setting, self.num_params = setting, setting.dim
 
+    def init_params(self):
+        return torch.zeros(self.num_params, dtype=torch.float64)
+
     def constants(self, feature_bound, radius):
         s = self.setting
         return SimpleNamespace(lipschitz=s.lipschitz, smoothness=s.smoothness, strong_convexity=s.strong_convexity)
@@ -548,8 +551,9 @@ def test_every_user_is_charged_once_in_its_one_phase(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_spent_ledger_stops_before_anything_is_released(name):
     """One participating user (the first of the hashed order: in the first cohort/batch of every
-    algorithm) has already spent most of its budget: the run refuses before reading any data,
-    charging anyone or drawing noise. A spent user outside every cohort does not stop it."""
+    algorithm) has already spent most of its budget: the run's declared needs do not fit (the runner's
+    check, before any data is read), and a direct run is refused at its first charge, before charging
+    anyone or drawing noise. A spent user outside every cohort does not stop it."""
     n, rho = 150, 0.5
     budget = Budget(epsilon=6.0, delta=1e-6)
     ledger = PrivacyLedger(":memory:", budget)
@@ -558,9 +562,12 @@ def test_spent_ledger_stops_before_anything_is_released(name):
     order = cohort_order(fed.user_ids, 0)
     first, last = fed.user_ids[order[0]], fed.user_ids[order[-1]]
     ledger.charge([first], GaussianCharge(rho=budget.rho - 0.5 * rho), label="earlier run")
-    with pytest.raises(BudgetExceeded, match="nothing was charged"):
+    with pytest.raises(BudgetExceeded, match=r"the run would take \d+ user\(s\)"):  # fedkl.runner._afford
+        ledger.check(alg.needs(fed.user_ids))
+    assert fed.requests == []
+    with pytest.raises(BudgetExceeded, match="(?i)nothing was charged"):  # a direct run: at its first charge
         alg.run(fed, rec, problem.init_params())
-    assert ledger.num_releases() == 1 and noise.draws == 0 and fed.requests == []
+    assert ledger.num_releases() == 1 and noise.draws == 0
     assert all(ledger.spend(u).releases == 0 for u in fed.user_ids if u != first)
 
     ledger2 = PrivacyLedger(":memory:", budget)
@@ -570,6 +577,7 @@ def test_spent_ledger_stops_before_anything_is_released(name):
         ledger3 = PrivacyLedger(":memory:", budget)
         ledger3.charge([last], GaussianCharge(rho=budget.rho), label="earlier run")
         fed3, rec3, alg3, _ = _run_watched(name, n, 5, ledger3, rho=rho)
+        ledger3.check(alg3.needs(fed3.user_ids))
         alg3.run(fed3, rec3, problem.init_params())
         assert ledger3.spend(last).releases == 1 and ledger3.num_releases() > 1
 

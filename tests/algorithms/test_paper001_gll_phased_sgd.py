@@ -166,10 +166,13 @@ def test_refusals_happen_before_any_query(tmp_path):
     with PrivacyLedger(tmp_path / "l.sqlite", Budget(1.0, 1e-5)) as led:
         with pytest.raises(ValueError, match="run-wide zCDP filter"):
             _alg(prob).run(fed, Releaser(led, NoiseSource(0), ZCDPFilter(1.0)), prob.init_params())
-        with pytest.raises(BudgetExceeded, match="nothing was charged"):
-            _alg(prob, rho=10.0).run(fed, Releaser(led, NoiseSource(0)), prob.init_params())
+        over = _alg(prob, rho=10.0)
+        with pytest.raises(BudgetExceeded, match="the run would take"):  # the runner's check (fedkl.runner._afford)
+            led.check(over.needs(fed.user_ids))
+        assert fed.calls == 0
+        with pytest.raises(BudgetExceeded, match="Nothing was charged"):  # a direct run: refused at its first charge
+            over.run(fed, Releaser(led, NoiseSource(0)), prob.init_params())
         assert led.num_releases() == 0
-    assert fed.calls == 0
     with pytest.raises(ValueError, match="not convex"):
         _alg(make_problem("mlp", ds))
     with pytest.raises(ValueError, match="--gll-feature-clip must be finite and > 0, got 0.0"):

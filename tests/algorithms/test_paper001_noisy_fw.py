@@ -228,10 +228,13 @@ def test_refusals_happen_before_any_query(tmp_path):
         with pytest.raises(ValueError, match="coordinates"):
             wrong_dim.run(fed, releaser, problem.init_params())
         too_much = _fw(problem, 3, 1.0, 2 * led.rho_left(fed.user_ids))
-        with pytest.raises(BudgetExceeded, match="nothing was read"):
-            too_much.run(fed, releaser, problem.init_params())
-        assert led.num_releases() == 0
-    assert fed.calls == 0
+        with pytest.raises(BudgetExceeded, match="the run would take"):  # the runner's check (fedkl.runner._afford)
+            led.check(too_much.needs(fed.user_ids))
+        assert fed.calls == 0
+        # a direct run: the ledger refuses the first charge that does not fit (it may stop half-way)
+        with pytest.raises(BudgetExceeded, match="Nothing was charged"):
+            too_much.run(fed, Releaser(led, NoiseSource(0)), problem.init_params())
+        assert led.num_releases() < 3 and led.max_user_totals()["rho"] <= led.budget.rho * (1 + 1e-12)
     from build_helpers import build
 
     cfg = RunConfig.from_settings(algorithm="noisy-fw", dataset="synthetic-logistic")

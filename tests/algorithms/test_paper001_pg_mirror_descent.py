@@ -329,8 +329,13 @@ def test_refusals_happen_before_any_query(tmp_path, capsys):
     with PrivacyLedger(tmp_path / "l.sqlite", Budget(1.0, 1e-5)) as led:
         with pytest.raises(ValueError, match="run-wide zCDP filter"):
             _alg(s, 0.05, outer_rounds=2).run(fed, Releaser(led, NoiseSource(0), ZCDPFilter(1.0)), prob.init_params())
-        with pytest.raises(BudgetExceeded, match="nothing was charged"):
-            _alg(s, 10.0, outer_rounds=2).run(fed, Releaser(led, NoiseSource(0)), prob.init_params())
+        over = _alg(s, 10.0, outer_rounds=2)
+        with pytest.raises(BudgetExceeded, match="the run would take"):  # the runner's check (fedkl.runner._afford)
+            led.check(over.needs(fed.user_ids))
+        assert fed.calls == 0
+        with pytest.raises(BudgetExceeded, match="Nothing was charged"):  # a direct run: refused at its first charge
+            over.run(fed, Releaser(led, NoiseSource(0)), prob.init_params())
+        fed.calls = 0
         with pytest.raises(ValueError, match="need 2 <= R <= n"):
             _alg(s, 0.05, outer_rounds=17).run(fed, Releaser(led, NoiseSource(0)), prob.init_params())
         with pytest.raises(ValueError, match="need 2 <= R <= n"):

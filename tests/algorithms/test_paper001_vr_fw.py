@@ -383,15 +383,19 @@ def test_refusals_happen_before_any_query(tmp_path):
         releaser = Releaser(led, NoiseSource(0))
         cases = [
             (_build(VRFrankWolfe, 5, 2, 4, 1.0, 0.25, rho, radius=1.0, n=40), ValueError, "coordinates"),
-            (_build(VRFrankWolfe, 4, 2, 4, 1.0, 0.25, 2 * rho, radius=1.0, n=40), BudgetExceeded, "nothing was read"),
             # a plan made for more users than the federation has
             (_build(VRFrankWolfeLp, 4, 4, 8, 1.0, 0.25, rho, radius=1.0, n=200), ValueError, "users, there are 40"),
         ]
         for alg, error, message in cases:
             with pytest.raises(error, match=message):
                 alg.run(fed, releaser, problem.init_params())
+        too_much = _build(VRFrankWolfe, 4, 2, 4, 1.0, 0.25, 2 * rho, radius=1.0, n=40)
+        with pytest.raises(BudgetExceeded, match="the run would take"):  # the runner's check (fedkl.runner._afford)
+            led.check(too_much.needs(fed.user_ids))
+        assert led.num_releases() == 0 and fed.calls == 0
+        with pytest.raises(BudgetExceeded, match="Nothing was charged"):  # a direct run: the ledger, at the charge
+            too_much.run(fed, releaser, problem.init_params())
         assert led.num_releases() == 0
-    assert fed.calls == 0
     from build_helpers import build
 
     cfg = RunConfig.from_settings(algorithm="vr-fw", dataset="synthetic-logistic")

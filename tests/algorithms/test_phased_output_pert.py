@@ -302,9 +302,11 @@ def test_exhausted_budget_refuses_before_anything_is_read_or_released(tmp_path):
             [fed.user_ids[0], fed.user_ids[-1]], ApproxDPCharge(eps=1.0, delta=0.0, mechanism="test"), label="earlier"
         )
         before = ledger.num_releases()
-        with pytest.raises(BudgetExceeded, match="nothing was read"):
-            alg.run(fed, Releaser(ledger, NoiseSource(0)), _zeros())
+        with pytest.raises(BudgetExceeded, match="the run would take"):  # the runner's check (fedkl.runner._afford)
+            ledger.check(alg.needs(fed.user_ids))
         assert ledger.num_releases() == before and fed.queries == 0, alg.name
+        with pytest.raises(BudgetExceeded, match="Nothing was charged"):  # a direct run: the ledger, at the charge
+            alg.run(fed, Releaser(ledger, NoiseSource(0)), _zeros())
     # a user outside every Phased-SCO cohort is never charged, so its spent budget does not block the run
     alg = _all_algorithms(prob, st, n, m, eps, delta)[1]
     fed = _fed(n, m, seed=6)
@@ -314,6 +316,7 @@ def test_exhausted_budget_refuses_before_anything_is_read_or_released(tmp_path):
     ledger.charge(
         [fed.user_ids[outside[0]]], ApproxDPCharge(eps=eps * 0.9, delta=0.0, mechanism="test"), label="earlier"
     )
+    ledger.check(alg.needs(fed.user_ids))
     alg.run(fed, Releaser(ledger, NoiseSource(0)), _zeros())
     assert ledger.num_releases() == 1 + plan.phases
 

@@ -225,8 +225,8 @@ def test_every_release_goes_through_one_typed_path(tmp_path):
     with pytest.raises(BudgetExceeded):  # the ledger refuses: nothing written, nothing drawn
         plain.release(ApproxDPCharge(BUDGET.epsilon, 0.0, "ptr"), sample, user_ids=USERS, label="too much")
     assert drawn == [1, 2] and ledger.num_releases() == 2
-    left_eps, left_delta = plain.approx_left(USERS)
-    assert 0 < left_eps < BUDGET.epsilon and plain.rho_left(USERS) > 0
+    left_eps, left_delta = ledger.approx_left(USERS)
+    assert 0 < left_eps < BUDGET.epsilon and ledger.rho_left(USERS) > 0
     ledger.verify()
 
 

@@ -55,7 +55,6 @@ from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import ClampedGradient, Federation
 from fedkl.privacy.charges import ExponentialCharge
 from fedkl.privacy.guarantee import ZERO_SUMS, Guarantee, sum_sensitivity
-from fedkl.privacy.ledger import BudgetExceeded
 from fedkl.privacy.release import Releaser
 from fedkl.problems.polytope import DOMAINS, PolytopeDomain, make_domain
 
@@ -72,15 +71,6 @@ def theorem_rounds(n: int, eps: float, delta: float, num_vertices: int) -> int:
 def step_size(t: int) -> float:
     """``mu_t = 3/(t + 2)`` for t = 1, 2, ... (Alg 3), capped at 1."""
     return min(1.0, 3.0 / (t + 2))
-
-
-def refuse_unaffordable(name: str, releaser: Releaser, user_ids: list[str], rho: float) -> None:
-    """BudgetExceeded (before any data is read) unless every listed user can afford ``rho``."""
-    left = releaser.rho_left(user_ids)
-    if left is not None and left < rho * (1 - 1e-9):
-        raise BudgetExceeded(
-            f"{name}: the users can afford rho {left:.4g} < the planned {rho:.4g} (nothing was read or charged)"
-        )
 
 
 @dataclass
@@ -140,10 +130,8 @@ class NoisyFrankWolfe(Algorithm[NoisyFWParams]):
         super().__init__(params, ctx)
         self.domain: PolytopeDomain = make_domain(params.fw_domain, ctx.problem.num_params, params.fw_radius)
         eps, delta = ctx.approx_budget()
-        if not ctx.rho_left > 0:
-            raise BudgetExceeded("noisy-fw: the users' zCDP budget is spent; nothing to train with")
-        if not math.isfinite(ctx.rho_left):
-            raise ValueError(f"noisy-fw: the zCDP budget must be finite, got rho={ctx.rho_left}")
+        if not (ctx.rho_left > 0 and math.isfinite(ctx.rho_left)):
+            raise ValueError(f"noisy-fw: the zCDP budget must be finite and > 0, got rho={ctx.rho_left}")
         rounds = params.fw_rounds
         if rounds is None:
             rounds = theorem_rounds(ctx.num_users, eps, delta, self.domain.num_vertices)
@@ -191,7 +179,6 @@ class NoisyFrankWolfe(Algorithm[NoisyFWParams]):
         n = federation.num_users
         users = list(range(n))
         user_ids = federation.ids_of(users)
-        refuse_unaffordable(self.name, releaser, user_ids, self.rho_total)
         eps0, sens = self.eps_per_round, self.sensitivity
         w = self.domain.center.to(w0.dtype)  # public start in W (Alg 3: w_1 arbitrary in W)
         log = RoundLog(self.rounds, progress)

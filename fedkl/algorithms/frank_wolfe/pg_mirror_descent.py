@@ -61,7 +61,7 @@ import math
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -69,7 +69,6 @@ from fedkl.algorithms.contract import Algorithm, AlgorithmParams, AlgorithmResul
 from fedkl.algorithms.localization.fkt_common import (
     check_parallel_releaser,
     check_relation,
-    check_zcdp_budget,
     cohort_order,
     replace_factor,
     split_cohorts,
@@ -77,6 +76,7 @@ from fedkl.algorithms.localization.fkt_common import (
 from fedkl.algorithms.registry import register
 from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import DualClippedGradient, Federation
+from fedkl.privacy.charges import GaussianCharge, Need
 from fedkl.privacy.clients import ANY_CLIENTS
 from fedkl.privacy.guarantee import ZERO_SUMS, Guarantee
 from fedkl.privacy.release import Releaser
@@ -282,6 +282,11 @@ class PGMirrorDescent(Algorithm[PGMDParams]):
         output = random.Random(f"{NAME}\x1f{self.seed}").randrange(R)
         return PGMDPlan(cohorts, T, sensitivity, self.rho_total / T, output)
 
+    def needs(self, user_ids: Sequence[str]) -> tuple[Need, ...]:
+        """Each user of a cohort: ``rho_total`` once (parallel composition); the surplus users nothing."""
+        used = [u for c in self.plan(user_ids).cohorts for u in c]
+        return (Need(tuple(user_ids[u] for u in used), GaussianCharge(self.rho_total)),)
+
     def run(
         self,
         federation: Federation,
@@ -293,8 +298,6 @@ class PGMirrorDescent(Algorithm[PGMDParams]):
         if federation.num_params != self.setting.dim:
             raise ValueError(f"{NAME}: the setting has d={self.setting.dim}, the federation {federation.num_params}")
         plan = self.plan(federation.user_ids)
-        used = [u for c in plan.cohorts for u in c]
-        check_zcdp_budget(releaser, federation.ids_of(used), self.rho_total, self.name)
         w = torch.as_tensor(w0).to(torch.float64).clone()
         centres, log = [w.clone()], RoundLog(len(plan.cohorts), progress)
         for r, cohort in enumerate(plan.cohorts, start=1):

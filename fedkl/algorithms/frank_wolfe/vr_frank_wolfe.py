@@ -73,12 +73,12 @@ import math
 import random
 import time
 from dataclasses import dataclass
-from typing import Callable, TypeVar
+from typing import Callable, Sequence, TypeVar
 
 import torch
 
 from fedkl.algorithms.contract import Algorithm, AlgorithmParams, BuildContext, SmallAudit, param
-from fedkl.algorithms.frank_wolfe.noisy_fw import NoisyFWResult, refuse_unaffordable
+from fedkl.algorithms.frank_wolfe.noisy_fw import NoisyFWResult
 from fedkl.algorithms.localization.fkt_common import cohort_order, split_cohorts
 from fedkl.algorithms.registry import register
 from fedkl.algorithms.round_log import RoundLog
@@ -90,9 +90,8 @@ from fedkl.federation.base import (
     GradientDifference,
     Query,
 )
-from fedkl.privacy.charges import ExponentialCharge
+from fedkl.privacy.charges import ExponentialCharge, GaussianCharge, Need
 from fedkl.privacy.guarantee import RELEASED_MODELS, ZERO_SUMS, Guarantee, sum_sensitivity
-from fedkl.privacy.ledger import BudgetExceeded
 from fedkl.privacy.release import Releaser
 from fedkl.problems.lp_ball import LpBall
 from fedkl.problems.polytope import DOMAINS, PolytopeDomain, make_domain
@@ -247,10 +246,8 @@ class _VarianceReducedFW(Algorithm[P]):
         super().__init__(params, ctx)
         self.domain = self.build_domain(params, ctx.problem.num_params)
         eps, delta = ctx.approx_budget()
-        if not ctx.rho_left > 0:
-            raise BudgetExceeded(f"{self.name}: the users' zCDP budget is spent; nothing to train with")
-        if not math.isfinite(ctx.rho_left):
-            raise ValueError(f"{self.name}: the zCDP budget must be finite, got rho={ctx.rho_left}")
+        if not (ctx.rho_left > 0 and math.isfinite(ctx.rho_left)):
+            raise ValueError(f"{self.name}: the zCDP budget must be finite and > 0, got rho={ctx.rho_left}")
         n = ctx.num_users
         batch = theorem_batch(n) if params.vrfw_batch is None else params.vrfw_batch
         if params.vrfw_rounds is None:
@@ -308,6 +305,15 @@ class _VarianceReducedFW(Algorithm[P]):
     def direction(self, releaser: Releaser, r: int, t: int, grad, slots: list[list[str]], label: str):
         raise NotImplementedError
 
+    def slot_needs(self, r: int, t: int, slots: list[tuple[str, ...]]) -> list[Need]:
+        """What step (r, t) charges the users of round r's slots (``slots``: their ids)."""
+        raise NotImplementedError
+
+    def needs(self, user_ids: Sequence[str]) -> tuple[Need, ...]:
+        """Every step's charges to its slots (the public plan: :meth:`cohorts`); unused users nothing."""
+        ids = [[tuple(user_ids[u] for u in slot) for slot in round_] for round_ in self.cohorts(user_ids)]
+        return tuple(need for r in range(self.rounds) for t in range(2**r) for need in self.slot_needs(r, t, ids[r]))
+
     # --- public, data-free values ----------------------------------------------------------------
     def difference_bound(self, t: int) -> float:
         """``L1 D eta_{t-1}``: the data-free bound on slot t's difference clip (pitfall 9)."""
@@ -349,7 +355,6 @@ class _VarianceReducedFW(Algorithm[P]):
             )
         cohorts = self.cohorts(federation.user_ids)
         ids = [[federation.ids_of(slot) for slot in round_] for round_ in cohorts]
-        refuse_unaffordable(self.name, releaser, [u for round_ in ids for slot in round_ for u in slot], self.rho_total)
         w = self.start().to(w0.dtype)
         points: list[torch.Tensor] = []  # w_r^t, t < 2^r: the iterates Thm 11/14 draw the output from
         log = RoundLog(2**self.rounds - 1, progress)
@@ -465,6 +470,9 @@ class VRFrankWolfe(_VarianceReducedFW[VRFWParams]):
         m = self.batch // (t + 1)
         return sums[0] / m, sums[1] / m
 
+    def slot_needs(self, r, t, slots):
+        return [Need(slots[k], charge) for k, charge in enumerate(self.slot_charges(r, t))]
+
     def direction(self, releaser, r, t, grad, slots, label):
         charges = self.slot_charges(r, t)
         for k in range(t):  # every earlier slot this selection depends on, each at its own cost
@@ -541,6 +549,10 @@ class VRFrankWolfeLp(_VarianceReducedFW[VRFWLpParams]):
             for total, s, part in zip(sums, sens, ("g", "diff"))
         )
         return out[0] if t == 0 else out
+
+    def slot_needs(self, r, t, slots):
+        sens = self.sensitivities(t)
+        return [Need(slots[t], GaussianCharge(self.rho_total / len(sens), s)) for s in sens]
 
     def direction(self, releaser, r, t, grad, slots, label):
         return self.domain.lmo(grad)

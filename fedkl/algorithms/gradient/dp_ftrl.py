@@ -71,7 +71,7 @@ from fedkl.algorithms.registry import register
 from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import ClippedLocalUpdate, Federation
 from fedkl.federation.clipping import clip_rows
-from fedkl.privacy.charges import GaussianCharge
+from fedkl.privacy.charges import GaussianCharge, Need
 from fedkl.privacy.guarantee import Absence, Guarantee, check_relation, sum_sensitivity
 from fedkl.privacy.matrix_mechanism import FACTORIZATIONS, BufferedToeplitz, make_factorization, max_participations
 from fedkl.privacy.release import Releaser
@@ -232,6 +232,17 @@ class DPFTRL(Algorithm[DPFTRLParams]):
         increment = sq[j - 1] - (sq[j - 2] if j > 1 else 0.0)
         sens = self.answer_bound * math.sqrt(increment)
         return GaussianCharge(sens**2 / (2.0 * self.noise_std**2), sens)
+
+    def needs(self, user_ids: Sequence[str]) -> tuple[Need, ...]:
+        """Each round's cohort (the public schedule, replayed): its participation's charge."""
+        p = self.params
+        scheduler = ParticipationScheduler(list(user_ids), p.rounds, p.min_separation, p.participations, self.seed)
+        out = []
+        for t in range(p.rounds):
+            users = scheduler.admit(t, scheduler.planned(t))
+            if users:
+                out.append(Need(tuple(user_ids[u] for u in users), self.charge(scheduler.count[users[0]])))
+        return tuple(out)
 
     def run(
         self,

@@ -71,7 +71,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -96,7 +96,7 @@ from fedkl.algorithms.registry import register
 from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import Federation, GradientsAtPoints
 from fedkl.federation.clipping import clip_rows
-from fedkl.privacy.charges import APPROX_ZCDP_DELTA, ApproxDPCharge, GaussianCharge
+from fedkl.privacy.charges import APPROX_ZCDP_DELTA, ApproxDPCharge, GaussianCharge, Need
 from fedkl.privacy.guarantee import ZERO_SUMS, Guarantee, check_relation
 from fedkl.privacy.release import Releaser
 from fedkl.privacy.zcdp import rho_for_eps_delta
@@ -208,6 +208,13 @@ class OutlierGD(Algorithm[OutlierGDParams]):
                 f"W_min = {self.min_weight:.3g} < 1 of n = {self.num_users} users: more users, "
                 "budget or fewer rounds (nothing was read or charged)"
             )
+
+    def needs(self, user_ids: Sequence[str]) -> tuple[Need, ...]:
+        """Every user: the rounds' Gaussian charges and their PTR tests' deltas (module docstring)."""
+        ids = tuple(user_ids)
+        return Need(ids, GaussianCharge(self.rho_total)), Need(
+            ids, ApproxDPCharge(0.0, self.delta_ptr_total, APPROX_ZCDP_DELTA)
+        )
 
     def warnings(self) -> list[str]:
         """Public settings that make this run a worse noisy-gd, said by ``fedkl run`` before any budget is spent."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Sequence, TypeVar
 
 import numpy as np
 import torch
@@ -28,6 +28,7 @@ import torch
 from fedkl.algorithms.contract import Algorithm, AlgorithmResult, BuildContext, PoissonSampling
 from fedkl.federation.base import Federation
 from fedkl.privacy.accounting import GaussianSchedule, noise_multiplier_for, schedule_epsilon
+from fedkl.privacy.charges import ApproxDPCharge, Need
 from fedkl.privacy.guarantee import Guarantee, check_relation, sum_sensitivity
 from fedkl.privacy.release import Releaser
 
@@ -82,6 +83,12 @@ class ScheduledAlgorithm(Algorithm[P]):
         if not (eps > 0 and math.isfinite(eps)) or not 0 < delta < 1:
             raise ValueError(f"need a finite eps > 0 and 0 < delta < 1, got eps={eps}, delta={delta}")
         self.eps, self.delta = eps, delta
+
+    def needs(self, user_ids: Sequence[str]) -> tuple[Need, ...]:
+        """Every enrolled user: the calibrated schedule's (eps, delta), charged up front (at most the budget)."""
+        p = self.params
+        _, eps = calibrate(self.eps, self.delta, p.sampling_rate, p.rounds, p.accountant)
+        return (Need(tuple(user_ids), ApproxDPCharge(eps, self.delta, "declared-needs")),)
 
     def schedule(self) -> GaussianSchedule:
         """The T-fold (subsampled) Gaussian schedule calibrated to (eps, delta) by dp-accounting."""

@@ -37,7 +37,6 @@ from typing import Sequence
 import torch
 
 from fedkl.algorithms.contract import AlgorithmResult, BuildContext, Domain, param
-from fedkl.privacy.ledger import BudgetExceeded
 from fedkl.privacy.release import Releaser
 from fedkl.problems.base import Problem
 
@@ -227,18 +226,6 @@ def check_parallel_releaser(releaser: Releaser, label: str) -> None:
             f"{label}: each user takes part in one cohort only (parallel composition) and the "
             "per-user ledger enforces the budget; give a Releaser without a run-wide zCDP filter "
             "(a filter would stop the run after the first cohort). Nothing was read or charged"
-        )
-
-
-def check_zcdp_budget(releaser: Releaser, user_ids: Sequence[str], rho: float, label: str) -> None:
-    """Refuse (BudgetExceeded, nothing charged) unless every listed user can still afford a
-    ``rho``-zCDP charge: checked before any data is read, so a run never stops half-way because a
-    later cohort is out of budget."""
-    left = releaser.rho_left(user_ids)
-    if left is not None and left < rho * (1 - 1e-12):
-        raise BudgetExceeded(
-            f"{label}: some participating users have only rho={left:.4g} left, the run "
-            f"charges rho={rho:.4g} to each; nothing was charged or released"
         )
 
 

@@ -60,7 +60,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -71,7 +71,6 @@ from fedkl.algorithms.localization.fkt_common import (
     FKTResult,
     check_parallel_releaser,
     check_relation,
-    check_zcdp_budget,
     cohort_order,
     paper_rho,
     project,
@@ -80,6 +79,7 @@ from fedkl.algorithms.localization.fkt_common import (
 from fedkl.algorithms.registry import register
 from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import ClippedGradient, Federation, LocalRegularizedMinimizer, Query
+from fedkl.privacy.charges import GaussianCharge, Need
 from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, SOLVER_ITERATES, ZERO_SUMS, ClientView, Guarantee
 from fedkl.privacy.release import Releaser
 
@@ -233,6 +233,16 @@ class PhaseDriver:
         self.erm_tol, self.max_solver_rounds = erm_tol, max_solver_rounds
 
     # --- the public plan -----------------------------------------------------------------------
+    def used(self, pool: list[int]) -> list[int]:
+        """The positions of ``pool`` its phases use, in order (every schedule's sizes depend on the pool's size
+        only, not on the distance)."""
+        return pool[: sum(size for size, _ in self.schedule(len(pool), 1.0))]
+
+    def needs(self, user_ids: Sequence[str]) -> tuple[Need, ...]:
+        """Each user of a phase: ``rho_total`` once (parallel composition); the others nothing."""
+        used = self.used(cohort_order(user_ids, self.seed))
+        return (Need(tuple(user_ids[u] for u in used), GaussianCharge(self.rho_total)),)
+
     def schedule(self, n: int, distance: float) -> list[tuple[int, float]]:
         """[(n_i, eta_i)] for a pool of n users (subclasses)."""
         raise NotImplementedError
@@ -287,9 +297,6 @@ class PhaseDriver:
         w = project(torch.as_tensor(w0).to(torch.float64).clone(), self.setting.radius)
         order = cohort_order(federation.user_ids, self.seed)
         phases = self.plan(order, self.setting.resolve_distance(w))
-        check_zcdp_budget(
-            releaser, federation.ids_of([u for ph in phases for u in ph.users]), self.rho_total, self.name
-        )
         w, records = self.run_phases(federation, releaser, w, phases, self.name, progress)
         return FKTResult(
             w=w.to(torch.as_tensor(w0).dtype),

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -34,7 +34,6 @@ from fedkl.algorithms.contract import Algorithm, BuildContext, SmallAudit, param
 from fedkl.algorithms.localization.fkt_common import (
     FKTResult,
     check_parallel_releaser,
-    check_zcdp_budget,
     cohort_order,
     paper_rho,
     project,
@@ -42,6 +41,7 @@ from fedkl.algorithms.localization.fkt_common import (
 from fedkl.algorithms.localization.fkt_phased import FKTPhasedERM, LocalizationParams, PhasedSGD, localization_view
 from fedkl.algorithms.registry import register
 from fedkl.federation.base import Federation
+from fedkl.privacy.charges import GaussianCharge, Need
 from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, ZERO_SUMS, Guarantee
 from fedkl.privacy.release import Releaser
 
@@ -103,6 +103,14 @@ class SCReduction(Algorithm[ReductionParams]):
         self.inner = INNER[params.fkt_inner](params, ctx)
         self.rho_total = self.inner.rho_total
 
+    def needs(self, user_ids: Sequence[str]) -> tuple[Need, ...]:
+        """Each user of an inner run's phase: ``rho_total`` once (parallel composition); the others nothing."""
+        order, used, start = cohort_order(user_ids, self.ctx.seed), [], 0
+        for size in pool_sizes(len(order)):
+            used += self.inner.used(order[start : start + size])
+            start += size
+        return (Need(tuple(user_ids[u] for u in used), GaussianCharge(self.rho_total)),)
+
     def run(
         self,
         federation: Federation,
@@ -124,9 +132,6 @@ class SCReduction(Algorithm[ReductionParams]):
             dists.append(dist)
             bound = c * L * dist * (1 / math.sqrt(size) + math.sqrt(s.dim) / (paper_rho(self.rho_total) * size))
             dist = min(math.sqrt(2.0 * bound / lam), s.diameter)
-        check_zcdp_budget(
-            releaser, federation.ids_of([u for p in plans for ph in p for u in ph.users]), self.rho_total, self.name
-        )
         total, records = sum(len(p) for p in plans), []
         for j, phases in enumerate(plans, start=1):
             w, recs = self.inner.run_phases(

@@ -57,7 +57,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -75,8 +75,8 @@ from fedkl.algorithms.localization.fkt_common import (
 from fedkl.algorithms.registry import register
 from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import ClippedGradient, Federation
+from fedkl.privacy.charges import ApproxDPCharge, Need
 from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, ZERO_SUMS, ClientView, Guarantee
-from fedkl.privacy.ledger import BudgetExceeded
 from fedkl.privacy.release import Releaser
 from fedkl.privacy.zcdp import CONVERSIONS, rho_for_eps_delta, zcdp_to_eps
 
@@ -268,6 +268,22 @@ class _Snowball(Algorithm[FKTParams]):
         """The step schedule (module docstring): one of :data:`VARIANTS`."""
         raise NotImplementedError
 
+    def needs(self, user_ids: Sequence[str]) -> tuple[Need, ...]:
+        """Each batch's users: its group's (eps, delta) once (parallel composition), from the plan at the
+        problem's initial parameters (the runner's w0; a --resume start moves the steps, so a run from another
+        w0 is checked by the ledger at its up-front charges)."""
+        plan = self.plan(len(user_ids), self.ctx.problem.init_params())
+        batches = split_cohorts(cohort_order(user_ids, self.ctx.seed), plan.batches)
+        return tuple(
+            Need(
+                tuple(user_ids[u] for t in members for u in batches[t]),
+                ApproxDPCharge(
+                    zcdp_to_eps(charge_cost(plan.rho, j), self.delta, self.conversion), self.delta, "declared-needs"
+                ),
+            )
+            for (_, j), members in charge_groups(plan).items()
+        )
+
     def plan(self, n: int, w0: torch.Tensor) -> SnowballPlan:
         """The public schedule :meth:`run` uses for n users from ``w0`` (projected onto K first)."""
         w = project(torch.as_tensor(w0).to(torch.float64), self.setting.radius)
@@ -299,14 +315,6 @@ class _Snowball(Algorithm[FKTParams]):
             j: zcdp_to_eps(charge_cost(plan.rho, j), self.delta, self.conversion)  # one conversion per grid
             for j in sorted({j for _, j in groups})
         }  # value, not per group
-        top = max(eps_of.values())
-        eps_left, delta_left = releaser.approx_left([u for b in ids for u in b]) or (math.inf, 1.0)
-        if eps_left < top * (1 - 1e-12) or delta_left < self.delta * (1 - 1e-12):
-            raise BudgetExceeded(
-                f"{self.name}: participating users can afford (eps={eps_left:.4g}, "
-                f"delta={delta_left:.3g}), a batch costs up to (eps={top:.4g}, "
-                f"delta={self.delta:.3g}); nothing was charged or released"
-            )
         handles: dict[tuple[int, int], object] = {}
         for key, members in groups.items():  # every charge before any data is read
             users = [u for t in members for u in ids[t]]

@@ -55,9 +55,10 @@ Public schedule (re-derived in docs/derivations/paper-002.md, "the note"; natura
   ``scaled`` (heuristic): ``A G_i/(mu_i n_i sqrt m)``. ``fixed`` (Phased-ERM/SCO only, legacy):
   ``Delta_1 / 4^(i-1)``. Any public threshold is private; the rule only decides whether tests pass.
 
-Budget. Before anything is read or released, every user that the run will charge must be able to
-afford its whole charge (:func:`require_budget`); otherwise BudgetExceeded is raised and nothing is
-charged, read or released (a multi-phase run never stops half-way for lack of budget).
+Budget. Each algorithm declares what it charges each user (``needs()``); ``fedkl.runner`` checks it
+against the ledger before anything is read (BudgetExceeded; nothing charged, read or released). A run
+started directly (``alg.run``) is not pre-checked: the ledger still refuses any over-budget charge when it is
+made, so such a run may stop half-way.
 """
 
 from __future__ import annotations
@@ -82,7 +83,6 @@ from fedkl.algorithms.output_perturbation.exact_output_pert import SCOutputPert,
 from fedkl.algorithms.output_perturbation.vertex_cover import require_work_budget
 from fedkl.algorithms.registry import AlgorithmResult
 from fedkl.federation.base import Answers, Federation
-from fedkl.privacy.ledger import BudgetExceeded
 from fedkl.privacy.release import Releaser
 from fedkl.problems.base import Problem
 
@@ -644,23 +644,6 @@ def project_ball(w: torch.Tensor, center: torch.Tensor | None, radius: float | N
     return w if norm <= radius else c + diff * (radius / norm)
 
 
-# --- budget --------------------------------------------------------------------------------------
-def require_budget(releaser: Releaser, needs: Sequence[tuple[Sequence[str], float, float]], label: str) -> None:
-    """Refuse (BudgetExceeded; nothing read, charged or released) unless every user in each group
-    can afford its total (eps, delta) charge. ``needs``: (user ids, eps, delta) groups. A stand-in
-    ledger that keeps no budget (evaluation recorders) is not checked."""
-    for ids, eps, delta in needs:
-        left = releaser.approx_left(ids) if ids else None
-        if left is None:
-            continue
-        eps_left, delta_left = left
-        if eps > eps_left * (1 + 1e-9) or delta > delta_left * (1 + 1e-9):
-            raise BudgetExceeded(
-                f"{label}: the run charges ({eps:.4g}, {delta:.3g}) to each of {len(ids)} user(s), but some can "
-                f"only afford ({eps_left:.4g}, {delta_left:.3g}); nothing was read, charged or released"
-            )
-
-
 # --- the phase loop ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PhaseSpec:
@@ -790,7 +773,6 @@ __all__ = [
     "noise_ratio",
     "phase_weights",
     "project_ball",
-    "require_budget",
     "rule_delta",
     "rule_factor",
     "run_phases",

@@ -119,7 +119,6 @@ from fedkl.algorithms.output_perturbation.phased_common import (
     lam_star_erm,
     phase_weights,
     precheck_calls,
-    require_budget,
     rule_delta,
     rule_factor,
     run_phases,
@@ -498,7 +497,6 @@ class PhasedERM(Algorithm[PhasedParams]):
         check_approx_releaser(releaser, self.name)
         w0 = torch.as_tensor(w0)
         plan = self.plan(federation.num_users, w0)
-        require_budget(releaser, [(federation.user_ids, self.eps, self.delta)], self.name)
         return self.run_plan(
             federation, releaser, self.setting.project(w0.to(torch.float64)), plan, progress, out_dtype=w0.dtype
         )

@@ -33,7 +33,7 @@ of SCOutputPert limits every cohort to <= 20 users here, far below N0 at practic
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -44,7 +44,6 @@ from fedkl.algorithms.output_perturbation.phased_common import (
     check_approx_releaser,
     kappa,
     lam_sco,
-    require_budget,
     sco_cohorts,
     sco_min_cohort,
     sco_phases,
@@ -52,6 +51,7 @@ from fedkl.algorithms.output_perturbation.phased_common import (
 from fedkl.algorithms.output_perturbation.phased_erm import PhasedERM, PhasedPlan
 from fedkl.algorithms.registry import register
 from fedkl.federation.base import Federation
+from fedkl.privacy.charges import ApproxDPCharge, Need
 from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, PAPER_002_RELATIONS, Guarantee
 from fedkl.privacy.release import Releaser
 
@@ -123,6 +123,13 @@ class PhasedSCO(PhasedERM):
             },
         )
 
+    def needs(self, user_ids: Sequence[str]) -> tuple[Need, ...]:
+        """Each user of a cohort: the run's (eps, delta) once (parallel composition); the unused users nothing.
+        The cohorts are a hash of the ids and n (w0 enters only the phases' lam and Delta)."""
+        plan = self.plan(len(user_ids), self.ctx.problem.init_params(), user_ids=tuple(user_ids))
+        used = tuple(user_ids[u] for spec in plan.specs for u in spec.users)
+        return (Need(used, ApproxDPCharge(self.eps, self.delta, "declared-needs")),)
+
     def run(
         self,
         federation: Federation,
@@ -133,8 +140,6 @@ class PhasedSCO(PhasedERM):
         check_approx_releaser(releaser, self.name)
         w0 = torch.as_tensor(w0)
         plan = self.plan(federation.num_users, w0, user_ids=federation.user_ids)
-        used = [u for spec in plan.specs for u in spec.users]
-        require_budget(releaser, [(federation.ids_of(used), self.eps, self.delta)], self.name)
         return self.run_plan(
             federation, releaser, self.setting.project(w0.to(torch.float64)), plan, progress, out_dtype=w0.dtype
         )

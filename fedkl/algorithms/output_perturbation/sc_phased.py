@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -49,13 +49,13 @@ from fedkl.algorithms.output_perturbation.phased_common import (
     inner_noise_ratio,
     kappa,
     precheck_calls,
-    require_budget,
     rule_delta,
 )
 from fedkl.algorithms.output_perturbation.phased_erm import PhasedERM, PhasedParams, PhasedPlan
 from fedkl.algorithms.output_perturbation.phased_sco import PhasedSCO
 from fedkl.algorithms.registry import register
 from fedkl.federation.base import Federation
+from fedkl.privacy.charges import ApproxDPCharge, Need
 from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, PAPER_002_RELATIONS, SOLVER_ITERATES, Guarantee
 from fedkl.privacy.release import Releaser
 
@@ -144,15 +144,16 @@ class _StronglyConvexPhased(Algorithm[PhasedParams]):
             "noise_over_signal": noise / signal,
         }
 
-    def _needs(self, federation: Federation, plan: SCPlan) -> list[tuple[list[str], float, float]]:
+    def needs(self, user_ids: Sequence[str]) -> tuple[Need, ...]:
+        """Every user the localisation's half; the users of a phase the other half too (SCO's cohorts are a
+        hash of the ids and n: w0 enters only lam and Delta)."""
+        ids, half = tuple(user_ids), ApproxDPCharge(self.eps / 2, self.delta / 2, "declared-needs")
         if self.phased_class is PhasedERM:
-            return [(list(federation.user_ids), self.eps, self.delta)]
-        used = sorted({u for spec in plan.phased.specs for u in spec.users})
-        unused = sorted(set(range(federation.num_users)) - set(used))
-        return [
-            (federation.ids_of(used), self.eps, self.delta),
-            (federation.ids_of(unused), self.eps / 2, self.delta / 2),
-        ]
+            return (Need(ids, ApproxDPCharge(self.eps, self.delta, "declared-needs")),)
+        plan = self.plan(len(ids), self.ctx.problem.init_params(), ids)
+        return Need(ids, half), Need(
+            tuple(ids[u] for u in sorted({u for s in plan.phased.specs for u in s.users})), half
+        )
 
     def run(
         self,
@@ -165,7 +166,6 @@ class _StronglyConvexPhased(Algorithm[PhasedParams]):
         w0 = torch.as_tensor(w0)
         n = federation.num_users
         plan = self.plan(n, w0, federation.user_ids)
-        require_budget(releaser, self._needs(federation, plan), self.name)
         # every call's refusal before the first one reads data (the localisation, then the phases)
         precheck_calls(
             self.inner,
