@@ -1,11 +1,29 @@
 """``fedkl run``: one user-level DP training, end to end, with its result file and ledger.
 
-What is private and what is not (also in the README):
+What is private and what is not (also docs/concepts/guarantee.md):
 * private (user-level, under the stated relation and budget): every released noisy sum, hence the
   iterates and the final model;
 * NOT private, reported for evaluation only: the test metrics (computed on held-out records of the
   same users), the non-private reference model's metrics and the trivial baseline. A deployment
   keeps these off the wire or privatizes them separately.
+
+Training through a federation (:func:`train_federation`)
+--------------------------------------------------------
+It trains through ``federation`` with the ledger, filter and noise in this process, from ``w0``
+(default: the problem's initial parameters). Returns the algorithm's result, the ledger summary
+and the algorithm's declared :class:`Guarantee`.
+
+``journal``: a path, where this run's release journal is created (what ``--recover`` needs), or
+an open :class:`ReleaseJournal` of a run whose process died: then this call recovers that run
+(``run_id`` must be its id; :class:`fedkl.privacy.release.Releaser`); ``journal_header``: more
+header entries for a new journal; ``scratch``: ``ledger_path`` is a throw-away ledger (no fsync);
+``releaser_type``: the Releaser class (the white-box audit's recording one, :mod:`fedkl.audit.whitebox`;
+the plan's dry run's, :class:`_ScheduleCut`).
+
+The steps, in order (nothing is read from the users' data and nothing is charged before the last
+refusal): :func:`_open_ledger`, :func:`_reserve`, :func:`build_algorithm` (refuses a relation the
+guarantee does not cover), :func:`_afford` (the algorithm's declared needs), :func:`_refuse` (trust, conversion, forecast; then the warnings),
+:func:`_open_journal` and :func:`_open_releaser`, :func:`_train`, :func:`_close`.
 """
 
 from __future__ import annotations
@@ -370,21 +388,8 @@ def train_federation(
     scratch: bool = False,
     releaser_type: type[Releaser] = Releaser,
 ):
-    """Train through ``federation`` with the ledger, filter and noise in this process, from ``w0``
-    (default: the problem's initial parameters). Returns the algorithm's result, the ledger summary
-    and the algorithm's declared :class:`Guarantee`.
-
-    ``journal``: a path, where this run's release journal is created (what ``--recover`` needs), or
-    an open :class:`ReleaseJournal` of a run whose process died: then this call recovers that run
-    (``run_id`` must be its id; :class:`fedkl.privacy.release.Releaser`); ``journal_header``: more
-    header entries for a new journal; ``scratch``: ``ledger_path`` is a throw-away ledger (no fsync);
-    ``releaser_type``: the Releaser class (the white-box audit's recording one, :mod:`fedkl.audit.whitebox`;
-    the plan's dry run's, :class:`_ScheduleCut`).
-
-    The steps, in order (nothing is read from the users' data and nothing is charged before the last
-    refusal): :func:`_open_ledger`, :func:`_reserve`, :func:`build_algorithm` (refuses a relation the
-    guarantee does not cover), :func:`_afford` (the algorithm's declared needs), :func:`_refuse` (trust, conversion, forecast; then the warnings),
-    :func:`_open_journal` and :func:`_open_releaser`, :func:`_train`, :func:`_close`."""
+    """Train through ``federation`` with the ledger, filter and noise in this process; returns the result, the
+    ledger summary and the declared :class:`Guarantee` (module docstring, "Training through a federation")."""
     observer, recovering = RUN_OBSERVER.get() or RunObserver(), isinstance(journal, ReleaseJournal)
     run = _Run(cfg, federation, problem, delta, ledger_path, run_id, noise, log, observer, recovering)
     ledger = _open_ledger(run, journal, scratch)
@@ -787,7 +792,20 @@ def run_training(
     recover: ReleaseJournal | None = None,
 ) -> dict:
     """Train with ``cfg.kernels`` in force (:func:`fedkl.problems.rowwise.kernels`) and its paths absolute
-    (:func:`absolute_paths`); see :func:`_run_training`."""
+    (:func:`absolute_paths`), write ``model.pt`` (the released model with its privacy receipt, when there is one:
+    ``model_path``, else None; :mod:`fedkl.saved_model`), ``result.json`` (as soon as the model
+    exists; rewritten when the non-private reference is done) and the ledger under ``cfg.out``;
+    return the result dict.
+
+    ``dataset``: your own :class:`FederatedDataset` (``fedkl.from_arrays``) instead of the one
+    ``cfg.dataset`` names; ``model``: your own network as a factory or a ``torch.nn.Module``
+    (problem ``torch``) instead of ``cfg.model``'s import spec. Both train in-process only (a
+    Flower client builds its data and network from names).
+    ``resume``: a run folder (or its model.pt) whose released model this run starts from, on that
+    run's ledger and with its settings (:func:`fedkl.saved_model.check_resume`); not a setting of
+    the run, so a resumed run's settings (and a sweep's row keys) are those of a fresh one.
+    ``recover``: the journal of a run to recover (:func:`recover_run`).
+    A run trained in this process keeps its release journal in ``out/journal.sqlite``."""
     cfg = absolute_paths(cfg)
     resume = None if resume is None else os.path.abspath(resume)  # recorded (journal, receipt): absolute
     with kernels(cfg.kernels):
@@ -864,20 +882,7 @@ def _run_training(
     resume: str | None = None,
     recover: ReleaseJournal | None = None,
 ) -> dict:
-    """Train, write ``model.pt`` (the released model with its privacy receipt, when there is one:
-    ``model_path``, else None; :mod:`fedkl.saved_model`), ``result.json`` (as soon as the model
-    exists; rewritten when the non-private reference is done) and the ledger under ``cfg.out``;
-    return the result dict.
-
-    ``dataset``: your own :class:`FederatedDataset` (``fedkl.from_arrays``) instead of the one
-    ``cfg.dataset`` names; ``model``: your own network as a factory or a ``torch.nn.Module``
-    (problem ``torch``) instead of ``cfg.model``'s import spec. Both train in-process only (a
-    Flower client builds its data and network from names).
-    ``resume``: a run folder (or its model.pt) whose released model this run starts from, on that
-    run's ledger and with its settings (:func:`fedkl.saved_model.check_resume`); not a setting of
-    the run, so a resumed run's settings (and a sweep's row keys) are those of a fresh one.
-    ``recover``: the journal of a run to recover (:func:`recover_run`).
-    A run trained in this process keeps its release journal in ``out/journal.sqlite``."""
+    """:func:`run_training`'s steps: load, place, train here or over a transport, write the run's files."""
     started = time.time()
     _refuse_backend(cfg, dataset, model)
     data = RunData.load(cfg, dataset, model)
