@@ -296,9 +296,7 @@ class Algorithm(ABC, Generic[P]):
     def __init__(self, params: P, ctx: BuildContext) -> None:
         if not isinstance(params, self.Params):
             raise TypeError(f"{self.name}: params must be {self.Params.__name__}, got {type(params).__name__}")
-        if self.step_size is not None and params.lr is None:  # StepSize's None: "the algorithm's own"
-            params = dataclasses.replace(params, lr=self.step_size)
-        self.params: P = params
+        self.params: P = self.resolve(params)
         self.ctx = ctx
 
     def needs(self, user_ids: Sequence[str]) -> Sequence[Need]:
@@ -312,6 +310,14 @@ class Algorithm(ABC, Generic[P]):
         if self.guarantee.charges == "zcdp":
             return (Need(tuple(user_ids), GaussianCharge(self.ctx.rho_left)),)
         return (Need(tuple(user_ids), ApproxDPCharge(*self.ctx.approx_left, mechanism="declared-needs")),)
+
+    @classmethod
+    def resolve(cls, params: P) -> P:
+        """``params`` with the step size left unset (``lr`` None: StepSize's "the algorithm's own") set to the
+        declared ``step_size`` (``@register`` checked that Params have an lr exactly when it is declared)."""
+        if cls.step_size is not None and params.lr is None:
+            return dataclasses.replace(params, lr=cls.step_size)
+        return params
 
     def forecast(self, n: int, w0: torch.Tensor, user_ids: Sequence[str] | None = None) -> dict | None:
         """The first release's public noise-to-signal forecast (output perturbation), or None."""

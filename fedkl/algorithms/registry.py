@@ -38,7 +38,7 @@ import importlib
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from fedkl.algorithms.contract import (
     MAX_APPROX_EPSILON,
@@ -58,25 +58,55 @@ from fedkl.algorithms.contract import (
     _base_type,
     param,
 )
-from fedkl.privacy.guarantee import RELEASED_MODELS, Absence, ClientView, Guarantee, absence_for, check_absence
+from fedkl.privacy.guarantee import Absence, ClientView, Guarantee, absence_for, check_absence
 
 
 @dataclass(frozen=True)
 class AlgorithmSpec:
-    name: str
-    params: type
-    build: Callable[[Any, BuildContext], Any]
-    client_view: ClientView | Callable[[Any], ClientView] = RELEASED_MODELS
-    step_size: float | None = None  # the default ``lr`` of an algorithm whose Params have one
-    # whether the algorithm needs only sums of clipped answers (``--secagg``), or a function of the params
-    secagg: bool | Callable[[Any], bool] = False
-    # whether a release's noise depends on draws made for earlier releases (register's ``noise_state``)
-    noise_state: bool = False
-    # how an absent, failed or non-finite user enters each released quantity (register's ``absence``)
-    absence: tuple[Absence, ...] = ()
-    cls: type | None = None  # the Algorithm class (build is the class itself)
-    small: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the class's fast test setting
-    audit: SmallAudit = SmallAudit()  # the class's CI audit setting
+    """The registry's view of one :class:`~fedkl.algorithms.contract.Algorithm` class: every value is read from
+    the class's declarations (nothing is copied), plus its ``absence`` rules as ``register`` checked and
+    normalised them (a tuple of :class:`~fedkl.privacy.guarantee.Absence`)."""
+
+    cls: type
+    absence: tuple[Absence, ...]
+
+    @property
+    def name(self) -> str:
+        return self.cls.name
+
+    @property
+    def params(self) -> type:
+        """The Params class (the only configuration)."""
+        return self.cls.Params
+
+    @property
+    def build(self) -> Callable[[Any, BuildContext], Any]:
+        """``build(params, ctx)``: the class itself."""
+        return self.cls
+
+    @property
+    def client_view(self) -> ClientView | Callable[[Any], ClientView]:
+        return self.cls.clients_see
+
+    @property
+    def step_size(self) -> float | None:
+        """The default ``lr`` of an algorithm whose Params have one."""
+        return self.cls.step_size
+
+    @property
+    def noise_state(self) -> bool:
+        """Whether a release's noise depends on draws made for earlier releases (register's doc)."""
+        return self.cls.noise_state
+
+    @property
+    def small(self) -> dict:
+        """The class's fast test setting."""
+        return dict(self.cls.small)
+
+    @property
+    def audit(self) -> SmallAudit:
+        """The class's CI audit setting."""
+        return self.cls.audit
 
     @property
     def guarantee(self) -> Guarantee:
@@ -92,7 +122,8 @@ class AlgorithmSpec:
         """Whether a run with ``params`` needs nothing but sums of clipped answers, so that it can
         aggregate through secure aggregation (``--secagg``); False for an algorithm that needs per-user
         values (the deletion tests of paper 002, per-user norms, adaptive clipping's per-user flags)."""
-        return self.secagg if isinstance(self.secagg, bool) else bool(self.secagg(params))
+        declared = self.cls.sums_only
+        return declared if isinstance(declared, bool) else bool(declared(params))
 
     def clients_see(self, params: Any) -> ClientView:
         """What a participating client receives in a run with ``params`` (the one declaration that
@@ -100,10 +131,9 @@ class AlgorithmSpec:
         return self.client_view if isinstance(self.client_view, ClientView) else self.client_view(params)
 
     def resolve(self, params: Any) -> Any:
-        """``params`` with the step size left unset (``lr`` None) set to this algorithm's default."""
-        if self.step_size is not None and params.lr is None:  # register checked: a step size exactly when lr
-            return dataclasses.replace(params, lr=self.step_size)
-        return params
+        """``params`` with the step size left unset (``lr`` None) set to this algorithm's default
+        (:meth:`fedkl.algorithms.contract.Algorithm.resolve`, the rule the class's constructor applies)."""
+        return self.cls.resolve(params)
 
     @property
     def summary(self) -> str:
@@ -229,21 +259,7 @@ def register(cls: type) -> type:
     non-finite user enters each released quantity, per relation and backend (the white-box sensitivity
     search, :mod:`fedkl.audit.whitebox`, reads it for every registered algorithm)."""
     _check_class(cls)
-    _add(
-        AlgorithmSpec(
-            cls.name,
-            cls.Params,
-            cls,
-            cls.clients_see,
-            cls.step_size,
-            cls.sums_only,
-            noise_state=cls.noise_state,
-            absence=check_absence(cls.absence, cls.name),
-            cls=cls,
-            small=dict(cls.small),
-            audit=cls.audit,
-        )
-    )
+    _add(AlgorithmSpec(cls, check_absence(cls.absence, cls.name)))
     return cls
 
 
