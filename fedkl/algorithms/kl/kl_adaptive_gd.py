@@ -52,12 +52,12 @@ from typing import Callable
 import torch
 
 from fedkl.algorithms.contract import Algorithm, BuildContext, SmallAudit, param
-from fedkl.algorithms.kl.kl_common import KLBase, KLResult, MaxRounds, check_positive
+from fedkl.algorithms.kl.kl_common import KLBase, KLResult, MaxRounds, check_positive, zcdp_budget
 from fedkl.algorithms.registry import register
 from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import ClippedGradient, Federation
 from fedkl.privacy.filter import BudgetExhausted
-from fedkl.privacy.guarantee import ZERO_SUMS, Guarantee, check_relation, sum_sensitivity
+from fedkl.privacy.guarantee import ZERO_SUMS, Guarantee, sum_sensitivity
 from fedkl.privacy.release import Releaser
 
 SELECTIONS = ("last", "exponential")
@@ -137,9 +137,7 @@ class AdaptiveKLGD(Algorithm[AdaptiveKLGDParams]):
 
     def __init__(self, params: AdaptiveKLGDParams, ctx: BuildContext) -> None:
         super().__init__(params, ctx)
-        check_positive("rho_total", ctx.rho_left)
-        check_relation(ctx.neighbouring)
-        self.rho_total = float(ctx.rho_left)
+        self.rho_total = zcdp_budget(ctx)
 
     @property
     def sensitivity(self) -> float:

@@ -30,11 +30,20 @@ from dataclasses import dataclass, field
 import torch
 
 from fedkl.algorithms.contract import AlgorithmParams, AlgorithmResult, Clip, StepSize, param
+from fedkl.privacy.guarantee import check_relation
 
 
 def check_positive(name: str, value: float) -> None:
     if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
         raise ValueError(f"{name} must be finite and > 0, got {value!r}")
+
+
+def zcdp_budget(ctx) -> float:
+    """The run's zCDP budget ``rho_total`` (what is left of it, ``ctx.rho_left``) after the checks every KL
+    algorithm makes at construction: it is positive and the neighbouring relation is one fedkl knows."""
+    check_positive("rho_total", ctx.rho_left)
+    check_relation(ctx.neighbouring)
+    return float(ctx.rho_left)
 
 
 def log_bracket(f0: float, kappa: float, n: int, rho: float, gamma: float, lipschitz: float, d: int) -> float:

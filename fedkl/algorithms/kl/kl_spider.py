@@ -58,14 +58,14 @@ from fedkl.algorithms.kl.kl_common import (
     KLConstantsParams,
     KLResult,
     MaxRounds,
-    check_positive,
     log_bracket,
     or_default,
+    zcdp_budget,
 )
 from fedkl.algorithms.registry import register
 from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import ClippedGradient, Federation, GradientDifference
-from fedkl.privacy.guarantee import ZERO_SUMS, Guarantee, check_relation, sum_sensitivity
+from fedkl.privacy.guarantee import ZERO_SUMS, Guarantee, sum_sensitivity
 from fedkl.privacy.release import Releaser
 
 ANCHOR_WEIGHT = 16.0  # paper's per-release costs, anchor : difference = 1/(2K) : 1/(32 T_k K) = 16 : 1/T_k
@@ -145,9 +145,7 @@ class KLSpider(Algorithm[KLSpiderParams]):
     def __init__(self, params: KLSpiderParams, ctx: BuildContext) -> None:
         super().__init__(params, ctx)
         self.kl = self.params.constants(ctx.problem, self.name)
-        check_positive("rho_total", ctx.rho_left)
-        check_relation(ctx.neighbouring)
-        self.rho_total = float(ctx.rho_left)
+        self.rho_total = zcdp_budget(ctx)
 
     @property
     def smoothness(self) -> float:

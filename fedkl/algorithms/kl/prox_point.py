@@ -46,15 +46,15 @@ from fedkl.algorithms.contract import Algorithm, BuildContext, Rounds, SmallAudi
 from fedkl.algorithms.kl.kl_common import (
     KLConstantsParams,
     KLResult,
-    check_positive,
     log_bracket,
     or_default,
     project_ball,
+    zcdp_budget,
 )
 from fedkl.algorithms.registry import register
 from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import ClippedGradient, Federation
-from fedkl.privacy.guarantee import ZERO_SUMS, Guarantee, check_relation, sum_sensitivity
+from fedkl.privacy.guarantee import ZERO_SUMS, Guarantee, sum_sensitivity
 from fedkl.privacy.release import Releaser
 
 
@@ -113,9 +113,7 @@ class PrivateProxPoint(Algorithm[ProxPointParams]):
     def __init__(self, params: ProxPointParams, ctx: BuildContext) -> None:
         super().__init__(params, ctx)
         self.kl = self.params.constants(ctx.problem, self.name, required=params.kl_prox_steps is None)
-        check_positive("rho_total", ctx.rho_left)
-        check_relation(ctx.neighbouring)
-        self.rho_total = float(ctx.rho_left)
+        self.rho_total = zcdp_budget(ctx)
 
     @property
     def weak_convexity(self) -> float:
