@@ -250,8 +250,8 @@ def test_refused_before_any_record_is_read(tmp_path, monkeypatch):
 
 
 def test_refuses_non_zcdp_algorithms_and_bad_grids(tmp_path):
-    with pytest.raises(ValueError, match="zCDP trials only"):
-        tune(_cfg(tmp_path), ["noisy-gd", "dp-sgd"], {}, trials=2.0, log=lambda _: None)
+    with pytest.raises(ValueError, match="without an RDP curve"):
+        tune(_cfg(tmp_path), ["noisy-gd", "phased-erm"], {}, trials=2.0, log=lambda _: None)
     with pytest.raises(ValueError, match="no algorithm of the search"):
         search_space(["noisy-gd"], {"kl_gamma": ["1"]})
     with pytest.raises(ValueError):
