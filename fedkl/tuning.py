@@ -47,8 +47,16 @@ stand-in ledger whose budget is ``rho_trial`` (it enforces the trial's size; it 
 ledger), and after each trial its stand-in ledger is checked to hold zCDP charges of at most
 ``rho_trial`` per user (else the search stops with an error).
 
-No table of the trials is written: the losing trials' settings and scores are not released (a table would
-need its own accounting), so the issue's per-trial table and plot are not part of this version.
+The table. What may be published is what the theorem covers: the best trial's output (its model, algorithm,
+settings and noisy score: result.json's ``selected``), nothing per losing trial. Releasing every trial's
+noisy score and settings would release ``K`` and ``K`` outputs of ``Q``: by the same theorem family that costs
+up to ``K`` times one trial (and ``K`` is unbounded), which the search's charge does not cover. So the
+per-trial table (:data:`OPERATOR_TABLE`: trial, algorithm, settings, private validation score) and its plot
+(``trials.NOT_PUBLIC.png``) are the OPERATOR's view, like the console's trial lines and
+``round_log.NOT_PUBLIC``: written on the server next to result.json, marked NOT PUBLIC in their names and
+first line / title, never read into result.json or model.pt, rewritten after every trial (progress) and
+started afresh by a rerun; ``operator_view=False`` writes neither (a deployment that ships its output
+folder whole must pass it, or delete them).
 
 The charge. Before any trial starts (before any query reads a record), every enrolled user (training
 and validation) is charged the search's ``(eps, delta)`` as one ``SearchCharge`` (label
@@ -108,6 +116,8 @@ from fedkl.runner import RUN_OBSERVER, RunConfig, default_delta, load_run_datase
 from fedkl.saved_model import SavedModel, public_settings
 
 DEFAULT_ALGORITHMS = ("noisy-gd",)
+# the operator's view (not released; module docstring, "The table"), next to result.json, and its plot (.png)
+OPERATOR_TABLE = "trials.NOT_PUBLIC.csv"
 SEARCH_LABEL = "tune-search"
 STATE_FILE = "tune_state.json"
 # the run-level settings a tune passes to every trial (the rest are the trial's drawn hyperparameters)
@@ -496,10 +506,12 @@ def tune(
     log: Callable[[str], None] = print,
     dataset: FederatedDataset | None = None,
     before_trial: Callable[[int], None] | None = None,
+    operator_view: bool = True,
 ) -> dict:
     """Run the private search of ``cfg``'s data, budget (``cfg.epsilon``, ``cfg.delta``) and ledger
     over ``algorithms`` x ``grid`` (module docstring); write ``model.pt`` and ``result.json`` under
-    ``cfg.out`` and return the result dict. ``before_trial(t)``: called before trial ``t`` (tests)."""
+    ``cfg.out`` and return the result dict. ``before_trial(t)``: called before trial ``t`` (tests).
+    ``operator_view``: write the operator's NOT PUBLIC table and plot of every trial (:data:`OPERATOR_TABLE`)."""
     if cfg.backend != "inprocess" or cfg.secagg:
         raise ValueError("fedkl tune trains its trials in-process (--backend inprocess, no --secagg)")
     if stopping not in STOPPING_RULES:
@@ -562,7 +574,8 @@ def tune(
             log(f"rerunning search {run_id} on its charge (release {charge_id}): not charged again")
         state = {**state, "charge_id": charge_id, "status": "charged"}
         write_json(state_path, state)
-        best = _search(cfg, space, law, plan, train_ds, val_ds.train, score_bound, log, before_trial)
+        view = os.path.join(out, OPERATOR_TABLE) if operator_view else None
+        best = _search(cfg, space, law, plan, train_ds, val_ds.train, score_bound, log, before_trial, view)
         ledger.verify()
         payload = _write(cfg, data, train_ds, plan, best, ledger.summary(), run_id, out, ledger_path, log)
         ledger.finish_run("finished")
@@ -657,7 +670,41 @@ def _trial_config(cfg: RunConfig, name: str, settings: dict, plan: SearchPlan, n
     return make(schedule_budget(plan, params, cfg.neighbouring), extra)
 
 
-def _search(cfg, space, law, plan, train_ds, val_data, score_bound, log, before_trial) -> dict | None:
+def _operator_view(path: str, rows: list[dict]) -> None:
+    """The operator's view of the search so far (module docstring, "The table"): one row per finished trial
+    (trial, algorithm, settings, private validation score), rewritten after each trial, and its plot; both
+    marked NOT PUBLIC in their names and their first line / title."""
+    import csv
+
+    tmp = path + ".tmp"
+    with open(tmp, "w", newline="") as f:
+        f.write("# NOT PUBLIC: the operator's view of a fedkl tune search; only the selected trial is released\n")
+        w = csv.writer(f)
+        w.writerow(["trial", "algorithm", "settings", "private_validation_score"])
+        for r in rows:
+            w.writerow([r["trial"], r["algorithm"], r["settings"], repr(r["score"])])
+    os.replace(tmp, path)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.5 * len(rows) + 2), 3.2))
+    finite = [r["score"] if math.isfinite(r["score"]) else 0.0 for r in rows]
+    top = max(range(len(rows)), key=lambda i: rows[i]["score"]) if rows else None
+    ax.bar(
+        [r["trial"] for r in rows], finite,
+        color=["tab:orange" if i == top else "tab:blue" for i in range(len(rows))],
+    )  # fmt: skip
+    ax.set_xlabel("trial (orange: best so far)")
+    ax.set_ylabel("private validation score")
+    ax.set_title("NOT PUBLIC: operator's view of the search", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(os.path.splitext(path)[0] + ".png", dpi=80)
+    plt.close(fig)
+
+
+def _search(cfg, space, law, plan, train_ds, val_data, score_bound, log, before_trial, view=None) -> dict | None:
     if cfg.noise_seed is None:
         secret = NoiseSource(None)
 
@@ -671,6 +718,11 @@ def _search(cfg, space, law, plan, train_ds, val_data, score_bound, log, before_
 
     k = law.sample(uniform)
     best: dict | None = None
+    rows: list[dict] = []
+    if view is not None:  # a rerun after a crash starts its own view
+        for stale in (view, os.path.splitext(view)[0] + ".png"):
+            if os.path.exists(stale):
+                os.remove(stale)
     with tempfile.TemporaryDirectory() as workdir:
         for t in range(1, k + 1):
             name, point = space[min(int(uniform() * len(space)), len(space) - 1)]
@@ -684,6 +736,10 @@ def _search(cfg, space, law, plan, train_ds, val_data, score_bound, log, before_
             w, score = run_trial(trial, train_ds, val_data, plan, noise, workdir, f"trial-{t}", score_bound)
             if best is None or score > best["score"]:
                 best = {"w": w, "score": score, "config": trial}
+            if view is not None:
+                settings_text = " ".join(f"{a}={v}" for a, v in settings.items())
+                rows.append({"trial": t, "algorithm": name, "settings": settings_text, "score": score})
+                _operator_view(view, rows)
     return best
 
 

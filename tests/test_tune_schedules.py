@@ -78,19 +78,20 @@ def test_grid_bound_holds_for_a_mixture_against_exact_divergence(pmf, law):
 def _subsampled_gaussian_rdp(q: float, z: float, order: float) -> float:
     """max of D_l(mix || N(0, z^2)) and D_l(N(0, z^2) || mix), mix = (1 - q) N(0, z^2) + q N(1, z^2), by
     numerical integration (scipy.integrate.quad; independent of dp-accounting)."""
-    base = stats.norm(0, z)
-    shifted = stats.norm(1, z)
 
-    def mix(x):
-        return (1 - q) * base.pdf(x) + q * shifted.pdf(x)
+    def log_base(x):
+        return stats.norm.logpdf(x, 0, z)
 
-    lim = 1 + 40 * z
+    def log_mix(x):
+        return np.logaddexp(math.log(1 - q) + stats.norm.logpdf(x, 0, z), math.log(q) + stats.norm.logpdf(x, 1, z))
+
+    lim = 1 + 30 * z
 
     def div(f, h):
-        val, _ = integrate.quad(lambda x: f(x) ** order * h(x) ** (1 - order), -lim, lim, limit=400, epsabs=0)
+        val, _ = integrate.quad(lambda x: math.exp(order * f(x) + (1 - order) * h(x)), -lim, lim, limit=400)
         return math.log(val) / (order - 1)
 
-    return max(div(mix, base.pdf), div(base.pdf, mix))
+    return max(div(log_mix, log_base), div(log_base, log_mix))
 
 
 def test_schedule_rdp_against_numerical_integration():
