@@ -24,6 +24,12 @@ model's coordinate on it (:func:`tune_worlds`). Negative control
 progress line ``trial t: accuracy 0.8333``; the statistic is then the largest leaked score. A correct
 search is flagged with probability at most ``1 - confidence``; the control is flagged whenever the runs
 suffice (its statistic separates the worlds exactly: the bound reaches ``largest_attainable_bound``).
+
+White-box (:func:`score_whitebox`): the score release's REALISED sensitivity (the exact sum's move over
+adversarial neighbours of a validation user: labels flipped, features blown up, records repeated, the user
+absent) against the sensitivity and rho its charge states, as :mod:`fedkl.audit.whitebox` does for the
+algorithms' releases; its negative controls (tests/test_tune_seams.py) are scorers without the per-user mean
+or without the clip.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import tempfile
 
 DATASETS = ("flights", "mortgages")
 EPSILONS = (2.0, 8.0)
-SEEDS = (0,)
+SEEDS = (0, 1, 2)
 GRID = {"lr": ["0.3", "1.0", "4.0"]}  # noisy-gd's default lr (4) is a grid point: defaults = that run
 TABLE = "simulations/results/tune_private_vs_oracle_runs.csv"
 FIELDS = ("run_key", "status", "dataset", "epsilon", "seed", "method", "settings", "epsilon_reported", "test_metric",
