@@ -45,7 +45,8 @@ must run with ``log=None``). The theorem covers the best output for ANY behaviou
 everything the trials release: each trial runs with a real Releaser and real noise, on an in-memory
 stand-in ledger whose budget is ``rho_trial`` (it enforces the trial's size; it is not the user's
 ledger), and after each trial its stand-in ledger is checked to hold zCDP charges of at most
-``rho_trial`` per user (else the search stops with an error).
+``rho_trial`` per user, and (``grid`` searches) its recorded schedules' RDP curves within ``rho_trial g`` on
+the grid (else the search stops with an error).
 
 The table. What may be published is what the theorem covers: the best trial's output (its model, algorithm,
 settings and noisy score: result.json's ``selected``), nothing per losing trial. Releasing every trial's
@@ -369,8 +370,7 @@ def plan_search(epsilon: float, delta: float, stopping: Stopping, curve: str = "
 def space_curve(space) -> str:
     """``"grid"`` when some algorithm of the space runs a dp-accounting schedule (its guarantee's charges
     are ``schedule``: an RDP curve, not zCDP), else ``"zcdp"`` (:mod:`fedkl.privacy.selection`)."""
-    scheduled = any(algorithm_spec(name).cls.guarantee.charges == "schedule" for name, _ in space)
-    return "grid" if scheduled else "zcdp"
+    return "grid" if any(_is_schedule(name) for name, _ in space) else "zcdp"
 
 
 def _is_schedule(name: str) -> bool:
