@@ -7,7 +7,12 @@ independent trials of ONE base mechanism ``Q``; it releases only the best trial'
 
 1. draw an (algorithm, settings) point uniformly from the search space (secret randomness);
 2. train that algorithm on the TRAINING users only, sized to ``rho_trial`` zCDP (every trial gets the
-   same ``rho_trial``, whatever its settings);
+   same ``rho_trial``, whatever its settings); a dp-accounting schedule (dp-sgd, dp-fedavg, dp-adam, ...:
+   guarantee ``schedule``) is sized instead so that its RDP curve is at most ``rho_trial l`` at every
+   public order of :data:`fedkl.privacy.selection.TRIAL_GRID` (:func:`schedule_budget`), which makes it,
+   and every trial of that search, ``c``-RDP for the step curve ``c(l) = rho_trial g+(l)``; such a search
+   is accounted on ``c`` (``curve="grid"``; the derivation is :mod:`fedkl.privacy.selection`'s). Algorithms
+   charged in (eps, delta) without an RDP curve (output perturbation, PTR, stability) are refused;
 3. score the model on the VALIDATION users: each validation user's mean accuracy (classification) or
    mean record loss clipped to ``[0, B]`` (otherwise; score = minus it) over its own records, clipped
    to ``[0, B]`` (``B = 1`` for accuracy), summed over the validation users, plus Gaussian noise of
@@ -40,10 +45,19 @@ must run with ``log=None``). The theorem covers the best output for ANY behaviou
 everything the trials release: each trial runs with a real Releaser and real noise, on an in-memory
 stand-in ledger whose budget is ``rho_trial`` (it enforces the trial's size; it is not the user's
 ledger), and after each trial its stand-in ledger is checked to hold zCDP charges of at most
-``rho_trial`` per user (else the search stops with an error).
+``rho_trial`` per user, and (``grid`` searches) its recorded schedules' RDP curves within ``rho_trial g`` on
+the grid (else the search stops with an error).
 
-No table of the trials is written: the losing trials' settings and scores are not released (a table would
-need its own accounting), so the issue's per-trial table and plot are not part of this version.
+The table. What may be published is what the theorem covers: the best trial's output (its model, algorithm,
+settings and noisy score: result.json's ``selected``), nothing per losing trial. Releasing every trial's
+noisy score and settings would release ``K`` and ``K`` outputs of ``Q``: by the same theorem family that costs
+up to ``K`` times one trial (and ``K`` is unbounded), which the search's charge does not cover. So the
+per-trial table (:data:`OPERATOR_TABLE`: trial, algorithm, settings, private validation score) and its plot
+(``trials.NOT_PUBLIC.png``) are the OPERATOR's view, like the console's trial lines and
+``round_log.NOT_PUBLIC``: written on the server next to result.json, marked NOT PUBLIC in their names and
+first line / title, never read into result.json or model.pt, rewritten after every trial (progress) and
+started afresh by a rerun; ``operator_view=False`` writes neither (a deployment that ships its output
+folder whole must pass it, or delete them).
 
 The charge. Before any trial starts (before any query reads a record), every enrolled user (training
 and validation) is charged the search's ``(eps, delta)`` as one ``SearchCharge`` (label
@@ -89,13 +103,22 @@ from fedkl.federation.inprocess import InProcessFederation
 from fedkl.privacy import Budget, BudgetExceeded, NoiseSource, PrivacyLedger, Releaser
 from fedkl.privacy.charges import SearchCharge, from_record
 from fedkl.privacy.filter import BudgetExhausted
-from fedkl.privacy.selection import STOPPING_RULES, Stopping, search_epsilon
+from fedkl.privacy.selection import (
+    STOPPING_RULES,
+    TRIAL_GRID,
+    Stopping,
+    schedule_multiplier,
+    schedule_rdp,
+    search_epsilon,
+)
 from fedkl.problems import DEFAULT_PROBLEM, make_problem, problem_spec
 from fedkl.results import write_json
 from fedkl.runner import RUN_OBSERVER, RunConfig, default_delta, load_run_dataset, quality_metric, train_federation
 from fedkl.saved_model import SavedModel, public_settings
 
 DEFAULT_ALGORITHMS = ("noisy-gd",)
+# the operator's view (not released; module docstring, "The table"), next to result.json, and its plot (.png)
+OPERATOR_TABLE = "trials.NOT_PUBLIC.csv"
 SEARCH_LABEL = "tune-search"
 STATE_FILE = "tune_state.json"
 # the run-level settings a tune passes to every trial (the rest are the trial's drawn hyperparameters)
@@ -296,45 +319,77 @@ class SearchPlan:
     rho_trial: float
     eps_trial: float
     charge: SearchCharge
+    curve: str = "zcdp"
 
     def lines(self) -> list[str]:
         return [
             f"search: {self.stopping.describe()}; each trial trains on the training users and is scored on the "
             "validation users (disjoint: each part gets the whole per-trial budget)",
             f"budget split: search (eps={self.charge.eps:.4g}, delta={self.delta:.3g}) charged once to every user -> "
-            f"per trial rho={self.rho_trial:.5g} zCDP to training and rho={self.rho_trial:.5g} to the score",
+            f"per trial rho={self.rho_trial:.5g} zCDP to training and rho={self.rho_trial:.5g} to the score"
+            + (
+                f" (a dp-accounting schedule: RDP <= rho*l at the {len(TRIAL_GRID)} public orders up to {TRIAL_GRID[-1]:g})"
+                if self.curve == "grid"
+                else ""
+            ),
             f"the chosen model alone (one trial, no search) would have cost eps={self.eps_trial:.4g} at delta={self.delta:.3g}",
         ]
 
 
 @functools.lru_cache(maxsize=64)  # pure; a search calls it twice, an audit once per world and run
-def plan_search(epsilon: float, delta: float, stopping: Stopping) -> SearchPlan:
+def plan_search(epsilon: float, delta: float, stopping: Stopping, curve: str = "zcdp") -> SearchPlan:
     """The largest per-trial budget whose search is ``(epsilon, delta)``-DP (bisection on the trial's
     stand-in eps; its zCDP cap ``Budget(eps_trial, delta, "cks").rho`` is the trial's rho).
     BudgetExceeded when even a tiny trial does not fit (the stopping rule's own cost, ``ln E[K]/(l-1)``
-    and the like, exceeds epsilon)."""
+    and the like, exceeds epsilon). ``curve``: ``"grid"`` for a space holding a dp-accounting schedule
+    (:func:`space_curve`; :mod:`fedkl.privacy.selection`)."""
 
     def rho_of(eps_t: float) -> float:
         return Budget(eps_t, delta, "cks").rho
 
     lo, hi = min(1e-3, epsilon / 2), epsilon
-    if search_epsilon(rho_of(lo), stopping, delta) > epsilon:
+    if search_epsilon(rho_of(lo), stopping, delta, curve) > epsilon:
         raise BudgetExceeded(
             f"a search with {stopping.describe()} does not fit (eps={epsilon:.4g}, delta={delta:.3g}) even with "
             "trials of almost no budget: raise epsilon, or lower the expected number of trials (nothing was read or charged)"
         )
     for _ in range(60):
         mid = math.sqrt(lo * hi)
-        if search_epsilon(rho_of(mid), stopping, delta) <= epsilon:
+        if search_epsilon(rho_of(mid), stopping, delta, curve) <= epsilon:
             lo = mid
         else:
             hi = mid
     rho = rho_of(lo)
     charge = SearchCharge(
         eps=epsilon, delta=delta, rho_trial=rho, stopping=stopping.rule, mu=stopping.mu, eta=stopping.eta,
-        gamma=stopping.gamma,
+        gamma=stopping.gamma, curve=curve,
     )  # fmt: skip
-    return SearchPlan(stopping, delta, rho, lo, charge)
+    return SearchPlan(stopping, delta, rho, lo, charge, curve)
+
+
+def space_curve(space) -> str:
+    """``"grid"`` when some algorithm of the space runs a dp-accounting schedule (its guarantee's charges
+    are ``schedule``: an RDP curve, not zCDP), else ``"zcdp"`` (:mod:`fedkl.privacy.selection`)."""
+    return "grid" if any(_is_schedule(name) for name, _ in space) else "zcdp"
+
+
+def _is_schedule(name: str) -> bool:
+    return algorithm_spec(name).cls.guarantee.charges == "schedule"
+
+
+def schedule_budget(plan: SearchPlan, params, neighbouring: str) -> float:
+    """The stand-in (eps, delta=plan.delta) budget of a scheduled trial (``params``: its rounds T and
+    sampling rate q): the dp-accounting RDP eps of the schedule at the smallest multiplier ``z*`` whose
+    curve is at most ``rho_trial g`` on the grid (:func:`fedkl.privacy.selection.schedule_multiplier`).
+    The algorithm calibrates (RDP accountant, forced) the smallest ``z`` whose RDP eps is at most that;
+    RDP eps strictly decreases in ``z``, so ``z >= z*`` and its curve fits too; :func:`run_trial` re-checks
+    the schedule the stand-in ledger recorded."""
+    from fedkl.privacy.accounting import GaussianSchedule, schedule_epsilon
+
+    q, steps = float(params.sampling_rate), int(params.rounds)
+    z = schedule_multiplier(plan.rho_trial, q, steps)
+    relation = "add-remove" if q < 1 else neighbouring
+    return schedule_epsilon(GaussianSchedule(z, q, steps, relation), plan.delta, "rdp")
 
 
 # --- one trial -------------------------------------------------------------------------------------------
@@ -387,13 +442,7 @@ def run_trial(
         )
     finally:
         RUN_OBSERVER.reset(token)
-    with PrivacyLedger(path) as standin:
-        spent = standin.max_user_totals()
-    if spent["eps"] > 0 or spent["delta"] > 0 or spent["rho"] > plan.rho_trial * (1 + 1e-9):
-        raise RuntimeError(
-            f"{cfg.algorithm}: a trial charged more than its rho={plan.rho_trial:.5g} zCDP ({spent}); the search's "
-            "charge does not cover it: stopped, nothing of this trial is released"
-        )
+    _check_standin(path, plan, cfg.algorithm)
     if result.w is None:
         return None, -math.inf
     w = torch.as_tensor(result.w).to(problem.dtype)
@@ -410,6 +459,39 @@ def run_trial(
     return result.w, (score if higher else -score)
 
 
+def _check_standin(path: str, plan: SearchPlan, name: str) -> None:
+    """What the trial's stand-in ledger recorded is within the trial's curve: ``rho <= rho_trial`` and no
+    (eps, delta) charge (``zcdp`` plans); ``grid`` plans: the zCDP charges plus every recorded schedule's
+    dp-accounting RDP curve (re-computed from its multiplier sigma/sensitivity, rate and number of releases)
+    at most ``rho_trial g`` on the grid, any other (eps, delta) charge refused. Else RuntimeError: the
+    search stops and releases nothing of the trial."""
+    with PrivacyLedger(path) as standin:
+        spent = standin.max_user_totals()
+        rows = standin._db.execute("SELECT charge, details FROM releases").fetchall()
+    ok = spent["rho"] <= plan.rho_trial * (1 + 1e-9)
+    if plan.curve == "zcdp":
+        ok = ok and spent["eps"] == 0 and spent["delta"] == 0
+    else:
+        schedules = []
+        for charge, details in rows:
+            rec, det = json.loads(charge or "{}"), json.loads(details or "{}")
+            if rec.get("type") in ("GaussianCharge", "ExponentialCharge"):  # zCDP: in spent["rho"]
+                continue
+            if rec.get("type") != "ApproxDPCharge" or rec.get("mechanism") != "gaussian-schedule":
+                ok = False
+                continue
+            z = float(rec["noise_scale"]) / float(rec["sensitivity"])
+            schedules.append((float(det["sampling_rate"]), z, int(det["releases"])))
+        g = np.asarray(TRIAL_GRID)
+        total = spent["rho"] * g + sum((schedule_rdp(q, z, t) for q, z, t in schedules), np.zeros_like(g))
+        ok = ok and bool(np.all(total <= plan.rho_trial * g * (1 + 1e-9)))
+    if not ok:
+        raise RuntimeError(
+            f"{name}: a trial charged more than its rho={plan.rho_trial:.5g} ({plan.curve} curve; {spent}); the "
+            "search's charge does not cover it: stopped, nothing of this trial is released"
+        )
+
+
 # --- the search ------------------------------------------------------------------------------------------
 def tune(
     cfg: RunConfig,
@@ -424,19 +506,22 @@ def tune(
     log: Callable[[str], None] = print,
     dataset: FederatedDataset | None = None,
     before_trial: Callable[[int], None] | None = None,
+    operator_view: bool = True,
 ) -> dict:
     """Run the private search of ``cfg``'s data, budget (``cfg.epsilon``, ``cfg.delta``) and ledger
     over ``algorithms`` x ``grid`` (module docstring); write ``model.pt`` and ``result.json`` under
-    ``cfg.out`` and return the result dict. ``before_trial(t)``: called before trial ``t`` (tests)."""
+    ``cfg.out`` and return the result dict. ``before_trial(t)``: called before trial ``t`` (tests).
+    ``operator_view``: write the operator's NOT PUBLIC table and plot of every trial (:data:`OPERATOR_TABLE`)."""
     if cfg.backend != "inprocess" or cfg.secagg:
         raise ValueError("fedkl tune trains its trials in-process (--backend inprocess, no --secagg)")
     if stopping not in STOPPING_RULES:
         raise ValueError(f"--stopping must be one of {', '.join(STOPPING_RULES)}, got {stopping!r}")
     law = Stopping.with_mean(stopping, trials, eta)  # ValueError before any data
     space = search_space(tuple(algorithms), grid or {})
+    curve = space_curve(space)
     delta_before = cfg.delta if cfg.delta is not None else _default_delta_before_loading(cfg)
     if delta_before is not None:  # the stopping rule's own cost, refused before the data is even loaded
-        plan_search(cfg.epsilon, delta_before, law)
+        plan_search(cfg.epsilon, delta_before, law, curve)
     data = dataset if dataset is not None else load_run_dataset(cfg)  # the enrolment (user ids: public)
     n = data.train.num_users
     delta = cfg.delta if cfg.delta is not None else default_delta(n)
@@ -474,7 +559,7 @@ def tune(
             eps_left, delta_left = stored.eps, stored.delta
         if eps_left <= 0 or delta_left <= 0:
             raise BudgetExceeded(f"ledger {ledger_path}: these users' budget is spent (nothing was read or charged)")
-        plan = plan_search(eps_left, delta_left, law)
+        plan = plan_search(eps_left, delta_left, law, curve)
         _preflight(cfg, space, train_ds, plan)
         for line in plan.lines():
             log(line)
@@ -489,7 +574,8 @@ def tune(
             log(f"rerunning search {run_id} on its charge (release {charge_id}): not charged again")
         state = {**state, "charge_id": charge_id, "status": "charged"}
         write_json(state_path, state)
-        best = _search(cfg, space, law, plan, train_ds, val_ds.train, score_bound, log, before_trial)
+        view = os.path.join(out, OPERATOR_TABLE) if operator_view else None
+        best = _search(cfg, space, law, plan, train_ds, val_ds.train, score_bound, log, before_trial, view)
         ledger.verify()
         payload = _write(cfg, data, train_ds, plan, best, ledger.summary(), run_id, out, ledger_path, log)
         ledger.finish_run("finished")
@@ -535,7 +621,7 @@ def _search_charge_of(ledger_path: str, state: dict | None) -> dict | None:
 
 def _preflight(cfg: RunConfig, space, train_ds: FederatedDataset, plan: SearchPlan) -> None:
     """Build every point of the space on public values (no record read) and refuse, in one line, one
-    that is not a zCDP-charged algorithm under this relation."""
+    that is neither zCDP-charged nor a dp-accounting schedule (an RDP curve) under this relation."""
     problem = make_problem(cfg.problem or DEFAULT_PROBLEM[train_ds.task], train_ds, reg=cfg.reg, model=cfg.model)
     ctx = BuildContext(
         problem=problem, feature_bound=train_ds.feature_bound, user_ids=tuple(train_ds.train.user_ids),
@@ -543,27 +629,82 @@ def _preflight(cfg: RunConfig, space, train_ds: FederatedDataset, plan: SearchPl
         neighbouring=cfg.neighbouring, seed=cfg.seed,
     )  # fmt: skip
     for name, point in space:
+        if _is_schedule(name) and point.get("accountant", "rdp") != "rdp":
+            raise ValueError(
+                f"{name}: fedkl tune accounts a schedule by its RDP curve and calibrates it with --accountant rdp; "
+                "drop --accountant pld (nothing was read or charged)"
+            )
         for settings in _concrete(point):
             trial = _trial_config(cfg, name, settings, plan, None)
+            schedule = _is_schedule(name) and plan.curve == "grid"
             try:
-                alg = algorithm_spec(name).build(trial.params, ctx)
+                alg = algorithm_spec(name).build(
+                    trial.params, dataclasses.replace(ctx, approx_left=(trial.epsilon, plan.delta)) if schedule else ctx
+                )
             except BudgetExhausted:  # it asked for an (eps, delta) budget, of which a trial offers none
                 alg = None
-            if alg is None or not alg.guarantee.zcdp:
+            if alg is None or not (alg.guarantee.zcdp or schedule):
                 why = "asks for an (eps, delta) budget" if alg is None else "is not charged in zCDP"
-                raise ValueError(f"{name} {why}; fedkl tune accounts zCDP trials only (nothing was read or charged)")
+                raise ValueError(
+                    f"{name} {why} without an RDP curve; fedkl tune accounts zCDP trials and dp-accounting schedules "
+                    "only (nothing was read or charged)"
+                )
             alg.guarantee.check_relation(cfg.neighbouring, name)
 
 
 def _trial_config(cfg: RunConfig, name: str, settings: dict, plan: SearchPlan, noise_seed: int | None) -> RunConfig:
+    """One trial's run: a zCDP algorithm on the stand-in budget ``eps_trial`` (zCDP cap ``rho_trial``); a
+    scheduled one (``grid`` plans) with ``--accountant rdp`` on the budget :func:`schedule_budget`."""
     base = {k: getattr(cfg, k) for k in TRIAL_RUN_SETTINGS}
-    return RunConfig.from_settings(
-        **base, algorithm=name, epsilon=plan.eps_trial, delta=plan.delta, conversion="cks", force=True,
-        reference=False, noise_seed=noise_seed, **settings,
+
+    def make(eps: float, extra: dict) -> RunConfig:
+        return RunConfig.from_settings(
+            **base, algorithm=name, epsilon=eps, delta=plan.delta, conversion="cks", force=True,
+            reference=False, noise_seed=noise_seed, **settings, **extra,
+        )  # fmt: skip
+
+    if plan.curve != "grid" or not _is_schedule(name):
+        return make(plan.eps_trial, {})
+    extra = {} if "accountant" in settings else {"accountant": "rdp"}
+    params = make(plan.eps_trial, extra).params
+    return make(schedule_budget(plan, params, cfg.neighbouring), extra)
+
+
+def _operator_view(path: str, rows: list[dict]) -> None:
+    """The operator's view of the search so far (module docstring, "The table"): one row per finished trial
+    (trial, algorithm, settings, private validation score), rewritten after each trial, and its plot; both
+    marked NOT PUBLIC in their names and their first line / title."""
+    import csv
+
+    tmp = path + ".tmp"
+    with open(tmp, "w", newline="") as f:
+        f.write("# NOT PUBLIC: the operator's view of a fedkl tune search; only the selected trial is released\n")
+        w = csv.writer(f)
+        w.writerow(["trial", "algorithm", "settings", "private_validation_score"])
+        for r in rows:
+            w.writerow([r["trial"], r["algorithm"], r["settings"], repr(r["score"])])
+    os.replace(tmp, path)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.5 * len(rows) + 2), 3.2))
+    finite = [r["score"] if math.isfinite(r["score"]) else 0.0 for r in rows]
+    top = max(range(len(rows)), key=lambda i: rows[i]["score"]) if rows else None
+    ax.bar(
+        [r["trial"] for r in rows], finite,
+        color=["tab:orange" if i == top else "tab:blue" for i in range(len(rows))],
     )  # fmt: skip
+    ax.set_xlabel("trial (orange: best so far)")
+    ax.set_ylabel("private validation score")
+    ax.set_title("NOT PUBLIC: operator's view of the search", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(os.path.splitext(path)[0] + ".png", dpi=80)
+    plt.close(fig)
 
 
-def _search(cfg, space, law, plan, train_ds, val_data, score_bound, log, before_trial) -> dict | None:
+def _search(cfg, space, law, plan, train_ds, val_data, score_bound, log, before_trial, view=None) -> dict | None:
     if cfg.noise_seed is None:
         secret = NoiseSource(None)
 
@@ -577,6 +718,11 @@ def _search(cfg, space, law, plan, train_ds, val_data, score_bound, log, before_
 
     k = law.sample(uniform)
     best: dict | None = None
+    rows: list[dict] = []
+    if view is not None:  # a rerun after a crash starts its own view
+        for stale in (view, os.path.splitext(view)[0] + ".png"):
+            if os.path.exists(stale):
+                os.remove(stale)
     with tempfile.TemporaryDirectory() as workdir:
         for t in range(1, k + 1):
             name, point = space[min(int(uniform() * len(space)), len(space) - 1)]
@@ -590,6 +736,10 @@ def _search(cfg, space, law, plan, train_ds, val_data, score_bound, log, before_
             w, score = run_trial(trial, train_ds, val_data, plan, noise, workdir, f"trial-{t}", score_bound)
             if best is None or score > best["score"]:
                 best = {"w": w, "score": score, "config": trial}
+            if view is not None:
+                settings_text = " ".join(f"{a}={v}" for a, v in settings.items())
+                rows.append({"trial": t, "algorithm": name, "settings": settings_text, "score": score})
+                _operator_view(view, rows)
     return best
 
 
@@ -611,8 +761,13 @@ def _write(cfg, data, train_ds, plan, best, summary, run_id, out, ledger_path, l
         "delta": plan.delta,
         "charge": {"type": "SearchCharge", **dataclasses.asdict(plan.charge)},
         "rho_per_trial_training": plan.rho_trial,
+        "trial_curve": (
+            "rho-zCDP"
+            if plan.curve == "zcdp"
+            else f"RDP <= rho*g at the public orders g of fedkl.privacy.selection.TRIAL_GRID (up to {TRIAL_GRID[-1]:g})"
+        ),
         "rho_per_trial_score": plan.rho_trial,
-        "chosen_model_alone_epsilon": plan.eps_trial,
+        "chosen_model_alone_epsilon": plan.eps_trial if chosen is None else chosen.epsilon,
         "split": "validation iff sha256(seed:user_id) < fraction (public)",
     }
     model_path, test, selected = None, {}, None

@@ -250,8 +250,8 @@ def test_refused_before_any_record_is_read(tmp_path, monkeypatch):
 
 
 def test_refuses_non_zcdp_algorithms_and_bad_grids(tmp_path):
-    with pytest.raises(ValueError, match="zCDP trials only"):
-        tune(_cfg(tmp_path), ["noisy-gd", "dp-sgd"], {}, trials=2.0, log=lambda _: None)
+    with pytest.raises(ValueError, match="without an RDP curve"):
+        tune(_cfg(tmp_path), ["noisy-gd", "phased-erm"], {}, trials=2.0, log=lambda _: None)
     with pytest.raises(ValueError, match="no algorithm of the search"):
         search_space(["noisy-gd"], {"kl_gamma": ["1"]})
     with pytest.raises(ValueError):
@@ -332,8 +332,9 @@ def _algorithms():
 @pytest.mark.parametrize("name", _algorithms())
 def test_every_algorithm_is_refused_in_one_line_or_fits_its_trial(name, tmp_path):
     """The seam, over every registered algorithm: the preflight (public values only) refuses it with a
-    one-line ValueError, or it is zCDP and one trial of it at its small setting charges at most rho_trial
-    on its stand-in ledger (what the search's charge covers)."""
+    one-line ValueError, or it is zCDP (or a dp-accounting schedule, on the grid curve) and one trial of it at
+    its small setting stays within its trial curve on its stand-in ledger (what the search's charge covers;
+    run_trial raises otherwise)."""
     import dataclasses
 
     from build_helpers import SMALL
@@ -349,11 +350,12 @@ def test_every_algorithm_is_refused_in_one_line_or_fits_its_trial(name, tmp_path
         strict=False, **{**BASE, "rounds": 2, "users": 30, **run, "noise_seed": 1}, algorithm=name, out=str(tmp_path)
     )
     data = load_dataset("synthetic-logistic", seed=1, n_users=cfg.users)
-    plan = tuning.plan_search(4.0, 1e-3, Stopping.with_mean("tnb", 2.0))
+    plan = tuning.plan_search(4.0, 1e-3, Stopping.with_mean("tnb", 2.0), tuning.space_curve([(name, settings)]))
     try:
         tuning._preflight(cfg, [(name, settings)], data, plan)
     except ValueError as e:
         assert "\n" not in str(e)
+        assert not tuning._is_schedule(name), f"a dp-accounting schedule is searchable (grid curve): {e}"
         return
     trial = tuning._trial_config(cfg, name, settings, plan, 7)
     train_pos, val_pos = split_users(data.train.user_ids, 1, 0.3)

@@ -24,6 +24,12 @@ model's coordinate on it (:func:`tune_worlds`). Negative control
 progress line ``trial t: accuracy 0.8333``; the statistic is then the largest leaked score. A correct
 search is flagged with probability at most ``1 - confidence``; the control is flagged whenever the runs
 suffice (its statistic separates the worlds exactly: the bound reaches ``largest_attainable_bound``).
+
+White-box (:func:`score_whitebox`): the score release's REALISED sensitivity (the exact sum's move over
+adversarial neighbours of a validation user: labels flipped, features blown up, records repeated, the user
+absent) against the sensitivity and rho its charge states, as :mod:`fedkl.audit.whitebox` does for the
+algorithms' releases; its negative controls (tests/test_tune_seams.py) are scorers without the per-user mean
+or without the clip.
 """
 
 from __future__ import annotations
@@ -190,4 +196,122 @@ def tune_audit(
     }
 
 
-__all__ = ["tune_audit", "tune_worlds"]
+# --- the white-box check of the score release ----------------------------------------------------------------
+SCORE_NEIGHBOURS = {
+    "replace-one": ("flipped", "huge", "many"),
+    "add-remove": ("absent", "absent-many", "absent-huge"),
+}
+
+
+def _neighbour(data, user: int, kind: str):
+    """``(D, D')`` of the validation part ``data`` (a UserData) differing in ``user`` only: ``flipped``
+    (its labels negated), ``huge`` (its features times 1e150: logits overflow), ``many`` (its records
+    repeated 20 times, labels negated); ``absent`` (D' without its records: zero-out against the public
+    enrolment), ``absent-many`` (D with its records repeated 20 times, D' without them) and ``absent-huge``
+    (D with its features times 1e150, D' without its records)."""
+    import torch
+
+    from fedkl.data.base import UserData
+
+    mine = data.user_index == user
+    X, y, idx = data.X, data.y, data.user_index
+
+    def world(X2, y2, idx2):
+        return UserData(X2, y2, idx2, data.user_ids)
+
+    def repeated(flip: bool):
+        Xm, ym = X[mine].repeat(20, 1), y[mine].repeat(20)
+        ym = -ym if flip else ym
+        return (
+            torch.cat([X[~mine], Xm]), torch.cat([y[~mine], ym]),
+            torch.cat([idx[~mine], torch.full((len(ym),), user, dtype=idx.dtype)]),
+        )  # fmt: skip
+
+    without = world(X[~mine], y[~mine], idx[~mine])
+    if kind == "flipped":
+        return data, world(X, torch.where(mine, -y, y), idx)
+    if kind == "huge":
+        return data, world(torch.where(mine[:, None], X * 1e150, X), y, idx)
+    if kind == "many":
+        return data, world(*repeated(True))
+    if kind == "absent":
+        return data, without
+    if kind == "absent-many":
+        return world(*repeated(False)), without
+    if kind == "absent-huge":
+        return world(torch.where(mine[:, None], X * 1e150, X), y, idx), without
+    raise ValueError(f"unknown neighbour {kind!r}")
+
+
+def score_whitebox(
+    cfg,
+    train_ds,
+    val_data,
+    plan,
+    *,
+    values: Callable | None = None,
+    score_bound: float = 1.0,
+    users: int = 3,
+) -> dict:
+    """Realised sensitivity of the search's score release against its charge (issue 32 §3), white-box.
+
+    One trial (:func:`fedkl.tuning.run_trial`) runs with a recording Releaser: its ``tune-score`` release's
+    charged L2 sensitivity and rho. Then, for the trained model and each of the first ``users`` validation
+    users and each neighbour of :data:`SCORE_NEIGHBOURS` under ``cfg.neighbouring``, the exact (noise-free)
+    released sum is computed on both worlds by the very scorer the trial used (``values``: default
+    :func:`fedkl.tuning.score_values`; a test passes a leaky one, the negative control). A move above the
+    charged sensitivity (plus float tolerance), or a rho above ``plan.rho_trial``, is a VIOLATION."""
+    import torch
+
+    import fedkl.tuning as tuning
+
+    scorer = values or tuning.score_values
+    recorded: list[dict] = []
+
+    class Recording(tuning.Releaser):
+        def gaussian(self, value, *, sensitivity, rho, user_ids, label, details=None):
+            recorded.append({"label": label, "sensitivity": float(sensitivity), "rho": float(rho)})
+            return super().gaussian(value, sensitivity=sensitivity, rho=rho, user_ids=user_ids, label=label,
+                                    details=details)  # fmt: skip
+
+    originals = (tuning.Releaser, tuning.score_values)
+    tuning.Releaser, tuning.score_values = Recording, scorer
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            w, _ = tuning.run_trial(cfg, train_ds, val_data, plan, tuning.NoiseSource(0), tmp, "wb", score_bound)
+    finally:
+        tuning.Releaser, tuning.score_values = originals
+    score = [r for r in recorded if r["label"] == "tune-score"]
+    if w is None or len(score) != 1:
+        raise RuntimeError(f"the trial made {len(score)} score releases (model: {w is not None}); expected one")
+    charged = score[0]
+    problem = tuning.make_problem(cfg.problem or "logistic", train_ds, reg=cfg.reg, model=cfg.model)
+    w = torch.as_tensor(w).to(problem.dtype)
+    findings, realised = [], 0.0
+    for user in range(min(users, val_data.num_users)):
+        for kind in SCORE_NEIGHBOURS[cfg.neighbouring]:
+            d, e = _neighbour(val_data, user, kind)
+            a = float(scorer(problem, w, d, train_ds.task, score_bound)[0].sum())
+            b = float(scorer(problem, w, e, train_ds.task, score_bound)[0].sum())
+            move = abs(a - b) if math.isfinite(a) and math.isfinite(b) else math.inf
+            realised = max(realised, move)
+            tol = 64 * np.finfo(float).eps * (abs(a) + abs(b) + charged["sensitivity"]) * math.sqrt(val_data.num_users)
+            if not move <= charged["sensitivity"] + tol:
+                findings.append(
+                    f"user {user}, {kind}: the score's sum moved {move:.6g} > sensitivity {charged['sensitivity']:g}"
+                )
+    if charged["rho"] > plan.rho_trial * (1 + 1e-9):
+        findings.append(f"the score was charged rho={charged['rho']:g} > rho_trial={plan.rho_trial:g}")
+    return {
+        "method": "white-box",
+        "release": "tune-score",
+        "neighbouring": cfg.neighbouring,
+        "charged_sensitivity": charged["sensitivity"],
+        "charged_rho": charged["rho"],
+        "realised_sensitivity": realised,
+        "findings": findings,
+        "verdict": "VIOLATION" if findings else "consistent with claim",
+    }
+
+
+__all__ = ["SCORE_NEIGHBOURS", "score_whitebox", "tune_audit", "tune_worlds"]

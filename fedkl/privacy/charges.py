@@ -127,7 +127,9 @@ class ApproxDPCharge:
 
 @dataclass(frozen=True)
 class SearchCharge:
-    """A private selection over ``rho_trial``-zCDP trials, ``(eps, delta)``-DP (module docstring)."""
+    """A private selection over ``rho_trial``-zCDP trials (``curve="zcdp"``), or over trials whose RDP is
+    at most ``rho_trial g+(l)`` on :data:`fedkl.privacy.selection.TRIAL_GRID` (``curve="grid"``: a space
+    with dp-accounting schedules), ``(eps, delta)``-DP (module docstring)."""
 
     eps: float
     delta: float
@@ -136,6 +138,7 @@ class SearchCharge:
     mu: float | None = None
     eta: float | None = None
     gamma: float | None = None
+    curve: str = "zcdp"
 
     mechanism = "private-selection"
     notion = "approx-dp"
@@ -149,10 +152,11 @@ class SearchCharge:
         _check("rho_trial", self.rho_trial)
         if not 0 < self.delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {self.delta}")
-        bound = search_epsilon(self.rho_trial, Stopping(self.stopping, self.mu, self.eta, self.gamma), self.delta)
+        law = Stopping(self.stopping, self.mu, self.eta, self.gamma)
+        bound = search_epsilon(self.rho_trial, law, self.delta, self.curve)
         if not bound <= self.eps * (1 + 1e-9):
             raise ValueError(
-                f"a search of {self.rho_trial:g}-zCDP trials ({self.stopping}) is ({bound:.6g}, {self.delta:g})-DP, "
+                f"a search of {self.rho_trial:g}-{'zCDP' if self.curve == 'zcdp' else 'grid-RDP'} trials ({self.stopping}) is ({bound:.6g}, {self.delta:g})-DP, "
                 f"more than the charge's eps={self.eps:g}"
             )
 

@@ -38,12 +38,40 @@ Limiting case (a test): as ``eta -> -1``, ``K -> 1`` almost surely and ``E[K] ->
 Renyi divergence of the best-of-K output of small discrete ``rho``-zCDP mechanisms (randomized
 response), computed by direct summation of ``K``'s law.
 
-This first version accounts ``rho``-zCDP trials only (:class:`fedkl.tuning` refuses other algorithms);
-the functions take the trial's RDP curve ``r`` where that generality is free.
+Trials that are not zCDP-native: the ``grid`` curve. Theorems 2 and 6 need only SOME RDP curve ``r``
+of ``Q``, valid at every order, and read it at finitely many orders. A Poisson-subsampled Gaussian
+schedule (dp-sgd, dp-fedavg, ...: ``T`` steps of ``PoissonSampled(q, Gaussian(z))``, dp-accounting's
+RDP, :func:`fedkl.privacy.rdp_conversion.rdp_curve`) is not ``rho``-zCDP at any useful ``rho``: its
+curve is far below ``rho l`` at small orders (amplification) and approaches ``T l / (2 z^2)`` at large
+ones. So a search whose space holds such trials bounds every trial by the step curve
+
+    ``c(l) = rho * g+(l)`` for ``l <= max G``, ``c(l) = inf`` above,
+
+with ``G`` = :data:`TRIAL_GRID` (a fixed public grid of orders) and ``g+(l)`` the smallest grid order
+``>= l``. Proof that a trial with curve ``r`` is ``c``-RDP whenever ``r(g) <= rho g`` at every ``g`` in
+``G``: Renyi divergence is non-decreasing in its order (van Erven & Harremoes 2014, Thm. 3), so for
+``l`` in ``(g_{i-1}, g_i]``, ``r(l) <= r(g_i) <= rho g_i = c(l)``; above ``max G`` the claim is void. A
+``rho``-zCDP trial (``rho l <= rho g+(l)``) and the ``rho``-zCDP score meet it too. The settings of a
+trial are drawn with randomness independent of the data, so ``Q`` is a mixture of mechanisms each
+``c``-RDP, and is ``c``-RDP itself: ``exp((l - 1) D_l)`` is jointly convex (van Erven & Harremoes 2014,
+Thm. 13), so the mixture's divergence is at most the largest of its components'. Theorems 2 and 6 then
+apply with ``r = c``: :func:`search_epsilon` with ``curve="grid"`` (the conversion over the orders of ``G``
+only, where ``c`` is tight; the ``l_hat`` and ``a`` minima over their grids, each point a valid choice, ``inf`` terms
+never chosen). A scheduled trial's noise multiplier is the smallest (bisection, on the safe side) whose
+curve meets ``rho g`` on ``G`` (:func:`schedule_multiplier`), and :func:`schedule_fits` re-checks a run's
+schedule from its ledger's record. The grid's step costs only where the theorems read ``c`` off the
+grid (the ``l_hat`` and ``a`` minima, and the choice of the conversion's order), paid only by searches
+holding a scheduled algorithm.
+
+(eps, delta) trials without an RDP curve (the ``approx-dp`` and ``approx-zcdp`` guarantees: output
+perturbation, PTR, stability; ``delta > 0`` makes every Renyi divergence infinite) are not covered by
+these theorems; :mod:`fedkl.tuning` refuses them (Liu & Talwar 2019's approximate-DP variant would be
+needed).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -51,6 +79,13 @@ from typing import Callable
 import numpy as np
 
 STOPPING_RULES = ("poisson", "tnb")
+CURVES = ("zcdp", "grid")  # r(l) = rho l at every order, or the step curve rho g+(l) on TRIAL_GRID
+# the public orders G at which a scheduled trial's RDP curve is bounded by rho g (module docstring): 1.25 to
+# 4.75 by 0.25, the integers 5 to 64, then 72 to 256 by 8 (few fractional orders: dp-accounting's series for
+# them is slow); the search's conversion uses these orders (where c is tight), none above 256
+TRIAL_GRID = tuple(
+    float(x) for x in np.concatenate([np.arange(1.25, 5.0, 0.25), np.arange(5.0, 65.0), np.arange(72.0, 257.0, 8.0)])
+)
 # the orders l of the search's RDP curve (conversion to (eps, delta)) and the a / l_hat grids
 ORDERS = tuple(float(x) for x in 1.0 + np.exp(np.linspace(math.log(0.011), math.log(5000.0), 600)))
 _A_GRID = 1.0 + np.exp(np.linspace(math.log(1e-4), math.log(1e7), 3000))
@@ -190,13 +225,103 @@ def search_rdp_zcdp(order: float, rho: float, stopping: Stopping) -> float:
     return rho * order + (1 + eta) * (rho * (lh - 1) + log_g / lh) + math.log(_tnb_mean(eta, gamma)) / (order - 1)
 
 
-def search_epsilon(rho: float, stopping: Stopping, delta: float) -> float:
-    """The search's ``eps`` at ``delta`` for ``rho``-zCDP trials: its RDP curve over :data:`ORDERS`,
-    converted by dp-accounting's ``compute_epsilon`` (module docstring)."""
+def grid_curve(rho: float, grid=TRIAL_GRID) -> Callable[[np.ndarray], np.ndarray]:
+    """The step curve ``c(l) = rho * g+(l)`` on ``grid`` (``inf`` above its largest order; module docstring)."""
+    g = np.asarray(grid, dtype=float)
+
+    def curve(orders) -> np.ndarray:
+        a = np.atleast_1d(np.asarray(orders, dtype=float))
+        i = np.searchsorted(g, a, side="left")  # g[i] >= a
+        out = np.full(a.shape, np.inf)
+        ok = i < len(g)
+        out[ok] = rho * g[i[ok]]
+        return out
+
+    return curve
+
+
+def _grid_search_curve(rho: float, stopping: Stopping, orders: np.ndarray) -> np.ndarray:
+    """``R(l)`` at ``orders`` (all ``<= max G``) for ``c``-RDP trials, ``c`` = :func:`grid_curve` (``rho``)."""
+    c = grid_curve(rho)
+    r = c(orders)
+    if stopping.rule == "poisson":
+        a = np.concatenate([_A_GRID[_A_GRID <= TRIAL_GRID[-1]], TRIAL_GRID])
+        ca = c(a)
+        eps_hat = np.log(orders / (orders - 1))[:, None]
+        log_d = (a - 1) * (ca - eps_hat) + (a - 1) * np.log1p(-1 / a) - np.log(a)
+        delta_hat = np.minimum(1.0, np.exp(np.minimum(np.min(log_d, axis=1), 0.0)))
+        return r + stopping.mu * delta_hat + math.log(stopping.mu) / (orders - 1)
+    lh = np.concatenate([_LHAT_GRID[_LHAT_GRID <= TRIAL_GRID[-1]], TRIAL_GRID])
+    with np.errstate(invalid="ignore"):
+        term = (1 - 1 / lh) * c(lh) + math.log(1 / stopping.gamma) / lh
+    fixed = (1 + stopping.eta) * float(np.min(term))
+    return r + fixed + math.log(_tnb_mean(stopping.eta, stopping.gamma)) / (orders - 1)
+
+
+def schedule_rdp(sampling_rate: float, noise_multiplier: float, steps: int) -> np.ndarray:
+    """An RDP bound of ``steps`` Poisson-subsampled Gaussian steps at every order ``g`` of
+    :data:`TRIAL_GRID`: the least of (i) dp-accounting's bound at ``g``
+    (:func:`fedkl.privacy.rdp_conversion.rdp_curve`; it is ``inf`` at some fractional orders below 2, and
+    its fractional-order bound can exceed its bound at the next integer), (ii) its bound at any grid order
+    ``g' >= g`` (RDP is non-decreasing in the order), (iii) ``steps g / (2 z^2)``, the unsampled Gaussian's
+    (the sampled output is a mixture, on neighbours, of the unsampled mechanism's outputs and of outputs
+    equal on both: joint convexity). Each is valid, so their minimum is."""
+    from fedkl.privacy.rdp_conversion import rdp_curve
+
+    g = np.asarray(TRIAL_GRID)
+    unsampled = steps * g / (2 * noise_multiplier**2)
+    if sampling_rate >= 1:
+        return unsampled
+    with np.errstate(over="ignore", invalid="ignore"):
+        r = rdp_curve(sampling_rate, noise_multiplier, int(steps), g)
+    r = np.where(np.isnan(r), np.inf, r)
+    suffix = np.minimum.accumulate(r[::-1])[::-1]
+    return np.minimum(suffix, unsampled)
+
+
+def schedule_fits(rho: float, sampling_rate: float, noise_multiplier: float, steps: int) -> bool:
+    """Whether :func:`schedule_rdp` is at most ``rho g`` at every ``g`` of :data:`TRIAL_GRID` (then the
+    schedule is ``c``-RDP for :func:`grid_curve`; module docstring)."""
+    return bool(np.all(schedule_rdp(sampling_rate, noise_multiplier, steps) <= rho * np.asarray(TRIAL_GRID)))
+
+
+@functools.lru_cache(maxsize=256)  # pure; a trial and the preflight ask for the same one
+def schedule_multiplier(rho: float, sampling_rate: float, steps: int) -> float:
+    """The smallest noise multiplier ``z`` (bisection to 1e-6 relative, returned on the safe side) such
+    that the schedule fits ``rho`` on the grid (:func:`schedule_fits`)."""
+    if not (rho > 0 and math.isfinite(rho)):
+        raise ValueError(f"rho must be finite and > 0, got {rho}")
+    hi = max(1e-3, math.sqrt(steps / (2 * rho)))  # no amplification: T l / (2 z^2) <= rho l
+    while not schedule_fits(rho, sampling_rate, hi, steps):
+        hi *= 2.0  # (rounding at the boundary only)
+    lo = hi / 2.0
+    while lo > 1e-6 and schedule_fits(rho, sampling_rate, lo, steps):
+        lo /= 2.0
+    while hi / lo > 1 + 1e-6:
+        mid = math.sqrt(lo * hi)
+        if schedule_fits(rho, sampling_rate, mid, steps):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def search_epsilon(rho: float, stopping: Stopping, delta: float, curve: str = "zcdp") -> float:
+    """The search's ``eps`` at ``delta`` for ``rho``-zCDP trials (``curve="zcdp"``) or for trials whose
+    RDP is at most ``rho g+(l)`` (``curve="grid"``): its RDP curve over :data:`ORDERS` (those up to
+    ``max G`` for ``grid``), converted by dp-accounting's ``compute_epsilon`` (module docstring)."""
     from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta}")
+    if curve not in CURVES:
+        raise ValueError(f"the trials' curve must be one of {CURVES}, got {curve!r}")
+    if curve == "grid":
+        if not (rho > 0 and math.isfinite(rho)):
+            raise ValueError(f"rho must be finite and > 0, got {rho}")
+        orders = np.array(TRIAL_GRID)
+        eps, _ = rdp_lib.compute_epsilon(list(orders), list(_grid_search_curve(rho, stopping, orders)), delta)
+        return float(eps)
     if stopping.rule == "tnb":  # search_rdp_zcdp over every order at once (the same closed form)
         if not (rho > 0 and math.isfinite(rho)):
             raise ValueError(f"rho must be finite and > 0, got {rho}")
@@ -212,7 +337,13 @@ def search_epsilon(rho: float, stopping: Stopping, delta: float) -> float:
 
 
 __all__ = [
+    "CURVES",
     "ORDERS",
+    "TRIAL_GRID",
+    "grid_curve",
+    "schedule_fits",
+    "schedule_multiplier",
+    "schedule_rdp",
     "STOPPING_RULES",
     "Stopping",
     "dp_delta_from_rdp",
