@@ -123,3 +123,11 @@ bench: $(STAMP)
 	  $(BENCH_ENV) $(FEDKL) sweep $$study $(BENCH_RESTART) && $(FEDKL) report $$study || exit 1; done
 	@for script in $(BENCH_EXTRA); do echo "$(PY) $$script"; $(BENCH_ENV) $(PY) $$script || exit 1; done
 	$(PY) simulations/readme_tables.py --results $(BENCH_RES)
+
+# `make ray-cluster-demo`: a local two-raylet Ray cluster (a head with fedkl_shards=2 and a worker raylet with
+# fedkl_shards=1, 1 CPU and 80 MB of object store each, standing in for two nodes), a short
+# `fedkl run --backend ray-shards --shards 2 --ray-address ...` on it, then the cluster stopped (only its own
+# processes, by id: never `ray stop`). About 1 min on 2 cores. docs/ray-cluster.md
+.PHONY: ray-cluster-demo
+ray-cluster-demo: $(STAMP)
+	$(BENCH_ENV) $(PY) simulations/ray_cluster.py demo
