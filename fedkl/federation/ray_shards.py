@@ -107,6 +107,12 @@ class Shard:
         """``(users held, parameter count, dtype)``: what the server checks once at start."""
         return self.federation.num_users, self.federation.num_params, str(self.federation.problem.dtype)
 
+    def node(self) -> str:
+        """The Ray node id this shard runs on (tests: where the placement put it)."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
     def records(self) -> tuple[int, int, int]:
         """``(train records, test records, process id)`` this shard holds (tests: only its block's)."""
         f = self.federation
