@@ -107,16 +107,25 @@ class Shard:
         """``(users held, parameter count, dtype)``: what the server checks once at start."""
         return self.federation.num_users, self.federation.num_params, str(self.federation.problem.dtype)
 
-    def node(self) -> str:
-        """The Ray node id this shard runs on (tests: where the placement put it)."""
+    def stats(self) -> dict:
+        """What this shard holds and where (tests and simulations/bench_ray_shards.py): its train and
+        test records, its process id, Ray node id and peak resident memory (VmHWM, MiB)."""
         import ray
 
-        return ray.get_runtime_context().get_node_id()
-
-    def records(self) -> tuple[int, int, int]:
-        """``(train records, test records, process id)`` this shard holds (tests: only its block's)."""
+        peak = None
+        try:
+            with open("/proc/self/status") as f:
+                peak = next((int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM:")), None)
+        except OSError:
+            pass
         f = self.federation
-        return len(f._train.y), len(f._test.y), os.getpid()
+        return {
+            "train": len(f._train.y),
+            "test": len(f._test.y),
+            "pid": os.getpid(),
+            "node": ray.get_runtime_context().get_node_id(),
+            "peak_rss_mb": peak,
+        }
 
     def answer(self, query: Query, local: list[int], total: bool) -> tuple[torch.Tensor, list[int]]:
         """The rows of the users at block positions ``local`` (their sum when ``total``) and the block

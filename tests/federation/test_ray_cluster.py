@@ -82,7 +82,7 @@ def test_a_worker_raylet_killed_mid_run_fails_its_shards_users_for_that_request(
             with PrivacyLedger(os.path.join(cfg.out, "ledger.sqlite")) as led:
                 released = led.num_releases()
             if released >= 1:  # the event: round 1's release is charged (and made)
-                nodes = ray.get([a.node.remote() for a in self.actors])
+                nodes = [st["node"] for st in ray.get([a.stats.remote() for a in self.actors])]
                 assert nodes.count(worker_node) == 1, nodes  # fedkl_shards spread them: one shard per node
                 killed.update(shard=nodes.index(worker_node), releases=released)
                 os.kill(cluster.raylet_pid("worker"), signal.SIGKILL)

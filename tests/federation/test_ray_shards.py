@@ -273,10 +273,10 @@ def test_shards_of_a_data_file_hold_only_their_users_and_train_as_inprocess(tmp_
     dataset = load_run_data(cfg)[0]
     fed = RayShardFederation(functools.partial(load_shard_data, cfg), dataset.train.user_ids, 2)
     try:
-        held = ray.get([a.records.remote() for a in fed.actors])
+        held = [(h["train"], h["test"]) for h in ray.get([a.stats.remote() for a in fed.actors])]
     finally:
         fed.close()
-    for (train, test, _), b in zip(held, blocks(40, 2)):
+    for (train, test), b in zip(held, blocks(40, 2)):
         assert (train, test) == (len(dataset.train.subset(list(b)).y), len(dataset.test.subset(list(b)).y))
     assert sum(h[0] for h in held) == len(dataset.train.y) and held[0][0] < len(dataset.train.y)
     ref = run_training(_cfg(tmp_path, "ref", **kw), log=lambda s: None)
