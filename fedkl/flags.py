@@ -324,7 +324,7 @@ def _add_run_arguments(run: argparse.ArgumentParser, algorithm: str | None, cat:
         metavar="HOST:PORT",
         help="--backend ray-shards: the running Ray cluster to place the shards on (a `ray start --head` "
         "address, or auto; default: RAY_ADDRESS when set, else a local Ray instance for the run). Nodes that "
-        "declare the resource fedkl_shards host the shards, one unit each (docs/ray-cluster.md)",
+        "declare the resource fedkl_shards host the shards, one unit each (docs/how-to/ray-cluster.md)",
     )
     run.add_argument(
         "--kernels",

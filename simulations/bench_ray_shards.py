@@ -282,8 +282,10 @@ def population(argv=None) -> int:
     p.add_argument("--users", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     p.add_argument("--rounds", type=int, default=POP_ROUNDS)
     p.add_argument("--out", default=os.path.join(RESULTS, "bench_ray_population.json"))
-    p.add_argument("--markdown", default=os.path.join(RESULTS, "bench_ray_population.md"))
+    p.add_argument("--markdown", default=None, help="default: --out with .md")
     args = p.parse_args(argv)
+    args.markdown = args.markdown or os.path.splitext(args.out)[0] + ".md"
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     started = time.perf_counter()
     rows = []
     with tempfile.TemporaryDirectory(prefix="fedkl-pop-") as tmp, LocalCluster(head_shards=1, worker_shards=1) as cl:
@@ -323,6 +325,8 @@ def _mm(xs, scale=1.0) -> str:
 
 def population_markdown(info: dict) -> str:
     lines = [
+        "# ray-shards at 10^4-10^6 enrolled users (Poisson cohorts, local two-raylet cluster)",
+        "",
         "| enrolled users | cohort (mean) | round s min / med | request s min / med | ledger: up-front charge s "
         "| ledger + journal ms per round min / med | driver peak RSS MiB | shard peak RSS MiB | file MiB |",
         "|---|---|---|---|---|---|---|---|---|",

@@ -28,7 +28,7 @@ shards, so sums are compared to a stated tolerance (tests/federation/test_ray_sh
 
 Cluster. ``address`` (``fedkl run --ray-address HOST:PORT``, else ``RAY_ADDRESS``) connects to a
 running cluster (``ray start --head`` and worker raylets: ``make ray-cluster-demo``,
-docs/ray-cluster.md); without one a local Ray instance is started for the run and stopped at
+docs/how-to/ray-cluster.md); without one a local Ray instance is started for the run and stopped at
 :meth:`close`. Placement is by resources, through Ray's scheduler: when a node of the cluster declares
 the custom resource :data:`SHARD_RESOURCE` (``ray start --resources '{"fedkl_shards": 2}'``: it may
 host 2 shards), every shard asks one unit of it, so shards go only to such nodes, at most that many
