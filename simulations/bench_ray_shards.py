@@ -327,18 +327,20 @@ def population_markdown(info: dict) -> str:
     lines = [
         "# ray-shards at 10^4-10^6 enrolled users (Poisson cohorts, local two-raylet cluster)",
         "",
-        "| enrolled users | cohort (mean) | round s min / med | request s min / med | ledger: up-front charge s "
-        "| ledger + journal ms per round min / med | driver peak RSS MiB | shard peak RSS MiB | file MiB |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| enrolled users | cohort (mean) | round ms min / med | request ms min / med | ledger: up-front charge s "
+        "| ledger + journal ms per round min / med | driver peak RSS MiB | shard peak RSS MiB | file MiB "
+        "| whole run s (shards' start) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in info["rows"]:
         per_round = r["journal_records_s"]  # dp-fedavg: one journal row per round, no ledger write
         upfront = sum(r["ledger_charges_s"])
         lines.append(
-            f"| {r['users']:,} | {statistics.mean(r['cohorts']):.0f} | {_mm(r['round_s'])} | {_mm(r['request_s'])} "
+            f"| {r['users']:,} | {statistics.mean(r['cohorts']):.0f} | {_mm(r['round_s'], 1e3)} "
+            f"| {_mm(r['request_s'], 1e3)} "
             f"| {upfront:.2f} ({len(r['ledger_charges_s'])} charge) | {_mm(per_round, 1e3)} "
             f"| {r['driver_peak_rss_mb']:.0f} | {' / '.join(f'{m:.0f}' for m in r['shards_peak_rss_mb'])} "
-            f"| {r['file_mb']:.0f} |"
+            f"| {r['file_mb']:.0f} | {r['run_s']:.0f} ({r['shards_start_s']:.0f}) |"
         )
     lines.append(
         f"\nOne invocation ({info['seconds']:.0f} s in all; load average {info['load'][0]:.1f} at the end) on "
@@ -347,7 +349,11 @@ def population_markdown(info: dict) -> str:
         f"{info['records_per_user']} records per user) with Poisson rate {info['expected_cohort']} / n; a round = "
         "request to request on the server (the cohort's answers, noise, journal). Ledger: dp-fedavg charges its "
         "whole schedule once, up front, to every enrolled user (one transaction); each round then writes one "
-        "journal row and nothing to the ledger.\n"
+        "journal row and nothing to the ledger: its per-round cost is flat in the population. What does grow with n "
+        "in a round is the Poisson draw (one secure uniform per enrolled user: 80-230 ms for 10^6 here, measured "
+        "apart), not the ledger. The whole run also holds the driver's load of the file, the "
+        "PLD calibration of the schedule (dp-accounting) and the result files; the shards' start is each actor "
+        "importing torch and reading its block.\n"
     )
     return "\n".join(lines) + "\n"
 
