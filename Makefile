@@ -41,7 +41,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(BENCH_ENV) $(PY) -m pytest -q  # one torch thread: two spin-waiting threads on a loaded machine cost up to 25x
+	$(BENCH_ENV) $(PY) -m pytest -q -m "not cluster"  # one torch thread: two spin-waiting threads on a loaded machine cost up to 25x
 
 # `make docs`: the documentation site (mkdocs.yml, docs/) into site/, warnings as errors; its algorithm catalogue
 # comes from the registry and its studies from simulations/results/ at build time (docs/hooks/)
@@ -126,3 +126,16 @@ bench: $(STAMP)
 	  $(BENCH_ENV) $(FEDKL) sweep $$study $(BENCH_RESTART) && $(FEDKL) report $$study || exit 1; done
 	@for script in $(BENCH_EXTRA); do echo "$(PY) $$script"; $(BENCH_ENV) $(PY) $$script || exit 1; done
 	$(PY) simulations/readme_tables.py --results $(BENCH_RES)
+
+# `make ray-cluster-demo`: a local two-raylet Ray cluster (a head with fedkl_shards=2 and a worker raylet with
+# fedkl_shards=1, 1 CPU and 80 MB of object store each, standing in for two nodes), a short
+# `fedkl run --backend ray-shards --shards 2 --ray-address ...` on it, then the cluster stopped (only its own
+# processes, by id: never `ray stop`). About 1 min on 2 cores. docs/ray-cluster.md
+.PHONY: ray-cluster-demo ray-cluster-test
+ray-cluster-demo: $(STAMP)
+	$(BENCH_ENV) $(PY) simulations/ray_cluster.py demo
+
+# `make ray-cluster-test`: the tests marked `cluster` (left out of `make test`: ~1-2 min each on 2 cores): a worker
+# raylet of a local cluster SIGKILLed mid-run (tests/federation/test_ray_cluster.py)
+ray-cluster-test: $(STAMP)
+	$(BENCH_ENV) $(PY) -m pytest -q -m cluster tests/federation

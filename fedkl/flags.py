@@ -316,7 +316,15 @@ def _add_run_arguments(run: argparse.ArgumentParser, algorithm: str | None, cat:
         type=_positive(int),
         default=d.shards,
         help="--backend ray-shards: Ray actors, each holding a block of users (default %(default)s; "
-        "RAY_ADDRESS or ray.init(address=...) spreads them over a cluster)",
+        "--ray-address spreads them over a cluster)",
+    )
+    run.add_argument(
+        "--ray-address",
+        default=d.ray_address,
+        metavar="HOST:PORT",
+        help="--backend ray-shards: the running Ray cluster to place the shards on (a `ray start --head` "
+        "address, or auto; default: RAY_ADDRESS when set, else a local Ray instance for the run). Nodes that "
+        "declare the resource fedkl_shards host the shards, one unit each (docs/how-to/ray-cluster.md)",
     )
     run.add_argument(
         "--kernels",

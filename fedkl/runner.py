@@ -160,6 +160,9 @@ class RunConfig:
     # ledger, a sweep's run key) always names the kernels that actually ran
     kernels: str = "auto"
     shards: int = 2  # --backend ray-shards: Ray actors, each holding a block of users (fedkl.federation.ray_shards)
+    # --backend ray-shards: the Ray cluster to connect to ("HOST:PORT" of a `ray start --head`, or "auto");
+    # None: RAY_ADDRESS when set, else a local Ray instance started for the run
+    ray_address: str | None = None
     params: AlgorithmParams | None = None
 
     def __post_init__(self) -> None:

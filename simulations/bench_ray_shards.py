@@ -36,11 +36,13 @@ if __package__ in (None, ""):  # run as a script
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECORDS, DIM = 20, 50
 
 
-def build(n: int) -> tuple:
-    """``(dataset, problem)``: what every shard (and the in-process reference) computes on."""
+def build(n: int, block: range | None = None) -> tuple:
+    """``(dataset, problem)``: what every shard (and the in-process reference) computes on (generated
+    whole: a shard keeps its ``block``)."""
     from fedkl.data import load_dataset
     from fedkl.problems import make_problem
 
@@ -138,6 +140,224 @@ def main(argv=None) -> dict:
     return info
 
 
+# --- population: 10^4 .. 10^6 enrolled users, Poisson cohorts, on a local two-raylet cluster -------------------
+
+POP_RECORDS, POP_DIM, POP_COHORT, POP_ROUNDS = 3, 10, 1000, 4
+
+
+def write_population(path: str, n: int, seed: int = 0) -> str:
+    """A user-partitioned .npz of ``n`` users x POP_RECORDS records, d = POP_DIM features in the unit
+    ball, labels from a logistic model: what each shard reads its own block of."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    rows = n * POP_RECORDS
+    X = rng.normal(size=(rows, POP_DIM)) / (2 * np.sqrt(POP_DIM))
+    X /= np.maximum(1.0, np.linalg.norm(X, axis=1))[:, None] * (1 + 1e-9)  # inside the unit ball, rounding included
+    w = np.linspace(-3, 3, POP_DIM)
+    y = (rng.random(rows) < 1 / (1 + np.exp(-X @ w))).astype(np.int8)
+    cols = {f"x{j}": np.ascontiguousarray(X[:, j]) for j in range(POP_DIM)}
+    np.savez(path, user=np.repeat(np.arange(n, dtype=np.int64), POP_RECORDS), y=y, **cols)
+    return path
+
+
+def population_one(argv) -> int:
+    """One ``fedkl run`` of dp-fedavg (Poisson rate POP_COHORT / n) through ray-shards on ``--address``,
+    in this process, timed: prints one JSON line."""
+    import resource
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--file", required=True)
+    p.add_argument("--users", type=int, required=True)
+    p.add_argument("--address", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--rounds", type=int, default=POP_ROUNDS)
+    p.add_argument("--shards", type=int, default=2)
+    args = p.parse_args(argv)
+
+    import ray
+
+    import fedkl.flower.backends  # noqa: F401  (registers ray-shards)
+    from fedkl.federation.ray_shards import RayShardFederation
+    from fedkl.privacy.journal import ReleaseJournal
+    from fedkl.privacy.ledger import PrivacyLedger
+    from fedkl.runner import RunConfig, run_training
+
+    asks, ledger_s, journal_s, shard_stats = [], [], [], []
+
+    def timed_method(cls, name, into):
+        plain = getattr(cls, name)
+
+        def wrapper(self, *a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return plain(self, *a, **kw)
+            finally:
+                into.append(time.perf_counter() - t0)
+
+        setattr(cls, name, wrapper)
+
+    plain_ask, plain_close, plain_init = RayShardFederation._ask, RayShardFederation.close, RayShardFederation.__init__
+    start_s = []
+
+    def init(self, *a, **kw):
+        t0 = time.perf_counter()
+        plain_init(self, *a, **kw)
+        start_s.append(time.perf_counter() - t0)
+
+    def ask(self, query, users, total):
+        t0 = time.perf_counter()
+        ans = plain_ask(self, query, users, total)
+        asks.append({"start": t0, "secs": time.perf_counter() - t0, "cohort": len(ans.users)})
+        return ans
+
+    def close(self):
+        if getattr(self, "actors", None) and not shard_stats:
+            shard_stats.extend(ray.get([a.stats.remote() for a in self.actors]))
+        return plain_close(self)
+
+    RayShardFederation._ask, RayShardFederation.close, RayShardFederation.__init__ = ask, close, init
+    timed_method(PrivacyLedger, "charge", ledger_s)
+    timed_method(ReleaseJournal, "record", journal_s)
+    cfg = RunConfig.from_settings(
+        strict=False,
+        dataset=args.file,
+        user_column="user",
+        label_column="y",
+        algorithm="dp-fedavg",
+        neighbouring="add-remove",  # Poisson sampling is accounted under add-remove
+        sampling_rate=POP_COHORT / args.users,
+        rounds=args.rounds,
+        epsilon=2.0,
+        reference=False,
+        backend="ray-shards",
+        shards=args.shards,
+        ray_address=args.address,
+        out=args.out,
+    )
+    t0 = time.perf_counter()
+    lines = []  # (seconds since the start, the run's log line): where the run's time goes
+    result = run_training(cfg, log=lambda s: lines.append((round(time.perf_counter() - t0, 2), s[:100])))
+    total = time.perf_counter() - t0
+    starts = [a["start"] for a in asks]
+    rounds = [b - a for a, b in zip(starts, starts[1:])]  # request to request: the whole round on the server
+    print(
+        json.dumps(
+            {
+                "users": args.users,
+                "shards": args.shards,
+                "rounds": len(asks),
+                "cohorts": [a["cohort"] for a in asks],
+                "request_s": [a["secs"] for a in asks],
+                "round_s": rounds,
+                "run_s": total,
+                "shards_start_s": start_s[0],
+                "ledger_charges_s": ledger_s,
+                "journal_records_s": journal_s,
+                "driver_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                "shards_peak_rss_mb": [s["peak_rss_mb"] for s in shard_stats],
+                "shards_train_records": [s["train"] for s in shard_stats],
+                "shard_nodes": len({s["node"] for s in shard_stats}),
+                "failures": result["failures"]["counts"],
+                "epsilon": result.get("epsilon"),
+                "log": lines,
+            }
+        ),
+        flush=True,
+    )
+    return 0
+
+
+def population(argv=None) -> int:
+    """``python simulations/bench_ray_shards.py population [--users 10000 100000 1000000]``: a local
+    two-raylet cluster (simulations/ray_cluster.py), then one dp-fedavg run per population size through
+    ray-shards (2 shards, one per node), each in its own process (its own peak RSS); the table into
+    simulations/results/bench_ray_population.{json,md}."""
+    import subprocess
+    import tempfile
+
+    from simulations.ray_cluster import LocalCluster
+
+    p = argparse.ArgumentParser(prog="bench_ray_shards.py population")
+    p.add_argument("--users", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    p.add_argument("--rounds", type=int, default=POP_ROUNDS)
+    p.add_argument("--out", default=os.path.join(RESULTS, "bench_ray_population.json"))
+    p.add_argument("--markdown", default=None, help="default: --out with .md")
+    args = p.parse_args(argv)
+    args.markdown = args.markdown or os.path.splitext(args.out)[0] + ".md"
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    started = time.perf_counter()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="fedkl-pop-") as tmp, LocalCluster(head_shards=1, worker_shards=1) as cl:
+        for n in args.users:
+            t0 = time.perf_counter()
+            path = write_population(os.path.join(tmp, f"pop{n}.npz"), n)
+            write_s = time.perf_counter() - t0
+            cmd = [sys.executable, os.path.abspath(__file__), "population-one", "--file", path, "--users", str(n),
+                   "--address", cl.address, "--out", os.path.join(tmp, f"run{n}"), "--rounds", str(args.rounds)]  # fmt: skip
+            out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": REPO})
+            if out.returncode:
+                raise SystemExit(f"population-one {n} failed:\n{out.stderr[-3000:]}")
+            row = json.loads(out.stdout.strip().splitlines()[-1])
+            rows.append({**row, "write_file_s": write_s, "file_mb": os.path.getsize(path) / 2**20})
+            print(json.dumps(rows[-1]), flush=True)
+    info = {
+        "records_per_user": POP_RECORDS,
+        "dim": POP_DIM,
+        "expected_cohort": POP_COHORT,
+        "cpus": os.cpu_count(),
+        "load": os.getloadavg(),
+        "seconds": time.perf_counter() - started,
+        "rows": rows,
+    }
+    with open(args.out, "w") as f:
+        json.dump(info, f, indent=1)
+    table = population_markdown(info)
+    with open(args.markdown, "w") as f:
+        f.write(table)
+    print(table)
+    return 0
+
+
+def _mm(xs, scale=1.0) -> str:
+    return f"{scale * min(xs):.1f} / {scale * statistics.median(xs):.1f}" if xs else "-"
+
+
+def population_markdown(info: dict) -> str:
+    lines = [
+        "# ray-shards at 10^4-10^6 enrolled users (Poisson cohorts, local two-raylet cluster)",
+        "",
+        "| enrolled users | cohort (mean) | round ms min / med | request ms min / med | ledger: up-front charge s "
+        "| ledger + journal ms per round min / med | driver peak RSS MiB | shard peak RSS MiB | file MiB "
+        "| whole run s (shards' start) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in info["rows"]:
+        per_round = r["journal_records_s"]  # dp-fedavg: one journal row per round, no ledger write
+        upfront = sum(r["ledger_charges_s"])
+        lines.append(
+            f"| {r['users']:,} | {statistics.mean(r['cohorts']):.0f} | {_mm(r['round_s'], 1e3)} "
+            f"| {_mm(r['request_s'], 1e3)} "
+            f"| {upfront:.2f} ({len(r['ledger_charges_s'])} charge) | {_mm(per_round, 1e3)} "
+            f"| {r['driver_peak_rss_mb']:.0f} | {' / '.join(f'{m:.0f}' for m in r['shards_peak_rss_mb'])} "
+            f"| {r['file_mb']:.0f} | {r['run_s']:.0f} ({r['shards_start_s']:.0f}) |"
+        )
+    lines.append(
+        f"\nOne invocation ({info['seconds']:.0f} s in all; load average {info['load'][0]:.1f} at the end) on "
+        f"{info['cpus']} shared CPU cores: a local two-raylet Ray cluster (simulations/ray_cluster.py), 2 shards "
+        f"(one per node, each reading only its block of the file); dp-fedavg (logistic, d = {info['dim']}, "
+        f"{info['records_per_user']} records per user) with Poisson rate {info['expected_cohort']} / n; a round = "
+        "request to request on the server (the cohort's answers, noise, journal). Ledger: dp-fedavg charges its "
+        "whole schedule once, up front, to every enrolled user (one transaction); each round then writes one "
+        "journal row and nothing to the ledger: its per-round cost is flat in the population. What does grow with n "
+        "in a round is the Poisson draw (one secure uniform per enrolled user: 80-230 ms for 10^6 here, measured "
+        "apart), not the ledger. The whole run also holds the driver's load of the file, the "
+        "PLD calibration of the schedule (dp-accounting) and the result files; the shards' start is each actor "
+        "importing torch and reading its block.\n"
+    )
+    return "\n".join(lines) + "\n"
+
+
 def markdown(info: dict) -> str:
     lines = [
         "| users | backend | start s | sum ms min / med | x in-process (sum) | rows ms min / med | rows bit-equal | sum max abs diff |",
@@ -158,4 +378,8 @@ def markdown(info: dict) -> str:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["population"]:
+        sys.exit(population(sys.argv[2:]))
+    if sys.argv[1:2] == ["population-one"]:
+        sys.exit(population_one(sys.argv[2:]))
     main()

@@ -360,11 +360,16 @@ def load_file(
     user_column: str | None = None,
     split_seed: int = 0,
     test_fraction: float = 0.2,
+    block: range | None = None,
     **schema: Any,
 ) -> FederatedDataset:
     """A user-partitioned file as a :class:`FederatedDataset` (``fedkl run --dataset FILE``): the
     ``user_column`` names each record's user; ``schema`` holds the :class:`Schema` fields
     (``label_column``, ``task``, ``feature_columns``, ``feature_bound``, ``label_bound``, ``on_bound``).
+    ``block``: keep only the users at these positions (a Ray shard's block,
+    :mod:`fedkl.federation.ray_shards`): the same records, bits and split as
+    ``load_file(path).train.subset(block)`` (and ``.test``), but the feature matrices hold the block's
+    records only (the whole file passes one column at a time: the checks, the users and the split).
 
     One pass over the feature columns checks them; the split is drawn from the users; a second pass
     writes each record straight into its train or test matrix (:func:`_load`). The dataset is the one
@@ -372,7 +377,8 @@ def load_file(
     if not user_column:
         raise DataError(f"{path}: a user-partitioned file needs its user column (--user-column)")
     sch = Schema.from_settings(schema)
-    return _load(_table(path), sch, path, user_column, None, split_seed, test_fraction, os.path.basename(path))
+    name = os.path.basename(path)
+    return _load(_table(path), sch, path, user_column, None, split_seed, test_fraction, name, block)
 
 
 def load_site(
@@ -394,6 +400,7 @@ def _load(
     split_seed: int,
     test_fraction: float,
     name: str,
+    block: range | None = None,
 ) -> FederatedDataset:
     import torch
 
@@ -416,6 +423,11 @@ def _load(
     is_test = split_by_user(user_index, len(user_ids), test_fraction, np.random.default_rng(split_seed))
     parts = (np.flatnonzero(~is_test), np.flatnonzero(is_test))
     del is_test
+    if block is not None:  # the block's records only, in file order (what UserData.subset keeps)
+        if not (block.step == 1 and 0 <= block.start <= block.stop <= len(user_ids)):
+            raise ValueError(f"block must be a range of user positions within 0..{len(user_ids)}, got {block!r}")
+        parts = tuple(rows[(user_index[rows] >= block.start) & (user_index[rows] < block.stop)] for rows in parts)
+        user_ids, user_index = user_ids[block.start : block.stop], user_index - block.start
     matrices = _feature_matrices(cols, features, float(sch.feature_bound), factor, parts)
     # every value was checked finite (clipping, dividing and projecting keep it so); the ids are distinct
     train, test = (

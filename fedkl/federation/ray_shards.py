@@ -1,9 +1,13 @@
 """The vectorized federation sharded over Ray actors (``fedkl run --backend ray-shards --shards K``).
 
-The users are cut into K contiguous blocks of positions; one Ray actor per block builds the run's
-dataset and problem itself (``build()``, the same loader and seed as the server, so no record travels
-per round) and holds its block as an :class:`~fedkl.federation.inprocess.InProcessFederation`
-(stacked per-user tensors). A request goes to every shard that holds an asked user, at once:
+The users are cut into K contiguous blocks of positions; one Ray actor per block loads ITS users
+itself (``build(block)``, the same loader and seed as the server: a data file is read one column at a
+time and only the block's records are kept, :func:`fedkl.data.files.load_file`'s ``block``; no record
+goes through the driver, at start or per round) and holds them as an
+:class:`~fedkl.federation.inprocess.InProcessFederation` (stacked per-user tensors). A generated
+dataset (synthetic, MovieLens ...) has no per-user storage: the shard draws it whole from its seed,
+keeps its block and drops the rest before answering anything (a transient peak, not a copy held).
+A request goes to every shard that holds an asked user, at once:
 
 * :meth:`RayShardFederation.sum` (``federation.sum(...).total()``): each shard answers the SUM of its
   users' rows; the server adds the block sums in shard order (fixed) and returns the total as one row;
@@ -22,13 +26,26 @@ float order; the totals agree to float64 rounding (``|error| <= (n - 1) u sum_i 
 not bit for bit. Shipping every row to the server to reproduce in-process's order would defeat the
 shards, so sums are compared to a stated tolerance (tests/federation/test_ray_shards.py).
 
+Cluster. ``address`` (``fedkl run --ray-address HOST:PORT``, else ``RAY_ADDRESS``) connects to a
+running cluster (``ray start --head`` and worker raylets: ``make ray-cluster-demo``,
+docs/how-to/ray-cluster.md); without one a local Ray instance is started for the run and stopped at
+:meth:`close`. Placement is by resources, through Ray's scheduler: when a node of the cluster declares
+the custom resource :data:`SHARD_RESOURCE` (``ray start --resources '{"fedkl_shards": 2}'``: it may
+host 2 shards), every shard asks one unit of it, so shards go only to such nodes, at most that many
+per node, spread (``SPREAD``) over them; otherwise each shard asks one CPU.
+
 Failures. A user whose answer is non-finite is zeroed and listed in ``failed`` as in-process. A shard
 whose actor dies during a request: its asked users fail that request ('shard-died': zero rows, listed
 in ``failed``, the reason saved in :meth:`failure_report`; they were charged like every asked user,
 and the noise is unchanged, so the sensitivity of the sum holds); Ray restarts the actor from the same
-``build`` (``max_restarts`` times per shard), and the next request asks it again. A shard that dies
+``build`` (``max_restarts`` times per shard), and the next request asks it again. A worker raylet
+(a node) that dies takes its shards with it: they fail that request the same way and restart on a
+node that still has the resource (``SPREAD`` is a preference, not a pin; with none free the request
+waits at most :data:`RESTART_WAIT_S` and the shard's next request finds it dead, which counts as
+another death). The restarted shard loads its block again from the data file, so the file must be
+readable at the same path on every node that can host a shard (shared storage). A shard that dies
 more than ``max_restarts`` times stops the run with one line (a RuntimeError; the ledger keeps every
-charge made).
+charge made). tests/federation/test_ray_cluster.py kills a worker raylet mid-run.
 """
 
 from __future__ import annotations
@@ -45,6 +62,7 @@ from fedkl.federation.base import Answers, Federation, Query, failure_summary
 from fedkl.federation.inprocess import InProcessFederation
 from fedkl.problems.rowwise import kernels
 
+SHARD_RESOURCE = "fedkl_shards"  # a node's custom resource: how many shards it may host
 RESTART_WAIT_S = 300.0  # how long a request waits for a dead shard's restart before going on
 
 FAILURE_KINDS = {
@@ -69,21 +87,45 @@ def digest(user_ids: Sequence[str]) -> str:
 
 class Shard:
     """One Ray actor's block of users (run as ``ray.remote(Shard)``): an in-process federation over
-    the users at ``positions`` of the dataset that ``build()`` returns as ``(dataset, problem, ...)``."""
+    the users at positions ``block``. ``build(block)`` returns ``(dataset, problem, ...)`` where the
+    dataset holds exactly the block's users (a loader that reads only them) or all users (then the
+    shard keeps the block and drops the rest)."""
 
-    def __init__(self, build: Callable[[], tuple], block: range, ids_digest: str, mode: str) -> None:
-        dataset, problem = build()[:2]
-        positions = list(block)
-        if ids_digest != digest(dataset.train.user_ids[block.start : block.stop]):
+    def __init__(self, build: Callable[[range], tuple], block: range, ids_digest: str, mode: str) -> None:
+        dataset, problem = build(block)[:2]
+        if len(dataset.train.user_ids) != len(block):  # the whole population: keep the block, drop the rest
+            positions = list(block)
+            train, test = dataset.train.subset(positions), dataset.test.subset(positions)
+            dataset = dataclasses.replace(dataset, train=train, test=test)
+        if ids_digest != digest(dataset.train.user_ids):
             raise ValueError("the shard's dataset lists other users than the server's (same loader and seed?)")
-        train, test = dataset.train.subset(positions), dataset.test.subset(positions)
-        self.federation = InProcessFederation(problem, dataclasses.replace(dataset, train=train, test=test))
+        self.federation = InProcessFederation(problem, dataset)
         self.mode = mode
         self.crash_next = False
 
     def info(self) -> tuple[int, int, str]:
         """``(users held, parameter count, dtype)``: what the server checks once at start."""
         return self.federation.num_users, self.federation.num_params, str(self.federation.problem.dtype)
+
+    def stats(self) -> dict:
+        """What this shard holds and where (tests and simulations/bench_ray_shards.py): its train and
+        test records, its process id, Ray node id and peak resident memory (VmHWM, MiB)."""
+        import ray
+
+        peak = None
+        try:
+            with open("/proc/self/status") as f:
+                peak = next((int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM:")), None)
+        except OSError:
+            pass
+        f = self.federation
+        return {
+            "train": len(f._train.y),
+            "test": len(f._test.y),
+            "pid": os.getpid(),
+            "node": ray.get_runtime_context().get_node_id(),
+            "peak_rss_mb": peak,
+        }
 
     def answer(self, query: Query, local: list[int], total: bool) -> tuple[torch.Tensor, list[int]]:
         """The rows of the users at block positions ``local`` (their sum when ``total``) and the block
@@ -102,19 +144,22 @@ class Shard:
 class RayShardFederation(Federation):
     """All users, in ``shards`` Ray actors holding contiguous blocks (see the module docstring).
 
-    ``build``: a picklable callable that returns ``(dataset, problem, ...)`` on any node (e.g.
-    ``functools.partial(fedkl.runner.load_run_data, cfg)``); ``user_ids``: the server's list of the
-    users, in position order (each shard checks that its dataset lists the same). Uses the running Ray
-    instance when there is one (``ray.init(address=...)`` before, or ``RAY_ADDRESS``), else starts a
-    local one and stops it at :meth:`close`. ``mode``: the kernel mode the shards compute in.
+    ``build``: a picklable callable, ``build(block)`` returns ``(dataset, problem, ...)`` on any node
+    (:class:`Shard`; ``fedkl run``'s reads only the block from a data file); ``user_ids``: the
+    server's list of the users, in position order (each shard checks that its dataset lists the same
+    block). ``address``: the cluster to connect to (``ray.init(address=...)``; disconnected at
+    :meth:`close`, the cluster keeps running); None: the running Ray instance when this process has
+    one, else ``RAY_ADDRESS`` when set, else a local instance started here and stopped at :meth:`close`.
+    ``mode``: the kernel mode the shards compute in.
     """
 
     def __init__(
         self,
-        build: Callable[[], tuple],
+        build: Callable[[range], tuple],
         user_ids: Sequence[str],
         shards: int,
         *,
+        address: str | None = None,
         mode: str = "reproducible",
         max_restarts: int = 1,
         actor_options: dict[str, Any] | None = None,
@@ -131,9 +176,19 @@ class RayShardFederation(Federation):
             self._owner[b.start : b.stop] = k
         self._started_ray = not ray.is_initialized()
         if self._started_ray:
-            ray.init(include_dashboard=False, log_to_driver=False)
+            try:
+                ray.init(address=address, include_dashboard=False, log_to_driver=False)
+            except ConnectionError as exc:
+                self._started_ray = False
+                raise RuntimeError(
+                    f"ray-shards: cannot connect to the Ray cluster {address!r}: {_first_line(exc)}"
+                ) from None
+        if SHARD_RESOURCE in ray.cluster_resources():  # placed by the nodes' declared shard capacity
+            placement = {"num_cpus": 0, "resources": {SHARD_RESOURCE: 1}}
+        else:
+            placement = {"num_cpus": 1}
         options = {
-            "num_cpus": 1,
+            **placement,
             "max_restarts": self.max_restarts,
             "max_task_retries": 0,
             "scheduling_strategy": "SPREAD",  # one block per node where the cluster has several

@@ -9,7 +9,8 @@ import functools
 import os
 from typing import Any
 
-from fedkl.data.files import is_data_file
+from fedkl.data import load_dataset
+from fedkl.data.files import DATA_SETTINGS, dataset_kwargs, is_data_file
 from fedkl.flower.codec import ClientSpec
 from fedkl.problems.rowwise import kernel_mode
 from fedkl.runner import Transport, load_run_data, register_transport
@@ -35,15 +36,25 @@ def _train_over_grpc(cfg: Any, dataset: Any, out: str, log: Any, recover: str | 
     return train_over_grpc(cfg, dataset, out, log=log, recover=recover)
 
 
+def load_shard_data(cfg: Any, block: range) -> tuple:
+    """A Ray shard's ``(dataset, problem, name)`` (:class:`fedkl.federation.ray_shards.Shard`): from a
+    data file only the users at positions ``block`` (:func:`fedkl.data.files.load_file`); a generated
+    dataset whole (the shard keeps its block)."""
+    if not is_data_file(cfg.dataset):
+        return load_run_data(cfg)
+    kw = dataset_kwargs({k: getattr(cfg, k, None) for k in DATA_SETTINGS})
+    return load_run_data(cfg, load_dataset(cfg.dataset, **kw, block=block))
+
+
 def _open_ray_shards(cfg: Any, dataset: Any):
-    """Every shard builds the run's data and problem itself from ``cfg`` (same loader, same seed; a
-    data file by its absolute path, whatever the actor's working directory)."""
+    """Every shard loads its users itself from ``cfg`` (same loader, same seed; a data file by its
+    absolute path, whatever the actor's working directory or node)."""
     from fedkl.federation.ray_shards import RayShardFederation
 
     if is_data_file(cfg.dataset):
         cfg = dataclasses.replace(cfg, dataset=os.path.abspath(cfg.dataset))
-    build = functools.partial(load_run_data, cfg)
-    return RayShardFederation(build, dataset.train.user_ids, cfg.shards, mode=kernel_mode())
+    build = functools.partial(load_shard_data, cfg)
+    return RayShardFederation(build, dataset.train.user_ids, cfg.shards, address=cfg.ray_address, mode=kernel_mode())
 
 
 register_transport("flower-local", Transport(open=_open("flower-local")))

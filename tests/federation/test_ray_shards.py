@@ -17,7 +17,6 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-import fedkl.flower.backends  # noqa: E402, F401  (registers ray-shards)
 from fedkl.federation.base import (  # noqa: E402
     CertifiedLocalMinimizer,
     ClippedGradient,
@@ -27,6 +26,7 @@ from fedkl.federation.base import (  # noqa: E402
 )
 from fedkl.federation.inprocess import InProcessFederation  # noqa: E402
 from fedkl.federation.ray_shards import RayShardFederation, blocks  # noqa: E402
+from fedkl.flower.backends import load_shard_data  # noqa: E402  (and registers ray-shards)
 from fedkl.privacy import PrivacyLedger  # noqa: E402
 from fedkl.runner import RunConfig, load_run_data, run_training  # noqa: E402
 from fedkl.saved_model import load_model  # noqa: E402
@@ -63,7 +63,7 @@ def pair():
     after its class (Ray has 2 CPUs here, one per actor)."""
     cfg = _cfg()
     dataset, problem, _ = load_run_data(cfg)
-    fed = RayShardFederation(functools.partial(load_run_data, cfg), dataset.train.user_ids, 2)
+    fed = RayShardFederation(functools.partial(load_shard_data, cfg), dataset.train.user_ids, 2)
     yield fed, InProcessFederation(problem, dataset)
     fed.close()
 
@@ -123,7 +123,7 @@ def test_a_shard_that_dies_fails_its_users_for_that_request_then_is_restarted():
     cfg = _cfg()
     dataset, problem, _ = load_run_data(cfg)
     ref = InProcessFederation(problem, dataset)
-    fed = RayShardFederation(functools.partial(load_run_data, cfg), dataset.train.user_ids, 2, max_restarts=1)
+    fed = RayShardFederation(functools.partial(load_shard_data, cfg), dataset.train.user_ids, 2, max_restarts=1)
     try:
         w = torch.linspace(-1, 1, ref.num_params, dtype=torch.float64)
         rows = ref.compute(ClippedGradient(w, 0.5)).values
@@ -147,7 +147,7 @@ def test_a_shard_that_dies_fails_its_users_for_that_request_then_is_restarted():
     assert ray.is_initialized()  # a federation leaves alone a Ray instance it did not start
 
 
-def _same_ledgers(a, b):
+def _same_ledgers(a, b, users=None):
     """The same releases (mechanism, sensitivity, noise scale, rho, users, ...) and every user's spend."""
     paths = [os.path.join(r["out_dir"], "ledger.sqlite") for r in (a, b)]
     with PrivacyLedger(paths[0]) as la, PrivacyLedger(paths[1]) as lb:
@@ -156,7 +156,7 @@ def _same_ledgers(a, b):
         ra, rb = ([{k: r[k] for k in r if k not in ("run_id", "id")} for r in led.releases()] for led in (la, lb))
         assert ra and ra == rb
         spends = la.user_spends()  # every charged user: rho, eps, delta, the number of releases, epsilon
-        assert len(spends) == a["config"]["users"] and spends == lb.user_spends()
+        assert len(spends) == (users or a["config"]["users"]) and spends == lb.user_spends()
 
 
 def _w(result) -> torch.Tensor:
@@ -227,3 +227,59 @@ def test_fedkl_run_backend_ray_shards_on_the_command_line(tmp_path, capsys):
     result = json.loads((out / "result.json").read_text())
     assert result["backend"] == "ray-shards" and result["config"]["shards"] == 2
     assert result["ledger"]["releases"] == 2 and result["failures"]["shard_deaths"] == [0, 0]
+
+
+def _write_file(path, users=40, seed=5):
+    """A user-partitioned .npz: ``users`` users (integer ids, shuffled records) with 3-9 records each."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    user = np.repeat(np.arange(users) * 7 + 3, rng.integers(3, 10, size=users))
+    rng.shuffle(user)
+    X = rng.normal(size=(len(user), 4)) / 3
+    np.savez(
+        path,
+        user=user,
+        y=np.where(X @ np.ones(4) + rng.normal(size=len(user)) > 0, 1, 0),
+        **{f"x{j}": X[:, j] for j in range(4)},
+    )
+    return str(path)
+
+
+def test_a_file_block_is_the_subset_of_the_whole_file_bit_for_bit(tmp_path):
+    """load_file(block=...) keeps only the block's records: the same users, records, order, split and
+    bits as the whole file's subset (what a shard used to build by loading everything)."""
+    from fedkl.data.files import load_file
+
+    path = _write_file(tmp_path / "d.npz")
+    whole = load_file(path, user_column="user", label_column="y", split_seed=4, on_bound="clip")
+    for block in (range(0, 13), range(13, 40), range(40, 40)):
+        part = load_file(path, user_column="user", label_column="y", split_seed=4, on_bound="clip", block=block)
+        for a, b in ((part.train, whole.train.subset(list(block))), (part.test, whole.test.subset(list(block)))):
+            assert a.user_ids == b.user_ids and torch.equal(a.user_index, b.user_index)
+            assert torch.equal(a.X, b.X) and torch.equal(a.y, b.y)
+    with pytest.raises(ValueError, match="block must be a range of user positions"):
+        load_file(path, user_column="user", label_column="y", on_bound="clip", block=range(30, 41))
+
+
+def test_shards_of_a_data_file_hold_only_their_users_and_train_as_inprocess(tmp_path):
+    """``fedkl run --backend ray-shards`` on a file: each actor reads only its block (its records are
+    the block's, not the file's), and noisy-gd releases what in-process does (sums to rounding)."""
+    path = _write_file(tmp_path / "d.npz")
+    kw = dict(
+        dataset=path, user_column="user", label_column="y", on_bound="clip", users=None, algorithm="noisy-gd", rounds=2
+    )
+    cfg = _cfg(tmp_path, "blocks", **kw)
+    dataset = load_run_data(cfg)[0]
+    fed = RayShardFederation(functools.partial(load_shard_data, cfg), dataset.train.user_ids, 2)
+    try:
+        held = [(h["train"], h["test"]) for h in ray.get([a.stats.remote() for a in fed.actors])]
+    finally:
+        fed.close()
+    for (train, test), b in zip(held, blocks(40, 2)):
+        assert (train, test) == (len(dataset.train.subset(list(b)).y), len(dataset.test.subset(list(b)).y))
+    assert sum(h[0] for h in held) == len(dataset.train.y) and held[0][0] < len(dataset.train.y)
+    ref = run_training(_cfg(tmp_path, "ref", **kw), log=lambda s: None)
+    sh = run_training(_cfg(tmp_path, "sh", backend="ray-shards", **kw), log=lambda s: None)
+    torch.testing.assert_close(_w(sh), _w(ref), rtol=0, atol=1e-12)
+    _same_ledgers(sh, ref, users=40)
