@@ -397,10 +397,13 @@ def main(argv: list[str] | None = None) -> int:
     from fedkl.runner import RunConfig
 
     if args.recover is not None:
-        if [a for a in argv[1:] if a.startswith("--") and a.split("=")[0] != "--recover"]:
-            print("fedkl run: error: --recover takes no other option (the run keeps its own settings)", file=sys.stderr)
+        if [a for a in argv[1:] if a.startswith("--") and a.split("=")[0] not in ("--recover", "--ray-address")]:
+            print(
+                "fedkl run: error: --recover takes no other option but --ray-address (the run keeps its own settings)",
+                file=sys.stderr,
+            )
             return 2
-        return _train(None, recover=args.recover)
+        return _train(None, recover=args.recover, ray_address=args.ray_address)
     try:
         settings = _run_settings(args)
         if args.resume is not None:  # the resumed run's settings; the options given here on top
@@ -448,7 +451,7 @@ def _register_backend(cfg) -> None:
         import fedkl.flower.backends  # noqa: F401  (registers the Flower backends)
 
 
-def _train(cfg, resume: str | None = None, recover: str | None = None) -> int:
+def _train(cfg, resume: str | None = None, recover: str | None = None, ray_address: str | None = None) -> int:
     """``fedkl run`` with its configuration parsed: train, with a progress bar on a terminal; a
     budget or ledger problem exits 3, Ctrl-C (or SIGTERM) one line and 128 + the signal."""
     from fedkl.privacy import BudgetExhausted, LedgerError
@@ -470,7 +473,7 @@ def _train(cfg, resume: str | None = None, recover: str | None = None) -> int:
         signal.signal(signal.SIGTERM, terminate)
     try:
         if recover is not None:
-            recover_run(recover, log=lambda s: print(s, flush=True), before=_register_backend)
+            recover_run(recover, log=lambda s: print(s, flush=True), before=_register_backend, ray_address=ray_address)
             return 0
         _register_backend(cfg)
         run_training(cfg, log=lambda s: print(s, flush=True), resume=resume)

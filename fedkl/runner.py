@@ -815,6 +815,9 @@ def run_training(
         return _run_training(cfg, log, dataset, model, resume, recover)
 
 
+# settings that say where a run's workers are, not what it computes: a recovery may name new ones (a Ray
+# cluster restarted at another address); every other setting must be the recovered run's own
+WHERE = frozenset({"ray_address"})
 JOURNAL_FILE = "journal.sqlite"  # in the run folder: the release journal (fedkl.privacy.journal)
 
 
@@ -826,7 +829,7 @@ def open_recovery(run_dir: str, cfg: RunConfig | None = None) -> ReleaseJournal:
         check_recovery_ledger(journal.header())
         settings = journal.header()["settings"]
         ours = json.loads(json.dumps((cfg or RunConfig.from_settings(**settings)).settings(), default=str))
-        differ = sorted(k for k in set(settings) | set(ours) if settings.get(k) != ours.get(k))
+        differ = sorted(k for k in (set(settings) | set(ours)) - WHERE if settings.get(k) != ours.get(k))
         if differ:
             raise JournalError(
                 f"{journal.path}: these settings are not the recovered run's ({', '.join(differ)} differ); "
@@ -849,18 +852,23 @@ def check_recovery_ledger(header: dict) -> None:
         )
 
 
-def recover_run(run_dir: str, log: Callable[[str], None] = print, before: Callable | None = None) -> dict:
+def recover_run(
+    run_dir: str, log: Callable[[str], None] = print, before: Callable | None = None, ray_address: str | None = None
+) -> dict:
     """``fedkl run --recover RUN_DIR``: finish the run of ``RUN_DIR`` whose process died (kill -9,
     power loss, OOM ...), from its release journal and its ledger, without charging any release twice
     (:class:`fedkl.privacy.release.Releaser`). The run is re-executed with its own settings, seed and
     data; what it released before the crash is returned from the journal. Not ``--resume`` (a new run
     warm-started from a finished run's released model). ``before(cfg)``: called with the run's
-    configuration before it trains (``fedkl run`` registers a Flower backend there)."""
+    configuration before it trains (``fedkl run`` registers a Flower backend there). ``ray_address``: the
+    Ray cluster to use now, where the recorded one is gone (:data:`WHERE`)."""
     run_dir = os.path.abspath(run_dir)
     journal = open_recovery(run_dir)
     try:
         header = journal.header()
         cfg = RunConfig.from_settings(**header["settings"])
+        if ray_address is not None:
+            cfg = dataclasses.replace(cfg, ray_address=ray_address)
         if header.get("deployed") and cfg.backend != "grpc":
             raise JournalError(
                 f"{run_dir} is the run of a ServerApp started by `flwr run`: recover it the same way, "

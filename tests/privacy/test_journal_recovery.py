@@ -17,7 +17,7 @@ from build_helpers import small_config  # tests/build_helpers.py
 
 from fedkl.privacy import Budget, NoiseSource, PrivacyLedger
 from fedkl.privacy.charges import GaussianCharge
-from fedkl.privacy.journal import ReleaseJournal
+from fedkl.privacy.journal import JournalError, ReleaseJournal
 from fedkl.privacy.release import RecoveryMismatch, Releaser
 from fedkl.runner import JOURNAL_FILE, RunConfig, recover_run, run_training
 
@@ -448,3 +448,27 @@ def test_kl_adaptive_gd_killed_after_a_charge_computed_from_a_buffered_value_rec
     assert _ledger_rows(ledger) == _ledger_rows(clean["ledger"]["path"])  # each release charged once
     assert _spends(ledger) == _spends(clean["ledger"]["path"])
     assert torch.equal(_model(tmp_path / "run"), _model(tmp_path / "clean"))
+
+
+def test_a_recovery_may_name_a_new_ray_cluster_but_no_other_new_setting(tmp_path, monkeypatch):
+    """Where the workers are (``--ray-address``, runner.WHERE) is not what the run computes: a recovery after
+    the cluster came back at another address is the same run; any other changed setting is refused."""
+    from fedkl.runner import open_recovery
+
+    out = tmp_path / "run"
+    with monkeypatch.context() as m:
+        _crash_after(m, 2)
+        with pytest.raises(Crash):
+            run_training(_cfg(out), log=lambda s: None)
+    open_recovery(str(out), _cfg(out, ray_address="10.0.0.9:6379")).close()
+    with pytest.raises(JournalError, match=r"\(lr differ\)"):
+        open_recovery(str(out), _cfg(out, lr=0.25))
+    res = recover_run(str(out), log=lambda s: None, ray_address="10.0.0.9:6379")  # in-process: the address is unused
+    assert res["ledger"]["releases"] == ROUNDS
+
+
+def test_fedkl_run_recover_accepts_a_ray_address(tmp_path, capsys):
+    from fedkl.cli import main
+
+    assert main(["run", "--recover", str(tmp_path), "--ray-address", "10.0.0.9:6379"]) == 3  # no journal there
+    assert "--recover takes no other option" not in capsys.readouterr().err
