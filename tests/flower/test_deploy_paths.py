@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,7 @@ def test_the_deployed_server_app_of_flwr_run_writes_the_files_and_lines_fedkl_ru
     assert f"{key} = {value:.6g}" in capsys.readouterr().out
     check_round_metrics(out, 2)  # the per-round metrics and curves of every entry point (issue 31, Operations)
     assert f"wrote 2 rounds' metrics: {out / 'metrics.jsonl'}" in said
+    assert "backend flwr-run" in said and "backend inprocess" not in said  # the transport it ran over (issue 31)
 
 
 def test_the_server_apps_files_never_carry_a_secret_samples_size(tmp_path, capsys):
@@ -114,3 +116,32 @@ def test_the_server_apps_files_never_carry_a_secret_samples_size(tmp_path, capsy
     assert len(history) == 2 and all("noisy_grad_norm" in rec for rec in history)
     assert not any("sampled" in rec for rec in history)
     assert "sampled" not in (out / "metrics.jsonl").read_text()
+
+
+def _flwr_run_in(cwd: Path, out: str, monkeypatch) -> Path:
+    """The deployed ServerApp of `flwr run` with ``fedkl-out = out``, run with ``cwd`` as its working directory
+    (its SuperLink's); returns the folder that holds result.json."""
+    rc = {"fedkl-dataset": "synthetic-least-squares", "fedkl-problem": "least-squares", "fedkl-users": 3,
+          "fedkl-rounds": 1, "fedkl-reference": False, "fedkl-wait-for-nodes": 0, "fedkl-out": out}  # fmt: skip
+    monkeypatch.chdir(cwd)
+    grid = LocalGrid(client_app.app, 3, run_config=rc)
+    server_app._deployed_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc))
+    return Path(
+        json.loads((Path(out) if os.path.isabs(out) else cwd / out).joinpath("result.json").read_text())["out_dir"]
+    )
+
+
+def test_a_relative_fedkl_out_under_flwr_run_resolves_against_the_server_apps_folder(tmp_path, monkeypatch):
+    """`flwr run . --run-config "fedkl-out='runs/x'"`: resolved when the ServerApp starts, against the directory
+    its SuperLink runs in (server_app.resolve_paths); where that is a temporary folder or Flower's home, the run is
+    refused before anything is read or charged (a ledger there could be deleted with it)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "sys-tmp"))
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr-home"))
+    (tmp_path / "site").mkdir()
+    assert _flwr_run_in(tmp_path / "site", "runs/x", monkeypatch) == tmp_path / "site" / "runs" / "x"
+    assert {"ledger.sqlite", "model.pt", "result.json"} <= {f.name for f in (tmp_path / "site/runs/x").iterdir()}
+    for inside in (tmp_path / "sys-tmp" / "fedkl-grpc-1", tmp_path / "flwr-home" / "apps"):
+        inside.mkdir(parents=True)
+        with pytest.raises(ValueError, match=f"fedkl-out='runs/x' is relative, and this ServerApp runs in {inside}"):
+            _flwr_run_in(inside, "runs/x", monkeypatch)
+        assert list(inside.iterdir()) == []  # nothing created: no folder, no ledger
