@@ -145,3 +145,35 @@ def test_a_relative_fedkl_out_under_flwr_run_resolves_against_the_server_apps_fo
         with pytest.raises(ValueError, match=f"fedkl-out='runs/x' is relative, and this ServerApp runs in {inside}"):
             _flwr_run_in(inside, "runs/x", monkeypatch)
         assert list(inside.iterdir()) == []  # nothing created: no folder, no ledger
+
+
+def test_a_deployed_run_failing_after_a_release_keeps_its_ledger_and_logs_and_says_where(tmp_path, monkeypatch, capsys):
+    """`fedkl run --backend grpc` whose ServerApp fails after its first release was charged: the ledger keeps that
+    release (its run ended failed), the logs are moved out of the removed work folder, and the one error line
+    names both (issue 31: a failed run never deletes its ledger, and says where its evidence is)."""
+
+    def fail_after_first_round(self, record):
+        raise RuntimeError(f"the server's disk is full after round {record['round']}")
+
+    def deploy_then_fail(work: Path, rc: dict, num_users: int, *args) -> dict:
+        (work / "superlink.log").write_text("the SuperLink's log\n")
+        try:
+            return _deploy_in_work(work, rc, num_users, *args)
+        except RuntimeError:  # as `flwr run` exits 0: run_grpc reads the ServerApp's flower_error.json
+            return deploy.read_outcome(Path(rc["fedkl-out"]), work / "flwr-run.log")
+
+    monkeypatch.setattr(server_app.ProgressLines, "round", fail_after_first_round)
+    monkeypatch.setattr(deploy, "_deploy", deploy_then_fail)
+    monkeypatch.setattr(deploy.tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.chdir(tmp_path)
+    argv = ["run", "--backend", "grpc", "--dataset", "synthetic-least-squares", "--problem", "least-squares"]
+    assert main([*argv, "--users", "3", "--rounds", "2", "--no-reference", "--out", "o"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    ledger, logs = tmp_path / "o" / "ledger.sqlite", tmp_path / "o" / "grpc-logs"
+    assert err.startswith("fedkl run: error: the fedkl ServerApp failed: RuntimeError: the server's disk is full")
+    assert err.endswith(f"; its ledger is {ledger}; its logs are in {logs}")
+    with PrivacyLedger(ledger) as led:
+        assert [r["status"] for r in led.runs()] == ["failed"] and led.num_releases() == 1
+    assert (logs / "superlink.log").read_text() == "the SuperLink's log\n"
+    assert list((tmp_path / "tmp").iterdir()) == []  # the work folder is gone, and nothing of the run was in it
