@@ -1067,7 +1067,7 @@ def write_run_files(
     write_json(result_path, payload)  # the private result first: an evaluation below cannot lose it
     log(_privacy_line(cfg, trained, place, receipt, payload["users"]))
     if not held:
-        log("test metric: none (the server holds no test records: each site keeps its own data)")
+        log("test metric: none (the server holds no test records: where sites keep their own data, they evaluate it)")
     else:
         got = f"{test[key]:.4f}" if key in test else "n/a (the algorithm released no model)"
         log(f"test {key} = {got}   (trivial baseline {trivial.get(key, math.nan):.4f})")
