@@ -390,11 +390,16 @@ def train_federation(
     journal_header: dict | None = None,
     scratch: bool = False,
     releaser_type: type[Releaser] = Releaser,
+    transport: str | None = None,
 ):
     """Train through ``federation`` with the ledger, filter and noise in this process; returns the result, the
-    ledger summary and the declared :class:`Guarantee` (module docstring, "Training through a federation")."""
+    ledger summary and the declared :class:`Guarantee` (module docstring, "Training through a federation").
+    ``transport``: what the budget line names as the backend (default ``cfg.backend``; a ServerApp that
+    ``flwr run`` started says ``flwr-run``, whatever its run config's ``fedkl-backend``)."""
     observer, recovering = RUN_OBSERVER.get() or RunObserver(), isinstance(journal, ReleaseJournal)
-    run = _Run(cfg, federation, problem, delta, ledger_path, run_id, noise, log, observer, recovering)
+    run = _Run(
+        cfg, federation, problem, delta, ledger_path, run_id, noise, log, observer, recovering, transport or cfg.backend
+    )
     ledger = _open_ledger(run, journal, scratch)
     # cfg.kernels in force here too, for callers that train without run_training (the audit, the ServerApp)
     with kernels(cfg.kernels), ledger:
@@ -425,6 +430,7 @@ class _Run:
     log: Callable[[str], None]
     observer: RunObserver
     recovering: bool  # the journal is the open one of a run whose process died
+    transport: str  # the backend the budget line names
 
 
 def _open_ledger(run: _Run, journal: str | ReleaseJournal | None, scratch: bool) -> PrivacyLedger:
@@ -502,7 +508,7 @@ def _refuse(run: _Run, alg, declared: Guarantee, ledger: PrivacyLedger, rho_tota
     cfg, n = run.cfg, run.federation.num_users
     try:  # a weaker trust model is an explicit opt-in where clients run their own code
         require_trust(alg.guarantee.clients, cfg.clients, run.federation.clients_run_own_code, cfg.algorithm)
-        run.log(_budget_line(cfg, declared, alg.sigma, run.delta, rho_total, n))
+        run.log(_budget_line(cfg, declared, alg.sigma, run.delta, rho_total, n, run.transport))
         if cfg.conversion == "gaussian" and not alg.gaussian_releases_only:
             raise ValueError(
                 f"{cfg.algorithm} with these settings makes a zCDP release that is not Gaussian, so the "
@@ -526,15 +532,17 @@ def _refuse(run: _Run, alg, declared: Guarantee, ledger: PrivacyLedger, rho_tota
     return forecast
 
 
-def _budget_line(cfg: RunConfig, declared: Guarantee, sigma, delta: float, rho_total: float, n: int) -> str:
+def _budget_line(
+    cfg: RunConfig, declared: Guarantee, sigma, delta: float, rho_total: float, n: int, backend: str
+) -> str:
     """The run's budget as its log says it (zCDP rho, rounds, clip and noise where the algorithm speaks zCDP)."""
     if not declared.zcdp:  # zCDP rho, rounds and clip are not what these algorithms use
         how = accountant(cfg, declared)
-        return f"budget: user-level ({cfg.neighbouring}) eps={cfg.epsilon}, delta={delta:.3g}, {how}; backend {cfg.backend}" + large_delta_note(delta, n)  # fmt: skip
+        return f"budget: user-level ({cfg.neighbouring}) eps={cfg.epsilon}, delta={delta:.3g}, {how}; backend {backend}" + large_delta_note(delta, n)  # fmt: skip
     shape = [
         f"{cfg.params.rounds} rounds" if isinstance(cfg.params, Rounds) else "",
         f"clip {cfg.params.clip}" if isinstance(cfg.params, Clip) else "",
-        f"backend {cfg.backend}",
+        f"backend {backend}",
     ]
     return (
         f"budget: user-level ({cfg.neighbouring}) eps={cfg.epsilon}, delta={delta:.3g} -> "
@@ -1049,10 +1057,13 @@ def write_run_files(
     summary, the declared guarantee, the failures), whatever the backend: ``model.pt`` with its privacy receipt,
     ``result.json`` (strict; the non-private reference added when ``cfg.reference``), and the summary lines
     (privacy, test metric, files) through ``log``; returns result.json's payload. ``backend``: the label
-    result.json gives (default ``cfg.backend``; the deployed ServerApp of ``flwr run`` says ``flwr-run``)."""
+    result.json gives (default ``cfg.backend``; the deployed ServerApp of ``flwr run`` says ``flwr-run``).
+    A server holding no records (sites that load their own files, dataset ``sites``) has no test metric, trivial
+    baseline or reference to compute: result.json says ``null`` for them and the log says there is none."""
     result, receipt = trained.result, _receipt(cfg, trained, place, resume)
-    trivial = data.problem.trivial_metrics(data.dataset.train, data.dataset.test)
-    test = {} if result.w is None else data.evaluator.evaluate(result.w, "test")
+    held = data.dataset.test.num_records > 0  # the server's own test data (none where sites keep their records)
+    trivial = data.problem.trivial_metrics(data.dataset.train, data.dataset.test) if held else {}
+    test = {} if result.w is None or not held else data.evaluator.evaluate(result.w, "test")
     key = quality_metric(test or trivial)  # an algorithm may release "no output" (e.g. a failed stability test)
     model_path = None
     if result.w is not None:  # the released model only (a private output): never the reference
@@ -1061,11 +1072,16 @@ def write_run_files(
     payload = _payload(cfg, trained, data, place, receipt, backend)
     payload["test_metric"], payload["test_metrics"] = {"name": key, "value": test.get(key)}, test
     payload.update(trivial_baseline=trivial, wall_time_s=time.time() - started, model_path=model_path)
+    if not held:
+        payload.update(test_metric=None, test_metrics=None, trivial_baseline=None, nonprivate_reference=None)
     result_path = os.path.join(place.out, "result.json")
     write_json(result_path, payload)  # the private result first: an evaluation below cannot lose it
     log(_privacy_line(cfg, trained, place, receipt, payload["users"]))
-    got = f"{test[key]:.4f}" if key in test else "n/a (the algorithm released no model)"
-    log(f"test {key} = {got}   (trivial baseline {trivial.get(key, math.nan):.4f})")
+    if not held:
+        log("test metric: none (the server holds no test records: where sites keep their own data, they evaluate it)")
+    else:
+        got = f"{test[key]:.4f}" if key in test else "n/a (the algorithm released no model)"
+        log(f"test {key} = {got}   (trivial baseline {trivial.get(key, math.nan):.4f})")
     log(f"wrote {result_path}" + (f", {model_path}" if model_path else "") + f" and ledger {place.ledger_path}")
     try:  # after result.json: a figure that cannot be drawn never fails a trained, charged run
         line = write_round_metrics(place.out, result.history, f"{cfg.algorithm} on {cfg.dataset}")
@@ -1073,7 +1089,7 @@ def write_run_files(
         line = f"note: could not write the per-round metrics ({type(exc).__name__}: {exc})"
     if line:
         log(line)
-    if cfg.reference:
+    if cfg.reference and held:
         payload["nonprivate_reference"] = reference_metrics(data.evaluator, data.spec, log)
         payload["wall_time_s"] = time.time() - started
         write_json(result_path, payload)

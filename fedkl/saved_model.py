@@ -33,6 +33,7 @@ from fedkl.problems import Problem, problem_from_spec, problem_spec
 from fedkl.results import strict
 
 FORMAT = "fedkl-model/1"
+DROPIN_FORMAT = "fedkl-dropin-model/1"  # the drop-in strategy's model.pt: the app's own network (fedkl.flower.dropin)
 _PRIVATE_SETTINGS = ("noise_seed",)  # never written to a model file
 
 
@@ -152,6 +153,12 @@ def load_model(path: str, model: Any = None) -> SavedModel:
         raise ValueError(f"{path}: no such model file") from None
     except Exception as e:  # noqa: BLE001  (any unreadable file: one line)
         raise ValueError(f"{path} is not a fedkl model file ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+    if isinstance(payload, dict) and payload.get("format") == DROPIN_FORMAT:
+        raise ValueError(
+            f"{path} is the model of a Flower app trained with fedkl's drop-in strategy: the app's own network, "
+            "which fedkl cannot rebuild; load it into the app's model with "
+            "model.load_state_dict(torch.load(path, weights_only=True)['state_dict']) and evaluate it there"
+        )
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
         raise ValueError(f"{path} is not a {FORMAT} file (found {found!r}; runs before issue 20 saved a bare tensor)")

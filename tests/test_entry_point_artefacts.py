@@ -2,8 +2,9 @@
 RELATIVE --out (resolved before anything starts), each of inprocess, ray-shards, flower-local and flower-sim
 leaves model.pt (with its receipt), a strict result.json, the ledger and the per-round metrics in the run folder,
 ends with the same summary lines (the privacy line and the test metric), and `fedkl predict` on its model.pt
-prints the metric the run printed. (The gRPC deployment and `flwr run .` are covered by tests/flower/
-test_deploy_paths.py and tests/flower/test_flwr_app.py; the drop-in example by tests/flower/test_dropin_pytorch.py.)"""
+prints the metric the run printed. (The gRPC deployment, its failure after a release and `flwr run .` are covered by
+tests/flower/test_deploy_paths.py and tests/flower/test_flwr_app.py; a deployment of sites bringing their own files by
+tests/flower/test_sites.py; the drop-in example by tests/flower/test_dropin_pytorch.py.)"""
 
 from __future__ import annotations
 

@@ -17,7 +17,8 @@ SIGKILL, by process group) when the run ends, fails or is interrupted. Offline: 
 Key material (the run's CA, server and node keys) and the private ``FLWR_HOME`` are deleted when the
 run ends, whatever the outcome; a work folder that :func:`run_grpc` created itself is deleted too (a
 failed run's logs are first copied to ``<fedkl-out>/grpc-logs/``, and it says so); ``FEDKL_KEEP_WORK=1`` keeps
-it (keys deleted), as a ``workdir`` given by the caller is kept. One local SuperNode per user costs
+it (keys deleted), as a ``workdir`` given by the caller is kept. A failed run's error ends with where its ledger
+(what it charged before failing, never deleted) and its logs are. One local SuperNode per user costs
 about :data:`NODE_MEMORY_BYTES`: a population the machine cannot hold is refused before anything starts
 (:func:`local_capacity`).
 """
@@ -447,7 +448,8 @@ def run_grpc(
     when no new node came online for ``connect_timeout``, default :func:`fedkl.flower.federation.connect_deadline`
     of ``num_users``, scaling with the federation);
     ``timeout`` bounds ``flwr run`` (default :func:`run_deadline`). A run whose ServerApp failed raises
-    RuntimeError with the ServerApp's one-line reason (``flower_error.json``)."""
+    RuntimeError with the ServerApp's one-line reason (``flower_error.json``); any failure's error (its type
+    kept) ends with where the run's ledger and logs are (:func:`_kept`)."""
     if num_users < 1:
         raise ValueError("num_users must be >= 1")
     check_capacity(num_users)
@@ -464,7 +466,6 @@ def run_grpc(
             Path(rc[k]).resolve().is_relative_to(work.resolve()) for k in ("fedkl-out", "fedkl-ledger") if rc.get(k)
         )
     )
-    ok = False
     try:
         res = _deploy(
             work,
@@ -479,24 +480,47 @@ def run_grpc(
             user_ids,
             log,
         )
-        ok = True
-        res["workdir"] = None if temporary else str(work)
-        return res
-    finally:
-        for secret in (work / "certs", work / "flwr-home"):  # private keys; Flower's credentials and state
-            remove_tree(secret, log)
-        out = Path(rc["fedkl-out"])
-        if temporary and not ok:  # failed: the logs the user needs, to the run's out folder
-            logs = out / "grpc-logs"
-            logs.mkdir(parents=True, exist_ok=True)
-            for f in work.glob("*.log"):
-                shutil.copy2(f, logs / f.name)
-            gone = remove_tree(work, log)
-            log(f"fedkl grpc: the run failed; its logs are in {logs}" + ("" if gone else f" and {work}"))
-        elif temporary:
-            remove_tree(work, log)
-        elif not ok:
-            log(f"fedkl grpc: the run failed; its logs are in {work} (keys deleted)")
+    except Exception as exc:
+        raise _kept(exc, _clean_up(work, rc, temporary, False, log), rc) from exc
+    except BaseException:  # Ctrl-C: the same clean-up, the interrupt itself goes on
+        _clean_up(work, rc, temporary, False, log)
+        raise
+    _clean_up(work, rc, temporary, True, log)
+    res["workdir"] = None if temporary else str(work)
+    return res
+
+
+def _clean_up(work: Path, rc: Mapping[str, Any], temporary: bool, ok: bool, log) -> Path:
+    """:func:`run_grpc`'s end, whatever the outcome: the keys and Flower's home deleted; a ``temporary`` work
+    folder removed, after a failure once its logs are copied to ``<fedkl-out>/grpc-logs/`` (said in one line).
+    Returns where the run's logs are now."""
+    for secret in (work / "certs", work / "flwr-home"):  # private keys; Flower's credentials and state
+        remove_tree(secret, log)
+    if temporary and not ok:  # failed: the logs the user needs, to the run's out folder
+        logs = Path(rc["fedkl-out"]) / "grpc-logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        for f in work.glob("*.log"):
+            shutil.copy2(f, logs / f.name)
+        gone = remove_tree(work, log)
+        log(f"fedkl grpc: the run failed; its logs are in {logs}" + ("" if gone else f" and {work}"))
+        return logs
+    if temporary:
+        remove_tree(work, log)
+    elif not ok:
+        log(f"fedkl grpc: the run failed; its logs are in {work} (keys deleted)")
+    return work
+
+
+def _kept(exc: Exception, logs: Path, rc: Mapping[str, Any]) -> Exception:
+    """``exc`` (its type kept where it can be) with where the failed run's ledger and logs are, in its one line:
+    what was charged before the failure stays on the ledger, and the logs say why."""
+    ledger = Path(rc.get("fedkl-ledger") or Path(rc["fedkl-out"]) / "ledger.sqlite")
+    kept = f"its ledger is {ledger}" if ledger.exists() else f"no ledger was written ({ledger}: nothing charged)"
+    message = f"{exc}; {kept}; its logs are in {logs}"
+    try:
+        return type(exc)(message)
+    except Exception:  # noqa: BLE001  (an exception type that takes other arguments)
+        return RuntimeError(message)
 
 
 def stream(args: list[str], logfile: Path, limit: float, log, env: Mapping[str, str] | None = None) -> None:

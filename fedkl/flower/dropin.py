@@ -61,6 +61,7 @@ user-level, charged before the noisy aggregate exists, and held per user across 
 from __future__ import annotations
 
 import math
+import os
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -96,6 +97,8 @@ class UserLevelDPStrategy(Strategy):
         handshake_timeout: seconds a node has to declare its user id (None:
             :func:`fedkl.flower.federation.answer_deadline` of the nodes asked).
         evaluate_outside_guarantee: let the wrapped strategy run federated evaluation (un-noised metrics).
+        out: the run's folder, where :meth:`start` writes ``model.pt`` and ``result.json`` when it returns
+            (default ``<the ledger's folder>/runs/<run id>``; :meth:`write_run_files`).
     """
 
     def __init__(
@@ -114,6 +117,7 @@ class UserLevelDPStrategy(Strategy):
         enrolment: Sequence[str] | None = None,
         handshake_timeout: float | None = None,
         evaluate_outside_guarantee: bool = False,
+        out: str | None = None,
     ) -> None:
         super().__init__()
         if not (clip > 0 and math.isfinite(clip)):
@@ -141,8 +145,11 @@ class UserLevelDPStrategy(Strategy):
         self.ledger_path = str(ledger_path)
         self.ledger = PrivacyLedger(ledger_path, self.budget, run_id=self.run_id, run_config=self._settings())
         self.privacy_line: str | None = None  # said (Flower's log) when start() has ended the run
+        self.out = os.path.abspath(out or os.path.join(os.path.dirname(self.ledger_path), "runs", self.run_id))
+        self._summary: dict | None = None  # the ledger's, when the run ended
         self.releaser = Releaser(self.ledger, NoiseSource(noise_seed))
         self._sent: dict[int, tuple[ArrayRecord, list[int], list[str]]] = {}  # round -> (model, nodes, their users)
+        self._released = 0  # rounds whose noisy sum was released
 
     def _settings(self) -> dict:
         return {
@@ -157,8 +164,9 @@ class UserLevelDPStrategy(Strategy):
     # --- the run ---------------------------------------------------------------------------------
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, *args: Any, **kw: Any) -> Any:
         """Flower's :meth:`Strategy.start`, as ONE ledger run: when it returns, the run is ended ``finished``
-        in the ledger and :attr:`privacy_line` (user-level epsilon and delta, as ``fedkl run`` prints it) is
-        said through Flower's log; when it raises, the run is ended as :meth:`PrivacyLedger.end_status`
+        in the ledger, ``model.pt`` and ``result.json`` are written in :attr:`out` (:meth:`write_run_files`) and
+        the summary lines (:attr:`privacy_line`: user-level epsilon and delta, as ``fedkl run`` prints it; the test
+        metric: none; the files) are said through Flower's log; when it raises, the run is ended as :meth:`PrivacyLedger.end_status`
         says (refused, failed, interrupted). A strategy serves one run: a second ``start`` is refused."""
         if self.ledger is None:
             raise RuntimeError(f"run {self.run_id} is over (its ledger run is closed): make a new strategy")
@@ -171,8 +179,76 @@ class UserLevelDPStrategy(Strategy):
         self.close("finished")
         from flwr.supercore import log
 
-        log(20, self.privacy_line)
+        try:  # after the run ended: a file that cannot be written never turns a charged run into a failed one
+            lines = self.write_run_files(result.arrays)
+        except Exception as exc:  # noqa: BLE001  (one line; the ledger holds the run)
+            lines = [
+                self.privacy_line or "",
+                f"fedkl: could not write model.pt/result.json ({type(exc).__name__}: {exc})",
+            ]
+        for line in lines:
+            log(20, line)
         return result
+
+    def write_run_files(self, arrays: ArrayRecord) -> list[str]:
+        """The files every fedkl entry point leaves, for the run that just ended (``arrays``: the model
+        ``start`` returned), in :attr:`out`; returns the summary lines (the privacy line, the test metric, the files).
+
+        * ``model.pt``: ``torch.save`` of ``{"format": "fedkl-dropin-model/1", "state_dict": {name: tensor},
+          "receipt": {...}}`` (plain values: ``torch.load(path, weights_only=True)``). The state dict is the app's
+          own model, names and dtypes as the app's ArrayRecord holds them (a float32 model stays float32), so
+          ``Net().load_state_dict(torch.load(path, weights_only=True)["state_dict"])`` restores it. It is not a
+          ``fedkl-model/1`` file: its network is the app's class, which fedkl cannot rebuild, so ``fedkl predict``
+          refuses it in one line (:func:`fedkl.saved_model.load_model`) and the app evaluates it itself.
+        * ``result.json`` (strict JSON): the receipt's guarantee (user-level epsilon, delta, rho, neighbouring,
+          clip, rounds released, noise std on the sum), the ledger summary and path, the model path, and
+          ``test_metric: null``: the server holds no test data (the clients' evaluation is outside the guarantee).
+        * the ledger stays where ``ledger_path`` put it (this run ``finished`` in it)."""
+        from fedkl.results import write_json
+        from fedkl.saved_model import DROPIN_FORMAT
+
+        s = self._summary or {}
+        os.makedirs(self.out, exist_ok=True)
+        receipt = {
+            "algorithm": "flower-dropin",
+            "run_id": self.run_id,
+            "epsilon": s.get("max_user_epsilon_exact"),
+            "delta": self.budget.delta,
+            "rho": s.get("max_user_rho"),
+            "budget": {
+                "epsilon": self.budget.epsilon,
+                "delta": self.budget.delta,
+                "conversion": self.budget.conversion,
+            },
+            "neighbouring": self.neighbouring,
+            "ledger": {"path": os.path.abspath(self.ledger_path), "run_id": self.run_id},
+            "settings": self._settings(),
+        }
+        model_path, result_path = os.path.join(self.out, "model.pt"), os.path.join(self.out, "result.json")
+        state = {k: torch.from_numpy(np.array(arrays[k].numpy())) for k in arrays.keys()}
+        tmp = model_path + ".tmp"
+        torch.save({"format": DROPIN_FORMAT, "state_dict": state, "receipt": receipt}, tmp)
+        os.replace(tmp, model_path)
+        write_json(
+            result_path,
+            {
+                **receipt,
+                "epsilon_by_budget_conversion": s.get("max_user_epsilon"),
+                "clip": self.clip,
+                "rounds": self._released,
+                "sigma_sum": self.sigma,
+                "test_metric": None,
+                "ledger_summary": s,
+                "refused_nodes": {str(n): why for n, why in self.refused.items()},
+                "model_path": model_path,
+                "out_dir": self.out,
+            },
+        )
+        return [
+            self.privacy_line or "",
+            "test metric: none (the server holds no test data; the clients' evaluation is outside the guarantee)",
+            f"wrote {result_path}, {model_path} and ledger {os.path.abspath(self.ledger_path)}",
+        ]
 
     # --- training ------------------------------------------------------------------------------
     def configure_train(
@@ -256,6 +332,7 @@ class UserLevelDPStrategy(Strategy):
             label=f"flower-dropin/round-{server_round}",
             details={"round": server_round, "clip": self.clip, "cohort": len(nodes), "replies": len(seen)},
         )
+        self._released += 1
         new = flat0 + self.server_lr * noisy.numpy() / len(nodes)
         out, start = {}, 0
         for k, b, dtype in zip(names, base, dtypes):
@@ -304,7 +381,7 @@ class UserLevelDPStrategy(Strategy):
         the ledger (idempotent)."""
         if self.ledger is not None:
             self.ledger.finish_run(status)
-            s = self.ledger.summary()  # every user of the ledger: what its users have spent so far, as fedkl run
+            s = self._summary = self.ledger.summary()  # every user of the ledger: what they spent so far, as fedkl run
             self.privacy_line = (
                 f"privacy: user-level ({self.neighbouring}) epsilon = {s['max_user_epsilon_exact']:.4f}, "
                 f"delta = {self.budget.delta:.3g} (zCDP rho = {s['max_user_rho']:.5g}, {self.budget.conversion} "

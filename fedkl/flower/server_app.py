@@ -270,8 +270,10 @@ def _train(
     spec: ClientSpec | None = None,
     journal: bool = False,
     recover: str | None = None,
+    transport: str | None = None,
 ) -> tuple:
-    """``(Trained, RunPlace, dataset, problem, replayed)`` of a training over ``label``.
+    """``(Trained, RunPlace, dataset, problem, replayed)`` of a training over ``label`` (``transport``: the
+    backend the budget line names, default ``label``).
     ``journal``: keep the run's release journal in its out folder (``journal.sqlite``, what a
     recovery needs); ``recover``: the out folder of a run whose process died, recovered here
     (:func:`fedkl.runner.open_recovery`: its run id, ledger and delta; its releases replayed)."""
@@ -295,6 +297,7 @@ def _train(
         result, summary, declared = runner.train_federation(
             cfg, federation, problem, dataset, place.delta, place.ledger_path, place.run_id, place.noise, log,
             journal=journal_at, journal_header={"out": os.path.abspath(place.out), "deployed": label == "grpc"},
+            transport=transport or label,
         )  # fmt: skip
         failures = federation.failure_report()
     return runner.Trained(result, summary, declared, failures), place, dataset, problem, replayed
@@ -348,8 +351,9 @@ def _deployed_main(grid: Grid, context: Context) -> None:
     ledger run taken over, its journalled releases replayed without charging (the SuperNodes answer the
     replayed queries again), then continued (:class:`fedkl.privacy.release.Releaser`).
     A run that fails writes ``flower_error.json`` (``{"error": one line}``) before raising, so that
-    ``fedkl run --backend grpc`` reports it and exits non-zero."""
-    rc = context.run_config
+    ``fedkl run --backend grpc`` reports it and exits non-zero.
+    Paths are resolved first (:func:`resolve_paths`), before anything is read or charged."""
+    rc = resolve_paths(context.run_config)
     out = rc.get("fedkl-out") or None
     try:
         _deployed_train(grid, rc)
@@ -358,6 +362,45 @@ def _deployed_main(grid: Grid, context: Context) -> None:
             os.makedirs(out, exist_ok=True)
             write_json(os.path.join(out, "flower_error.json"), {"error": f"{type(exc).__name__}: {exc}"})
         raise
+
+
+def resolve_paths(rc: Any) -> dict:
+    """The run config with its paths absolute (:func:`fedkl.flower.deploy.absolute_run_config`: ``fedkl-out``,
+    ``fedkl-ledger``, ``fedkl-recover``, a data file ``fedkl-dataset``), resolved when the ServerApp starts,
+    before anything is read or charged.
+
+    A relative path (and the default out folder ``runs/<run id>-...``, used when ``fedkl-out`` is empty) resolves
+    against the ServerApp's working directory: the directory its SuperLink was started in. For ``flwr run .`` on
+    the local simulation engine that is the directory ``flwr run`` was run from when it started Flower's local
+    SuperLink (Flower keeps that SuperLink, and its directory, for later runs with the same ``FLWR_HOME``); for a
+    SuperLink you started (docs/how-to/deploy.md), the directory you started it in. ``fedkl run --backend grpc``
+    resolves every path where you typed it before its deployment starts, so its ServerApp sees absolute ones.
+    Where that directory is inside the system's temporary folder or Flower's home (``FLWR_HOME``, default
+    ``~/.flwr``: Flower's own copies of the app), a relative path is refused in one line (ValueError; nothing
+    created or charged): a ledger or model written there could be deleted with it; give an absolute path."""
+    import tempfile
+    from pathlib import Path
+
+    from fedkl.data.files import is_data_file
+    from fedkl.flower.deploy import PATH_KEYS, absolute_run_config
+
+    keys = [*PATH_KEYS, *(["fedkl-dataset"] if is_data_file(rc.get("fedkl-dataset")) else [])]
+    relative = [f"{k}={rc[k]!r}" for k in keys if isinstance(rc.get(k), str) and rc[k] and not os.path.isabs(rc[k])]
+    if not rc.get("fedkl-out"):
+        relative.append("fedkl-out (empty: the default runs/<run id>-...)")
+    here = Path.cwd().resolve()
+    flwr_home = Path(os.environ.get("FLWR_HOME") or Path.home() / ".flwr").resolve()
+    for name, folder in (
+        ("the system's temporary folder", Path(tempfile.gettempdir()).resolve()),
+        ("FLWR_HOME", flwr_home),
+    ):
+        if relative and here.is_relative_to(folder):
+            raise ValueError(
+                f"{', '.join(relative)} is relative, and this ServerApp runs in {here}, inside {name} ({folder}), "
+                "where the run's ledger and model could be deleted: give an absolute path, e.g. "
+                f"--run-config \"fedkl-out='/absolute/path'\" (nothing was read or charged)"
+            )
+    return absolute_run_config(rc)
 
 
 def _seconds(rc: Any, key: str) -> float | None:
@@ -413,6 +456,9 @@ def _deployed_train_observed(grid: Grid, rc: Any) -> None:
         with open(rc["fedkl-node-bindings"]) as f:
             bindings = {str(k): int(v) for k, v in json.load(f).items()}
     spec = ClientSpec.from_user_config(rc)  # exactly what the clients load
+    # the transport, as the budget line and result.json name it: `fedkl run --backend grpc`'s deployment, else
+    # a ServerApp that `flwr run` started (whatever backend the run config names: it runs over Flower here)
+    transport = "grpc" if cfg.backend == "grpc" else "flwr-run"
     trained, place, dataset, problem, replayed = _train(
         cfg,
         "grpc",
@@ -432,23 +478,22 @@ def _deployed_train_observed(grid: Grid, rc: Any) -> None:
         spec,
         journal=True,
         recover=rc.get("fedkl-recover") or None,
+        transport=transport,
     )
     # in fedkl-out, where `fedkl run --backend grpc` reads it back (Trained.from_record; the ledger may be elsewhere)
     outcome = {k: v for k, v in _outcome(trained, place, dataset, "grpc", replayed).items() if k != "user_ids"}
     write_json(os.path.join(place.out, "flower_result.json"), {**trained.record(), **outcome})
-    if dataset.train.num_records:  # the server holds the data (not sites loading their own): fedkl run's files
-        # model.pt, result.json and the summary lines, by the one writer of every backend (`flwr run .` has no
-        # fedkl run to write them; under `fedkl run --backend grpc` that process writes the same files again)
-        try:  # after flower_result.json: a failure here never turns a trained, charged run into a failed one
-            data = runner.RunData(
-                dataset, problem, spec.problem, problem_spec(spec.problem, dataset, cfg.reg, cfg.model)
-            )
-            runner.write_run_files(
-                cfg, trained, data, place, resume=None, started=started, log=lambda s: print(s, flush=True),
-                backend=cfg.backend if cfg.backend == "grpc" else "flwr-run",
-            )  # fmt: skip
-        except Exception as exc:  # noqa: BLE001  (one line; the run's outcome is flower_result.json)
-            print(f"fedkl: could not write model.pt/result.json ({type(exc).__name__}: {exc})", flush=True)
+    # model.pt, result.json, the metrics and the summary lines, by the one writer of every backend (`flwr run .`
+    # and a deployment of sites have no fedkl run to write them; under `fedkl run --backend grpc` that process
+    # writes the same files again); sites keeping their own records: no test metric, and the lines say so
+    try:  # after flower_result.json: a failure here never turns a trained, charged run into a failed one
+        data = runner.RunData(dataset, problem, spec.problem, problem_spec(spec.problem, dataset, cfg.reg, cfg.model))
+        runner.write_run_files(
+            cfg, trained, data, place, resume=None, started=started, log=lambda s: print(s, flush=True),
+            backend=transport,
+        )  # fmt: skip
+    except Exception as exc:  # noqa: BLE001  (one line; the run's outcome is flower_result.json)
+        print(f"fedkl: could not write model.pt/result.json ({type(exc).__name__}: {exc})", flush=True)
 
 
 app = make_server_app(_deployed_main)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,7 @@ def test_the_deployed_server_app_of_flwr_run_writes_the_files_and_lines_fedkl_ru
     assert f"{key} = {value:.6g}" in capsys.readouterr().out
     check_round_metrics(out, 2)  # the per-round metrics and curves of every entry point (issue 31, Operations)
     assert f"wrote 2 rounds' metrics: {out / 'metrics.jsonl'}" in said
+    assert "backend flwr-run" in said and "backend inprocess" not in said  # the transport it ran over (issue 31)
 
 
 def test_the_server_apps_files_never_carry_a_secret_samples_size(tmp_path, capsys):
@@ -114,3 +116,64 @@ def test_the_server_apps_files_never_carry_a_secret_samples_size(tmp_path, capsy
     assert len(history) == 2 and all("noisy_grad_norm" in rec for rec in history)
     assert not any("sampled" in rec for rec in history)
     assert "sampled" not in (out / "metrics.jsonl").read_text()
+
+
+def _flwr_run_in(cwd: Path, out: str, monkeypatch) -> Path:
+    """The deployed ServerApp of `flwr run` with ``fedkl-out = out``, run with ``cwd`` as its working directory
+    (its SuperLink's); returns the folder that holds result.json."""
+    rc = {"fedkl-dataset": "synthetic-least-squares", "fedkl-problem": "least-squares", "fedkl-users": 3,
+          "fedkl-rounds": 1, "fedkl-reference": False, "fedkl-wait-for-nodes": 0, "fedkl-out": out}  # fmt: skip
+    monkeypatch.chdir(cwd)
+    grid = LocalGrid(client_app.app, 3, run_config=rc)
+    server_app._deployed_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc))
+    return Path(
+        json.loads((Path(out) if os.path.isabs(out) else cwd / out).joinpath("result.json").read_text())["out_dir"]
+    )
+
+
+def test_a_relative_fedkl_out_under_flwr_run_resolves_against_the_server_apps_folder(tmp_path, monkeypatch):
+    """`flwr run . --run-config "fedkl-out='runs/x'"`: resolved when the ServerApp starts, against the directory
+    its SuperLink runs in (server_app.resolve_paths); where that is a temporary folder or Flower's home, the run is
+    refused before anything is read or charged (a ledger there could be deleted with it)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "sys-tmp"))
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr-home"))
+    (tmp_path / "site").mkdir()
+    assert _flwr_run_in(tmp_path / "site", "runs/x", monkeypatch) == tmp_path / "site" / "runs" / "x"
+    assert {"ledger.sqlite", "model.pt", "result.json"} <= {f.name for f in (tmp_path / "site/runs/x").iterdir()}
+    for inside in (tmp_path / "sys-tmp" / "fedkl-grpc-1", tmp_path / "flwr-home" / "apps"):
+        inside.mkdir(parents=True)
+        with pytest.raises(ValueError, match=f"fedkl-out='runs/x' is relative, and this ServerApp runs in {inside}"):
+            _flwr_run_in(inside, "runs/x", monkeypatch)
+        assert list(inside.iterdir()) == []  # nothing created: no folder, no ledger
+
+
+def test_a_deployed_run_failing_after_a_release_keeps_its_ledger_and_logs_and_says_where(tmp_path, monkeypatch, capsys):
+    """`fedkl run --backend grpc` whose ServerApp fails after its first release was charged: the ledger keeps that
+    release (its run ended failed), the logs are moved out of the removed work folder, and the one error line
+    names both (issue 31: a failed run never deletes its ledger, and says where its evidence is)."""
+
+    def fail_after_first_round(self, record):
+        raise RuntimeError(f"the server's disk is full after round {record['round']}")
+
+    def deploy_then_fail(work: Path, rc: dict, num_users: int, *args) -> dict:
+        (work / "superlink.log").write_text("the SuperLink's log\n")
+        try:
+            return _deploy_in_work(work, rc, num_users, *args)
+        except RuntimeError:  # as `flwr run` exits 0: run_grpc reads the ServerApp's flower_error.json
+            return deploy.read_outcome(Path(rc["fedkl-out"]), work / "flwr-run.log")
+
+    monkeypatch.setattr(server_app.ProgressLines, "round", fail_after_first_round)
+    monkeypatch.setattr(deploy, "_deploy", deploy_then_fail)
+    monkeypatch.setattr(deploy.tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.chdir(tmp_path)
+    argv = ["run", "--backend", "grpc", "--dataset", "synthetic-least-squares", "--problem", "least-squares"]
+    assert main([*argv, "--users", "3", "--rounds", "2", "--no-reference", "--out", "o"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    ledger, logs = tmp_path / "o" / "ledger.sqlite", tmp_path / "o" / "grpc-logs"
+    assert err.startswith("fedkl run: error: the fedkl ServerApp failed: RuntimeError: the server's disk is full")
+    assert err.endswith(f"; its ledger is {ledger}; its logs are in {logs}")
+    with PrivacyLedger(ledger) as led:
+        assert [r["status"] for r in led.runs()] == ["failed"] and led.num_releases() == 1
+    assert (logs / "superlink.log").read_text() == "the SuperLink's log\n"
+    assert list((tmp_path / "tmp").iterdir()) == []  # the work folder is gone, and nothing of the run was in it

@@ -1,10 +1,12 @@
 """The drop-in example that is Flower's PyTorch quickstart plus the diff (issue 31): simulations/
 flower_pytorch_dropin/ differs from the template's structure only by the lines marked ``# fedkl``, four, each
 shown in the diff of docs/how-to/flower-dropin.md; run on the LocalGrid with its own run config it charges every sampled user in one
-finished ledger run, logs the privacy line, and saves the app's float32 model."""
+finished ledger run, logs the privacy line, saves the app's float32 model, and leaves the run's model.pt,
+result.json and ledger as every entry point does."""
 
 from __future__ import annotations
 
+import json
 import re
 import tomllib
 from pathlib import Path
@@ -13,6 +15,7 @@ import pytest
 import torch
 from flwr.app import Context, RecordDict
 
+from fedkl.cli import main
 from fedkl.flower.localgrid import LocalGrid
 from fedkl.privacy import Budget, PrivacyLedger
 
@@ -43,7 +46,7 @@ def test_the_diff_is_the_four_marked_lines_the_docs_show():
         assert "fedkl" not in "\n".join(line for line in plain.splitlines() if not line.startswith('"""'))
 
 
-def test_the_pytorch_quickstart_with_the_diff_trains_with_user_level_dp(tmp_path, monkeypatch):
+def test_the_pytorch_quickstart_with_the_diff_trains_with_user_level_dp(tmp_path, monkeypatch, capsys):
     monkeypatch.syspath_prepend(str(APP))
     monkeypatch.chdir(tmp_path)  # the app's relative ledger.sqlite and final_model.pt
     said: list[str] = []
@@ -74,3 +77,22 @@ def test_the_pytorch_quickstart_with_the_diff_trains_with_user_level_dp(tmp_path
     state = torch.load(tmp_path / "final_model.pt")
     assert all(v.dtype == torch.float32 for v in state.values())
     Net().load_state_dict(state)  # the app's own model, as the template saves it
+
+    # issue 31: the run's model.pt (the app's state dict in its dtypes, with the privacy receipt), a strict
+    # result.json and the ledger, and the summary lines. fedkl predict cannot rebuild the app's network: it refuses
+    # the file in one line; the state dict loads into the app's Net (what the artefact is: dropin.write_run_files)
+    (run,) = (tmp_path / "runs").iterdir()  # default out: <the ledger's folder>/runs/<run id>
+    res = json.loads((run / "result.json").read_text(), parse_constant=lambda c: pytest.fail(f"not strict: {c}"))
+    assert res["ledger"]["path"] == str(tmp_path / "ledger.sqlite") and res["test_metric"] is None
+    assert res["rounds"] == rounds and res["model_path"] == str(run / "model.pt") and res["epsilon"] == eps
+    saved = torch.load(run / "model.pt", weights_only=True)
+    assert saved["receipt"]["epsilon"] == eps and saved["receipt"]["run_id"] == run.name
+    assert saved["state_dict"].keys() == state.keys()
+    assert all(
+        torch.equal(saved["state_dict"][k], v) and saved["state_dict"][k].dtype == v.dtype for k, v in state.items()
+    )
+    Net().load_state_dict(saved["state_dict"])
+    assert said[-3].startswith("privacy: user-level") and said[-2].startswith("test metric: none")
+    assert said[-1] == f"wrote {run / 'result.json'}, {run / 'model.pt'} and ledger {tmp_path / 'ledger.sqlite'}"
+    assert main(["predict", "--model", str(run)]) == 2
+    assert "the app's own network, which fedkl cannot rebuild" in capsys.readouterr().err

@@ -97,11 +97,16 @@ def test_every_key_the_docs_set_is_one_flower_accepts():
 
 @pytest.mark.slow
 def test_flwr_run_dot_trains_on_the_local_simulation_engine(tmp_path):
-    """docs/how-to/deploy.md's command, as a Flower user runs it: `flwr run .` on the local simulation engine (about 30-40 s).
+    """docs/how-to/deploy.md's command, as a Flower user runs it: `flwr run` on the local simulation engine (about 30-40 s),
+    here from another folder with a relative fedkl-out: the ServerApp resolves it against the folder Flower's local
+    SuperLink was started from (server_app.resolve_paths), and ends with fedkl run's files and summary lines
+    (issue 31: it wrote flower_result.json only, and its budget line said "backend inprocess").
     Flower leaves its local SuperLink running in the background: stopped here with everything it started."""
     import os
+    import shutil
     import subprocess
     import sys
+    import tempfile
 
     from fedkl.flower.deploy import _free_port, _proc_table, stop_processes
 
@@ -113,14 +118,18 @@ def test_flwr_run_dot_trains_on_the_local_simulation_engine(tmp_path):
         "FLWR_TELEMETRY_ENABLED": "0",
         "FLWR_DISABLE_UPDATE_CHECK": "1",
         "RAY_USAGE_STATS_ENABLED": "0",
+        # pytest's tmp_path is in the system's temporary folder, where a relative fedkl-out is refused: another
+        # one, short (Ray's socket paths must stay under 108 bytes)
+        "TMPDIR": tempfile.mkdtemp(prefix="k"),
         "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(_free_port()),
         "FLWR_LOCAL_CONTROL_API_PORT": str(_free_port()),
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
     }
-    out = tmp_path / "out"
-    cmd = ["flwr", "run", ".", "--federation-config", "num-supernodes=6", "--stream"]
-    cmd += ["--run-config", f"fedkl-out='{out}' fedkl-users=6 fedkl-rounds=2 fedkl-epsilon=8.0"]
+    here, out = tmp_path / "me", tmp_path / "me" / "rel"
+    here.mkdir()
+    cmd = ["flwr", "run", str(ROOT), "--federation-config", "num-supernodes=6", "--stream"]
+    cmd += ["--run-config", "fedkl-out='rel' fedkl-users=6 fedkl-rounds=2 fedkl-epsilon=8.0"]
 
     class Found:  # a process we did not spawn directly (Flower detaches its local SuperLink)
         def __init__(self, pid: int) -> None:
@@ -133,10 +142,16 @@ def test_flwr_run_dot_trains_on_the_local_simulation_engine(tmp_path):
             return None
 
     try:
-        r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        r = subprocess.run(cmd, cwd=here, env=env, capture_output=True, text=True, timeout=300)
+        said = r.stdout + r.stderr
+        assert r.returncode == 0 and (out / "flower_result.json").is_file(), said[-4000:]
         res = json.loads((out / "flower_result.json").read_text())
         assert res["users"] == 6 and res["failed_users"] == [0, 0] and res["ledger"]["releases"] == 2
+        saved = json.loads((out / "result.json").read_text())
+        assert saved["backend"] == "flwr-run" and (out / "model.pt").is_file() and (out / "ledger.sqlite").is_file()
+        assert f"epsilon = {saved['epsilon']:.4f}, delta = {saved['delta']:.3g}" in said, said[-4000:]
+        key = saved["test_metric"]["name"]
+        assert f"test {key} = {saved['test_metric']['value']:.4f}" in said and "backend flwr-run" in said
     finally:
         mine = []
         for pid in _proc_table():
@@ -146,6 +161,7 @@ def test_flwr_run_dot_trains_on_the_local_simulation_engine(tmp_path):
             except OSError:
                 pass
         stop_processes(mine)
+        shutil.rmtree(env["TMPDIR"], ignore_errors=True)
 
 
 def test_a_deployment_refuses_fast_kernels_in_one_line():

@@ -227,6 +227,7 @@ def test_a_kill_9_of_the_deployed_server_app_then_fedkl_run_recover_keeps_the_le
         ((dead),) = led.runs()
     # Ctrl-C's line names the ServerApp's ledger run and what it charged (not "nothing was charged")
     assert f"fedkl run: interrupted: run {dead['run_id']} made " in (tmp_path / "first.log").read_text()
+    assert (out / "grpc-logs" / "superlink.log").is_file()  # the failed deployment's logs, out of its removed folder
 
     rec = subprocess.run(
         [sys.executable, "-m", "fedkl.cli", "run", f"--recover={out}"], env=env, capture_output=True, timeout=guard

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 import torch
 from flwr.app import Context, RecordDict
+from run_files import check_round_metrics  # tests/run_files.py
 
 from fedkl.algorithms.contract import BuildContext
 from fedkl.algorithms.gradient.noisy_gd import NoisyGDParams, NoisyGradientDescent
@@ -24,6 +25,7 @@ from fedkl.flower.federation import FlowerFederation
 from fedkl.flower.localgrid import LocalGrid
 from fedkl.privacy import Budget, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter
 from fedkl.problems import make_problem
+from fedkl.saved_model import load_model
 
 pytestmark = pytest.mark.flower
 
@@ -132,9 +134,12 @@ def _sites_run_config(out) -> dict:
     }
 
 
-def test_the_deployed_server_knows_only_the_schema_and_enrolment(tmp_path, monkeypatch):
+def test_the_deployed_server_knows_only_the_schema_and_enrolment(tmp_path, monkeypatch, capsys):
     """The ServerApp's main, configured by run-config keys only (``fedkl-dataset = "sites"``,
-    ``fedkl-sites``, the schema keys), trains over nodes that load their own files; it never opens one."""
+    ``fedkl-sites``, the schema keys), trains over nodes that load their own files; it never opens one. It
+    writes the artefacts of every entry point (issue 31: only flower_result.json and the ledger before):
+    model.pt with its receipt, a strict result.json, the ledger and the per-round metrics, and ends with the
+    privacy line and a test-metric line saying there is none (the server holds no records)."""
     paths = _site_files(tmp_path)
     rc = _sites_run_config(tmp_path / "deployed")
     assert codec.ClientSpec.from_user_config(rc).kwargs[0]["sites"] == ",".join(SITES)
@@ -151,6 +156,15 @@ def test_the_deployed_server_knows_only_the_schema_and_enrolment(tmp_path, monke
     assert res["users"] == len(SITES) and res["failed_users"] == [0, 0]
     assert sorted(server_reads[seen:]) == sorted(str(p) for p in paths.values())  # each file once, by its node
     assert load_dataset("sites", sites=",".join(SITES), **SCHEMA).train.num_records == 0
+    out, said = tmp_path / "deployed", capsys.readouterr().out
+    saved = json.loads((out / "result.json").read_text(), parse_constant=lambda c: pytest.fail(f"not strict: {c}"))
+    assert saved["backend"] == "flwr-run" and saved["test_metric"] is None and saved["ledger"] == res["ledger"]
+    model = load_model(saved["model_path"])
+    assert torch.equal(model.params.to(torch.float64), torch.tensor(res["w"], dtype=torch.float64))
+    assert model.receipt["epsilon"] == saved["epsilon"] and (out / "ledger.sqlite").is_file()
+    check_round_metrics(out, 2)
+    assert f"epsilon = {saved['epsilon']:.4f}, delta = {saved['delta']:.3g}" in said
+    assert "test metric: none (the server holds no test records" in said and "backend flwr-run" in said
 
 
 def test_the_docs_node_config_parses_into_what_the_client_reads():
@@ -202,3 +216,9 @@ def test_sites_over_grpc_with_tls_load_their_own_files(tmp_path):
     assert res["users"] == len(SITES) and res["failed_users"] == [0, 0] and res["failures"]["counts"] == {}
     assert res["w"] == ref["w"] and res["ledger"]["max_user_rho"] == ref["ledger"]["max_user_rho"]
     assert not (tmp_path / "grpc" / "certs").exists()  # the run's keys are gone
+    saved = json.loads((tmp_path / "grpc-out" / "result.json").read_text())  # the files of every entry point
+    assert (
+        saved["test_metric"] is None
+        and saved["ledger"] == res["ledger"]
+        and (tmp_path / "grpc-out" / "model.pt").is_file()
+    )
