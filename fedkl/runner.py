@@ -633,8 +633,11 @@ def _train(run: _Run, alg, releaser: Releaser, w0, forecast: dict | None) -> Alg
     # (fedkl.federation.clipping), and the released model is cast to the problem's dtype (post-processing)
     w0 = (run.problem.init_params() if w0 is None else w0).to(torch.float64)
     result = alg.run(run.federation, releaser, w0, progress)
-    if torch.is_tensor(result.w):
-        result.w = result.w.to(run.problem.dtype)
+    if torch.is_tensor(result.w) and result.w.dtype != run.problem.dtype:
+        try:
+            result.w = result.w.to(run.problem.dtype)
+        except AttributeError:  # a result whose w is a read-only property: released as computed (float64)
+            pass
     releaser.flush()
     if run.recovering:
         run.log(

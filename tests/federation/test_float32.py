@@ -109,7 +109,7 @@ def test_a_float32_run_trains_like_float64_with_the_same_ledger(tmp_path, algori
     # same noise draws (seeded), per-user rounding only: float32's ~1e-7 relative, over a few rounds
     rel = float((f32.model.double() - f64.model).norm() / f64.model.norm())
     assert rel < 1e-4, rel
-    assert abs(f32.metrics["accuracy"] - f64.metrics["accuracy"]) <= 2 / 60 / 5  # at most a couple of records
+    assert abs(f32.metrics["accuracy"] - f64.metrics["accuracy"]) <= 0.01  # the same model to 1e-4: a record or two
     # charges do not depend on the dtype: every ledger row equal (labels, mechanisms, scales, cohorts)
     assert _charges(out32 / "ledger.sqlite") == _charges(out64 / "ledger.sqlite")
     assert f32.epsilon == f64.epsilon
