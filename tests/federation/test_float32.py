@@ -146,3 +146,13 @@ def test_auto_dtype_is_float64_for_glms_and_float32_for_torch_models_when_the_pr
     # an algorithm whose proof is stated in float64 runs a torch model in float64 (in-process)
     assert problem_dtype(RunConfig(dataset="mnist", algorithm="kl-prox-point"), "mlp") == "float64"
     assert problem_dtype(RunConfig(dataset="mnist", algorithm="noisy-gd", dtype="float64"), "mlp") == "float64"
+
+
+def test_a_torch_model_trains_in_float32_by_default_with_float64_noise(tmp_path):
+    trained = fedkl.train(
+        "synthetic-logistic", "noisy-gd", log=None, users=30, problem="mlp", rounds=2, noise_seed=1,
+        out=str(tmp_path / "mlp"),
+    )  # fmt: skip
+    saved = load_model(str(tmp_path / "mlp" / "model.pt"))
+    assert trained.model.dtype == torch.float32 and saved.problem_spec["dtype"] == "float32"
+    assert json.loads((tmp_path / "mlp" / "result.json").read_text())["config"]["dtype"] == "auto"
