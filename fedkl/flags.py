@@ -93,7 +93,7 @@ def live_catalog() -> dict:
     from fedkl.data.files import SUFFIXES
     from fedkl.privacy.zcdp import CONVERSIONS
     from fedkl.problems import PROBLEMS
-    from fedkl.runner import BACKENDS, KERNEL_SETTINGS, RunConfig
+    from fedkl.runner import BACKENDS, DTYPE_SETTINGS, KERNEL_SETTINGS, RunConfig
 
     # a canonical order (algorithms by name, then each one's Params fields): REGISTRY's own order is the
     # order the algorithm modules happened to be imported in, which differs between processes
@@ -133,6 +133,7 @@ def live_catalog() -> dict:
         "conversions": CONVERSIONS,
         "backends": BACKENDS,
         "kernels": KERNEL_SETTINGS,
+        "dtypes": DTYPE_SETTINGS,
         "hyperparameters": hyper,
         "algorithms": algorithms,
     }
@@ -333,6 +334,14 @@ def _add_run_arguments(run: argparse.ArgumentParser, algorithm: str | None, cat:
         help="numeric kernels (default auto: fast in-process, reproducible on the Flower backends; fast: plain "
         "torch kernels, several times faster per round, in-process only, equal to float64 rounding; reproducible: "
         "batch-invariant, every backend releases the same bits). result.json's config names the kernels that ran",
+    )
+    run.add_argument(
+        "--dtype",
+        choices=cat["dtypes"],
+        default=d.dtype,
+        help="float type of the users' data and per-user computation (default auto: float64, float32 for torch "
+        "models; in-process only). Sums, noise and the server's iterate stay float64; float32 only for algorithms "
+        "whose proof allows it (noisy-gd, dp-sgd/adam, dp-fedavg/fedopt, dp-ftrl)",
     )
     _add_data_arguments(run, d.dataset, d.seed, cat)
     _add_hyperparameters(run, algorithm, cat)

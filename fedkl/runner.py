@@ -66,7 +66,7 @@ from fedkl.privacy import Budget, BudgetExceeded, LedgerError, NoiseSource, Priv
 from fedkl.privacy.clients import FEDKL_CLIENTS, TRUST_MODELS, assumption, require_trust
 from fedkl.privacy.guarantee import RELATION_TEXT, Guarantee
 from fedkl.privacy.journal import JournalError, ReleaseJournal
-from fedkl.problems import DEFAULT_PROBLEM, make_problem, problem_spec
+from fedkl.problems import DEFAULT_PROBLEM, DTYPES, default_dtype, make_problem, problem_spec
 from fedkl.problems.rowwise import KERNEL_MODES, kernels
 from fedkl.results import reference_metrics, write_json, write_round_metrics
 from fedkl.saved_model import SavedModel, check_resume, public_settings
@@ -79,6 +79,7 @@ KERNEL_SETTINGS = (
     "auto",
     *KERNEL_MODES,
 )  # --kernels: auto = fast in-process (and ray-shards), reproducible over Flower
+DTYPE_SETTINGS = ("auto", *DTYPES)  # --dtype: auto = problem_dtype's rule
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,8 @@ class RunConfig:
     # reproducible on every Flower backend. Resolved here: a RunConfig (its settings, result.json, the
     # ledger, a sweep's run key) always names the kernels that actually ran
     kernels: str = "auto"
+    # the float type users' data and per-user computation run in (problem_dtype): auto, float32, float64
+    dtype: str = "auto"
     shards: int = 2  # --backend ray-shards: Ray actors, each holding a block of users (fedkl.federation.ray_shards)
     # --backend ray-shards: the Ray cluster to connect to ("HOST:PORT" of a `ray start --head`, or "auto");
     # None: RAY_ADDRESS when set, else a local Ray instance started for the run
@@ -180,6 +183,18 @@ class RunConfig:
             raise ValueError(
                 "--kernels fast is in-process only (backends inprocess, ray-shards): Flower clients compute with the reproducible kernels, "
                 "which is what lets the backends agree bit for bit"
+            )
+        if self.dtype not in DTYPE_SETTINGS:
+            raise ValueError(f"--dtype must be one of {', '.join(DTYPE_SETTINGS)}, got {self.dtype!r}")
+        if self.dtype != "auto" and self.backend != "inprocess":
+            raise ValueError(
+                f"--dtype {self.dtype} is in-process only; backend {self.backend!r} computes in the problem's own dtype"
+            )
+        if self.dtype == "float32" and not spec.cls.float32:
+            f32 = ", ".join(n for n, s in REGISTRY.items() if s.cls.float32)
+            raise ValueError(
+                f"--dtype float32: {self.algorithm}'s privacy proof is stated in float64 (its sensitivities are not "
+                f"only clipped sums); float32 runs: {f32}"
             )
         if self.secagg and not spec.sums_only(self.params):
             sums = ", ".join(n for n, s in REGISTRY.items() if s.sums_only(s.params()))
@@ -625,7 +640,15 @@ def _train(run: _Run, alg, releaser: Releaser, w0, forecast: dict | None) -> Alg
     """The algorithm's run from ``w0`` (default: the problem's initial parameters), its progress handed out."""
     progress = ProgressEgress(run.observer, run.log)
     progress.flush = releaser.flush
-    result = alg.run(run.federation, releaser, run.problem.init_params() if w0 is None else w0, progress)
+    # the server's iterate is float64 whatever the problem's dtype: answers are summed and noised in float64
+    # (fedkl.federation.clipping), and the released model is cast to the problem's dtype (post-processing)
+    w0 = (run.problem.init_params() if w0 is None else w0).to(torch.float64)
+    result = alg.run(run.federation, releaser, w0, progress)
+    if torch.is_tensor(result.w) and result.w.dtype != run.problem.dtype:
+        try:
+            result.w = result.w.to(run.problem.dtype)
+        except AttributeError:  # a result whose w is a read-only property: released as computed (float64)
+            pass
     releaser.flush()
     if run.recovering:
         run.log(
@@ -661,7 +684,8 @@ def planned_releases(cfg: RunConfig, dataset: FederatedDataset, records_per_user
     :func:`fedkl.planner.charge_plan`). Returns ``{"users", "delta", "releases": [{label, mechanism,
     charge, users, cohort, members}], "per_user_max": {rho, eps, delta}, "adaptive"}``."""
     standin = public_standin(dataset, records_per_user)
-    problem = make_problem(cfg.problem or DEFAULT_PROBLEM[dataset.task], standin, reg=cfg.reg, model=cfg.model)
+    name = cfg.problem or DEFAULT_PROBLEM[dataset.task]
+    problem = make_problem(name, standin, reg=cfg.reg, model=cfg.model, dtype=problem_dtype(cfg, name))
     n = len(standin.train.user_ids)
     delta = cfg.delta if cfg.delta is not None else default_delta(n)
     token = RUN_OBSERVER.set(None)  # the dry run is not the run a `fedkl run` observer follows
@@ -791,7 +815,22 @@ def load_run_data(cfg: RunConfig, dataset: FederatedDataset | None = None, model
     ``model``: your own dataset and network objects instead (a network's problem is ``torch``)."""
     dataset = load_run_dataset(cfg) if dataset is None else dataset
     name = cfg.problem or ("torch" if model is not None else DEFAULT_PROBLEM[dataset.task])
-    return dataset, make_problem(name, dataset, reg=cfg.reg, model=cfg.model if model is None else model), name
+    model = cfg.model if model is None else model
+    return dataset, make_problem(name, dataset, reg=cfg.reg, model=model, dtype=problem_dtype(cfg, name)), name
+
+
+def problem_dtype(cfg: RunConfig, name: str) -> str:
+    """The float type problem ``name`` computes in for run ``cfg``: ``--dtype`` when given (float32 only
+    for an algorithm that declares ``float32``: RunConfig refuses the others), else the problem's own
+    (:func:`fedkl.problems.default_dtype`: float64, float32 for torch models), except that a torch model
+    trained in-process by an algorithm whose proof is stated in float64 (no ``float32`` declaration) runs
+    in float64. Whatever the dtype, the server's iterate, the sums and the noise are float64 (:func:`_train`)."""
+    if cfg.dtype != "auto":
+        return cfg.dtype
+    own = default_dtype(name)
+    if own == "float32" and cfg.backend == "inprocess" and not algorithm_spec(cfg.algorithm).cls.float32:
+        return "float64"
+    return own
 
 
 def run_training(
@@ -940,7 +979,7 @@ def _resumed_model(cfg: RunConfig, resume: str | None, transport: Transport | No
     if transport is not None and transport.train is not None:
         raise ValueError(f"--resume trains through the ledger of this process; backend {cfg.backend} keeps its own")
     ledger = cfg.ledger or os.path.join(cfg.out or "", "ledger.sqlite")
-    return check_resume(resume, cfg.settings(), ledger, data.spec).to(data.problem.dtype)
+    return check_resume(resume, cfg.settings(), ledger, data.spec)
 
 
 def _log_start(cfg: RunConfig, data: RunData, place: RunPlace, n: int, resumed: str | None, log) -> None:
@@ -986,7 +1025,8 @@ class RunData:
     def load(cls, cfg: RunConfig, dataset: FederatedDataset | None = None, model=None) -> "RunData":
         """``cfg``'s data and problem (:func:`load_run_data`; ``dataset``, ``model``: your own objects)."""
         dataset, problem, name = load_run_data(cfg, dataset, model)
-        return cls(dataset, problem, name, problem_spec(name, dataset, cfg.reg, cfg.model if model is None else model))
+        model = cfg.model if model is None else model
+        return cls(dataset, problem, name, problem_spec(name, dataset, cfg.reg, model, problem_dtype(cfg, name)))
 
     @functools.cached_property
     def evaluator(self) -> InProcessFederation:

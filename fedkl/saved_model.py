@@ -7,7 +7,8 @@ weights_only=True)``: no pickled code runs on load):
 * ``state_dict``: ``{"w": tensor}``, the released parameters exactly as the algorithm released them
   (dtype kept, so a reload is bit-for-bit);
 * ``problem``: the public problem spec (:func:`fedkl.problems.problem_spec`: name, task, dim, reg,
-  num_classes / label_bound) that rebuilds the model class without the data;
+  dtype, num_classes / label_bound) that rebuilds the model class without the data (``dtype``: the float
+  type it computes in, float32 or float64; a file written before it was recorded: the problem's default);
 * ``receipt``: what the parameters cost and under which guarantee: ``algorithm``, ``run_id``,
   ``epsilon`` (the ledger's largest per-user epsilon), ``delta``, ``rho``, ``budget``,
   ``neighbouring`` (the user-level relation), ``accountant``, ``guarantee``, ``clients_assumed``,
@@ -29,7 +30,7 @@ import torch
 
 from fedkl.data.base import FederatedDataset
 from fedkl.federation.inprocess import InProcessFederation
-from fedkl.problems import Problem, problem_from_spec, problem_spec
+from fedkl.problems import Problem, default_dtype, problem_from_spec, problem_spec
 from fedkl.results import strict
 
 FORMAT = "fedkl-model/1"
@@ -67,7 +68,7 @@ class SavedModel:
                 f"the model is a {want['name']} model of a {want['task']} task with {want['dim']} features; "
                 f"dataset {dataset.name!r} is {dataset.task} with {dataset.train.dim}"
             )
-        have = problem_spec(want["name"], dataset, want["reg"])  # ValueError when the task does not fit
+        have = problem_spec(want["name"], dataset, want["reg"], dtype=want.get("dtype"))  # ValueError: task mismatch
         if have.get("num_classes") != want.get("num_classes"):
             raise ValueError(
                 f"the model has {want['num_classes']} classes; dataset {dataset.name!r} has {have['num_classes']}"
@@ -162,7 +163,10 @@ def load_model(path: str, model: Any = None) -> SavedModel:
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
         raise ValueError(f"{path} is not a {FORMAT} file (found {found!r}; runs before issue 20 saved a bare tensor)")
-    saved = SavedModel(payload["state_dict"]["w"], payload["problem"], payload["receipt"], model)
+    spec = payload["problem"]
+    if isinstance(spec, dict) and "name" in spec:
+        spec = {**spec, "dtype": spec.get("dtype") or default_dtype(spec["name"])}  # written before dtype was kept
+    saved = SavedModel(payload["state_dict"]["w"], spec, payload["receipt"], model)
     if saved.params.shape != (saved.problem.num_params,):
         raise ValueError(f"{path}: parameters of shape {tuple(saved.params.shape)} do not fit {saved.problem_spec}")
     return saved

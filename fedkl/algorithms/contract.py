@@ -288,6 +288,11 @@ class Algorithm(ABC, Generic[P]):
     sums_only: ClassVar[bool | Callable[[Any], bool]] = False
     # a release's noise depends on draws made for earlier releases (recovery replays them; register's doc)
     noise_state: ClassVar[bool] = False
+    # its proof holds when users compute in float32: every sensitivity comes from L2-clipped answers
+    # (clip_rows enforces the bound exactly in float32) added and noised in float64 at the server, whose
+    # iterate is float64. --dtype float32 is refused otherwise, and a torch model then runs float64
+    # (fedkl.runner.problem_dtype)
+    float32: ClassVar[bool] = False
     # every zCDP release is Gaussian (the exact Gaussian conversion applies); an instance may say otherwise
     gaussian_releases_only: bool = True
     # the noise std of its releases when one number says it (the budget line, the forecast), else None

@@ -145,4 +145,6 @@ def resolved_settings(cfg: Mapping[str, Any]) -> dict[str, Any]:
         fields = run_fields()
         full = RunConfig.from_settings(strict=False, **{k: v for k, v in point.items() if k in fields}).settings()
     full.pop("out", None), full.pop("ledger", None)
+    if full.get("dtype") == "auto":  # the default (issue 33): run keys of tables made before --dtype stay valid
+        full.pop("dtype")
     return full

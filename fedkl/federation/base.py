@@ -586,6 +586,10 @@ class Answers:
     failed: list[int] = field(default_factory=list)
 
     def total(self) -> torch.Tensor:
+        """The sum of the rows, in float64 (float32 rows are added in float64: the noise is added to a
+        float64 sum, :mod:`fedkl.federation.clipping`)."""
+        if self.values.is_floating_point() and self.values.dtype != torch.float64:
+            return self.values.to(torch.float64).sum(0)
         return self.values.sum(0)
 
     def answered(self) -> torch.Tensor:

@@ -9,6 +9,12 @@ contributes zero and is reported failed. :data:`CLIP_SLACK` is the relative exce
 that a server accepts from a client (the few ulps by which :func:`clip_rows`' result may exceed C).
 
 It sits in the federation layer, below the algorithms, and imports only the problems' row kernels.
+
+Float32 (and any dtype below float64): the clip is enforced in exact arithmetic, not up to the
+dtype's rounding (:func:`_low_precision_clip`, proof there): every returned row's exact L2 norm is
+below ``clip``, so a user's float32 answer never exceeds the bound the sensitivity was computed
+from; :func:`clipped_sum` then adds the rows in float64 (:meth:`fedkl.federation.base.Answers.total`
+too), where the noise is added (:mod:`fedkl.privacy.mechanisms`).
 """
 
 from __future__ import annotations
@@ -27,8 +33,11 @@ def clip_rows(values: torch.Tensor, clip: float) -> tuple[torch.Tensor, torch.Te
     """Clip every row to L2 norm <= clip; non-finite rows become zero.
 
     Returns the clipped rows and a boolean mask of the rows that were non-finite. A zero row stays
-    zero (no division by its norm).
+    zero (no division by its norm). Below float64 (float32): :func:`_low_precision_clip`, whose rows
+    have exact norm < clip.
     """
+    if values.dtype != torch.float64 and values.is_floating_point():
+        return _low_precision_clip(values, clip)
     if fast_kernels() and values.shape[0]:
         factors = _fast_clip_factors(values, clip)
         if factors is not None:  # one pass; a row inside the ball is multiplied by 1.0: the same bits
@@ -59,13 +68,69 @@ def clipped_sum(values: torch.Tensor, clip: float) -> tuple[torch.Tensor, torch.
     the norms and ONE matrix-vector product (the factors of :func:`_fast_clip_factors` times the rows), no
     clipped ``(users, d)`` copy; each row still enters with norm <= clip (same factor as
     :func:`clip_rows`), only the order of the additions differs (fast mode's tolerance,
-    ``tests/problems/test_kernels.py``). Otherwise :func:`clip_rows`, then the sum."""
+    ``tests/problems/test_kernels.py``). Otherwise :func:`clip_rows`, then the sum. Below float64: the
+    rows of :func:`_low_precision_clip` added in float64 (a float64 sum, as ``Answers.total``)."""
+    if values.dtype != torch.float64 and values.is_floating_point():
+        clipped, bad = _low_precision_clip(values, clip)
+        return clipped.to(torch.float64).sum(0), bad
     if fast_kernels() and values.shape[0]:
         factors = _fast_clip_factors(values, clip)
         if factors is not None:
             return factors @ values, torch.zeros(values.shape[0], dtype=torch.bool)
     clipped, bad = clip_rows(values, clip)
     return clipped.sum(0), bad
+
+
+# clip_rows below float64 refuses a clip bound under this (the proof's subnormal term: _low_precision_clip)
+MIN_LOW_PRECISION_CLIP = 2.0**-100
+
+
+def low_precision_margin(dtype: torch.dtype, d: int) -> float:
+    """The relative margin ``m = 2 eps + (d + 4) eps64`` (``eps``: ``dtype``'s machine epsilon) of
+    :func:`_low_precision_clip` for rows of ``d`` entries: rows are clipped to ``clip * (1 - m)``."""
+    return 2.0 * torch.finfo(dtype).eps + (d + 4) * torch.finfo(torch.float64).eps
+
+
+def _low_precision_clip(values: torch.Tensor, clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`clip_rows` for rows below float64 (float32, bfloat16, float16): non-finite rows become zero,
+    and every returned row ``y`` has EXACT norm ``||y|| < clip`` (real arithmetic on the returned
+    values), whatever the rounding; a row well inside the ball is returned bit for bit.
+
+    Method. ``n = `` the float64 norm of the row (:func:`~fedkl.problems.rowwise.row_norms` of the
+    row cast to float64), ``t = clip (1 - m)`` with ``m`` = :func:`low_precision_margin`. A row with
+    ``n <= t`` is returned as is; another is multiplied by ``f = fl(t / n)`` (float64, then rounded to
+    the row's dtype), each product rounded to the row's dtype.
+
+    Proof (``u = eps / 2`` the unit roundoff of the row's dtype, ``v = 2^-53`` float64's, ``r`` the
+    exact norm of the row ``x``, ``d`` entries, ``clip >=`` :data:`MIN_LOW_PRECISION_CLIP`).
+    (1) The float64 norm: every ``x_i^2`` is exact in float64 (a float32 significand has 24 bits, its
+    square at most 48 <= 53; float16/bfloat16 fewer) and never overflows (float32's largest square is
+    ~1.2e77); a sum of d non-negative terms in any order has relative error at most
+    ``(d - 1) v / (1 - (d - 1) v)`` and the square root adds ``v``, so ``n >= r (1 - (d + 1) v)`` (``d v < 0.01``).
+    (2) ``t = fl(clip fl(1 - m)) <= clip (1 - m)(1 + 3v)`` (three float64 roundings). Kept rows:
+    ``r <= n / (1 - (d + 1) v) <= clip (1 - m)(1 + 3v) / (1 - (d + 1) v) < clip``, as ``m >= 2 (d + 4) v``.
+    (3) Scaled rows: ``f = fl(t / n) <= (t / n)(1 + v)``; the cast of ``f`` to the row's dtype and every
+    product ``x_i f`` round to nearest: ``|fl(p)| <= |p| (1 + u)`` for a normal result, ``|fl(p)| <= |p| + eta``
+    for a subnormal one (``eta``: half the dtype's smallest subnormal). So, by (1),
+    ``||y|| <= clip (1 - m)(1 + u)^2 (1 + v)^4 / (1 - (d + 1) v) + sqrt(d) eta``. With ``m = 4u + 2 (d + 4) v``:
+    ``(1 - m)(1 + u)^2 <= 1 - 2u - 2 (d + 4) v`` and ``(1 + v)^4 / (1 - (d + 1) v) <= 1 + 2 (d + 4) v`` (as
+    ``(d + 1) v < 0.01``), whose product is ``<= 1 - 2u``: ``||y|| <= clip (1 - 2u) + sqrt(d) eta < clip`` whenever
+    ``2u clip > sqrt(d) eta``. Float32: ``u = 2^-24``, ``eta = 2^-150``: every ``clip >= 2^-100`` with
+    ``d < 2^40`` (the ``(d + 1) v < 0.01`` of (1) already needs ``d < 4e13``). Float16 (``u = 2^-11``,
+    ``eta = 2^-25``): refused below ``clip = 2^-14 sqrt(d)``.
+    ``tests/federation/test_float32.py`` checks ``||y||^2 < clip^2`` in exact rational arithmetic on adversarial rows.
+    """
+    if not clip >= MIN_LOW_PRECISION_CLIP or (
+        values.dtype == torch.float16 and clip < 2.0**-14 * values.shape[1] ** 0.5
+    ):
+        raise ValueError(f"clip {clip} is too small to be enforced in {values.dtype} (see _low_precision_clip)")
+    bad = ~torch.isfinite(values).all(dim=1)
+    if bad.any():
+        values = torch.where(bad.unsqueeze(1), torch.zeros_like(values), values)
+    norms = row_norms(values.to(torch.float64))
+    target = clip * (1.0 - low_precision_margin(values.dtype, values.shape[1]))
+    factors = torch.where(norms > target, target / torch.clamp(norms, min=torch.finfo(torch.float64).tiny), 1.0)
+    return values * factors.to(values.dtype).unsqueeze(1), bad
 
 
 def clamp_rows(values: torch.Tensor, bound: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -82,7 +82,7 @@ from fedkl.privacy.charges import ApproxDPCharge, Charge, ExponentialCharge, Gau
 from fedkl.privacy.filter import BudgetExhausted, ZCDPFilter
 from fedkl.privacy.journal import JournalEntry, ReleaseJournal
 from fedkl.privacy.ledger import PrivacyLedger, cohort_digest
-from fedkl.privacy.mechanisms import ExponentialMechanism, GaussianMechanism, TruncatedDiscreteLaplace
+from fedkl.privacy.mechanisms import ExponentialMechanism, GaussianMechanism, TruncatedDiscreteLaplace, _add_noise
 from fedkl.privacy.rng import NoiseSource
 from fedkl.privacy.sparse_vector import AboveThreshold
 
@@ -509,7 +509,7 @@ class ScheduledGaussian:
         self.used += 1
 
         def sample() -> torch.Tensor:
-            return value + self._noise.gaussian(tuple(value.shape), self.sigma).to(value.dtype)
+            return _add_noise(value, self._noise.gaussian(tuple(value.shape), self.sigma))  # in float64, then cast
 
         if self._releaser is None:
             return sample()

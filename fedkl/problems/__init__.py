@@ -10,6 +10,8 @@ regression GLLs, :mod:`fedkl.problems.robust_regression`; ``absolute`` trains on
 
 from __future__ import annotations
 
+import torch
+
 from fedkl.data.base import FederatedDataset
 from fedkl.problems.base import Constants, Problem, user_means
 from fedkl.problems.hinge import SmoothedHinge
@@ -35,12 +37,21 @@ _TASKS = {
 }
 
 
-def problem_spec(name: str, dataset: FederatedDataset, reg: float = 0.0, model=None) -> dict:
+DTYPES = ("float32", "float64")  # the float types a problem computes in (its spec's "dtype")
+
+
+def default_dtype(name: str) -> str:
+    """The float type problem ``name`` computes in unless told: float32 for torch models (a torch
+    network's own dtype: :class:`TorchModel`'s default), float64 for every other problem."""
+    return "float32" if name in ("mlp", "torch") else "float64"
+
+
+def problem_spec(name: str, dataset: FederatedDataset, reg: float = 0.0, model=None, dtype: str | None = None) -> dict:
     """The public description of problem ``name`` sized for ``dataset``: what
     :func:`problem_from_spec` rebuilds it from without the data (a saved model keeps it). ``torch``
     needs ``model`` (kept in the spec when it is an import spec; a factory or module object is not
     serialisable, so :func:`problem_from_spec` then needs it again), and ``model`` is refused for
-    the other problems."""
+    the other problems. ``dtype``: the float type it computes in (None: :func:`default_dtype`), recorded."""
     if name not in _TASKS:
         raise ValueError(f"unknown problem {name!r}; valid names: {', '.join(PROBLEMS)}")
     if dataset.task not in _TASKS[name]:
@@ -53,7 +64,10 @@ def problem_spec(name: str, dataset: FederatedDataset, reg: float = 0.0, model=N
             if name == "torch"
             else f"a model is given, but problem {name!r} is not 'torch' (use --problem torch)"
         )
-    spec = {"name": name, "task": dataset.task, "dim": dataset.train.dim, "reg": float(reg)}
+    dtype = default_dtype(name) if dtype is None else dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    spec = {"name": name, "task": dataset.task, "dim": dataset.train.dim, "reg": float(reg), "dtype": dtype}
     if name in ("softmax", "mlp", "torch"):
         spec["num_classes"] = 2 if dataset.task == "binary" else dataset.num_classes
     if name == "torch":
@@ -65,8 +79,10 @@ def problem_spec(name: str, dataset: FederatedDataset, reg: float = 0.0, model=N
 
 def problem_from_spec(spec: dict, model=None, **kw) -> Problem:
     """The problem a :func:`problem_spec` describes (extra keyword arguments go to its constructor;
-    ``model``: a torch problem's network when its spec holds none)."""
+    ``model``: a torch problem's network when its spec holds none; a spec without ``dtype``, written
+    before it was recorded, is the problem's :func:`default_dtype`)."""
     name, dim, reg = spec["name"], int(spec["dim"]), float(spec["reg"])
+    kw.setdefault("dtype", getattr(torch, spec.get("dtype") or default_dtype(name)))
     if name == "logistic":
         return BinaryLogistic(dim, reg, **kw)
     if name == "smoothed-hinge":
@@ -91,9 +107,13 @@ def problem_from_spec(spec: dict, model=None, **kw) -> Problem:
 
 def make_problem(name: str, dataset: FederatedDataset, reg: float = 0.0, **kw) -> Problem:
     """The problem ``name`` sized for ``dataset`` (extra keyword arguments go to its constructor;
-    ``torch`` needs ``model=``, and ``model=`` is refused for the other problems)."""
+    ``torch`` needs ``model=``, and ``model=`` is refused for the other problems; ``dtype=`` a
+    ``torch.dtype`` or one of :data:`DTYPES`, None: :func:`default_dtype`)."""
     model = kw.pop("model", None)
-    return problem_from_spec(problem_spec(name, dataset, reg, model), model=model, **kw)
+    dtype = kw.pop("dtype", None)
+    if isinstance(dtype, torch.dtype):
+        dtype = str(dtype).removeprefix("torch.")
+    return problem_from_spec(problem_spec(name, dataset, reg, model, dtype), model=model, **kw)
 
 
 __all__ = [
@@ -101,11 +121,13 @@ __all__ = [
     "BinaryLogistic",
     "Constants",
     "DEFAULT_PROBLEM",
+    "DTYPES",
     "Huber",
     "LeastSquares",
     "MLP",
     "PROBLEMS",
     "Problem",
+    "default_dtype",
     "SmoothedHinge",
     "SoftmaxRegression",
     "TorchModel",

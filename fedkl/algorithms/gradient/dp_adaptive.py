@@ -113,6 +113,7 @@ class AdaptiveDP(ScheduledAlgorithm[P]):
     optimizer: ClassVar[str]  # its result's "optimizer" detail
     absence = ZERO_SUMS
     sums_only = True
+    float32 = True  # L2-clipped answers, float64 sums and noise (contract.Algorithm.float32)
     audit = SmallAudit()
 
     @abstractmethod

@@ -162,6 +162,7 @@ class DPFedAvg(ScheduledAlgorithm[DPFedAvgParams]):
     step_size = 4.0
     # secure aggregation serves the fixed clip; adaptive clipping needs each user's indicator
     sums_only = staticmethod(lambda params: not params.adaptive_clip)
+    float32 = True  # L2-clipped answers, float64 sums and noise (contract.Algorithm.float32)
     small = {**SCHEDULED, "local_steps": 2, "batch_size": 3}
     audit = SmallAudit()
 

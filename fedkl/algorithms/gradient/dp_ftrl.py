@@ -195,6 +195,7 @@ class DPFTRL(Algorithm[DPFTRLParams]):
     absence = PREFIX_SUMS
     step_size = 4.0
     noise_state = True  # the factorization's noise generator carries earlier draws (register's noise_state)
+    float32 = True  # L2-clipped answers, float64 sums and noise (contract.Algorithm.float32)
     small = {"neighbouring": "add-remove", "min_separation": 2, "max_participations": 2, "local_steps": 2}
     audit = SmallAudit()
 

@@ -66,6 +66,7 @@ class NoisyGradientDescent(Algorithm[NoisyGDParams]):
     absence = ZERO_SUMS
     step_size = 4.0
     sums_only = True
+    float32 = True  # L2-clipped answers, float64 sums and noise (contract.Algorithm.float32)
     small: dict = {}
     audit = SmallAudit()
 
