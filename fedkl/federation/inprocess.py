@@ -71,6 +71,9 @@ def answers(query_type: type) -> Callable[[AnswerMethod], AnswerMethod]:
     return register
 
 
+GHOST_FLOAT32 = "float32: the clip is proven on per-record rows only"
+
+
 class InProcessFederation(Federation):
     """All users of ``dataset`` in this process, computing ``problem``'s per-user quantities.
 
@@ -80,7 +83,10 @@ class InProcessFederation(Federation):
     :meth:`sum` of a :class:`ClippedGradient` on a torch model (:class:`~fedkl.problems.torch_model.TorchModel`,
     the MLP included) is the total from :func:`~fedkl.federation.ghost_clipping.ghost_clipped_sum`
     (one row; no per-record gradients) when ``ghost`` (the default) and the model is covered; otherwise,
-    and for :meth:`compute`, the per-record path. ``clipped_sum_path`` says which, and why (set at the first
+    and for :meth:`compute`, the per-record path. Below float64 it is always the per-record path
+    (:data:`GHOST_FLOAT32`): a float32 row is clipped with a proven margin
+    (:func:`~fedkl.federation.clipping.clip_rows`), while the ghost sum fuses every user's scaled gradient in
+    one backward pass, whose float32 rounding (1e-4 relative, measured) no per-user proof bounds. ``clipped_sum_path`` says which, and why (set at the first
     such sum, after comparing both paths' norms on three records). With the fast kernels, the per-record
     path's sum is also one row: the per-user gradients clipped and summed in one step
     (:func:`~fedkl.federation.clipping.clipped_sum`)."""
@@ -99,6 +105,8 @@ class InProcessFederation(Federation):
         if self.clipped_sum_path is None:
             try:
                 reason = unsupported_reason(self.problem) if self.ghost else "ghost clipping off"
+                if self.problem.dtype != torch.float64:  # the fused sum has no per-user bound on its rounding
+                    reason = reason or GHOST_FLOAT32
                 reason = reason or check_against_per_record(self.problem, w, self._train)
             except ValueError as e:  # a layer call ghost clipping cannot read (one line)
                 reason = str(e)

@@ -16,7 +16,7 @@ from fedkl.data.base import FederatedDataset, UserData
 from fedkl.federation import ghost_clipping
 from fedkl.federation.base import ClippedGradient
 from fedkl.federation.ghost_clipping import ghost_clipped_sum, unsupported_reason
-from fedkl.federation.inprocess import InProcessFederation
+from fedkl.federation.inprocess import GHOST_FLOAT32, InProcessFederation
 from fedkl.problems import MLP, TorchModel
 
 COUNTS = [1, 6, 3, 2, 5, 1, 4, 0]  # records per user (the last user has none)
@@ -301,18 +301,28 @@ def test_what_is_not_covered_is_named(net, reg, reason):
 
 @pytest.mark.slow
 def test_a_dp_sgd_run_with_ghost_clipping_equals_the_per_record_run(tmp_path, monkeypatch):
-    """Through the runner: the same sampling, noise and ledger; the model equal to float32 rounding."""
+    """Through the runner (float64: a float32 run never takes the ghost path, below): the same sampling,
+    noise and ledger; the model equal to rounding."""
     from fedkl.runner import RunConfig, run_training  # the run layer, above this one: only the test uses it
     from fedkl.saved_model import load_model
 
     settings = dict(dataset="synthetic-logistic", users=16, algorithm="dp-sgd", rounds=3, lr=0.5, problem="mlp",
-                    noise_seed=3, reference=False)  # fmt: skip
+                    noise_seed=3, reference=False, dtype="float64")  # fmt: skip
     ghost = run_training(RunConfig.from_settings(**settings, out=str(tmp_path / "ghost")), log=lambda s: None)
     used = []
     monkeypatch.setattr(InProcessFederation, "_ghost_covers", lambda self, w: used.append(1) and False)
     stock = run_training(RunConfig.from_settings(**settings, out=str(tmp_path / "stock")), log=lambda s: None)
     assert used  # the second run asked for clipped sums and got the per-record path
     w_ghost, w_stock = (load_model(r["model_path"]).params for r in (ghost, stock))
-    torch.testing.assert_close(w_ghost, w_stock, rtol=1e-5, atol=1e-6)
-    assert not torch.equal(w_ghost, w_stock)  # two different computations (float32 rounding differs)
+    torch.testing.assert_close(w_ghost, w_stock, rtol=1e-10, atol=1e-12)
     assert {**ghost["ledger"], "path": None} == {**stock["ledger"], "path": None}
+
+
+def test_a_float32_model_sums_on_the_per_record_path_whose_clip_is_proven():
+    """Ghost clipping fuses every user's scaled gradient in one float32 backward pass, whose rounding no
+    per-user proof bounds: below float64 the sum is the per-record path (clip_rows' proven margin)."""
+    fed, _ = _federation(Recurrent)
+    fed32 = InProcessFederation(TorchModel(Recurrent, 10, "multiclass", 3, dtype=torch.float32), fed.dataset)
+    w = fed32.problem.init_params()
+    got = fed32.sum(ClippedGradient(w, 0.05), [0, 1, 3])
+    assert fed32.clipped_sum_path == f"per-record ({GHOST_FLOAT32})" and got.values.shape[0] == 3
