@@ -673,7 +673,8 @@ class _ScheduleCut(Releaser):
     second release (the first step of a schedule charged up front, or release 1 with its charge already on
     the throw-away ledger, so what was charged is the run's own code's record); :func:`_scheduled` checks that
     against the declaration and writes out the rest. Planning then costs one or two rounds, not one per round
-    (a 20,000-round run's dry run took a minute: issue 31); an algorithm without ``plan_schedule`` runs its
+    (a 20,000-round run's dry run took a minute: issue 31; dp-ftrl's at 20,000 rounds, 12 users, 387 s -> 11.6 s
+    on 2 cores at load 15-20, tests/test_plan_schedule.py); an algorithm without ``plan_schedule`` runs its
     whole dry run."""
 
     schedule: tuple[int, Callable[[int], str]] | Sequence[PlannedRelease] | None = None
