@@ -50,10 +50,10 @@ docs: $(STAMP)
 # core), as on a loaded CI machine: their waits are on events, with deadlines that scale. SLOW=1 adds the
 # slow ones (the sites with their own files over gRPC). It stays out of CI (.ci/run): `make test` already runs
 # every deployment test (no marker is deselected there), and a second pass beside busy loops does not fit CI's
-# budget: each test is whole deployments (SuperLink, SuperNodes, ServerApp, a ClientApp per node, each a
-# process importing torch) waiting on Flower's 3 s idle polls; at load 14-60 on 2 cores one 1-round deployment
-# took 164 s and the 8-node TLS test 662 s (issue 31), against the ~4 min CI has left. Run it after changing
-# fedkl/flower/ or the deployment tests.
+# budget: each test is whole deployments (SuperLink, SuperNodes, ServerApp, and a new ClientApp process per node
+# for every message, each importing torch); at load 14-60 on 2 cores one 1-round deployment took 164 s and the
+# 8-node TLS test 662 s (issue 31), against the ~4 min CI has left. Run it after changing fedkl/flower/ or the
+# deployment tests.
 HOG ?= $(shell nproc)
 STRESS_MARK := $(if $(filter 1,$(SLOW)),deployment,deployment and not slow)
 stress: $(STAMP)

@@ -179,12 +179,14 @@ def test_a_kill_9_of_the_deployed_server_app_then_fedkl_run_recover_keeps_the_le
     deployment: every release charged once, the model the uninterrupted run's. Waits on events only (the
     journal's count, the processes' exits); the guard is a failure bound for a loaded machine.
 
-    Its cost is two deployments (each a SuperLink, a registration and a SuperNode per user, the ServerApp and a
-    ClientApp per node, each a Python process importing torch) plus every round twice (the recovery asks the
-    replayed rounds again), each round at least one idle poll of the SuperNodes (Flower's, 3 s). So: 2 users,
-    4 rounds, killed after the first release (it was 3 users, 10 rounds, K = 3: 668 s at load 10-15). The
-    kill lands before the last release as long as the three rounds after the first take longer than finding
-    and signalling the ServerApp (a /proc scan): each of them waits for a SuperNode's poll."""
+    Where its time goes (measured at load ~50 on 2 cores): two deployments (SuperLink, a registration and a
+    SuperNode per user, the ServerApp: ~80 s each), the handshake (~45 s), then every message of every round
+    starts a new ClientApp process on each SuperNode (Flower's subprocess isolation; each imports torch), ~50 s a
+    round there, and the recovery asks the replayed rounds again. So: 2 users, 4 rounds, killed after the first
+    release: 2 x 5 + 2 x 2-3 ClientApp starts instead of 3 x 14 + 3 x 4-5 (3 users, 10 rounds, K = 3: 668 s at
+    load 10-15). The kill lands before the last release as long as the three rounds after the first take longer
+    than finding and signalling the ServerApp (a /proc scan): each of them starts ClientApps and waits for a
+    SuperNode's idle poll (3 s)."""
     import os
     import signal
     import subprocess
