@@ -15,7 +15,8 @@ the CLI, the planner, the audit and the tests (no other table names an algorithm
   and gets the CLI's defaults (``Params`` is the one place they live).
 * :class:`AlgorithmParams` — the base of every ``Params`` dataclass, with :func:`param` fields and the
   shared mixins (:class:`Rounds`, :class:`StepSize`, :class:`Clip`, ...): one definition per name.
-* :class:`AlgorithmResult`, :class:`BuildContext`, :class:`SmallAudit`, :class:`Need` (what ``needs()`` declares).
+* :class:`AlgorithmResult`, :class:`BuildContext`, :class:`SmallAudit`, :class:`Need` (what ``needs()`` declares),
+  :class:`PlannedRelease` (what ``plan_schedule()`` declares).
 
 :func:`fedkl.algorithms.registry.register` decorates the class and refuses an incomplete one at import.
 """
@@ -26,9 +27,9 @@ import dataclasses
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generic, Mapping, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generic, Mapping, NamedTuple, Sequence, TypeVar
 
-from fedkl.privacy.charges import ApproxDPCharge, GaussianCharge, Need
+from fedkl.privacy.charges import ApproxDPCharge, Charge, GaussianCharge, Need
 from fedkl.privacy.guarantee import RELEASED_MODELS, Absence, ClientView, Guarantee
 from fedkl.privacy.ledger import Budget, BudgetExceeded
 
@@ -125,6 +126,15 @@ class AlgorithmResult:
         if name in AlgorithmResult._OPTIONAL:
             return None
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+class PlannedRelease(NamedTuple):
+    """One ledger release of a run's plan (:meth:`Algorithm.plan_schedule`): its label, typed charge and the
+    ids of the users it charges, each as the run's own release will have them."""
+
+    label: str
+    charge: Charge
+    user_ids: Sequence[str]
 
 
 @dataclass(frozen=True)
@@ -332,9 +342,14 @@ class Algorithm(ABC, Generic[P]):
         """Warnings about public settings, printed before any budget is spent."""
         return ()
 
-    def plan_schedule(self) -> tuple[int, Callable[[int], str]] | None:
-        """``(count, label)`` when the plan is one release a round with the first one's charge and cohort
-        (the dry run then makes one release, fedkl.runner._ScheduleCut), else None."""
+    def plan_schedule(self) -> tuple[int, Callable[[int], str]] | Sequence[PlannedRelease] | None:
+        """The run's ledger releases from public values, when they follow a schedule (the plan's dry run then
+        stops at its second release and checks what it made against this, fedkl.runner._ScheduleCut), else
+        None (the whole dry run). Either ``(count, label)``: ``count`` releases, release ``k`` labelled
+        ``label(k)`` with release 0's charge and cohort (``count`` 1: the run charges once, before its first
+        step of a schedule charged up front, :meth:`fedkl.privacy.release.Releaser.scheduled_step`); or every
+        release in order as :class:`PlannedRelease` (the charges and cohorts may differ: dp-ftrl). A claim
+        the run's own code does not keep is a test failure (tests/test_plan_schedule.py)."""
         return None
 
     @abstractmethod

@@ -631,26 +631,27 @@ def test_deployed_server_app_main_reads_the_run_config(tmp_path):
 
 @pytest.mark.deployment
 def test_grpc_deployment_with_tls_and_node_auth(tmp_path):
-    """A real local deployment: SuperLink (TLS, SuperNode auth) + 8 SuperNodes as subprocesses, the
-    fedkl app submitted with `flwr run`. User 5's SuperNode has a key that was never registered: the
-    SuperLink refuses it, so user 5 fails (zero, charged), exactly like an absent node over the
-    LocalGrid with the same seeds; the 7 others give the in-process answers. Every process is gone
-    afterwards."""
+    """A real local deployment: SuperLink (TLS, SuperNode auth) + 4 SuperNodes as subprocesses, the
+    fedkl app submitted with `flwr run`. User 2's SuperNode has a key that was never registered: the
+    SuperLink refuses it, so user 2 fails (zero, charged), exactly like an absent node over the
+    LocalGrid with the same seeds; the 3 others give the in-process answers. Every process is gone
+    afterwards. (4 nodes, not 8: each node is a SuperNode, a registration and a ClientApp process importing
+    torch, the cost of a deployment test on a loaded machine; 3 registered nodes and 1 refused show the same.)"""
     from fedkl.flower.deploy import processes_of, run_config_for, run_grpc
 
-    spec = codec.ClientSpec.build("synthetic-least-squares", "least-squares", {"n_users": 8, "m": M, "d": D, "seed": 4})
+    spec = codec.ClientSpec.build("synthetic-least-squares", "least-squares", {"n_users": 4, "m": M, "d": D, "seed": 4})
     cfg = _cfg(tmp_path, "grpc-out", rounds=1)
-    # run_grpc submits the run once the 7 registered SuperNodes are online, so the ServerApp need not wait
-    # for user 5 to connect (it never will); the 7 ClientApps, which start concurrently and slowly on a
+    # run_grpc submits the run once the 3 registered SuperNodes are online, so the ServerApp need not wait
+    # for user 2 to connect (it never will); the 3 ClientApps, which start concurrently and slowly on a
     # loaded machine, still get the scaled handshake deadline, and the wait ends on their last reply.
-    # No fixed deadline here: run_grpc's waits scale with the 8 users too (deploy.run_deadline).
+    # No fixed deadline here: run_grpc's waits scale with the 4 users too (deploy.run_deadline).
     rc = {**run_config_for(cfg, spec), "fedkl-wait-for-nodes": 0.0}
     ids = _inprocess(spec).user_ids  # the enrolment: each user bound to its registered node id
-    res = run_grpc(rc, 8, workdir=str(tmp_path / "grpc"), unregistered=(5,), user_ids=ids, log=lambda s: None)
+    res = run_grpc(rc, 4, workdir=str(tmp_path / "grpc"), unregistered=(2,), user_ids=ids, log=lambda s: None)
     ref = run_flower_simulation(
-        _cfg(tmp_path, "ref", rounds=1), "flower-local", log=lambda s: None, spec=spec, absent=[5]
+        _cfg(tmp_path, "ref", rounds=1), "flower-local", log=lambda s: None, spec=spec, absent=[2]
     )
-    assert res["users"] == 8 and res["failed_users"] == [1] == ref["failed_users"]
+    assert res["users"] == 4 and res["failed_users"] == [1] == ref["failed_users"]
     assert np.array_equal(res["w"], ref["w"].numpy())  # bit for bit over gRPC + TLS
     _same_ledgers(res, ref, ref["user_ids"])  # the refused user is charged too
     logs = (tmp_path / "grpc" / "superlink.log").read_text()
