@@ -160,6 +160,10 @@ class RunConfig:
     # ledger, a sweep's run key) always names the kernels that actually ran
     kernels: str = "auto"
     shards: int = 2  # --backend ray-shards: Ray actors, each holding a block of users (fedkl.federation.ray_shards)
+    # --backend flower-sim / flower-local: users per simulated Flower node (answers still per user,
+    # fedkl.flower.client_app.BlockWorker); 0 = auto (fedkl.flower.backends.users_per_node: flower-sim about one
+    # node per CPU core, flower-local one user per node); grpc deployments hold one user per node
+    users_per_node: int = 0
     params: AlgorithmParams | None = None
 
     def __post_init__(self) -> None:
@@ -188,6 +192,13 @@ class RunConfig:
             raise ValueError(f"--clients must be one of {', '.join(TRUST_MODELS)}, got {self.clients!r}")
         if isinstance(self.shards, bool) or not isinstance(self.shards, int) or self.shards < 1:
             raise ValueError(f"--shards must be an integer >= 1, got {self.shards!r}")
+        upn = self.users_per_node
+        if isinstance(upn, bool) or not isinstance(upn, int) or upn < 0:
+            raise ValueError(f"--users-per-node must be an integer >= 0 (0: auto), got {upn!r}")
+        if upn > 1 and self.backend == "grpc":
+            raise ValueError("--users-per-node: a deployment (--backend grpc) holds one user per node")
+        if upn > 1 and self.secagg:
+            raise ValueError("--secagg needs one user per node (SecAgg+ masks per node): run with --users-per-node 1")
 
     @classmethod
     def from_settings(cls, *, strict: bool = True, **settings) -> "RunConfig":

@@ -247,20 +247,31 @@ class FlowerFederation(Federation):
         ids: list[str | None] = list(user_ids) if user_ids is not None else [None] * n
         claims: dict[int, list[int]] = {}  # user position -> the nodes claiming it
         wrong_model: dict[int, str] = {}  # user position -> why its (otherwise consistent) claimant was refused
-        for nid, info in ok.items():
+        for nid, info in ok.items():  # a block node (codec.BlockInfo) claims each of its positions
+            wrong_user = next(
+                (p for p in info.positions if user_ids is not None and p < n and info.user_at(p) != user_ids[p]), None
+            )
             if info.num_partitions != n:
                 self.refused_nodes[nid] = f"holds a dataset of {info.num_partitions} users, expected {n}"
-            elif user_ids is not None and info.user_id != user_ids[info.partition_id]:
+            elif wrong_user is not None:
                 self.refused_nodes[nid] = (
-                    f"claims user {info.user_id!r} at position {info.partition_id}, "
-                    f"enrolled there: {user_ids[info.partition_id]!r}"
+                    f"claims user {info.user_at(wrong_user)!r} at position {wrong_user}, "
+                    f"enrolled there: {user_ids[wrong_user]!r}"
                 )
             elif info.num_params != num_params:
                 why = f"answers for a model of {info.num_params} parameters; the server's problem has {num_params}"
                 self.refused_nodes[nid] = why
-                wrong_model[info.partition_id] = f"node {nid} {why}"
+                for p in info.positions:
+                    wrong_model[p] = f"node {nid} {why}"
             else:
-                claims.setdefault(info.partition_id, []).append(nid)
+                for p in info.positions:
+                    claims.setdefault(p, []).append(nid)
+        # nodes holding several users: asked once per request for all their asked users (block messages)
+        self.blocks = {nid for nid, info in ok.items() if isinstance(info, codec.BlockInfo)}
+        if self.blocks and self.secagg:
+            raise RuntimeError(
+                "--secagg needs one user per node (SecAgg+ masks per node): run with --users-per-node 1"
+            )
         node_of, self.unserved = self._resolve_claims(claims, ok, ids, bindings, n)
         for p, why in wrong_model.items():
             if p not in node_of and self.unserved[p][0] == "absent":  # no other node claims it
@@ -293,7 +304,7 @@ class FlowerFederation(Federation):
             )
         self.handshake = {
             "waited_s": round(waited, 3),
-            "nodes": len(node_of),
+            "nodes": len(set(node_of.values())),  # serving nodes (a block node serves several users)
             "unserved": {self._user_ids[u]: f"{k}: {why}" for u, (k, why) in sorted(self.unserved.items())},
             "refused_nodes": {str(nid): why for nid, why in sorted(self.refused_nodes.items())},
         }
@@ -373,7 +384,7 @@ class FlowerFederation(Federation):
         bindings = dict(bindings or {})
         for p in range(n):
             nodes = sorted(claims.get(p, []))
-            uid = ids[p] if ids[p] is not None else (infos[nodes[0]].user_id if nodes else None)
+            uid = ids[p] if ids[p] is not None else (infos[nodes[0]].user_at(p) if nodes else None)
             bound = bindings.get(str(uid)) if uid is not None else None
             if bound is not None:
                 for nid in nodes:
@@ -382,9 +393,9 @@ class FlowerFederation(Federation):
                 nodes = [nid for nid in nodes if nid == bound]
             if len(nodes) == 1:
                 node_of[p] = nodes[0]
-                ids[p] = infos[nodes[0]].user_id
+                ids[p] = infos[nodes[0]].user_at(p)
             elif len(nodes) > 1:
-                if len({infos[nid].user_id for nid in nodes}) > 1 and ids[p] is None:
+                if len({infos[nid].user_at(p) for nid in nodes}) > 1 and ids[p] is None:
                     raise RuntimeError(f"nodes {nodes} claim user position {p} with different user ids")
                 for nid in nodes:
                     self.refused_nodes[nid] = f"claims user {uid!r} as {len(nodes) - 1} other node(s) do"
@@ -430,15 +441,39 @@ class FlowerFederation(Federation):
         if asked:
             group = f"fedkl-{next(self._group)}"
             sent = {row: query.for_user(row) for row, _ in asked}
-            msgs = [self._message(sent[row], self.node_of[u], group) for row, u in asked]
-            replies = self._match(msgs, self.grid.send_and_receive(msgs, timeout=self.timeout))
+            single = [(row, u) for row, u in asked if self.node_of[u] not in self.blocks]
+            by_block: dict[int, list[tuple[int, int]]] = {}
             for row, u in asked:
-                reply = replies.get(self.node_of[u])
-                if reply is None:
+                if self.node_of[u] in self.blocks:
+                    by_block.setdefault(self.node_of[u], []).append((row, u))
+            msgs = [self._message(sent[row], self.node_of[u], group) for row, u in single]
+            for nid, members in by_block.items():  # one message per block node, a query per asked user
+                block = codec.encode_block_request([u for _, u in members], [sent[row] for row, _ in members])
+                msgs.append(self._message(block, nid, group))
+            replies = self._match(msgs, self.grid.send_and_receive(msgs, timeout=self.timeout))
+            decoded: dict[int, Any] = {}  # row -> the user's decoded answer, or the exception rejecting it
+            for row, u in single:
+                if self.node_of[u] in replies:
+                    try:
+                        decoded[row] = codec.decode_answer(replies[self.node_of[u]], sent[row], self.num_params)
+                    except (codec.CodecError, codec.ReplyError) as exc:
+                        decoded[row] = exc
+            for nid, members in by_block.items():
+                if nid in replies:
+                    rows, qs = [r for r, _ in members], [sent[r] for r, _ in members]
+                    try:
+                        answers = codec.decode_block_answer(replies[nid], [u for _, u in members], qs, self.num_params)
+                    except (codec.CodecError, codec.ReplyError) as exc:  # invalid as a whole: each user fails
+                        answers = [exc] * len(members)
+                    decoded.update(zip(rows, answers))
+            for row, u in asked:  # each user's answer is checked alone, wherever it came from
+                v = decoded.get(row)
+                if v is None:
                     errors[u], kinds[u] = "no reply (dropout or timeout)", "no-reply"
                     continue
                 try:
-                    v = codec.decode_answer(reply, sent[row], self.num_params)
+                    if isinstance(v, Exception):
+                        raise v
                     sent[row].check_answer(v)
                     values[row] = query.user_answer(v).to(self.dtype)
                 except (codec.CodecError, codec.ReplyError, ValueError) as exc:
@@ -532,10 +567,12 @@ class FlowerFederation(Federation):
         self.close()
 
     # --- messages ------------------------------------------------------------------------------
-    def _message(self, query: Query | str, node_id: int, group: str = "fedkl-info") -> Any:
+    def _message(self, query: Any, node_id: int, group: str = "fedkl-info") -> Any:
+        """A request message: ``query`` a Query or :data:`~fedkl.flower.codec.INFO`, or an encoded block request."""
         from flwr.app import Message
 
-        return Message(codec.encode_request(query), node_id, codec.MESSAGE_TYPE, group_id=group)
+        content = query if codec.is_block_request(query) else codec.encode_request(query)
+        return Message(content, node_id, codec.MESSAGE_TYPE, group_id=group)
 
     @staticmethod
     def _match(msgs: list[Any], replies: Any) -> dict[int, Any]:
