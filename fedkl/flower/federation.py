@@ -269,9 +269,7 @@ class FlowerFederation(Federation):
         # nodes holding several users: asked once per request for all their asked users (block messages)
         self.blocks = {nid for nid, info in ok.items() if isinstance(info, codec.BlockInfo)}
         if self.blocks and self.secagg:
-            raise RuntimeError(
-                "--secagg needs one user per node (SecAgg+ masks per node): run with --users-per-node 1"
-            )
+            raise RuntimeError("--secagg needs one user per node (SecAgg+ masks per node): run with --users-per-node 1")
         node_of, self.unserved = self._resolve_claims(claims, ok, ids, bindings, n)
         for p, why in wrong_model.items():
             if p not in node_of and self.unserved[p][0] == "absent":  # no other node claims it
