@@ -402,23 +402,19 @@ def encode_block_answer(positions: Any, queries: Any, results: Any) -> Any:
     from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
     index: dict[int, int] = {}
-    rows: dict[int, list[np.ndarray]] = {}
+    rows: dict[int, list[Any]] = {}
     codes, reasons = [], []
     for q, r in zip(queries, results):
         j = index.setdefault(id(q), len(index))
-        if isinstance(r, tuple):
-            codes.append(int(r[0]))
-            reasons.append(str(r[1])[:1000])
-            rows.setdefault(j, []).append(None)  # filled with zeros below
-        else:
-            codes.append(0)
-            reasons.append("")
-            v = r.detach().cpu().numpy() if isinstance(r, torch.Tensor) else np.asarray(r)
-            rows.setdefault(j, []).append(np.ascontiguousarray(v, dtype=np.float64).reshape(-1))
+        failed = isinstance(r, tuple)
+        codes.append(int(r[0]) if failed else 0)
+        reasons.append(str(r[1])[:1000] if failed else "")
+        rows.setdefault(j, []).append(None if failed else torch.as_tensor(r, dtype=torch.float64).reshape(-1))
     arrays = {}
     for j, vs in rows.items():
-        width = next((v.size for v in vs if v is not None), 0)
-        arrays[f"v{j}"] = _array(np.stack([v if v is not None else np.zeros(width) for v in vs]))
+        width = next((v.numel() for v in vs if v is not None), 0)
+        zero = torch.zeros(width, dtype=torch.float64)  # a failed user's row
+        arrays[f"v{j}"] = _array(torch.stack([zero if v is None else v for v in vs]))
     head = {"protocol": PROTOCOL, "kind": BLOCK, "status": "ok", "positions": [int(p) for p in positions]}
     head.update({"codes": codes, "reasons": reasons})
     return RecordDict({"fedkl": ConfigRecord(head), "answer": ArrayRecord(arrays)})
@@ -452,16 +448,17 @@ def decode_block_answer(reply: Any, positions: Any, queries: Any, num_params: in
     out: list[Any] = [None] * len(positions)
     for j, rows in members.items():
         q = queries[rows[0]]
-        shape = answer_shape(q, num_params)
-        width = int(np.prod(shape))
+        width = int(np.prod(answer_shape(q, num_params)))
         a = _read_array(answer[f"v{j}"], f"v{j}", (len(rows), width), finite=False)
-        for k, i in enumerate(rows):
+        finite = np.isfinite(a).all(axis=1).tolist()
+        values = torch.from_numpy(a.copy()).reshape((len(rows),) + tuple(q.answer_shape(num_params)))
+        for k, i in enumerate(rows):  # row views of one tensor: each user's own answer
             if codes[i] != 0:
                 out[i] = ReplyError(codes[i], str(reasons[i]))
-            elif not np.isfinite(a[k]).all():
+            elif not finite[k]:
                 out[i] = CodecError("value: contains NaN or inf")
             else:
-                out[i] = torch.from_numpy(a[k].copy()).reshape(q.answer_shape(num_params))
+                out[i] = values[k]
     return out
 
 

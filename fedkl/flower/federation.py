@@ -473,7 +473,7 @@ class FlowerFederation(Federation):
                     if isinstance(v, Exception):
                         raise v
                     sent[row].check_answer(v)
-                    values[row] = query.user_answer(v).to(self.dtype)
+                    values[row] = query.user_answer(v)  # cast to self.dtype by the assignment
                 except (codec.CodecError, codec.ReplyError, ValueError) as exc:
                     errors[u], kinds[u] = str(exc), failure_kind(exc)
         self.last_errors = errors
