@@ -108,6 +108,15 @@ def failure_kind(exc: Exception) -> str:
     return "out-of-bound"  # the query's own check_answer (ValueError)
 
 
+def _users_in(reply: Any) -> int:
+    """How many users a handshake reply answers for: a block node's count, else 1 (an invalid reply counts
+    as its one node, as before blocks: it is refused after the wait)."""
+    try:
+        return len(codec.decode_info(reply).positions)
+    except Exception:
+        return 1
+
+
 class _EgressGrid:
     """A Grid whose sends (``push_messages``, ``send_and_receive``) first call the federation's
     ``before_send`` hook: every message to a node, SecAgg+ stages included, leaves the process only
@@ -325,6 +334,7 @@ class FlowerFederation(Federation):
         answer_by = start
         pending: dict[str, int] = {}  # message id -> node id
         replies: dict[int, Any] = {}
+        answered = 0  # the users the replies so far answer for (the expected count is of users)
         first = True
         while True:
             now = clock.monotonic()
@@ -342,7 +352,7 @@ class FlowerFederation(Federation):
                 nid = pending.pop(r.metadata.reply_to_message_id, None)
                 if nid is not None:
                     replies[nid] = r
-            answered = len(replies) - len(pending)
+                    answered += _users_in(r)  # a block node answers for several users
             enough = expected is not None and answered >= expected
             if not pending and (enough or expected is None or now >= connect_by):
                 break

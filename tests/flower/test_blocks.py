@@ -202,3 +202,14 @@ def test_the_block_size_rule():
     assert users_per_node(0, "flower-local", 10_000, cores=16) == 1  # the per-user reference grid
     assert users_per_node(7, "flower-sim", 10_000, cores=16) == 7  # explicit
     assert users_per_node(1, "flower-sim", 10_000, cores=16) == 1
+
+
+def test_the_handshake_ends_when_the_blocks_cover_every_user():
+    """The expected count is of users: three block nodes answering for all 10 end the wait at once, not at the
+    connect deadline (with the default deadlines the old count, nodes, waited 80 s of simulated time)."""
+    grid = LocalGrid(make_client_app(SPEC, users_per_node=B), 3)
+    fed = FlowerFederation(grid, user_ids=_ids())
+    assert fed.handshake["waited_s"] < 1 and fed.handshake["nodes"] == 3 and not fed.unserved
+    absent = FlowerFederation(LocalGrid(make_client_app(SPEC, users_per_node=B), 3, absent=[1]), user_ids=_ids())
+    assert sorted(absent.unserved) == [4, 5, 6, 7]  # the absent node's users, each named
+    assert absent.handshake["waited_s"] >= 60  # a user missing: waited for until the connect deadline
