@@ -10,6 +10,9 @@ so that both ends agree on one small, strictly validated format:
   ArrayRecord with one float64 array ``"value"``; an error reply has an ``"error"`` ConfigRecord
   (``code``, ``reason``) and nothing else.
 
+A node holding a block of users (simulations: :class:`BlockInfo`, :func:`encode_block_request`) gets one
+message per request with each asked user's query, and replies with one row and one status per user.
+
 The format is generic: a query's kind, scalars, tensors, tensor shapes and answer shape all come
 from the query type itself (:class:`fedkl.federation.base.Query`, registry
 :data:`~fedkl.federation.base.QUERY_KINDS`), so a new query kind needs no change here.

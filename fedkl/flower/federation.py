@@ -5,6 +5,13 @@ A request is one ``query.fedkl`` message per asked user, sent with ``Grid.send_a
 replies are decoded by :mod:`fedkl.flower.codec` and stacked in the order of the asked users,
 so ``Answers.total()`` sums them in user order exactly as the in-process backend does.
 
+In a simulation a node may hold a block of users (its handshake is a :class:`~fedkl.flower.codec.BlockInfo`;
+:attr:`FlowerFederation.blocks`): it gets one message per request carrying each of its asked users' queries
+and replies with each user's own answer and status (:func:`~fedkl.flower.codec.decode_block_answer`). Every
+user's answer is then checked exactly as a one-user node's (the query's ``check_answer``, e.g. the clip norm
+recomputed here), and a user fails alone; a block reply that is invalid as a whole, or missing, fails each of
+the block's users by name. SecAgg+ with block nodes is refused (it masks per node).
+
 Failure policy (the in-process one, :mod:`fedkl.federation.base`): a user whose reply is missing
 (dropout, timeout, node never connected), is an error reply, cannot be decoded, has the wrong
 shape/dtype, is not finite, or (for clipped queries) has a norm above the clip bound contributes
