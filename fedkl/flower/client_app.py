@@ -159,47 +159,57 @@ class BlockWorker:
 
     def answer(self, positions: list[int], queries: list[Any]) -> Any:
         """The block reply: each asked user's answer to its query, or its own (code, reason)."""
-        results: list[Any] = [None] * len(positions)
-        groups: dict[int, list[int]] = {}
+        groups: dict[int, list[int]] = {}  # one per distinct query object, in order of first appearance
         for i, q in enumerate(queries):
             groups.setdefault(id(q), []).append(i)
-        for members in groups.values():
+        answers: dict[int, torch.Tensor] = {}
+        errors: dict[int, tuple[int, str]] = {}
+        for j, members in enumerate(groups.values()):
             query = queries[members[0]]
+            shape = (len(members),) + tuple(codec.answer_shape(query, self.num_params))
+            answers[j] = torch.zeros(shape, dtype=torch.float64)  # a failed user's row stays zero
             try:
                 query.check_request(self.num_params, 1)  # each user's request, as a one-user node checks it
             except ValueError as exc:
-                for i in members:
-                    results[i] = (codec.ERR_BAD_REQUEST, str(exc))
+                errors.update((i, (codec.ERR_BAD_REQUEST, str(exc))) for i in members)
                 continue
-            bad = [i for i in members if positions[i] not in self.positions]
-            for i in bad:
-                results[i] = (codec.ERR_NOT_CONFIGURED, f"this node does not hold user position {positions[i]}")
-            members = [i for i in members if i not in bad]
-            if members:
-                self._compute(query, members, positions, results)
-        return codec.encode_block_answer(positions, queries, results)
+            held = [k for k, i in enumerate(members) if positions[i] in self.positions]
+            for k, i in enumerate(members):
+                if positions[i] not in self.positions:
+                    errors[i] = (codec.ERR_NOT_CONFIGURED, f"this node does not hold user position {positions[i]}")
+            if held:
+                rows = [positions[members[k]] - self.positions.start for k in held]
+                values, failed = self._compute(query, rows)
+                answers[j][held] = values.reshape((len(held),) + shape[1:]).to(torch.float64)
+                for k, why in failed.items():
+                    errors[members[held[k]]] = why
+        return codec.encode_block_answer(positions, queries, answers, errors)
 
-    def _compute(self, query: Any, members: list[int], positions: list[int], results: list[Any]) -> None:
-        rows = [positions[i] - self.positions.start for i in members]
+    def _compute(self, query: Any, rows: list[int]) -> tuple[torch.Tensor, dict[int, tuple[int, str]]]:
+        """The answers of the block's ``rows`` (one batched call) and the failed ones: {index: (code, reason)}.
+        If the batch raises, each user is computed alone and only the users that raise fail."""
+        not_finite = (codec.ERR_NOT_FINITE, "the answer of this user is not finite")
         try:
             ans = self._fed.compute(query, rows)
-            failed = set(ans.failed)
-            outcome = [(ans.values[k], rows[k] in failed) for k in range(len(rows))]
-        except Exception:  # someone's computation raised: compute each user alone, fail only who raises
-            outcome = []
-            for r in rows:
-                try:
-                    one = self._fed.compute(query, [r])
-                    outcome.append((one.values[0], bool(one.failed)))
-                except Exception as exc:  # noqa: BLE001  (this user's error reply)
-                    outcome.append((f"{type(exc).__name__}: {exc}", None))
-        for i, (value, failed) in zip(members, outcome):
-            if failed is None:
-                results[i] = (codec.ERR_INTERNAL, value)
-            elif failed:
-                results[i] = (codec.ERR_NOT_FINITE, "the answer of this user is not finite")
-            else:
-                results[i] = value
+            at = {r: k for k, r in enumerate(rows)}
+            return ans.values, {at[r]: not_finite for r in ans.failed}
+        except Exception:  # noqa: BLE001  (someone's computation raised: find who, alone)
+            pass
+        values, failed = [], {}
+        for k, r in enumerate(rows):
+            try:
+                one = self._fed.compute(query, [r])
+                values.append(one.values[0])
+                if one.failed:
+                    failed[k] = not_finite
+            except Exception as exc:  # noqa: BLE001  (this user's error reply)
+                values.append(None)
+                failed[k] = (codec.ERR_INTERNAL, f"{type(exc).__name__}: {exc}")
+        like = next((v for v in values if v is not None), None)
+        zero = torch.zeros_like(like) if like is not None else None
+        if zero is None:  # every user raised: their rows stay zero
+            return torch.zeros((len(rows),) + tuple(query.answer_shape(self.num_params)), dtype=torch.float64), failed
+        return torch.stack([zero if v is None else v for v in values]), failed
 
 
 def _load(spec: codec.ClientSpec) -> tuple[Any, Any]:

@@ -398,26 +398,27 @@ def decode_block_request(content: Any, num_params: int) -> tuple[list[int], list
     return list(positions), [queries[j] for j in query_of]
 
 
-def encode_block_answer(positions: Any, queries: Any, results: Any) -> Any:
-    """The reply of a block node: ``results[i]`` is the answer (a tensor) of the user at ``positions[i]`` to
-    ``queries[i]``, or ``(code, reason)`` when that user failed (its row is zeros). The answers to one query object
-    are stacked in one array ``v<j>`` (rows in position order)."""
+def encode_block_answer(positions: Any, queries: Any, answers: Mapping[int, Any], errors: Mapping[int, Any]) -> Any:
+    """The reply of a block node to :func:`encode_block_request` ``(positions, queries)``. The users asked the
+    same query object form a group (numbered in order of first appearance); ``answers[j]`` holds group j's
+    answers, one row per user in request order; ``errors[i] = (code, reason)`` for the user at ``positions[i]``
+    when that user failed (its row is sent as zeros)."""
     from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
     index: dict[int, int] = {}
-    rows: dict[int, list[Any]] = {}
-    codes, reasons = [], []
-    for q, r in zip(queries, results):
-        j = index.setdefault(id(q), len(index))
-        failed = isinstance(r, tuple)
-        codes.append(int(r[0]) if failed else 0)
-        reasons.append(str(r[1])[:1000] if failed else "")
-        rows.setdefault(j, []).append(None if failed else torch.as_tensor(r, dtype=torch.float64).reshape(-1))
+    members: dict[int, list[int]] = {}
+    for i, q in enumerate(queries):
+        members.setdefault(index.setdefault(id(q), len(index)), []).append(i)
     arrays = {}
-    for j, vs in rows.items():
-        width = next((v.numel() for v in vs if v is not None), 0)
-        zero = torch.zeros(width, dtype=torch.float64)  # a failed user's row
-        arrays[f"v{j}"] = _array(torch.stack([zero if v is None else v for v in vs]))
+    for j, rows in members.items():
+        a = torch.as_tensor(answers[j], dtype=torch.float64).reshape(len(rows), -1)
+        bad = [k for k, i in enumerate(rows) if i in errors]
+        if bad:
+            a = a.clone()
+            a[bad] = 0.0
+        arrays[f"v{j}"] = _array(a)
+    codes = [int(errors[i][0]) if i in errors else 0 for i in range(len(positions))]
+    reasons = [str(errors[i][1])[:1000] if i in errors else "" for i in range(len(positions))]
     head = {"protocol": PROTOCOL, "kind": BLOCK, "status": "ok", "positions": [int(p) for p in positions]}
     head.update({"codes": codes, "reasons": reasons})
     return RecordDict({"fedkl": ConfigRecord(head), "answer": ArrayRecord(arrays)})
