@@ -424,12 +424,14 @@ def encode_block_answer(positions: Any, queries: Any, answers: Mapping[int, Any]
     return RecordDict({"fedkl": ConfigRecord(head), "answer": ArrayRecord(arrays)})
 
 
-def decode_block_answer(reply: Any, positions: Any, queries: Any, num_params: int) -> list[Any]:
-    """Each asked user's answer in a block node's reply to :func:`encode_block_request` ``(positions, queries)``: a
-    float64 tensor of the query's :meth:`~fedkl.federation.base.Query.answer_shape`, or the exception that
-    rejects this user alone (:class:`ReplyError` for its own error, :class:`CodecError` for a non-finite row).
-    A reply that is invalid as a whole (an error reply, wrong positions, shapes, dtypes or sizes) raises: every
-    user of the block then fails with that reason."""
+def decode_block_answer(reply: Any, positions: Any, queries: Any, num_params: int) -> list[tuple]:
+    """The answers in a block node's reply to :func:`encode_block_request` ``(positions, queries)``, per group of
+    users asked the same query object (in order of first appearance): ``(members, values, errors)`` with
+    ``members`` the indices into ``positions``, ``values`` their answers (one float64 row each, of the query's
+    :meth:`~fedkl.federation.base.Query.answer_shape`) and ``errors`` ``{row: the exception rejecting that
+    user alone}`` (:class:`ReplyError` for its own error, :class:`CodecError` for a non-finite row; its row is
+    zero). A reply that is invalid as a whole (an error reply, wrong positions, shapes, dtypes or sizes) raises:
+    every user of the block then fails with that reason."""
     content = _content(reply)
     _exact_keys(content, ("fedkl", "answer"), "block reply")
     head = content["fedkl"]
@@ -449,20 +451,23 @@ def decode_block_answer(reply: Any, positions: Any, queries: Any, num_params: in
         members.setdefault(index.setdefault(id(q), len(index)), []).append(i)
     answer = content["answer"]
     _exact_keys(answer, tuple(f"v{j}" for j in members), "block answer")
-    out: list[Any] = [None] * len(positions)
+    out = []
     for j, rows in members.items():
         q = queries[rows[0]]
         width = int(np.prod(answer_shape(q, num_params)))
         a = _read_array(answer[f"v{j}"], f"v{j}", (len(rows), width), finite=False)
-        finite = np.isfinite(a).all(axis=1).tolist()
-        values = torch.from_numpy(a.copy()).reshape((len(rows),) + tuple(q.answer_shape(num_params)))
-        for k, i in enumerate(rows):  # row views of one tensor: each user's own answer
+        finite = np.isfinite(a).all(axis=1)
+        errors: dict[int, Exception] = {}
+        for k in np.flatnonzero(~finite).tolist():
+            errors[k] = CodecError("value: contains NaN or inf")
+        for k, i in enumerate(rows):
             if codes[i] != 0:
-                out[i] = ReplyError(codes[i], str(reasons[i]))
-            elif not finite[k]:
-                out[i] = CodecError("value: contains NaN or inf")
-            else:
-                out[i] = values[k]
+                errors[k] = ReplyError(codes[i], str(reasons[i]))
+        if errors:
+            a = a.copy()
+            a[list(errors)] = 0.0
+        values = torch.from_numpy(np.array(a)).reshape((len(rows),) + tuple(q.answer_shape(num_params)))
+        out.append((rows, values, errors))
     return out
 
 

@@ -115,6 +115,9 @@ def failure_kind(exc: Exception) -> str:
     return "out-of-bound"  # the query's own check_answer (ValueError)
 
 
+_ACCEPTED = object()  # a block user's answer already checked and stored
+
+
 def _users_in(reply: Any) -> int:
     """How many users a handshake reply answers for: a block node's count, else 1 (an invalid reply counts
     as its one node, as before blocks: it is refused after the wait)."""
@@ -475,13 +478,10 @@ class FlowerFederation(Federation):
                         decoded[row] = exc
             for nid, members in by_block.items():
                 if nid in replies:
-                    rows, qs = [r for r, _ in members], [sent[r] for r, _ in members]
-                    try:
-                        answers = codec.decode_block_answer(replies[nid], [u for _, u in members], qs, self.num_params)
-                    except (codec.CodecError, codec.ReplyError) as exc:  # invalid as a whole: each user fails
-                        answers = [exc] * len(members)
-                    decoded.update(zip(rows, answers))
+                    self._block_answers(replies[nid], members, sent, query, values, decoded)
             for row, u in asked:  # each user's answer is checked alone, wherever it came from
+                if row in decoded and decoded[row] is _ACCEPTED:
+                    continue
                 v = decoded.get(row)
                 if v is None:
                     errors[u], kinds[u] = "no reply (dropout or timeout)", "no-reply"
@@ -513,6 +513,38 @@ class FlowerFederation(Federation):
                 ", ".join(f"{k} {list(kinds.values()).count(k)}" for k in sorted(set(kinds.values()))),
             )
         return Answers(users=users, values=values, failed=failed)
+
+    def _block_answers(
+        self, reply: Any, members: list[tuple[int, int]], sent: dict, query: Query, values: torch.Tensor, decoded: dict
+    ) -> None:
+        """A block node's reply: each user's row checked alone by its query (:meth:`Query.check_answers`, one
+        batched call of the same per-row rule); the accepted rows go into ``values`` (marked ``_ACCEPTED`` in
+        ``decoded``), the rejected ones into ``decoded`` as the exception that fails that user alone."""
+        rows = [r for r, _ in members]
+        qs = [sent[r] for r in rows]
+        try:
+            groups = codec.decode_block_answer(reply, [u for _, u in members], qs, self.num_params)
+        except (codec.CodecError, codec.ReplyError) as exc:  # invalid as a whole: each user fails
+            decoded.update((r, exc) for r in rows)
+            return
+        per_row = type(query).user_answer is not Query.user_answer  # a query that maps each answer
+        for idx, got, errors in groups:
+            ok = [k for k in range(len(idx)) if k not in errors]
+            rejected = qs[idx[0]].check_answers(got[ok]) if ok else {}
+            for k, why in rejected.items():
+                errors[ok[k]] = ValueError(why)
+            accepted = [k for k in ok if k not in errors]
+            for k, exc in errors.items():
+                decoded[rows[idx[k]]] = exc
+            if not accepted:
+                continue
+            at = [rows[idx[k]] for k in accepted]
+            if per_row:
+                for r, k in zip(at, accepted):
+                    values[r] = query.user_answer(got[k])
+            else:
+                values[at] = got[accepted].to(self.dtype)
+            decoded.update((r, _ACCEPTED) for r in at)
 
     def sum(self, query: Query, users: Sequence[int] | None = None) -> Answers:
         """Without ``secagg``: :meth:`compute`. With it: the SecAgg+ sum of the asked users' answers

@@ -213,3 +213,29 @@ def test_the_handshake_ends_when_the_blocks_cover_every_user():
     absent = FlowerFederation(LocalGrid(make_client_app(SPEC, users_per_node=B), 3, absent=[1]), user_ids=_ids())
     assert sorted(absent.unserved) == [4, 5, 6, 7]  # the absent node's users, each named
     assert absent.handshake["waited_s"] >= 60  # a user missing: waited for until the connect deadline
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        ClippedGradient(torch.zeros(D), 0.3),
+        GradientDifference(torch.zeros(D), torch.zeros(D), 0.3),
+        LocalLoss(torch.zeros(D)),
+    ],
+)
+def test_batched_answer_checks_reject_exactly_the_rows_the_per_row_check_rejects(query):
+    """The server checks a block's rows with Query.check_answers (batched): the same rows as check_answer alone."""
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randn(40, *query.answer_shape(D), dtype=torch.float64, generator=g)
+    if rows.dim() > 1:
+        scale = torch.tensor([0.5, 1.0, 1.0 + 1e-13, 1.0 + 1e-9, 2.0] * 8, dtype=torch.float64) * 0.3
+        rows = rows / rows.norm(dim=1, keepdim=True) * scale[:, None]
+    alone = {}
+    for k in range(rows.shape[0]):
+        try:
+            query.check_answer(rows[k])
+        except ValueError as exc:
+            alone[k] = str(exc)
+    batched = query.check_answers(rows)
+    assert sorted(batched) == sorted(alone)
+    assert rows.dim() == 1 or sorted(alone) == [k for k in range(40) if k % 5 >= 3]
