@@ -239,3 +239,13 @@ def test_batched_answer_checks_reject_exactly_the_rows_the_per_row_check_rejects
     batched = query.check_answers(rows)
     assert sorted(batched) == sorted(alone)
     assert rows.dim() == 1 or sorted(alone) == [k for k in range(40) if k % 5 >= 3]
+
+
+def test_a_subclass_with_its_own_rule_is_checked_by_that_rule():
+    """ClampedGradientDifference (an l_inf bound) inherits GradientDifference: its batched check is its own rule."""
+    from fedkl.federation.base import ClampedGradientDifference
+
+    q = ClampedGradientDifference(torch.zeros(D), torch.zeros(D), 0.3)
+    rows = torch.full((3, D), 0.2, dtype=torch.float64)  # l2 norm 0.4 > 0.3, every entry within the 0.3 bound
+    rows[1, 0] = 0.5  # over the l_inf bound
+    assert list(q.check_answers(rows)) == [1]
