@@ -328,6 +328,13 @@ def _add_run_arguments(run: argparse.ArgumentParser, algorithm: str | None, cat:
         "declare the resource fedkl_shards host the shards, one unit each (docs/how-to/ray-cluster.md)",
     )
     run.add_argument(
+        "--users-per-node",
+        type=int,
+        default=d.users_per_node,
+        help="--backend flower-sim/flower-local: users held by each simulated Flower node, answering per user in one "
+        "message (default 0 = auto: flower-sim about one node per CPU core, flower-local one user per node)",
+    )
+    run.add_argument(
         "--kernels",
         choices=cat["kernels"],
         default=d.kernels,

@@ -168,6 +168,10 @@ class RunConfig:
     # --backend ray-shards: the Ray cluster to connect to ("HOST:PORT" of a `ray start --head`, or "auto");
     # None: RAY_ADDRESS when set, else a local Ray instance started for the run
     ray_address: str | None = None
+    # --backend flower-sim / flower-local: users per simulated Flower node (answers still per user,
+    # fedkl.flower.client_app.BlockWorker); 0 = auto (fedkl.flower.backends.users_per_node: flower-sim about one
+    # node per CPU core, flower-local one user per node); grpc deployments hold one user per node
+    users_per_node: int = 0
     params: AlgorithmParams | None = None
 
     def __post_init__(self) -> None:
@@ -208,6 +212,13 @@ class RunConfig:
             raise ValueError(f"--clients must be one of {', '.join(TRUST_MODELS)}, got {self.clients!r}")
         if isinstance(self.shards, bool) or not isinstance(self.shards, int) or self.shards < 1:
             raise ValueError(f"--shards must be an integer >= 1, got {self.shards!r}")
+        upn = self.users_per_node
+        if isinstance(upn, bool) or not isinstance(upn, int) or upn < 0:
+            raise ValueError(f"--users-per-node must be an integer >= 0 (0: auto), got {upn!r}")
+        if upn > 1 and self.backend == "grpc":
+            raise ValueError("--users-per-node: a deployment (--backend grpc) holds one user per node")
+        if upn > 1 and self.secagg:
+            raise ValueError("--secagg needs one user per node (SecAgg+ masks per node): run with --users-per-node 1")
 
     @classmethod
     def from_settings(cls, *, strict: bool = True, **settings) -> "RunConfig":

@@ -10,8 +10,10 @@ server) on
 
 * ``inprocess``:    all users as stacked tensors (one batched op per request);
 * ``flower-local``: the Flower ServerApp/ClientApp pair over fedkl's deterministic in-process Grid;
-* ``flower-sim``:   the same ServerApp on Flower's Ray simulation engine (one virtual SuperNode
-  per user, ``num_cpus = 1`` per ClientApp actor), for n <= ``--ray-max-users``;
+* ``flower-sim``:   the same ServerApp on Flower's Ray simulation engine (``num_cpus = 1`` per ClientApp
+  actor), each virtual SuperNode holding a block of users (``--users-per-node``, default 0: the auto rule of
+  ``fedkl.flower.backends.users_per_node``, about one node per core; 1: one node per user, the numbers of the
+  notes below), for n <= ``--ray-max-users``;
 
 and measures the tensor-compute floor of a round (the per-user gradients of all users, clipping and
 the sum; nothing else) on the same data. Each (backend, n) runs in its own process. The parent
@@ -85,6 +87,9 @@ def _floor_seconds(n: int, repeats: int = 5) -> float:
     return best
 
 
+USERS_PER_NODE = int(os.environ.get("FEDKL_BENCH_USERS_PER_NODE", "0"))  # the parent's --users-per-node
+
+
 def measure(backend: str, n: int, rounds: int) -> dict:
     import torch
 
@@ -106,7 +111,12 @@ def measure(backend: str, n: int, rounds: int) -> dict:
             out=os.path.join(tmp, "run"),
         )
         start = time.perf_counter()
-        res = run_flower_simulation(cfg, backend, log=lambda s: None, spec=spec)
+        kw = {}
+        if backend == "flower-sim":
+            from fedkl.flower.backends import users_per_node
+
+            kw["users_per_node"] = users_per_node(USERS_PER_NODE, backend, n)
+        res = run_flower_simulation(cfg, backend, log=lambda s: None, spec=spec, **kw)
         wall = time.perf_counter() - start
     secs = [h["seconds"] for h in res["history"]]
     w = res["w"].to(torch.float64).contiguous().numpy()
@@ -287,6 +297,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         help="backends to time (inprocess is the reference of the ratios; default all)",
     )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds allowed to one (backend, n) job")
+    p.add_argument("--users-per-node", type=int, default=0, help="flower-sim: users per node (0: auto; 1: one each)")
     p.add_argument("--grpc-users", type=int, default=0, help="also time the loopback gRPC deployment at this n (0: no)")
     p.add_argument("--out", default=os.path.join(RESULTS, "bench_backends.json"))
     p.add_argument("--markdown", default=os.path.join(RESULTS, "bench_backends.md"))
@@ -297,6 +308,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         if flag:
             print(json.dumps(fn(flag[0], int(flag[1]), int(flag[2]))), flush=True)
             return []
+    os.environ["FEDKL_BENCH_USERS_PER_NODE"] = str(args.users_per_node)  # read by the children
     started = time.perf_counter()
     rows: list[dict] = []
     notes: list[str] = []
@@ -310,7 +322,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         base = None
         for backend in [b for b in BACKENDS if b in args.backends]:
             if backend == "flower-sim" and n > args.ray_max_users:
-                if per_message is not None:
+                if per_message is not None and args.users_per_node == 1:  # the per-message cost of one user per node
                     est_round = per_message * n
                     verdict = (
                         "the handshake would outlast FlowerFederation's 120 s handshake timeout, so the users "

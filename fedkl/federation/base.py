@@ -119,6 +119,18 @@ class Query:
         """ValueError if a client's decoded answer (finite, of :meth:`answer_shape`) is still not a valid
         answer (e.g. over the clip bound). Default: any finite answer of the right shape is valid."""
 
+    def check_answers(self, values: torch.Tensor) -> dict[int, str]:
+        """:meth:`check_answer` for every row of ``values`` (one user's answer per row, each finite, of
+        :meth:`answer_shape`): ``{row: why}`` for the rows it rejects. Default: row by row; a query may check
+        the same rule batched (the Flower backend checks a block node's answers this way, each row alone)."""
+        bad: dict[int, str] = {}
+        for k in range(values.shape[0]):
+            try:
+                self.check_answer(values[k])
+            except ValueError as exc:
+                bad[k] = str(exc)
+        return bad
+
     def for_user(self, row: int) -> "Query":
         """The request that the ``row``-th asked user receives (default: this query, the same for all)."""
         return self
@@ -155,6 +167,17 @@ def _check_clipped_answer(value: torch.Tensor, clip: float) -> None:
         raise ValueError(f"answer norm {norm:.6g} exceeds the clip bound {clip:g}")
 
 
+def _check_clipped_answers(query: "Query", owner: type, values: torch.Tensor, clip: float) -> dict[int, str]:
+    """:func:`_check_clipped_answer` of every row at once (each row's l2 norm, one batched call; it may round
+    differently from the row's own norm by a few ulps, far inside ``CLIP_SLACK``) -- only while ``query``'s
+    ``check_answer`` is ``owner``'s l2 check: a subclass with its own rule is checked row by row by that rule."""
+    if type(query).check_answer is not owner.check_answer:
+        return Query.check_answers(query, values)
+    norms = torch.linalg.vector_norm(values.reshape(values.shape[0], -1), dim=1)
+    over = torch.nonzero(~(norms <= clip * (1 + CLIP_SLACK))).flatten().tolist()
+    return {k: f"answer norm {float(norms[k]):.6g} exceeds the clip bound {clip:g}" for k in over}
+
+
 @dataclass(frozen=True)
 class ClippedGradient(Query):
     """``clip_C(grad f_u(w))``, ``clip_C(v) = v * min(1, C/||v||)`` (norm <= C, zero stays zero)."""
@@ -178,6 +201,9 @@ class ClippedGradient(Query):
 
     def check_answer(self, value: torch.Tensor) -> None:
         _check_clipped_answer(value, self.clip)
+
+    def check_answers(self, values: torch.Tensor) -> dict[int, str]:
+        return _check_clipped_answers(self, ClippedGradient, values, self.clip)
 
 
 @dataclass(frozen=True)
@@ -275,6 +301,9 @@ class FeatureClippedGradient(Query):
     def check_answer(self, value: torch.Tensor) -> None:
         _check_clipped_answer(value, self.bound)
 
+    def check_answers(self, values: torch.Tensor) -> dict[int, str]:
+        return _check_clipped_answers(self, FeatureClippedGradient, values, self.bound)
+
 
 @dataclass(frozen=True)
 class GradientDifference(Query):
@@ -300,6 +329,9 @@ class GradientDifference(Query):
 
     def check_answer(self, value: torch.Tensor) -> None:
         _check_clipped_answer(value, self.clip)
+
+    def check_answers(self, values: torch.Tensor) -> dict[int, str]:
+        return _check_clipped_answers(self, GradientDifference, values, self.clip)
 
 
 @dataclass(frozen=True)

@@ -16,15 +16,39 @@ from fedkl.problems.rowwise import kernel_mode
 from fedkl.runner import Transport, load_run_data, register_transport
 
 
+def cpu_cores() -> int:
+    """The CPU cores this process may run on (Ray's simulation runs one ClientApp per core: ``num_cpus`` 1)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def users_per_node(setting: int, backend: str, num_users: int, cores: int | None = None) -> int:
+    """The users each simulated Flower node holds (``--users-per-node``; :class:`fedkl.flower.client_app.BlockWorker`).
+
+    The rule: an explicit ``setting`` >= 1 is kept; 0 (auto) is, on ``flower-sim``, ``ceil(n / cores)`` -- about
+    one node per CPU core, so Flower's engine dispatches one message per core per request instead of one per
+    user (its per-message cost, tens of ms, dominated a round), while every core still computes its block in
+    parallel; on ``flower-local`` (the deterministic in-process grid, the per-user reference) one user per node.
+    Deployments (``grpc``) always hold one user per node. The released model and the ledger do not depend on
+    the block size (the block computes with the batch-invariant kernels and answers per user)."""
+    if setting >= 1 or backend != "flower-sim":
+        return max(setting, 1)
+    return max(1, -(-num_users // (cores or cpu_cores())))
+
+
 def _open(backend: str):
     def open_federation(cfg: Any, dataset: Any):
         from fedkl.flower.server_app import start_federation
 
+        ids = dataset.train.user_ids
         return start_federation(
             backend,
             ClientSpec.from_run_config(cfg, task=dataset.task),
-            user_ids=dataset.train.user_ids,
+            user_ids=ids,
             secagg=getattr(cfg, "secagg", False),
+            users_per_node=1 if cfg.secagg else users_per_node(cfg.users_per_node, backend, len(ids)),
         )
 
     return open_federation

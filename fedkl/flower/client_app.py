@@ -1,4 +1,5 @@
-"""Flower ClientApp for fedkl: ONE user's records, answering typed fedkl queries.
+"""Flower ClientApp for fedkl: ONE user's records (a deployment), or a BLOCK of users (a simulation), answering
+typed fedkl queries.
 
 The node's user is its position ``node_config["partition-id"]`` in the dataset named by the
 :class:`fedkl.flower.codec.ClientSpec` (given to :func:`make_client_app`, or read from the run
@@ -17,6 +18,16 @@ naming the problem. The server never reads a site's file.
 Either way the client computes its answer with the
 same code as :class:`fedkl.federation.inprocess.InProcessFederation` run on that one-user dataset
 (so clipping is ``clip_rows``, a non-finite answer is reported as failed, and so on).
+
+**Blocks (simulation only).** ``make_client_app(spec, users_per_node=B)`` makes node ``p`` hold the users at
+positions ``p*B, ..., p*B + B - 1`` (:class:`BlockWorker`): Flower's simulation engine dispatches one message
+per node, so a block amortises its cost over B users. The node still answers per user: its handshake names
+every user it holds (:class:`~fedkl.flower.codec.BlockInfo`), a request carries each asked user's query and
+the reply each user's own answer and status (:func:`~fedkl.flower.codec.encode_block_answer`; nothing is
+summed on the node), so the server bounds, checks and fails each user separately, as with one node per user.
+The block computes its users in one batched call (the batch-invariant kernels of
+:mod:`fedkl.problems.rowwise`: every row is bit for bit the one-user answer); if that call raises, each user
+is computed alone and only the users that raise fail. A deployment (``app``, gRPC) holds one user per node.
 
 Every request is a ``query.fedkl`` message (see :mod:`fedkl.flower.codec`). An unknown
 request, a wrong shape/dtype, NaN or an oversize payload gets an ``"error"`` reply, never an
@@ -50,6 +61,7 @@ from fedkl.problems import make_problem  # noqa: E402
 _LOCK = threading.Lock()
 _DATASETS: dict[codec.ClientSpec, Any] = {}
 _USERS: dict[tuple[codec.ClientSpec, int], "UserWorker"] = {}
+_BLOCKS: dict[tuple[codec.ClientSpec, int, int], "BlockWorker"] = {}
 
 
 class UserWorker:
@@ -115,6 +127,91 @@ class UserWorker:
         return fitres_to_recorddict(FitRes(Status(Code.OK, ""), ndarrays_to_parameters([value]), 1, {}), False)
 
 
+class BlockWorker:
+    """The users at positions ``node*users_per_node, ...`` (a simulated node holding a block); answers
+    block requests per user (module docstring)."""
+
+    def __init__(self, spec: codec.ClientSpec, node: int, users_per_node: int) -> None:
+        if spec.dataset == "sites":
+            raise codec.CodecError("a site loads its own file: one user per node", codec.ERR_NOT_CONFIGURED)
+        dataset, problem = _load(spec)
+        n = dataset.train.num_users
+        first = node * users_per_node
+        if not 0 <= first < n:
+            raise codec.CodecError(
+                f"node {node} holds no user of {spec.dataset} ({n} users, {users_per_node} per node)",
+                codec.ERR_NOT_CONFIGURED,
+            )
+        self.positions = range(first, min(n, first + users_per_node))
+        rows = list(self.positions)
+        block = dataclasses.replace(dataset, train=dataset.train.subset(rows), test=dataset.test.subset(rows))
+        self.num_partitions = n
+        self.user_ids = block.train.user_ids
+        self.problem = problem
+        self._fed = InProcessFederation(problem, block)  # only this block's records
+
+    @property
+    def num_params(self) -> int:
+        return self.problem.num_params
+
+    def info(self) -> Any:
+        return codec.encode_block_info(self.positions.start, self.num_partitions, self.user_ids, self.num_params)
+
+    def answer(self, positions: list[int], queries: list[Any]) -> Any:
+        """The block reply: each asked user's answer to its query, or its own (code, reason)."""
+        groups: dict[int, list[int]] = {}  # one per distinct query object, in order of first appearance
+        for i, q in enumerate(queries):
+            groups.setdefault(id(q), []).append(i)
+        answers: dict[int, torch.Tensor] = {}
+        errors: dict[int, tuple[int, str]] = {}
+        for j, members in enumerate(groups.values()):
+            query = queries[members[0]]
+            shape = (len(members),) + tuple(codec.answer_shape(query, self.num_params))
+            answers[j] = torch.zeros(shape, dtype=torch.float64)  # a failed user's row stays zero
+            try:
+                query.check_request(self.num_params, 1)  # each user's request, as a one-user node checks it
+            except ValueError as exc:
+                errors.update((i, (codec.ERR_BAD_REQUEST, str(exc))) for i in members)
+                continue
+            held = [k for k, i in enumerate(members) if positions[i] in self.positions]
+            for k, i in enumerate(members):
+                if positions[i] not in self.positions:
+                    errors[i] = (codec.ERR_NOT_CONFIGURED, f"this node does not hold user position {positions[i]}")
+            if held:
+                rows = [positions[members[k]] - self.positions.start for k in held]
+                values, failed = self._compute(query, rows)
+                answers[j][held] = values.reshape((len(held),) + shape[1:]).to(torch.float64)
+                for k, why in failed.items():
+                    errors[members[held[k]]] = why
+        return codec.encode_block_answer(positions, queries, answers, errors)
+
+    def _compute(self, query: Any, rows: list[int]) -> tuple[torch.Tensor, dict[int, tuple[int, str]]]:
+        """The answers of the block's ``rows`` (one batched call) and the failed ones: {index: (code, reason)}.
+        If the batch raises, each user is computed alone and only the users that raise fail."""
+        not_finite = (codec.ERR_NOT_FINITE, "the answer of this user is not finite")
+        try:
+            ans = self._fed.compute(query, rows)
+            at = {r: k for k, r in enumerate(rows)}
+            return ans.values, {at[r]: not_finite for r in ans.failed}
+        except Exception:  # noqa: BLE001  (someone's computation raised: find who, alone)
+            pass
+        values, failed = [], {}
+        for k, r in enumerate(rows):
+            try:
+                one = self._fed.compute(query, [r])
+                values.append(one.values[0])
+                if one.failed:
+                    failed[k] = not_finite
+            except Exception as exc:  # noqa: BLE001  (this user's error reply)
+                values.append(None)
+                failed[k] = (codec.ERR_INTERNAL, f"{type(exc).__name__}: {exc}")
+        like = next((v for v in values if v is not None), None)
+        zero = torch.zeros_like(like) if like is not None else None
+        if zero is None:  # every user raised: their rows stay zero
+            return torch.zeros((len(rows),) + tuple(query.answer_shape(self.num_params)), dtype=torch.float64), failed
+        return torch.stack([zero if v is None else v for v in values]), failed
+
+
 def _load(spec: codec.ClientSpec) -> tuple[Any, Any]:
     """Dataset and problem for ``spec``, loaded once per process."""
     with _LOCK:
@@ -162,8 +259,22 @@ def worker_for(spec: codec.ClientSpec, partition_id: int, node_config: Any = Non
     return w
 
 
-def handle(message: Message, context: Context, spec: codec.ClientSpec | None = None) -> Message:
-    """Answer one ``query.fedkl`` message; every failure becomes an error reply."""
+def block_worker_for(spec: codec.ClientSpec, node: int, users_per_node: int) -> BlockWorker:
+    key = (spec, node, users_per_node)
+    with _LOCK:
+        w = _BLOCKS.get(key)
+    if w is None:
+        w = BlockWorker(spec, node, users_per_node)
+        with _LOCK:
+            _BLOCKS.setdefault(key, w)
+    return w
+
+
+def handle(
+    message: Message, context: Context, spec: codec.ClientSpec | None = None, users_per_node: int | None = None
+) -> Message:
+    """Answer one ``query.fedkl`` message; every failure becomes an error reply. ``users_per_node``: this
+    node holds a block of users (:class:`BlockWorker`) and answers block requests."""
     try:
         spec = spec or codec.ClientSpec.from_user_config(context.run_config)
         if spec is None:
@@ -173,9 +284,18 @@ def handle(message: Message, context: Context, spec: codec.ClientSpec | None = N
         pid = context.node_config.get("partition-id")
         if isinstance(pid, bool) or not isinstance(pid, int):
             raise codec.CodecError(f"node_config partition-id {pid!r} is not an integer", codec.ERR_NOT_CONFIGURED)
-        worker = worker_for(spec, pid, context.node_config)
-        query = codec.decode_request(message.content, worker.num_params)
-        content = worker.answer(query)
+        if users_per_node is not None:
+            block = block_worker_for(spec, pid, users_per_node)
+            if codec.is_block_request(message.content):
+                content = block.answer(*codec.decode_block_request(message.content, block.num_params))
+            elif codec.decode_request(message.content, block.num_params) == codec.INFO:
+                content = block.info()
+            else:
+                raise codec.CodecError(f"this node holds a block of {len(block.positions)} users: send block requests")
+        else:
+            worker = worker_for(spec, pid, context.node_config)
+            query = codec.decode_request(message.content, worker.num_params)
+            content = worker.answer(query)
     except codec.CodecError as exc:
         content = codec.encode_error(exc.code, str(exc))
     except Exception as exc:  # never crash the node on a request
@@ -215,9 +335,14 @@ def _refuse(message: Message, context: Context) -> Message:
     )
 
 
-def make_client_app(spec: codec.ClientSpec | None = None, *, torch_threads: int | None = None) -> ClientApp:
+def make_client_app(
+    spec: codec.ClientSpec | None = None, *, torch_threads: int | None = None, users_per_node: int | None = None
+) -> ClientApp:
     """A ClientApp answering fedkl queries for the node's user. With ``spec=None`` the dataset and
     problem come from the run config (deployments); a given ``spec`` takes precedence.
+
+    ``users_per_node``: node ``p`` holds the block of users ``p*B, ..., p*B + B - 1`` (B = users_per_node;
+    simulations, module docstring); such a node refuses SecAgg+ (``train``) messages. None: one user per node.
 
     ``torch_threads``: set torch's intra-op threads of the client's process on first use (1 for
     a SuperNode or Ray actor: one user's tensors are tiny and extra threads only wait on each
@@ -231,10 +356,12 @@ def make_client_app(spec: codec.ClientSpec | None = None, *, torch_threads: int 
     def _fedkl(message: Message, context: Context) -> Message:
         if torch_threads is not None and torch.get_num_threads() != torch_threads:
             torch.set_num_threads(torch_threads)
-        return handle(message, context, spec)
+        return handle(message, context, spec, users_per_node)
 
     @app.train()
     def _secure(message: Message, context: Context) -> Message:
+        if users_per_node is not None:
+            raise codec.CodecError("a node holding a block of users takes no part in SecAgg+ (one user per node)")
         if torch_threads is not None and torch.get_num_threads() != torch_threads:
             torch.set_num_threads(torch_threads)
         return handle_secure(message, context, spec)

@@ -10,6 +10,9 @@ so that both ends agree on one small, strictly validated format:
   ArrayRecord with one float64 array ``"value"``; an error reply has an ``"error"`` ConfigRecord
   (``code``, ``reason``) and nothing else.
 
+A node holding a block of users (simulations: :class:`BlockInfo`, :func:`encode_block_request`) gets one
+message per request with each asked user's query, and replies with one row and one status per user.
+
 The format is generic: a query's kind, scalars, tensors, tensor shapes and answer shape all come
 from the query type itself (:class:`fedkl.federation.base.Query`, registry
 :data:`~fedkl.federation.base.QUERY_KINDS`), so a new query kind needs no change here.
@@ -70,8 +73,9 @@ def _array(x: torch.Tensor | np.ndarray) -> Any:
     return Array(np.ascontiguousarray(a, dtype=np.float64))
 
 
-def _read_array(arr: Any, name: str, shape: tuple[int, ...]) -> np.ndarray:
-    """Validate a Flower ``Array`` (before deserialising) and return it as float64 numpy."""
+def _read_array(arr: Any, name: str, shape: tuple[int, ...], finite: bool = True) -> np.ndarray:
+    """Validate a Flower ``Array`` (before deserialising) and return it as float64 numpy (``finite``: NaN or
+    inf refused; a block's answers are checked per row, :func:`decode_block_answer`)."""
     from flwr.app import Array
 
     if not isinstance(arr, Array):
@@ -90,7 +94,7 @@ def _read_array(arr: Any, name: str, shape: tuple[int, ...]) -> np.ndarray:
         raise CodecError(f"{name}: cannot deserialise ({type(exc).__name__}: {exc})") from None
     if a.dtype != np.float64 or a.shape != tuple(shape):
         raise CodecError(f"{name}: payload does not match its declared dtype/shape")
-    if not np.isfinite(a).all():
+    if finite and not np.isfinite(a).all():
         raise CodecError(f"{name}: contains NaN or inf")
     return a
 
@@ -275,9 +279,19 @@ class NodeInfo:
     user_id: str
     num_params: int
 
+    @property
+    def positions(self) -> range:
+        return range(self.partition_id, self.partition_id + 1)
 
-def decode_info(reply: Any) -> NodeInfo:
+    def user_at(self, position: int) -> str:
+        return self.user_id
+
+
+def decode_info(reply: Any) -> NodeInfo | BlockInfo:
+    """A node's handshake: :class:`NodeInfo` (one user) or :class:`BlockInfo` (a block node, simulation only)."""
     content = _content(reply)
+    if "fedkl" in content and "user_ids" in content["fedkl"]:
+        return _decode_block_info(content)
     cfg = _ok_header(content, INFO, ("partition_id", "num_partitions", "user_id", "num_params"))
     if len(content["answer"]) != 0:
         raise CodecError("info reply carries arrays")
@@ -291,6 +305,187 @@ def decode_info(reply: Any) -> NodeInfo:
     ):
         raise CodecError(f"invalid info reply {dict(cfg)}")
     return NodeInfo(pid, npart, uid, nparams)
+
+
+# --- a node holding a block of users (simulation only: fedkl.flower.client_app, users_per_node) -----------
+# One message per node carries the request of every asked user of its block, and one reply carries every
+# user's own answer (a row each, with a status per user): the server still decodes, bounds and fails each
+# user separately, exactly as with one node per user. Nothing is summed on the node.
+BLOCK = "fedkl-block"  # the ConfigRecord naming the positions of a block request / reply
+MAX_BLOCK = 1 << 20  # most users per block message
+
+
+@dataclass(frozen=True)
+class BlockInfo:
+    """A block node's handshake: it holds the users at ``first, first + 1, ...`` (ids ``user_ids``)."""
+
+    first: int
+    num_partitions: int
+    user_ids: tuple[str, ...]
+    num_params: int
+
+    @property
+    def positions(self) -> range:
+        return range(self.first, self.first + len(self.user_ids))
+
+    def user_at(self, position: int) -> str:
+        return self.user_ids[position - self.first]
+
+
+def encode_block_info(first: int, num_partitions: int, user_ids: Any, num_params: int) -> Any:
+    from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+
+    cfg = {"protocol": PROTOCOL, "kind": INFO, "status": "ok", "partition_id": int(first)}
+    cfg.update({"num_partitions": int(num_partitions), "user_ids": [str(u) for u in user_ids]})
+    return RecordDict({"fedkl": ConfigRecord({**cfg, "num_params": int(num_params)}), "answer": ArrayRecord()})
+
+
+def encode_block_request(positions: Any, queries: Any) -> Any:
+    """One request to a block node: ``queries[i]`` for the user at ``positions[i]``; a query object shared by
+    several users (:meth:`~fedkl.federation.base.Query.for_user`'s default) travels once."""
+    from flwr.app import ConfigRecord, RecordDict
+
+    index: dict[int, int] = {}
+    records: dict[str, Any] = {}
+    query_of = []
+    for q in queries:
+        if id(q) not in index:
+            j = index[id(q)] = len(index)
+            one = encode_request(q)
+            if kind_of(q) == INFO:
+                raise CodecError("a block request carries queries, not the handshake")
+            records[f"q{j}"], records[f"t{j}"] = one["fedkl"], one["tensors"]
+        query_of.append(index[id(q)])
+    head = {"protocol": PROTOCOL, "positions": [int(p) for p in positions], "query_of": query_of}
+    return RecordDict({BLOCK: ConfigRecord(head), **records})
+
+
+def is_block_request(content: Any) -> bool:
+    try:
+        return BLOCK in content
+    except Exception:
+        return False
+
+
+def decode_block_request(content: Any, num_params: int) -> tuple[list[int], list[Query]]:
+    """``(positions, the query of each)`` of a :func:`encode_block_request` message; :class:`CodecError` if invalid."""
+    from flwr.app import ConfigRecord, RecordDict
+
+    try:
+        head = content[BLOCK]
+        positions, query_of = head["positions"], head["query_of"]
+    except Exception as exc:
+        raise CodecError(f"malformed block request ({type(exc).__name__})") from None
+    if not isinstance(head, ConfigRecord) or head.get("protocol") != PROTOCOL:
+        raise CodecError("block request: not a fedkl block header of this protocol")
+    _exact_keys(head, ("protocol", "positions", "query_of"), "block header")
+    ints = isinstance(positions, list) and isinstance(query_of, list)
+    ints = ints and all(isinstance(x, int) and not isinstance(x, bool) for x in positions + query_of)
+    if not ints or len(positions) != len(query_of) or not 0 < len(positions) <= MAX_BLOCK:
+        raise CodecError("block header: positions and query_of must be equally long lists of integers")
+    if len(set(positions)) != len(positions) or min(positions) < 0:
+        raise CodecError("block header: positions must be distinct non-negative integers")
+    m = max(query_of) + 1
+    if min(query_of) < 0 or set(query_of) != set(range(m)):
+        raise CodecError("block header: query_of must index the block's queries 0..m-1, each used")
+    _exact_keys(content, (BLOCK,) + tuple(f"{c}{j}" for j in range(m) for c in "qt"), "block request")
+    queries = []
+    for j in range(m):
+        q = decode_request(RecordDict({"fedkl": content[f"q{j}"], "tensors": content[f"t{j}"]}), num_params)
+        if q == INFO:
+            raise CodecError("a block request carries queries, not the handshake")
+        queries.append(q)
+    return list(positions), [queries[j] for j in query_of]
+
+
+def encode_block_answer(positions: Any, queries: Any, answers: Mapping[int, Any], errors: Mapping[int, Any]) -> Any:
+    """The reply of a block node to :func:`encode_block_request` ``(positions, queries)``. The users asked the
+    same query object form a group (numbered in order of first appearance); ``answers[j]`` holds group j's
+    answers, one row per user in request order; ``errors[i] = (code, reason)`` for the user at ``positions[i]``
+    when that user failed (its row is sent as zeros)."""
+    from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+
+    index: dict[int, int] = {}
+    members: dict[int, list[int]] = {}
+    for i, q in enumerate(queries):
+        members.setdefault(index.setdefault(id(q), len(index)), []).append(i)
+    arrays = {}
+    for j, rows in members.items():
+        a = torch.as_tensor(answers[j], dtype=torch.float64).reshape(len(rows), -1)
+        bad = [k for k, i in enumerate(rows) if i in errors]
+        if bad:
+            a = a.clone()
+            a[bad] = 0.0
+        arrays[f"v{j}"] = _array(a)
+    codes = [int(errors[i][0]) if i in errors else 0 for i in range(len(positions))]
+    reasons = [str(errors[i][1])[:1000] if i in errors else "" for i in range(len(positions))]
+    head = {"protocol": PROTOCOL, "kind": BLOCK, "status": "ok", "positions": [int(p) for p in positions]}
+    head.update({"codes": codes, "reasons": reasons})
+    return RecordDict({"fedkl": ConfigRecord(head), "answer": ArrayRecord(arrays)})
+
+
+def decode_block_answer(reply: Any, positions: Any, queries: Any, num_params: int) -> list[tuple]:
+    """The answers in a block node's reply to :func:`encode_block_request` ``(positions, queries)``, per group of
+    users asked the same query object (in order of first appearance): ``(members, values, errors)`` with
+    ``members`` the indices into ``positions``, ``values`` their answers (one float64 row each, of the query's
+    :meth:`~fedkl.federation.base.Query.answer_shape`) and ``errors`` ``{row: the exception rejecting that
+    user alone}`` (:class:`ReplyError` for its own error, :class:`CodecError` for a non-finite row; its row is
+    zero). A reply that is invalid as a whole (an error reply, wrong positions, shapes, dtypes or sizes) raises:
+    every user of the block then fails with that reason."""
+    content = _content(reply)
+    _exact_keys(content, ("fedkl", "answer"), "block reply")
+    head = content["fedkl"]
+    _exact_keys(head, ("protocol", "kind", "status", "positions", "codes", "reasons"), "block reply header")
+    if head["protocol"] != PROTOCOL or head["kind"] != BLOCK or head["status"] != "ok":
+        raise CodecError(f"block reply header {dict(head)} does not answer a block request")
+    if list(head["positions"]) != [int(p) for p in positions]:
+        raise CodecError("block reply: its positions are not the asked users'")
+    codes, reasons = list(head["codes"]), list(head["reasons"])
+    if len(codes) != len(positions) or len(reasons) != len(positions):
+        raise CodecError("block reply: one code and one reason per asked user expected")
+    if not all(isinstance(c, int) and not isinstance(c, bool) for c in codes):
+        raise CodecError("block reply: codes must be integers")
+    index: dict[int, int] = {}
+    members: dict[int, list[int]] = {}
+    for i, q in enumerate(queries):
+        members.setdefault(index.setdefault(id(q), len(index)), []).append(i)
+    answer = content["answer"]
+    _exact_keys(answer, tuple(f"v{j}" for j in members), "block answer")
+    out = []
+    for j, rows in members.items():
+        q = queries[rows[0]]
+        width = int(np.prod(answer_shape(q, num_params)))
+        a = _read_array(answer[f"v{j}"], f"v{j}", (len(rows), width), finite=False)
+        finite = np.isfinite(a).all(axis=1)
+        errors: dict[int, Exception] = {}
+        for k in np.flatnonzero(~finite).tolist():
+            errors[k] = CodecError("value: contains NaN or inf")
+        for k, i in enumerate(rows):
+            if codes[i] != 0:
+                errors[k] = ReplyError(codes[i], str(reasons[i]))
+        if errors:
+            a = a.copy()
+            a[list(errors)] = 0.0
+        values = torch.from_numpy(np.array(a)).reshape((len(rows),) + tuple(q.answer_shape(num_params)))
+        out.append((rows, values, errors))
+    return out
+
+
+def _decode_block_info(content: Any) -> BlockInfo:
+    cfg = _ok_header(content, INFO, ("partition_id", "num_partitions", "user_ids", "num_params"))
+    if len(content["answer"]) != 0:
+        raise CodecError("info reply carries arrays")
+    first, npart, uids, nparams = (cfg["partition_id"], cfg["num_partitions"], cfg["user_ids"], cfg["num_params"])
+    if (
+        not all(isinstance(x, int) and not isinstance(x, bool) for x in (first, npart, nparams))
+        or not isinstance(uids, list)
+        or not 0 < len(uids) <= MAX_BLOCK
+        or not all(isinstance(u, str) and len(u) <= 1000 for u in uids)
+        or not (0 <= first and first + len(uids) <= npart)
+        or nparams < 1
+    ):
+        raise CodecError(f"invalid block info reply (first {first!r}, {npart!r} partitions, {nparams!r} parameters)")
+    return BlockInfo(first, npart, tuple(uids), nparams)
 
 
 def encode_user(user_id: str) -> Any:

@@ -5,6 +5,13 @@ A request is one ``query.fedkl`` message per asked user, sent with ``Grid.send_a
 replies are decoded by :mod:`fedkl.flower.codec` and stacked in the order of the asked users,
 so ``Answers.total()`` sums them in user order exactly as the in-process backend does.
 
+In a simulation a node may hold a block of users (its handshake is a :class:`~fedkl.flower.codec.BlockInfo`;
+:attr:`FlowerFederation.blocks`): it gets one message per request carrying each of its asked users' queries
+and replies with each user's own answer and status (:func:`~fedkl.flower.codec.decode_block_answer`). Every
+user's answer is then checked exactly as a one-user node's (the query's ``check_answer``, e.g. the clip norm
+recomputed here), and a user fails alone; a block reply that is invalid as a whole, or missing, fails each of
+the block's users by name. SecAgg+ with block nodes is refused (it masks per node).
+
 Failure policy (the in-process one, :mod:`fedkl.federation.base`): a user whose reply is missing
 (dropout, timeout, node never connected), is an error reply, cannot be decoded, has the wrong
 shape/dtype, is not finite, or (for clipped queries) has a norm above the clip bound contributes
@@ -106,6 +113,18 @@ def failure_kind(exc: Exception) -> str:
             return "wrong-shape"
         return "bad-reply"
     return "out-of-bound"  # the query's own check_answer (ValueError)
+
+
+_ACCEPTED = object()  # a block user's answer already checked and stored
+
+
+def _users_in(reply: Any) -> int:
+    """How many users a handshake reply answers for: a block node's count, else 1 (an invalid reply counts
+    as its one node, as before blocks: it is refused after the wait)."""
+    try:
+        return len(codec.decode_info(reply).positions)
+    except Exception:
+        return 1
 
 
 class _EgressGrid:
@@ -247,20 +266,29 @@ class FlowerFederation(Federation):
         ids: list[str | None] = list(user_ids) if user_ids is not None else [None] * n
         claims: dict[int, list[int]] = {}  # user position -> the nodes claiming it
         wrong_model: dict[int, str] = {}  # user position -> why its (otherwise consistent) claimant was refused
-        for nid, info in ok.items():
+        for nid, info in ok.items():  # a block node (codec.BlockInfo) claims each of its positions
+            wrong_user = next(
+                (p for p in info.positions if user_ids is not None and p < n and info.user_at(p) != user_ids[p]), None
+            )
             if info.num_partitions != n:
                 self.refused_nodes[nid] = f"holds a dataset of {info.num_partitions} users, expected {n}"
-            elif user_ids is not None and info.user_id != user_ids[info.partition_id]:
+            elif wrong_user is not None:
                 self.refused_nodes[nid] = (
-                    f"claims user {info.user_id!r} at position {info.partition_id}, "
-                    f"enrolled there: {user_ids[info.partition_id]!r}"
+                    f"claims user {info.user_at(wrong_user)!r} at position {wrong_user}, "
+                    f"enrolled there: {user_ids[wrong_user]!r}"
                 )
             elif info.num_params != num_params:
                 why = f"answers for a model of {info.num_params} parameters; the server's problem has {num_params}"
                 self.refused_nodes[nid] = why
-                wrong_model[info.partition_id] = f"node {nid} {why}"
+                for p in info.positions:
+                    wrong_model[p] = f"node {nid} {why}"
             else:
-                claims.setdefault(info.partition_id, []).append(nid)
+                for p in info.positions:
+                    claims.setdefault(p, []).append(nid)
+        # nodes holding several users: asked once per request for all their asked users (block messages)
+        self.blocks = {nid for nid, info in ok.items() if isinstance(info, codec.BlockInfo)}
+        if self.blocks and self.secagg:
+            raise RuntimeError("--secagg needs one user per node (SecAgg+ masks per node): run with --users-per-node 1")
         node_of, self.unserved = self._resolve_claims(claims, ok, ids, bindings, n)
         for p, why in wrong_model.items():
             if p not in node_of and self.unserved[p][0] == "absent":  # no other node claims it
@@ -293,7 +321,7 @@ class FlowerFederation(Federation):
             )
         self.handshake = {
             "waited_s": round(waited, 3),
-            "nodes": len(node_of),
+            "nodes": len(set(node_of.values())),  # serving nodes (a block node serves several users)
             "unserved": {self._user_ids[u]: f"{k}: {why}" for u, (k, why) in sorted(self.unserved.items())},
             "refused_nodes": {str(nid): why for nid, why in sorted(self.refused_nodes.items())},
         }
@@ -316,6 +344,7 @@ class FlowerFederation(Federation):
         answer_by = start
         pending: dict[str, int] = {}  # message id -> node id
         replies: dict[int, Any] = {}
+        answered = 0  # the users the replies so far answer for (the expected count is of users)
         first = True
         while True:
             now = clock.monotonic()
@@ -333,7 +362,7 @@ class FlowerFederation(Federation):
                 nid = pending.pop(r.metadata.reply_to_message_id, None)
                 if nid is not None:
                     replies[nid] = r
-            answered = len(replies) - len(pending)
+                    answered += _users_in(r)  # a block node answers for several users
             enough = expected is not None and answered >= expected
             if not pending and (enough or expected is None or now >= connect_by):
                 break
@@ -373,7 +402,7 @@ class FlowerFederation(Federation):
         bindings = dict(bindings or {})
         for p in range(n):
             nodes = sorted(claims.get(p, []))
-            uid = ids[p] if ids[p] is not None else (infos[nodes[0]].user_id if nodes else None)
+            uid = ids[p] if ids[p] is not None else (infos[nodes[0]].user_at(p) if nodes else None)
             bound = bindings.get(str(uid)) if uid is not None else None
             if bound is not None:
                 for nid in nodes:
@@ -382,9 +411,9 @@ class FlowerFederation(Federation):
                 nodes = [nid for nid in nodes if nid == bound]
             if len(nodes) == 1:
                 node_of[p] = nodes[0]
-                ids[p] = infos[nodes[0]].user_id
+                ids[p] = infos[nodes[0]].user_at(p)
             elif len(nodes) > 1:
-                if len({infos[nid].user_id for nid in nodes}) > 1 and ids[p] is None:
+                if len({infos[nid].user_at(p) for nid in nodes}) > 1 and ids[p] is None:
                     raise RuntimeError(f"nodes {nodes} claim user position {p} with different user ids")
                 for nid in nodes:
                     self.refused_nodes[nid] = f"claims user {uid!r} as {len(nodes) - 1} other node(s) do"
@@ -430,17 +459,38 @@ class FlowerFederation(Federation):
         if asked:
             group = f"fedkl-{next(self._group)}"
             sent = {row: query.for_user(row) for row, _ in asked}
-            msgs = [self._message(sent[row], self.node_of[u], group) for row, u in asked]
-            replies = self._match(msgs, self.grid.send_and_receive(msgs, timeout=self.timeout))
+            single = [(row, u) for row, u in asked if self.node_of[u] not in self.blocks]
+            by_block: dict[int, list[tuple[int, int]]] = {}
             for row, u in asked:
-                reply = replies.get(self.node_of[u])
-                if reply is None:
+                if self.node_of[u] in self.blocks:
+                    by_block.setdefault(self.node_of[u], []).append((row, u))
+            msgs = [self._message(sent[row], self.node_of[u], group) for row, u in single]
+            for nid, members in by_block.items():  # one message per block node, a query per asked user
+                block = codec.encode_block_request([u for _, u in members], [sent[row] for row, _ in members])
+                msgs.append(self._message(block, nid, group))
+            replies = self._match(msgs, self.grid.send_and_receive(msgs, timeout=self.timeout))
+            decoded: dict[int, Any] = {}  # row -> the user's decoded answer, or the exception rejecting it
+            for row, u in single:
+                if self.node_of[u] in replies:
+                    try:
+                        decoded[row] = codec.decode_answer(replies[self.node_of[u]], sent[row], self.num_params)
+                    except (codec.CodecError, codec.ReplyError) as exc:
+                        decoded[row] = exc
+            for nid, members in by_block.items():
+                if nid in replies:
+                    self._block_answers(replies[nid], members, sent, query, values, decoded)
+            for row, u in asked:  # each user's answer is checked alone, wherever it came from
+                if row in decoded and decoded[row] is _ACCEPTED:
+                    continue
+                v = decoded.get(row)
+                if v is None:
                     errors[u], kinds[u] = "no reply (dropout or timeout)", "no-reply"
                     continue
                 try:
-                    v = codec.decode_answer(reply, sent[row], self.num_params)
+                    if isinstance(v, Exception):
+                        raise v
                     sent[row].check_answer(v)
-                    values[row] = query.user_answer(v).to(self.dtype)
+                    values[row] = query.user_answer(v)  # cast to self.dtype by the assignment
                 except (codec.CodecError, codec.ReplyError, ValueError) as exc:
                     errors[u], kinds[u] = str(exc), failure_kind(exc)
         self.last_errors = errors
@@ -463,6 +513,38 @@ class FlowerFederation(Federation):
                 ", ".join(f"{k} {list(kinds.values()).count(k)}" for k in sorted(set(kinds.values()))),
             )
         return Answers(users=users, values=values, failed=failed)
+
+    def _block_answers(
+        self, reply: Any, members: list[tuple[int, int]], sent: dict, query: Query, values: torch.Tensor, decoded: dict
+    ) -> None:
+        """A block node's reply: each user's row checked alone by its query (:meth:`Query.check_answers`, one
+        batched call of the same per-row rule); the accepted rows go into ``values`` (marked ``_ACCEPTED`` in
+        ``decoded``), the rejected ones into ``decoded`` as the exception that fails that user alone."""
+        rows = [r for r, _ in members]
+        qs = [sent[r] for r in rows]
+        try:
+            groups = codec.decode_block_answer(reply, [u for _, u in members], qs, self.num_params)
+        except (codec.CodecError, codec.ReplyError) as exc:  # invalid as a whole: each user fails
+            decoded.update((r, exc) for r in rows)
+            return
+        per_row = type(query).user_answer is not Query.user_answer  # a query that maps each answer
+        for idx, got, errors in groups:
+            ok = [k for k in range(len(idx)) if k not in errors]
+            rejected = qs[idx[0]].check_answers(got[ok]) if ok else {}
+            for k, why in rejected.items():
+                errors[ok[k]] = ValueError(why)
+            accepted = [k for k in ok if k not in errors]
+            for k, exc in errors.items():
+                decoded[rows[idx[k]]] = exc
+            if not accepted:
+                continue
+            at = [rows[idx[k]] for k in accepted]
+            if per_row:
+                for r, k in zip(at, accepted):
+                    values[r] = query.user_answer(got[k])
+            else:
+                values[at] = got[accepted].to(self.dtype)
+            decoded.update((r, _ACCEPTED) for r in at)
 
     def sum(self, query: Query, users: Sequence[int] | None = None) -> Answers:
         """Without ``secagg``: :meth:`compute`. With it: the SecAgg+ sum of the asked users' answers
@@ -532,10 +614,12 @@ class FlowerFederation(Federation):
         self.close()
 
     # --- messages ------------------------------------------------------------------------------
-    def _message(self, query: Query | str, node_id: int, group: str = "fedkl-info") -> Any:
+    def _message(self, query: Any, node_id: int, group: str = "fedkl-info") -> Any:
+        """A request message: ``query`` a Query or :data:`~fedkl.flower.codec.INFO`, or an encoded block request."""
         from flwr.app import Message
 
-        return Message(codec.encode_request(query), node_id, codec.MESSAGE_TYPE, group_id=group)
+        content = query if codec.is_block_request(query) else codec.encode_request(query)
+        return Message(content, node_id, codec.MESSAGE_TYPE, group_id=group)
 
     @staticmethod
     def _match(msgs: list[Any], replies: Any) -> dict[int, Any]:

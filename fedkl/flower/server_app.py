@@ -167,6 +167,7 @@ def open_federation(
     timeout: float | None = None,
     secagg: bool = False,
     num_params: int | None = None,
+    users_per_node: int = 1,
     **grid_kw: Any,
 ) -> Iterator[Federation]:
     """A federation over ``backend`` (see the module docstring), closed on exit.
@@ -174,7 +175,8 @@ def open_federation(
     ``inprocess`` is what ``"inprocess"`` yields (and where ``user_ids`` default from); ``spec``
     says which dataset/problem the clients load; ``grid_kw`` goes to :class:`LocalGrid` (faults);
     ``secagg``: sums through SecAgg+ (:mod:`fedkl.flower.secagg`); ``num_params``: the server's model
-    size (a node answering for another is refused alone, :class:`FlowerFederation`).
+    size (a node answering for another is refused alone, :class:`FlowerFederation`); ``users_per_node``: each
+    simulated node holds a block of that many users (:class:`fedkl.flower.client_app.BlockWorker`; 1: one per node).
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
@@ -190,11 +192,15 @@ def open_federation(
     n = len(user_ids) if user_ids is not None else num_users
     if n is None:
         raise ValueError("give user_ids or num_users")
-    client_app = make_client_app(spec, torch_threads=1 if backend == "flower-sim" else None)
+    if users_per_node > 1 and secagg:
+        raise ValueError("--secagg needs one user per node (SecAgg+ masks per node): run with --users-per-node 1")
+    block = users_per_node if users_per_node > 1 else None
+    client_app = make_client_app(spec, torch_threads=1 if backend == "flower-sim" else None, users_per_node=block)
+    n_nodes = n if block is None else -(-n // block)
     if backend == "flower-local":
         # a LocalGrid's nodes are all there at once: never wait for absent ones
         yield FlowerFederation(
-            LocalGrid(client_app, n, **grid_kw),
+            LocalGrid(client_app, n_nodes, **grid_kw),
             user_ids=user_ids,
             num_users=n,
             timeout=timeout,
@@ -203,7 +209,7 @@ def open_federation(
             num_params=num_params,
         )
         return
-    with _simulation(client_app, n, grid_kw.get("backend_config")) as relay:
+    with _simulation(client_app, n_nodes, grid_kw.get("backend_config")) as relay:
         yield FlowerFederation(
             relay, user_ids=user_ids, num_users=n, timeout=timeout, secagg=secagg, num_params=num_params
         )

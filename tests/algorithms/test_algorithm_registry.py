@@ -329,8 +329,11 @@ def _flower_equals_inprocess(tmp_path, name, kw, dataset="synthetic-logistic", p
     ref = run_flower_simulation(
         RunConfig.from_settings(strict=False, **base, out=str(tmp_path / "ref")), "inprocess", **quiet
     )
-    fl = run_flower_simulation(
-        RunConfig.from_settings(strict=False, **base, out=str(tmp_path / "fl")), "flower-local", **quiet
+    fl = run_flower_simulation(  # Flower nodes holding blocks of 5 users (one user per node: tests/flower)
+        RunConfig.from_settings(strict=False, **base, out=str(tmp_path / "fl")),
+        "flower-local",
+        users_per_node=5,
+        **quiet,
     )
     assert fl["user_ids"] == ref["user_ids"]
     assert (fl["w"] is None) == (ref["w"] is None)

@@ -572,12 +572,14 @@ def test_output_perturbation_algorithm_runs_unchanged_over_flower(tmp_path):
 
 
 def test_noisy_gd_over_flower_sim_ray_matches_inprocess(tmp_path):
-    """8 users, each a virtual SuperNode on Ray (run_simulation), 2 rounds."""
+    """8 users in blocks of 3, 3 and 2 (``users_per_node``), each block a virtual SuperNode on Ray (run_simulation),
+    2 rounds. One user per node on Ray: tests/algorithms/test_algorithm_registry.py (flower-sim)."""
     spec = codec.ClientSpec.build("synthetic-least-squares", "least-squares", {"n_users": 8, "m": M, "d": D, "seed": 4})
     quiet = dict(log=lambda s: None, spec=spec)
     ref = run_flower_simulation(_cfg(tmp_path, "ref", rounds=2), "inprocess", **quiet)
-    sim = run_flower_simulation(_cfg(tmp_path, "sim", rounds=2), "flower-sim", **quiet)
+    sim = run_flower_simulation(_cfg(tmp_path, "sim", rounds=2), "flower-sim", users_per_node=3, **quiet)
     assert len(sim["user_ids"]) == 8 and sim["user_ids"] == ref["user_ids"]
+    assert sim["failures"]["handshake"]["nodes"] == 3
     assert torch.equal(sim["w"], ref["w"])  # bit for bit even across Ray worker processes
     assert sim["failed_users"] == [0, 0]
     _same_ledgers(sim, ref, ref["user_ids"])
