@@ -19,7 +19,6 @@ on the server and are the same on every backend; bench_inprocess.py measures the
 
 Times are min / median over ``--repeats`` requests after one warm-up. The machine is shared: read
 ratios within one invocation, not absolute numbers across days.
-
 ``--interleaved inprocess ray-shards:2 flower-sim`` (issue 33: flower-sim within 5x of ray-shards per round)
 instead runs each backend as its own process (its own Ray instance: Flower's simulation engine starts one),
 holding its federation open, and asks them one ``sum(ClippedGradient)`` request each in turn, ``--repeats``
@@ -163,6 +162,152 @@ def main(argv=None) -> dict:
         f.write(table)
     print(table)
     return info
+
+
+# --- interleaved: one process per backend, asked in turn ------------------------------------------------------
+def serve(backend: str, n: int) -> None:
+    """A child: build ``backend``'s federation over ``n`` users, print ``{"start_s"}``, then answer each stdin
+    line ``sum`` with one timed request ``{"s", "total"}`` until ``quit``."""
+    import torch
+
+    torch.set_num_threads(1)
+    from fedkl.federation.base import ClippedGradient
+
+    name, _, arg = backend.partition(":")
+    data, problem = build(n)
+    w = torch.linspace(-0.1, 0.1, problem.num_params, dtype=problem.dtype)
+    t0 = time.perf_counter()
+    if name == "inprocess":
+        from fedkl.federation.inprocess import InProcessFederation
+
+        fed = InProcessFederation(problem, data)
+    elif name == "ray-shards":
+        from fedkl.federation.ray_shards import RayShardFederation
+
+        fed = RayShardFederation(functools.partial(build, n), data.train.user_ids, int(arg or 2))
+    elif name == "flower-sim":
+        from fedkl.flower.backends import users_per_node
+        from fedkl.flower.codec import ClientSpec
+        from fedkl.flower.server_app import start_federation
+
+        upn = users_per_node(int(arg or 0), "flower-sim", n)
+        spec = ClientSpec.build("synthetic-logistic", "logistic", {"n_users": n, "m": RECORDS, "d": DIM, "seed": 0})
+        fed = start_federation(
+            "flower-sim", spec, user_ids=data.train.user_ids, num_params=problem.num_params, users_per_node=upn
+        )
+    else:
+        raise SystemExit(f"unknown backend {backend!r}")
+    print(json.dumps({"start_s": time.perf_counter() - t0}), flush=True)
+    for line in sys.stdin:
+        if line.strip() != "sum":
+            break
+        t0 = time.perf_counter()
+        ans = fed.sum(ClippedGradient(w, 1.0))
+        secs = time.perf_counter() - t0
+        print(json.dumps({"s": secs, "failed": len(ans.failed), "total": ans.total().tolist()}), flush=True)
+    if hasattr(fed, "close"):
+        fed.close()
+
+
+def interleaved(backends: list[str], n: int, repeats: int) -> dict:
+    import subprocess
+
+    import numpy as np
+
+    started = time.perf_counter()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs, rows = {}, {}
+    try:
+        for b in backends:  # start-ups one after the other (each alone on the machine)
+            cmd = [sys.executable, os.path.abspath(__file__), "--serve", b, str(n)]
+            procs[b] = subprocess.Popen(
+                cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, start_new_session=True
+            )
+            ready = json.loads(_json_line(procs[b]))
+            rows[b] = {"backend": b, "users": n, "start_s": ready["start_s"], "secs": [], "failed": 0}
+            print(f"{b}: started in {ready['start_s']:.1f} s", flush=True)
+
+        def ask(b: str) -> dict:
+            procs[b].stdin.write("sum\n")
+            procs[b].stdin.flush()
+            return json.loads(_json_line(procs[b]))
+
+        totals = {b: ask(b)["total"] for b in backends}  # warm-up
+        for r in range(repeats):
+            order = backends[r % len(backends) :] + backends[: r % len(backends)]  # rotate who goes first
+            for b in order:
+                out = ask(b)
+                rows[b]["secs"].append(out["s"])
+                rows[b]["failed"] += out["failed"]
+    finally:
+        for p in procs.values():
+            try:
+                p.stdin.write("quit\n")
+                p.stdin.flush()
+                p.wait(timeout=120)
+            except Exception:
+                import signal
+
+                os.killpg(p.pid, signal.SIGKILL)
+    ref = next((b for b in backends if b.startswith("inprocess")), backends[0])
+    shards = next((b for b in backends if b.startswith("ray-shards")), None)
+    med = {b: statistics.median(rows[b]["secs"]) for b in backends}
+    out = []
+    for b in backends:
+        r = rows[b]
+        diff = float(np.abs(np.asarray(totals[b]) - np.asarray(totals[ref])).max())
+        out.append(
+            {
+                "users": n,
+                "backend": b,
+                "start_s": r["start_s"],
+                "sum_ms_min": 1e3 * min(r["secs"]),
+                "sum_ms_median": 1e3 * med[b],
+                "x_inprocess": med[b] / med[ref],
+                "x_ray_shards": med[b] / med[shards] if shards else None,
+                "failed": r["failed"],
+                "sum_max_abs_diff": diff,
+            }
+        )
+    info = {
+        "mode": "interleaved",
+        "repeats": repeats,
+        "records_per_user": RECORDS,
+        "dim": DIM,
+        "cpus": os.cpu_count(),
+        "load_before": os.getloadavg(),
+        "seconds": time.perf_counter() - started,
+        "rows": out,
+    }
+    return info
+
+
+def _json_line(proc) -> str:
+    for line in proc.stdout:
+        if line.startswith("{"):
+            return line
+    raise RuntimeError(f"the backend process exited ({proc.wait()}) before answering")
+
+
+def markdown_interleaved(info: dict) -> str:
+    lines = [
+        "| users | backend | start s | request ms min / med | x in-process | x ray-shards | failed | max abs diff |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in info["rows"]:
+        xs = f"{r['x_ray_shards']:.2f}" if r["x_ray_shards"] is not None else "—"
+        lines.append(
+            f"| {r['users']:,} | {r['backend']} | {r['start_s']:.1f} | {r['sum_ms_min']:.1f} / {r['sum_ms_median']:.1f} "
+            f"| {r['x_inprocess']:.2f} | {xs} | {r['failed']} | {r['sum_max_abs_diff']:.1e} |"
+        )
+    lines.append(
+        f"\nOne invocation, interleaved (each backend its own process, asked in turn), {info['seconds']:.0f} s in all, "
+        f"on {info['cpus']} CPU cores (load average before {info['load_before'][0]:.1f}); one request = "
+        f"sum(ClippedGradient) over every user (noisy GD's round); synthetic logistic data, "
+        f"{info['records_per_user']} records per user, d = {info['dim']}; min / median of {info['repeats']} "
+        "requests after a warm-up; torch single-threaded per process.\n"
+    )
+    return "\n".join(lines) + "\n"
 
 
 # --- population: 10^4 .. 10^6 enrolled users, Poisson cohorts, on a local two-raylet cluster -------------------
@@ -379,149 +524,6 @@ def population_markdown(info: dict) -> str:
         "apart), not the ledger. The whole run also holds the driver's load of the file, the "
         "PLD calibration of the schedule (dp-accounting) and the result files; the shards' start is each actor "
         "importing torch and reading its block.\n"
-
-# --- interleaved: one process per backend, asked in turn ------------------------------------------------------
-def serve(backend: str, n: int) -> None:
-    """A child: build ``backend``'s federation over ``n`` users, print ``{"start_s"}``, then answer each stdin
-    line ``sum`` with one timed request ``{"s", "total"}`` until ``quit``."""
-    import torch
-
-    torch.set_num_threads(1)
-    from fedkl.federation.base import ClippedGradient
-
-    name, _, arg = backend.partition(":")
-    data, problem = build(n)
-    w = torch.linspace(-0.1, 0.1, problem.num_params, dtype=problem.dtype)
-    t0 = time.perf_counter()
-    if name == "inprocess":
-        from fedkl.federation.inprocess import InProcessFederation
-
-        fed = InProcessFederation(problem, data)
-    elif name == "ray-shards":
-        from fedkl.federation.ray_shards import RayShardFederation
-
-        fed = RayShardFederation(functools.partial(build, n), data.train.user_ids, int(arg or 2))
-    elif name == "flower-sim":
-        from fedkl.flower.backends import users_per_node
-        from fedkl.flower.codec import ClientSpec
-        from fedkl.flower.server_app import start_federation
-
-        upn = users_per_node(int(arg or 0), "flower-sim", n)
-        spec = ClientSpec.build("synthetic-logistic", "logistic", {"n_users": n, "m": RECORDS, "d": DIM, "seed": 0})
-        fed = start_federation(
-            "flower-sim", spec, user_ids=data.train.user_ids, num_params=problem.num_params, users_per_node=upn
-        )
-    else:
-        raise SystemExit(f"unknown backend {backend!r}")
-    print(json.dumps({"start_s": time.perf_counter() - t0}), flush=True)
-    for line in sys.stdin:
-        if line.strip() != "sum":
-            break
-        t0 = time.perf_counter()
-        ans = fed.sum(ClippedGradient(w, 1.0))
-        secs = time.perf_counter() - t0
-        print(json.dumps({"s": secs, "failed": len(ans.failed), "total": ans.total().tolist()}), flush=True)
-    if hasattr(fed, "close"):
-        fed.close()
-
-
-def interleaved(backends: list[str], n: int, repeats: int) -> dict:
-    import subprocess
-
-    import numpy as np
-
-    started = time.perf_counter()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs, rows = {}, {}
-    try:
-        for b in backends:  # start-ups one after the other (each alone on the machine)
-            cmd = [sys.executable, os.path.abspath(__file__), "--serve", b, str(n)]
-            procs[b] = subprocess.Popen(
-                cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, start_new_session=True
-            )
-            ready = json.loads(_json_line(procs[b]))
-            rows[b] = {"backend": b, "users": n, "start_s": ready["start_s"], "secs": [], "failed": 0}
-            print(f"{b}: started in {ready['start_s']:.1f} s", flush=True)
-
-        def ask(b: str) -> dict:
-            procs[b].stdin.write("sum\n")
-            procs[b].stdin.flush()
-            return json.loads(_json_line(procs[b]))
-
-        totals = {b: ask(b)["total"] for b in backends}  # warm-up
-        for r in range(repeats):
-            order = backends[r % len(backends) :] + backends[: r % len(backends)]  # rotate who goes first
-            for b in order:
-                out = ask(b)
-                rows[b]["secs"].append(out["s"])
-                rows[b]["failed"] += out["failed"]
-    finally:
-        for p in procs.values():
-            try:
-                p.stdin.write("quit\n")
-                p.stdin.flush()
-                p.wait(timeout=120)
-            except Exception:
-                import signal
-
-                os.killpg(p.pid, signal.SIGKILL)
-    ref = next((b for b in backends if b.startswith("inprocess")), backends[0])
-    shards = next((b for b in backends if b.startswith("ray-shards")), None)
-    med = {b: statistics.median(rows[b]["secs"]) for b in backends}
-    out = []
-    for b in backends:
-        r = rows[b]
-        diff = float(np.abs(np.asarray(totals[b]) - np.asarray(totals[ref])).max())
-        out.append(
-            {
-                "users": n,
-                "backend": b,
-                "start_s": r["start_s"],
-                "sum_ms_min": 1e3 * min(r["secs"]),
-                "sum_ms_median": 1e3 * med[b],
-                "x_inprocess": med[b] / med[ref],
-                "x_ray_shards": med[b] / med[shards] if shards else None,
-                "failed": r["failed"],
-                "sum_max_abs_diff": diff,
-            }
-        )
-    info = {
-        "mode": "interleaved",
-        "repeats": repeats,
-        "records_per_user": RECORDS,
-        "dim": DIM,
-        "cpus": os.cpu_count(),
-        "load_before": os.getloadavg(),
-        "seconds": time.perf_counter() - started,
-        "rows": out,
-    }
-    return info
-
-
-def _json_line(proc) -> str:
-    for line in proc.stdout:
-        if line.startswith("{"):
-            return line
-    raise RuntimeError(f"the backend process exited ({proc.wait()}) before answering")
-
-
-def markdown_interleaved(info: dict) -> str:
-    lines = [
-        "| users | backend | start s | request ms min / med | x in-process | x ray-shards | failed | max abs diff |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in info["rows"]:
-        xs = f"{r['x_ray_shards']:.2f}" if r["x_ray_shards"] is not None else "—"
-        lines.append(
-            f"| {r['users']:,} | {r['backend']} | {r['start_s']:.1f} | {r['sum_ms_min']:.1f} / {r['sum_ms_median']:.1f} "
-            f"| {r['x_inprocess']:.2f} | {xs} | {r['failed']} | {r['sum_max_abs_diff']:.1e} |"
-        )
-    lines.append(
-        f"\nOne invocation, interleaved (each backend its own process, asked in turn), {info['seconds']:.0f} s in all, "
-        f"on {info['cpus']} CPU cores (load average before {info['load_before'][0]:.1f}); one request = "
-        f"sum(ClippedGradient) over every user (noisy GD's round); synthetic logistic data, "
-        f"{info['records_per_user']} records per user, d = {info['dim']}; min / median of {info['repeats']} "
-        "requests after a warm-up; torch single-threaded per process.\n"
     )
     return "\n".join(lines) + "\n"
 
