@@ -19,6 +19,7 @@ on the server and are the same on every backend; bench_inprocess.py measures the
 
 Times are min / median over ``--repeats`` requests after one warm-up. The machine is shared: read
 ratios within one invocation, not absolute numbers across days.
+
 ``--interleaved inprocess ray-shards:2 flower-sim`` (issue 33: flower-sim within 5x of ray-shards per round)
 instead runs each backend as its own process (its own Ray instance: Flower's simulation engine starts one),
 holding its federation open, and asks them one ``sum(ClippedGradient)`` request each in turn, ``--repeats``

@@ -581,6 +581,12 @@ class ClippedLocalUpdate(Query):
         ):
             raise ValueError(f"batch_size must be None (all records) or a positive integer, got {self.batch_size}")
 
+    def check_answer(self, value: torch.Tensor) -> None:
+        _check_clipped_answer(value, self.clip)
+
+    def check_answers(self, values: torch.Tensor) -> dict[int, str]:
+        return _check_clipped_answers(self, ClippedLocalUpdate, values, self.clip)
+
     def wire_fields(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         return (
             {

@@ -98,3 +98,20 @@ def test_answered_masks_the_failed_users_rows_in_the_order_asked():
     assert ans.answered().tolist() == [False, True, False, True]
     assert Answers(users=[3, 1], values=torch.zeros(2, 3)).answered().tolist() == [True, True]
     assert Answers(users=[], values=torch.zeros(0, 3)).answered().tolist() == []
+
+
+def test_every_query_with_a_clip_bound_checks_the_answers_a_client_reports():
+    """A query whose answer a client clips (a ``clip`` or ``bound`` scalar) is checked on the server: the
+    Flower backend rejects an over-bound row as out-of-bound instead of using it (a client may run other
+    code). ClippedLocalUpdate (DP-FedAvg, DP-FTRL) had no check: its algorithms re-clip, but the lying
+    client was not reported."""
+    from fedkl.federation.base import QUERY_KINDS, ClippedLocalUpdate, Query
+
+    bounded = [c for c in QUERY_KINDS.values() if {"clip", "bound"} & set(c.scalar_names)]
+    assert ClippedLocalUpdate in bounded
+    assert [c.__name__ for c in bounded if c.check_answer is Query.check_answer] == []
+    q = ClippedLocalUpdate(torch.zeros(3), 0.5, 2, 0.1)
+    rows = torch.tensor([[0.3, 0.0, 0.0], [0.0, 3.0, 0.0], [0.1, 0.1, 0.1]])
+    assert list(q.check_answers(rows)) == [1]
+    with pytest.raises(ValueError, match="exceeds the clip bound 0.5"):
+        q.check_answer(rows[1])
