@@ -141,6 +141,7 @@ class RunConfig:
     ledger: str | None = None
     reference: bool = True
     users: int | None = None  # synthetic datasets: number of users
+    partition: str | None = None  # mnist, fashion-mnist: iid | dirichlet | shards (None: the loader's, iid)
     # --dataset FILE (fedkl.data.files): its user and label columns, features (comma-separated; None: every
     # other numeric column), task, public bounds (None: feature bound 1, no label bound) and refuse|clip
     user_column: str | None = None
@@ -1104,6 +1105,7 @@ def _payload(cfg: RunConfig, trained: Trained, data: RunData, place: RunPlace, r
         "dataset_description": data.dataset.description,
         "problem": data.name,
         "users": data.dataset.train.num_users,
+        "partition": data.dataset.extra.get("partition"),
         "epsilon": receipt["epsilon"],
         "epsilon_by_budget_conversion": summary["max_user_epsilon"],
         "delta": place.delta,
