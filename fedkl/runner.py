@@ -45,6 +45,7 @@ import torch
 
 from fedkl.algorithms.contract import Clip, PoissonSampling, Rounds
 from fedkl.algorithms.forecast import LEARNS_LITTLE, gradient_forecast
+from fedkl.algorithms.nonprivate import fedavg_plan
 from fedkl.algorithms.registry import (
     REGISTRY,
     AlgorithmParams,
@@ -1064,7 +1065,9 @@ def write_run_files(
     if line:
         log(line)
     if cfg.reference:
-        payload["nonprivate_reference"] = reference_metrics(data.evaluator, data.spec, log)
+        # a network's reference is FedAvg without clip or noise under the run's plan, never L-BFGS (fedkl.algorithms.nonprivate)
+        plan = None if data.problem.convex else fedavg_plan(cfg.params, cfg.seed)
+        payload["nonprivate_reference"] = reference_metrics(data.evaluator, data.spec, log, plan=plan)
         payload["wall_time_s"] = time.time() - started
         write_json(result_path, payload)
         ref = payload["nonprivate_reference"].get(key, math.nan)

@@ -211,7 +211,18 @@ class TorchModel(Problem):
         from its own records only (what its client computes alone); every step is plain autograd through
         the batch's mean loss (one backward pass, no per-record gradients: local training needs only the
         user's mean gradient) plus ``reg * w``, applied in place layer by layer. The same steps as the
-        generic loop, up to floating-point summation order."""
+        generic loop, up to floating-point summation order. Runs with one torch thread (small per-user
+        tensors: more threads only add synchronisation, many times slower on a loaded machine)."""
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return self._local_epoch_updates(w, data, local_epochs, local_lr, batch_size)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _local_epoch_updates(
+        self, w: torch.Tensor, data: UserData, local_epochs: int, local_lr: float, batch_size: int | None
+    ) -> torch.Tensor:
         w = w.to(self.dtype)
         self.check_params(w)
         U = data.num_users
