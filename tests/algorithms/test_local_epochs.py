@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedkl.algorithms.gradient.dp_fedavg import DPFedAvgParams
 from fedkl.algorithms.gradient.dp_adaptive import AdaptiveDPParams as DPSGDParams
+from fedkl.algorithms.gradient.dp_fedavg import DPFedAvgParams
 from fedkl.algorithms.nonprivate import fedavg_plan, nonprivate_fedavg
 from fedkl.data import images
 from fedkl.data.base import UserData
@@ -146,3 +146,36 @@ def test_network_reference_is_fedavg_not_lbfgs(monkeypatch):
     metrics = results.reference_metrics(InProcessFederation(p, ds), {"toy": 1}, lines.append, False, plan)
     assert "accuracy" in metrics
     assert sum("FedAvg round" in s for s in lines) == 3
+
+
+@pytest.mark.parametrize("algorithm", ["dp-fedavg", "dp-fedadam", "dp-fedyogi"])
+def test_server_optimizers_train_a_network_with_local_epochs(tmp_path, algorithm):
+    """The FedAvg family on a torch network with local epochs, end to end (in-process), with its FedAvg reference."""
+    import fedkl
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(240, 4)) / 2
+    y = (X[:, 0] - X[:, 1] > 0).astype(int)
+    data = fedkl.from_arrays(X, y, rng.integers(0, 40, size=240), task="multiclass")
+    extra = {"server_eta": 0.1} if algorithm != "dp-fedavg" else {}
+    run = fedkl.train(
+        data,
+        algorithm,
+        epsilon=4.0,
+        model=_net,
+        log=None,
+        rounds=3,
+        local_epochs=2,
+        batch_size=2,
+        sampling_rate=0.5,
+        accountant="rdp",
+        neighbouring="add-remove",
+        lr=0.2,
+        reference=True,
+        out=str(tmp_path / "r"),
+        **extra,
+    )
+    details = run.result["algorithm_details"]
+    assert details["local_epochs"] == 2 and "local_steps" not in details
+    assert 0 <= run.metrics["accuracy"] <= 1
+    assert 0 <= run.result["nonprivate_reference"]["accuracy"] <= 1
