@@ -250,6 +250,7 @@ def _predict(args: argparse.Namespace) -> int:
             dataset=dataset_name,
             seed=saved["seed"] if args.seed is None else args.seed,
             users=args.users if args.users is not None or args.dataset else saved.get("users"),
+            partition=args.partition if args.partition is not None or args.dataset else saved.get("partition"),
             **(schema if is_data_file(dataset_name) else {}),
         )
         dataset = load_run_dataset(cfg)

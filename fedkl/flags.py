@@ -366,6 +366,13 @@ def _add_data_arguments(parser: argparse.ArgumentParser, dataset: str | None, se
         )
         parser.add_argument("--seed", type=int, default=None, help="seed of the data split (default: the model's)")
     parser.add_argument("--users", type=_positive(int), default=None, help="number of users (synthetic datasets only)")
+    parser.add_argument(
+        "--partition",
+        choices=("iid", "dirichlet", "shards"),
+        default=None,
+        help="mnist, fashion-mnist: how images are dealt to users: iid (default), dirichlet (alpha 0.5 label "
+        "skew) or shards (sorted by label, two shards per user: McMahan et al. 2017, Geyer et al. 2017)",
+    )
     data = parser.add_argument_group("your own data file (--dataset FILE; fedkl.data.files)")
     data.add_argument("--user-column", default=None, help="the column naming each record's user (the privacy unit)")
     data.add_argument("--label-column", default=None, help="the label column")

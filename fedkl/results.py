@@ -19,7 +19,7 @@ import math
 import os
 from typing import Callable
 
-from fedkl.algorithms.nonprivate import nonprivate_minimizer
+from fedkl.algorithms.nonprivate import nonprivate_fedavg, nonprivate_minimizer
 from fedkl.algorithms.round_log import NOT_PUBLIC
 from fedkl.data.base import FederatedDataset
 from fedkl.federation.inprocess import InProcessFederation
@@ -172,8 +172,9 @@ def cache_dir() -> str:
     return os.environ.get("FEDKL_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "fedkl")
 
 
-def _reference_key(spec: dict, dataset: FederatedDataset) -> str:
-    h = hashlib.sha256(json.dumps({"v": _CACHE_VERSION, "problem": spec}, sort_keys=True).encode())
+def _reference_key(spec: dict, dataset: FederatedDataset, plan: dict | None = None) -> str:
+    key = {"v": _CACHE_VERSION, "problem": spec, **({"fedavg": plan} if plan is not None else {})}
+    h = hashlib.sha256(json.dumps(key, sort_keys=True).encode())
     for data in (dataset.train, dataset.test):
         for t in (data.X, data.y, data.user_index):
             h.update(str((t.dtype, tuple(t.shape))).encode())
@@ -183,23 +184,41 @@ def _reference_key(spec: dict, dataset: FederatedDataset) -> str:
 
 
 def reference_metrics(
-    evaluator: InProcessFederation, spec: dict, log: Callable[[str], None], use_cache: bool = True
+    evaluator: InProcessFederation,
+    spec: dict,
+    log: Callable[[str], None],
+    use_cache: bool = True,
+    plan: dict | None = None,
 ) -> dict:
     """Test metrics of the non-private reference on ``evaluator``'s data (cached; module docstring),
-    logging the optimizer's progress about ten times."""
-    path = os.path.join(cache_dir(), "reference", _reference_key(spec, evaluator.dataset) + ".json")
+    logging the optimizer's progress about ten times. ``plan`` (:func:`fedkl.algorithms.nonprivate.fedavg_plan`,
+    given for non-convex problems): the reference is FedAvg without clip or noise under that plan, not L-BFGS."""
+    path = os.path.join(cache_dir(), "reference", _reference_key(spec, evaluator.dataset, plan) + ".json")
     if use_cache and os.path.exists(path):
         with open(path) as f:
             metrics = json.load(f)["test_metrics"]
         log(f"non-private reference: cached ({path})")
         return metrics
 
-    def progress(k: int, total: int) -> None:
-        if k == 1 or k % max(1, total // 10) == 0:
-            log(f"  non-private reference: L-BFGS iteration {k} (at most {total})")
+    if plan is not None:
+        log(
+            "non-private reference (evaluation only, NOT private; --no-reference skips it): FedAvg without clip or "
+            f"noise, the run's plan: {plan['rounds']} rounds, cohort rate {plan['sampling_rate']:g}"
+        )
+        w_ref = nonprivate_fedavg(
+            evaluator.problem,
+            evaluator.dataset.train,
+            plan,
+            progress=lambda k, total: log(f"  non-private reference: FedAvg round {k}/{total}"),
+        )
+    else:
 
-    log("non-private reference (evaluation only, NOT private; --no-reference skips it): training")
-    w_ref = nonprivate_minimizer(evaluator.problem, evaluator.dataset.train, progress=progress)
+        def progress(k: int, total: int) -> None:
+            if k == 1 or k % max(1, total // 10) == 0:
+                log(f"  non-private reference: L-BFGS iteration {k} (at most {total})")
+
+        log("non-private reference (evaluation only, NOT private; --no-reference skips it): training")
+        w_ref = nonprivate_minimizer(evaluator.problem, evaluator.dataset.train, progress=progress)
     metrics = evaluator.evaluate(w_ref, "test")
     if use_cache:
         os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -45,6 +45,7 @@ import torch
 
 from fedkl.algorithms.contract import Clip, PlannedRelease, PoissonSampling, Rounds
 from fedkl.algorithms.forecast import LEARNS_LITTLE, gradient_forecast
+from fedkl.algorithms.nonprivate import fedavg_plan
 from fedkl.algorithms.registry import (
     REGISTRY,
     AlgorithmParams,
@@ -144,6 +145,7 @@ class RunConfig:
     ledger: str | None = None
     reference: bool = True
     users: int | None = None  # synthetic datasets: number of users
+    partition: str | None = None  # mnist, fashion-mnist: iid | dirichlet | shards (None: the loader's, iid)
     # --dataset FILE (fedkl.data.files): its user and label columns, features (comma-separated; None: every
     # other numeric column), task, public bounds (None: feature bound 1, no label bound) and refuse|clip
     user_column: str | None = None
@@ -1185,7 +1187,9 @@ def write_run_files(
     if line:
         log(line)
     if cfg.reference and held:
-        payload["nonprivate_reference"] = reference_metrics(data.evaluator, data.spec, log)
+        # a network's reference is FedAvg without clip or noise under the run's plan, never L-BFGS (fedkl.algorithms.nonprivate)
+        plan = None if data.problem.convex else fedavg_plan(cfg.params, cfg.seed)
+        payload["nonprivate_reference"] = reference_metrics(data.evaluator, data.spec, log, plan=plan)
         payload["wall_time_s"] = time.time() - started
         write_json(result_path, payload)
         ref = payload["nonprivate_reference"].get(key, math.nan)
@@ -1226,6 +1230,7 @@ def _payload(cfg: RunConfig, trained: Trained, data: RunData, place: RunPlace, r
         "dataset_description": data.dataset.description,
         "problem": data.name,
         "users": data.dataset.train.num_users,
+        "partition": data.dataset.extra.get("partition"),
         "epsilon": receipt["epsilon"],
         "epsilon_by_budget_conversion": summary["max_user_epsilon"],
         "delta": place.delta,

@@ -64,3 +64,46 @@ def small_gru(input_dim: int, num_outputs: int) -> torch.nn.Module:
             return self.head(h)
 
     return SmallGRU()
+
+
+def geyer_mlp(input_dim: int, num_outputs: int) -> torch.nn.Module:
+    """The network of Geyer, Klein & Nabi (2017)'s code (sapmlresearch/DiffPrivate_FedLearning,
+    ``mnist_fully_connected_model``): two ReLU hidden layers of 600 and 100 units and a linear output,
+    no biases (531,400 parameters on MNIST). fedkl's image rows are projected to unit norm; the input is
+    multiplied by 10 (a public constant: MNIST pixel rows in [0, 1] have norm about 9) so the layers see
+    the pixel scale the original network was initialised for (torch's default initialisation)."""
+
+    class GeyerMLP(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = torch.nn.Sequential(
+                torch.nn.Linear(input_dim, 600, bias=False),
+                torch.nn.ReLU(),
+                torch.nn.Linear(600, 100, bias=False),
+                torch.nn.ReLU(),
+                torch.nn.Linear(100, num_outputs, bias=False),
+            )
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.body(10.0 * x)
+
+    return GeyerMLP()
+
+
+def mlp100(input_dim: int, num_outputs: int) -> torch.nn.Module:
+    """A one-hidden-layer ReLU network, 100 units, no biases (79,400 parameters on MNIST): fewer
+    coordinates to add noise to than :func:`geyer_mlp`. Input multiplied by 10 as there."""
+
+    class MLP100(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = torch.nn.Sequential(
+                torch.nn.Linear(input_dim, 100, bias=False),
+                torch.nn.ReLU(),
+                torch.nn.Linear(100, num_outputs, bias=False),
+            )
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.body(10.0 * x)
+
+    return MLP100()

@@ -40,9 +40,9 @@ def test_result_json_is_written_before_the_reference_and_updated_after(tmp_path,
     seen = {}
     reference = runner.reference_metrics
 
-    def spy(evaluator, spec, log):
+    def spy(evaluator, spec, log, **kw):
         seen["before"] = _strict_load(tmp_path / "a" / "result.json")
-        return reference(evaluator, spec, log)
+        return reference(evaluator, spec, log, **kw)
 
     monkeypatch.setattr(runner, "reference_metrics", spy)
     logs = []

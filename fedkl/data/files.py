@@ -118,17 +118,21 @@ def loader_kwargs(settings: Mapping[str, Any]) -> dict:
 
 
 # the flat run settings that say how a run's data is loaded (dataset_kwargs)
-DATA_SETTINGS = ("dataset", "seed", "users", "sites", *SCHEMA_SETTINGS)
+DATA_SETTINGS = ("dataset", "seed", "users", "partition", "sites", *SCHEMA_SETTINGS)
+PARTITIONED = ("mnist", "fashion-mnist")  # the datasets whose synthetic users come in partitions (fedkl.data.images)
 
 
 def dataset_kwargs(settings: Mapping[str, Any]) -> dict:
     """The :func:`fedkl.data.load_dataset` keywords of flat run settings (``dataset``, ``seed``, ``users``,
-    ``sites`` and the schema settings; absent ones are None): the one rule ``fedkl run``, a Flower ServerApp
+    ``partition``, ``sites`` and the schema settings; absent ones are None): the one rule ``fedkl run``, a Flower ServerApp
     and its ClientApps load a run's data by (here, below both: a ClientApp never imports the runner). A data file and the schema of a ``sites`` deployment (whose
     nodes load their own files) are split by ``seed`` and read with the schema settings; MovieLens and
     TV16 have fixed users split by ``seed``; a synthetic set is drawn with ``seed`` and ``users``.
     ValueError (one line) for a setting that does not apply to the dataset."""
     name, seed, users = settings["dataset"], settings.get("seed") or 0, settings.get("users")
+    partition = settings.get("partition")
+    if partition is not None and name not in PARTITIONED:
+        raise ValueError(f"--partition applies to {', '.join(PARTITIONED)} (synthetic users), not {name}")
     schema = loader_kwargs(settings)
     if is_data_file(name) or name == "sites":
         if users is not None and name != "sites":
@@ -140,7 +144,7 @@ def dataset_kwargs(settings: Mapping[str, Any]) -> dict:
         if users is not None:
             raise ValueError(f"--users applies to synthetic datasets; {name} has a fixed set of users")
         return {"split_seed": seed}
-    return {"seed": seed, **({"n_users": users} if users else {})}
+    return {"seed": seed, **({"n_users": users} if users else {}), **({"partition": partition} if partition else {})}
 
 
 def read_table(path: str) -> Any:

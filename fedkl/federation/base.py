@@ -57,6 +57,7 @@ QUERY_KINDS: dict[str, type["Query"]] = {}
 RESERVED_KINDS = ("info",)  # the transport's own handshake (fedkl.flower.codec.INFO), never a query
 MAX_POINTS = 4096  # most points one GradientsAtPoints request may carry
 MAX_LOCAL_STEPS = 100_000  # bounds the work one ClippedLocalUpdate request can ask of a client
+MAX_LOCAL_EPOCHS = 1_000  # the same bound for a request in local epochs
 
 
 class Query:
@@ -554,17 +555,27 @@ class ClippedLocalUpdate(Query):
     so every backend computes the same answer. The answer has norm <= ``clip`` (``clip_rows``),
     which is what bounds the user's contribution (DP-FedAvg, McMahan et al. 2018). A user with no
     records only decays its weights by the regularizer. On the wire ``batch_size`` None is 0.
+
+    **Local epochs** (``local_epochs = E``, not None; then ``local_steps`` is not used): the way FedAvg
+    is run on networks (McMahan et al. 2017; Geyer et al. 2017). A user with ``m`` records makes ``E``
+    passes over them in record order, in mini-batches of ``B = batch_size`` (all ``m`` when None): pass
+    ``e`` takes positions ``0..B-1``, ``B..2B-1``, ..., the last batch holding the ``m mod B`` left over
+    (never wrapping), so the user makes ``E * ceil(m / B)`` steps, each on the mean loss of its batch; a
+    user with no records makes none (answer 0). Deterministic, like the cyclic steps. The number of
+    steps depends on the user's record count, which only the client's own computation sees: the clip
+    still bounds the answer. On the wire ``local_epochs`` None is 0.
     """
 
     kind: ClassVar[str] = "clipped_local_update"
     tensor_names: ClassVar[tuple[str, ...]] = ("w",)
-    scalar_names: ClassVar[tuple[str, ...]] = ("clip", "local_steps", "local_lr", "batch_size")
+    scalar_names: ClassVar[tuple[str, ...]] = ("clip", "local_steps", "local_lr", "batch_size", "local_epochs")
 
     w: torch.Tensor
     clip: float
     local_steps: int = 1
     local_lr: float = 0.1
     batch_size: int | None = None
+    local_epochs: int | None = None
 
     def __post_init__(self) -> None:
         _check_clip(self.clip)
@@ -580,6 +591,15 @@ class ClippedLocalUpdate(Query):
             isinstance(self.batch_size, bool) or int(self.batch_size) != self.batch_size or self.batch_size < 1
         ):
             raise ValueError(f"batch_size must be None (all records) or a positive integer, got {self.batch_size}")
+        if self.local_epochs is not None and (
+            isinstance(self.local_epochs, bool)
+            or int(self.local_epochs) != self.local_epochs
+            or not 1 <= self.local_epochs <= MAX_LOCAL_EPOCHS
+        ):
+            raise ValueError(
+                f"local_epochs must be None (use local_steps) or an integer in [1, {MAX_LOCAL_EPOCHS}], "
+                f"got {self.local_epochs}"
+            )
 
     def check_answer(self, value: torch.Tensor) -> None:
         _check_clipped_answer(value, self.clip)
@@ -594,19 +614,21 @@ class ClippedLocalUpdate(Query):
                 "local_steps": int(self.local_steps),
                 "local_lr": float(self.local_lr),
                 "batch_size": int(self.batch_size or 0),
+                "local_epochs": int(self.local_epochs or 0),
             },
             {"w": self.w},
         )
 
     @classmethod
     def from_wire(cls, scalars: Mapping[str, Any], tensors: Mapping[str, torch.Tensor], num_params: int) -> Query:
-        steps, batch = scalars.get("local_steps"), scalars.get("batch_size")
-        for name, v in (("local_steps", steps), ("batch_size", batch)):
+        steps, batch, epochs = scalars.get("local_steps"), scalars.get("batch_size"), scalars.get("local_epochs")
+        for name, v in (("local_steps", steps), ("batch_size", batch), ("local_epochs", epochs)):
             if isinstance(v, bool) or not isinstance(v, int):
                 raise ValueError(f"{name} must be an integer")
-        if batch < 0:
-            raise ValueError("batch_size must be >= 0 (0: all records)")
-        return cls(tensors["w"], wire_number(scalars, "clip"), steps, wire_number(scalars, "local_lr"), batch or None)
+        if batch < 0 or epochs < 0:
+            raise ValueError("batch_size and local_epochs must be >= 0 (0: all records, local_steps)")
+        lr = wire_number(scalars, "local_lr")
+        return cls(tensors["w"], wire_number(scalars, "clip"), steps, lr, batch or None, epochs or None)
 
 
 @dataclass

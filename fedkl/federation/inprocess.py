@@ -287,12 +287,16 @@ class InProcessFederation(Federation):
         return self.problem.gradients_at_own_points(points, self._data(users))
 
     def _local_updates(self, query: ClippedLocalUpdate, users: list[int]) -> torch.Tensor:
-        """``w_K - w`` (not yet clipped) of every asked user after the query's local SGD steps: the
+        """``w_K - w`` (not yet clipped) of every asked user after the query's local SGD steps (or
+        epochs: :meth:`~fedkl.problems.base.Problem.local_epoch_updates`): the
         problem's :meth:`~fedkl.problems.base.Problem.local_updates` (a user's row is computed from that
         user's records only, by the same code a Flower client runs for its one user). A user whose
         iterate stops being finite gets a NaN row (reported as failed by the caller's ``clip_rows``)."""
         w = self._params(query.w)
-        return self.problem.local_updates(w, self._data(users), query.local_steps, query.local_lr, query.batch_size)
+        data = self._data(users)
+        if query.local_epochs is None:
+            return self.problem.local_updates(w, data, query.local_steps, query.local_lr, query.batch_size)
+        return self.problem.local_epoch_updates(w, data, query.local_epochs, query.local_lr, query.batch_size)
 
     # --- non-private evaluation (research use: docs/concepts/guarantee.md, "What is private") -------------------
     def evaluate(self, w: torch.Tensor, split: str = "test") -> dict[str, float]:

@@ -209,6 +209,37 @@ class Problem(ABC):
             out[r] = wu - w if torch.isfinite(wu).all() else torch.full_like(wu, float("nan"))
         return out
 
+    def local_epoch_updates(
+        self, w: torch.Tensor, data: UserData, local_epochs: int, local_lr: float, batch_size: int | None
+    ) -> torch.Tensor:
+        """``w_K - w`` (not clipped) of every user of ``data`` after ``local_epochs`` passes over its
+        records in order, in mini-batches of ``batch_size`` (all records when None; the last batch of a
+        pass holds what is left), one step of size ``local_lr`` on each batch's objective:
+        ``(num_users, d)`` (:class:`~fedkl.federation.base.ClippedLocalUpdate`'s local epochs). A user
+        with no records answers 0; a user whose iterate stops being finite gets a NaN row. Generic: a
+        loop over users, each from its own records only (what a client computes alone)."""
+        U, d = data.num_users, self.num_params
+        out = torch.zeros(U, d, dtype=w.dtype)
+        for r in range(U):
+            one = data.subset([r])
+            m = one.num_records
+            b = m if batch_size is None else min(batch_size, m)
+            wu = w.clone()
+            for _ in range(local_epochs if m else 0):
+                for start in range(0, m, b):
+                    if not torch.isfinite(wu).all():
+                        break
+                    keep = slice(start, start + b)
+                    batch = UserData(one.X[keep], one.y[keep], one.user_index[keep], one.user_ids)
+                    wu = wu - local_lr * self.epoch_step_gradient(wu, batch)
+            out[r] = wu - w if torch.isfinite(wu).all() else torch.full_like(wu, float("nan"))
+        return out
+
+    def epoch_step_gradient(self, w: torch.Tensor, batch: UserData) -> torch.Tensor:
+        """The gradient of one user's objective (mean record loss + regularizer) over ``batch`` (that
+        user's records), ``(d,)``: one local-epoch step. Default: :meth:`per_user_gradients`."""
+        return self.per_user_gradients(w, batch)[0]
+
     # --- constants and metrics ---------------------------------------------------------------
     @abstractmethod
     def constants(self, feature_bound: float, param_bound: float | None = None) -> Constants:

@@ -204,6 +204,61 @@ class TorchModel(Problem):
         counts = data.counts().clamp_min(1).to(self.dtype)
         return sums / counts.unsqueeze(1) + self.reg * w
 
+    def local_epoch_updates(
+        self, w: torch.Tensor, data: UserData, local_epochs: int, local_lr: float, batch_size: int | None
+    ) -> torch.Tensor:
+        """:meth:`~fedkl.problems.base.Problem.local_epoch_updates` for a network: a loop over users, each
+        from its own records only (what its client computes alone); every step is plain autograd through
+        the batch's mean loss (one backward pass, no per-record gradients: local training needs only the
+        user's mean gradient) plus ``reg * w``, applied in place layer by layer. The same steps as the
+        generic loop, up to floating-point summation order. Runs with one torch thread (small per-user
+        tensors: more threads only add synchronisation, many times slower on a loaded machine)."""
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return self._local_epoch_updates(w, data, local_epochs, local_lr, batch_size)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _local_epoch_updates(
+        self, w: torch.Tensor, data: UserData, local_epochs: int, local_lr: float, batch_size: int | None
+    ) -> torch.Tensor:
+        w = w.to(self.dtype)
+        self.check_params(w)
+        U = data.num_users
+        out = torch.zeros(U, self.num_params, dtype=self.dtype)
+        if U == 0:
+            return out
+        X_all, y_all = data.X.to(self.dtype), self._targets(data)
+        order = torch.sort(data.user_index, stable=True).indices  # records grouped by user, in record order
+        counts = data.counts().tolist()
+        names = [name for name, _, _ in self._shapes]
+        offset = 0
+        for r, m in enumerate(counts):
+            rows = order[offset : offset + m]
+            offset += m
+            if m == 0:
+                continue
+            X, y = X_all[rows], y_all[rows]
+            b = m if batch_size is None else min(batch_size, m)
+            params = {k: v.detach().clone().requires_grad_(True) for k, v in self._unflatten(w).items()}
+            leaves = [params[k] for k in names]
+            for _ in range(local_epochs):
+                for start in range(0, m, b):
+                    loss = self._losses(
+                        functional_call(self.module, params, (X[start : start + b],)), y[start : start + b]
+                    )
+                    grads = torch.autograd.grad(loss.mean(), leaves)
+                    with torch.no_grad():
+                        for p, g in zip(leaves, grads):
+                            if self.reg:
+                                g = g + self.reg * p
+                            p.sub_(local_lr * g)
+            with torch.no_grad():
+                flat = torch.cat([p.reshape(-1) for p in leaves])
+            out[r] = flat - w if torch.isfinite(flat).all() else torch.full_like(flat, float("nan"))
+        return out
+
     def constants(self, feature_bound: float, param_bound: float | None = None) -> Constants:
         return Constants(
             lipschitz=float("inf"), smoothness=None, strong_convexity=None, domain="non-convex; rely on clipping"

@@ -164,7 +164,19 @@ def test_images_bad_input():
     with pytest.raises(ValueError, match="exceeds the 60000"):
         load_mnist(n_users=6001, per_user=10)
     with pytest.raises(ValueError, match="unknown partition"):
-        load_mnist("shards")
+        load_mnist("pathological")
+    with pytest.raises(ValueError, match="per_user must be even"):
+        load_mnist("shards", n_users=10, per_user=7)
+
+
+def test_mnist_label_shards():
+    """Issue 30: McMahan/Geyer label shards, every training image once by default, the partition named."""
+    ds = load_mnist("shards", n_users=1000)
+    assert ds.extra["partition"] == "shards" and ds.train.num_records == 60_000
+    counts = ds.train.counts()
+    assert int(counts.min()) == int(counts.max()) == 60
+    labels_per_user = [len(torch.unique(ds.train.y[ds.train.user_index == u])) for u in range(0, 1000, 10)]
+    assert max(labels_per_user) <= 4 and np.mean(labels_per_user) < 2.5  # two shards of 30, sorted by label
     with pytest.raises(ValueError, match="alpha"):
         load_mnist("dirichlet", n_users=10, alpha=0.0)
     with pytest.raises(ValueError, match="positive integers"):

@@ -85,16 +85,30 @@ def _flag_error(err: ValueError) -> ValueError:
     return ValueError(f"--{name.replace('_', '-')} {rest}")
 
 
+LOCAL_STEPS_DEFAULT = 5
+
+
 @dataclass(frozen=True)
 class LocalUpdates(AlgorithmParams):
     """The clipped local-update query's settings (DP-FedAvg and DP-FTRL ask the same query)."""
 
     local_steps: int = param(
-        5, "dp-fedavg, dp-ftrl: local SGD steps K per asked user (K = 1 with local lr 1 is DP-FedSGD)", "heuristic"
+        LOCAL_STEPS_DEFAULT,
+        "dp-fedavg, dp-ftrl: local SGD steps K per asked user (K = 1 with local lr 1 is DP-FedSGD)",
+        "heuristic",
     )
     local_lr: float | None = param(None, "dp-fedavg, dp-ftrl: local step size (default --lr)", "heuristic")
     batch_size: int | None = param(
-        None, "dp-fedavg, dp-ftrl: records per local step, cyclic mini-batches (default all records)", "heuristic"
+        None,
+        "dp-fedavg, dp-ftrl: records per local step (--local-steps: cyclic mini-batches; --local-epochs: "
+        "mini-batches of each pass) (default all records)",
+        "heuristic",
+    )
+    local_epochs: int | None = param(
+        None,
+        "dp-fedavg, dp-ftrl: local epochs E per asked user: E passes over its records in mini-batches of "
+        "--batch-size, one step each (replaces --local-steps; default: --local-steps)",
+        "heuristic",
     )
     server_lr: float = param(1.0, "dp-fedavg, dp-ftrl: server step size on the noisy mean delta", "heuristic")
 
@@ -102,10 +116,25 @@ class LocalUpdates(AlgorithmParams):
         super().__post_init__()
         if not (self.server_lr > 0 and math.isfinite(self.server_lr)):
             raise ValueError(f"--server-lr must be finite and > 0, got {self.server_lr}")
-        try:  # the query checks local_steps, local_lr and batch_size with the same rules the clients apply
-            ClippedLocalUpdate(torch.zeros(1), 1.0, self.local_steps, self.local_update_lr(1.0), self.batch_size)
+        # one rule: --local-epochs, when given, sets the local work; --local-steps must then stay at its default
+        if self.local_epochs is not None and self.local_steps != LOCAL_STEPS_DEFAULT:
+            raise ValueError(
+                f"give --local-steps ({self.local_steps}) or --local-epochs ({self.local_epochs}), not both: "
+                "--local-epochs replaces the step count"
+            )
+        try:  # the query checks the local settings with the same rules the clients apply
+            self.query(torch.zeros(1), 1.0, self.local_update_lr(1.0))
         except ValueError as e:
             raise _flag_error(e) from None
+
+    def query(self, w: torch.Tensor, clip: float, local_lr: float) -> ClippedLocalUpdate:
+        """The round's clipped local-update query at model ``w`` with clip ``clip``."""
+        return ClippedLocalUpdate(w, clip, self.local_steps, local_lr, self.batch_size, self.local_epochs)
+
+    def local_details(self) -> dict:
+        """How each asked user trains, for the result's details."""
+        work = {"local_steps": self.local_steps} if self.local_epochs is None else {"local_epochs": self.local_epochs}
+        return {**work, "batch_size": self.batch_size}
 
     def local_update_lr(self, lr: float | None) -> float:
         """The local step size: ``--local-lr``, else the run's ``lr`` (resolved by the algorithm)."""
@@ -213,7 +242,7 @@ class DPFedAvg(ScheduledAlgorithm[DPFedAvgParams]):
             rounds=cfg.rounds,
             neighbouring=self.neighbouring,
             accountant=cfg.accountant,
-            details={"local_steps": cfg.local_steps, "local_lr": local_lr, **adaptive},
+            details={**cfg.local_details(), "local_lr": local_lr, **adaptive},
         )
         w = w0.clone()
         server = self.server_state(w)
@@ -224,7 +253,7 @@ class DPFedAvg(ScheduledAlgorithm[DPFedAvgParams]):
             users = run.sample()
             total = torch.zeros(len(w) + (scale is not None), dtype=w.dtype)
             failed = 0
-            query = ClippedLocalUpdate(w, clip, cfg.local_steps, local_lr, cfg.batch_size)
+            query = cfg.query(w, clip, local_lr)
             if users and federation.sums_only and scale is None:
                 # secure aggregation: the clients' clip bounds each user (fedkl.flower.secagg), no re-clip
                 answers = federation.sum(query, users)
@@ -255,9 +284,8 @@ class DPFedAvg(ScheduledAlgorithm[DPFedAvgParams]):
             log.history,
             {
                 "neighbouring": self.neighbouring,
-                "local_steps": cfg.local_steps,
+                **cfg.local_details(),
                 "local_lr": local_lr,
-                "batch_size": cfg.batch_size,
                 **self.server_details(),
                 "fixed_denominator": run.denominator,
                 "adaptive_clip": cfg.adaptive_clip,

@@ -70,7 +70,7 @@ from fedkl.algorithms.contract import (
 from fedkl.algorithms.gradient.dp_fedavg import LocalUpdates
 from fedkl.algorithms.registry import register
 from fedkl.algorithms.round_log import RoundLog
-from fedkl.federation.base import ClippedLocalUpdate, Federation
+from fedkl.federation.base import Federation
 from fedkl.federation.clipping import clip_rows
 from fedkl.privacy.charges import GaussianCharge, Need
 from fedkl.privacy.guarantee import Absence, Guarantee, check_relation, sum_sensitivity
@@ -282,9 +282,7 @@ class DPFTRL(Algorithm[DPFTRLParams]):
             if len(index) != 1:  # every cohort's users are at the same participation (the scheduler's plan)
                 raise RuntimeError(f"round {t}: the cohort is not at one participation index ({sorted(index)})")
             j = index.pop()
-            answers = federation.compute(
-                ClippedLocalUpdate(w, cfg.clip, cfg.local_steps, local_lr, cfg.batch_size), users
-            )
+            answers = federation.compute(cfg.query(w, cfg.clip, local_lr), users)
             rows, _ = clip_rows(answers.values.to(w.dtype), cfg.clip)  # server-side re-clip
             prefix = prefix + rows.sum(0)
             if not torch.isfinite(prefix).all():
@@ -323,7 +321,7 @@ class DPFTRL(Algorithm[DPFTRLParams]):
                 "mu_gdp": self.sensitivity / self.noise_std,
                 "fixed_denominator": denominator,
                 "neighbouring": self.neighbouring,
-                "local_steps": cfg.local_steps,
+                **cfg.local_details(),
                 "local_lr": local_lr,
                 "server_lr": cfg.server_lr,
             },
