@@ -171,7 +171,9 @@ def processes(args: argparse.Namespace, tmp: str) -> dict:
             args.repeats,
         ),
     }
-    if args.big:
+    if args.big_only:  # the 100,000-user file (and import torch) alone
+        cases = {'python -c "import torch"': (["-c", "import torch"], args.big_repeats)}
+    if args.big or args.big_only:
         big = os.path.join(tmp, "users100k.npz")
         subprocess.run([sys.executable, "-c", make + f"b.write_file({big!r}, 100_000, 25, 50)"], check=True)
         cases["fedkl run 100,000 users x 25 (npz, d=50)"] = (["-m", "fedkl.cli", "run", "--dataset", big, *file_flags],
@@ -264,6 +266,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--processes", action="store_true", help="whole fedkl run processes (issue 34) instead")
     p.add_argument("--big", action="store_true", help="with --processes: also the 100,000-user file")
     p.add_argument("--big-repeats", type=int, default=1, help="runs of the 100,000-user case")
+    p.add_argument("--big-only", action="store_true", help="with --big: only that case (and import torch)")
     p.add_argument("--before", default=None, help="with --processes: another checkout, run interleaved")
     args = p.parse_args(argv)
     if args.repeats < 3:
