@@ -72,6 +72,16 @@ def write_file(path: str, n_users: int, records: int, d: int, seed: int = 0) -> 
     np.savez(path, **cols)
 
 
+def proc_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a running process so far (/proc/PID/stat), NaN when unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
 def run_process(args: list[str], tree: str, cwd: str) -> dict:
     """One fresh ``python args`` with ``tree`` first on the path: wall, CPU and peak RSS (ru_maxrss); the
     times of its budget and privacy lines; the RSS sampled before and during the loop."""
@@ -109,6 +119,8 @@ def run_process(args: list[str], tree: str, cwd: str) -> dict:
         for key, prefix in (("budget", "budget:"), ("first_round", "  round "), ("privacy", "privacy:")):
             if key not in marks and line.startswith(prefix):
                 marks[key] = now
+                if key == "budget":  # the CPU seconds so far too (steadier than wall on a loaded machine)
+                    marks["budget_cpu"] = proc_cpu_seconds(proc.pid)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
     done.set()
@@ -119,6 +131,7 @@ def run_process(args: list[str], tree: str, cwd: str) -> dict:
     if "budget" in marks and "privacy" in marks:
         out.update(
             before_loop_s=marks["budget"],
+            before_loop_cpu_s=marks["budget_cpu"],
             **({"first_round_s": marks["first_round"]} if "first_round" in marks else {}),
             loop_s=marks["privacy"] - marks["budget"],
             load_rss_mb=rss["before_loop"] / 1024,
@@ -252,8 +265,10 @@ def markdown(table: dict, loaded: str) -> str:
         for name, row, b in before:
             if "before_loop_s" in b:
                 now_s, old_s = row["before_loop_s"]["median"], b["before_loop_s"]["median"]
+                now_c, old_c = row["before_loop_cpu_s"]["median"], b["before_loop_cpu_s"]["median"]
                 lines.append(
                     f"| {name[: -len(' [now]')]} | {now_s:.2f} / {old_s:.2f} | {now_s / old_s:.2f} | "
+                    f"{now_c:.2f} / {old_c:.2f} | {now_c / old_c:.2f} | "
                     f"{row['load_rss_mb']['median'] / row['loop_rss_mb']['median']:.2f} |"
                 )
     return "\n".join(lines) + f"\n\n{loaded}\n"
