@@ -259,9 +259,10 @@ def markdown(table: dict, loaded: str) -> str:
     if any("before_loop_s" in b for _, _, b in before):
         lines += [
             "",
-            "| process | before 1st round s med: now / before | now / before | load-phase RSS / loop RSS now |",
+            "| process | before 1st round s med: now / before | now / before | CPU s before 1st round: now / before | "
+            "now / before | load-phase RSS / loop RSS now |",
         ]
-        lines.append("|---|---|---|---|")
+        lines.append("|---|---|---|---|---|---|")
         for name, row, b in before:
             if "before_loop_s" in b:
                 now_s, old_s = row["before_loop_s"]["median"], b["before_loop_s"]["median"]
