@@ -4,7 +4,8 @@
 
 Each point is one full ``fedkl.train`` run (imports excluded from its time) (synthetic-logistic, the loader's default records per user
 and dimension, eps = 2, in-process backend, one thread) in its own subprocess, so the peak RSS is that
-run's. It prints wall time and peak RSS per algorithm and population:
+run's. It prints wall time, CPU time (steadier than wall on a loaded machine) and peak RSS per algorithm and
+population (a population's 'before' run right after its own runs):
 
   * ``phased-erm``: paper 002 Alg 3 with the diameter test (batched certified Newton, the per-user
     residual recomputation through the per-user record index, the blocked conflict graph);
@@ -35,11 +36,11 @@ import torch
 torch.set_num_threads(1)
 from fedkl.api import train  # imports outside the timed region
 alg, n, extra = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.process_time()
 run = train("synthetic-logistic", alg, epsilon=2.0, users=n, force=True, noise_seed=0, log=None,
                   out=tempfile.mkdtemp(), **extra)
-seconds = time.perf_counter() - start
-print(json.dumps({"seconds": seconds, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
+print(json.dumps({"seconds": seconds, "cpu_seconds": cpu_seconds, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "test_metric": run.result.get("test_metric")}))
 """
 
@@ -77,24 +78,28 @@ def main() -> None:
         rows.append(res)
         print(json.dumps(res), flush=True)
 
-    for n in args.users:
+    for n in args.users:  # each population's 'before' right after its 'now' (the load drifts on a shared machine)
         for alg, extra, label in cases:
             record(label, ROOT, alg, n, extra)
+        if args.before is not None and n in args.before_users:
+            record("phased-erm (before)", args.before, "phased-erm", n, {})
     for n in args.lbfgs_users:
         record("mean (lbfgs)", ROOT, "mean-output-pert", n, {"mean_local_solver": "lbfgs"})
     if args.before is not None:
-        for n in args.before_users:
+        for n in sorted(set(args.before_users) - set(args.users)):
             record("phased-erm (before)", args.before, "phased-erm", n, {})
         for n in args.before_mean_users:
             record("mean (before: lbfgs)", args.before, "mean-output-pert", n, {})
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(rows, indent=1) + "\n")
-    print(f"{'case':22s} {'users':>7s} {'seconds':>9s} {'peak MB':>8s}")
+    print(f"{'case':22s} {'users':>7s} {'seconds':>9s} {'CPU s':>9s} {'peak MB':>8s}")
     for r in rows:
         if "error" in r:
             print(f"{r['case']:22s} {r['users']:7d}   {r['error']}")
         else:
-            print(f"{r['case']:22s} {r['users']:7d} {r['seconds']:9.1f} {r['peak_rss_mb']:8.0f}")
+            print(
+                f"{r['case']:22s} {r['users']:7d} {r['seconds']:9.1f} {r['cpu_seconds']:9.1f} {r['peak_rss_mb']:8.0f}"
+            )
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ naming the problem. The server never reads a site's file.
 
 Either way the client computes its answer with the
 same code as :class:`fedkl.federation.inprocess.InProcessFederation` run on that one-user dataset
-(so clipping is ``clip_rows``, a non-finite answer is reported as failed, and so on).
+(so clipping is ``clip_rows``, a non-finite answer is reported as failed, and so on), always with the
+reproducible kernels (:mod:`fedkl.problems.rowwise`: the default elsewhere is fast).
 
 **Blocks (simulation only).** ``make_client_app(spec, users_per_node=B)`` makes node ``p`` hold the users at
 positions ``p*B, ..., p*B + B - 1`` (:class:`BlockWorker`): Flower's simulation engine dispatches one message
@@ -57,6 +58,7 @@ from fedkl.federation.inprocess import InProcessFederation  # noqa: E402
 from fedkl.flower import codec  # noqa: E402
 from fedkl.flower.secagg import SUM_QUERIES  # noqa: E402
 from fedkl.problems import make_problem  # noqa: E402
+from fedkl.problems.rowwise import kernels  # noqa: E402
 
 _LOCK = threading.Lock()
 _DATASETS: dict[codec.ClientSpec, Any] = {}
@@ -100,7 +102,8 @@ class UserWorker:
             query.check_request(self.num_params, 1)
         except ValueError as exc:
             raise codec.CodecError(str(exc)) from None
-        ans = self._fed.compute(query, [0])
+        with kernels("reproducible"):  # a client computes reproducibly, whatever its thread's default
+            ans = self._fed.compute(query, [0])
         if ans.failed:
             return codec.encode_error(codec.ERR_NOT_FINITE, "the answer of this user is not finite")
         return codec.encode_answer(kind, ans.values[0])
@@ -120,7 +123,8 @@ class UserWorker:
         if type(query) not in SUM_QUERIES:
             raise codec.CodecError(f"secure aggregation sums clipped answers only, not {codec.kind_of(query)!r}")
         query.check_request(self.num_params, 1)
-        ans = self._fed.compute(query, [0])
+        with kernels("reproducible"):
+            ans = self._fed.compute(query, [0])
         if ans.failed:
             raise codec.CodecError("the answer of this user is not finite", codec.ERR_NOT_FINITE)
         value = ans.values[0].detach().to(torch.float64).cpu().numpy()

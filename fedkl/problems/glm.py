@@ -80,76 +80,105 @@ class GeneralizedLinear(Problem):
         decrease: the user stops; the full step when the Newton decrement g.H^{-1}g < 1e-12), stop when
         ||g|| <= tol or after min(max_iter, 100) steps. A user's iterate is frozen once it stops, and every
         operation is row-wise (module docstring), so a user's row does not depend on the other users.
-        The residual column is recomputed at the returned point; it certifies
-        ``||v_u - argmin F_u|| <= r_u / (reg + s)`` however the iteration ended.
+        The residual column is the gradient's norm at the returned point; it certifies
+        ``||v_u - argmin F_u|| <= r_u / (reg + s)`` however the iteration ended. Each iteration computes
+        only the users still iterating, on their records alone (issue 34: it rebuilt every user's margins,
+        Hessian and line-search objective until the last user stopped).
         """
         dtype = self.dtype
         center = center.to(dtype)
         U, d = data.num_users, self.num_params
-        X = data.X.to(dtype)
-        y = data.y.to(dtype)
-        idx = data.user_index
-        counts = data.counts().clamp_min(1).to(dtype)
         mu = float(self.reg) + float(strength)
         ones = torch.ones(d, dtype=dtype)
+        # The users still iterating (act: their positions) and only their records: X, y, each record's user
+        # among them (ia) and their record counts, compacted whenever users stop, so an iteration costs the
+        # active users' records, not everyone's. A user's sums still run over its records in record order
+        # (index_add_), so its row is bit for bit what it computes alone.
+        act = torch.arange(U)
+        X, y, ia = data.X.to(dtype), data.y.to(dtype), data.user_index
+        counts = data.counts().clamp_min(1).to(dtype)
 
         def margins(V: torch.Tensor) -> torch.Tensor:
-            return row_matmul(X * V[idx], ones)
+            return row_matmul(X * V[ia], ones)
 
         def objective(V: torch.Tensor) -> torch.Tensor:
             z = margins(V)
             rec = self.score_loss(z, y)
-            fit = torch.zeros(U, dtype=dtype).index_add_(0, idx, rec) / counts
+            fit = torch.zeros(V.shape[0], dtype=dtype).index_add_(0, ia, rec) / counts
             diff = V - center
             return fit + 0.5 * self.reg * row_matmul(V * V, ones) + 0.5 * strength * row_matmul(diff * diff, ones)
 
         def gradient(V: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
             coef = self.score_derivative(z, y)
-            return user_means(coef.unsqueeze(1) * X, data) + self.reg * V + strength * (V - center)
+            sums = torch.zeros(V.shape[0], d, dtype=dtype).index_add_(0, ia, coef.unsqueeze(1) * X)
+            return sums / counts.unsqueeze(1) + self.reg * V + strength * (V - center)
 
-        def hessian(z: torch.Tensor) -> torch.Tensor:
+        def hessian(z: torch.Tensor, n: int) -> torch.Tensor:
             weight = self.score_curvature(z, y)
-            H = torch.zeros(U, d, d, dtype=dtype)
+            H = torch.zeros(n, d, d, dtype=dtype)
             step = max(1, (1 << 22) // max(1, d * d))  # records per chunk: <= 4M entries
             for a in range(0, X.shape[0], step):
                 xs = X[a : a + step]
-                H.index_add_(0, idx[a : a + step], (weight[a : a + step, None, None] * xs[:, :, None]) * xs[:, None, :])
+                H.index_add_(0, ia[a : a + step], (weight[a : a + step, None, None] * xs[:, :, None]) * xs[:, None, :])
             H = H / counts.view(-1, 1, 1)
             return H + mu * torch.eye(d, dtype=dtype)
 
         V = center.expand(U, d).clone()
-        active = torch.ones(U, dtype=torch.bool)
+        residual = torch.empty(U, dtype=dtype)
+
+        def stop(leaving: torch.Tensor, Va: torch.Tensor, gnorm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            """Users ``leaving`` (a mask over the active ones) stop at ``Va``, where ``gnorm`` is their gradient's
+            norm (their residual: a recomputation at the end would give the same row); only the others' records
+            stay. Returns the masks of the users and of the records kept."""
+            nonlocal act, X, y, ia, counts
+            V[act[leaving]] = Va[leaving]
+            residual[act[leaving]] = gnorm[leaving]
+            keep = ~leaving
+            rec = keep[ia]
+            position = torch.cumsum(keep, 0) - 1
+            act, X, y, ia, counts = act[keep], X[rec], y[rec], position[ia[rec]], counts[keep]
+            return keep, rec
+
+        Va = V.clone()
         for _ in range(min(int(max_iter), 100)):
-            z = margins(V)
-            g = gradient(V, z)
-            active &= row_norms(g) > tol
-            if not active.any():
+            if not act.numel():
                 break
-            H = hessian(z)
-            p = torch.zeros_like(V)
+            z = margins(Va)
+            g = gradient(Va, z)
+            gnorm = row_norms(g)
+            done = ~(gnorm > tol)  # converged (or a non-finite gradient)
+            if done.any():
+                keep, rec = stop(done, Va, gnorm)
+                Va, g, gnorm, z = Va[keep], g[keep], gnorm[keep], z[rec]
+                if not act.numel():
+                    break
+            H = hessian(z, act.numel())
             # one batched LAPACK call: it factors each user's matrix on its own (bit for bit the per-user solve;
             # tests/problems/test_rowwise.py), without a Python loop over users
-            p[active] = -torch.linalg.solve(H[active], g[active].unsqueeze(-1)).squeeze(-1)
+            p = -torch.linalg.solve(H, g.unsqueeze(-1)).squeeze(-1)
             slope = row_matmul(g * p, ones)
             # Newton decrement g.H^{-1}g = -slope below 1e-12: inside the quadratic-convergence region, where the
             # objective's rounding (~1e-16 x records) hides the decrease: take the full step
-            full = active & (slope < 0) & (-slope < 1e-12)
-            V = torch.where(full.unsqueeze(1), V + p, V)
-            f0 = objective(V)
-            t = torch.ones(U, dtype=dtype)
-            pending = active & (slope < 0) & ~full
-            active &= slope < 0
+            full = (slope < 0) & (-slope < 1e-12)
+            Va = torch.where(full.unsqueeze(1), Va + p, Va)
+            f0 = objective(Va)
+            t = torch.ones(Va.shape[0], dtype=dtype)
+            pending = (slope < 0) & ~full
             for _ in range(40):
                 if not pending.any():
                     break
-                trial = torch.where(pending.unsqueeze(1), V + t.unsqueeze(1) * p, V)
+                trial = torch.where(pending.unsqueeze(1), Va + t.unsqueeze(1) * p, Va)
                 ok = pending & (objective(trial) <= f0 + 0.25 * t * slope)
-                V = torch.where(ok.unsqueeze(1), trial, V)
+                Va = torch.where(ok.unsqueeze(1), trial, Va)
                 pending &= ~ok
                 t = torch.where(pending, 0.5 * t, t)
-            active &= ~pending  # no decrease found: stop that user
-        z = margins(V)
-        residual = row_norms(gradient(V, z))
+            # not a descent direction, or no decrease found: the user stops where its gradient was taken
+            leaving = ~(slope < 0) | pending
+            if leaving.any():
+                Va = Va[stop(leaving, Va, gnorm)[0]]
+        if act.numel():  # out of iterations: the residual at the last step
+            V[act] = Va
+            residual[act] = row_norms(gradient(Va, margins(Va)))
         return torch.cat([V, residual.unsqueeze(1)], dim=1)
 
     def gradients_at_points(self, points: torch.Tensor, data: UserData) -> torch.Tensor:

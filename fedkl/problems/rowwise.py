@@ -21,10 +21,15 @@ Per-user reductions (``index_add_`` in :func:`fedkl.problems.base.user_means`) a
 one after another in record order, the same order as the client's. Cost: about the speed of the
 batched BLAS path for the problems' sizes (see ``tests/problems/test_rowwise.py`` for the invariance checks).
 
-**Kernel modes.** The above is the ``reproducible`` mode (the default of this module's context, so a
-Flower client, or any thread, computes reproducibly; a run selects its mode from ``RunConfig.kernels``,
-whose default ``auto`` is fast in-process and reproducible over Flower). ``fast`` mode
-(:func:`kernels`, ``fedkl run --kernels fast``, in-process backend only) replaces every kernel by the
+**Kernel modes.** One default everywhere: ``fast``. The mode is this module's context variable (default
+``fast``), which every computation reads: a run (``RunConfig.kernels``, ``fedkl run --kernels``; ``auto``
+resolves to ``fast`` in-process and on ray-shards), an algorithm class run directly on an
+:class:`~fedkl.federation.inprocess.InProcessFederation`, a bare problem call. ``reproducible`` (the kernels
+above) is an explicit opt-in (:func:`kernels`, ``--kernels reproducible``) and is what a Flower client
+computes: its ClientApp enters ``kernels("reproducible")`` for every answer (a thread starts in the default,
+so it cannot rely on the context), and a Flower backend resolves ``auto`` to ``reproducible`` on the server,
+so every backend releases the same bits (issue 34: direct class use used to default to reproducible, 5x a
+fast round, while a run defaulted to fast). ``fast`` replaces every kernel by the
 plain torch one (BLAS ``X @ W``, ``torch.sigmoid``, ``torch.linalg.vector_norm``, ...) and per-user
 gradient sums by one segment matmul (:func:`fedkl.problems.base.user_weighted_means`): the same
 values up to float64 rounding (a user's row may then differ in the last bits with the batch it shares;
@@ -44,13 +49,14 @@ import torch
 import torch.nn.functional as F
 
 KERNEL_MODES = ("reproducible", "fast")
-# a context variable, not a global: a thread starts in the default (reproducible) mode, so a Flower
-# client running in a thread of a process that trains in fast mode still computes bit for bit
-_MODE: contextvars.ContextVar[str] = contextvars.ContextVar("fedkl_kernels", default="reproducible")
+# a context variable, not a global: a run's mode stays with the run (and a thread starts in the default, so a
+# Flower client, which may run in a thread of a training process, sets reproducible itself)
+DEFAULT_KERNELS = "fast"
+_MODE: contextvars.ContextVar[str] = contextvars.ContextVar("fedkl_kernels", default=DEFAULT_KERNELS)
 
 
 def kernel_mode() -> str:
-    """The kernel mode in force: ``"reproducible"`` (batch-invariant, the default) or ``"fast"``."""
+    """The kernel mode in force: ``"fast"`` (the default) or ``"reproducible"`` (batch-invariant, opt-in)."""
     return _MODE.get()
 
 

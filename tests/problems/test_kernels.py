@@ -124,7 +124,8 @@ def test_fast_clipped_sum_matches_clip_then_sum_and_falls_back_on_a_nonfinite_no
     )
     for rows in (V, torch.cat([V, torch.tensor([[float("nan")] * 6, [1e200] * 6], dtype=torch.float64)])):
         (ts, bs), (tf, bf) = _both(lambda: clipped_sum(rows, 0.7))
-        clipped, bad = clip_rows(rows, 0.7)
+        with kernels("reproducible"):
+            clipped, bad = clip_rows(rows, 0.7)
         assert torch.equal(ts, clipped.sum(0)) and torch.equal(bs, bad) and torch.equal(bf, bad)
         torch.testing.assert_close(tf, ts, **TOL)
     assert bf.tolist()[-2:] == [True, False]
@@ -185,26 +186,76 @@ def test_fast_row_kernels_match_and_keep_the_overflow_rescue():
 
 
 def test_kernel_mode_is_scoped_and_checked():
-    assert kernel_mode() == "reproducible"  # the default
-    with kernels("fast"):
-        assert kernel_mode() == "fast"
+    assert kernel_mode() == "fast"  # the default (reproducible is an explicit opt-in)
+    with kernels("reproducible"):
+        assert kernel_mode() == "reproducible"
         with pytest.raises(ValueError, match="kernels must be one of"):
             with kernels("turbo"):
                 pass
-        assert kernel_mode() == "fast"
-    assert kernel_mode() == "reproducible"
+        assert kernel_mode() == "reproducible"
+    assert kernel_mode() == "fast"
 
 
-def test_a_new_thread_starts_reproducible():
-    """A Flower client in a thread of a process training in fast mode still computes bit for bit."""
-    import threading
+def test_direct_class_use_and_the_runner_compute_with_the_same_kernels_by_default(tmp_path, monkeypatch):
+    """One default everywhere (issue 34): an algorithm class run directly on an InProcessFederation computes
+    in the mode a default ``fedkl run`` resolves to (it used to run the reproducible kernels, 5x a fast round)."""
+    from fedkl.algorithms.gradient.noisy_gd import NoisyGDParams, NoisyGradientDescent
+    from fedkl.algorithms.registry import BuildContext
+    from fedkl.privacy import Budget, NoiseSource, PrivacyLedger, Releaser, ZCDPFilter
+    from fedkl.runner import run_training
 
     seen = []
+    for name in ("sum", "compute"):  # every query a training asks goes through one of the two
+
+        def recording(self, query, users=None, _method=getattr(InProcessFederation, name)):
+            seen.append(kernel_mode())
+            return _method(self, query, users)
+
+        monkeypatch.setattr(InProcessFederation, name, recording)
+    data = load_dataset("synthetic-logistic", n_users=12)
+    problem = make_problem("logistic", data)
+    fed = InProcessFederation(problem, data)
+    ledger = PrivacyLedger(str(tmp_path / "ledger.sqlite"), Budget(2.0, 1e-3))
+    alg = NoisyGradientDescent(NoisyGDParams(rounds=2, lr=1.0), BuildContext.fresh(rho=0.1))
+    alg.run(fed, Releaser(ledger, NoiseSource(0), ZCDPFilter(0.1)), problem.init_params())
+    ledger.close()
+    direct, seen[:] = set(seen), []
+    cfg = RunConfig.from_settings(
+        dataset="synthetic-logistic", users=12, rounds=2, reference=False, out=str(tmp_path / "run")
+    )
+    run_training(cfg, log=lambda s: None)
+    assert direct == set(seen) == {cfg.kernels} == {"fast"}
+
+
+def test_a_flower_client_computes_reproducibly_in_any_thread_or_context():
+    """A thread starts in the default (fast) mode, so the ClientApp's worker enters the reproducible kernels
+    itself: its answer is bit for bit the reproducible in-process row, inside a fast context or a new thread."""
+    import threading
+    from types import SimpleNamespace
+
+    from fedkl.flower import codec
+    from fedkl.flower.client_app import UserWorker
+
+    spec = codec.ClientSpec(dataset="synthetic-logistic", problem="logistic")  # the loader's default users
+    worker = UserWorker(spec, 3)
+    data = load_dataset("synthetic-logistic")
+    fed = InProcessFederation(make_problem("logistic", data), data)
+    query = ClippedGradient(w=torch.full((fed.problem.num_params,), 0.3, dtype=torch.float64), clip=0.01)
+    with kernels("reproducible"):
+        expected = fed.compute(query, [3]).values[0]
+
+    def reply(content):  # the reply message the worker's content travels in
+        return codec.decode_answer(SimpleNamespace(has_error=lambda: False, content=content), query, worker.num_params)
+
+    got = []
     with kernels("fast"):
-        t = threading.Thread(target=lambda: seen.append(kernel_mode()))
+        got.append(worker._fed.compute(query, [0]).values[0])  # the worker's federation alone: fast here
+        got.append(reply(worker.answer(query)))
+        t = threading.Thread(target=lambda: got.append(reply(worker.answer(query))))
         t.start()
         t.join()
-    assert seen == ["reproducible"]
+    assert not torch.equal(got[0], expected)  # the default mode really differs in the last bits here ...
+    assert torch.equal(got[1], expected) and torch.equal(got[2], expected)  # ... and the client does not use it
 
 
 def test_run_config_kernels_and_fast_is_inprocess_only():
@@ -257,7 +308,7 @@ def test_train_federation_runs_the_configured_kernels_without_run_training(monke
     ds = load_dataset("synthetic-logistic", n_users=20, seed=0)
     for mode in ("auto", "reproducible"):
         released_model(audit_config("noisy-gd", 2.0, {"kernels": mode, "rounds": 2}), ds, noise_seed=1)
-    assert seen == ["fast", "reproducible"] and kernel_mode() == "reproducible"
+    assert seen == ["fast", "reproducible"] and kernel_mode() == "fast"
 
 
 def test_run_training_uses_the_configured_kernels(tmp_path, monkeypatch):
@@ -279,7 +330,7 @@ def test_run_training_uses_the_configured_kernels(tmp_path, monkeypatch):
             kernels=mode,
         )
         results[mode] = runner.run_training(cfg, log=lambda s: None)
-    assert seen == ["reproducible", "fast"] and kernel_mode() == "reproducible"
+    assert seen == ["reproducible", "fast"] and kernel_mode() == "fast"
     assert results["fast"]["config"]["kernels"] == "fast"
     slow, fast = (load_model(results[m]["model_path"]).params for m in ("reproducible", "fast"))
     assert not torch.equal(slow, torch.zeros_like(slow))

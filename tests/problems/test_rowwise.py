@@ -15,13 +15,28 @@ from fedkl.data import load_dataset
 from fedkl.federation.base import ClippedGradient, GradientsAtOwnPoints, GradientsAtPoints, LocalLoss
 from fedkl.federation.inprocess import InProcessFederation, clip_rows
 from fedkl.problems import make_problem
-from fedkl.problems.rowwise import cross_entropy_rows, row_matmul, row_norms, sigmoid, softmax_rows, softplus
+from fedkl.problems.rowwise import (
+    cross_entropy_rows,
+    kernels,
+    row_matmul,
+    row_norms,
+    sigmoid,
+    softmax_rows,
+    softplus,
+)
 
 GEN = torch.Generator().manual_seed(0)
 # sizes chosen to cross SIMD widths, the ATen naive-kernel threshold (400 multiply-adds) and the
 # 32,768-element parallel grain
 N = 40_003
 CASES = [(37, None), (5, 3), (784, 10), (401, 1)]
+
+
+@pytest.fixture(autouse=True)
+def _reproducible():
+    """This file tests the reproducible kernels (batch invariance); the default is fast, so they are opted in."""
+    with kernels("reproducible"):
+        yield
 
 
 def _slices():
