@@ -183,7 +183,8 @@ class BlockWorker:
                     errors[i] = (codec.ERR_NOT_CONFIGURED, f"this node does not hold user position {positions[i]}")
             if held:
                 rows = [positions[members[k]] - self.positions.start for k in held]
-                values, failed = self._compute(query, rows)
+                with kernels("reproducible"):  # as a one-user node computes (bit for bit), whatever the default
+                    values, failed = self._compute(query, rows)
                 answers[j][held] = values.reshape((len(held),) + shape[1:]).to(torch.float64)
                 for k, why in failed.items():
                     errors[members[held[k]]] = why
