@@ -29,6 +29,14 @@ about one node per CPU core; ``flower-sim:1`` is one user per node). Reported: s
 handshake done), request ms min / median, x in-process and x ray-shards (medians), and whether each total is
 the in-process one bit for bit (flower-sim computes with the reproducible kernels, so its total may differ
 from the fast in-process total in the last bits: the max abs difference is shown).
+
+``distributed [--users 10000 100000 1000000] [--skip 1000000:flower-sim]`` (issue 33's benchmark table,
+simulations/results/bench_distributed.{json,md}): on a local two-raylet cluster (simulations/ray_cluster.py),
+for each population the same interleaved processes over in-process, ray-shards:1/2/4 (on the cluster) and
+flower-sim (blocks), reading a population file the way ``fedkl run`` does, each round a full request and a
+Poisson-cohort request, then the peak RSS of every process (driver, each shard actor, each Ray worker); then
+the ledger's cost per round against the cohort size at fixed populations (:func:`ledger_bench`). Run it
+under ``nice -n 10``; it takes about 10 minutes here.
 """
 
 from __future__ import annotations
