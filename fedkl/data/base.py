@@ -115,9 +115,17 @@ class UserData:
         )
 
     def to(self, dtype: torch.dtype) -> "UserData":
-        """Same data with features (and float labels) cast to ``dtype``."""
+        """Same data with features (and float labels) cast to ``dtype``: ``self`` when already of it; no
+        second pass over checked data (issue 34) unless the cast narrows, where a finite value may overflow."""
         y = self.y.to(dtype) if self.y.is_floating_point() else self.y
-        return UserData(self.X.to(dtype), y, self.user_index, self.user_ids)
+        if self.X.dtype == dtype and y is self.y:
+            return self
+        X = self.X.to(dtype)
+        if torch.finfo(dtype).max < torch.finfo(self.X.dtype).max and not (
+            torch.isfinite(X).all() and y.isfinite().all()
+        ):
+            raise ValueError(f"the data overflows {dtype} (a value beyond {torch.finfo(dtype).max:.3g}): use float64")
+        return UserData._checked(X, y, self.user_index, self.user_ids, unique=True)
 
 
 @dataclass(frozen=True)

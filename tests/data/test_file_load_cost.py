@@ -155,6 +155,20 @@ def test_integer_ids_are_not_stringified_per_record_and_x_is_checked_once(tmp_pa
     ds.train.subset(list(range(0, 500, 2)))
     ds.train.subset([3])
     assert seen["finite"] == 0
+    # nor is it re-checked when a federation casts it to the dtype it already has (InProcessFederation)
+    assert ds.train.to(ds.train.X.dtype) is ds.train and seen["finite"] == 0
+    narrow = ds.train.to(torch.float32)  # a narrowing cast checks once (a finite value may overflow) ...
+    assert narrow.X.dtype == torch.float32 and seen["finite"] >= narrow.X.numel()
+    checked = seen["finite"]
+    assert narrow.to(torch.float64).X.dtype == torch.float64 and seen["finite"] == checked  # ... widening never
+
+
+def test_a_cast_that_overflows_is_refused_in_one_line():
+    from fedkl.data.base import UserData
+
+    data = UserData(torch.tensor([[1e300, 0.0]], dtype=torch.float64), torch.tensor([1]), torch.tensor([0]), ("a",))
+    with pytest.raises(ValueError, match="the data overflows torch.float32"):
+        data.to(torch.float32)
 
 
 def test_subset_still_refuses_repeated_users(tmp_path):
