@@ -47,7 +47,7 @@ for _k, _v in (("FLWR_TELEMETRY_ENABLED", "0"), ("FLWR_DISABLE_UPDATE_CHECK", "1
 
 import dataclasses  # noqa: E402
 import threading  # noqa: E402
-from typing import Any  # noqa: E402
+from typing import Any, Callable  # noqa: E402
 
 import torch  # noqa: E402
 from flwr.app import Context, Message  # noqa: E402
@@ -253,26 +253,25 @@ def _load_site(spec: codec.ClientSpec, partition_id: int, node_config: Any) -> t
     return one, make_problem(spec.problem, one, **pkw), len(sites)
 
 
+def _cached(table: dict, key: tuple, make: Callable[[], Any]) -> Any:
+    """``table[key]``, made once per process (a node's worker outlives its messages; two threads may race to
+    make it: the first stored wins)."""
+    with _LOCK:
+        w = table.get(key)
+    if w is None:
+        w = make()
+        with _LOCK:
+            w = table.setdefault(key, w)
+    return w
+
+
 def worker_for(spec: codec.ClientSpec, partition_id: int, node_config: Any = None) -> UserWorker:
     key = (spec, partition_id, str((node_config or {}).get("data-path", "")) if spec.dataset == "sites" else "")
-    with _LOCK:
-        w = _USERS.get(key)
-    if w is None:
-        w = UserWorker(spec, partition_id, node_config)
-        with _LOCK:
-            _USERS.setdefault(key, w)
-    return w
+    return _cached(_USERS, key, lambda: UserWorker(spec, partition_id, node_config))
 
 
 def block_worker_for(spec: codec.ClientSpec, node: int, users_per_node: int) -> BlockWorker:
-    key = (spec, node, users_per_node)
-    with _LOCK:
-        w = _BLOCKS.get(key)
-    if w is None:
-        w = BlockWorker(spec, node, users_per_node)
-        with _LOCK:
-            _BLOCKS.setdefault(key, w)
-    return w
+    return _cached(_BLOCKS, (spec, node, users_per_node), lambda: BlockWorker(spec, node, users_per_node))
 
 
 def handle(
