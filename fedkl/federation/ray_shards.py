@@ -60,7 +60,7 @@ import torch
 
 from fedkl.federation.base import Answers, Federation, Query, failure_summary
 from fedkl.federation.inprocess import InProcessFederation
-from fedkl.problems.rowwise import kernels
+from fedkl.problems.rowwise import kernel_mode, kernels
 
 SHARD_RESOURCE = "fedkl_shards"  # a node's custom resource: how many shards it may host
 RESTART_WAIT_S = 300.0  # how long a request waits for a dead shard's restart before going on
@@ -150,7 +150,8 @@ class RayShardFederation(Federation):
     block). ``address``: the cluster to connect to (``ray.init(address=...)``; disconnected at
     :meth:`close`, the cluster keeps running); None: the running Ray instance when this process has
     one, else ``RAY_ADDRESS`` when set, else a local instance started here and stopped at :meth:`close`.
-    ``mode``: the kernel mode the shards compute in.
+    ``mode``: the kernel mode the shards compute in (None: the caller's, :func:`fedkl.problems.rowwise.kernel_mode`,
+    as every other federation computes).
     """
 
     def __init__(
@@ -160,7 +161,7 @@ class RayShardFederation(Federation):
         shards: int,
         *,
         address: str | None = None,
-        mode: str = "reproducible",
+        mode: str | None = None,
         max_restarts: int = 1,
         actor_options: dict[str, Any] | None = None,
     ) -> None:
@@ -195,7 +196,10 @@ class RayShardFederation(Federation):
             **(actor_options or {}),
         }
         actor = ray.remote(Shard).options(**options)
-        self.actors = [actor.remote(build, b, digest(self._user_ids[b.start : b.stop]), mode) for b in self._blocks]
+        self.actors = [
+            actor.remote(build, b, digest(self._user_ids[b.start : b.stop]), mode or kernel_mode())
+            for b in self._blocks
+        ]
         try:
             infos = ray.get([a.info.remote() for a in self.actors])
         except ray.exceptions.RayError as exc:

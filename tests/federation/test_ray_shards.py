@@ -28,6 +28,7 @@ from fedkl.federation.inprocess import InProcessFederation  # noqa: E402
 from fedkl.federation.ray_shards import RayShardFederation, blocks  # noqa: E402
 from fedkl.flower.backends import load_shard_data  # noqa: E402  (and registers ray-shards)
 from fedkl.privacy import PrivacyLedger  # noqa: E402
+from fedkl.problems.rowwise import kernels  # noqa: E402
 from fedkl.runner import RunConfig, load_run_data, run_training  # noqa: E402
 from fedkl.saved_model import load_model  # noqa: E402
 
@@ -63,8 +64,9 @@ def pair():
     after its class (Ray has 2 CPUs here, one per actor)."""
     cfg = _cfg()
     dataset, problem, _ = load_run_data(cfg)
-    fed = RayShardFederation(functools.partial(load_shard_data, cfg), dataset.train.user_ids, 2)
-    yield fed, InProcessFederation(problem, dataset)
+    fed = RayShardFederation(functools.partial(load_shard_data, cfg), dataset.train.user_ids, 2, mode="reproducible")
+    with kernels("reproducible"):  # bit for bit across blocks: the batch-invariant kernels, on both sides
+        yield fed, InProcessFederation(problem, dataset)
     fed.close()
 
 
