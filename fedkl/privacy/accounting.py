@@ -43,7 +43,9 @@ PLD_DISCRETIZATION = 1e-4  # dp-accounting's default value_discretization_interv
 # ~15 evaluations is ~10x cheaper (1-round q = 0.1 schedule at eps 8: ~2.4 s -> 0.18 s each); its eps is
 # never charged: the answer is re-accounted at PLD_DISCRETIZATION and must meet the target there
 PLD_CALIBRATION_DISCRETIZATION = 1e-3
-CALIBRATION_RTOL = 1e-4  # the bisection's tolerance on z, relative to its bracket (dp-accounting's default: 1e-6 absolute)
+CALIBRATION_RTOL = (
+    1e-4  # the bisection's tolerance on z, relative to its bracket (dp-accounting's default: 1e-6 absolute)
+)
 # the largest PLD grid (points of the composed privacy-loss pmf) we let dp-accounting build: about
 # 5e6 points take half a minute and a few hundred MB; a schedule above this is refused up front
 PLD_MAX_POINTS = 1e7
