@@ -32,7 +32,7 @@ BASE = dict(
     server_lr=1.0,
     problem="torch",
 )
-MLP100, GEYER = "simulations/nets.py:mlp100", "simulations/nets.py:geyer_mlp"
+MLP100, GEYER, CNN = "simulations/nets.py:mlp100", "simulations/nets.py:geyer_mlp", "simulations/nets.py:small_cnn"
 CANDIDATES = {
     "base": dict(model=MLP100),  # the README setting before this study
     "slr2": dict(model=MLP100, server_lr=2.0),
@@ -42,6 +42,8 @@ CANDIDATES = {
     "slr2_clip0.5": dict(model=MLP100, server_lr=2.0, clip=0.5),
     "slr2_geyer": dict(model=GEYER, server_lr=2.0),
     "slr3_lr0.2": dict(model=MLP100, server_lr=3.0, lr=0.2),
+    "cnn": dict(model=CNN),  # 6,042 parameters: 13x fewer coordinates to noise than mlp100
+    "cnn_slr2": dict(model=CNN, server_lr=2.0),
 }
 
 
