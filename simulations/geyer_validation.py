@@ -38,6 +38,8 @@ CANDIDATES = {
     "slr2": dict(model=MLP100, server_lr=2.0),
     "slr3": dict(model=MLP100, server_lr=3.0),
     "lr0.2": dict(model=MLP100, lr=0.2),
+    "lr0.3": dict(model=MLP100, lr=0.3),
+    "lr0.5": dict(model=MLP100, lr=0.5),
     "slr2_e5": dict(model=MLP100, server_lr=2.0, local_epochs=5),
     "e5": dict(model=MLP100, local_epochs=5),
     "slr2_clip0.5": dict(model=MLP100, server_lr=2.0, clip=0.5),
