@@ -40,7 +40,6 @@ CANDIDATES = {
     "lr0.2": dict(model=MLP100, lr=0.2),
     "lr0.3": dict(model=MLP100, lr=0.3),
     "lr0.5": dict(model=MLP100, lr=0.5),
-    "lr0.2_e5": dict(model=MLP100, lr=0.2, local_epochs=5),
     "slr2_e5": dict(model=MLP100, server_lr=2.0, local_epochs=5),
     "e5": dict(model=MLP100, local_epochs=5),
     "slr2_clip0.5": dict(model=MLP100, server_lr=2.0, clip=0.5),
