@@ -43,8 +43,8 @@ from typing import Callable, NamedTuple, Sequence
 
 import torch
 
-from fedkl.algorithms.contract import Clip, PlannedRelease, PoissonSampling, Rounds
-from fedkl.algorithms.forecast import LEARNS_LITTLE, gradient_forecast
+from fedkl.algorithms.contract import Clip, PlannedRelease, PoissonSampling, Rounds, StepSize
+from fedkl.algorithms.forecast import LEARNS_LITTLE, gradient_forecast, learns_little_threshold, network_step_warning
 from fedkl.algorithms.nonprivate import fedavg_plan
 from fedkl.algorithms.registry import (
     REGISTRY,
@@ -551,12 +551,18 @@ def _refuse(run: _Run, alg, declared: Guarantee, ledger: PrivacyLedger, rho_tota
         ledger.finish_run("refused")
         raise
     grad = gradient_forecast(alg, cfg.params, n, run.problem.num_params, cfg.neighbouring)
-    if grad is not None and grad[0] > LEARNS_LITTLE:  # before any budget is spent (`fedkl plan` ranks them)
+    convex = run.problem.convex
+    if grad is not None and grad[0] > learns_little_threshold(convex):  # before any budget is spent
         run.log(
-            f"warning: predicted to learn little: the noise is {grad[0]:.3g}x the largest signal ({grad[1]}); "
+            f"warning: predicted to learn little: the noise is {grad[0]:.3g}x the largest signal ({grad[1]}; "
+            f"threshold {learns_little_threshold(convex):g} for {'convex models' if convex else 'networks'}); "
             f"at eps={cfg.epsilon} and n={n} such runs score about the majority class: raise "
             "eps, users or rounds, or see `fedkl plan`"
         )
+    if not convex and isinstance(cfg.params, StepSize):
+        step = network_step_warning(cfg.algorithm, cfg.params.lr, algorithm_spec(cfg.algorithm).step_size)
+        if step is not None:
+            run.log(f"warning: {step}")
     for line in alg.warnings():  # public settings, before any budget is spent
         run.log(f"warning: {line}")
     return forecast
