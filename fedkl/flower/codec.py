@@ -25,6 +25,7 @@ sizes are checked on the *serialised* bytes before anything is deserialised.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Mapping
@@ -602,3 +603,19 @@ class ClientSpec:
     @property
     def kwargs(self) -> tuple[dict, dict]:
         return json.loads(self.dataset_kwargs), json.loads(self.problem_kwargs)
+
+
+PATH_KEYS = ("fedkl-out", "fedkl-ledger", "fedkl-recover")  # run-config keys holding a path (and a data file dataset)
+
+
+def absolute_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
+    """``run_config`` with its paths (:data:`PATH_KEYS`, a data file ``fedkl-dataset``) absolute, resolved
+    against this process's working directory: the SuperLink, SuperNodes and ServerApp run in the deployment's
+    work folder, where a relative path would name a file inside it (deleted with it)."""
+    from fedkl.data.files import is_data_file
+
+    rc = dict(run_config)
+    for key in (*PATH_KEYS, *(["fedkl-dataset"] if is_data_file(rc.get("fedkl-dataset")) else [])):
+        if isinstance(rc.get(key), str) and rc[key] and not os.path.isabs(rc[key]):
+            rc[key] = os.path.abspath(rc[key])
+    return rc

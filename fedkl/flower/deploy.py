@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from fedkl.flower.codec import ClientSpec
+from fedkl.flower.codec import PATH_KEYS, ClientSpec, absolute_run_config  # noqa: F401  (this module's API too)
 from fedkl.flower.federation import STALL_FACTOR, answer_deadline, connect_deadline
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout holding fedkl/ (on the nodes' PYTHONPATH)
@@ -250,22 +250,6 @@ def _write_app(folder: Path, run_config: Mapping[str, Any]) -> None:
     ]
     lines += [f"{k} = {_toml_value(v)}" for k, v in run_config.items() if v is not None]
     (folder / "pyproject.toml").write_text("\n".join(lines) + "\n")
-
-
-PATH_KEYS = ("fedkl-out", "fedkl-ledger", "fedkl-recover")  # run-config keys holding a path (and a data file dataset)
-
-
-def absolute_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
-    """``run_config`` with its paths (:data:`PATH_KEYS`, a data file ``fedkl-dataset``) absolute, resolved
-    against this process's working directory: the SuperLink, SuperNodes and ServerApp run in the deployment's
-    work folder, where a relative path would name a file inside it (deleted with it)."""
-    from fedkl.data.files import is_data_file
-
-    rc = dict(run_config)
-    for key in (*PATH_KEYS, *(["fedkl-dataset"] if is_data_file(rc.get("fedkl-dataset")) else [])):
-        if isinstance(rc.get(key), str) and rc[key] and not os.path.isabs(rc[key]):
-            rc[key] = os.path.abspath(rc[key])
-    return rc
 
 
 def run_config_for(cfg: Any, spec: Any | None = None, out: str | None = None) -> dict[str, Any]:

@@ -371,7 +371,7 @@ def _deployed_main(grid: Grid, context: Context) -> None:
 
 
 def resolve_paths(rc: Any) -> dict:
-    """The run config with its paths absolute (:func:`fedkl.flower.deploy.absolute_run_config`: ``fedkl-out``,
+    """The run config with its paths absolute (:func:`fedkl.flower.codec.absolute_run_config`: ``fedkl-out``,
     ``fedkl-ledger``, ``fedkl-recover``, a data file ``fedkl-dataset``), resolved when the ServerApp starts,
     before anything is read or charged.
 
@@ -388,7 +388,7 @@ def resolve_paths(rc: Any) -> dict:
     from pathlib import Path
 
     from fedkl.data.files import is_data_file
-    from fedkl.flower.deploy import PATH_KEYS, absolute_run_config
+    from fedkl.flower.codec import PATH_KEYS, absolute_run_config
 
     keys = [*PATH_KEYS, *(["fedkl-dataset"] if is_data_file(rc.get("fedkl-dataset")) else [])]
     relative = [f"{k}={rc[k]!r}" for k in keys if isinstance(rc.get(k), str) and rc[k] and not os.path.isabs(rc[k])]
