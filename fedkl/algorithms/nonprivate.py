@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from fedkl.algorithms.contract import AlgorithmParams, PoissonSampling, Rounds, StepSize
-from fedkl.algorithms.gradient.dp_fedavg import LocalUpdates
+from fedkl.algorithms.gradient.local_updates import LocalUpdates
 from fedkl.data.base import UserData
 from fedkl.problems.base import Problem
 

@@ -67,7 +67,7 @@ from fedkl.algorithms.contract import (
     StepSize,
     param,
 )
-from fedkl.algorithms.gradient.dp_fedavg import LocalUpdates
+from fedkl.algorithms.gradient.local_updates import LocalUpdates
 from fedkl.algorithms.registry import register
 from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import Federation
