@@ -90,7 +90,9 @@ def test_runner_curves_and_epsilon(tmp_path):
             assert all(0.0 <= p["test_accuracy"] <= 1.0 and math.isfinite(p["train_loss"]) for p in curve)
             assert float(row["test_accuracy"]) == curve[-1]["test_accuracy"]
             z = float(row["noise_multiplier"])
-            assert z == pytest.approx(sigma, rel=1e-5)  # calibrated back to the requested sigma
+            # calibrated back to the requested sigma, on the safe side: the PLD search runs on a 10x coarser grid
+            # (accounting.noise_multiplier_for), whose pessimistic eps asks up to 1% more noise than the charged grid
+            assert sigma * (1 - 1e-6) <= z <= sigma * 1.01
             # the ledger's epsilon is dp-accounting's PLD epsilon of the schedule that ran
             assert float(row["epsilon"]) == pytest.approx(_dp_accounting_pld_eps(z, q, steps, 1e-5), rel=1e-6)
             step0.add(curve[0]["test_accuracy"])

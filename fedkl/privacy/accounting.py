@@ -194,7 +194,9 @@ def noise_multiplier_for(
     reported eps uses, and must meet ``eps`` there: the coarse grid's points are a subset of the fine
     grid's (1e-3 = 10 x 1e-4), so rounding up to it can only give a larger eps and the check holds; if it
     ever did not, z is raised by 0.1% steps until it does (tests/privacy/test_accounting.py checks the
-    result at a 10x finer grid still)."""
+    result at a 10x finer grid still). The price: the coarse grid's pessimism can ask up to ~1% more noise
+    than the charged grid's smallest multiplier, never less (0.3% on paper 004's schedule,
+    tests/test_paper004_repro.py)."""
     if not (eps > 0 and math.isfinite(eps)):
         raise ValueError(f"eps must be finite and > 0, got {eps}")
     unit = GaussianSchedule(1.0, sampling_rate, steps, neighbouring)  # validates the arguments
