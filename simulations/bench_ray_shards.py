@@ -104,12 +104,8 @@ def main(argv=None) -> dict:
     if args.interleaved:
         info = interleaved(args.interleaved, args.users[0], args.repeats)
         table = markdown_interleaved(info)
-        out = args.out.replace("bench_ray_shards", "bench_flower_blocks")
-        with open(out, "w") as f:
-            json.dump(info, f, indent=1)
-        with open(args.markdown.replace("bench_ray_shards", "bench_flower_blocks"), "w") as f:
-            f.write(table)
-        print(table)
+        _save(args.out.replace("bench_ray_shards", "bench_flower_blocks"), info)
+        _write_table(args.markdown.replace("bench_ray_shards", "bench_flower_blocks"), table)
         return info
 
     import ray
@@ -165,13 +161,8 @@ def main(argv=None) -> dict:
         "seconds": time.perf_counter() - started,
         "rows": rows,
     }
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(info, f, indent=1)
-    table = markdown(info)
-    with open(args.markdown, "w") as f:
-        f.write(table)
-    print(table)
+    _save(args.out, info)
+    _write_table(args.markdown, markdown(info))
     return info
 
 
@@ -598,12 +589,8 @@ def population(argv=None) -> int:
         "seconds": time.perf_counter() - started,
         "rows": rows,
     }
-    with open(args.out, "w") as f:
-        json.dump(info, f, indent=1)
-    table = population_markdown(info)
-    with open(args.markdown, "w") as f:
-        f.write(table)
-    print(table)
+    _save(args.out, info)
+    _write_table(args.markdown, population_markdown(info))
     return 0
 
 
@@ -706,10 +693,7 @@ def distributed(argv=None) -> int:
         info["ledger"] = ledger_bench(args.ledger_population, args.cohorts, args.ledger_rounds, tmp)
     info.update(rows=rows, seconds=time.perf_counter() - started, cpu_s=_cpu_s() - cpu0, load_end=os.getloadavg())
     _save(args.out, info)
-    table = distributed_markdown(info)
-    with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
-        f.write(table)
-    print(table)
+    _write_table(os.path.splitext(args.out)[0] + ".md", distributed_markdown(info))
     return 0
 
 
@@ -725,6 +709,13 @@ def _save(path: str, info: dict) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         json.dump(info, f, indent=1)
+
+
+def _write_table(path: str, table: str) -> None:
+    """The markdown table next to the JSON, and on stdout."""
+    with open(path, "w") as f:
+        f.write(table)
+    print(table)
 
 
 def ledger_bench(populations: list[int], cohorts: list[int], rounds: int, tmp: str) -> dict:
