@@ -56,8 +56,9 @@ per-trial table (:data:`OPERATOR_TABLE`: trial, algorithm, settings, private val
 (``trials.NOT_PUBLIC.png``) are the OPERATOR's view, like the console's trial lines and
 ``round_log.NOT_PUBLIC``: written on the server next to result.json, marked NOT PUBLIC in their names and
 first line / title, never read into result.json or model.pt, rewritten after every trial (progress) and
-started afresh by a rerun; ``operator_view=False`` writes neither (a deployment that ships its output
-folder whole must pass it, or delete them).
+started afresh by a rerun. They are an explicit opt-in (``operator_view=True``, ``fedkl tune
+--operator-view``; default off: a search writes only what may be released, so an output folder shipped whole
+leaks nothing), and when on, the console says where they are and that they are not public.
 
 The charge. Before any trial starts (before any query reads a record), every enrolled user (training
 and validation) is charged the search's ``(eps, delta)`` as one ``SearchCharge`` (label
@@ -515,12 +516,13 @@ def tune(
     log: Callable[[str], None] = print,
     dataset: FederatedDataset | None = None,
     before_trial: Callable[[int], None] | None = None,
-    operator_view: bool = True,
+    operator_view: bool = False,
 ) -> dict:
     """Run the private search of ``cfg``'s data, budget (``cfg.epsilon``, ``cfg.delta``) and ledger
     over ``algorithms`` x ``grid`` (module docstring); write ``model.pt`` and ``result.json`` under
     ``cfg.out`` and return the result dict. ``before_trial(t)``: called before trial ``t`` (tests).
-    ``operator_view``: write the operator's NOT PUBLIC table and plot of every trial (:data:`OPERATOR_TABLE`)."""
+    ``operator_view`` (``fedkl tune --operator-view``; default off): also write the operator's NOT PUBLIC table
+    and plot of every trial (:data:`OPERATOR_TABLE`), and say so on the console."""
     if cfg.backend != "inprocess" or cfg.secagg:
         raise ValueError("fedkl tune trains its trials in-process (--backend inprocess, no --secagg)")
     if stopping not in STOPPING_RULES:
@@ -587,6 +589,11 @@ def tune(
         best = _search(cfg, space, law, plan, train_ds, val_ds.train, score_bound, log, before_trial, view)
         ledger.verify()
         payload = _write(cfg, data, train_ds, plan, best, ledger.summary(), run_id, out, ledger_path, log)
+        if view is not None:
+            log(
+                f"operator view (--operator-view): {view} and its .png hold every trial's settings and private score; "
+                "NOT PUBLIC (the search's charge covers the selected trial only): keep them on the server"
+            )
         ledger.finish_run("finished")
     except BaseException as e:
         ledger.finish_run("refused" if charge_id is None else ledger.end_status(e))
