@@ -721,6 +721,25 @@ def _operator_view(path: str, rows: list[dict]) -> None:
     plt.close(fig)
 
 
+def _seeded_uniform(noise_seed: int) -> Callable[[], float]:
+    """The search's uniforms in seeded mode (K, then each trial's point and drawn settings, in that order)."""
+    rng = np.random.default_rng(np.random.SeedSequence([int(noise_seed), 2**32 - 1]))
+    return lambda: float(rng.random())
+
+
+def _draw_point(space, uniform: Callable[[], float]) -> tuple[str, dict]:
+    name, point = space[min(int(uniform() * len(space)), len(space) - 1)]
+    return name, draw_settings(point, uniform)
+
+
+def seeded_trials(noise_seed: int, law: Stopping, space) -> list[tuple[str, dict]]:
+    """The trials (algorithm, drawn settings; ``K`` = their number) that a SEEDED search (``noise_seed``, tests
+    and reproductions only) runs: the same draws as :func:`tune`'s. A study on public data may report them; a
+    search without ``noise_seed`` draws them from secret randomness, and they are not released."""
+    uniform = _seeded_uniform(noise_seed)
+    return [_draw_point(space, uniform) for _ in range(law.sample(uniform))]
+
+
 def _search(cfg, space, law, plan, train_ds, val_data, score_bound, log, before_trial, view=None) -> dict | None:
     if cfg.noise_seed is None:
         secret = NoiseSource(None)
@@ -728,10 +747,7 @@ def _search(cfg, space, law, plan, train_ds, val_data, score_bound, log, before_
         def uniform() -> float:
             return float(secret.uniform(1)[0])
     else:
-        rng = np.random.default_rng(np.random.SeedSequence([int(cfg.noise_seed), 2**32 - 1]))
-
-        def uniform() -> float:
-            return float(rng.random())
+        uniform = _seeded_uniform(cfg.noise_seed)
 
     k = law.sample(uniform)
     best: dict | None = None
@@ -742,8 +758,7 @@ def _search(cfg, space, law, plan, train_ds, val_data, score_bound, log, before_
                 os.remove(stale)
     with tempfile.TemporaryDirectory() as workdir:
         for t in range(1, k + 1):
-            name, point = space[min(int(uniform() * len(space)), len(space) - 1)]
-            settings = draw_settings(point, uniform)
+            name, settings = _draw_point(space, uniform)
             log(f"  trial {t}: {name} " + " ".join(f"{a}={v}" for a, v in settings.items()))
             if before_trial is not None:
                 before_trial(t)
@@ -855,5 +870,6 @@ def _write(cfg, data, train_ds, plan, best, summary, run_id, out, ledger_path, l
 
 
 __all__ = [
-    "Dist", "SearchPlan", "parse_grid", "plan_search", "run_settings_and_grid", "run_trial", "search_space", "split_users", "tune",
+    "Dist", "SearchPlan", "parse_grid", "plan_search", "run_settings_and_grid", "run_trial", "search_space", "seeded_trials",
+    "split_users", "tune",
 ]  # fmt: skip

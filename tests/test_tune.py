@@ -543,6 +543,14 @@ def test_tune_draws_settings_from_a_distribution(tmp_path):
     trial_lines = [line for line in lines if line.startswith("  trial")]
     assert trial_lines and all("log:" not in line for line in trial_lines)  # drawn values, not the law
     assert any(f"lr={sel['lr']}" in line and f"rounds={sel['rounds']}" in line for line in trial_lines)
+    # a seeded search's trials are seeded_trials' (what a study on public data reports: K and the draws)
+    from fedkl.tuning import seeded_trials
+
+    grid = {"lr": ["log:0.1:3"], "rounds": ["int:1:3"]}
+    drawn = seeded_trials(3, Stopping.with_mean("tnb", 3.0, 0.0), search_space(["noisy-gd"], grid))
+    assert [line.split(": ", 1)[1] for line in trial_lines] == [
+        f"{name} " + " ".join(f"{k}={v}" for k, v in settings.items()) for name, settings in drawn
+    ]
 
 
 @pytest.mark.parametrize("relation", ["replace-one", "add-remove"])
