@@ -36,7 +36,8 @@ demo: $(STAMP)
 	$(VENV)/bin/fedkl run
 	@echo "note: the default step size was chosen by a non-private grid scored on MovieLens's own test accuracy (with adult, tv16:"
 	@echo "      simulations/studies/tune_step_sizes.toml): the test accuracy above is optimistic and its epsilon does not count"
-	@echo "      that choice; tune on your own data with 'fedkl tune', which charges its search to the ledger (README)"
+	@echo "      that choice (re-derived without MovieLens, noisy-gd's default would be 0.1: simulations/results/tune_step_sizes.md);"
+	@echo "      tune on your own data with 'fedkl tune', which charges its search to the ledger (README)"
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .

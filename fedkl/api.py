@@ -166,6 +166,7 @@ def tune(
     eta: float = 0.0,
     validation_fraction: float = 0.3,
     score_bound: float = 1.0,
+    operator_view: bool = False,
     log: Callable[[str], None] | None = print,
     **settings: Any,
 ) -> TrainedModel:
@@ -174,7 +175,8 @@ def tune(
     charged once to the ledger before any trial. Returns the selected model as a :class:`TrainedModel`
     (``result["selected"]``: its algorithm, settings and private validation score; ``result["search"]``:
     the charge). ``settings``: the run-level ``fedkl run`` settings (``noise_seed``, ``out``, ``ledger``,
-    ``seed``, ``users``, ``problem`` ...) and hyperparameters fixed for every trial."""
+    ``seed``, ``users``, ``problem`` ...) and hyperparameters fixed for every trial. ``operator_view``: also
+    write the NOT PUBLIC table and plot of every trial (``fedkl tune --operator-view``; default off)."""
     from fedkl.tuning import run_settings_and_grid
     from fedkl.tuning import tune as _tune
 
@@ -189,7 +191,7 @@ def tune(
     )
     result = _tune(
         cfg, names, full_grid, trials=trials, stopping=stopping, eta=eta, validation_fraction=validation_fraction,
-        score_bound=score_bound, log=log or (lambda _: None), dataset=dataset,
+        score_bound=score_bound, log=log or (lambda _: None), dataset=dataset, operator_view=operator_view,
     )  # fmt: skip
     w = None if result["model_path"] is None else load_model(result["model_path"]).params
     return TrainedModel(

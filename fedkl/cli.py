@@ -177,7 +177,7 @@ def _run_settings(args: argparse.Namespace) -> dict:
     return settings
 
 
-_TUNE_ONLY = ("grid", "trials", "stopping", "eta", "validation_fraction", "score_bound")
+_TUNE_ONLY = ("grid", "trials", "stopping", "eta", "validation_fraction", "score_bound", "operator_view")
 
 
 def _tune(args: argparse.Namespace, argv: list[str]) -> int:
@@ -194,7 +194,7 @@ def _tune(args: argparse.Namespace, argv: list[str]) -> int:
         tune(
             cfg, names, grid, trials=args.trials, stopping=args.stopping, eta=args.eta,
             validation_fraction=args.validation_fraction, score_bound=args.score_bound,
-            log=lambda s: print(s, flush=True),
+            operator_view=args.operator_view, log=lambda s: print(s, flush=True),
         )  # fmt: skip
     except (BudgetExhausted, LedgerError) as e:
         print(f"fedkl tune: error: {e}", file=sys.stderr)

@@ -499,6 +499,13 @@ def _tune_law(tune: argparse.ArgumentParser) -> None:
         default=1.0,
         help="regression: each validation user's mean loss is clipped to [0, B] (default %(default)s)",
     )
+    tune.add_argument(
+        "--operator-view",
+        action="store_true",
+        help="also write trials.NOT_PUBLIC.csv/.png next to result.json: every trial's settings and private score, "
+        "for the operator on the server only; NOT PUBLIC (the search's charge covers the selected trial only, and "
+        "these reveal the number of trials) (default off: only what may be released is written)",
+    )
 
 
 def _plan_command(sub, cat: dict) -> None:

@@ -56,8 +56,9 @@ per-trial table (:data:`OPERATOR_TABLE`: trial, algorithm, settings, private val
 (``trials.NOT_PUBLIC.png``) are the OPERATOR's view, like the console's trial lines and
 ``round_log.NOT_PUBLIC``: written on the server next to result.json, marked NOT PUBLIC in their names and
 first line / title, never read into result.json or model.pt, rewritten after every trial (progress) and
-started afresh by a rerun; ``operator_view=False`` writes neither (a deployment that ships its output
-folder whole must pass it, or delete them).
+started afresh by a rerun. They are an explicit opt-in (``operator_view=True``, ``fedkl tune
+--operator-view``; default off: a search writes only what may be released, so an output folder shipped whole
+leaks nothing), and when on, the console says where they are and that they are not public.
 
 The charge. Before any trial starts (before any query reads a record), every enrolled user (training
 and validation) is charged the search's ``(eps, delta)`` as one ``SearchCharge`` (label
@@ -515,12 +516,13 @@ def tune(
     log: Callable[[str], None] = print,
     dataset: FederatedDataset | None = None,
     before_trial: Callable[[int], None] | None = None,
-    operator_view: bool = True,
+    operator_view: bool = False,
 ) -> dict:
     """Run the private search of ``cfg``'s data, budget (``cfg.epsilon``, ``cfg.delta``) and ledger
     over ``algorithms`` x ``grid`` (module docstring); write ``model.pt`` and ``result.json`` under
     ``cfg.out`` and return the result dict. ``before_trial(t)``: called before trial ``t`` (tests).
-    ``operator_view``: write the operator's NOT PUBLIC table and plot of every trial (:data:`OPERATOR_TABLE`)."""
+    ``operator_view`` (``fedkl tune --operator-view``; default off): also write the operator's NOT PUBLIC table
+    and plot of every trial (:data:`OPERATOR_TABLE`), and say so on the console."""
     if cfg.backend != "inprocess" or cfg.secagg:
         raise ValueError("fedkl tune trains its trials in-process (--backend inprocess, no --secagg)")
     if stopping not in STOPPING_RULES:
@@ -587,6 +589,11 @@ def tune(
         best = _search(cfg, space, law, plan, train_ds, val_ds.train, score_bound, log, before_trial, view)
         ledger.verify()
         payload = _write(cfg, data, train_ds, plan, best, ledger.summary(), run_id, out, ledger_path, log)
+        if view is not None:
+            log(
+                f"operator view (--operator-view): {view} and its .png hold every trial's settings and private score; "
+                "NOT PUBLIC (the search's charge covers the selected trial only): keep them on the server"
+            )
         ledger.finish_run("finished")
     except BaseException as e:
         ledger.finish_run("refused" if charge_id is None else ledger.end_status(e))
@@ -714,6 +721,25 @@ def _operator_view(path: str, rows: list[dict]) -> None:
     plt.close(fig)
 
 
+def _seeded_uniform(noise_seed: int) -> Callable[[], float]:
+    """The search's uniforms in seeded mode (K, then each trial's point and drawn settings, in that order)."""
+    rng = np.random.default_rng(np.random.SeedSequence([int(noise_seed), 2**32 - 1]))
+    return lambda: float(rng.random())
+
+
+def _draw_point(space, uniform: Callable[[], float]) -> tuple[str, dict]:
+    name, point = space[min(int(uniform() * len(space)), len(space) - 1)]
+    return name, draw_settings(point, uniform)
+
+
+def seeded_trials(noise_seed: int, law: Stopping, space) -> list[tuple[str, dict]]:
+    """The trials (algorithm, drawn settings; ``K`` = their number) that a SEEDED search (``noise_seed``, tests
+    and reproductions only) runs: the same draws as :func:`tune`'s. A study on public data may report them; a
+    search without ``noise_seed`` draws them from secret randomness, and they are not released."""
+    uniform = _seeded_uniform(noise_seed)
+    return [_draw_point(space, uniform) for _ in range(law.sample(uniform))]
+
+
 def _search(cfg, space, law, plan, train_ds, val_data, score_bound, log, before_trial, view=None) -> dict | None:
     if cfg.noise_seed is None:
         secret = NoiseSource(None)
@@ -721,10 +747,7 @@ def _search(cfg, space, law, plan, train_ds, val_data, score_bound, log, before_
         def uniform() -> float:
             return float(secret.uniform(1)[0])
     else:
-        rng = np.random.default_rng(np.random.SeedSequence([int(cfg.noise_seed), 2**32 - 1]))
-
-        def uniform() -> float:
-            return float(rng.random())
+        uniform = _seeded_uniform(cfg.noise_seed)
 
     k = law.sample(uniform)
     best: dict | None = None
@@ -735,8 +758,7 @@ def _search(cfg, space, law, plan, train_ds, val_data, score_bound, log, before_
                 os.remove(stale)
     with tempfile.TemporaryDirectory() as workdir:
         for t in range(1, k + 1):
-            name, point = space[min(int(uniform() * len(space)), len(space) - 1)]
-            settings = draw_settings(point, uniform)
+            name, settings = _draw_point(space, uniform)
             log(f"  trial {t}: {name} " + " ".join(f"{a}={v}" for a, v in settings.items()))
             if before_trial is not None:
                 before_trial(t)
@@ -848,5 +870,6 @@ def _write(cfg, data, train_ds, plan, best, summary, run_id, out, ledger_path, l
 
 
 __all__ = [
-    "Dist", "SearchPlan", "parse_grid", "plan_search", "run_settings_and_grid", "run_trial", "search_space", "split_users", "tune",
+    "Dist", "SearchPlan", "parse_grid", "plan_search", "run_settings_and_grid", "run_trial", "search_space", "seeded_trials",
+    "split_users", "tune",
 ]  # fmt: skip

@@ -286,8 +286,33 @@ def test_cli_tune(tmp_path, capsys):
     assert rc == 0, text
     assert text.index("budget split") < text.index("  trial 1") < text.index("selected:")
     assert json.load(open(os.path.join(out, "result.json")))["selected"]["settings"]["rounds"] == 2
+    assert not [f for f in os.listdir(out) if "NOT_PUBLIC" in f]  # the operator view is opt-in
+    assert "NOT PUBLIC" not in text
     rc = main(["tune", "--dataset", "synthetic-logistic", "--users", "30", "--grid", "nope=1", "--out", out + "2"])
     assert rc == 2
+
+
+def test_cli_tune_operator_view_is_an_explicit_opt_in(tmp_path, capsys):
+    """--operator-view writes every trial's settings and private score (trials.NOT_PUBLIC.csv/.png), marked
+    NOT PUBLIC in the names, the table's first line and the console line that announces them."""
+    from fedkl.cli import main
+    from fedkl.tuning import OPERATOR_TABLE
+
+    out = str(tmp_path / "view")
+    rc = main(["tune", "--dataset", "synthetic-logistic", "--users", "30", "--epsilon", "4", "--grid", "lr=0.5,1",
+               "--rounds", "2", "--trials", "2", "--noise-seed", "0", "--no-reference", "--out", out,
+               "--operator-view"])  # fmt: skip
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    table = os.path.join(out, OPERATOR_TABLE)
+    assert os.path.exists(table) and os.path.exists(os.path.splitext(table)[0] + ".png")
+    lines = open(table).read().splitlines()
+    trials = sum(line.startswith("  trial") for line in text.splitlines())
+    assert lines[0].startswith("# NOT PUBLIC") and len(lines) == 2 + trials  # comment, header, one row per trial
+    (announce,) = [line for line in text.splitlines() if OPERATOR_TABLE in line]
+    assert "NOT PUBLIC" in announce and "--operator-view" in announce
+    result = open(os.path.join(out, "result.json")).read()
+    assert "NOT_PUBLIC" not in result  # never read into the release
 
 
 def test_refused_before_the_data_is_loaded_when_delta_is_given(tmp_path, monkeypatch):
@@ -518,6 +543,14 @@ def test_tune_draws_settings_from_a_distribution(tmp_path):
     trial_lines = [line for line in lines if line.startswith("  trial")]
     assert trial_lines and all("log:" not in line for line in trial_lines)  # drawn values, not the law
     assert any(f"lr={sel['lr']}" in line and f"rounds={sel['rounds']}" in line for line in trial_lines)
+    # a seeded search's trials are seeded_trials' (what a study on public data reports: K and the draws)
+    from fedkl.tuning import seeded_trials
+
+    grid = {"lr": ["log:0.1:3"], "rounds": ["int:1:3"]}
+    drawn = seeded_trials(3, Stopping.with_mean("tnb", 3.0, 0.0), search_space(["noisy-gd"], grid))
+    assert [line.split(": ", 1)[1] for line in trial_lines] == [
+        f"{name} " + " ".join(f"{k}={v}" for k, v in settings.items()) for name, settings in drawn
+    ]
 
 
 @pytest.mark.parametrize("relation", ["replace-one", "add-remove"])
