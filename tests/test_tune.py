@@ -292,6 +292,36 @@ def test_cli_tune(tmp_path, capsys):
     assert rc == 2
 
 
+def test_cli_tune_on_a_users_file(tmp_path, capsys):
+    """`fedkl tune` on the user's own CSV (docs/how-to/tune.md): the same one charge on every user of the file,
+    a selected model and its settings."""
+    import numpy as np
+
+    from fedkl.cli import main
+    from fedkl.privacy.ledger import PrivacyLedger
+
+    rng = np.random.default_rng(0)
+    users = np.repeat([f"u{i}" for i in range(40)], 10)
+    x = rng.normal(size=(len(users), 3))
+    path = tmp_path / "records.csv"
+    with open(path, "w") as f:
+        f.write("id,a,b,c,y\n")
+        for u, row in zip(users, x):
+            f.write(f"{u},{row[0]:.6f},{row[1]:.6f},{row[2]:.6f},{int(row.sum() > 0)}\n")
+    out = str(tmp_path / "file")
+    rc = main(["tune", "--dataset", str(path), "--user-column", "id", "--label-column", "y", "--task", "binary",
+               "--feature-bound", "10", "--epsilon", "4", "--delta", "1e-3", "--grid", "lr=0.5,1", "--rounds", "2",
+               "--trials", "2", "--noise-seed", "0", "--no-reference", "--out", out])  # fmt: skip
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert json.load(open(os.path.join(out, "result.json")))["selected"]["settings"]["lr"] in (0.5, 1.0)
+    with PrivacyLedger(os.path.join(out, "ledger.sqlite")) as ledger:
+        (search,) = ledger.releases()  # one typed charge: the whole search
+        spends = ledger.user_spends()
+    assert search["users"] == 40 and len(spends) == 40
+    assert {(s["releases"], s["epsilon"]) for s in spends} == {(1, spends[0]["epsilon"])} and spends[0]["epsilon"] > 0
+
+
 def test_cli_tune_operator_view_is_an_explicit_opt_in(tmp_path, capsys):
     """--operator-view writes every trial's settings and private score (trials.NOT_PUBLIC.csv/.png), marked
     NOT PUBLIC in the names, the table's first line and the console line that announces them."""
