@@ -7,7 +7,8 @@ per algorithm: every algorithm is run, no subset):
 
 * user 1 (block 0): its own computation raises (its records break the model);
 * user 6 (block 1): lies, answering its honest row x 1e3 + 1 (beyond every clip bound);
-* user 7 (block 1): answers NaN;
+* user 7 (block 1): answers NaN (the server finds it non-finite);
+* user 8 (block 1): its client finds its own answer non-finite (reported failed by the client's federation);
 * the last block's node drops out after the handshake (one node per user: each of those users' nodes).
 
 Both runs must release the same model bit for bit, charge the same ledger rows to the same users, and save the
@@ -38,20 +39,26 @@ from fedkl.runner import RunConfig  # noqa: E402
 pytestmark = pytest.mark.flower
 
 B = 5  # users per block node
-RAISER, LIAR, NAN = 1, 6, 7
+RAISER, LIAR, NAN, FAILS = 1, 6, 7, 8
 
 
 def _misbehaving_clients(monkeypatch, ids: tuple[str, ...]) -> None:
     """Every client's computation (one user's node or a block's, both InProcessFederation on their own records):
-    RAISER's raises, LIAR's row is inflated, NAN's is NaN. The server answers nothing itself over Flower."""
+    RAISER's raises, LIAR's row is inflated, NAN's is NaN, FAILS's is reported failed (a zero row, as
+    InProcessFederation reports a non-finite answer). The server answers nothing itself over Flower."""
     compute = InProcessFederation.compute
-    raiser, liar, nan = ids[RAISER], ids[LIAR], ids[NAN]
+    raiser, liar, nan, fails = ids[RAISER], ids[LIAR], ids[NAN], ids[FAILS]
 
     def misbehaving(self, query, users=None):
         asked = [self.user_ids[u] for u in (users if users is not None else range(len(self.user_ids)))]
         if raiser in asked:
             raise RuntimeError("this user's records break the model")
         ans = compute(self, query, users)
+        if fails in asked:
+            k = asked.index(fails)
+            ans.values = ans.values.clone()
+            ans.values[k] = 0
+            ans.failed = sorted(set(ans.failed) | {(users if users is not None else range(len(asked)))[k]})
         if liar in asked or nan in asked:
             ans.values = ans.values.clone()
             if liar in asked:
@@ -76,7 +83,7 @@ def _run(tmp_path, monkeypatch, name: str, block: int) -> dict:
     )  # fmt: skip
     cfg = RunConfig.from_settings(strict=False, **{**base, **kw}, out=str(tmp_path / f"b{block}"))
     dropped = list(range((-(-n // B) - 1) * B, n))  # the last block's users
-    assert not {RAISER, LIAR, NAN} & set(dropped)
+    assert not {RAISER, LIAR, NAN, FAILS} & set(dropped)
     faults = {dropped[0] // B: localgrid.drop()} if block > 1 else {u: localgrid.drop() for u in dropped}
     asked: list[tuple] = []  # every request's (wire kind, asked users), in request order
     compute = FlowerFederation.compute
@@ -130,7 +137,8 @@ def test_failed_and_lying_users_inside_a_block_are_handled_as_with_one_user_per_
         req = recorded.get(k, {"failed": {}, "query": kind})
         assert req["query"] == kind
         failed = {u: why.split(":", 1)[0] for u, why in req["failed"].items()}
-        expected = {RAISER: "client-error", NAN: "non-finite", **{u: "no-reply" for u in blk["dropped"]}}
+        expected = {RAISER: "client-error", NAN: "non-finite", FAILS: "non-finite"}
+        expected.update({u: "no-reply" for u in blk["dropped"]})
         if _bounded(kind):
             expected[LIAR] = "out-of-bound"
         assert failed == {ids[u]: why for u, why in expected.items() if u in users}, (k, req)
