@@ -1,21 +1,23 @@
 """Absent, failed and lying users INSIDE a Flower block (``--users-per-node``), for EVERY registered algorithm:
 handled per user exactly as with one user per node.
 
-The same faults on the same users, once over one node per user and once over nodes holding 5 users each
+The same faults on the same users, once over one node per user and once over nodes holding 3 users each
 (:class:`fedkl.flower.client_app.BlockWorker`), on the deterministic LocalGrid (flower-local, about a second
 per algorithm: every algorithm is run, no subset):
 
+* user 0 (block 0): its client finds its own answer non-finite (reported failed by the client's federation);
 * user 1 (block 0): its own computation raises (its records break the model);
-* user 6 (block 1): lies, answering its honest row x 1e3 + 1 (beyond every clip bound);
-* user 7 (block 1): answers NaN (the server finds it non-finite);
-* user 8 (block 1): its client finds its own answer non-finite (reported failed by the client's federation);
+* user 4 (block 1): lies, answering its honest row x 1e3 + 1 (beyond every clip bound);
+* user 5 (block 1): answers NaN (the server finds it non-finite);
+* the next-to-last block's node never connects (one node per user: none of its users' nodes does);
 * the last block's node drops out after the handshake (one node per user: each of those users' nodes).
 
-Both runs must release the same model bit for bit, charge the same ledger rows to the same users, and save the
-same failure record per request and per user (``failures.by_request``: each failed user with its kind and
-reason). In the block run, the liar is rejected by the SERVER's per-user check (``out-of-bound``) at every
-request whose query has a bound, the raiser, the NaN user and the dropped block's users fail at every request
-that asks them, and no other user of their blocks ever fails.
+Users 2 and 3 are honest users sharing a node with misbehaving ones. Both runs must release the same model bit
+for bit, charge the same ledger rows to the same users, and save the same failure record per request and per
+user (``failures.by_request``: each failed user with its kind and reason). In the block run, the liar is
+rejected by the SERVER's per-user check (``out-of-bound``) at every request whose query has a bound; the other
+misbehaving users and the absent and dropped blocks' users fail at every request that asks them, each with its
+own reason; no other user ever fails.
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ from fedkl.runner import RunConfig  # noqa: E402
 
 pytestmark = pytest.mark.flower
 
-B = 5  # users per block node
-RAISER, LIAR, NAN, FAILS = 1, 6, 7, 8
+B = 3  # users per block node
+FAILS, RAISER, LIAR, NAN = 0, 1, 4, 5
 
 
 def _misbehaving_clients(monkeypatch, ids: tuple[str, ...]) -> None:
@@ -82,9 +84,13 @@ def _run(tmp_path, monkeypatch, name: str, block: int) -> dict:
         seed=2, noise_seed=5, reference=False, force=True, kernels="reproducible", clients="in-class",
     )  # fmt: skip
     cfg = RunConfig.from_settings(strict=False, **{**base, **kw}, out=str(tmp_path / f"b{block}"))
-    dropped = list(range((-(-n // B) - 1) * B, n))  # the last block's users
-    assert not {RAISER, LIAR, NAN, FAILS} & set(dropped)
-    faults = {dropped[0] // B: localgrid.drop()} if block > 1 else {u: localgrid.drop() for u in dropped}
+    last = -(-n // B) - 1
+    absent, dropped = list(range((last - 1) * B, last * B)), list(range(last * B, n))  # the last two blocks
+    assert not {RAISER, LIAR, NAN, FAILS} & {*absent, *dropped}
+    if block > 1:
+        faults, absent_nodes = {last: localgrid.drop()}, [last - 1]
+    else:
+        faults, absent_nodes = {u: localgrid.drop() for u in dropped}, absent
     asked: list[tuple] = []  # every request's (wire kind, asked users), in request order
     compute = FlowerFederation.compute
 
@@ -96,7 +102,7 @@ def _run(tmp_path, monkeypatch, name: str, block: int) -> dict:
     monkeypatch.setattr(FlowerFederation, "compute", recording)
     try:
         out = run_flower_simulation(
-            cfg, "flower-local", log=lambda s: None, spec=spec, users_per_node=block, faults=faults
+            cfg, "flower-local", log=lambda s: None, spec=spec, users_per_node=block, faults=faults, absent=absent_nodes
         )
     except Exception as exc:  # noqa: BLE001  (the same refusal in both layouts is the same handling)
         return {"error": f"{type(exc).__name__}: {exc}"}
@@ -107,7 +113,7 @@ def _run(tmp_path, monkeypatch, name: str, block: int) -> dict:
         rows = [(r["label"], r["sensitivity"], r["noise_scale"], r["rho"], r["users"]) for r in led.releases()]
         spend = [(u, led.spend(u)) for u in out["user_ids"]]
     return {"w": out["w"], "ledger": rows, "spend": spend, "failures": out["failures"], "asked": asked,
-            "dropped": dropped}  # fmt: skip
+            "dropped": dropped, "absent": absent}  # fmt: skip
 
 
 def _bounded(kind: str) -> bool:
@@ -138,7 +144,7 @@ def test_failed_and_lying_users_inside_a_block_are_handled_as_with_one_user_per_
         assert req["query"] == kind
         failed = {u: why.split(":", 1)[0] for u, why in req["failed"].items()}
         expected = {RAISER: "client-error", NAN: "non-finite", FAILS: "non-finite"}
-        expected.update({u: "no-reply" for u in blk["dropped"]})
+        expected.update({u: "no-reply" for u in blk["dropped"]} | {u: "absent" for u in blk["absent"]})
         if _bounded(kind):
             expected[LIAR] = "out-of-bound"
         assert failed == {ids[u]: why for u, why in expected.items() if u in users}, (k, req)
