@@ -29,7 +29,7 @@ from fedkl.federation.base import Answers, Federation
 from fedkl.federation.inprocess import InProcessFederation
 from fedkl.privacy import PrivacyLedger, Releaser
 from fedkl.privacy.rng import NoiseSource
-from fedkl.runner import load_run_data, prepare_run, train_federation
+from fedkl.runner import RunConfig, load_run_data, prepare_run, problem_dtype, train_federation
 
 FLOAT32 = sorted(n for n, s in REGISTRY.items() if s.cls.float32)
 TARGET = 1  # the misbehaving user's position
@@ -171,3 +171,15 @@ def test_a_float32_run_charges_releases_and_fails_users_as_the_float64_run(tmp_p
         assert asked and all(TARGET in failed for failed in asked)
     if fault in ("honest", "huge"):
         assert not any(failed for _, failed in f32["calls"])
+
+
+@pytest.mark.parametrize("backend", ["inprocess", "ray-shards"])
+def test_a_torch_model_computes_in_float32_only_for_an_algorithm_that_declares_it(backend):
+    """Where the server computes every answer (in-process, and the Ray shards, which build their problem from
+    the run config), a torch model (float32 by default) runs float64 for every algorithm whose proof is stated
+    in float64 (contract.Algorithm.float32). The Ray shards once ran it in float32 (only in-process was
+    excepted): kl-adaptive-gd, kl-prox-point, noisy-gd-conc and noisy-gd-outlier train an MLP."""
+    for name, spec in sorted(REGISTRY.items()):
+        cfg = RunConfig(dataset="synthetic-logistic", problem="mlp", algorithm=name, backend=backend)
+        assert problem_dtype(cfg, "mlp") == ("float32" if spec.cls.float32 else "float64"), name
+        assert problem_dtype(cfg, "logistic") == "float64", name
