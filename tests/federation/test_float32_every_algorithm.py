@@ -86,8 +86,8 @@ def _tamper(problem, target_id: str, fault: str, monkeypatch) -> list:
     return hits
 
 
-def _run(tmp_path, monkeypatch, name: str, dtype: str, fault: str) -> dict:
-    cfg = small_config(name, tmp_path / f"{dtype}-{fault}", dtype=dtype)
+def _run(tmp_path, monkeypatch, name: str, dtype: str, fault: str, kernels: str = "auto") -> dict:
+    cfg = small_config(name, tmp_path / f"{dtype}-{fault}", dtype=dtype, kernels=kernels)
     dataset, problem, _ = load_run_data(cfg)
     assert problem.dtype == getattr(torch, dtype)
     target_id = dataset.train.user_ids[TARGET]
@@ -142,11 +142,16 @@ def _run(tmp_path, monkeypatch, name: str, dtype: str, fault: str) -> dict:
     }
 
 
-@pytest.mark.parametrize("fault", FAULTS)
+CASES = [(f, "auto") for f in FAULTS] + [(f, "reproducible") for f in ("huge", "nan")]
+
+
+@pytest.mark.parametrize("fault,kernels", CASES, ids=[f if k == "auto" else f"{f}-{k}" for f, k in CASES])
 @pytest.mark.parametrize("name", FLOAT32)
-def test_a_float32_run_charges_releases_and_fails_users_as_the_float64_run(tmp_path, monkeypatch, name, fault):
-    f64 = _run(tmp_path, monkeypatch, name, "float64", fault)
-    f32 = _run(tmp_path, monkeypatch, name, "float32", fault)
+def test_a_float32_run_charges_releases_and_fails_users_as_the_float64_run(tmp_path, monkeypatch, name, fault, kernels):
+    """``kernels``: auto is the fast in-process path (a sum of clipped rows in one step); reproducible clips
+    each user's row, then sums (both float32 clip paths of fedkl.federation.clipping)."""
+    f64 = _run(tmp_path, monkeypatch, name, "float64", fault, kernels)
+    f32 = _run(tmp_path, monkeypatch, name, "float32", fault, kernels)
     # the same charges, to the same users
     assert f64["ledger"] and f32["ledger"] == f64["ledger"]
     assert f32["spend"] == f64["spend"]
