@@ -886,12 +886,14 @@ def problem_dtype(cfg: RunConfig, name: str) -> str:
     """The float type problem ``name`` computes in for run ``cfg``: ``--dtype`` when given (float32 only
     for an algorithm that declares ``float32``: RunConfig refuses the others), else the problem's own
     (:func:`fedkl.problems.default_dtype`: float64, float32 for torch models), except that a torch model
-    trained in-process by an algorithm whose proof is stated in float64 (no ``float32`` declaration) runs
-    in float64. Whatever the dtype, the server's iterate, the sums and the noise are float64 (:func:`_train`)."""
+    trained by an algorithm whose proof is stated in float64 (no ``float32`` declaration) runs in float64
+    wherever the server computes the answers (:data:`FAST_BACKENDS`: in-process and the Ray shards, which
+    build their problem here too); Flower clients build their own, in the problem's dtype. Whatever the
+    dtype, the server's iterate, the sums and the noise are float64 (:func:`_train`)."""
     if cfg.dtype != "auto":
         return cfg.dtype
     own = default_dtype(name)
-    if own == "float32" and cfg.backend == "inprocess" and not algorithm_spec(cfg.algorithm).cls.float32:
+    if own == "float32" and cfg.backend in FAST_BACKENDS and not algorithm_spec(cfg.algorithm).cls.float32:
         return "float64"
     return own
 

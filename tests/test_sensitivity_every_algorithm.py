@@ -12,6 +12,8 @@ a subsample chosen for the CI budget: in-process, the record-level outlier and a
 (replace-one) and the absent user next to an honest and an outlier present one (add-remove); LocalGrid,
 the in-bound lie (``negated``, any-client algorithms only) and the NaN answer (replace-one) and the
 dropout and the absent user next to a present one answering 1e6 (add-remove). ``make audit`` runs every kind of :data:`fedkl.audit.whitebox.NEIGHBOURS`.
+Every algorithm that declares ``float32`` is also searched in float32 (``--dtype float32``: in-process only),
+on the in-process kinds.
 
 :data:`KNOWN` lists the failures found and owned by others (``xfail(strict=True)``: remove the entry
 when its fix lands). The negative controls register two wrong toy algorithms here (half the
@@ -120,6 +122,37 @@ def test_realised_sensitivity_within_declared(name, relation, backend, kind):
 def _any_client(s: wb.Search) -> bool:
     declared = s.record.declared
     return declared is not None and declared.clients.name == "any"
+
+
+FLOAT32 = sorted(n for n, spec in REGISTRY.items() if spec.cls.float32)
+
+
+@pytest.mark.parametrize("relation", ["replace-one", "add-remove"])
+@pytest.mark.parametrize("name", FLOAT32)
+def test_realised_sensitivity_within_declared_in_float32(monkeypatch, name, relation):
+    """``--dtype float32`` (in-process only) for every algorithm that declares ``float32``: the same search on
+    the in-process kinds, every world computing in float32 (checked: the search builds each world's problem
+    from the config, as the run does). The sums and noise stay float64, so the float64 tolerance applies."""
+    from fedkl.federation.inprocess import InProcessFederation
+
+    dtypes = set()
+    init = InProcessFederation.__init__
+
+    def spy(self, problem, *a, **kw):
+        dtypes.add(problem.dtype)
+        init(self, problem, *a, **kw)
+
+    monkeypatch.setattr(InProcessFederation, "__init__", spy)
+    kinds = KINDS[(relation, "inprocess")]
+    s = wb.search(_config(name, dtype="float32"), relation, "inprocess", kinds)
+    assert dtypes == {torch.float32}, dtypes
+    refused = _refused(s)
+    if refused:
+        pytest.skip(f"not covered: {refused}")
+    for kind in kinds:
+        problems = s.problems(kind)
+        assert not problems, f"{name} {relation} float32 {kind} (target user {s.target}): " + "; ".join(problems)
+        assert s.findings[kind], "no release was compared"
 
 
 def test_known_entries_name_real_cases():

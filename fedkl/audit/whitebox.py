@@ -422,14 +422,15 @@ def _flower_faults(kind: str | None, target: int = TARGET) -> dict:
 def open_world(cfg, world: World):
     """``(federation, problem, dataset)`` of ``world`` for ``cfg`` (closed on exit)."""
     from fedkl.problems import DEFAULT_PROBLEM, make_problem
-    from fedkl.runner import load_run_dataset
+    from fedkl.runner import load_run_dataset, problem_dtype
 
     dataset = load_run_dataset(cfg)
     name = cfg.problem or DEFAULT_PROBLEM[dataset.task]
     if world.backend == "inprocess":
         if world.kind in ("outlier", "absent-outlier"):
             dataset = outlier_dataset(dataset, world.target)
-        problem = make_problem(name, dataset, reg=cfg.reg, model=cfg.model)
+        # the float type the run computes in (--dtype; a torch model's float32 only where the algorithm allows)
+        problem = make_problem(name, dataset, reg=cfg.reg, model=cfg.model, dtype=problem_dtype(cfg, name))
         if world.kind in ("failed", "absent", "absent-outlier"):
             yield FailingFederation(problem, dataset, [world.target]), problem, dataset
         elif world.kind in (None, "outlier"):

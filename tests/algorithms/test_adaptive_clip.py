@@ -83,7 +83,7 @@ def test_sensitivity_holds_and_is_attained_on_adversarial_neighbours(neighbourin
     else:
         inside = -u / u.norm() * clip * (1 - 4 * adaptive_clip.TIE)  # just inside the ball: b = 1
         moved = _vector(torch.cat([others, u[None]]), clip, a) - _vector(torch.cat([others, inside[None]]), clip, a)
-    assert float(moved.norm()) == pytest.approx(bound, rel=1e-8)
+    assert float(moved.norm()) == pytest.approx(bound, rel=10 * adaptive_clip.TIE)
     assert float(moved.norm()) > math.sqrt(bound**2 - a * a / 4) * (1 + 1e-3)  # the count coordinate counts
     for trial in range(200):
         x = torch.randn(6, 3, dtype=torch.float64) * (10.0 ** torch.empty(6, 1).uniform_(-2, 2).double())

@@ -92,6 +92,20 @@ def test_runs_sharing_a_federation_release_exactly_what_fresh_runs_release(algor
         assert shared._memo
 
 
+def test_an_audited_float32_config_runs_in_float32():
+    """The audited run is the config's run: ``--dtype float32`` audits float32 users (it once audited float64)."""
+    small = small_audit("noisy-gd")
+    _, d1 = neighbour_pair(base=small.users, records=small.records)
+    models = []
+    for dtype in ("float32", "float64"):
+        cfg = audit_config("noisy-gd", small.epsilon, {**small_settings("noisy-gd"), "dtype": dtype})
+        shared = audit_federation(cfg, d1)
+        assert shared.problem.dtype == getattr(torch, dtype)
+        models.append(released_model(cfg, d1, 1, shared))  # the server's iterate: float64 either way
+    # the same noise: the models differ by the users' float32 rounding only
+    assert 0 < float((models[0] - models[1]).norm()) <= 1e-4 * float(models[1].norm())
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_fedkl_audit_shows_every_algorithm_below_its_claim(algorithm, tmp_path, capsys):

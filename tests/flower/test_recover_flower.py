@@ -24,9 +24,10 @@ class Crash(BaseException):
     pass
 
 
-def _cfg(out) -> RunConfig:
+def _cfg(out, users_per_node: int = 0) -> RunConfig:
     return RunConfig.from_settings(dataset="synthetic-logistic", users=6, algorithm="noisy-gd", rounds=4, epsilon=2.0,
-                                   seed=3, noise_seed=11, reference=False, backend="flower-local", out=str(out))  # fmt: skip
+                                   seed=3, noise_seed=11, reference=False, backend="flower-local", out=str(out),
+                                   users_per_node=users_per_node)  # fmt: skip
 
 
 def _rows(path) -> list[dict]:
@@ -34,8 +35,10 @@ def _rows(path) -> list[dict]:
         return [{k: r[k] for k in ("seq", "label", "charge", "cohort", "state")} for r in led.releases()]
 
 
-def test_a_flower_run_recovers_bit_for_bit(tmp_path, monkeypatch):
-    clean = run_training(_cfg(tmp_path / "clean"), log=lambda s: None)
+@pytest.mark.parametrize("users_per_node", [0, 3])
+def test_a_flower_run_recovers_bit_for_bit(tmp_path, monkeypatch, users_per_node):
+    """One user per node, and nodes holding blocks of 3 users (the recovery re-handshakes with the blocks)."""
+    clean = run_training(_cfg(tmp_path / "clean", users_per_node), log=lambda s: None)
     original, seen = ReleaseJournal.record, []
 
     def record(self, *a):
@@ -47,10 +50,12 @@ def test_a_flower_run_recovers_bit_for_bit(tmp_path, monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(ReleaseJournal, "record", record)
         with pytest.raises(Crash):
-            run_training(_cfg(tmp_path / "crashed"), log=lambda s: None)
+            run_training(_cfg(tmp_path / "crashed", users_per_node), log=lambda s: None)
     lines: list[str] = []
     recovered = recover_run(str(tmp_path / "crashed"), log=lines.append)
     assert "2 releases replayed" in " ".join(lines) and recovered["backend"] == "flower-local"
+    nodes = 6 if users_per_node == 0 else 2
+    assert recovered["failures"]["handshake"]["nodes"] == clean["failures"]["handshake"]["nodes"] == nodes
     w = [torch.load(p, weights_only=False)["state_dict"]["w"] for p in (recovered["model_path"], clean["model_path"])]
     assert torch.equal(*w)
     assert _rows(recovered["ledger"]["path"]) == _rows(clean["ledger"]["path"])

@@ -338,3 +338,25 @@ def test_a_run_whose_noise_draws_are_gone_is_refused_before_anything_is_charged(
     with pytest.raises(JournalError, match="cannot be recovered"):
         recover_run(str(out), log=lambda s: None)
     assert _ledger_rows(out / "ledger.sqlite") == before
+
+
+FLOAT32 = sorted(n for n, spec in REGISTRY.items() if spec.cls.float32)
+
+
+@pytest.mark.parametrize("name", FLOAT32)
+def test_a_float32_run_killed_mid_run_recovers_to_the_uninterrupted_float32_run(tmp_path, monkeypatch, name):
+    """``--dtype float32`` for every algorithm that declares ``float32``: killed at its middle release (charged,
+    not drawn) and right after its last flush, then recovered, it releases the uninterrupted float32 run's values
+    (float64 ones, as every release is) and model (float32, bit for bit), with its ledger (check_recovery's (a)-(d)).
+    Two points, not every one: the journal and the ledger do not depend on the dtype (the float64 runs above
+    crash at every point); these check that a float32 run's recovery rebuilds its float32 problem and state."""
+    settings = {**SECURE, **SETTINGS.get(name, {}), "dtype": "float32"}
+    clean = Reference(name, tmp_path / "clean", monkeypatch, settings)
+    assert clean.result["model_path"] and _model(clean.dir).dtype == torch.float32
+    assert all(v.dtype == torch.float64 for v in clean.values.values() if torch.is_tensor(v))
+    points = [("charged", len(clean.values) // 2)] + ([("flushed", clean.flushes - 1)] if clean.flushes else [])
+    seen: list = []
+    for point in points:
+        with monkeypatch.context() as m:
+            check_recovery(name, tmp_path, m, settings, clean, point, seen)
+        assert _model(tmp_path / f"{point[0]}-{point[1]}").dtype == torch.float32  # (torch.equal ignores dtypes)

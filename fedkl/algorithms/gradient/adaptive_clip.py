@@ -11,8 +11,9 @@ user i, the contribution
     c_i = b_i - 1/2,  b_i = 1[ ||h_i|| <= C_t (1 - TIE) ],   c_i = 0 for a failed user,
 
 where ``h_i`` is the RE-CLIPPED row the server holds, so b_i is computed by the server from what it
-received, never reported by a client (``TIE`` = 1e-9: a clipped row has norm C_t up to rounding, so
-an update of norm within a relative 1e-9 of C_t counts as clipped). It releases
+received, never reported by a client (``TIE`` = 1e-6: a clipped row has norm C_t up to rounding, or, clipped
+in float32, up to twice the float32 clip's margin inside the ball, so an update of norm within a relative 1e-6
+of C_t counts as clipped). It releases
 
     Y_t = sum_i x_i + N(0, (z Delta)^2 I_{d+1})
 
@@ -59,9 +60,12 @@ import torch
 from fedkl.federation.clipping import clip_rows
 from fedkl.problems.rowwise import row_norms
 
-# an update whose norm is within this relative distance of the clip counts as clipped (a row scaled
-# onto the ball has norm C up to rounding, on either side)
-TIE = 1e-9
+# an update whose norm is within this relative distance of the clip counts as clipped. A row scaled onto the
+# ball in float64 has norm C up to rounding, on either side; one clipped in float32 (--dtype float32, a torch
+# model's clients) lands inside, by the margin m = low_precision_margin(float32, d) ~ 2.4e-7 up to twice that
+# (fedkl.federation.clipping._low_precision_clip, proof (3)): 1e-6 > 2 m for d < 1e9. (At 1e-9 every clipped
+# float32 update counted as below the clip: the clip shrank every round, whatever the data.)
+TIE = 1e-6
 
 
 def count_scale(noise_multiplier: float, count_noise: float, neighbouring: str) -> float:
