@@ -63,20 +63,9 @@ MOVIELENS_FEATURES = (
     *(f"decade:{d}s" for d in MOVIELENS_DECADES),
 )
 
-TV16_COLUMNS = (
-    "votetrump",
-    "age",
-    "female",
-    "collegeed",
-    "racef",
-    "famincr",
-    "ideo",
-    "pid7na",
-    "bornagain",
-    "religimp",
-    "churchatd",
-    "prayerfreq",
-)
+# the columns the features list after the race one-hots
+TV16_AFTER_RACE = ("famincr", "ideo", "pid7na", "bornagain", "religimp", "churchatd", "prayerfreq")
+TV16_COLUMNS = ("votetrump", "age", "female", "collegeed", "racef", *TV16_AFTER_RACE)
 TV16_RACES = ("Asian", "Black", "Hispanic", "Middle Eastern", "Mixed", "Native American", "Other", "White")
 # fixed maxima of each scale (the codebook ranges: famincr 1-12, ideo 1-5, pid7na 1-7, religimp 1-4,
 # churchatd 1-6, prayerfreq 1-7; age 18-95 is divided by 100); binary columns are used as they are
@@ -92,20 +81,7 @@ TV16_SCALES = {
     "churchatd": 6.0,
     "prayerfreq": 7.0,
 }
-TV16_FEATURES = (
-    "intercept",
-    "age",
-    "female",
-    "collegeed",
-    *(f"race:{r}" for r in TV16_RACES),
-    "famincr",
-    "ideo",
-    "pid7na",
-    "bornagain",
-    "religimp",
-    "churchatd",
-    "prayerfreq",
-)
+TV16_FEATURES = ("intercept", "age", "female", "collegeed", *(f"race:{r}" for r in TV16_RACES), *TV16_AFTER_RACE)
 
 
 def project_rows(X: np.ndarray, radius: float = 1.0) -> np.ndarray:
@@ -162,7 +138,7 @@ def tv16_features(frame: pd.DataFrame) -> np.ndarray:
             cols["female"],
             cols["collegeed"],
             R,
-            *(cols[c] for c in ("famincr", "ideo", "pid7na", "bornagain", "religimp", "churchatd", "prayerfreq")),
+            *(cols[c] for c in TV16_AFTER_RACE),
         ]
     )
     return project_rows(X)
