@@ -25,11 +25,11 @@ point), ``kl_floor_constant`` 32, ``kl_norm_rho`` sqrt(rho)/n; ``reg`` (through 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from fedkl.algorithms.contract import Algorithm, AlgorithmParams, AlgorithmResult, Clip, P, SmallAudit, StepSize, param
+from fedkl.algorithms.contract import Algorithm, AlgorithmParams, Clip, ModelResult, P, SmallAudit, StepSize, param
 from fedkl.privacy.guarantee import ZERO_SUMS, Guarantee, check_relation, sum_sensitivity
 
 
@@ -135,22 +135,10 @@ def or_default(value, default):
     return default if value is None else value
 
 
-@dataclass
-class KLResult(AlgorithmResult):
-    """What the paper-000 algorithms return.
-
-    ``w`` is the private output; ``rounds`` the number of federated rounds (queries to the users);
-    ``sigma`` the noise std on the SUM of the last gradient release; ``rho_spent`` what this run
-    charged (zCDP); ``details`` / ``history`` hold only data-independent parameters and
-    post-processing of the releases (private outputs too).
-    """
-
-    w: torch.Tensor
-    rounds: int
-    sigma: float | None
-    rho_spent: float
-    history: list[dict] = field(default_factory=list)
-    details: dict = field(default_factory=dict)
+# what the paper-000 algorithms return: ``w`` the private output; ``rounds`` the federated rounds (queries to
+# the users); ``sigma`` the noise std on the SUM of the last gradient release; ``rho_spent`` what this run
+# charged (zCDP); ``details`` / ``history`` only data-independent parameters and post-processing of the releases
+KLResult = ModelResult
 
 
 class KLAlgorithm(Algorithm[P]):

@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
-from fedkl.algorithms.contract import AlgorithmResult, BuildContext, Domain, param
+from fedkl.algorithms.contract import BuildContext, Domain, ModelResult, param
 from fedkl.privacy.release import Releaser
 from fedkl.problems.base import Problem
 
@@ -229,12 +229,4 @@ def check_parallel_releaser(releaser: Releaser, label: str) -> None:
         )
 
 
-@dataclass
-class FKTResult(AlgorithmResult):
-    """What a paper-003 algorithm returns. ``w`` is the only private output (see each module)."""
-
-    w: torch.Tensor
-    rounds: int
-    sigma: list[float]
-    details: dict = field(default_factory=dict)
-    history: list[dict] = field(default_factory=list)
+FKTResult = ModelResult  # what a paper-003 algorithm returns: ``w`` is the only private output (see each module)
