@@ -65,7 +65,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from fedkl.algorithms.contract import Algorithm, AlgorithmParams, AlgorithmResult, BuildContext, SmallAudit, param
+from fedkl.algorithms.contract import Algorithm, AlgorithmParams, BuildContext, ModelResult, SmallAudit, param
 from fedkl.algorithms.localization.fkt_common import (
     check_parallel_releaser,
     check_relation,
@@ -167,14 +167,8 @@ class PGMDPlan:
 
 
 @dataclass
-class PGMDResult(AlgorithmResult):
-    w: torch.Tensor
-    rounds: int
-    sigma: float
-    rho_spent: float
+class PGMDResult(ModelResult):
     centres: list[torch.Tensor] = field(default_factory=list)  # w_1..w_R, all private outputs
-    details: dict = field(default_factory=dict)
-    history: list[dict] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
