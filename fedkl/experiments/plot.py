@@ -250,10 +250,8 @@ def markdown_privacy_utility(
             lines.append(f"| {label} | {g} | " + " | ".join(cells) + " |")
         if y == "test_metric":
             for name, col in (("non-private reference", "reference_metric"), ("trivial baseline", "trivial_metric")):
-                vals = [_num(r.get(col)) for r in rows if not panel or r.get(panel, "") == p]
-                vals = [v for v in vals if v is not None]
-                if vals:
-                    m, s = mean_std(vals)
+                m = _panel_constant(rows, panel, p, col)
+                if m is not None:
                     lines.append(f"| {label} | {name} | " + " | ".join([f"{m:.{digits}f}"] * len(xs)) + " |")
     return "\n".join(lines) + "\n"
 

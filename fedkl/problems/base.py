@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from fedkl.data.base import UserData
-from fedkl.problems.rowwise import fast_kernels, row_dots
+from fedkl.problems.rowwise import fast_kernels, row_dots, row_matmul
 
 
 @dataclass(frozen=True)
@@ -382,3 +382,42 @@ def binary_accuracy(scores: torch.Tensor, labels: torch.Tensor) -> float:
     all-zero model is the constant +1 predictor, not a predictor that is always wrong)."""
     predicted = binary_predictions(scores).to(labels.dtype)
     return float((predicted == labels).double().mean())
+
+
+class BinaryLinear:
+    """What the binary linear classifiers (labels ±1, score ``<w, x>``) share: the margins ``y <w, x>``, the
+    ±1 prediction, loss and accuracy, the majority class's accuracy beside :meth:`loss_at_zero`, and the
+    constants of a loss of the margin with slope in [-1, 0] and curvature at most 1/``curvature_divisor``
+    (``||x|| <= R``: L0 = R, L1 = R^2 / divisor; with ``(reg/2)||w||^2`` on ``||w|| <= B``: L0 = R + reg B,
+    L1 + reg, mu = reg). A mixin listed before its :class:`Problem` base."""
+
+    loss_word: str  # "a regularized <loss_word> loss is Lipschitz only on a bounded domain"
+    curvature_divisor: float
+
+    def _margins(self, w: torch.Tensor, data: UserData) -> torch.Tensor:
+        self.check_params(w)
+        return data.y.to(w.dtype) * row_matmul(data.X.to(w.dtype), w)
+
+    def constants(self, feature_bound: float, param_bound: float | None = None) -> Constants:
+        R, h = float(feature_bound), self.curvature_divisor
+        if self.reg > 0:
+            if param_bound is None:
+                raise ValueError(
+                    f"a regularized {self.loss_word} loss is Lipschitz only on a bounded domain: give param_bound"
+                )
+            return Constants(
+                R + self.reg * param_bound, R * R / h + self.reg, self.reg, f"||x|| <= {R}, ||w|| <= {param_bound}"
+            )
+        return Constants(R, R * R / h, 0.0, f"||x|| <= {R}, any w")
+
+    def predict(self, w: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+        self.check_params(w)
+        return binary_predictions(row_matmul(X.to(w.dtype), w))
+
+    def metrics(self, w: torch.Tensor, data: UserData) -> dict[str, float]:
+        self.check_params(w)
+        return {"loss": self.loss(w, data), "accuracy": binary_accuracy(row_matmul(data.X.to(w.dtype), w), data.y)}
+
+    def trivial_metrics(self, train: UserData, test: UserData) -> dict[str, float]:
+        majority = 1.0 if float((train.y > 0).double().mean()) >= 0.5 else -1.0
+        return {"accuracy": float((test.y == majority).double().mean()), "loss": self.loss_at_zero()}

@@ -15,12 +15,12 @@ from __future__ import annotations
 import torch
 
 from fedkl.data.base import UserData
-from fedkl.problems.base import Constants, Problem, binary_accuracy, binary_predictions, user_weighted_means
-from fedkl.problems.rowwise import row_matmul
+from fedkl.problems.base import BinaryLinear, Problem, user_weighted_means
 
 
-class SmoothedHinge(Problem):
+class SmoothedHinge(BinaryLinear, Problem):
     name = "smoothed-hinge"
+    loss_word = "hinge"
 
     def __init__(self, dim: int, reg: float = 0.0, smoothing: float = 0.5, dtype: torch.dtype = torch.float64) -> None:
         super().__init__(dim, reg, dtype)
@@ -28,9 +28,9 @@ class SmoothedHinge(Problem):
             raise ValueError(f"smoothing must be positive, got {smoothing}")
         self.smoothing = float(smoothing)
 
-    def _margins(self, w: torch.Tensor, data: UserData) -> torch.Tensor:
-        self.check_params(w)
-        return data.y.to(w.dtype) * row_matmul(data.X.to(w.dtype), w)
+    @property
+    def curvature_divisor(self) -> float:
+        return self.smoothing
 
     def _loss_of_margin(self, t: torch.Tensor) -> torch.Tensor:
         h = self.smoothing
@@ -46,25 +46,5 @@ class SmoothedHinge(Problem):
         coef = dldt * data.y.to(w.dtype)
         return self.plus_reg(user_weighted_means(coef, data.X.to(w.dtype), data), w)
 
-    def constants(self, feature_bound: float, param_bound: float | None = None) -> Constants:
-        R, h = float(feature_bound), self.smoothing
-        if self.reg > 0:
-            if param_bound is None:
-                raise ValueError("a regularized hinge loss is Lipschitz only on a bounded domain: give param_bound")
-            return Constants(
-                R + self.reg * param_bound, R * R / h + self.reg, self.reg, f"||x|| <= {R}, ||w|| <= {param_bound}"
-            )
-        return Constants(R, R * R / h, 0.0, f"||x|| <= {R}, any w")
-
-    def predict(self, w: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
-        self.check_params(w)
-        return binary_predictions(row_matmul(X.to(w.dtype), w))
-
-    def metrics(self, w: torch.Tensor, data: UserData) -> dict[str, float]:
-        self.check_params(w)
-        return {"loss": self.loss(w, data), "accuracy": binary_accuracy(row_matmul(data.X.to(w.dtype), w), data.y)}
-
-    def trivial_metrics(self, train: UserData, test: UserData) -> dict[str, float]:
-        majority = 1.0 if float((train.y > 0).double().mean()) >= 0.5 else -1.0
-        loss_at_zero = float(self._loss_of_margin(torch.zeros(1, dtype=torch.float64)))
-        return {"accuracy": float((test.y == majority).double().mean()), "loss": loss_at_zero}
+    def loss_at_zero(self) -> float:
+        return float(self._loss_of_margin(torch.zeros(1, dtype=torch.float64)))

@@ -11,13 +11,14 @@ from __future__ import annotations
 import torch
 
 from fedkl.data.base import UserData
-from fedkl.problems.base import Constants, binary_accuracy, binary_predictions, user_weighted_means
+from fedkl.problems.base import BinaryLinear, user_weighted_means
 from fedkl.problems.glm import GeneralizedLinear
-from fedkl.problems.rowwise import row_matmul, sigmoid, softplus
+from fedkl.problems.rowwise import sigmoid, softplus
 
 
-class BinaryLogistic(GeneralizedLinear):
+class BinaryLogistic(BinaryLinear, GeneralizedLinear):
     name = "logistic"
+    loss_word, curvature_divisor = "logistic", 4
 
     # the score functions of the closed-form local solvers (fedkl.problems.glm)
     @staticmethod
@@ -33,10 +34,6 @@ class BinaryLogistic(GeneralizedLinear):
         sg = sigmoid(y * z)
         return sg * (1.0 - sg)
 
-    def _margins(self, w: torch.Tensor, data: UserData) -> torch.Tensor:
-        self.check_params(w)
-        return data.y.to(w.dtype) * row_matmul(data.X.to(w.dtype), w)
-
     def record_losses(self, w: torch.Tensor, data: UserData) -> torch.Tensor:
         return softplus(-self._margins(w, data))
 
@@ -47,25 +44,5 @@ class BinaryLogistic(GeneralizedLinear):
         grads = user_weighted_means(coef, data.X.to(w.dtype), data)
         return self.plus_reg(grads, w)
 
-    def constants(self, feature_bound: float, param_bound: float | None = None) -> Constants:
-        R = float(feature_bound)
-        if self.reg > 0:
-            if param_bound is None:
-                raise ValueError("a regularized logistic loss is Lipschitz only on a bounded domain: give param_bound")
-            return Constants(
-                R + self.reg * param_bound, R * R / 4 + self.reg, self.reg, f"||x|| <= {R}, ||w|| <= {param_bound}"
-            )
-        return Constants(R, R * R / 4, 0.0, f"||x|| <= {R}, any w")
-
-    def predict(self, w: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
-        self.check_params(w)
-        return binary_predictions(row_matmul(X.to(w.dtype), w))
-
-    def metrics(self, w: torch.Tensor, data: UserData) -> dict[str, float]:
-        self.check_params(w)
-        scores = row_matmul(data.X.to(w.dtype), w)
-        return {"loss": self.loss(w, data), "accuracy": binary_accuracy(scores, data.y)}
-
-    def trivial_metrics(self, train: UserData, test: UserData) -> dict[str, float]:
-        majority = 1.0 if float((train.y > 0).double().mean()) >= 0.5 else -1.0
-        return {"accuracy": float((test.y == majority).double().mean()), "loss": float(torch.log(torch.tensor(2.0)))}
+    def loss_at_zero(self) -> float:
+        return float(torch.log(torch.tensor(2.0)))

@@ -44,12 +44,12 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from fedkl.algorithms.contract import Algorithm, AlgorithmParams, AlgorithmResult, BuildContext, SmallAudit, param
+from fedkl.algorithms.contract import Algorithm, AlgorithmParams, BuildContext, ModelResult, SmallAudit, param
 from fedkl.algorithms.registry import register
 from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import ClampedGradient, Federation
@@ -73,13 +73,7 @@ def step_size(t: int) -> float:
     return min(1.0, 3.0 / (t + 2))
 
 
-@dataclass
-class NoisyFWResult(AlgorithmResult):
-    w: torch.Tensor
-    rounds: int
-    rho_spent: float
-    details: dict = field(default_factory=dict)
-    history: list[dict] = field(default_factory=list)
+NoisyFWResult = ModelResult  # no sigma
 
 
 @dataclass(frozen=True)

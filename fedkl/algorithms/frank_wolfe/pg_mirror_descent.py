@@ -65,10 +65,9 @@ from typing import Callable, Sequence
 
 import torch
 
-from fedkl.algorithms.contract import Algorithm, AlgorithmParams, AlgorithmResult, BuildContext, SmallAudit, param
+from fedkl.algorithms.contract import Algorithm, AlgorithmParams, BuildContext, ModelResult, SmallAudit, param
 from fedkl.algorithms.localization.fkt_common import (
     check_parallel_releaser,
-    check_relation,
     cohort_order,
     replace_factor,
     split_cohorts,
@@ -78,7 +77,7 @@ from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import DualClippedGradient, Federation
 from fedkl.privacy.charges import GaussianCharge, Need
 from fedkl.privacy.clients import ANY_CLIENTS
-from fedkl.privacy.guarantee import ZERO_SUMS, Guarantee
+from fedkl.privacy.guarantee import ZERO_SUMS, Guarantee, check_relation
 from fedkl.privacy.release import Releaser
 from fedkl.problems.mirror import check_exponent, dual_exponent, mirror_gradient, mirror_inverse, project_ball
 
@@ -167,14 +166,8 @@ class PGMDPlan:
 
 
 @dataclass
-class PGMDResult(AlgorithmResult):
-    w: torch.Tensor
-    rounds: int
-    sigma: float
-    rho_spent: float
+class PGMDResult(ModelResult):
     centres: list[torch.Tensor] = field(default_factory=list)  # w_1..w_R, all private outputs
-    details: dict = field(default_factory=dict)
-    history: list[dict] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -95,7 +95,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -103,9 +103,9 @@ import torch
 from fedkl.algorithms.contract import (
     Algorithm,
     AlgorithmParams,
-    AlgorithmResult,
     BuildContext,
     Clip,
+    ModelResult,
     Rounds,
     SmallAudit,
     StepSize,
@@ -255,14 +255,7 @@ CONC_ABSENCE = (
 )
 
 
-@dataclass
-class ConcentratedGDResult(AlgorithmResult):
-    w: torch.Tensor
-    rho_spent: float
-    rounds: int
-    sigma: list[float]
-    details: dict
-    history: list[dict] = field(default_factory=list)
+ConcentratedGDResult = ModelResult  # sigma: a list
 
 
 @register

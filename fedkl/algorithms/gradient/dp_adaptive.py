@@ -135,18 +135,7 @@ class AdaptiveDP(ScheduledAlgorithm[P]):
         progress: Callable[[dict], None] | None = None,
     ) -> AdaptiveDPResult:
         cfg = self.params
-        run = PoissonScheduledRun(
-            federation,
-            releaser,
-            name=self.name,
-            eps=self.eps,
-            delta=self.delta,
-            clip=cfg.clip,
-            sampling_rate=cfg.sampling_rate,
-            rounds=cfg.rounds,
-            neighbouring=self.neighbouring,
-            accountant=cfg.accountant,
-        )
+        run = PoissonScheduledRun(federation, releaser, self, cfg.clip)
         w = w0.clone()
         state = {"m": torch.zeros_like(w), "psi": torch.zeros_like(w), "noise_var": (run.sigma / run.denominator) ** 2}
         log = RoundLog(cfg.rounds, progress)

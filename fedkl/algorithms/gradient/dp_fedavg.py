@@ -171,16 +171,10 @@ class DPFedAvg(ScheduledAlgorithm[DPFedAvgParams]):
         run = PoissonScheduledRun(
             federation,
             releaser,
-            name=self.name,
-            eps=self.eps,
-            delta=self.delta,
+            self,
             # adaptive: each user's [h/C_t ; a c] has norm <= r (adaptive_clip's theorem), in units of C_t
-            clip=cfg.clip if scale is None else adaptive_clip.norm_bound(scale),
-            sampling_rate=cfg.sampling_rate,
-            rounds=cfg.rounds,
-            neighbouring=self.neighbouring,
-            accountant=cfg.accountant,
-            details={**cfg.local_details(), "local_lr": local_lr, **adaptive},
+            cfg.clip if scale is None else adaptive_clip.norm_bound(scale),
+            {**cfg.local_details(), "local_lr": local_lr, **adaptive},
         )
         w = w0.clone()
         server = self.server_state(w)

@@ -51,16 +51,16 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
 
 from fedkl.algorithms.contract import (
     Algorithm,
-    AlgorithmResult,
     BuildContext,
     Clip,
+    ModelResult,
     PlannedRelease,
     Rounds,
     SmallAudit,
@@ -173,14 +173,7 @@ PREFIX_SUMS = (
 )
 
 
-@dataclass
-class DPFTRLResult(AlgorithmResult):
-    w: torch.Tensor
-    rho_spent: float
-    rounds: int
-    sigma: float
-    history: list[dict] = field(default_factory=list)
-    details: dict = field(default_factory=dict)
+DPFTRLResult = ModelResult
 
 
 @register

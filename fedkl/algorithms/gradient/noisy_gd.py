@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from fedkl.algorithms.contract import Algorithm, AlgorithmResult, BuildContext, Clip, Rounds, SmallAudit, StepSize
+from fedkl.algorithms.contract import Algorithm, BuildContext, Clip, ModelResult, Rounds, SmallAudit, StepSize
 from fedkl.algorithms.registry import register
 from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import ClippedGradient, Federation
@@ -45,13 +45,7 @@ class NoisyGDParams(Rounds, StepSize, Clip):
     """noisy-gd: every user every round; the run's zCDP budget split evenly over the rounds."""
 
 
-@dataclass
-class NoisyGDResult(AlgorithmResult):
-    w: torch.Tensor
-    rho_spent: float
-    rounds: int
-    sigma: float
-    history: list[dict] = field(default_factory=list)
+NoisyGDResult = ModelResult  # no details
 
 
 @register

@@ -69,7 +69,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Callable, Sequence
 
@@ -77,7 +77,6 @@ import torch
 
 from fedkl.algorithms.contract import (
     Algorithm,
-    AlgorithmResult,
     BuildContext,
     Clip,
     Rounds,
@@ -86,6 +85,7 @@ from fedkl.algorithms.contract import (
     param,
 )
 from fedkl.algorithms.gradient.concentrated_gd import (
+    ConcentratedGDResult,
     Concentration,
     check_built_for,
     concentration_scale,
@@ -156,14 +156,7 @@ class OutlierGDParams(Rounds, StepSize, Clip, Concentration):
 OUTLIER_ABSENCE = ZERO_SUMS
 
 
-@dataclass
-class OutlierGDResult(AlgorithmResult):
-    w: torch.Tensor
-    rho_spent: float
-    rounds: int
-    sigma: list[float]
-    details: dict
-    history: list[dict] = field(default_factory=list)
+OutlierGDResult = ConcentratedGDResult  # sigma: [the test's, the mean's]
 
 
 @register

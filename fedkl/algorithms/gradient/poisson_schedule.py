@@ -127,24 +127,19 @@ class PoissonScheduledRun:
         self,
         federation: Federation,
         releaser: Releaser,
-        *,
-        name: str,
-        eps: float,
-        delta: float,
+        alg: ScheduledAlgorithm,
         clip: float,
-        sampling_rate: float,
-        rounds: int,
-        neighbouring: str,
-        accountant: str,
         details: dict | None = None,
     ) -> None:
-        if not (eps > 0 and math.isfinite(eps)) or not 0 < delta < 1:
-            raise ValueError(f"need a finite eps > 0 and 0 < delta < 1, got eps={eps}, delta={delta}")
+        """``alg``'s schedule (its name, checked (eps, delta) and relation; its Params' sampling rate, rounds
+        and accountant) at per-user norm bound ``clip``."""
+        p, neighbouring = alg.params, alg.neighbouring
+        name, delta, sampling_rate, rounds, accountant = alg.name, alg.delta, p.sampling_rate, p.rounds, p.accountant
         self.num_users = n = federation.num_users
         self.releaser = releaser
         self.rounds, self.delta, self.accountant = rounds, delta, accountant
         self.sampling_rate = sampling_rate
-        self.noise_multiplier, self.epsilon = calibrate(eps, delta, sampling_rate, rounds, accountant)
+        self.noise_multiplier, self.epsilon = calibrate(alg.eps, delta, sampling_rate, rounds, accountant)
         self.sensitivity = sum_sensitivity(clip, neighbouring)
         self.sigma = self.noise_multiplier * self.sensitivity
         self.denominator = sampling_rate * n

@@ -51,13 +51,13 @@ from typing import Callable
 
 import torch
 
-from fedkl.algorithms.contract import Algorithm, BuildContext, SmallAudit, param
-from fedkl.algorithms.kl.kl_common import KLBase, KLResult, MaxRounds, check_positive, zcdp_budget
+from fedkl.algorithms.contract import param
+from fedkl.algorithms.kl.kl_common import KLAlgorithm, KLBase, KLResult, MaxRounds, check_positive
 from fedkl.algorithms.registry import register
 from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import ClippedGradient, Federation
 from fedkl.privacy.filter import BudgetExhausted
-from fedkl.privacy.guarantee import ZERO_SUMS, Guarantee, sum_sensitivity
+from fedkl.privacy.guarantee import Guarantee
 from fedkl.privacy.release import Releaser
 
 SELECTIONS = ("last", "exponential")
@@ -116,7 +116,7 @@ class AdaptivePlan:
 
 
 @register
-class AdaptiveKLGD(Algorithm[AdaptiveKLGDParams]):
+class AdaptiveKLGD(KLAlgorithm[AdaptiveKLGDParams]):
     """Algorithm 3: adaptive noisy GD until the budget is spent (no KL constants needed).
 
     Paper 000, Algorithm 3 over users; see the module docstring. ``ctx.rho_left``: this run's zCDP budget."""
@@ -124,25 +124,14 @@ class AdaptiveKLGD(Algorithm[AdaptiveKLGDParams]):
     name = "kl-adaptive-gd"
     Params = AdaptiveKLGDParams
     guarantee = Guarantee("zcdp", adaptive=True)  # the gradient's rho follows the released norm
-    absence = ZERO_SUMS
     step_size = 0.01
     small = {"reg": 0.1, "kl_max_rounds": 3}
-    audit = SmallAudit()
 
     @property
     def gaussian_releases_only(self) -> bool:
         """Every zCDP charge is a Gaussian release (the exact Gaussian conversion applies) unless the
         output iterate is chosen by the exponential mechanism."""
         return self.params.kl_select != "exponential"
-
-    def __init__(self, params: AdaptiveKLGDParams, ctx: BuildContext) -> None:
-        super().__init__(params, ctx)
-        self.rho_total = zcdp_budget(ctx)
-
-    @property
-    def sensitivity(self) -> float:
-        """L2 sensitivity of S_t, and of ||S_t||, under the relation."""
-        return sum_sensitivity(self.params.clip, self.ctx.neighbouring)
 
     def plan(self, n: int, d: int, rho: float | None = None) -> AdaptivePlan:
         """The constants for n users, d parameters and budget rho (default ``rho_total``)."""

@@ -25,25 +25,17 @@ point), ``kl_floor_constant`` 32, ``kl_norm_rho`` sqrt(rho)/n; ``reg`` (through 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from fedkl.algorithms.contract import AlgorithmParams, AlgorithmResult, Clip, StepSize, param
-from fedkl.privacy.guarantee import check_relation
+from fedkl.algorithms.contract import Algorithm, AlgorithmParams, Clip, ModelResult, P, SmallAudit, StepSize, param
+from fedkl.privacy.guarantee import ZERO_SUMS, Guarantee, check_relation, sum_sensitivity
 
 
 def check_positive(name: str, value: float) -> None:
     if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
         raise ValueError(f"{name} must be finite and > 0, got {value!r}")
-
-
-def zcdp_budget(ctx) -> float:
-    """The run's zCDP budget ``rho_total`` (what is left of it, ``ctx.rho_left``) after the checks every KL
-    algorithm makes at construction: it is positive and the neighbouring relation is one fedkl knows."""
-    check_positive("rho_total", ctx.rho_left)
-    check_relation(ctx.neighbouring)
-    return float(ctx.rho_left)
 
 
 def log_bracket(f0: float, kappa: float, n: int, rho: float, gamma: float, lipschitz: float, d: int) -> float:
@@ -143,22 +135,36 @@ def or_default(value, default):
     return default if value is None else value
 
 
-@dataclass
-class KLResult(AlgorithmResult):
-    """What the paper-000 algorithms return.
+# what the paper-000 algorithms return: ``w`` the private output; ``rounds`` the federated rounds (queries to
+# the users); ``sigma`` the noise std on the SUM of the last gradient release; ``rho_spent`` what this run
+# charged (zCDP); ``details`` / ``history`` only data-independent parameters and post-processing of the releases
+KLResult = ModelResult
 
-    ``w`` is the private output; ``rounds`` the number of federated rounds (queries to the users);
-    ``sigma`` the noise std on the SUM of the last gradient release; ``rho_spent`` what this run
-    charged (zCDP); ``details`` / ``history`` hold only data-independent parameters and
-    post-processing of the releases (private outputs too).
-    """
 
-    w: torch.Tensor
-    rounds: int
-    sigma: float | None
-    rho_spent: float
-    history: list[dict] = field(default_factory=list)
-    details: dict = field(default_factory=dict)
+class KLAlgorithm(Algorithm[P]):
+    """Base of the paper-000 algorithms (not registered): zCDP releases of sums of clipped gradients (a
+    failed user's row is zero), the small audit. Built with ``self.kl``, the KL* constants it needs
+    (:meth:`kl_constants`), then ``self.rho_total``, the run's zCDP budget (what is left of it,
+    ``ctx.rho_left``), checked positive, with a neighbouring relation fedkl knows."""
+
+    guarantee = Guarantee("zcdp")
+    absence = ZERO_SUMS
+    audit = SmallAudit()
+
+    def __init__(self, params: P, ctx) -> None:
+        super().__init__(params, ctx)
+        self.kl = self.kl_constants(ctx)
+        check_positive("rho_total", ctx.rho_left)
+        check_relation(ctx.neighbouring)
+        self.rho_total = float(ctx.rho_left)
+
+    def kl_constants(self, ctx) -> KLConstants | None:
+        return None  # needs none
+
+    @property
+    def sensitivity(self) -> float:
+        """L2 sensitivity of a sum of gradients clipped to ``clip`` (and of its norm) under the relation."""
+        return sum_sensitivity(self.params.clip, self.ctx.neighbouring)
 
 
 def project_ball(w: torch.Tensor, center: torch.Tensor, radius: float) -> torch.Tensor:

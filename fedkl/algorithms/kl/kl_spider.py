@@ -53,19 +53,20 @@ from typing import Callable
 
 import torch
 
-from fedkl.algorithms.contract import Algorithm, BuildContext, SmallAudit, param
+from fedkl.algorithms.contract import param
 from fedkl.algorithms.kl.kl_common import (
+    KLAlgorithm,
+    KLConstants,
     KLConstantsParams,
     KLResult,
     MaxRounds,
     log_bracket,
     or_default,
-    zcdp_budget,
 )
 from fedkl.algorithms.registry import register
 from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import ClippedGradient, Federation, GradientDifference
-from fedkl.privacy.guarantee import ZERO_SUMS, Guarantee, sum_sensitivity
+from fedkl.privacy.guarantee import sum_sensitivity
 from fedkl.privacy.release import Releaser
 
 ANCHOR_WEIGHT = 16.0  # paper's per-release costs, anchor : difference = 1/(2K) : 1/(32 T_k K) = 16 : 1/T_k
@@ -127,7 +128,7 @@ class SpiderSchedule:
 
 
 @register
-class KLSpider(Algorithm[KLSpiderParams]):
+class KLSpider(KLAlgorithm[KLSpiderParams]):
     """Algorithm 1: private SPIDER under the KL* condition (kappa in [1, 2]; needs gamma).
 
     Paper 000, Algorithm 1 over users; see the module docstring. ``ctx.rho_left``: this run's zCDP budget;
@@ -136,16 +137,11 @@ class KLSpider(Algorithm[KLSpiderParams]):
 
     name = "kl-spider"
     Params = KLSpiderParams
-    guarantee = Guarantee("zcdp")
-    absence = ZERO_SUMS
     step_size = 4.0  # not tuned (no run without --kl-gamma): the previous default
     small = {"reg": 0.1, "kl_max_rounds": 4, "kl_contraction_constant": 1.0, "kl_floor_constant": 1.0}
-    audit = SmallAudit()
 
-    def __init__(self, params: KLSpiderParams, ctx: BuildContext) -> None:
-        super().__init__(params, ctx)
-        self.kl = self.params.constants(ctx.problem, self.name)
-        self.rho_total = zcdp_budget(ctx)
+    def kl_constants(self, ctx) -> KLConstants:
+        return self.params.constants(ctx.problem, self.name)
 
     @property
     def smoothness(self) -> float:
@@ -196,7 +192,7 @@ class KLSpider(Algorithm[KLSpiderParams]):
             diff_clip=diff_clip,
             rho_anchor=ANCHOR_WEIGHT * rho / Z,
             rho_diff=tuple(rho / (t * Z) for t in T),
-            sensitivity_anchor=sum_sensitivity(L0, neighbouring),
+            sensitivity_anchor=self.sensitivity,
             sensitivity_diff=tuple(sum_sensitivity(cc, neighbouring) for cc in diff_clip),
         )
 

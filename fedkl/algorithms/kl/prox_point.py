@@ -42,19 +42,19 @@ from typing import Callable
 
 import torch
 
-from fedkl.algorithms.contract import Algorithm, BuildContext, Rounds, SmallAudit, param
+from fedkl.algorithms.contract import Rounds, param
 from fedkl.algorithms.kl.kl_common import (
+    KLAlgorithm,
+    KLConstants,
     KLConstantsParams,
     KLResult,
     log_bracket,
     or_default,
     project_ball,
-    zcdp_budget,
 )
 from fedkl.algorithms.registry import register
 from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import ClippedGradient, Federation
-from fedkl.privacy.guarantee import ZERO_SUMS, Guarantee, sum_sensitivity
 from fedkl.privacy.release import Releaser
 
 
@@ -95,7 +95,7 @@ class ProxSchedule:
 
 
 @register
-class PrivateProxPoint(Algorithm[ProxPointParams]):
+class PrivateProxPoint(KLAlgorithm[ProxPointParams]):
     """Algorithms 2 + 4: private proximal point (kappa >= 2); inner rounds capped at ``rounds``.
 
     Paper 000, Algorithm 2 (+ Algorithm 4) over users; see the module docstring. ``ctx.rho_left``: this
@@ -104,16 +104,11 @@ class PrivateProxPoint(Algorithm[ProxPointParams]):
 
     name = "kl-prox-point"
     Params = ProxPointParams
-    guarantee = Guarantee("zcdp")
-    absence = ZERO_SUMS
     step_size = 4.0  # not tuned (no run without --kl-gamma): the previous default
     small = {"reg": 0.1, "kl_prox_steps": 2, "rounds": 2}
-    audit = SmallAudit()
 
-    def __init__(self, params: ProxPointParams, ctx: BuildContext) -> None:
-        super().__init__(params, ctx)
-        self.kl = self.params.constants(ctx.problem, self.name, required=params.kl_prox_steps is None)
-        self.rho_total = zcdp_budget(ctx)
+    def kl_constants(self, ctx) -> KLConstants | None:
+        return self.params.constants(ctx.problem, self.name, required=self.params.kl_prox_steps is None)
 
     @property
     def weak_convexity(self) -> float:
@@ -123,10 +118,6 @@ class PrivateProxPoint(Algorithm[ProxPointParams]):
     @property
     def contraction_constant(self) -> float:
         return float(or_default(self.params.kl_contraction_constant, 32.0))
-
-    @property
-    def sensitivity(self) -> float:
-        return sum_sensitivity(self.params.clip, self.ctx.neighbouring)
 
     @property
     def radius(self) -> float:

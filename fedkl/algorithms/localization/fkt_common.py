@@ -31,28 +31,21 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
-from fedkl.algorithms.contract import AlgorithmResult, BuildContext, Domain, param
+from fedkl.algorithms.contract import BuildContext, Domain, ModelResult, param
+from fedkl.privacy.guarantee import sum_sensitivity
 from fedkl.privacy.release import Releaser
 from fedkl.problems.base import Problem
-
-RELATIONS = ("replace-one", "add-remove")
-
-
-def check_relation(neighbouring: str) -> None:
-    if neighbouring not in RELATIONS:
-        raise ValueError(f"neighbouring must be one of {RELATIONS}, got {neighbouring!r}")
 
 
 def replace_factor(neighbouring: str) -> float:
     """2 for replace-one (one user's bounded term changes to another: difference <= 2x the bound),
-    1 for add-remove (the term is present or absent)."""
-    check_relation(neighbouring)
-    return 2.0 if neighbouring == "replace-one" else 1.0
+    1 for add-remove (the term is present or absent): :func:`sum_sensitivity` of a unit bound."""
+    return sum_sensitivity(1.0, neighbouring)
 
 
 def paper_rho(rho_zcdp: float) -> float:
@@ -229,12 +222,4 @@ def check_parallel_releaser(releaser: Releaser, label: str) -> None:
         )
 
 
-@dataclass
-class FKTResult(AlgorithmResult):
-    """What a paper-003 algorithm returns. ``w`` is the only private output (see each module)."""
-
-    w: torch.Tensor
-    rounds: int
-    sigma: list[float]
-    details: dict = field(default_factory=dict)
-    history: list[dict] = field(default_factory=list)
+FKTResult = ModelResult  # what a paper-003 algorithm returns: ``w`` is the only private output (see each module)

@@ -70,7 +70,6 @@ from fedkl.algorithms.localization.fkt_common import (
     FKTParams,
     FKTResult,
     check_parallel_releaser,
-    check_relation,
     cohort_order,
     paper_rho,
     project,
@@ -80,7 +79,7 @@ from fedkl.algorithms.registry import register
 from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import ClippedGradient, Federation, LocalRegularizedMinimizer, Query
 from fedkl.privacy.charges import GaussianCharge, Need
-from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, SOLVER_ITERATES, ZERO_SUMS, ClientView, Guarantee
+from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, SOLVER_ITERATES, ZERO_SUMS, ClientView, Guarantee, check_relation
 from fedkl.privacy.release import Releaser
 
 CLIENT_VIEW = {

@@ -66,7 +66,6 @@ from fedkl.algorithms.localization.fkt_common import (
     ConvexSetting,
     FKTParams,
     FKTResult,
-    check_relation,
     cohort_order,
     project,
     replace_factor,
@@ -76,7 +75,7 @@ from fedkl.algorithms.registry import register
 from fedkl.algorithms.round_log import RoundLog
 from fedkl.federation.base import ClippedGradient, Federation
 from fedkl.privacy.charges import ApproxDPCharge, Need
-from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, ZERO_SUMS, ClientView, Guarantee
+from fedkl.privacy.guarantee import IN_CLASS_CLIENTS, ZERO_SUMS, ClientView, Guarantee, check_relation
 from fedkl.privacy.release import Releaser
 from fedkl.privacy.zcdp import CONVERSIONS, rho_for_eps_delta, zcdp_to_eps
 
