@@ -118,6 +118,10 @@ def test_matching_refuses_bad_edges():
     with pytest.raises(ValueError):
         matching_cover(3, [(0, 3)])
     assert matching_cover(5, []) == (0, ())
+    # the matching's graph holds the vertices of some edge only (issue 34: not a dict of all n users per call)
+    assert graph_from_edges(100_000, [(7, 3), (3, 9)], isolated=False) == {3: {7, 9}, 7: {3}, 9: {3}}
+    with pytest.raises(ValueError):
+        graph_from_edges(3, [(0, 3)], isolated=False)
 
 
 # --- the release parameters of the matching score ------------------------------------------------------
