@@ -19,7 +19,7 @@ population (a population's 'before' run right after its own runs):
 1-minute load average around the runs, before/now ratios and the log-log CPU exponent between the smallest
 and largest population; ``--md FILE`` writes that table (``--only phased-erm``: that algorithm alone).
 
-Results (every run, and the summary) also go to ``--out`` (default simulations/results/bench_p002_scale.json). Times on a shared machine vary: docs/studies/performance.md
+Results (every run, and the summary) also go to ``--out`` (default simulations/results/bench_p002_scale.json), rewritten after every run. Times on a shared machine vary: docs/studies/performance.md
 quotes them as measured under load.
 """
 
@@ -135,12 +135,24 @@ def main() -> None:
     cases = [c for c in cases if args.only in (None, c[0])]
     rows = []
 
+    command = "simulations/bench_p002_scale.py " + " ".join(sys.argv[1:])
+
+    def write() -> str:  # after every run: an interrupted benchmark keeps what it measured
+        summary = summarize(rows)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"command": command, "rows": rows, "summary": summary}, indent=1) + "\n")
+        table = markdown(summary, command)
+        if args.md is not None:
+            args.md.write_text(table)
+        return table
+
     def record(label: str, tree: Path, alg: str, n: int, extra: dict) -> None:
         load = os.getloadavg()[0]
         res = {"case": label, "users": n, **run_point(tree, alg, n, extra, args.timeout)}
         res["load"] = round(max(load, os.getloadavg()[0]), 2)  # the 1-minute load average at its start and end
         rows.append(res)
         print(json.dumps(res), flush=True)
+        write()
 
     for _ in range(args.repeats):  # every repeat runs every point once, in turn (the load drifts on a shared machine)
         for n in args.users:  # each population's 'before' right after its 'now'
@@ -156,14 +168,7 @@ def main() -> None:
             record("phased-erm (before)", args.before, "phased-erm", n, {})
         for n in args.before_mean_users if args.only in (None, "mean-output-pert") else []:
             record("mean (before: lbfgs)", args.before, "mean-output-pert", n, {})
-    summary = summarize(rows)
-    command = "simulations/bench_p002_scale.py " + " ".join(sys.argv[1:])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"command": command, "rows": rows, "summary": summary}, indent=1) + "\n")
-    table = markdown(summary, command)
-    if args.md is not None:
-        args.md.write_text(table)
-    print(table)
+    print(write())
 
 
 if __name__ == "__main__":
