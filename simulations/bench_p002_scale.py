@@ -17,7 +17,8 @@ population (a population's 'before' run right after its own runs):
 ``--repeats N`` runs every point N times, interleaved (each repeat runs every population's 'now' then its
 'before' in turn), and the table gives min and median of CPU and wall seconds, the median peak RSS, the
 1-minute load average around the runs, before/now ratios and the log-log CPU exponent between the smallest
-and largest population; ``--md FILE`` writes that table (``--only phased-erm``: that algorithm alone).
+and largest population; ``--md FILE`` writes that table (``--only phased-erm``: that algorithm alone; ``--render``: the table of
+the ``--out`` file, running nothing; ``--note``: a line under it).
 
 Results (every run, and the summary) also go to ``--out`` (default simulations/results/bench_p002_scale.json), rewritten after every run. Times on a shared machine vary: docs/studies/performance.md
 quotes them as measured under load.
@@ -84,10 +85,13 @@ def summarize(rows: list[dict]) -> list[dict]:
     return out
 
 
-def markdown(summary: list[dict], command: str) -> str:
+def markdown(summary: list[dict], command: str, note: str = "") -> str:
     """The min / median table, then for each case with a '(before)' twin: before / now (CPU, min and median)
-    per population and the log-log exponent between the smallest and largest population (median CPU)."""
+    per population and the log-log exponent between the smallest and largest population (median CPU); the
+    command and ``note`` (what the 'before' tree is, the machine) last."""
     lines = [
+        "# Paper 002 at scale: phased-erm and mean-output-pert (bench_p002_scale)",
+        "",
         "| case | users | runs | CPU s min / med | wall s min / med | peak MB | test accuracy | load (1-min avg) |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -114,7 +118,8 @@ def markdown(summary: list[dict], command: str) -> str:
                 a, b = by[(label, ns[0])], by[(label, ns[-1])]
                 k = math.log(b["cpu_median"] / a["cpu_median"]) / math.log(ns[-1] / ns[0])
                 notes.append(f"{label}: CPU exponent {ns[0]:,} -> {ns[-1]:,} users {k:.2f} (median)")
-    return "\n".join(lines) + "\n\n" + "".join(f"- {x}\n" for x in notes) + f"\n`{command}`\n"
+    tail = f"\n`{command}`\n" + (f"\n{note}\n" if note else "")
+    return "\n".join(lines) + "\n\n" + "".join(f"- {x}\n" for x in notes) + tail
 
 
 def main() -> None:
@@ -129,7 +134,16 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=3600.0)
     ap.add_argument("--out", type=Path, default=ROOT / "simulations" / "results" / "bench_p002_scale.json")
     ap.add_argument("--md", type=Path, default=None, help="also the min / median table as markdown")
+    ap.add_argument("--note", default="", help="a line under the table (the 'before' tree's commit, the load)")
+    ap.add_argument("--render", action="store_true", help="run nothing: the --md table from the --out JSON")
     args = ap.parse_args()
+    if args.render:  # the table of a finished (or interrupted) benchmark, from its output file
+        saved = json.loads(args.out.read_text())
+        table = markdown(summarize(saved["rows"]), saved["command"], args.note)
+        if args.md is not None:
+            args.md.write_text(table)
+        print(table)
+        return
 
     cases = [("phased-erm", {}, "phased-erm"), ("mean-output-pert", {"mean_local_solver": "newton"}, "mean (newton)")]
     cases = [c for c in cases if args.only in (None, c[0])]
@@ -141,7 +155,7 @@ def main() -> None:
         summary = summarize(rows)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"command": command, "rows": rows, "summary": summary}, indent=1) + "\n")
-        table = markdown(summary, command)
+        table = markdown(summary, command, args.note)
         if args.md is not None:
             args.md.write_text(table)
         return table
