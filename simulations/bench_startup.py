@@ -284,6 +284,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--big-repeats", type=int, default=1, help="runs of the 100,000-user case")
     p.add_argument("--big-only", action="store_true", help="with --big: only that case (and import torch)")
     p.add_argument("--before", default=None, help="with --processes: another checkout, run interleaved")
+    p.add_argument("--note", default="", help="with --processes: a sentence after the table's load line")
     args = p.parse_args(argv)
     if args.repeats < 3:
         p.error("--repeats must be >= 3")
@@ -300,6 +301,7 @@ def main(argv: list[str] | None = None) -> dict:
         loaded = (
             f"Load average at the end: {load[0]:.1f} on {os.cpu_count()} cores; interleaved repeats, noisy-gd "
             "defaults, OMP_NUM_THREADS=1; `simulations/bench_startup.py --processes`."
+            + (f" {args.note}" if args.note else "")
         )
         md = markdown(table, loaded)
         print(md)

@@ -118,6 +118,10 @@ def test_matching_refuses_bad_edges():
     with pytest.raises(ValueError):
         matching_cover(3, [(0, 3)])
     assert matching_cover(5, []) == (0, ())
+    # the matching's graph holds the vertices of some edge only (issue 34: not a dict of all n users per call)
+    assert graph_from_edges(100_000, [(7, 3), (3, 9)], isolated=False) == {3: {7, 9}, 7: {3}, 9: {3}}
+    with pytest.raises(ValueError):
+        graph_from_edges(3, [(0, 3)], isolated=False)
 
 
 # --- the release parameters of the matching score ------------------------------------------------------
@@ -570,3 +574,14 @@ def test_the_matching_score_is_capped_at_its_own_releases_kappa():
 
     plan, diag = mech.plan(NoAnswers(), torch.zeros(d, dtype=torch.float64), (V, err, 0))
     assert diag["matching"] == 7 and plan.dist is None and plan.choose(2 * mech.release_kappa(n)) is None
+
+
+def test_log_subset_count_is_the_exact_binomial_sum():
+    """Delta_uc's ln(n sum_{s<=r} C(n, s)) from the term recurrence (issue 34) is the math.comb sum's
+    logarithm exactly (the same integer), r beyond n included; a negative r is refused."""
+    from fedkl.algorithms.output_perturbation.exact_output_pert import _log_subset_count
+
+    for n, r in [(1, 0), (1, 3), (5, 5), (5, 9), (10, 4), (100, 0), (1000, 37), (100_000, 400), (250, 249)]:
+        assert _log_subset_count(n, r) == math.log(n) + math.log(sum(math.comb(n, s) for s in range(r + 1)))
+    with pytest.raises(ValueError):
+        _log_subset_count(10, -1)

@@ -51,3 +51,38 @@ def test_newton_iterates_on_the_active_users_records_only(mode):
             with kernels(mode):
                 row = BinaryLogistic(6, reg=0.0).newton_local_minimizers(center, 1e-6, alone, tol=1e-12, max_iter=100)
             assert torch.equal(row[0], out[u])
+
+
+@pytest.mark.parametrize("mode", ["reproducible", "fast"])
+@pytest.mark.parametrize("strength", [1.1e8, 1e10])
+def test_newton_users_at_the_rounding_floor_stop_with_the_rows_of_running_to_the_cap(mode, strength):
+    """At a huge strength (phased-erm's last phases at 100,000 users: s = 1.1e8, centre ~0.01) no float64
+    point has a gradient below tol = 1e-10: every user's full Newton step rounds away after the first step.
+    Such a user stops there (issue 34: all of them ran the 100-step cap, each step rebuilding their
+    Hessians), with the row a run to the cap gives: bit for bit the row of max_iter = the steps taken before
+    the one that rounded away, whose last iterate is that point and whose residual the cap's recomputation.
+    Fails on the old solver (100 Hessians)."""
+    g = torch.Generator().manual_seed(1)
+    U, m, d = 60, 16, 10
+    idx = torch.arange(U).repeat_interleave(m)
+    idx = idx[torch.randperm(len(idx), generator=g)]
+    X = torch.randn(len(idx), d, generator=g, dtype=torch.float64) * 0.3
+    y = torch.where(torch.rand(len(idx), generator=g) < 0.5, -1.0, 1.0).double()
+    data = UserData(X, y, idx, tuple(f"u{i}" for i in range(U)))
+    center = torch.randn(d, generator=g, dtype=torch.float64) * 0.02
+    problem = BinaryLogistic(d, reg=0.0)
+    sizes: list[int] = []
+    curvature = problem.score_curvature
+    problem.score_curvature = lambda z, y: (sizes.append(z.shape[0]), curvature(z, y))[1]
+    with kernels(mode):
+        out = problem.newton_local_minimizers(center, strength, data, tol=1e-10, max_iter=100)
+        steps = len(sizes) - 1  # here 1: one step, then every user's second step rounds away
+        capped = BinaryLogistic(d, reg=0.0).newton_local_minimizers(center, strength, data, tol=1e-10, max_iter=steps)
+    assert 1 <= steps <= 2 and sizes == [U * m] * (steps + 1)  # every user still iterating until it stops
+    residual = out[:, -1]
+    assert bool((residual > 1e-10).all())  # the floor is above tol: none converged by the gradient test
+    assert torch.equal(out, capped)
+    # the stated floor r_u <= (L_u + s) 2^-53 ||v_u|| (L_u <= max ||x||^2 / 4), with a factor 2 for the solve's
+    # rounding
+    L = float((X * X).sum(1).max()) / 4
+    assert bool((residual <= 2 * (L + strength) * 2.0**-53 * out[:, :d].norm(dim=1)).all())

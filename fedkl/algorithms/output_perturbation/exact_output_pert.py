@@ -133,8 +133,16 @@ def release_forecast(sigma: float, Delta: float, release: SCOutputPert, dim: int
 
 @functools.lru_cache(maxsize=4096)
 def _log_subset_count(n: int, r: int) -> float:
-    """ln(n sum_{s<=r} C(n, s)), exact big-integer sum (cached: Phased-ERM's split evaluates many phases)."""
-    return math.log(n) + math.log(sum(math.comb(n, s) for s in range(r + 1)))
+    """ln(n sum_{s<=r} C(n, s)), exact big-integer sum (cached: Phased-ERM's split evaluates many phases).
+    Each term from the last, C(n, s + 1) = C(n, s) (n - s) / (s + 1) (an exact integer division), the same
+    integers as ``math.comb`` (issue 34: a ``math.comb`` per term was 10% of a 100,000-user phased-erm run)."""
+    if r < 0:
+        raise ValueError(f"r must be >= 0, got {r}")
+    term = total = 1
+    for s in range(min(r, n)):
+        term = term * (n - s) // (s + 1)
+        total += term
+    return math.log(n) + math.log(total)
 
 
 def delta_union_bound(G: float, mu: float, n: int, m: int, kappa: int, beta: float) -> float:
