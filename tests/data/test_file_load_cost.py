@@ -79,6 +79,8 @@ def _same(a, b):
         (".npz", 10, True, "binary", 1.0, "clip"),  # d >= 8: numpy's pairwise sums differ by layout
         (".npz", 3, False, "multiclass", 0.5, "clip"),
         (".npz", 12, True, "regression", 2.0, "refuse"),
+        (".npz", 43, True, "binary", 1.0, "clip"),  # five full blocks of 8 columns and a last one of 3
+        (".npz", 13, True, "binary", 1.0, "clip"),  # blocks of 2, the last of 1
         (".csv", 9, True, "binary", 1.0, "clip"),
     ],
 )
@@ -92,6 +94,40 @@ def test_dataset_equals_the_old_loader(tmp_path, fmt, d, ints, task, B, on_bound
     ds = load_file(path, user_column="uid", label_column="y", task=task, feature_bound=B, on_bound=on_bound)
     _same(ds, ref)
     assert ds.num_classes == ref.num_classes and ds.extra.get("label_bound") == ref.extra.get("label_bound")
+
+
+def test_a_stored_npz_is_read_straight_from_its_bytes_and_a_compressed_one_through_zlib(tmp_path, monkeypatch):
+    """np.savez's members are stored: read by memory-mapping their array data (no zip stream nor CRC pass);
+    np.savez_compressed's through numpy's reader; the same dataset either way (and a third file with a long
+    zip extra field in its local headers, which the central directory does not repeat, reads the same)."""
+    import zipfile
+
+    from fedkl.data import files
+
+    cols = _write(str(tmp_path / "stored.npz"), 200, 5, 11)
+    np.savez_compressed(tmp_path / "zipped.npz", **cols)
+    with zipfile.ZipFile(tmp_path / "stored.npz") as src, zipfile.ZipFile(tmp_path / "extra.npz", "w") as dst:
+        for info in src.infolist():
+            copy = zipfile.ZipInfo(info.filename, info.date_time)
+            copy.extra = b"\xfe\xca\x05\x00hello"  # an unknown 5-byte extra block in the local header
+            dst.writestr(copy, src.read(info), compress_type=zipfile.ZIP_STORED)
+    read = {"numpy": 0}
+    real = np.lib.npyio.NpzFile.__getitem__
+
+    def counted(self, key):
+        read["numpy"] += 1
+        return real(self, key)
+
+    monkeypatch.setattr(np.lib.npyio.NpzFile, "__getitem__", counted)
+    kw = dict(user_column="uid", label_column="y", feature_bound=1.0, on_bound="clip")
+    stored = load_file(str(tmp_path / "stored.npz"), **kw)
+    extra = load_file(str(tmp_path / "extra.npz"), **kw)
+    assert read["numpy"] == 0  # every column of both from the file's bytes
+    zipped = load_file(str(tmp_path / "zipped.npz"), **kw)
+    assert read["numpy"] > 0
+    for other in (extra, zipped):
+        _same(other, stored)
+    assert files._npz_columns(str(tmp_path / "zipped.npz"))._headers["x0"][2] is None
 
 
 def test_site_file_equals_the_old_loader(tmp_path):
