@@ -167,7 +167,7 @@ def run_dp(args) -> None:
 
 
 def report(_args) -> None:
-    rows = []
+    rows, test_acc = [], {}  # rows: (validation?, line): the test runs first
     for name in sorted(os.listdir(RESULTS)):
         folder = os.path.join(RESULTS, name)
         if not os.path.exists(os.path.join(folder, "study.json")):
@@ -176,19 +176,34 @@ def report(_args) -> None:
             res = json.load(f)
         with open(os.path.join(folder, "study.json")) as f:
             foot = json.load(f)
+        acc, majority = res["test_metrics"]["accuracy"], res["trivial_baseline"]["accuracy"]
         if name.startswith("nonprivate"):
-            acc, eps, delta = res["test_metrics"]["accuracy"], "∞ (non-private)", "—"
+            eps, delta, dtype, noise = "∞ (non-private)", "—", "float32", "—"
             rounds, q, split = res["plan"]["rounds"], res["plan"]["sampling_rate"], res["split"]
         else:
-            cfg = res["config"]
-            acc, eps, delta = res["test_metrics"]["accuracy"], f"{res['epsilon']:.2f}", f"{res['delta']:.2g}"
+            cfg, det = res["config"], res["algorithm_details"]
+            eps, delta, dtype = f"{res['epsilon']:.2f}", f"{res['delta']:.2g}", cfg["dtype"]
+            noise = f"{det['noise_multiplier']:.2f} / {det['final_clip']:.2g}"
             rounds, q = res["rounds"], cfg["sampling_rate"]
             split = "validation" if "VALIDATION" in res["dataset_description"] else "test"
-        rows.append(
-            f"| {split} | {eps} | {delta} | {acc:.3f} | {res['trivial_baseline']['accuracy']:.3f} | {rounds} | "
-            f"{q:g} | {foot['cpu_s'] / 60:.1f} / {foot['wall_s'] / 60:.1f} | {foot['peak_rss_mib']:.0f} | "
+        if split == "test":
+            test_acc[eps] = (acc, majority)
+        line = (
+            f"| {split} | {eps} | {delta} | {acc:.3f} | {majority:.3f} | {rounds} | {q:g} | {dtype} | {noise} | "
+            f"{foot['cpu_s'] / 60:.1f} / {foot['wall_s'] / 60:.1f} | {foot['peak_rss_mib']:.0f} | "
             f"`{foot['command']}` |"
         )
+        rows.append((split != "test", line))
+    summary = []  # each private test accuracy against the non-private one, above the majority class
+    if "∞ (non-private)" in test_acc:
+        top, majority = test_acc["∞ (non-private)"]
+        for eps, (acc, _) in test_acc.items():
+            if eps != "∞ (non-private)":
+                share = (acc - majority) / (top - majority)
+                summary.append(
+                    f"- ε = {eps}: {acc:.3f}, {top - acc:.3f} below non-private FedAvg ({top:.3f}); it keeps "
+                    f"{share:.0%} of the non-private model's gain over the majority class ({majority:.3f})."
+                )
     curves = []  # the non-private runs' learning curves
     for name in sorted(os.listdir(RESULTS)):
         path = os.path.join(RESULTS, name, "metrics.jsonl")
@@ -210,10 +225,12 @@ def report(_args) -> None:
         f"{PLAN['batch_size']}, lr {PLAN['local_lr']}, server lr {PLAN['server_lr']} (plain averaging). "
         "CPU and wall time on the shared, loaded 2-core machine (`nice -n 15`).",
         "",
-        "| split | ε | δ | accuracy | majority class | rounds | cohort rate q | CPU / wall (min) | peak RSS (MiB) "
-        "| command |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-        *rows,
+        "| split | ε | δ | accuracy | majority class | rounds | cohort rate q | dtype | noise multiplier / final clip "
+        "| CPU / wall (min) | peak RSS (MiB) | command |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        *(line for _, line in sorted(rows, key=lambda r: r[0])),
+        "",
+        *summary,
         "",
         "Non-private learning curves (round: accuracy; on held-out training records for the validation runs, whose",
         "folder names the local lr and epochs where they differ from the plan's; on the test records for the test run,",
