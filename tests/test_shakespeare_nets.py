@@ -26,3 +26,20 @@ def test_char_mlp_sees_each_position_symbol_embedding():
 def test_char_mlp_refuses_a_layout_that_is_not_shakespeare():
     with pytest.raises(ValueError, match="1 \\+ 36 \\* context"):
         char_mlp(1 + NUM_SYMBOLS * 3 + 2, NUM_SYMBOLS)
+
+
+def test_the_committed_shakespeare_report_is_what_its_result_files_say(tmp_path):
+    """simulations/results/shakespeare.md is generated from the committed result.json / study.json files,
+    never edited by hand: regenerating it gives the same text."""
+    import importlib.util
+    import os
+    import types
+
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "simulations", "studies", "shakespeare.py")
+    spec = importlib.util.spec_from_file_location("shakespeare_study", path)
+    study = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(study)
+    out = tmp_path / "shakespeare.md"
+    study.report(types.SimpleNamespace(out=str(out)))
+    with open(study.REPORT) as f:
+        assert out.read_text() == f.read()
