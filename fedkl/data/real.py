@@ -156,7 +156,11 @@ def split_by_user(
     counts = np.bincount(user_index, minlength=num_users)
     n_test = np.maximum(np.rint(test_fraction * counts).astype(np.int64), min_test)
     n_test = np.where(counts >= 2, np.minimum(n_test, counts - 1), 0)
-    order = np.lexsort((rng.random(len(user_index)), user_index))  # by user, random within user
+    # by user, random within user: np.lexsort((r, user_index)) as two stable argsorts (the same permutation:
+    # stable by r, then stable by user keeps r's order within a user and the index order within ties), 20 %
+    # less CPU at 2.5M records (issue 34)
+    by_r = np.argsort(rng.random(len(user_index)), kind="stable")
+    order = by_r[np.argsort(user_index[by_r], kind="stable")]
     starts = np.cumsum(counts) - counts
     rank = np.empty(len(user_index), dtype=np.int64)
     rank[order] = np.arange(len(user_index)) - starts[user_index[order]]

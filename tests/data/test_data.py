@@ -34,6 +34,27 @@ def _same(a: FederatedDataset, b: FederatedDataset) -> bool:
 
 
 # --- split ---------------------------------------------------------------------------------------
+def test_split_by_user_orders_records_as_lexsort_does():
+    """split_by_user's two stable argsorts are np.lexsort((r, user_index)): the same mask, ties included."""
+    rng = np.random.default_rng(3)
+    for n, users in ((1, 1), (50, 7), (5000, 300)):
+        user_index = rng.integers(0, users, n)
+        r = np.random.default_rng(9).random(n)
+        r[::3] = 0.5  # ties in r within users
+        starts = np.cumsum(np.bincount(user_index, minlength=users)) - np.bincount(user_index, minlength=users)
+        order = np.lexsort((r, user_index))
+        rank = np.empty(n, dtype=np.int64)
+        rank[order] = np.arange(n) - starts[user_index[order]]
+
+        class Fixed:
+            def random(self, size):
+                return r[:size].copy()
+
+        counts = np.bincount(user_index, minlength=users)
+        n_test = np.where(counts >= 2, np.minimum(np.maximum(np.rint(0.3 * counts).astype(np.int64), 1), counts - 1), 0)
+        assert np.array_equal(split_by_user(user_index, users, 0.3, Fixed()), rank < n_test[user_index])
+
+
 def test_split_by_user():
     user_index = np.repeat(np.arange(5), [1, 2, 3, 10, 50])
     rng = np.random.default_rng(0)
