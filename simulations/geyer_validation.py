@@ -39,7 +39,7 @@ BASE = dict(
     problem="torch",
 )
 MLP100, GEYER, CNN = "simulations/nets.py:mlp100", "simulations/nets.py:geyer_mlp", "simulations/nets.py:small_cnn"
-LINEAR = "simulations/nets.py:linear"
+LINEAR, MLP50 = "simulations/nets.py:linear", "simulations/nets.py:mlp50"
 # candidates per population (users); the 1,000-user names are those of the first study (rows without "users")
 CANDIDATES = {
     1000: {
@@ -60,6 +60,7 @@ CANDIDATES = {
         "lr0.2_e5": dict(model=MLP100, lr=0.2, local_epochs=5),
         "lr0.2_q0.2": dict(model=MLP100, lr=0.2, sampling_rate=0.2),
         "lr0.2_q0.2_r50": dict(model=MLP100, lr=0.2, sampling_rate=0.2, rounds=50),
+        "mlp50_lr0.2": dict(model=MLP50, lr=0.2),
     },
     # 100 users: few users, so few rounds over (nearly) everyone and a network with few coordinates to noise
     100: {
@@ -71,12 +72,14 @@ CANDIDATES = {
         "mlp_q1_r3": dict(model=MLP100, lr=0.2, sampling_rate=1.0, rounds=3),
         "linear_q1_r5": dict(model=LINEAR, lr=0.2, sampling_rate=1.0, rounds=5),
         "linear_q1_r10": dict(model=LINEAR, lr=0.2, sampling_rate=1.0, rounds=10),
+        "mlp50_q1_r10": dict(model=MLP50, lr=0.2, sampling_rate=1.0, rounds=10),
     },
     # 10,000 users of 6 images: little noise per round; optimisation (rounds x local steps) is the limit
     10_000: {
         "q0.03_r100": dict(model=MLP100, lr=0.2, sampling_rate=0.03, rounds=100),
         "q0.03_r100_e5": dict(model=MLP100, lr=0.2, sampling_rate=0.03, rounds=100, local_epochs=5),
         "q0.03_r250": dict(model=MLP100, lr=0.2, sampling_rate=0.03, rounds=250),
+        "q0.03_r100_slr3": dict(model=MLP100, lr=0.2, sampling_rate=0.03, rounds=100, server_lr=3.0),
     },
 }
 
