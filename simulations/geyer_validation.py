@@ -72,6 +72,7 @@ CANDIDATES = {
         "mlp_q1_r3": dict(model=MLP100, lr=0.2, sampling_rate=1.0, rounds=3),
         "linear_q1_r5": dict(model=LINEAR, lr=0.2, sampling_rate=1.0, rounds=5),
         "linear_q1_r10": dict(model=LINEAR, lr=0.2, sampling_rate=1.0, rounds=10),
+        "linear_q1_r20": dict(model=LINEAR, lr=0.2, sampling_rate=1.0, rounds=20),
         "mlp50_q1_r10": dict(model=MLP50, lr=0.2, sampling_rate=1.0, rounds=10),
     },
     # 10,000 users of 6 images: little noise per round; optimisation (rounds x local steps) is the limit
