@@ -112,8 +112,13 @@ def run(cell: str, seeds: list[int]) -> None:
 
 
 def records(cell: str) -> list[dict]:
+    """The cell's per-seed records; one run under other settings than today's choice is refused."""
     folder = RECORDS / cell
-    return [json.loads(p.read_text()) for p in sorted(folder.glob("seed*.json"))] if folder.exists() else []
+    out = [json.loads(p.read_text()) for p in sorted(folder.glob("seed*.json"))] if folder.exists() else []
+    for r in out:
+        if r["command"] != shlex.join(command(cell, r["seed"])):
+            raise SystemExit(f"{cell} seed {r['seed']} ran `{r['command']}`, not today's choice: delete its record")
+    return out
 
 
 def mean_se(xs: list[float]) -> tuple[float, float]:
@@ -185,8 +190,21 @@ def report() -> str:
         commands.append(f"- ({i}) `PYTHONPATH=$PWD {shlex.join(command(cell, None))} --seed S`")
     lines += ["", "Commands (`.venv/bin/fedkl` in this repository; S = the seed):", "", *commands]
     lines += ["", "Per-seed test accuracies (cells numbered as in the table):", "", *notes]
-    lines += ["", PAPER_SETTINGS.strip(), "", HOW_CHOSEN.strip()]
+    lines += ["", PAPER_SETTINGS.strip(), "", HOW_CHOSEN.strip(), "", *validation_table()]
     return "\n".join(lines) + "\n"
+
+
+def validation_table() -> list[str]:
+    """Every validation row, by population (from the JSON lines; best first)."""
+    out = ["Every validation run (seed 0; CPU of the training call in its process), best first per population:", ""]
+    out += ["| dataset | clients | candidate | settings | validation accuracy | CPU |", "|---|---|---|---|---|---|"]
+    rows = sorted(val.rows(), key=lambda r: (r["dataset"], r["users"], -r["validation_accuracy"]))
+    for r in rows:
+        out.append(
+            f"| {r['dataset']} | {r['users']:,} | {r['candidate']} | {_settings(r)} | "
+            f"{r['validation_accuracy']:.4f} | {r['cpu_s']:.0f} s |"
+        )
+    return out
 
 
 PAPER_SETTINGS = """
@@ -212,8 +230,8 @@ HOW_CHOSEN = """
 50,000 training images as label shards (100 x 500, 1,000 x 50, 10,000 x 4 per user), the last 10,000 as
 each user's evaluation records, ε = 8 at the cell's δ, seed 0, one run per candidate; the candidate with
 the best validation accuracy is run on the official split over seeds. The grid was small (time: 2 shared
-cores): cohort rate q and rounds, local lr and epochs, server lr, and the network (`mlp100`, `linear`,
-`small_cnn`). The ε = 2 row reuses the ε = 8 choice (not re-chosen at ε = 2). fedkl's clip is fixed (1), so
+cores): cohort rate q and rounds, local lr and epochs, server lr, and the network (`mlp100`, `mlp50`,
+`linear`, `small_cnn`). The ε = 2 row reuses the ε = 8 choice (not re-chosen at ε = 2). fedkl's clip is fixed (1), so
 the noise is calibrated to a public bound and every run's (ε, δ) covers the whole training.
 """
 
