@@ -51,6 +51,13 @@ DELTA_TEXT = {100: "1e-3", 1000: "1e-5", 10_000: "1e-6"}
 FLAGS = ("model", "sampling_rate", "rounds", "local_epochs", "batch_size", "lr", "clip", "server_lr")
 
 
+def parameters(model: str) -> int:
+    """The number of parameters of ``simulations/nets.py:NAME`` on MNIST's 784 features and 10 classes."""
+    import nets
+
+    return sum(p.numel() for p in getattr(nets, model.split(":")[-1])(784, 10).parameters())
+
+
 def _has_rows(dataset: str, users: int) -> bool:
     return any(r["dataset"] == dataset and r["users"] == users for r in val.rows())
 
@@ -156,9 +163,12 @@ def report() -> str:
         "test accuracy on the official test set; mean ± standard error over seeds (each seed: its own",
         "partition and training seed; noise from the OS CSPRNG). CPU = user + system time of the run's",
         "process, wall on the shared 2-core machine (`nice -n 10`, other jobs running), peak RSS of the process.",
+        "Noise: z = σ / C, the calibrated noise multiplier of the run, and z √d / (q n), the expected norm of the",
+        "noise on the released mean update in units of the clip (d parameters, q n the fixed denominator).",
         "",
-        "| clients | ε | δ | paper (DP / non-private) | fedkl DP-FedAvg | CPU / wall per seed | peak RSS | settings (chosen on validation) | command |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| clients | ε | δ | paper (DP / non-private) | fedkl DP-FedAvg | − paper | noise z; ‖noise‖ / C on the mean | "
+        "CPU / wall per seed | peak RSS | settings (chosen on validation) | command |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     commands, notes = [], []
     for i, (cell, (dataset, users, eps)) in enumerate(CELLS.items(), 1):
@@ -170,7 +180,7 @@ def report() -> str:
             paper = "not in the paper"
         if not _has_rows(dataset, users):
             label = f"{users:,}" + ("" if dataset == "mnist" else f" ({dataset})")
-            lines.append(f"| {label} | {eps:g} | {DELTA_TEXT[users]} | {paper} | not run (time) | | | | |")
+            lines.append(f"| {label} | {eps:g} | {DELTA_TEXT[users]} | {paper} | not run (time) | | | | | | |")
             continue
         c = choice(dataset, users)
         if recs:
@@ -180,11 +190,15 @@ def report() -> str:
             rss = f"{max(r['usage']['peak_rss_mb'] for r in recs) / 1024:.1f} GB"
             seeds = ", ".join(str(r["seed"]) for r in recs)
             notes.append(f"- ({i}) seeds {seeds}: " + ", ".join(f"{a:.4f}" for a in accs))
+            z = recs[0]["algorithm_details"]["noise_multiplier"]
+            ratio = z * math.sqrt(parameters(c["model"])) / (c["sampling_rate"] * users)
+            noise = f"{z:.2f}; {ratio:.2f}"
+            diff = f"{sum(accs) / len(accs) - PAPER[users][0]:+.3f}" if paper[0].isdigit() else ""
         else:
-            time_s = rss = ""
+            time_s = rss = noise = diff = ""
         label = f"{users:,}" + ("" if dataset == "mnist" else f" ({dataset})")
         lines.append(
-            f"| {label} | {eps:g} | {DELTA_TEXT[users]} | {paper} | {_fmt_cell(accs)} | {time_s} | {rss} | "
+            f"| {label} | {eps:g} | {DELTA_TEXT[users]} | {paper} | {_fmt_cell(accs)} | {diff} | {noise} | {time_s} | {rss} | "
             f"{_settings(c)} (validation {c['validation_accuracy']:.3f}) | ({i}) |"
         )
         commands.append(f"- ({i}) `PYTHONPATH=$PWD {shlex.join(command(cell, None))} --seed S`")
