@@ -240,7 +240,7 @@ The 100-client cell is beaten with a linear model (7,840 coordinates), which val
 networks: with every client in every round, the noise on the mean of 100 clipped updates bounds the model
 size. The ε = 2 rows (not in the paper) keep each population's ε = 8 settings, not re-chosen at ε = 2: at
 100 clients that leaves about 3x the noise per round over the same 20 rounds, far from a tuned setting
-(fewer rounds, as validated at ε = 8, is the first thing to try).
+(re-choosing the rounds and cohort at ε = 2 on validation is the first thing to try).
 """
 
 PAPER_SETTINGS = """
