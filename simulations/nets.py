@@ -143,3 +143,36 @@ def char_mlp(input_dim: int, num_outputs: int, embed: int = 8, hidden: int = 128
             return self.body(self.embed(_context_steps(x, input_dim, num_outputs)).flatten(1))
 
     return CharMLP()
+
+
+def linear(input_dim: int, num_outputs: int) -> torch.nn.Module:
+    """Multinomial logistic regression as a network (one linear layer, no bias; 7,840 parameters on MNIST):
+    the fewest coordinates to add noise to, for small populations. Input multiplied by 10 as in :func:`mlp100`."""
+
+    class Linear(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = torch.nn.Linear(input_dim, num_outputs, bias=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.body(10.0 * x)
+
+    return Linear()
+
+
+def mlp50(input_dim: int, num_outputs: int) -> torch.nn.Module:
+    """:func:`mlp100` with 50 hidden units (39,700 parameters on MNIST): half the coordinates to add noise to."""
+
+    class MLP50(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = torch.nn.Sequential(
+                torch.nn.Linear(input_dim, 50, bias=False),
+                torch.nn.ReLU(),
+                torch.nn.Linear(50, num_outputs, bias=False),
+            )
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.body(10.0 * x)
+
+    return MLP50()
