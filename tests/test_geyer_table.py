@@ -15,7 +15,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture(scope="module")
 def table():
-    sys.path.insert(0, os.path.join(REPO, "simulations"))
+    """simulations/geyer_table.py loaded by path (tests never import simulations/); the folder it puts on
+    sys.path for its sibling geyer_validation.py, and the modules it loads, are taken back afterwards."""
+    path, modules = list(sys.path), set(sys.modules)
     try:
         spec = importlib.util.spec_from_file_location(
             "geyer_table", os.path.join(REPO, "simulations", "geyer_table.py")
@@ -24,7 +26,10 @@ def table():
         spec.loader.exec_module(mod)
         yield mod
     finally:
-        sys.path.remove(os.path.join(REPO, "simulations"))
+        sys.path[:] = path
+        for name in set(sys.modules) - modules:
+            if name in ("geyer_table", "geyer_validation", "nets"):
+                del sys.modules[name]
 
 
 def test_each_cell_command_parses_to_its_validation_choice(table):

@@ -1,12 +1,17 @@
 """simulations/nets.py's character model reads fedkl.data.shakespeare's feature rows as the data module lays
 them out (intercept, then one one-hot block per context position, oldest first, the row over sqrt(k + 1))."""
 
+import os
+
 import numpy as np
 import pytest
 import torch
 
 from fedkl.data.shakespeare import NUM_SYMBOLS, context_features
-from simulations.nets import char_mlp
+from fedkl.problems.torch_model import load_factory
+
+# loaded by path, the way `--model simulations/nets.py:char_mlp` loads it (tests never import simulations/)
+char_mlp = load_factory(os.path.join(os.path.dirname(__file__), "..", "simulations", "nets.py") + ":char_mlp")
 
 
 def test_char_mlp_sees_each_position_symbol_embedding():
