@@ -61,6 +61,10 @@ CANDIDATES = {
         "lr0.2_q0.2": dict(model=MLP100, lr=0.2, sampling_rate=0.2),
         "lr0.2_q0.2_r50": dict(model=MLP100, lr=0.2, sampling_rate=0.2, rounds=50),
         "mlp50_lr0.2": dict(model=MLP50, lr=0.2),
+        # third round (the levers the table's notes left untried): clip, server momentum, adaptive clipping
+        "lr0.2_clip0.5": dict(model=MLP100, lr=0.2, clip=0.5),
+        "lr0.2_mom0.5": dict(model=MLP100, lr=0.2, server_momentum=0.5),
+        "lr0.2_adaclip": dict(model=MLP100, lr=0.2, adaptive_clip=True),
     },
     # 100 users: few users, so few rounds over (nearly) everyone and a network with few coordinates to noise
     100: {
