@@ -705,8 +705,7 @@ def planned_releases(cfg: RunConfig, dataset: FederatedDataset, records_per_user
     :func:`fedkl.planner.charge_plan`). Returns ``{"users", "delta", "releases": [{label, mechanism,
     charge, users, cohort, members}], "per_user_max": {rho, eps, delta}, "adaptive"}``."""
     standin = public_standin(dataset, records_per_user)
-    name = cfg.problem or DEFAULT_PROBLEM[dataset.task]
-    problem = make_problem(name, standin, reg=cfg.reg, model=cfg.model, dtype=problem_dtype(cfg, name))
+    problem, _ = run_problem(cfg, standin)
     n = len(standin.train.user_ids)
     delta = cfg.delta if cfg.delta is not None else default_delta(n)
     token = RUN_OBSERVER.set(None)  # the dry run is not the run a `fedkl run` observer follows
@@ -877,9 +876,16 @@ def load_run_data(cfg: RunConfig, dataset: FederatedDataset | None = None, model
     """``(dataset, problem, problem name)`` of a run configuration (:func:`load_run_dataset`); ``dataset``,
     ``model``: your own dataset and network objects instead (a network's problem is ``torch``)."""
     dataset = load_run_dataset(cfg) if dataset is None else dataset
+    return (dataset, *run_problem(cfg, dataset, model))
+
+
+def run_problem(cfg: RunConfig, dataset: FederatedDataset, model=None) -> tuple:
+    """``(problem, name)``: the problem run ``cfg`` trains on ``dataset``, in the float type it computes in
+    (:func:`problem_dtype`) -- the one rule for the run, its plan, ``fedkl tune``'s trials and the audits.
+    ``model``: your own network object instead of ``cfg.model`` (its problem is ``torch``)."""
     name = cfg.problem or ("torch" if model is not None else DEFAULT_PROBLEM[dataset.task])
     model = cfg.model if model is None else model
-    return dataset, make_problem(name, dataset, reg=cfg.reg, model=model, dtype=problem_dtype(cfg, name)), name
+    return make_problem(name, dataset, reg=cfg.reg, model=model, dtype=problem_dtype(cfg, name)), name
 
 
 def problem_dtype(cfg: RunConfig, name: str) -> str:

@@ -112,7 +112,7 @@ from fedkl.privacy.selection import (
     schedule_rdp,
     search_epsilon,
 )
-from fedkl.problems import DEFAULT_PROBLEM, make_problem, problem_spec
+from fedkl.problems import problem_spec
 from fedkl.results import write_json
 from fedkl.runner import (
     RUN_OBSERVER,
@@ -121,6 +121,7 @@ from fedkl.runner import (
     load_run_dataset,
     problem_dtype,
     quality_metric,
+    run_problem,
     train_federation,
 )
 from fedkl.saved_model import SavedModel, public_settings
@@ -441,8 +442,7 @@ def run_trial(
     """One run of the base mechanism ``Q`` (module docstring): train ``cfg`` on ``train_ds`` sized to
     ``plan.rho_trial`` on a stand-in ledger, check the stand-in ledger, release the private score.
     Returns ``(model or None, noisy score)``."""
-    name = cfg.problem or DEFAULT_PROBLEM[train_ds.task]
-    problem = make_problem(name, train_ds, reg=cfg.reg, model=cfg.model, dtype=problem_dtype(cfg, name))
+    problem, name = run_problem(cfg, train_ds)
     federation = InProcessFederation(problem, train_ds)
     path = os.path.join(workdir, f"{tag}.sqlite")
     token = RUN_OBSERVER.set(None)
@@ -638,8 +638,7 @@ def _search_charge_of(ledger_path: str, state: dict | None) -> dict | None:
 def _preflight(cfg: RunConfig, space, train_ds: FederatedDataset, plan: SearchPlan) -> None:
     """Build every point of the space on public values (no record read) and refuse, in one line, one
     that is neither zCDP-charged nor a dp-accounting schedule (an RDP curve) under this relation."""
-    name = cfg.problem or DEFAULT_PROBLEM[train_ds.task]
-    problem = make_problem(name, train_ds, reg=cfg.reg, model=cfg.model, dtype=problem_dtype(cfg, name))
+    problem, name = run_problem(cfg, train_ds)
     ctx = BuildContext(
         problem=problem, feature_bound=train_ds.feature_bound, user_ids=tuple(train_ds.train.user_ids),
         delta=plan.delta, rho_left=plan.rho_trial, approx_left=(0.0, 0.0), conversion="cks",
@@ -782,10 +781,8 @@ def _write(cfg, data, train_ds, plan, best, summary, run_id, out, ledger_path, l
     state_path = os.path.join(out, STATE_FILE)
     write_json(state_path, {**json.load(open(state_path)), "status": "releasing"})
     chosen = None if best is None or best["w"] is None else best["config"]
-    problem_name = cfg.problem or DEFAULT_PROBLEM[data.task]
-    dtype = problem_dtype(cfg, problem_name)
-    problem = make_problem(problem_name, data, reg=cfg.reg, model=cfg.model, dtype=dtype)
-    spec = problem_spec(problem_name, data, cfg.reg, cfg.model, dtype)
+    problem, problem_name = run_problem(cfg, data)
+    spec = problem_spec(problem_name, data, cfg.reg, cfg.model, problem_dtype(cfg, problem_name))
     search = {
         "mechanism": "private selection by random stopping (Papernot & Steinke 2022, fedkl.privacy.selection)",
         "stopping": plan.stopping.describe(),

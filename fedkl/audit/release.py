@@ -23,8 +23,7 @@ from fedkl.data.base import FederatedDataset
 from fedkl.federation.base import Answers, LocalRegularizedMinimizer, Query
 from fedkl.federation.inprocess import InProcessFederation
 from fedkl.privacy import NoiseSource
-from fedkl.problems import DEFAULT_PROBLEM, make_problem
-from fedkl.runner import RunConfig, default_delta, problem_dtype, train_federation
+from fedkl.runner import RunConfig, default_delta, run_problem, train_federation
 
 # the throw-away ledgers live in memory where the system offers a RAM disk (their fsyncs are most of a
 # small run's time); elsewhere in the default temporary folder
@@ -96,8 +95,7 @@ def claimed_delta(cfg: RunConfig, dataset: FederatedDataset) -> float:
 def audit_federation(cfg: RunConfig, dataset: FederatedDataset, absent: Sequence[str] = ()) -> AuditFederation:
     """The federation of ``cfg``'s runs on ``dataset`` with the enrolled users ``absent`` (one per world,
     shared by its runs)."""
-    name = cfg.problem or DEFAULT_PROBLEM[dataset.task]
-    problem = make_problem(name, dataset, reg=cfg.reg, dtype=problem_dtype(cfg, name))  # as fedkl run computes
+    problem, _ = run_problem(cfg, dataset)  # as fedkl run computes
     return AuditFederation(problem, dataset, absent)
 
 

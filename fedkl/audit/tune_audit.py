@@ -116,7 +116,7 @@ def _leaking(leaked: list[float]):
     def leaky(cfg, train_ds, val_data, plan, noise, workdir, tag, score_bound):
         w, score = original(cfg, train_ds, val_data, plan, noise, workdir, tag, score_bound)
         if w is not None:
-            problem = tuning.make_problem(cfg.problem or "logistic", train_ds, reg=cfg.reg, model=cfg.model)
+            problem = tuning.run_problem(cfg, train_ds)[0]
             w_t = torch.as_tensor(w).to(problem.dtype)
             values, _, _ = tuning.score_values(problem, w_t, val_data, train_ds.task, score_bound)
             leaked.append(float(values.sum()) / len(val_data.user_ids))
@@ -285,7 +285,7 @@ def score_whitebox(
     if w is None or len(score) != 1:
         raise RuntimeError(f"the trial made {len(score)} score releases (model: {w is not None}); expected one")
     charged = score[0]
-    problem = tuning.make_problem(cfg.problem or "logistic", train_ds, reg=cfg.reg, model=cfg.model)
+    problem = tuning.run_problem(cfg, train_ds)[0]
     w = torch.as_tensor(w).to(problem.dtype)
     findings, realised = [], 0.0
     for user in range(min(users, val_data.num_users)):

@@ -421,16 +421,14 @@ def _flower_faults(kind: str | None, target: int = TARGET) -> dict:
 @contextlib.contextmanager
 def open_world(cfg, world: World):
     """``(federation, problem, dataset)`` of ``world`` for ``cfg`` (closed on exit)."""
-    from fedkl.problems import DEFAULT_PROBLEM, make_problem
-    from fedkl.runner import load_run_dataset, problem_dtype
+    from fedkl.runner import load_run_dataset, run_problem
 
     dataset = load_run_dataset(cfg)
-    name = cfg.problem or DEFAULT_PROBLEM[dataset.task]
     if world.backend == "inprocess":
         if world.kind in ("outlier", "absent-outlier"):
             dataset = outlier_dataset(dataset, world.target)
         # the float type the run computes in (--dtype; a torch model's float32 only where the algorithm allows)
-        problem = make_problem(name, dataset, reg=cfg.reg, model=cfg.model, dtype=problem_dtype(cfg, name))
+        problem, _ = run_problem(cfg, dataset)
         if world.kind in ("failed", "absent", "absent-outlier"):
             yield FailingFederation(problem, dataset, [world.target]), problem, dataset
         elif world.kind in (None, "outlier"):
@@ -442,7 +440,7 @@ def open_world(cfg, world: World):
     from fedkl.flower.codec import ClientSpec
     from fedkl.flower.server_app import open_federation
 
-    problem = make_problem(name, dataset, reg=cfg.reg, model=cfg.model)
+    problem, _ = run_problem(cfg, dataset)  # the server's problem, as the run's
     spec = ClientSpec.from_run_config(cfg, task=dataset.task)
     with open_federation(
         "flower-local",
